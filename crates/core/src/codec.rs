@@ -1,0 +1,252 @@
+//! The wire encoding: one version byte, then the message in postcard (varint, compact).
+//!
+//! Decoding never panics and never allocates much more than the frame it reads: the frame
+//! is bounded by [`FRAME_MAX`], byte strings are copied only after their bytes were seen,
+//! and serde caps speculative preallocation for sequences. After decoding, [`check_shape`]
+//! enforces the per-field bounds below, so handlers see only messages whose counts fit the
+//! protocol (a batch is never larger than `REQUESTS_PER_VALUE_MAX`, and so on).
+
+use crate::message::{Cert, Message, NewView, Request, StableProof, Value, ViewChange};
+use crate::quorum::NODES_MAX;
+
+/// The current wire format. A node drops frames of any other version.
+pub const WIRE_VERSION: u8 = 1;
+/// The largest frame any node or client accepts.
+pub const FRAME_MAX: usize = 16 << 20;
+/// The largest operation (and result) a client may send.
+pub const OP_BYTES_MAX: usize = 1 << 20;
+/// The most requests one value (batch) may hold.
+pub const REQUESTS_PER_VALUE_MAX: usize = 4096;
+/// The most prepared certificates one view change may carry.
+pub const CERTS_PER_VIEW_CHANGE_MAX: usize = 1024;
+/// The most chunks a checkpoint may have.
+pub const CHUNKS_MAX: usize = 1 << 18;
+/// The largest chunk of a checkpoint.
+pub const CHUNK_BYTES_MAX: usize = 1 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("empty frame")]
+    Empty,
+    #[error("frame of {len} bytes exceeds the {max}-byte limit")]
+    TooLarge { len: usize, max: usize },
+    #[error("wire version {got}, expected {expected}")]
+    Version { got: u8, expected: u8 },
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    #[error("{bytes} trailing bytes after the message")]
+    Trailing { bytes: usize },
+    #[error("{field} has {got} entries, limit {max}")]
+    Bound { field: &'static str, got: usize, max: usize },
+}
+
+pub fn encode(msg: &Message) -> Vec<u8> {
+    let mut out = vec![WIRE_VERSION];
+    // Serializing these plain data types into a Vec cannot fail.
+    out.extend(postcard::to_allocvec(msg).unwrap_or_default());
+    out
+}
+
+pub fn decode(frame: &[u8]) -> Result<Message, DecodeError> {
+    let (&version, body) = frame.split_first().ok_or(DecodeError::Empty)?;
+    if frame.len() > FRAME_MAX {
+        return Err(DecodeError::TooLarge { len: frame.len(), max: FRAME_MAX });
+    }
+    if version != WIRE_VERSION {
+        return Err(DecodeError::Version { got: version, expected: WIRE_VERSION });
+    }
+    let (msg, rest): (Message, &[u8]) =
+        postcard::take_from_bytes(body).map_err(|e| DecodeError::Malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(DecodeError::Trailing { bytes: rest.len() });
+    }
+    check_shape(&msg)?;
+    Ok(msg)
+}
+
+fn bound(field: &'static str, got: usize, max: usize) -> Result<(), DecodeError> {
+    if got > max {
+        Err(DecodeError::Bound { field, got, max })
+    } else {
+        Ok(())
+    }
+}
+
+fn check_request(r: &Request) -> Result<(), DecodeError> {
+    bound("request.op", r.op.len(), OP_BYTES_MAX)?;
+    bound("request.auth", r.auth.len(), NODES_MAX)
+}
+
+fn check_value(v: &Value) -> Result<(), DecodeError> {
+    bound("value.requests", v.requests.len(), REQUESTS_PER_VALUE_MAX)?;
+    v.requests.iter().try_for_each(check_request)
+}
+
+fn check_stable(p: &StableProof) -> Result<(), DecodeError> {
+    bound("stable.sigs", p.sigs.len(), NODES_MAX)
+}
+
+fn check_cert(c: &Cert) -> Result<(), DecodeError> {
+    bound("cert.writes", c.writes.len(), NODES_MAX)?;
+    check_value(&c.value)
+}
+
+fn check_view_change(vc: &ViewChange) -> Result<(), DecodeError> {
+    check_stable(&vc.stable)?;
+    bound("view_change.certs", vc.certs.len(), CERTS_PER_VIEW_CHANGE_MAX)?;
+    vc.certs.iter().try_for_each(check_cert)
+}
+
+fn check_new_view(nv: &NewView) -> Result<(), DecodeError> {
+    bound("new_view.view_changes", nv.view_changes.len(), NODES_MAX)?;
+    nv.view_changes.iter().try_for_each(check_view_change)
+}
+
+/// Bounds every count in a decoded message.
+pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
+    match msg {
+        Message::Request(r) | Message::Forward(r) => check_request(r),
+        Message::Reply(r) => match &r.body {
+            crate::message::ReplyBody::Full(b) => bound("reply.body", b.len(), OP_BYTES_MAX),
+            crate::message::ReplyBody::Hash(_) => Ok(()),
+        },
+        Message::Propose { value, .. } | Message::Decided { value, .. } => check_value(value),
+        Message::ViewChange(vc) => check_view_change(vc),
+        Message::NewView(nv) => check_new_view(nv),
+        Message::StableCert(p) => check_stable(p),
+        Message::Manifest { chunks, .. } => bound("manifest.chunks", chunks.len(), CHUNKS_MAX),
+        Message::Chunk { data, .. } => bound("chunk.data", data.len(), CHUNK_BYTES_MAX),
+        Message::Write(_)
+        | Message::Accept { .. }
+        | Message::Checkpoint(_)
+        | Message::Stop { .. }
+        | Message::Status { .. }
+        | Message::FetchManifest { .. }
+        | Message::FetchChunk { .. } => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::{Digest, Sig};
+    use crate::message::*;
+    use proptest::prelude::*;
+
+    fn arb_bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(any::<u8>(), 0..max)
+    }
+
+    fn arb_digest() -> impl Strategy<Value = Digest> {
+        any::<[u8; 32]>().prop_map(Digest)
+    }
+
+    fn arb_sig() -> impl Strategy<Value = Sig> {
+        (any::<[u8; 32]>(), any::<[u8; 32]>()).prop_map(|(a, b)| {
+            let mut s = [0u8; 64];
+            s[..32].copy_from_slice(&a);
+            s[32..].copy_from_slice(&b);
+            Sig(s)
+        })
+    }
+
+    fn arb_request() -> impl Strategy<Value = Request> {
+        (any::<u64>(), any::<u64>(), arb_bytes(64), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
+            .prop_map(|(client, seq, op, auth)| Request { client, seq, op, auth })
+    }
+
+    fn arb_value() -> impl Strategy<Value = Value> {
+        (any::<u64>(), proptest::collection::vec(arb_request(), 0..4))
+            .prop_map(|(time, requests)| Value { time, requests })
+    }
+
+    fn arb_stable() -> impl Strategy<Value = StableProof> {
+        (any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
+            .prop_map(|(seq, root, sigs)| StableProof { seq, root, sigs })
+    }
+
+    fn arb_view_change() -> impl Strategy<Value = ViewChange> {
+        let cert = (any::<u64>(), any::<u64>(), arb_value(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
+            .prop_map(|(view, seq, value, writes)| Cert { view, seq, value, writes });
+        (any::<u64>(), any::<u32>(), arb_stable(), proptest::collection::vec(cert, 0..3), arb_sig())
+            .prop_map(|(view, from, stable, certs, sig)| ViewChange { view, from, stable, certs, sig })
+    }
+
+    fn arb_message() -> impl Strategy<Value = Message> {
+        prop_oneof![
+            arb_request().prop_map(Message::Request),
+            arb_request().prop_map(Message::Forward),
+            (any::<u64>(), any::<u64>(), prop_oneof![arb_bytes(64).prop_map(ReplyBody::Full), arb_digest().prop_map(ReplyBody::Hash)])
+                .prop_map(|(view, seq, body)| Message::Reply(Reply { view, seq, body })),
+            (any::<u64>(), any::<u64>(), arb_value()).prop_map(|(view, seq, value)| Message::Propose { view, seq, value }),
+            (any::<u64>(), any::<u64>(), arb_digest(), arb_sig())
+                .prop_map(|(view, seq, digest, sig)| Message::Write(Write { view, seq, digest, sig })),
+            (any::<u64>(), any::<u64>(), arb_digest()).prop_map(|(view, seq, digest)| Message::Accept { view, seq, digest }),
+            (any::<u64>(), arb_digest(), arb_sig()).prop_map(|(seq, root, sig)| Message::Checkpoint(CheckpointVote { seq, root, sig })),
+            any::<u64>().prop_map(|view| Message::Stop { view }),
+            arb_view_change().prop_map(Message::ViewChange),
+            (any::<u64>(), proptest::collection::vec(arb_view_change(), 0..3), arb_sig())
+                .prop_map(|(view, view_changes, sig)| Message::NewView(NewView { view, view_changes, sig })),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(view, executed, stable)| Message::Status { view, executed, stable }),
+            arb_stable().prop_map(Message::StableCert),
+            (any::<u64>(), arb_value()).prop_map(|(seq, value)| Message::Decided { seq, value }),
+            any::<u64>().prop_map(|seq| Message::FetchManifest { seq }),
+            (any::<u64>(), any::<u64>(), proptest::collection::vec(arb_digest(), 0..4))
+                .prop_map(|(seq, len, chunks)| Message::Manifest { seq, len, chunks }),
+            (any::<u64>(), any::<u32>()).prop_map(|(seq, index)| Message::FetchChunk { seq, index }),
+            (any::<u64>(), any::<u32>(), arb_bytes(128)).prop_map(|(seq, index, data)| Message::Chunk { seq, index, data }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn encode_decode_round_trips(msg in arb_message()) {
+            let bytes = encode(&msg);
+            prop_assert_eq!(decode(&bytes), Ok(msg));
+        }
+
+        #[test]
+        fn decode_never_panics_on_garbage(bytes in arb_bytes(512)) {
+            let _ = decode(&bytes);
+        }
+
+        #[test]
+        fn truncation_is_an_error(msg in arb_message(), cut in any::<prop::sample::Index>()) {
+            let bytes = encode(&msg);
+            let at = cut.index(bytes.len());
+            // Every strict prefix fails cleanly (postcard has no optional trailing fields).
+            prop_assert!(decode(&bytes[..at]).is_err());
+        }
+    }
+
+    #[test]
+    fn rejects_wrong_version_trailing_bytes_and_oversize() {
+        let mut bytes = encode(&Message::Stop { view: 3 });
+        bytes[0] = 9;
+        assert_eq!(decode(&bytes), Err(DecodeError::Version { got: 9, expected: WIRE_VERSION }));
+        let mut bytes = encode(&Message::Stop { view: 3 });
+        bytes.push(0);
+        assert_eq!(decode(&bytes), Err(DecodeError::Trailing { bytes: 1 }));
+        let big = vec![WIRE_VERSION; FRAME_MAX + 1];
+        assert!(matches!(decode(&big), Err(DecodeError::TooLarge { .. })));
+        assert_eq!(decode(&[]), Err(DecodeError::Empty));
+    }
+
+    #[test]
+    fn a_lying_length_does_not_allocate_it() {
+        // A Chunk claiming 2^40 data bytes in a 16-byte frame must fail without allocating.
+        let mut bytes = vec![WIRE_VERSION];
+        bytes.push(16); // variant index of Chunk
+        bytes.extend([1, 1]); // seq = 1, index = 1
+        bytes.extend([0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20]); // varint 2^40
+        assert!(matches!(decode(&bytes), Err(DecodeError::Malformed(_))));
+    }
+
+    #[test]
+    fn oversized_batches_are_bounded() {
+        let req = Request { client: 1, seq: 1, op: vec![], auth: vec![] };
+        let value = Value { time: 0, requests: vec![req; REQUESTS_PER_VALUE_MAX + 1] };
+        let bytes = encode(&Message::Propose { view: 0, seq: 1, value });
+        assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "value.requests", .. })));
+    }
+}

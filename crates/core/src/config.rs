@@ -1,0 +1,159 @@
+//! Cluster configuration (identical on every node) and protocol options.
+//!
+//! Every bound a Byzantine peer could otherwise push on is named here with a `_max`
+//! suffix and checked before anything is buffered.
+
+use crate::crypto::PublicKey;
+use crate::quorum::Quorums;
+
+/// What every node of one cluster agrees on.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub quorums: Quorums,
+    /// Public key of each order node, indexed by node id.
+    pub node_keys: Vec<PublicKey>,
+    pub options: Options,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{got} node keys for a configuration that needs {expected}")]
+    NodeCount { expected: usize, got: usize },
+    #[error("option {name} = {value} is invalid: {why}")]
+    Option { name: &'static str, value: u64, why: &'static str },
+}
+
+impl ClusterConfig {
+    pub fn new(quorums: Quorums, node_keys: Vec<PublicKey>, options: Options) -> Result<ClusterConfig, ConfigError> {
+        if node_keys.len() != quorums.order_nodes() {
+            return Err(ConfigError::NodeCount { expected: quorums.order_nodes(), got: node_keys.len() });
+        }
+        options.validate()?;
+        Ok(ClusterConfig { quorums, node_keys, options })
+    }
+
+    pub fn n(&self) -> usize {
+        self.node_keys.len()
+    }
+
+    pub fn primary(&self, view: u64) -> u32 {
+        (view % self.n() as u64) as u32
+    }
+}
+
+/// Protocol knobs. Times are milliseconds of the injected clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// Most requests in one value (batch).
+    pub batch_count_max: usize,
+    /// Most request bytes in one value.
+    pub batch_bytes_max: usize,
+    /// How long the primary may hold a partial batch while instances are in flight.
+    pub batch_delay_ms: u64,
+    /// Instances in flight at once (pipelining window W).
+    pub window: u64,
+    /// A checkpoint every this many instances.
+    pub checkpoint_interval: u64,
+    /// First expiry forwards a pending request to the primary; the second suspects it.
+    pub request_timeout_ms: u64,
+    /// How long a view change may take before the next view is tried (doubles each time).
+    pub view_change_timeout_ms: u64,
+    /// Resend our own votes for instances that have not decided after this long.
+    pub retransmit_ms: u64,
+    /// Period of STATUS gossip that lets lagging nodes be noticed.
+    pub status_ms: u64,
+    /// How far a proposal's time may be from a backup's clock (UpRight §3.1's Δ).
+    pub clock_tolerance_ms: u64,
+    /// Bytes per checkpoint chunk (the Merkle leaves).
+    pub chunk_bytes: usize,
+    /// Distinct clients whose pending requests a node tracks.
+    pub clients_max: usize,
+    /// Decided values sent to a lagging peer per STATUS.
+    pub catch_up_values_max: u64,
+}
+
+impl Options {
+    /// Settings for real deployments.
+    pub fn production() -> Options {
+        Options {
+            batch_count_max: 1024,
+            batch_bytes_max: 1 << 20,
+            batch_delay_ms: 1,
+            window: 8,
+            checkpoint_interval: 256,
+            request_timeout_ms: 2_000,
+            view_change_timeout_ms: 4_000,
+            retransmit_ms: 500,
+            status_ms: 500,
+            clock_tolerance_ms: 5_000,
+            chunk_bytes: 64 << 10,
+            clients_max: 100_000,
+            catch_up_values_max: 64,
+        }
+    }
+
+    /// Tiny bounds so the simulator hits window limits, checkpoint GC and multi-chunk
+    /// state transfer in short runs.
+    pub fn test_min() -> Options {
+        Options {
+            batch_count_max: 4,
+            batch_bytes_max: 4 << 10,
+            batch_delay_ms: 2,
+            window: 4,
+            checkpoint_interval: 8,
+            request_timeout_ms: 400,
+            view_change_timeout_ms: 800,
+            retransmit_ms: 150,
+            status_ms: 100,
+            clock_tolerance_ms: 2_000,
+            chunk_bytes: 64,
+            clients_max: 64,
+            catch_up_values_max: 8,
+        }
+    }
+
+    /// Instances a node keeps above its stable checkpoint: the high-water mark.
+    pub fn log_max(&self) -> u64 {
+        2 * self.checkpoint_interval
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |name, value: u64, why| Err(ConfigError::Option { name, value, why });
+        if self.batch_count_max == 0 || self.batch_count_max > crate::codec::REQUESTS_PER_VALUE_MAX {
+            return err("batch_count_max", self.batch_count_max as u64, "must be 1..=4096");
+        }
+        if self.window == 0 || self.window > self.checkpoint_interval {
+            return err("window", self.window, "must be 1..=checkpoint_interval so a checkpoint can always complete");
+        }
+        if self.checkpoint_interval == 0 {
+            return err("checkpoint_interval", 0, "must be positive");
+        }
+        if self.request_timeout_ms == 0 || self.view_change_timeout_ms == 0 {
+            return err("request_timeout_ms", self.request_timeout_ms, "timeouts must be positive");
+        }
+        if self.chunk_bytes == 0 || self.chunk_bytes > crate::codec::CHUNK_BYTES_MAX {
+            return err("chunk_bytes", self.chunk_bytes as u64, "must be 1..=1 MiB");
+        }
+        if self.batch_bytes_max + 64 * 1024 > crate::codec::FRAME_MAX / 4 {
+            return err("batch_bytes_max", self.batch_bytes_max as u64, "batches must fit a frame with room to spare");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid() {
+        assert_eq!(Options::production().validate(), Ok(()));
+        assert_eq!(Options::test_min().validate(), Ok(()));
+    }
+
+    #[test]
+    fn window_larger_than_checkpoint_interval_is_rejected() {
+        let o = Options { window: 9, ..Options::test_min() };
+        assert!(matches!(o.validate(), Err(ConfigError::Option { name: "window", value: 9, .. })));
+    }
+}

@@ -1,0 +1,253 @@
+//! Every message Keel nodes and clients exchange, and the statements they sign.
+//!
+//! Requests travel once, inside PROPOSE; WRITE and ACCEPT carry only the value's digest
+//! (BFT-SMaRt §II-C1). Signed statements (WRITE votes, checkpoint votes, view changes,
+//! new views) are the evidence a view change forwards; everything else relies on the
+//! authenticated channel the transport provides (TLS between nodes, MAC authenticators
+//! for client requests).
+
+use crate::crypto::{Digest, Hasher, Mac, Sig};
+use serde::{Deserialize, Serialize};
+
+/// Index of an order node, `0..N`.
+pub type NodeId = u32;
+/// A client's identity; the transport authenticates it.
+pub type ClientId = u64;
+/// A view number; the primary of view `v` is `v mod N`.
+pub type View = u64;
+/// A consensus instance (sequence number); each decides one [`Value`].
+pub type Seq = u64;
+
+/// A client operation, as the client sends it to every order node (`auth = mac`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Request {
+    pub client: ClientId,
+    /// Per-client sequence number, starting at 1 and increasing by one per operation.
+    pub seq: u64,
+    #[serde(with = "serde_bytes")]
+    pub op: Vec<u8>,
+    /// One MAC per order node over [`Request::statement`]; entry `i` is checked by node `i`.
+    pub auth: Vec<Mac>,
+}
+
+impl Request {
+    /// What the MAC authenticator covers and what the value digest includes.
+    pub fn statement(&self) -> Digest {
+        Hasher::new("keel/request").u64(self.client).u64(self.seq).bytes(&self.op).finish()
+    }
+
+    /// Bytes this request adds to a batch, for the byte bound.
+    pub fn size(&self) -> usize {
+        self.op.len() + self.auth.len() * 16 + 24
+    }
+}
+
+/// What one consensus instance decides: a batch of requests and the agreed time.
+/// A value with no requests and time 0 is the null value a new view fills gaps with.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Value {
+    /// The primary's clock (ms) when it proposed; backups check it (UpRight §3.1).
+    pub time: u64,
+    pub requests: Vec<Request>,
+}
+
+impl Value {
+    pub fn null() -> Value {
+        Value { time: 0, requests: Vec::new() }
+    }
+
+    /// Covers everything execution sees (time, clients, sequence numbers, operations),
+    /// not the MAC authenticators, which only gate admission.
+    pub fn digest(&self) -> Digest {
+        let mut h = Hasher::new("keel/value").u64(self.time).u64(self.requests.len() as u64);
+        for r in &self.requests {
+            h = h.digest(&r.statement());
+        }
+        h.finish()
+    }
+
+    /// The agreed pseudo-random seed of instance `seq`: derived from the decided value so
+    /// that every backup can check it and no primary can choose it freely.
+    pub fn seed(&self, seq: Seq) -> u64 {
+        Hasher::new("keel/seed").u64(seq).digest(&self.digest()).finish().prefix_u64()
+    }
+}
+
+/// A node's answer to a client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {
+    /// The node's current view, so clients can track the primary.
+    pub view: View,
+    /// The client sequence number this answers.
+    pub seq: u64,
+    pub body: ReplyBody,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplyBody {
+    Full(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// The digest of the full result: every node but the designated one sends only this.
+    Hash(Digest),
+}
+
+impl ReplyBody {
+    pub fn result_digest(&self) -> Digest {
+        match self {
+            ReplyBody::Full(bytes) => result_digest(bytes),
+            ReplyBody::Hash(d) => *d,
+        }
+    }
+}
+
+pub fn result_digest(bytes: &[u8]) -> Digest {
+    Hasher::new("keel/result").bytes(bytes).finish()
+}
+
+/// A WRITE vote: "in `view`, instance `seq` should decide the value with `digest`".
+/// Signed, because Q of them make a prepared certificate that view changes forward.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Write {
+    pub view: View,
+    pub seq: Seq,
+    pub digest: Digest,
+    pub sig: Sig,
+}
+
+pub fn write_statement(view: View, seq: Seq, digest: &Digest, node: NodeId) -> Digest {
+    Hasher::new("keel/write").u64(view).u64(seq).digest(digest).u64(node as u64).finish()
+}
+
+/// A checkpoint vote: "after executing `seq`, my state's Merkle root is `root`".
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointVote {
+    pub seq: Seq,
+    pub root: Digest,
+    pub sig: Sig,
+}
+
+pub fn checkpoint_statement(seq: Seq, root: &Digest, node: NodeId) -> Digest {
+    Hasher::new("keel/checkpoint").u64(seq).digest(root).u64(node as u64).finish()
+}
+
+/// Q signed checkpoint votes for the same (seq, root): proof that the state at `seq` is
+/// the one correct nodes hold. `seq = 0` is the genesis state and needs no signatures.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StableProof {
+    pub seq: Seq,
+    pub root: Digest,
+    pub sigs: Vec<(NodeId, Sig)>,
+}
+
+/// A prepared certificate: the value a node prepared for `seq` in `view`, and (in BFT
+/// mode) the Q signed WRITE votes that prepared it. In CFT mode `writes` is empty and the
+/// certificate is the node's own accepted value (Paxos' accepted proposal).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cert {
+    pub view: View,
+    pub seq: Seq,
+    pub value: Value,
+    pub writes: Vec<(NodeId, Sig)>,
+}
+
+/// A node's commitment to leave every view below `view` (BFT-SMaRt's STOPDATA), carrying
+/// its stable checkpoint and its prepared certificates above it. Signed, so the new
+/// primary can forward it inside NEW-VIEW as proof.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ViewChange {
+    pub view: View,
+    pub from: NodeId,
+    pub stable: StableProof,
+    pub certs: Vec<Cert>,
+    pub sig: Sig,
+}
+
+impl ViewChange {
+    pub fn statement(&self) -> Digest {
+        // The signature covers a canonical encoding of every other field.
+        let body = postcard::to_allocvec(&(self.view, self.from, &self.stable, &self.certs))
+            .unwrap_or_default();
+        Hasher::new("keel/view-change").bytes(&body).finish()
+    }
+}
+
+/// The new primary's announcement of `view`, with the Q view changes it is built from.
+/// Every node recomputes what must be re-proposed from `view_changes`, so NEW-VIEW is
+/// self-certifying and any node may relay it to a peer that missed it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewView {
+    pub view: View,
+    pub view_changes: Vec<ViewChange>,
+    pub sig: Sig,
+}
+
+impl NewView {
+    pub fn statement(&self) -> Digest {
+        let mut h = Hasher::new("keel/new-view").u64(self.view).u64(self.view_changes.len() as u64);
+        for vc in &self.view_changes {
+            h = h.digest(&vc.statement());
+        }
+        h.finish()
+    }
+}
+
+/// Everything on the wire. Node-to-node and client-to-node share one codec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// Client → node.
+    Request(Request),
+    /// Node → client.
+    Reply(Reply),
+    /// Backup → primary: a request whose timer expired once (BFT-SMaRt §II-C1).
+    Forward(Request),
+    /// Primary → all: instance `seq` of `view` should decide `value`.
+    Propose { view: View, seq: Seq, value: Value },
+    /// All → all (BFT only).
+    Write(Write),
+    /// All → all: decided on Q matching.
+    Accept { view: View, seq: Seq, digest: Digest },
+    /// All → all, every CP_INTERVAL instances.
+    Checkpoint(CheckpointVote),
+    /// All → all: "I suspect the primary and want to move to `view`".
+    Stop { view: View },
+    /// All → primary of `view`.
+    ViewChange(ViewChange),
+    /// Primary of `view` → all; also relayed to a peer that lags behind.
+    NewView(NewView),
+    /// All → all, periodically: lets lagging peers be noticed and helped.
+    Status { view: View, executed: Seq, stable: Seq },
+    /// Answer to a lagging peer: a stable checkpoint it should transfer.
+    StableCert(StableProof),
+    /// Answer to a lagging peer: a decided value it missed.
+    Decided { seq: Seq, value: Value },
+    /// State transfer: the chunk hashes of the checkpoint at `seq`.
+    FetchManifest { seq: Seq },
+    Manifest { seq: Seq, len: u64, chunks: Vec<Digest> },
+    /// State transfer: one chunk of the checkpoint at `seq`.
+    FetchChunk { seq: Seq, index: u32 },
+    Chunk { seq: Seq, index: u32, #[serde(with = "serde_bytes")] data: Vec<u8> },
+}
+
+impl Message {
+    /// Short name for metrics and traces.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Message::Request(_) => "request",
+            Message::Reply(_) => "reply",
+            Message::Forward(_) => "forward",
+            Message::Propose { .. } => "propose",
+            Message::Write(_) => "write",
+            Message::Accept { .. } => "accept",
+            Message::Checkpoint(_) => "checkpoint",
+            Message::Stop { .. } => "stop",
+            Message::ViewChange(_) => "view-change",
+            Message::NewView(_) => "new-view",
+            Message::Status { .. } => "status",
+            Message::StableCert(_) => "stable-cert",
+            Message::Decided { .. } => "decided",
+            Message::FetchManifest { .. } => "fetch-manifest",
+            Message::Manifest { .. } => "manifest",
+            Message::FetchChunk { .. } => "fetch-chunk",
+            Message::Chunk { .. } => "chunk",
+        }
+    }
+}

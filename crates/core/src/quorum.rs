@@ -1,0 +1,217 @@
+//! Every threshold Keel uses, computed from (u, r) in this one place.
+//!
+//! Fault model (UpRight §2): the system stays **up** while at most `u` nodes are faulty
+//! and **right** while at most `r` of those are Byzantine (commission faults), `r <= u`.
+//! Any number of nodes may crash and recover; a node counts as faulty only while down.
+//!
+//! ```text
+//!   order nodes     N = 2u + r + 1
+//!   order quorum    Q = u + r + 1      live with u down: N - u = Q
+//!                                      two quorums share 2Q - N = r + 1 nodes >= 1 correct
+//!   weak quorum     r + 1              contains at least one correct node
+//!   reply quorum    r + 1              matching replies a client accepts
+//! ```
+//!
+//! `r = 0` is the crash-tolerant (Paxos-class) configuration; `u = r = f` is classic PBFT
+//! with `N = 3f + 1` and `Q = 2f + 1`. Reference: UpRight §2 and §4.3, ARCHITECTURE §2.
+//!
+//! No other module may write a threshold as a literal: they ask a [`Quorums`].
+
+use serde::{Deserialize, Serialize};
+
+/// The largest cluster the wire format and node bitsets are sized for.
+pub const NODES_MAX: usize = 64;
+
+/// A deliberate bug, used only to prove that the simulator's checkers can fail.
+/// Production configurations carry `None`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mutation {
+    /// Decide and prepare on one vote fewer than the order quorum.
+    QuorumMinusOne,
+    /// In BFT mode, accept straight after PROPOSE as if `r = 0` (no WRITE phase).
+    SkipWrite,
+    /// Trust the prepared certificates inside view-change messages without checking
+    /// their signatures.
+    UnverifiedViewChangeProof,
+}
+
+impl Mutation {
+    pub const ALL: [Mutation; 3] =
+        [Mutation::QuorumMinusOne, Mutation::SkipWrite, Mutation::UnverifiedViewChangeProof];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutation::QuorumMinusOne => "quorum-minus-one",
+            Mutation::SkipWrite => "skip-write",
+            Mutation::UnverifiedViewChangeProof => "unverified-view-change-proof",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Mutation> {
+        Mutation::ALL.into_iter().find(|m| m.name() == name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuorumError {
+    #[error("r = {r} exceeds u = {u}: Byzantine faults are a subset of all faults tolerated")]
+    RExceedsU { u: u32, r: u32 },
+    #[error("u = {u}, r = {r} needs {n} nodes, more than the {max} supported")]
+    TooManyNodes { u: u32, r: u32, n: usize, max: usize },
+}
+
+/// Thresholds for one (u, r) configuration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quorums {
+    u: u32,
+    r: u32,
+    mutation: Option<Mutation>,
+}
+
+impl Quorums {
+    pub fn new(u: u32, r: u32) -> Result<Quorums, QuorumError> {
+        if r > u {
+            return Err(QuorumError::RExceedsU { u, r });
+        }
+        let n = 2 * u as usize + r as usize + 1;
+        if n > NODES_MAX {
+            return Err(QuorumError::TooManyNodes { u, r, n, max: NODES_MAX });
+        }
+        Ok(Quorums { u, r, mutation: None })
+    }
+
+    /// The same thresholds with a deliberate bug switched on (simulator only).
+    pub fn with_mutation(mut self, mutation: Option<Mutation>) -> Quorums {
+        self.mutation = mutation;
+        self
+    }
+
+    pub fn mutation(&self) -> Option<Mutation> {
+        self.mutation
+    }
+
+    pub fn u(&self) -> u32 {
+        self.u
+    }
+
+    pub fn r(&self) -> u32 {
+        self.r
+    }
+
+    /// Whether commission faults are tolerated, which switches on the WRITE phase and
+    /// signed prepared certificates (BFT-SMaRt: CFT mode when false).
+    pub fn byzantine(&self) -> bool {
+        self.r > 0
+    }
+
+    /// Order (agreement) nodes: `2u + r + 1`.
+    pub fn order_nodes(&self) -> usize {
+        2 * self.u as usize + self.r as usize + 1
+    }
+
+    /// Votes that decide, prepare, make a checkpoint stable, or start a view: `u + r + 1`.
+    pub fn order_quorum(&self) -> usize {
+        let q = self.u as usize + self.r as usize + 1;
+        match self.mutation {
+            Some(Mutation::QuorumMinusOne) => q.saturating_sub(1).max(1),
+            _ => q,
+        }
+    }
+
+    /// Votes that include at least one correct node: `r + 1`. Enough to join a view
+    /// change or to trust a fact a peer reports (a decided batch, a higher view).
+    pub fn weak_quorum(&self) -> usize {
+        self.r as usize + 1
+    }
+
+    /// Matching replies a client needs: `r + 1`.
+    pub fn reply_quorum(&self) -> usize {
+        self.r as usize + 1
+    }
+
+    /// Execution nodes the paper requires when execution is separated: `u + r + 1`.
+    /// Keel co-locates execution on all order nodes by default.
+    pub fn execution_nodes_min(&self) -> usize {
+        self.u as usize + self.r as usize + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(u: u32, r: u32) -> Quorums {
+        Quorums::new(u, r).expect("valid")
+    }
+
+    #[test]
+    fn cft_is_a_majority_of_2u_plus_1() {
+        let t = q(1, 0);
+        assert_eq!(t.order_nodes(), 3);
+        assert_eq!(t.order_quorum(), 2);
+        assert_eq!(t.weak_quorum(), 1);
+        assert_eq!(t.reply_quorum(), 1);
+        assert!(!t.byzantine());
+        let t = q(2, 0);
+        assert_eq!((t.order_nodes(), t.order_quorum()), (5, 3));
+    }
+
+    #[test]
+    fn u_equals_r_is_pbft() {
+        for f in 1..=4u32 {
+            let t = q(f, f);
+            assert_eq!(t.order_nodes(), 3 * f as usize + 1);
+            assert_eq!(t.order_quorum(), 2 * f as usize + 1);
+            assert_eq!(t.weak_quorum(), f as usize + 1);
+            assert!(t.byzantine());
+        }
+    }
+
+    #[test]
+    fn u_greater_than_r() {
+        let t = q(2, 1);
+        assert_eq!(t.order_nodes(), 6);
+        assert_eq!(t.order_quorum(), 4);
+        assert_eq!(t.weak_quorum(), 2);
+        assert_eq!(t.execution_nodes_min(), 4);
+    }
+
+    #[test]
+    fn unreplicated_baseline() {
+        let t = q(0, 0);
+        assert_eq!((t.order_nodes(), t.order_quorum()), (1, 1));
+    }
+
+    /// The properties the protocols rely on, for every supported (u, r).
+    #[test]
+    fn intersection_and_liveness_hold_for_all_configurations() {
+        for u in 0..=10u32 {
+            for r in 0..=u {
+                let t = q(u, r);
+                let (n, qq) = (t.order_nodes(), t.order_quorum());
+                // Live with u nodes down.
+                assert!(n - u as usize >= qq);
+                // Two quorums share at least r + 1 nodes: at least one correct.
+                assert!(2 * qq - n > r as usize);
+                // A quorum holds at least u + 1 correct nodes, which is >= r + 1.
+                assert!(qq - r as usize >= t.weak_quorum());
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_r_above_u_and_oversized_clusters() {
+        assert_eq!(Quorums::new(1, 2), Err(QuorumError::RExceedsU { u: 1, r: 2 }));
+        assert!(matches!(Quorums::new(40, 0), Err(QuorumError::TooManyNodes { .. })));
+    }
+
+    #[test]
+    fn mutation_weakens_only_the_order_quorum() {
+        let t = q(1, 1).with_mutation(Some(Mutation::QuorumMinusOne));
+        assert_eq!(t.order_quorum(), 2);
+        assert_eq!(t.weak_quorum(), 2);
+        for m in Mutation::ALL {
+            assert_eq!(Mutation::from_name(m.name()), Some(m));
+        }
+    }
+}

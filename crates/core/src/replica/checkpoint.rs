@@ -1,0 +1,103 @@
+//! Checkpoints: every CP_INTERVAL instances a node snapshots its state, persists it, and
+//! sends a signed vote for its Merkle root. Q matching votes make it stable: the log below
+//! is garbage-collected and the signatures become the proof that view changes and state
+//! transfer carry. A node whose own root differs from the stable one has diverged (a disk
+//! or memory fault, or a bug): it says so and repairs itself by state transfer.
+
+use super::{Event, Outputs, Persist, Reject, Replica};
+use crate::crypto::Digest;
+use crate::exec::Chunked;
+use crate::message::{checkpoint_statement, CheckpointVote, Message, NodeId, Seq, StableProof};
+use crate::service::Service;
+use crate::wal::Record;
+
+impl<S: Service> Replica<S> {
+    pub(super) fn take_checkpoint(&mut self, seq: Seq, out: &mut Outputs) {
+        let chunked = Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes);
+        let root = chunked.root;
+        out.persist.push(Persist::Snapshot { seq, bytes: chunked.bytes.clone() });
+        out.events.push(Event::Checkpoint { seq, root });
+        let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, self.id));
+        self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, sig }), out);
+        if seq > self.stable.seq {
+            self.own_checkpoints.insert(seq, chunked);
+            self.checkpoint_votes.entry(seq).or_default().insert(self.id, (root, sig));
+            self.maybe_stable(seq, out);
+        } else if seq == self.stable.seq {
+            // Re-executed up to a checkpoint already proven stable (recovery): compare.
+            self.compare_with_stable(chunked, out);
+        }
+    }
+
+    pub(super) fn on_checkpoint(&mut self, from: NodeId, vote: CheckpointVote, out: &mut Outputs) -> Result<(), Reject> {
+        let interval = self.cfg.options.checkpoint_interval;
+        // Votes far above our window still matter (they reveal that we lag), but only on
+        // interval boundaries and within a bounded horizon.
+        let horizon = self.stable.seq + 4 * self.cfg.options.log_max();
+        if vote.seq <= self.stable.seq || vote.seq > horizon || !vote.seq.is_multiple_of(interval) {
+            return Err(Reject::OutOfWindow { seq: vote.seq, low: self.stable.seq, high: horizon });
+        }
+        if !self.cfg.node_keys[from as usize].verify(&checkpoint_statement(vote.seq, &vote.root, from), &vote.sig) {
+            return Err(Reject::BadSignature { signer: from });
+        }
+        self.checkpoint_votes.entry(vote.seq).or_default().entry(from).or_insert((vote.root, vote.sig));
+        self.maybe_stable(vote.seq, out);
+        Ok(())
+    }
+
+    fn maybe_stable(&mut self, seq: Seq, out: &mut Outputs) {
+        let Some(votes) = self.checkpoint_votes.get(&seq) else { return };
+        let mut roots: Vec<Digest> = votes.values().map(|(r, _)| *r).collect();
+        roots.sort_unstable();
+        roots.dedup();
+        for root in roots {
+            let sigs: Vec<_> = votes.iter().filter(|(_, (r, _))| *r == root).map(|(n, (_, s))| (*n, *s)).collect();
+            if sigs.len() >= self.quorum() {
+                self.install_stable(StableProof { seq, root, sigs }, out);
+                return;
+            }
+        }
+    }
+
+    /// Adopts a proven stable checkpoint: garbage-collects below it, and brings this
+    /// node's state to it if it lags or diverged.
+    pub(super) fn install_stable(&mut self, proof: StableProof, out: &mut Outputs) {
+        if proof.seq <= self.stable.seq {
+            return;
+        }
+        let seq = proof.seq;
+        out.events.push(Event::Stable { seq, root: proof.root });
+        self.stable = proof;
+        self.persist(Record::Stable(self.stable.clone()), out);
+        self.log = self.log.split_off(&(seq + 1));
+        self.checkpoint_votes = self.checkpoint_votes.split_off(&(seq + 1));
+        let mut own = self.own_checkpoints.split_off(&seq);
+        let at_stable = own.remove(&seq);
+        self.own_checkpoints = own;
+        self.floor = self.floor.max(seq);
+        self.next_propose = self.next_propose.max(seq + 1);
+        if self.exec.executed() >= seq {
+            match at_stable {
+                Some(chunked) => self.compare_with_stable(chunked, out),
+                None => self.start_transfer(out),
+            }
+        } else {
+            // Behind: the values up to `seq` are gone from everyone's log; fetch the state.
+            self.stable_chunks = None;
+            self.start_transfer(out);
+        }
+        // The snapshot at `seq` is durable (ours, persisted before our vote) or will be
+        // replaced by the transferred one; either way the log below `seq` is not needed.
+        out.persist.push(Persist::Compact { records: self.durable_records() });
+    }
+
+    fn compare_with_stable(&mut self, chunked: Chunked, out: &mut Outputs) {
+        if chunked.root == self.stable.root {
+            self.stable_chunks = Some(chunked);
+        } else {
+            out.events.push(Event::Divergence { seq: self.stable.seq, local: chunked.root, stable: self.stable.root });
+            self.stable_chunks = None;
+            self.start_transfer(out);
+        }
+    }
+}

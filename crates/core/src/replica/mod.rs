@@ -1,0 +1,493 @@
+//! One order + execution node as a sans-IO state machine.
+//!
+//! ```text
+//!            Request ──► pending ──► (primary) PROPOSE(v, i, value)
+//!   normal:  PROPOSE ──► WRITE(v, i, d) signed ──► Q writes: prepared ──► ACCEPT ──► Q: decided
+//!            (r = 0: PROPOSE ──► ACCEPT ──► Q: decided; BFT-SMaRt CFT mode)
+//!   decided values execute in order; every CP_INTERVAL a signed checkpoint vote; Q: stable
+//!   request timer: 1st expiry FORWARD to primary, 2nd STOP(v+1); r+1 STOPs: join; Q: VIEW-CHANGE
+//!   new primary: Q valid VIEW-CHANGEs ──► NEW-VIEW (self-certifying) ──► re-proposals
+//!   laggards: STATUS gossip ──► NEW-VIEW relay, decided values (r+1 matching), state transfer
+//! ```
+//!
+//! Safety rests on three rules, each asserted or checked where it is applied:
+//! 1. A node votes (WRITE, or ACCEPT in CFT mode) for at most one value per (view, seq),
+//!    and persists that vote before sending it.
+//! 2. A node that sent VIEW-CHANGE(t) never acts in a view below t.
+//! 3. NEW-VIEW(t) re-proposes, for every instance above the highest proven stable
+//!    checkpoint, the value of the highest-view valid prepared certificate among Q view
+//!    changes (or null): any value decided in an earlier view is among them, because Q
+//!    nodes prepared it and two quorums share a correct node (Reference: PBFT §4.4).
+//!
+//! Inputs are authenticated at the channel level: `from` is who the transport proved the
+//! sender to be. Anything a peer sends is validated into a [`Reject`] and dropped, never
+//! asserted on.
+
+mod catch_up;
+mod checkpoint;
+mod normal;
+mod recovery;
+mod view_change;
+
+use crate::config::ClusterConfig;
+use crate::crypto::{Digest, MacKey, SigningKey};
+use crate::exec::{Chunked, Executor};
+use crate::message::{Cert, ClientId, Message, NewView, NodeId, Request, Seq, StableProof, Value, View, ViewChange};
+use crate::service::Service;
+use crate::wal::Record;
+use std::collections::BTreeMap;
+
+pub use catch_up::Transfer;
+pub use recovery::Durable;
+
+/// Who a message came from or goes to. The transport authenticates it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Peer {
+    Node(NodeId),
+    Client(ClientId),
+}
+
+pub enum Input {
+    Message { from: Peer, msg: Message },
+    /// Time passed; timers are checked against `now`.
+    Tick,
+}
+
+/// Something the driver must make durable, in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Persist {
+    Record(Record),
+    /// Atomically replace the stored snapshot (write temp, fsync, rename, fsync dir).
+    Snapshot { seq: Seq, bytes: Vec<u8> },
+    /// Atomically replace the whole log with these records (garbage collection at a
+    /// stable checkpoint). Only issued after the snapshot it relies on was persisted.
+    Compact { records: Vec<Record> },
+}
+
+/// Everything one step asks the driver to do.
+#[derive(Default, Debug)]
+pub struct Outputs {
+    /// Persist these, in order.
+    pub persist: Vec<Persist>,
+    /// Send now.
+    pub send: Vec<(Peer, Message)>,
+    /// Send only once every `persist` entry of this step (and of earlier steps) is
+    /// durable: votes, view changes and replies reflect persisted state. Order among
+    /// the entries of one step does not matter.
+    pub send_after_persist: Vec<(Peer, Message)>,
+    /// Observations for metrics, logs and the simulator's checkers.
+    pub events: Vec<Event>,
+}
+
+impl Outputs {
+    pub fn is_empty(&self) -> bool {
+        self.persist.is_empty() && self.send.is_empty() && self.send_after_persist.is_empty() && self.events.is_empty()
+    }
+
+    pub fn clear(&mut self) {
+        self.persist.clear();
+        self.send.clear();
+        self.send_after_persist.clear();
+        self.events.clear();
+    }
+}
+
+/// One request executed on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExecutedRequest {
+    pub client: ClientId,
+    pub seq: u64,
+    /// Digest of the operation, so checkers can tie it to what the client submitted.
+    pub op: Digest,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Decided { seq: Seq, digest: Digest },
+    /// Instance `seq` ran; `requests` lists those executed for the first time.
+    Executed { seq: Seq, requests: Vec<ExecutedRequest> },
+    ViewInstalled { view: View },
+    ViewChangeStarted { view: View },
+    Checkpoint { seq: Seq, root: Digest },
+    Stable { seq: Seq, root: Digest },
+    /// This node's state at `seq` differs from the stable one: it repairs itself.
+    Divergence { seq: Seq, local: Digest, stable: Digest },
+    StateTransferStarted { seq: Seq },
+    StateTransferDone { seq: Seq },
+    /// Input dropped, with the reason (counted by the driver).
+    Rejected { from: Peer, kind: &'static str, reason: Reject },
+}
+
+/// Why an input was dropped. Every one is counted; none crashes the node.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Reject {
+    #[error("message for view {got}, current view {current}")]
+    StaleView { current: View, got: View },
+    #[error("node {from} is not the primary of view {view}")]
+    NotPrimary { from: NodeId, view: View },
+    #[error("instance {seq} outside window ({low}, {high}]")]
+    OutOfWindow { seq: Seq, low: Seq, high: Seq },
+    #[error("a different value was already proposed for instance {seq} in view {view}")]
+    Equivocation { view: View, seq: Seq },
+    #[error("invalid signature from node {signer}")]
+    BadSignature { signer: NodeId },
+    #[error("request from client {client} has an invalid MAC")]
+    BadMac { client: ClientId },
+    #[error("proposal time {time} outside tolerance of local clock {now}")]
+    BadTime { time: u64, now: u64 },
+    #[error("batch violates a bound: {0}")]
+    BadBatch(&'static str),
+    #[error("unknown node {0}")]
+    UnknownNode(NodeId),
+    #[error("message kind not accepted from this peer")]
+    WrongPeer,
+    #[error("invalid proof: {0}")]
+    BadProof(&'static str),
+    #[error("node is busy: {0}")]
+    Busy(&'static str),
+}
+
+/// Secrets of one node.
+#[derive(Clone)]
+pub struct NodeSecrets {
+    pub signing: SigningKey,
+    /// Root of the per-client MAC keys this node checks.
+    pub mac_secret: [u8; 32],
+}
+
+/// The MAC key client `client` shares with the node holding `mac_secret`.
+pub fn client_mac_key(mac_secret: &[u8; 32], client: ClientId) -> MacKey {
+    MacKey(*blake3::keyed_hash(mac_secret, &client.to_le_bytes()).as_bytes())
+}
+
+/// One consensus instance above the stable checkpoint.
+#[derive(Clone, Debug, Default)]
+struct Slot {
+    /// The view the vote fields below belong to.
+    view: View,
+    /// The proposal this node accepted in `view`, with its digest.
+    value: Option<(Value, Digest)>,
+    /// WRITE votes received in `view`: the first per node counts.
+    writes: BTreeMap<NodeId, (Digest, crate::crypto::Sig)>,
+    /// ACCEPT votes received in `view`.
+    accepts: BTreeMap<NodeId, Digest>,
+    /// This node sent ACCEPT in `view`.
+    accept_sent: bool,
+    /// The highest-view prepared certificate: survives view changes.
+    cert: Option<Cert>,
+    /// The decided digest, once known (Q accepts, NEW-VIEW cannot change it).
+    decided: Option<Digest>,
+    /// The decided value, once its body is here.
+    decided_value: Option<Value>,
+    /// Decided claims from lagging-peer help: node → digest, and the bodies by digest.
+    claims: BTreeMap<NodeId, Digest>,
+    claimed_values: BTreeMap<Digest, Value>,
+    /// When this node last voted in this slot, for retransmission.
+    voted_at: u64,
+}
+
+impl Slot {
+    fn enter_view(&mut self, view: View) {
+        if self.view != view {
+            self.view = view;
+            self.value = None;
+            self.writes.clear();
+            self.accepts.clear();
+            self.accept_sent = false;
+        }
+    }
+}
+
+/// A client request this node has admitted and not yet executed.
+#[derive(Clone, Debug)]
+struct Pending {
+    req: Request,
+    /// Admission order, for FIFO batching.
+    order: u64,
+    /// When its request timer (re)started.
+    since: u64,
+    forwarded: bool,
+    /// Proposed in the current view (primary: do not propose again).
+    in_flight: bool,
+}
+
+pub struct Replica<S> {
+    cfg: ClusterConfig,
+    id: NodeId,
+    secrets: NodeSecrets,
+    /// The injected clock at the current step.
+    now: u64,
+
+    /// The installed view: this node takes part in it unless `vc_target` is set.
+    view: View,
+    /// Instances up to here were settled by the NEW-VIEW of `view`: no fresh proposals.
+    floor: Seq,
+    /// The NEW-VIEW that installed `view`, kept to relay to laggards.
+    new_view: Option<NewView>,
+    /// Set once this node sent VIEW-CHANGE(t): it will never act in a view below t.
+    vc_target: Option<View>,
+    vc_deadline: u64,
+    vc_attempts: u32,
+    /// Highest view this node sent STOP for.
+    stop_sent: View,
+    stop_sent_at: u64,
+    /// Highest STOP view heard from each node.
+    stops: Vec<View>,
+    /// Valid VIEW-CHANGEs for views above `view`, one (the highest) per node.
+    view_changes: BTreeMap<NodeId, ViewChange>,
+
+    log: BTreeMap<Seq, Slot>,
+    /// Primary: the next instance to propose.
+    next_propose: Seq,
+    /// Primary: time of the last proposal (proposals never go back in time).
+    time_proposed: u64,
+
+    exec: Executor<S>,
+    stable: StableProof,
+    /// The snapshot at `stable.seq`, served to peers that transfer state.
+    stable_chunks: Option<Chunked>,
+    /// This node's checkpoints above `stable.seq`, awaiting a quorum.
+    own_checkpoints: BTreeMap<Seq, Chunked>,
+    /// Checkpoint votes above `stable.seq`: seq → node → (root, sig).
+    checkpoint_votes: BTreeMap<Seq, BTreeMap<NodeId, (Digest, crate::crypto::Sig)>>,
+
+    pending: BTreeMap<ClientId, Pending>,
+    pending_order: u64,
+    client_keys: BTreeMap<ClientId, MacKey>,
+
+    transfer: Option<Transfer>,
+    /// Last time we helped each peer (STATUS answers are rate-limited).
+    helped_at: Vec<u64>,
+    next_status: u64,
+    next_retransmit: u64,
+}
+
+impl<S: Service> Replica<S> {
+    /// A fresh node at view 0 with an empty state.
+    pub fn new(cfg: ClusterConfig, id: NodeId, secrets: NodeSecrets, service: S) -> Replica<S> {
+        assert!((id as usize) < cfg.n(), "node id {id} outside a cluster of {}", cfg.n());
+        assert_eq!(cfg.node_keys[id as usize], secrets.signing.public(), "signing key does not match the configuration");
+        let n = cfg.n();
+        Replica {
+            cfg,
+            id,
+            secrets,
+            now: 0,
+            view: 0,
+            floor: 0,
+            new_view: None,
+            vc_target: None,
+            vc_deadline: 0,
+            vc_attempts: 0,
+            stop_sent: 0,
+            stop_sent_at: 0,
+            stops: vec![0; n],
+            view_changes: BTreeMap::new(),
+            log: BTreeMap::new(),
+            next_propose: 1,
+            time_proposed: 0,
+            exec: Executor::new(service),
+            stable: StableProof { seq: 0, root: Digest::default(), sigs: Vec::new() },
+            stable_chunks: None,
+            own_checkpoints: BTreeMap::new(),
+            checkpoint_votes: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            pending_order: 0,
+            client_keys: BTreeMap::new(),
+            transfer: None,
+            helped_at: vec![0; n],
+            next_status: 0,
+            next_retransmit: 0,
+        }
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+    pub fn view(&self) -> View {
+        self.view
+    }
+    pub fn is_primary(&self) -> bool {
+        self.cfg.primary(self.view) == self.id && self.vc_target.is_none()
+    }
+    pub fn executed(&self) -> Seq {
+        self.exec.executed()
+    }
+    pub fn stable_seq(&self) -> Seq {
+        self.stable.seq
+    }
+    pub fn service(&self) -> &S {
+        self.exec.service()
+    }
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
+    pub fn in_view_change(&self) -> Option<View> {
+        self.vc_target
+    }
+    pub fn transferring(&self) -> bool {
+        self.transfer.is_some()
+    }
+
+    /// Advances the state machine by one input.
+    pub fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
+        self.now = self.now.max(now);
+        match input {
+            Input::Tick => self.on_tick(out),
+            Input::Message { from, msg } => self.on_message(from, msg, out),
+        }
+        self.invariants();
+    }
+
+    fn on_message(&mut self, from: Peer, msg: Message, out: &mut Outputs) {
+        let kind = msg.kind();
+        let result = match (from, msg) {
+            (Peer::Client(c), Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
+            (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg)),
+            (Peer::Node(n), Message::Forward(req)) => self.on_request(Peer::Node(n), req, out),
+            (Peer::Node(n), Message::Propose { view, seq, value }) => self.on_propose(n, view, seq, value, out),
+            (Peer::Node(n), Message::Write(w)) => self.on_write(n, w, out),
+            (Peer::Node(n), Message::Accept { view, seq, digest }) => self.on_accept(n, view, seq, digest, out),
+            (Peer::Node(n), Message::Checkpoint(vote)) => self.on_checkpoint(n, vote, out),
+            (Peer::Node(n), Message::Stop { view }) => self.on_stop(n, view, out),
+            (Peer::Node(n), Message::ViewChange(vc)) => self.on_view_change(n, vc, out),
+            (Peer::Node(_), Message::NewView(nv)) => self.on_new_view(nv, out),
+            (Peer::Node(n), Message::Status { view, executed, stable }) => self.on_status(n, view, executed, stable, out),
+            (Peer::Node(n), Message::StableCert(proof)) => self.on_stable_cert(n, proof, out),
+            (Peer::Node(n), Message::Decided { seq, value }) => self.on_decided(n, seq, value, out),
+            (Peer::Node(n), Message::FetchManifest { seq }) => self.on_fetch_manifest(n, seq, out),
+            (Peer::Node(n), Message::Manifest { seq, len, chunks }) => self.on_manifest(n, seq, len, chunks, out),
+            (Peer::Node(n), Message::FetchChunk { seq, index }) => self.on_fetch_chunk(n, seq, index, out),
+            (Peer::Node(n), Message::Chunk { seq, index, data }) => self.on_chunk(n, seq, index, data, out),
+            (_, _) => Err(Reject::WrongPeer),
+        };
+        if let Err(reason) = result {
+            out.events.push(Event::Rejected { from, kind, reason });
+        }
+    }
+
+    fn on_tick(&mut self, out: &mut Outputs) {
+        self.on_request_timeouts(out);
+        self.on_view_change_timeout(out);
+        self.maybe_propose(out);
+        if self.now >= self.next_retransmit {
+            self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
+            self.retransmit(out);
+            self.retransmit_view_change(out);
+            self.on_transfer_timeout(out);
+        }
+        if self.now >= self.next_status {
+            self.next_status = self.now + self.cfg.options.status_ms;
+            let status = Message::Status { view: self.view, executed: self.exec.executed(), stable: self.stable.seq };
+            self.broadcast(status, out);
+        }
+    }
+
+    // ----- helpers shared by the submodules -----
+
+    fn quorum(&self) -> usize {
+        self.cfg.quorums.order_quorum()
+    }
+
+    fn byzantine_mode(&self) -> bool {
+        self.cfg.quorums.byzantine() && self.cfg.quorums.mutation() != Some(crate::quorum::Mutation::SkipWrite)
+    }
+
+    /// Sends to every other node, now.
+    fn broadcast(&self, msg: Message, out: &mut Outputs) {
+        for n in 0..self.cfg.n() as NodeId {
+            if n != self.id {
+                out.send.push((Peer::Node(n), msg.clone()));
+            }
+        }
+    }
+
+    /// Sends to every other node once everything persisted so far is durable.
+    fn broadcast_durable(&self, msg: Message, out: &mut Outputs) {
+        for n in 0..self.cfg.n() as NodeId {
+            if n != self.id {
+                out.send_after_persist.push((Peer::Node(n), msg.clone()));
+            }
+        }
+    }
+
+    fn persist(&self, record: Record, out: &mut Outputs) {
+        out.persist.push(Persist::Record(record));
+    }
+
+    fn high_water(&self) -> Seq {
+        self.stable.seq + self.cfg.options.log_max()
+    }
+
+    fn in_window(&self, seq: Seq) -> Result<(), Reject> {
+        if seq <= self.stable.seq || seq > self.high_water() {
+            return Err(Reject::OutOfWindow { seq, low: self.stable.seq, high: self.high_water() });
+        }
+        Ok(())
+    }
+
+    fn client_key(&mut self, client: ClientId) -> MacKey {
+        let secret = self.secrets.mac_secret;
+        *self.client_keys.entry(client).or_insert_with(|| client_mac_key(&secret, client))
+    }
+
+    fn check_mac(&mut self, req: &Request) -> Result<(), Reject> {
+        let key = self.client_key(req.client);
+        let ok = req.auth.get(self.id as usize).is_some_and(|mac| key.verify(&req.statement(), mac));
+        if ok {
+            Ok(())
+        } else {
+            Err(Reject::BadMac { client: req.client })
+        }
+    }
+
+    /// The records that describe this node's durable state, for log compaction.
+    fn durable_records(&self) -> Vec<Record> {
+        let mut records = vec![Record::Stable(self.stable.clone()), Record::View { view: self.view, floor: self.floor }];
+        if let Some(t) = self.vc_target {
+            records.push(Record::ViewChangeSent { view: t });
+        }
+        for (&seq, slot) in &self.log {
+            if let Some(cert) = &slot.cert {
+                records.push(Record::Prepared(cert.clone()));
+            }
+            if let Some((value, _)) = &slot.value {
+                records.push(Record::Accepted { view: slot.view, seq, value: value.clone() });
+            }
+            if let (Some(digest), Some(value)) = (slot.decided, &slot.decided_value) {
+                if slot.value.as_ref().map(|(_, d)| *d) != Some(digest) && slot.cert.as_ref().map(|c| c.value.digest()) != Some(digest) {
+                    // Keep the body of a value decided through catch-up.
+                    records.push(Record::DecidedValue { seq, value: value.clone() });
+                }
+                records.push(Record::Decided { seq, digest });
+            }
+        }
+        records
+    }
+
+    /// Checked after every step (kept on in release builds: they are cheap).
+    pub fn invariants(&self) {
+        if let Some(t) = self.vc_target {
+            assert!(t > self.view, "a view-change target is above the installed view");
+        }
+        if let Some((&first, _)) = self.log.iter().next() {
+            assert!(first > self.stable.seq, "the log holds only instances above the stable checkpoint");
+        }
+        if let Some((&last, _)) = self.log.iter().next_back() {
+            assert!(last <= self.high_water(), "the log is bounded by the high-water mark");
+        }
+        for (seq, slot) in &self.log {
+            if let (Some(d), Some(v)) = (slot.decided, &slot.decided_value) {
+                assert_eq!(v.digest(), d, "decided value {seq} matches its digest");
+            }
+            if let Some((v, d)) = &slot.value {
+                assert_eq!(v.digest(), *d, "accepted value matches its digest");
+            }
+            if let Some(c) = &slot.cert {
+                assert_eq!(c.seq, *seq, "certificate is filed under its own instance");
+            }
+        }
+        assert!(self.pending.len() <= self.cfg.options.clients_max, "pending requests are bounded");
+        assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
+    }
+}

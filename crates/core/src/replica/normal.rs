@@ -1,0 +1,389 @@
+//! Normal case: admission, batching, PROPOSE → WRITE → ACCEPT, execution, replies,
+//! request timers. Reference: BFT-SMaRt §II-C1 (Mod-SMaRt normal phase), UpRight §3.1
+//! (agreed time), PBFT §4.2.
+
+use super::{Event, ExecutedRequest, Outputs, Peer, Pending, Reject, Replica};
+use crate::crypto::Digest;
+use crate::message::{
+    result_digest, write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value, View, Write,
+};
+use crate::service::Service;
+use crate::wal::Record;
+
+impl<S: Service> Replica<S> {
+    /// A client's request, or a backup's FORWARD of one.
+    pub(super) fn on_request(&mut self, from: Peer, req: Request, out: &mut Outputs) -> Result<(), Reject> {
+        if let Peer::Client(c) = from {
+            if c != req.client {
+                return Err(Reject::WrongPeer);
+            }
+        }
+        self.check_mac(&req)?;
+        let last = self.exec.last_seq(req.client);
+        if req.seq <= last {
+            // A retransmission of something already executed: answer from the cache,
+            // in full, so a client that missed the designated reply can finish.
+            if let (Peer::Client(c), Some(result)) = (from, self.exec.cached(req.client, req.seq)) {
+                let reply = Reply { view: self.view, seq: req.seq, body: ReplyBody::Full(result.to_vec()) };
+                out.send.push((Peer::Client(c), Message::Reply(reply)));
+            }
+            return Ok(());
+        }
+        match self.pending.get(&req.client) {
+            Some(p) if p.req.seq >= req.seq => return Ok(()),
+            None if self.pending.len() >= self.cfg.options.clients_max => return Err(Reject::Busy("pending requests")),
+            _ => {}
+        }
+        self.pending_order += 1;
+        let pending = Pending { req, order: self.pending_order, since: self.now, forwarded: false, in_flight: false };
+        self.pending.insert(pending.req.client, pending);
+        self.maybe_propose(out);
+        Ok(())
+    }
+
+    /// Primary: propose batches while the window has room (pipelining), cutting a batch
+    /// when it is full or its oldest request waited `batch_delay_ms`, or at once when
+    /// nothing is in flight (so a lone client sees no batching delay).
+    pub(super) fn maybe_propose(&mut self, out: &mut Outputs) {
+        if !self.is_primary() || self.transfer.is_some() {
+            return;
+        }
+        let opts = self.cfg.options.clone();
+        self.next_propose = self.next_propose.max(self.floor + 1).max(self.stable.seq + 1);
+        loop {
+            let in_flight = self.next_propose - 1 - self.exec.executed().min(self.next_propose - 1);
+            if in_flight >= opts.window || self.next_propose > self.high_water() {
+                return;
+            }
+            let mut candidates: Vec<&Pending> = self.pending.values().filter(|p| !p.in_flight).collect();
+            if candidates.is_empty() {
+                return;
+            }
+            candidates.sort_by_key(|p| p.order);
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            for p in candidates.iter() {
+                if batch.len() == opts.batch_count_max || (bytes + p.req.size() > opts.batch_bytes_max && !batch.is_empty()) {
+                    break;
+                }
+                bytes += p.req.size();
+                batch.push(p.req.clone());
+            }
+            let full = batch.len() == opts.batch_count_max || bytes >= opts.batch_bytes_max / 2;
+            let oldest = candidates.first().map_or(self.now, |p| p.since);
+            if in_flight > 0 && !full && self.now < oldest + opts.batch_delay_ms {
+                return;
+            }
+            for r in &batch {
+                if let Some(p) = self.pending.get_mut(&r.client) {
+                    p.in_flight = true;
+                }
+            }
+            self.time_proposed = self.time_proposed.max(self.now);
+            let value = Value { time: self.time_proposed, requests: batch };
+            let seq = self.next_propose;
+            self.next_propose += 1;
+            let view = self.view;
+            self.propose(view, seq, value, out);
+        }
+    }
+
+    /// Primary: send PROPOSE and vote for it. Both wait for the Accepted record of this
+    /// step, so a primary that crashes and recovers cannot propose something else for
+    /// the same (view, seq).
+    fn propose(&mut self, view: View, seq: Seq, value: Value, out: &mut Outputs) {
+        self.broadcast_durable(Message::Propose { view, seq, value: value.clone() }, out);
+        self.accept_proposal(seq, value, out);
+    }
+
+    pub(super) fn on_propose(&mut self, from: NodeId, view: View, seq: Seq, value: Value, out: &mut Outputs) -> Result<(), Reject> {
+        self.check_current_view(view)?;
+        if from != self.cfg.primary(view) {
+            return Err(Reject::NotPrimary { from, view });
+        }
+        self.in_window(seq)?;
+        if seq <= self.floor {
+            return Err(Reject::OutOfWindow { seq, low: self.floor, high: self.high_water() });
+        }
+        let digest = value.digest();
+        if let Some(slot) = self.log.get(&seq) {
+            if slot.view == view {
+                if let Some((_, d)) = &slot.value {
+                    return if *d == digest { Ok(()) } else { Err(Reject::Equivocation { view, seq }) };
+                }
+            }
+        }
+        self.check_batch(seq, &value)?;
+        self.accept_proposal(seq, value, out);
+        Ok(())
+    }
+
+    fn check_batch(&mut self, seq: Seq, value: &Value) -> Result<(), Reject> {
+        let opts = &self.cfg.options;
+        if value.requests.is_empty() {
+            return Err(Reject::BadBatch("empty batch"));
+        }
+        if value.requests.len() > opts.batch_count_max {
+            return Err(Reject::BadBatch("too many requests"));
+        }
+        if value.requests.iter().map(Request::size).sum::<usize>() > opts.batch_bytes_max + crate::codec::OP_BYTES_MAX {
+            return Err(Reject::BadBatch("too many bytes"));
+        }
+        let mut clients: Vec<u64> = value.requests.iter().map(|r| r.client).collect();
+        clients.sort_unstable();
+        if clients.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Reject::BadBatch("two requests of one client"));
+        }
+        let tolerance = opts.clock_tolerance_ms;
+        if value.time + tolerance < self.now || value.time > self.now + tolerance {
+            return Err(Reject::BadTime { time: value.time, now: self.now });
+        }
+        // Time must not go backwards relative to the previous instance we know of.
+        if let Some(prev) = self.log.get(&(seq - 1)).and_then(|s| s.value.as_ref()) {
+            if prev.0.time > value.time && prev.0.time != 0 {
+                return Err(Reject::BadTime { time: value.time, now: prev.0.time });
+            }
+        }
+        for r in &value.requests {
+            self.check_mac(r)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn check_current_view(&self, view: View) -> Result<(), Reject> {
+        if view != self.view || self.vc_target.is_some() {
+            return Err(Reject::StaleView { current: self.vc_target.unwrap_or(self.view), got: view });
+        }
+        Ok(())
+    }
+
+    /// Votes for `value` in instance `seq` of the current view: the one place a node
+    /// commits to a proposal (rule 1: at most one value per (view, seq), persisted first).
+    pub(super) fn accept_proposal(&mut self, seq: Seq, value: Value, out: &mut Outputs) {
+        let view = self.view;
+        let digest = value.digest();
+        let byzantine = self.byzantine_mode();
+        let slot = self.log.entry(seq).or_default();
+        slot.enter_view(view);
+        assert!(slot.value.is_none(), "one vote per (view, seq)");
+        slot.value = Some((value.clone(), digest));
+        slot.voted_at = self.now;
+        for r in &value.requests {
+            if let Some(p) = self.pending.get_mut(&r.client) {
+                if p.req.seq == r.seq {
+                    p.in_flight = true;
+                }
+            }
+        }
+        self.persist(Record::Accepted { view, seq, value: value.clone() }, out);
+        if byzantine {
+            let sig = self.secrets.signing.sign(&write_statement(view, seq, &digest, self.id));
+            let slot = self.log.entry(seq).or_default();
+            slot.writes.insert(self.id, (digest, sig));
+            self.broadcast_durable(Message::Write(Write { view, seq, digest, sig }), out);
+            self.maybe_prepare(seq, out);
+        } else {
+            // CFT: the accepted proposal is the certificate (Paxos' accepted value).
+            let cert = Cert { view, seq, value, writes: Vec::new() };
+            self.send_accept(seq, cert, out);
+        }
+    }
+
+    pub(super) fn on_write(&mut self, from: NodeId, w: Write, out: &mut Outputs) -> Result<(), Reject> {
+        if !self.byzantine_mode() {
+            return Err(Reject::WrongPeer);
+        }
+        self.check_current_view(w.view)?;
+        self.in_window(w.seq)?;
+        let key = self.cfg.node_keys[from as usize];
+        if !key.verify(&write_statement(w.view, w.seq, &w.digest, from), &w.sig) {
+            return Err(Reject::BadSignature { signer: from });
+        }
+        let slot = self.log.entry(w.seq).or_default();
+        slot.enter_view(w.view);
+        slot.writes.entry(from).or_insert((w.digest, w.sig));
+        self.maybe_prepare(w.seq, out);
+        Ok(())
+    }
+
+    /// Q matching WRITEs for the value we accepted: prepared. Persist the certificate,
+    /// then ACCEPT.
+    fn maybe_prepare(&mut self, seq: Seq, out: &mut Outputs) {
+        let q = self.quorum();
+        let Some(slot) = self.log.get(&seq) else { return };
+        let Some((value, digest)) = &slot.value else { return };
+        if slot.accept_sent {
+            return;
+        }
+        let writes: Vec<(NodeId, crate::crypto::Sig)> =
+            slot.writes.iter().filter(|(_, (d, _))| d == digest).map(|(n, (_, s))| (*n, *s)).collect();
+        if writes.len() < q {
+            return;
+        }
+        let cert = Cert { view: slot.view, seq, value: value.clone(), writes };
+        self.send_accept(seq, cert, out);
+    }
+
+    fn send_accept(&mut self, seq: Seq, cert: Cert, out: &mut Outputs) {
+        let digest = cert.value.digest();
+        let view = cert.view;
+        if self.byzantine_mode() {
+            self.persist(Record::Prepared(cert.clone()), out);
+        }
+        let slot = self.log.entry(seq).or_default();
+        slot.accept_sent = true;
+        slot.cert = Some(cert);
+        slot.accepts.insert(self.id, digest);
+        self.broadcast_durable(Message::Accept { view, seq, digest }, out);
+        self.maybe_decide(seq, out);
+    }
+
+    pub(super) fn on_accept(&mut self, from: NodeId, view: View, seq: Seq, digest: Digest, out: &mut Outputs) -> Result<(), Reject> {
+        self.check_current_view(view)?;
+        self.in_window(seq)?;
+        let slot = self.log.entry(seq).or_default();
+        slot.enter_view(view);
+        slot.accepts.entry(from).or_insert(digest);
+        self.maybe_decide(seq, out);
+        Ok(())
+    }
+
+    fn maybe_decide(&mut self, seq: Seq, out: &mut Outputs) {
+        let q = self.quorum();
+        let Some(slot) = self.log.get(&seq) else { return };
+        if slot.decided.is_some() {
+            return;
+        }
+        let mut counts: Vec<(Digest, usize)> = Vec::new();
+        for d in slot.accepts.values() {
+            match counts.iter_mut().find(|(x, _)| x == d) {
+                Some((_, c)) => *c += 1,
+                None => counts.push((*d, 1)),
+            }
+        }
+        let Some((digest, _)) = counts.into_iter().find(|(_, c)| *c >= q) else { return };
+        let value = slot.value.as_ref().filter(|(_, d)| *d == digest).map(|(v, _)| v.clone());
+        self.decide(seq, digest, value, out);
+    }
+
+    /// Records that `seq` decided `digest` (with the body when we have it) and executes
+    /// whatever became contiguous.
+    pub(super) fn decide(&mut self, seq: Seq, digest: Digest, value: Option<Value>, out: &mut Outputs) {
+        let slot = self.log.entry(seq).or_default();
+        if let Some(d) = slot.decided {
+            assert_eq!(d, digest, "instance {seq} decided two values");
+        } else {
+            slot.decided = Some(digest);
+            self.persist(Record::Decided { seq, digest }, out);
+            out.events.push(Event::Decided { seq, digest });
+        }
+        let slot = self.log.entry(seq).or_default();
+        if slot.decided_value.is_none() {
+            if let Some(v) = value {
+                assert_eq!(v.digest(), digest);
+                slot.decided_value = Some(v);
+            }
+        }
+        self.maybe_execute(out);
+    }
+
+    /// Executes decided values in order; replies once the decision is durable.
+    pub(super) fn maybe_execute(&mut self, out: &mut Outputs) {
+        if self.transfer.is_some() {
+            return;
+        }
+        loop {
+            let next = self.exec.executed() + 1;
+            let Some(value) = self.log.get(&next).and_then(|s| s.decided_value.clone()) else { break };
+            let outcomes = self.exec.execute(next, &value);
+            let n = self.cfg.n() as u64;
+            let mut executed = Vec::new();
+            for (o, req) in outcomes.iter().zip(&value.requests) {
+                if let Some(p) = self.pending.get(&o.client) {
+                    if p.req.seq <= o.seq {
+                        self.pending.remove(&o.client);
+                    }
+                }
+                if !o.fresh {
+                    continue;
+                }
+                executed.push(ExecutedRequest { client: o.client, seq: o.seq, op: crate::crypto::Digest::of(&req.op) });
+                // One designated node sends the full result, the others its digest.
+                let designated = (o.client.wrapping_add(o.seq) % n) as NodeId;
+                let body = if designated == self.id {
+                    ReplyBody::Full(o.result.clone())
+                } else {
+                    ReplyBody::Hash(result_digest(&o.result))
+                };
+                let reply = Reply { view: self.view, seq: o.seq, body };
+                out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
+            }
+            out.events.push(Event::Executed { seq: next, requests: executed });
+            if next.is_multiple_of(self.cfg.options.checkpoint_interval) {
+                self.take_checkpoint(next, out);
+            }
+        }
+        self.maybe_propose(out);
+    }
+
+    /// Request timers (BFT-SMaRt §II-C1): the first expiry forwards the request to the
+    /// primary, the second suspects the primary. Timers stop when the request executes
+    /// and restart when a new view is installed, so steady load never trips them.
+    pub(super) fn on_request_timeouts(&mut self, out: &mut Outputs) {
+        if self.vc_target.is_some() || self.transfer.is_some() {
+            return;
+        }
+        let timeout = self.cfg.options.request_timeout_ms;
+        let primary = self.cfg.primary(self.view);
+        let mut suspect = false;
+        for p in self.pending.values_mut() {
+            let age = self.now.saturating_sub(p.since);
+            if age >= 2 * timeout {
+                suspect = true;
+            } else if age >= timeout && !p.forwarded {
+                p.forwarded = true;
+                if primary != self.id {
+                    out.send.push((Peer::Node(primary), Message::Forward(p.req.clone())));
+                }
+            }
+        }
+        if suspect {
+            self.suspect(self.view + 1, out);
+        }
+    }
+
+    /// Resends this node's votes for instances that have not decided, so lost messages
+    /// do not cost a view change.
+    pub(super) fn retransmit(&mut self, out: &mut Outputs) {
+        if self.vc_target.is_some() {
+            return;
+        }
+        let view = self.view;
+        let threshold = self.cfg.options.retransmit_ms;
+        let primary = self.cfg.primary(view) == self.id;
+        let mut msgs = Vec::new();
+        for (&seq, slot) in self.log.iter_mut() {
+            if slot.view != view || self.now < slot.voted_at + threshold {
+                continue;
+            }
+            let Some((value, digest)) = &slot.value else { continue };
+            let everyone_decided = slot.decided.is_some() && slot.accepts.len() == self.cfg.node_keys.len();
+            if everyone_decided {
+                continue;
+            }
+            slot.voted_at = self.now;
+            if primary {
+                msgs.push(Message::Propose { view, seq, value: value.clone() });
+            }
+            if let Some((_, sig)) = slot.writes.get(&self.id) {
+                msgs.push(Message::Write(Write { view, seq, digest: *digest, sig: *sig }));
+            }
+            if slot.accept_sent {
+                msgs.push(Message::Accept { view, seq, digest: *digest });
+            }
+        }
+        for m in msgs {
+            self.broadcast_durable(m, out);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! Restart from durable state: the latest snapshot plus the write-ahead log.
+//!
+//! The rebuilt node keeps every promise it made before the crash: it re-enters the highest
+//! view it installed (or the view change it committed to), remembers the proposal it
+//! accepted for each instance of that view and every prepared certificate, and re-executes
+//! the decided values above its snapshot. Whatever it misses it learns from peers.
+
+use super::{NodeSecrets, Outputs, Replica};
+use crate::config::ClusterConfig;
+use crate::exec::Chunked;
+use crate::message::{Cert, Seq};
+use crate::service::{RestoreError, Service};
+use crate::wal::Record;
+
+/// What a node finds on its disk at start.
+#[derive(Clone, Debug, Default)]
+pub struct Durable {
+    /// The latest snapshot that was completely persisted.
+    pub snapshot: Option<Vec<u8>>,
+    /// The log's records, in order, up to its last whole record.
+    pub records: Vec<Record>,
+}
+
+impl<S: Service> Replica<S> {
+    /// Rebuilds a node from its snapshot (if any) and its log records, in log order.
+    ///
+    /// # Errors
+    /// If the snapshot does not restore (the node must then be re-imaged from peers).
+    pub fn recover(
+        cfg: ClusterConfig,
+        id: crate::message::NodeId,
+        secrets: NodeSecrets,
+        service: S,
+        durable: Durable,
+        now: u64,
+        out: &mut Outputs,
+    ) -> Result<Replica<S>, RestoreError> {
+        let mut r = Replica::new(cfg, id, secrets, service);
+        r.now = now;
+        let Durable { snapshot, records } = durable;
+        let mut snapshot_seq: Seq = 0;
+        if let Some(bytes) = snapshot {
+            snapshot_seq = r.exec.restore(&bytes)?;
+            if snapshot_seq > 0 {
+                r.own_checkpoints.insert(snapshot_seq, Chunked::new(bytes, r.cfg.options.chunk_bytes));
+            }
+        }
+        // Pass 1: positions that later records are interpreted against.
+        for rec in &records {
+            match rec {
+                Record::View { view, floor } if *view >= r.view => {
+                    r.view = *view;
+                    r.floor = *floor;
+                }
+                Record::ViewChangeSent { view } if r.vc_target.is_none_or(|t| *view > t) => r.vc_target = Some(*view),
+                Record::Stable(p) if p.seq > r.stable.seq => r.stable = p.clone(),
+                _ => {}
+            }
+        }
+        if r.vc_target.is_some_and(|t| t <= r.view) {
+            r.vc_target = None;
+        }
+        if let Some(t) = r.vc_target {
+            r.stop_sent = t;
+            r.stops[id as usize] = t;
+            r.vc_deadline = now + r.cfg.options.view_change_timeout_ms;
+        }
+        // Pass 2: per-instance state above the stable checkpoint.
+        let view = r.view;
+        let low = r.stable.seq;
+        let byzantine = r.byzantine_mode();
+        for rec in records {
+            match rec {
+                Record::Accepted { view: v, seq, value } if seq > low => {
+                    let slot = r.log.entry(seq).or_default();
+                    if !byzantine && slot.cert.as_ref().is_none_or(|c| c.view <= v) {
+                        // CFT: the accepted proposal is the certificate (Paxos).
+                        slot.cert = Some(Cert { view: v, seq, value: value.clone(), writes: Vec::new() });
+                    }
+                    if v == view {
+                        slot.enter_view(view);
+                        slot.accept_sent |= !byzantine;
+                        let d = value.digest();
+                        slot.value = Some((value, d));
+                        if r.cfg.primary(view) == id {
+                            r.next_propose = r.next_propose.max(seq + 1);
+                        }
+                    }
+                }
+                Record::Prepared(cert) if cert.seq > low => {
+                    let slot = r.log.entry(cert.seq).or_default();
+                    if cert.view == view {
+                        slot.enter_view(view);
+                        slot.accept_sent = true;
+                    }
+                    if slot.cert.as_ref().is_none_or(|c| c.view <= cert.view) {
+                        slot.cert = Some(cert);
+                    }
+                }
+                Record::Decided { seq, digest } if seq > low => {
+                    r.log.entry(seq).or_default().decided = Some(digest);
+                }
+                Record::DecidedValue { seq, value } if seq > low => {
+                    r.log.entry(seq).or_default().decided_value = Some(value);
+                }
+                _ => {}
+            }
+        }
+        r.log.retain(|seq, _| *seq <= low + r.cfg.options.log_max());
+        for slot in r.log.values_mut() {
+            let Some(d) = slot.decided else { continue };
+            if slot.decided_value.as_ref().is_some_and(|v| v.digest() != d) {
+                slot.decided_value = None;
+            }
+            if slot.decided_value.is_none() {
+                let from_value = slot.value.as_ref().filter(|(_, x)| *x == d).map(|(v, _)| v.clone());
+                let from_cert = slot.cert.as_ref().filter(|c| c.value.digest() == d).map(|c| c.value.clone());
+                slot.decided_value = from_value.or(from_cert);
+            }
+        }
+        for slot in r.log.values() {
+            if let Some((v, _)) = &slot.value {
+                r.time_proposed = r.time_proposed.max(v.time);
+            }
+        }
+        r.next_propose = r.next_propose.max(r.floor + 1).max(r.stable.seq + 1);
+        if r.stable.seq > 0 {
+            if snapshot_seq == r.stable.seq {
+                r.stable_chunks = r.own_checkpoints.remove(&snapshot_seq);
+            }
+            if snapshot_seq < r.stable.seq {
+                // The log below the stable checkpoint is gone: fetch the state.
+                r.start_transfer(out);
+            }
+        }
+        r.own_checkpoints.retain(|s, _| *s > r.stable.seq);
+        r.maybe_execute(out);
+        r.invariants();
+        Ok(r)
+    }
+}

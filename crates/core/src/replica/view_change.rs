@@ -1,0 +1,341 @@
+//! Leader change (BFT-SMaRt's synchronization phase, PBFT §4.4 view changes).
+//!
+//! ```text
+//!  STOP(t)        non-binding suspicion; resent while unanswered. A node joins with
+//!                 STOP(t') once r + 1 others ask for t' or more (one of them is correct).
+//!  VIEW-CHANGE(t) binding: sent once Q nodes ask for t or more; carries the signed stable
+//!                 checkpoint proof and every prepared certificate above it. From now on
+//!                 the node never acts in a view below t (rule 2).
+//!  NEW-VIEW(t)    the primary of t, with Q valid VIEW-CHANGEs. Every node recomputes the
+//!                 re-proposals from them, so it is self-certifying and relayable.
+//! ```
+//!
+//! Separating STOP from VIEW-CHANGE is what lets a partitioned node come back: alone it
+//! only ever sends STOPs, never commits to a view nobody else will install, and so it
+//! can install whatever NEW-VIEW the majority reached once it hears of it.
+
+use super::{Event, Outputs, Peer, Reject, Replica};
+use crate::crypto::Sig;
+use crate::message::{checkpoint_statement, write_statement, Message, NewView, NodeId, Seq, StableProof, Value, View, ViewChange};
+use crate::quorum::Mutation;
+use crate::service::Service;
+use crate::wal::Record;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What a NEW-VIEW settles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decision {
+    /// The highest proven stable checkpoint among the view changes.
+    pub stable: StableProof,
+    /// The value to re-propose for every instance in `(stable.seq, max]`.
+    pub values: BTreeMap<Seq, Value>,
+}
+
+impl<S: Service> Replica<S> {
+    /// Suspect the current primary: ask to move to `view`.
+    pub(super) fn suspect(&mut self, view: View, out: &mut Outputs) {
+        if view <= self.stop_sent || view <= self.view {
+            return;
+        }
+        self.stop_sent = view;
+        self.stop_sent_at = self.now;
+        self.stops[self.id as usize] = view;
+        self.broadcast(Message::Stop { view }, out);
+        self.maybe_start_view_change(out);
+    }
+
+    pub(super) fn on_stop(&mut self, from: NodeId, view: View, out: &mut Outputs) -> Result<(), Reject> {
+        if view <= self.view {
+            return Err(Reject::StaleView { current: self.view, got: view });
+        }
+        let slot = &mut self.stops[from as usize];
+        *slot = (*slot).max(view);
+        // Join: r + 1 others want at least `t`, so some correct node does.
+        let mut others: Vec<View> =
+            (0..self.cfg.n()).filter(|&n| n != self.id as usize).map(|n| self.stops[n]).filter(|&v| v > self.view).collect();
+        others.sort_unstable_by(|a, b| b.cmp(a));
+        if let Some(&t) = others.get(self.cfg.quorums.weak_quorum() - 1) {
+            let floor = self.vc_target.unwrap_or(self.view);
+            if t > self.stop_sent && t > floor {
+                self.suspect(t, out);
+            }
+        }
+        self.maybe_start_view_change(out);
+        Ok(())
+    }
+
+    /// Commit to the highest view that Q nodes (this one included) ask for.
+    fn maybe_start_view_change(&mut self, out: &mut Outputs) {
+        let mut all: Vec<View> = self.stops.iter().copied().filter(|&v| v > self.view).collect();
+        all.sort_unstable_by(|a, b| b.cmp(a));
+        let Some(&t) = all.get(self.quorum() - 1) else { return };
+        if self.stops[self.id as usize] < t {
+            return;
+        }
+        if self.vc_target.is_some_and(|cur| cur >= t) {
+            return;
+        }
+        self.start_view_change(t, out);
+    }
+
+    fn start_view_change(&mut self, t: View, out: &mut Outputs) {
+        assert!(t > self.view);
+        self.vc_target = Some(t);
+        let backoff = 1u64 << self.vc_attempts.min(6);
+        self.vc_deadline = self.now + self.cfg.options.view_change_timeout_ms * backoff;
+        self.vc_attempts += 1;
+        self.persist(Record::ViewChangeSent { view: t }, out);
+        out.events.push(Event::ViewChangeStarted { view: t });
+        let vc = self.make_view_change(t);
+        self.view_changes.retain(|_, v| v.view >= t);
+        let primary = self.cfg.primary(t);
+        if primary == self.id {
+            self.view_changes.insert(self.id, vc);
+            self.maybe_new_view(out);
+        } else {
+            out.send_after_persist.push((Peer::Node(primary), Message::ViewChange(vc)));
+        }
+    }
+
+    fn make_view_change(&self, t: View) -> ViewChange {
+        let certs = self.log.iter().filter(|(s, _)| **s > self.stable.seq).filter_map(|(_, slot)| slot.cert.clone()).collect();
+        let mut vc = ViewChange { view: t, from: self.id, stable: self.stable.clone(), certs, sig: Sig([0; 64]) };
+        vc.sig = self.secrets.signing.sign(&vc.statement());
+        vc
+    }
+
+    /// The new primary did not deliver in time: ask for the next view.
+    pub(super) fn on_view_change_timeout(&mut self, out: &mut Outputs) {
+        if let Some(t) = self.vc_target {
+            if self.now >= self.vc_deadline {
+                // Give the next primary a full timeout too (suspect checks stop_sent).
+                self.vc_deadline = self.now + self.cfg.options.view_change_timeout_ms;
+                self.suspect(t + 1, out);
+            }
+        }
+    }
+
+    /// STOPs and VIEW-CHANGEs can be lost; resend them until the view is installed.
+    pub(super) fn retransmit_view_change(&mut self, out: &mut Outputs) {
+        if self.stop_sent > self.view {
+            self.broadcast(Message::Stop { view: self.stop_sent }, out);
+        }
+        if let Some(t) = self.vc_target {
+            let primary = self.cfg.primary(t);
+            if primary != self.id {
+                out.send.push((Peer::Node(primary), Message::ViewChange(self.make_view_change(t))));
+            }
+        }
+    }
+
+    pub(super) fn on_view_change(&mut self, from: NodeId, vc: ViewChange, out: &mut Outputs) -> Result<(), Reject> {
+        if vc.from != from {
+            return Err(Reject::WrongPeer);
+        }
+        if vc.view <= self.view {
+            return Err(Reject::StaleView { current: self.view, got: vc.view });
+        }
+        if self.cfg.primary(vc.view) != self.id {
+            return Err(Reject::NotPrimary { from: self.id, view: vc.view });
+        }
+        if self.view_changes.get(&from).is_some_and(|old| old.view >= vc.view) {
+            return Ok(());
+        }
+        self.validate_view_change(&vc, vc.view)?;
+        self.view_changes.insert(from, vc);
+        self.maybe_new_view(out);
+        Ok(())
+    }
+
+    /// New primary: Q valid VIEW-CHANGEs for the view we committed to → NEW-VIEW.
+    fn maybe_new_view(&mut self, out: &mut Outputs) {
+        let Some(t) = self.vc_target else { return };
+        if self.cfg.primary(t) != self.id {
+            return;
+        }
+        let vcs: Vec<ViewChange> = self.view_changes.values().filter(|v| v.view == t).cloned().collect();
+        if vcs.len() < self.quorum() {
+            return;
+        }
+        let mut nv = NewView { view: t, view_changes: vcs, sig: Sig([0; 64]) };
+        nv.sig = self.secrets.signing.sign(&nv.statement());
+        let decision = match self.check_new_view(&nv) {
+            Ok(d) => d,
+            // Our own collection must check out; if not, this is a bug, not peer input.
+            Err(reason) => panic!("own NEW-VIEW invalid: {reason}"),
+        };
+        self.broadcast_durable(Message::NewView(nv.clone()), out);
+        self.install_new_view(nv, decision, out);
+    }
+
+    pub(super) fn on_new_view(&mut self, nv: NewView, out: &mut Outputs) -> Result<(), Reject> {
+        if nv.view <= self.view {
+            return Err(Reject::StaleView { current: self.view, got: nv.view });
+        }
+        if self.vc_target.is_some_and(|t| nv.view < t) {
+            return Err(Reject::StaleView { current: self.vc_target.unwrap_or(self.view), got: nv.view });
+        }
+        let decision = self.check_new_view(&nv)?;
+        self.install_new_view(nv, decision, out);
+        Ok(())
+    }
+
+    /// Validates a NEW-VIEW completely and computes what it re-proposes (rule 3).
+    pub(crate) fn check_new_view(&self, nv: &NewView) -> Result<Decision, Reject> {
+        let primary = self.cfg.primary(nv.view);
+        if !self.cfg.node_keys[primary as usize].verify(&nv.statement(), &nv.sig) {
+            return Err(Reject::BadSignature { signer: primary });
+        }
+        let mut senders = BTreeSet::new();
+        for vc in &nv.view_changes {
+            if vc.view != nv.view || !senders.insert(vc.from) {
+                return Err(Reject::BadProof("new view mixes views or repeats a node"));
+            }
+            self.validate_view_change(vc, nv.view)?;
+        }
+        if senders.len() < self.quorum() {
+            return Err(Reject::BadProof("new view without a quorum of view changes"));
+        }
+        Ok(decide_new_view(&nv.view_changes))
+    }
+
+    /// Signature, stable-checkpoint proof and every prepared certificate of a VIEW-CHANGE.
+    fn validate_view_change(&self, vc: &ViewChange, view: View) -> Result<(), Reject> {
+        if vc.from as usize >= self.cfg.n() {
+            return Err(Reject::UnknownNode(vc.from));
+        }
+        if vc.view != view {
+            return Err(Reject::StaleView { current: view, got: vc.view });
+        }
+        if !self.cfg.node_keys[vc.from as usize].verify(&vc.statement(), &vc.sig) {
+            return Err(Reject::BadSignature { signer: vc.from });
+        }
+        self.validate_stable_proof(&vc.stable)?;
+        let high = vc.stable.seq + self.cfg.options.log_max();
+        let mut seqs = BTreeSet::new();
+        for cert in &vc.certs {
+            if cert.seq <= vc.stable.seq || cert.seq > high || !seqs.insert(cert.seq) {
+                return Err(Reject::BadProof("certificate outside the sender's window or repeated"));
+            }
+            if cert.view >= vc.view {
+                return Err(Reject::BadProof("certificate from a view not below the new one"));
+            }
+            if cert.value.requests.len() > self.cfg.options.batch_count_max {
+                return Err(Reject::BadProof("certificate value too large"));
+            }
+            if !self.cfg.quorums.byzantine() {
+                // CFT: a crash-faulty node reports its accepted value; nothing to verify.
+                continue;
+            }
+            if self.cfg.quorums.mutation() == Some(Mutation::UnverifiedViewChangeProof) {
+                continue;
+            }
+            let digest = cert.value.digest();
+            let mut writers = BTreeSet::new();
+            for (node, sig) in &cert.writes {
+                let Some(key) = self.cfg.node_keys.get(*node as usize) else {
+                    return Err(Reject::UnknownNode(*node));
+                };
+                if !key.verify(&write_statement(cert.view, cert.seq, &digest, *node), sig) {
+                    return Err(Reject::BadSignature { signer: *node });
+                }
+                writers.insert(*node);
+            }
+            if writers.len() < self.quorum() {
+                return Err(Reject::BadProof("prepared certificate without a quorum of writes"));
+            }
+        }
+        Ok(())
+    }
+
+    /// A stable checkpoint is proven by Q signed votes for the same (seq, root).
+    pub(super) fn validate_stable_proof(&self, p: &StableProof) -> Result<(), Reject> {
+        if p.seq == 0 {
+            return if p.sigs.is_empty() && p.root == Default::default() {
+                Ok(())
+            } else {
+                Err(Reject::BadProof("genesis checkpoint with signatures"))
+            };
+        }
+        if !p.seq.is_multiple_of(self.cfg.options.checkpoint_interval) {
+            return Err(Reject::BadProof("checkpoint off the interval"));
+        }
+        let mut signers = BTreeSet::new();
+        for (node, sig) in &p.sigs {
+            let Some(key) = self.cfg.node_keys.get(*node as usize) else {
+                return Err(Reject::UnknownNode(*node));
+            };
+            if !key.verify(&checkpoint_statement(p.seq, &p.root, *node), sig) {
+                return Err(Reject::BadSignature { signer: *node });
+            }
+            signers.insert(*node);
+        }
+        if signers.len() < self.quorum() {
+            return Err(Reject::BadProof("stable checkpoint without a quorum"));
+        }
+        Ok(())
+    }
+
+    fn install_new_view(&mut self, nv: NewView, decision: Decision, out: &mut Outputs) {
+        let t = nv.view;
+        assert!(t > self.view);
+        if let Some(target) = self.vc_target {
+            assert!(t >= target, "rule 2: never act below a view we committed to");
+        }
+        let floor = decision.values.keys().next_back().copied().unwrap_or(decision.stable.seq).max(decision.stable.seq);
+        self.view = t;
+        self.floor = floor;
+        self.vc_target = None;
+        self.vc_attempts = 0;
+        self.new_view = Some(nv);
+        self.view_changes.retain(|_, v| v.view > t);
+        self.persist(Record::View { view: t, floor }, out);
+        out.events.push(Event::ViewInstalled { view: t });
+        if decision.stable.seq > self.stable.seq {
+            self.install_stable(decision.stable, out);
+        }
+        for slot in self.log.values_mut() {
+            slot.enter_view(t);
+        }
+        for p in self.pending.values_mut() {
+            p.since = self.now;
+            p.forwarded = false;
+            p.in_flight = false;
+        }
+        for (seq, value) in decision.values {
+            if seq <= self.stable.seq {
+                continue;
+            }
+            self.accept_proposal(seq, value, out);
+        }
+        self.next_propose = self.floor + 1;
+        self.maybe_propose(out);
+    }
+}
+
+/// Rule 3: for every instance above the highest proven stable checkpoint, the value of
+/// the highest-view certificate, or null where no node prepared anything.
+pub(crate) fn decide_new_view(vcs: &[ViewChange]) -> Decision {
+    let stable = vcs.iter().map(|vc| &vc.stable).max_by_key(|s| s.seq).cloned().unwrap_or(StableProof {
+        seq: 0,
+        root: Default::default(),
+        sigs: Vec::new(),
+    });
+    let mut best: BTreeMap<Seq, (View, &Value)> = BTreeMap::new();
+    for cert in vcs.iter().flat_map(|vc| &vc.certs) {
+        if cert.seq <= stable.seq {
+            continue;
+        }
+        match best.get(&cert.seq) {
+            Some((v, _)) if *v >= cert.view => {}
+            _ => {
+                best.insert(cert.seq, (cert.view, &cert.value));
+            }
+        }
+    }
+    let max = best.keys().next_back().copied().unwrap_or(stable.seq);
+    let values = (stable.seq + 1..=max)
+        .map(|seq| (seq, best.get(&seq).map_or_else(Value::null, |(_, v)| (*v).clone())))
+        .collect();
+    Decision { stable, values }
+}
