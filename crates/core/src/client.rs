@@ -122,6 +122,12 @@ impl Client {
         self.view = self.view.max(view);
     }
 
+    /// Gives up on the in-flight operation (the caller timed out). It may still execute;
+    /// the next operation uses a higher sequence number, so it cannot be confused with it.
+    pub fn abandon(&mut self) {
+        self.inflight = None;
+    }
+
     /// Retransmits the in-flight request to every node when no result arrived in time.
     pub fn on_tick(&mut self, now: u64) -> Vec<(NodeId, Message)> {
         let Some(inflight) = &self.inflight else { return Vec::new() };

@@ -100,9 +100,11 @@ pub fn decode_log(bytes: &[u8]) -> Decoded {
         if crc32c::crc32c(payload) != crc {
             break Some(TailError::Checksum { offset });
         }
-        match postcard::from_bytes::<Record>(payload) {
-            Ok(r) => records.push(r),
-            Err(_) => break Some(TailError::Malformed { offset }),
+        // The whole payload must be one record: bytes left over mean the record is not
+        // what was written (found by the decode_wal fuzz target).
+        match postcard::take_from_bytes::<Record>(payload) {
+            Ok((r, [])) => records.push(r),
+            Ok(_) | Err(_) => break Some(TailError::Malformed { offset }),
         }
         offset += HEADER + len;
     };
@@ -150,6 +152,17 @@ mod tests {
         let d = decode_log(&bytes);
         assert_eq!(d.records, sample()[..1].to_vec());
         assert_eq!(d.tail, Some(TailError::Checksum { offset: first }));
+    }
+
+    #[test]
+    fn a_checksummed_record_with_trailing_bytes_is_malformed() {
+        // Minimized by cargo-fuzz: ViewChangeSent { view: 1 } plus a stray byte, with a
+        // correct CRC over all three payload bytes.
+        let bytes = [0x03, 0x00, 0x00, 0x00, 0x9b, 0x4e, 0x26, 0xf0, 0x01, 0x01, 0x06];
+        let d = decode_log(&bytes);
+        assert!(d.records.is_empty());
+        assert_eq!(d.valid_len, 0);
+        assert_eq!(d.tail, Some(TailError::Malformed { offset: 0 }));
     }
 
     #[test]

@@ -34,7 +34,10 @@ impl<S: Service> Replica<S> {
         // Votes far above our window still matter (they reveal that we lag), but only on
         // interval boundaries and within a bounded horizon.
         let horizon = self.stable.seq + 4 * self.cfg.options.log_max();
-        if vote.seq <= self.stable.seq || vote.seq > horizon || !vote.seq.is_multiple_of(interval) {
+        if vote.seq <= self.stable.seq {
+            return Err(Reject::Late { seq: vote.seq, stable: self.stable.seq });
+        }
+        if vote.seq > horizon || !vote.seq.is_multiple_of(interval) {
             return Err(Reject::OutOfWindow { seq: vote.seq, low: self.stable.seq, high: horizon });
         }
         if !self.cfg.node_keys[from as usize].verify(&checkpoint_statement(vote.seq, &vote.root, from), &vote.sig) {
@@ -65,6 +68,18 @@ impl<S: Service> Replica<S> {
         if proof.seq <= self.stable.seq {
             return;
         }
+        // Slightly behind with every value in hand (the usual case when a peer's STATUS
+        // answer races our own execution): execute instead of transferring state.
+        let executed = self.exec.executed();
+        if self.transfer.is_none()
+            && executed < proof.seq
+            && (executed + 1..=proof.seq).all(|s| self.log.get(&s).is_some_and(|x| x.decided_value.is_some()))
+        {
+            self.maybe_execute(out);
+            if proof.seq <= self.stable.seq {
+                return;
+            }
+        }
         let seq = proof.seq;
         out.events.push(Event::Stable { seq, root: proof.root });
         self.stable = proof;
@@ -88,7 +103,17 @@ impl<S: Service> Replica<S> {
         }
         // The snapshot at `seq` is durable (ours, persisted before our vote) or will be
         // replaced by the transferred one; either way the log below `seq` is not needed.
-        out.persist.push(Persist::Compact { records: self.durable_records() });
+        out.persist.push(Persist::Compact { records: self.durable_records(), snapshots_from: seq });
+    }
+
+    /// Checkpoint votes can be lost, and a checkpoint that never becomes stable closes the
+    /// window for good (no view change can fix that): resend ours until it is stable.
+    pub(super) fn retransmit_checkpoint_votes(&self, out: &mut Outputs) {
+        for (&seq, votes) in &self.checkpoint_votes {
+            if let Some((root, sig)) = votes.get(&self.id) {
+                self.broadcast(Message::Checkpoint(CheckpointVote { seq, root: *root, sig: *sig }), out);
+            }
+        }
     }
 
     fn compare_with_stable(&mut self, chunked: Chunked, out: &mut Outputs) {

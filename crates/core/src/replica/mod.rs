@@ -57,11 +57,13 @@ pub enum Input {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Persist {
     Record(Record),
-    /// Atomically replace the stored snapshot (write temp, fsync, rename, fsync dir).
+    /// Store the snapshot of the checkpoint at `seq` atomically (write temp, fsync,
+    /// rename, fsync dir), beside the ones already stored.
     Snapshot { seq: Seq, bytes: Vec<u8> },
-    /// Atomically replace the whole log with these records (garbage collection at a
-    /// stable checkpoint). Only issued after the snapshot it relies on was persisted.
-    Compact { records: Vec<Record> },
+    /// Garbage collection at a stable checkpoint: atomically replace the whole log with
+    /// `records` and delete the snapshots below `snapshots_from`. The snapshot at the
+    /// stable checkpoint is kept, so a node that restarts can still serve it to laggards.
+    Compact { records: Vec<Record>, snapshots_from: Seq },
 }
 
 /// Everything one step asks the driver to do.
@@ -145,6 +147,10 @@ pub enum Reject {
     BadProof(&'static str),
     #[error("node is busy: {0}")]
     Busy(&'static str),
+    /// A valid message that arrived after it stopped mattering (a vote for an instance
+    /// below the stable checkpoint). Dropped without being counted as bad input.
+    #[error("late message for instance {seq} at or below the stable checkpoint {stable}")]
+    Late { seq: Seq, stable: Seq },
 }
 
 /// Secrets of one node.
@@ -253,7 +259,6 @@ pub struct Replica<S> {
 
     pending: BTreeMap<ClientId, Pending>,
     pending_order: u64,
-    client_keys: BTreeMap<ClientId, MacKey>,
 
     transfer: Option<Transfer>,
     /// Last time we helped each peer (STATUS answers are rate-limited).
@@ -293,7 +298,6 @@ impl<S: Service> Replica<S> {
             checkpoint_votes: BTreeMap::new(),
             pending: BTreeMap::new(),
             pending_order: 0,
-            client_keys: BTreeMap::new(),
             transfer: None,
             helped_at: vec![0; n],
             next_status: 0,
@@ -361,8 +365,9 @@ impl<S: Service> Replica<S> {
             (Peer::Node(n), Message::Chunk { seq, index, data }) => self.on_chunk(n, seq, index, data, out),
             (_, _) => Err(Reject::WrongPeer),
         };
-        if let Err(reason) = result {
-            out.events.push(Event::Rejected { from, kind, reason });
+        match result {
+            Ok(()) | Err(Reject::Late { .. }) => {}
+            Err(reason) => out.events.push(Event::Rejected { from, kind, reason }),
         }
     }
 
@@ -373,6 +378,7 @@ impl<S: Service> Replica<S> {
         if self.now >= self.next_retransmit {
             self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
             self.retransmit(out);
+            self.retransmit_checkpoint_votes(out);
             self.retransmit_view_change(out);
             self.on_transfer_timeout(out);
         }
@@ -420,19 +426,19 @@ impl<S: Service> Replica<S> {
     }
 
     fn in_window(&self, seq: Seq) -> Result<(), Reject> {
-        if seq <= self.stable.seq || seq > self.high_water() {
+        if seq <= self.stable.seq {
+            return Err(Reject::Late { seq, stable: self.stable.seq });
+        }
+        if seq > self.high_water() {
             return Err(Reject::OutOfWindow { seq, low: self.stable.seq, high: self.high_water() });
         }
         Ok(())
     }
 
-    fn client_key(&mut self, client: ClientId) -> MacKey {
-        let secret = self.secrets.mac_secret;
-        *self.client_keys.entry(client).or_insert_with(|| client_mac_key(&secret, client))
-    }
-
-    fn check_mac(&mut self, req: &Request) -> Result<(), Reject> {
-        let key = self.client_key(req.client);
+    /// Derived on every use, not cached: a cache keyed by client id would grow with every
+    /// id a Byzantine node puts in a FORWARD, and the derivation is one keyed BLAKE3.
+    fn check_mac(&self, req: &Request) -> Result<(), Reject> {
+        let key = client_mac_key(&self.secrets.mac_secret, req.client);
         let ok = req.auth.get(self.id as usize).is_some_and(|mac| key.verify(&req.statement(), mac));
         if ok {
             Ok(())
@@ -465,6 +471,35 @@ impl<S: Service> Replica<S> {
         records
     }
 
+    /// One line of internal state for diagnostics (simulator reports, `keel status`).
+    pub fn status_line(&self) -> String {
+        let votes: Vec<String> = self
+            .checkpoint_votes
+            .iter()
+            .map(|(s, v)| format!("{s}:{}{}", v.len(), if v.contains_key(&self.id) { "+me" } else { "" }))
+            .collect();
+        let transfer = self.transfer.as_ref().map(|t| {
+            let (have, total) = t.progress();
+            format!(" transfer {have}/{total}")
+        });
+        format!(
+            "n{} view {} vc {:?} stop {} exec {} stable {} floor {} next {} log {:?}..{:?} pending {} cp-votes [{}]{}",
+            self.id,
+            self.view,
+            self.vc_target,
+            self.stop_sent,
+            self.exec.executed(),
+            self.stable.seq,
+            self.floor,
+            self.next_propose,
+            self.log.keys().next(),
+            self.log.keys().next_back(),
+            self.pending.len(),
+            votes.join(" "),
+            transfer.unwrap_or_default()
+        )
+    }
+
     /// Checked after every step (kept on in release builds: they are cheap).
     pub fn invariants(&self) {
         if let Some(t) = self.vc_target {
@@ -491,3 +526,6 @@ impl<S: Service> Replica<S> {
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,8 +15,8 @@ use crate::wal::Record;
 /// What a node finds on its disk at start.
 #[derive(Clone, Debug, Default)]
 pub struct Durable {
-    /// The latest snapshot that was completely persisted.
-    pub snapshot: Option<Vec<u8>>,
+    /// Every completely persisted snapshot, by the checkpoint it belongs to.
+    pub snapshots: Vec<(Seq, Vec<u8>)>,
     /// The log's records, in order, up to its last whole record.
     pub records: Vec<Record>,
 }
@@ -37,12 +37,15 @@ impl<S: Service> Replica<S> {
     ) -> Result<Replica<S>, RestoreError> {
         let mut r = Replica::new(cfg, id, secrets, service);
         r.now = now;
-        let Durable { snapshot, records } = durable;
+        let Durable { mut snapshots, records } = durable;
+        snapshots.sort_by_key(|(seq, _)| *seq);
         let mut snapshot_seq: Seq = 0;
-        if let Some(bytes) = snapshot {
-            snapshot_seq = r.exec.restore(&bytes)?;
-            if snapshot_seq > 0 {
-                r.own_checkpoints.insert(snapshot_seq, Chunked::new(bytes, r.cfg.options.chunk_bytes));
+        if let Some((_, bytes)) = snapshots.last() {
+            snapshot_seq = r.exec.restore(bytes)?;
+        }
+        for (seq, bytes) in snapshots {
+            if seq > 0 {
+                r.own_checkpoints.insert(seq, Chunked::new(bytes, r.cfg.options.chunk_bytes));
             }
         }
         // Pass 1: positions that later records are interpreted against.
@@ -125,15 +128,20 @@ impl<S: Service> Replica<S> {
         }
         r.next_propose = r.next_propose.max(r.floor + 1).max(r.stable.seq + 1);
         if r.stable.seq > 0 {
-            if snapshot_seq == r.stable.seq {
-                r.stable_chunks = r.own_checkpoints.remove(&snapshot_seq);
-            }
+            r.stable_chunks = r.own_checkpoints.remove(&r.stable.seq).filter(|c| c.root == r.stable.root);
             if snapshot_seq < r.stable.seq {
                 // The log below the stable checkpoint is gone: fetch the state.
                 r.start_transfer(out);
             }
         }
         r.own_checkpoints.retain(|s, _| *s > r.stable.seq);
+        // Vote again for our checkpoints above the stable one: the votes sent before the
+        // crash may be lost, and without them the checkpoint may never become stable.
+        let stable_seq = r.stable.seq;
+        for (&seq, c) in r.own_checkpoints.iter().filter(|(s, _)| **s > stable_seq) {
+            let sig = r.secrets.signing.sign(&crate::message::checkpoint_statement(seq, &c.root, id));
+            r.checkpoint_votes.entry(seq).or_default().insert(id, (c.root, sig));
+        }
         r.maybe_execute(out);
         r.invariants();
         Ok(r)

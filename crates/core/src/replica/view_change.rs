@@ -223,7 +223,7 @@ impl<S: Service> Replica<S> {
             if cert.value.requests.len() > self.cfg.options.batch_count_max {
                 return Err(Reject::BadProof("certificate value too large"));
             }
-            if !self.cfg.quorums.byzantine() {
+            if !self.byzantine_mode() {
                 // CFT: a crash-faulty node reports its accepted value; nothing to verify.
                 continue;
             }

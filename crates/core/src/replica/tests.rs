@@ -1,0 +1,306 @@
+//! Handler-level tests: build a node, feed it one input, check the outputs exactly; and a
+//! lossless in-memory cluster for whole-protocol paths. The simulator covers faults.
+
+use super::*;
+use crate::client::Client;
+use crate::config::Options;
+use crate::crypto::{PublicKey, Sig};
+use crate::message::{write_statement, Reply, Write};
+use crate::quorum::Quorums;
+use crate::service::{ExecCtx, RestoreError, Service};
+use crate::wal::Record;
+use std::collections::VecDeque;
+
+/// Appends requests; replies with the count so far.
+#[derive(Default, Clone)]
+struct Log(Vec<Vec<u8>>);
+
+impl Service for Log {
+    fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+        self.0.push(request.to_vec());
+        vec![self.0.len() as u8]
+    }
+    fn snapshot(&self) -> Vec<u8> {
+        postcard::to_allocvec(&self.0).unwrap_or_default()
+    }
+    fn restore(&mut self, s: &[u8]) -> Result<(), RestoreError> {
+        self.0 = postcard::from_bytes(s).map_err(|e| RestoreError(e.to_string()))?;
+        Ok(())
+    }
+}
+
+fn secrets(i: u32) -> NodeSecrets {
+    NodeSecrets { signing: SigningKey::from_seed([i as u8 + 1; 32]), mac_secret: [i as u8 + 100; 32] }
+}
+
+fn config(u: u32, r: u32) -> ClusterConfig {
+    let q = Quorums::new(u, r).expect("valid");
+    let keys: Vec<PublicKey> = (0..q.order_nodes() as u32).map(|i| secrets(i).signing.public()).collect();
+    ClusterConfig::new(q, keys, Options::test_min()).expect("valid")
+}
+
+fn node(cfg: &ClusterConfig, i: u32) -> Replica<Log> {
+    Replica::new(cfg.clone(), i, secrets(i), Log::default())
+}
+
+fn client(cfg: &ClusterConfig, id: u64) -> Client {
+    let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
+    Client::new(id, cfg.quorums, keys, 100, 1)
+}
+
+fn request(cfg: &ClusterConfig, id: u64, op: &[u8]) -> Request {
+    let mut c = client(cfg, id);
+    match c.invoke(0, op.to_vec()).expect("idle").remove(0).1 {
+        Message::Request(r) => r,
+        other => panic!("expected a request, got {other:?}"),
+    }
+}
+
+fn step(r: &mut Replica<Log>, now: u64, from: Peer, msg: Message) -> Outputs {
+    let mut out = Outputs::default();
+    r.step(now, Input::Message { from, msg }, &mut out);
+    out
+}
+
+fn rejected(out: &Outputs) -> Vec<Reject> {
+    out.events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Rejected { reason, .. } => Some(reason.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn primary_persists_then_proposes_and_writes() {
+    let cfg = config(1, 1);
+    let mut p = node(&cfg, 0);
+    let req = request(&cfg, 7, b"op");
+    let out = step(&mut p, 10, Peer::Client(7), Message::Request(req.clone()));
+    let value = Value { time: 10, requests: vec![req] };
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
+    assert!(out.send.is_empty(), "nothing leaves before the Accepted record is durable");
+    let proposes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Propose { .. })).collect();
+    assert_eq!(proposes.len(), 3);
+    assert!(proposes.iter().all(|(_, m)| *m == Message::Propose { view: 0, seq: 1, value: value.clone() }));
+    let writes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).collect();
+    assert_eq!(writes.len(), 3);
+    let Message::Write(w) = &writes[0].1 else { unreachable!() };
+    assert_eq!((w.view, w.seq, w.digest), (0, 1, value.digest()));
+    assert!(cfg.node_keys[0].verify(&write_statement(0, 1, &value.digest(), 0), &w.sig));
+}
+
+#[test]
+fn backup_rejects_bad_proposals_and_votes_once() {
+    let cfg = config(1, 1);
+    let mut b = node(&cfg, 1);
+    let req = request(&cfg, 7, b"op");
+    let value = Value { time: 10, requests: vec![req.clone()] };
+    let propose = |v: &Value| Message::Propose { view: 0, seq: 1, value: v.clone() };
+
+    let out = step(&mut b, 10, Peer::Node(2), propose(&value));
+    assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: 2, view: 0 }]);
+
+    let mut forged = req.clone();
+    forged.op = b"other".to_vec();
+    let out = step(&mut b, 10, Peer::Node(0), propose(&Value { time: 10, requests: vec![forged] }));
+    assert_eq!(rejected(&out), vec![Reject::BadMac { client: 7 }]);
+
+    let out = step(&mut b, 10, Peer::Node(0), propose(&Value { time: 10_000, requests: vec![req.clone()] }));
+    assert_eq!(rejected(&out), vec![Reject::BadTime { time: 10_000, now: 10 }]);
+
+    let out = step(&mut b, 10, Peer::Node(0), propose(&value));
+    assert!(rejected(&out).is_empty());
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
+    assert_eq!(out.send_after_persist.len(), 3, "one WRITE to each other node");
+
+    // The primary equivocates: a second, different value for the same (view, seq).
+    let other = Value { time: 11, requests: vec![req] };
+    let out = step(&mut b, 10, Peer::Node(0), propose(&other));
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
+    assert!(out.send_after_persist.is_empty());
+}
+
+#[test]
+fn writes_with_bad_signatures_do_not_count() {
+    let cfg = config(1, 1);
+    let mut b = node(&cfg, 1);
+    let d = Value::null().digest();
+    let sig = secrets(3).signing.sign(&write_statement(0, 1, &d, 3));
+    // Node 2 presents node 3's signature: bound to the signer, so rejected.
+    let out = step(&mut b, 0, Peer::Node(2), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
+    assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 2 }]);
+    let out = step(&mut b, 0, Peer::Node(3), Message::Write(Write { view: 0, seq: 1, digest: d, sig: Sig([0; 64]) }));
+    assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 3 }]);
+}
+
+#[test]
+fn messages_from_unknown_nodes_and_wrong_peers_are_rejected() {
+    let cfg = config(1, 1);
+    let mut b = node(&cfg, 1);
+    let out = step(&mut b, 0, Peer::Node(9), Message::Stop { view: 1 });
+    assert_eq!(rejected(&out), vec![Reject::UnknownNode(9)]);
+    let out = step(&mut b, 0, Peer::Client(5), Message::Stop { view: 1 });
+    assert_eq!(rejected(&out), vec![Reject::WrongPeer]);
+    let req = request(&cfg, 7, b"op");
+    let out = step(&mut b, 0, Peer::Client(8), Message::Request(req));
+    assert_eq!(rejected(&out), vec![Reject::WrongPeer], "a client may only send its own requests");
+}
+
+/// A lossless cluster: every output is delivered at once (persistence assumed instant).
+struct Net {
+    nodes: Vec<Replica<Log>>,
+    queue: VecDeque<(Peer, Peer, Message)>,
+    replies: Vec<(NodeId, u64, Reply)>,
+    events: Vec<(NodeId, Event)>,
+    down: Vec<bool>,
+}
+
+impl Net {
+    fn new(cfg: &ClusterConfig) -> Net {
+        let n = cfg.n();
+        Net { nodes: (0..n as u32).map(|i| node(cfg, i)).collect(), queue: VecDeque::new(), replies: Vec::new(), events: Vec::new(), down: vec![false; n] }
+    }
+
+    fn absorb(&mut self, from: NodeId, out: Outputs) {
+        for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
+            self.queue.push_back((Peer::Node(from), to, m));
+        }
+        self.events.extend(out.events.into_iter().map(|e| (from, e)));
+    }
+
+    fn run(&mut self, now: u64) {
+        while let Some((from, to, msg)) = self.queue.pop_front() {
+            match to {
+                Peer::Node(n) if !self.down[n as usize] => {
+                    let mut out = Outputs::default();
+                    self.nodes[n as usize].step(now, Input::Message { from, msg }, &mut out);
+                    self.absorb(n, out);
+                }
+                Peer::Client(c) => {
+                    if let (Peer::Node(n), Message::Reply(r)) = (from, msg) {
+                        self.replies.push((n, c, r));
+                    }
+                }
+                Peer::Node(_) => {}
+            }
+        }
+    }
+
+    fn tick(&mut self, now: u64) {
+        for n in 0..self.nodes.len() {
+            if !self.down[n] {
+                let mut out = Outputs::default();
+                self.nodes[n].step(now, Input::Tick, &mut out);
+                self.absorb(n as NodeId, out);
+            }
+        }
+        self.run(now);
+    }
+
+    fn submit(&mut self, client: &mut Client, now: u64, op: &[u8]) {
+        for (n, m) in client.invoke(now, op.to_vec()).expect("idle") {
+            self.queue.push_back((Peer::Client(client.id()), Peer::Node(n), m));
+        }
+        self.run(now);
+    }
+
+    fn result(&mut self, client: &mut Client) -> Option<Vec<u8>> {
+        let mut result = None;
+        for (n, c, r) in std::mem::take(&mut self.replies) {
+            if c == client.id() {
+                result = result.or(client.on_reply(n, r));
+            }
+        }
+        result
+    }
+}
+
+#[test]
+fn four_nodes_decide_execute_and_answer() {
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    for i in 1..=3u8 {
+        net.submit(&mut c, 10 * i as u64, &[i]);
+        assert_eq!(net.result(&mut c), Some(vec![i]), "request {i}");
+    }
+    for n in &net.nodes {
+        assert_eq!(n.executed(), 3);
+        assert_eq!(n.service().0, vec![vec![1], vec![2], vec![3]]);
+    }
+}
+
+#[test]
+fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    net.submit(&mut c, 0, b"a");
+    assert!(net.result(&mut c).is_some());
+    net.down[0] = true;
+    net.submit(&mut c, 10, b"b");
+    assert_eq!(net.result(&mut c), None);
+    let timeout = cfg.options.request_timeout_ms;
+    let mut now = 10;
+    let mut result = None;
+    while result.is_none() && now < 10 * timeout {
+        now += 5;
+        net.tick(now);
+        result = net.result(&mut c);
+    }
+    assert_eq!(result, Some(vec![2]));
+    assert!(net.nodes[1..].iter().all(|n| n.view() == 1));
+    let installed = net.events.iter().filter(|(_, e)| *e == Event::ViewInstalled { view: 1 }).count();
+    assert_eq!(installed, 3);
+}
+
+#[test]
+fn a_recovered_node_keeps_its_vote() {
+    // Rule 1 across a crash: a backup that accepted a value for (view, seq) and restarts
+    // from its log must refuse a different value for the same (view, seq).
+    let cfg = config(1, 1);
+    let mut b = node(&cfg, 1);
+    let req = request(&cfg, 7, b"op");
+    let value = Value { time: 10, requests: vec![req.clone()] };
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
+    let records: Vec<Record> = out
+        .persist
+        .into_iter()
+        .filter_map(|p| match p {
+            Persist::Record(r) => Some(r),
+            _ => None,
+        })
+        .collect();
+    let mut out = Outputs::default();
+    let mut b = Replica::recover(cfg.clone(), 1, secrets(1), Log::default(), Durable { snapshots: vec![], records }, 20, &mut out)
+        .expect("recovers");
+    let other = Value { time: 11, requests: vec![req] };
+    let out = step(&mut b, 20, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: other });
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
+}
+
+#[test]
+fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
+    let cert = |view, seq, time| Cert { view, seq, value: Value { time, requests: vec![] }, writes: vec![] };
+    let stable = StableProof { seq: 0, root: Digest::default(), sigs: vec![] };
+    let vc = |from, certs| ViewChange { view: 5, from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
+    let d = view_change::decide_new_view(&[vc(0, vec![cert(1, 1, 100), cert(1, 3, 300)]), vc(1, vec![cert(2, 1, 111)]), vc(2, vec![])]);
+    assert_eq!(d.values.len(), 3);
+    assert_eq!(d.values[&1].time, 111, "highest view wins");
+    assert_eq!(d.values[&2], Value::null(), "gap filled with null");
+    assert_eq!(d.values[&3].time, 300);
+}
+
+#[test]
+fn forged_view_change_certificates_are_rejected() {
+    let cfg = config(1, 1);
+    // Node 1 is the primary of view 1.
+    let mut p = node(&cfg, 1);
+    let forged = Cert { view: 0, seq: 1, value: Value::null(), writes: (0..3).map(|n| (n, Sig([1; 64]))).collect() };
+    let mut vc = ViewChange { view: 1, from: 2, stable: StableProof { seq: 0, root: Digest::default(), sigs: vec![] }, certs: vec![forged], sig: Sig([0; 64]) };
+    vc.sig = secrets(2).signing.sign(&vc.statement());
+    let out = step(&mut p, 0, Peer::Node(2), Message::ViewChange(vc));
+    assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 0 }]);
+}

@@ -1,0 +1,282 @@
+//! Byzantine behaviours for up to r nodes.
+//!
+//! A Byzantine node runs the correct replica underneath (so it keeps pace and knows what
+//! to lie about) and rewrites what it sends. It holds its own signing key, so it can sign
+//! any lie; it cannot sign for others or impersonate another peer on the channel.
+
+use keel_core::crypto::{Digest, Sig, SigningKey};
+use keel_core::message::{
+    write_statement, Cert, CheckpointVote, Message, NewView, NodeId, Reply, ReplyBody, Request, StableProof, Value,
+    ViewChange, Write,
+};
+use keel_core::replica::Peer;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, VecDeque};
+
+/// Messages a Byzantine node remembers for replays.
+const REPLAY_BUFFER_MAX: usize = 128;
+
+#[derive(Debug, Clone, Default)]
+pub struct Behaviours {
+    /// As primary, propose a different value to odd-numbered nodes and vote for both.
+    pub equivocate: bool,
+    /// Corrupt digests, signatures, roots and replies at random.
+    pub corrupt: bool,
+    /// Resend old messages (its own and ones it received) to random nodes.
+    pub replay: bool,
+    /// Lie in view changes: forged certificates and stable proofs; junk STOPs and NEW-VIEWs.
+    pub forge_view_change: bool,
+    /// Send nothing while primary (a silent primary).
+    pub silent_primary: bool,
+    /// Send random bytes.
+    pub junk: bool,
+}
+
+impl Behaviours {
+    pub fn random(rng: &mut ChaCha8Rng) -> Behaviours {
+        loop {
+            let b = Behaviours {
+                equivocate: rng.gen_bool(0.5),
+                corrupt: rng.gen_bool(0.4),
+                replay: rng.gen_bool(0.4),
+                forge_view_change: rng.gen_bool(0.5),
+                silent_primary: rng.gen_bool(0.3),
+                junk: rng.gen_bool(0.4),
+            };
+            if b.equivocate || b.corrupt || b.replay || b.forge_view_change || b.silent_primary || b.junk {
+                return b;
+            }
+        }
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        for (on, name) in [
+            (self.equivocate, "equivocate"),
+            (self.corrupt, "corrupt"),
+            (self.replay, "replay"),
+            (self.forge_view_change, "forge-view-change"),
+            (self.silent_primary, "silent-primary"),
+            (self.junk, "junk"),
+        ] {
+            if on {
+                v.push(name);
+            }
+        }
+        v
+    }
+}
+
+/// Counts of lies told, for the report.
+#[derive(Debug, Clone, Default)]
+pub struct LieCounts {
+    pub equivocations: u64,
+    pub corruptions: u64,
+    pub replays: u64,
+    pub forged_view_changes: u64,
+    pub silenced: u64,
+    pub junk_frames: u64,
+}
+
+pub struct Byzantine {
+    pub behaviours: Behaviours,
+    me: NodeId,
+    n: usize,
+    quorum: usize,
+    signing: SigningKey,
+    history: VecDeque<Message>,
+    /// (view, seq) → the alternative value told to odd-numbered nodes.
+    alternatives: BTreeMap<(u64, u64), Value>,
+    pub lies: LieCounts,
+}
+
+/// One outgoing frame: destination and raw bytes.
+pub type Frame = (Peer, Vec<u8>);
+
+impl Byzantine {
+    pub fn new(behaviours: Behaviours, me: NodeId, n: usize, quorum: usize, signing: SigningKey) -> Byzantine {
+        Byzantine {
+            behaviours,
+            me,
+            n,
+            quorum,
+            signing,
+            history: VecDeque::new(),
+            alternatives: BTreeMap::new(),
+            lies: LieCounts::default(),
+        }
+    }
+
+    /// Remembers a message the node received, for later replay.
+    pub fn observe(&mut self, msg: &Message) {
+        if self.behaviours.replay {
+            self.remember(msg.clone());
+        }
+    }
+
+    fn remember(&mut self, msg: Message) {
+        if self.history.len() == REPLAY_BUFFER_MAX {
+            self.history.pop_front();
+        }
+        self.history.push_back(msg);
+    }
+
+    fn lied_to(to: Peer) -> bool {
+        matches!(to, Peer::Node(n) if n % 2 == 1)
+    }
+
+    /// Rewrites what the honest replica wanted to send.
+    pub fn transform(&mut self, rng: &mut ChaCha8Rng, is_primary: bool, outgoing: Vec<(Peer, Message)>) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        if self.behaviours.silent_primary && is_primary {
+            self.lies.silenced += outgoing.len() as u64;
+            return frames;
+        }
+        for (to, msg) in outgoing {
+            if self.behaviours.replay {
+                self.remember(msg.clone());
+            }
+            let msg = self.rewrite(rng, to, msg);
+            frames.push((to, keel_core::codec::encode(&msg)));
+        }
+        if self.behaviours.replay && !self.history.is_empty() && rng.gen_bool(0.2) {
+            let i = rng.gen_range(0..self.history.len());
+            let to = Peer::Node(rng.gen_range(0..self.n as NodeId));
+            self.lies.replays += 1;
+            frames.push((to, keel_core::codec::encode(&self.history[i])));
+        }
+        if self.behaviours.junk && rng.gen_bool(0.1) {
+            let len = rng.gen_range(0..300);
+            let mut bytes: Vec<u8> = (0..len).map(|_| rng.gen()).collect();
+            if rng.gen_bool(0.5) && !bytes.is_empty() {
+                bytes[0] = keel_core::codec::WIRE_VERSION;
+            }
+            self.lies.junk_frames += 1;
+            frames.push((Peer::Node(rng.gen_range(0..self.n as NodeId)), bytes));
+        }
+        if self.behaviours.forge_view_change && rng.gen_bool(0.02) {
+            // Ask for a far-away view and announce a NEW-VIEW nobody can have built.
+            let view = rng.gen_range(1..1_000_000);
+            self.lies.forged_view_changes += 1;
+            for n in 0..self.n as NodeId {
+                if n != self.me {
+                    frames.push((Peer::Node(n), keel_core::codec::encode(&Message::Stop { view })));
+                    let nv = NewView { view, view_changes: Vec::new(), sig: self.random_sig(rng) };
+                    frames.push((Peer::Node(n), keel_core::codec::encode(&Message::NewView(nv))));
+                }
+            }
+        }
+        frames
+    }
+
+    fn random_sig(&self, rng: &mut ChaCha8Rng) -> Sig {
+        let mut s = [0u8; 64];
+        rng.fill(&mut s[..]);
+        Sig(s)
+    }
+
+    fn rewrite(&mut self, rng: &mut ChaCha8Rng, to: Peer, msg: Message) -> Message {
+        match msg {
+            Message::Propose { view, seq, value } if self.behaviours.equivocate && Self::lied_to(to) => {
+                let alt = self.alternatives.entry((view, seq)).or_insert_with(|| {
+                    // Same requests (their MACs stay valid), other order and time: a
+                    // different digest that backups accept on its own.
+                    let mut requests = value.requests.clone();
+                    requests.reverse();
+                    Value { time: value.time + 1, requests }
+                });
+                self.lies.equivocations += 1;
+                Message::Propose { view, seq, value: alt.clone() }
+            }
+            Message::Write(w) if self.behaviours.equivocate && Self::lied_to(to) => {
+                match self.alternatives.get(&(w.view, w.seq)) {
+                    Some(alt) => {
+                        let digest = alt.digest();
+                        let sig = self.signing.sign(&write_statement(w.view, w.seq, &digest, self.me));
+                        Message::Write(Write { view: w.view, seq: w.seq, digest, sig })
+                    }
+                    None => Message::Write(w),
+                }
+            }
+            Message::Accept { view, seq, digest } if self.behaviours.equivocate && Self::lied_to(to) => {
+                let digest = self.alternatives.get(&(view, seq)).map_or(digest, Value::digest);
+                Message::Accept { view, seq, digest }
+            }
+            Message::ViewChange(vc) if self.behaviours.forge_view_change => {
+                self.lies.forged_view_changes += 1;
+                Message::ViewChange(self.forge_view_change(rng, vc))
+            }
+            msg if self.behaviours.corrupt && rng.gen_bool(0.2) => {
+                self.lies.corruptions += 1;
+                corrupt(rng, msg)
+            }
+            msg => msg,
+        }
+    }
+
+    /// A view change claiming prepared certificates for made-up values in the highest
+    /// possible view, with signatures that do not verify, re-signed by this node.
+    fn forge_view_change(&mut self, rng: &mut ChaCha8Rng, mut vc: ViewChange) -> ViewChange {
+        let base = vc.stable.seq;
+        vc.certs.retain(|c| c.seq > base + 3);
+        for seq in base + 1..=base + 3 {
+            let forged = Request { client: 424_242, seq: rng.gen(), op: vec![0xde, 0xad], auth: Vec::new() };
+            let value = Value { time: 0, requests: vec![forged] };
+            let writes = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
+            vc.certs.push(Cert { view: vc.view.saturating_sub(1), seq, value, writes });
+        }
+        if rng.gen_bool(0.3) {
+            // Also claim a stable checkpoint far ahead.
+            let sigs = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
+            vc.stable = StableProof { seq: base + 1_000 * 8, root: Digest([7; 32]), sigs };
+            vc.certs.clear();
+        }
+        vc.sig = self.signing.sign(&vc.statement());
+        vc
+    }
+}
+
+fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
+    let flip = |rng: &mut ChaCha8Rng, d: &mut Digest| d.0[rng.gen_range(0..32)] ^= 1 << rng.gen_range(0..8);
+    match msg {
+        Message::Write(mut w) => {
+            if rng.gen_bool(0.5) {
+                flip(rng, &mut w.digest);
+            } else {
+                w.sig.0[rng.gen_range(0..64)] ^= 1;
+            }
+            Message::Write(w)
+        }
+        Message::Accept { view, seq, mut digest } => {
+            flip(rng, &mut digest);
+            Message::Accept { view, seq, digest }
+        }
+        Message::Checkpoint(mut c) => {
+            flip(rng, &mut c.root);
+            Message::Checkpoint(CheckpointVote { seq: c.seq, root: c.root, sig: c.sig })
+        }
+        Message::Reply(Reply { view, seq, body }) => {
+            let body = match body {
+                ReplyBody::Full(mut b) => {
+                    b.push(0xee);
+                    ReplyBody::Full(b)
+                }
+                ReplyBody::Hash(mut d) => {
+                    flip(rng, &mut d);
+                    ReplyBody::Hash(d)
+                }
+            };
+            Message::Reply(Reply { view, seq, body })
+        }
+        Message::Decided { seq, mut value } => {
+            value.time = value.time.wrapping_add(1);
+            Message::Decided { seq, value }
+        }
+        Message::Chunk { seq, index, mut data } => {
+            data.push(1);
+            Message::Chunk { seq, index, data }
+        }
+        other => other,
+    }
+}

@@ -1,0 +1,129 @@
+//! What simulated clients do, and how their history is judged.
+//!
+//! The simulator is a library: an application author implements [`Workload`] for their
+//! own [`Service`] and runs it under the same faults Keel's tests use (see [`crate::run_seed`]).
+
+use crate::linearizability::{check_kv, KvOp, KvRet, Operation, Verdict};
+use keel_core::service::Service;
+use keel_kv::{Kv, KvRequest, KvResponse};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+/// One client operation as the simulator observed it.
+#[derive(Clone, Debug)]
+pub struct HistoryEntry {
+    pub client: u64,
+    pub op: Vec<u8>,
+    /// Simulated time of the invocation.
+    pub invoke: u64,
+    /// Simulated time and result bytes, if the client got an answer.
+    pub ret: Option<(u64, Vec<u8>)>,
+}
+
+pub trait Workload {
+    type Service: Service;
+
+    /// A fresh service instance (one per node, and again at every restart).
+    fn service(&self) -> Self::Service;
+
+    /// The next operation client `client` issues.
+    fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8>;
+
+    /// Judges the complete history; `Err` names what is wrong. The default accepts any
+    /// history (agreement, validity and exactly-once are still checked by the simulator).
+    fn check_history(&self, _history: &[HistoryEntry]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The KV workload: a few hot keys, mixed reads, writes, deletes and CAS, checked for
+/// linearizability (Wing & Gong with memoization, per key).
+pub struct KvWorkload {
+    keys: u8,
+    /// Each put writes a value never written before, so reads identify their write.
+    counter: u64,
+    /// Values recently written per key (by any client), for CAS guesses that can succeed.
+    recent: Vec<Vec<Vec<u8>>>,
+}
+
+impl KvWorkload {
+    pub fn new(keys: u8) -> KvWorkload {
+        let keys = keys.max(1);
+        KvWorkload { keys, counter: 0, recent: vec![Vec::new(); keys as usize] }
+    }
+}
+
+/// State expansions the linearizability search may use per key before giving up.
+const LINEARIZABILITY_BUDGET: u64 = 5_000_000;
+
+impl Workload for KvWorkload {
+    type Service = Kv;
+
+    fn service(&self) -> Kv {
+        Kv::new()
+    }
+
+    fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8> {
+        let k = rng.gen_range(0..self.keys);
+        let key = vec![b'k', k];
+        self.counter += 1;
+        let fresh = format!("{client}.{}", self.counter).into_bytes();
+        let recent = &mut self.recent[k as usize];
+        let req = match rng.gen_range(0..10) {
+            0..=3 => KvRequest::Get { key },
+            4..=6 => KvRequest::Put { key, value: fresh.clone() },
+            7 => KvRequest::Delete { key },
+            _ => {
+                // CAS against absent or a recent write: sometimes right, sometimes stale.
+                let expected = if recent.is_empty() || rng.gen_bool(0.2) {
+                    None
+                } else {
+                    Some(recent[rng.gen_range(0..recent.len())].clone())
+                };
+                KvRequest::Cas { key, expected, new: fresh.clone() }
+            }
+        };
+        if matches!(req, KvRequest::Put { .. } | KvRequest::Cas { .. }) {
+            recent.push(fresh);
+            if recent.len() > 3 {
+                recent.remove(0);
+            }
+        }
+        req.encode()
+    }
+
+    fn check_history(&self, history: &[HistoryEntry]) -> Result<(), String> {
+        let mut ops = Vec::with_capacity(history.len());
+        for h in history {
+            let req = KvRequest::decode(&h.op).map_err(|e| format!("history holds an undecodable op: {e}"))?;
+            let op = match req {
+                KvRequest::Get { key } => KvOp::Get { key },
+                KvRequest::Put { key, value } => KvOp::Put { key, value },
+                KvRequest::Delete { key } => KvOp::Delete { key },
+                KvRequest::Cas { key, expected, new } => KvOp::Cas { key, expected, new },
+            };
+            let ret = match &h.ret {
+                None => None,
+                Some((t, bytes)) => {
+                    let r = match KvResponse::decode(bytes).map_err(|e| format!("undecodable result: {e}"))? {
+                        KvResponse::Value(v) => KvRet::Value(v),
+                        KvResponse::Done => KvRet::Done,
+                        KvResponse::Swapped(b) => KvRet::Swapped(b),
+                        KvResponse::Error(e) => return Err(format!("service error in history: {e}")),
+                    };
+                    Some((*t, r))
+                }
+            };
+            ops.push(Operation { client: h.client, op, invoke: h.invoke, ret });
+        }
+        match check_kv(&ops, LINEARIZABILITY_BUDGET) {
+            Verdict::Linearizable => Ok(()),
+            Verdict::Violation { key, explanation } => {
+                Err(format!("key {:?} has no linearization:\n{explanation}", String::from_utf8_lossy(&key)))
+            }
+            Verdict::Unknown { key } => {
+                Err(format!("linearizability search exceeded its budget on key {:?}", String::from_utf8_lossy(&key)))
+            }
+        }
+    }
+}

@@ -1,0 +1,819 @@
+//! The simulated cluster: nodes, clients, network, disks and the nemesis that breaks them,
+//! all driven by one seeded event queue so a seed replays the same run exactly.
+//!
+//! A run has two phases. In the **fault phase** clients issue operations while the nemesis
+//! crashes nodes (sometimes all of them), tears writes, partitions and heals the network,
+//! drops, duplicates and delays messages, and up to r nodes lie. Then everything **heals**
+//! (crashed nodes restart, partitions close, the network turns reliable; Byzantine nodes
+//! stay Byzantine) and every outstanding operation must complete within a bound.
+//!
+//! Safety properties are checked online, on every event of every correct node; the
+//! history's linearizability at the end.
+
+use crate::byzantine::{Behaviours, Byzantine, LieCounts};
+use crate::disk::SimDisk;
+use crate::workload::{HistoryEntry, Workload};
+use keel_core::client::Client;
+use keel_core::codec;
+use keel_core::config::{ClusterConfig, Options};
+use keel_core::crypto::{Digest, SigningKey};
+use keel_core::message::{ClientId, Message, NodeId, Seq};
+use keel_core::quorum::{Mutation, Quorums};
+use keel_core::replica::{client_mac_key, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+/// Which faults the nemesis injects.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultSet {
+    pub crash: bool,
+    pub network: bool,
+    pub byzantine: bool,
+}
+
+impl FaultSet {
+    pub fn parse(s: &str) -> Option<FaultSet> {
+        let mut f = FaultSet::default();
+        for part in s.split(',') {
+            match part {
+                "none" => {}
+                "crash" => f.crash = true,
+                "network" => f.network = true,
+                "byzantine" => f.byzantine = true,
+                "all" => f = FaultSet { crash: true, network: true, byzantine: true },
+                _ => return None,
+            }
+        }
+        Some(f)
+    }
+
+    pub fn any(&self) -> bool {
+        self.crash || self.network || self.byzantine
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    pub seed: u64,
+    pub u: u32,
+    pub r: u32,
+    pub faults: FaultSet,
+    /// Events processed in the fault phase.
+    pub steps: u64,
+    pub clients: usize,
+    pub mutation: Option<Mutation>,
+    /// Simulated ms after healing within which every outstanding operation must finish.
+    pub liveness_ms: u64,
+    pub options: Options,
+    /// Pin which nodes are Byzantine and how (scenario tests); None: chosen by the seed.
+    pub byzantine: Option<(Vec<NodeId>, Behaviours)>,
+}
+
+impl SimOptions {
+    pub fn new(seed: u64, u: u32, r: u32, faults: FaultSet) -> SimOptions {
+        SimOptions {
+            seed,
+            u,
+            r,
+            faults,
+            steps: 20_000,
+            clients: 4,
+            mutation: None,
+            liveness_ms: 60_000,
+            options: Options::test_min(),
+            byzantine: None,
+        }
+    }
+}
+
+/// A property that failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub property: &'static str,
+    pub detail: String,
+    /// Simulated time (ms) it was detected.
+    pub at: u64,
+}
+
+/// Faults injected in one run.
+#[derive(Clone, Debug, Default)]
+pub struct FaultCounts {
+    pub crashes: u64,
+    pub total_outages: u64,
+    pub restarts: u64,
+    pub torn_writes: u64,
+    pub partitions: u64,
+    pub dropped: u64,
+    pub duplicated: u64,
+    pub delayed: u64,
+    pub skewed_clocks: u64,
+    pub byzantine_nodes: u64,
+    pub lies: LieCounts,
+}
+
+impl FaultCounts {
+    pub fn total(&self) -> u64 {
+        let l = &self.lies;
+        self.crashes
+            + self.restarts
+            + self.torn_writes
+            + self.partitions
+            + self.dropped
+            + self.duplicated
+            + self.delayed
+            + self.skewed_clocks
+            + l.equivocations
+            + l.corruptions
+            + l.replays
+            + l.forged_view_changes
+            + l.silenced
+            + l.junk_frames
+    }
+
+    pub fn add(&mut self, o: &FaultCounts) {
+        self.crashes += o.crashes;
+        self.total_outages += o.total_outages;
+        self.restarts += o.restarts;
+        self.torn_writes += o.torn_writes;
+        self.partitions += o.partitions;
+        self.dropped += o.dropped;
+        self.duplicated += o.duplicated;
+        self.delayed += o.delayed;
+        self.skewed_clocks += o.skewed_clocks;
+        self.byzantine_nodes += o.byzantine_nodes;
+        self.lies.equivocations += o.lies.equivocations;
+        self.lies.corruptions += o.lies.corruptions;
+        self.lies.replays += o.lies.replays;
+        self.lies.forged_view_changes += o.lies.forged_view_changes;
+        self.lies.silenced += o.lies.silenced;
+        self.lies.junk_frames += o.lies.junk_frames;
+    }
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct SeedReport {
+    pub seed: u64,
+    pub steps: u64,
+    pub violations: Vec<Violation>,
+    pub faults: FaultCounts,
+    pub trace_hash: u64,
+    pub ops_completed: u64,
+    pub view_changes: u64,
+    pub state_transfers: u64,
+    pub rejected: u64,
+    /// Rejections by "message kind: reason", for diagnosis.
+    pub rejected_by: BTreeMap<String, u64>,
+    pub max_executed: Seq,
+    /// The last trace lines, printed when the run failed.
+    pub trace_tail: Vec<String>,
+}
+
+enum Ev {
+    Deliver { to: Peer, from: Peer, frame: Vec<u8> },
+    NodeTick(NodeId),
+    ClientTick(usize),
+    Sync { node: NodeId, epoch: u64, upto: u64, gated: Vec<(Peer, Message)> },
+    Restart(NodeId),
+    Nemesis,
+}
+
+struct Scheduled {
+    at: u64,
+    id: u64,
+    ev: Ev,
+}
+
+impl PartialEq for Scheduled {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.id) == (o.at, o.id)
+    }
+}
+impl Eq for Scheduled {}
+impl PartialOrd for Scheduled {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Scheduled {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        (self.at, self.id).cmp(&(o.at, o.id))
+    }
+}
+
+struct SimNode<S> {
+    replica: Option<Replica<S>>,
+    disk: SimDisk,
+    /// Bumped at every crash so syncs issued before it are void.
+    epoch: u64,
+    secrets: NodeSecrets,
+    /// This node's clock minus the true time (ms).
+    skew: i64,
+    byzantine: Option<Byzantine>,
+}
+
+struct SimClient {
+    core: Client,
+    /// Index into the history of the in-flight operation.
+    inflight: Option<usize>,
+    /// Partition side.
+    side: u8,
+}
+
+const NODE_TICK_MS: u64 = 5;
+const CLIENT_TICK_MS: u64 = 10;
+const TRACE_TAIL_MAX: usize = 40;
+
+pub struct World<W: Workload> {
+    opts: SimOptions,
+    cfg: ClusterConfig,
+    workload: W,
+    rng: ChaCha8Rng,
+    now: u64,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    next_id: u64,
+    nodes: Vec<SimNode<W::Service>>,
+    clients: Vec<SimClient>,
+    /// Partition side of each node (all equal: no partition).
+    sides: Vec<u8>,
+    lossy: bool,
+    issuing: bool,
+    history: Vec<HistoryEntry>,
+    /// (client, seq) → op digest, for validity.
+    submitted: BTreeMap<(ClientId, u64), Digest>,
+    // Online checkers' state.
+    decided: BTreeMap<Seq, Digest>,
+    executed_at: BTreeMap<Seq, Vec<(ClientId, u64, Digest)>>,
+    fresh_at: BTreeMap<(ClientId, u64), Seq>,
+    roots: BTreeMap<Seq, Digest>,
+    report: SeedReport,
+    trace: blake3::Hasher,
+    trace_tail: VecDeque<String>,
+}
+
+fn client_id(i: usize) -> ClientId {
+    1000 + i as ClientId
+}
+
+impl<W: Workload> World<W> {
+    pub fn new(opts: SimOptions, workload: W) -> World<W> {
+        let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+        let quorums = Quorums::new(opts.u, opts.r).expect("valid (u, r)").with_mutation(opts.mutation);
+        let n = quorums.order_nodes();
+        let secrets: Vec<NodeSecrets> = (0..n)
+            .map(|_| NodeSecrets { signing: SigningKey::from_seed(rng.gen()), mac_secret: rng.gen() })
+            .collect();
+        let keys = secrets.iter().map(|s| s.signing.public()).collect();
+        let cfg = ClusterConfig::new(quorums, keys, opts.options.clone()).expect("valid config");
+        let mut report = SeedReport { seed: opts.seed, ..SeedReport::default() };
+        let byzantine_count = if opts.faults.byzantine && opts.r > 0 { rng.gen_range(1..=opts.r as usize) } else { 0 };
+        let mut byz_ids: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            byz_ids.swap(i, rng.gen_range(0..=i));
+        }
+        byz_ids.truncate(byzantine_count);
+        let mut pinned = None;
+        if let Some((ids, behaviours)) = &opts.byzantine {
+            byz_ids = ids.iter().map(|i| *i as usize).collect();
+            pinned = Some(behaviours.clone());
+        }
+        let byzantine_count = byz_ids.len();
+        let tolerance = opts.options.clock_tolerance_ms as i64;
+        let nodes = secrets
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let skew_max = if opts.faults.network { tolerance / 4 } else { 20 };
+                let skew = rng.gen_range(-skew_max..=skew_max);
+                if skew != 0 {
+                    report.faults.skewed_clocks += 1;
+                }
+                let byzantine = byz_ids.contains(&i).then(|| {
+                    let behaviours = pinned.clone().unwrap_or_else(|| Behaviours::random(&mut rng));
+                    Byzantine::new(behaviours, i as NodeId, n, quorums.order_quorum(), s.signing.clone())
+                });
+                let replica = Replica::new(cfg.clone(), i as NodeId, s.clone(), workload.service());
+                SimNode { replica: Some(replica), disk: SimDisk::default(), epoch: 0, secrets: s, skew, byzantine }
+            })
+            .collect::<Vec<_>>();
+        report.faults.byzantine_nodes = byzantine_count as u64;
+        let clients = (0..opts.clients)
+            .map(|i| {
+                let id = client_id(i);
+                let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
+                SimClient { core: Client::new(id, quorums, keys, 300, 1), inflight: None, side: 0 }
+            })
+            .collect();
+        let mut w = World {
+            cfg,
+            workload,
+            rng,
+            now: 0,
+            queue: BinaryHeap::new(),
+            next_id: 0,
+            sides: vec![0; n],
+            nodes,
+            clients,
+            lossy: opts.faults.network,
+            issuing: true,
+            history: Vec::new(),
+            submitted: BTreeMap::new(),
+            decided: BTreeMap::new(),
+            executed_at: BTreeMap::new(),
+            fresh_at: BTreeMap::new(),
+            roots: BTreeMap::new(),
+            report,
+            trace: blake3::Hasher::new(),
+            trace_tail: VecDeque::new(),
+            opts,
+        };
+        for i in 0..n {
+            let at = w.rng.gen_range(0..NODE_TICK_MS);
+            w.schedule(at, Ev::NodeTick(i as NodeId));
+        }
+        for c in 0..w.clients.len() {
+            let at = w.rng.gen_range(0..CLIENT_TICK_MS);
+            w.schedule(at, Ev::ClientTick(c));
+        }
+        if w.opts.faults.crash || w.opts.faults.network {
+            let at = w.rng.gen_range(100..600);
+            w.schedule(at, Ev::Nemesis);
+        }
+        w
+    }
+
+    fn schedule(&mut self, at: u64, ev: Ev) {
+        self.next_id += 1;
+        self.queue.push(Reverse(Scheduled { at, id: self.next_id, ev }));
+    }
+
+    fn trace_line(&mut self, line: String) {
+        self.trace.update(line.as_bytes());
+        if self.trace_tail.len() == TRACE_TAIL_MAX {
+            self.trace_tail.pop_front();
+        }
+        self.trace_tail.push_back(line);
+    }
+
+    fn violation(&mut self, property: &'static str, detail: String) {
+        if self.report.violations.iter().any(|v| v.property == property) {
+            return;
+        }
+        self.trace_line(format!("{} VIOLATION {property}: {detail}", self.now));
+        self.report.violations.push(Violation { property, detail, at: self.now });
+    }
+
+    fn is_correct(&self, n: NodeId) -> bool {
+        self.nodes[n as usize].byzantine.is_none()
+    }
+
+    /// Runs both phases and the final checks.
+    pub fn run(mut self) -> SeedReport {
+        // Fault phase.
+        while self.report.steps < self.opts.steps && self.report.violations.is_empty() {
+            if !self.step_once() {
+                break;
+            }
+        }
+        // Heal.
+        self.issuing = false;
+        self.lossy = false;
+        self.sides.iter_mut().for_each(|s| *s = 0);
+        self.clients.iter_mut().for_each(|c| c.side = 0);
+        for n in 0..self.nodes.len() {
+            if self.nodes[n].replica.is_none() {
+                self.restart(n as NodeId);
+            }
+        }
+        let heal_at = self.now;
+        self.trace_line(format!("{heal_at} heal"));
+        // Liveness phase: every outstanding operation completes within the bound.
+        while self.report.violations.is_empty() && self.clients.iter().any(|c| c.inflight.is_some()) {
+            if self.now > heal_at + self.opts.liveness_ms || !self.step_once() {
+                let stuck: Vec<String> = self
+                    .clients
+                    .iter()
+                    .filter(|c| c.inflight.is_some())
+                    .map(|c| format!("client {} seq {:?}", c.core.id(), c.core.inflight_seq()))
+                    .collect();
+                let nodes: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|n| match &n.replica {
+                        Some(r) => format!("{}{}", r.status_line(), if n.byzantine.is_some() { " (byzantine)" } else { "" }),
+                        None => "down".into(),
+                    })
+                    .collect();
+                self.violation(
+                    "liveness",
+                    format!("{} ms after healing: {} stuck; nodes: {}", self.opts.liveness_ms, stuck.join(", "), nodes.join("; ")),
+                );
+                break;
+            }
+        }
+        if self.report.violations.is_empty() {
+            if let Err(e) = self.workload.check_history(&self.history) {
+                self.violation("linearizability", e);
+            }
+        }
+        for n in &self.nodes {
+            if let Some(b) = &n.byzantine {
+                let l = &b.lies;
+                let t = &mut self.report.faults.lies;
+                t.equivocations += l.equivocations;
+                t.corruptions += l.corruptions;
+                t.replays += l.replays;
+                t.forged_view_changes += l.forged_view_changes;
+                t.silenced += l.silenced;
+                t.junk_frames += l.junk_frames;
+            }
+            self.report.faults.torn_writes += n.disk.torn;
+        }
+        self.report.max_executed = self.nodes.iter().filter_map(|n| n.replica.as_ref().map(|r| r.executed())).max().unwrap_or(0);
+        self.report.trace_hash = {
+            let h = self.trace.finalize();
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h.as_bytes()[..8]);
+            u64::from_le_bytes(b)
+        };
+        self.report.trace_tail = self.trace_tail.iter().cloned().collect();
+        self.report
+    }
+
+    fn step_once(&mut self) -> bool {
+        let Some(Reverse(s)) = self.queue.pop() else { return false };
+        self.now = s.at;
+        self.report.steps += 1;
+        match s.ev {
+            Ev::Deliver { to, from, frame } => self.deliver(to, from, frame),
+            Ev::NodeTick(n) => {
+                self.schedule(self.now + NODE_TICK_MS, Ev::NodeTick(n));
+                self.step_node(n, Input::Tick);
+            }
+            Ev::ClientTick(c) => {
+                self.schedule(self.now + CLIENT_TICK_MS, Ev::ClientTick(c));
+                self.client_tick(c);
+            }
+            Ev::Sync { node, epoch, upto, gated } => {
+                let sn = &mut self.nodes[node as usize];
+                if sn.epoch == epoch && sn.replica.is_some() {
+                    sn.disk.sync(upto);
+                    // Snapshots kept: the stable one and those above it, within the window.
+                    let o = &self.opts.options;
+                    let bound = (o.log_max() / o.checkpoint_interval) as usize + 1;
+                    let held = sn.disk.snapshot_count();
+                    if held > bound {
+                        self.violation("bounded-storage", format!("node {node} holds {held} snapshots, bound {bound}"));
+                    }
+                    self.transmit_from_node(node, gated);
+                }
+            }
+            Ev::Restart(n) => {
+                if self.nodes[n as usize].replica.is_none() {
+                    self.restart(n);
+                }
+            }
+            Ev::Nemesis => self.nemesis(),
+        }
+        true
+    }
+
+    fn node_now(&self, n: NodeId) -> u64 {
+        (self.now as i64 + self.nodes[n as usize].skew).max(0) as u64
+    }
+
+    fn step_node(&mut self, n: NodeId, input: Input) {
+        let now = self.node_now(n);
+        let Some(replica) = self.nodes[n as usize].replica.as_mut() else { return };
+        let mut out = Outputs::default();
+        replica.step(now, input, &mut out);
+        self.process_outputs(n, out);
+    }
+
+    fn process_outputs(&mut self, n: NodeId, out: Outputs) {
+        let Outputs { persist, send, send_after_persist, events } = out;
+        for e in events {
+            self.on_event(n, e);
+        }
+        let node = &mut self.nodes[n as usize];
+        let wrote = !persist.is_empty();
+        for p in &persist {
+            node.disk.write(p);
+        }
+        if wrote || (!send_after_persist.is_empty() && node.disk.has_pending()) {
+            // Group commit: one sync covers everything written so far.
+            let upto = node.disk.last_op();
+            let epoch = node.epoch;
+            let latency = if self.opts.faults.crash && self.rng.gen_bool(0.1) {
+                self.rng.gen_range(5..40)
+            } else {
+                self.rng.gen_range(0..3)
+            };
+            self.schedule(self.now + latency, Ev::Sync { node: n, epoch, upto, gated: send_after_persist });
+        } else {
+            self.transmit_from_node(n, send_after_persist);
+        }
+        self.transmit_from_node(n, send);
+    }
+
+    fn transmit_from_node(&mut self, n: NodeId, msgs: Vec<(Peer, Message)>) {
+        if msgs.is_empty() {
+            return;
+        }
+        let from = Peer::Node(n);
+        let is_primary = self.nodes[n as usize].replica.as_ref().is_some_and(|r| r.is_primary());
+        let frames: Vec<(Peer, Vec<u8>)> = match self.nodes[n as usize].byzantine.as_mut() {
+            Some(b) => b.transform(&mut self.rng, is_primary, msgs),
+            None => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
+        };
+        for (to, frame) in frames {
+            self.transmit(from, to, frame);
+        }
+    }
+
+    fn side_of(&self, p: Peer) -> u8 {
+        match p {
+            Peer::Node(n) => self.sides.get(n as usize).copied().unwrap_or(0),
+            Peer::Client(c) => c.checked_sub(1000).and_then(|i| self.clients.get(i as usize)).map_or(0, |x| x.side),
+        }
+    }
+
+    fn transmit(&mut self, from: Peer, to: Peer, frame: Vec<u8>) {
+        if from == to {
+            return;
+        }
+        if self.side_of(from) != self.side_of(to) {
+            self.report.faults.dropped += 1;
+            return;
+        }
+        let mut copies = 1;
+        let mut delay = self.rng.gen_range(1..=3);
+        if self.lossy {
+            if self.rng.gen_bool(0.05) {
+                self.report.faults.dropped += 1;
+                return;
+            }
+            if self.rng.gen_bool(0.03) {
+                self.report.faults.duplicated += 1;
+                copies = 2;
+            }
+            if self.rng.gen_bool(0.2) {
+                self.report.faults.delayed += 1;
+                delay = self.rng.gen_range(5..80);
+            }
+        }
+        for i in 0..copies {
+            let at = self.now + delay + i * self.rng.gen_range(0..20);
+            self.schedule(at, Ev::Deliver { to, from, frame: frame.clone() });
+        }
+    }
+
+    fn deliver(&mut self, to: Peer, from: Peer, frame: Vec<u8>) {
+        {
+            let mut h = blake3::Hasher::new();
+            h.update(&frame);
+            let tag = h.finalize();
+            self.trace.update(&self.now.to_le_bytes());
+            self.trace.update(&tag.as_bytes()[..8]);
+        }
+        let msg = match codec::decode(&frame) {
+            Ok(m) => m,
+            Err(_) => {
+                // The runtime counts and drops these; so do we.
+                self.report.rejected += 1;
+                *self.report.rejected_by.entry("frame: undecodable".into()).or_default() += 1;
+                return;
+            }
+        };
+        match to {
+            Peer::Node(n) => {
+                if let Some(b) = self.nodes[n as usize].byzantine.as_mut() {
+                    b.observe(&msg);
+                }
+                self.step_node(n, Input::Message { from, msg });
+            }
+            Peer::Client(c) => self.deliver_to_client(c, from, msg),
+        }
+    }
+
+    fn deliver_to_client(&mut self, c: ClientId, from: Peer, msg: Message) {
+        let (Peer::Node(node), Message::Reply(reply)) = (from, msg) else { return };
+        // Replies to clients that do not exist (a forged request) go nowhere.
+        let Some(idx) = c.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else { return };
+        let Some(result) = self.clients[idx].core.on_reply(node, reply) else { return };
+        if let Some(h) = self.clients[idx].inflight.take() {
+            self.history[h].ret = Some((self.now, result));
+            self.report.ops_completed += 1;
+        }
+        if self.issuing {
+            self.issue(idx);
+        }
+    }
+
+    fn client_tick(&mut self, c: usize) {
+        if self.clients[c].inflight.is_none() {
+            if self.issuing {
+                self.issue(c);
+            }
+            return;
+        }
+        let msgs = self.clients[c].core.on_tick(self.now);
+        let from = Peer::Client(self.clients[c].core.id());
+        for (n, m) in msgs {
+            self.transmit(from, Peer::Node(n), codec::encode(&m));
+        }
+    }
+
+    fn issue(&mut self, c: usize) {
+        let id = self.clients[c].core.id();
+        let op = self.workload.next_op(&mut self.rng, id);
+        let Ok(msgs) = self.clients[c].core.invoke(self.now, op.clone()) else { return };
+        let seq = self.clients[c].core.inflight_seq().unwrap_or(0);
+        self.submitted.insert((id, seq), Digest::of(&op));
+        self.history.push(HistoryEntry { client: id, op, invoke: self.now, ret: None });
+        self.clients[c].inflight = Some(self.history.len() - 1);
+        for (n, m) in msgs {
+            self.transmit(Peer::Client(id), Peer::Node(n), codec::encode(&m));
+        }
+    }
+
+    /// Online safety checks on what correct nodes report.
+    fn on_event(&mut self, n: NodeId, e: Event) {
+        let correct = self.is_correct(n);
+        match e {
+            Event::Decided { seq, digest } => {
+                self.trace_line(format!("{} n{n} decided {seq} {digest:?}", self.now));
+                if !correct {
+                    return;
+                }
+                match self.decided.get(&seq) {
+                    Some(d) if *d != digest => {
+                        let d = *d;
+                        self.violation("agreement", format!("instance {seq}: node {n} decided {digest:?}, another correct node {d:?}"));
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.decided.insert(seq, digest);
+                    }
+                }
+            }
+            Event::Executed { seq, requests } => {
+                if !correct {
+                    return;
+                }
+                let list: Vec<(ClientId, u64, Digest)> = requests.iter().map(|r| (r.client, r.seq, r.op)).collect();
+                for (client, cseq, op) in &list {
+                    match self.submitted.get(&(*client, *cseq)) {
+                        Some(d) if d == op => {}
+                        Some(_) => self.violation("validity", format!("node {n} executed ({client}, {cseq}) with an operation the client never sent")),
+                        None => self.violation("validity", format!("node {n} executed ({client}, {cseq}), which no client submitted")),
+                    }
+                    match self.fresh_at.get(&(*client, *cseq)) {
+                        Some(s) if *s != seq => {
+                            let s = *s;
+                            self.violation("exactly-once", format!("({client}, {cseq}) executed in instance {s} and again in {seq}"));
+                        }
+                        _ => {
+                            self.fresh_at.insert((*client, *cseq), seq);
+                        }
+                    }
+                }
+                match self.executed_at.get(&seq) {
+                    Some(prev) if *prev != list => {
+                        self.violation("exactly-once", format!("instance {seq} executed different requests on node {n}"));
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.executed_at.insert(seq, list);
+                    }
+                }
+            }
+            Event::Checkpoint { seq, root } => {
+                if !correct {
+                    return;
+                }
+                match self.roots.get(&seq) {
+                    Some(r) if *r != root => {
+                        let r = *r;
+                        self.violation("checkpoint-roots", format!("node {n} has root {root:?} at {seq}, another correct node {r:?}"));
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.roots.insert(seq, root);
+                    }
+                }
+            }
+            Event::Divergence { seq, local, stable } => {
+                if correct {
+                    self.violation("checkpoint-roots", format!("node {n} diverged at {seq}: local {local:?}, stable {stable:?}"));
+                }
+            }
+            Event::ViewChangeStarted { view } => {
+                self.trace_line(format!("{} n{n} view-change -> {view}", self.now));
+                if correct {
+                    self.report.view_changes += 1;
+                    if !self.opts.faults.any() {
+                        self.violation("no-spurious-view-change", format!("node {n} started a view change to {view} in a fault-free run"));
+                    }
+                }
+            }
+            Event::ViewInstalled { view } => self.trace_line(format!("{} n{n} installed view {view}", self.now)),
+            Event::StateTransferStarted { seq } => {
+                self.report.state_transfers += 1;
+                self.trace_line(format!("{} n{n} state transfer to {seq}", self.now));
+            }
+            Event::Rejected { kind, reason, .. } => {
+                self.report.rejected += 1;
+                let reason = format!("{reason:?}");
+                let variant = reason.split([' ', '{', '(']).next().unwrap_or_default().to_string();
+                *self.report.rejected_by.entry(format!("{kind}: {variant}")).or_default() += 1;
+            }
+            Event::Stable { .. } | Event::StateTransferDone { .. } => {}
+        }
+    }
+
+    fn crash(&mut self, n: NodeId) {
+        let tear = self.rng.gen_bool(0.5);
+        let node = &mut self.nodes[n as usize];
+        if node.replica.is_none() {
+            return;
+        }
+        node.replica = None;
+        node.epoch += 1;
+        node.disk.crash(&mut self.rng, tear);
+        self.report.faults.crashes += 1;
+        self.trace_line(format!("{} n{n} crash", self.now));
+    }
+
+    fn restart(&mut self, n: NodeId) {
+        let now = self.node_now(n);
+        let node = &mut self.nodes[n as usize];
+        let (snapshots, records) = node.disk.recover();
+        let mut out = Outputs::default();
+        let service = self.workload.service();
+        match Replica::recover(self.cfg.clone(), n, node.secrets.clone(), service, Durable { snapshots, records }, now, &mut out) {
+            Ok(r) => node.replica = Some(r),
+            Err(e) => {
+                self.violation("recovery", format!("node {n} cannot recover: {e}"));
+                return;
+            }
+        }
+        self.report.faults.restarts += 1;
+        self.trace_line(format!("{} n{n} restart", self.now));
+        self.process_outputs(n, out);
+    }
+
+    /// Injects the next fault and schedules the one after.
+    fn nemesis(&mut self) {
+        if !self.issuing {
+            return;
+        }
+        let next = self.now + self.rng.gen_range(100..700);
+        self.schedule(next, Ev::Nemesis);
+        let n = self.nodes.len() as NodeId;
+        let mut kinds = Vec::new();
+        if self.opts.faults.crash {
+            kinds.extend(["crash", "crash", "outage"]);
+        }
+        if self.opts.faults.network {
+            kinds.extend(["partition", "heal"]);
+        }
+        let kind = kinds[self.rng.gen_range(0..kinds.len())];
+        match kind {
+            "crash" => {
+                let victim = self.rng.gen_range(0..n);
+                self.crash(victim);
+                let back = self.now + self.rng.gen_range(50..1500);
+                self.schedule(back, Ev::Restart(victim));
+            }
+            "outage" if self.rng.gen_bool(0.3) => {
+                // Every node at once (UpRight §4.2): nothing acknowledged may be lost.
+                for v in 0..n {
+                    self.crash(v);
+                }
+                self.report.faults.total_outages += 1;
+                let back = self.now + self.rng.gen_range(50..800);
+                for v in 0..n {
+                    self.schedule(back + v as u64 * 7, Ev::Restart(v));
+                }
+            }
+            "partition" => {
+                for s in self.sides.iter_mut() {
+                    *s = self.rng.gen_range(0..2);
+                }
+                for c in self.clients.iter_mut() {
+                    c.side = self.rng.gen_range(0..2);
+                }
+                self.report.faults.partitions += 1;
+                let sides = self.sides.clone();
+                self.trace_line(format!("{} partition {sides:?}", self.now));
+            }
+            "heal" => {
+                self.sides.iter_mut().for_each(|s| *s = 0);
+                self.clients.iter_mut().for_each(|c| c.side = 0);
+            }
+            _ => {}
+        }
+    }
+}
