@@ -1,5 +1,8 @@
 //! The `keel` binary.
 
+mod bench;
+mod cluster;
+mod kv;
 mod sim;
 
 use clap::{Parser, Subcommand};
@@ -14,12 +17,31 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Write configs, keys and certificates for a local cluster.
+    Init(cluster::InitArgs),
+    /// Run every node of a local cluster as child processes (Ctrl-C stops them).
+    Up(cluster::UpArgs),
+    /// Run one node.
+    Node(cluster::NodeArgs),
+    /// The KV service's client: put, get, del, cas, scan.
+    Kv(kv::KvArgs),
+    /// Closed-loop benchmark against a running cluster.
+    Bench(bench::BenchArgs),
     /// Run the deterministic simulator over many seeds and check safety and liveness.
     Sim(sim::SimArgs),
 }
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
     match Cli::parse().command {
+        Command::Init(a) => cluster::run_init(a),
+        Command::Up(a) => cluster::run_up(a),
+        Command::Node(a) => cluster::run_node(a),
+        Command::Kv(a) => kv::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Sim(args) => sim::run(args),
     }
 }

@@ -101,6 +101,7 @@ impl Workload for KvWorkload {
                 KvRequest::Put { key, value } => KvOp::Put { key, value },
                 KvRequest::Delete { key } => KvOp::Delete { key },
                 KvRequest::Cas { key, expected, new } => KvOp::Cas { key, expected, new },
+                KvRequest::Scan { .. } => return Err("the KV workload does not generate scans".into()),
             };
             let ret = match &h.ret {
                 None => None,
@@ -109,6 +110,7 @@ impl Workload for KvWorkload {
                         KvResponse::Value(v) => KvRet::Value(v),
                         KvResponse::Done => KvRet::Done,
                         KvResponse::Swapped(b) => KvRet::Swapped(b),
+                        KvResponse::Entries(_) => return Err("a scan result in a history without scans".into()),
                         KvResponse::Error(e) => return Err(format!("service error in history: {e}")),
                     };
                     Some((*t, r))

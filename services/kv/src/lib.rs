@@ -15,13 +15,19 @@ pub enum KvRequest {
     Delete { key: Vec<u8> },
     /// Sets `new` iff the current value equals `expected` (None: the key is absent).
     Cas { key: Vec<u8>, expected: Option<Vec<u8>>, new: Vec<u8> },
+    /// Up to `limit` entries whose key starts with `prefix`, in key order.
+    Scan { prefix: Vec<u8>, limit: u32 },
 }
+
+/// The most entries one scan returns.
+pub const SCAN_LIMIT_MAX: u32 = 10_000;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvResponse {
     Value(Option<Vec<u8>>),
     Done,
     Swapped(bool),
+    Entries(Vec<(Vec<u8>, Vec<u8>)>),
     Error(String),
 }
 
@@ -37,6 +43,7 @@ impl KvRequest {
     pub fn key(&self) -> &[u8] {
         match self {
             KvRequest::Get { key } | KvRequest::Put { key, .. } | KvRequest::Delete { key } | KvRequest::Cas { key, .. } => key,
+            KvRequest::Scan { prefix, .. } => prefix,
         }
     }
 }
@@ -91,6 +98,16 @@ impl Kv {
                 }
                 KvResponse::Swapped(swapped)
             }
+            KvRequest::Scan { prefix, limit } => {
+                let entries = self
+                    .map
+                    .range(prefix.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&prefix))
+                    .take(limit.min(SCAN_LIMIT_MAX) as usize)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                KvResponse::Entries(entries)
+            }
         }
     }
 }
@@ -138,6 +155,18 @@ mod tests {
         assert_eq!(run(&mut kv, KvRequest::Get { key: k.clone() }), KvResponse::Value(Some(b"3".to_vec())));
         assert_eq!(run(&mut kv, KvRequest::Delete { key: k.clone() }), KvResponse::Done);
         assert_eq!(run(&mut kv, KvRequest::Get { key: k }), KvResponse::Value(None));
+    }
+
+    #[test]
+    fn scan_returns_a_bounded_prefix_range_in_order() {
+        let mut kv = Kv::new();
+        for k in ["a1", "b2", "b1", "b3", "c1"] {
+            kv.apply(KvRequest::Put { key: k.into(), value: k.into() });
+        }
+        let r = run(&mut kv, KvRequest::Scan { prefix: b"b".to_vec(), limit: 2 });
+        assert_eq!(r, KvResponse::Entries(vec![(b"b1".to_vec(), b"b1".to_vec()), (b"b2".to_vec(), b"b2".to_vec())]));
+        let r = run(&mut kv, KvRequest::Scan { prefix: b"z".to_vec(), limit: 9 });
+        assert_eq!(r, KvResponse::Entries(vec![]));
     }
 
     #[test]

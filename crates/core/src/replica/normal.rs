@@ -10,6 +10,9 @@ use crate::message::{
 use crate::service::Service;
 use crate::wal::Record;
 
+/// Results up to this size are sent in full by every node.
+pub const REPLY_INLINE_MAX: usize = 64;
+
 impl<S: Service> Replica<S> {
     /// A client's request, or a backup's FORWARD of one.
     pub(super) fn on_request(&mut self, from: Peer, req: Request, out: &mut Outputs) -> Result<(), Reject> {
@@ -280,9 +283,12 @@ impl<S: Service> Replica<S> {
         let slot = self.log.entry(seq).or_default();
         if slot.decided_value.is_none() {
             if let Some(v) = value {
-                assert_eq!(v.digest(), digest);
+                assert_eq!(v.digest(), digest, "decided value {seq} matches its digest");
                 slot.decided_value = Some(v);
             }
+        }
+        if let Some(c) = &slot.cert {
+            assert_eq!(c.seq, seq, "certificate is filed under its own instance");
         }
         self.maybe_execute(out);
     }
@@ -308,9 +314,11 @@ impl<S: Service> Replica<S> {
                     continue;
                 }
                 executed.push(ExecutedRequest { client: o.client, seq: o.seq, op: crate::crypto::Digest::of(&req.op) });
-                // One designated node sends the full result, the others its digest.
+                // Small results go in full from everyone (no wait on a slow designated
+                // node); larger ones in full from one designated node, the others send
+                // the digest (UpRight's designated replier).
                 let designated = (o.client.wrapping_add(o.seq) % n) as NodeId;
-                let body = if designated == self.id {
+                let body = if designated == self.id || o.result.len() <= REPLY_INLINE_MAX {
                     ReplyBody::Full(o.result.clone())
                 } else {
                     ReplyBody::Hash(result_digest(&o.result))

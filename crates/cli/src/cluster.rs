@@ -1,0 +1,213 @@
+//! `keel init`, `keel node`, `keel up`: create, run one node of, and run a local cluster.
+
+use clap::Args;
+use keel_runtime::config::{init, InitOptions, NodeFile};
+use keel_runtime::storage::FsyncPolicy;
+use std::net::{Ipv4Addr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct InitArgs {
+    /// Directory to write the cluster into.
+    #[arg(long)]
+    dir: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    u: u32,
+    #[arg(long, default_value_t = 1)]
+    r: u32,
+    /// Address the nodes listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// First node port (node i listens on base + i). Default: a free range chosen at
+    /// random, so two local clusters can coexist.
+    #[arg(long)]
+    base_port: Option<u16>,
+    /// Client identities to create (client-1000, client-1001, ...).
+    #[arg(long, default_value_t = 8)]
+    clients: usize,
+    /// batch | always | never (never: benchmarks only).
+    #[arg(long, default_value = "batch")]
+    fsync: String,
+    /// Overwrite an existing cluster directory.
+    #[arg(long)]
+    force: bool,
+}
+
+/// A run of `n` consecutive ports that are free right now.
+fn free_ports(n: usize) -> Option<u16> {
+    let start = (std::process::id() as u64 * 7919 + n as u64) % 20_000;
+    for k in 0..200u64 {
+        let base = 20_000 + ((start + k * 97) % 30_000) as u16;
+        if (0..n as u16).all(|i| TcpListener::bind((Ipv4Addr::LOCALHOST, base + i)).is_ok()) {
+            return Some(base);
+        }
+    }
+    None
+}
+
+pub fn run_init(a: InitArgs) -> ExitCode {
+    if a.dir.join("cluster.toml").exists() && !a.force {
+        eprintln!("error: {} already holds a cluster (use --force to overwrite)", a.dir.display());
+        return ExitCode::from(2);
+    }
+    let Some(fsync) = FsyncPolicy::parse(&a.fsync) else {
+        eprintln!("error: --fsync must be batch, always or never");
+        return ExitCode::from(2);
+    };
+    let n = 2 * a.u as usize + a.r as usize + 1;
+    let Some(base_port) = a.base_port.or_else(|| free_ports(n)) else {
+        eprintln!("error: no free port range found; pass --base-port");
+        return ExitCode::FAILURE;
+    };
+    let o = InitOptions { u: a.u, r: a.r, host: a.host, base_port, clients: a.clients, fsync };
+    match init(&a.dir, &o) {
+        Ok(()) => {
+            println!(
+                "initialized a cluster of {n} nodes (u = {}, r = {}) in {}, ports {}..{}",
+                a.u,
+                a.r,
+                a.dir.display(),
+                base_port,
+                base_port as usize + n - 1
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// The node's node.toml.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+pub fn run_node(a: NodeArgs) -> ExitCode {
+    let setup = match NodeFile::load(&a.config) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(keel_runtime::node::run_node(setup, keel_kv::Kv::new())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// A directory made by `keel init`.
+    #[arg(long)]
+    dir: PathBuf,
+}
+
+/// The node directories of a cluster, in id order.
+pub fn node_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let id = name.strip_prefix("node-")?.parse().ok()?;
+            Some((id, e.path()))
+        })
+        .collect();
+    dirs.sort();
+    dirs.into_iter().map(|(_, p)| p).collect()
+}
+
+fn spawn_node(exe: &Path, node_dir: &Path) -> std::io::Result<Child> {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(node_dir.join("node.log"))?;
+    Command::new(exe)
+        .arg("node")
+        .arg("--config")
+        .arg(node_dir.join("node.toml"))
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+}
+
+pub fn run_up(a: UpArgs) -> ExitCode {
+    let dirs = node_dirs(&a.dir);
+    if dirs.is_empty() || !a.dir.join("cluster.toml").exists() {
+        eprintln!("error: {} holds no cluster; run `keel init --dir {}` first", a.dir.display(), a.dir.display());
+        return ExitCode::from(2);
+    }
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: cannot find the keel binary: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut children = Vec::new();
+    for d in &dirs {
+        match spawn_node(&exe, d) {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                eprintln!("error: cannot start {}: {e}", d.display());
+                stop(&mut children);
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let pids: Vec<String> = children.iter().map(|c| c.id().to_string()).collect();
+    println!("keel: {} nodes up (pids {}); logs in {}/node-*/node.log", children.len(), pids.join(" "), a.dir.display());
+    println!("try:  keel kv --dir {} put a 1   then   keel kv --dir {} get a", a.dir.display(), a.dir.display());
+    println!("Ctrl-C stops every node.");
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = interrupted.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let _signals = runtime.as_ref().ok().map(|rt| {
+        rt.spawn(async move {
+            let _ = tokio::signal::ctrl_c().await;
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+    });
+    let status = loop {
+        if let Ok(rt) = &runtime {
+            rt.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
+        }
+        if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
+            break ExitCode::SUCCESS;
+        }
+        if let Some((i, code)) = children.iter_mut().enumerate().find_map(|(i, c)| c.try_wait().ok().flatten().map(|s| (i, s))) {
+            eprintln!("keel: node {i} exited ({code}); see {}", dirs[i].join("node.log").display());
+            break ExitCode::FAILURE;
+        }
+    };
+    stop(&mut children);
+    println!("keel: stopped");
+    status
+}
+
+/// Stops the nodes this process started, by their handles (never by name).
+fn stop(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        let _ = c.kill();
+    }
+    for c in children.iter_mut() {
+        let _ = c.wait();
+    }
+}

@@ -1,0 +1,102 @@
+//! `keel kv`: the KV service's command line client.
+
+use clap::{Args, Subcommand};
+use keel_kv::{KvRequest, KvResponse};
+use keel_runtime::client::BlockingClient;
+use keel_runtime::config::{first_client_id, ClientFile};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct KvArgs {
+    /// A cluster directory made by `keel init`.
+    #[arg(long)]
+    dir: PathBuf,
+    /// Which client identity to use (a client-<ID> directory).
+    #[arg(long)]
+    client: Option<u64>,
+    /// Give up after this many seconds.
+    #[arg(long, default_value_t = 10)]
+    timeout: u64,
+    #[command(subcommand)]
+    op: KvOp,
+}
+
+#[derive(Subcommand, Debug)]
+enum KvOp {
+    Put { key: String, value: String },
+    Get { key: String },
+    Del { key: String },
+    /// Set NEW if the value is EXPECTED ("-" for absent).
+    Cas { key: String, expected: String, new: String },
+    Scan {
+        prefix: String,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+}
+
+pub fn run(a: KvArgs) -> ExitCode {
+    let id = a.client.unwrap_or(first_client_id());
+    let path = a.dir.join(format!("client-{id}")).join("client.toml");
+    let setup = match ClientFile::load(&path) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let req = match a.op {
+        KvOp::Put { key, value } => KvRequest::Put { key: key.into_bytes(), value: value.into_bytes() },
+        KvOp::Get { key } => KvRequest::Get { key: key.into_bytes() },
+        KvOp::Del { key } => KvRequest::Delete { key: key.into_bytes() },
+        KvOp::Cas { key, expected, new } => KvRequest::Cas {
+            key: key.into_bytes(),
+            expected: (expected != "-").then(|| expected.into_bytes()),
+            new: new.into_bytes(),
+        },
+        KvOp::Scan { prefix, limit } => KvRequest::Scan { prefix: prefix.into_bytes(), limit },
+    };
+    let mut client = match BlockingClient::connect(setup) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let bytes = match client.invoke(req.encode(), Duration::from_secs(a.timeout)) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match KvResponse::decode(&bytes) {
+        Ok(KvResponse::Value(Some(v))) => println!("{}", String::from_utf8_lossy(&v)),
+        Ok(KvResponse::Value(None)) => {
+            eprintln!("(absent)");
+            return ExitCode::from(1);
+        }
+        Ok(KvResponse::Done) => println!("ok"),
+        Ok(KvResponse::Swapped(true)) => println!("swapped"),
+        Ok(KvResponse::Swapped(false)) => {
+            println!("not swapped");
+            return ExitCode::from(1);
+        }
+        Ok(KvResponse::Entries(entries)) => {
+            for (k, v) in entries {
+                println!("{}\t{}", String::from_utf8_lossy(&k), String::from_utf8_lossy(&v));
+            }
+        }
+        Ok(KvResponse::Error(e)) => {
+            eprintln!("error from the service: {e}");
+            return ExitCode::FAILURE;
+        }
+        Err(e) => {
+            eprintln!("error: undecodable result: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,268 @@
+//! Multi-process tests: real `keel node` processes on loopback, TLS, files with fsync,
+//! kill -9. Clients use the public client library only.
+//!
+//! Every node a test starts is a child it holds and kills by handle at the end (Drop),
+//! never by name.
+
+use keel_kv::{KvRequest, KvResponse};
+use keel_runtime::client::KeelClient;
+use keel_runtime::config::ClientFile;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+
+const KEEL: &str = env!("CARGO_BIN_EXE_keel");
+const OP_TIMEOUT: Duration = Duration::from_secs(20);
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    fn init(u: u32, r: u32) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let status = Command::new(KEEL)
+            .args(["init", "--dir"])
+            .arg(dir.path())
+            .args(["--u", &u.to_string(), "--r", &r.to_string(), "--clients", "8"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("keel init runs");
+        assert!(status.success());
+        let n = 2 * u as usize + r as usize + 1;
+        let mut c = Cluster { dir, nodes: (0..n).map(|_| None).collect() };
+        for i in 0..n {
+            c.start(i);
+        }
+        c
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn start(&mut self, i: usize) {
+        assert!(self.nodes[i].is_none());
+        let ndir = self.path().join(format!("node-{i}"));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(ndir.join("node.log")).expect("log");
+        let child = Command::new(KEEL)
+            .args(["node", "--config"])
+            .arg(ndir.join("node.toml"))
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("node starts");
+        self.nodes[i] = Some(child);
+    }
+
+    /// kill -9.
+    fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].take() {
+            c.kill().expect("SIGKILL");
+            c.wait().expect("reaped");
+        }
+    }
+
+    fn client(&self, id: u64) -> KeelClient {
+        let setup = ClientFile::load(&self.path().join(format!("client-{id}/client.toml"))).expect("client file");
+        KeelClient::connect(setup).expect("client connects")
+    }
+
+    fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.path().join(format!("node-{i}/node.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+}
+
+async fn put(c: &mut KeelClient, k: &str, v: &str) -> Result<(), String> {
+    let req = KvRequest::Put { key: k.into(), value: v.into() };
+    match c.invoke(req.encode(), OP_TIMEOUT).await.map_err(|e| e.to_string())? {
+        bytes if KvResponse::decode(&bytes) == Ok(KvResponse::Done) => Ok(()),
+        other => Err(format!("unexpected put result {other:?}")),
+    }
+}
+
+async fn get(c: &mut KeelClient, k: &str) -> Option<String> {
+    let bytes = c.invoke(KvRequest::Get { key: k.into() }.encode(), OP_TIMEOUT).await.expect("get answers");
+    match KvResponse::decode(&bytes).expect("decodes") {
+        KvResponse::Value(v) => v.map(|v| String::from_utf8_lossy(&v).to_string()),
+        other => panic!("unexpected get result {other:?}"),
+    }
+}
+
+/// Writers that record every acknowledged write, until `stop` is set.
+fn start_writers(cluster: &Cluster, clients: u64, stop: Arc<Mutex<bool>>, acked: Arc<Mutex<Vec<(String, String)>>>) -> Vec<tokio::task::JoinHandle<u64>> {
+    (0..clients)
+        .map(|i| {
+            let mut c = cluster.client(1000 + i);
+            let stop = stop.clone();
+            let acked = acked.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !*stop.lock().expect("lock") {
+                    let (k, v) = (format!("c{i}-{n}"), format!("v{n}"));
+                    // A timeout is allowed (no acknowledgement, nothing to check);
+                    // an acknowledged write must survive.
+                    if put(&mut c, &k, &v).await.is_ok() {
+                        acked.lock().expect("lock").push((k, v));
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect()
+}
+
+async fn check_all(cluster: &Cluster, acked: &[(String, String)]) {
+    let mut c = cluster.client(1007);
+    for (k, v) in acked {
+        assert_eq!(get(&mut c, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
+    }
+}
+
+async fn progress_during(cluster: &Cluster, what: &str) {
+    let mut c = cluster.client(1006);
+    let started = Instant::now();
+    put(&mut c, &format!("probe-{what}"), "x").await.unwrap_or_else(|e| panic!("no progress {what}: {e}"));
+    eprintln!("progress {what}: {:?}", started.elapsed());
+}
+
+/// kill -9 a backup, bring it back, kill -9 the primary, bring it back; clients write
+/// throughout. Then stop a node that was never killed, so the restarted ones are needed
+/// for a quorum (they must have caught up).
+async fn kill_backup_then_primary(u: u32, r: u32) {
+    let mut cluster = Cluster::init(u, r);
+    progress_during(&cluster, "at start").await;
+    let stop = Arc::new(Mutex::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let writers = start_writers(&cluster, 3, stop.clone(), acked.clone());
+    let n = cluster.nodes.len();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    cluster.kill(1);
+    progress_during(&cluster, "with backup 1 down").await;
+    cluster.start(1);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    cluster.kill(0);
+    progress_during(&cluster, "with primary 0 down").await;
+    cluster.start(0);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    *stop.lock().expect("lock") = true;
+    let mut ops = 0;
+    for w in writers {
+        ops += w.await.expect("writer");
+    }
+    let acked = acked.lock().expect("lock").clone();
+    eprintln!("u={u} r={r}: {ops} writes attempted, {} acknowledged", acked.len());
+    assert!(acked.len() > 30, "too little progress: {}", acked.len());
+    cluster.kill(n - 1);
+    progress_during(&cluster, "with only restarted nodes and the rest").await;
+    check_all(&cluster, &acked).await;
+    assert!(cluster.log(0).contains("node started"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bft_four_nodes_survive_kill_9_of_backup_and_primary() {
+    kill_backup_then_primary(1, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cft_three_nodes_survive_kill_9_of_backup_and_primary() {
+    kill_backup_then_primary(1, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn total_outage_loses_no_acknowledged_write() {
+    let mut cluster = Cluster::init(1, 1);
+    let stop = Arc::new(Mutex::new(false));
+    let acked = Arc::new(Mutex::new(Vec::new()));
+    let writers = start_writers(&cluster, 3, stop.clone(), acked.clone());
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Every node at once, while writes are in flight.
+    for i in 0..cluster.nodes.len() {
+        cluster.kill(i);
+    }
+    *stop.lock().expect("lock") = true;
+    for i in 0..cluster.nodes.len() {
+        cluster.start(i);
+    }
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let acked = acked.lock().expect("lock").clone();
+    assert!(acked.len() > 10, "too little progress: {}", acked.len());
+    check_all(&cluster, &acked).await;
+    progress_during(&cluster, "after the outage").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_rejected_and_the_node_keeps_serving() {
+    let cluster = Cluster::init(1, 1);
+    let addr = {
+        let text = std::fs::read_to_string(cluster.path().join("cluster.toml")).expect("cluster file");
+        let line = text.lines().find(|l| l.starts_with("addr")).expect("an addr").to_string();
+        line.split('"').nth(1).expect("quoted").to_string()
+    };
+    progress_during(&cluster, "before").await;
+
+    // Random bytes instead of a TLS handshake.
+    let mut junk = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    let bytes: Vec<u8> = (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let _ = junk.write_all(&bytes).await;
+
+    // Slowloris: connections that never finish a handshake.
+    let mut idle = Vec::new();
+    for _ in 0..20 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.expect("tcp"));
+    }
+
+    // A client of another cluster (certificate from an unknown CA).
+    let other = Cluster::init(1, 0);
+    let mut setup = ClientFile::load(&other.path().join("client-1000/client.toml")).expect("client file");
+    setup.nodes = ClientFile::load(&cluster.path().join("client-1000/client.toml")).expect("client file").nodes;
+    let mut stranger = KeelClient::connect(setup).expect("connect");
+    let refused = stranger.invoke(KvRequest::Get { key: b"a".to_vec() }.encode(), Duration::from_secs(2)).await;
+    assert!(refused.is_err(), "a client with an unknown CA must get nothing");
+
+    // A real client sending a request with a bad MAC, then an oversized frame.
+    let setup = ClientFile::load(&cluster.path().join("client-1001/client.toml")).expect("client file");
+    let connector = tokio_rustls::TlsConnector::from(keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"));
+    let tcp = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
+    let mut tls = connector.connect(keel_runtime::tls::PeerId::Node(0).server_name(), tcp).await.expect("handshake");
+    let forged = keel_core::message::Message::Request(keel_core::message::Request {
+        client: 1001,
+        seq: 1,
+        op: KvRequest::Put { key: b"forged".to_vec(), value: b"x".to_vec() }.encode(),
+        auth: vec![[0u8; 16]; 4],
+    });
+    let frame = keel_core::codec::encode(&forged);
+    tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
+    tls.write_all(&frame).await.expect("write");
+    tls.write_all(&u32::MAX.to_be_bytes()).await.expect("write");
+    tls.flush().await.expect("flush");
+
+    progress_during(&cluster, "after bad input").await;
+    let mut c = cluster.client(1002);
+    assert_eq!(get(&mut c, "forged").await, None, "a request with a bad MAC must not execute");
+    drop(idle);
+}
+

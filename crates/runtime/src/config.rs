@@ -1,0 +1,304 @@
+//! Configuration files, and `keel init`, which writes a whole local cluster's worth.
+//!
+//! ```text
+//!   DIR/cluster.toml        u, r, every node's address and public key (identical everywhere)
+//!   DIR/ca.pem, ca.key      the cluster CA (the key stays with the administrator)
+//!   DIR/node-<i>/node.toml  per-node options; node.pem/.key (TLS); secrets.toml; data/
+//!   DIR/client-<id>/client.toml, client.pem/.key (TLS), MAC keys inside client.toml
+//! ```
+
+use crate::storage::FsyncPolicy;
+use crate::tls::{generate_ca, issue, Credentials, PeerId, TlsError};
+use keel_core::config::{ClusterConfig, ConfigError, Options};
+use keel_core::crypto::{MacKey, PublicKey, SigningKey};
+use keel_core::message::{ClientId, NodeId};
+use keel_core::quorum::{QuorumError, Quorums};
+use keel_core::replica::{client_mac_key, NodeSecrets};
+use serde::{Deserialize, Serialize};
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigFileError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{0}")]
+    Quorum(#[from] QuorumError),
+    #[error("{0}")]
+    Config(#[from] ConfigError),
+    #[error("{0}")]
+    Tls(#[from] TlsError),
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+fn read(path: &Path) -> Result<String, ConfigFileError> {
+    fs::read_to_string(path).map_err(|source| ConfigFileError::Io { path: path.to_path_buf(), source })
+}
+
+fn write(path: &Path, text: &str) -> Result<(), ConfigFileError> {
+    fs::write(path, text).map_err(|source| ConfigFileError::Io { path: path.to_path_buf(), source })
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ConfigFileError> {
+    toml::from_str(&read(path)?).map_err(|e| ConfigFileError::Parse { path: path.to_path_buf(), message: e.to_string() })
+}
+
+fn hex32(path: &Path, field: &str, s: &str) -> Result<[u8; 32], ConfigFileError> {
+    let bytes = hex::decode(s).map_err(|e| ConfigFileError::Invalid { path: path.into(), message: format!("{field}: {e}") })?;
+    bytes.try_into().map_err(|_| ConfigFileError::Invalid { path: path.into(), message: format!("{field}: expected 32 bytes") })
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeEntry {
+    pub id: NodeId,
+    pub addr: SocketAddr,
+    /// Ed25519 public key, hex.
+    pub public_key: String,
+}
+
+/// What every node and client of one cluster shares.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClusterFile {
+    pub u: u32,
+    pub r: u32,
+    pub nodes: Vec<NodeEntry>,
+}
+
+impl ClusterFile {
+    pub fn load(path: &Path) -> Result<ClusterFile, ConfigFileError> {
+        parse(path)
+    }
+
+    /// The protocol configuration; node ids must be 0..N in order.
+    pub fn cluster_config(&self, path: &Path, options: Options) -> Result<ClusterConfig, ConfigFileError> {
+        let quorums = Quorums::new(self.u, self.r)?;
+        let mut keys = Vec::with_capacity(self.nodes.len());
+        for (i, n) in self.nodes.iter().enumerate() {
+            if n.id as usize != i {
+                return Err(ConfigFileError::Invalid { path: path.into(), message: format!("node ids must be 0..N in order; entry {i} has id {}", n.id) });
+            }
+            keys.push(PublicKey(hex32(path, "public_key", &n.public_key)?));
+        }
+        Ok(ClusterConfig::new(quorums, keys, options)?)
+    }
+}
+
+/// One node's own file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeFile {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+    /// batch | always | never
+    pub fsync: String,
+    /// Paths relative to the node file's directory.
+    pub data_dir: PathBuf,
+    pub cluster: PathBuf,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Ed25519 signing seed, hex.
+    pub signing_seed: String,
+    /// Root of the per-client MAC keys, hex.
+    pub mac_secret: String,
+}
+
+/// Everything a node process needs, loaded and checked.
+pub struct NodeSetup {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+    pub fsync: FsyncPolicy,
+    pub data_dir: PathBuf,
+    pub cluster: ClusterConfig,
+    pub peers: Vec<SocketAddr>,
+    pub ca_pem: String,
+    pub credentials: Credentials,
+    pub secrets: NodeSecrets,
+}
+
+impl NodeFile {
+    pub fn load(path: &Path) -> Result<NodeSetup, ConfigFileError> {
+        let f: NodeFile = parse(path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let cluster_path = base.join(&f.cluster);
+        let cluster_file = ClusterFile::load(&cluster_path)?;
+        let cluster = cluster_file.cluster_config(&cluster_path, Options::production())?;
+        let fsync = FsyncPolicy::parse(&f.fsync)
+            .ok_or_else(|| ConfigFileError::Invalid { path: path.into(), message: format!("fsync must be batch, always or never, not {:?}", f.fsync) })?;
+        let secrets = NodeSecrets {
+            signing: SigningKey::from_seed(hex32(path, "signing_seed", &f.signing_seed)?),
+            mac_secret: hex32(path, "mac_secret", &f.mac_secret)?,
+        };
+        if cluster.node_keys.get(f.id as usize) != Some(&secrets.signing.public()) {
+            return Err(ConfigFileError::Invalid { path: path.into(), message: format!("signing key does not match node {} in the cluster file", f.id) });
+        }
+        Ok(NodeSetup {
+            id: f.id,
+            listen: f.listen,
+            fsync,
+            data_dir: base.join(&f.data_dir),
+            peers: cluster_file.nodes.iter().map(|n| n.addr).collect(),
+            cluster,
+            ca_pem: read(&base.join(&f.ca))?,
+            credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
+            secrets,
+        })
+    }
+}
+
+/// A client's file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ClientFile {
+    pub id: ClientId,
+    pub cluster: PathBuf,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The MAC key shared with each node, hex, by node id.
+    pub mac_keys: Vec<String>,
+}
+
+pub struct ClientSetup {
+    pub id: ClientId,
+    pub quorums: Quorums,
+    pub nodes: Vec<SocketAddr>,
+    pub ca_pem: String,
+    pub credentials: Credentials,
+    pub mac_keys: Vec<MacKey>,
+}
+
+impl ClientFile {
+    pub fn load(path: &Path) -> Result<ClientSetup, ConfigFileError> {
+        let f: ClientFile = parse(path)?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let cluster_path = base.join(&f.cluster);
+        let cluster = ClusterFile::load(&cluster_path)?;
+        let quorums = Quorums::new(cluster.u, cluster.r)?;
+        if f.mac_keys.len() != cluster.nodes.len() {
+            return Err(ConfigFileError::Invalid { path: path.into(), message: "one MAC key per node".into() });
+        }
+        let mac_keys = f.mac_keys.iter().map(|k| hex32(path, "mac_keys", k).map(MacKey)).collect::<Result<_, _>>()?;
+        Ok(ClientSetup {
+            id: f.id,
+            quorums,
+            nodes: cluster.nodes.iter().map(|n| n.addr).collect(),
+            ca_pem: read(&base.join(&f.ca))?,
+            credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
+            mac_keys,
+        })
+    }
+}
+
+/// What `keel init` writes.
+pub struct InitOptions {
+    pub u: u32,
+    pub r: u32,
+    pub host: String,
+    pub base_port: u16,
+    pub clients: usize,
+    pub fsync: FsyncPolicy,
+}
+
+pub fn first_client_id() -> ClientId {
+    1000
+}
+
+/// Writes configs, keys and certificates for a local cluster into `dir`.
+pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
+    let quorums = Quorums::new(o.u, o.r)?;
+    let n = quorums.order_nodes();
+    fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?;
+    let ca = generate_ca()?;
+    write(&dir.join("ca.pem"), &ca.cert_pem)?;
+    write(&dir.join("ca.key"), &ca.key_pem)?;
+    let mut seeds = Vec::new();
+    let mut nodes = Vec::new();
+    for i in 0..n as NodeId {
+        let seed: [u8; 32] = random_bytes();
+        let mac: [u8; 32] = random_bytes();
+        let key = SigningKey::from_seed(seed);
+        let addr: SocketAddr = format!("{}:{}", o.host, o.base_port + i as u16)
+            .parse()
+            .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
+        nodes.push(NodeEntry { id: i, addr, public_key: hex::encode(key.public().0) });
+        seeds.push((seed, mac));
+    }
+    let cluster = ClusterFile { u: o.u, r: o.r, nodes: nodes.clone() };
+    write(&dir.join("cluster.toml"), &toml::to_string(&cluster).unwrap_or_default())?;
+    let fsync = match o.fsync {
+        FsyncPolicy::Batch => "batch",
+        FsyncPolicy::Always => "always",
+        FsyncPolicy::Never => "never",
+    };
+    for (i, (seed, mac)) in seeds.iter().enumerate() {
+        let ndir = dir.join(format!("node-{i}"));
+        fs::create_dir_all(ndir.join("data")).map_err(|source| ConfigFileError::Io { path: ndir.clone(), source })?;
+        let creds = issue(&ca, PeerId::Node(i as NodeId))?;
+        write(&ndir.join("node.pem"), &creds.cert_pem)?;
+        write(&ndir.join("node.key"), &creds.key_pem)?;
+        let file = NodeFile {
+            id: i as NodeId,
+            listen: nodes[i].addr,
+            fsync: fsync.into(),
+            data_dir: "data".into(),
+            cluster: "../cluster.toml".into(),
+            ca: "../ca.pem".into(),
+            cert: "node.pem".into(),
+            key: "node.key".into(),
+            signing_seed: hex::encode(seed),
+            mac_secret: hex::encode(mac),
+        };
+        write(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
+    }
+    for c in 0..o.clients {
+        let id = first_client_id() + c as ClientId;
+        let cdir = dir.join(format!("client-{id}"));
+        fs::create_dir_all(&cdir).map_err(|source| ConfigFileError::Io { path: cdir.clone(), source })?;
+        let creds = issue(&ca, PeerId::Client(id))?;
+        write(&cdir.join("client.pem"), &creds.cert_pem)?;
+        write(&cdir.join("client.key"), &creds.key_pem)?;
+        let file = ClientFile {
+            id,
+            cluster: "../cluster.toml".into(),
+            ca: "../ca.pem".into(),
+            cert: "client.pem".into(),
+            key: "client.key".into(),
+            mac_keys: seeds.iter().map(|(_, mac)| hex::encode(client_mac_key(mac, id).0)).collect(),
+        };
+        write(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
+    }
+    Ok(())
+}
+
+/// Key material from the operating system's generator (through ring, already linked
+/// for TLS).
+fn random_bytes() -> [u8; 32] {
+    use rustls::crypto::ring::default_provider;
+    let mut b = [0u8; 32];
+    // The system random generator failing is not recoverable for key generation.
+    default_provider().secure_random.fill(&mut b).expect("system random generator");
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn init_writes_a_loadable_cluster() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        init(dir.path(), &InitOptions { u: 1, r: 1, host: "127.0.0.1".into(), base_port: 41000, clients: 2, fsync: FsyncPolicy::Batch })
+            .expect("init");
+        for i in 0..4 {
+            let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");
+            assert_eq!(setup.id, i);
+            assert_eq!(setup.cluster.n(), 4);
+        }
+        let c = ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
+        assert_eq!(c.mac_keys.len(), 4);
+        assert_eq!(c.id, 1001);
+    }
+}

@@ -1,0 +1,8 @@
+//! Keel's runtime driver: real files, sockets and clocks around the sans-IO cores.
+
+pub mod client;
+pub mod config;
+pub mod node;
+pub mod storage;
+pub mod tls;
+pub mod transport;

@@ -1,0 +1,275 @@
+//! A node process: transport, storage and the replica core, wired together.
+//!
+//! ```text
+//!  TLS readers (one task per connection: read frame, decode) ──► bounded inbound queue
+//!      ──► protocol task: step the replica for every queued input (up to a batch),
+//!          write all persists, ONE fsync (group commit), then send: gated messages only
+//!          now that their records are durable
+//!      ──► bounded per-peer / per-client send queues ──► TLS writers (coalesced frames)
+//! ```
+//!
+//! The same core the simulator drives; only the clock, the disk and the network are real.
+
+use crate::config::NodeSetup;
+use crate::storage::{FsyncPolicy, Storage, StorageError};
+use crate::tls::{self, PeerId, TlsError};
+use crate::transport::{accept_loop, dial_loop, offer, read_frame, write_frames, Accepted, TransportStats, SEND_QUEUE_MAX};
+use keel_core::codec;
+use keel_core::message::{ClientId, Message, NodeId};
+use keel_core::replica::{Event, Input, Outputs, Peer, Replica};
+use keel_core::service::{RestoreError, Service};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+/// Inputs queued for the protocol task.
+pub const INBOUND_QUEUE_MAX: usize = 16384;
+/// Inputs stepped before one group commit.
+const STEP_BATCH_MAX: usize = 1024;
+/// How often the replica's timers are checked.
+const TICK: Duration = Duration::from_millis(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("storage: {0}")]
+    Storage(#[from] StorageError),
+    #[error("tls: {0}")]
+    Tls(#[from] TlsError),
+    #[error("recovery: {0}")]
+    Recovery(#[from] RestoreError),
+    #[error("listen on {addr}: {source}")]
+    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+}
+
+enum Inbound {
+    Message { from: Peer, msg: Message },
+    ClientUp { id: ClientId, conn: u64, tx: mpsc::Sender<Vec<u8>> },
+    ClientDown { id: ClientId, conn: u64 },
+}
+
+/// Wall-clock milliseconds: nodes' clocks must roughly agree (agreed time, UpRight §3.1).
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Counters of the protocol task.
+#[derive(Debug, Default)]
+pub struct NodeStats {
+    pub rejected: AtomicU64,
+    pub decided: AtomicU64,
+    pub view_changes: AtomicU64,
+    pub state_transfers: AtomicU64,
+}
+
+/// Runs a node until the process ends.
+///
+/// # Errors
+/// Failures to open storage, recover, bind or configure TLS; and a storage failure while
+/// running (a node that cannot persist must stop rather than answer).
+pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S) -> Result<(), NodeError> {
+    let (mut storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
+    if setup.fsync == FsyncPolicy::Never {
+        tracing::warn!("fsync = never: for benchmarks only; a crash can lose acknowledged writes");
+        eprintln!("WARNING: node {} runs with fsync = never; a crash can lose acknowledged writes", setup.id);
+    }
+    let mut out = Outputs::default();
+    let fresh = durable.records.is_empty() && durable.snapshots.is_empty();
+    let mut replica = if fresh {
+        Replica::new(setup.cluster.clone(), setup.id, setup.secrets.clone(), service)
+    } else {
+        Replica::recover(setup.cluster.clone(), setup.id, setup.secrets.clone(), service, durable, now_ms(), &mut out)?
+    };
+    tracing::info!(node = setup.id, view = replica.view(), executed = replica.executed(), "node started");
+
+    let stats = Arc::new(TransportStats::default());
+    let node_stats = Arc::new(NodeStats::default());
+    let (in_tx, mut in_rx) = mpsc::channel::<Inbound>(INBOUND_QUEUE_MAX);
+
+    // Outgoing connections to every other node.
+    let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
+    let mut peers: Vec<Option<mpsc::Sender<Vec<u8>>>> = Vec::new();
+    for (j, addr) in setup.peers.iter().enumerate() {
+        if j as NodeId == setup.id {
+            peers.push(None);
+            continue;
+        }
+        let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
+        peers.push(Some(tx));
+        tokio::spawn(dial_loop(*addr, PeerId::Node(j as NodeId), connector.clone(), rx, stats.clone(), |_| {}));
+    }
+
+    // Incoming connections from nodes and clients.
+    let listener = TcpListener::bind(setup.listen).await.map_err(|source| NodeError::Listen { addr: setup.listen, source })?;
+    let acceptor = TlsAcceptor::from(tls::server_config(&setup.ca_pem, &setup.credentials)?);
+    let conn_ids = Arc::new(AtomicU64::new(0));
+    {
+        let in_tx = in_tx.clone();
+        let stats = stats.clone();
+        let n = setup.cluster.n() as NodeId;
+        tokio::spawn(accept_loop(listener, acceptor, stats.clone(), move |acc: Accepted| {
+            let in_tx = in_tx.clone();
+            let stats = stats.clone();
+            let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(serve_connection(acc, conn, n, in_tx, stats));
+        }));
+    }
+
+    let mut clients: HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)> = HashMap::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        flush(&mut storage, &mut out, &peers, &clients, &stats, &node_stats)?;
+        tokio::select! {
+            ev = in_rx.recv() => {
+                let Some(ev) = ev else { return Ok(()) };
+                handle(&mut replica, ev, &mut clients, &mut out);
+                for _ in 0..STEP_BATCH_MAX {
+                    match in_rx.try_recv() {
+                        Ok(ev) => handle(&mut replica, ev, &mut clients, &mut out),
+                        Err(_) => break,
+                    }
+                }
+            }
+            _ = tick.tick() => replica.step(now_ms(), Input::Tick, &mut out),
+        }
+    }
+}
+
+fn handle<S: Service>(
+    replica: &mut Replica<S>,
+    ev: Inbound,
+    clients: &mut HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)>,
+    out: &mut Outputs,
+) {
+    match ev {
+        Inbound::Message { from, msg } => replica.step(now_ms(), Input::Message { from, msg }, out),
+        Inbound::ClientUp { id, conn, tx } => {
+            clients.insert(id, (conn, tx));
+        }
+        Inbound::ClientDown { id, conn } => {
+            if clients.get(&id).is_some_and(|(c, _)| *c == conn) {
+                clients.remove(&id);
+            }
+        }
+    }
+}
+
+/// Persists, syncs once, then sends everything the step(s) produced.
+fn flush(
+    storage: &mut Storage,
+    out: &mut Outputs,
+    peers: &[Option<mpsc::Sender<Vec<u8>>>],
+    clients: &HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)>,
+    stats: &TransportStats,
+    node_stats: &NodeStats,
+) -> Result<(), NodeError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    if !out.persist.is_empty() {
+        tokio::task::block_in_place(|| -> Result<(), StorageError> {
+            storage.write(&out.persist)?;
+            storage.sync()?;
+            Ok(())
+        })?;
+    }
+    for (to, msg) in out.send.drain(..).chain(out.send_after_persist.drain(..)) {
+        let frame = codec::encode(&msg);
+        match to {
+            Peer::Node(j) => {
+                if let Some(Some(tx)) = peers.get(j as usize) {
+                    offer(tx, frame, stats);
+                }
+            }
+            Peer::Client(c) => {
+                if let Some((_, tx)) = clients.get(&c) {
+                    offer(tx, frame, stats);
+                }
+            }
+        }
+    }
+    for e in out.events.drain(..) {
+        match e {
+            Event::Rejected { from, kind, reason } => {
+                node_stats.rejected.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(?from, kind, %reason, "rejected");
+            }
+            Event::Decided { .. } => {
+                node_stats.decided.fetch_add(1, Ordering::Relaxed);
+            }
+            Event::ViewChangeStarted { view } => {
+                node_stats.view_changes.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(view, "view change started");
+            }
+            Event::ViewInstalled { view } => tracing::info!(view, "view installed"),
+            Event::StateTransferStarted { seq } => {
+                node_stats.state_transfers.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(seq, "state transfer started");
+            }
+            Event::StateTransferDone { seq } => tracing::info!(seq, "state transfer done"),
+            Event::Divergence { seq, local, stable } => {
+                tracing::error!(seq, ?local, ?stable, "local state diverged from the stable checkpoint; repairing")
+            }
+            Event::Executed { .. } | Event::Checkpoint { .. } | Event::Stable { .. } => {}
+        }
+    }
+    out.persist.clear();
+    Ok(())
+}
+
+/// Reads frames from one accepted connection; for clients, also writes replies back.
+async fn serve_connection(acc: Accepted, conn: u64, n: NodeId, in_tx: mpsc::Sender<Inbound>, stats: Arc<TransportStats>) {
+    let from = match acc.peer {
+        PeerId::Node(j) if j < n => Peer::Node(j),
+        PeerId::Node(_) => {
+            TransportStats::bump(&stats.rejected_connections, 1);
+            return;
+        }
+        PeerId::Client(c) => Peer::Client(c),
+    };
+    let (mut r, w) = tokio::io::split(acc.stream);
+    let mut writer = None;
+    if let Peer::Client(id) = from {
+        let (tx, mut rx) = mpsc::channel(SEND_QUEUE_MAX);
+        if in_tx.send(Inbound::ClientUp { id, conn, tx }).await.is_err() {
+            return;
+        }
+        let stats = stats.clone();
+        writer = Some(tokio::spawn(async move {
+            let _ = write_frames(w, &mut rx, &stats).await;
+        }));
+    }
+    loop {
+        match read_frame(&mut r).await {
+            Ok(Some(frame)) => {
+                TransportStats::bump(&stats.frames_in, 1);
+                TransportStats::bump(&stats.bytes_in, frame.len() as u64 + 4);
+                match codec::decode(&frame) {
+                    Ok(msg) => {
+                        if in_tx.send(Inbound::Message { from, msg }).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(_) => TransportStats::bump(&stats.undecodable, 1),
+                }
+            }
+            Ok(None) => break,
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::InvalidData {
+                    TransportStats::bump(&stats.oversized, 1);
+                }
+                break;
+            }
+        }
+    }
+    if let Peer::Client(id) = from {
+        let _ = in_tx.send(Inbound::ClientDown { id, conn }).await;
+    }
+    if let Some(w) = writer {
+        w.abort();
+    }
+}

@@ -1,0 +1,405 @@
+//! Durable storage of one node: a segmented write-ahead log and checkpoint snapshots.
+//!
+//! ```text
+//!   DIR/wal/0000000000000001.log         segments, appended in order
+//!   DIR/wal/0000000000000007.base.log    a compaction: everything older is obsolete
+//!   DIR/snap/0000000000000256.snap       snapshot of the checkpoint at 256
+//! ```
+//!
+//! Records are framed by `keel_core::wal` (length + CRC32C). Writes are buffered by the OS
+//! until [`Storage::sync`]: with `fsync = batch` the driver calls it once for every batch of
+//! steps (group commit) before releasing the messages that depend on them. Snapshots and
+//! compactions are atomic: temp file, fsync, rename, fsync of the directory. At open, the
+//! torn tail of the last segment is cut; corruption anywhere else is an error, because
+//! silently dropping records there would break the node's promises.
+
+use keel_core::message::Seq;
+use keel_core::replica::{Durable, Persist};
+use keel_core::wal::{decode_log, encode_record, Record};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// A segment is closed and a new one started past this size.
+pub const SEGMENT_BYTES_MAX: u64 = 64 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// One fsync covers every record written since the last (group commit). Default.
+    Batch,
+    /// An fsync after every record.
+    Always,
+    /// Never fsync: for benchmarks only; a crash may lose acknowledged writes.
+    Never,
+}
+
+impl FsyncPolicy {
+    pub fn parse(s: &str) -> Option<FsyncPolicy> {
+        match s {
+            "batch" => Some(FsyncPolicy::Batch),
+            "always" => Some(FsyncPolicy::Always),
+            "never" => Some(FsyncPolicy::Never),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("{what} {path}: {source}")]
+    Io { what: &'static str, path: PathBuf, source: io::Error },
+    #[error("segment {path} is corrupt at offset {offset} and is not the last one")]
+    Corrupt { path: PathBuf, offset: usize },
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {
+    let path = path.to_path_buf();
+    move |source| StorageError::Io { what, path, source }
+}
+
+/// Counters for metrics.
+#[derive(Clone, Debug, Default)]
+pub struct StorageStats {
+    pub records: u64,
+    pub bytes: u64,
+    pub syncs: u64,
+    pub sync_time: Duration,
+    pub torn_tail_bytes: u64,
+}
+
+pub struct Storage {
+    wal_dir: PathBuf,
+    snap_dir: PathBuf,
+    policy: FsyncPolicy,
+    segment: File,
+    segment_id: u64,
+    segment_len: u64,
+    /// Written since the last sync.
+    dirty: bool,
+    pub stats: StorageStats,
+}
+
+fn segment_name(id: u64, base: bool) -> String {
+    if base {
+        format!("{id:016}.base.log")
+    } else {
+        format!("{id:016}.log")
+    }
+}
+
+/// (id, is_base, path) of every segment, in id order.
+fn list_segments(wal_dir: &Path) -> Result<Vec<(u64, bool, PathBuf)>, StorageError> {
+    let mut out = Vec::new();
+    for entry in fs::read_dir(wal_dir).map_err(io_err("read", wal_dir))? {
+        let entry = entry.map_err(io_err("read", wal_dir))?;
+        let name = entry.file_name().to_string_lossy().to_string();
+        let (stem, base) = match name.strip_suffix(".base.log") {
+            Some(s) => (s.to_string(), true),
+            None => match name.strip_suffix(".log") {
+                Some(s) => (s.to_string(), false),
+                None => continue,
+            },
+        };
+        if let Ok(id) = stem.parse::<u64>() {
+            out.push((id, base, entry.path()));
+        }
+    }
+    out.sort_by_key(|(id, _, _)| *id);
+    Ok(out)
+}
+
+fn fsync_dir(dir: &Path) -> Result<(), StorageError> {
+    File::open(dir).and_then(|f| f.sync_all()).map_err(io_err("fsync directory", dir))
+}
+
+/// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync directory.
+fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StorageError> {
+    let tmp = dir.join(format!("{name}.tmp"));
+    let path = dir.join(name);
+    let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+    f.write_all(bytes).map_err(io_err("write", &tmp))?;
+    f.sync_all().map_err(io_err("fsync", &tmp))?;
+    fs::rename(&tmp, &path).map_err(io_err("rename", &path))?;
+    fsync_dir(dir)
+}
+
+impl Storage {
+    /// Opens (creating if needed) the storage under `dir` and reads what it holds.
+    ///
+    /// # Errors
+    /// I/O failures, or corruption that is not a torn tail.
+    pub fn open(dir: &Path, policy: FsyncPolicy) -> Result<(Storage, Durable), StorageError> {
+        let wal_dir = dir.join("wal");
+        let snap_dir = dir.join("snap");
+        for d in [dir, &wal_dir, &snap_dir] {
+            fs::create_dir_all(d).map_err(io_err("create directory", d))?;
+        }
+        let mut stats = StorageStats::default();
+
+        // Segments older than the newest base segment were compacted away.
+        let mut segments = list_segments(&wal_dir)?;
+        if let Some(pos) = segments.iter().rposition(|(_, base, _)| *base) {
+            for (_, _, path) in segments.drain(..pos) {
+                fs::remove_file(&path).map_err(io_err("remove", &path))?;
+            }
+        }
+        let mut records: Vec<Record> = Vec::new();
+        let last = segments.len().saturating_sub(1);
+        for (i, (_, _, path)) in segments.iter().enumerate() {
+            let bytes = fs::read(path).map_err(io_err("read", path))?;
+            let decoded = decode_log(&bytes);
+            if decoded.valid_len < bytes.len() {
+                if i != last {
+                    return Err(StorageError::Corrupt { path: path.clone(), offset: decoded.valid_len });
+                }
+                // Torn last write: cut it so new records follow whole ones.
+                let f = OpenOptions::new().write(true).open(path).map_err(io_err("open", path))?;
+                f.set_len(decoded.valid_len as u64).map_err(io_err("truncate", path))?;
+                f.sync_all().map_err(io_err("fsync", path))?;
+                stats.torn_tail_bytes += (bytes.len() - decoded.valid_len) as u64;
+            }
+            records.extend(decoded.records);
+        }
+
+        let mut snapshots = Vec::new();
+        for entry in fs::read_dir(&snap_dir).map_err(io_err("read", &snap_dir))? {
+            let entry = entry.map_err(io_err("read", &snap_dir))?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            let Some(seq) = name.strip_suffix(".snap").and_then(|s| s.parse::<Seq>().ok()) else {
+                // Leftover temp files from a crash mid-write are garbage.
+                if name.ends_with(".tmp") {
+                    let _ = fs::remove_file(entry.path());
+                }
+                continue;
+            };
+            let bytes = fs::read(entry.path()).map_err(io_err("read", &entry.path()))?;
+            snapshots.push((seq, bytes));
+        }
+        snapshots.sort_by_key(|(s, _)| *s);
+
+        let (segment_id, segment_len) = match segments.last() {
+            Some((id, _, path)) => (*id, fs::metadata(path).map_err(io_err("stat", path))?.len()),
+            None => (1, 0),
+        };
+        let path = match segments.last() {
+            Some((_, _, p)) => p.clone(),
+            None => wal_dir.join(segment_name(1, false)),
+        };
+        let segment = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err("open", &path))?;
+        if segments.is_empty() {
+            fsync_dir(&wal_dir)?;
+        }
+        let storage = Storage { wal_dir, snap_dir, policy, segment, segment_id, segment_len, dirty: false, stats };
+        Ok((storage, Durable { snapshots, records }))
+    }
+
+    pub fn policy(&self) -> FsyncPolicy {
+        self.policy
+    }
+
+    /// Writes one step's persist requests (durable after [`Storage::sync`], except
+    /// snapshots and compactions, which are durable on return).
+    pub fn write(&mut self, persists: &[Persist]) -> Result<(), StorageError> {
+        for p in persists {
+            match p {
+                Persist::Record(r) => self.append(r)?,
+                Persist::Snapshot { seq, bytes } => write_atomic(&self.snap_dir, &format!("{seq:016}.snap"), bytes)?,
+                Persist::Compact { records, snapshots_from } => self.compact(records, *snapshots_from)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn append(&mut self, record: &Record) -> Result<(), StorageError> {
+        if self.segment_len >= SEGMENT_BYTES_MAX {
+            self.rotate()?;
+        }
+        let bytes = encode_record(record);
+        let path = self.current_path(false);
+        self.segment.write_all(&bytes).map_err(io_err("append", &path))?;
+        self.segment_len += bytes.len() as u64;
+        self.stats.records += 1;
+        self.stats.bytes += bytes.len() as u64;
+        self.dirty = true;
+        if self.policy == FsyncPolicy::Always {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    fn current_path(&self, base: bool) -> PathBuf {
+        self.wal_dir.join(segment_name(self.segment_id, base))
+    }
+
+    fn rotate(&mut self) -> Result<(), StorageError> {
+        self.sync()?;
+        self.segment_id += 1;
+        let path = self.current_path(false);
+        self.segment = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err("open", &path))?;
+        self.segment_len = 0;
+        fsync_dir(&self.wal_dir)
+    }
+
+    /// Replaces the log with `records` in a new base segment, then deletes what it
+    /// supersedes (older segments, snapshots below `snapshots_from`).
+    fn compact(&mut self, records: &[Record], snapshots_from: Seq) -> Result<(), StorageError> {
+        // Whatever is buffered belongs to the old log, which the base segment replaces.
+        self.sync()?;
+        let id = self.segment_id + 1;
+        let bytes: Vec<u8> = records.iter().flat_map(encode_record).collect();
+        write_atomic(&self.wal_dir, &segment_name(id, true), &bytes)?;
+        let path = self.wal_dir.join(segment_name(id, true));
+        self.segment = OpenOptions::new().append(true).open(&path).map_err(io_err("open", &path))?;
+        self.segment_id = id;
+        self.segment_len = bytes.len() as u64;
+        for (old, _, p) in list_segments(&self.wal_dir)? {
+            if old < id {
+                fs::remove_file(&p).map_err(io_err("remove", &p))?;
+            }
+        }
+        for entry in fs::read_dir(&self.snap_dir).map_err(io_err("read", &self.snap_dir))? {
+            let entry = entry.map_err(io_err("read", &self.snap_dir))?;
+            let name = entry.file_name().to_string_lossy().to_string();
+            if let Some(seq) = name.strip_suffix(".snap").and_then(|s| s.parse::<Seq>().ok()) {
+                if seq < snapshots_from {
+                    fs::remove_file(entry.path()).map_err(io_err("remove", &entry.path()))?;
+                }
+            }
+        }
+        fsync_dir(&self.wal_dir)?;
+        fsync_dir(&self.snap_dir)
+    }
+
+    /// Makes everything written so far durable (per the policy). Returns the time spent.
+    pub fn sync(&mut self) -> Result<Duration, StorageError> {
+        if !self.dirty || self.policy == FsyncPolicy::Never {
+            self.dirty = false;
+            return Ok(Duration::ZERO);
+        }
+        let started = Instant::now();
+        let path = self.current_path(false);
+        self.segment.sync_data().map_err(io_err("fsync", &path))?;
+        self.dirty = false;
+        let took = started.elapsed();
+        self.stats.syncs += 1;
+        self.stats.sync_time += took;
+        Ok(took)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::message::Value;
+
+    fn view(v: u64) -> Persist {
+        Persist::Record(Record::View { view: v, floor: 0 })
+    }
+
+    fn views(d: &Durable) -> Vec<u64> {
+        d.records
+            .iter()
+            .filter_map(|r| match r {
+                Record::View { view, .. } => Some(*view),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn records_survive_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut s, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
+        assert!(d.records.is_empty() && d.snapshots.is_empty());
+        s.write(&[view(1), view(2)]).expect("write");
+        s.sync().expect("sync");
+        drop(s);
+        let (mut s, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
+        assert_eq!(views(&d), vec![1, 2]);
+        s.write(&[view(3)]).expect("write");
+        s.sync().expect("sync");
+        let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
+        assert_eq!(views(&d), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_torn_tail_is_cut_and_appending_continues() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Always).expect("open");
+        s.write(&[view(1)]).expect("write");
+        drop(s);
+        let seg = dir.path().join("wal").join(segment_name(1, false));
+        let mut f = OpenOptions::new().append(true).open(&seg).expect("open segment");
+        let torn = encode_record(&Record::View { view: 2, floor: 0 });
+        f.write_all(&torn[..torn.len() - 3]).expect("tear");
+        drop(f);
+        let (mut s, d) = Storage::open(dir.path(), FsyncPolicy::Always).expect("reopen");
+        assert_eq!(views(&d), vec![1]);
+        assert_eq!(s.stats.torn_tail_bytes, torn.len() as u64 - 3);
+        s.write(&[view(3)]).expect("write");
+        let (_, d) = Storage::open(dir.path(), FsyncPolicy::Always).expect("reopen");
+        assert_eq!(views(&d), vec![1, 3]);
+    }
+
+    #[test]
+    fn corruption_before_the_last_segment_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Always).expect("open");
+        s.write(&[view(1), view(2)]).expect("write");
+        s.rotate().expect("rotate");
+        s.write(&[view(3)]).expect("write");
+        drop(s);
+        let seg = dir.path().join("wal").join(segment_name(1, false));
+        let mut bytes = fs::read(&seg).expect("read");
+        let n = bytes.len();
+        bytes[n - 2] ^= 0xff;
+        fs::write(&seg, bytes).expect("write");
+        assert!(matches!(Storage::open(dir.path(), FsyncPolicy::Always), Err(StorageError::Corrupt { .. })));
+    }
+
+    #[test]
+    fn compaction_replaces_the_log_and_prunes_snapshots() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
+        s.write(&[
+            view(1),
+            Persist::Snapshot { seq: 8, bytes: vec![8] },
+            Persist::Record(Record::Accepted { view: 1, seq: 9, value: Value::null() }),
+            Persist::Snapshot { seq: 16, bytes: vec![16] },
+            Persist::Compact { records: vec![Record::View { view: 1, floor: 0 }], snapshots_from: 16 },
+            view(2),
+        ])
+        .expect("write");
+        s.sync().expect("sync");
+        let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
+        assert_eq!(d.records, vec![Record::View { view: 1, floor: 0 }, Record::View { view: 2, floor: 0 }]);
+        assert_eq!(d.snapshots, vec![(16, vec![16])]);
+        assert_eq!(list_segments(&dir.path().join("wal")).expect("list").len(), 1);
+    }
+
+    #[test]
+    fn a_crash_after_a_base_segment_ignores_older_segments() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let wal = dir.path().join("wal");
+        fs::create_dir_all(&wal).expect("mkdir");
+        fs::write(wal.join(segment_name(1, false)), encode_record(&Record::View { view: 1, floor: 0 })).expect("w");
+        fs::write(wal.join(segment_name(2, true)), encode_record(&Record::View { view: 5, floor: 0 })).expect("w");
+        let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
+        assert_eq!(views(&d), vec![5]);
+        assert!(!wal.join(segment_name(1, false)).exists());
+    }
+
+    #[test]
+    fn never_does_not_sync() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Never).expect("open");
+        s.write(&[view(1)]).expect("write");
+        s.sync().expect("sync");
+        assert_eq!(s.stats.syncs, 0);
+        let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
+        s.write(&[view(1), view(2)]).expect("write");
+        s.sync().expect("sync");
+        assert_eq!(s.stats.syncs, 1, "one fsync covers the batch");
+    }
+}
