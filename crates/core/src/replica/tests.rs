@@ -304,3 +304,60 @@ fn forged_view_change_certificates_are_rejected() {
     let out = step(&mut p, 0, Peer::Node(2), Message::ViewChange(vc));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 0 }]);
 }
+
+#[test]
+fn a_healed_partitioned_former_primary_learns_the_new_view() {
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    net.submit(&mut c, 0, b"a");
+    assert!(net.result(&mut c).is_some());
+    // Partition node 0 (the primary) away: it keeps its state and clock, hears nothing.
+    net.down[0] = true;
+    net.submit(&mut c, 10, b"b");
+    let mut now = 10;
+    while net.nodes[1].view() == 0 && now < 20_000 {
+        now += 5;
+        net.tick(now);
+    }
+    assert_eq!(net.nodes[1].view(), 1);
+    assert_eq!(net.result(&mut c), Some(vec![2]));
+    // Meanwhile the isolated node only suspected, never committed to a view change.
+    assert_eq!(net.nodes[0].view(), 0);
+    // Heal: STATUS gossip brings it the NEW-VIEW; it installs view 1 and catches up.
+    net.down[0] = false;
+    for _ in 0..100 {
+        now += 5;
+        net.tick(now);
+    }
+    assert_eq!(net.nodes[0].view(), 1, "{}", net.nodes[0].status_line());
+    assert_eq!(net.nodes[0].executed(), net.nodes[1].executed());
+    assert!(net.events.iter().any(|(n, e)| *n == 0 && *e == Event::ViewInstalled { view: 1 }));
+}
+
+#[test]
+fn a_node_whose_checkpoint_differs_reports_divergence_and_repairs() {
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    // Corrupt node 3's state before the first checkpoint (as a disk or memory fault would).
+    net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
+    let interval = cfg.options.checkpoint_interval;
+    let mut now = 0;
+    for i in 0..interval {
+        now += 10;
+        net.submit(&mut c, now, &[i as u8]);
+        assert!(net.result(&mut c).is_some());
+    }
+    for _ in 0..200 {
+        now += 5;
+        net.tick(now);
+    }
+    let divergence = net.events.iter().find_map(|(n, e)| match e {
+        Event::Divergence { seq, .. } if *n == 3 => Some(*seq),
+        _ => None,
+    });
+    assert_eq!(divergence, Some(interval), "node 3 reports the divergent checkpoint");
+    assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })));
+    assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0, "repaired by state transfer");
+}
