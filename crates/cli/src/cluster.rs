@@ -57,7 +57,8 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         return ExitCode::from(2);
     };
     let n = 2 * a.u as usize + a.r as usize + 1;
-    let Some(base_port) = a.base_port.or_else(|| free_ports(n)) else {
+    // Node ports, then as many metrics ports.
+    let Some(base_port) = a.base_port.or_else(|| free_ports(2 * n)) else {
         eprintln!("error: no free port range found; pass --base-port");
         return ExitCode::FAILURE;
     };
@@ -200,6 +201,67 @@ pub fn run_up(a: UpArgs) -> ExitCode {
     stop(&mut children);
     println!("keel: stopped");
     status
+}
+
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// A directory made by `keel init`.
+    #[arg(long)]
+    dir: PathBuf,
+}
+
+/// Per node: view, primary, last executed and stable sequence, lag, connected peers.
+pub fn run_status(a: StatusArgs) -> ExitCode {
+    let dirs = node_dirs(&a.dir);
+    if dirs.is_empty() {
+        eprintln!("error: {} holds no cluster", a.dir.display());
+        return ExitCode::from(2);
+    }
+    let mut rows = Vec::new();
+    for d in &dirs {
+        let path = d.join("node.toml");
+        let setup = match NodeFile::load(&path) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        rows.push((setup.id, keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2))));
+    }
+    let max_executed = rows.iter().filter_map(|(_, r)| r.as_ref().ok().map(|s| s.executed)).max().unwrap_or(0);
+    println!("node\tview\tprimary\texecuted\tstable\tlag\tpeers\tstate");
+    let mut all_up = true;
+    for (id, r) in rows {
+        match r {
+            Ok(s) => {
+                let state = match (s.view_change_to, s.transfer) {
+                    (Some(t), _) => format!("changing to view {t}"),
+                    (None, Some((have, total))) => format!("state transfer {have}/{total} chunks"),
+                    (None, None) => "normal".into(),
+                };
+                println!(
+                    "{id}\t{}\t{}\t{}\t{}\t{}\t{}/{}\t{state}",
+                    s.view,
+                    s.primary,
+                    s.executed,
+                    s.stable,
+                    max_executed - s.executed,
+                    s.peers_connected,
+                    s.peers
+                );
+            }
+            Err(e) => {
+                all_up = false;
+                println!("{id}\t-\t-\t-\t-\t-\t-\tdown ({e})");
+            }
+        }
+    }
+    if all_up {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }
 
 /// Stops the nodes this process started, by their handles (never by name).

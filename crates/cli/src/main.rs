@@ -23,6 +23,8 @@ enum Command {
     Up(cluster::UpArgs),
     /// Run one node.
     Node(cluster::NodeArgs),
+    /// Per node: view, primary, executed and stable sequence, lag, connected peers.
+    Status(cluster::StatusArgs),
     /// The KV service's client: put, get, del, cas, scan.
     Kv(kv::KvArgs),
     /// Closed-loop benchmark against a running cluster.
@@ -40,6 +42,7 @@ fn main() -> ExitCode {
         Command::Init(a) => cluster::run_init(a),
         Command::Up(a) => cluster::run_up(a),
         Command::Node(a) => cluster::run_node(a),
+        Command::Status(a) => cluster::run_status(a),
         Command::Kv(a) => kv::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Sim(args) => sim::run(args),

@@ -72,6 +72,19 @@ impl Cluster {
         KeelClient::connect(setup).expect("client connects")
     }
 
+    /// The node's Prometheus text (plain HTTP GET on loopback).
+    fn metrics(&self, i: usize) -> String {
+        use std::io::{Read, Write};
+        let text = std::fs::read_to_string(self.path().join(format!("node-{i}/node.toml"))).expect("node file");
+        let line = text.lines().find(|l| l.starts_with("metrics")).expect("metrics address");
+        let addr = line.split('"').nth(1).expect("quoted");
+        let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("request");
+        let mut body = String::new();
+        s.read_to_string(&mut body).expect("response");
+        body
+    }
+
     fn log(&self, i: usize) -> String {
         std::fs::read_to_string(self.path().join(format!("node-{i}/node.log"))).unwrap_or_default()
     }
@@ -264,5 +277,19 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
     let mut c = cluster.client(1002);
     assert_eq!(get(&mut c, "forged").await, None, "a request with a bad MAC must not execute");
     drop(idle);
+
+    // Each rejection was counted on node 0.
+    let metrics = cluster.metrics(0);
+    let value = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0, |v| v as u64)
+    };
+    assert!(value("keel_rejected_connections_total") >= 2, "junk + unknown CA (+ slowloris):\n{metrics}");
+    assert!(value("keel_rejected_total{kind=\"request\"}") >= 1, "bad MAC counted:\n{metrics}");
+    assert!(value("keel_oversized_frames_total") >= 1, "oversized frame counted:\n{metrics}");
 }
 

@@ -50,7 +50,8 @@ impl KeelClient {
             nodes.push(tx);
             let reply_tx = reply_tx.clone();
             let undecodable = stats.clone();
-            tokio::spawn(dial_loop(*addr, PeerId::Node(j as NodeId), connector.clone(), rx, stats.clone(), move |frame| {
+            let connected = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            tokio::spawn(dial_loop(*addr, PeerId::Node(j as NodeId), connector.clone(), rx, stats.clone(), connected, move |frame| {
                 match codec::decode(&frame) {
                     Ok(Message::Reply(r)) => {
                         let _ = reply_tx.try_send((j as NodeId, r));

@@ -92,6 +92,8 @@ impl ClusterFile {
 pub struct NodeFile {
     pub id: NodeId,
     pub listen: SocketAddr,
+    /// HTTP address of /metrics and /status.
+    pub metrics: SocketAddr,
     /// batch | always | never
     pub fsync: String,
     /// Paths relative to the node file's directory.
@@ -110,6 +112,7 @@ pub struct NodeFile {
 pub struct NodeSetup {
     pub id: NodeId,
     pub listen: SocketAddr,
+    pub metrics: SocketAddr,
     pub fsync: FsyncPolicy,
     pub data_dir: PathBuf,
     pub cluster: ClusterConfig,
@@ -138,6 +141,7 @@ impl NodeFile {
         Ok(NodeSetup {
             id: f.id,
             listen: f.listen,
+            metrics: f.metrics,
             fsync,
             data_dir: base.join(&f.data_dir),
             peers: cluster_file.nodes.iter().map(|n| n.addr).collect(),
@@ -239,9 +243,13 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         let creds = issue(&ca, PeerId::Node(i as NodeId))?;
         write(&ndir.join("node.pem"), &creds.cert_pem)?;
         write(&ndir.join("node.key"), &creds.key_pem)?;
+        let metrics: SocketAddr = format!("{}:{}", o.host, o.base_port as usize + n + i)
+            .parse()
+            .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
         let file = NodeFile {
             id: i as NodeId,
             listen: nodes[i].addr,
+            metrics,
             fsync: fsync.into(),
             data_dir: "data".into(),
             cluster: "../cluster.toml".into(),

@@ -2,6 +2,7 @@
 
 pub mod client;
 pub mod config;
+pub mod metrics;
 pub mod node;
 pub mod storage;
 pub mod tls;

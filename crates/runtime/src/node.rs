@@ -11,6 +11,7 @@
 //! The same core the simulator drives; only the clock, the disk and the network are real.
 
 use crate::config::NodeSetup;
+use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
 use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{accept_loop, dial_loop, offer, read_frame, write_frames, Accepted, TransportStats, SEND_QUEUE_MAX};
@@ -41,6 +42,8 @@ pub enum NodeError {
     Tls(#[from] TlsError),
     #[error("recovery: {0}")]
     Recovery(#[from] RestoreError),
+    #[error("metrics endpoint on {addr}: {source}")]
+    Metrics { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("listen on {addr}: {source}")]
     Listen { addr: std::net::SocketAddr, source: std::io::Error },
 }
@@ -54,15 +57,6 @@ enum Inbound {
 /// Wall-clock milliseconds: nodes' clocks must roughly agree (agreed time, UpRight §3.1).
 pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
-/// Counters of the protocol task.
-#[derive(Debug, Default)]
-pub struct NodeStats {
-    pub rejected: AtomicU64,
-    pub decided: AtomicU64,
-    pub view_changes: AtomicU64,
-    pub state_transfers: AtomicU64,
 }
 
 /// Runs a node until the process ends.
@@ -86,7 +80,11 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
     tracing::info!(node = setup.id, view = replica.view(), executed = replica.executed(), "node started");
 
     let stats = Arc::new(TransportStats::default());
-    let node_stats = Arc::new(NodeStats::default());
+    let (m, registry) = Metrics::new();
+    let shared = metrics::serve(setup.metrics, registry, stats.clone())
+        .await
+        .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
+    let connected = Arc::new(AtomicU64::new(0));
     let (in_tx, mut in_rx) = mpsc::channel::<Inbound>(INBOUND_QUEUE_MAX);
 
     // Outgoing connections to every other node.
@@ -99,7 +97,7 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
         }
         let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
         peers.push(Some(tx));
-        tokio::spawn(dial_loop(*addr, PeerId::Node(j as NodeId), connector.clone(), rx, stats.clone(), |_| {}));
+        tokio::spawn(dial_loop(*addr, PeerId::Node(j as NodeId), connector.clone(), rx, stats.clone(), connected.clone(), |_| {}));
     }
 
     // Incoming connections from nodes and clients.
@@ -119,10 +117,12 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
     }
 
     let mut clients: HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)> = HashMap::new();
+    // Last state-transfer progress logged, in tenths.
+    let mut transfer_logged = u64::MAX;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
-        flush(&mut storage, &mut out, &peers, &clients, &stats, &node_stats)?;
+        flush(&mut storage, &mut out, &peers, &clients, &stats, &m)?;
         tokio::select! {
             ev = in_rx.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
@@ -134,8 +134,44 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
                     }
                 }
             }
-            _ = tick.tick() => replica.step(now_ms(), Input::Tick, &mut out),
+            _ = tick.tick() => {
+                replica.step(now_ms(), Input::Tick, &mut out);
+                publish(&replica, &m, &shared, in_rx.len(), connected.load(Ordering::Relaxed), &mut transfer_logged);
+            }
         }
+    }
+}
+
+/// Updates the gauges and the `/status` snapshot (every tick: cheap, no locks held long).
+fn publish<S: Service>(replica: &Replica<S>, m: &Metrics, shared: &Shared, inbound: usize, connected: u64, logged: &mut u64) {
+    m.view.set(replica.view() as i64);
+    m.executed.set(replica.executed() as i64);
+    m.stable.set(replica.stable_seq() as i64);
+    m.inbound_queue.set(inbound as i64);
+    let transfer = replica.transfer_progress();
+    m.transfer_permille.set(transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
+    match transfer {
+        Some((have, total)) if total > 0 => {
+            let tenth = (have * 10 / total) as u64;
+            if tenth != *logged {
+                *logged = tenth;
+                tracing::info!(have, total, "state transfer: {}% of {total} chunks", have * 100 / total);
+            }
+        }
+        _ => *logged = u64::MAX,
+    }
+    if let Ok(mut s) = shared.status.lock() {
+        *s = Status {
+            node: replica.id(),
+            view: replica.view(),
+            primary: replica.config().primary(replica.view()),
+            view_change_to: replica.in_view_change(),
+            executed: replica.executed(),
+            stable: replica.stable_seq(),
+            peers_connected: connected,
+            peers: replica.config().n() as u64 - 1,
+            transfer,
+        };
     }
 }
 
@@ -165,17 +201,19 @@ fn flush(
     peers: &[Option<mpsc::Sender<Vec<u8>>>],
     clients: &HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)>,
     stats: &TransportStats,
-    node_stats: &NodeStats,
+    m: &Metrics,
 ) -> Result<(), NodeError> {
     if out.is_empty() {
         return Ok(());
     }
     if !out.persist.is_empty() {
-        tokio::task::block_in_place(|| -> Result<(), StorageError> {
+        let took = tokio::task::block_in_place(|| -> Result<Duration, StorageError> {
             storage.write(&out.persist)?;
-            storage.sync()?;
-            Ok(())
+            storage.sync()
         })?;
+        if !took.is_zero() {
+            m.fsync_seconds.observe(took.as_secs_f64());
+        }
     }
     for (to, msg) in out.send.drain(..).chain(out.send_after_persist.drain(..)) {
         let frame = codec::encode(&msg);
@@ -195,26 +233,31 @@ fn flush(
     for e in out.events.drain(..) {
         match e {
             Event::Rejected { from, kind, reason } => {
-                node_stats.rejected.fetch_add(1, Ordering::Relaxed);
+                m.rejected.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
                 tracing::debug!(?from, kind, %reason, "rejected");
             }
             Event::Decided { .. } => {
-                node_stats.decided.fetch_add(1, Ordering::Relaxed);
+                m.decided.inc();
+            }
+            Event::Executed { requests, .. } => {
+                m.executed_requests.inc_by(requests.len() as u64);
+                m.batch_size.observe(requests.len() as f64);
             }
             Event::ViewChangeStarted { view } => {
-                node_stats.view_changes.fetch_add(1, Ordering::Relaxed);
+                m.view_changes.inc();
                 tracing::info!(view, "view change started");
             }
             Event::ViewInstalled { view } => tracing::info!(view, "view installed"),
             Event::StateTransferStarted { seq } => {
-                node_stats.state_transfers.fetch_add(1, Ordering::Relaxed);
+                m.state_transfers.inc();
                 tracing::info!(seq, "state transfer started");
             }
             Event::StateTransferDone { seq } => tracing::info!(seq, "state transfer done"),
             Event::Divergence { seq, local, stable } => {
+                m.divergences.inc();
                 tracing::error!(seq, ?local, ?stable, "local state diverged from the stable checkpoint; repairing")
             }
-            Event::Executed { .. } | Event::Checkpoint { .. } | Event::Stable { .. } => {}
+            Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
     }
     out.persist.clear();

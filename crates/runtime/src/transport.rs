@@ -114,6 +114,7 @@ pub async fn dial_loop<F>(
     connector: TlsConnector,
     mut rx: mpsc::Receiver<Vec<u8>>,
     stats: Arc<TransportStats>,
+    connected: Arc<AtomicU64>,
     on_frame: F,
 ) where
     F: Fn(Vec<u8>) + Send + Sync + 'static,
@@ -134,6 +135,7 @@ pub async fn dial_loop<F>(
         };
         backoff = BACKOFF_MIN;
         TransportStats::bump(&stats.connects, 1);
+        connected.fetch_add(1, Ordering::Relaxed);
         let (mut r, w) = tokio::io::split(stream);
         let reader_stats = stats.clone();
         let cb = on_frame.clone();
@@ -148,6 +150,7 @@ pub async fn dial_loop<F>(
             r = write_frames(w, &mut rx, &stats) => r,
             _ = wait_for(reader) => Ok(()),
         };
+        connected.fetch_sub(1, Ordering::Relaxed);
         if result.is_ok() && rx.is_closed() {
             return;
         }

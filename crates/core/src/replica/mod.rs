@@ -332,6 +332,10 @@ impl<S: Service> Replica<S> {
     pub fn transferring(&self) -> bool {
         self.transfer.is_some()
     }
+    /// (chunks held, chunks total) of a state transfer in progress.
+    pub fn transfer_progress(&self) -> Option<(usize, usize)> {
+        self.transfer.as_ref().map(Transfer::progress)
+    }
 
     /// Advances the state machine by one input.
     pub fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {

@@ -1,0 +1,161 @@
+//! Observability: Prometheus `/metrics` and a JSON `/status` per node, on a local port.
+
+use crate::transport::TransportStats;
+use axum::extract::State;
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use std::fmt::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+/// Handles the protocol task updates; the registry renders them.
+#[derive(Clone)]
+pub struct Metrics {
+    pub decided: Counter,
+    pub executed_requests: Counter,
+    pub view_changes: Counter,
+    pub state_transfers: Counter,
+    pub divergences: Counter,
+    pub rejected: Family<KindLabels, Counter>,
+    pub batch_size: Histogram,
+    pub fsync_seconds: Histogram,
+    pub view: Gauge,
+    pub executed: Gauge,
+    pub stable: Gauge,
+    pub inbound_queue: Gauge,
+    /// State transfer progress in per mille (1000 when idle or done).
+    pub transfer_permille: Gauge,
+}
+
+/// What `/status` (and `keel status`) shows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Status {
+    pub node: u32,
+    pub view: u64,
+    pub primary: u32,
+    pub view_change_to: Option<u64>,
+    pub executed: u64,
+    pub stable: u64,
+    pub peers_connected: u64,
+    pub peers: u64,
+    /// (chunks held, chunks total) while a state transfer runs.
+    pub transfer: Option<(usize, usize)>,
+}
+
+pub struct Shared {
+    registry: Registry,
+    pub status: Mutex<Status>,
+    pub transport: Arc<TransportStats>,
+}
+
+impl Metrics {
+    pub fn new() -> (Metrics, Registry) {
+        let mut r = Registry::with_prefix("keel");
+        let m = Metrics {
+            decided: Counter::default(),
+            executed_requests: Counter::default(),
+            view_changes: Counter::default(),
+            state_transfers: Counter::default(),
+            divergences: Counter::default(),
+            rejected: Family::default(),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            fsync_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
+            view: Gauge::default(),
+            executed: Gauge::default(),
+            stable: Gauge::default(),
+            inbound_queue: Gauge::default(),
+            transfer_permille: Gauge::default(),
+        };
+        r.register("decided", "Consensus instances decided", m.decided.clone());
+        r.register("executed_requests", "Client requests executed", m.executed_requests.clone());
+        r.register("view_changes", "View changes started", m.view_changes.clone());
+        r.register("state_transfers", "State transfers started", m.state_transfers.clone());
+        r.register("divergences", "Local checkpoints that differed from the stable one", m.divergences.clone());
+        r.register("rejected", "Inputs dropped as invalid, by message kind", m.rejected.clone());
+        r.register("batch_size", "Requests per executed batch", m.batch_size.clone());
+        r.register("fsync_seconds", "Duration of each WAL fsync", m.fsync_seconds.clone());
+        r.register("view", "Installed view", m.view.clone());
+        r.register("executed", "Last executed instance", m.executed.clone());
+        r.register("stable", "Stable checkpoint", m.stable.clone());
+        r.register("inbound_queue", "Inputs waiting for the protocol task", m.inbound_queue.clone());
+        r.register("state_transfer_permille", "State transfer progress (1000 = idle or done)", m.transfer_permille.clone());
+        m.transfer_permille.set(1000);
+        (m, r)
+    }
+}
+
+fn render(shared: &Shared) -> String {
+    let mut text = String::new();
+    let _ = encode(&mut text, &shared.registry);
+    // Transport counters live in plain atomics shared by many tasks; render them here.
+    let t = &shared.transport;
+    let text = text.trim_end().trim_end_matches("# EOF").to_string();
+    let mut out = text;
+    for (name, help, v) in [
+        ("frames_in", "Frames received", &t.frames_in),
+        ("frames_out", "Frames sent", &t.frames_out),
+        ("bytes_in", "Bytes received", &t.bytes_in),
+        ("bytes_out", "Bytes sent", &t.bytes_out),
+        ("send_queue_full", "Frames dropped on a full send queue", &t.send_queue_full),
+        ("oversized_frames", "Connections closed for an oversized frame", &t.oversized),
+        ("undecodable_frames", "Frames that did not decode", &t.undecodable),
+        ("rejected_connections", "Failed or unauthenticated handshakes", &t.rejected_connections),
+        ("connects", "Outgoing connections established", &t.connects),
+    ] {
+        let _ = write!(out, "\n# HELP keel_{name} {help}.\n# TYPE keel_{name} counter\nkeel_{name}_total {}", v.load(Ordering::Relaxed));
+    }
+    out.push_str("\n# EOF\n");
+    out
+}
+
+/// Serves `/metrics` and `/status` on `addr` until the process ends.
+///
+/// # Errors
+/// If the address cannot be bound.
+pub async fn serve(addr: SocketAddr, registry: Registry, transport: Arc<TransportStats>) -> std::io::Result<Arc<Shared>> {
+    let shared = Arc::new(Shared { registry, status: Mutex::new(Status::default()), transport });
+    let app = Router::new()
+        .route("/metrics", get(|State(s): State<Arc<Shared>>| async move { render(&s) }))
+        .route(
+            "/status",
+            get(|State(s): State<Arc<Shared>>| async move {
+                let st = s.status.lock().map(|g| g.clone()).unwrap_or_default();
+                serde_json::to_string(&st).unwrap_or_default()
+            }),
+        )
+        .with_state(shared.clone());
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(shared)
+}
+
+/// Fetches a node's `/status` (a plain HTTP/1.0 GET on loopback).
+///
+/// # Errors
+/// Connection failures or an unparsable answer.
+pub fn fetch_status(addr: SocketAddr, timeout: std::time::Duration) -> Result<Status, String> {
+    use std::io::{Read, Write as _};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    s.write_all(b"GET /status HTTP/1.0\r\nHost: keel\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).map_err(|e| e.to_string())?;
+    let json = body.split("\r\n\r\n").nth(1).ok_or("no body")?;
+    serde_json::from_str(json).map_err(|e| e.to_string())
+}
