@@ -174,7 +174,9 @@ enum Ev {
     Deliver { to: Peer, from: Peer, frame: Vec<u8> },
     NodeTick(NodeId),
     ClientTick(usize),
-    Sync { node: NodeId, epoch: u64, upto: u64, gated: Vec<(Peer, Message)> },
+    /// A group commit completes: the step's facts become durable (and are checked) and
+    /// its gated messages go out.
+    Sync { node: NodeId, epoch: u64, upto: u64, gated: Vec<(Peer, Message)>, facts: Vec<Event> },
     Restart(NodeId),
     Nemesis,
 }
@@ -455,9 +457,13 @@ impl<W: Workload> World<W> {
                 self.schedule(self.now + CLIENT_TICK_MS, Ev::ClientTick(c));
                 self.client_tick(c);
             }
-            Ev::Sync { node, epoch, upto, gated } => {
+            Ev::Sync { node, epoch, upto, gated, facts } => {
                 let sn = &mut self.nodes[node as usize];
                 if sn.epoch == epoch && sn.replica.is_some() {
+                    for e in facts {
+                        self.on_event(node, e);
+                    }
+                    let sn = &mut self.nodes[node as usize];
                     sn.disk.sync(upto);
                     // Snapshots kept: the stable one and those above it, within the window.
                     let o = &self.opts.options;
@@ -493,7 +499,13 @@ impl<W: Workload> World<W> {
 
     fn process_outputs(&mut self, n: NodeId, out: Outputs) {
         let Outputs { persist, send, send_after_persist, events } = out;
-        for e in events {
+        // Decisions, executions and checkpoints are facts only once the step's records
+        // are durable: a node that crashes before that never made them (nothing it said
+        // depended on them: replies and votes are gated the same way).
+        let (facts, observations): (Vec<Event>, Vec<Event>) = events
+            .into_iter()
+            .partition(|e| matches!(e, Event::Decided { .. } | Event::Executed { .. } | Event::Checkpoint { .. }));
+        for e in observations {
             self.on_event(n, e);
         }
         let node = &mut self.nodes[n as usize];
@@ -501,7 +513,7 @@ impl<W: Workload> World<W> {
         for p in &persist {
             node.disk.write(p);
         }
-        if wrote || (!send_after_persist.is_empty() && node.disk.has_pending()) {
+        if wrote || ((!send_after_persist.is_empty() || !facts.is_empty()) && node.disk.has_pending()) {
             // Group commit: one sync covers everything written so far.
             let upto = node.disk.last_op();
             let epoch = node.epoch;
@@ -510,8 +522,11 @@ impl<W: Workload> World<W> {
             } else {
                 self.rng.gen_range(0..3)
             };
-            self.schedule(self.now + latency, Ev::Sync { node: n, epoch, upto, gated: send_after_persist });
+            self.schedule(self.now + latency, Ev::Sync { node: n, epoch, upto, gated: send_after_persist, facts });
         } else {
+            for e in facts {
+                self.on_event(n, e);
+            }
             self.transmit_from_node(n, send_after_persist);
         }
         self.transmit_from_node(n, send);

@@ -57,7 +57,8 @@ impl<S: Service> Replica<S> {
             let last = self.exec.executed().min(executed + self.cfg.options.catch_up_values_max);
             for seq in executed + 1..=last {
                 if let Some(value) = self.log.get(&seq).and_then(|s| s.decided_value.clone()) {
-                    out.send.push((peer, Message::Decided { seq, value }));
+                    // Gated: we may vouch only for decisions we can no longer lose.
+                    out.send_after_persist.push((peer, Message::Decided { seq, value }));
                     helped = true;
                 }
             }
