@@ -1,66 +1,138 @@
-//! `keel bench`: closed-loop clients against a running cluster; throughput and latency.
+//! `keel bench`: closed-loop clients against a running cluster, BFT-SMaRt style.
 //!
-//! Each client keeps one operation outstanding (the protocol's per-client bound); load
-//! grows with the number of clients. Results are printed, never asserted: this machine
-//! is shared and noisy, so compare configurations measured in one run.
+//! Each protocol client keeps one operation outstanding (the protocol's per-client bound);
+//! `--outstanding K` runs K protocol clients per benchmark client. Every step reports
+//! throughput, latency percentiles, and the CPU share of every node process and of the
+//! load generator itself, since everything shares one machine. The same sweep runs
+//! against an unreplicated baseline (u = r = 0, one node, same code path) started for the
+//! purpose, and results are given as ratios to it. Numbers are printed (and plotted),
+//! never asserted.
 
 use clap::Args;
-use keel_kv::KvRequest;
+use keel_kv::{KvRequest, Null};
 use keel_runtime::client::KeelClient;
-use keel_runtime::config::{first_client_id, ClientFile};
-use std::path::PathBuf;
-use std::process::ExitCode;
+use keel_runtime::config::{first_client_id, init, ClientFile, InitOptions, NodeFile};
+use keel_runtime::storage::FsyncPolicy;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// A cluster directory made by `keel init` (with at least --clients client identities).
+    /// A cluster directory made by `keel init` (with at least clients × outstanding
+    /// client identities: `keel init --clients N`).
     #[arg(long)]
     dir: PathBuf,
-    /// Value bytes per put.
+    /// Request bytes (null service) or value bytes (kv service).
     #[arg(long, default_value_t = 0)]
     req: usize,
-    /// Concurrent clients (comma list to sweep).
+    /// Reply bytes (null service only).
+    #[arg(long, default_value_t = 0)]
+    reply: u32,
+    /// Concurrent clients; a comma list sweeps.
     #[arg(long, default_value = "1")]
     clients: String,
+    /// Protocol clients (each with one operation in flight) per benchmark client.
+    #[arg(long, default_value_t = 1)]
+    outstanding: usize,
     /// Seconds per step.
     #[arg(long, default_value_t = 10)]
     duration: u64,
+    /// Also write the rows as CSV.
+    #[arg(long)]
+    csv: Option<PathBuf>,
+    /// Draw latency against throughput (SVG).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Skip the unreplicated baseline.
+    #[arg(long)]
+    no_baseline: bool,
 }
 
-struct Step {
+#[derive(Clone, Debug)]
+struct Row {
+    target: &'static str,
     clients: usize,
-    ops: usize,
-    secs: f64,
-    p50: Duration,
-    p90: Duration,
-    p99: Duration,
+    ops_per_s: f64,
+    p50_ms: f64,
+    p90_ms: f64,
+    p99_ms: f64,
     errors: usize,
+    /// CPU % (of one core) of each node process over the step.
+    node_cpu: Vec<f64>,
+    client_cpu: f64,
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
-        return Duration::ZERO;
+        return 0.0;
     }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
 
-async fn step(dir: &std::path::Path, clients: usize, req: usize, duration: Duration) -> Result<Step, String> {
-    let mut handles = Vec::new();
-    let started = Instant::now();
-    let end = started + duration;
-    for i in 0..clients {
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start after ") ".
+    let rest = stat.rsplit_once(") ")?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+const CLOCK_TICKS_PER_S: f64 = 100.0;
+
+fn node_pids(dir: &Path) -> Vec<String> {
+    crate::cluster::node_dirs(dir)
+        .iter()
+        .filter_map(|d| std::fs::read_to_string(d.join("data").join("node.pid")).ok())
+        .map(|s| s.trim().to_string())
+        .collect()
+}
+
+fn operation(service: &str, req: usize, reply: u32, client: usize, n: u64) -> Vec<u8> {
+    match service {
+        "null" => Null::request(req, reply),
+        _ => KvRequest::Put { key: format!("b{client}-{}", n % 1024).into_bytes(), value: vec![b'x'; req] }.encode(),
+    }
+}
+
+async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, clients: usize) -> Result<Row, String> {
+    let total = clients * a.outstanding.max(1);
+    let mut conns = Vec::with_capacity(total);
+    for i in 0..total {
         let id = first_client_id() + i as u64;
-        let setup = ClientFile::load(&dir.join(format!("client-{id}/client.toml"))).map_err(|e| format!("{e} (keel init --clients {clients})"))?;
-        let mut c = KeelClient::connect(setup).map_err(|e| e.to_string())?;
+        let setup = ClientFile::load(&dir.join(format!("client-{id}/client.toml")))
+            .map_err(|e| format!("{e} (this step needs {total} client identities: keel init --clients {total})"))?;
+        conns.push(KeelClient::connect(setup).map_err(|e| e.to_string())?);
+    }
+    // Warm-up: connections and the first round trip are not measured.
+    let mut warm = Vec::new();
+    for mut c in conns {
+        let op = operation(service, a.req, a.reply, 0, 0);
+        warm.push(tokio::spawn(async move {
+            let _ = c.invoke(op, Duration::from_secs(10)).await;
+            c
+        }));
+    }
+    let mut conns = Vec::new();
+    for w in warm {
+        conns.push(w.await.map_err(|e| e.to_string())?);
+    }
+    let pids = node_pids(dir);
+    let self_pid = std::process::id().to_string();
+    let before: Vec<Option<u64>> = pids.iter().map(|p| cpu_ticks(p)).collect();
+    let self_before = cpu_ticks(&self_pid);
+    let started = Instant::now();
+    let end = started + Duration::from_secs(a.duration);
+    let mut handles = Vec::new();
+    for (i, mut c) in conns.into_iter().enumerate() {
+        let (service, req, reply) = (service.to_string(), a.req, a.reply);
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut errors = 0;
             let mut n = 0u64;
-            // Warm-up: connections and the first round trip are not measured.
-            let _ = c.invoke(KvRequest::Get { key: b"warmup".to_vec() }.encode(), Duration::from_secs(10)).await;
             while Instant::now() < end {
-                let op = KvRequest::Put { key: format!("b{i}-{}", n % 1024).into_bytes(), value: vec![b'x'; req] }.encode();
+                let op = operation(&service, req, reply, i, n);
                 let t = Instant::now();
                 match c.invoke(op, Duration::from_secs(10)).await {
                     Ok(_) => lat.push(t.elapsed()),
@@ -79,8 +151,109 @@ async fn step(dir: &std::path::Path, clients: usize, req: usize, duration: Durat
         errors += e;
     }
     let secs = started.elapsed().as_secs_f64();
+    let cpu = |b: Option<u64>, pid: &str| match (b, cpu_ticks(pid)) {
+        (Some(b), Some(a)) => (a - b) as f64 / CLOCK_TICKS_PER_S / secs * 100.0,
+        _ => f64::NAN,
+    };
+    let node_cpu = pids.iter().zip(before).map(|(p, b)| cpu(b, p)).collect();
+    let client_cpu = cpu(self_before, &self_pid);
     all.sort_unstable();
-    Ok(Step { clients, ops: all.len(), secs, p50: percentile(&all, 0.5), p90: percentile(&all, 0.9), p99: percentile(&all, 0.99), errors })
+    Ok(Row {
+        target,
+        clients,
+        ops_per_s: all.len() as f64 / secs,
+        p50_ms: percentile(&all, 0.5),
+        p90_ms: percentile(&all, 0.9),
+        p99_ms: percentile(&all, 0.99),
+        errors,
+        node_cpu,
+        client_cpu,
+    })
+}
+
+fn print_row(r: &Row, baseline: Option<&Row>) {
+    let cpus: Vec<String> = r.node_cpu.iter().map(|c| format!("{c:.0}")).collect();
+    let ratio = baseline.map_or(String::new(), |b| format!("\t{:.2}", r.ops_per_s / b.ops_per_s.max(1e-9)));
+    println!(
+        "{}\t{}\t{:.0}\t{:.2}\t{:.2}\t{:.2}\t{}\t{}\t{:.0}{ratio}",
+        r.target,
+        r.clients,
+        r.ops_per_s,
+        r.p50_ms,
+        r.p90_ms,
+        r.p99_ms,
+        r.errors,
+        cpus.join("/"),
+        r.client_cpu
+    );
+}
+
+/// A one-node cluster of the same service and fsync policy, for the baseline.
+struct Baseline {
+    dir: PathBuf,
+    node: Child,
+}
+
+impl Baseline {
+    fn start(service: &str, fsync: FsyncPolicy, clients: usize) -> Result<Baseline, String> {
+        let dir = std::env::temp_dir().join(format!("keel-bench-baseline-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let port = crate::cluster::free_ports(2).ok_or("no free port for the baseline")?;
+        let o = InitOptions { service: service.into(), u: 0, r: 0, host: "127.0.0.1".into(), base_port: port, clients, fsync };
+        init(&dir, &o).map_err(|e| e.to_string())?;
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let node = Command::new(exe)
+            .args(["node", "--config"])
+            .arg(dir.join("node-0/node.toml"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| e.to_string())?;
+        Ok(Baseline { dir, node })
+    }
+}
+
+impl Drop for Baseline {
+    fn drop(&mut self) {
+        let _ = self.node.kill();
+        let _ = self.node.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn plot(path: &Path, rows: &[Row]) -> Result<(), String> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let max_x = rows.iter().map(|r| r.ops_per_s).fold(1.0, f64::max) * 1.1;
+    let max_y = rows.iter().map(|r| r.p50_ms).fold(0.1, f64::max) * 1.2;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("keel bench: median latency vs throughput", ("sans-serif", 22))
+        .margin(20)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .x_desc("throughput (ops/s)")
+        .y_desc("p50 latency (ms)")
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for (target, color) in [("cluster", RED), ("baseline", BLUE)] {
+        let pts: Vec<(f64, f64)> = rows.iter().filter(|r| r.target == target).map(|r| (r.ops_per_s, r.p50_ms)).collect();
+        if pts.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+            .map_err(|e| e.to_string())?
+            .label(target)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled()))).map_err(|e| e.to_string())?;
+    }
+    chart.configure_series_labels().border_style(BLACK).draw().map_err(|e| e.to_string())?;
+    root.present().map_err(|e| e.to_string())
 }
 
 pub fn run(a: BenchArgs) -> ExitCode {
@@ -89,27 +262,94 @@ pub fn run(a: BenchArgs) -> ExitCode {
         eprintln!("error: --clients takes a comma list of numbers");
         return ExitCode::from(2);
     };
+    let node0 = match NodeFile::load(&a.dir.join("node-0/node.toml")) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let service = node0.service.clone();
     let Ok(rt) = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() else {
         eprintln!("error: cannot start the runtime");
         return ExitCode::FAILURE;
     };
-    println!("clients\tops/s\tp50_ms\tp90_ms\tp99_ms\terrors");
-    for n in counts {
-        match rt.block_on(step(&a.dir, n, a.req, Duration::from_secs(a.duration))) {
-            Ok(s) => println!(
-                "{}\t{:.0}\t{:.2}\t{:.2}\t{:.2}\t{}",
-                s.clients,
-                s.ops as f64 / s.secs,
-                s.p50.as_secs_f64() * 1e3,
-                s.p90.as_secs_f64() * 1e3,
-                s.p99.as_secs_f64() * 1e3,
-                s.errors
-            ),
+    let n = crate::cluster::node_dirs(&a.dir).len();
+    println!(
+        "# {n} nodes, service {service}, fsync {:?}, req {} B, reply {} B, {} s per step, {} outstanding per client; cpu in % of one core (2 cores total)",
+        node0.fsync, a.req, a.reply, a.duration, a.outstanding
+    );
+    println!("target\tclients\tops/s\tp50_ms\tp90_ms\tp99_ms\terrors\tnode_cpu%\tclient_cpu%\tratio_to_baseline");
+    let mut rows = Vec::new();
+    for &c in &counts {
+        match rt.block_on(step(&a.dir, "cluster", &a, &service, c)) {
+            Ok(r) => {
+                print_row(&r, None);
+                rows.push(r);
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 return ExitCode::FAILURE;
             }
         }
+    }
+    if !a.no_baseline {
+        let most = counts.iter().max().copied().unwrap_or(1) * a.outstanding.max(1);
+        let baseline = match Baseline::start(&service, node0.fsync, most) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("error: baseline: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        std::thread::sleep(Duration::from_millis(500));
+        for &c in &counts {
+            match rt.block_on(step(&baseline.dir, "baseline", &a, &service, c)) {
+                Ok(r) => rows.push(r),
+                Err(e) => {
+                    eprintln!("error: baseline: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        }
+        drop(baseline);
+        for r in rows.iter().filter(|r| r.target == "baseline") {
+            print_row(r, None);
+        }
+        println!("# cluster relative to the unreplicated baseline, same clients:");
+        for r in rows.iter().filter(|r| r.target == "cluster") {
+            let b = rows.iter().find(|b| b.target == "baseline" && b.clients == r.clients);
+            print_row(r, b);
+        }
+    }
+    if let Some(path) = &a.csv {
+        let mut text = String::from("target,clients,ops_per_s,p50_ms,p90_ms,p99_ms,errors,node_cpu_percent,client_cpu_percent\n");
+        for r in &rows {
+            let cpus: Vec<String> = r.node_cpu.iter().map(|c| format!("{c:.1}")).collect();
+            text.push_str(&format!(
+                "{},{},{:.1},{:.3},{:.3},{:.3},{},{},{:.1}\n",
+                r.target,
+                r.clients,
+                r.ops_per_s,
+                r.p50_ms,
+                r.p90_ms,
+                r.p99_ms,
+                r.errors,
+                cpus.join("/"),
+                r.client_cpu
+            ));
+        }
+        if let Err(e) = std::fs::write(path, text) {
+            eprintln!("error: {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(path) = &a.plot {
+        if let Err(e) = plot(path, &rows) {
+            eprintln!("error: plot: {e}");
+            return ExitCode::FAILURE;
+        }
+        println!("# plot written to {}", path.display());
     }
     ExitCode::SUCCESS
 }

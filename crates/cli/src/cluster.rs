@@ -33,10 +33,13 @@ pub struct InitArgs {
     /// Overwrite an existing cluster directory.
     #[arg(long)]
     force: bool,
+    /// kv | null (the microbenchmark service).
+    #[arg(long, default_value = "kv")]
+    service: String,
 }
 
 /// A run of `n` consecutive ports that are free right now.
-fn free_ports(n: usize) -> Option<u16> {
+pub fn free_ports(n: usize) -> Option<u16> {
     let start = (std::process::id() as u64 * 7919 + n as u64) % 20_000;
     for k in 0..200u64 {
         let base = 20_000 + ((start + k * 97) % 30_000) as u16;
@@ -62,7 +65,11 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         eprintln!("error: no free port range found; pass --base-port");
         return ExitCode::FAILURE;
     };
-    let o = InitOptions { u: a.u, r: a.r, host: a.host, base_port, clients: a.clients, fsync };
+    if !matches!(a.service.as_str(), "kv" | "null") {
+        eprintln!("error: --service must be kv or null");
+        return ExitCode::from(2);
+    }
+    let o = InitOptions { service: a.service, u: a.u, r: a.r, host: a.host, base_port, clients: a.clients, fsync };
     match init(&a.dir, &o) {
         Ok(()) => {
             println!(
@@ -104,7 +111,13 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(keel_runtime::node::run_node(setup, keel_kv::Kv::new())) {
+    let run = async move {
+        match setup.service.as_str() {
+            "null" => keel_runtime::node::run_node(setup, keel_kv::Null).await,
+            _ => keel_runtime::node::run_node(setup, keel_kv::Kv::new()).await,
+        }
+    };
+    match runtime.block_on(run) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

@@ -94,6 +94,9 @@ pub struct NodeFile {
     pub listen: SocketAddr,
     /// HTTP address of /metrics and /status.
     pub metrics: SocketAddr,
+    /// The replicated service: kv | null (the microbenchmark service).
+    #[serde(default = "default_service")]
+    pub service: String,
     /// batch | always | never
     pub fsync: String,
     /// Paths relative to the node file's directory.
@@ -113,6 +116,7 @@ pub struct NodeSetup {
     pub id: NodeId,
     pub listen: SocketAddr,
     pub metrics: SocketAddr,
+    pub service: String,
     pub fsync: FsyncPolicy,
     pub data_dir: PathBuf,
     pub cluster: ClusterConfig,
@@ -142,6 +146,7 @@ impl NodeFile {
             id: f.id,
             listen: f.listen,
             metrics: f.metrics,
+            service: f.service,
             fsync,
             data_dir: base.join(&f.data_dir),
             peers: cluster_file.nodes.iter().map(|n| n.addr).collect(),
@@ -198,12 +203,17 @@ impl ClientFile {
 
 /// What `keel init` writes.
 pub struct InitOptions {
+    pub service: String,
     pub u: u32,
     pub r: u32,
     pub host: String,
     pub base_port: u16,
     pub clients: usize,
     pub fsync: FsyncPolicy,
+}
+
+fn default_service() -> String {
+    "kv".into()
 }
 
 pub fn first_client_id() -> ClientId {
@@ -250,6 +260,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             id: i as NodeId,
             listen: nodes[i].addr,
             metrics,
+            service: o.service.clone(),
             fsync: fsync.into(),
             data_dir: "data".into(),
             cluster: "../cluster.toml".into(),
@@ -298,7 +309,7 @@ mod tests {
     #[test]
     fn init_writes_a_loadable_cluster() {
         let dir = tempfile::tempdir().expect("tempdir");
-        init(dir.path(), &InitOptions { u: 1, r: 1, host: "127.0.0.1".into(), base_port: 41000, clients: 2, fsync: FsyncPolicy::Batch })
+        init(dir.path(), &InitOptions { service: "kv".into(), u: 1, r: 1, host: "127.0.0.1".into(), base_port: 41000, clients: 2, fsync: FsyncPolicy::Batch })
             .expect("init");
         for i in 0..4 {
             let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");

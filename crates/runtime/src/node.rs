@@ -78,6 +78,8 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
         Replica::recover(setup.cluster.clone(), setup.id, setup.secrets.clone(), service, durable, now_ms(), &mut out)?
     };
     tracing::info!(node = setup.id, view = replica.view(), executed = replica.executed(), "node started");
+    // For `keel bench` (CPU per node) and operators: who runs this node.
+    let _ = std::fs::write(setup.data_dir.join("node.pid"), std::process::id().to_string());
 
     let stats = Arc::new(TransportStats::default());
     let (m, registry) = Metrics::new();
