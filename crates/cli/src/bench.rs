@@ -171,21 +171,30 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
     })
 }
 
+impl Row {
+    /// The row's fields, in the column order of the header, for TSV and CSV alike.
+    fn cells(&self) -> Vec<String> {
+        let cpus: Vec<String> = self.node_cpu.iter().map(|c| format!("{c:.0}")).collect();
+        vec![
+            self.target.to_string(),
+            self.clients.to_string(),
+            format!("{:.0}", self.ops_per_s),
+            format!("{:.2}", self.p50_ms),
+            format!("{:.2}", self.p90_ms),
+            format!("{:.2}", self.p99_ms),
+            self.errors.to_string(),
+            cpus.join("/"),
+            format!("{:.0}", self.client_cpu),
+        ]
+    }
+}
+
 fn print_row(r: &Row, baseline: Option<&Row>) {
-    let cpus: Vec<String> = r.node_cpu.iter().map(|c| format!("{c:.0}")).collect();
-    let ratio = baseline.map_or(String::new(), |b| format!("\t{:.2}", r.ops_per_s / b.ops_per_s.max(1e-9)));
-    println!(
-        "{}\t{}\t{:.0}\t{:.2}\t{:.2}\t{:.2}\t{}\t{}\t{:.0}{ratio}",
-        r.target,
-        r.clients,
-        r.ops_per_s,
-        r.p50_ms,
-        r.p90_ms,
-        r.p99_ms,
-        r.errors,
-        cpus.join("/"),
-        r.client_cpu
-    );
+    let mut cells = r.cells();
+    if let Some(b) = baseline {
+        cells.push(format!("{:.2}", r.ops_per_s / b.ops_per_s.max(1e-9)));
+    }
+    println!("{}", cells.join("\t"));
 }
 
 /// A one-node cluster of the same service and fsync policy, for the baseline.
@@ -325,19 +334,8 @@ pub fn run(a: BenchArgs) -> ExitCode {
     if let Some(path) = &a.csv {
         let mut text = String::from("target,clients,ops_per_s,p50_ms,p90_ms,p99_ms,errors,node_cpu_percent,client_cpu_percent\n");
         for r in &rows {
-            let cpus: Vec<String> = r.node_cpu.iter().map(|c| format!("{c:.1}")).collect();
-            text.push_str(&format!(
-                "{},{},{:.1},{:.3},{:.3},{:.3},{},{},{:.1}\n",
-                r.target,
-                r.clients,
-                r.ops_per_s,
-                r.p50_ms,
-                r.p90_ms,
-                r.p99_ms,
-                r.errors,
-                cpus.join("/"),
-                r.client_cpu
-            ));
+            text.push_str(&r.cells().join(","));
+            text.push('\n');
         }
         if let Err(e) = std::fs::write(path, text) {
             eprintln!("error: {}: {e}", path.display());
