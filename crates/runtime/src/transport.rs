@@ -22,6 +22,9 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 pub const SEND_QUEUE_MAX: usize = 8192;
 /// A TLS handshake that takes longer is abandoned (slowloris).
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Handshakes in progress at once; connections beyond are closed at once (and counted),
+/// so a flood of idle connections cannot grow memory without bound.
+pub const HANDSHAKES_MAX: usize = 256;
 /// Reconnection backoff bounds.
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -195,9 +198,15 @@ pub async fn accept_loop<F>(listener: TcpListener, acceptor: TlsAcceptor, stats:
 where
     F: Fn(Accepted) + Send + Sync + Clone + 'static,
 {
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_MAX));
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let Ok(permit) = handshakes.clone().try_acquire_owned() else {
+            TransportStats::bump(&stats.rejected_connections, 1);
+            drop(tcp);
             continue;
         };
         let acceptor = acceptor.clone();
@@ -206,6 +215,7 @@ where
         tokio::spawn(async move {
             let _ = tcp.set_nodelay(true);
             let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await;
+            drop(permit);
             let stream = match handshake {
                 Ok(Ok(s)) => s,
                 _ => {
