@@ -51,11 +51,12 @@ impl<S: Service> Replica<S> {
         if !self.is_primary() || self.transfer.is_some() {
             return;
         }
-        let opts = self.cfg.options.clone();
+        let opts = &self.cfg.options;
+        let (window, count_max, bytes_max, delay) = (opts.window, opts.batch_count_max, opts.batch_bytes_max, opts.batch_delay_ms);
         self.next_propose = self.next_propose.max(self.floor + 1).max(self.stable.seq + 1);
         loop {
             let in_flight = self.next_propose - 1 - self.exec.executed().min(self.next_propose - 1);
-            if in_flight >= opts.window || self.next_propose > self.high_water() {
+            if in_flight >= window || self.next_propose > self.high_water() {
                 return;
             }
             let mut candidates: Vec<&Pending> = self.pending.values().filter(|p| !p.in_flight).collect();
@@ -66,15 +67,15 @@ impl<S: Service> Replica<S> {
             let mut batch = Vec::new();
             let mut bytes = 0;
             for p in candidates.iter() {
-                if batch.len() == opts.batch_count_max || (bytes + p.req.size() > opts.batch_bytes_max && !batch.is_empty()) {
+                if batch.len() == count_max || (bytes + p.req.size() > bytes_max && !batch.is_empty()) {
                     break;
                 }
                 bytes += p.req.size();
                 batch.push(p.req.clone());
             }
-            let full = batch.len() == opts.batch_count_max || bytes >= opts.batch_bytes_max / 2;
+            let full = batch.len() == count_max || bytes >= bytes_max / 2;
             let oldest = candidates.first().map_or(self.now, |p| p.since);
-            if in_flight > 0 && !full && self.now < oldest + opts.batch_delay_ms {
+            if in_flight > 0 && !full && self.now < oldest + delay {
                 return;
             }
             for r in &batch {
