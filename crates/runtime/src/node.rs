@@ -211,12 +211,17 @@ fn flush(
     if !out.persist.is_empty() {
         let took = tokio::task::block_in_place(|| -> Result<Duration, StorageError> {
             storage.write(&out.persist)?;
+            storage.append_lazy(&out.persist_lazy)?;
             storage.sync()
         })?;
         if !took.is_zero() {
             m.fsync_seconds.observe(took.as_secs_f64());
         }
+    } else if !out.persist_lazy.is_empty() {
+        // Written now, made durable by the next sync: nothing waits for these.
+        storage.append_lazy(&out.persist_lazy)?;
     }
+    out.persist_lazy.clear();
     for (to, msg) in out.send.drain(..).chain(out.send_after_persist.drain(..)) {
         let frame = codec::encode(&msg);
         match to {

@@ -211,6 +211,15 @@ impl Storage {
         Ok(())
     }
 
+    /// Appends records nothing waits for (`Outputs::persist_lazy`): durable at the next
+    /// [`Storage::sync`], whoever asks for it.
+    pub fn append_lazy(&mut self, records: &[Record]) -> Result<(), StorageError> {
+        for r in records {
+            self.append(r)?;
+        }
+        Ok(())
+    }
+
     fn append(&mut self, record: &Record) -> Result<(), StorageError> {
         if self.segment_len >= SEGMENT_BYTES_MAX {
             self.rotate()?;

@@ -25,6 +25,8 @@ pub struct SimDisk {
     /// Unsynced operations with their ids.
     pending: Vec<(u64, Op)>,
     next_op: u64,
+    /// Id of the last operation queued by [`SimDisk::write`] (not lazy).
+    last_eager: u64,
     /// Torn writes that happened, for the report.
     pub torn: u64,
 }
@@ -41,7 +43,15 @@ impl SimDisk {
         };
         self.next_op += 1;
         self.pending.push((self.next_op, op));
+        self.last_eager = self.next_op;
         self.next_op
+    }
+
+    /// Queues a record that nothing waits for (`Outputs::persist_lazy`): it becomes
+    /// durable only when a later sync covers it, and a crash before that loses it.
+    pub fn write_lazy(&mut self, r: &Record) {
+        self.next_op += 1;
+        self.pending.push((self.next_op, Op::Append(encode_record(r))));
     }
 
     /// Id of the last queued operation (0 if none ever).
@@ -49,8 +59,9 @@ impl SimDisk {
         self.next_op
     }
 
-    pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty()
+    /// Whether an operation that gated messages must wait for is not yet durable.
+    pub fn has_pending_eager(&self) -> bool {
+        self.pending.iter().any(|(id, _)| *id <= self.last_eager)
     }
 
     /// Makes every operation up to `upto` durable, in order.

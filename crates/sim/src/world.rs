@@ -498,7 +498,7 @@ impl<W: Workload> World<W> {
     }
 
     fn process_outputs(&mut self, n: NodeId, out: Outputs) {
-        let Outputs { persist, send, send_after_persist, events } = out;
+        let Outputs { persist, persist_lazy, send, send_after_persist, events } = out;
         // Decisions, executions and checkpoints are facts only once the step's records
         // are durable: a node that crashes before that never made them (nothing it said
         // depended on them: replies and votes are gated the same way).
@@ -513,7 +513,10 @@ impl<W: Workload> World<W> {
         for p in &persist {
             node.disk.write(p);
         }
-        if wrote || ((!send_after_persist.is_empty() || !facts.is_empty()) && node.disk.has_pending()) {
+        for r in &persist_lazy {
+            node.disk.write_lazy(r);
+        }
+        if wrote || ((!send_after_persist.is_empty() || !facts.is_empty()) && node.disk.has_pending_eager()) {
             // Group commit: one sync covers everything written so far.
             let upto = node.disk.last_op();
             let epoch = node.epoch;

@@ -71,10 +71,15 @@ pub enum Persist {
 pub struct Outputs {
     /// Persist these, in order.
     pub persist: Vec<Persist>,
+    /// Append these after `persist`, but nothing waits for them: gated messages wait
+    /// only for `persist`, and no sync is needed on their account (a later one covers
+    /// them). A `Decided` record is one: a decision is durable as the Q persisted votes
+    /// that made it, so losing the record costs a catch-up from peers, never the decision.
+    pub persist_lazy: Vec<Record>,
     /// Send now.
     pub send: Vec<(Peer, Message)>,
-    /// Send only once every `persist` entry of this step (and of earlier steps) is
-    /// durable: votes, view changes and replies reflect persisted state. Order among
+    /// Send only once every `persist` entry (not `persist_lazy`) of this step and of
+    /// earlier steps is durable: votes, view changes and replies reflect persisted state. Order among
     /// the entries of one step does not matter.
     pub send_after_persist: Vec<(Peer, Message)>,
     /// Observations for metrics, logs and the simulator's checkers.
@@ -83,11 +88,16 @@ pub struct Outputs {
 
 impl Outputs {
     pub fn is_empty(&self) -> bool {
-        self.persist.is_empty() && self.send.is_empty() && self.send_after_persist.is_empty() && self.events.is_empty()
+        self.persist.is_empty()
+            && self.persist_lazy.is_empty()
+            && self.send.is_empty()
+            && self.send_after_persist.is_empty()
+            && self.events.is_empty()
     }
 
     pub fn clear(&mut self) {
         self.persist.clear();
+        self.persist_lazy.clear();
         self.send.clear();
         self.send_after_persist.clear();
         self.events.clear();
@@ -247,6 +257,12 @@ pub struct Replica<S> {
     next_propose: Seq,
     /// Primary: time of the last proposal (proposals never go back in time).
     time_proposed: u64,
+    /// A view whose primary this node is but in which it must not propose: it recovered
+    /// in that view and may have sent proposals it no longer remembers (PROPOSE goes out
+    /// before its record is durable). It asks to leave the view instead.
+    proposals_closed: Option<View>,
+    /// PROPOSEs for the view about to be installed that overtook its NEW-VIEW.
+    early_proposals: BTreeMap<Seq, (View, Value)>,
 
     exec: Executor<S>,
     stable: StableProof,
@@ -291,6 +307,8 @@ impl<S: Service> Replica<S> {
             log: BTreeMap::new(),
             next_propose: 1,
             time_proposed: 0,
+            proposals_closed: None,
+            early_proposals: BTreeMap::new(),
             exec: Executor::new(service),
             stable: StableProof { seq: 0, root: Digest::default(), sigs: Vec::new() },
             stable_chunks: None,
@@ -521,6 +539,7 @@ impl<S: Service> Replica<S> {
         assert!(self.log.len() as u64 <= self.cfg.options.log_max(), "at most log_max slots");
         assert!(self.pending.len() <= self.cfg.options.clients_max, "pending requests are bounded");
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
+        assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");
     }
 }
 

@@ -48,7 +48,7 @@ impl<S: Service> Replica<S> {
     /// when it is full or its oldest request waited `batch_delay_ms`, or at once when
     /// nothing is in flight (so a lone client sees no batching delay).
     pub(super) fn maybe_propose(&mut self, out: &mut Outputs) {
-        if !self.is_primary() || self.transfer.is_some() {
+        if !self.is_primary() || self.transfer.is_some() || self.proposals_closed == Some(self.view) {
             return;
         }
         let opts = &self.cfg.options;
@@ -92,15 +92,21 @@ impl<S: Service> Replica<S> {
         }
     }
 
-    /// Primary: send PROPOSE and vote for it. Both wait for the Accepted record of this
-    /// step, so a primary that crashes and recovers cannot propose something else for
-    /// the same (view, seq).
+    /// Primary: send PROPOSE at once and vote for it. The PROPOSE is not a vote, so it
+    /// need not wait for the disk (backups log and vote in parallel with our fsync); the
+    /// primary's own vote waits for its Accepted record like everyone's. A primary that
+    /// crashes may thus have proposed what it no longer remembers, so a recovered
+    /// primary never proposes in that view again (`proposals_closed`, recovery.rs).
     fn propose(&mut self, view: View, seq: Seq, value: Value, out: &mut Outputs) {
-        self.broadcast_durable(Message::Propose { view, seq, value: value.clone() }, out);
+        debug_assert_ne!(self.proposals_closed, Some(view), "no fresh proposals in a view we may have forgotten");
+        self.broadcast(Message::Propose { view, seq, value: value.clone() }, out);
         self.accept_proposal(seq, value, out);
     }
 
     pub(super) fn on_propose(&mut self, from: NodeId, view: View, seq: Seq, value: Value, out: &mut Outputs) -> Result<(), Reject> {
+        if self.keep_early_proposal(from, view, seq, &value) {
+            return Ok(());
+        }
         self.check_current_view(view)?;
         if from != self.cfg.primary(view) {
             return Err(Reject::NotPrimary { from, view });
@@ -120,6 +126,37 @@ impl<S: Service> Replica<S> {
         self.check_batch(seq, &value)?;
         self.accept_proposal(seq, value, out);
         Ok(())
+    }
+
+    /// A PROPOSE for the view we are about to install: the new primary's first
+    /// proposals leave at once while its NEW-VIEW waits for the disk, so they can arrive
+    /// first. Kept (for that one view, within the window, at most `log_max`) and stepped
+    /// once the view is installed, instead of waiting for a retransmission.
+    fn keep_early_proposal(&mut self, from: NodeId, view: View, seq: Seq, value: &Value) -> bool {
+        let next = self.vc_target.unwrap_or(self.view + 1);
+        if view != next || from != self.cfg.primary(view) || self.in_window(seq).is_err() {
+            return false;
+        }
+        self.early_proposals.retain(|_, (v, _)| *v == view);
+        if self.early_proposals.len() as u64 >= self.cfg.options.log_max() && !self.early_proposals.contains_key(&seq) {
+            return false;
+        }
+        self.early_proposals.entry(seq).or_insert_with(|| (view, value.clone()));
+        true
+    }
+
+    /// Steps the proposals kept by [`Self::keep_early_proposal`] for the view just installed.
+    pub(super) fn replay_early_proposals(&mut self, out: &mut Outputs) {
+        let view = self.view;
+        let primary = self.cfg.primary(view);
+        let early = std::mem::take(&mut self.early_proposals);
+        for (seq, (v, value)) in early {
+            if v == view {
+                if let Err(reason) = self.on_propose(primary, v, seq, value, out) {
+                    out.events.push(Event::Rejected { from: Peer::Node(primary), kind: "propose", reason });
+                }
+            }
+        }
     }
 
     fn check_batch(&mut self, seq: Seq, value: &Value) -> Result<(), Reject> {
@@ -278,7 +315,7 @@ impl<S: Service> Replica<S> {
             assert_eq!(d, digest, "instance {seq} decided two values");
         } else {
             slot.decided = Some(digest);
-            self.persist(Record::Decided { seq, digest }, out);
+            out.persist_lazy.push(Record::Decided { seq, digest });
             out.events.push(Event::Decided { seq, digest });
         }
         let slot = self.log.entry(seq).or_default();

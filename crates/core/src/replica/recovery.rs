@@ -142,6 +142,14 @@ impl<S: Service> Replica<S> {
             let sig = r.secrets.signing.sign(&crate::message::checkpoint_statement(seq, &c.root, id));
             r.checkpoint_votes.entry(seq).or_default().insert(id, (c.root, sig));
         }
+        if r.vc_target.is_none() && r.cfg.primary(r.view) == id && r.cfg.n() > 1 {
+            // Our PROPOSEs left before their records were durable: we cannot know what we
+            // proposed in this view, so we never propose in it again and ask to leave it
+            // (the others follow a STOP from the primary itself at once).
+            r.proposals_closed = Some(r.view);
+            let next = r.view + 1;
+            r.suspect(next, out);
+        }
         r.maybe_execute(out);
         r.invariants();
         Ok(r)

@@ -73,17 +73,18 @@ fn rejected(out: &Outputs) -> Vec<Reject> {
 }
 
 #[test]
-fn primary_persists_then_proposes_and_writes() {
+fn primary_proposes_at_once_and_votes_once_persisted() {
     let cfg = config(1, 1);
     let mut p = node(&cfg, 0);
     let req = request(&cfg, 7, b"op");
     let out = step(&mut p, 10, Peer::Client(7), Message::Request(req.clone()));
     let value = Value { time: 10, requests: vec![req] };
     assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
-    assert!(out.send.is_empty(), "nothing leaves before the Accepted record is durable");
-    let proposes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Propose { .. })).collect();
-    assert_eq!(proposes.len(), 3);
-    assert!(proposes.iter().all(|(_, m)| *m == Message::Propose { view: 0, seq: 1, value: value.clone() }));
+    // PROPOSE is not a vote: it leaves now, in parallel with the primary's fsync.
+    assert_eq!(out.send.len(), 3);
+    assert!(out.send.iter().all(|(_, m)| *m == Message::Propose { view: 0, seq: 1, value: value.clone() }));
+    // The primary's vote (WRITE) waits for its Accepted record.
+    assert!(out.send_after_persist.iter().all(|(_, m)| matches!(m, Message::Write(_))));
     let writes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).collect();
     assert_eq!(writes.len(), 3);
     let Message::Write(w) = &writes[0].1 else { unreachable!() };
@@ -155,15 +156,32 @@ struct Net {
     replies: Vec<(NodeId, u64, Reply)>,
     events: Vec<(NodeId, Event)>,
     down: Vec<bool>,
+    /// What each step asked to persist, for tests of the persistence rules.
+    steps: Vec<StepRecord>,
+}
+
+struct StepRecord {
+    node: NodeId,
+    decided: bool,
+    persist: Vec<Persist>,
+    lazy: Vec<Record>,
+    replies: usize,
 }
 
 impl Net {
     fn new(cfg: &ClusterConfig) -> Net {
         let n = cfg.n();
-        Net { nodes: (0..n as u32).map(|i| node(cfg, i)).collect(), queue: VecDeque::new(), replies: Vec::new(), events: Vec::new(), down: vec![false; n] }
+        Net { nodes: (0..n as u32).map(|i| node(cfg, i)).collect(), queue: VecDeque::new(), replies: Vec::new(), events: Vec::new(), down: vec![false; n], steps: Vec::new() }
     }
 
     fn absorb(&mut self, from: NodeId, out: Outputs) {
+        self.steps.push(StepRecord {
+            node: from,
+            decided: out.events.iter().any(|e| matches!(e, Event::Decided { .. })),
+            persist: out.persist.clone(),
+            lazy: out.persist_lazy.clone(),
+            replies: out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Reply(_))).count(),
+        });
         for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
             self.queue.push_back((Peer::Node(from), to, m));
         }
@@ -360,4 +378,52 @@ fn a_node_whose_checkpoint_differs_reports_divergence_and_repairs() {
     assert_eq!(divergence, Some(interval), "node 3 reports the divergent checkpoint");
     assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })));
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0, "repaired by state transfer");
+}
+
+#[test]
+fn a_recovered_primary_never_proposes_in_its_old_view_and_the_others_follow_its_stop() {
+    // CFT (n = 3): the PROPOSE leaves before the primary's Accepted record is durable. If
+    // the primary crashes before the fsync and came back proposing something else for
+    // the same (view, seq), two same-view certificates could meet in a view change.
+    let cfg = config(1, 0);
+    let mut p = node(&cfg, 0);
+    let out = step(&mut p, 10, Peer::Client(7), Message::Request(request(&cfg, 7, b"x")));
+    assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })), "sent before durable");
+    // Crash before the sync: nothing of that step survives.
+    let mut out = Outputs::default();
+    let mut p = Replica::recover(cfg.clone(), 0, secrets(0), Log::default(), Durable::default(), 20, &mut out).expect("recover");
+    assert_eq!(p.view(), 0);
+    let stops: Vec<_> = out.send.iter().filter(|(_, m)| *m == Message::Stop { view: 1 }).collect();
+    assert_eq!(stops.len(), 2, "asks both peers to leave view 0");
+    let out = step(&mut p, 30, Peer::Client(8), Message::Request(request(&cfg, 8, b"y")));
+    let proposes = out.send.iter().chain(&out.send_after_persist).filter(|(_, m)| matches!(m, Message::Propose { .. }));
+    assert_eq!(proposes.count(), 0, "no fresh proposal in a view it may have forgotten");
+    assert!(out.persist.is_empty(), "and no vote");
+    // A backup follows the primary's own STOP at once, where it would otherwise wait for
+    // r + 1 STOPs (with r = 1: a STOP from one backup alone is not enough).
+    let bft = config(1, 1);
+    let mut b = node(&bft, 1);
+    let out = step(&mut b, 30, Peer::Node(2), Message::Stop { view: 1 });
+    assert!(out.send.is_empty());
+    let mut b = node(&bft, 1);
+    let out = step(&mut b, 30, Peer::Node(0), Message::Stop { view: 1 });
+    assert!(out.send.iter().any(|(_, m)| *m == Message::Stop { view: 1 }));
+}
+
+#[test]
+fn the_decided_record_is_lazy_so_the_reply_waits_for_no_fsync_of_its_own() {
+    // Q ACCEPTs each left after their sender's vote was durable: the decision is durable
+    // already. The step that learns it persists nothing a reply must wait for.
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    net.submit(&mut c, 0, b"a");
+    assert!(net.result(&mut c).is_some());
+    let decide_steps: Vec<_> = net.steps.iter().filter(|s| s.decided).collect();
+    assert_eq!(decide_steps.len(), 4, "every node decided once");
+    for s in decide_steps {
+        assert!(s.persist.is_empty(), "node {}: nothing eager in the deciding step", s.node);
+        assert!(s.lazy.iter().any(|r| matches!(r, Record::Decided { seq: 1, .. })));
+        assert!(s.replies > 0, "node {} replied in that step", s.node);
+    }
 }

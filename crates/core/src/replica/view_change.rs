@@ -50,6 +50,12 @@ impl<S: Service> Replica<S> {
         }
         let slot = &mut self.stops[from as usize];
         *slot = (*slot).max(view);
+        // The primary itself asks to leave its view (a recovered primary cannot know what
+        // it proposed before the crash): follow at once. A faulty primary gains nothing
+        // by it that it could not get by going silent.
+        if from == self.cfg.primary(self.view) && self.vc_target.is_none() && view == self.view + 1 {
+            self.suspect(view, out);
+        }
         // Join: r + 1 others want at least `t`, so some correct node does.
         let mut others: Vec<View> =
             (0..self.cfg.n()).filter(|&n| n != self.id as usize).map(|n| self.stops[n]).filter(|&v| v > self.view).collect();
@@ -309,6 +315,7 @@ impl<S: Service> Replica<S> {
             self.accept_proposal(seq, value, out);
         }
         self.next_propose = self.floor + 1;
+        self.replay_early_proposals(out);
         self.maybe_propose(out);
     }
 }
