@@ -1,7 +1,8 @@
 //! `keel bench`: closed-loop clients against a running cluster, BFT-SMaRt style.
 //!
-//! Each protocol client keeps one operation outstanding (the protocol's per-client bound);
-//! `--outstanding K` runs K protocol clients per benchmark client. Every step reports
+//! Each benchmark client is one client identity with one connection per node;
+//! `--outstanding K` runs K sessions over it (each a protocol client with one operation
+//! in flight, driven by its own task), so their frames share the connections' writes. Every step reports
 //! throughput, latency percentiles, and the CPU share of every node process and of the
 //! load generator itself, since everything shares one machine. The same sweep runs
 //! against an unreplicated baseline (u = r = 0, one node, same code path) started for the
@@ -19,8 +20,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// A cluster directory made by `keel init` (with at least clients × outstanding
-    /// client identities: `keel init --clients N`).
+    /// A cluster directory made by `keel init` (with at least as many client identities
+    /// as benchmark clients: `keel init --clients N`).
     #[arg(long)]
     dir: PathBuf,
     /// Request bytes (null service) or value bytes (kv service).
@@ -32,7 +33,7 @@ pub struct BenchArgs {
     /// Concurrent clients; a comma list sweeps.
     #[arg(long, default_value = "1")]
     clients: String,
-    /// Protocol clients (each with one operation in flight) per benchmark client.
+    /// Operations in flight per benchmark client (sessions sharing its connections).
     #[arg(long, default_value_t = 1)]
     outstanding: usize,
     /// Seconds per step.
@@ -97,26 +98,26 @@ fn operation(service: &str, req: usize, reply: u32, client: usize, n: u64) -> Ve
 }
 
 async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, clients: usize) -> Result<Row, String> {
-    let total = clients * a.outstanding.max(1);
-    let mut conns = Vec::with_capacity(total);
-    for i in 0..total {
+    // One client identity (one connection per node) per benchmark client; `outstanding`
+    // sessions on it, each driven by its own task with one operation in flight.
+    let sessions = a.outstanding.max(1);
+    let mut conns = Vec::with_capacity(clients);
+    for i in 0..clients {
         let id = first_client_id() + i as u64;
         let setup = ClientFile::load(&dir.join(format!("client-{id}/client.toml")))
-            .map_err(|e| format!("{e} (this step needs {total} client identities: keel init --clients {total})"))?;
-        conns.push(KeelClient::connect(setup).map_err(|e| e.to_string())?);
+            .map_err(|e| format!("{e} (this step needs {clients} client identities: keel init --clients {clients})"))?;
+        conns.push(KeelClient::connect_sessions(setup, sessions).map_err(|e| e.to_string())?);
     }
-    // Warm-up: connections and the first round trip are not measured.
+    // Warm-up: connections and the first round trip of every session are not measured.
     let mut warm = Vec::new();
-    for mut c in conns {
-        let op = operation(service, a.req, a.reply, 0, 0);
-        warm.push(tokio::spawn(async move {
-            let _ = c.invoke(op, Duration::from_secs(10)).await;
-            c
-        }));
+    for c in &conns {
+        for _ in 0..sessions {
+            let (c, op) = (c.clone(), operation(service, a.req, a.reply, 0, 0));
+            warm.push(tokio::spawn(async move { c.invoke(op, Duration::from_secs(10)).await.is_ok() }));
+        }
     }
-    let mut conns = Vec::new();
     for w in warm {
-        conns.push(w.await.map_err(|e| e.to_string())?);
+        w.await.map_err(|e| e.to_string())?;
     }
     let pids = node_pids(dir);
     let self_pid = std::process::id().to_string();
@@ -125,7 +126,8 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
     let started = Instant::now();
     let end = started + Duration::from_secs(a.duration);
     let mut handles = Vec::new();
-    for (i, mut c) in conns.into_iter().enumerate() {
+    let workers = conns.iter().flat_map(|c| std::iter::repeat_n(c.clone(), sessions));
+    for (i, c) in workers.enumerate() {
         let (service, req, reply) = (service.to_string(), a.req, a.reply);
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
@@ -303,7 +305,7 @@ pub fn run(a: BenchArgs) -> ExitCode {
         }
     }
     if !a.no_baseline {
-        let most = counts.iter().max().copied().unwrap_or(1) * a.outstanding.max(1);
+        let most = counts.iter().max().copied().unwrap_or(1);
         let baseline = match Baseline::start(&service, node0.fsync, most) {
             Ok(b) => b,
             Err(e) => {

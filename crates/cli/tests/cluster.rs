@@ -98,7 +98,7 @@ impl Drop for Cluster {
     }
 }
 
-async fn put(c: &mut KeelClient, k: &str, v: &str) -> Result<(), String> {
+async fn put(c: &KeelClient, k: &str, v: &str) -> Result<(), String> {
     let req = KvRequest::Put { key: k.into(), value: v.into() };
     match c.invoke(req.encode(), OP_TIMEOUT).await.map_err(|e| e.to_string())? {
         bytes if KvResponse::decode(&bytes) == Ok(KvResponse::Done) => Ok(()),
@@ -106,7 +106,7 @@ async fn put(c: &mut KeelClient, k: &str, v: &str) -> Result<(), String> {
     }
 }
 
-async fn get(c: &mut KeelClient, k: &str) -> Option<String> {
+async fn get(c: &KeelClient, k: &str) -> Option<String> {
     let bytes = c.invoke(KvRequest::Get { key: k.into() }.encode(), OP_TIMEOUT).await.expect("get answers");
     match KvResponse::decode(&bytes).expect("decodes") {
         KvResponse::Value(v) => v.map(|v| String::from_utf8_lossy(&v).to_string()),
@@ -118,7 +118,7 @@ async fn get(c: &mut KeelClient, k: &str) -> Option<String> {
 fn start_writers(cluster: &Cluster, clients: u64, stop: Arc<Mutex<bool>>, acked: Arc<Mutex<Vec<(String, String)>>>) -> Vec<tokio::task::JoinHandle<u64>> {
     (0..clients)
         .map(|i| {
-            let mut c = cluster.client(1000 + i);
+            let c = cluster.client(1000 + i);
             let stop = stop.clone();
             let acked = acked.clone();
             tokio::spawn(async move {
@@ -127,7 +127,7 @@ fn start_writers(cluster: &Cluster, clients: u64, stop: Arc<Mutex<bool>>, acked:
                     let (k, v) = (format!("c{i}-{n}"), format!("v{n}"));
                     // A timeout is allowed (no acknowledgement, nothing to check);
                     // an acknowledged write must survive.
-                    if put(&mut c, &k, &v).await.is_ok() {
+                    if put(&c, &k, &v).await.is_ok() {
                         acked.lock().expect("lock").push((k, v));
                     }
                     n += 1;
@@ -139,16 +139,16 @@ fn start_writers(cluster: &Cluster, clients: u64, stop: Arc<Mutex<bool>>, acked:
 }
 
 async fn check_all(cluster: &Cluster, acked: &[(String, String)]) {
-    let mut c = cluster.client(1007);
+    let c = cluster.client(1007);
     for (k, v) in acked {
-        assert_eq!(get(&mut c, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
+        assert_eq!(get(&c, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
     }
 }
 
 async fn progress_during(cluster: &Cluster, what: &str) {
-    let mut c = cluster.client(1006);
+    let c = cluster.client(1006);
     let started = Instant::now();
-    put(&mut c, &format!("probe-{what}"), "x").await.unwrap_or_else(|e| panic!("no progress {what}: {e}"));
+    put(&c, &format!("probe-{what}"), "x").await.unwrap_or_else(|e| panic!("no progress {what}: {e}"));
     eprintln!("progress {what}: {:?}", started.elapsed());
 }
 
@@ -252,7 +252,7 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
     let other = Cluster::init(1, 0);
     let mut setup = ClientFile::load(&other.path().join("client-1000/client.toml")).expect("client file");
     setup.nodes = ClientFile::load(&cluster.path().join("client-1000/client.toml")).expect("client file").nodes;
-    let mut stranger = KeelClient::connect(setup).expect("connect");
+    let stranger = KeelClient::connect(setup).expect("connect");
     let refused = stranger.invoke(KvRequest::Get { key: b"a".to_vec() }.encode(), Duration::from_secs(2)).await;
     assert!(refused.is_err(), "a client with an unknown CA must get nothing");
 
@@ -274,8 +274,8 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
     tls.flush().await.expect("flush");
 
     progress_during(&cluster, "after bad input").await;
-    let mut c = cluster.client(1002);
-    assert_eq!(get(&mut c, "forged").await, None, "a request with a bad MAC must not execute");
+    let c = cluster.client(1002);
+    assert_eq!(get(&c, "forged").await, None, "a request with a bad MAC must not execute");
     drop(idle);
 
     // Each rejection is counted on node 0. Nothing orders node 0's handling of the raw
@@ -304,3 +304,39 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
     assert!(value(&metrics, "keel_oversized_frames_total") >= 1, "oversized frame counted:\n{metrics}");
 }
 
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_identity_keeps_many_operations_in_flight_over_sessions() {
+    // The public client API: one identity, 32 sessions over one connection per node,
+    // 32 tasks invoking concurrently on clones of the handle; every result is the right
+    // one and every acknowledged write reads back.
+    let cluster = Cluster::init(1, 1);
+    let setup = ClientFile::load(&cluster.path().join("client-1003/client.toml")).expect("client file");
+    let client = KeelClient::connect_sessions(setup, 32).expect("connects");
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..32)
+        .map(|t| {
+            let c = client.clone();
+            tokio::spawn(async move {
+                for n in 0..20 {
+                    put(&c, &format!("s{t}-{n}"), &format!("v{t}-{n}")).await.expect("put acknowledged");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    eprintln!("640 puts over 32 sessions in {:?}", started.elapsed());
+    let reader = cluster.client(1004);
+    for t in 0..32 {
+        for n in [0, 19] {
+            assert_eq!(get(&reader, &format!("s{t}-{n}")).await.as_deref(), Some(format!("v{t}-{n}").as_str()));
+        }
+    }
+    // A KeelClient with no session or too many is refused.
+    let file = cluster.path().join("client-1005/client.toml");
+    assert!(KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), 0).is_err());
+    let too_many = 1 + keel_core::message::SESSIONS_MAX as usize;
+    assert!(KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), too_many).is_err());
+}

@@ -96,7 +96,7 @@ impl Client {
             return None;
         }
         let inflight = self.inflight.as_mut()?;
-        if reply.seq != inflight.request.seq {
+        if reply.seq != inflight.request.seq || reply.client != self.id {
             return None;
         }
         let digest = reply.body.result_digest();
@@ -154,7 +154,7 @@ mod tests {
     }
 
     fn reply(seq: u64, body: ReplyBody) -> Reply {
-        Reply { view: 0, seq, body }
+        Reply { client: 9, view: 0, seq, body }
     }
 
     #[test]
@@ -187,6 +187,8 @@ mod tests {
         c.invoke(0, b"a".to_vec()).expect("idle");
         assert_eq!(c.invoke(0, b"b".to_vec()), Err(ClientError::Busy));
         assert_eq!(c.on_reply(0, reply(7, ReplyBody::Full(b"x".to_vec()))), None, "wrong seq");
+        let other = Reply { client: 10, ..reply(1, ReplyBody::Full(b"x".to_vec())) };
+        assert_eq!(c.on_reply(0, other), None, "another session's reply");
         assert_eq!(c.on_reply(0, reply(1, ReplyBody::Full(b"x".to_vec()))), Some(b"x".to_vec()));
     }
 

@@ -176,8 +176,8 @@ mod tests {
         prop_oneof![
             arb_request().prop_map(Message::Request),
             arb_request().prop_map(Message::Forward),
-            (any::<u64>(), any::<u64>(), prop_oneof![arb_bytes(64).prop_map(ReplyBody::Full), arb_digest().prop_map(ReplyBody::Hash)])
-                .prop_map(|(view, seq, body)| Message::Reply(Reply { view, seq, body })),
+            (any::<u64>(), any::<u64>(), any::<u64>(), prop_oneof![arb_bytes(64).prop_map(ReplyBody::Full), arb_digest().prop_map(ReplyBody::Hash)])
+                .prop_map(|(client, view, seq, body)| Message::Reply(Reply { client, view, seq, body })),
             (any::<u64>(), any::<u64>(), arb_value()).prop_map(|(view, seq, value)| Message::Propose { view, seq, value }),
             (any::<u64>(), any::<u64>(), arb_digest(), arb_sig())
                 .prop_map(|(view, seq, digest, sig)| Message::Write(Write { view, seq, digest, sig })),

@@ -1,5 +1,17 @@
 //! The client library: connect from a client file, invoke operations, get results that
 //! r + 1 nodes vouch for.
+//!
+//! ```text
+//!  invoke() ──► bounded call queue ──► dispatcher task: a free session takes the call
+//!               (sessions: protocol clients sharing this identity's connections, each
+//!                with one request in flight; message::session_id)
+//!  node connections ──► replies, routed to their session by Reply::client ──► result
+//! ```
+//!
+//! A [`KeelClient`] is a cheap handle: clone it into as many tasks as you like; up to
+//! `sessions` operations are in flight at once and the rest wait their turn. All
+//! sessions' frames to a node share one TLS connection, so a burst of requests costs one
+//! write per node rather than one per request.
 
 use crate::config::ClientSetup;
 use crate::node::now_ms;
@@ -7,16 +19,20 @@ use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{dial_loop, offer, TransportStats, SEND_QUEUE_MAX};
 use keel_core::client::{Client, ClientError};
 use keel_core::codec;
-use keel_core::message::{Message, NodeId, Reply};
+use keel_core::message::{session_id, session_of, ClientId, Message, NodeId, Reply, SESSIONS_MAX};
+use keel_core::replica::session_mac_key;
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_rustls::TlsConnector;
 
 /// Retransmit an unanswered request to every node after this long.
 const RETRANSMIT_MS: u64 = 500;
-/// Replies queued from all nodes.
-const REPLY_QUEUE_MAX: usize = 4096;
+/// Replies queued from all nodes (beyond it they are dropped; retransmission recovers).
+const REPLY_QUEUE_MAX: usize = 16384;
+/// Calls waiting for a free session.
+const CALL_QUEUE_MAX: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InvokeError {
@@ -26,21 +42,46 @@ pub enum InvokeError {
     Client(#[from] ClientError),
     #[error("connection setup: {0}")]
     Tls(#[from] TlsError),
+    #[error("sessions must be between 1 and {SESSIONS_MAX}, not {0}")]
+    Sessions(usize),
+    #[error("the client is shut down")]
+    Closed,
 }
 
+struct Call {
+    op: Vec<u8>,
+    timeout: Duration,
+    done: Done,
+}
+
+/// A handle to a connected client identity. Clones share the connections and sessions.
+#[derive(Clone)]
 pub struct KeelClient {
-    core: Client,
-    nodes: Vec<mpsc::Sender<Vec<u8>>>,
-    replies: mpsc::Receiver<(NodeId, Reply)>,
+    id: ClientId,
+    calls: mpsc::Sender<Call>,
     pub stats: Arc<TransportStats>,
 }
 
 impl KeelClient {
-    /// Connects (in the background, with retries) to every node of the cluster.
+    /// Connects (in the background, with retries) to every node, with one session: one
+    /// operation in flight at a time.
     ///
     /// # Errors
     /// A bad certificate or key in the client files.
     pub fn connect(setup: ClientSetup) -> Result<KeelClient, InvokeError> {
+        KeelClient::connect_sessions(setup, 1)
+    }
+
+    /// Connects with `sessions` protocol clients, so that many operations (from clones
+    /// of the handle in different tasks) can be in flight at once.
+    ///
+    /// # Errors
+    /// A bad certificate or key in the client files, or `sessions` outside
+    /// `1..=SESSIONS_MAX`.
+    pub fn connect_sessions(setup: ClientSetup, sessions: usize) -> Result<KeelClient, InvokeError> {
+        if sessions == 0 || sessions as u64 > SESSIONS_MAX {
+            return Err(InvokeError::Sessions(sessions));
+        }
         let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
         let stats = Arc::new(TransportStats::default());
         let (reply_tx, replies) = mpsc::channel(REPLY_QUEUE_MAX);
@@ -49,26 +90,36 @@ impl KeelClient {
             let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
             nodes.push(tx);
             let reply_tx = reply_tx.clone();
-            let undecodable = stats.clone();
+            let counters = stats.clone();
             let connected = Arc::new(std::sync::atomic::AtomicU64::new(0));
             tokio::spawn(dial_loop(*addr, PeerId::Node(j as NodeId), connector.clone(), rx, stats.clone(), connected, move |frame| {
                 match codec::decode(&frame) {
                     Ok(Message::Reply(r)) => {
-                        let _ = reply_tx.try_send((j as NodeId, r));
+                        if reply_tx.try_send((j as NodeId, r)).is_err() {
+                            TransportStats::bump(&counters.send_queue_full, 1);
+                        }
                     }
-                    _ => TransportStats::bump(&undecodable.undecodable, 1),
+                    _ => TransportStats::bump(&counters.undecodable, 1),
                 }
             }));
         }
-        // Sequence numbers continue above any this client id used before (a restarted
+        // Sequence numbers continue above any this identity used before (a restarted
         // process): the executor ignores sequence numbers it has already passed.
         let first_seq = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
-        let core = Client::new(setup.id, setup.quorums, setup.mac_keys, RETRANSMIT_MS, first_seq);
-        Ok(KeelClient { core, nodes, replies, stats })
+        let sessions: Vec<Session> = (0..sessions as u64)
+            .map(|s| {
+                let keys = setup.mac_keys.iter().map(|k| session_mac_key(k, s)).collect();
+                Session { core: Client::new(session_id(setup.id, s), setup.quorums, keys, RETRANSMIT_MS, first_seq), call: None }
+            })
+            .collect();
+        let (calls, call_rx) = mpsc::channel(CALL_QUEUE_MAX);
+        let dispatcher = Dispatcher { free: (0..sessions.len()).rev().collect(), sessions, nodes, stats: stats.clone() };
+        tokio::spawn(dispatcher.run(call_rx, replies));
+        Ok(KeelClient { id: setup.id, calls, stats })
     }
 
     pub fn id(&self) -> u64 {
-        self.core.id()
+        self.id
     }
 
     /// Runs one operation through the replicated service.
@@ -76,38 +127,116 @@ impl KeelClient {
     /// # Errors
     /// `Timeout` if r + 1 matching results did not arrive in time (the operation may still
     /// execute later); `Client` for an operation over the size bound.
-    pub async fn invoke(&mut self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, InvokeError> {
-        let deadline = Instant::now() + timeout;
-        while self.replies.try_recv().is_ok() {}
-        let msgs = self.core.invoke(now_ms(), op)?;
-        self.send(msgs);
+    pub async fn invoke(&self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, InvokeError> {
+        let (done, result) = oneshot::channel();
+        self.calls.send(Call { op, timeout, done }).await.map_err(|_| InvokeError::Closed)?;
+        result.await.map_err(|_| InvokeError::Closed)?
+    }
+}
+
+type Done = oneshot::Sender<Result<Vec<u8>, InvokeError>>;
+
+struct Session {
+    core: Client,
+    /// The call in flight: where its result goes, its deadline, its timeout.
+    call: Option<(Done, Instant, Duration)>,
+}
+
+struct Dispatcher {
+    sessions: Vec<Session>,
+    /// Indices of sessions without a call.
+    free: Vec<usize>,
+    nodes: Vec<mpsc::Sender<Vec<u8>>>,
+    stats: Arc<TransportStats>,
+}
+
+impl Dispatcher {
+    async fn run(mut self, mut calls: mpsc::Receiver<Call>, mut replies: mpsc::Receiver<(NodeId, Reply)>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(RETRANSMIT_MS / 5));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        // Calls that arrived while every session was busy.
+        let mut waiting: VecDeque<Call> = VecDeque::new();
+        // False once every handle is gone: finish what is in flight, then stop (which
+        // closes the node connections).
+        let mut open = true;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                self.core.abandon();
-                return Err(InvokeError::Timeout(timeout));
-            }
-            let wait = left.min(Duration::from_millis(RETRANSMIT_MS / 2));
-            match tokio::time::timeout(wait, self.replies.recv()).await {
-                Ok(Some((from, reply))) => {
-                    if let Some(result) = self.core.on_reply(from, reply) {
-                        return Ok(result);
+            tokio::select! {
+                call = calls.recv(), if open && waiting.len() < CALL_QUEUE_MAX => match call {
+                    Some(call) => waiting.push_back(call),
+                    None => open = false,
+                },
+                Some((from, reply)) = replies.recv() => {
+                    self.on_reply(from, reply);
+                    // Take whatever else already arrived before starting new calls.
+                    while let Ok((from, reply)) = replies.try_recv() {
+                        self.on_reply(from, reply);
                     }
                 }
-                Ok(None) => {}
-                Err(_) => {
-                    let msgs = self.core.on_tick(now_ms());
-                    self.send(msgs);
-                }
+                _ = tick.tick() => self.on_tick(),
+            }
+            while let Some(i) = self.free.last().copied() {
+                let Some(call) = waiting.pop_front() else { break };
+                self.free.pop();
+                self.start(i, call);
+            }
+            if !open && waiting.is_empty() && self.free.len() == self.sessions.len() {
+                return;
             }
         }
     }
 
-    fn send(&self, msgs: Vec<(NodeId, Message)>) {
-        for (n, m) in msgs {
-            if let Some(tx) = self.nodes.get(n as usize) {
-                offer(tx, codec::encode(&m), &self.stats);
+    fn start(&mut self, i: usize, call: Call) {
+        let session = &mut self.sessions[i];
+        match session.core.invoke(now_ms(), call.op) {
+            Ok(msgs) => {
+                session.call = Some((call.done, Instant::now() + call.timeout, call.timeout));
+                send(&self.nodes, msgs, &self.stats);
             }
+            Err(e) => {
+                let _ = call.done.send(Err(e.into()));
+                self.free.push(i);
+            }
+        }
+    }
+
+    fn on_reply(&mut self, from: NodeId, reply: Reply) {
+        let i = session_of(reply.client) as usize;
+        let Some(session) = self.sessions.get_mut(i) else { return };
+        if session.call.is_none() {
+            return;
+        }
+        if let Some(result) = session.core.on_reply(from, reply) {
+            if let Some((done, _, _)) = session.call.take() {
+                let _ = done.send(Ok(result));
+            }
+            self.free.push(i);
+        }
+    }
+
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        for (i, session) in self.sessions.iter_mut().enumerate() {
+            let Some((_, deadline, timeout)) = &session.call else { continue };
+            let closed = session.call.as_ref().is_some_and(|(done, _, _)| done.is_closed());
+            if now >= *deadline || closed {
+                let timeout = *timeout;
+                session.core.abandon();
+                if let Some((done, _, _)) = session.call.take() {
+                    let _ = done.send(Err(InvokeError::Timeout(timeout)));
+                }
+                self.free.push(i);
+                continue;
+            }
+            let msgs = session.core.on_tick(now_ms());
+            send(&self.nodes, msgs, &self.stats);
+        }
+    }
+}
+
+fn send(nodes: &[mpsc::Sender<Vec<u8>>], msgs: Vec<(NodeId, Message)>, stats: &TransportStats) {
+    for (n, m) in msgs {
+        if let Some(tx) = nodes.get(n as usize) {
+            offer(tx, codec::encode(&m), stats);
         }
     }
 }

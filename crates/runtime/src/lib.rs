@@ -1,6 +1,7 @@
 //! Keel's runtime driver: real files, sockets and clocks around the sans-IO cores.
 
 pub mod client;
+pub mod committer;
 pub mod config;
 pub mod metrics;
 pub mod node;

@@ -2,21 +2,23 @@
 //!
 //! ```text
 //!  TLS readers (one task per connection: read frame, decode) ──► bounded inbound queue
-//!      ──► protocol task: step the replica for every queued input (up to a batch),
-//!          write all persists, ONE fsync (group commit), then send: gated messages only
-//!          now that their records are durable
+//!      ──► protocol task: step the replica for every queued input (up to a batch), send
+//!          what needs no disk, hand records + gated messages to the WAL thread
+//!      ──► WAL thread (committer.rs): group commit, ONE fsync for every queued job,
+//!          then release the gated messages
 //!      ──► bounded per-peer / per-client send queues ──► TLS writers (coalesced frames)
 //! ```
 //!
 //! The same core the simulator drives; only the clock, the disk and the network are real.
 
+use crate::committer::{Committer, Gated};
 use crate::config::NodeSetup;
 use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
 use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{accept_loop, dial_loop, offer, read_frame, write_frames, Accepted, TransportStats, SEND_QUEUE_MAX};
 use keel_core::codec;
-use keel_core::message::{ClientId, Message, NodeId};
+use keel_core::message::{owner_of, ClientId, Message, NodeId};
 use keel_core::replica::{Event, Input, Outputs, Peer, Replica};
 use keel_core::service::{RestoreError, Service};
 use std::collections::HashMap;
@@ -65,7 +67,7 @@ pub fn now_ms() -> u64 {
 /// Failures to open storage, recover, bind or configure TLS; and a storage failure while
 /// running (a node that cannot persist must stop rather than answer).
 pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S) -> Result<(), NodeError> {
-    let (mut storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
+    let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
     if setup.fsync == FsyncPolicy::Never {
         tracing::warn!("fsync = never: for benchmarks only; a crash can lose acknowledged writes");
         eprintln!("WARNING: node {} runs with fsync = never; a crash can lose acknowledged writes", setup.id);
@@ -123,9 +125,12 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
     let mut transfer_logged = u64::MAX;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut committer = Committer::start(storage, stats.clone(), m.fsync_seconds.clone())
+        .map_err(|source| NodeError::Storage(StorageError::Io { what: "start WAL thread", path: setup.data_dir.clone(), source }))?;
     loop {
-        flush(&mut storage, &mut out, &peers, &clients, &stats, &m)?;
+        flush(&mut committer, &mut out, &peers, &clients, &stats, &m)?;
         tokio::select! {
+            e = committer.failed() => return Err(e.into()),
             ev = in_rx.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
                 handle(&mut replica, ev, &mut clients, &mut out);
@@ -196,9 +201,10 @@ fn handle<S: Service>(
     }
 }
 
-/// Persists, syncs once, then sends everything the step(s) produced.
+/// Hands the step(s)' records to the WAL thread and sends: ungated messages now, gated
+/// ones through the WAL thread once their records (and all earlier ones) are durable.
 fn flush(
-    storage: &mut Storage,
+    committer: &mut Committer,
     out: &mut Outputs,
     peers: &[Option<mpsc::Sender<Vec<u8>>>],
     clients: &HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)>,
@@ -208,33 +214,31 @@ fn flush(
     if out.is_empty() {
         return Ok(());
     }
-    if !out.persist.is_empty() {
-        let took = tokio::task::block_in_place(|| -> Result<Duration, StorageError> {
-            storage.write(&out.persist)?;
-            storage.append_lazy(&out.persist_lazy)?;
-            storage.sync()
-        })?;
-        if !took.is_zero() {
-            m.fsync_seconds.observe(took.as_secs_f64());
-        }
-    } else if !out.persist_lazy.is_empty() {
-        // Written now, made durable by the next sync: nothing waits for these.
-        storage.append_lazy(&out.persist_lazy)?;
-    }
-    out.persist_lazy.clear();
-    for (to, msg) in out.send.drain(..).chain(out.send_after_persist.drain(..)) {
-        let frame = codec::encode(&msg);
+    let route = |to: Peer| -> Option<&mpsc::Sender<Vec<u8>>> {
         match to {
-            Peer::Node(j) => {
-                if let Some(Some(tx)) = peers.get(j as usize) {
-                    offer(tx, frame, stats);
-                }
+            Peer::Node(j) => peers.get(j as usize).and_then(Option::as_ref),
+            // Sessions share their owner's connection.
+            Peer::Client(c) => clients.get(&owner_of(c)).map(|(_, tx)| tx),
+        }
+    };
+    for (to, msg) in out.send.drain(..) {
+        if let Some(tx) = route(to) {
+            offer(tx, codec::encode(&msg), stats);
+        }
+    }
+    if !out.persist.is_empty() || !committer.idle() {
+        let gated: Vec<Gated> =
+            out.send_after_persist.drain(..).filter_map(|(to, msg)| route(to).map(|tx| (tx.clone(), msg))).collect();
+        committer.submit(std::mem::take(&mut out.persist), std::mem::take(&mut out.persist_lazy), gated)?;
+    } else {
+        // Every record persisted so far is durable: these wait for nothing.
+        for (to, msg) in out.send_after_persist.drain(..) {
+            if let Some(tx) = route(to) {
+                offer(tx, codec::encode(&msg), stats);
             }
-            Peer::Client(c) => {
-                if let Some((_, tx)) = clients.get(&c) {
-                    offer(tx, frame, stats);
-                }
-            }
+        }
+        if !out.persist_lazy.is_empty() {
+            committer.submit(Vec::new(), std::mem::take(&mut out.persist_lazy), Vec::new())?;
         }
     }
     for e in out.events.drain(..) {
@@ -267,7 +271,6 @@ fn flush(
             Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
     }
-    out.persist.clear();
     Ok(())
 }
 

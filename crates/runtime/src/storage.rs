@@ -51,6 +51,8 @@ pub enum StorageError {
     Io { what: &'static str, path: PathBuf, source: io::Error },
     #[error("segment {path} is corrupt at offset {offset} and is not the last one")]
     Corrupt { path: PathBuf, offset: usize },
+    #[error("the WAL thread stopped")]
+    Stopped,
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {

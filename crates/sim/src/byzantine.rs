@@ -256,7 +256,7 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
             flip(rng, &mut c.root);
             Message::Checkpoint(CheckpointVote { seq: c.seq, root: c.root, sig: c.sig })
         }
-        Message::Reply(Reply { view, seq, body }) => {
+        Message::Reply(Reply { client, view, seq, body }) => {
             let body = match body {
                 ReplyBody::Full(mut b) => {
                     b.push(0xee);
@@ -267,7 +267,7 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
                     ReplyBody::Hash(d)
                 }
             };
-            Message::Reply(Reply { view, seq, body })
+            Message::Reply(Reply { client, view, seq, body })
         }
         Message::Decided { seq, mut value } => {
             value.time = value.time.wrapping_add(1);

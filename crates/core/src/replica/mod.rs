@@ -171,9 +171,23 @@ pub struct NodeSecrets {
     pub mac_secret: [u8; 32],
 }
 
-/// The MAC key client `client` shares with the node holding `mac_secret`.
+/// The MAC key client `client` shares with the node holding `mac_secret`. A session's
+/// key derives from its owner's, so a client file (which holds the owner's keys) can
+/// open sessions without new provisioning, and only the owner can.
 pub fn client_mac_key(mac_secret: &[u8; 32], client: ClientId) -> MacKey {
-    MacKey(*blake3::keyed_hash(mac_secret, &client.to_le_bytes()).as_bytes())
+    let owner = crate::message::owner_of(client);
+    let key = MacKey(*blake3::keyed_hash(mac_secret, &owner.to_le_bytes()).as_bytes());
+    session_mac_key(&key, crate::message::session_of(client))
+}
+
+/// The MAC key of session `session` from its owner's key (session 0 uses the owner's).
+pub fn session_mac_key(owner_key: &MacKey, session: u64) -> MacKey {
+    if session == 0 {
+        return *owner_key;
+    }
+    let mut input = b"keel/session".to_vec();
+    input.extend_from_slice(&session.to_le_bytes());
+    MacKey(*blake3::keyed_hash(&owner_key.0, &input).as_bytes())
 }
 
 /// One consensus instance above the stable checkpoint.

@@ -5,7 +5,8 @@
 use super::{Event, ExecutedRequest, Outputs, Peer, Pending, Reject, Replica};
 use crate::crypto::Digest;
 use crate::message::{
-    result_digest, write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value, View, Write,
+    owner_of, result_digest, session_of, write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value,
+    View, Write, SESSIONS_MAX,
 };
 use crate::service::Service;
 use crate::wal::Record;
@@ -17,18 +18,21 @@ impl<S: Service> Replica<S> {
     /// A client's request, or a backup's FORWARD of one.
     pub(super) fn on_request(&mut self, from: Peer, req: Request, out: &mut Outputs) -> Result<(), Reject> {
         if let Peer::Client(c) = from {
-            if c != req.client {
+            if owner_of(req.client) != c {
                 return Err(Reject::WrongPeer);
             }
+        }
+        if session_of(req.client) >= SESSIONS_MAX {
+            return Err(Reject::Busy("session number above SESSIONS_MAX"));
         }
         self.check_mac(&req)?;
         let last = self.exec.last_seq(req.client);
         if req.seq <= last {
             // A retransmission of something already executed: answer from the cache,
             // in full, so a client that missed the designated reply can finish.
-            if let (Peer::Client(c), Some(result)) = (from, self.exec.cached(req.client, req.seq)) {
-                let reply = Reply { view: self.view, seq: req.seq, body: ReplyBody::Full(result.to_vec()) };
-                out.send.push((Peer::Client(c), Message::Reply(reply)));
+            if let (Peer::Client(_), Some(result)) = (from, self.exec.cached(req.client, req.seq)) {
+                let reply = Reply { client: req.client, view: self.view, seq: req.seq, body: ReplyBody::Full(result.to_vec()) };
+                out.send.push((Peer::Client(req.client), Message::Reply(reply)));
             }
             return Ok(());
         }
@@ -361,7 +365,7 @@ impl<S: Service> Replica<S> {
                 } else {
                     ReplyBody::Hash(result_digest(&o.result))
                 };
-                let reply = Reply { view: self.view, seq: o.seq, body };
+                let reply = Reply { client: o.client, view: self.view, seq: o.seq, body };
                 out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
             }
             out.events.push(Event::Executed { seq: next, requests: executed });

@@ -427,3 +427,30 @@ fn the_decided_record_is_lazy_so_the_reply_waits_for_no_fsync_of_its_own() {
         assert!(s.replies > 0, "node {} replied in that step", s.node);
     }
 }
+
+#[test]
+fn sessions_share_their_owners_connection_and_keys_but_nobody_elses() {
+    use crate::message::{owner_of, session_id, session_of, SESSIONS_MAX};
+    let cfg = config(1, 1);
+    let owner = 7;
+    let s3 = session_id(owner, 3);
+    assert_eq!((owner_of(s3), session_of(s3)), (owner, 3));
+    assert_eq!(session_id(owner, 0), owner, "session 0 is the identity itself");
+    // The key a node derives for a session equals the one its owner derives from the
+    // owner key in its client file; sessions' keys differ.
+    let node_side = client_mac_key(&secrets(0).mac_secret, s3);
+    assert!(node_side == session_mac_key(&client_mac_key(&secrets(0).mac_secret, owner), 3));
+    assert!(node_side != client_mac_key(&secrets(0).mac_secret, session_id(owner, 4)));
+    // The owner's connection may carry the session's request; another client's may not.
+    let mut p = node(&cfg, 0);
+    let req = request(&cfg, s3, b"op");
+    let out = step(&mut p, 0, Peer::Client(8), Message::Request(req.clone()));
+    assert_eq!(rejected(&out), vec![Reject::WrongPeer]);
+    let out = step(&mut p, 0, Peer::Client(owner), Message::Request(req));
+    assert!(rejected(&out).is_empty());
+    assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
+    // Session numbers are bounded.
+    let too_many = request(&cfg, session_id(owner, SESSIONS_MAX), b"op");
+    let out = step(&mut p, 0, Peer::Client(owner), Message::Request(too_many));
+    assert_eq!(rejected(&out), vec![Reject::Busy("session number above SESSIONS_MAX")]);
+}

@@ -1,0 +1,181 @@
+//! The WAL thread: group commit off the protocol task.
+//!
+//! ```text
+//!  protocol task ──► Job { records, lazy, gated messages } ──► bounded queue
+//!  WAL thread: take every queued job, write them all, ONE fsync, then release the
+//!              gated messages of all of them (votes, replies, view changes)
+//! ```
+//!
+//! The protocol task never waits for the disk: while one fsync runs it keeps stepping
+//! inputs, and everything those steps persist joins the next fsync. Jobs are handled in
+//! order, so a gated message is released only once every record persisted before it (in
+//! its own job and in earlier ones) is durable — the contract of
+//! `Outputs::send_after_persist`. A storage failure stops the node: a node that cannot
+//! persist must not answer.
+
+use crate::storage::{Storage, StorageError};
+use crate::transport::{offer, TransportStats};
+use keel_core::codec;
+use keel_core::message::Message;
+use keel_core::replica::Persist;
+use keel_core::wal::Record;
+use prometheus_client::metrics::histogram::Histogram;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+/// Jobs queued for the WAL thread. Each flush of the protocol task is one job, and the
+/// thread takes all queued jobs per fsync, so the queue is short unless the disk stalls;
+/// then the protocol task waits here (backpressure) instead of buffering without bound.
+const JOBS_MAX: usize = 256;
+
+/// A gated message with the queue of the connection it goes to.
+pub type Gated = (mpsc::Sender<Vec<u8>>, Message);
+
+struct Job {
+    persist: Vec<Persist>,
+    lazy: Vec<Record>,
+    gated: Vec<Gated>,
+}
+
+/// The protocol task's end.
+pub struct Committer {
+    jobs: SyncSender<Job>,
+    submitted: u64,
+    done: Arc<AtomicU64>,
+    /// Set by the thread when storage failed; the node must stop.
+    failed: mpsc::Receiver<StorageError>,
+}
+
+impl Committer {
+    /// Starts the WAL thread, which owns `storage` from now on.
+    ///
+    /// # Errors
+    /// If the thread cannot be spawned.
+    pub fn start(storage: Storage, stats: Arc<TransportStats>, fsync_seconds: Histogram) -> std::io::Result<Committer> {
+        let (jobs, rx) = sync_channel(JOBS_MAX);
+        let done = Arc::new(AtomicU64::new(0));
+        let (fail_tx, failed) = mpsc::channel(1);
+        let thread_done = done.clone();
+        std::thread::Builder::new().name("keel-wal".into()).spawn(move || {
+            if let Err(e) = run(storage, rx, &thread_done, &stats, &fsync_seconds) {
+                let _ = fail_tx.try_send(e);
+            }
+        })?;
+        Ok(Committer { jobs, submitted: 0, done, failed })
+    }
+
+    /// Whether every job handed over so far is durable and released.
+    pub fn idle(&self) -> bool {
+        self.done.load(Ordering::Acquire) == self.submitted
+    }
+
+    /// Hands over one flush. `gated` messages are sent once `persist` and everything
+    /// submitted before is durable; `lazy` records are written but waited for by nobody.
+    ///
+    /// # Errors
+    /// The storage error that stopped the WAL thread.
+    pub fn submit(&mut self, persist: Vec<Persist>, lazy: Vec<Record>, gated: Vec<Gated>) -> Result<(), StorageError> {
+        let job = Job { persist, lazy, gated };
+        match self.jobs.try_send(job) {
+            Ok(()) => {}
+            // The disk is behind: wait for it rather than queue without bound.
+            Err(TrySendError::Full(job)) => {
+                if tokio::task::block_in_place(|| self.jobs.send(job)).is_err() {
+                    return Err(self.failure());
+                }
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(self.failure()),
+        }
+        self.submitted += 1;
+        Ok(())
+    }
+
+    /// Resolves when the WAL thread has failed.
+    pub async fn failed(&mut self) -> StorageError {
+        match self.failed.recv().await {
+            Some(e) => e,
+            None => std::future::pending().await,
+        }
+    }
+
+    fn failure(&mut self) -> StorageError {
+        self.failed.try_recv().unwrap_or(StorageError::Stopped)
+    }
+}
+
+fn run(
+    mut storage: Storage,
+    rx: Receiver<Job>,
+    done: &AtomicU64,
+    stats: &TransportStats,
+    fsync_seconds: &Histogram,
+) -> Result<(), StorageError> {
+    while let Ok(first) = rx.recv() {
+        let mut jobs = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            jobs.push(more);
+        }
+        let eager = jobs.iter().any(|j| !j.persist.is_empty());
+        for j in &jobs {
+            storage.write(&j.persist)?;
+            storage.append_lazy(&j.lazy)?;
+        }
+        if eager {
+            let took = storage.sync()?;
+            if !took.is_zero() {
+                fsync_seconds.observe(took.as_secs_f64());
+            }
+        }
+        let count = jobs.len() as u64;
+        for j in jobs {
+            for (tx, msg) in j.gated {
+                offer(&tx, codec::encode(&msg), stats);
+            }
+        }
+        done.fetch_add(count, Ordering::Release);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::FsyncPolicy;
+    use keel_core::replica::Durable;
+
+    fn view(v: u64) -> Record {
+        Record::View { view: v, floor: 0 }
+    }
+
+    fn views(d: &Durable) -> Vec<u64> {
+        d.records.iter().filter_map(|r| if let Record::View { view, .. } = r { Some(*view) } else { None }).collect()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn gated_messages_follow_their_records_in_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (storage, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
+        let stats = Arc::new(TransportStats::default());
+        let mut c = Committer::start(storage, stats, Histogram::new([0.001].into_iter())).expect("start");
+        let (tx, mut rx) = mpsc::channel(16);
+        let a = Message::Stop { view: 1 };
+        let b = Message::Stop { view: 2 };
+        c.submit(vec![Persist::Record(view(1))], vec![view(2)], vec![(tx.clone(), a.clone())]).expect("submit");
+        // No record of its own, but it must not overtake the first job's.
+        c.submit(Vec::new(), Vec::new(), vec![(tx, b.clone())]).expect("submit");
+        let first = rx.recv().await.expect("released");
+        let second = rx.recv().await.expect("released");
+        assert_eq!(codec::decode(&first).expect("decodes"), a);
+        assert_eq!(codec::decode(&second).expect("decodes"), b);
+        while !c.idle() {
+            tokio::task::yield_now().await;
+        }
+        drop(c);
+        // The thread exits once the committer is gone; the records are on disk.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let (_, durable) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
+        assert_eq!(views(&durable), vec![1, 2], "eager and lazy records both written, in order");
+    }
+}
