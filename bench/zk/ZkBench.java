@@ -6,8 +6,10 @@
 // warm-up, then measures for the given seconds: ops/s counts the successful completions
 // inside the window, latencies are those of the completions inside the window, CPU is
 // utime + stime from /proc/PID/stat of each server and of this JVM over the window, in %
-// of one core (the same way `keel bench` does it). Sessions and znodes are created once,
-// before the first step; a step of N clients uses sessions 0..N-1.
+// of one core (the same way `keel bench` does it), and other_cpu: the rest of the host's
+// busy time over the window (/proc/stat), i.e. what other programs took from the cores.
+// Sessions and znodes are created once, before the first step; a step of N clients uses
+// sessions 0..N-1.
 //
 // Output (stdout, tab-separated): one header line starting with '#', one row per step,
 // and a final line "peak_ops_per_s\t<max>".
@@ -86,7 +88,7 @@ public final class ZkBench {
                 }
             }
 
-            System.out.println("#target\tclients\toutstanding\tops/s\tp50_ms\tp90_ms\tp99_ms\terrors\tserver_cpu%\tclient_cpu%");
+            System.out.println("#target\tclients\toutstanding\tops/s\tp50_ms\tp90_ms\tp99_ms\terrors\tserver_cpu%\tclient_cpu%\tother_cpu%");
             double peak = 0;
             for (int n : clients) {
                 Row r = step(all.subList(0, n), outstanding, warmup, duration, pids, clkTck);
@@ -106,13 +108,13 @@ public final class ZkBench {
     }
 
     record Row(int clients, int outstanding, double opsPerS, double p50, double p90, double p99, long errors,
-               double[] serverCpu, double clientCpu) {
+               double[] serverCpu, double clientCpu, double otherCpu) {
         @Override
         public String toString() {
             StringBuilder cpu = new StringBuilder();
             for (double c : serverCpu) cpu.append(cpu.length() == 0 ? "" : "/").append(String.format("%.0f", c));
-            return String.format("zk\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%d\t%s\t%.0f",
-                    clients, outstanding, opsPerS, p50, p90, p99, errors, cpu, clientCpu);
+            return String.format("zk\t%d\t%d\t%.0f\t%.2f\t%.2f\t%.2f\t%d\t%s\t%.0f\t%.0f",
+                    clients, outstanding, opsPerS, p50, p90, p99, errors, cpu, clientCpu, otherCpu);
         }
     }
 
@@ -129,10 +131,12 @@ public final class ZkBench {
         sleepUntil(measureStart);
         long[] before = cpuTicks(pids);
         long selfBefore = cpuTicks("self");
+        long hostBefore = hostBusyTicks();
         long wallBefore = System.nanoTime();
         sleepUntil(measureEnd);
         long[] after = cpuTicks(pids);
         long selfAfter = cpuTicks("self");
+        long hostAfter = hostBusyTicks();
         double wall = (System.nanoTime() - wallBefore) / 1e9;
         if (!drained.await(60, TimeUnit.SECONDS)) {
             System.err.println("zk-bench: " + inflight.get() + " calls still outstanding 60 s after the step ended");
@@ -160,8 +164,10 @@ public final class ZkBench {
             serverCpu[i] = before[i] < 0 || after[i] < 0 ? -1 : (after[i] - before[i]) / clkTck / wall * 100;
         }
         double clientCpu = (selfAfter - selfBefore) / clkTck / wall * 100;
+        double otherCpu = (hostAfter - hostBefore) / clkTck / wall * 100 - clientCpu;
+        for (double c : serverCpu) otherCpu -= Math.max(c, 0);
         return new Row(cs.size(), k, total / (duration), pct(lat, 0.5), pct(lat, 0.9), pct(lat, 0.99), errors,
-                serverCpu, clientCpu);
+                serverCpu, clientCpu, Math.max(otherCpu, 0));
     }
 
     static double pct(long[] sorted, double p) {
@@ -187,6 +193,22 @@ public final class ZkBench {
             String stat = Files.readString(Path.of("/proc", pid, "stat"), StandardCharsets.US_ASCII);
             String[] f = stat.substring(stat.lastIndexOf(") ") + 2).trim().split("\\s+");
             return Long.parseLong(f[11]) + Long.parseLong(f[12]);
+        } catch (Exception e) {
+            return -1;
+        }
+    }
+
+    /** Busy (non-idle, non-iowait) clock ticks of the whole host, from /proc/stat; -1 if unreadable. */
+    static long hostBusyTicks() {
+        try {
+            String cpu = Files.readAllLines(Path.of("/proc/stat")).get(0);
+            String[] f = cpu.trim().split("\\s+");
+            long busy = 0;
+            // cpu user nice system idle iowait irq softirq steal (guest time is inside user)
+            for (int i = 1; i <= 8 && i < f.length; i++) {
+                if (i != 4 && i != 5) busy += Long.parseLong(f[i]);
+            }
+            return busy;
         } catch (Exception e) {
             return -1;
         }
