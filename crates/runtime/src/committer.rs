@@ -82,7 +82,10 @@ impl Committer {
             Ok(()) => {}
             // The disk is behind: wait for it rather than queue without bound.
             Err(TrySendError::Full(job)) => {
-                if tokio::task::block_in_place(|| self.jobs.send(job)).is_err() {
+                let multi = tokio::runtime::Handle::try_current()
+                    .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+                let sent = if multi { tokio::task::block_in_place(|| self.jobs.send(job)) } else { self.jobs.send(job) };
+                if sent.is_err() {
                     return Err(self.failure());
                 }
             }

@@ -99,6 +99,12 @@ pub struct NodeFile {
     pub service: String,
     /// batch | always | never
     pub fsync: String,
+    /// Runtime worker threads; 0 (the default) runs every task on the main thread
+    /// (the WAL thread is separate either way). With several nodes and clients sharing
+    /// a few cores, one thread per node means fewer cross-thread wake-ups: on a 2-core
+    /// host it cut single-client p50 from ~1.1-1.3 ms to ~1.0 ms (fsync never).
+    #[serde(default)]
+    pub threads: usize,
     /// Paths relative to the node file's directory.
     pub data_dir: PathBuf,
     pub cluster: PathBuf,
@@ -118,6 +124,7 @@ pub struct NodeSetup {
     pub metrics: SocketAddr,
     pub service: String,
     pub fsync: FsyncPolicy,
+    pub threads: usize,
     pub data_dir: PathBuf,
     pub cluster: ClusterConfig,
     pub peers: Vec<SocketAddr>,
@@ -148,6 +155,7 @@ impl NodeFile {
             metrics: f.metrics,
             service: f.service,
             fsync,
+            threads: f.threads,
             data_dir: base.join(&f.data_dir),
             peers: cluster_file.nodes.iter().map(|n| n.addr).collect(),
             cluster,
@@ -262,6 +270,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             metrics,
             service: o.service.clone(),
             fsync: fsync.into(),
+            threads: 0,
             data_dir: "data".into(),
             cluster: "../cluster.toml".into(),
             ca: "../ca.pem".into(),
