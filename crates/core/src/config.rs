@@ -79,7 +79,7 @@ impl Options {
             batch_count_max: 1024,
             batch_bytes_max: 1 << 20,
             batch_delay_ms: 1,
-            window: 8,
+            window: 32,
             checkpoint_interval: 256,
             request_timeout_ms: 2_000,
             view_change_timeout_ms: 4_000,
