@@ -273,6 +273,7 @@ impl<S: Service> Replica<S> {
         assert!((id as usize) < cfg.n(), "node id {id} outside a cluster of {}", cfg.n());
         assert_eq!(cfg.node_keys[id as usize], secrets.signing.public(), "signing key does not match the configuration");
         let n = cfg.n();
+        let workers = cfg.options.exec_workers;
         Replica {
             cfg,
             id,
@@ -291,7 +292,7 @@ impl<S: Service> Replica<S> {
             log: BTreeMap::new(),
             next_propose: 1,
             time_proposed: 0,
-            exec: Executor::new(service),
+            exec: Executor::with_workers(service, workers),
             stable: StableProof { seq: 0, root: Digest::default(), sigs: Vec::new() },
             stable_chunks: None,
             own_checkpoints: BTreeMap::new(),
