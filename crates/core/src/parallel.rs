@@ -323,11 +323,16 @@ impl Run {
     }
 }
 
+/// Waking a thread costs a syscall and, on a busy host, a context switch, so only as
+/// many threads are woken as there are jobs nobody awake will take. Never waking is
+/// still correct: the thread that makes jobs ready takes one itself and keeps going while
+/// any are ready, so a ready job never waits with every thread asleep.
 struct State {
     run: Option<Run>,
-    /// Threads waiting on [`Shared::wake`]: a notification costs a syscall, so skip it
-    /// when nobody waits.
-    sleepers: usize,
+    /// Helpers waiting on [`Shared::work`].
+    idle_helpers: usize,
+    /// The caller of [`Pool::run`] waits on [`Shared::done`].
+    caller_waiting: bool,
     shutdown: bool,
 }
 
@@ -343,9 +348,9 @@ impl State {
         Some((run.data.clone(), j))
     }
 
-    /// Records a finished job and releases its dependents. Returns whether other threads
-    /// must be woken (more than one job became ready, or the run is over).
-    fn complete(&mut self, j: u32, result: JobResult) -> bool {
+    /// Records a finished job and releases its dependents. Returns how many released jobs
+    /// the reporting thread leaves to others (it takes one itself).
+    fn complete(&mut self, j: u32, result: JobResult) -> usize {
         let Some(run) = self.run.as_mut() else {
             unreachable!("a job completes only while its run is installed");
         };
@@ -355,7 +360,7 @@ impl State {
                 assert!(run.results[j as usize].is_none(), "job {j} ran twice");
                 run.results[j as usize] = Some(reply);
                 run.finished += 1;
-                let mut released = 0;
+                let mut released: usize = 0;
                 for &d in &run.data.dependents[j as usize] {
                     run.deps[d as usize] -= 1;
                     if run.deps[d as usize] == 0 {
@@ -363,12 +368,11 @@ impl State {
                         released += 1;
                     }
                 }
-                // The completing thread takes one released job itself.
-                released > 1 || run.over()
+                released.saturating_sub(1)
             }
             Err(panic) => {
                 run.panic.get_or_insert(panic);
-                true
+                0
             }
         }
     }
@@ -376,7 +380,10 @@ impl State {
 
 struct Shared {
     state: Mutex<State>,
-    wake: Condvar,
+    /// Helpers wait here for jobs.
+    work: Condvar,
+    /// The caller waits here for jobs or the end of its run.
+    done: Condvar,
 }
 
 impl Shared {
@@ -386,11 +393,30 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait<'a>(&self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        st.sleepers += 1;
-        let mut st = self.wake.wait(st).unwrap_or_else(PoisonError::into_inner);
-        st.sleepers -= 1;
+    fn wait_helper<'a>(&self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        st.idle_helpers += 1;
+        let mut st = self.work.wait(st).unwrap_or_else(PoisonError::into_inner);
+        st.idle_helpers -= 1;
         st
+    }
+
+    fn wait_caller<'a>(&self, mut st: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        st.caller_waiting = true;
+        let mut st = self.done.wait(st).unwrap_or_else(PoisonError::into_inner);
+        st.caller_waiting = false;
+        st
+    }
+
+    /// Wakes helpers for `extra` jobs no awake thread will take, and the caller if jobs
+    /// remain beyond the idle helpers or its run is over.
+    fn wake(&self, st: &State, extra: usize) {
+        let helpers = extra.min(st.idle_helpers);
+        for _ in 0..helpers {
+            self.work.notify_one();
+        }
+        if st.caller_waiting && (extra > helpers || st.run.as_ref().is_some_and(Run::over)) {
+            self.done.notify_one();
+        }
     }
 
     /// Runs job `j` outside the lock and reports it; returns the guard again.
@@ -402,9 +428,8 @@ impl Shared {
         // a clone of the service (the contract of `Service::concurrent`).
         drop(data);
         let mut st = self.lock();
-        if st.complete(j, result) && st.sleepers > 0 {
-            self.wake.notify_all();
-        }
+        let extra = st.complete(j, result);
+        self.wake(&st, extra);
         st
     }
 }
@@ -420,7 +445,8 @@ impl Pool {
     /// Starts up to `helpers` threads. If the OS refuses a thread the pool runs with the
     /// ones it got (with none, the caller executes every job itself): slower, never wrong.
     pub fn new(helpers: usize) -> Pool {
-        let shared = Arc::new(Shared { state: Mutex::new(State { run: None, sleepers: 0, shutdown: false }), wake: Condvar::new() });
+        let state = State { run: None, idle_helpers: 0, caller_waiting: false, shutdown: false };
+        let shared = Arc::new(Shared { state: Mutex::new(state), work: Condvar::new(), done: Condvar::new() });
         let mut threads = Vec::with_capacity(helpers);
         for i in 0..helpers {
             let s = shared.clone();
@@ -446,7 +472,8 @@ impl Pool {
         if graph.len() == 0 {
             return Vec::new();
         }
-        let ready = graph.ready().map(Reverse).collect();
+        let ready: BinaryHeap<Reverse<u32>> = graph.ready().map(Reverse).collect();
+        let extra = ready.len().saturating_sub(1);
         let n = graph.len();
         let run = Run {
             data: Arc::new(RunData { service, jobs: graph.jobs, dependents: graph.dependents }),
@@ -460,16 +487,14 @@ impl Pool {
         let mut st = self.shared.lock();
         assert!(st.run.is_none(), "one run at a time");
         st.run = Some(run);
-        if st.sleepers > 0 {
-            self.shared.wake.notify_all();
-        }
+        self.shared.wake(&st, extra);
         loop {
             if st.run.as_ref().is_some_and(Run::over) {
                 break;
             }
             st = match st.take() {
                 Some((data, j)) => self.shared.work(st, data, j),
-                None => self.shared.wait(st),
+                None => self.shared.wait_caller(st),
             };
         }
         let run = st.run.take();
@@ -487,7 +512,7 @@ fn helper(shared: &Shared) {
     while !st.shutdown {
         st = match st.take() {
             Some((data, j)) => shared.work(st, data, j),
-            None => shared.wait(st),
+            None => shared.wait_helper(st),
         };
     }
 }
@@ -495,7 +520,7 @@ fn helper(shared: &Shared) {
 impl Drop for Pool {
     fn drop(&mut self) {
         self.shared.lock().shutdown = true;
-        self.shared.wake.notify_all();
+        self.shared.work.notify_all();
         for t in self.threads.drain(..) {
             // A helper never panics (service panics are caught and handed to the caller).
             let _ = t.join();
