@@ -6,8 +6,13 @@
 //!
 //! ```text
 //! cargo run --release -p keel-kv --example parallel_bench -- \
-//!     [--cost-us 0,10,100] [--conflict 0,10,100] [--workers 1,2,4] [--batch 64] [--requests 20000]
+//!     [--cost-us 0,10,100] [--conflict 0,10,100] [--workers 1,2,4] [--batch 64] [--requests 20000] [--repeat 3]
 //! ```
+//!
+//! Each cell is the best of `--repeat` runs (other load on the host only ever slows a
+//! run down), with the CPU cores the process used on average in that run (from
+//! /proc/self/stat; "?" elsewhere): a speedup needs free cores, and this column shows
+//! whether the host had them.
 //!
 //! The cost is a fixed amount of computation calibrated to N microseconds on one idle
 //! core, not a sleep or a spin on the clock: a descheduled thread makes no progress, so
@@ -99,6 +104,30 @@ fn workload(requests: usize, batch: usize, conflict_pct: u64) -> Vec<Value> {
     reqs.chunks(batch).enumerate().map(|(t, c)| Value { time: t as u64, requests: c.to_vec() }).collect()
 }
 
+/// CPU seconds (user + system, all threads) this process used so far, on Linux.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on every Linux configuration that matters here.
+    Some(ticks as f64 / 100.0)
+}
+
+/// Executes `values` with `workers`; returns (requests/s, cores used, snapshot digest).
+fn measure(values: &[Value], requests: usize, iters: u64, workers: usize) -> (f64, Option<f64>, Digest) {
+    let mut e = Executor::with_workers(Costly { kv: Kv::new(), iters }, workers);
+    let cpu = cpu_seconds();
+    let t = Instant::now();
+    for (i, v) in values.iter().enumerate() {
+        e.execute(i as u64 + 1, v);
+    }
+    let wall = t.elapsed().as_secs_f64();
+    let cores = cpu.zip(cpu_seconds()).map(|(a, b)| (b - a) / wall);
+    (requests as f64 / wall, cores, Digest::of(&e.snapshot()))
+}
+
 fn list(args: &[String], name: &str, default: &[u64]) -> Result<Vec<u64>, String> {
     match args.iter().position(|a| a == name) {
         None => Ok(default.to_vec()),
@@ -116,13 +145,17 @@ fn main() -> Result<(), String> {
     let workers = list(&args, "--workers", &[1, 2, 4])?;
     let batch = list(&args, "--batch", &[64])?.first().copied().unwrap_or(64).max(1) as usize;
     let requests = list(&args, "--requests", &[20_000])?.first().copied().unwrap_or(20_000) as usize;
+    let repeat = list(&args, "--repeat", &[3])?.first().copied().unwrap_or(3).max(1);
 
     let per_us = calibrate();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!("# {requests} puts per cell, batches of {batch}, {cores} cores available; 1 us of cost = {per_us:.0} rounds");
+    println!(
+        "# {requests} puts per cell, batches of {batch}, best of {repeat}, {cores} cores available; \
+         1 us of cost = {per_us:.0} rounds; cell: ops/s (speedup over the first column, cores used)"
+    );
     print!("{:>8} {:>9}", "cost_us", "conflict%");
     for w in &workers {
-        print!(" {:>21}", format!("workers={w} ops/s (x)"));
+        print!(" {:>26}", format!("workers={w}"));
     }
     println!();
     for &cost in &costs {
@@ -133,18 +166,21 @@ fn main() -> Result<(), String> {
             let mut base = None;
             let mut reference: Option<Digest> = None;
             for &w in &workers {
-                let mut e = Executor::with_workers(Costly { kv: Kv::new(), iters }, w as usize);
-                let t = Instant::now();
-                for (i, v) in values.iter().enumerate() {
-                    e.execute(i as u64 + 1, v);
+                let mut best: Option<(f64, Option<f64>)> = None;
+                for _ in 0..repeat {
+                    let (rate, used, digest) = measure(&values, requests, iters, w as usize);
+                    if *reference.get_or_insert(digest) != digest {
+                        return Err(format!("workers={w} ended in a different state than workers={}", workers[0]));
+                    }
+                    if best.is_none_or(|(r, _)| rate > r) {
+                        best = Some((rate, used));
+                    }
                 }
-                let rate = requests as f64 / t.elapsed().as_secs_f64();
+                let Some((rate, used)) = best else { continue };
                 let speedup = rate / *base.get_or_insert(rate);
-                print!(" {:>21}", format!("{rate:.0} ({speedup:.2})"));
-                let digest = Digest::of(&e.snapshot());
-                if *reference.get_or_insert(digest) != digest {
-                    return Err(format!("workers={w} ended in a different state than workers={}", workers[0]));
-                }
+                let used = used.map_or("?".to_string(), |c| format!("{c:.1}"));
+                print!(" {:>26}", format!("{rate:.0} ({speedup:.2}x, {used}c)"));
+                std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
             }
             println!();
         }
