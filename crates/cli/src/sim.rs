@@ -34,6 +34,10 @@ pub struct SimArgs {
     /// quorum-minus-one | skip-write | unverified-view-change-proof.
     #[arg(long)]
     mutate: Option<String>,
+    /// Execution threads per simulated node (Options::exec_workers). Outcomes must not
+    /// depend on it: the same seeds give the same trace_hash with 1 and with 4.
+    #[arg(long, default_value_t = 1)]
+    exec_workers: usize,
     /// Worker threads (seeds run independently; results are printed in seed order).
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -68,8 +72,13 @@ pub fn run(args: SimArgs) -> ExitCode {
         steps: args.steps,
         clients: args.clients,
         mutation,
+        options: Options { exec_workers: args.exec_workers, ..Options::test_min() },
         ..SimOptions::new(seed, args.u, args.r, faults)
     };
+    if let Err(e) = make(0).options.validate() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
     let started = std::time::Instant::now();
     std::thread::scope(|s| {
         for _ in 0..args.threads.max(1) {
@@ -142,6 +151,7 @@ pub fn run(args: SimArgs) -> ExitCode {
             args.steps,
             args.clients,
             args.mutate.as_ref().map(|m| format!(" --mutate {m}")).unwrap_or_default()
+                + &if args.exec_workers == 1 { String::new() } else { format!(" --exec-workers {}", args.exec_workers) }
         );
     }
     let l = &totals.lies;
@@ -157,7 +167,13 @@ pub fn run(args: SimArgs) -> ExitCode {
         args.u,
         args.r,
         args.faults,
-        if Options::test_min() == SimOptions::new(0, 0, 0, faults).options { "test_min" } else { "custom" }
+        match make(0).options {
+            o if o == Options::test_min() => "test_min".to_string(),
+            o if o == (Options { exec_workers: o.exec_workers, ..Options::test_min() }) => {
+                format!("test_min+exec_workers={}", o.exec_workers)
+            }
+            _ => "custom".to_string(),
+        }
     );
     let mut properties: Vec<&str> = failed.iter().flat_map(|r| r.violations.iter().map(|v| v.property)).collect();
     properties.sort_unstable();

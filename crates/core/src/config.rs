@@ -70,7 +70,15 @@ pub struct Options {
     pub clients_max: usize,
     /// Decided values sent to a lagging peer per STATUS.
     pub catch_up_values_max: u64,
+    /// Threads that execute requests of a service that opts into parallel execution
+    /// (CBASE, `Service::concurrent`): the protocol thread plus `exec_workers - 1` pool
+    /// threads. 1 is sequential execution exactly. Per node in effect: outcomes do not
+    /// depend on it, so nodes may differ.
+    pub exec_workers: usize,
 }
+
+/// Most execution threads per node.
+pub const EXEC_WORKERS_MAX: usize = 256;
 
 impl Options {
     /// Settings for real deployments.
@@ -89,6 +97,9 @@ impl Options {
             chunk_bytes: 64 << 10,
             clients_max: 100_000,
             catch_up_values_max: 64,
+            // Parked between batches and never started for services that do not opt in;
+            // 4 covers a typical small server without oversubscribing it.
+            exec_workers: 4,
         }
     }
 
@@ -109,6 +120,9 @@ impl Options {
             chunk_bytes: 64,
             clients_max: 64,
             catch_up_values_max: 8,
+            // Sequential: the simulator's runs stay single-threaded (`keel sim
+            // --exec-workers` exercises the parallel path).
+            exec_workers: 1,
         }
     }
 
@@ -136,6 +150,9 @@ impl Options {
         }
         if self.batch_bytes_max + 64 * 1024 > crate::codec::FRAME_MAX / 4 {
             return err("batch_bytes_max", self.batch_bytes_max as u64, "batches must fit a frame with room to spare");
+        }
+        if self.exec_workers == 0 || self.exec_workers > EXEC_WORKERS_MAX {
+            return err("exec_workers", self.exec_workers as u64, "must be 1..=256");
         }
         Ok(())
     }

@@ -2,14 +2,22 @@
 //! every client (exactly-once), and produces checkpoints.
 //!
 //! Invariants:
-//! - values execute in sequence order, each exactly once (`executed` only grows by one,
-//!   or jumps to a checkpoint restored by state transfer);
+//! - values execute in sequence order, each exactly once (`executed` only grows, or jumps
+//!   to a checkpoint restored by state transfer);
 //! - a request `(client, seq)` runs at most once: a request whose `seq` is not above the
 //!   client's last executed `seq` is answered from the reply cache, never re-executed;
-//! - agreed time never goes backwards (`time = max(time, value.time)`).
+//! - agreed time never goes backwards (`time = max(time, value.time)`);
+//! - whatever the [`Schedule`], replies, the reply cache, the `ExecCtx` of every request
+//!   and the next snapshot equal those of sequential execution. Parallel schedules decide
+//!   freshness, contexts and cache updates on the calling thread in decided order; only
+//!   the service calls run out of order, as the dependency graph allows
+//!   (see [`crate::parallel`]);
+//! - between calls no request is running, so snapshots and restores see a quiet service
+//!   (checkpoints are taken between batches).
 
 use crate::crypto::{Digest, Hasher};
 use crate::message::{ClientId, Request, Seq, Value};
+use crate::parallel::{GraphBuilder, Job, Pool, SplitMix};
 use crate::service::{ExecCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -32,6 +40,34 @@ pub struct Outcome {
     pub fresh: bool,
 }
 
+/// How the executor runs the requests of a service that opts into parallel execution
+/// ([`Service::concurrent`]). A service that does not opt in always runs sequentially.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Schedule {
+    /// One request after another through `Service::execute`, in decided order.
+    Sequential,
+    /// A dependency graph per call, run by `workers` threads: the caller plus
+    /// `workers - 1` pool threads, started on first use and parked between calls.
+    Pool { workers: usize },
+    /// A dependency graph per call, run on the caller's thread in a random order the graph
+    /// allows (seeded, so reproducible). A testing aid: it explores the orders a pool
+    /// could produce deterministically, so a wrong conflict declaration shows up as a
+    /// difference from `Sequential` instead of as a rare race.
+    Shuffled { seed: u64 },
+}
+
+impl Schedule {
+    /// `workers` as configured ([`crate::config::Options::exec_workers`]): 1 (or 0) is
+    /// the sequential path, exactly as without a parallelizer.
+    pub fn from_workers(workers: usize) -> Schedule {
+        if workers <= 1 {
+            Schedule::Sequential
+        } else {
+            Schedule::Pool { workers }
+        }
+    }
+}
+
 pub struct Executor<S> {
     service: S,
     /// Last executed instance.
@@ -39,6 +75,12 @@ pub struct Executor<S> {
     /// Agreed time of the last executed instance.
     time: u64,
     clients: BTreeMap<ClientId, LastReply>,
+    schedule: Schedule,
+    /// `Schedule::Pool`: started by the first call that has a concurrent handle, so a
+    /// service that never opts in never starts a thread.
+    pool: Option<Pool>,
+    /// `Schedule::Shuffled`: picks among ready jobs; advances across calls.
+    shuffle: SplitMix,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -50,9 +92,44 @@ struct SnapshotBody {
     service: Vec<u8>,
 }
 
+/// How a request of a parallel run is answered, decided in decided order.
+enum Answer {
+    /// Executes as job `j`.
+    Fresh(u32),
+    /// A duplicate of job `j` of the same run: gets its reply.
+    Copy(u32),
+    /// A duplicate of the client's cached request.
+    Cached(Vec<u8>),
+    /// A duplicate of an older request whose reply is gone: empty, as sequentially.
+    Empty,
+}
+
 impl<S: Service> Executor<S> {
+    /// An executor that runs requests one at a time ([`Schedule::Sequential`]).
     pub fn new(service: S) -> Executor<S> {
-        Executor { service, executed: 0, time: 0, clients: BTreeMap::new() }
+        Executor::with_schedule(service, Schedule::Sequential)
+    }
+
+    /// An executor with `workers` threads for a service that opts in (see
+    /// [`Schedule::from_workers`]).
+    pub fn with_workers(service: S, workers: usize) -> Executor<S> {
+        Executor::with_schedule(service, Schedule::from_workers(workers))
+    }
+
+    pub fn with_schedule(service: S, schedule: Schedule) -> Executor<S> {
+        let seed = match schedule {
+            Schedule::Shuffled { seed } => seed,
+            _ => 0,
+        };
+        Executor {
+            service,
+            executed: 0,
+            time: 0,
+            clients: BTreeMap::new(),
+            schedule,
+            pool: None,
+            shuffle: SplitMix::new(seed),
+        }
     }
 
     pub fn executed(&self) -> Seq {
@@ -61,6 +138,15 @@ impl<S: Service> Executor<S> {
 
     pub fn service(&self) -> &S {
         &self.service
+    }
+
+    pub fn schedule(&self) -> Schedule {
+        self.schedule
+    }
+
+    /// Pool threads started so far (0 until a parallel run happened).
+    pub fn pool_threads(&self) -> usize {
+        self.pool.as_ref().map_or(0, Pool::helpers)
     }
 
     /// The cached reply for `(client, seq)`, if that is the client's last executed request.
@@ -78,14 +164,40 @@ impl<S: Service> Executor<S> {
     /// # Panics
     /// If `seq != executed + 1`: the caller orders execution.
     pub fn execute(&mut self, seq: Seq, value: &Value) -> Vec<Outcome> {
-        assert_eq!(seq, self.executed + 1, "values execute in order");
+        self.execute_many(seq, &[value]).into_iter().next().unwrap_or_default()
+    }
+
+    /// Executes instances `first, first + 1, ...` (one per value) as one run: under a
+    /// parallel schedule one dependency graph spans all of them, so a later batch's
+    /// requests need not wait for an earlier batch's unrelated ones. Returns the outcomes
+    /// per value. A checkpoint must not fall inside the run: the caller splits runs there.
+    ///
+    /// # Panics
+    /// If `first != executed + 1`: the caller orders execution. If the service panics.
+    pub fn execute_many(&mut self, first: Seq, values: &[&Value]) -> Vec<Vec<Outcome>> {
+        assert_eq!(first, self.executed + 1, "values execute in order");
+        if values.is_empty() {
+            return Vec::new();
+        }
+        let handle = match self.schedule {
+            Schedule::Sequential => None,
+            Schedule::Pool { .. } | Schedule::Shuffled { .. } => self.service.concurrent(),
+        };
+        let out = match handle {
+            None => values.iter().zip(first..).map(|(value, seq)| self.execute_sequential(seq, value)).collect(),
+            Some(handle) => self.execute_graph(first, values, handle),
+        };
+        self.executed = first + values.len() as u64 - 1;
+        out
+    }
+
+    fn execute_sequential(&mut self, seq: Seq, value: &Value) -> Vec<Outcome> {
         self.time = self.time.max(value.time);
         let seed = value.seed(seq);
         let mut out = Vec::with_capacity(value.requests.len());
         for (index, req) in value.requests.iter().enumerate() {
             out.push(self.execute_request(seq, seed, index as u64, req));
         }
-        self.executed = seq;
         out
     }
 
@@ -95,15 +207,82 @@ impl<S: Service> Executor<S> {
             let result = self.cached(req.client, req.seq).map(<[u8]>::to_vec).unwrap_or_default();
             return Outcome { client: req.client, seq: req.seq, result, fresh: false };
         }
-        let ctx = ExecCtx {
-            seq,
-            time: self.time,
-            seed: Hasher::new("keel/request-seed").u64(seed).u64(index).finish().prefix_u64(),
-            client: req.client,
-        };
+        let ctx = request_ctx(seq, self.time, seed, index, req.client);
         let result = self.service.execute(&req.op, &ctx);
         self.clients.insert(req.client, LastReply { seq: req.seq, result: result.clone() });
         Outcome { client: req.client, seq: req.seq, result, fresh: true }
+    }
+
+    /// The parallel path: decide every request's fate and context in decided order (as
+    /// `execute_sequential` would), build the graph, run it, then fill in replies and the
+    /// reply cache in decided order.
+    fn execute_graph(
+        &mut self,
+        first: Seq,
+        values: &[&Value],
+        handle: std::sync::Arc<dyn crate::service::ConcurrentService>,
+    ) -> Vec<Vec<Outcome>> {
+        let mut graph = GraphBuilder::new();
+        // Each client's latest request so far in decided order, and the job that runs it
+        // (None: it ran before this call and its reply is in the cache).
+        let mut latest: BTreeMap<ClientId, (u64, Option<u32>)> = BTreeMap::new();
+        let mut plan: Vec<Vec<Answer>> = Vec::with_capacity(values.len());
+        for (value, seq) in values.iter().zip(first..) {
+            self.time = self.time.max(value.time);
+            let seed = value.seed(seq);
+            let mut answers = Vec::with_capacity(value.requests.len());
+            for (index, req) in value.requests.iter().enumerate() {
+                let (last, job) = latest.get(&req.client).copied().unwrap_or((self.last_seq(req.client), None));
+                let answer = if req.seq > last {
+                    let ctx = request_ctx(seq, self.time, seed, index as u64, req.client);
+                    let conflicts = self.service.conflicts(&req.op);
+                    let j = graph.push(req.client, &conflicts, Job { op: req.op.clone(), ctx });
+                    latest.insert(req.client, (req.seq, Some(j)));
+                    Answer::Fresh(j)
+                } else if req.seq < last {
+                    Answer::Empty
+                } else {
+                    match job {
+                        Some(j) => Answer::Copy(j),
+                        None => Answer::Cached(self.cached(req.client, req.seq).map(<[u8]>::to_vec).unwrap_or_default()),
+                    }
+                };
+                answers.push(answer);
+            }
+            plan.push(answers);
+        }
+        let graph = graph.finish();
+        let results = match self.schedule {
+            Schedule::Shuffled { .. } => {
+                let shuffle = &mut self.shuffle;
+                graph.run_inline(handle.as_ref(), |n| shuffle.below(n))
+            }
+            Schedule::Pool { workers } => self.pool.get_or_insert_with(|| Pool::new(workers.saturating_sub(1))).run(graph, handle),
+            Schedule::Sequential => unreachable!("the sequential schedule never builds a graph"),
+        };
+        values
+            .iter()
+            .zip(plan)
+            .map(|(value, answers)| {
+                value
+                    .requests
+                    .iter()
+                    .zip(answers)
+                    .map(|(req, answer)| {
+                        let (result, fresh) = match answer {
+                            Answer::Fresh(j) => (results[j as usize].clone(), true),
+                            Answer::Copy(j) => (results[j as usize].clone(), false),
+                            Answer::Cached(result) => (result, false),
+                            Answer::Empty => (Vec::new(), false),
+                        };
+                        if fresh {
+                            self.clients.insert(req.client, LastReply { seq: req.seq, result: result.clone() });
+                        }
+                        Outcome { client: req.client, seq: req.seq, result, fresh }
+                    })
+                    .collect()
+            })
+            .collect()
     }
 
     /// Service state, reply cache and position, deterministically serialized.
@@ -130,6 +309,12 @@ impl<S: Service> Executor<S> {
         self.clients = body.clients;
         Ok(body.executed)
     }
+}
+
+/// The context of the request at `index` in instance `seq`: a function of agreed values
+/// only, whichever thread runs it.
+fn request_ctx(seq: Seq, time: u64, seed: u64, index: u64, client: ClientId) -> ExecCtx {
+    ExecCtx { seq, time, seed: Hasher::new("keel/request-seed").u64(seed).u64(index).finish().prefix_u64(), client }
 }
 
 /// A checkpoint split into fixed-size chunks with a Merkle root over them.
@@ -179,6 +364,10 @@ pub fn merkle_root(len: u64, leaves: &[Digest]) -> Digest {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::service::{ConcurrentService, Conflicts, Item};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Condvar, Mutex};
+    use std::time::Duration;
 
     /// Appends every request to a log; replies with the log length.
     #[derive(Default)]
@@ -232,6 +421,206 @@ mod tests {
         assert_eq!(b.cached(7, 1), a.cached(7, 1));
         assert!(b.restore(b"junk").is_err());
         assert_eq!(b.snapshot(), snap, "a failed restore changes nothing");
+    }
+
+    /// Per-key logs behind a lock: op = key byte, then the bytes to append. Declares a
+    /// write of its key, so requests on different keys may run at once. Tracks how many
+    /// requests run on each key at once, to show conflicting ones never overlap.
+    #[derive(Default)]
+    struct Cells(Arc<CellsState>);
+    #[derive(Default)]
+    struct CellsState {
+        logs: Mutex<BTreeMap<u8, Vec<Vec<u8>>>>,
+        active: Mutex<BTreeMap<u8, u32>>,
+        overlaps: AtomicU32,
+    }
+    impl ConcurrentService for CellsState {
+        fn execute_shared(&self, op: &[u8], ctx: &ExecCtx) -> Vec<u8> {
+            let Some((&key, rest)) = op.split_first() else { return b"empty".to_vec() };
+            {
+                let mut active = self.active.lock().expect("lock");
+                let a = active.entry(key).or_default();
+                *a += 1;
+                if *a > 1 {
+                    self.overlaps.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            std::thread::yield_now();
+            let mut reply = {
+                let mut logs = self.logs.lock().expect("lock");
+                let log = logs.entry(key).or_default();
+                log.push(rest.to_vec());
+                (log.len() as u64).to_le_bytes().to_vec()
+            };
+            reply.extend(ctx.seq.to_le_bytes());
+            reply.extend(ctx.time.to_le_bytes());
+            reply.extend(ctx.seed.to_le_bytes());
+            *self.active.lock().expect("lock").entry(key).or_default() -= 1;
+            reply
+        }
+    }
+    impl Service for Cells {
+        fn execute(&mut self, op: &[u8], ctx: &ExecCtx) -> Vec<u8> {
+            self.0.execute_shared(op, ctx)
+        }
+        fn conflicts(&self, op: &[u8]) -> Conflicts {
+            match op.first() {
+                Some(&k) => Conflicts::write(Item::Key(vec![k])),
+                None => Conflicts::none(),
+            }
+        }
+        fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
+            Some(self.0.clone())
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            postcard::to_allocvec(&*self.0.logs.lock().expect("lock")).unwrap_or_default()
+        }
+        fn restore(&mut self, s: &[u8]) -> Result<(), RestoreError> {
+            *self.0.logs.lock().expect("lock") = postcard::from_bytes(s).map_err(|e| RestoreError(e.to_string()))?;
+            Ok(())
+        }
+    }
+
+    /// Two values over a few keys with duplicates: (client, seq, op).
+    fn cells_workload() -> Vec<Value> {
+        let mut values = Vec::new();
+        let mut n = 0u8;
+        for v in 0..6u64 {
+            // A duplicate of client 1's last request of the previous value (from the cache,
+            // or from the same run when values share a call).
+            let mut requests = vec![req(1, v * 3, b"\x00old")];
+            for i in 0..12u64 {
+                n = n.wrapping_add(1);
+                let client = 1 + (i % 5);
+                let seq = 1 + v * 3 + i / 5;
+                requests.push(req(client, seq, &[n % 3, n]));
+            }
+            requests.push(req(1, 3 + v * 3, b"\x00dup")); // duplicate of this value's last
+            requests.push(req(2, 1 + v * 3, b"\x00dup")); // older than the last: empty reply
+            values.push(Value { time: 10 - v, requests });
+        }
+        values
+    }
+
+    fn run_all(e: &mut Executor<Cells>, values: &[Value], per_call: usize) -> Vec<Vec<Outcome>> {
+        let mut out = Vec::new();
+        for chunk in values.chunks(per_call) {
+            let refs: Vec<&Value> = chunk.iter().collect();
+            out.extend(e.execute_many(e.executed() + 1, &refs));
+        }
+        out
+    }
+
+    #[test]
+    fn parallel_schedules_equal_sequential_execution() {
+        let values = cells_workload();
+        let mut seq = Executor::new(Cells::default());
+        let expected = run_all(&mut seq, &values, 1);
+        assert!(expected.iter().flatten().any(|o| !o.fresh), "the workload has duplicates");
+        for schedule in [Schedule::Pool { workers: 1 }, Schedule::Pool { workers: 4 }, Schedule::Shuffled { seed: 3 }] {
+            for per_call in [1, 2, 6] {
+                let mut e = Executor::with_schedule(Cells::default(), schedule);
+                assert_eq!(run_all(&mut e, &values, per_call), expected, "{schedule:?}, {per_call} values per call");
+                assert_eq!(e.snapshot(), seq.snapshot(), "{schedule:?}, {per_call} values per call");
+                assert_eq!(e.service().0.overlaps.load(Ordering::Relaxed), 0, "conflicting requests overlapped");
+            }
+        }
+    }
+
+    /// Requests that rendezvous: each waits (up to 10 s) until both arrived. Only truly
+    /// concurrent execution lets both see the other.
+    struct Meet(Arc<MeetState>);
+    #[derive(Default)]
+    struct MeetState {
+        arrived: Mutex<u32>,
+        cv: Condvar,
+    }
+    impl ConcurrentService for MeetState {
+        fn execute_shared(&self, _op: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+            let mut arrived = self.arrived.lock().expect("lock");
+            *arrived += 1;
+            self.cv.notify_all();
+            let (arrived, _) =
+                self.cv.wait_timeout_while(arrived, Duration::from_secs(10), |a| *a < 2).expect("lock");
+            if *arrived >= 2 { b"met".to_vec() } else { b"alone".to_vec() }
+        }
+    }
+    impl Service for Meet {
+        fn execute(&mut self, op: &[u8], ctx: &ExecCtx) -> Vec<u8> {
+            self.0.execute_shared(op, ctx)
+        }
+        fn conflicts(&self, _op: &[u8]) -> Conflicts {
+            Conflicts::none()
+        }
+        fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
+            Some(self.0.clone())
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn restore(&mut self, _s: &[u8]) -> Result<(), RestoreError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_pool_runs_independent_requests_at_the_same_time() {
+        let mut e = Executor::with_workers(Meet(Arc::default()), 2);
+        let out = e.execute(1, &Value { time: 0, requests: vec![req(1, 1, b"a"), req(2, 1, b"b")] });
+        assert_eq!(out.iter().map(|o| o.result.as_slice()).collect::<Vec<_>>(), vec![b"met".as_slice(), b"met"]);
+        assert_eq!(e.pool_threads(), 1);
+    }
+
+    #[test]
+    fn a_service_that_does_not_opt_in_runs_sequentially_without_threads() {
+        let mut e = Executor::with_workers(Log::default(), 4);
+        let v = Value { time: 5, requests: vec![req(1, 1, b"a"), req(2, 1, b"b"), req(1, 1, b"a")] };
+        let out = e.execute(1, &v);
+        let mut s = Executor::new(Log::default());
+        assert_eq!(out, s.execute(1, &v));
+        assert_eq!(e.snapshot(), s.snapshot());
+        assert_eq!(e.pool_threads(), 0);
+    }
+
+    #[test]
+    fn workers_one_is_the_sequential_schedule() {
+        assert_eq!(Schedule::from_workers(1), Schedule::Sequential);
+        assert_eq!(Schedule::from_workers(0), Schedule::Sequential);
+        assert_eq!(Schedule::from_workers(3), Schedule::Pool { workers: 3 });
+    }
+
+    struct Boom(Arc<BoomState>);
+    struct BoomState;
+    impl ConcurrentService for BoomState {
+        fn execute_shared(&self, op: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+            assert!(op != b"boom", "service bug");
+            op.to_vec()
+        }
+    }
+    impl Service for Boom {
+        fn execute(&mut self, op: &[u8], ctx: &ExecCtx) -> Vec<u8> {
+            self.0.execute_shared(op, ctx)
+        }
+        fn conflicts(&self, _op: &[u8]) -> Conflicts {
+            Conflicts::none()
+        }
+        fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
+            Some(self.0.clone())
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            Vec::new()
+        }
+        fn restore(&mut self, _s: &[u8]) -> Result<(), RestoreError> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "service bug")]
+    fn a_service_panic_on_a_worker_reaches_the_caller() {
+        let mut e = Executor::with_workers(Boom(Arc::new(BoomState)), 3);
+        let requests = (1..=20).map(|c| req(c, 1, if c == 7 { b"boom" } else { b"ok" })).collect();
+        e.execute(1, &Value { time: 0, requests });
     }
 
     #[test]

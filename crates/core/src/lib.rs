@@ -4,6 +4,11 @@
 //! number: time arrives as an input, randomness is derived from agreed values, and every
 //! effect (send, persist, reply) is an output the driver carries out. The tokio runtime
 //! and the simulator drive the same code.
+//!
+//! One exception to "no threads": the executor's worker pool ([`parallel`]), used only
+//! for services that opt into parallel execution and only with `exec_workers > 1`. It
+//! cannot change an outcome: replies, contexts, the reply cache and snapshots equal those
+//! of sequential execution whichever thread runs what (tested in `services/kv`).
 
 pub mod client;
 pub mod codec;
@@ -11,6 +16,7 @@ pub mod config;
 pub mod crypto;
 pub mod exec;
 pub mod message;
+pub mod parallel;
 pub mod quorum;
 pub mod replica;
 pub mod service;

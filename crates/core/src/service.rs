@@ -3,8 +3,37 @@
 //! A service must be deterministic: the same requests with the same contexts, from the
 //! same snapshot, produce the same replies and the same next snapshot on every node. It
 //! must use `ctx.time` and `ctx.seed` instead of the local clock and randomness.
+//!
+//! # Parallel execution (CBASE)
+//!
+//! By default a service executes one request at a time through `&mut self`, in decided
+//! order. A service may opt into the parallelizer (Reference: CBASE, Kotla & Dahlin,
+//! DSN 2004) with two methods:
+//!
+//! - [`Service::conflicts`] declares what a request may read and write ([`Conflicts`]);
+//! - [`Service::concurrent`] hands out a [`ConcurrentService`], a `&self` entry point
+//!   that worker threads call at the same time, with the service's own locks inside.
+//!
+//! The executor then builds a dependency graph over the decided requests and runs every
+//! request once all earlier requests it conflicts with are done. Conflicting requests
+//! therefore run in decided order, the others in any order or at once, and the outcome
+//! must be the one sequential execution gives. That holds if the service keeps this
+//! contract, which the executor cannot check (the property tests in `services/kv` show
+//! how to test it, and that an under-declaring service is caught):
+//!
+//! 1. `conflicts(op)` depends on the request bytes only, never on the state: it is asked
+//!    before earlier requests ran. A request whose footprint depends on the state (read a
+//!    pointer, follow it) declares everything it might touch, or [`Conflicts::Everything`].
+//! 2. Two requests whose declarations do not conflict commute: either order, or both at
+//!    once, gives the same replies and the same state.
+//! 3. `ConcurrentService::execute_shared(op, ctx)` has the reply and effect of
+//!    `Service::execute(op, ctx)`, and is atomic with respect to concurrent calls.
+//!
+//! Locks in the service only make concurrent access memory-safe; isolation between
+//! requests comes from the dependency graph.
 
 use crate::message::{ClientId, Seq};
+use std::sync::Arc;
 
 /// What execution tells the service about the request it runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -22,9 +51,97 @@ pub struct ExecCtx {
 #[error("snapshot cannot be restored: {0}")]
 pub struct RestoreError(pub String);
 
+/// A piece of service state a request reads or writes, named by the service.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Item {
+    /// Exactly this key.
+    Key(Vec<u8>),
+    /// Every key that starts with these bytes, present or not (the empty prefix: every
+    /// key). A range read such as a scan declares its prefix, so it conflicts with a write
+    /// that would add, change or remove a key in its range.
+    Prefix(Vec<u8>),
+}
+
+impl Item {
+    /// Whether some key belongs to both items.
+    pub fn overlaps(&self, other: &Item) -> bool {
+        match (self, other) {
+            (Item::Key(a), Item::Key(b)) => a == b,
+            (Item::Key(k), Item::Prefix(p)) | (Item::Prefix(p), Item::Key(k)) => k.starts_with(p),
+            (Item::Prefix(a), Item::Prefix(b)) => a.starts_with(b) || b.starts_with(a),
+        }
+    }
+}
+
+/// What a request may read and write: its footprint for the parallelizer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Conflicts {
+    /// Conflicts with every other request: it runs alone, after every earlier request and
+    /// before every later one. The default, and always a correct answer.
+    Everything,
+    /// The request reads at most `reads` and writes at most `writes`. Two requests
+    /// conflict iff a write item of one overlaps a read or write item of the other.
+    Items { reads: Vec<Item>, writes: Vec<Item> },
+}
+
+impl Conflicts {
+    /// Touches no state (a request answered from its bytes alone, such as an error).
+    pub fn none() -> Conflicts {
+        Conflicts::Items { reads: Vec::new(), writes: Vec::new() }
+    }
+
+    pub fn read(item: Item) -> Conflicts {
+        Conflicts::Items { reads: vec![item], writes: Vec::new() }
+    }
+
+    pub fn write(item: Item) -> Conflicts {
+        Conflicts::Items { reads: Vec::new(), writes: vec![item] }
+    }
+
+    /// Whether the two requests must run in decided order. This is the definition the
+    /// executor's dependency graph implements (without comparing every pair).
+    pub fn conflicts_with(&self, other: &Conflicts) -> bool {
+        match (self, other) {
+            (Conflicts::Everything, _) | (_, Conflicts::Everything) => true,
+            (Conflicts::Items { reads: ra, writes: wa }, Conflicts::Items { reads: rb, writes: wb }) => {
+                let any = |xs: &[Item], ys: &[Item]| xs.iter().any(|x| ys.iter().any(|y| x.overlaps(y)));
+                any(wa, rb) || any(wa, wb) || any(ra, wb)
+            }
+        }
+    }
+}
+
+/// The concurrent entry point of a service that opts into parallel execution. Worker
+/// threads call it at the same time for requests whose declarations do not conflict.
+pub trait ConcurrentService: Send + Sync {
+    /// Runs one ordered request; the same reply and effect as [`Service::execute`].
+    ///
+    /// Must be atomic with respect to concurrent calls (a request never observes half of
+    /// another); the service's own locks provide that.
+    fn execute_shared(&self, request: &[u8], ctx: &ExecCtx) -> Vec<u8>;
+}
+
 pub trait Service {
     /// Runs one ordered request and returns the reply bytes.
     fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8>;
+
+    /// What the request may read and write. Asked only if [`Service::concurrent`] returns
+    /// a handle, once per fresh request, in decided order, before earlier requests ran:
+    /// the answer must depend on `request` alone. A request that does not decode still
+    /// gets an answer (for example [`Conflicts::none`] if it is answered with an error
+    /// without touching the state).
+    fn conflicts(&self, _request: &[u8]) -> Conflicts {
+        Conflicts::Everything
+    }
+
+    /// Opts into parallel execution: a handle onto this service's state (usually an
+    /// `Arc` the service itself holds) whose calls run concurrently. The executor asks for
+    /// it at the start of every run of batches and drops its clones when the run ends;
+    /// between runs it uses `&mut self` (execute, snapshot, restore). None (the default):
+    /// requests run one at a time through [`Service::execute`].
+    fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
+        None
+    }
 
     /// A deterministic serialization of the whole state: equal states give equal bytes.
     fn snapshot(&self) -> Vec<u8>;

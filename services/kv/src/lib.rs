@@ -3,10 +3,19 @@
 //! Requests and responses are postcard-encoded [`KvRequest`] / [`KvResponse`]. A request
 //! that does not decode gets a [`KvResponse::Error`]: deterministic, so every replica
 //! answers the same and none crashes on a client's garbage.
+//!
+//! KV opts into parallel execution (CBASE): [`Kv::footprint`] declares the keys a request
+//! reads and writes (a scan: its prefix), and the store is sharded by key hash with a lock
+//! per shard, so the executor's workers run requests on different keys at once.
+//! `tests/parallel.rs` runs random workloads in parallel and sequentially and compares
+//! them byte for byte.
 
-use keel_core::service::{ExecCtx, RestoreError, Service};
+use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Item, RestoreError, Service};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::ops::Bound;
+use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvRequest {
@@ -58,76 +67,235 @@ impl KvResponse {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Kv {
-    map: BTreeMap<Vec<u8>, Vec<u8>>,
+/// Lock shards of the store: comfortably more than worker threads, so requests on
+/// different keys rarely wait for the same lock.
+pub const SHARDS: usize = 64;
+
+type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
+/// The KV state: keys spread over [`SHARDS`] maps by a hash of the key, each behind its
+/// own lock. Shared by the service and the executor's workers.
+///
+/// Locks make concurrent access memory-safe; isolation between requests comes from the
+/// executor's dependency graph. Each request is still atomic on its own: a point
+/// operation holds its key's shard lock throughout, and a scan read-locks every shard (in
+/// index order; writers hold one lock at a time, so no cycle) and so sees one state.
+struct Store {
+    shards: Vec<RwLock<Map>>,
 }
 
-impl Kv {
-    pub fn new() -> Kv {
-        Kv::default()
+/// FNV-1a: cheap and stable. The shard of a key only decides which lock guards it, never
+/// an outcome, so it need not resist crafted keys (a collision costs waiting, not safety).
+fn shard_of(key: &[u8]) -> usize {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % SHARDS as u64) as usize
+}
+
+impl Store {
+    fn new() -> Store {
+        Store { shards: (0..SHARDS).map(|_| RwLock::new(Map::new())).collect() }
     }
 
-    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
-        self.map.get(key).map(Vec::as_slice)
+    // A service panic never happens while a shard lock is held by this code, so a
+    // poisoned lock still guards a consistent map.
+    fn read(&self, shard: usize) -> RwLockReadGuard<'_, Map> {
+        self.shards[shard].read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn len(&self) -> usize {
-        self.map.len()
+    fn write(&self, shard: usize) -> RwLockWriteGuard<'_, Map> {
+        self.shards[shard].write().unwrap_or_else(PoisonError::into_inner)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+    /// Every shard, read-locked in index order.
+    fn read_all(&self) -> Vec<RwLockReadGuard<'_, Map>> {
+        (0..SHARDS).map(|i| self.read(i)).collect()
     }
 
-    pub fn apply(&mut self, req: KvRequest) -> KvResponse {
+    fn apply(&self, req: KvRequest) -> KvResponse {
         match req {
-            KvRequest::Get { key } => KvResponse::Value(self.map.get(&key).cloned()),
+            KvRequest::Get { key } => KvResponse::Value(self.read(shard_of(&key)).get(&key).cloned()),
             KvRequest::Put { key, value } => {
-                self.map.insert(key, value);
+                self.write(shard_of(&key)).insert(key, value);
                 KvResponse::Done
             }
             KvRequest::Delete { key } => {
-                self.map.remove(&key);
+                self.write(shard_of(&key)).remove(&key);
                 KvResponse::Done
             }
             KvRequest::Cas { key, expected, new } => {
-                let swapped = self.map.get(&key) == expected.as_ref();
+                let mut shard = self.write(shard_of(&key));
+                let swapped = shard.get(&key) == expected.as_ref();
                 if swapped {
-                    self.map.insert(key, new);
+                    shard.insert(key, new);
                 }
                 KvResponse::Swapped(swapped)
             }
             KvRequest::Scan { prefix, limit } => {
-                let entries = self
-                    .map
-                    .range(prefix.clone()..)
-                    .take_while(|(k, _)| k.starts_with(&prefix))
-                    .take(limit.min(SCAN_LIMIT_MAX) as usize)
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                KvResponse::Entries(entries)
+                let shards = self.read_all();
+                KvResponse::Entries(scan(&shards, &prefix, limit.min(SCAN_LIMIT_MAX) as usize))
             }
         }
     }
 }
 
-impl Service for Kv {
-    fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+/// The first `limit` entries with `prefix` across all shards, in key order: a k-way
+/// merge, so only returned entries are copied.
+fn scan(shards: &[RwLockReadGuard<'_, Map>], prefix: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut iters: Vec<_> = shards
+        .iter()
+        .map(|m| m.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded)).take_while(|(k, _)| k.starts_with(prefix)))
+        .collect();
+    // (key, value, shard) of each shard's next entry, smallest key first.
+    type Head<'a> = Reverse<(&'a Vec<u8>, &'a Vec<u8>, usize)>;
+    let mut heads: BinaryHeap<Head<'_>> = BinaryHeap::new();
+    for (i, it) in iters.iter_mut().enumerate() {
+        if let Some((k, v)) = it.next() {
+            heads.push(Reverse((k, v, i)));
+        }
+    }
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let Some(Reverse((k, v, i))) = heads.pop() else { break };
+        out.push((k.clone(), v.clone()));
+        if let Some((k, v)) = iters[i].next() {
+            heads.push(Reverse((k, v, i)));
+        }
+    }
+    out
+}
+
+/// The KV service. Opts into parallel execution: it declares each request's keys
+/// ([`Service::conflicts`]) and executes through `&self` on a sharded store.
+pub struct Kv {
+    store: Arc<Store>,
+}
+
+impl Kv {
+    pub fn new() -> Kv {
+        Kv { store: Arc::new(Store::new()) }
+    }
+
+    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        self.store.read(shard_of(key)).get(key).cloned()
+    }
+
+    pub fn len(&self) -> usize {
+        self.store.read_all().iter().map(|m| m.len()).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn apply(&self, req: KvRequest) -> KvResponse {
+        self.store.apply(req)
+    }
+
+    /// The whole state as one ordered map (a copy).
+    pub fn entries(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
+        self.store.read_all().iter().flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone()))).collect()
+    }
+
+    /// What a request reads and writes, for the parallelizer:
+    /// - `Get` reads its key; `Put` and `Delete` write it; `Cas` reads and writes it.
+    /// - `Scan` reads its whole prefix, present keys or not: a write that adds, changes
+    ///   or removes any key with the prefix changes its answer. Declaring the keys it
+    ///   returned is impossible (the answer depends on the state, the declaration must
+    ///   not), and `limit` does not narrow it for the same reason.
+    /// - A request that does not decode touches nothing (its reply is an error computed
+    ///   from its bytes), so it conflicts with nothing, and garbage from one client cannot
+    ///   serialize everyone else's requests.
+    pub fn footprint(req: &KvRequest) -> Conflicts {
+        match req {
+            KvRequest::Get { key } => Conflicts::read(Item::Key(key.clone())),
+            KvRequest::Put { key, .. } | KvRequest::Delete { key } => Conflicts::write(Item::Key(key.clone())),
+            KvRequest::Cas { key, .. } => {
+                Conflicts::Items { reads: vec![Item::Key(key.clone())], writes: vec![Item::Key(key.clone())] }
+            }
+            KvRequest::Scan { prefix, .. } => Conflicts::read(Item::Prefix(prefix.clone())),
+        }
+    }
+}
+
+impl Default for Kv {
+    fn default() -> Kv {
+        Kv::new()
+    }
+}
+
+/// A deep copy: the clone does not share state with the original.
+impl Clone for Kv {
+    fn clone(&self) -> Kv {
+        let store = Store { shards: self.store.read_all().iter().map(|m| RwLock::new((**m).clone())).collect() };
+        Kv { store: Arc::new(store) }
+    }
+}
+
+/// Equal contents (the shard of a key is fixed, so shard-wise comparison suffices).
+impl PartialEq for Kv {
+    fn eq(&self, other: &Kv) -> bool {
+        Arc::ptr_eq(&self.store, &other.store)
+            || (0..SHARDS).all(|i| *self.store.read(i) == *other.store.read(i))
+    }
+}
+
+impl Eq for Kv {}
+
+impl std::fmt::Debug for Kv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kv").field("map", &self.entries()).finish()
+    }
+}
+
+impl ConcurrentService for Store {
+    fn execute_shared(&self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
         let response = match KvRequest::decode(request) {
             Ok(req) => self.apply(req),
             Err(e) => KvResponse::Error(format!("malformed request: {e}")),
         };
         response.encode()
     }
+}
+
+impl Service for Kv {
+    fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
+        self.store.execute_shared(request, ctx)
+    }
+
+    fn conflicts(&self, request: &[u8]) -> Conflicts {
+        match KvRequest::decode(request) {
+            Ok(req) => Kv::footprint(&req),
+            Err(_) => Conflicts::none(),
+        }
+    }
+
+    fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
+        Some(self.store.clone())
+    }
 
     fn snapshot(&self) -> Vec<u8> {
-        // BTreeMap iterates in key order: equal maps give equal bytes.
-        postcard::to_allocvec(&self.map).unwrap_or_default()
+        // The same bytes as a postcard BTreeMap<Vec<u8>, Vec<u8>> of the whole state (the
+        // format before sharding, so older snapshots restore): key order, equal maps give
+        // equal bytes whatever the shard layout.
+        let shards = self.store.read_all();
+        let merged: BTreeMap<&[u8], &[u8]> =
+            shards.iter().flat_map(|m| m.iter().map(|(k, v)| (k.as_slice(), v.as_slice()))).collect();
+        postcard::to_allocvec(&merged).unwrap_or_default()
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        self.map = postcard::from_bytes(snapshot).map_err(|e| RestoreError(format!("kv snapshot: {e}")))?;
+        let map: Map = postcard::from_bytes(snapshot).map_err(|e| RestoreError(format!("kv snapshot: {e}")))?;
+        let mut shards: Vec<Map> = vec![Map::new(); SHARDS];
+        for (k, v) in map {
+            shards[shard_of(&k)].insert(k, v);
+        }
+        // In place, so a handle from `concurrent()` keeps pointing at the live state.
+        for (i, m) in shards.into_iter().enumerate() {
+            *self.store.write(i) = m;
+        }
         Ok(())
     }
 }
@@ -135,6 +303,7 @@ impl Service for Kv {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn ctx() -> ExecCtx {
         ExecCtx { seq: 1, time: 0, seed: 0, client: 1 }
@@ -177,10 +346,100 @@ mod tests {
         assert!(kv.is_empty());
     }
 
+    /// The reference: the unsharded map KV was before it opted into parallel execution.
+    fn model_apply(map: &mut BTreeMap<Vec<u8>, Vec<u8>>, req: KvRequest) -> KvResponse {
+        match req {
+            KvRequest::Get { key } => KvResponse::Value(map.get(&key).cloned()),
+            KvRequest::Put { key, value } => {
+                map.insert(key, value);
+                KvResponse::Done
+            }
+            KvRequest::Delete { key } => {
+                map.remove(&key);
+                KvResponse::Done
+            }
+            KvRequest::Cas { key, expected, new } => {
+                let swapped = map.get(&key) == expected.as_ref();
+                if swapped {
+                    map.insert(key, new);
+                }
+                KvResponse::Swapped(swapped)
+            }
+            KvRequest::Scan { prefix, limit } => KvResponse::Entries(
+                map.range(prefix.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&prefix))
+                    .take(limit.min(SCAN_LIMIT_MAX) as usize)
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+            ),
+        }
+    }
+
+    fn request() -> impl Strategy<Value = KvRequest> {
+        let key = proptest::collection::vec(0u8..4, 0..4);
+        let value = proptest::collection::vec(any::<u8>(), 0..3);
+        prop_oneof![
+            key.clone().prop_map(|key| KvRequest::Get { key }),
+            (key.clone(), value.clone()).prop_map(|(key, value)| KvRequest::Put { key, value }),
+            key.clone().prop_map(|key| KvRequest::Delete { key }),
+            (key.clone(), proptest::option::of(value.clone()), value)
+                .prop_map(|(key, expected, new)| KvRequest::Cas { key, expected, new }),
+            (key, 0u32..20).prop_map(|(prefix, limit)| KvRequest::Scan { prefix, limit }),
+        ]
+    }
+
+    proptest! {
+        /// The sharded store answers and ends like the single map it replaced, and its
+        /// snapshot is byte for byte the single map's postcard encoding.
+        #[test]
+        fn sharded_store_equals_one_ordered_map(reqs in proptest::collection::vec(request(), 0..80)) {
+            let kv = Kv::new();
+            let mut model = BTreeMap::new();
+            for req in reqs {
+                prop_assert_eq!(kv.apply(req.clone()), model_apply(&mut model, req));
+            }
+            prop_assert_eq!(kv.entries(), model.clone());
+            prop_assert_eq!(kv.snapshot(), postcard::to_allocvec(&model).expect("encodes"));
+        }
+    }
+
+    #[test]
+    fn footprints_declare_exact_keys_and_scan_prefixes() {
+        let kv = Kv::new();
+        let c = |r: KvRequest| kv.conflicts(&r.encode());
+        let put = |k: &str| c(KvRequest::Put { key: k.into(), value: vec![] });
+        let get = |k: &str| c(KvRequest::Get { key: k.into() });
+        let scan = |p: &str| c(KvRequest::Scan { prefix: p.into(), limit: 1 });
+        let cas = c(KvRequest::Cas { key: b"a/1".to_vec(), expected: None, new: vec![] });
+        assert!(put("a/1").conflicts_with(&get("a/1")));
+        assert!(!put("a/1").conflicts_with(&get("a/2")));
+        assert!(!get("a/1").conflicts_with(&get("a/1")), "reads share");
+        assert!(cas.conflicts_with(&get("a/1")));
+        assert!(scan("a/").conflicts_with(&put("a/9")), "a scan reads keys it has not seen yet");
+        assert!(scan("").conflicts_with(&put("z")));
+        assert!(!scan("a/").conflicts_with(&put("b/1")));
+        assert!(!scan("a/").conflicts_with(&scan("a/")));
+        assert!(c(KvRequest::Delete { key: b"a/".to_vec() }).conflicts_with(&scan("a")));
+        assert_eq!(kv.conflicts(&[0xff, 0xff, 0xff]), Conflicts::none(), "garbage touches nothing");
+    }
+
+    #[test]
+    fn clones_are_deep_and_restore_keeps_handles_live() {
+        let mut a = Kv::new();
+        a.apply(KvRequest::Put { key: b"k".to_vec(), value: b"1".to_vec() });
+        let b = a.clone();
+        a.apply(KvRequest::Put { key: b"k".to_vec(), value: b"2".to_vec() });
+        assert_eq!(b.get(b"k"), Some(b"1".to_vec()));
+        let handle = a.concurrent().expect("kv opts in");
+        a.restore(&b.snapshot()).expect("restores");
+        let got = handle.execute_shared(&KvRequest::Get { key: b"k".to_vec() }.encode(), &ctx());
+        assert_eq!(KvResponse::decode(&got).expect("decodes"), KvResponse::Value(Some(b"1".to_vec())));
+    }
+
     #[test]
     fn snapshot_round_trips_and_is_deterministic() {
-        let mut a = Kv::new();
-        let mut b = Kv::new();
+        let a = Kv::new();
+        let b = Kv::new();
         for i in 0..20u8 {
             a.apply(KvRequest::Put { key: vec![i], value: vec![i; 3] });
             b.apply(KvRequest::Put { key: vec![19 - i], value: vec![19 - i; 3] });

@@ -303,6 +303,7 @@ impl<S: Service> Replica<S> {
         assert!((id as usize) < cfg.n(), "node id {id} outside a cluster of {}", cfg.n());
         assert_eq!(cfg.node_keys[id as usize], secrets.signing.public(), "signing key does not match the configuration");
         let n = cfg.n();
+        let workers = cfg.options.exec_workers;
         Replica {
             cfg,
             id,
@@ -323,7 +324,7 @@ impl<S: Service> Replica<S> {
             time_proposed: 0,
             proposals_closed: None,
             early_proposals: BTreeMap::new(),
-            exec: Executor::new(service),
+            exec: Executor::with_workers(service, workers),
             stable: StableProof { seq: 0, root: Digest::default(), sigs: Vec::new() },
             stable_chunks: None,
             own_checkpoints: BTreeMap::new(),
