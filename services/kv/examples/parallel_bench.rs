@@ -11,8 +11,8 @@
 //!
 //! Each cell is the best of `--repeat` runs (other load on the host only ever slows a
 //! run down), with the CPU cores the process used on average in that run (from
-//! /proc/self/stat; "?" elsewhere): a speedup needs free cores, and this column shows
-//! whether the host had them.
+//! /proc/self/stat; "?" elsewhere or for runs under 0.2 s): a speedup needs free cores,
+//! and this column shows whether the host had them.
 //!
 //! The cost is a fixed amount of computation calibrated to N microseconds on one idle
 //! core, not a sleep or a spin on the clock: a descheduled thread makes no progress, so
@@ -124,7 +124,8 @@ fn measure(values: &[Value], requests: usize, iters: u64, workers: usize) -> (f6
         e.execute(i as u64 + 1, v);
     }
     let wall = t.elapsed().as_secs_f64();
-    let cores = cpu.zip(cpu_seconds()).map(|(a, b)| (b - a) / wall);
+    // /proc counts in 10 ms ticks: shorter runs would print noise.
+    let cores = cpu.zip(cpu_seconds()).filter(|_| wall >= 0.2).map(|(a, b)| (b - a) / wall);
     (requests as f64 / wall, cores, Digest::of(&e.snapshot()))
 }
 
