@@ -221,25 +221,21 @@ fn flush(
             Peer::Client(c) => clients.get(&owner_of(c)).map(|(_, tx)| tx),
         }
     };
+    let wait = !out.persist.is_empty() || !committer.idle();
+    if !wait {
+        // Every record persisted so far is durable: gated messages wait for nothing.
+        let mut gated = std::mem::take(&mut out.send_after_persist);
+        out.send.append(&mut gated);
+    }
     for (to, msg) in out.send.drain(..) {
         if let Some(tx) = route(to) {
             offer(tx, codec::encode(&msg), stats);
         }
     }
-    if !out.persist.is_empty() || !committer.idle() {
+    if wait || !out.persist_lazy.is_empty() {
         let gated: Vec<Gated> =
             out.send_after_persist.drain(..).filter_map(|(to, msg)| route(to).map(|tx| (tx.clone(), msg))).collect();
         committer.submit(std::mem::take(&mut out.persist), std::mem::take(&mut out.persist_lazy), gated)?;
-    } else {
-        // Every record persisted so far is durable: these wait for nothing.
-        for (to, msg) in out.send_after_persist.drain(..) {
-            if let Some(tx) = route(to) {
-                offer(tx, codec::encode(&msg), stats);
-            }
-        }
-        if !out.persist_lazy.is_empty() {
-            committer.submit(Vec::new(), std::mem::take(&mut out.persist_lazy), Vec::new())?;
-        }
     }
     for e in out.events.drain(..) {
         match e {
