@@ -39,6 +39,10 @@ pub struct BenchArgs {
     /// Seconds per step.
     #[arg(long, default_value_t = 10)]
     duration: u64,
+    /// KV service: distinct keys the puts cycle through, over all clients. The service
+    /// state (and every checkpoint) holds up to keys x --req bytes.
+    #[arg(long, default_value_t = 1024)]
+    keys: u64,
     /// Also write the rows as CSV.
     #[arg(long)]
     csv: Option<PathBuf>,
@@ -90,14 +94,29 @@ fn node_pids(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-fn operation(service: &str, req: usize, reply: u32, client: usize, n: u64) -> Vec<u8> {
+/// The `n`-th operation of worker `worker`. KV workers write interleaved keys so that
+/// all `keys` are in use whatever the number of workers.
+fn operation(service: &str, req: usize, reply: u32, keys: u64, worker: usize, n: u64) -> Vec<u8> {
     match service {
         "null" => Null::request(req, reply),
-        _ => KvRequest::Put { key: format!("b{client}-{}", n % 1024).into_bytes(), value: vec![b'x'; req] }.encode(),
+        _ => {
+            let key = (worker as u64).wrapping_mul(7_919).wrapping_add(n) % keys.max(1);
+            KvRequest::Put {
+                key: format!("b{key}").into_bytes(),
+                value: vec![b'x'; req],
+            }
+            .encode()
+        }
     }
 }
 
-async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, clients: usize) -> Result<Row, String> {
+async fn step(
+    dir: &Path,
+    target: &'static str,
+    a: &BenchArgs,
+    service: &str,
+    clients: usize,
+) -> Result<Row, String> {
     // One client identity (one connection per node) per benchmark client; `outstanding`
     // sessions on it, each driven by its own task with one operation in flight.
     let sessions = a.outstanding.max(1);
@@ -112,8 +131,10 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
     let mut warm = Vec::new();
     for c in &conns {
         for _ in 0..sessions {
-            let (c, op) = (c.clone(), operation(service, a.req, a.reply, 0, 0));
-            warm.push(tokio::spawn(async move { c.invoke(op, Duration::from_secs(10)).await.is_ok() }));
+            let (c, op) = (c.clone(), operation(service, a.req, a.reply, a.keys, 0, 0));
+            warm.push(tokio::spawn(async move {
+                c.invoke(op, Duration::from_secs(10)).await.is_ok()
+            }));
         }
     }
     for w in warm {
@@ -126,15 +147,17 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
     let started = Instant::now();
     let end = started + Duration::from_secs(a.duration);
     let mut handles = Vec::new();
-    let workers = conns.iter().flat_map(|c| std::iter::repeat_n(c.clone(), sessions));
+    let workers = conns
+        .iter()
+        .flat_map(|c| std::iter::repeat_n(c.clone(), sessions));
     for (i, c) in workers.enumerate() {
-        let (service, req, reply) = (service.to_string(), a.req, a.reply);
+        let (service, req, reply, keys) = (service.to_string(), a.req, a.reply, a.keys);
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut errors = 0;
             let mut n = 0u64;
             while Instant::now() < end {
-                let op = operation(&service, req, reply, i, n);
+                let op = operation(&service, req, reply, keys, i, n);
                 let t = Instant::now();
                 match c.invoke(op, Duration::from_secs(10)).await {
                     Ok(_) => lat.push(t.elapsed()),
@@ -210,7 +233,15 @@ impl Baseline {
         let dir = std::env::temp_dir().join(format!("keel-bench-baseline-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let port = crate::cluster::free_ports(2).ok_or("no free port for the baseline")?;
-        let o = InitOptions { service: service.into(), u: 0, r: 0, host: "127.0.0.1".into(), base_port: port, clients, fsync };
+        let o = InitOptions {
+            service: service.into(),
+            u: 0,
+            r: 0,
+            host: "127.0.0.1".into(),
+            base_port: port,
+            clients,
+            fsync,
+        };
         init(&dir, &o).map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
         let node = Command::new(exe)
@@ -239,7 +270,10 @@ fn plot(path: &Path, rows: &[Row]) -> Result<(), String> {
     let max_x = rows.iter().map(|r| r.ops_per_s).fold(1.0, f64::max) * 1.1;
     let max_y = rows.iter().map(|r| r.p50_ms).fold(0.1, f64::max) * 1.2;
     let mut chart = ChartBuilder::on(&root)
-        .caption("keel bench: median latency vs throughput", ("sans-serif", 22))
+        .caption(
+            "keel bench: median latency vs throughput",
+            ("sans-serif", 22),
+        )
         .margin(20)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -252,7 +286,11 @@ fn plot(path: &Path, rows: &[Row]) -> Result<(), String> {
         .draw()
         .map_err(|e| e.to_string())?;
     for (target, color) in [("cluster", RED), ("baseline", BLUE)] {
-        let pts: Vec<(f64, f64)> = rows.iter().filter(|r| r.target == target).map(|r| (r.ops_per_s, r.p50_ms)).collect();
+        let pts: Vec<(f64, f64)> = rows
+            .iter()
+            .filter(|r| r.target == target)
+            .map(|r| (r.ops_per_s, r.p50_ms))
+            .collect();
         if pts.is_empty() {
             continue;
         }
@@ -261,9 +299,15 @@ fn plot(path: &Path, rows: &[Row]) -> Result<(), String> {
             .map_err(|e| e.to_string())?
             .label(target)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled()))).map_err(|e| e.to_string())?;
+        chart
+            .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
+            .map_err(|e| e.to_string())?;
     }
-    chart.configure_series_labels().border_style(BLACK).draw().map_err(|e| e.to_string())?;
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
 }
 
@@ -281,7 +325,11 @@ pub fn run(a: BenchArgs) -> ExitCode {
         }
     };
     let service = node0.service.clone();
-    let Ok(rt) = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() else {
+    let Ok(rt) = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    else {
         eprintln!("error: cannot start the runtime");
         return ExitCode::FAILURE;
     };
@@ -290,6 +338,13 @@ pub fn run(a: BenchArgs) -> ExitCode {
         "# {n} nodes, service {service}, fsync {:?}, req {} B, reply {} B, {} s per step, {} outstanding per client; cpu in % of one core (2 cores total)",
         node0.fsync, a.req, a.reply, a.duration, a.outstanding
     );
+    if service == "kv" {
+        println!(
+            "# kv puts over {} distinct keys (state up to {} KiB)",
+            a.keys,
+            a.keys * a.req as u64 / 1024
+        );
+    }
     println!("target\tclients\tops/s\tp50_ms\tp90_ms\tp99_ms\terrors\tnode_cpu%\tclient_cpu%\tratio_to_baseline");
     let mut rows = Vec::new();
     for &c in &counts {
@@ -329,7 +384,9 @@ pub fn run(a: BenchArgs) -> ExitCode {
         }
         println!("# cluster relative to the unreplicated baseline, same clients:");
         for r in rows.iter().filter(|r| r.target == "cluster") {
-            let b = rows.iter().find(|b| b.target == "baseline" && b.clients == r.clients);
+            let b = rows
+                .iter()
+                .find(|b| b.target == "baseline" && b.clients == r.clients);
             print_row(r, b);
         }
     }

@@ -25,11 +25,22 @@ pub struct KvArgs {
 
 #[derive(Subcommand, Debug)]
 enum KvOp {
-    Put { key: String, value: String },
-    Get { key: String },
-    Del { key: String },
+    Put {
+        key: String,
+        value: String,
+    },
+    Get {
+        key: String,
+    },
+    Del {
+        key: String,
+    },
     /// Set NEW if the value is EXPECTED ("-" for absent).
-    Cas { key: String, expected: String, new: String },
+    Cas {
+        key: String,
+        expected: String,
+        new: String,
+    },
     Scan {
         prefix: String,
         #[arg(long, default_value_t = 100)]
@@ -48,15 +59,25 @@ pub fn run(a: KvArgs) -> ExitCode {
         }
     };
     let req = match a.op {
-        KvOp::Put { key, value } => KvRequest::Put { key: key.into_bytes(), value: value.into_bytes() },
-        KvOp::Get { key } => KvRequest::Get { key: key.into_bytes() },
-        KvOp::Del { key } => KvRequest::Delete { key: key.into_bytes() },
+        KvOp::Put { key, value } => KvRequest::Put {
+            key: key.into_bytes(),
+            value: value.into_bytes(),
+        },
+        KvOp::Get { key } => KvRequest::Get {
+            key: key.into_bytes(),
+        },
+        KvOp::Del { key } => KvRequest::Delete {
+            key: key.into_bytes(),
+        },
         KvOp::Cas { key, expected, new } => KvRequest::Cas {
             key: key.into_bytes(),
             expected: (expected != "-").then(|| expected.into_bytes()),
             new: new.into_bytes(),
         },
-        KvOp::Scan { prefix, limit } => KvRequest::Scan { prefix: prefix.into_bytes(), limit },
+        KvOp::Scan { prefix, limit } => KvRequest::Scan {
+            prefix: prefix.into_bytes(),
+            limit,
+        },
     };
     let mut client = match BlockingClient::connect(setup) {
         Ok(c) => c,
@@ -86,7 +107,11 @@ pub fn run(a: KvArgs) -> ExitCode {
         }
         Ok(KvResponse::Entries(entries)) => {
             for (k, v) in entries {
-                println!("{}\t{}", String::from_utf8_lossy(&k), String::from_utf8_lossy(&v));
+                println!(
+                    "{}\t{}",
+                    String::from_utf8_lossy(&k),
+                    String::from_utf8_lossy(&v)
+                );
             }
         }
         Ok(KvResponse::Error(e)) => {

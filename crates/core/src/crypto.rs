@@ -148,7 +148,11 @@ impl MacKey {
     /// Constant-time comparison, so a client cannot learn a MAC byte by byte.
     pub fn verify(&self, statement: &Digest, mac: &Mac) -> bool {
         let expect = self.mac(statement);
-        expect.iter().zip(mac.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+        expect
+            .iter()
+            .zip(mac.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
     }
 }
 
@@ -173,7 +177,10 @@ mod tests {
 
     #[test]
     fn domains_separate_digests() {
-        assert_ne!(Hasher::new("a").u64(1).finish(), Hasher::new("b").u64(1).finish());
+        assert_ne!(
+            Hasher::new("a").u64(1).finish(),
+            Hasher::new("b").u64(1).finish()
+        );
         // Length-prefixed fields: ("ab","c") differs from ("a","bc").
         assert_ne!(
             Hasher::new("x").bytes(b"ab").bytes(b"c").finish(),

@@ -16,7 +16,10 @@ use crate::config::NodeSetup;
 use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
 use crate::tls::{self, PeerId, TlsError};
-use crate::transport::{accept_loop, dial_loop, offer, read_frame, write_frames, Accepted, TransportStats, SEND_QUEUE_MAX};
+use crate::transport::{
+    accept_loop, dial_loop, offer, read_frame, write_frames, Accepted, TransportStats,
+    SEND_QUEUE_MAX,
+};
 use keel_core::codec;
 use keel_core::message::{owner_of, ClientId, Message, NodeId};
 use keel_core::replica::{Event, Input, Outputs, Peer, Replica};
@@ -45,20 +48,38 @@ pub enum NodeError {
     #[error("recovery: {0}")]
     Recovery(#[from] RestoreError),
     #[error("metrics endpoint on {addr}: {source}")]
-    Metrics { addr: std::net::SocketAddr, source: std::io::Error },
+    Metrics {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("listen on {addr}: {source}")]
-    Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 enum Inbound {
-    Message { from: Peer, msg: Message },
-    ClientUp { id: ClientId, conn: u64, tx: mpsc::Sender<Vec<u8>> },
-    ClientDown { id: ClientId, conn: u64 },
+    Message {
+        from: Peer,
+        msg: Message,
+    },
+    ClientUp {
+        id: ClientId,
+        conn: u64,
+        tx: mpsc::Sender<Vec<u8>>,
+    },
+    ClientDown {
+        id: ClientId,
+        conn: u64,
+    },
 }
 
 /// Wall-clock milliseconds: nodes' clocks must roughly agree (agreed time, UpRight §3.1).
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Runs a node until the process ends.
@@ -66,28 +87,58 @@ pub fn now_ms() -> u64 {
 /// # Errors
 /// Failures to open storage, recover, bind or configure TLS; and a storage failure while
 /// running (a node that cannot persist must stop rather than answer).
-pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S) -> Result<(), NodeError> {
+pub async fn run_node<S: Service + Send + 'static>(
+    setup: NodeSetup,
+    service: S,
+) -> Result<(), NodeError> {
     let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
     if setup.fsync == FsyncPolicy::Never {
         tracing::warn!("fsync = never: for benchmarks only; a crash can lose acknowledged writes");
-        eprintln!("WARNING: node {} runs with fsync = never; a crash can lose acknowledged writes", setup.id);
+        eprintln!(
+            "WARNING: node {} runs with fsync = never; a crash can lose acknowledged writes",
+            setup.id
+        );
     }
     let mut out = Outputs::default();
     let fresh = durable.records.is_empty() && durable.snapshots.is_empty();
     let mut replica = if fresh {
-        Replica::new(setup.cluster.clone(), setup.id, setup.secrets.clone(), service)
+        Replica::new(
+            setup.cluster.clone(),
+            setup.id,
+            setup.secrets.clone(),
+            service,
+        )
     } else {
-        Replica::recover(setup.cluster.clone(), setup.id, setup.secrets.clone(), service, durable, now_ms(), &mut out)?
+        Replica::recover(
+            setup.cluster.clone(),
+            setup.id,
+            setup.secrets.clone(),
+            service,
+            durable,
+            now_ms(),
+            &mut out,
+        )?
     };
-    tracing::info!(node = setup.id, view = replica.view(), executed = replica.executed(), "node started");
+    tracing::info!(
+        node = setup.id,
+        view = replica.view(),
+        executed = replica.executed(),
+        "node started"
+    );
     // For `keel bench` (CPU per node) and operators: who runs this node.
-    let _ = std::fs::write(setup.data_dir.join("node.pid"), std::process::id().to_string());
+    let _ = std::fs::write(
+        setup.data_dir.join("node.pid"),
+        std::process::id().to_string(),
+    );
 
     let stats = Arc::new(TransportStats::default());
     let (m, registry) = Metrics::new();
     let shared = metrics::serve(setup.metrics, registry, stats.clone())
         .await
-        .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
+        .map_err(|source| NodeError::Metrics {
+            addr: setup.metrics,
+            source,
+        })?;
     let connected = Arc::new(AtomicU64::new(0));
     let (in_tx, mut in_rx) = mpsc::channel::<Inbound>(INBOUND_QUEUE_MAX);
 
@@ -101,23 +152,41 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
         }
         let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
         peers.push(Some(tx));
-        tokio::spawn(dial_loop(*addr, PeerId::Node(j as NodeId), connector.clone(), rx, stats.clone(), connected.clone(), |_| {}));
+        tokio::spawn(dial_loop(
+            *addr,
+            PeerId::Node(j as NodeId),
+            connector.clone(),
+            rx,
+            stats.clone(),
+            connected.clone(),
+            |_| {},
+        ));
     }
 
     // Incoming connections from nodes and clients.
-    let listener = TcpListener::bind(setup.listen).await.map_err(|source| NodeError::Listen { addr: setup.listen, source })?;
+    let listener = TcpListener::bind(setup.listen)
+        .await
+        .map_err(|source| NodeError::Listen {
+            addr: setup.listen,
+            source,
+        })?;
     let acceptor = TlsAcceptor::from(tls::server_config(&setup.ca_pem, &setup.credentials)?);
     let conn_ids = Arc::new(AtomicU64::new(0));
     {
         let in_tx = in_tx.clone();
         let stats = stats.clone();
         let n = setup.cluster.n() as NodeId;
-        tokio::spawn(accept_loop(listener, acceptor, stats.clone(), move |acc: Accepted| {
-            let in_tx = in_tx.clone();
-            let stats = stats.clone();
-            let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(serve_connection(acc, conn, n, in_tx, stats));
-        }));
+        tokio::spawn(accept_loop(
+            listener,
+            acceptor,
+            stats.clone(),
+            move |acc: Accepted| {
+                let in_tx = in_tx.clone();
+                let stats = stats.clone();
+                let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(serve_connection(acc, conn, n, in_tx, stats));
+            },
+        ));
     }
 
     let mut clients: HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)> = HashMap::new();
@@ -125,14 +194,21 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
     let mut transfer_logged = u64::MAX;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut committer = Committer::start(storage, stats.clone(), m.fsync_seconds.clone())
-        .map_err(|source| NodeError::Storage(StorageError::Io { what: "start WAL thread", path: setup.data_dir.clone(), source }))?;
+    let mut committer =
+        Committer::start(storage, stats.clone(), m.fsync_seconds.clone()).map_err(|source| {
+            NodeError::Storage(StorageError::Io {
+                what: "start WAL thread",
+                path: setup.data_dir.clone(),
+                source,
+            })
+        })?;
     loop {
         flush(&mut committer, &mut out, &peers, &clients, &stats, &m)?;
         tokio::select! {
             e = committer.failed() => return Err(e.into()),
             ev = in_rx.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
+                replica.hold_proposals();
                 handle(&mut replica, ev, &mut clients, &mut out);
                 for _ in 0..STEP_BATCH_MAX {
                     match in_rx.try_recv() {
@@ -140,6 +216,7 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
                         Err(_) => break,
                     }
                 }
+                replica.release_proposals(now_ms(), &mut out);
             }
             _ = tick.tick() => {
                 replica.step(now_ms(), Input::Tick, &mut out);
@@ -150,19 +227,32 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
 }
 
 /// Updates the gauges and the `/status` snapshot (every tick: cheap, no locks held long).
-fn publish<S: Service>(replica: &Replica<S>, m: &Metrics, shared: &Shared, inbound: usize, connected: u64, logged: &mut u64) {
+fn publish<S: Service>(
+    replica: &Replica<S>,
+    m: &Metrics,
+    shared: &Shared,
+    inbound: usize,
+    connected: u64,
+    logged: &mut u64,
+) {
     m.view.set(replica.view() as i64);
     m.executed.set(replica.executed() as i64);
     m.stable.set(replica.stable_seq() as i64);
     m.inbound_queue.set(inbound as i64);
     let transfer = replica.transfer_progress();
-    m.transfer_permille.set(transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
+    m.transfer_permille
+        .set(transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
     match transfer {
         Some((have, total)) if total > 0 => {
             let tenth = (have * 10 / total) as u64;
             if tenth != *logged {
                 *logged = tenth;
-                tracing::info!(have, total, "state transfer: {}% of {total} chunks", have * 100 / total);
+                tracing::info!(
+                    have,
+                    total,
+                    "state transfer: {}% of {total} chunks",
+                    have * 100 / total
+                );
             }
         }
         _ => *logged = u64::MAX,
@@ -233,14 +323,25 @@ fn flush(
         }
     }
     if wait || !out.persist_lazy.is_empty() {
-        let gated: Vec<Gated> =
-            out.send_after_persist.drain(..).filter_map(|(to, msg)| route(to).map(|tx| (tx.clone(), msg))).collect();
-        committer.submit(std::mem::take(&mut out.persist), std::mem::take(&mut out.persist_lazy), gated)?;
+        let gated: Vec<Gated> = out
+            .send_after_persist
+            .drain(..)
+            .filter_map(|(to, msg)| route(to).map(|tx| (tx.clone(), msg)))
+            .collect();
+        committer.submit(
+            std::mem::take(&mut out.persist),
+            std::mem::take(&mut out.persist_lazy),
+            gated,
+        )?;
     }
     for e in out.events.drain(..) {
         match e {
             Event::Rejected { from, kind, reason } => {
-                m.rejected.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
+                m.rejected
+                    .get_or_create(&KindLabels {
+                        kind: kind.to_string(),
+                    })
+                    .inc();
                 tracing::debug!(?from, kind, %reason, "rejected");
             }
             Event::Decided { .. } => {
@@ -262,7 +363,12 @@ fn flush(
             Event::StateTransferDone { seq } => tracing::info!(seq, "state transfer done"),
             Event::Divergence { seq, local, stable } => {
                 m.divergences.inc();
-                tracing::error!(seq, ?local, ?stable, "local state diverged from the stable checkpoint; repairing")
+                tracing::error!(
+                    seq,
+                    ?local,
+                    ?stable,
+                    "local state diverged from the stable checkpoint; repairing"
+                )
             }
             Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
@@ -271,7 +377,13 @@ fn flush(
 }
 
 /// Reads frames from one accepted connection; for clients, also writes replies back.
-async fn serve_connection(acc: Accepted, conn: u64, n: NodeId, in_tx: mpsc::Sender<Inbound>, stats: Arc<TransportStats>) {
+async fn serve_connection(
+    acc: Accepted,
+    conn: u64,
+    n: NodeId,
+    in_tx: mpsc::Sender<Inbound>,
+    stats: Arc<TransportStats>,
+) {
     let from = match acc.peer {
         PeerId::Node(j) if j < n => Peer::Node(j),
         PeerId::Node(_) => {
@@ -284,7 +396,11 @@ async fn serve_connection(acc: Accepted, conn: u64, n: NodeId, in_tx: mpsc::Send
     let mut writer = None;
     if let Peer::Client(id) = from {
         let (tx, mut rx) = mpsc::channel(SEND_QUEUE_MAX);
-        if in_tx.send(Inbound::ClientUp { id, conn, tx }).await.is_err() {
+        if in_tx
+            .send(Inbound::ClientUp { id, conn, tx })
+            .await
+            .is_err()
+        {
             return;
         }
         let stats = stats.clone();

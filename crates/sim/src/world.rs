@@ -19,7 +19,9 @@ use keel_core::config::{ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
 use keel_core::message::{ClientId, Message, NodeId, Seq};
 use keel_core::quorum::{Mutation, Quorums};
-use keel_core::replica::{client_mac_key, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica};
+use keel_core::replica::{
+    client_mac_key, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
@@ -42,7 +44,13 @@ impl FaultSet {
                 "crash" => f.crash = true,
                 "network" => f.network = true,
                 "byzantine" => f.byzantine = true,
-                "all" => f = FaultSet { crash: true, network: true, byzantine: true },
+                "all" => {
+                    f = FaultSet {
+                        crash: true,
+                        network: true,
+                        byzantine: true,
+                    }
+                }
                 _ => return None,
             }
         }
@@ -171,12 +179,22 @@ pub struct SeedReport {
 }
 
 enum Ev {
-    Deliver { to: Peer, from: Peer, frame: Vec<u8> },
+    Deliver {
+        to: Peer,
+        from: Peer,
+        frame: Vec<u8>,
+    },
     NodeTick(NodeId),
     ClientTick(usize),
     /// A group commit completes: the step's facts become durable (and are checked) and
     /// its gated messages go out.
-    Sync { node: NodeId, epoch: u64, upto: u64, gated: Vec<(Peer, Message)>, facts: Vec<Event> },
+    Sync {
+        node: NodeId,
+        epoch: u64,
+        upto: u64,
+        gated: Vec<(Peer, Message)>,
+        facts: Vec<Event>,
+    },
     Restart(NodeId),
     Nemesis,
 }
@@ -261,15 +279,27 @@ fn client_id(i: usize) -> ClientId {
 impl<W: Workload> World<W> {
     pub fn new(opts: SimOptions, workload: W) -> World<W> {
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-        let quorums = Quorums::new(opts.u, opts.r).expect("valid (u, r)").with_mutation(opts.mutation);
+        let quorums = Quorums::new(opts.u, opts.r)
+            .expect("valid (u, r)")
+            .with_mutation(opts.mutation);
         let n = quorums.order_nodes();
         let secrets: Vec<NodeSecrets> = (0..n)
-            .map(|_| NodeSecrets { signing: SigningKey::from_seed(rng.gen()), mac_secret: rng.gen() })
+            .map(|_| NodeSecrets {
+                signing: SigningKey::from_seed(rng.gen()),
+                mac_secret: rng.gen(),
+            })
             .collect();
         let keys = secrets.iter().map(|s| s.signing.public()).collect();
         let cfg = ClusterConfig::new(quorums, keys, opts.options.clone()).expect("valid config");
-        let mut report = SeedReport { seed: opts.seed, ..SeedReport::default() };
-        let byzantine_count = if opts.faults.byzantine && opts.r > 0 { rng.gen_range(1..=opts.r as usize) } else { 0 };
+        let mut report = SeedReport {
+            seed: opts.seed,
+            ..SeedReport::default()
+        };
+        let byzantine_count = if opts.faults.byzantine && opts.r > 0 {
+            rng.gen_range(1..=opts.r as usize)
+        } else {
+            0
+        };
         let mut byz_ids: Vec<usize> = (0..n).collect();
         for i in (1..n).rev() {
             byz_ids.swap(i, rng.gen_range(0..=i));
@@ -286,25 +316,51 @@ impl<W: Workload> World<W> {
             .into_iter()
             .enumerate()
             .map(|(i, s)| {
-                let skew_max = if opts.faults.network { tolerance / 4 } else { 20 };
+                let skew_max = if opts.faults.network {
+                    tolerance / 4
+                } else {
+                    20
+                };
                 let skew = rng.gen_range(-skew_max..=skew_max);
                 if skew != 0 {
                     report.faults.skewed_clocks += 1;
                 }
                 let byzantine = byz_ids.contains(&i).then(|| {
-                    let behaviours = pinned.clone().unwrap_or_else(|| Behaviours::random(&mut rng));
-                    Byzantine::new(behaviours, i as NodeId, n, quorums.order_quorum(), s.signing.clone())
+                    let behaviours = pinned
+                        .clone()
+                        .unwrap_or_else(|| Behaviours::random(&mut rng));
+                    Byzantine::new(
+                        behaviours,
+                        i as NodeId,
+                        n,
+                        quorums.order_quorum(),
+                        s.signing.clone(),
+                    )
                 });
                 let replica = Replica::new(cfg.clone(), i as NodeId, s.clone(), workload.service());
-                SimNode { replica: Some(replica), disk: SimDisk::default(), epoch: 0, secrets: s, skew, byzantine }
+                SimNode {
+                    replica: Some(replica),
+                    disk: SimDisk::default(),
+                    epoch: 0,
+                    secrets: s,
+                    skew,
+                    byzantine,
+                }
             })
             .collect::<Vec<_>>();
         report.faults.byzantine_nodes = byzantine_count as u64;
         let clients = (0..opts.clients)
             .map(|i| {
                 let id = client_id(i);
-                let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
-                SimClient { core: Client::new(id, quorums, keys, 300, 1), inflight: None, side: 0 }
+                let keys = nodes
+                    .iter()
+                    .map(|n| client_mac_key(&n.secrets.mac_secret, id))
+                    .collect();
+                SimClient {
+                    core: Client::new(id, quorums, keys, 300, 1),
+                    inflight: None,
+                    side: 0,
+                }
             })
             .collect();
         let mut w = World {
@@ -347,7 +403,11 @@ impl<W: Workload> World<W> {
 
     fn schedule(&mut self, at: u64, ev: Ev) {
         self.next_id += 1;
-        self.queue.push(Reverse(Scheduled { at, id: self.next_id, ev }));
+        self.queue.push(Reverse(Scheduled {
+            at,
+            id: self.next_id,
+            ev,
+        }));
     }
 
     fn trace_line(&mut self, line: String) {
@@ -359,11 +419,20 @@ impl<W: Workload> World<W> {
     }
 
     fn violation(&mut self, property: &'static str, detail: String) {
-        if self.report.violations.iter().any(|v| v.property == property) {
+        if self
+            .report
+            .violations
+            .iter()
+            .any(|v| v.property == property)
+        {
             return;
         }
         self.trace_line(format!("{} VIOLATION {property}: {detail}", self.now));
-        self.report.violations.push(Violation { property, detail, at: self.now });
+        self.report.violations.push(Violation {
+            property,
+            detail,
+            at: self.now,
+        });
     }
 
     fn is_correct(&self, n: NodeId) -> bool {
@@ -391,7 +460,8 @@ impl<W: Workload> World<W> {
         let heal_at = self.now;
         self.trace_line(format!("{heal_at} heal"));
         // Liveness phase: every outstanding operation completes within the bound.
-        while self.report.violations.is_empty() && self.clients.iter().any(|c| c.inflight.is_some()) {
+        while self.report.violations.is_empty() && self.clients.iter().any(|c| c.inflight.is_some())
+        {
             if self.now > heal_at + self.opts.liveness_ms || !self.step_once() {
                 let stuck: Vec<String> = self
                     .clients
@@ -403,13 +473,26 @@ impl<W: Workload> World<W> {
                     .nodes
                     .iter()
                     .map(|n| match &n.replica {
-                        Some(r) => format!("{}{}", r.status_line(), if n.byzantine.is_some() { " (byzantine)" } else { "" }),
+                        Some(r) => format!(
+                            "{}{}",
+                            r.status_line(),
+                            if n.byzantine.is_some() {
+                                " (byzantine)"
+                            } else {
+                                ""
+                            }
+                        ),
                         None => "down".into(),
                     })
                     .collect();
                 self.violation(
                     "liveness",
-                    format!("{} ms after healing: {} stuck; nodes: {}", self.opts.liveness_ms, stuck.join(", "), nodes.join("; ")),
+                    format!(
+                        "{} ms after healing: {} stuck; nodes: {}",
+                        self.opts.liveness_ms,
+                        stuck.join(", "),
+                        nodes.join("; ")
+                    ),
                 );
                 break;
             }
@@ -432,7 +515,12 @@ impl<W: Workload> World<W> {
             }
             self.report.faults.torn_writes += n.disk.torn;
         }
-        self.report.max_executed = self.nodes.iter().filter_map(|n| n.replica.as_ref().map(|r| r.executed())).max().unwrap_or(0);
+        self.report.max_executed = self
+            .nodes
+            .iter()
+            .filter_map(|n| n.replica.as_ref().map(|r| r.executed()))
+            .max()
+            .unwrap_or(0);
         self.report.trace_hash = {
             let h = self.trace.finalize();
             let mut b = [0u8; 8];
@@ -444,7 +532,9 @@ impl<W: Workload> World<W> {
     }
 
     fn step_once(&mut self) -> bool {
-        let Some(Reverse(s)) = self.queue.pop() else { return false };
+        let Some(Reverse(s)) = self.queue.pop() else {
+            return false;
+        };
         self.now = s.at;
         self.report.steps += 1;
         match s.ev {
@@ -457,7 +547,13 @@ impl<W: Workload> World<W> {
                 self.schedule(self.now + CLIENT_TICK_MS, Ev::ClientTick(c));
                 self.client_tick(c);
             }
-            Ev::Sync { node, epoch, upto, gated, facts } => {
+            Ev::Sync {
+                node,
+                epoch,
+                upto,
+                gated,
+                facts,
+            } => {
                 let sn = &mut self.nodes[node as usize];
                 if sn.epoch == epoch && sn.replica.is_some() {
                     for e in facts {
@@ -470,7 +566,10 @@ impl<W: Workload> World<W> {
                     let bound = (o.log_max() / o.checkpoint_interval) as usize + 1;
                     let held = sn.disk.snapshot_count();
                     if held > bound {
-                        self.violation("bounded-storage", format!("node {node} holds {held} snapshots, bound {bound}"));
+                        self.violation(
+                            "bounded-storage",
+                            format!("node {node} holds {held} snapshots, bound {bound}"),
+                        );
                     }
                     self.transmit_from_node(node, gated);
                 }
@@ -491,20 +590,31 @@ impl<W: Workload> World<W> {
 
     fn step_node(&mut self, n: NodeId, input: Input) {
         let now = self.node_now(n);
-        let Some(replica) = self.nodes[n as usize].replica.as_mut() else { return };
+        let Some(replica) = self.nodes[n as usize].replica.as_mut() else {
+            return;
+        };
         let mut out = Outputs::default();
         replica.step(now, input, &mut out);
         self.process_outputs(n, out);
     }
 
     fn process_outputs(&mut self, n: NodeId, out: Outputs) {
-        let Outputs { persist, persist_lazy, send, send_after_persist, events } = out;
+        let Outputs {
+            persist,
+            persist_lazy,
+            send,
+            send_after_persist,
+            events,
+        } = out;
         // Decisions, executions and checkpoints are facts only once the step's records
         // are durable: a node that crashes before that never made them (nothing it said
         // depended on them: replies and votes are gated the same way).
-        let (facts, observations): (Vec<Event>, Vec<Event>) = events
-            .into_iter()
-            .partition(|e| matches!(e, Event::Decided { .. } | Event::Executed { .. } | Event::Checkpoint { .. }));
+        let (facts, observations): (Vec<Event>, Vec<Event>) = events.into_iter().partition(|e| {
+            matches!(
+                e,
+                Event::Decided { .. } | Event::Executed { .. } | Event::Checkpoint { .. }
+            )
+        });
         for e in observations {
             self.on_event(n, e);
         }
@@ -516,7 +626,10 @@ impl<W: Workload> World<W> {
         for r in &persist_lazy {
             node.disk.write_lazy(r);
         }
-        if wrote || ((!send_after_persist.is_empty() || !facts.is_empty()) && node.disk.has_pending_eager()) {
+        if wrote
+            || ((!send_after_persist.is_empty() || !facts.is_empty())
+                && node.disk.has_pending_eager())
+        {
             // Group commit: one sync covers everything written so far.
             let upto = node.disk.last_op();
             let epoch = node.epoch;
@@ -525,7 +638,16 @@ impl<W: Workload> World<W> {
             } else {
                 self.rng.gen_range(0..3)
             };
-            self.schedule(self.now + latency, Ev::Sync { node: n, epoch, upto, gated: send_after_persist, facts });
+            self.schedule(
+                self.now + latency,
+                Ev::Sync {
+                    node: n,
+                    epoch,
+                    upto,
+                    gated: send_after_persist,
+                    facts,
+                },
+            );
         } else {
             for e in facts {
                 self.on_event(n, e);
@@ -540,10 +662,16 @@ impl<W: Workload> World<W> {
             return;
         }
         let from = Peer::Node(n);
-        let is_primary = self.nodes[n as usize].replica.as_ref().is_some_and(|r| r.is_primary());
+        let is_primary = self.nodes[n as usize]
+            .replica
+            .as_ref()
+            .is_some_and(|r| r.is_primary());
         let frames: Vec<(Peer, Vec<u8>)> = match self.nodes[n as usize].byzantine.as_mut() {
             Some(b) => b.transform(&mut self.rng, is_primary, msgs),
-            None => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
+            None => msgs
+                .into_iter()
+                .map(|(to, m)| (to, codec::encode(&m)))
+                .collect(),
         };
         for (to, frame) in frames {
             self.transmit(from, to, frame);
@@ -553,7 +681,10 @@ impl<W: Workload> World<W> {
     fn side_of(&self, p: Peer) -> u8 {
         match p {
             Peer::Node(n) => self.sides.get(n as usize).copied().unwrap_or(0),
-            Peer::Client(c) => c.checked_sub(1000).and_then(|i| self.clients.get(i as usize)).map_or(0, |x| x.side),
+            Peer::Client(c) => c
+                .checked_sub(1000)
+                .and_then(|i| self.clients.get(i as usize))
+                .map_or(0, |x| x.side),
         }
     }
 
@@ -583,7 +714,14 @@ impl<W: Workload> World<W> {
         }
         for i in 0..copies {
             let at = self.now + delay + i * self.rng.gen_range(0..20);
-            self.schedule(at, Ev::Deliver { to, from, frame: frame.clone() });
+            self.schedule(
+                at,
+                Ev::Deliver {
+                    to,
+                    from,
+                    frame: frame.clone(),
+                },
+            );
         }
     }
 
@@ -600,7 +738,11 @@ impl<W: Workload> World<W> {
             Err(_) => {
                 // The runtime counts and drops these; so do we.
                 self.report.rejected += 1;
-                *self.report.rejected_by.entry("frame: undecodable".into()).or_default() += 1;
+                *self
+                    .report
+                    .rejected_by
+                    .entry("frame: undecodable".into())
+                    .or_default() += 1;
                 return;
             }
         };
@@ -616,10 +758,20 @@ impl<W: Workload> World<W> {
     }
 
     fn deliver_to_client(&mut self, c: ClientId, from: Peer, msg: Message) {
-        let (Peer::Node(node), Message::Reply(reply)) = (from, msg) else { return };
+        let (Peer::Node(node), Message::Reply(reply)) = (from, msg) else {
+            return;
+        };
         // Replies to clients that do not exist (a forged request) go nowhere.
-        let Some(idx) = c.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else { return };
-        let Some(result) = self.clients[idx].core.on_reply(node, reply) else { return };
+        let Some(idx) = c
+            .checked_sub(1000)
+            .map(|i| i as usize)
+            .filter(|i| *i < self.clients.len())
+        else {
+            return;
+        };
+        let Some(result) = self.clients[idx].core.on_reply(node, reply) else {
+            return;
+        };
         if let Some(h) = self.clients[idx].inflight.take() {
             self.history[h].ret = Some((self.now, result));
             self.report.ops_completed += 1;
@@ -646,10 +798,17 @@ impl<W: Workload> World<W> {
     fn issue(&mut self, c: usize) {
         let id = self.clients[c].core.id();
         let op = self.workload.next_op(&mut self.rng, id);
-        let Ok(msgs) = self.clients[c].core.invoke(self.now, op.clone()) else { return };
+        let Ok(msgs) = self.clients[c].core.invoke(self.now, op.clone()) else {
+            return;
+        };
         let seq = self.clients[c].core.inflight_seq().unwrap_or(0);
         self.submitted.insert((id, seq), Digest::of(&op));
-        self.history.push(HistoryEntry { client: id, op, invoke: self.now, ret: None });
+        self.history.push(HistoryEntry {
+            client: id,
+            op,
+            invoke: self.now,
+            ret: None,
+        });
         self.clients[c].inflight = Some(self.history.len() - 1);
         for (n, m) in msgs {
             self.transmit(Peer::Client(id), Peer::Node(n), codec::encode(&m));
@@ -680,7 +839,8 @@ impl<W: Workload> World<W> {
                 if !correct {
                     return;
                 }
-                let list: Vec<(ClientId, u64, Digest)> = requests.iter().map(|r| (r.client, r.seq, r.op)).collect();
+                let list: Vec<(ClientId, u64, Digest)> =
+                    requests.iter().map(|r| (r.client, r.seq, r.op)).collect();
                 for (client, cseq, op) in &list {
                     match self.submitted.get(&(*client, *cseq)) {
                         Some(d) if d == op => {}
@@ -699,7 +859,10 @@ impl<W: Workload> World<W> {
                 }
                 match self.executed_at.get(&seq) {
                     Some(prev) if *prev != list => {
-                        self.violation("exactly-once", format!("instance {seq} executed different requests on node {n}"));
+                        self.violation(
+                            "exactly-once",
+                            format!("instance {seq} executed different requests on node {n}"),
+                        );
                     }
                     Some(_) => {}
                     None => {
@@ -714,7 +877,12 @@ impl<W: Workload> World<W> {
                 match self.roots.get(&seq) {
                     Some(r) if *r != root => {
                         let r = *r;
-                        self.violation("checkpoint-roots", format!("node {n} has root {root:?} at {seq}, another correct node {r:?}"));
+                        self.violation(
+                            "checkpoint-roots",
+                            format!(
+                                "node {n} has root {root:?} at {seq}, another correct node {r:?}"
+                            ),
+                        );
                     }
                     Some(_) => {}
                     None => {
@@ -724,7 +892,10 @@ impl<W: Workload> World<W> {
             }
             Event::Divergence { seq, local, stable } => {
                 if correct {
-                    self.violation("checkpoint-roots", format!("node {n} diverged at {seq}: local {local:?}, stable {stable:?}"));
+                    self.violation(
+                        "checkpoint-roots",
+                        format!("node {n} diverged at {seq}: local {local:?}, stable {stable:?}"),
+                    );
                 }
             }
             Event::ViewChangeStarted { view } => {
@@ -732,11 +903,16 @@ impl<W: Workload> World<W> {
                 if correct {
                     self.report.view_changes += 1;
                     if !self.opts.faults.any() {
-                        self.violation("no-spurious-view-change", format!("node {n} started a view change to {view} in a fault-free run"));
+                        self.violation(
+                            "no-spurious-view-change",
+                            format!("node {n} started a view change to {view} in a fault-free run"),
+                        );
                     }
                 }
             }
-            Event::ViewInstalled { view } => self.trace_line(format!("{} n{n} installed view {view}", self.now)),
+            Event::ViewInstalled { view } => {
+                self.trace_line(format!("{} n{n} installed view {view}", self.now))
+            }
             Event::StateTransferStarted { seq } => {
                 self.report.state_transfers += 1;
                 self.trace_line(format!("{} n{n} state transfer to {seq}", self.now));
@@ -744,8 +920,16 @@ impl<W: Workload> World<W> {
             Event::Rejected { kind, reason, .. } => {
                 self.report.rejected += 1;
                 let reason = format!("{reason:?}");
-                let variant = reason.split([' ', '{', '(']).next().unwrap_or_default().to_string();
-                *self.report.rejected_by.entry(format!("{kind}: {variant}")).or_default() += 1;
+                let variant = reason
+                    .split([' ', '{', '('])
+                    .next()
+                    .unwrap_or_default()
+                    .to_string();
+                *self
+                    .report
+                    .rejected_by
+                    .entry(format!("{kind}: {variant}"))
+                    .or_default() += 1;
             }
             Event::Stable { .. } | Event::StateTransferDone { .. } => {}
         }
@@ -770,7 +954,15 @@ impl<W: Workload> World<W> {
         let (snapshots, records) = node.disk.recover();
         let mut out = Outputs::default();
         let service = self.workload.service();
-        match Replica::recover(self.cfg.clone(), n, node.secrets.clone(), service, Durable { snapshots, records }, now, &mut out) {
+        match Replica::recover(
+            self.cfg.clone(),
+            n,
+            node.secrets.clone(),
+            service,
+            Durable { snapshots, records },
+            now,
+            &mut out,
+        ) {
             Ok(r) => node.replica = Some(r),
             Err(e) => {
                 self.violation("recovery", format!("node {n} cannot recover: {e}"));

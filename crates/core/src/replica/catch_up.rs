@@ -6,9 +6,9 @@
 //! needs r + 1 matching claims (one of them from a correct node).
 
 use super::{Event, Outputs, Peer, Persist, Reject, Replica};
+use crate::crypto::Digest;
 use crate::exec::{leaf_digest, merkle_root, Chunked};
 use crate::message::{Message, NodeId, Seq, StableProof, Value, View};
-use crate::crypto::Digest;
 use crate::service::Service;
 use crate::wal::Record;
 use std::collections::BTreeMap;
@@ -32,12 +32,22 @@ pub struct Transfer {
 
 impl Transfer {
     pub fn progress(&self) -> (usize, usize) {
-        (self.chunks.iter().filter(|c| c.is_some()).count(), self.chunks.len())
+        (
+            self.chunks.iter().filter(|c| c.is_some()).count(),
+            self.chunks.len(),
+        )
     }
 }
 
 impl<S: Service> Replica<S> {
-    pub(super) fn on_status(&mut self, from: NodeId, view: View, executed: Seq, _stable: Seq, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_status(
+        &mut self,
+        from: NodeId,
+        view: View,
+        executed: Seq,
+        _stable: Seq,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         let gap = self.cfg.options.status_ms / 2;
         if self.now < self.helped_at[from as usize] + gap {
             return Ok(());
@@ -51,14 +61,19 @@ impl<S: Service> Replica<S> {
             }
         }
         if self.stable.seq > executed {
-            out.send.push((peer, Message::StableCert(self.stable.clone())));
+            out.send
+                .push((peer, Message::StableCert(self.stable.clone())));
             helped = true;
         } else if self.exec.executed() > executed {
-            let last = self.exec.executed().min(executed + self.cfg.options.catch_up_values_max);
+            let last = self
+                .exec
+                .executed()
+                .min(executed + self.cfg.options.catch_up_values_max);
             for seq in executed + 1..=last {
                 if let Some(value) = self.log.get(&seq).and_then(|s| s.decided_value.clone()) {
                     // Gated: we may vouch only for decisions we can no longer lose.
-                    out.send_after_persist.push((peer, Message::Decided { seq, value }));
+                    out.send_after_persist
+                        .push((peer, Message::Decided { seq, value }));
                     helped = true;
                 }
             }
@@ -69,7 +84,12 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    pub(super) fn on_stable_cert(&mut self, _from: NodeId, proof: StableProof, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_stable_cert(
+        &mut self,
+        _from: NodeId,
+        proof: StableProof,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         if proof.seq <= self.stable.seq {
             return Ok(());
         }
@@ -78,7 +98,13 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    pub(super) fn on_decided(&mut self, from: NodeId, seq: Seq, value: Value, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_decided(
+        &mut self,
+        from: NodeId,
+        seq: Seq,
+        value: Value,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         if seq <= self.exec.executed() {
             return Ok(());
         }
@@ -99,7 +125,11 @@ impl<S: Service> Replica<S> {
                 }
                 return Ok(());
             }
-            Some(_) => return Err(Reject::BadProof("decided claim contradicts a known decision")),
+            Some(_) => {
+                return Err(Reject::BadProof(
+                    "decided claim contradicts a known decision",
+                ))
+            }
             None => {}
         }
         slot.claims.insert(from, digest);
@@ -111,7 +141,13 @@ impl<S: Service> Replica<S> {
         slot.claimed_values.retain(|d, _| claimed.contains(d));
         if slot.claims.values().filter(|d| **d == digest).count() >= weak {
             if let Some(value) = slot.claimed_values.get(&digest).cloned() {
-                self.persist(Record::DecidedValue { seq, value: value.clone() }, out);
+                self.persist(
+                    Record::DecidedValue {
+                        seq,
+                        value: value.clone(),
+                    },
+                    out,
+                );
                 self.decide(seq, digest, Some(value), out);
             }
         }
@@ -136,35 +172,75 @@ impl<S: Service> Replica<S> {
         self.broadcast(Message::FetchManifest { seq }, out);
     }
 
-    pub(super) fn on_fetch_manifest(&mut self, from: NodeId, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_fetch_manifest(
+        &mut self,
+        from: NodeId,
+        seq: Seq,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         let peer = Peer::Node(from);
         match &self.stable_chunks {
             Some(c) if self.stable.seq == seq => {
-                out.send.push((peer, Message::Manifest { seq, len: c.bytes.len() as u64, chunks: c.leaves.clone() }));
+                out.send.push((
+                    peer,
+                    Message::Manifest {
+                        seq,
+                        len: c.bytes.len() as u64,
+                        chunks: c.leaves.clone(),
+                    },
+                ));
             }
-            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
+            _ if self.stable.seq > seq => out
+                .send
+                .push((peer, Message::StableCert(self.stable.clone()))),
             _ => {}
         }
         Ok(())
     }
 
-    pub(super) fn on_fetch_chunk(&mut self, from: NodeId, seq: Seq, index: u32, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_fetch_chunk(
+        &mut self,
+        from: NodeId,
+        seq: Seq,
+        index: u32,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         let peer = Peer::Node(from);
         match &self.stable_chunks {
             Some(c) if self.stable.seq == seq => {
                 if let Some(data) = c.chunk(index) {
-                    out.send.push((peer, Message::Chunk { seq, index, data: data.to_vec() }));
+                    out.send.push((
+                        peer,
+                        Message::Chunk {
+                            seq,
+                            index,
+                            data: data.to_vec(),
+                        },
+                    ));
                 }
             }
-            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
+            _ if self.stable.seq > seq => out
+                .send
+                .push((peer, Message::StableCert(self.stable.clone()))),
             _ => {}
         }
         Ok(())
     }
 
-    pub(super) fn on_manifest(&mut self, _from: NodeId, seq: Seq, len: u64, leaves: Vec<Digest>, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_manifest(
+        &mut self,
+        _from: NodeId,
+        seq: Seq,
+        len: u64,
+        leaves: Vec<Digest>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         let chunk_bytes = self.cfg.options.chunk_bytes as u64;
-        let Some(t) = self.transfer.as_mut().filter(|t| t.seq == seq && t.manifest.is_none()) else {
+        let Some(t) = self
+            .transfer
+            .as_mut()
+            .filter(|t| t.seq == seq && t.manifest.is_none())
+        else {
             return Ok(());
         };
         if leaves.len() as u64 != len.div_ceil(chunk_bytes) {
@@ -180,9 +256,20 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    pub(super) fn on_chunk(&mut self, from: NodeId, seq: Seq, index: u32, data: Vec<u8>, out: &mut Outputs) -> Result<(), Reject> {
-        let Some(t) = self.transfer.as_mut().filter(|t| t.seq == seq) else { return Ok(()) };
-        let Some((_, leaves)) = &t.manifest else { return Ok(()) };
+    pub(super) fn on_chunk(
+        &mut self,
+        from: NodeId,
+        seq: Seq,
+        index: u32,
+        data: Vec<u8>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
+        let Some(t) = self.transfer.as_mut().filter(|t| t.seq == seq) else {
+            return Ok(());
+        };
+        let Some((_, leaves)) = &t.manifest else {
+            return Ok(());
+        };
         let Some(expected) = leaves.get(index as usize) else {
             return Err(Reject::BadProof("chunk index outside the manifest"));
         };
@@ -204,7 +291,9 @@ impl<S: Service> Replica<S> {
         let n = self.cfg.n() as u32;
         let me = self.id;
         let now = self.now;
-        let Some(t) = self.transfer.as_mut() else { return };
+        let Some(t) = self.transfer.as_mut() else {
+            return;
+        };
         if t.manifest.is_none() || n < 2 {
             return;
         }
@@ -222,7 +311,8 @@ impl<S: Service> Replica<S> {
             }
             t.next_peer = peer + 1;
             t.requested.insert(index, (peer, now));
-            out.send.push((Peer::Node(peer), Message::FetchChunk { seq: t.seq, index }));
+            out.send
+                .push((Peer::Node(peer), Message::FetchChunk { seq: t.seq, index }));
         }
     }
 
@@ -230,7 +320,9 @@ impl<S: Service> Replica<S> {
     pub(super) fn on_transfer_timeout(&mut self, out: &mut Outputs) {
         let timeout = self.cfg.options.retransmit_ms;
         let now = self.now;
-        let Some(t) = self.transfer.as_mut() else { return };
+        let Some(t) = self.transfer.as_mut() else {
+            return;
+        };
         if t.manifest.is_none() {
             let seq = t.seq;
             self.broadcast(Message::FetchManifest { seq }, out);
@@ -248,7 +340,10 @@ impl<S: Service> Replica<S> {
         let seq = t.seq;
         let bytes: Vec<u8> = t.chunks.iter().flatten().flatten().copied().collect();
         let chunked = Chunked::new(bytes, self.cfg.options.chunk_bytes);
-        assert_eq!(chunked.root, t.root, "verified chunks reassemble to the root");
+        assert_eq!(
+            chunked.root, t.root,
+            "verified chunks reassemble to the root"
+        );
         self.transfer = None;
         match self.exec.restore(&chunked.bytes) {
             Ok(executed) if executed == seq => {}
@@ -256,7 +351,10 @@ impl<S: Service> Replica<S> {
             // to restore them is a bug in the service's snapshot code.
             other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
         }
-        out.persist.push(Persist::Snapshot { seq, bytes: chunked.bytes.clone() });
+        out.persist.push(Persist::Snapshot {
+            seq,
+            bytes: chunked.bytes.clone(),
+        });
         out.events.push(Event::StateTransferDone { seq });
         self.stable_chunks = Some(chunked);
         self.own_checkpoints = self.own_checkpoints.split_off(&(seq + 1));

@@ -32,10 +32,13 @@ mod view_change;
 use crate::config::ClusterConfig;
 use crate::crypto::{Digest, MacKey, SigningKey};
 use crate::exec::{Chunked, Executor};
-use crate::message::{Cert, ClientId, Message, NewView, NodeId, Request, Seq, StableProof, Value, View, ViewChange};
+use crate::message::{
+    Cert, ClientId, Message, NewView, NodeId, Request, Seq, StableProof, Value, View, ViewChange,
+};
 use crate::service::Service;
 use crate::wal::Record;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub use catch_up::Transfer;
 pub use recovery::Durable;
@@ -48,7 +51,10 @@ pub enum Peer {
 }
 
 pub enum Input {
-    Message { from: Peer, msg: Message },
+    Message {
+        from: Peer,
+        msg: Message,
+    },
     /// Time passed; timers are checked against `now`.
     Tick,
 }
@@ -59,11 +65,18 @@ pub enum Persist {
     Record(Record),
     /// Store the snapshot of the checkpoint at `seq` atomically (write temp, fsync,
     /// rename, fsync dir), beside the ones already stored.
-    Snapshot { seq: Seq, bytes: Vec<u8> },
+    /// The bytes are shared with the checkpoint kept in memory, not copied.
+    Snapshot {
+        seq: Seq,
+        bytes: Arc<Vec<u8>>,
+    },
     /// Garbage collection at a stable checkpoint: atomically replace the whole log with
     /// `records` and delete the snapshots below `snapshots_from`. The snapshot at the
     /// stable checkpoint is kept, so a node that restarts can still serve it to laggards.
-    Compact { records: Vec<Record>, snapshots_from: Seq },
+    Compact {
+        records: Vec<Record>,
+        snapshots_from: Seq,
+    },
 }
 
 /// Everything one step asks the driver to do.
@@ -115,19 +128,47 @@ pub struct ExecutedRequest {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
-    Decided { seq: Seq, digest: Digest },
+    Decided {
+        seq: Seq,
+        digest: Digest,
+    },
     /// Instance `seq` ran; `requests` lists those executed for the first time.
-    Executed { seq: Seq, requests: Vec<ExecutedRequest> },
-    ViewInstalled { view: View },
-    ViewChangeStarted { view: View },
-    Checkpoint { seq: Seq, root: Digest },
-    Stable { seq: Seq, root: Digest },
+    Executed {
+        seq: Seq,
+        requests: Vec<ExecutedRequest>,
+    },
+    ViewInstalled {
+        view: View,
+    },
+    ViewChangeStarted {
+        view: View,
+    },
+    Checkpoint {
+        seq: Seq,
+        root: Digest,
+    },
+    Stable {
+        seq: Seq,
+        root: Digest,
+    },
     /// This node's state at `seq` differs from the stable one: it repairs itself.
-    Divergence { seq: Seq, local: Digest, stable: Digest },
-    StateTransferStarted { seq: Seq },
-    StateTransferDone { seq: Seq },
+    Divergence {
+        seq: Seq,
+        local: Digest,
+        stable: Digest,
+    },
+    StateTransferStarted {
+        seq: Seq,
+    },
+    StateTransferDone {
+        seq: Seq,
+    },
     /// Input dropped, with the reason (counted by the driver).
-    Rejected { from: Peer, kind: &'static str, reason: Reject },
+    Rejected {
+        from: Peer,
+        kind: &'static str,
+        reason: Reject,
+    },
 }
 
 /// Why an input was dropped. Every one is counted; none crashes the node.
@@ -275,6 +316,9 @@ pub struct Replica<S> {
     /// in that view and may have sent proposals it no longer remembers (PROPOSE goes out
     /// before its record is durable). It asks to leave the view instead.
     proposals_closed: Option<View>,
+    /// Set while the driver steps a burst of queued inputs (`hold_proposals`): the
+    /// primary proposes once at its end, so the burst's requests share one batch.
+    proposals_held: bool,
     /// PROPOSEs for the view about to be installed that overtook its NEW-VIEW.
     early_proposals: BTreeMap<Seq, (View, Value)>,
 
@@ -300,8 +344,16 @@ pub struct Replica<S> {
 impl<S: Service> Replica<S> {
     /// A fresh node at view 0 with an empty state.
     pub fn new(cfg: ClusterConfig, id: NodeId, secrets: NodeSecrets, service: S) -> Replica<S> {
-        assert!((id as usize) < cfg.n(), "node id {id} outside a cluster of {}", cfg.n());
-        assert_eq!(cfg.node_keys[id as usize], secrets.signing.public(), "signing key does not match the configuration");
+        assert!(
+            (id as usize) < cfg.n(),
+            "node id {id} outside a cluster of {}",
+            cfg.n()
+        );
+        assert_eq!(
+            cfg.node_keys[id as usize],
+            secrets.signing.public(),
+            "signing key does not match the configuration"
+        );
         let n = cfg.n();
         let workers = cfg.options.exec_workers;
         Replica {
@@ -323,9 +375,14 @@ impl<S: Service> Replica<S> {
             next_propose: 1,
             time_proposed: 0,
             proposals_closed: None,
+            proposals_held: false,
             early_proposals: BTreeMap::new(),
             exec: Executor::with_workers(service, workers),
-            stable: StableProof { seq: 0, root: Digest::default(), sigs: Vec::new() },
+            stable: StableProof {
+                seq: 0,
+                root: Digest::default(),
+                sigs: Vec::new(),
+            },
             stable_chunks: None,
             own_checkpoints: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
@@ -380,26 +437,61 @@ impl<S: Service> Replica<S> {
         self.invariants();
     }
 
+    /// The driver is about to step several inputs that arrived together: hold proposals
+    /// until [`Replica::release_proposals`]. Without it an idle primary proposes the
+    /// burst's first request alone (an idle pipeline proposes at once, for latency), and
+    /// where decisions are immediate (a single node) every request became an instance.
+    pub fn hold_proposals(&mut self) {
+        self.proposals_held = true;
+    }
+
+    /// Ends a burst: proposes what the held inputs brought.
+    pub fn release_proposals(&mut self, now: u64, out: &mut Outputs) {
+        self.now = self.now.max(now);
+        self.proposals_held = false;
+        self.maybe_propose(out);
+        self.invariants();
+    }
+
     fn on_message(&mut self, from: Peer, msg: Message, out: &mut Outputs) {
         let kind = msg.kind();
         let result = match (from, msg) {
             (Peer::Client(c), Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
-            (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg)),
+            (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => {
+                Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
+            }
             (Peer::Node(n), Message::Forward(req)) => self.on_request(Peer::Node(n), req, out),
-            (Peer::Node(n), Message::Propose { view, seq, value }) => self.on_propose(n, view, seq, value, out),
+            (Peer::Node(n), Message::Propose { view, seq, value }) => {
+                self.on_propose(n, view, seq, value, out)
+            }
             (Peer::Node(n), Message::Write(w)) => self.on_write(n, w, out),
-            (Peer::Node(n), Message::Accept { view, seq, digest }) => self.on_accept(n, view, seq, digest, out),
+            (Peer::Node(n), Message::Accept { view, seq, digest }) => {
+                self.on_accept(n, view, seq, digest, out)
+            }
             (Peer::Node(n), Message::Checkpoint(vote)) => self.on_checkpoint(n, vote, out),
             (Peer::Node(n), Message::Stop { view }) => self.on_stop(n, view, out),
             (Peer::Node(n), Message::ViewChange(vc)) => self.on_view_change(n, vc, out),
             (Peer::Node(_), Message::NewView(nv)) => self.on_new_view(nv, out),
-            (Peer::Node(n), Message::Status { view, executed, stable }) => self.on_status(n, view, executed, stable, out),
+            (
+                Peer::Node(n),
+                Message::Status {
+                    view,
+                    executed,
+                    stable,
+                },
+            ) => self.on_status(n, view, executed, stable, out),
             (Peer::Node(n), Message::StableCert(proof)) => self.on_stable_cert(n, proof, out),
             (Peer::Node(n), Message::Decided { seq, value }) => self.on_decided(n, seq, value, out),
             (Peer::Node(n), Message::FetchManifest { seq }) => self.on_fetch_manifest(n, seq, out),
-            (Peer::Node(n), Message::Manifest { seq, len, chunks }) => self.on_manifest(n, seq, len, chunks, out),
-            (Peer::Node(n), Message::FetchChunk { seq, index }) => self.on_fetch_chunk(n, seq, index, out),
-            (Peer::Node(n), Message::Chunk { seq, index, data }) => self.on_chunk(n, seq, index, data, out),
+            (Peer::Node(n), Message::Manifest { seq, len, chunks }) => {
+                self.on_manifest(n, seq, len, chunks, out)
+            }
+            (Peer::Node(n), Message::FetchChunk { seq, index }) => {
+                self.on_fetch_chunk(n, seq, index, out)
+            }
+            (Peer::Node(n), Message::Chunk { seq, index, data }) => {
+                self.on_chunk(n, seq, index, data, out)
+            }
             (_, _) => Err(Reject::WrongPeer),
         };
         match result {
@@ -421,7 +513,11 @@ impl<S: Service> Replica<S> {
         }
         if self.now >= self.next_status {
             self.next_status = self.now + self.cfg.options.status_ms;
-            let status = Message::Status { view: self.view, executed: self.exec.executed(), stable: self.stable.seq };
+            let status = Message::Status {
+                view: self.view,
+                executed: self.exec.executed(),
+                stable: self.stable.seq,
+            };
             self.broadcast(status, out);
         }
     }
@@ -433,7 +529,8 @@ impl<S: Service> Replica<S> {
     }
 
     fn byzantine_mode(&self) -> bool {
-        self.cfg.quorums.byzantine() && self.cfg.quorums.mutation() != Some(crate::quorum::Mutation::SkipWrite)
+        self.cfg.quorums.byzantine()
+            && self.cfg.quorums.mutation() != Some(crate::quorum::Mutation::SkipWrite)
     }
 
     /// Sends to every other node, now.
@@ -464,10 +561,17 @@ impl<S: Service> Replica<S> {
 
     fn in_window(&self, seq: Seq) -> Result<(), Reject> {
         if seq <= self.stable.seq {
-            return Err(Reject::Late { seq, stable: self.stable.seq });
+            return Err(Reject::Late {
+                seq,
+                stable: self.stable.seq,
+            });
         }
         if seq > self.high_water() {
-            return Err(Reject::OutOfWindow { seq, low: self.stable.seq, high: self.high_water() });
+            return Err(Reject::OutOfWindow {
+                seq,
+                low: self.stable.seq,
+                high: self.high_water(),
+            });
         }
         Ok(())
     }
@@ -476,7 +580,10 @@ impl<S: Service> Replica<S> {
     /// id a Byzantine node puts in a FORWARD, and the derivation is one keyed BLAKE3.
     fn check_mac(&self, req: &Request) -> Result<(), Reject> {
         let key = client_mac_key(&self.secrets.mac_secret, req.client);
-        let ok = req.auth.get(self.id as usize).is_some_and(|mac| key.verify(&req.statement(), mac));
+        let ok = req
+            .auth
+            .get(self.id as usize)
+            .is_some_and(|mac| key.verify(&req.statement(), mac));
         if ok {
             Ok(())
         } else {
@@ -486,7 +593,13 @@ impl<S: Service> Replica<S> {
 
     /// The records that describe this node's durable state, for log compaction.
     fn durable_records(&self) -> Vec<Record> {
-        let mut records = vec![Record::Stable(self.stable.clone()), Record::View { view: self.view, floor: self.floor }];
+        let mut records = vec![
+            Record::Stable(self.stable.clone()),
+            Record::View {
+                view: self.view,
+                floor: self.floor,
+            },
+        ];
         if let Some(t) = self.vc_target {
             records.push(Record::ViewChangeSent { view: t });
         }
@@ -495,12 +608,21 @@ impl<S: Service> Replica<S> {
                 records.push(Record::Prepared(cert.clone()));
             }
             if let Some((value, _)) = &slot.value {
-                records.push(Record::Accepted { view: slot.view, seq, value: value.clone() });
+                records.push(Record::Accepted {
+                    view: slot.view,
+                    seq,
+                    value: value.clone(),
+                });
             }
             if let (Some(digest), Some(value)) = (slot.decided, &slot.decided_value) {
-                if slot.value.as_ref().map(|(_, d)| *d) != Some(digest) && slot.cert.as_ref().map(|c| c.value.digest()) != Some(digest) {
+                if slot.value.as_ref().map(|(_, d)| *d) != Some(digest)
+                    && slot.cert.as_ref().map(|c| c.value.digest()) != Some(digest)
+                {
                     // Keep the body of a value decided through catch-up.
-                    records.push(Record::DecidedValue { seq, value: value.clone() });
+                    records.push(Record::DecidedValue {
+                        seq,
+                        value: value.clone(),
+                    });
                 }
                 records.push(Record::Decided { seq, digest });
             }
@@ -513,7 +635,13 @@ impl<S: Service> Replica<S> {
         let votes: Vec<String> = self
             .checkpoint_votes
             .iter()
-            .map(|(s, v)| format!("{s}:{}{}", v.len(), if v.contains_key(&self.id) { "+me" } else { "" }))
+            .map(|(s, v)| {
+                format!(
+                    "{s}:{}{}",
+                    v.len(),
+                    if v.contains_key(&self.id) { "+me" } else { "" }
+                )
+            })
             .collect();
         let transfer = self.transfer.as_ref().map(|t| {
             let (have, total) = t.progress();
@@ -541,20 +669,41 @@ impl<S: Service> Replica<S> {
     /// no loop over the log, no hashing).
     pub fn invariants(&self) {
         if let Some(t) = self.vc_target {
-            assert!(t > self.view, "a view-change target is above the installed view");
+            assert!(
+                t > self.view,
+                "a view-change target is above the installed view"
+            );
         }
         if let Some((&first, _)) = self.log.iter().next() {
-            assert!(first > self.stable.seq, "the log holds only instances above the stable checkpoint");
+            assert!(
+                first > self.stable.seq,
+                "the log holds only instances above the stable checkpoint"
+            );
         }
         if let Some((&last, _)) = self.log.iter().next_back() {
-            assert!(last <= self.high_water(), "the log is bounded by the high-water mark");
+            assert!(
+                last <= self.high_water(),
+                "the log is bounded by the high-water mark"
+            );
         }
         // Cheap, structural checks only: this runs after every step. That values match
         // their digests is asserted where they are stored (accept_proposal, decide).
-        assert!(self.log.len() as u64 <= self.cfg.options.log_max(), "at most log_max slots");
-        assert!(self.pending.len() <= self.cfg.options.clients_max, "pending requests are bounded");
-        assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
-        assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");
+        assert!(
+            self.log.len() as u64 <= self.cfg.options.log_max(),
+            "at most log_max slots"
+        );
+        assert!(
+            self.pending.len() <= self.cfg.options.clients_max,
+            "pending requests are bounded"
+        );
+        assert!(
+            self.view_changes.len() <= self.cfg.n(),
+            "one view change per node"
+        );
+        assert!(
+            self.early_proposals.len() as u64 <= self.cfg.options.log_max(),
+            "early proposals are bounded"
+        );
     }
 }
 
