@@ -53,6 +53,9 @@ pub type Seq = u64;
 pub struct Payload {
     bytes: Vec<u8>,
     digest: OnceLock<Digest>,
+    /// The request statement over these bytes, with the client and sequence number it
+    /// was computed for: checked on every use, as those fields can change.
+    statement: OnceLock<(ClientId, u64, Digest)>,
 }
 
 impl Payload {
@@ -71,6 +74,7 @@ impl From<Vec<u8>> for Payload {
         Payload {
             bytes,
             digest: OnceLock::new(),
+            statement: OnceLock::new(),
         }
     }
 }
@@ -123,11 +127,18 @@ impl Request {
     /// What the MAC authenticator covers and what the value digest includes: the client,
     /// its sequence number and the operation's (cached) digest.
     pub fn statement(&self) -> Digest {
-        Hasher::new("keel/request")
+        if let Some((c, s, d)) = self.op.statement.get() {
+            if (*c, *s) == (self.client, self.seq) {
+                return *d;
+            }
+        }
+        let d = Hasher::new("keel/request")
             .u64(self.client)
             .u64(self.seq)
             .digest(&self.op.digest())
-            .finish()
+            .finish();
+        let _ = self.op.statement.set((self.client, self.seq, d));
+        d
     }
 
     /// Bytes this request adds to a batch, for the byte bound.
@@ -414,5 +425,12 @@ mod payload_tests {
         assert_ne!(base, req(2, 1, b"a").statement());
         assert_ne!(base, req(1, 2, b"a").statement());
         assert_ne!(base, req(1, 1, b"b").statement());
+        // A cached statement is not reused once the client or sequence number changed.
+        let mut r = req(1, 1, b"a");
+        assert_eq!(r.statement(), base);
+        r.seq = 2;
+        assert_eq!(r.statement(), req(1, 2, b"a").statement());
+        r.client = 2;
+        assert_eq!(r.statement(), req(2, 2, b"a").statement());
     }
 }

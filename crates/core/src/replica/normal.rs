@@ -469,7 +469,10 @@ impl<S: Service> Replica<S> {
         let slot = self.log.entry(seq).or_default();
         if slot.decided_value.is_none() {
             if let Some(v) = value {
-                assert_eq!(v.digest(), digest, "decided value {seq} matches its digest");
+                // Both callers pass a value found under this digest (a slot's checked
+                // proposal, a claim keyed by its digest). Recomputing it here, per decided
+                // batch, was ~10% of a backup's CPU at peak: checked in debug builds only.
+                debug_assert_eq!(v.digest(), digest, "decided value {seq} matches its digest");
                 slot.decided_value = Some(v);
             }
         }
@@ -486,13 +489,15 @@ impl<S: Service> Replica<S> {
         }
         loop {
             let next = self.exec.executed() + 1;
-            let Some(value) = self.log.get(&next).and_then(|s| s.decided_value.clone()) else {
+            // Borrowed, not cloned (a batch of requests): `log` and `exec` are disjoint.
+            let Some(value) = self.log.get(&next).and_then(|s| s.decided_value.as_ref()) else {
                 break;
             };
-            let outcomes = self.exec.execute(next, &value);
+            let outcomes = self.exec.execute(next, value);
+            let ops: Vec<Digest> = value.requests.iter().map(|r| r.op.digest()).collect();
             let n = self.cfg.n() as u64;
             let mut executed = Vec::new();
-            for (o, req) in outcomes.iter().zip(&value.requests) {
+            for (o, op) in outcomes.iter().zip(ops) {
                 if let Some(p) = self.pending.get(&o.client) {
                     if p.req.seq <= o.seq {
                         self.pending.remove(&o.client);
@@ -504,7 +509,7 @@ impl<S: Service> Replica<S> {
                 executed.push(ExecutedRequest {
                     client: o.client,
                     seq: o.seq,
-                    op: req.op.digest(),
+                    op,
                 });
                 // Small results go in full from everyone (no wait on a slow designated
                 // node); larger ones in full from one designated node, the others send
