@@ -23,6 +23,12 @@ struct Cluster {
 
 impl Cluster {
     fn init(u: u32, r: u32) -> Cluster {
+        Cluster::init_with(u, r, |_| None)
+    }
+
+    /// `keel init`, then the `key = value` line `extra(i)` set in node i's file before it
+    /// starts.
+    fn init_with(u: u32, r: u32, extra: impl Fn(usize) -> Option<&'static str>) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let status = Command::new(KEEL)
             .args(["init", "--dir"])
@@ -45,6 +51,18 @@ impl Cluster {
             nodes: (0..n).map(|_| None).collect(),
         };
         for i in 0..n {
+            if let Some(line) = extra(i) {
+                let file = c.path().join(format!("node-{i}/node.toml"));
+                let text = std::fs::read_to_string(&file).expect("node file");
+                // Replaces the setting `keel init` wrote, if any.
+                let key = line.split('=').next().expect("key").trim();
+                let kept: Vec<&str> = text
+                    .lines()
+                    .filter(|l| l.split('=').next().map(str::trim) != Some(key))
+                    .collect();
+                std::fs::write(&file, format!("{}\n{line}\n", kept.join("\n")))
+                    .expect("node file written");
+            }
             c.start(i);
         }
         c
@@ -394,8 +412,13 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
 async fn one_client_identity_keeps_many_operations_in_flight_over_sessions() {
     // The public client API: one identity, 32 sessions over one connection per node,
     // 32 tasks invoking concurrently on clones of the handle; every result is the right
-    // one and every acknowledged write reads back.
-    let cluster = Cluster::init(1, 1);
+    // one and every acknowledged write reads back. Nodes 0 and 1 check their peers' vote
+    // signatures on a verify stage (2 and 1 threads), nodes 2 and 3 on the protocol task.
+    let cluster = Cluster::init_with(1, 1, |i| match i {
+        0 => Some("verify_threads = 2"),
+        1 => Some("verify_threads = 1"),
+        _ => None,
+    });
     let setup =
         ClientFile::load(&cluster.path().join("client-1003/client.toml")).expect("client file");
     let client = KeelClient::connect_sessions(setup, 32).expect("connects");
@@ -425,6 +448,25 @@ async fn one_client_identity_keeps_many_operations_in_flight_over_sessions() {
             );
         }
     }
+    // The stage did the checking on the nodes that have one, and none elsewhere.
+    let verified = |i: usize| -> u64 {
+        let text = cluster.metrics(i);
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("keel_stage_verified_total"))
+            .expect("counter");
+        line.rsplit(' ')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .expect("a number")
+    };
+    assert!(
+        verified(0) > 0 && verified(1) > 0,
+        "verify stage used: {} {}",
+        verified(0),
+        verified(1)
+    );
+    assert_eq!(verified(2), 0);
     // A KeelClient with no session or too many is refused.
     let file = cluster.path().join("client-1005/client.toml");
     assert!(

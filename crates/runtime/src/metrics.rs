@@ -167,6 +167,11 @@ fn render(shared: &Shared) -> String {
             &t.rejected_connections,
         ),
         ("connects", "Outgoing connections established", &t.connects),
+        (
+            "stage_verified",
+            "Node messages whose signature the verify stage checked",
+            &t.stage_verified,
+        ),
     ] {
         let _ = write!(
             out,

@@ -22,7 +22,7 @@ use crate::transport::{
 };
 use keel_core::codec;
 use keel_core::message::{owner_of, ClientId, Message, NodeId};
-use keel_core::replica::{Event, Input, Outputs, Peer, Replica};
+use keel_core::replica::{Event, Input, Outputs, Peer, Replica, Verifier};
 use keel_core::service::{RestoreError, Service};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -62,6 +62,11 @@ pub enum NodeError {
 enum Inbound {
     Message {
         from: Peer,
+        msg: Message,
+    },
+    /// A node message the verify stage vouched for (`Verifier::check`).
+    Checked {
+        from: NodeId,
         msg: Message,
     },
     ClientUp {
@@ -163,6 +168,8 @@ pub async fn run_node<S: Service + Send + 'static>(
         ));
     }
 
+    let verify = start_verify_stage(setup.verify_threads, &replica.verifier(), &in_tx, &stats);
+
     // Incoming connections from nodes and clients.
     let listener = TcpListener::bind(setup.listen)
         .await
@@ -184,7 +191,7 @@ pub async fn run_node<S: Service + Send + 'static>(
                 let in_tx = in_tx.clone();
                 let stats = stats.clone();
                 let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(serve_connection(acc, conn, n, in_tx, stats));
+                tokio::spawn(serve_connection(acc, conn, n, in_tx, verify.clone(), stats));
             },
         ));
     }
@@ -280,6 +287,7 @@ fn handle<S: Service>(
 ) {
     match ev {
         Inbound::Message { from, msg } => replica.step(now_ms(), Input::Message { from, msg }, out),
+        Inbound::Checked { from, msg } => replica.step(now_ms(), Input::Checked { from, msg }, out),
         Inbound::ClientUp { id, conn, tx } => {
             clients.insert(id, (conn, tx));
         }
@@ -377,11 +385,61 @@ fn flush(
 }
 
 /// Reads frames from one accepted connection; for clients, also writes replies back.
+/// Queues of the verify stage's threads, one per thread; peer `j` uses `j % len`.
+type VerifyQueues = Arc<[mpsc::Sender<(NodeId, Message)>]>;
+
+/// Messages waiting for one verify thread; when full, the peer's reader waits
+/// (backpressure onto its TCP connection), like the inbound queue itself.
+const VERIFY_QUEUE_MAX: usize = 4096;
+
+/// Starts the verify stage (BFT-SMaRt §III): `threads` OS threads that check peers'
+/// vote signatures (`Verifier::check`) and hand each message on to the protocol task,
+/// vouched for or not. None when `threads` is 0: the protocol task checks them.
+fn start_verify_stage(
+    threads: usize,
+    verifier: &Verifier,
+    in_tx: &mpsc::Sender<Inbound>,
+    stats: &Arc<TransportStats>,
+) -> Option<VerifyQueues> {
+    let mut queues = Vec::with_capacity(threads);
+    for t in 0..threads {
+        let (tx, mut rx) = mpsc::channel::<(NodeId, Message)>(VERIFY_QUEUE_MAX);
+        let (verifier, in_tx, stats) = (verifier.clone(), in_tx.clone(), stats.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("keel-verify-{t}"))
+            .spawn(move || {
+                while let Some((from, msg)) = rx.blocking_recv() {
+                    let inbound = if verifier.check(from, &msg) {
+                        TransportStats::bump(&stats.stage_verified, 1);
+                        Inbound::Checked { from, msg }
+                    } else {
+                        Inbound::Message {
+                            from: Peer::Node(from),
+                            msg,
+                        }
+                    };
+                    if in_tx.blocking_send(inbound).is_err() {
+                        return;
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => queues.push(tx),
+            Err(e) => {
+                tracing::warn!(%e, "cannot start the verify stage; the protocol task verifies");
+                return None;
+            }
+        }
+    }
+    (!queues.is_empty()).then(|| queues.into())
+}
+
 async fn serve_connection(
     acc: Accepted,
     conn: u64,
     n: NodeId,
     in_tx: mpsc::Sender<Inbound>,
+    verify: Option<VerifyQueues>,
     stats: Arc<TransportStats>,
 ) {
     let from = match acc.peer {
@@ -415,7 +473,13 @@ async fn serve_connection(
                 TransportStats::bump(&stats.bytes_in, frame.len() as u64 + 4);
                 match codec::decode(&frame) {
                     Ok(msg) => {
-                        if in_tx.send(Inbound::Message { from, msg }).await.is_err() {
+                        let sent = match (from, &verify) {
+                            (Peer::Node(j), Some(q)) => {
+                                q[j as usize % q.len()].send((j, msg)).await.is_ok()
+                            }
+                            _ => in_tx.send(Inbound::Message { from, msg }).await.is_ok(),
+                        };
+                        if !sent {
                             break;
                         }
                     }

@@ -45,6 +45,8 @@ pub struct TransportStats {
     /// Handshakes that failed or timed out, or certificates without a Keel identity.
     pub rejected_connections: AtomicU64,
     pub connects: AtomicU64,
+    /// Node messages whose signature the verify stage checked off the protocol task.
+    pub stage_verified: AtomicU64,
 }
 
 impl TransportStats {

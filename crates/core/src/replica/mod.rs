@@ -27,10 +27,11 @@ mod catch_up;
 mod checkpoint;
 mod normal;
 mod recovery;
+mod verify;
 mod view_change;
 
 use crate::config::ClusterConfig;
-use crate::crypto::{Digest, MacKey, SigningKey};
+use crate::crypto::{Digest, MacKey, NodeKeys, SigningKey};
 use crate::exec::{Chunked, Executor};
 use crate::message::{
     Cert, ClientId, Message, NewView, NodeId, Request, Seq, StableProof, Value, View, ViewChange,
@@ -42,6 +43,7 @@ use std::sync::Arc;
 
 pub use catch_up::Transfer;
 pub use recovery::Durable;
+pub use verify::Verifier;
 
 /// Who a message came from or goes to. The transport authenticates it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -53,6 +55,13 @@ pub enum Peer {
 pub enum Input {
     Message {
         from: Peer,
+        msg: Message,
+    },
+    /// A message from node `from` whose signature the driver's verify stage found valid
+    /// ([`Verifier::check`] returned true for exactly this sender and message): the node
+    /// skips that one signature check and validates everything else as for `Message`.
+    Checked {
+        from: NodeId,
         msg: Message,
     },
     /// Time passed; timers are checked against `now`.
@@ -284,6 +293,8 @@ struct Pending {
 
 pub struct Replica<S> {
     cfg: ClusterConfig,
+    /// `cfg.node_keys`, parsed once.
+    keys: NodeKeys,
     id: NodeId,
     secrets: NodeSecrets,
     /// The injected clock at the current step.
@@ -357,6 +368,7 @@ impl<S: Service> Replica<S> {
         let n = cfg.n();
         let workers = cfg.options.exec_workers;
         Replica {
+            keys: NodeKeys::new(&cfg.node_keys),
             cfg,
             id,
             secrets,
@@ -413,6 +425,11 @@ impl<S: Service> Replica<S> {
     pub fn service(&self) -> &S {
         self.exec.service()
     }
+    /// The signature checks a driver may run before the protocol task (`Input::Checked`).
+    pub fn verifier(&self) -> Verifier {
+        Verifier::new(self.id, self.keys.clone())
+    }
+
     pub fn config(&self) -> &ClusterConfig {
         &self.cfg
     }
@@ -432,7 +449,8 @@ impl<S: Service> Replica<S> {
         self.now = self.now.max(now);
         match input {
             Input::Tick => self.on_tick(out),
-            Input::Message { from, msg } => self.on_message(from, msg, out),
+            Input::Message { from, msg } => self.on_message(from, msg, false, out),
+            Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, true, out),
         }
         self.invariants();
     }
@@ -453,7 +471,7 @@ impl<S: Service> Replica<S> {
         self.invariants();
     }
 
-    fn on_message(&mut self, from: Peer, msg: Message, out: &mut Outputs) {
+    fn on_message(&mut self, from: Peer, msg: Message, checked: bool, out: &mut Outputs) {
         let kind = msg.kind();
         let result = match (from, msg) {
             (Peer::Client(c), Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
@@ -464,11 +482,11 @@ impl<S: Service> Replica<S> {
             (Peer::Node(n), Message::Propose { view, seq, value }) => {
                 self.on_propose(n, view, seq, value, out)
             }
-            (Peer::Node(n), Message::Write(w)) => self.on_write(n, w, out),
+            (Peer::Node(n), Message::Write(w)) => self.on_write(n, w, checked, out),
             (Peer::Node(n), Message::Accept { view, seq, digest }) => {
                 self.on_accept(n, view, seq, digest, out)
             }
-            (Peer::Node(n), Message::Checkpoint(vote)) => self.on_checkpoint(n, vote, out),
+            (Peer::Node(n), Message::Checkpoint(vote)) => self.on_checkpoint(n, vote, checked, out),
             (Peer::Node(n), Message::Stop { view }) => self.on_stop(n, view, out),
             (Peer::Node(n), Message::ViewChange(vc)) => self.on_view_change(n, vc, out),
             (Peer::Node(_), Message::NewView(nv)) => self.on_new_view(nv, out),

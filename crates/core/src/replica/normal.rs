@@ -339,10 +339,13 @@ impl<S: Service> Replica<S> {
         }
     }
 
+    /// `checked`: the driver's verify stage already found the signature valid
+    /// ([`super::Verifier`]).
     pub(super) fn on_write(
         &mut self,
         from: NodeId,
         w: Write,
+        checked: bool,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         if !self.byzantine_mode() {
@@ -350,8 +353,13 @@ impl<S: Service> Replica<S> {
         }
         self.check_current_view(w.view)?;
         self.in_window(w.seq)?;
-        let key = self.cfg.node_keys[from as usize];
-        if !key.verify(&write_statement(w.view, w.seq, &w.digest, from), &w.sig) {
+        if !checked
+            && !self.keys.verify(
+                from,
+                &write_statement(w.view, w.seq, &w.digest, from),
+                &w.sig,
+            )
+        {
             return Err(Reject::BadSignature { signer: from });
         }
         let slot = self.log.entry(w.seq).or_default();

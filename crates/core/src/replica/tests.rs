@@ -5,7 +5,7 @@ use super::*;
 use crate::client::Client;
 use crate::config::Options;
 use crate::crypto::{PublicKey, Sig};
-use crate::message::{write_statement, Reply, Write};
+use crate::message::{checkpoint_statement, write_statement, CheckpointVote, Reply, Write};
 use crate::quorum::Quorums;
 use crate::service::{ExecCtx, RestoreError, Service};
 use crate::wal::Record;
@@ -776,4 +776,108 @@ fn a_held_burst_of_requests_is_proposed_as_one_batch() {
     assert!(proposals(&out).is_empty());
     p.release_proposals(10, &mut out);
     assert_eq!(proposals(&out), vec![3]);
+}
+
+#[test]
+fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
+    let cfg = config(1, 1);
+    let b = node(&cfg, 1);
+    let v = b.verifier();
+    let d = Value::null().digest();
+    let write = |signer: u32, seq| {
+        Message::Write(Write {
+            view: 0,
+            seq,
+            digest: d,
+            sig: secrets(signer)
+                .signing
+                .sign(&write_statement(0, seq, &d, signer)),
+        })
+    };
+    assert!(v.check(3, &write(3, 1)));
+    assert!(!v.check(2, &write(3, 1)), "another node's signature");
+    assert!(
+        !v.check(1, &write(1, 1)),
+        "our own id never arrives from the network"
+    );
+    assert!(!v.check(7, &write(3, 1)), "unknown node");
+    let Message::Write(mut forged) = write(3, 1) else {
+        unreachable!()
+    };
+    forged.seq = 2;
+    assert!(
+        !v.check(3, &Message::Write(forged)),
+        "signature over other fields"
+    );
+    let root = Digest::of(b"state");
+    let vote = CheckpointVote {
+        seq: 8,
+        root,
+        sig: secrets(2).signing.sign(&checkpoint_statement(8, &root, 2)),
+    };
+    assert!(v.check(2, &Message::Checkpoint(vote.clone())));
+    assert!(!v.check(3, &Message::Checkpoint(vote)));
+    assert!(
+        !v.check(2, &Message::Stop { view: 1 }),
+        "kinds it does not cover"
+    );
+}
+
+#[test]
+fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
+    let cfg = config(1, 1);
+    let req = request(&cfg, 7, b"op");
+    let value = Value {
+        time: 10,
+        requests: vec![req],
+    };
+    let d = value.digest();
+    let run = |checked: bool| {
+        let mut b = node(&cfg, 1);
+        let mut out = Outputs::default();
+        b.step(
+            10,
+            Input::Message {
+                from: Peer::Node(0),
+                msg: Message::Propose {
+                    view: 0,
+                    seq: 1,
+                    value: value.clone(),
+                },
+            },
+            &mut out,
+        );
+        for signer in [0u32, 2] {
+            let msg = Message::Write(Write {
+                view: 0,
+                seq: 1,
+                digest: d,
+                sig: secrets(signer)
+                    .signing
+                    .sign(&write_statement(0, 1, &d, signer)),
+            });
+            let input = if checked {
+                Input::Checked { from: signer, msg }
+            } else {
+                Input::Message {
+                    from: Peer::Node(signer),
+                    msg,
+                }
+            };
+            b.step(10, input, &mut out);
+        }
+        out
+    };
+    let (inline, staged) = (run(false), run(true));
+    assert_eq!(inline.persist, staged.persist);
+    assert_eq!(inline.send_after_persist, staged.send_after_persist);
+    // Prepared (Q = 3 writes with its own): a certificate was persisted and ACCEPT sent.
+    assert!(staged
+        .persist
+        .iter()
+        .any(|p| matches!(p, Persist::Record(Record::Prepared(_)))));
+    assert!(staged
+        .send_after_persist
+        .iter()
+        .any(|(_, m)| matches!(m, Message::Accept { .. })));
 }

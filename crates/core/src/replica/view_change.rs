@@ -261,7 +261,7 @@ impl<S: Service> Replica<S> {
     /// Validates a NEW-VIEW completely and computes what it re-proposes (rule 3).
     pub(crate) fn check_new_view(&self, nv: &NewView) -> Result<Decision, Reject> {
         let primary = self.cfg.primary(nv.view);
-        if !self.cfg.node_keys[primary as usize].verify(&nv.statement(), &nv.sig) {
+        if !self.keys.verify(primary, &nv.statement(), &nv.sig) {
             return Err(Reject::BadSignature { signer: primary });
         }
         let mut senders = BTreeSet::new();
@@ -290,7 +290,7 @@ impl<S: Service> Replica<S> {
                 got: vc.view,
             });
         }
-        if !self.cfg.node_keys[vc.from as usize].verify(&vc.statement(), &vc.sig) {
+        if !self.keys.verify(vc.from, &vc.statement(), &vc.sig) {
             return Err(Reject::BadSignature { signer: vc.from });
         }
         self.validate_stable_proof(&vc.stable)?;
@@ -320,10 +320,14 @@ impl<S: Service> Replica<S> {
             let digest = cert.value.digest();
             let mut writers = BTreeSet::new();
             for (node, sig) in &cert.writes {
-                let Some(key) = self.cfg.node_keys.get(*node as usize) else {
+                if *node as usize >= self.cfg.n() {
                     return Err(Reject::UnknownNode(*node));
-                };
-                if !key.verify(&write_statement(cert.view, cert.seq, &digest, *node), sig) {
+                }
+                if !self.keys.verify(
+                    *node,
+                    &write_statement(cert.view, cert.seq, &digest, *node),
+                    sig,
+                ) {
                     return Err(Reject::BadSignature { signer: *node });
                 }
                 writers.insert(*node);
@@ -351,10 +355,13 @@ impl<S: Service> Replica<S> {
         }
         let mut signers = BTreeSet::new();
         for (node, sig) in &p.sigs {
-            let Some(key) = self.cfg.node_keys.get(*node as usize) else {
+            if *node as usize >= self.cfg.n() {
                 return Err(Reject::UnknownNode(*node));
-            };
-            if !key.verify(&checkpoint_statement(p.seq, &p.root, *node), sig) {
+            }
+            if !self
+                .keys
+                .verify(*node, &checkpoint_statement(p.seq, &p.root, *node), sig)
+            {
                 return Err(Reject::BadSignature { signer: *node });
             }
             signers.insert(*node);

@@ -1,0 +1,45 @@
+//! The verify stage (BFT-SMaRt §III): signature checks that depend on keys alone, so a
+//! driver can run them before the protocol task, on other threads, and pass the message
+//! in as [`Input::Checked`](super::Input::Checked).
+//!
+//! Only what is both hot and stateless is covered: the WRITE votes (Q-1 per instance in
+//! BFT mode) and checkpoint votes. A message the stage cannot vouch for (another kind, a
+//! bad signature, an unknown sender) goes in as a plain `Input::Message`, and the
+//! protocol task checks, rejects and counts it exactly as without the stage. Each check
+//! here is the one the protocol task makes, with the same statement and key.
+
+use crate::crypto::NodeKeys;
+use crate::message::{checkpoint_statement, write_statement, Message, NodeId};
+
+#[derive(Clone, Debug)]
+pub struct Verifier {
+    /// The node this verifier works for: its own messages never arrive from the network.
+    id: NodeId,
+    keys: NodeKeys,
+}
+
+impl Verifier {
+    pub(super) fn new(id: NodeId, keys: NodeKeys) -> Verifier {
+        Verifier { id, keys }
+    }
+
+    /// Whether `msg` from node `from` carries a valid signature of a kind the protocol
+    /// task may then skip checking. False means "not vouched for", not "invalid".
+    pub fn check(&self, from: NodeId, msg: &Message) -> bool {
+        if from == self.id {
+            return false;
+        }
+        match msg {
+            Message::Write(w) => self.keys.verify(
+                from,
+                &write_statement(w.view, w.seq, &w.digest, from),
+                &w.sig,
+            ),
+            Message::Checkpoint(v) => {
+                self.keys
+                    .verify(from, &checkpoint_statement(v.seq, &v.root, from), &v.sig)
+            }
+            _ => false,
+        }
+    }
+}
