@@ -704,8 +704,9 @@ impl<S: Service> Replica<S> {
                 "the log is bounded by the high-water mark"
             );
         }
-        // Cheap, structural checks only: this runs after every step. That values match
-        // their digests is asserted where they are stored (accept_proposal, decide).
+        // Cheap, structural checks only: this runs after every step. Values are stored
+        // with the digest computed from them (accept_proposal, claims keyed by digest);
+        // decide re-checks that in debug builds.
         assert!(
             self.log.len() as u64 <= self.cfg.options.log_max(),
             "at most log_max slots"
