@@ -436,7 +436,15 @@ impl<S: Service> Replica<S> {
         let Some(slot) = self.log.get(&seq) else {
             return;
         };
-        if slot.decided.is_some() {
+        if let Some(d) = slot.decided {
+            // Decided by others' ACCEPTs before the proposal reached us: its body is here
+            // now. Without this the instance waited for catch-up or a state transfer.
+            if slot.decided_value.is_none() {
+                if let Some((v, _)) = slot.value.as_ref().filter(|(_, x)| *x == d) {
+                    let v = v.clone();
+                    self.decide(seq, d, Some(v), out);
+                }
+            }
             return;
         }
         let mut counts: Vec<(Digest, usize)> = Vec::new();

@@ -881,3 +881,52 @@ fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
         .iter()
         .any(|(_, m)| matches!(m, Message::Accept { .. })));
 }
+
+#[test]
+fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
+    // CFT, n = 3, Q = 2: nodes 0 and 2 ACCEPT before node 1 sees the PROPOSE.
+    let cfg = config(1, 0);
+    let mut b = node(&cfg, 1);
+    let value = Value {
+        time: 10,
+        requests: vec![request(&cfg, 7, b"op")],
+    };
+    let d = value.digest();
+    let mut out = Outputs::default();
+    for from in [0u32, 2] {
+        b.step(
+            10,
+            Input::Message {
+                from: Peer::Node(from),
+                msg: Message::Accept {
+                    view: 0,
+                    seq: 1,
+                    digest: d,
+                },
+            },
+            &mut out,
+        );
+    }
+    assert!(out
+        .events
+        .iter()
+        .any(|e| matches!(e, Event::Decided { seq: 1, .. })));
+    assert_eq!(b.executed(), 0, "decided, but the body is missing");
+    b.step(
+        10,
+        Input::Message {
+            from: Peer::Node(0),
+            msg: Message::Propose {
+                view: 0,
+                seq: 1,
+                value,
+            },
+        },
+        &mut out,
+    );
+    assert_eq!(
+        b.executed(),
+        1,
+        "the proposal brings the body: execute at once"
+    );
+}

@@ -407,6 +407,10 @@ impl<S: Service> Replica<S> {
             p.forwarded = false;
             p.in_flight = false;
         }
+        // Accepting a re-proposal can complete a decision (ACCEPTs that came first) and
+        // run execution, which ends by proposing; a fresh proposal from inside this loop
+        // would take a number that `next_propose` below hands out again. Hold them.
+        let held = std::mem::replace(&mut self.proposals_held, true);
         for (seq, value) in decision.values {
             if seq <= self.stable.seq {
                 continue;
@@ -414,6 +418,7 @@ impl<S: Service> Replica<S> {
             self.accept_proposal(seq, value, out);
         }
         self.next_propose = self.floor + 1;
+        self.proposals_held = held;
         self.replay_early_proposals(out);
         self.maybe_propose(out);
     }
