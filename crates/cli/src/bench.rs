@@ -106,22 +106,12 @@ fn operation(service: &str, req: usize, reply: u32, keys: u64, worker: usize, n:
         "null" => Null::request(req, reply),
         _ => {
             let key = (worker as u64).wrapping_mul(7_919).wrapping_add(n) % keys.max(1);
-            KvRequest::Put {
-                key: format!("b{key}").into_bytes(),
-                value: vec![b'x'; req],
-            }
-            .encode()
+            KvRequest::Put { key: format!("b{key}").into_bytes(), value: vec![b'x'; req] }.encode()
         }
     }
 }
 
-async fn step(
-    dir: &Path,
-    target: &'static str,
-    a: &BenchArgs,
-    service: &str,
-    clients: usize,
-) -> Result<Row, String> {
+async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, clients: usize) -> Result<Row, String> {
     // One client identity (one connection per node) per benchmark client; `outstanding`
     // sessions on it, each driven by its own task with one operation in flight.
     let sessions = a.outstanding.max(1);
@@ -137,9 +127,7 @@ async fn step(
     for c in &conns {
         for _ in 0..sessions {
             let (c, op) = (c.clone(), operation(service, a.req, a.reply, a.keys, 0, 0));
-            warm.push(tokio::spawn(async move {
-                c.invoke(op, Duration::from_secs(10)).await.is_ok()
-            }));
+            warm.push(tokio::spawn(async move { c.invoke(op, Duration::from_secs(10)).await.is_ok() }));
         }
     }
     for w in warm {
@@ -152,9 +140,7 @@ async fn step(
     let started = Instant::now();
     let end = started + Duration::from_secs(a.duration);
     let mut handles = Vec::new();
-    let workers = conns
-        .iter()
-        .flat_map(|c| std::iter::repeat_n(c.clone(), sessions));
+    let workers = conns.iter().flat_map(|c| std::iter::repeat_n(c.clone(), sessions));
     for (i, c) in workers.enumerate() {
         let (service, req, reply, keys) = (service.to_string(), a.req, a.reply, a.keys);
         handles.push(tokio::spawn(async move {
@@ -275,27 +261,16 @@ fn plot(path: &Path, rows: &[Row]) -> Result<(), String> {
     let max_x = rows.iter().map(|r| r.ops_per_s).fold(1.0, f64::max) * 1.1;
     let max_y = rows.iter().map(|r| r.p50_ms).fold(0.1, f64::max) * 1.2;
     let mut chart = ChartBuilder::on(&root)
-        .caption(
-            "keel bench: median latency vs throughput",
-            ("sans-serif", 22),
-        )
+        .caption("keel bench: median latency vs throughput", ("sans-serif", 22))
         .margin(20)
         .x_label_area_size(40)
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..max_x, 0.0..max_y)
         .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .x_desc("throughput (ops/s)")
-        .y_desc("p50 latency (ms)")
-        .draw()
-        .map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc("throughput (ops/s)").y_desc("p50 latency (ms)").draw().map_err(|e| e.to_string())?;
     for (target, color) in [("cluster", RED), ("baseline", BLUE)] {
-        let pts: Vec<(f64, f64)> = rows
-            .iter()
-            .filter(|r| r.target == target)
-            .map(|r| (r.ops_per_s, r.p50_ms))
-            .collect();
+        let pts: Vec<(f64, f64)> =
+            rows.iter().filter(|r| r.target == target).map(|r| (r.ops_per_s, r.p50_ms)).collect();
         if pts.is_empty() {
             continue;
         }
@@ -304,15 +279,9 @@ fn plot(path: &Path, rows: &[Row]) -> Result<(), String> {
             .map_err(|e| e.to_string())?
             .label(target)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart
-            .draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))
-            .map_err(|e| e.to_string())?;
+        chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled()))).map_err(|e| e.to_string())?;
     }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| e.to_string())?;
+    chart.configure_series_labels().border_style(BLACK).draw().map_err(|e| e.to_string())?;
     root.present().map_err(|e| e.to_string())
 }
 
@@ -333,13 +302,8 @@ pub fn run(a: BenchArgs) -> ExitCode {
     let rt = match a.threads {
         // One thread: every client task shares it, as the nodes' tasks do theirs (on a
         // small host, cross-thread wake-ups cost the load generator more than they buy).
-        0 | 1 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build(),
+        0 | 1 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
     };
     let Ok(rt) = rt else {
         eprintln!("error: cannot start the runtime");
@@ -351,11 +315,7 @@ pub fn run(a: BenchArgs) -> ExitCode {
         node0.fsync, a.req, a.reply, a.duration, a.outstanding
     );
     if service == "kv" {
-        println!(
-            "# kv puts over {} distinct keys (state up to {} KiB)",
-            a.keys,
-            a.keys * a.req as u64 / 1024
-        );
+        println!("# kv puts over {} distinct keys (state up to {} KiB)", a.keys, a.keys * a.req as u64 / 1024);
     }
     println!("target\tclients\tops/s\tp50_ms\tp90_ms\tp99_ms\terrors\tnode_cpu%\tclient_cpu%\tratio_to_baseline");
     let mut rows = Vec::new();
@@ -396,14 +356,13 @@ pub fn run(a: BenchArgs) -> ExitCode {
         }
         println!("# cluster relative to the unreplicated baseline, same clients:");
         for r in rows.iter().filter(|r| r.target == "cluster") {
-            let b = rows
-                .iter()
-                .find(|b| b.target == "baseline" && b.clients == r.clients);
+            let b = rows.iter().find(|b| b.target == "baseline" && b.clients == r.clients);
             print_row(r, b);
         }
     }
     if let Some(path) = &a.csv {
-        let mut text = String::from("target,clients,ops_per_s,p50_ms,p90_ms,p99_ms,errors,node_cpu_percent,client_cpu_percent\n");
+        let mut text =
+            String::from("target,clients,ops_per_s,p50_ms,p90_ms,p99_ms,errors,node_cpu_percent,client_cpu_percent\n");
         for r in &rows {
             text.push_str(&r.cells().join(","));
             text.push('\n');

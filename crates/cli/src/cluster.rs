@@ -52,10 +52,7 @@ pub fn free_ports(n: usize) -> Option<u16> {
 
 pub fn run_init(a: InitArgs) -> ExitCode {
     if a.dir.join("cluster.toml").exists() && !a.force {
-        eprintln!(
-            "error: {} already holds a cluster (use --force to overwrite)",
-            a.dir.display()
-        );
+        eprintln!("error: {} already holds a cluster (use --force to overwrite)", a.dir.display());
         return ExitCode::from(2);
     }
     let Some(fsync) = FsyncPolicy::parse(&a.fsync) else {
@@ -72,15 +69,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         eprintln!("error: --service must be kv or null");
         return ExitCode::from(2);
     }
-    let o = InitOptions {
-        service: a.service,
-        u: a.u,
-        r: a.r,
-        host: a.host,
-        base_port,
-        clients: a.clients,
-        fsync,
-    };
+    let o = InitOptions { service: a.service, u: a.u, r: a.r, host: a.host, base_port, clients: a.clients, fsync };
     match init(&a.dir, &o) {
         Ok(()) => {
             println!(
@@ -116,13 +105,8 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
         }
     };
     let built = match setup.threads {
-        0 => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
-        n => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(n)
-            .enable_all()
-            .build(),
+        0 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
     };
     let runtime = match built {
         Ok(r) => r,
@@ -170,18 +154,12 @@ pub fn node_dirs(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn spawn_node(exe: &Path, node_dir: &Path) -> std::io::Result<Child> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(node_dir.join("node.log"))?;
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(node_dir.join("node.log"))?;
     Command::new(exe)
         .arg("node")
         .arg("--config")
         .arg(node_dir.join("node.toml"))
-        .env(
-            "RUST_LOG",
-            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-        )
+        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log)
@@ -191,11 +169,7 @@ fn spawn_node(exe: &Path, node_dir: &Path) -> std::io::Result<Child> {
 pub fn run_up(a: UpArgs) -> ExitCode {
     let dirs = node_dirs(&a.dir);
     if dirs.is_empty() || !a.dir.join("cluster.toml").exists() {
-        eprintln!(
-            "error: {} holds no cluster; run `keel init --dir {}` first",
-            a.dir.display(),
-            a.dir.display()
-        );
+        eprintln!("error: {} holds no cluster; run `keel init --dir {}` first", a.dir.display(), a.dir.display());
         return ExitCode::from(2);
     }
     let exe = match std::env::current_exe() {
@@ -223,17 +197,11 @@ pub fn run_up(a: UpArgs) -> ExitCode {
         pids.join(" "),
         a.dir.display()
     );
-    println!(
-        "try:  keel kv --dir {} put a 1   then   keel kv --dir {} get a",
-        a.dir.display(),
-        a.dir.display()
-    );
+    println!("try:  keel kv --dir {} put a 1   then   keel kv --dir {} get a", a.dir.display(), a.dir.display());
     println!("Ctrl-C stops every node.");
     let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = interrupted.clone();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let _signals = runtime.as_ref().ok().map(|rt| {
         rt.spawn(async move {
             let _ = tokio::signal::ctrl_c().await;
@@ -247,15 +215,10 @@ pub fn run_up(a: UpArgs) -> ExitCode {
         if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
             break ExitCode::SUCCESS;
         }
-        if let Some((i, code)) = children
-            .iter_mut()
-            .enumerate()
-            .find_map(|(i, c)| c.try_wait().ok().flatten().map(|s| (i, s)))
+        if let Some((i, code)) =
+            children.iter_mut().enumerate().find_map(|(i, c)| c.try_wait().ok().flatten().map(|s| (i, s)))
         {
-            eprintln!(
-                "keel: node {i} exited ({code}); see {}",
-                dirs[i].join("node.log").display()
-            );
+            eprintln!("keel: node {i} exited ({code}); see {}", dirs[i].join("node.log").display());
             break ExitCode::FAILURE;
         }
     };
@@ -288,16 +251,9 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        rows.push((
-            setup.id,
-            keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2)),
-        ));
+        rows.push((setup.id, keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2))));
     }
-    let max_executed = rows
-        .iter()
-        .filter_map(|(_, r)| r.as_ref().ok().map(|s| s.executed))
-        .max()
-        .unwrap_or(0);
+    let max_executed = rows.iter().filter_map(|(_, r)| r.as_ref().ok().map(|s| s.executed)).max().unwrap_or(0);
     println!("node\tview\tprimary\texecuted\tstable\tlag\tpeers\tstate");
     let mut all_up = true;
     for (id, r) in rows {

@@ -59,25 +59,15 @@ pub fn run(a: KvArgs) -> ExitCode {
         }
     };
     let req = match a.op {
-        KvOp::Put { key, value } => KvRequest::Put {
-            key: key.into_bytes(),
-            value: value.into_bytes(),
-        },
-        KvOp::Get { key } => KvRequest::Get {
-            key: key.into_bytes(),
-        },
-        KvOp::Del { key } => KvRequest::Delete {
-            key: key.into_bytes(),
-        },
+        KvOp::Put { key, value } => KvRequest::Put { key: key.into_bytes(), value: value.into_bytes() },
+        KvOp::Get { key } => KvRequest::Get { key: key.into_bytes() },
+        KvOp::Del { key } => KvRequest::Delete { key: key.into_bytes() },
         KvOp::Cas { key, expected, new } => KvRequest::Cas {
             key: key.into_bytes(),
             expected: (expected != "-").then(|| expected.into_bytes()),
             new: new.into_bytes(),
         },
-        KvOp::Scan { prefix, limit } => KvRequest::Scan {
-            prefix: prefix.into_bytes(),
-            limit,
-        },
+        KvOp::Scan { prefix, limit } => KvRequest::Scan { prefix: prefix.into_bytes(), limit },
     };
     let mut client = match BlockingClient::connect(setup) {
         Ok(c) => c,
@@ -107,11 +97,7 @@ pub fn run(a: KvArgs) -> ExitCode {
         }
         Ok(KvResponse::Entries(entries)) => {
             for (k, v) in entries {
-                println!(
-                    "{}\t{}",
-                    String::from_utf8_lossy(&k),
-                    String::from_utf8_lossy(&v)
-                );
+                println!("{}\t{}", String::from_utf8_lossy(&k), String::from_utf8_lossy(&v));
             }
         }
         Ok(KvResponse::Error(e)) => {

@@ -9,11 +9,7 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "keel",
-    version,
-    about = "Keel: Byzantine-fault-tolerant replication that stays up and right"
-)]
+#[command(name = "keel", version, about = "Keel: Byzantine-fault-tolerant replication that stays up and right")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,9 +35,7 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {

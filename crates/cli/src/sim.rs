@@ -48,10 +48,7 @@ pub struct SimArgs {
 
 pub fn run(args: SimArgs) -> ExitCode {
     let Some(faults) = FaultSet::parse(&args.faults) else {
-        eprintln!(
-            "error: --faults must be none, crash, network, byzantine or all (got {:?})",
-            args.faults
-        );
+        eprintln!("error: --faults must be none, crash, network, byzantine or all (got {:?})", args.faults);
         return ExitCode::from(2);
     };
     if let Err(e) = Quorums::new(args.u, args.r) {
@@ -63,10 +60,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         Some((_, Some(m))) => Some(m),
         Some((name, None)) => {
             let known: Vec<_> = Mutation::ALL.iter().map(|m| m.name()).collect();
-            eprintln!(
-                "error: unknown mutation {name:?}; known: {}",
-                known.join(", ")
-            );
+            eprintln!("error: unknown mutation {name:?}; known: {}", known.join(", "));
             return ExitCode::from(2);
         }
     };
@@ -78,10 +72,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         steps: args.steps,
         clients: args.clients,
         mutation,
-        options: Options {
-            exec_workers: args.exec_workers,
-            ..Options::test_min()
-        },
+        options: Options { exec_workers: args.exec_workers, ..Options::test_min() },
         ..SimOptions::new(seed, args.u, args.r, faults)
     };
     if let Err(e) = make(0).options.validate() {
@@ -103,17 +94,10 @@ pub fn run(args: SimArgs) -> ExitCode {
                         report.view_changes,
                         report.state_transfers,
                         report.max_executed,
-                        if report.violations.is_empty() {
-                            "ok"
-                        } else {
-                            "VIOLATION"
-                        }
+                        if report.violations.is_empty() { "ok" } else { "VIOLATION" }
                     );
                 }
-                reports
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(report);
+                reports.lock().unwrap_or_else(|p| p.into_inner()).push(report);
             });
         }
     });
@@ -150,10 +134,7 @@ pub fn run(args: SimArgs) -> ExitCode {
     }
     for r in &failed {
         for v in &r.violations {
-            println!(
-                "seed {}: VIOLATION {} at {} ms: {}",
-                r.seed, v.property, v.at, v.detail
-            );
+            println!("seed {}: VIOLATION {} at {} ms: {}", r.seed, v.property, v.at, v.detail);
         }
         if args.seeds == 1 || failed.len() <= 3 {
             println!("  last trace lines of seed {}:", r.seed);
@@ -170,7 +151,11 @@ pub fn run(args: SimArgs) -> ExitCode {
             args.steps,
             args.clients,
             args.mutate.as_ref().map(|m| format!(" --mutate {m}")).unwrap_or_default()
-                + &if args.exec_workers == 1 { String::new() } else { format!(" --exec-workers {}", args.exec_workers) }
+                + &if args.exec_workers == 1 {
+                    String::new()
+                } else {
+                    format!(" --exec-workers {}", args.exec_workers)
+                }
         );
     }
     let l = &totals.lies;
@@ -194,21 +179,14 @@ pub fn run(args: SimArgs) -> ExitCode {
             _ => "custom".to_string(),
         }
     );
-    let mut properties: Vec<&str> = failed
-        .iter()
-        .flat_map(|r| r.violations.iter().map(|v| v.property))
-        .collect();
+    let mut properties: Vec<&str> = failed.iter().flat_map(|r| r.violations.iter().map(|v| v.property)).collect();
     properties.sort_unstable();
     properties.dedup();
     if let Some(m) = mutation {
         if failed.is_empty() {
             println!("mutation {} was NOT caught", m.name());
         } else {
-            println!(
-                "mutation {} caught: violated {}",
-                m.name(),
-                properties.join(", ")
-            );
+            println!("mutation {} caught: violated {}", m.name(), properties.join(", "));
         }
     }
     let h = trace.finalize();

@@ -33,35 +33,22 @@ impl Cluster {
         let status = Command::new(KEEL)
             .args(["init", "--dir"])
             .arg(dir.path())
-            .args([
-                "--u",
-                &u.to_string(),
-                "--r",
-                &r.to_string(),
-                "--clients",
-                "8",
-            ])
+            .args(["--u", &u.to_string(), "--r", &r.to_string(), "--clients", "8"])
             .stdout(Stdio::null())
             .status()
             .expect("keel init runs");
         assert!(status.success());
         let n = 2 * u as usize + r as usize + 1;
-        let mut c = Cluster {
-            dir,
-            nodes: (0..n).map(|_| None).collect(),
-        };
+        let mut c = Cluster { dir, nodes: (0..n).map(|_| None).collect() };
         for i in 0..n {
             if let Some(line) = extra(i) {
                 let file = c.path().join(format!("node-{i}/node.toml"));
                 let text = std::fs::read_to_string(&file).expect("node file");
                 // Replaces the setting `keel init` wrote, if any.
                 let key = line.split('=').next().expect("key").trim();
-                let kept: Vec<&str> = text
-                    .lines()
-                    .filter(|l| l.split('=').next().map(str::trim) != Some(key))
-                    .collect();
-                std::fs::write(&file, format!("{}\n{line}\n", kept.join("\n")))
-                    .expect("node file written");
+                let kept: Vec<&str> =
+                    text.lines().filter(|l| l.split('=').next().map(str::trim) != Some(key)).collect();
+                std::fs::write(&file, format!("{}\n{line}\n", kept.join("\n"))).expect("node file written");
             }
             c.start(i);
         }
@@ -75,11 +62,7 @@ impl Cluster {
     fn start(&mut self, i: usize) {
         assert!(self.nodes[i].is_none());
         let ndir = self.path().join(format!("node-{i}"));
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(ndir.join("node.log"))
-            .expect("log");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(ndir.join("node.log")).expect("log");
         let child = Command::new(KEEL)
             .args(["node", "--config"])
             .arg(ndir.join("node.toml"))
@@ -100,24 +83,18 @@ impl Cluster {
     }
 
     fn client(&self, id: u64) -> KeelClient {
-        let setup = ClientFile::load(&self.path().join(format!("client-{id}/client.toml")))
-            .expect("client file");
+        let setup = ClientFile::load(&self.path().join(format!("client-{id}/client.toml"))).expect("client file");
         KeelClient::connect(setup).expect("client connects")
     }
 
     /// The node's Prometheus text (plain HTTP GET on loopback).
     fn metrics(&self, i: usize) -> String {
         use std::io::{Read, Write};
-        let text = std::fs::read_to_string(self.path().join(format!("node-{i}/node.toml")))
-            .expect("node file");
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("metrics"))
-            .expect("metrics address");
+        let text = std::fs::read_to_string(self.path().join(format!("node-{i}/node.toml"))).expect("node file");
+        let line = text.lines().find(|l| l.starts_with("metrics")).expect("metrics address");
         let addr = line.split('"').nth(1).expect("quoted");
         let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
-        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")
-            .expect("request");
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("request");
         let mut body = String::new();
         s.read_to_string(&mut body).expect("response");
         body
@@ -137,25 +114,15 @@ impl Drop for Cluster {
 }
 
 async fn put(c: &KeelClient, k: &str, v: &str) -> Result<(), String> {
-    let req = KvRequest::Put {
-        key: k.into(),
-        value: v.into(),
-    };
-    match c
-        .invoke(req.encode(), OP_TIMEOUT)
-        .await
-        .map_err(|e| e.to_string())?
-    {
+    let req = KvRequest::Put { key: k.into(), value: v.into() };
+    match c.invoke(req.encode(), OP_TIMEOUT).await.map_err(|e| e.to_string())? {
         bytes if KvResponse::decode(&bytes) == Ok(KvResponse::Done) => Ok(()),
         other => Err(format!("unexpected put result {other:?}")),
     }
 }
 
 async fn get(c: &KeelClient, k: &str) -> Option<String> {
-    let bytes = c
-        .invoke(KvRequest::Get { key: k.into() }.encode(), OP_TIMEOUT)
-        .await
-        .expect("get answers");
+    let bytes = c.invoke(KvRequest::Get { key: k.into() }.encode(), OP_TIMEOUT).await.expect("get answers");
     match KvResponse::decode(&bytes).expect("decodes") {
         KvResponse::Value(v) => v.map(|v| String::from_utf8_lossy(&v).to_string()),
         other => panic!("unexpected get result {other:?}"),
@@ -194,20 +161,14 @@ fn start_writers(
 async fn check_all(cluster: &Cluster, acked: &[(String, String)]) {
     let c = cluster.client(1007);
     for (k, v) in acked {
-        assert_eq!(
-            get(&c, k).await.as_deref(),
-            Some(v.as_str()),
-            "acknowledged write {k} lost"
-        );
+        assert_eq!(get(&c, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
     }
 }
 
 async fn progress_during(cluster: &Cluster, what: &str) {
     let c = cluster.client(1006);
     let started = Instant::now();
-    put(&c, &format!("probe-{what}"), "x")
-        .await
-        .unwrap_or_else(|e| panic!("no progress {what}: {e}"));
+    put(&c, &format!("probe-{what}"), "x").await.unwrap_or_else(|e| panic!("no progress {what}: {e}"));
     eprintln!("progress {what}: {:?}", started.elapsed());
 }
 
@@ -236,10 +197,7 @@ async fn kill_backup_then_primary(u: u32, r: u32) {
         ops += w.await.expect("writer");
     }
     let acked = acked.lock().expect("lock").clone();
-    eprintln!(
-        "u={u} r={r}: {ops} writes attempted, {} acknowledged",
-        acked.len()
-    );
+    eprintln!("u={u} r={r}: {ops} writes attempted, {} acknowledged", acked.len());
     assert!(acked.len() > 30, "too little progress: {}", acked.len());
     cluster.kill(n - 1);
     progress_during(&cluster, "with only restarted nodes and the rest").await;
@@ -285,13 +243,8 @@ async fn total_outage_loses_no_acknowledged_write() {
 async fn bad_input_is_rejected_and_the_node_keeps_serving() {
     let cluster = Cluster::init(1, 1);
     let addr = {
-        let text =
-            std::fs::read_to_string(cluster.path().join("cluster.toml")).expect("cluster file");
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("addr"))
-            .expect("an addr")
-            .to_string();
+        let text = std::fs::read_to_string(cluster.path().join("cluster.toml")).expect("cluster file");
+        let line = text.lines().find(|l| l.starts_with("addr")).expect("an addr").to_string();
         line.split('"').nth(1).expect("quoted").to_string()
     };
     progress_during(&cluster, "before").await;
@@ -317,60 +270,34 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
 
     // A client of another cluster (certificate from an unknown CA).
     let other = Cluster::init(1, 0);
-    let mut setup =
-        ClientFile::load(&other.path().join("client-1000/client.toml")).expect("client file");
-    setup.nodes = ClientFile::load(&cluster.path().join("client-1000/client.toml"))
-        .expect("client file")
-        .nodes;
+    let mut setup = ClientFile::load(&other.path().join("client-1000/client.toml")).expect("client file");
+    setup.nodes = ClientFile::load(&cluster.path().join("client-1000/client.toml")).expect("client file").nodes;
     let stranger = KeelClient::connect(setup).expect("connect");
-    let refused = stranger
-        .invoke(
-            KvRequest::Get { key: b"a".to_vec() }.encode(),
-            Duration::from_secs(2),
-        )
-        .await;
-    assert!(
-        refused.is_err(),
-        "a client with an unknown CA must get nothing"
-    );
+    let refused = stranger.invoke(KvRequest::Get { key: b"a".to_vec() }.encode(), Duration::from_secs(2)).await;
+    assert!(refused.is_err(), "a client with an unknown CA must get nothing");
 
     // A real client sending a request with a bad MAC, then an oversized frame.
-    let setup =
-        ClientFile::load(&cluster.path().join("client-1001/client.toml")).expect("client file");
+    let setup = ClientFile::load(&cluster.path().join("client-1001/client.toml")).expect("client file");
     let connector = tokio_rustls::TlsConnector::from(
         keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
     );
     let tcp = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
-    let mut tls = connector
-        .connect(keel_runtime::tls::PeerId::Node(0).server_name(), tcp)
-        .await
-        .expect("handshake");
+    let mut tls = connector.connect(keel_runtime::tls::PeerId::Node(0).server_name(), tcp).await.expect("handshake");
     let forged = keel_core::message::Message::Request(keel_core::message::Request {
         client: 1001,
         seq: 1,
-        op: KvRequest::Put {
-            key: b"forged".to_vec(),
-            value: b"x".to_vec(),
-        }
-        .encode()
-        .into(),
+        op: KvRequest::Put { key: b"forged".to_vec(), value: b"x".to_vec() }.encode().into(),
         auth: vec![[0u8; 16]; 4],
     });
     let frame = keel_core::codec::encode(&forged);
-    tls.write_all(&(frame.len() as u32).to_be_bytes())
-        .await
-        .expect("write");
+    tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
     tls.write_all(&frame).await.expect("write");
     tls.write_all(&u32::MAX.to_be_bytes()).await.expect("write");
     tls.flush().await.expect("flush");
 
     progress_during(&cluster, "after bad input").await;
     let c = cluster.client(1002);
-    assert_eq!(
-        get(&c, "forged").await,
-        None,
-        "a request with a bad MAC must not execute"
-    );
+    assert_eq!(get(&c, "forged").await, None, "a request with a bad MAC must not execute");
     drop(idle);
 
     // Each rejection is counted on node 0. Nothing orders node 0's handling of the raw
@@ -394,18 +321,9 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         metrics = cluster.metrics(0);
     }
-    assert!(
-        value(&metrics, "keel_rejected_connections_total") >= 2,
-        "junk + unknown CA (+ slowloris):\n{metrics}"
-    );
-    assert!(
-        value(&metrics, "keel_rejected_total{kind=\"request\"}") >= 1,
-        "bad MAC counted:\n{metrics}"
-    );
-    assert!(
-        value(&metrics, "keel_oversized_frames_total") >= 1,
-        "oversized frame counted:\n{metrics}"
-    );
+    assert!(value(&metrics, "keel_rejected_connections_total") >= 2, "junk + unknown CA (+ slowloris):\n{metrics}");
+    assert!(value(&metrics, "keel_rejected_total{kind=\"request\"}") >= 1, "bad MAC counted:\n{metrics}");
+    assert!(value(&metrics, "keel_oversized_frames_total") >= 1, "oversized frame counted:\n{metrics}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,8 +337,7 @@ async fn one_client_identity_keeps_many_operations_in_flight_over_sessions() {
         1 => Some("verify_threads = 1"),
         _ => None,
     });
-    let setup =
-        ClientFile::load(&cluster.path().join("client-1003/client.toml")).expect("client file");
+    let setup = ClientFile::load(&cluster.path().join("client-1003/client.toml")).expect("client file");
     let client = KeelClient::connect_sessions(setup, 32).expect("connects");
     let started = Instant::now();
     let tasks: Vec<_> = (0..32)
@@ -428,9 +345,7 @@ async fn one_client_identity_keeps_many_operations_in_flight_over_sessions() {
             let c = client.clone();
             tokio::spawn(async move {
                 for n in 0..20 {
-                    put(&c, &format!("s{t}-{n}"), &format!("v{t}-{n}"))
-                        .await
-                        .expect("put acknowledged");
+                    put(&c, &format!("s{t}-{n}"), &format!("v{t}-{n}")).await.expect("put acknowledged");
                 }
             })
         })
@@ -442,39 +357,20 @@ async fn one_client_identity_keeps_many_operations_in_flight_over_sessions() {
     let reader = cluster.client(1004);
     for t in 0..32 {
         for n in [0, 19] {
-            assert_eq!(
-                get(&reader, &format!("s{t}-{n}")).await.as_deref(),
-                Some(format!("v{t}-{n}").as_str())
-            );
+            assert_eq!(get(&reader, &format!("s{t}-{n}")).await.as_deref(), Some(format!("v{t}-{n}").as_str()));
         }
     }
     // The stage did the checking on the nodes that have one, and none elsewhere.
     let verified = |i: usize| -> u64 {
         let text = cluster.metrics(i);
-        let line = text
-            .lines()
-            .find(|l| l.starts_with("keel_stage_verified_total"))
-            .expect("counter");
-        line.rsplit(' ')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .expect("a number")
+        let line = text.lines().find(|l| l.starts_with("keel_stage_verified_total")).expect("counter");
+        line.rsplit(' ').next().and_then(|v| v.parse().ok()).expect("a number")
     };
-    assert!(
-        verified(0) > 0 && verified(1) > 0,
-        "verify stage used: {} {}",
-        verified(0),
-        verified(1)
-    );
+    assert!(verified(0) > 0 && verified(1) > 0, "verify stage used: {} {}", verified(0), verified(1));
     assert_eq!(verified(2), 0);
     // A KeelClient with no session or too many is refused.
     let file = cluster.path().join("client-1005/client.toml");
-    assert!(
-        KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), 0).is_err()
-    );
+    assert!(KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), 0).is_err());
     let too_many = 1 + keel_core::message::SESSIONS_MAX as usize;
-    assert!(
-        KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), too_many)
-            .is_err()
-    );
+    assert!(KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), too_many).is_err());
 }

@@ -44,27 +44,9 @@ pub struct Client {
 
 impl Client {
     /// `first_seq` lets a restarted client continue above sequence numbers it used before.
-    pub fn new(
-        id: ClientId,
-        quorums: Quorums,
-        keys: Vec<MacKey>,
-        retransmit_ms: u64,
-        first_seq: u64,
-    ) -> Client {
-        assert_eq!(
-            keys.len(),
-            quorums.order_nodes(),
-            "one MAC key per order node"
-        );
-        Client {
-            id,
-            quorums,
-            keys,
-            seq: first_seq.saturating_sub(1),
-            view: 0,
-            retransmit_ms,
-            inflight: None,
-        }
+    pub fn new(id: ClientId, quorums: Quorums, keys: Vec<MacKey>, retransmit_ms: u64, first_seq: u64) -> Client {
+        assert_eq!(keys.len(), quorums.order_nodes(), "one MAC key per order node");
+        Client { id, quorums, keys, seq: first_seq.saturating_sub(1), view: 0, retransmit_ms, inflight: None }
     }
 
     pub fn id(&self) -> ClientId {
@@ -93,33 +75,19 @@ impl Client {
             return Err(ClientError::Busy);
         }
         if op.len() > crate::codec::OP_BYTES_MAX {
-            return Err(ClientError::TooLarge {
-                len: op.len(),
-                max: crate::codec::OP_BYTES_MAX,
-            });
+            return Err(ClientError::TooLarge { len: op.len(), max: crate::codec::OP_BYTES_MAX });
         }
         self.seq += 1;
-        let mut request = Request {
-            client: self.id,
-            seq: self.seq,
-            op: op.into(),
-            auth: Vec::new(),
-        };
+        let mut request = Request { client: self.id, seq: self.seq, op: op.into(), auth: Vec::new() };
         let statement = request.statement();
         request.auth = self.keys.iter().map(|k| k.mac(&statement)).collect();
         let msgs = self.to_all(&request);
-        self.inflight = Some(Inflight {
-            request,
-            sent_at: now,
-            replies: BTreeMap::new(),
-        });
+        self.inflight = Some(Inflight { request, sent_at: now, replies: BTreeMap::new() });
         Ok(msgs)
     }
 
     fn to_all(&self, request: &Request) -> Vec<(NodeId, Message)> {
-        (0..self.keys.len() as NodeId)
-            .map(|n| (n, Message::Request(request.clone())))
-            .collect()
+        (0..self.keys.len() as NodeId).map(|n| (n, Message::Request(request.clone()))).collect()
     }
 
     /// A reply from node `from`. Returns the result once r + 1 nodes agree on it.
@@ -139,20 +107,13 @@ impl Client {
         // A node's latest reply replaces its earlier one (a full reply after a hash).
         inflight.replies.insert(from, (digest, full));
         let need = self.quorums.reply_quorum();
-        let agreeing: Vec<NodeId> = inflight
-            .replies
-            .iter()
-            .filter(|(_, (d, _))| *d == digest)
-            .map(|(n, _)| *n)
-            .collect();
+        let agreeing: Vec<NodeId> =
+            inflight.replies.iter().filter(|(_, (d, _))| *d == digest).map(|(n, _)| *n).collect();
         if agreeing.len() < need {
             return None;
         }
-        let result = inflight
-            .replies
-            .values()
-            .find(|(d, f)| *d == digest && f.is_some())
-            .and_then(|(_, f)| f.clone())?;
+        let result =
+            inflight.replies.values().find(|(d, f)| *d == digest && f.is_some()).and_then(|(_, f)| f.clone())?;
         self.note_view(reply.view);
         self.inflight = None;
         Some(result)
@@ -191,19 +152,12 @@ mod tests {
 
     fn client(u: u32, r: u32) -> Client {
         let q = Quorums::new(u, r).expect("valid");
-        let keys = (0..q.order_nodes())
-            .map(|i| MacKey([i as u8; 32]))
-            .collect();
+        let keys = (0..q.order_nodes()).map(|i| MacKey([i as u8; 32])).collect();
         Client::new(9, q, keys, 100, 1)
     }
 
     fn reply(seq: u64, body: ReplyBody) -> Reply {
-        Reply {
-            client: 9,
-            view: 0,
-            seq,
-            body,
-        }
+        Reply { client: 9, view: 0, seq, body }
     }
 
     #[test]
@@ -211,21 +165,12 @@ mod tests {
         let mut c = client(1, 1);
         let msgs = c.invoke(0, b"op".to_vec()).expect("idle");
         assert_eq!(msgs.len(), 4);
-        let Message::Request(req) = &msgs[0].1 else {
-            panic!("request")
-        };
+        let Message::Request(req) = &msgs[0].1 else { panic!("request") };
         assert_eq!(req.auth.len(), 4);
         let h = result_digest(b"ok");
         assert_eq!(c.on_reply(1, reply(1, ReplyBody::Hash(h))), None);
-        assert_eq!(
-            c.on_reply(2, reply(1, ReplyBody::Hash(h))),
-            None,
-            "two hashes but no body"
-        );
-        assert_eq!(
-            c.on_reply(3, reply(1, ReplyBody::Full(b"ok".to_vec()))),
-            Some(b"ok".to_vec())
-        );
+        assert_eq!(c.on_reply(2, reply(1, ReplyBody::Hash(h))), None, "two hashes but no body");
+        assert_eq!(c.on_reply(3, reply(1, ReplyBody::Full(b"ok".to_vec()))), Some(b"ok".to_vec()));
         assert!(!c.busy());
     }
 
@@ -233,23 +178,10 @@ mod tests {
     fn a_single_lying_node_cannot_decide_the_result() {
         let mut c = client(1, 1);
         c.invoke(0, b"op".to_vec()).expect("idle");
-        assert_eq!(
-            c.on_reply(0, reply(1, ReplyBody::Full(b"lie".to_vec()))),
-            None
-        );
-        assert_eq!(
-            c.on_reply(0, reply(1, ReplyBody::Full(b"lie".to_vec()))),
-            None,
-            "repeats do not count twice"
-        );
-        assert_eq!(
-            c.on_reply(1, reply(1, ReplyBody::Hash(result_digest(b"ok")))),
-            None
-        );
-        assert_eq!(
-            c.on_reply(2, reply(1, ReplyBody::Full(b"ok".to_vec()))),
-            Some(b"ok".to_vec())
-        );
+        assert_eq!(c.on_reply(0, reply(1, ReplyBody::Full(b"lie".to_vec()))), None);
+        assert_eq!(c.on_reply(0, reply(1, ReplyBody::Full(b"lie".to_vec()))), None, "repeats do not count twice");
+        assert_eq!(c.on_reply(1, reply(1, ReplyBody::Hash(result_digest(b"ok")))), None);
+        assert_eq!(c.on_reply(2, reply(1, ReplyBody::Full(b"ok".to_vec()))), Some(b"ok".to_vec()));
     }
 
     #[test]
@@ -257,20 +189,10 @@ mod tests {
         let mut c = client(1, 0);
         c.invoke(0, b"a".to_vec()).expect("idle");
         assert_eq!(c.invoke(0, b"b".to_vec()), Err(ClientError::Busy));
-        assert_eq!(
-            c.on_reply(0, reply(7, ReplyBody::Full(b"x".to_vec()))),
-            None,
-            "wrong seq"
-        );
-        let other = Reply {
-            client: 10,
-            ..reply(1, ReplyBody::Full(b"x".to_vec()))
-        };
+        assert_eq!(c.on_reply(0, reply(7, ReplyBody::Full(b"x".to_vec()))), None, "wrong seq");
+        let other = Reply { client: 10, ..reply(1, ReplyBody::Full(b"x".to_vec())) };
         assert_eq!(c.on_reply(0, other), None, "another session's reply");
-        assert_eq!(
-            c.on_reply(0, reply(1, ReplyBody::Full(b"x".to_vec()))),
-            Some(b"x".to_vec())
-        );
+        assert_eq!(c.on_reply(0, reply(1, ReplyBody::Full(b"x".to_vec()))), Some(b"x".to_vec()));
     }
 
     #[test]

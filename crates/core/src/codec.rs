@@ -37,11 +37,7 @@ pub enum DecodeError {
     #[error("{bytes} trailing bytes after the message")]
     Trailing { bytes: usize },
     #[error("{field} has {got} entries, limit {max}")]
-    Bound {
-        field: &'static str,
-        got: usize,
-        max: usize,
-    },
+    Bound { field: &'static str, got: usize, max: usize },
 }
 
 pub fn encode(msg: &Message) -> Vec<u8> {
@@ -54,16 +50,10 @@ pub fn encode(msg: &Message) -> Vec<u8> {
 pub fn decode(frame: &[u8]) -> Result<Message, DecodeError> {
     let (&version, body) = frame.split_first().ok_or(DecodeError::Empty)?;
     if frame.len() > FRAME_MAX {
-        return Err(DecodeError::TooLarge {
-            len: frame.len(),
-            max: FRAME_MAX,
-        });
+        return Err(DecodeError::TooLarge { len: frame.len(), max: FRAME_MAX });
     }
     if version != WIRE_VERSION {
-        return Err(DecodeError::Version {
-            got: version,
-            expected: WIRE_VERSION,
-        });
+        return Err(DecodeError::Version { got: version, expected: WIRE_VERSION });
     }
     let (msg, rest): (Message, &[u8]) =
         postcard::take_from_bytes(body).map_err(|e| DecodeError::Malformed(e.to_string()))?;
@@ -103,11 +93,7 @@ fn check_cert(c: &Cert) -> Result<(), DecodeError> {
 
 fn check_view_change(vc: &ViewChange) -> Result<(), DecodeError> {
     check_stable(&vc.stable)?;
-    bound(
-        "view_change.certs",
-        vc.certs.len(),
-        CERTS_PER_VIEW_CHANGE_MAX,
-    )?;
+    bound("view_change.certs", vc.certs.len(), CERTS_PER_VIEW_CHANGE_MAX)?;
     vc.certs.iter().try_for_each(check_cert)
 }
 
@@ -165,18 +151,8 @@ mod tests {
     }
 
     fn arb_request() -> impl Strategy<Value = Request> {
-        (
-            any::<u64>(),
-            any::<u64>(),
-            arb_bytes(64),
-            proptest::collection::vec(any::<[u8; 16]>(), 0..5),
-        )
-            .prop_map(|(client, seq, op, auth)| Request {
-                client,
-                seq,
-                op: op.into(),
-                auth,
-            })
+        (any::<u64>(), any::<u64>(), arb_bytes(64), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
+            .prop_map(|(client, seq, op, auth)| Request { client, seq, op: op.into(), auth })
     }
 
     fn arb_value() -> impl Strategy<Value = Value> {
@@ -185,41 +161,16 @@ mod tests {
     }
 
     fn arb_stable() -> impl Strategy<Value = StableProof> {
-        (
-            any::<u64>(),
-            arb_digest(),
-            proptest::collection::vec((any::<u32>(), arb_sig()), 0..4),
-        )
+        (any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
             .prop_map(|(seq, root, sigs)| StableProof { seq, root, sigs })
     }
 
     fn arb_view_change() -> impl Strategy<Value = ViewChange> {
-        let cert = (
-            any::<u64>(),
-            any::<u64>(),
-            arb_value(),
-            proptest::collection::vec((any::<u32>(), arb_sig()), 0..4),
-        )
-            .prop_map(|(view, seq, value, writes)| Cert {
-                view,
-                seq,
-                value,
-                writes,
-            });
-        (
-            any::<u64>(),
-            any::<u32>(),
-            arb_stable(),
-            proptest::collection::vec(cert, 0..3),
-            arb_sig(),
-        )
-            .prop_map(|(view, from, stable, certs, sig)| ViewChange {
-                view,
-                from,
-                stable,
-                certs,
-                sig,
-            })
+        let cert =
+            (any::<u64>(), any::<u64>(), arb_value(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
+                .prop_map(|(view, seq, value, writes)| Cert { view, seq, value, writes });
+        (any::<u64>(), any::<u32>(), arb_stable(), proptest::collection::vec(cert, 0..3), arb_sig())
+            .prop_map(|(view, from, stable, certs, sig)| ViewChange { view, from, stable, certs, sig })
     }
 
     fn arb_message() -> impl Strategy<Value = Message> {
@@ -230,64 +181,40 @@ mod tests {
                 any::<u64>(),
                 any::<u64>(),
                 any::<u64>(),
-                prop_oneof![
-                    arb_bytes(64).prop_map(ReplyBody::Full),
-                    arb_digest().prop_map(ReplyBody::Hash)
-                ]
+                prop_oneof![arb_bytes(64).prop_map(ReplyBody::Full), arb_digest().prop_map(ReplyBody::Hash)]
             )
-                .prop_map(|(client, view, seq, body)| Message::Reply(Reply {
-                    client,
-                    view,
-                    seq,
-                    body
-                })),
-            (any::<u64>(), any::<u64>(), arb_value())
-                .prop_map(|(view, seq, value)| Message::Propose { view, seq, value }),
-            (any::<u64>(), any::<u64>(), arb_digest(), arb_sig()).prop_map(
-                |(view, seq, digest, sig)| Message::Write(Write {
-                    view,
-                    seq,
-                    digest,
-                    sig
-                })
-            ),
-            (any::<u64>(), any::<u64>(), arb_digest())
-                .prop_map(|(view, seq, digest)| Message::Accept { view, seq, digest }),
-            (any::<u64>(), arb_digest(), arb_sig()).prop_map(|(seq, root, sig)| {
-                Message::Checkpoint(CheckpointVote { seq, root, sig })
+                .prop_map(|(client, view, seq, body)| Message::Reply(Reply { client, view, seq, body })),
+            (any::<u64>(), any::<u64>(), arb_value()).prop_map(|(view, seq, value)| Message::Propose {
+                view,
+                seq,
+                value
             }),
+            (any::<u64>(), any::<u64>(), arb_digest(), arb_sig())
+                .prop_map(|(view, seq, digest, sig)| Message::Write(Write { view, seq, digest, sig })),
+            (any::<u64>(), any::<u64>(), arb_digest()).prop_map(|(view, seq, digest)| Message::Accept {
+                view,
+                seq,
+                digest
+            }),
+            (any::<u64>(), arb_digest(), arb_sig())
+                .prop_map(|(seq, root, sig)| { Message::Checkpoint(CheckpointVote { seq, root, sig }) }),
             any::<u64>().prop_map(|view| Message::Stop { view }),
             arb_view_change().prop_map(Message::ViewChange),
-            (
-                any::<u64>(),
-                proptest::collection::vec(arb_view_change(), 0..3),
-                arb_sig()
-            )
-                .prop_map(|(view, view_changes, sig)| Message::NewView(NewView {
-                    view,
-                    view_changes,
-                    sig
-                })),
-            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(view, executed, stable)| {
-                Message::Status {
-                    view,
-                    executed,
-                    stable,
-                }
-            }),
+            (any::<u64>(), proptest::collection::vec(arb_view_change(), 0..3), arb_sig())
+                .prop_map(|(view, view_changes, sig)| Message::NewView(NewView { view, view_changes, sig })),
+            (any::<u64>(), any::<u64>(), any::<u64>())
+                .prop_map(|(view, executed, stable)| { Message::Status { view, executed, stable } }),
             arb_stable().prop_map(Message::StableCert),
             (any::<u64>(), arb_value()).prop_map(|(seq, value)| Message::Decided { seq, value }),
             any::<u64>().prop_map(|seq| Message::FetchManifest { seq }),
-            (
-                any::<u64>(),
-                any::<u64>(),
-                proptest::collection::vec(arb_digest(), 0..4)
-            )
+            (any::<u64>(), any::<u64>(), proptest::collection::vec(arb_digest(), 0..4))
                 .prop_map(|(seq, len, chunks)| Message::Manifest { seq, len, chunks }),
-            (any::<u64>(), any::<u32>())
-                .prop_map(|(seq, index)| Message::FetchChunk { seq, index }),
-            (any::<u64>(), any::<u32>(), arb_bytes(128))
-                .prop_map(|(seq, index, data)| Message::Chunk { seq, index, data }),
+            (any::<u64>(), any::<u32>()).prop_map(|(seq, index)| Message::FetchChunk { seq, index }),
+            (any::<u64>(), any::<u32>(), arb_bytes(128)).prop_map(|(seq, index, data)| Message::Chunk {
+                seq,
+                index,
+                data
+            }),
         ]
     }
 
@@ -316,13 +243,7 @@ mod tests {
     fn rejects_wrong_version_trailing_bytes_and_oversize() {
         let mut bytes = encode(&Message::Stop { view: 3 });
         bytes[0] = 9;
-        assert_eq!(
-            decode(&bytes),
-            Err(DecodeError::Version {
-                got: 9,
-                expected: WIRE_VERSION
-            })
-        );
+        assert_eq!(decode(&bytes), Err(DecodeError::Version { got: 9, expected: WIRE_VERSION }));
         let mut bytes = encode(&Message::Stop { view: 3 });
         bytes.push(0);
         assert_eq!(decode(&bytes), Err(DecodeError::Trailing { bytes: 1 }));
@@ -343,27 +264,9 @@ mod tests {
 
     #[test]
     fn oversized_batches_are_bounded() {
-        let req = Request {
-            client: 1,
-            seq: 1,
-            op: Vec::new().into(),
-            auth: vec![],
-        };
-        let value = Value {
-            time: 0,
-            requests: vec![req; REQUESTS_PER_VALUE_MAX + 1],
-        };
-        let bytes = encode(&Message::Propose {
-            view: 0,
-            seq: 1,
-            value,
-        });
-        assert!(matches!(
-            decode(&bytes),
-            Err(DecodeError::Bound {
-                field: "value.requests",
-                ..
-            })
-        ));
+        let req = Request { client: 1, seq: 1, op: Vec::new().into(), auth: vec![] };
+        let value = Value { time: 0, requests: vec![req; REQUESTS_PER_VALUE_MAX + 1] };
+        let bytes = encode(&Message::Propose { view: 0, seq: 1, value });
+        assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "value.requests", .. })));
     }
 }

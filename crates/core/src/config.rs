@@ -20,31 +20,16 @@ pub enum ConfigError {
     #[error("{got} node keys for a configuration that needs {expected}")]
     NodeCount { expected: usize, got: usize },
     #[error("option {name} = {value} is invalid: {why}")]
-    Option {
-        name: &'static str,
-        value: u64,
-        why: &'static str,
-    },
+    Option { name: &'static str, value: u64, why: &'static str },
 }
 
 impl ClusterConfig {
-    pub fn new(
-        quorums: Quorums,
-        node_keys: Vec<PublicKey>,
-        options: Options,
-    ) -> Result<ClusterConfig, ConfigError> {
+    pub fn new(quorums: Quorums, node_keys: Vec<PublicKey>, options: Options) -> Result<ClusterConfig, ConfigError> {
         if node_keys.len() != quorums.order_nodes() {
-            return Err(ConfigError::NodeCount {
-                expected: quorums.order_nodes(),
-                got: node_keys.len(),
-            });
+            return Err(ConfigError::NodeCount { expected: quorums.order_nodes(), got: node_keys.len() });
         }
         options.validate()?;
-        Ok(ClusterConfig {
-            quorums,
-            node_keys,
-            options,
-        })
+        Ok(ClusterConfig { quorums, node_keys, options })
     }
 
     pub fn n(&self) -> usize {
@@ -149,40 +134,23 @@ impl Options {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |name, value: u64, why| Err(ConfigError::Option { name, value, why });
-        if self.batch_count_max == 0 || self.batch_count_max > crate::codec::REQUESTS_PER_VALUE_MAX
-        {
-            return err(
-                "batch_count_max",
-                self.batch_count_max as u64,
-                "must be 1..=4096",
-            );
+        if self.batch_count_max == 0 || self.batch_count_max > crate::codec::REQUESTS_PER_VALUE_MAX {
+            return err("batch_count_max", self.batch_count_max as u64, "must be 1..=4096");
         }
         if self.window == 0 || self.window > self.checkpoint_interval {
-            return err(
-                "window",
-                self.window,
-                "must be 1..=checkpoint_interval so a checkpoint can always complete",
-            );
+            return err("window", self.window, "must be 1..=checkpoint_interval so a checkpoint can always complete");
         }
         if self.checkpoint_interval == 0 {
             return err("checkpoint_interval", 0, "must be positive");
         }
         if self.request_timeout_ms == 0 || self.view_change_timeout_ms == 0 {
-            return err(
-                "request_timeout_ms",
-                self.request_timeout_ms,
-                "timeouts must be positive",
-            );
+            return err("request_timeout_ms", self.request_timeout_ms, "timeouts must be positive");
         }
         if self.chunk_bytes == 0 || self.chunk_bytes > crate::codec::CHUNK_BYTES_MAX {
             return err("chunk_bytes", self.chunk_bytes as u64, "must be 1..=1 MiB");
         }
         if self.batch_bytes_max + 64 * 1024 > crate::codec::FRAME_MAX / 4 {
-            return err(
-                "batch_bytes_max",
-                self.batch_bytes_max as u64,
-                "batches must fit a frame with room to spare",
-            );
+            return err("batch_bytes_max", self.batch_bytes_max as u64, "batches must fit a frame with room to spare");
         }
         if self.exec_workers == 0 || self.exec_workers > EXEC_WORKERS_MAX {
             return err("exec_workers", self.exec_workers as u64, "must be 1..=256");
@@ -203,17 +171,7 @@ mod tests {
 
     #[test]
     fn window_larger_than_checkpoint_interval_is_rejected() {
-        let o = Options {
-            window: 9,
-            ..Options::test_min()
-        };
-        assert!(matches!(
-            o.validate(),
-            Err(ConfigError::Option {
-                name: "window",
-                value: 9,
-                ..
-            })
-        ));
+        let o = Options { window: 9, ..Options::test_min() };
+        assert!(matches!(o.validate(), Err(ConfigError::Option { name: "window", value: 9, .. })));
     }
 }

@@ -84,9 +84,8 @@ impl Serialize for Sig {
 impl<'de> Deserialize<'de> for Sig {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Sig, D::Error> {
         let bytes: &[u8] = serde_bytes::deserialize(d)?;
-        let arr: [u8; 64] = bytes
-            .try_into()
-            .map_err(|_| serde::de::Error::invalid_length(bytes.len(), &"64 signature bytes"))?;
+        let arr: [u8; 64] =
+            bytes.try_into().map_err(|_| serde::de::Error::invalid_length(bytes.len(), &"64 signature bytes"))?;
         Ok(Sig(arr))
     }
 }
@@ -131,11 +130,7 @@ pub struct NodeKeys(Vec<Option<ed25519_dalek::VerifyingKey>>);
 
 impl NodeKeys {
     pub fn new(keys: &[PublicKey]) -> NodeKeys {
-        NodeKeys(
-            keys.iter()
-                .map(|k| ed25519_dalek::VerifyingKey::from_bytes(&k.0).ok())
-                .collect(),
-        )
+        NodeKeys(keys.iter().map(|k| ed25519_dalek::VerifyingKey::from_bytes(&k.0).ok()).collect())
     }
 
     /// Checks node `node`'s `sig` over `statement`; an unknown node, a malformed key or a
@@ -144,8 +139,7 @@ impl NodeKeys {
         let Some(Some(key)) = self.0.get(node as usize) else {
             return false;
         };
-        key.verify(&statement.0, &ed25519_dalek::Signature::from_bytes(&sig.0))
-            .is_ok()
+        key.verify(&statement.0, &ed25519_dalek::Signature::from_bytes(&sig.0)).is_ok()
     }
 }
 
@@ -173,11 +167,7 @@ impl MacKey {
     /// Constant-time comparison, so a client cannot learn a MAC byte by byte.
     pub fn verify(&self, statement: &Digest, mac: &Mac) -> bool {
         let expect = self.mac(statement);
-        expect
-            .iter()
-            .zip(mac.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        expect.iter().zip(mac.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
     }
 }
 
@@ -208,10 +198,7 @@ mod tests {
 
     #[test]
     fn domains_separate_digests() {
-        assert_ne!(
-            Hasher::new("a").u64(1).finish(),
-            Hasher::new("b").u64(1).finish()
-        );
+        assert_ne!(Hasher::new("a").u64(1).finish(), Hasher::new("b").u64(1).finish());
         // Length-prefixed fields: ("ab","c") differs from ("a","bc").
         assert_ne!(
             Hasher::new("x").bytes(b"ab").bytes(b"c").finish(),

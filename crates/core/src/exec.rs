@@ -152,10 +152,7 @@ impl<S: Service> Executor<S> {
 
     /// The cached reply for `(client, seq)`, if that is the client's last executed request.
     pub fn cached(&self, client: ClientId, seq: u64) -> Option<&[u8]> {
-        self.clients
-            .get(&client)
-            .filter(|l| l.seq == seq)
-            .map(|l| l.result.as_slice())
+        self.clients.get(&client).filter(|l| l.seq == seq).map(|l| l.result.as_slice())
     }
 
     /// The client's last executed sequence number.
@@ -168,10 +165,7 @@ impl<S: Service> Executor<S> {
     /// # Panics
     /// If `seq != executed + 1`: the caller orders execution.
     pub fn execute(&mut self, seq: Seq, value: &Value) -> Vec<Outcome> {
-        self.execute_many(seq, &[value])
-            .into_iter()
-            .next()
-            .unwrap_or_default()
+        self.execute_many(seq, &[value]).into_iter().next().unwrap_or_default()
     }
 
     /// Executes instances `first, first + 1, ...` (one per value) as one run: under a
@@ -191,11 +185,7 @@ impl<S: Service> Executor<S> {
             Schedule::Pool { .. } | Schedule::Shuffled { .. } => self.service.concurrent(),
         };
         let out = match handle {
-            None => values
-                .iter()
-                .zip(first..)
-                .map(|(value, seq)| self.execute_sequential(seq, value))
-                .collect(),
+            None => values.iter().zip(first..).map(|(value, seq)| self.execute_sequential(seq, value)).collect(),
             Some(handle) => self.execute_graph(first, values, handle),
         };
         self.executed = first + values.len() as u64 - 1;
@@ -215,32 +205,13 @@ impl<S: Service> Executor<S> {
     fn execute_request(&mut self, seq: Seq, seed: u64, index: u64, req: &Request) -> Outcome {
         let last = self.last_seq(req.client);
         if req.seq <= last {
-            let result = self
-                .cached(req.client, req.seq)
-                .map(<[u8]>::to_vec)
-                .unwrap_or_default();
-            return Outcome {
-                client: req.client,
-                seq: req.seq,
-                result,
-                fresh: false,
-            };
+            let result = self.cached(req.client, req.seq).map(<[u8]>::to_vec).unwrap_or_default();
+            return Outcome { client: req.client, seq: req.seq, result, fresh: false };
         }
         let ctx = request_ctx(seq, self.time, seed, index, req.client);
         let result = self.service.execute(&req.op, &ctx);
-        self.clients.insert(
-            req.client,
-            LastReply {
-                seq: req.seq,
-                result: result.clone(),
-            },
-        );
-        Outcome {
-            client: req.client,
-            seq: req.seq,
-            result,
-            fresh: true,
-        }
+        self.clients.insert(req.client, LastReply { seq: req.seq, result: result.clone() });
+        Outcome { client: req.client, seq: req.seq, result, fresh: true }
     }
 
     /// The parallel path: decide every request's fate and context in decided order (as
@@ -262,21 +233,11 @@ impl<S: Service> Executor<S> {
             let seed = value.seed(seq);
             let mut answers = Vec::with_capacity(value.requests.len());
             for (index, req) in value.requests.iter().enumerate() {
-                let (last, job) = latest
-                    .get(&req.client)
-                    .copied()
-                    .unwrap_or((self.last_seq(req.client), None));
+                let (last, job) = latest.get(&req.client).copied().unwrap_or((self.last_seq(req.client), None));
                 let answer = if req.seq > last {
                     let ctx = request_ctx(seq, self.time, seed, index as u64, req.client);
                     let conflicts = self.service.conflicts(&req.op);
-                    let j = graph.push(
-                        req.client,
-                        &conflicts,
-                        Job {
-                            op: req.op.to_vec(),
-                            ctx,
-                        },
-                    );
+                    let j = graph.push(req.client, &conflicts, Job { op: req.op.to_vec(), ctx });
                     latest.insert(req.client, (req.seq, Some(j)));
                     Answer::Fresh(j)
                 } else if req.seq < last {
@@ -284,11 +245,9 @@ impl<S: Service> Executor<S> {
                 } else {
                     match job {
                         Some(j) => Answer::Copy(j),
-                        None => Answer::Cached(
-                            self.cached(req.client, req.seq)
-                                .map(<[u8]>::to_vec)
-                                .unwrap_or_default(),
-                        ),
+                        None => {
+                            Answer::Cached(self.cached(req.client, req.seq).map(<[u8]>::to_vec).unwrap_or_default())
+                        }
                     }
                 };
                 answers.push(answer);
@@ -301,10 +260,9 @@ impl<S: Service> Executor<S> {
                 let shuffle = &mut self.shuffle;
                 graph.run_inline(handle.as_ref(), |n| shuffle.below(n))
             }
-            Schedule::Pool { workers } => self
-                .pool
-                .get_or_insert_with(|| Pool::new(workers.saturating_sub(1)))
-                .run(graph, handle),
+            Schedule::Pool { workers } => {
+                self.pool.get_or_insert_with(|| Pool::new(workers.saturating_sub(1))).run(graph, handle)
+            }
             Schedule::Sequential => unreachable!("the sequential schedule never builds a graph"),
         };
         values
@@ -323,20 +281,9 @@ impl<S: Service> Executor<S> {
                             Answer::Empty => (Vec::new(), false),
                         };
                         if fresh {
-                            self.clients.insert(
-                                req.client,
-                                LastReply {
-                                    seq: req.seq,
-                                    result: result.clone(),
-                                },
-                            );
+                            self.clients.insert(req.client, LastReply { seq: req.seq, result: result.clone() });
                         }
-                        Outcome {
-                            client: req.client,
-                            seq: req.seq,
-                            result,
-                            fresh,
-                        }
+                        Outcome { client: req.client, seq: req.seq, result, fresh }
                     })
                     .collect()
             })
@@ -363,8 +310,8 @@ impl<S: Service> Executor<S> {
     /// # Errors
     /// If the bytes do not decode; the executor is unchanged then.
     pub fn restore(&mut self, bytes: &[u8]) -> Result<Seq, RestoreError> {
-        let body: SnapshotBody = postcard::from_bytes(bytes)
-            .map_err(|e| RestoreError(format!("executor snapshot: {e}")))?;
+        let body: SnapshotBody =
+            postcard::from_bytes(bytes).map_err(|e| RestoreError(format!("executor snapshot: {e}")))?;
         self.service.restore(&body.service)?;
         self.executed = body.executed;
         self.time = body.time;
@@ -376,16 +323,7 @@ impl<S: Service> Executor<S> {
 /// The context of the request at `index` in instance `seq`: a function of agreed values
 /// only, whichever thread runs it.
 fn request_ctx(seq: Seq, time: u64, seed: u64, index: u64, client: ClientId) -> ExecCtx {
-    ExecCtx {
-        seq,
-        time,
-        seed: Hasher::new("keel/request-seed")
-            .u64(seed)
-            .u64(index)
-            .finish()
-            .prefix_u64(),
-        client,
-    }
+    ExecCtx { seq, time, seed: Hasher::new("keel/request-seed").u64(seed).u64(index).finish().prefix_u64(), client }
 }
 
 /// A checkpoint split into fixed-size chunks with a Merkle root over them.
@@ -401,18 +339,10 @@ pub struct Chunked {
 
 impl Chunked {
     pub fn new(bytes: Vec<u8>, chunk_bytes: usize) -> Chunked {
-        let leaves: Vec<Digest> = bytes
-            .chunks(chunk_bytes)
-            .enumerate()
-            .map(|(i, c)| leaf_digest(i as u32, c))
-            .collect();
+        let leaves: Vec<Digest> =
+            bytes.chunks(chunk_bytes).enumerate().map(|(i, c)| leaf_digest(i as u32, c)).collect();
         let root = merkle_root(bytes.len() as u64, &leaves);
-        Chunked {
-            bytes: Arc::new(bytes),
-            chunk_bytes,
-            leaves,
-            root,
-        }
+        Chunked { bytes: Arc::new(bytes), chunk_bytes, leaves, root }
     }
 
     pub fn chunk(&self, index: u32) -> Option<&[u8]> {
@@ -421,10 +351,7 @@ impl Chunked {
 }
 
 pub fn leaf_digest(index: u32, data: &[u8]) -> Digest {
-    Hasher::new("keel/chunk")
-        .u64(index as u64)
-        .bytes(data)
-        .finish()
+    Hasher::new("keel/chunk").u64(index as u64).bytes(data).finish()
 }
 
 /// Binary Merkle tree over the chunk digests (an odd node is promoted), bound to the
@@ -442,11 +369,7 @@ pub fn merkle_root(len: u64, leaves: &[Digest]) -> Digest {
             .collect();
     }
     let top = level.first().copied().unwrap_or_default();
-    Hasher::new("keel/root")
-        .u64(len)
-        .u64(leaves.len() as u64)
-        .digest(&top)
-        .finish()
+    Hasher::new("keel/root").u64(len).u64(leaves.len() as u64).digest(&top).finish()
 }
 
 #[cfg(test)]
@@ -475,35 +398,18 @@ mod tests {
     }
 
     fn req(client: u64, seq: u64, op: &[u8]) -> Request {
-        Request {
-            client,
-            seq,
-            op: op.to_vec().into(),
-            auth: vec![],
-        }
+        Request { client, seq, op: op.to_vec().into(), auth: vec![] }
     }
 
     #[test]
     fn duplicates_are_answered_from_the_cache_not_re_executed() {
         let mut e = Executor::new(Log::default());
-        let v = Value {
-            time: 5,
-            requests: vec![req(1, 1, b"a"), req(1, 1, b"a"), req(2, 1, b"b")],
-        };
+        let v = Value { time: 5, requests: vec![req(1, 1, b"a"), req(1, 1, b"a"), req(2, 1, b"b")] };
         let out = e.execute(1, &v);
-        assert_eq!(
-            out.iter().map(|o| o.fresh).collect::<Vec<_>>(),
-            vec![true, false, true]
-        );
+        assert_eq!(out.iter().map(|o| o.fresh).collect::<Vec<_>>(), vec![true, false, true]);
         assert_eq!(out[0].result, out[1].result);
         assert_eq!(e.service().0.len(), 2);
-        let out = e.execute(
-            2,
-            &Value {
-                time: 1,
-                requests: vec![req(1, 1, b"a")],
-            },
-        );
+        let out = e.execute(2, &Value { time: 1, requests: vec![req(1, 1, b"a")] });
         assert!(!out[0].fresh);
         assert_eq!(e.service().0.len(), 2);
     }
@@ -518,13 +424,7 @@ mod tests {
     #[test]
     fn snapshot_restores_state_cache_and_position() {
         let mut a = Executor::new(Log::default());
-        a.execute(
-            1,
-            &Value {
-                time: 9,
-                requests: vec![req(7, 1, b"x")],
-            },
-        );
+        a.execute(1, &Value { time: 9, requests: vec![req(7, 1, b"x")] });
         let snap = a.snapshot();
         let mut b = Executor::new(Log::default());
         assert_eq!(b.restore(&snap), Ok(1));
@@ -589,8 +489,7 @@ mod tests {
             postcard::to_allocvec(&*self.0.logs.lock().expect("lock")).unwrap_or_default()
         }
         fn restore(&mut self, s: &[u8]) -> Result<(), RestoreError> {
-            *self.0.logs.lock().expect("lock") =
-                postcard::from_bytes(s).map_err(|e| RestoreError(e.to_string()))?;
+            *self.0.logs.lock().expect("lock") = postcard::from_bytes(s).map_err(|e| RestoreError(e.to_string()))?;
             Ok(())
         }
     }
@@ -611,10 +510,7 @@ mod tests {
             }
             requests.push(req(1, 3 + v * 3, b"\x00dup")); // duplicate of this value's last
             requests.push(req(2, 1 + v * 3, b"\x00dup")); // older than the last: empty reply
-            values.push(Value {
-                time: 10 - v,
-                requests,
-            });
+            values.push(Value { time: 10 - v, requests });
         }
         values
     }
@@ -633,32 +529,13 @@ mod tests {
         let values = cells_workload();
         let mut seq = Executor::new(Cells::default());
         let expected = run_all(&mut seq, &values, 1);
-        assert!(
-            expected.iter().flatten().any(|o| !o.fresh),
-            "the workload has duplicates"
-        );
-        for schedule in [
-            Schedule::Pool { workers: 1 },
-            Schedule::Pool { workers: 4 },
-            Schedule::Shuffled { seed: 3 },
-        ] {
+        assert!(expected.iter().flatten().any(|o| !o.fresh), "the workload has duplicates");
+        for schedule in [Schedule::Pool { workers: 1 }, Schedule::Pool { workers: 4 }, Schedule::Shuffled { seed: 3 }] {
             for per_call in [1, 2, 6] {
                 let mut e = Executor::with_schedule(Cells::default(), schedule);
-                assert_eq!(
-                    run_all(&mut e, &values, per_call),
-                    expected,
-                    "{schedule:?}, {per_call} values per call"
-                );
-                assert_eq!(
-                    e.snapshot(),
-                    seq.snapshot(),
-                    "{schedule:?}, {per_call} values per call"
-                );
-                assert_eq!(
-                    e.service().0.overlaps.load(Ordering::Relaxed),
-                    0,
-                    "conflicting requests overlapped"
-                );
+                assert_eq!(run_all(&mut e, &values, per_call), expected, "{schedule:?}, {per_call} values per call");
+                assert_eq!(e.snapshot(), seq.snapshot(), "{schedule:?}, {per_call} values per call");
+                assert_eq!(e.service().0.overlaps.load(Ordering::Relaxed), 0, "conflicting requests overlapped");
             }
         }
     }
@@ -676,10 +553,7 @@ mod tests {
             let mut arrived = self.arrived.lock().expect("lock");
             *arrived += 1;
             self.cv.notify_all();
-            let (arrived, _) = self
-                .cv
-                .wait_timeout_while(arrived, Duration::from_secs(10), |a| *a < 2)
-                .expect("lock");
+            let (arrived, _) = self.cv.wait_timeout_while(arrived, Duration::from_secs(10), |a| *a < 2).expect("lock");
             if *arrived >= 2 {
                 b"met".to_vec()
             } else {
@@ -708,27 +582,15 @@ mod tests {
     #[test]
     fn the_pool_runs_independent_requests_at_the_same_time() {
         let mut e = Executor::with_workers(Meet(Arc::default()), 2);
-        let out = e.execute(
-            1,
-            &Value {
-                time: 0,
-                requests: vec![req(1, 1, b"a"), req(2, 1, b"b")],
-            },
-        );
-        assert_eq!(
-            out.iter().map(|o| o.result.as_slice()).collect::<Vec<_>>(),
-            vec![b"met".as_slice(), b"met"]
-        );
+        let out = e.execute(1, &Value { time: 0, requests: vec![req(1, 1, b"a"), req(2, 1, b"b")] });
+        assert_eq!(out.iter().map(|o| o.result.as_slice()).collect::<Vec<_>>(), vec![b"met".as_slice(), b"met"]);
         assert_eq!(e.pool_threads(), 1);
     }
 
     #[test]
     fn a_service_that_does_not_opt_in_runs_sequentially_without_threads() {
         let mut e = Executor::with_workers(Log::default(), 4);
-        let v = Value {
-            time: 5,
-            requests: vec![req(1, 1, b"a"), req(2, 1, b"b"), req(1, 1, b"a")],
-        };
+        let v = Value { time: 5, requests: vec![req(1, 1, b"a"), req(2, 1, b"b"), req(1, 1, b"a")] };
         let out = e.execute(1, &v);
         let mut s = Executor::new(Log::default());
         assert_eq!(out, s.execute(1, &v));
@@ -773,9 +635,7 @@ mod tests {
     #[should_panic(expected = "service bug")]
     fn a_service_panic_on_a_worker_reaches_the_caller() {
         let mut e = Executor::with_workers(Boom(Arc::new(BoomState)), 3);
-        let requests = (1..=20)
-            .map(|c| req(c, 1, if c == 7 { b"boom" } else { b"ok" }))
-            .collect();
+        let requests = (1..=20).map(|c| req(c, 1, if c == 7 { b"boom" } else { b"ok" })).collect();
         e.execute(1, &Value { time: 0, requests });
     }
 

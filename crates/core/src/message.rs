@@ -78,11 +78,7 @@ impl Payload {
 
 impl From<Vec<u8>> for Payload {
     fn from(bytes: Vec<u8>) -> Payload {
-        Payload(Arc::new(PayloadInner {
-            bytes,
-            digest: OnceLock::new(),
-            statement: OnceLock::new(),
-        }))
+        Payload(Arc::new(PayloadInner { bytes, digest: OnceLock::new(), statement: OnceLock::new() }))
     }
 }
 
@@ -139,11 +135,7 @@ impl Request {
                 return *d;
             }
         }
-        let d = Hasher::new("keel/request")
-            .u64(self.client)
-            .u64(self.seq)
-            .digest(&self.op.digest())
-            .finish();
+        let d = Hasher::new("keel/request").u64(self.client).u64(self.seq).digest(&self.op.digest()).finish();
         let _ = self.op.0.statement.set((self.client, self.seq, d));
         d
     }
@@ -165,18 +157,13 @@ pub struct Value {
 
 impl Value {
     pub fn null() -> Value {
-        Value {
-            time: 0,
-            requests: Vec::new(),
-        }
+        Value { time: 0, requests: Vec::new() }
     }
 
     /// Covers everything execution sees (time, clients, sequence numbers, operations),
     /// not the MAC authenticators, which only gate admission.
     pub fn digest(&self) -> Digest {
-        let mut h = Hasher::new("keel/value")
-            .u64(self.time)
-            .u64(self.requests.len() as u64);
+        let mut h = Hasher::new("keel/value").u64(self.time).u64(self.requests.len() as u64);
         for r in &self.requests {
             h = h.digest(&r.statement());
         }
@@ -186,11 +173,7 @@ impl Value {
     /// The agreed pseudo-random seed of instance `seq`: derived from the decided value so
     /// that every backup can check it and no primary can choose it freely.
     pub fn seed(&self, seq: Seq) -> u64 {
-        Hasher::new("keel/seed")
-            .u64(seq)
-            .digest(&self.digest())
-            .finish()
-            .prefix_u64()
+        Hasher::new("keel/seed").u64(seq).digest(&self.digest()).finish().prefix_u64()
     }
 }
 
@@ -237,12 +220,7 @@ pub struct Write {
 }
 
 pub fn write_statement(view: View, seq: Seq, digest: &Digest, node: NodeId) -> Digest {
-    Hasher::new("keel/write")
-        .u64(view)
-        .u64(seq)
-        .digest(digest)
-        .u64(node as u64)
-        .finish()
+    Hasher::new("keel/write").u64(view).u64(seq).digest(digest).u64(node as u64).finish()
 }
 
 /// A checkpoint vote: "after executing `seq`, my state's Merkle root is `root`".
@@ -254,11 +232,7 @@ pub struct CheckpointVote {
 }
 
 pub fn checkpoint_statement(seq: Seq, root: &Digest, node: NodeId) -> Digest {
-    Hasher::new("keel/checkpoint")
-        .u64(seq)
-        .digest(root)
-        .u64(node as u64)
-        .finish()
+    Hasher::new("keel/checkpoint").u64(seq).digest(root).u64(node as u64).finish()
 }
 
 /// Q signed checkpoint votes for the same (seq, root): proof that the state at `seq` is
@@ -296,8 +270,7 @@ pub struct ViewChange {
 impl ViewChange {
     pub fn statement(&self) -> Digest {
         // The signature covers a canonical encoding of every other field.
-        let body = postcard::to_allocvec(&(self.view, self.from, &self.stable, &self.certs))
-            .unwrap_or_default();
+        let body = postcard::to_allocvec(&(self.view, self.from, &self.stable, &self.certs)).unwrap_or_default();
         Hasher::new("keel/view-change").bytes(&body).finish()
     }
 }
@@ -314,9 +287,7 @@ pub struct NewView {
 
 impl NewView {
     pub fn statement(&self) -> Digest {
-        let mut h = Hasher::new("keel/new-view")
-            .u64(self.view)
-            .u64(self.view_changes.len() as u64);
+        let mut h = Hasher::new("keel/new-view").u64(self.view).u64(self.view_changes.len() as u64);
         for vc in &self.view_changes {
             h = h.digest(&vc.statement());
         }
@@ -334,7 +305,11 @@ pub enum Message {
     /// Backup → primary: a request whose timer expired once (BFT-SMaRt §II-C1).
     Forward(Request),
     /// Primary → all: instance `seq` of `view` should decide `value`.
-    Propose { view: View, seq: Seq, value: Value },
+    Propose {
+        view: View,
+        seq: Seq,
+        value: Value,
+    },
     /// All → all (BFT only).
     Write(Write),
     /// All → all: decided on Q matching.
@@ -346,7 +321,9 @@ pub enum Message {
     /// All → all, every CP_INTERVAL instances.
     Checkpoint(CheckpointVote),
     /// All → all: "I suspect the primary and want to move to `view`".
-    Stop { view: View },
+    Stop {
+        view: View,
+    },
     /// All → primary of `view`.
     ViewChange(ViewChange),
     /// Primary of `view` → all; also relayed to a peer that lags behind.
@@ -360,16 +337,24 @@ pub enum Message {
     /// Answer to a lagging peer: a stable checkpoint it should transfer.
     StableCert(StableProof),
     /// Answer to a lagging peer: a decided value it missed.
-    Decided { seq: Seq, value: Value },
+    Decided {
+        seq: Seq,
+        value: Value,
+    },
     /// State transfer: the chunk hashes of the checkpoint at `seq`.
-    FetchManifest { seq: Seq },
+    FetchManifest {
+        seq: Seq,
+    },
     Manifest {
         seq: Seq,
         len: u64,
         chunks: Vec<Digest>,
     },
     /// State transfer: one chunk of the checkpoint at `seq`.
-    FetchChunk { seq: Seq, index: u32 },
+    FetchChunk {
+        seq: Seq,
+        index: u32,
+    },
     Chunk {
         seq: Seq,
         index: u32,
@@ -416,18 +401,12 @@ mod payload_tests {
         assert_eq!(p, warm);
         assert_ne!(Payload::from(b"other".to_vec()).digest(), warm.digest());
         // The same postcard bytes as a serde_bytes Vec<u8>.
-        let as_vec = postcard::to_allocvec(&serde_bytes::ByteBuf::from(b"operation".to_vec()))
-            .expect("encodes");
+        let as_vec = postcard::to_allocvec(&serde_bytes::ByteBuf::from(b"operation".to_vec())).expect("encodes");
         assert_eq!(postcard::to_allocvec(&p).expect("encodes"), as_vec);
         let back: Payload = postcard::from_bytes(&as_vec).expect("decodes");
         assert_eq!(back.digest(), p.digest());
         // The statement binds client, sequence number and operation.
-        let req = |client, seq, op: &[u8]| Request {
-            client,
-            seq,
-            op: op.to_vec().into(),
-            auth: Vec::new(),
-        };
+        let req = |client, seq, op: &[u8]| Request { client, seq, op: op.to_vec().into(), auth: Vec::new() };
         let base = req(1, 1, b"a").statement();
         assert_ne!(base, req(2, 1, b"a").statement());
         assert_ne!(base, req(1, 2, b"a").statement());

@@ -70,20 +70,12 @@ impl Graph {
     }
 
     fn ready(&self) -> impl Iterator<Item = u32> + '_ {
-        self.deps
-            .iter()
-            .enumerate()
-            .filter(|(_, &d)| d == 0)
-            .map(|(j, _)| j as u32)
+        self.deps.iter().enumerate().filter(|(_, &d)| d == 0).map(|(j, _)| j as u32)
     }
 
     /// Runs every job on the calling thread. `pick(n)` chooses which of the `n` ready jobs
     /// runs next (an index below `n`): any choice gives a valid (topological) order.
-    pub fn run_inline(
-        mut self,
-        service: &dyn ConcurrentService,
-        mut pick: impl FnMut(usize) -> usize,
-    ) -> Vec<Vec<u8>> {
+    pub fn run_inline(mut self, service: &dyn ConcurrentService, mut pick: impl FnMut(usize) -> usize) -> Vec<Vec<u8>> {
         let mut results: Vec<Option<Vec<u8>>> = vec![None; self.jobs.len()];
         let mut ready: Vec<u32> = self.ready().collect();
         while !ready.is_empty() {
@@ -107,10 +99,7 @@ fn collect(results: Vec<Option<Vec<u8>>>) -> Vec<Vec<u8>> {
         .into_iter()
         .enumerate()
         .map(|(j, r)| {
-            assert!(
-                r.is_some(),
-                "job {j} never ran: the dependency graph has a cycle or the scheduler lost it"
-            );
+            assert!(r.is_some(), "job {j} never ran: the dependency graph has a cycle or the scheduler lost it");
             r.unwrap_or_default()
         })
         .collect()
@@ -153,10 +142,7 @@ impl GraphBuilder {
     /// # Panics
     /// Past [`JOBS_MAX`] jobs (batches are far smaller).
     pub fn push(&mut self, client: ClientId, conflicts: &Conflicts, job: Job) -> u32 {
-        assert!(
-            self.graph.jobs.len() < JOBS_MAX,
-            "graph holds at most JOBS_MAX jobs"
-        );
+        assert!(self.graph.jobs.len() < JOBS_MAX, "graph holds at most JOBS_MAX jobs");
         let n = self.graph.jobs.len() as u32;
         self.graph.jobs.push(job);
         self.graph.deps.push(0);
@@ -281,8 +267,7 @@ fn with_prefix<'a, V>(
     map: &'a BTreeMap<Vec<u8>, V>,
     prefix: &'a [u8],
 ) -> impl Iterator<Item = (&'a Vec<u8>, &'a V)> + 'a {
-    map.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
-        .take_while(move |(k, _)| k.starts_with(prefix))
+    map.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded)).take_while(move |(k, _)| k.starts_with(prefix))
 }
 
 /// A small seeded generator (SplitMix64) for [`crate::exec::Schedule::Shuffled`]: the core
@@ -438,17 +423,10 @@ impl Shared {
     }
 
     /// Runs job `j` outside the lock and reports it; returns the guard again.
-    fn work<'a>(
-        &'a self,
-        st: MutexGuard<'a, State>,
-        data: Arc<RunData>,
-        j: u32,
-    ) -> MutexGuard<'a, State> {
+    fn work<'a>(&'a self, st: MutexGuard<'a, State>, data: Arc<RunData>, j: u32) -> MutexGuard<'a, State> {
         drop(st);
         let job = &data.jobs[j as usize];
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            data.service.execute_shared(&job.op, &job.ctx)
-        }));
+        let result = catch_unwind(AssertUnwindSafe(|| data.service.execute_shared(&job.op, &job.ctx)));
         // Drop the handle before reporting: once the last job is reported, no worker holds
         // a clone of the service (the contract of `Service::concurrent`).
         drop(data);
@@ -470,24 +448,12 @@ impl Pool {
     /// Starts up to `helpers` threads. If the OS refuses a thread the pool runs with the
     /// ones it got (with none, the caller executes every job itself): slower, never wrong.
     pub fn new(helpers: usize) -> Pool {
-        let state = State {
-            run: None,
-            idle_helpers: 0,
-            caller_waiting: false,
-            shutdown: false,
-        };
-        let shared = Arc::new(Shared {
-            state: Mutex::new(state),
-            work: Condvar::new(),
-            done: Condvar::new(),
-        });
+        let state = State { run: None, idle_helpers: 0, caller_waiting: false, shutdown: false };
+        let shared = Arc::new(Shared { state: Mutex::new(state), work: Condvar::new(), done: Condvar::new() });
         let mut threads = Vec::with_capacity(helpers);
         for i in 0..helpers {
             let s = shared.clone();
-            match std::thread::Builder::new()
-                .name(format!("keel-exec-{i}"))
-                .spawn(move || helper(&s))
-            {
+            match std::thread::Builder::new().name(format!("keel-exec-{i}")).spawn(move || helper(&s)) {
                 Ok(t) => threads.push(t),
                 Err(_) => break,
             }
@@ -513,11 +479,7 @@ impl Pool {
         let extra = ready.len().saturating_sub(1);
         let n = graph.len();
         let run = Run {
-            data: Arc::new(RunData {
-                service,
-                jobs: graph.jobs,
-                dependents: graph.dependents,
-            }),
+            data: Arc::new(RunData { service, jobs: graph.jobs, dependents: graph.dependents }),
             deps: graph.deps,
             ready,
             results: vec![None; n],
@@ -540,9 +502,7 @@ impl Pool {
         }
         let run = st.run.take();
         drop(st);
-        let Some(run) = run else {
-            unreachable!("the caller's run stays installed until it takes it")
-        };
+        let Some(run) = run else { unreachable!("the caller's run stays installed until it takes it") };
         if let Some(panic) = run.panic {
             resume_unwind(panic);
         }
@@ -577,15 +537,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn job() -> Job {
-        Job {
-            op: Vec::new(),
-            ctx: ExecCtx {
-                seq: 1,
-                time: 0,
-                seed: 0,
-                client: 0,
-            },
-        }
+        Job { op: Vec::new(), ctx: ExecCtx { seq: 1, time: 0, seed: 0, client: 0 } }
     }
 
     fn key(k: &str) -> Item {
@@ -604,12 +556,8 @@ mod tests {
             b.push(*client, c, job());
         }
         let g = b.finish();
-        let mut e: Vec<(u32, u32)> = g
-            .dependents()
-            .iter()
-            .enumerate()
-            .flat_map(|(f, ts)| ts.iter().map(move |&t| (f as u32, t)))
-            .collect();
+        let mut e: Vec<(u32, u32)> =
+            g.dependents().iter().enumerate().flat_map(|(f, ts)| ts.iter().map(move |&t| (f as u32, t))).collect();
         e.sort_unstable();
         e
     }
@@ -640,21 +588,7 @@ mod tests {
         // 2 reads a/* after 0 wrote a/1; 3 writes a/2 after 2 read a/*; 4 writes a* after
         // the last writers and readers of a/1, a/2 and a/*; 5 reads b/1 after 1; 6 reads
         // everything after the last writers of a/1, a/2, b/1 and a*.
-        assert_eq!(
-            e,
-            vec![
-                (0, 2),
-                (0, 4),
-                (0, 6),
-                (1, 5),
-                (1, 6),
-                (2, 3),
-                (2, 4),
-                (3, 4),
-                (3, 6),
-                (4, 6)
-            ]
-        );
+        assert_eq!(e, vec![(0, 2), (0, 4), (0, 6), (1, 5), (1, 6), (2, 3), (2, 4), (3, 4), (3, 6), (4, 6)]);
     }
 
     #[test]

@@ -36,11 +36,7 @@ pub enum Mutation {
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 3] = [
-        Mutation::QuorumMinusOne,
-        Mutation::SkipWrite,
-        Mutation::UnverifiedViewChangeProof,
-    ];
+    pub const ALL: [Mutation; 3] = [Mutation::QuorumMinusOne, Mutation::SkipWrite, Mutation::UnverifiedViewChangeProof];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -60,12 +56,7 @@ pub enum QuorumError {
     #[error("r = {r} exceeds u = {u}: Byzantine faults are a subset of all faults tolerated")]
     RExceedsU { u: u32, r: u32 },
     #[error("u = {u}, r = {r} needs {n} nodes, more than the {max} supported")]
-    TooManyNodes {
-        u: u32,
-        r: u32,
-        n: usize,
-        max: usize,
-    },
+    TooManyNodes { u: u32, r: u32, n: usize, max: usize },
 }
 
 /// Thresholds for one (u, r) configuration.
@@ -83,18 +74,9 @@ impl Quorums {
         }
         let n = 2 * u as usize + r as usize + 1;
         if n > NODES_MAX {
-            return Err(QuorumError::TooManyNodes {
-                u,
-                r,
-                n,
-                max: NODES_MAX,
-            });
+            return Err(QuorumError::TooManyNodes { u, r, n, max: NODES_MAX });
         }
-        Ok(Quorums {
-            u,
-            r,
-            mutation: None,
-        })
+        Ok(Quorums { u, r, mutation: None })
     }
 
     /// The same thresholds with a deliberate bug switched on (simulator only).
@@ -218,14 +200,8 @@ mod tests {
 
     #[test]
     fn rejects_r_above_u_and_oversized_clusters() {
-        assert_eq!(
-            Quorums::new(1, 2),
-            Err(QuorumError::RExceedsU { u: 1, r: 2 })
-        );
-        assert!(matches!(
-            Quorums::new(40, 0),
-            Err(QuorumError::TooManyNodes { .. })
-        ));
+        assert_eq!(Quorums::new(1, 2), Err(QuorumError::RExceedsU { u: 1, r: 2 }));
+        assert!(matches!(Quorums::new(40, 0), Err(QuorumError::TooManyNodes { .. })));
     }
 
     #[test]

@@ -87,24 +87,15 @@ pub enum Conflicts {
 impl Conflicts {
     /// Touches no state (a request answered from its bytes alone, such as an error).
     pub fn none() -> Conflicts {
-        Conflicts::Items {
-            reads: Vec::new(),
-            writes: Vec::new(),
-        }
+        Conflicts::Items { reads: Vec::new(), writes: Vec::new() }
     }
 
     pub fn read(item: Item) -> Conflicts {
-        Conflicts::Items {
-            reads: vec![item],
-            writes: Vec::new(),
-        }
+        Conflicts::Items { reads: vec![item], writes: Vec::new() }
     }
 
     pub fn write(item: Item) -> Conflicts {
-        Conflicts::Items {
-            reads: Vec::new(),
-            writes: vec![item],
-        }
+        Conflicts::Items { reads: Vec::new(), writes: vec![item] }
     }
 
     /// Whether the two requests must run in decided order. This is the definition the
@@ -112,18 +103,8 @@ impl Conflicts {
     pub fn conflicts_with(&self, other: &Conflicts) -> bool {
         match (self, other) {
             (Conflicts::Everything, _) | (_, Conflicts::Everything) => true,
-            (
-                Conflicts::Items {
-                    reads: ra,
-                    writes: wa,
-                },
-                Conflicts::Items {
-                    reads: rb,
-                    writes: wb,
-                },
-            ) => {
-                let any =
-                    |xs: &[Item], ys: &[Item]| xs.iter().any(|x| ys.iter().any(|y| x.overlaps(y)));
+            (Conflicts::Items { reads: ra, writes: wa }, Conflicts::Items { reads: rb, writes: wb }) => {
+                let any = |xs: &[Item], ys: &[Item]| xs.iter().any(|x| ys.iter().any(|y| x.overlaps(y)));
                 any(wa, rb) || any(wa, wb) || any(ra, wb)
             }
         }

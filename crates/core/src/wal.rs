@@ -36,9 +36,7 @@ impl Record {
     /// The instance this record belongs to, for garbage collection.
     pub fn seq(&self) -> Option<Seq> {
         match self {
-            Record::Accepted { seq, .. }
-            | Record::Decided { seq, .. }
-            | Record::DecidedValue { seq, .. } => Some(*seq),
+            Record::Accepted { seq, .. } | Record::Decided { seq, .. } | Record::DecidedValue { seq, .. } => Some(*seq),
             Record::Prepared(c) => Some(c.seq),
             Record::View { .. } | Record::ViewChangeSent { .. } | Record::Stable(_) => None,
         }
@@ -110,11 +108,7 @@ pub fn decode_log(bytes: &[u8]) -> Decoded {
         }
         offset += HEADER + len;
     };
-    Decoded {
-        records,
-        valid_len: offset,
-        tail,
-    }
+    Decoded { records, valid_len: offset, tail }
 }
 
 #[cfg(test)]
@@ -124,15 +118,8 @@ mod tests {
     fn sample() -> Vec<Record> {
         vec![
             Record::View { view: 3, floor: 0 },
-            Record::Accepted {
-                view: 3,
-                seq: 9,
-                value: Value::null(),
-            },
-            Record::Decided {
-                seq: 9,
-                digest: Value::null().digest(),
-            },
+            Record::Accepted { view: 3, seq: 9, value: Value::null() },
+            Record::Decided { seq: 9, digest: Value::null().digest() },
         ]
     }
 
@@ -171,9 +158,7 @@ mod tests {
     fn a_checksummed_record_with_trailing_bytes_is_malformed() {
         // Minimized by cargo-fuzz: ViewChangeSent { view: 1 } plus a stray byte, with a
         // correct CRC over all three payload bytes.
-        let bytes = [
-            0x03, 0x00, 0x00, 0x00, 0x9b, 0x4e, 0x26, 0xf0, 0x01, 0x01, 0x06,
-        ];
+        let bytes = [0x03, 0x00, 0x00, 0x00, 0x9b, 0x4e, 0x26, 0xf0, 0x01, 0x01, 0x06];
         let d = decode_log(&bytes);
         assert!(d.records.is_empty());
         assert_eq!(d.valid_len, 0);
@@ -184,9 +169,6 @@ mod tests {
     fn a_huge_length_is_rejected_without_allocating() {
         let mut bytes = vec![0xff, 0xff, 0xff, 0x7f, 0, 0, 0, 0];
         bytes.extend([1, 2, 3]);
-        assert!(matches!(
-            decode_log(&bytes).tail,
-            Some(TailError::TooLarge { .. })
-        ));
+        assert!(matches!(decode_log(&bytes).tail, Some(TailError::TooLarge { .. })));
     }
 }

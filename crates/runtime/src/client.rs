@@ -78,10 +78,7 @@ impl KeelClient {
     /// # Errors
     /// A bad certificate or key in the client files, or `sessions` outside
     /// `1..=SESSIONS_MAX`.
-    pub fn connect_sessions(
-        setup: ClientSetup,
-        sessions: usize,
-    ) -> Result<KeelClient, InvokeError> {
+    pub fn connect_sessions(setup: ClientSetup, sessions: usize) -> Result<KeelClient, InvokeError> {
         if sessions == 0 || sessions as u64 > SESSIONS_MAX {
             return Err(InvokeError::Sessions(sessions));
         }
@@ -114,41 +111,21 @@ impl KeelClient {
         }
         // Sequence numbers continue above any this identity used before (a restarted
         // process): the executor ignores sequence numbers it has already passed.
-        let first_seq = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(1, |d| d.as_micros() as u64);
+        let first_seq = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
         let sessions: Vec<Session> = (0..sessions as u64)
             .map(|s| {
-                let keys = setup
-                    .mac_keys
-                    .iter()
-                    .map(|k| session_mac_key(k, s))
-                    .collect();
+                let keys = setup.mac_keys.iter().map(|k| session_mac_key(k, s)).collect();
                 Session {
-                    core: Client::new(
-                        session_id(setup.id, s),
-                        setup.quorums,
-                        keys,
-                        RETRANSMIT_MS,
-                        first_seq,
-                    ),
+                    core: Client::new(session_id(setup.id, s), setup.quorums, keys, RETRANSMIT_MS, first_seq),
                     call: None,
                 }
             })
             .collect();
         let (calls, call_rx) = mpsc::channel(CALL_QUEUE_MAX);
-        let dispatcher = Dispatcher {
-            free: (0..sessions.len()).rev().collect(),
-            sessions,
-            nodes,
-            stats: stats.clone(),
-        };
+        let dispatcher =
+            Dispatcher { free: (0..sessions.len()).rev().collect(), sessions, nodes, stats: stats.clone() };
         tokio::spawn(dispatcher.run(call_rx, replies));
-        Ok(KeelClient {
-            id: setup.id,
-            calls,
-            stats,
-        })
+        Ok(KeelClient { id: setup.id, calls, stats })
     }
 
     pub fn id(&self) -> u64 {
@@ -162,10 +139,7 @@ impl KeelClient {
     /// execute later); `Client` for an operation over the size bound.
     pub async fn invoke(&self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, InvokeError> {
         let (done, result) = oneshot::channel();
-        self.calls
-            .send(Call { op, timeout, done })
-            .await
-            .map_err(|_| InvokeError::Closed)?;
+        self.calls.send(Call { op, timeout, done }).await.map_err(|_| InvokeError::Closed)?;
         result.await.map_err(|_| InvokeError::Closed)?
     }
 }
@@ -187,11 +161,7 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    async fn run(
-        mut self,
-        mut calls: mpsc::Receiver<Call>,
-        mut replies: mpsc::Receiver<(NodeId, Reply)>,
-    ) {
+    async fn run(mut self, mut calls: mpsc::Receiver<Call>, mut replies: mpsc::Receiver<(NodeId, Reply)>) {
         let mut tick = tokio::time::interval(Duration::from_millis(RETRANSMIT_MS / 5));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Calls that arrived while every session was busy.
@@ -263,10 +233,7 @@ impl Dispatcher {
             let Some((_, deadline, timeout)) = &session.call else {
                 continue;
             };
-            let closed = session
-                .call
-                .as_ref()
-                .is_some_and(|(done, _, _)| done.is_closed());
+            let closed = session.call.as_ref().is_some_and(|(done, _, _)| done.is_closed());
             if now >= *deadline || closed {
                 let timeout = *timeout;
                 session.core.abandon();

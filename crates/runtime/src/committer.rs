@@ -53,28 +53,17 @@ impl Committer {
     ///
     /// # Errors
     /// If the thread cannot be spawned.
-    pub fn start(
-        storage: Storage,
-        stats: Arc<TransportStats>,
-        fsync_seconds: Histogram,
-    ) -> std::io::Result<Committer> {
+    pub fn start(storage: Storage, stats: Arc<TransportStats>, fsync_seconds: Histogram) -> std::io::Result<Committer> {
         let (jobs, rx) = sync_channel(JOBS_MAX);
         let done = Arc::new(AtomicU64::new(0));
         let (fail_tx, failed) = mpsc::channel(1);
         let thread_done = done.clone();
-        std::thread::Builder::new()
-            .name("keel-wal".into())
-            .spawn(move || {
-                if let Err(e) = run(storage, rx, &thread_done, &stats, &fsync_seconds) {
-                    let _ = fail_tx.try_send(e);
-                }
-            })?;
-        Ok(Committer {
-            jobs,
-            submitted: 0,
-            done,
-            failed,
-        })
+        std::thread::Builder::new().name("keel-wal".into()).spawn(move || {
+            if let Err(e) = run(storage, rx, &thread_done, &stats, &fsync_seconds) {
+                let _ = fail_tx.try_send(e);
+            }
+        })?;
+        Ok(Committer { jobs, submitted: 0, done, failed })
     }
 
     /// Whether every job handed over so far is durable and released.
@@ -87,29 +76,16 @@ impl Committer {
     ///
     /// # Errors
     /// The storage error that stopped the WAL thread.
-    pub fn submit(
-        &mut self,
-        persist: Vec<Persist>,
-        lazy: Vec<Record>,
-        gated: Vec<Gated>,
-    ) -> Result<(), StorageError> {
-        let job = Job {
-            persist,
-            lazy,
-            gated,
-        };
+    pub fn submit(&mut self, persist: Vec<Persist>, lazy: Vec<Record>, gated: Vec<Gated>) -> Result<(), StorageError> {
+        let job = Job { persist, lazy, gated };
         match self.jobs.try_send(job) {
             Ok(()) => {}
             // The disk is behind: wait for it rather than queue without bound.
             Err(TrySendError::Full(job)) => {
-                let multi = tokio::runtime::Handle::try_current().is_ok_and(|h| {
-                    h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
-                });
-                let sent = if multi {
-                    tokio::task::block_in_place(|| self.jobs.send(job))
-                } else {
-                    self.jobs.send(job)
-                };
+                let multi = tokio::runtime::Handle::try_current()
+                    .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+                let sent =
+                    if multi { tokio::task::block_in_place(|| self.jobs.send(job)) } else { self.jobs.send(job) };
                 if sent.is_err() {
                     return Err(self.failure());
                 }
@@ -178,16 +154,7 @@ mod tests {
     }
 
     fn views(d: &Durable) -> Vec<u64> {
-        d.records
-            .iter()
-            .filter_map(|r| {
-                if let Record::View { view, .. } = r {
-                    Some(*view)
-                } else {
-                    None
-                }
-            })
-            .collect()
+        d.records.iter().filter_map(|r| if let Record::View { view, .. } = r { Some(*view) } else { None }).collect()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,20 +162,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (storage, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         let stats = Arc::new(TransportStats::default());
-        let mut c =
-            Committer::start(storage, stats, Histogram::new([0.001].into_iter())).expect("start");
+        let mut c = Committer::start(storage, stats, Histogram::new([0.001].into_iter())).expect("start");
         let (tx, mut rx) = mpsc::channel(16);
         let a = Message::Stop { view: 1 };
         let b = Message::Stop { view: 2 };
-        c.submit(
-            vec![Persist::Record(view(1))],
-            vec![view(2)],
-            vec![(tx.clone(), a.clone())],
-        )
-        .expect("submit");
+        c.submit(vec![Persist::Record(view(1))], vec![view(2)], vec![(tx.clone(), a.clone())]).expect("submit");
         // No record of its own, but it must not overtake the first job's.
-        c.submit(Vec::new(), Vec::new(), vec![(tx, b.clone())])
-            .expect("submit");
+        c.submit(Vec::new(), Vec::new(), vec![(tx, b.clone())]).expect("submit");
         let first = rx.recv().await.expect("released");
         let second = rx.recv().await.expect("released");
         assert_eq!(codec::decode(&first).expect("decodes"), a);
@@ -218,10 +178,6 @@ mod tests {
         }
         // Released means written (and, for the eager record, synced) first.
         let (_, durable) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
-        assert_eq!(
-            views(&durable),
-            vec![1, 2],
-            "eager and lazy records both written, in order"
-        );
+        assert_eq!(views(&durable), vec![1, 2], "eager and lazy records both written, in order");
     }
 }

@@ -22,10 +22,7 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigFileError {
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("{0}")]
@@ -39,35 +36,24 @@ pub enum ConfigFileError {
 }
 
 fn read(path: &Path) -> Result<String, ConfigFileError> {
-    fs::read_to_string(path).map_err(|source| ConfigFileError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    fs::read_to_string(path).map_err(|source| ConfigFileError::Io { path: path.to_path_buf(), source })
 }
 
 fn write(path: &Path, text: &str) -> Result<(), ConfigFileError> {
-    fs::write(path, text).map_err(|source| ConfigFileError::Io {
-        path: path.to_path_buf(),
-        source,
-    })
+    fs::write(path, text).map_err(|source| ConfigFileError::Io { path: path.to_path_buf(), source })
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ConfigFileError> {
-    toml::from_str(&read(path)?).map_err(|e| ConfigFileError::Parse {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })
+    toml::from_str(&read(path)?)
+        .map_err(|e| ConfigFileError::Parse { path: path.to_path_buf(), message: e.to_string() })
 }
 
 fn hex32(path: &Path, field: &str, s: &str) -> Result<[u8; 32], ConfigFileError> {
-    let bytes = hex::decode(s).map_err(|e| ConfigFileError::Invalid {
-        path: path.into(),
-        message: format!("{field}: {e}"),
-    })?;
-    bytes.try_into().map_err(|_| ConfigFileError::Invalid {
-        path: path.into(),
-        message: format!("{field}: expected 32 bytes"),
-    })
+    let bytes =
+        hex::decode(s).map_err(|e| ConfigFileError::Invalid { path: path.into(), message: format!("{field}: {e}") })?;
+    bytes
+        .try_into()
+        .map_err(|_| ConfigFileError::Invalid { path: path.into(), message: format!("{field}: expected 32 bytes") })
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -92,11 +78,7 @@ impl ClusterFile {
     }
 
     /// The protocol configuration; node ids must be 0..N in order.
-    pub fn cluster_config(
-        &self,
-        path: &Path,
-        options: Options,
-    ) -> Result<ClusterConfig, ConfigFileError> {
+    pub fn cluster_config(&self, path: &Path, options: Options) -> Result<ClusterConfig, ConfigFileError> {
         let quorums = Quorums::new(self.u, self.r)?;
         let mut keys = Vec::with_capacity(self.nodes.len());
         for (i, n) in self.nodes.iter().enumerate() {
@@ -184,10 +166,7 @@ impl NodeFile {
         if f.verify_threads > VERIFY_THREADS_MAX {
             return Err(ConfigFileError::Invalid {
                 path: path.into(),
-                message: format!(
-                    "verify_threads is at most {VERIFY_THREADS_MAX}, not {}",
-                    f.verify_threads
-                ),
+                message: format!("verify_threads is at most {VERIFY_THREADS_MAX}, not {}", f.verify_threads),
             });
         }
         let secrets = NodeSecrets {
@@ -197,10 +176,7 @@ impl NodeFile {
         if cluster.node_keys.get(f.id as usize) != Some(&secrets.signing.public()) {
             return Err(ConfigFileError::Invalid {
                 path: path.into(),
-                message: format!(
-                    "signing key does not match node {} in the cluster file",
-                    f.id
-                ),
+                message: format!("signing key does not match node {} in the cluster file", f.id),
             });
         }
         Ok(NodeSetup {
@@ -215,10 +191,7 @@ impl NodeFile {
             peers: cluster_file.nodes.iter().map(|n| n.addr).collect(),
             cluster,
             ca_pem: read(&base.join(&f.ca))?,
-            credentials: Credentials {
-                cert_pem: read(&base.join(&f.cert))?,
-                key_pem: read(&base.join(&f.key))?,
-            },
+            credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
             secrets,
         })
     }
@@ -253,25 +226,15 @@ impl ClientFile {
         let cluster = ClusterFile::load(&cluster_path)?;
         let quorums = Quorums::new(cluster.u, cluster.r)?;
         if f.mac_keys.len() != cluster.nodes.len() {
-            return Err(ConfigFileError::Invalid {
-                path: path.into(),
-                message: "one MAC key per node".into(),
-            });
+            return Err(ConfigFileError::Invalid { path: path.into(), message: "one MAC key per node".into() });
         }
-        let mac_keys = f
-            .mac_keys
-            .iter()
-            .map(|k| hex32(path, "mac_keys", k).map(MacKey))
-            .collect::<Result<_, _>>()?;
+        let mac_keys = f.mac_keys.iter().map(|k| hex32(path, "mac_keys", k).map(MacKey)).collect::<Result<_, _>>()?;
         Ok(ClientSetup {
             id: f.id,
             quorums,
             nodes: cluster.nodes.iter().map(|n| n.addr).collect(),
             ca_pem: read(&base.join(&f.ca))?,
-            credentials: Credentials {
-                cert_pem: read(&base.join(&f.cert))?,
-                key_pem: read(&base.join(&f.key))?,
-            },
+            credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
             mac_keys,
         })
     }
@@ -300,10 +263,7 @@ pub fn first_client_id() -> ClientId {
 pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     let quorums = Quorums::new(o.u, o.r)?;
     let n = quorums.order_nodes();
-    fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io {
-        path: dir.into(),
-        source,
-    })?;
+    fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?;
     let ca = generate_ca()?;
     write(&dir.join("ca.pem"), &ca.cert_pem)?;
     write(&dir.join("ca.key"), &ca.key_pem)?;
@@ -315,26 +275,12 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         let key = SigningKey::from_seed(seed);
         let addr: SocketAddr = format!("{}:{}", o.host, o.base_port + i as u16)
             .parse()
-            .map_err(|e| ConfigFileError::Invalid {
-                path: dir.into(),
-                message: format!("address: {e}"),
-            })?;
-        nodes.push(NodeEntry {
-            id: i,
-            addr,
-            public_key: hex::encode(key.public().0),
-        });
+            .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
+        nodes.push(NodeEntry { id: i, addr, public_key: hex::encode(key.public().0) });
         seeds.push((seed, mac));
     }
-    let cluster = ClusterFile {
-        u: o.u,
-        r: o.r,
-        nodes: nodes.clone(),
-    };
-    write(
-        &dir.join("cluster.toml"),
-        &toml::to_string(&cluster).unwrap_or_default(),
-    )?;
+    let cluster = ClusterFile { u: o.u, r: o.r, nodes: nodes.clone() };
+    write(&dir.join("cluster.toml"), &toml::to_string(&cluster).unwrap_or_default())?;
     let fsync = match o.fsync {
         FsyncPolicy::Batch => "batch",
         FsyncPolicy::Always => "always",
@@ -342,19 +288,13 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     };
     for (i, (seed, mac)) in seeds.iter().enumerate() {
         let ndir = dir.join(format!("node-{i}"));
-        fs::create_dir_all(ndir.join("data")).map_err(|source| ConfigFileError::Io {
-            path: ndir.clone(),
-            source,
-        })?;
+        fs::create_dir_all(ndir.join("data")).map_err(|source| ConfigFileError::Io { path: ndir.clone(), source })?;
         let creds = issue(&ca, PeerId::Node(i as NodeId))?;
         write(&ndir.join("node.pem"), &creds.cert_pem)?;
         write(&ndir.join("node.key"), &creds.key_pem)?;
         let metrics: SocketAddr = format!("{}:{}", o.host, o.base_port as usize + n + i)
             .parse()
-            .map_err(|e| ConfigFileError::Invalid {
-                path: dir.into(),
-                message: format!("address: {e}"),
-            })?;
+            .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
         let file = NodeFile {
             id: i as NodeId,
             listen: nodes[i].addr,
@@ -371,18 +311,12 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             signing_seed: hex::encode(seed),
             mac_secret: hex::encode(mac),
         };
-        write(
-            &ndir.join("node.toml"),
-            &toml::to_string(&file).unwrap_or_default(),
-        )?;
+        write(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }
     for c in 0..o.clients {
         let id = first_client_id() + c as ClientId;
         let cdir = dir.join(format!("client-{id}"));
-        fs::create_dir_all(&cdir).map_err(|source| ConfigFileError::Io {
-            path: cdir.clone(),
-            source,
-        })?;
+        fs::create_dir_all(&cdir).map_err(|source| ConfigFileError::Io { path: cdir.clone(), source })?;
         let creds = issue(&ca, PeerId::Client(id))?;
         write(&cdir.join("client.pem"), &creds.cert_pem)?;
         write(&cdir.join("client.key"), &creds.key_pem)?;
@@ -392,15 +326,9 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             ca: "../ca.pem".into(),
             cert: "client.pem".into(),
             key: "client.key".into(),
-            mac_keys: seeds
-                .iter()
-                .map(|(_, mac)| hex::encode(client_mac_key(mac, id).0))
-                .collect(),
+            mac_keys: seeds.iter().map(|(_, mac)| hex::encode(client_mac_key(mac, id).0)).collect(),
         };
-        write(
-            &cdir.join("client.toml"),
-            &toml::to_string(&file).unwrap_or_default(),
-        )?;
+        write(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }
     Ok(())
 }
@@ -411,10 +339,7 @@ fn random_bytes() -> [u8; 32] {
     use rustls::crypto::ring::default_provider;
     let mut b = [0u8; 32];
     // The system random generator failing is not recoverable for key generation.
-    default_provider()
-        .secure_random
-        .fill(&mut b)
-        .expect("system random generator");
+    default_provider().secure_random.fill(&mut b).expect("system random generator");
     b
 }
 
@@ -439,13 +364,11 @@ mod tests {
         )
         .expect("init");
         for i in 0..4 {
-            let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml")))
-                .expect("node loads");
+            let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");
             assert_eq!(setup.id, i);
             assert_eq!(setup.cluster.n(), 4);
         }
-        let c =
-            ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
+        let c = ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
         assert_eq!(c.mac_keys.len(), 4);
         assert_eq!(c.id, 1001);
     }

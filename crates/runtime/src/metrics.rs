@@ -81,49 +81,17 @@ impl Metrics {
             transfer_permille: Gauge::default(),
         };
         r.register("decided", "Consensus instances decided", m.decided.clone());
-        r.register(
-            "executed_requests",
-            "Client requests executed",
-            m.executed_requests.clone(),
-        );
-        r.register(
-            "view_changes",
-            "View changes started",
-            m.view_changes.clone(),
-        );
-        r.register(
-            "state_transfers",
-            "State transfers started",
-            m.state_transfers.clone(),
-        );
-        r.register(
-            "divergences",
-            "Local checkpoints that differed from the stable one",
-            m.divergences.clone(),
-        );
-        r.register(
-            "rejected",
-            "Inputs dropped as invalid, by message kind",
-            m.rejected.clone(),
-        );
-        r.register(
-            "batch_size",
-            "Requests per executed batch",
-            m.batch_size.clone(),
-        );
-        r.register(
-            "fsync_seconds",
-            "Duration of each WAL fsync",
-            m.fsync_seconds.clone(),
-        );
+        r.register("executed_requests", "Client requests executed", m.executed_requests.clone());
+        r.register("view_changes", "View changes started", m.view_changes.clone());
+        r.register("state_transfers", "State transfers started", m.state_transfers.clone());
+        r.register("divergences", "Local checkpoints that differed from the stable one", m.divergences.clone());
+        r.register("rejected", "Inputs dropped as invalid, by message kind", m.rejected.clone());
+        r.register("batch_size", "Requests per executed batch", m.batch_size.clone());
+        r.register("fsync_seconds", "Duration of each WAL fsync", m.fsync_seconds.clone());
         r.register("view", "Installed view", m.view.clone());
         r.register("executed", "Last executed instance", m.executed.clone());
         r.register("stable", "Stable checkpoint", m.stable.clone());
-        r.register(
-            "inbound_queue",
-            "Inputs waiting for the protocol task",
-            m.inbound_queue.clone(),
-        );
+        r.register("inbound_queue", "Inputs waiting for the protocol task", m.inbound_queue.clone());
         r.register(
             "state_transfer_permille",
             "State transfer progress (1000 = idle or done)",
@@ -146,32 +114,12 @@ fn render(shared: &Shared) -> String {
         ("frames_out", "Frames sent", &t.frames_out),
         ("bytes_in", "Bytes received", &t.bytes_in),
         ("bytes_out", "Bytes sent", &t.bytes_out),
-        (
-            "send_queue_full",
-            "Frames dropped on a full send queue",
-            &t.send_queue_full,
-        ),
-        (
-            "oversized_frames",
-            "Connections closed for an oversized frame",
-            &t.oversized,
-        ),
-        (
-            "undecodable_frames",
-            "Frames that did not decode",
-            &t.undecodable,
-        ),
-        (
-            "rejected_connections",
-            "Failed or unauthenticated handshakes",
-            &t.rejected_connections,
-        ),
+        ("send_queue_full", "Frames dropped on a full send queue", &t.send_queue_full),
+        ("oversized_frames", "Connections closed for an oversized frame", &t.oversized),
+        ("undecodable_frames", "Frames that did not decode", &t.undecodable),
+        ("rejected_connections", "Failed or unauthenticated handshakes", &t.rejected_connections),
         ("connects", "Outgoing connections established", &t.connects),
-        (
-            "stage_verified",
-            "Node messages whose signature the verify stage checked",
-            &t.stage_verified,
-        ),
+        ("stage_verified", "Node messages whose signature the verify stage checked", &t.stage_verified),
     ] {
         let _ = write!(
             out,
@@ -192,16 +140,9 @@ pub async fn serve(
     registry: Registry,
     transport: Arc<TransportStats>,
 ) -> std::io::Result<Arc<Shared>> {
-    let shared = Arc::new(Shared {
-        registry,
-        status: Mutex::new(Status::default()),
-        transport,
-    });
+    let shared = Arc::new(Shared { registry, status: Mutex::new(Status::default()), transport });
     let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(s): State<Arc<Shared>>| async move { render(&s) }),
-        )
+        .route("/metrics", get(|State(s): State<Arc<Shared>>| async move { render(&s) }))
         .route(
             "/status",
             get(|State(s): State<Arc<Shared>>| async move {
@@ -224,10 +165,8 @@ pub async fn serve(
 pub fn fetch_status(addr: SocketAddr, timeout: std::time::Duration) -> Result<Status, String> {
     use std::io::{Read, Write as _};
     let mut s = std::net::TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    s.write_all(b"GET /status HTTP/1.0\r\nHost: keel\r\n\r\n")
-        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    s.write_all(b"GET /status HTTP/1.0\r\nHost: keel\r\n\r\n").map_err(|e| e.to_string())?;
     let mut body = String::new();
     s.read_to_string(&mut body).map_err(|e| e.to_string())?;
     let json = body.split("\r\n\r\n").nth(1).ok_or("no body")?;

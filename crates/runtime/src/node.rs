@@ -17,8 +17,7 @@ use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
 use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{
-    accept_loop, dial_loop, offer, read_frame, write_frames, Accepted, TransportStats,
-    SEND_QUEUE_MAX,
+    accept_loop, dial_loop, offer, read_frame, write_frames, Accepted, TransportStats, SEND_QUEUE_MAX,
 };
 use keel_core::codec;
 use keel_core::message::{owner_of, ClientId, Message, NodeId};
@@ -48,15 +47,9 @@ pub enum NodeError {
     #[error("recovery: {0}")]
     Recovery(#[from] RestoreError),
     #[error("metrics endpoint on {addr}: {source}")]
-    Metrics {
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
+    Metrics { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("listen on {addr}: {source}")]
-    Listen {
-        addr: std::net::SocketAddr,
-        source: std::io::Error,
-    },
+    Listen { addr: std::net::SocketAddr, source: std::io::Error },
 }
 
 enum Inbound {
@@ -82,9 +75,7 @@ enum Inbound {
 
 /// Wall-clock milliseconds: nodes' clocks must roughly agree (agreed time, UpRight §3.1).
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Runs a node until the process ends.
@@ -92,58 +83,28 @@ pub fn now_ms() -> u64 {
 /// # Errors
 /// Failures to open storage, recover, bind or configure TLS; and a storage failure while
 /// running (a node that cannot persist must stop rather than answer).
-pub async fn run_node<S: Service + Send + 'static>(
-    setup: NodeSetup,
-    service: S,
-) -> Result<(), NodeError> {
+pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S) -> Result<(), NodeError> {
     let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
     if setup.fsync == FsyncPolicy::Never {
         tracing::warn!("fsync = never: for benchmarks only; a crash can lose acknowledged writes");
-        eprintln!(
-            "WARNING: node {} runs with fsync = never; a crash can lose acknowledged writes",
-            setup.id
-        );
+        eprintln!("WARNING: node {} runs with fsync = never; a crash can lose acknowledged writes", setup.id);
     }
     let mut out = Outputs::default();
     let fresh = durable.records.is_empty() && durable.snapshots.is_empty();
     let mut replica = if fresh {
-        Replica::new(
-            setup.cluster.clone(),
-            setup.id,
-            setup.secrets.clone(),
-            service,
-        )
+        Replica::new(setup.cluster.clone(), setup.id, setup.secrets.clone(), service)
     } else {
-        Replica::recover(
-            setup.cluster.clone(),
-            setup.id,
-            setup.secrets.clone(),
-            service,
-            durable,
-            now_ms(),
-            &mut out,
-        )?
+        Replica::recover(setup.cluster.clone(), setup.id, setup.secrets.clone(), service, durable, now_ms(), &mut out)?
     };
-    tracing::info!(
-        node = setup.id,
-        view = replica.view(),
-        executed = replica.executed(),
-        "node started"
-    );
+    tracing::info!(node = setup.id, view = replica.view(), executed = replica.executed(), "node started");
     // For `keel bench` (CPU per node) and operators: who runs this node.
-    let _ = std::fs::write(
-        setup.data_dir.join("node.pid"),
-        std::process::id().to_string(),
-    );
+    let _ = std::fs::write(setup.data_dir.join("node.pid"), std::process::id().to_string());
 
     let stats = Arc::new(TransportStats::default());
     let (m, registry) = Metrics::new();
     let shared = metrics::serve(setup.metrics, registry, stats.clone())
         .await
-        .map_err(|source| NodeError::Metrics {
-            addr: setup.metrics,
-            source,
-        })?;
+        .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
     let connected = Arc::new(AtomicU64::new(0));
     let (in_tx, mut in_rx) = mpsc::channel::<Inbound>(INBOUND_QUEUE_MAX);
 
@@ -171,29 +132,20 @@ pub async fn run_node<S: Service + Send + 'static>(
     let verify = start_verify_stage(setup.verify_threads, &replica.verifier(), &in_tx, &stats);
 
     // Incoming connections from nodes and clients.
-    let listener = TcpListener::bind(setup.listen)
-        .await
-        .map_err(|source| NodeError::Listen {
-            addr: setup.listen,
-            source,
-        })?;
+    let listener =
+        TcpListener::bind(setup.listen).await.map_err(|source| NodeError::Listen { addr: setup.listen, source })?;
     let acceptor = TlsAcceptor::from(tls::server_config(&setup.ca_pem, &setup.credentials)?);
     let conn_ids = Arc::new(AtomicU64::new(0));
     {
         let in_tx = in_tx.clone();
         let stats = stats.clone();
         let n = setup.cluster.n() as NodeId;
-        tokio::spawn(accept_loop(
-            listener,
-            acceptor,
-            stats.clone(),
-            move |acc: Accepted| {
-                let in_tx = in_tx.clone();
-                let stats = stats.clone();
-                let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(serve_connection(acc, conn, n, in_tx, verify.clone(), stats));
-            },
-        ));
+        tokio::spawn(accept_loop(listener, acceptor, stats.clone(), move |acc: Accepted| {
+            let in_tx = in_tx.clone();
+            let stats = stats.clone();
+            let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(serve_connection(acc, conn, n, in_tx, verify.clone(), stats));
+        }));
     }
 
     let mut clients: HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)> = HashMap::new();
@@ -201,14 +153,9 @@ pub async fn run_node<S: Service + Send + 'static>(
     let mut transfer_logged = u64::MAX;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut committer =
-        Committer::start(storage, stats.clone(), m.fsync_seconds.clone()).map_err(|source| {
-            NodeError::Storage(StorageError::Io {
-                what: "start WAL thread",
-                path: setup.data_dir.clone(),
-                source,
-            })
-        })?;
+    let mut committer = Committer::start(storage, stats.clone(), m.fsync_seconds.clone()).map_err(|source| {
+        NodeError::Storage(StorageError::Io { what: "start WAL thread", path: setup.data_dir.clone(), source })
+    })?;
     loop {
         flush(&mut committer, &mut out, &peers, &clients, &stats, &m)?;
         tokio::select! {
@@ -247,19 +194,13 @@ fn publish<S: Service>(
     m.stable.set(replica.stable_seq() as i64);
     m.inbound_queue.set(inbound as i64);
     let transfer = replica.transfer_progress();
-    m.transfer_permille
-        .set(transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
+    m.transfer_permille.set(transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
     match transfer {
         Some((have, total)) if total > 0 => {
             let tenth = (have * 10 / total) as u64;
             if tenth != *logged {
                 *logged = tenth;
-                tracing::info!(
-                    have,
-                    total,
-                    "state transfer: {}% of {total} chunks",
-                    have * 100 / total
-                );
+                tracing::info!(have, total, "state transfer: {}% of {total} chunks", have * 100 / total);
             }
         }
         _ => *logged = u64::MAX,
@@ -331,25 +272,14 @@ fn flush(
         }
     }
     if wait || !out.persist_lazy.is_empty() {
-        let gated: Vec<Gated> = out
-            .send_after_persist
-            .drain(..)
-            .filter_map(|(to, msg)| route(to).map(|tx| (tx.clone(), msg)))
-            .collect();
-        committer.submit(
-            std::mem::take(&mut out.persist),
-            std::mem::take(&mut out.persist_lazy),
-            gated,
-        )?;
+        let gated: Vec<Gated> =
+            out.send_after_persist.drain(..).filter_map(|(to, msg)| route(to).map(|tx| (tx.clone(), msg))).collect();
+        committer.submit(std::mem::take(&mut out.persist), std::mem::take(&mut out.persist_lazy), gated)?;
     }
     for e in out.events.drain(..) {
         match e {
             Event::Rejected { from, kind, reason } => {
-                m.rejected
-                    .get_or_create(&KindLabels {
-                        kind: kind.to_string(),
-                    })
-                    .inc();
+                m.rejected.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
                 tracing::debug!(?from, kind, %reason, "rejected");
             }
             Event::Decided { .. } => {
@@ -371,12 +301,7 @@ fn flush(
             Event::StateTransferDone { seq } => tracing::info!(seq, "state transfer done"),
             Event::Divergence { seq, local, stable } => {
                 m.divergences.inc();
-                tracing::error!(
-                    seq,
-                    ?local,
-                    ?stable,
-                    "local state diverged from the stable checkpoint; repairing"
-                )
+                tracing::error!(seq, ?local, ?stable, "local state diverged from the stable checkpoint; repairing")
             }
             Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
@@ -405,24 +330,19 @@ fn start_verify_stage(
     for t in 0..threads {
         let (tx, mut rx) = mpsc::channel::<(NodeId, Message)>(VERIFY_QUEUE_MAX);
         let (verifier, in_tx, stats) = (verifier.clone(), in_tx.clone(), stats.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("keel-verify-{t}"))
-            .spawn(move || {
-                while let Some((from, msg)) = rx.blocking_recv() {
-                    let inbound = if verifier.check(from, &msg) {
-                        TransportStats::bump(&stats.stage_verified, 1);
-                        Inbound::Checked { from, msg }
-                    } else {
-                        Inbound::Message {
-                            from: Peer::Node(from),
-                            msg,
-                        }
-                    };
-                    if in_tx.blocking_send(inbound).is_err() {
-                        return;
-                    }
+        let spawned = std::thread::Builder::new().name(format!("keel-verify-{t}")).spawn(move || {
+            while let Some((from, msg)) = rx.blocking_recv() {
+                let inbound = if verifier.check(from, &msg) {
+                    TransportStats::bump(&stats.stage_verified, 1);
+                    Inbound::Checked { from, msg }
+                } else {
+                    Inbound::Message { from: Peer::Node(from), msg }
+                };
+                if in_tx.blocking_send(inbound).is_err() {
+                    return;
                 }
-            });
+            }
+        });
         match spawned {
             Ok(_) => queues.push(tx),
             Err(e) => {
@@ -454,11 +374,7 @@ async fn serve_connection(
     let mut writer = None;
     if let Peer::Client(id) = from {
         let (tx, mut rx) = mpsc::channel(SEND_QUEUE_MAX);
-        if in_tx
-            .send(Inbound::ClientUp { id, conn, tx })
-            .await
-            .is_err()
-        {
+        if in_tx.send(Inbound::ClientUp { id, conn, tx }).await.is_err() {
             return;
         }
         let stats = stats.clone();
@@ -474,9 +390,7 @@ async fn serve_connection(
                 match codec::decode(&frame) {
                     Ok(msg) => {
                         let sent = match (from, &verify) {
-                            (Peer::Node(j), Some(q)) => {
-                                q[j as usize % q.len()].send((j, msg)).await.is_ok()
-                            }
+                            (Peer::Node(j), Some(q)) => q[j as usize % q.len()].send((j, msg)).await.is_ok(),
                             _ => in_tx.send(Inbound::Message { from, msg }).await.is_ok(),
                         };
                         if !sent {

@@ -48,11 +48,7 @@ impl FsyncPolicy {
 #[derive(Debug, thiserror::Error)]
 pub enum StorageError {
     #[error("{what} {path}: {source}")]
-    Io {
-        what: &'static str,
-        path: PathBuf,
-        source: io::Error,
-    },
+    Io { what: &'static str, path: PathBuf, source: io::Error },
     #[error("segment {path} is corrupt at offset {offset} and is not the last one")]
     Corrupt { path: PathBuf, offset: usize },
     #[error("the WAL thread stopped")]
@@ -117,9 +113,7 @@ fn list_segments(wal_dir: &Path) -> Result<Vec<(u64, bool, PathBuf)>, StorageErr
 }
 
 fn fsync_dir(dir: &Path) -> Result<(), StorageError> {
-    File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err("fsync directory", dir))
+    File::open(dir).and_then(|f| f.sync_all()).map_err(io_err("fsync directory", dir))
 }
 
 /// Writes `bytes` to `path` atomically: temp file, fsync, rename, fsync directory.
@@ -141,10 +135,7 @@ impl Reap {
         for entry in fs::read_dir(&self.snap_dir).map_err(io_err("read", &self.snap_dir))? {
             let entry = entry.map_err(io_err("read", &self.snap_dir))?;
             let name = entry.file_name().to_string_lossy().to_string();
-            if let Some(seq) = name
-                .strip_suffix(".snap")
-                .and_then(|s| s.parse::<Seq>().ok())
-            {
+            if let Some(seq) = name.strip_suffix(".snap").and_then(|s| s.parse::<Seq>().ok()) {
                 if seq < self.snapshots_below {
                     fs::remove_file(entry.path()).map_err(io_err("remove", &entry.path()))?;
                 }
@@ -179,10 +170,7 @@ impl Reaper {
                 }
             })
             .ok()?;
-        Some(Reaper {
-            tx: Some(tx),
-            thread: Some(thread),
-        })
+        Some(Reaper { tx: Some(tx), thread: Some(thread) })
     }
 }
 
@@ -232,18 +220,11 @@ impl Storage {
             let decoded = decode_log(&bytes);
             if decoded.valid_len < bytes.len() {
                 if i != last {
-                    return Err(StorageError::Corrupt {
-                        path: path.clone(),
-                        offset: decoded.valid_len,
-                    });
+                    return Err(StorageError::Corrupt { path: path.clone(), offset: decoded.valid_len });
                 }
                 // Torn last write: cut it so new records follow whole ones.
-                let f = OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(io_err("open", path))?;
-                f.set_len(decoded.valid_len as u64)
-                    .map_err(io_err("truncate", path))?;
+                let f = OpenOptions::new().write(true).open(path).map_err(io_err("open", path))?;
+                f.set_len(decoded.valid_len as u64).map_err(io_err("truncate", path))?;
                 f.sync_all().map_err(io_err("fsync", path))?;
                 stats.torn_tail_bytes += (bytes.len() - decoded.valid_len) as u64;
             }
@@ -254,10 +235,7 @@ impl Storage {
         for entry in fs::read_dir(&snap_dir).map_err(io_err("read", &snap_dir))? {
             let entry = entry.map_err(io_err("read", &snap_dir))?;
             let name = entry.file_name().to_string_lossy().to_string();
-            let Some(seq) = name
-                .strip_suffix(".snap")
-                .and_then(|s| s.parse::<Seq>().ok())
-            else {
+            let Some(seq) = name.strip_suffix(".snap").and_then(|s| s.parse::<Seq>().ok()) else {
                 // Leftover temp files from a crash mid-write are garbage.
                 if name.ends_with(".tmp") {
                     let _ = fs::remove_file(entry.path());
@@ -277,11 +255,7 @@ impl Storage {
             Some((_, _, p)) => p.clone(),
             None => wal_dir.join(segment_name(1, false)),
         };
-        let segment = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
+        let segment = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err("open", &path))?;
         if segments.is_empty() {
             fsync_dir(&wal_dir)?;
         }
@@ -309,13 +283,8 @@ impl Storage {
         for p in persists {
             match p {
                 Persist::Record(r) => self.append(r)?,
-                Persist::Snapshot { seq, bytes } => {
-                    write_atomic(&self.snap_dir, &format!("{seq:016}.snap"), bytes)?
-                }
-                Persist::Compact {
-                    records,
-                    snapshots_from,
-                } => self.compact(records, *snapshots_from)?,
+                Persist::Snapshot { seq, bytes } => write_atomic(&self.snap_dir, &format!("{seq:016}.snap"), bytes)?,
+                Persist::Compact { records, snapshots_from } => self.compact(records, *snapshots_from)?,
             }
         }
         Ok(())
@@ -336,9 +305,7 @@ impl Storage {
         }
         let bytes = encode_record(record);
         let path = self.current_path(false);
-        self.segment
-            .write_all(&bytes)
-            .map_err(io_err("append", &path))?;
+        self.segment.write_all(&bytes).map_err(io_err("append", &path))?;
         self.segment_len += bytes.len() as u64;
         self.stats.records += 1;
         self.stats.bytes += bytes.len() as u64;
@@ -357,11 +324,7 @@ impl Storage {
         self.sync()?;
         self.segment_id += 1;
         let path = self.current_path(false);
-        self.segment = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
+        self.segment = OpenOptions::new().create(true).append(true).open(&path).map_err(io_err("open", &path))?;
         self.segment_len = 0;
         fsync_dir(&self.wal_dir)
     }
@@ -375,10 +338,7 @@ impl Storage {
         let bytes: Vec<u8> = records.iter().flat_map(encode_record).collect();
         write_atomic(&self.wal_dir, &segment_name(id, true), &bytes)?;
         let path = self.wal_dir.join(segment_name(id, true));
-        self.segment = OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(io_err("open", &path))?;
+        self.segment = OpenOptions::new().append(true).open(&path).map_err(io_err("open", &path))?;
         self.segment_id = id;
         self.segment_len = bytes.len() as u64;
         // The new base is durable: everything it supersedes is garbage that `open` would
@@ -459,10 +419,7 @@ mod tests {
         s.write(&[view(1)]).expect("write");
         drop(s);
         let seg = dir.path().join("wal").join(segment_name(1, false));
-        let mut f = OpenOptions::new()
-            .append(true)
-            .open(&seg)
-            .expect("open segment");
+        let mut f = OpenOptions::new().append(true).open(&seg).expect("open segment");
         let torn = encode_record(&Record::View { view: 2, floor: 0 });
         f.write_all(&torn[..torn.len() - 3]).expect("tear");
         drop(f);
@@ -487,10 +444,7 @@ mod tests {
         let n = bytes.len();
         bytes[n - 2] ^= 0xff;
         fs::write(&seg, bytes).expect("write");
-        assert!(matches!(
-            Storage::open(dir.path(), FsyncPolicy::Always),
-            Err(StorageError::Corrupt { .. })
-        ));
+        assert!(matches!(Storage::open(dir.path(), FsyncPolicy::Always), Err(StorageError::Corrupt { .. })));
     }
 
     #[test]
@@ -499,23 +453,10 @@ mod tests {
         let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         s.write(&[
             view(1),
-            Persist::Snapshot {
-                seq: 8,
-                bytes: vec![8].into(),
-            },
-            Persist::Record(Record::Accepted {
-                view: 1,
-                seq: 9,
-                value: Value::null(),
-            }),
-            Persist::Snapshot {
-                seq: 16,
-                bytes: vec![16].into(),
-            },
-            Persist::Compact {
-                records: vec![Record::View { view: 1, floor: 0 }],
-                snapshots_from: 16,
-            },
+            Persist::Snapshot { seq: 8, bytes: vec![8].into() },
+            Persist::Record(Record::Accepted { view: 1, seq: 9, value: Value::null() }),
+            Persist::Snapshot { seq: 16, bytes: vec![16].into() },
+            Persist::Compact { records: vec![Record::View { view: 1, floor: 0 }], snapshots_from: 16 },
             view(2),
         ])
         .expect("write");
@@ -523,18 +464,9 @@ mod tests {
         // Dropping the storage (a stopped node) finishes the reaper's deletions.
         drop(s);
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
-        assert_eq!(
-            d.records,
-            vec![
-                Record::View { view: 1, floor: 0 },
-                Record::View { view: 2, floor: 0 }
-            ]
-        );
+        assert_eq!(d.records, vec![Record::View { view: 1, floor: 0 }, Record::View { view: 2, floor: 0 }]);
         assert_eq!(d.snapshots, vec![(16, vec![16])]);
-        assert_eq!(
-            list_segments(&dir.path().join("wal")).expect("list").len(),
-            1
-        );
+        assert_eq!(list_segments(&dir.path().join("wal")).expect("list").len(), 1);
     }
 
     #[test]
@@ -542,16 +474,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let wal = dir.path().join("wal");
         fs::create_dir_all(&wal).expect("mkdir");
-        fs::write(
-            wal.join(segment_name(1, false)),
-            encode_record(&Record::View { view: 1, floor: 0 }),
-        )
-        .expect("w");
-        fs::write(
-            wal.join(segment_name(2, true)),
-            encode_record(&Record::View { view: 5, floor: 0 }),
-        )
-        .expect("w");
+        fs::write(wal.join(segment_name(1, false)), encode_record(&Record::View { view: 1, floor: 0 })).expect("w");
+        fs::write(wal.join(segment_name(2, true)), encode_record(&Record::View { view: 5, floor: 0 })).expect("w");
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         assert_eq!(views(&d), vec![5]);
         assert!(!wal.join(segment_name(1, false)).exists());

@@ -7,9 +7,7 @@
 //! from anything it says afterwards.
 
 use keel_core::message::{ClientId, NodeId};
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
-};
+use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
@@ -47,9 +45,7 @@ impl PeerId {
         if let Some(n) = name.strip_prefix("node-") {
             return n.parse().ok().map(PeerId::Node);
         }
-        name.strip_prefix("client-")
-            .and_then(|c| c.parse().ok())
-            .map(PeerId::Client)
+        name.strip_prefix("client-").and_then(|c| c.parse().ok()).map(PeerId::Client)
     }
 
     /// The DNS name in the certificate, used as the TLS server name.
@@ -76,10 +72,7 @@ pub fn generate_ca() -> Result<Credentials, TlsError> {
     dn.push(DnType::CommonName, "keel cluster CA");
     params.distinguished_name = dn;
     let cert = params.self_signed(&key)?;
-    Ok(Credentials {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    Ok(Credentials { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
 /// Issues a certificate for `who`, signed by the CA.
@@ -92,10 +85,7 @@ pub fn issue(ca: &Credentials, who: PeerId) -> Result<Credentials, TlsError> {
     dn.push(DnType::CommonName, who.name());
     params.distinguished_name = dn;
     let cert = params.signed_by(&key, &issuer)?;
-    Ok(Credentials {
-        cert_pem: cert.pem(),
-        key_pem: key.serialize_pem(),
-    })
+    Ok(Credentials { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
 }
 
 fn certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -122,10 +112,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// Accepts connections from holders of a CA-signed certificate only.
 pub fn server_config(ca_pem: &str, own: &Credentials) -> Result<Arc<ServerConfig>, TlsError> {
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca_pem)?), provider())
-            .build()
-            .map_err(|e| TlsError::Verifier(e.to_string()))?;
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca_pem)?), provider())
+        .build()
+        .map_err(|e| TlsError::Verifier(e.to_string()))?;
     let config = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_client_cert_verifier(verifier)
@@ -145,13 +134,7 @@ pub fn client_config(ca_pem: &str, own: &Credentials) -> Result<Arc<ClientConfig
 /// The identity in a verified peer certificate (its common name).
 pub fn peer_identity(cert: &CertificateDer<'_>) -> Option<PeerId> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    let cn = parsed
-        .subject()
-        .iter_common_name()
-        .next()?
-        .as_str()
-        .ok()?
-        .to_string();
+    let cn = parsed.subject().iter_common_name().next()?.as_str().ok()?.to_string();
     PeerId::parse(&cn)
 }
 

@@ -69,10 +69,7 @@ pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Option<Ve
     }
     let len = u32::from_be_bytes(len) as usize;
     if len > FRAME_MAX {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("frame of {len} bytes exceeds {FRAME_MAX}"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("frame of {len} bytes exceeds {FRAME_MAX}")));
     }
     // Allocated only after the length passed the bound.
     let mut buf = vec![0u8; len];
@@ -98,11 +95,7 @@ pub async fn write_frames<W: AsyncWrite + Unpin>(
     Ok(())
 }
 
-async fn write_one<W: AsyncWrite + Unpin>(
-    w: &mut W,
-    frame: &[u8],
-    stats: &TransportStats,
-) -> io::Result<()> {
+async fn write_one<W: AsyncWrite + Unpin>(w: &mut W, frame: &[u8], stats: &TransportStats) -> io::Result<()> {
     w.write_all(&(frame.len() as u32).to_be_bytes()).await?;
     w.write_all(frame).await?;
     TransportStats::bump(&stats.frames_out, 1);
@@ -187,12 +180,7 @@ async fn connect(
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "handshake timed out"))??;
     // The server name check already bound the certificate to `who`; check the CN too.
-    let identity = tls
-        .get_ref()
-        .1
-        .peer_certificates()
-        .and_then(|c| c.first())
-        .and_then(peer_identity);
+    let identity = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(peer_identity);
     if identity != Some(who) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
@@ -211,12 +199,8 @@ pub struct Accepted {
 /// Accepts connections forever, handing authenticated ones to `on_accept`. A connection
 /// that does not complete the handshake within [`HANDSHAKE_TIMEOUT`] or presents a
 /// certificate without a Keel identity is dropped and counted.
-pub async fn accept_loop<F>(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    stats: Arc<TransportStats>,
-    on_accept: F,
-) where
+pub async fn accept_loop<F>(listener: TcpListener, acceptor: TlsAcceptor, stats: Arc<TransportStats>, on_accept: F)
+where
     F: Fn(Accepted) + Send + Sync + Clone + 'static,
 {
     let handshakes = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_MAX));
@@ -244,12 +228,7 @@ pub async fn accept_loop<F>(
                     return;
                 }
             };
-            let peer = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(peer_identity);
+            let peer = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(peer_identity);
             match peer {
                 Some(peer) => on_accept(Accepted { peer, stream }),
                 None => TransportStats::bump(&stats.rejected_connections, 1),

@@ -6,8 +6,8 @@
 
 use keel_core::crypto::{Digest, Sig, SigningKey};
 use keel_core::message::{
-    write_statement, Cert, CheckpointVote, Message, NewView, NodeId, Reply, ReplyBody, Request,
-    StableProof, Value, ViewChange, Write,
+    write_statement, Cert, CheckpointVote, Message, NewView, NodeId, Reply, ReplyBody, Request, StableProof, Value,
+    ViewChange, Write,
 };
 use keel_core::replica::Peer;
 use rand::Rng;
@@ -44,13 +44,7 @@ impl Behaviours {
                 silent_primary: rng.gen_bool(0.3),
                 junk: rng.gen_bool(0.4),
             };
-            if b.equivocate
-                || b.corrupt
-                || b.replay
-                || b.forge_view_change
-                || b.silent_primary
-                || b.junk
-            {
+            if b.equivocate || b.corrupt || b.replay || b.forge_view_change || b.silent_primary || b.junk {
                 return b;
             }
         }
@@ -101,13 +95,7 @@ pub struct Byzantine {
 pub type Frame = (Peer, Vec<u8>);
 
 impl Byzantine {
-    pub fn new(
-        behaviours: Behaviours,
-        me: NodeId,
-        n: usize,
-        quorum: usize,
-        signing: SigningKey,
-    ) -> Byzantine {
+    pub fn new(behaviours: Behaviours, me: NodeId, n: usize, quorum: usize, signing: SigningKey) -> Byzantine {
         Byzantine {
             behaviours,
             me,
@@ -139,12 +127,7 @@ impl Byzantine {
     }
 
     /// Rewrites what the honest replica wanted to send.
-    pub fn transform(
-        &mut self,
-        rng: &mut ChaCha8Rng,
-        is_primary: bool,
-        outgoing: Vec<(Peer, Message)>,
-    ) -> Vec<Frame> {
+    pub fn transform(&mut self, rng: &mut ChaCha8Rng, is_primary: bool, outgoing: Vec<(Peer, Message)>) -> Vec<Frame> {
         let mut frames = Vec::new();
         if self.behaviours.silent_primary && is_primary {
             self.lies.silenced += outgoing.len() as u64;
@@ -178,19 +161,9 @@ impl Byzantine {
             self.lies.forged_view_changes += 1;
             for n in 0..self.n as NodeId {
                 if n != self.me {
-                    frames.push((
-                        Peer::Node(n),
-                        keel_core::codec::encode(&Message::Stop { view }),
-                    ));
-                    let nv = NewView {
-                        view,
-                        view_changes: Vec::new(),
-                        sig: self.random_sig(rng),
-                    };
-                    frames.push((
-                        Peer::Node(n),
-                        keel_core::codec::encode(&Message::NewView(nv)),
-                    ));
+                    frames.push((Peer::Node(n), keel_core::codec::encode(&Message::Stop { view })));
+                    let nv = NewView { view, view_changes: Vec::new(), sig: self.random_sig(rng) };
+                    frames.push((Peer::Node(n), keel_core::codec::encode(&Message::NewView(nv))));
                 }
             }
         }
@@ -205,50 +178,29 @@ impl Byzantine {
 
     fn rewrite(&mut self, rng: &mut ChaCha8Rng, to: Peer, msg: Message) -> Message {
         match msg {
-            Message::Propose { view, seq, value }
-                if self.behaviours.equivocate && Self::lied_to(to) =>
-            {
+            Message::Propose { view, seq, value } if self.behaviours.equivocate && Self::lied_to(to) => {
                 let alt = self.alternatives.entry((view, seq)).or_insert_with(|| {
                     // Same requests (their MACs stay valid), other order and time: a
                     // different digest that backups accept on its own.
                     let mut requests = value.requests.clone();
                     requests.reverse();
-                    Value {
-                        time: value.time + 1,
-                        requests,
-                    }
+                    Value { time: value.time + 1, requests }
                 });
                 self.lies.equivocations += 1;
-                Message::Propose {
-                    view,
-                    seq,
-                    value: alt.clone(),
-                }
+                Message::Propose { view, seq, value: alt.clone() }
             }
             Message::Write(w) if self.behaviours.equivocate && Self::lied_to(to) => {
                 match self.alternatives.get(&(w.view, w.seq)) {
                     Some(alt) => {
                         let digest = alt.digest();
-                        let sig = self
-                            .signing
-                            .sign(&write_statement(w.view, w.seq, &digest, self.me));
-                        Message::Write(Write {
-                            view: w.view,
-                            seq: w.seq,
-                            digest,
-                            sig,
-                        })
+                        let sig = self.signing.sign(&write_statement(w.view, w.seq, &digest, self.me));
+                        Message::Write(Write { view: w.view, seq: w.seq, digest, sig })
                     }
                     None => Message::Write(w),
                 }
             }
-            Message::Accept { view, seq, digest }
-                if self.behaviours.equivocate && Self::lied_to(to) =>
-            {
-                let digest = self
-                    .alternatives
-                    .get(&(view, seq))
-                    .map_or(digest, Value::digest);
+            Message::Accept { view, seq, digest } if self.behaviours.equivocate && Self::lied_to(to) => {
+                let digest = self.alternatives.get(&(view, seq)).map_or(digest, Value::digest);
                 Message::Accept { view, seq, digest }
             }
             Message::ViewChange(vc) if self.behaviours.forge_view_change => {
@@ -269,36 +221,15 @@ impl Byzantine {
         let base = vc.stable.seq;
         vc.certs.retain(|c| c.seq > base + 3);
         for seq in base + 1..=base + 3 {
-            let forged = Request {
-                client: 424_242,
-                seq: rng.gen(),
-                op: vec![0xde, 0xad].into(),
-                auth: Vec::new(),
-            };
-            let value = Value {
-                time: 0,
-                requests: vec![forged],
-            };
-            let writes = (0..self.quorum as NodeId)
-                .map(|n| (n, self.random_sig(rng)))
-                .collect();
-            vc.certs.push(Cert {
-                view: vc.view.saturating_sub(1),
-                seq,
-                value,
-                writes,
-            });
+            let forged = Request { client: 424_242, seq: rng.gen(), op: vec![0xde, 0xad].into(), auth: Vec::new() };
+            let value = Value { time: 0, requests: vec![forged] };
+            let writes = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
+            vc.certs.push(Cert { view: vc.view.saturating_sub(1), seq, value, writes });
         }
         if rng.gen_bool(0.3) {
             // Also claim a stable checkpoint far ahead.
-            let sigs = (0..self.quorum as NodeId)
-                .map(|n| (n, self.random_sig(rng)))
-                .collect();
-            vc.stable = StableProof {
-                seq: base + 1_000 * 8,
-                root: Digest([7; 32]),
-                sigs,
-            };
+            let sigs = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
+            vc.stable = StableProof { seq: base + 1_000 * 8, root: Digest([7; 32]), sigs };
             vc.certs.clear();
         }
         vc.sig = self.signing.sign(&vc.statement());
@@ -307,9 +238,7 @@ impl Byzantine {
 }
 
 fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
-    let flip = |rng: &mut ChaCha8Rng, d: &mut Digest| {
-        d.0[rng.gen_range(0..32)] ^= 1 << rng.gen_range(0..8)
-    };
+    let flip = |rng: &mut ChaCha8Rng, d: &mut Digest| d.0[rng.gen_range(0..32)] ^= 1 << rng.gen_range(0..8);
     match msg {
         Message::Write(mut w) => {
             if rng.gen_bool(0.5) {
@@ -319,28 +248,15 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
             }
             Message::Write(w)
         }
-        Message::Accept {
-            view,
-            seq,
-            mut digest,
-        } => {
+        Message::Accept { view, seq, mut digest } => {
             flip(rng, &mut digest);
             Message::Accept { view, seq, digest }
         }
         Message::Checkpoint(mut c) => {
             flip(rng, &mut c.root);
-            Message::Checkpoint(CheckpointVote {
-                seq: c.seq,
-                root: c.root,
-                sig: c.sig,
-            })
+            Message::Checkpoint(CheckpointVote { seq: c.seq, root: c.root, sig: c.sig })
         }
-        Message::Reply(Reply {
-            client,
-            view,
-            seq,
-            body,
-        }) => {
+        Message::Reply(Reply { client, view, seq, body }) => {
             let body = match body {
                 ReplyBody::Full(mut b) => {
                     b.push(0xee);
@@ -351,22 +267,13 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
                     ReplyBody::Hash(d)
                 }
             };
-            Message::Reply(Reply {
-                client,
-                view,
-                seq,
-                body,
-            })
+            Message::Reply(Reply { client, view, seq, body })
         }
         Message::Decided { seq, mut value } => {
             value.time = value.time.wrapping_add(1);
             Message::Decided { seq, value }
         }
-        Message::Chunk {
-            seq,
-            index,
-            mut data,
-        } => {
+        Message::Chunk { seq, index, mut data } => {
             data.push(1);
             Message::Chunk { seq, index, data }
         }

@@ -37,13 +37,9 @@ impl SimDisk {
         let op = match p {
             Persist::Record(r) => Op::Append(encode_record(r)),
             Persist::Snapshot { seq, bytes } => Op::Snapshot(*seq, bytes.clone()),
-            Persist::Compact {
-                records,
-                snapshots_from,
-            } => Op::Replace {
-                wal: records.iter().flat_map(encode_record).collect(),
-                snapshots_from: *snapshots_from,
-            },
+            Persist::Compact { records, snapshots_from } => {
+                Op::Replace { wal: records.iter().flat_map(encode_record).collect(), snapshots_from: *snapshots_from }
+            }
         };
         self.next_op += 1;
         self.pending.push((self.next_op, op));
@@ -55,8 +51,7 @@ impl SimDisk {
     /// durable only when a later sync covers it, and a crash before that loses it.
     pub fn write_lazy(&mut self, r: &Record) {
         self.next_op += 1;
-        self.pending
-            .push((self.next_op, Op::Append(encode_record(r))));
+        self.pending.push((self.next_op, Op::Append(encode_record(r))));
     }
 
     /// Id of the last queued operation (0 if none ever).
@@ -71,21 +66,14 @@ impl SimDisk {
 
     /// Makes every operation up to `upto` durable, in order.
     pub fn sync(&mut self, upto: u64) {
-        let split = self
-            .pending
-            .iter()
-            .position(|(id, _)| *id > upto)
-            .unwrap_or(self.pending.len());
+        let split = self.pending.iter().position(|(id, _)| *id > upto).unwrap_or(self.pending.len());
         for (_, op) in self.pending.drain(..split) {
             match op {
                 Op::Append(bytes) => self.wal.extend(bytes),
                 Op::Snapshot(seq, bytes) => {
                     self.snapshots.insert(seq, bytes);
                 }
-                Op::Replace {
-                    wal,
-                    snapshots_from,
-                } => {
+                Op::Replace { wal, snapshots_from } => {
                     self.wal = wal;
                     self.snapshots = self.snapshots.split_off(&snapshots_from);
                 }
@@ -117,13 +105,7 @@ impl SimDisk {
     pub fn recover(&mut self) -> (Vec<(u64, Vec<u8>)>, Vec<Record>) {
         let decoded = decode_log(&self.wal);
         self.wal.truncate(decoded.valid_len);
-        (
-            self.snapshots
-                .iter()
-                .map(|(s, b)| (*s, b.to_vec()))
-                .collect(),
-            decoded.records,
-        )
+        (self.snapshots.iter().map(|(s, b)| (*s, b.to_vec())).collect(), decoded.records)
     }
 
     /// Snapshots held, for the bound check.
@@ -166,26 +148,11 @@ mod tests {
     fn replace_and_snapshot_take_effect_at_sync() {
         let mut d = SimDisk::default();
         d.write(&rec(1));
-        d.write(&Persist::Snapshot {
-            seq: 8,
-            bytes: vec![7].into(),
-        });
-        d.write(&Persist::Snapshot {
-            seq: 16,
-            bytes: vec![8].into(),
-        });
-        let c = d.write(&Persist::Compact {
-            records: vec![Record::View { view: 9, floor: 0 }],
-            snapshots_from: 16,
-        });
+        d.write(&Persist::Snapshot { seq: 8, bytes: vec![7].into() });
+        d.write(&Persist::Snapshot { seq: 16, bytes: vec![8].into() });
+        let c = d.write(&Persist::Compact { records: vec![Record::View { view: 9, floor: 0 }], snapshots_from: 16 });
         assert_eq!(d.recover(), (vec![], vec![]));
         d.sync(c);
-        assert_eq!(
-            d.recover(),
-            (
-                vec![(16, vec![8])],
-                vec![Record::View { view: 9, floor: 0 }]
-            )
-        );
+        assert_eq!(d.recover(), (vec![(16, vec![8])], vec![Record::View { view: 9, floor: 0 }]));
     }
 }

@@ -21,9 +21,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 /// with the panic message, so a failing seed is always printed and replayable.
 pub fn run_seed<W: Workload>(opts: &SimOptions, workload: W) -> SeedReport {
     let o = opts.clone();
-    match catch_unwind(AssertUnwindSafe(move || {
-        world::World::new(o, workload).run()
-    })) {
+    match catch_unwind(AssertUnwindSafe(move || world::World::new(o, workload).run())) {
         Ok(report) => report,
         Err(panic) => {
             let msg = panic
@@ -33,11 +31,7 @@ pub fn run_seed<W: Workload>(opts: &SimOptions, workload: W) -> SeedReport {
                 .unwrap_or_else(|| "unknown panic".into());
             SeedReport {
                 seed: opts.seed,
-                violations: vec![Violation {
-                    property: "invariant",
-                    detail: msg,
-                    at: 0,
-                }],
+                violations: vec![Violation { property: "invariant", detail: msg, at: 0 }],
                 ..SeedReport::default()
             }
         }

@@ -119,10 +119,7 @@ pub enum KvOp {
 impl KvOp {
     fn key(&self) -> &[u8] {
         match self {
-            KvOp::Get { key }
-            | KvOp::Put { key, .. }
-            | KvOp::Delete { key }
-            | KvOp::Cas { key, .. } => key,
+            KvOp::Get { key } | KvOp::Put { key, .. } | KvOp::Delete { key } | KvOp::Cas { key, .. } => key,
         }
     }
 }
@@ -182,12 +179,7 @@ pub fn check_kv(history: &[Operation], step_budget: u64) -> Verdict {
     for (key, ops) in by_key {
         match KeyHistory::new(key, &ops).search(step_budget) {
             Search::Linearizable => {}
-            Search::Violation(explanation) => {
-                return Verdict::Violation {
-                    key: key.to_vec(),
-                    explanation,
-                }
-            }
+            Search::Violation(explanation) => return Verdict::Violation { key: key.to_vec(), explanation },
             Search::OutOfBudget => {
                 unknown.get_or_insert_with(|| key.to_vec());
             }
@@ -210,11 +202,7 @@ enum Step {
     /// Put (`Some`) or Delete (`None`), completed or pending; always returns Done.
     Write(State),
     /// Compare-and-set; `swapped` is the observed outcome, `None` if pending.
-    Cas {
-        expected: State,
-        new: u32,
-        swapped: Option<bool>,
-    },
+    Cas { expected: State, new: u32, swapped: Option<bool> },
     /// A completed operation whose result has the wrong shape for its kind
     /// (e.g. a Get that returned `Done`): no model step can produce it.
     Impossible,
@@ -226,11 +214,7 @@ impl Step {
     fn is_matching_read(self, state: State) -> bool {
         match self {
             Step::Read(seen) => seen == state,
-            Step::Cas {
-                expected,
-                swapped: Some(false),
-                ..
-            } => state != expected,
+            Step::Cas { expected, swapped: Some(false), .. } => state != expected,
             _ => false,
         }
     }
@@ -240,11 +224,7 @@ impl Step {
     fn needs(self) -> Option<State> {
         match self {
             Step::Read(seen) => Some(seen),
-            Step::Cas {
-                expected,
-                swapped: Some(true),
-                ..
-            } => Some(expected),
+            Step::Cas { expected, swapped: Some(true), .. } => Some(expected),
             _ => None,
         }
     }
@@ -255,11 +235,7 @@ impl Step {
     fn may_produce(self) -> Option<State> {
         match self {
             Step::Write(next) => Some(next),
-            Step::Cas {
-                expected,
-                new,
-                swapped: Some(true) | None,
-            } if expected != Some(new) => Some(Some(new)),
+            Step::Cas { expected, new, swapped: Some(true) | None } if expected != Some(new) => Some(Some(new)),
             _ => None,
         }
     }
@@ -269,11 +245,7 @@ impl Step {
         match self {
             Step::Read(seen) => (seen == state).then_some(state),
             Step::Write(next) => Some(next),
-            Step::Cas {
-                expected,
-                new,
-                swapped,
-            } => {
+            Step::Cas { expected, new, swapped } => {
                 let swaps = state == expected;
                 if swapped.is_some_and(|s| s != swaps) {
                     return None;
@@ -482,19 +454,11 @@ struct LinearizedSet {
 impl LinearizedSet {
     fn new(n_completed: usize, n_pending: usize) -> Self {
         let completed_words = n_completed.div_ceil(64);
-        LinearizedSet {
-            words: vec![0; completed_words + n_pending.div_ceil(64)],
-            completed_words,
-            n_completed,
-        }
+        LinearizedSet { words: vec![0; completed_words + n_pending.div_ceil(64)], completed_words, n_completed }
     }
 
     fn position(&self, op: usize) -> (usize, u64) {
-        let bit = if op < self.n_completed {
-            op
-        } else {
-            self.completed_words * 64 + (op - self.n_completed)
-        };
+        let bit = if op < self.n_completed { op } else { self.completed_words * 64 + (op - self.n_completed) };
         (bit / 64, 1 << (bit % 64))
     }
 
@@ -518,14 +482,8 @@ impl LinearizedSet {
     /// completed words before `lo` are all ones and from `hi` on all zeros.
     fn memo_key(&self, state: State, out: &mut Vec<u64>) {
         let (completed, pending) = self.words.split_at(self.completed_words);
-        let lo = completed
-            .iter()
-            .position(|&w| w != !0)
-            .unwrap_or(completed.len());
-        let hi = completed
-            .iter()
-            .rposition(|&w| w != 0)
-            .map_or(lo, |i| (i + 1).max(lo));
+        let lo = completed.iter().position(|&w| w != !0).unwrap_or(completed.len());
+        let hi = completed.iter().rposition(|&w| w != 0).map_or(lo, |i| (i + 1).max(lo));
         out.clear();
         out.push(state.map_or(0, |v| u64::from(v) + 1));
         out.push(lo as u64);
@@ -590,16 +548,10 @@ impl Supply {
             }
             if let Some(produced) = step.may_produce() {
                 let expects = match *step {
-                    Step::Cas { expected, .. } => {
-                        Some((code(expected), o.ret.as_ref().map_or(u64::MAX, |r| r.0)))
-                    }
+                    Step::Cas { expected, .. } => Some((code(expected), o.ret.as_ref().map_or(u64::MAX, |r| r.0))),
                     _ => None,
                 };
-                producers[code(produced)].push(Producer {
-                    invoke: o.invoke,
-                    op,
-                    expects,
-                });
+                producers[code(produced)].push(Producer { invoke: o.invoke, op, expects });
             }
         }
         let mut consumer_slot = vec![None; ops.len()];
@@ -631,10 +583,7 @@ impl Supply {
     /// failure returns the consumer that cannot.
     fn check(&mut self, c: usize, state: usize, set: &LinearizedSet) -> Result<(), usize> {
         let (consumers, cursor) = (&self.consumers[c], &mut self.consumer_cursor[c]);
-        while consumers
-            .get(*cursor)
-            .is_some_and(|&(_, op)| set.contains(op))
-        {
+        while consumers.get(*cursor).is_some_and(|&(_, op)| set.contains(op)) {
             *cursor += 1;
         }
         let producers = &self.producers[c];
@@ -651,15 +600,8 @@ impl Supply {
         self.check_from(c, state, set, true)
     }
 
-    fn check_from(
-        &self,
-        c: usize,
-        state: usize,
-        set: &LinearizedSet,
-        fresh: bool,
-    ) -> Result<(), usize> {
-        let Some(&(deadline, consumer)) = self.consumers[c]
-            [Self::start_of(&self.consumer_cursor, c, fresh)..]
+    fn check_from(&self, c: usize, state: usize, set: &LinearizedSet, fresh: bool) -> Result<(), usize> {
+        let Some(&(deadline, consumer)) = self.consumers[c][Self::start_of(&self.consumer_cursor, c, fresh)..]
             .iter()
             .find(|&&(_, op)| !set.contains(op))
         else {
@@ -680,14 +622,7 @@ impl Supply {
     /// time for a consumer returning at `needed_by`: a CAS needs its expected
     /// state now, or from another producer invoked before both it and the
     /// consumer returned.
-    fn can_fire(
-        &self,
-        p: &Producer,
-        needed_by: u64,
-        state: usize,
-        set: &LinearizedSet,
-        fresh: bool,
-    ) -> bool {
+    fn can_fire(&self, p: &Producer, needed_by: u64, state: usize, set: &LinearizedSet, fresh: bool) -> bool {
         let Some((e, ret)) = p.expects else {
             return true;
         };
@@ -743,11 +678,8 @@ struct KeyHistory<'a> {
 
 impl<'a> KeyHistory<'a> {
     fn new(key: &'a [u8], history: &[&'a Operation]) -> Self {
-        let mut ops: Vec<&Operation> = history
-            .iter()
-            .copied()
-            .filter(|o| o.ret.is_some() || !matches!(o.op, KvOp::Get { .. }))
-            .collect();
+        let mut ops: Vec<&Operation> =
+            history.iter().copied().filter(|o| o.ret.is_some() || !matches!(o.op, KvOp::Get { .. })).collect();
         let dropped_pending_reads = history.len() - ops.len();
         ops.sort_by_key(|o| (o.ret.is_none(), o.invoke, o.ret.as_ref().map(|r| r.0)));
         let n_completed = ops.iter().filter(|o| o.ret.is_some()).count();
@@ -756,23 +688,17 @@ impl<'a> KeyHistory<'a> {
         let steps: Vec<Step> = ops
             .iter()
             .map(|o| match (&o.op, &o.ret) {
-                (KvOp::Get { .. }, Some((_, KvRet::Value(v)))) => {
-                    Step::Read(interner.state(v.as_ref()))
-                }
-                (KvOp::Put { value, .. }, None | Some((_, KvRet::Done))) => {
-                    Step::Write(Some(interner.id(value)))
-                }
+                (KvOp::Get { .. }, Some((_, KvRet::Value(v)))) => Step::Read(interner.state(v.as_ref())),
+                (KvOp::Put { value, .. }, None | Some((_, KvRet::Done))) => Step::Write(Some(interner.id(value))),
                 (KvOp::Delete { .. }, None | Some((_, KvRet::Done))) => Step::Write(None),
-                (KvOp::Cas { expected, new, .. }, None | Some((_, KvRet::Swapped(_)))) => {
-                    Step::Cas {
-                        expected: interner.state(expected.as_ref()),
-                        new: interner.id(new),
-                        swapped: match o.ret {
-                            Some((_, KvRet::Swapped(s))) => Some(s),
-                            _ => None,
-                        },
-                    }
-                }
+                (KvOp::Cas { expected, new, .. }, None | Some((_, KvRet::Swapped(_)))) => Step::Cas {
+                    expected: interner.state(expected.as_ref()),
+                    new: interner.id(new),
+                    swapped: match o.ret {
+                        Some((_, KvRet::Swapped(s))) => Some(s),
+                        _ => None,
+                    },
+                },
                 _ => Step::Impossible,
             })
             .collect();
@@ -952,21 +878,12 @@ impl<'a> KeyHistory<'a> {
             entry = self.list.next[entry];
             let step = self.steps[op];
             match step {
-                Step::Read(x)
-                | Step::Cas {
-                    expected: x,
-                    swapped: Some(true) | None,
-                    ..
-                } => {
+                Step::Read(x) | Step::Cas { expected: x, swapped: Some(true) | None, .. } => {
                     if !wanted.contains(&x) {
                         wanted.push(x);
                     }
                 }
-                Step::Cas {
-                    expected,
-                    swapped: Some(false),
-                    ..
-                } => {
+                Step::Cas { expected, swapped: Some(false), .. } => {
                     any_change_wanted |= expected == state;
                 }
                 Step::Write(_) | Step::Impossible => {}
@@ -991,11 +908,7 @@ impl<'a> KeyHistory<'a> {
         }
         // Pending ops go last: they are never required, and taking one early
         // mostly just clobbers state that others need.
-        moves.extend(
-            pending
-                .iter()
-                .filter(|&&(_, next)| any_change_wanted || wanted.contains(&next)),
-        );
+        moves.extend(pending.iter().filter(|&&(_, next)| any_change_wanted || wanted.contains(&next)));
     }
 
     /// After linearizing `op` (already in `set`), which took the key from
@@ -1004,20 +917,13 @@ impl<'a> KeyHistory<'a> {
     /// and the one it could have produced but did not (a pending CAS that
     /// failed). Consumers starved indirectly, through a CAS that can no longer
     /// fire, are caught by `expand` once they are candidates.
-    fn supply_holds(
-        &mut self,
-        op: usize,
-        (before, after): (State, State),
-        set: &LinearizedSet,
-    ) -> bool {
+    fn supply_holds(&mut self, op: usize, (before, after): (State, State), set: &LinearizedSet) -> bool {
         let now = code(after);
         if before != after && self.supply.check(code(before), now, set).is_err() {
             return false;
         }
         match self.steps[op].may_produce() {
-            Some(produced) if produced != after => {
-                self.supply.check(code(produced), now, set).is_ok()
-            }
+            Some(produced) if produced != after => self.supply.check(code(produced), now, set).is_ok(),
             _ => true,
         }
     }
@@ -1027,12 +933,7 @@ impl<'a> KeyHistory<'a> {
     /// past. `culprit` names that op and the reason when the violation was
     /// found before searching; otherwise it is the earliest-returning
     /// completed op outside the partial linearization.
-    fn explain(
-        &self,
-        best: &LinearizedSet,
-        best_state: State,
-        culprit: Option<(usize, String)>,
-    ) -> String {
+    fn explain(&self, best: &LinearizedSet, best_state: State, culprit: Option<(usize, String)>) -> String {
         // Ops listed at most, keeping the whole explanation within ~20 lines.
         const WINDOW: usize = 12;
         let n = self.ops.len();
@@ -1056,11 +957,8 @@ impl<'a> KeyHistory<'a> {
         // starve if that is elsewhere, by invoke time.
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by_key(|&i| (self.ops[i].invoke, self.ops[i].ret.is_none(), i));
-        let focus: Vec<usize> = [blocking, starved]
-            .into_iter()
-            .flatten()
-            .filter_map(|op| order.iter().position(|&i| i == op))
-            .collect();
+        let focus: Vec<usize> =
+            [blocking, starved].into_iter().flatten().filter_map(|op| order.iter().position(|&i| i == op)).collect();
         let per_focus = WINDOW / focus.len().max(1);
         let mut ranges: Vec<(usize, usize)> = Vec::new();
         for center in if focus.is_empty() { vec![0] } else { focus } {
@@ -1104,10 +1002,7 @@ impl<'a> KeyHistory<'a> {
         if let Some(why) = why {
             let _ = writeln!(s, "  because {why}");
         }
-        let _ = writeln!(
-            s,
-            "ops by invoke time ('!' = that op, '?' = op it would starve, '*' = linearized):"
-        );
+        let _ = writeln!(s, "ops by invoke time ('!' = that op, '?' = op it would starve, '*' = linearized):");
         let mut listed_to = 0;
         for &(start, end) in &ranges {
             if start > listed_to {
@@ -1137,45 +1032,28 @@ impl<'a> KeyHistory<'a> {
     /// key `state`), and the op that would be starved, if that is the reason.
     fn why_blocked(&self, op: usize, set: &LinearizedSet, state: State) -> (String, Option<usize>) {
         let now = code(state);
-        let starving = |c: State| {
-            format!(
-                "nothing could make the key {} again in time for",
-                self.fmt_state(c)
-            )
-        };
+        let starving = |c: State| format!("nothing could make the key {} again in time for", self.fmt_state(c));
         // Perhaps the partial linearization already starves some op.
         for c in (0..=self.values.len()).filter(|&c| c != now) {
             if let Err(consumer) = self.supply.check_fresh(c, now, set) {
                 let needed = self.steps[consumer].needs().flatten();
-                return (
-                    format!("{}: {}", starving(needed), fmt_op(self.ops[consumer])),
-                    Some(consumer),
-                );
+                return (format!("{}: {}", starving(needed), fmt_op(self.ops[consumer])), Some(consumer));
             }
         }
         match self.steps[op].apply(state) {
             Some(_) => match self.starved_by(op, set, state) {
-                Some((c, consumer)) => (
-                    format!("after it {}: {}", starving(c), fmt_op(self.ops[consumer])),
-                    Some(consumer),
-                ),
-                None => (
-                    "every order of the ops before it was tried and led to a dead end".to_string(),
-                    None,
-                ),
+                Some((c, consumer)) => {
+                    (format!("after it {}: {}", starving(c), fmt_op(self.ops[consumer])), Some(consumer))
+                }
+                None => ("every order of the ops before it was tried and led to a dead end".to_string(), None),
             },
             None => {
-                let mismatch = format!(
-                    "its result does not match the key being {}",
-                    self.fmt_state(state)
-                );
+                let mismatch = format!("its result does not match the key being {}", self.fmt_state(state));
                 // The candidates whose results match (`op` is one of those
                 // with the earliest return, so they were invoked before it).
                 let deadline = self.ops[op].ret.as_ref().map_or(u64::MAX, |r| r.0);
                 let changers = (0..self.ops.len()).filter(|&m| {
-                    !set.contains(m)
-                        && self.ops[m].invoke <= deadline
-                        && self.steps[m].apply(state).is_some()
+                    !set.contains(m) && self.ops[m].invoke <= deadline && self.steps[m].apply(state).is_some()
                 });
                 for m in changers {
                     if let Some((c, consumer)) = self.starved_by(m, set, state) {
@@ -1201,17 +1079,10 @@ impl<'a> KeyHistory<'a> {
         with_m.insert(m);
         // The state it leaves, and the one it could have produced but did not.
         let cut_off = [Some(state), self.steps[m].may_produce()];
-        cut_off
-            .into_iter()
-            .flatten()
-            .filter(|&c| c != after)
-            .find_map(|c| {
-                let consumer = self
-                    .supply
-                    .check_fresh(code(c), code(after), &with_m)
-                    .err()?;
-                Some((c, consumer))
-            })
+        cut_off.into_iter().flatten().filter(|&c| c != after).find_map(|c| {
+            let consumer = self.supply.check_fresh(code(c), code(after), &with_m).err()?;
+            Some((c, consumer))
+        })
     }
 
     fn fmt_state(&self, state: State) -> String {
@@ -1268,10 +1139,7 @@ fn fmt_op(o: &Operation) -> String {
             },
         ),
     };
-    format!(
-        "[{:>6}, {:>6}] client {}: {} => {}",
-        o.invoke, ret_time, o.client, op, result
-    )
+    format!("[{:>6}, {:>6}] client {}: {} => {}", o.invoke, ret_time, o.client, op, result)
 }
 
 #[cfg(test)]
@@ -1290,10 +1158,7 @@ mod tests {
     }
 
     fn put(key: &str, value: &str) -> KvOp {
-        KvOp::Put {
-            key: b(key),
-            value: b(value),
-        }
+        KvOp::Put { key: b(key), value: b(value) }
     }
 
     fn delete(key: &str) -> KvOp {
@@ -1301,11 +1166,7 @@ mod tests {
     }
 
     fn cas(key: &str, expected: Option<&str>, new: &str) -> KvOp {
-        KvOp::Cas {
-            key: b(key),
-            expected: expected.map(b),
-            new: b(new),
-        }
+        KvOp::Cas { key: b(key), expected: expected.map(b), new: b(new) }
     }
 
     fn val(v: Option<&str>) -> KvRet {
@@ -1313,21 +1174,11 @@ mod tests {
     }
 
     fn done(client: u64, op: KvOp, invoke: u64, ret: u64, result: KvRet) -> Operation {
-        Operation {
-            client,
-            op,
-            invoke,
-            ret: Some((ret, result)),
-        }
+        Operation { client, op, invoke, ret: Some((ret, result)) }
     }
 
     fn pending(client: u64, op: KvOp, invoke: u64) -> Operation {
-        Operation {
-            client,
-            op,
-            invoke,
-            ret: None,
-        }
+        Operation { client, op, invoke, ret: None }
     }
 
     fn check(history: &[Operation]) -> Verdict {
@@ -1337,10 +1188,7 @@ mod tests {
     /// Asserts a violation on `key` and returns its explanation.
     fn assert_violation(history: &[Operation], key: &str) -> String {
         match check(history) {
-            Verdict::Violation {
-                key: k,
-                explanation,
-            } => {
+            Verdict::Violation { key: k, explanation } => {
                 assert_eq!(k, b(key), "{explanation}");
                 explanation
             }
@@ -1411,14 +1259,8 @@ mod tests {
         ];
         let explanation = assert_violation(&h, "x");
         assert!(explanation.contains("key \"x\""), "{explanation}");
-        assert!(
-            explanation.contains("! [     2,      3] client 1: put \"b\" => done"),
-            "{explanation}"
-        );
-        assert!(
-            explanation.contains("? [     4,      5] client 2: get => \"a\""),
-            "{explanation}"
-        );
+        assert!(explanation.contains("! [     2,      3] client 1: put \"b\" => done"), "{explanation}");
+        assert!(explanation.contains("? [     4,      5] client 2: get => \"a\""), "{explanation}");
         assert!(explanation.lines().count() <= 20, "{explanation}");
     }
 
@@ -1477,10 +1319,7 @@ mod tests {
     #[test]
     fn pending_op_takes_effect_after_its_invoke_and_at_most_once() {
         // The read returned before the pending put was invoked.
-        let h = [
-            done(1, get("x"), 0, 1, val(Some("b"))),
-            pending(2, put("x", "b"), 2),
-        ];
+        let h = [done(1, get("x"), 0, 1, val(Some("b"))), pending(2, put("x", "b"), 2)];
         assert_violation(&h, "x");
         // "b" cannot reappear after being overwritten.
         let h = [
@@ -1547,10 +1386,7 @@ mod tests {
 
     #[test]
     fn read_of_never_written_value_is_violation() {
-        let h = [
-            done(1, put("x", "a"), 0, 5, KvRet::Done),
-            done(2, get("x"), 1, 6, val(Some("zzz"))),
-        ];
+        let h = [done(1, put("x", "a"), 0, 5, KvRet::Done), done(2, get("x"), 1, 6, val(Some("zzz")))];
         let explanation = assert_violation(&h, "x");
         assert!(explanation.contains("\"zzz\""), "{explanation}");
     }
@@ -1576,16 +1412,10 @@ mod tests {
     fn ties_are_concurrent() {
         // The put returns at 5 and the read is invoked at 5: concurrent, so the
         // read may come first.
-        let h = [
-            done(1, put("x", "a"), 0, 5, KvRet::Done),
-            done(2, get("x"), 5, 6, val(None)),
-        ];
+        let h = [done(1, put("x", "a"), 0, 5, KvRet::Done), done(2, get("x"), 5, 6, val(None))];
         assert_eq!(check(&h), Verdict::Linearizable);
         // Strictly before: the read must see the put.
-        let h = [
-            done(1, put("x", "a"), 0, 4, KvRet::Done),
-            done(2, get("x"), 5, 6, val(None)),
-        ];
+        let h = [done(1, put("x", "a"), 0, 4, KvRet::Done), done(2, get("x"), 5, 6, val(None))];
         assert_violation(&h, "x");
     }
 
@@ -1617,10 +1447,7 @@ mod tests {
 
     #[test]
     fn return_before_invoke_is_treated_as_instantaneous() {
-        let h = [
-            done(1, put("x", "a"), 5, 2, KvRet::Done),
-            done(2, get("x"), 6, 7, val(Some("a"))),
-        ];
+        let h = [done(1, put("x", "a"), 5, 2, KvRet::Done), done(2, get("x"), 6, 7, val(Some("a")))];
         assert_eq!(check(&h), Verdict::Linearizable);
     }
 
@@ -1640,9 +1467,7 @@ mod tests {
     #[test]
     fn violation_beats_unknown_on_another_key() {
         // Key "a" needs several steps; key "b" is refuted without search.
-        let mut h: Vec<Operation> = (0..10)
-            .map(|c| done(c, put("a", &format!("v{c}")), 0, 100, KvRet::Done))
-            .collect();
+        let mut h: Vec<Operation> = (0..10).map(|c| done(c, put("a", &format!("v{c}")), 0, 100, KvRet::Done)).collect();
         h.push(done(1, get("b"), 0, 1, val(Some("never"))));
         assert!(matches!(check_kv(&h, 3), Verdict::Violation { key, .. } if key == b("b")));
         h.pop();
@@ -1720,20 +1545,11 @@ mod tests {
                                 0 | 1 => model.get(&key).cloned(),
                                 _ => Some(format!("v{}", rng.below(shape.values)).into_bytes()),
                             };
-                            KvOp::Cas {
-                                key,
-                                expected,
-                                new: value,
-                            }
+                            KvOp::Cas { key, expected, new: value }
                         }
                     };
                     clients[c] = Client::Invoked(history.len());
-                    history.push(Operation {
-                        client: c as u64,
-                        op,
-                        invoke: time,
-                        ret: None,
-                    });
+                    history.push(Operation { client: c as u64, op, invoke: time, ret: None });
                 }
                 Client::Idle => {}
                 Client::Invoked(i) => {
@@ -1772,9 +1588,7 @@ mod tests {
     }
 
     fn completed_reads(history: &[Operation]) -> Vec<usize> {
-        (0..history.len())
-            .filter(|&i| matches!(history[i].op, KvOp::Get { .. }) && history[i].ret.is_some())
-            .collect()
+        (0..history.len()).filter(|&i| matches!(history[i].op, KvOp::Get { .. }) && history[i].ret.is_some()).collect()
     }
 
     /// Replaces a random completed Get's result with a value nobody wrote;
@@ -1879,19 +1693,8 @@ mod tests {
     /// Run with `--nocapture` to see the timings.
     #[test]
     fn randomized_5000_op_histories() {
-        for (keys, values, seed) in [
-            (1, 4, 7),
-            (1, 1_000_000, 8),
-            (5, 16, 9),
-            (20, 1_000_000, 10),
-        ] {
-            let shape = Shape {
-                ops: 5_000,
-                clients: 20,
-                keys,
-                values,
-                crash_odds: 500,
-            };
+        for (keys, values, seed) in [(1, 4, 7), (1, 1_000_000, 8), (5, 16, 9), (20, 1_000_000, 10)] {
+            let shape = Shape { ops: 5_000, clients: 20, keys, values, crash_odds: 500 };
             let h = random_history(seed, &shape);
             let pending = h.iter().filter(|o| o.ret.is_none()).count();
             let started = Instant::now();
@@ -1919,13 +1722,7 @@ mod tests {
 
     #[test]
     fn explanation_is_short_on_large_histories() {
-        let shape = Shape {
-            ops: 2_000,
-            clients: 10,
-            keys: 1,
-            values: 1_000_000,
-            crash_odds: 200,
-        };
+        let shape = Shape { ops: 2_000, clients: 10, keys: 1, values: 1_000_000, crash_odds: 200 };
         let h = random_history(3, &shape);
         let mut unwritten = h.clone();
         corrupt_to_unwritten(&mut unwritten, 3);
@@ -1951,11 +1748,7 @@ mod tests {
             KvOp::Delete { .. } => (KvRet::Done, None),
             KvOp::Cas { expected, new, .. } => {
                 let swapped = state == expected;
-                let next = if swapped {
-                    Some(new.clone())
-                } else {
-                    state.clone()
-                };
+                let next = if swapped { Some(new.clone()) } else { state.clone() };
                 (KvRet::Swapped(swapped), next)
             }
         }
@@ -1976,9 +1769,8 @@ mod tests {
                 return true;
             }
             for i in (0..ops.len()).filter(|&i| open(i)) {
-                let blocked = (0..ops.len()).any(|j| {
-                    open(j) && ops[j].ret.as_ref().is_some_and(|(t, _)| *t < ops[i].invoke)
-                });
+                let blocked =
+                    (0..ops.len()).any(|j| open(j) && ops[j].ret.as_ref().is_some_and(|(t, _)| *t < ops[i].invoke));
                 if blocked {
                     continue;
                 }
@@ -2006,22 +1798,14 @@ mod tests {
     /// Exhaustive checker for tiny histories: every subset of the pending ops
     /// in every order consistent with real time, no memoization.
     fn brute_force(history: &[Operation]) -> bool {
-        fn go(
-            history: &[Operation],
-            used: &mut [bool],
-            state: &mut HashMap<Vec<u8>, Vec<u8>>,
-        ) -> bool {
+        fn go(history: &[Operation], used: &mut [bool], state: &mut HashMap<Vec<u8>, Vec<u8>>) -> bool {
             let left: Vec<usize> = (0..history.len()).filter(|&i| !used[i]).collect();
             if left.iter().all(|&i| history[i].ret.is_none()) {
                 return true;
             }
             for &i in &left {
-                let blocked = left.iter().any(|&j| {
-                    history[j]
-                        .ret
-                        .as_ref()
-                        .is_some_and(|(t, _)| *t < history[i].invoke)
-                });
+                let blocked =
+                    left.iter().any(|&j| history[j].ret.as_ref().is_some_and(|(t, _)| *t < history[i].invoke));
                 if blocked {
                     continue;
                 }
@@ -2046,11 +1830,7 @@ mod tests {
             }
             false
         }
-        go(
-            history,
-            &mut vec![false; history.len()],
-            &mut HashMap::new(),
-        )
+        go(history, &mut vec![false; history.len()], &mut HashMap::new())
     }
 
     /// Perturbs results and times so that many histories become
@@ -2095,11 +1875,7 @@ mod tests {
             mutate(&mut h, shape.values, &mut XorShift::new(seed ^ 0xabcdef));
             let expected = brute_force(&h);
             let verdict = check(&h);
-            assert_eq!(
-                verdict == Verdict::Linearizable,
-                expected,
-                "seed {seed}: {verdict:?}\n{h:#?}"
-            );
+            assert_eq!(verdict == Verdict::Linearizable, expected, "seed {seed}: {verdict:?}\n{h:#?}");
             violations += usize::from(!expected);
         }
         // The mutations must produce a good mix of both verdicts.
@@ -2127,11 +1903,7 @@ mod tests {
             }
             let expected = reference(&h);
             let verdict = check(&h);
-            assert_eq!(
-                verdict == Verdict::Linearizable,
-                expected,
-                "seed {seed}: {verdict:?}\n{h:#?}"
-            );
+            assert_eq!(verdict == Verdict::Linearizable, expected, "seed {seed}: {verdict:?}\n{h:#?}");
             violations += usize::from(!expected);
         }
         assert!(violations > 300, "only {violations} violations");

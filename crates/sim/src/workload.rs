@@ -49,11 +49,7 @@ pub struct KvWorkload {
 impl KvWorkload {
     pub fn new(keys: u8) -> KvWorkload {
         let keys = keys.max(1);
-        KvWorkload {
-            keys,
-            counter: 0,
-            recent: vec![Vec::new(); keys as usize],
-        }
+        KvWorkload { keys, counter: 0, recent: vec![Vec::new(); keys as usize] }
     }
 }
 
@@ -75,10 +71,7 @@ impl Workload for KvWorkload {
         let recent = &mut self.recent[k as usize];
         let req = match rng.gen_range(0..10) {
             0..=3 => KvRequest::Get { key },
-            4..=6 => KvRequest::Put {
-                key,
-                value: fresh.clone(),
-            },
+            4..=6 => KvRequest::Put { key, value: fresh.clone() },
             7 => KvRequest::Delete { key },
             _ => {
                 // CAS against absent or a recent write: sometimes right, sometimes stale.
@@ -87,11 +80,7 @@ impl Workload for KvWorkload {
                 } else {
                     Some(recent[rng.gen_range(0..recent.len())].clone())
                 };
-                KvRequest::Cas {
-                    key,
-                    expected,
-                    new: fresh.clone(),
-                }
+                KvRequest::Cas { key, expected, new: fresh.clone() }
             }
         };
         if matches!(req, KvRequest::Put { .. } | KvRequest::Cas { .. }) {
@@ -106,53 +95,37 @@ impl Workload for KvWorkload {
     fn check_history(&self, history: &[HistoryEntry]) -> Result<(), String> {
         let mut ops = Vec::with_capacity(history.len());
         for h in history {
-            let req = KvRequest::decode(&h.op)
-                .map_err(|e| format!("history holds an undecodable op: {e}"))?;
+            let req = KvRequest::decode(&h.op).map_err(|e| format!("history holds an undecodable op: {e}"))?;
             let op = match req {
                 KvRequest::Get { key } => KvOp::Get { key },
                 KvRequest::Put { key, value } => KvOp::Put { key, value },
                 KvRequest::Delete { key } => KvOp::Delete { key },
                 KvRequest::Cas { key, expected, new } => KvOp::Cas { key, expected, new },
-                KvRequest::Scan { .. } => {
-                    return Err("the KV workload does not generate scans".into())
-                }
+                KvRequest::Scan { .. } => return Err("the KV workload does not generate scans".into()),
             };
             let ret = match &h.ret {
                 None => None,
                 Some((t, bytes)) => {
-                    let r = match KvResponse::decode(bytes)
-                        .map_err(|e| format!("undecodable result: {e}"))?
-                    {
+                    let r = match KvResponse::decode(bytes).map_err(|e| format!("undecodable result: {e}"))? {
                         KvResponse::Value(v) => KvRet::Value(v),
                         KvResponse::Done => KvRet::Done,
                         KvResponse::Swapped(b) => KvRet::Swapped(b),
-                        KvResponse::Entries(_) => {
-                            return Err("a scan result in a history without scans".into())
-                        }
-                        KvResponse::Error(e) => {
-                            return Err(format!("service error in history: {e}"))
-                        }
+                        KvResponse::Entries(_) => return Err("a scan result in a history without scans".into()),
+                        KvResponse::Error(e) => return Err(format!("service error in history: {e}")),
                     };
                     Some((*t, r))
                 }
             };
-            ops.push(Operation {
-                client: h.client,
-                op,
-                invoke: h.invoke,
-                ret,
-            });
+            ops.push(Operation { client: h.client, op, invoke: h.invoke, ret });
         }
         match check_kv(&ops, LINEARIZABILITY_BUDGET) {
             Verdict::Linearizable => Ok(()),
-            Verdict::Violation { key, explanation } => Err(format!(
-                "key {:?} has no linearization:\n{explanation}",
-                String::from_utf8_lossy(&key)
-            )),
-            Verdict::Unknown { key } => Err(format!(
-                "linearizability search exceeded its budget on key {:?}",
-                String::from_utf8_lossy(&key)
-            )),
+            Verdict::Violation { key, explanation } => {
+                Err(format!("key {:?} has no linearization:\n{explanation}", String::from_utf8_lossy(&key)))
+            }
+            Verdict::Unknown { key } => {
+                Err(format!("linearizability search exceeded its budget on key {:?}", String::from_utf8_lossy(&key)))
+            }
         }
     }
 }

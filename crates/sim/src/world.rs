@@ -19,9 +19,7 @@ use keel_core::config::{ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
 use keel_core::message::{ClientId, Message, NodeId, Seq};
 use keel_core::quorum::{Mutation, Quorums};
-use keel_core::replica::{
-    client_mac_key, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica,
-};
+use keel_core::replica::{client_mac_key, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
@@ -44,13 +42,7 @@ impl FaultSet {
                 "crash" => f.crash = true,
                 "network" => f.network = true,
                 "byzantine" => f.byzantine = true,
-                "all" => {
-                    f = FaultSet {
-                        crash: true,
-                        network: true,
-                        byzantine: true,
-                    }
-                }
+                "all" => f = FaultSet { crash: true, network: true, byzantine: true },
                 _ => return None,
             }
         }
@@ -279,27 +271,14 @@ fn client_id(i: usize) -> ClientId {
 impl<W: Workload> World<W> {
     pub fn new(opts: SimOptions, workload: W) -> World<W> {
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-        let quorums = Quorums::new(opts.u, opts.r)
-            .expect("valid (u, r)")
-            .with_mutation(opts.mutation);
+        let quorums = Quorums::new(opts.u, opts.r).expect("valid (u, r)").with_mutation(opts.mutation);
         let n = quorums.order_nodes();
-        let secrets: Vec<NodeSecrets> = (0..n)
-            .map(|_| NodeSecrets {
-                signing: SigningKey::from_seed(rng.gen()),
-                mac_secret: rng.gen(),
-            })
-            .collect();
+        let secrets: Vec<NodeSecrets> =
+            (0..n).map(|_| NodeSecrets { signing: SigningKey::from_seed(rng.gen()), mac_secret: rng.gen() }).collect();
         let keys = secrets.iter().map(|s| s.signing.public()).collect();
         let cfg = ClusterConfig::new(quorums, keys, opts.options.clone()).expect("valid config");
-        let mut report = SeedReport {
-            seed: opts.seed,
-            ..SeedReport::default()
-        };
-        let byzantine_count = if opts.faults.byzantine && opts.r > 0 {
-            rng.gen_range(1..=opts.r as usize)
-        } else {
-            0
-        };
+        let mut report = SeedReport { seed: opts.seed, ..SeedReport::default() };
+        let byzantine_count = if opts.faults.byzantine && opts.r > 0 { rng.gen_range(1..=opts.r as usize) } else { 0 };
         let mut byz_ids: Vec<usize> = (0..n).collect();
         for i in (1..n).rev() {
             byz_ids.swap(i, rng.gen_range(0..=i));
@@ -316,51 +295,25 @@ impl<W: Workload> World<W> {
             .into_iter()
             .enumerate()
             .map(|(i, s)| {
-                let skew_max = if opts.faults.network {
-                    tolerance / 4
-                } else {
-                    20
-                };
+                let skew_max = if opts.faults.network { tolerance / 4 } else { 20 };
                 let skew = rng.gen_range(-skew_max..=skew_max);
                 if skew != 0 {
                     report.faults.skewed_clocks += 1;
                 }
                 let byzantine = byz_ids.contains(&i).then(|| {
-                    let behaviours = pinned
-                        .clone()
-                        .unwrap_or_else(|| Behaviours::random(&mut rng));
-                    Byzantine::new(
-                        behaviours,
-                        i as NodeId,
-                        n,
-                        quorums.order_quorum(),
-                        s.signing.clone(),
-                    )
+                    let behaviours = pinned.clone().unwrap_or_else(|| Behaviours::random(&mut rng));
+                    Byzantine::new(behaviours, i as NodeId, n, quorums.order_quorum(), s.signing.clone())
                 });
                 let replica = Replica::new(cfg.clone(), i as NodeId, s.clone(), workload.service());
-                SimNode {
-                    replica: Some(replica),
-                    disk: SimDisk::default(),
-                    epoch: 0,
-                    secrets: s,
-                    skew,
-                    byzantine,
-                }
+                SimNode { replica: Some(replica), disk: SimDisk::default(), epoch: 0, secrets: s, skew, byzantine }
             })
             .collect::<Vec<_>>();
         report.faults.byzantine_nodes = byzantine_count as u64;
         let clients = (0..opts.clients)
             .map(|i| {
                 let id = client_id(i);
-                let keys = nodes
-                    .iter()
-                    .map(|n| client_mac_key(&n.secrets.mac_secret, id))
-                    .collect();
-                SimClient {
-                    core: Client::new(id, quorums, keys, 300, 1),
-                    inflight: None,
-                    side: 0,
-                }
+                let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
+                SimClient { core: Client::new(id, quorums, keys, 300, 1), inflight: None, side: 0 }
             })
             .collect();
         let mut w = World {
@@ -403,11 +356,7 @@ impl<W: Workload> World<W> {
 
     fn schedule(&mut self, at: u64, ev: Ev) {
         self.next_id += 1;
-        self.queue.push(Reverse(Scheduled {
-            at,
-            id: self.next_id,
-            ev,
-        }));
+        self.queue.push(Reverse(Scheduled { at, id: self.next_id, ev }));
     }
 
     fn trace_line(&mut self, line: String) {
@@ -419,20 +368,11 @@ impl<W: Workload> World<W> {
     }
 
     fn violation(&mut self, property: &'static str, detail: String) {
-        if self
-            .report
-            .violations
-            .iter()
-            .any(|v| v.property == property)
-        {
+        if self.report.violations.iter().any(|v| v.property == property) {
             return;
         }
         self.trace_line(format!("{} VIOLATION {property}: {detail}", self.now));
-        self.report.violations.push(Violation {
-            property,
-            detail,
-            at: self.now,
-        });
+        self.report.violations.push(Violation { property, detail, at: self.now });
     }
 
     fn is_correct(&self, n: NodeId) -> bool {
@@ -460,8 +400,7 @@ impl<W: Workload> World<W> {
         let heal_at = self.now;
         self.trace_line(format!("{heal_at} heal"));
         // Liveness phase: every outstanding operation completes within the bound.
-        while self.report.violations.is_empty() && self.clients.iter().any(|c| c.inflight.is_some())
-        {
+        while self.report.violations.is_empty() && self.clients.iter().any(|c| c.inflight.is_some()) {
             if self.now > heal_at + self.opts.liveness_ms || !self.step_once() {
                 let stuck: Vec<String> = self
                     .clients
@@ -473,15 +412,9 @@ impl<W: Workload> World<W> {
                     .nodes
                     .iter()
                     .map(|n| match &n.replica {
-                        Some(r) => format!(
-                            "{}{}",
-                            r.status_line(),
-                            if n.byzantine.is_some() {
-                                " (byzantine)"
-                            } else {
-                                ""
-                            }
-                        ),
+                        Some(r) => {
+                            format!("{}{}", r.status_line(), if n.byzantine.is_some() { " (byzantine)" } else { "" })
+                        }
                         None => "down".into(),
                     })
                     .collect();
@@ -515,12 +448,8 @@ impl<W: Workload> World<W> {
             }
             self.report.faults.torn_writes += n.disk.torn;
         }
-        self.report.max_executed = self
-            .nodes
-            .iter()
-            .filter_map(|n| n.replica.as_ref().map(|r| r.executed()))
-            .max()
-            .unwrap_or(0);
+        self.report.max_executed =
+            self.nodes.iter().filter_map(|n| n.replica.as_ref().map(|r| r.executed())).max().unwrap_or(0);
         self.report.trace_hash = {
             let h = self.trace.finalize();
             let mut b = [0u8; 8];
@@ -547,13 +476,7 @@ impl<W: Workload> World<W> {
                 self.schedule(self.now + CLIENT_TICK_MS, Ev::ClientTick(c));
                 self.client_tick(c);
             }
-            Ev::Sync {
-                node,
-                epoch,
-                upto,
-                gated,
-                facts,
-            } => {
+            Ev::Sync { node, epoch, upto, gated, facts } => {
                 let sn = &mut self.nodes[node as usize];
                 if sn.epoch == epoch && sn.replica.is_some() {
                     for e in facts {
@@ -566,10 +489,7 @@ impl<W: Workload> World<W> {
                     let bound = (o.log_max() / o.checkpoint_interval) as usize + 1;
                     let held = sn.disk.snapshot_count();
                     if held > bound {
-                        self.violation(
-                            "bounded-storage",
-                            format!("node {node} holds {held} snapshots, bound {bound}"),
-                        );
+                        self.violation("bounded-storage", format!("node {node} holds {held} snapshots, bound {bound}"));
                     }
                     self.transmit_from_node(node, gated);
                 }
@@ -599,22 +519,13 @@ impl<W: Workload> World<W> {
     }
 
     fn process_outputs(&mut self, n: NodeId, out: Outputs) {
-        let Outputs {
-            persist,
-            persist_lazy,
-            send,
-            send_after_persist,
-            events,
-        } = out;
+        let Outputs { persist, persist_lazy, send, send_after_persist, events } = out;
         // Decisions, executions and checkpoints are facts only once the step's records
         // are durable: a node that crashes before that never made them (nothing it said
         // depended on them: replies and votes are gated the same way).
-        let (facts, observations): (Vec<Event>, Vec<Event>) = events.into_iter().partition(|e| {
-            matches!(
-                e,
-                Event::Decided { .. } | Event::Executed { .. } | Event::Checkpoint { .. }
-            )
-        });
+        let (facts, observations): (Vec<Event>, Vec<Event>) = events
+            .into_iter()
+            .partition(|e| matches!(e, Event::Decided { .. } | Event::Executed { .. } | Event::Checkpoint { .. }));
         for e in observations {
             self.on_event(n, e);
         }
@@ -626,10 +537,7 @@ impl<W: Workload> World<W> {
         for r in &persist_lazy {
             node.disk.write_lazy(r);
         }
-        if wrote
-            || ((!send_after_persist.is_empty() || !facts.is_empty())
-                && node.disk.has_pending_eager())
-        {
+        if wrote || ((!send_after_persist.is_empty() || !facts.is_empty()) && node.disk.has_pending_eager()) {
             // Group commit: one sync covers everything written so far.
             let upto = node.disk.last_op();
             let epoch = node.epoch;
@@ -638,16 +546,7 @@ impl<W: Workload> World<W> {
             } else {
                 self.rng.gen_range(0..3)
             };
-            self.schedule(
-                self.now + latency,
-                Ev::Sync {
-                    node: n,
-                    epoch,
-                    upto,
-                    gated: send_after_persist,
-                    facts,
-                },
-            );
+            self.schedule(self.now + latency, Ev::Sync { node: n, epoch, upto, gated: send_after_persist, facts });
         } else {
             for e in facts {
                 self.on_event(n, e);
@@ -662,16 +561,10 @@ impl<W: Workload> World<W> {
             return;
         }
         let from = Peer::Node(n);
-        let is_primary = self.nodes[n as usize]
-            .replica
-            .as_ref()
-            .is_some_and(|r| r.is_primary());
+        let is_primary = self.nodes[n as usize].replica.as_ref().is_some_and(|r| r.is_primary());
         let frames: Vec<(Peer, Vec<u8>)> = match self.nodes[n as usize].byzantine.as_mut() {
             Some(b) => b.transform(&mut self.rng, is_primary, msgs),
-            None => msgs
-                .into_iter()
-                .map(|(to, m)| (to, codec::encode(&m)))
-                .collect(),
+            None => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
         };
         for (to, frame) in frames {
             self.transmit(from, to, frame);
@@ -681,10 +574,7 @@ impl<W: Workload> World<W> {
     fn side_of(&self, p: Peer) -> u8 {
         match p {
             Peer::Node(n) => self.sides.get(n as usize).copied().unwrap_or(0),
-            Peer::Client(c) => c
-                .checked_sub(1000)
-                .and_then(|i| self.clients.get(i as usize))
-                .map_or(0, |x| x.side),
+            Peer::Client(c) => c.checked_sub(1000).and_then(|i| self.clients.get(i as usize)).map_or(0, |x| x.side),
         }
     }
 
@@ -714,14 +604,7 @@ impl<W: Workload> World<W> {
         }
         for i in 0..copies {
             let at = self.now + delay + i * self.rng.gen_range(0..20);
-            self.schedule(
-                at,
-                Ev::Deliver {
-                    to,
-                    from,
-                    frame: frame.clone(),
-                },
-            );
+            self.schedule(at, Ev::Deliver { to, from, frame: frame.clone() });
         }
     }
 
@@ -738,11 +621,7 @@ impl<W: Workload> World<W> {
             Err(_) => {
                 // The runtime counts and drops these; so do we.
                 self.report.rejected += 1;
-                *self
-                    .report
-                    .rejected_by
-                    .entry("frame: undecodable".into())
-                    .or_default() += 1;
+                *self.report.rejected_by.entry("frame: undecodable".into()).or_default() += 1;
                 return;
             }
         };
@@ -762,11 +641,7 @@ impl<W: Workload> World<W> {
             return;
         };
         // Replies to clients that do not exist (a forged request) go nowhere.
-        let Some(idx) = c
-            .checked_sub(1000)
-            .map(|i| i as usize)
-            .filter(|i| *i < self.clients.len())
-        else {
+        let Some(idx) = c.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else {
             return;
         };
         let Some(result) = self.clients[idx].core.on_reply(node, reply) else {
@@ -803,12 +678,7 @@ impl<W: Workload> World<W> {
         };
         let seq = self.clients[c].core.inflight_seq().unwrap_or(0);
         self.submitted.insert((id, seq), Digest::of(&op));
-        self.history.push(HistoryEntry {
-            client: id,
-            op,
-            invoke: self.now,
-            ret: None,
-        });
+        self.history.push(HistoryEntry { client: id, op, invoke: self.now, ret: None });
         self.clients[c].inflight = Some(self.history.len() - 1);
         for (n, m) in msgs {
             self.transmit(Peer::Client(id), Peer::Node(n), codec::encode(&m));
@@ -827,7 +697,10 @@ impl<W: Workload> World<W> {
                 match self.decided.get(&seq) {
                     Some(d) if *d != digest => {
                         let d = *d;
-                        self.violation("agreement", format!("instance {seq}: node {n} decided {digest:?}, another correct node {d:?}"));
+                        self.violation(
+                            "agreement",
+                            format!("instance {seq}: node {n} decided {digest:?}, another correct node {d:?}"),
+                        );
                     }
                     Some(_) => {}
                     None => {
@@ -839,18 +712,26 @@ impl<W: Workload> World<W> {
                 if !correct {
                     return;
                 }
-                let list: Vec<(ClientId, u64, Digest)> =
-                    requests.iter().map(|r| (r.client, r.seq, r.op)).collect();
+                let list: Vec<(ClientId, u64, Digest)> = requests.iter().map(|r| (r.client, r.seq, r.op)).collect();
                 for (client, cseq, op) in &list {
                     match self.submitted.get(&(*client, *cseq)) {
                         Some(d) if d == op => {}
-                        Some(_) => self.violation("validity", format!("node {n} executed ({client}, {cseq}) with an operation the client never sent")),
-                        None => self.violation("validity", format!("node {n} executed ({client}, {cseq}), which no client submitted")),
+                        Some(_) => self.violation(
+                            "validity",
+                            format!("node {n} executed ({client}, {cseq}) with an operation the client never sent"),
+                        ),
+                        None => self.violation(
+                            "validity",
+                            format!("node {n} executed ({client}, {cseq}), which no client submitted"),
+                        ),
                     }
                     match self.fresh_at.get(&(*client, *cseq)) {
                         Some(s) if *s != seq => {
                             let s = *s;
-                            self.violation("exactly-once", format!("({client}, {cseq}) executed in instance {s} and again in {seq}"));
+                            self.violation(
+                                "exactly-once",
+                                format!("({client}, {cseq}) executed in instance {s} and again in {seq}"),
+                            );
                         }
                         _ => {
                             self.fresh_at.insert((*client, *cseq), seq);
@@ -879,9 +760,7 @@ impl<W: Workload> World<W> {
                         let r = *r;
                         self.violation(
                             "checkpoint-roots",
-                            format!(
-                                "node {n} has root {root:?} at {seq}, another correct node {r:?}"
-                            ),
+                            format!("node {n} has root {root:?} at {seq}, another correct node {r:?}"),
                         );
                     }
                     Some(_) => {}
@@ -910,9 +789,7 @@ impl<W: Workload> World<W> {
                     }
                 }
             }
-            Event::ViewInstalled { view } => {
-                self.trace_line(format!("{} n{n} installed view {view}", self.now))
-            }
+            Event::ViewInstalled { view } => self.trace_line(format!("{} n{n} installed view {view}", self.now)),
             Event::StateTransferStarted { seq } => {
                 self.report.state_transfers += 1;
                 self.trace_line(format!("{} n{n} state transfer to {seq}", self.now));
@@ -920,16 +797,8 @@ impl<W: Workload> World<W> {
             Event::Rejected { kind, reason, .. } => {
                 self.report.rejected += 1;
                 let reason = format!("{reason:?}");
-                let variant = reason
-                    .split([' ', '{', '('])
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-                *self
-                    .report
-                    .rejected_by
-                    .entry(format!("{kind}: {variant}"))
-                    .or_default() += 1;
+                let variant = reason.split([' ', '{', '(']).next().unwrap_or_default().to_string();
+                *self.report.rejected_by.entry(format!("{kind}: {variant}")).or_default() += 1;
             }
             Event::Stable { .. } | Event::StateTransferDone { .. } => {}
         }

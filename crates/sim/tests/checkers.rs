@@ -5,8 +5,7 @@ use keel_core::quorum::Mutation;
 use keel_core::service::{ExecCtx, RestoreError, Service};
 use keel_kv::{KvRequest, KvResponse};
 use keel_sim::{
-    run_kv_seed, run_seed, Behaviours, FaultSet, HistoryEntry, KvWorkload, SeedReport, SimOptions,
-    Workload,
+    run_kv_seed, run_seed, Behaviours, FaultSet, HistoryEntry, KvWorkload, SeedReport, SimOptions, Workload,
 };
 use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,17 +34,9 @@ fn fault_free_runs_progress_without_view_changes() {
     for (u, r) in [(1, 1), (1, 0), (2, 1)] {
         let report = run_kv_seed(&SimOptions::new(7, u, r, faults("none")));
         assert_clean(&report);
-        assert!(
-            report.ops_completed > 200,
-            "({u},{r}) completed only {} ops",
-            report.ops_completed
-        );
+        assert!(report.ops_completed > 200, "({u},{r}) completed only {} ops", report.ops_completed);
         assert_eq!(report.view_changes, 0);
-        assert_eq!(
-            report.rejected, 0,
-            "a fault-free run rejects nothing: {:?}",
-            report.rejected_by
-        );
+        assert_eq!(report.rejected, 0, "a fault-free run rejects nothing: {:?}", report.rejected_by);
     }
 }
 
@@ -67,10 +58,7 @@ fn same_seed_same_trace() {
     let o = SimOptions::new(42, 1, 1, faults("all"));
     let a = run_kv_seed(&o);
     let b = run_kv_seed(&o);
-    assert_eq!(
-        (a.trace_hash, a.steps, a.ops_completed),
-        (b.trace_hash, b.steps, b.ops_completed)
-    );
+    assert_eq!((a.trace_hash, a.steps, a.ops_completed), (b.trace_hash, b.steps, b.ops_completed));
     let c = run_kv_seed(&SimOptions { seed: 43, ..o });
     assert_ne!(a.trace_hash, c.trace_hash);
 }
@@ -78,10 +66,7 @@ fn same_seed_same_trace() {
 /// Runs seeds until one violates something; returns its properties.
 fn first_violation(mutation: Mutation, seeds: u64) -> Vec<&'static str> {
     for seed in 1..=seeds {
-        let o = SimOptions {
-            mutation: Some(mutation),
-            ..SimOptions::new(seed, 1, 1, faults("all"))
-        };
+        let o = SimOptions { mutation: Some(mutation), ..SimOptions::new(seed, 1, 1, faults("all")) };
         let r = run_kv_seed(&o);
         if !r.violations.is_empty() {
             return properties(&r);
@@ -93,30 +78,19 @@ fn first_violation(mutation: Mutation, seeds: u64) -> Vec<&'static str> {
 #[test]
 fn quorum_minus_one_breaks_agreement() {
     let p = first_violation(Mutation::QuorumMinusOne, 60);
-    assert!(
-        p.iter()
-            .any(|p| matches!(*p, "agreement" | "exactly-once" | "checkpoint-roots")),
-        "got {p:?}"
-    );
+    assert!(p.iter().any(|p| matches!(*p, "agreement" | "exactly-once" | "checkpoint-roots")), "got {p:?}");
 }
 
 #[test]
 fn skipping_the_write_phase_is_caught() {
     let p = first_violation(Mutation::SkipWrite, 60);
-    assert!(
-        !p.is_empty(),
-        "an equivocating primary must break a protocol without WRITE"
-    );
+    assert!(!p.is_empty(), "an equivocating primary must break a protocol without WRITE");
 }
 
 #[test]
 fn unverified_view_change_proofs_are_caught() {
     let p = first_violation(Mutation::UnverifiedViewChangeProof, 60);
-    assert!(
-        p.iter()
-            .any(|p| matches!(*p, "agreement" | "validity" | "exactly-once" | "invariant")),
-        "got {p:?}"
-    );
+    assert!(p.iter().any(|p| matches!(*p, "agreement" | "validity" | "exactly-once" | "invariant")), "got {p:?}");
 }
 
 #[test]
@@ -124,30 +98,19 @@ fn spurious_view_change_checker_fires_when_timers_are_too_short() {
     let mut o = SimOptions::new(3, 1, 1, faults("none"));
     o.options.request_timeout_ms = 1;
     let r = run_kv_seed(&o);
-    assert!(
-        properties(&r).contains(&"no-spurious-view-change"),
-        "got {:?}",
-        r.violations
-    );
+    assert!(properties(&r).contains(&"no-spurious-view-change"), "got {:?}", r.violations);
 }
 
 #[test]
 fn liveness_checker_fires_when_a_silent_primary_is_never_replaced() {
-    let silent = Behaviours {
-        silent_primary: true,
-        ..Behaviours::default()
-    };
+    let silent = Behaviours { silent_primary: true, ..Behaviours::default() };
     let mut o = SimOptions::new(5, 1, 1, faults("byzantine"));
     o.byzantine = Some((vec![0], silent.clone()));
     o.liveness_ms = 5_000;
     // Request timers that never expire: nobody suspects the primary.
     o.options.request_timeout_ms = 1 << 40;
     let r = run_kv_seed(&o);
-    assert!(
-        properties(&r).contains(&"liveness"),
-        "got {:?}",
-        r.violations
-    );
+    assert!(properties(&r).contains(&"liveness"), "got {:?}", r.violations);
     // With working timers the same silent primary is replaced and the run is clean.
     let mut o = SimOptions::new(5, 1, 1, faults("byzantine"));
     o.byzantine = Some((vec![0], silent));
@@ -159,31 +122,12 @@ fn liveness_checker_fires_when_a_silent_primary_is_never_replaced() {
 #[test]
 fn linearizability_checker_rejects_a_stale_read() {
     let w = KvWorkload::new(1);
-    let put = |v: &[u8]| {
-        KvRequest::Put {
-            key: b"k0".to_vec(),
-            value: v.to_vec(),
-        }
-        .encode()
-    };
-    let get = KvRequest::Get {
-        key: b"k0".to_vec(),
-    }
-    .encode();
+    let put = |v: &[u8]| KvRequest::Put { key: b"k0".to_vec(), value: v.to_vec() }.encode();
+    let get = KvRequest::Get { key: b"k0".to_vec() }.encode();
     let done = KvResponse::Done.encode();
     let history = vec![
-        HistoryEntry {
-            client: 1,
-            op: put(b"1"),
-            invoke: 0,
-            ret: Some((1, done.clone())),
-        },
-        HistoryEntry {
-            client: 1,
-            op: put(b"2"),
-            invoke: 2,
-            ret: Some((3, done)),
-        },
+        HistoryEntry { client: 1, op: put(b"1"), invoke: 0, ret: Some((1, done.clone())) },
+        HistoryEntry { client: 1, op: put(b"2"), invoke: 2, ret: Some((3, done)) },
         HistoryEntry {
             client: 2,
             op: get.clone(),
@@ -214,9 +158,7 @@ impl Service for Counter {
         [self.total.to_le_bytes(), self.salt.to_le_bytes()].concat()
     }
     fn restore(&mut self, s: &[u8]) -> Result<(), RestoreError> {
-        let b: [u8; 16] = s
-            .try_into()
-            .map_err(|_| RestoreError("counter snapshot is 16 bytes".into()))?;
+        let b: [u8; 16] = s.try_into().map_err(|_| RestoreError("counter snapshot is 16 bytes".into()))?;
         self.total = u64::from_le_bytes(b[..8].try_into().map_err(|_| RestoreError("len".into()))?);
         self.salt = u64::from_le_bytes(b[8..].try_into().map_err(|_| RestoreError("len".into()))?);
         Ok(())
@@ -231,10 +173,7 @@ struct CounterWorkload {
 impl Workload for CounterWorkload {
     type Service = Counter;
     fn service(&self) -> Counter {
-        let salt = self
-            .salts
-            .as_ref()
-            .map_or(0, |s| s.fetch_add(1, Ordering::Relaxed) + 1);
+        let salt = self.salts.as_ref().map_or(0, |s| s.fetch_add(1, Ordering::Relaxed) + 1);
         Counter { total: 0, salt }
     }
     fn next_op(&mut self, _rng: &mut ChaCha8Rng, _client: u64) -> Vec<u8> {
@@ -245,10 +184,7 @@ impl Workload for CounterWorkload {
 #[test]
 fn a_custom_service_runs_under_all_faults() {
     for seed in 1..=3 {
-        let r = run_seed(
-            &SimOptions::new(seed, 1, 1, faults("all")),
-            CounterWorkload { salts: None },
-        );
+        let r = run_seed(&SimOptions::new(seed, 1, 1, faults("all")), CounterWorkload { salts: None });
         assert_clean(&r);
         assert!(r.ops_completed > 0);
     }
@@ -258,13 +194,7 @@ fn a_custom_service_runs_under_all_faults() {
 fn checkpoint_root_checker_catches_a_nondeterministic_service() {
     let r = run_seed(
         &SimOptions::new(1, 1, 1, faults("none")),
-        CounterWorkload {
-            salts: Some(Arc::new(AtomicU64::new(0))),
-        },
+        CounterWorkload { salts: Some(Arc::new(AtomicU64::new(0))) },
     );
-    assert!(
-        properties(&r).contains(&"checkpoint-roots"),
-        "got {:?}",
-        r.violations
-    );
+    assert!(properties(&r).contains(&"checkpoint-roots"), "got {:?}", r.violations);
 }

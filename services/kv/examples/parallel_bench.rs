@@ -76,10 +76,7 @@ impl Service for Costly {
         self.kv.conflicts(request)
     }
     fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
-        Some(Arc::new(CostlyHandle {
-            inner: self.kv.concurrent()?,
-            iters: self.iters,
-        }))
+        Some(Arc::new(CostlyHandle { inner: self.kv.concurrent()?, iters: self.iters }))
     }
     fn snapshot(&self) -> Vec<u8> {
         self.kv.snapshot()
@@ -99,31 +96,12 @@ fn workload(requests: usize, batch: usize, conflict_pct: u64) -> Vec<Value> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            let key = if x % 100 < conflict_pct {
-                b"hot".to_vec()
-            } else {
-                format!("k{i}").into_bytes()
-            };
-            let op = KvRequest::Put {
-                key,
-                value: i.to_le_bytes().to_vec(),
-            }
-            .encode();
-            Request {
-                client: i % clients + 1,
-                seq: i / clients + 1,
-                op: op.into(),
-                auth: Vec::new(),
-            }
+            let key = if x % 100 < conflict_pct { b"hot".to_vec() } else { format!("k{i}").into_bytes() };
+            let op = KvRequest::Put { key, value: i.to_le_bytes().to_vec() }.encode();
+            Request { client: i % clients + 1, seq: i / clients + 1, op: op.into(), auth: Vec::new() }
         })
         .collect();
-    reqs.chunks(batch)
-        .enumerate()
-        .map(|(t, c)| Value {
-            time: t as u64,
-            requests: c.to_vec(),
-        })
-        .collect()
+    reqs.chunks(batch).enumerate().map(|(t, c)| Value { time: t as u64, requests: c.to_vec() }).collect()
 }
 
 /// CPU seconds (user + system, all threads) this process used so far, on Linux.
@@ -138,19 +116,8 @@ fn cpu_seconds() -> Option<f64> {
 }
 
 /// Executes `values` with `workers`; returns (requests/s, cores used, snapshot digest).
-fn measure(
-    values: &[Value],
-    requests: usize,
-    iters: u64,
-    workers: usize,
-) -> (f64, Option<f64>, Digest) {
-    let mut e = Executor::with_workers(
-        Costly {
-            kv: Kv::new(),
-            iters,
-        },
-        workers,
-    );
+fn measure(values: &[Value], requests: usize, iters: u64, workers: usize) -> (f64, Option<f64>, Digest) {
+    let mut e = Executor::with_workers(Costly { kv: Kv::new(), iters }, workers);
     let cpu = cpu_seconds();
     let t = Instant::now();
     for (i, v) in values.iter().enumerate() {
@@ -158,10 +125,7 @@ fn measure(
     }
     let wall = t.elapsed().as_secs_f64();
     // /proc counts in 10 ms ticks: shorter runs would print noise.
-    let cores = cpu
-        .zip(cpu_seconds())
-        .filter(|_| wall >= 0.2)
-        .map(|(a, b)| (b - a) / wall);
+    let cores = cpu.zip(cpu_seconds()).filter(|_| wall >= 0.2).map(|(a, b)| (b - a) / wall);
     (requests as f64 / wall, cores, Digest::of(&e.snapshot()))
 }
 
@@ -170,13 +134,7 @@ fn list(args: &[String], name: &str, default: &[u64]) -> Result<Vec<u64>, String
         None => Ok(default.to_vec()),
         Some(i) => {
             let v = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
-            v.split(',')
-                .map(|s| {
-                    s.trim()
-                        .parse::<u64>()
-                        .map_err(|e| format!("{name} {s:?}: {e}"))
-                })
-                .collect()
+            v.split(',').map(|s| s.trim().parse::<u64>().map_err(|e| format!("{name} {s:?}: {e}"))).collect()
         }
     }
 }
@@ -186,20 +144,9 @@ fn main() -> Result<(), String> {
     let costs = list(&args, "--cost-us", &[0, 10, 100])?;
     let conflicts = list(&args, "--conflict", &[0, 10, 100])?;
     let workers = list(&args, "--workers", &[1, 2, 4])?;
-    let batch = list(&args, "--batch", &[64])?
-        .first()
-        .copied()
-        .unwrap_or(64)
-        .max(1) as usize;
-    let requests = list(&args, "--requests", &[20_000])?
-        .first()
-        .copied()
-        .unwrap_or(20_000) as usize;
-    let repeat = list(&args, "--repeat", &[3])?
-        .first()
-        .copied()
-        .unwrap_or(3)
-        .max(1);
+    let batch = list(&args, "--batch", &[64])?.first().copied().unwrap_or(64).max(1) as usize;
+    let requests = list(&args, "--requests", &[20_000])?.first().copied().unwrap_or(20_000) as usize;
+    let repeat = list(&args, "--repeat", &[3])?.first().copied().unwrap_or(3).max(1);
 
     let per_us = calibrate();
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
@@ -224,10 +171,7 @@ fn main() -> Result<(), String> {
                 for _ in 0..repeat {
                     let (rate, used, digest) = measure(&values, requests, iters, w as usize);
                     if *reference.get_or_insert(digest) != digest {
-                        return Err(format!(
-                            "workers={w} ended in a different state than workers={}",
-                            workers[0]
-                        ));
+                        return Err(format!("workers={w} ended in a different state than workers={}", workers[0]));
                     }
                     if best.is_none_or(|(r, _)| rate > r) {
                         best = Some((rate, used));

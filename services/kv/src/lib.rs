@@ -124,23 +124,17 @@ fn shard_of(key: &[u8]) -> usize {
 
 impl Store {
     fn new() -> Store {
-        Store {
-            shards: (0..SHARDS).map(|_| RwLock::new(Map::new())).collect(),
-        }
+        Store { shards: (0..SHARDS).map(|_| RwLock::new(Map::new())).collect() }
     }
 
     // A service panic never happens while a shard lock is held by this code, so a
     // poisoned lock still guards a consistent map.
     fn read(&self, shard: usize) -> RwLockReadGuard<'_, Map> {
-        self.shards[shard]
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shards[shard].read().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn write(&self, shard: usize) -> RwLockWriteGuard<'_, Map> {
-        self.shards[shard]
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.shards[shard].write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Every shard, read-locked in index order.
@@ -150,9 +144,7 @@ impl Store {
 
     fn apply(&self, req: KvRequest) -> KvResponse {
         match req {
-            KvRequest::Get { key } => {
-                KvResponse::Value(self.read(shard_of(&key)).get(&key).cloned())
-            }
+            KvRequest::Get { key } => KvResponse::Value(self.read(shard_of(&key)).get(&key).cloned()),
             KvRequest::Put { key, value } => {
                 self.write(shard_of(&key)).insert(key, value);
                 KvResponse::Done
@@ -179,16 +171,11 @@ impl Store {
 
 /// The first `limit` entries with `prefix` across all shards, in key order: a k-way
 /// merge, so only returned entries are copied.
-fn scan(
-    shards: &[RwLockReadGuard<'_, Map>],
-    prefix: &[u8],
-    limit: usize,
-) -> Vec<(Vec<u8>, Vec<u8>)> {
+fn scan(shards: &[RwLockReadGuard<'_, Map>], prefix: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
     let mut iters: Vec<_> = shards
         .iter()
         .map(|m| {
-            m.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded))
-                .take_while(|(k, _)| k.starts_with(prefix))
+            m.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded)).take_while(|(k, _)| k.starts_with(prefix))
         })
         .collect();
     // (key, value, shard) of each shard's next entry, smallest key first.
@@ -220,9 +207,7 @@ pub struct Kv {
 
 impl Kv {
     pub fn new() -> Kv {
-        Kv {
-            store: Arc::new(Store::new()),
-        }
+        Kv { store: Arc::new(Store::new()) }
     }
 
     pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
@@ -243,11 +228,7 @@ impl Kv {
 
     /// The whole state as one ordered map (a copy).
     pub fn entries(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
-        self.store
-            .read_all()
-            .iter()
-            .flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())))
-            .collect()
+        self.store.read_all().iter().flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone()))).collect()
     }
 
     /// What a request reads and writes, for the parallelizer:
@@ -262,13 +243,10 @@ impl Kv {
     pub fn footprint(req: &KvRequest) -> Conflicts {
         match req {
             KvRequest::Get { key } => Conflicts::read(Item::Key(key.clone())),
-            KvRequest::Put { key, .. } | KvRequest::Delete { key } => {
-                Conflicts::write(Item::Key(key.clone()))
+            KvRequest::Put { key, .. } | KvRequest::Delete { key } => Conflicts::write(Item::Key(key.clone())),
+            KvRequest::Cas { key, .. } => {
+                Conflicts::Items { reads: vec![Item::Key(key.clone())], writes: vec![Item::Key(key.clone())] }
             }
-            KvRequest::Cas { key, .. } => Conflicts::Items {
-                reads: vec![Item::Key(key.clone())],
-                writes: vec![Item::Key(key.clone())],
-            },
             KvRequest::Scan { prefix, .. } => Conflicts::read(Item::Prefix(prefix.clone())),
         }
     }
@@ -283,25 +261,15 @@ impl Default for Kv {
 /// A deep copy: the clone does not share state with the original.
 impl Clone for Kv {
     fn clone(&self) -> Kv {
-        let store = Store {
-            shards: self
-                .store
-                .read_all()
-                .iter()
-                .map(|m| RwLock::new((**m).clone()))
-                .collect(),
-        };
-        Kv {
-            store: Arc::new(store),
-        }
+        let store = Store { shards: self.store.read_all().iter().map(|m| RwLock::new((**m).clone())).collect() };
+        Kv { store: Arc::new(store) }
     }
 }
 
 /// Equal contents (the shard of a key is fixed, so shard-wise comparison suffices).
 impl PartialEq for Kv {
     fn eq(&self, other: &Kv) -> bool {
-        Arc::ptr_eq(&self.store, &other.store)
-            || (0..SHARDS).all(|i| *self.store.read(i) == *other.store.read(i))
+        Arc::ptr_eq(&self.store, &other.store) || (0..SHARDS).all(|i| *self.store.read(i) == *other.store.read(i))
     }
 }
 
@@ -346,23 +314,16 @@ impl Service for Kv {
         // strings (one copy each) into a buffer sized up front: a checkpoint serializes
         // the whole store, and byte-by-byte serialization of Vec<u8> was most of its cost.
         let shards = self.store.read_all();
-        let mut entries: Vec<(&[u8], &[u8])> = shards
-            .iter()
-            .flat_map(|m| m.iter().map(|(k, v)| (k.as_slice(), v.as_slice())))
-            .collect();
+        let mut entries: Vec<(&[u8], &[u8])> =
+            shards.iter().flat_map(|m| m.iter().map(|(k, v)| (k.as_slice(), v.as_slice()))).collect();
         entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        let len = VARINT_MAX
-            + entries
-                .iter()
-                .map(|(k, v)| 2 * VARINT_MAX + k.len() + v.len())
-                .sum::<usize>();
+        let len = VARINT_MAX + entries.iter().map(|(k, v)| 2 * VARINT_MAX + k.len() + v.len()).sum::<usize>();
         postcard::to_extend(&SortedMap(&entries), Vec::with_capacity(len)).unwrap_or_default()
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        let entries: Vec<(ByteBuf, ByteBuf)> = postcard::from_bytes::<SnapshotEntries>(snapshot)
-            .map_err(|e| RestoreError(format!("kv snapshot: {e}")))?
-            .0;
+        let entries: Vec<(ByteBuf, ByteBuf)> =
+            postcard::from_bytes::<SnapshotEntries>(snapshot).map_err(|e| RestoreError(format!("kv snapshot: {e}")))?.0;
         let mut shards: Vec<Map> = vec![Map::new(); SHARDS];
         for (k, v) in entries {
             let k = k.into_vec();
@@ -401,10 +362,7 @@ impl<'de> Deserialize<'de> for SnapshotEntries {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a map of byte strings")
             }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut map: A,
-            ) -> Result<SnapshotEntries, A::Error> {
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<SnapshotEntries, A::Error> {
                 // Never trust a length prefix for an allocation: grow as entries arrive.
                 let mut out = Vec::new();
                 while let Some(entry) = map.next_entry::<ByteBuf, ByteBuf>()? {
@@ -423,12 +381,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn ctx() -> ExecCtx {
-        ExecCtx {
-            seq: 1,
-            time: 0,
-            seed: 0,
-            client: 1,
-        }
+        ExecCtx { seq: 1, time: 0, seed: 0, client: 1 }
     }
 
     fn run(kv: &mut Kv, req: KvRequest) -> KvResponse {
@@ -439,86 +392,30 @@ mod tests {
     fn operations() {
         let mut kv = Kv::new();
         let k = b"k".to_vec();
+        assert_eq!(run(&mut kv, KvRequest::Get { key: k.clone() }), KvResponse::Value(None));
         assert_eq!(
-            run(&mut kv, KvRequest::Get { key: k.clone() }),
-            KvResponse::Value(None)
-        );
-        assert_eq!(
-            run(
-                &mut kv,
-                KvRequest::Cas {
-                    key: k.clone(),
-                    expected: None,
-                    new: b"1".to_vec()
-                }
-            ),
+            run(&mut kv, KvRequest::Cas { key: k.clone(), expected: None, new: b"1".to_vec() }),
             KvResponse::Swapped(true)
         );
         assert_eq!(
-            run(
-                &mut kv,
-                KvRequest::Cas {
-                    key: k.clone(),
-                    expected: None,
-                    new: b"2".to_vec()
-                }
-            ),
+            run(&mut kv, KvRequest::Cas { key: k.clone(), expected: None, new: b"2".to_vec() }),
             KvResponse::Swapped(false)
         );
-        assert_eq!(
-            run(
-                &mut kv,
-                KvRequest::Put {
-                    key: k.clone(),
-                    value: b"3".to_vec()
-                }
-            ),
-            KvResponse::Done
-        );
-        assert_eq!(
-            run(&mut kv, KvRequest::Get { key: k.clone() }),
-            KvResponse::Value(Some(b"3".to_vec()))
-        );
-        assert_eq!(
-            run(&mut kv, KvRequest::Delete { key: k.clone() }),
-            KvResponse::Done
-        );
-        assert_eq!(
-            run(&mut kv, KvRequest::Get { key: k }),
-            KvResponse::Value(None)
-        );
+        assert_eq!(run(&mut kv, KvRequest::Put { key: k.clone(), value: b"3".to_vec() }), KvResponse::Done);
+        assert_eq!(run(&mut kv, KvRequest::Get { key: k.clone() }), KvResponse::Value(Some(b"3".to_vec())));
+        assert_eq!(run(&mut kv, KvRequest::Delete { key: k.clone() }), KvResponse::Done);
+        assert_eq!(run(&mut kv, KvRequest::Get { key: k }), KvResponse::Value(None));
     }
 
     #[test]
     fn scan_returns_a_bounded_prefix_range_in_order() {
         let mut kv = Kv::new();
         for k in ["a1", "b2", "b1", "b3", "c1"] {
-            kv.apply(KvRequest::Put {
-                key: k.into(),
-                value: k.into(),
-            });
+            kv.apply(KvRequest::Put { key: k.into(), value: k.into() });
         }
-        let r = run(
-            &mut kv,
-            KvRequest::Scan {
-                prefix: b"b".to_vec(),
-                limit: 2,
-            },
-        );
-        assert_eq!(
-            r,
-            KvResponse::Entries(vec![
-                (b"b1".to_vec(), b"b1".to_vec()),
-                (b"b2".to_vec(), b"b2".to_vec())
-            ])
-        );
-        let r = run(
-            &mut kv,
-            KvRequest::Scan {
-                prefix: b"z".to_vec(),
-                limit: 9,
-            },
-        );
+        let r = run(&mut kv, KvRequest::Scan { prefix: b"b".to_vec(), limit: 2 });
+        assert_eq!(r, KvResponse::Entries(vec![(b"b1".to_vec(), b"b1".to_vec()), (b"b2".to_vec(), b"b2".to_vec())]));
+        let r = run(&mut kv, KvRequest::Scan { prefix: b"z".to_vec(), limit: 9 });
         assert_eq!(r, KvResponse::Entries(vec![]));
     }
 
@@ -566,8 +463,11 @@ mod tests {
             key.clone().prop_map(|key| KvRequest::Get { key }),
             (key.clone(), value.clone()).prop_map(|(key, value)| KvRequest::Put { key, value }),
             key.clone().prop_map(|key| KvRequest::Delete { key }),
-            (key.clone(), proptest::option::of(value.clone()), value)
-                .prop_map(|(key, expected, new)| KvRequest::Cas { key, expected, new }),
+            (key.clone(), proptest::option::of(value.clone()), value).prop_map(|(key, expected, new)| KvRequest::Cas {
+                key,
+                expected,
+                new
+            }),
             (key, 0u32..20).prop_map(|(prefix, limit)| KvRequest::Scan { prefix, limit }),
         ]
     }
@@ -590,21 +490,11 @@ mod tests {
     #[test]
     fn wire_format_is_postcard_with_length_prefixed_byte_strings() {
         // Pinned: serde_bytes must not change the bytes clients and snapshots already use.
-        let put = KvRequest::Put {
-            key: b"k".to_vec(),
-            value: b"vv".to_vec(),
-        };
+        let put = KvRequest::Put { key: b"k".to_vec(), value: b"vv".to_vec() };
         assert_eq!(put.encode(), vec![1, 1, b'k', 2, b'v', b'v']);
-        let cas = KvRequest::Cas {
-            key: b"k".to_vec(),
-            expected: Some(b"a".to_vec()),
-            new: Vec::new(),
-        };
+        let cas = KvRequest::Cas { key: b"k".to_vec(), expected: Some(b"a".to_vec()), new: Vec::new() };
         assert_eq!(cas.encode(), vec![3, 1, b'k', 1, 1, b'a', 0]);
-        assert_eq!(
-            KvResponse::Value(Some(b"x".to_vec())).encode(),
-            vec![0, 1, 1, b'x']
-        );
+        assert_eq!(KvResponse::Value(Some(b"x".to_vec())).encode(), vec![0, 1, 1, b'x']);
         assert_eq!(KvRequest::decode(&put.encode()).expect("decodes"), put);
     }
 
@@ -612,66 +502,33 @@ mod tests {
     fn footprints_declare_exact_keys_and_scan_prefixes() {
         let kv = Kv::new();
         let c = |r: KvRequest| kv.conflicts(&r.encode());
-        let put = |k: &str| {
-            c(KvRequest::Put {
-                key: k.into(),
-                value: vec![],
-            })
-        };
+        let put = |k: &str| c(KvRequest::Put { key: k.into(), value: vec![] });
         let get = |k: &str| c(KvRequest::Get { key: k.into() });
-        let scan = |p: &str| {
-            c(KvRequest::Scan {
-                prefix: p.into(),
-                limit: 1,
-            })
-        };
-        let cas = c(KvRequest::Cas {
-            key: b"a/1".to_vec(),
-            expected: None,
-            new: vec![],
-        });
+        let scan = |p: &str| c(KvRequest::Scan { prefix: p.into(), limit: 1 });
+        let cas = c(KvRequest::Cas { key: b"a/1".to_vec(), expected: None, new: vec![] });
         assert!(put("a/1").conflicts_with(&get("a/1")));
         assert!(!put("a/1").conflicts_with(&get("a/2")));
         assert!(!get("a/1").conflicts_with(&get("a/1")), "reads share");
         assert!(cas.conflicts_with(&get("a/1")));
-        assert!(
-            scan("a/").conflicts_with(&put("a/9")),
-            "a scan reads keys it has not seen yet"
-        );
+        assert!(scan("a/").conflicts_with(&put("a/9")), "a scan reads keys it has not seen yet");
         assert!(scan("").conflicts_with(&put("z")));
         assert!(!scan("a/").conflicts_with(&put("b/1")));
         assert!(!scan("a/").conflicts_with(&scan("a/")));
-        assert!(c(KvRequest::Delete {
-            key: b"a/".to_vec()
-        })
-        .conflicts_with(&scan("a")));
-        assert_eq!(
-            kv.conflicts(&[0xff, 0xff, 0xff]),
-            Conflicts::none(),
-            "garbage touches nothing"
-        );
+        assert!(c(KvRequest::Delete { key: b"a/".to_vec() }).conflicts_with(&scan("a")));
+        assert_eq!(kv.conflicts(&[0xff, 0xff, 0xff]), Conflicts::none(), "garbage touches nothing");
     }
 
     #[test]
     fn clones_are_deep_and_restore_keeps_handles_live() {
         let mut a = Kv::new();
-        a.apply(KvRequest::Put {
-            key: b"k".to_vec(),
-            value: b"1".to_vec(),
-        });
+        a.apply(KvRequest::Put { key: b"k".to_vec(), value: b"1".to_vec() });
         let b = a.clone();
-        a.apply(KvRequest::Put {
-            key: b"k".to_vec(),
-            value: b"2".to_vec(),
-        });
+        a.apply(KvRequest::Put { key: b"k".to_vec(), value: b"2".to_vec() });
         assert_eq!(b.get(b"k"), Some(b"1".to_vec()));
         let handle = a.concurrent().expect("kv opts in");
         a.restore(&b.snapshot()).expect("restores");
         let got = handle.execute_shared(&KvRequest::Get { key: b"k".to_vec() }.encode(), &ctx());
-        assert_eq!(
-            KvResponse::decode(&got).expect("decodes"),
-            KvResponse::Value(Some(b"1".to_vec()))
-        );
+        assert_eq!(KvResponse::decode(&got).expect("decodes"), KvResponse::Value(Some(b"1".to_vec())));
     }
 
     #[test]
@@ -679,14 +536,8 @@ mod tests {
         let a = Kv::new();
         let b = Kv::new();
         for i in 0..20u8 {
-            a.apply(KvRequest::Put {
-                key: vec![i],
-                value: vec![i; 3],
-            });
-            b.apply(KvRequest::Put {
-                key: vec![19 - i],
-                value: vec![19 - i; 3],
-            });
+            a.apply(KvRequest::Put { key: vec![i], value: vec![i; 3] });
+            b.apply(KvRequest::Put { key: vec![19 - i], value: vec![19 - i; 3] });
         }
         assert_eq!(a.snapshot(), b.snapshot());
         let mut c = Kv::new();
@@ -741,19 +592,11 @@ mod null_tests {
 
     #[test]
     fn replies_with_the_requested_size_and_bounds_it() {
-        let ctx = ExecCtx {
-            seq: 1,
-            time: 0,
-            seed: 0,
-            client: 1,
-        };
+        let ctx = ExecCtx { seq: 1, time: 0, seed: 0, client: 1 };
         let mut s = Null;
         assert_eq!(s.execute(&Null::request(0, 0), &ctx).len(), 0);
         assert_eq!(s.execute(&Null::request(1024, 1024), &ctx).len(), 1024);
         assert_eq!(Null::request(1024, 1024).len(), 1024);
-        assert_eq!(
-            s.execute(&u32::MAX.to_le_bytes(), &ctx).len(),
-            NULL_REPLY_MAX as usize
-        );
+        assert_eq!(s.execute(&u32::MAX.to_le_bytes(), &ctx).len(), NULL_REPLY_MAX as usize);
     }
 }

@@ -92,11 +92,7 @@ struct Draw {
 fn key(n: u16, keys: u16) -> Vec<u8> {
     let i = n % keys;
     // Two namespaces, so prefix scans cover some keys and not others.
-    vec![
-        if i.is_multiple_of(2) { b'a' } else { b'b' },
-        b'/',
-        (i / 2) as u8,
-    ]
+    vec![if i.is_multiple_of(2) { b'a' } else { b'b' }, b'/', (i / 2) as u8]
 }
 
 fn op(d: &Draw, keys: u16) -> Vec<u8> {
@@ -107,16 +103,8 @@ fn op(d: &Draw, keys: u16) -> Vec<u8> {
         3..=5 => KvRequest::Put { key: k, value: v },
         6 => KvRequest::Delete { key: k },
         7 | 8 => {
-            let expected = if d.value % 4 == 3 {
-                None
-            } else {
-                Some(vec![b'0' + (d.value / 4) % 3])
-            };
-            KvRequest::Cas {
-                key: k,
-                expected,
-                new: v,
-            }
+            let expected = if d.value % 4 == 3 { None } else { Some(vec![b'0' + (d.value / 4) % 3]) };
+            KvRequest::Cas { key: k, expected, new: v }
         }
         9 | 10 => {
             let prefix = match d.scan % 4 {
@@ -125,10 +113,7 @@ fn op(d: &Draw, keys: u16) -> Vec<u8> {
                 2 => k[..2].to_vec(),
                 _ => k,
             };
-            KvRequest::Scan {
-                prefix,
-                limit: u32::from(d.scan / 4) + 1,
-            }
+            KvRequest::Scan { prefix, limit: u32::from(d.scan / 4) + 1 }
         }
         _ => return vec![0xff, d.value, 0xff],
     };
@@ -153,20 +138,12 @@ fn build(
             0..=7 => (last[c].0 + 1, op(d, keys)),
             8 => (last[c].0 + 2, op(d, keys)),
             9 => (last[c].0, last[c].1.clone()),
-            _ => (
-                last[c].0.saturating_sub(1 + u64::from(d.value % 3)),
-                op(d, keys),
-            ),
+            _ => (last[c].0.saturating_sub(1 + u64::from(d.value % 3)), op(d, keys)),
         };
         if seq > last[c].0 {
             last[c] = (seq, op.clone());
         }
-        requests.push(Request {
-            client: c as u64 + 1,
-            seq,
-            op: op.into(),
-            auth: Vec::new(),
-        });
+        requests.push(Request { client: c as u64 + 1, seq, op: op.into(), auth: Vec::new() });
     }
     let mut values = Vec::new();
     let mut rest = requests.as_slice();
@@ -176,10 +153,7 @@ fn build(
         }
         let (batch, tail) = rest.split_at(batches[i % batches.len()].min(rest.len()));
         rest = tail;
-        values.push(Value {
-            time: times[i % times.len()],
-            requests: batch.to_vec(),
-        });
+        values.push(Value { time: times[i % times.len()], requests: batch.to_vec() });
     }
     let mut runs = Vec::new();
     let mut values = values.into_iter().peekable();
@@ -195,22 +169,8 @@ fn build(
 fn workload() -> impl Strategy<Value = Workload> {
     // The conflict ratio knob: 1-2 keys make almost every write conflict, 250 almost none.
     let keys = prop_oneof![Just(1u16), Just(2), Just(8), Just(64), Just(250)];
-    let draw = (
-        any::<u8>(),
-        0u8..11,
-        any::<u8>(),
-        any::<u16>(),
-        any::<u8>(),
-        any::<u8>(),
-    )
-        .prop_map(|(client, intent, kind, key, value, scan)| Draw {
-            client,
-            intent,
-            kind,
-            key,
-            value,
-            scan,
-        });
+    let draw = (any::<u8>(), 0u8..11, any::<u8>(), any::<u16>(), any::<u8>(), any::<u8>())
+        .prop_map(|(client, intent, kind, key, value, scan)| Draw { client, intent, kind, key, value, scan });
     (
         keys,
         1u8..=6,
@@ -234,41 +194,25 @@ struct Observed {
 }
 
 fn execute(w: &Workload, declare: Declare, schedule: Schedule) -> Result<Observed, TestCaseError> {
-    let make = || {
-        Executor::with_schedule(
-            Traced {
-                kv: Kv::new(),
-                declare,
-            },
-            schedule,
-        )
-    };
+    let make = || Executor::with_schedule(Traced { kv: Kv::new(), declare }, schedule);
     let mut e = make();
-    let mut observed = Observed {
-        outcomes: Vec::new(),
-        snapshots: Vec::new(),
-    };
+    let mut observed = Observed { outcomes: Vec::new(), snapshots: Vec::new() };
     let mut threads = 0;
     for (i, run) in w.runs.iter().enumerate() {
         let values: Vec<&Value> = run.iter().collect();
-        observed
-            .outcomes
-            .extend(e.execute_many(e.executed() + 1, &values));
+        observed.outcomes.extend(e.execute_many(e.executed() + 1, &values));
         threads = threads.max(e.pool_threads());
         let snapshot = e.snapshot();
         if i == w.runs.len() / 2 {
             // Continue from the snapshot in a new executor, as after state transfer.
             e = make();
-            e.restore(&snapshot)
-                .map_err(|err| TestCaseError::fail(err.to_string()))?;
+            e.restore(&snapshot).map_err(|err| TestCaseError::fail(err.to_string()))?;
         }
         observed.snapshots.push(snapshot);
     }
     if let Schedule::Pool { workers } = schedule {
         if observed.outcomes.iter().flatten().any(|o| o.fresh) && threads != workers - 1 {
-            return Err(TestCaseError::fail(format!(
-                "the pool did not run: {threads} threads"
-            )));
+            return Err(TestCaseError::fail(format!("the pool did not run: {threads} threads")));
         }
     }
     Ok(observed)
@@ -278,13 +222,8 @@ fn execute(w: &Workload, declare: Declare, schedule: Schedule) -> Result<Observe
 fn parallel_equals_sequential(w: &Workload, declare: Declare) -> Result<(), TestCaseError> {
     let reference = execute(w, declare, Schedule::from_workers(1))?;
     prop_assert_eq!(Schedule::from_workers(1), Schedule::Sequential);
-    for schedule in [
-        Schedule::from_workers(2),
-        Schedule::from_workers(4),
-        Schedule::Shuffled {
-            seed: w.shuffle_seed,
-        },
-    ] {
+    for schedule in [Schedule::from_workers(2), Schedule::from_workers(4), Schedule::Shuffled { seed: w.shuffle_seed }]
+    {
         let got = execute(w, declare, schedule)?;
         for (i, (g, r)) in got.outcomes.iter().zip(&reference.outcomes).enumerate() {
             prop_assert_eq!(g, r, "{:?}: outcomes of value {} differ", schedule, i + 1);
@@ -304,17 +243,9 @@ proptest! {
 /// Runs the property with a fixed seed and requires it to fail: the test can fail, and
 /// would catch a service that declares `declare`.
 fn assert_caught(name: &str, declare: fn(&KvRequest) -> Conflicts) {
-    let config = Config {
-        cases: 256,
-        failure_persistence: None,
-        max_shrink_iters: 256,
-        ..Config::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
-    match runner.run(&workload(), |w| {
-        parallel_equals_sequential(&w, Some(declare))
-    }) {
+    let config = Config { cases: 256, failure_persistence: None, max_shrink_iters: 256, ..Config::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    match runner.run(&workload(), |w| parallel_equals_sequential(&w, Some(declare))) {
         Err(TestError::Fail(why, w)) => eprintln!("{name} caught: {why}\nminimal workload: {w:#?}"),
         other => panic!("{name} was not caught: {other:?}"),
     }
@@ -324,9 +255,7 @@ fn assert_caught(name: &str, declare: fn(&KvRequest) -> Conflicts) {
 fn an_under_declared_write_is_caught() {
     // Puts and deletes declared as reads: they may now run beside reads of their key.
     assert_caught("writes declared as reads", |req| match req {
-        KvRequest::Put { key, .. } | KvRequest::Delete { key } => {
-            Conflicts::read(Item::Key(key.clone()))
-        }
+        KvRequest::Put { key, .. } | KvRequest::Delete { key } => Conflicts::read(Item::Key(key.clone())),
         other => Kv::footprint(other),
     });
 }

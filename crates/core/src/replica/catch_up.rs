@@ -32,10 +32,7 @@ pub struct Transfer {
 
 impl Transfer {
     pub fn progress(&self) -> (usize, usize) {
-        (
-            self.chunks.iter().filter(|c| c.is_some()).count(),
-            self.chunks.len(),
-        )
+        (self.chunks.iter().filter(|c| c.is_some()).count(), self.chunks.len())
     }
 }
 
@@ -61,19 +58,14 @@ impl<S: Service> Replica<S> {
             }
         }
         if self.stable.seq > executed {
-            out.send
-                .push((peer, Message::StableCert(self.stable.clone())));
+            out.send.push((peer, Message::StableCert(self.stable.clone())));
             helped = true;
         } else if self.exec.executed() > executed {
-            let last = self
-                .exec
-                .executed()
-                .min(executed + self.cfg.options.catch_up_values_max);
+            let last = self.exec.executed().min(executed + self.cfg.options.catch_up_values_max);
             for seq in executed + 1..=last {
                 if let Some(value) = self.log.get(&seq).and_then(|s| s.decided_value.clone()) {
                     // Gated: we may vouch only for decisions we can no longer lose.
-                    out.send_after_persist
-                        .push((peer, Message::Decided { seq, value }));
+                    out.send_after_persist.push((peer, Message::Decided { seq, value }));
                     helped = true;
                 }
             }
@@ -98,13 +90,7 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    pub(super) fn on_decided(
-        &mut self,
-        from: NodeId,
-        seq: Seq,
-        value: Value,
-        out: &mut Outputs,
-    ) -> Result<(), Reject> {
+    pub(super) fn on_decided(&mut self, from: NodeId, seq: Seq, value: Value, out: &mut Outputs) -> Result<(), Reject> {
         if seq <= self.exec.executed() {
             return Ok(());
         }
@@ -125,11 +111,7 @@ impl<S: Service> Replica<S> {
                 }
                 return Ok(());
             }
-            Some(_) => {
-                return Err(Reject::BadProof(
-                    "decided claim contradicts a known decision",
-                ))
-            }
+            Some(_) => return Err(Reject::BadProof("decided claim contradicts a known decision")),
             None => {}
         }
         slot.claims.insert(from, digest);
@@ -141,13 +123,7 @@ impl<S: Service> Replica<S> {
         slot.claimed_values.retain(|d, _| claimed.contains(d));
         if slot.claims.values().filter(|d| **d == digest).count() >= weak {
             if let Some(value) = slot.claimed_values.get(&digest).cloned() {
-                self.persist(
-                    Record::DecidedValue {
-                        seq,
-                        value: value.clone(),
-                    },
-                    out,
-                );
+                self.persist(Record::DecidedValue { seq, value: value.clone() }, out);
                 self.decide(seq, digest, Some(value), out);
             }
         }
@@ -172,27 +148,13 @@ impl<S: Service> Replica<S> {
         self.broadcast(Message::FetchManifest { seq }, out);
     }
 
-    pub(super) fn on_fetch_manifest(
-        &mut self,
-        from: NodeId,
-        seq: Seq,
-        out: &mut Outputs,
-    ) -> Result<(), Reject> {
+    pub(super) fn on_fetch_manifest(&mut self, from: NodeId, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
         let peer = Peer::Node(from);
         match &self.stable_chunks {
             Some(c) if self.stable.seq == seq => {
-                out.send.push((
-                    peer,
-                    Message::Manifest {
-                        seq,
-                        len: c.bytes.len() as u64,
-                        chunks: c.leaves.clone(),
-                    },
-                ));
+                out.send.push((peer, Message::Manifest { seq, len: c.bytes.len() as u64, chunks: c.leaves.clone() }));
             }
-            _ if self.stable.seq > seq => out
-                .send
-                .push((peer, Message::StableCert(self.stable.clone()))),
+            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
             _ => {}
         }
         Ok(())
@@ -209,19 +171,10 @@ impl<S: Service> Replica<S> {
         match &self.stable_chunks {
             Some(c) if self.stable.seq == seq => {
                 if let Some(data) = c.chunk(index) {
-                    out.send.push((
-                        peer,
-                        Message::Chunk {
-                            seq,
-                            index,
-                            data: data.to_vec(),
-                        },
-                    ));
+                    out.send.push((peer, Message::Chunk { seq, index, data: data.to_vec() }));
                 }
             }
-            _ if self.stable.seq > seq => out
-                .send
-                .push((peer, Message::StableCert(self.stable.clone()))),
+            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
             _ => {}
         }
         Ok(())
@@ -236,11 +189,7 @@ impl<S: Service> Replica<S> {
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         let chunk_bytes = self.cfg.options.chunk_bytes as u64;
-        let Some(t) = self
-            .transfer
-            .as_mut()
-            .filter(|t| t.seq == seq && t.manifest.is_none())
-        else {
+        let Some(t) = self.transfer.as_mut().filter(|t| t.seq == seq && t.manifest.is_none()) else {
             return Ok(());
         };
         if leaves.len() as u64 != len.div_ceil(chunk_bytes) {
@@ -311,8 +260,7 @@ impl<S: Service> Replica<S> {
             }
             t.next_peer = peer + 1;
             t.requested.insert(index, (peer, now));
-            out.send
-                .push((Peer::Node(peer), Message::FetchChunk { seq: t.seq, index }));
+            out.send.push((Peer::Node(peer), Message::FetchChunk { seq: t.seq, index }));
         }
     }
 
@@ -340,10 +288,7 @@ impl<S: Service> Replica<S> {
         let seq = t.seq;
         let bytes: Vec<u8> = t.chunks.iter().flatten().flatten().copied().collect();
         let chunked = Chunked::new(bytes, self.cfg.options.chunk_bytes);
-        assert_eq!(
-            chunked.root, t.root,
-            "verified chunks reassemble to the root"
-        );
+        assert_eq!(chunked.root, t.root, "verified chunks reassemble to the root");
         self.transfer = None;
         match self.exec.restore(&chunked.bytes) {
             Ok(executed) if executed == seq => {}
@@ -351,10 +296,7 @@ impl<S: Service> Replica<S> {
             // to restore them is a bug in the service's snapshot code.
             other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
         }
-        out.persist.push(Persist::Snapshot {
-            seq,
-            bytes: chunked.bytes.clone(),
-        });
+        out.persist.push(Persist::Snapshot { seq, bytes: chunked.bytes.clone() });
         out.events.push(Event::StateTransferDone { seq });
         self.stable_chunks = Some(chunked);
         self.own_checkpoints = self.own_checkpoints.split_off(&(seq + 1));

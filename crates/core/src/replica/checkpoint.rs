@@ -15,22 +15,13 @@ impl<S: Service> Replica<S> {
     pub(super) fn take_checkpoint(&mut self, seq: Seq, out: &mut Outputs) {
         let chunked = Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes);
         let root = chunked.root;
-        out.persist.push(Persist::Snapshot {
-            seq,
-            bytes: chunked.bytes.clone(),
-        });
+        out.persist.push(Persist::Snapshot { seq, bytes: chunked.bytes.clone() });
         out.events.push(Event::Checkpoint { seq, root });
-        let sig = self
-            .secrets
-            .signing
-            .sign(&checkpoint_statement(seq, &root, self.id));
+        let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, self.id));
         self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, sig }), out);
         if seq > self.stable.seq {
             self.own_checkpoints.insert(seq, chunked);
-            self.checkpoint_votes
-                .entry(seq)
-                .or_default()
-                .insert(self.id, (root, sig));
+            self.checkpoint_votes.entry(seq).or_default().insert(self.id, (root, sig));
             self.maybe_stable(seq, out);
         } else if seq == self.stable.seq {
             // Re-executed up to a checkpoint already proven stable (recovery): compare.
@@ -50,32 +41,15 @@ impl<S: Service> Replica<S> {
         // interval boundaries and within a bounded horizon.
         let horizon = self.stable.seq + 4 * self.cfg.options.log_max();
         if vote.seq <= self.stable.seq {
-            return Err(Reject::Late {
-                seq: vote.seq,
-                stable: self.stable.seq,
-            });
+            return Err(Reject::Late { seq: vote.seq, stable: self.stable.seq });
         }
         if vote.seq > horizon || !vote.seq.is_multiple_of(interval) {
-            return Err(Reject::OutOfWindow {
-                seq: vote.seq,
-                low: self.stable.seq,
-                high: horizon,
-            });
+            return Err(Reject::OutOfWindow { seq: vote.seq, low: self.stable.seq, high: horizon });
         }
-        if !checked
-            && !self.keys.verify(
-                from,
-                &checkpoint_statement(vote.seq, &vote.root, from),
-                &vote.sig,
-            )
-        {
+        if !checked && !self.keys.verify(from, &checkpoint_statement(vote.seq, &vote.root, from), &vote.sig) {
             return Err(Reject::BadSignature { signer: from });
         }
-        self.checkpoint_votes
-            .entry(vote.seq)
-            .or_default()
-            .entry(from)
-            .or_insert((vote.root, vote.sig));
+        self.checkpoint_votes.entry(vote.seq).or_default().entry(from).or_insert((vote.root, vote.sig));
         self.maybe_stable(vote.seq, out);
         Ok(())
     }
@@ -88,11 +62,7 @@ impl<S: Service> Replica<S> {
         roots.sort_unstable();
         roots.dedup();
         for root in roots {
-            let sigs: Vec<_> = votes
-                .iter()
-                .filter(|(_, (r, _))| *r == root)
-                .map(|(n, (_, s))| (*n, *s))
-                .collect();
+            let sigs: Vec<_> = votes.iter().filter(|(_, (r, _))| *r == root).map(|(n, (_, s))| (*n, *s)).collect();
             if sigs.len() >= self.quorum() {
                 self.install_stable(StableProof { seq, root, sigs }, out);
                 return;
@@ -111,8 +81,7 @@ impl<S: Service> Replica<S> {
         let executed = self.exec.executed();
         if self.transfer.is_none()
             && executed < proof.seq
-            && (executed + 1..=proof.seq)
-                .all(|s| self.log.get(&s).is_some_and(|x| x.decided_value.is_some()))
+            && (executed + 1..=proof.seq).all(|s| self.log.get(&s).is_some_and(|x| x.decided_value.is_some()))
         {
             self.maybe_execute(out);
             if proof.seq <= self.stable.seq {
@@ -120,10 +89,7 @@ impl<S: Service> Replica<S> {
             }
         }
         let seq = proof.seq;
-        out.events.push(Event::Stable {
-            seq,
-            root: proof.root,
-        });
+        out.events.push(Event::Stable { seq, root: proof.root });
         self.stable = proof;
         self.persist(Record::Stable(self.stable.clone()), out);
         self.log = self.log.split_off(&(seq + 1));
@@ -145,10 +111,7 @@ impl<S: Service> Replica<S> {
         }
         // The snapshot at `seq` is durable (ours, persisted before our vote) or will be
         // replaced by the transferred one; either way the log below `seq` is not needed.
-        out.persist.push(Persist::Compact {
-            records: self.durable_records(),
-            snapshots_from: seq,
-        });
+        out.persist.push(Persist::Compact { records: self.durable_records(), snapshots_from: seq });
     }
 
     /// Checkpoint votes can be lost, and a checkpoint that never becomes stable closes the
@@ -156,14 +119,7 @@ impl<S: Service> Replica<S> {
     pub(super) fn retransmit_checkpoint_votes(&self, out: &mut Outputs) {
         for (&seq, votes) in &self.checkpoint_votes {
             if let Some((root, sig)) = votes.get(&self.id) {
-                self.broadcast(
-                    Message::Checkpoint(CheckpointVote {
-                        seq,
-                        root: *root,
-                        sig: *sig,
-                    }),
-                    out,
-                );
+                self.broadcast(Message::Checkpoint(CheckpointVote { seq, root: *root, sig: *sig }), out);
             }
         }
     }
@@ -172,11 +128,7 @@ impl<S: Service> Replica<S> {
         if chunked.root == self.stable.root {
             self.stable_chunks = Some(chunked);
         } else {
-            out.events.push(Event::Divergence {
-                seq: self.stable.seq,
-                local: chunked.root,
-                stable: self.stable.root,
-            });
+            out.events.push(Event::Divergence { seq: self.stable.seq, local: chunked.root, stable: self.stable.root });
             self.stable_chunks = None;
             self.start_transfer(out);
         }

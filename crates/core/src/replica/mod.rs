@@ -33,9 +33,7 @@ mod view_change;
 use crate::config::ClusterConfig;
 use crate::crypto::{Digest, MacKey, NodeKeys, SigningKey};
 use crate::exec::{Chunked, Executor};
-use crate::message::{
-    Cert, ClientId, Message, NewView, NodeId, Request, Seq, StableProof, Value, View, ViewChange,
-};
+use crate::message::{Cert, ClientId, Message, NewView, NodeId, Request, Seq, StableProof, Value, View, ViewChange};
 use crate::service::Service;
 use crate::wal::Record;
 use std::collections::BTreeMap;
@@ -355,11 +353,7 @@ pub struct Replica<S> {
 impl<S: Service> Replica<S> {
     /// A fresh node at view 0 with an empty state.
     pub fn new(cfg: ClusterConfig, id: NodeId, secrets: NodeSecrets, service: S) -> Replica<S> {
-        assert!(
-            (id as usize) < cfg.n(),
-            "node id {id} outside a cluster of {}",
-            cfg.n()
-        );
+        assert!((id as usize) < cfg.n(), "node id {id} outside a cluster of {}", cfg.n());
         assert_eq!(
             cfg.node_keys[id as usize],
             secrets.signing.public(),
@@ -390,11 +384,7 @@ impl<S: Service> Replica<S> {
             proposals_held: false,
             early_proposals: BTreeMap::new(),
             exec: Executor::with_workers(service, workers),
-            stable: StableProof {
-                seq: 0,
-                root: Digest::default(),
-                sigs: Vec::new(),
-            },
+            stable: StableProof { seq: 0, root: Digest::default(), sigs: Vec::new() },
             stable_chunks: None,
             own_checkpoints: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
@@ -479,37 +469,22 @@ impl<S: Service> Replica<S> {
                 Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
             }
             (Peer::Node(n), Message::Forward(req)) => self.on_request(Peer::Node(n), req, out),
-            (Peer::Node(n), Message::Propose { view, seq, value }) => {
-                self.on_propose(n, view, seq, value, out)
-            }
+            (Peer::Node(n), Message::Propose { view, seq, value }) => self.on_propose(n, view, seq, value, out),
             (Peer::Node(n), Message::Write(w)) => self.on_write(n, w, checked, out),
-            (Peer::Node(n), Message::Accept { view, seq, digest }) => {
-                self.on_accept(n, view, seq, digest, out)
-            }
+            (Peer::Node(n), Message::Accept { view, seq, digest }) => self.on_accept(n, view, seq, digest, out),
             (Peer::Node(n), Message::Checkpoint(vote)) => self.on_checkpoint(n, vote, checked, out),
             (Peer::Node(n), Message::Stop { view }) => self.on_stop(n, view, out),
             (Peer::Node(n), Message::ViewChange(vc)) => self.on_view_change(n, vc, out),
             (Peer::Node(_), Message::NewView(nv)) => self.on_new_view(nv, out),
-            (
-                Peer::Node(n),
-                Message::Status {
-                    view,
-                    executed,
-                    stable,
-                },
-            ) => self.on_status(n, view, executed, stable, out),
+            (Peer::Node(n), Message::Status { view, executed, stable }) => {
+                self.on_status(n, view, executed, stable, out)
+            }
             (Peer::Node(n), Message::StableCert(proof)) => self.on_stable_cert(n, proof, out),
             (Peer::Node(n), Message::Decided { seq, value }) => self.on_decided(n, seq, value, out),
             (Peer::Node(n), Message::FetchManifest { seq }) => self.on_fetch_manifest(n, seq, out),
-            (Peer::Node(n), Message::Manifest { seq, len, chunks }) => {
-                self.on_manifest(n, seq, len, chunks, out)
-            }
-            (Peer::Node(n), Message::FetchChunk { seq, index }) => {
-                self.on_fetch_chunk(n, seq, index, out)
-            }
-            (Peer::Node(n), Message::Chunk { seq, index, data }) => {
-                self.on_chunk(n, seq, index, data, out)
-            }
+            (Peer::Node(n), Message::Manifest { seq, len, chunks }) => self.on_manifest(n, seq, len, chunks, out),
+            (Peer::Node(n), Message::FetchChunk { seq, index }) => self.on_fetch_chunk(n, seq, index, out),
+            (Peer::Node(n), Message::Chunk { seq, index, data }) => self.on_chunk(n, seq, index, data, out),
             (_, _) => Err(Reject::WrongPeer),
         };
         match result {
@@ -531,11 +506,7 @@ impl<S: Service> Replica<S> {
         }
         if self.now >= self.next_status {
             self.next_status = self.now + self.cfg.options.status_ms;
-            let status = Message::Status {
-                view: self.view,
-                executed: self.exec.executed(),
-                stable: self.stable.seq,
-            };
+            let status = Message::Status { view: self.view, executed: self.exec.executed(), stable: self.stable.seq };
             self.broadcast(status, out);
         }
     }
@@ -547,8 +518,7 @@ impl<S: Service> Replica<S> {
     }
 
     fn byzantine_mode(&self) -> bool {
-        self.cfg.quorums.byzantine()
-            && self.cfg.quorums.mutation() != Some(crate::quorum::Mutation::SkipWrite)
+        self.cfg.quorums.byzantine() && self.cfg.quorums.mutation() != Some(crate::quorum::Mutation::SkipWrite)
     }
 
     /// Sends to every other node, now.
@@ -579,17 +549,10 @@ impl<S: Service> Replica<S> {
 
     fn in_window(&self, seq: Seq) -> Result<(), Reject> {
         if seq <= self.stable.seq {
-            return Err(Reject::Late {
-                seq,
-                stable: self.stable.seq,
-            });
+            return Err(Reject::Late { seq, stable: self.stable.seq });
         }
         if seq > self.high_water() {
-            return Err(Reject::OutOfWindow {
-                seq,
-                low: self.stable.seq,
-                high: self.high_water(),
-            });
+            return Err(Reject::OutOfWindow { seq, low: self.stable.seq, high: self.high_water() });
         }
         Ok(())
     }
@@ -598,10 +561,7 @@ impl<S: Service> Replica<S> {
     /// id a Byzantine node puts in a FORWARD, and the derivation is one keyed BLAKE3.
     fn check_mac(&self, req: &Request) -> Result<(), Reject> {
         let key = client_mac_key(&self.secrets.mac_secret, req.client);
-        let ok = req
-            .auth
-            .get(self.id as usize)
-            .is_some_and(|mac| key.verify(&req.statement(), mac));
+        let ok = req.auth.get(self.id as usize).is_some_and(|mac| key.verify(&req.statement(), mac));
         if ok {
             Ok(())
         } else {
@@ -611,13 +571,8 @@ impl<S: Service> Replica<S> {
 
     /// The records that describe this node's durable state, for log compaction.
     fn durable_records(&self) -> Vec<Record> {
-        let mut records = vec![
-            Record::Stable(self.stable.clone()),
-            Record::View {
-                view: self.view,
-                floor: self.floor,
-            },
-        ];
+        let mut records =
+            vec![Record::Stable(self.stable.clone()), Record::View { view: self.view, floor: self.floor }];
         if let Some(t) = self.vc_target {
             records.push(Record::ViewChangeSent { view: t });
         }
@@ -626,21 +581,14 @@ impl<S: Service> Replica<S> {
                 records.push(Record::Prepared(cert.clone()));
             }
             if let Some((value, _)) = &slot.value {
-                records.push(Record::Accepted {
-                    view: slot.view,
-                    seq,
-                    value: value.clone(),
-                });
+                records.push(Record::Accepted { view: slot.view, seq, value: value.clone() });
             }
             if let (Some(digest), Some(value)) = (slot.decided, &slot.decided_value) {
                 if slot.value.as_ref().map(|(_, d)| *d) != Some(digest)
                     && slot.cert.as_ref().map(|c| c.value.digest()) != Some(digest)
                 {
                     // Keep the body of a value decided through catch-up.
-                    records.push(Record::DecidedValue {
-                        seq,
-                        value: value.clone(),
-                    });
+                    records.push(Record::DecidedValue { seq, value: value.clone() });
                 }
                 records.push(Record::Decided { seq, digest });
             }
@@ -653,13 +601,7 @@ impl<S: Service> Replica<S> {
         let votes: Vec<String> = self
             .checkpoint_votes
             .iter()
-            .map(|(s, v)| {
-                format!(
-                    "{s}:{}{}",
-                    v.len(),
-                    if v.contains_key(&self.id) { "+me" } else { "" }
-                )
-            })
+            .map(|(s, v)| format!("{s}:{}{}", v.len(), if v.contains_key(&self.id) { "+me" } else { "" }))
             .collect();
         let transfer = self.transfer.as_ref().map(|t| {
             let (have, total) = t.progress();
@@ -687,42 +629,21 @@ impl<S: Service> Replica<S> {
     /// no loop over the log, no hashing).
     pub fn invariants(&self) {
         if let Some(t) = self.vc_target {
-            assert!(
-                t > self.view,
-                "a view-change target is above the installed view"
-            );
+            assert!(t > self.view, "a view-change target is above the installed view");
         }
         if let Some((&first, _)) = self.log.iter().next() {
-            assert!(
-                first > self.stable.seq,
-                "the log holds only instances above the stable checkpoint"
-            );
+            assert!(first > self.stable.seq, "the log holds only instances above the stable checkpoint");
         }
         if let Some((&last, _)) = self.log.iter().next_back() {
-            assert!(
-                last <= self.high_water(),
-                "the log is bounded by the high-water mark"
-            );
+            assert!(last <= self.high_water(), "the log is bounded by the high-water mark");
         }
         // Cheap, structural checks only: this runs after every step. Values are stored
         // with the digest computed from them (accept_proposal, claims keyed by digest);
         // decide re-checks that in debug builds.
-        assert!(
-            self.log.len() as u64 <= self.cfg.options.log_max(),
-            "at most log_max slots"
-        );
-        assert!(
-            self.pending.len() <= self.cfg.options.clients_max,
-            "pending requests are bounded"
-        );
-        assert!(
-            self.view_changes.len() <= self.cfg.n(),
-            "one view change per node"
-        );
-        assert!(
-            self.early_proposals.len() as u64 <= self.cfg.options.log_max(),
-            "early proposals are bounded"
-        );
+        assert!(self.log.len() as u64 <= self.cfg.options.log_max(), "at most log_max slots");
+        assert!(self.pending.len() <= self.cfg.options.clients_max, "pending requests are bounded");
+        assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
+        assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");
     }
 }
 

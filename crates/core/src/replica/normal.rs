@@ -5,8 +5,8 @@
 use super::{Event, ExecutedRequest, Outputs, Peer, Pending, Reject, Replica};
 use crate::crypto::Digest;
 use crate::message::{
-    owner_of, result_digest, session_of, write_statement, Cert, Message, NodeId, Reply, ReplyBody,
-    Request, Seq, Value, View, Write, SESSIONS_MAX,
+    owner_of, result_digest, session_of, write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value,
+    View, Write, SESSIONS_MAX,
 };
 use crate::service::Service;
 use crate::wal::Record;
@@ -16,12 +16,7 @@ pub const REPLY_INLINE_MAX: usize = 64;
 
 impl<S: Service> Replica<S> {
     /// A client's request, or a backup's FORWARD of one.
-    pub(super) fn on_request(
-        &mut self,
-        from: Peer,
-        req: Request,
-        out: &mut Outputs,
-    ) -> Result<(), Reject> {
+    pub(super) fn on_request(&mut self, from: Peer, req: Request, out: &mut Outputs) -> Result<(), Reject> {
         if let Peer::Client(c) = from {
             if owner_of(req.client) != c {
                 return Err(Reject::WrongPeer);
@@ -36,32 +31,19 @@ impl<S: Service> Replica<S> {
             // A retransmission of something already executed: answer from the cache,
             // in full, so a client that missed the designated reply can finish.
             if let (Peer::Client(_), Some(result)) = (from, self.exec.cached(req.client, req.seq)) {
-                let reply = Reply {
-                    client: req.client,
-                    view: self.view,
-                    seq: req.seq,
-                    body: ReplyBody::Full(result.to_vec()),
-                };
-                out.send
-                    .push((Peer::Client(req.client), Message::Reply(reply)));
+                let reply =
+                    Reply { client: req.client, view: self.view, seq: req.seq, body: ReplyBody::Full(result.to_vec()) };
+                out.send.push((Peer::Client(req.client), Message::Reply(reply)));
             }
             return Ok(());
         }
         match self.pending.get(&req.client) {
             Some(p) if p.req.seq >= req.seq => return Ok(()),
-            None if self.pending.len() >= self.cfg.options.clients_max => {
-                return Err(Reject::Busy("pending requests"))
-            }
+            None if self.pending.len() >= self.cfg.options.clients_max => return Err(Reject::Busy("pending requests")),
             _ => {}
         }
         self.pending_order += 1;
-        let pending = Pending {
-            req,
-            order: self.pending_order,
-            since: self.now,
-            forwarded: false,
-            in_flight: false,
-        };
+        let pending = Pending { req, order: self.pending_order, since: self.now, forwarded: false, in_flight: false };
         self.pending.insert(pending.req.client, pending);
         self.maybe_propose(out);
         Ok(())
@@ -79,23 +61,15 @@ impl<S: Service> Replica<S> {
             return;
         }
         let opts = &self.cfg.options;
-        let (window, count_max, bytes_max, delay) = (
-            opts.window,
-            opts.batch_count_max,
-            opts.batch_bytes_max,
-            opts.batch_delay_ms,
-        );
-        self.next_propose = self
-            .next_propose
-            .max(self.floor + 1)
-            .max(self.stable.seq + 1);
+        let (window, count_max, bytes_max, delay) =
+            (opts.window, opts.batch_count_max, opts.batch_bytes_max, opts.batch_delay_ms);
+        self.next_propose = self.next_propose.max(self.floor + 1).max(self.stable.seq + 1);
         loop {
             let in_flight = self.next_propose - 1 - self.exec.executed().min(self.next_propose - 1);
             if in_flight >= window || self.next_propose > self.high_water() {
                 return;
             }
-            let mut candidates: Vec<&Pending> =
-                self.pending.values().filter(|p| !p.in_flight).collect();
+            let mut candidates: Vec<&Pending> = self.pending.values().filter(|p| !p.in_flight).collect();
             if candidates.is_empty() {
                 return;
             }
@@ -103,9 +77,7 @@ impl<S: Service> Replica<S> {
             let mut batch = Vec::new();
             let mut bytes = 0;
             for p in candidates.iter() {
-                if batch.len() == count_max
-                    || (bytes + p.req.size() > bytes_max && !batch.is_empty())
-                {
+                if batch.len() == count_max || (bytes + p.req.size() > bytes_max && !batch.is_empty()) {
                     break;
                 }
                 bytes += p.req.size();
@@ -122,10 +94,7 @@ impl<S: Service> Replica<S> {
                 }
             }
             self.time_proposed = self.time_proposed.max(self.now);
-            let value = Value {
-                time: self.time_proposed,
-                requests: batch,
-            };
+            let value = Value { time: self.time_proposed, requests: batch };
             let seq = self.next_propose;
             self.next_propose += 1;
             let view = self.view;
@@ -139,19 +108,8 @@ impl<S: Service> Replica<S> {
     /// crashes may thus have proposed what it no longer remembers, so a recovered
     /// primary never proposes in that view again (`proposals_closed`, recovery.rs).
     fn propose(&mut self, view: View, seq: Seq, value: Value, out: &mut Outputs) {
-        debug_assert_ne!(
-            self.proposals_closed,
-            Some(view),
-            "no fresh proposals in a view we may have forgotten"
-        );
-        self.broadcast(
-            Message::Propose {
-                view,
-                seq,
-                value: value.clone(),
-            },
-            out,
-        );
+        debug_assert_ne!(self.proposals_closed, Some(view), "no fresh proposals in a view we may have forgotten");
+        self.broadcast(Message::Propose { view, seq, value: value.clone() }, out);
         self.accept_proposal(seq, value, out);
     }
 
@@ -172,21 +130,13 @@ impl<S: Service> Replica<S> {
         }
         self.in_window(seq)?;
         if seq <= self.floor {
-            return Err(Reject::OutOfWindow {
-                seq,
-                low: self.floor,
-                high: self.high_water(),
-            });
+            return Err(Reject::OutOfWindow { seq, low: self.floor, high: self.high_water() });
         }
         let digest = value.digest();
         if let Some(slot) = self.log.get(&seq) {
             if slot.view == view {
                 if let Some((_, d)) = &slot.value {
-                    return if *d == digest {
-                        Ok(())
-                    } else {
-                        Err(Reject::Equivocation { view, seq })
-                    };
+                    return if *d == digest { Ok(()) } else { Err(Reject::Equivocation { view, seq }) };
                 }
             }
         }
@@ -205,14 +155,10 @@ impl<S: Service> Replica<S> {
             return false;
         }
         self.early_proposals.retain(|_, (v, _)| *v == view);
-        if self.early_proposals.len() as u64 >= self.cfg.options.log_max()
-            && !self.early_proposals.contains_key(&seq)
-        {
+        if self.early_proposals.len() as u64 >= self.cfg.options.log_max() && !self.early_proposals.contains_key(&seq) {
             return false;
         }
-        self.early_proposals
-            .entry(seq)
-            .or_insert_with(|| (view, value.clone()));
+        self.early_proposals.entry(seq).or_insert_with(|| (view, value.clone()));
         true
     }
 
@@ -224,11 +170,7 @@ impl<S: Service> Replica<S> {
         for (seq, (v, value)) in early {
             if v == view {
                 if let Err(reason) = self.on_propose(primary, v, seq, value, out) {
-                    out.events.push(Event::Rejected {
-                        from: Peer::Node(primary),
-                        kind: "propose",
-                        reason,
-                    });
+                    out.events.push(Event::Rejected { from: Peer::Node(primary), kind: "propose", reason });
                 }
             }
         }
@@ -242,9 +184,7 @@ impl<S: Service> Replica<S> {
         if value.requests.len() > opts.batch_count_max {
             return Err(Reject::BadBatch("too many requests"));
         }
-        if value.requests.iter().map(Request::size).sum::<usize>()
-            > opts.batch_bytes_max + crate::codec::OP_BYTES_MAX
-        {
+        if value.requests.iter().map(Request::size).sum::<usize>() > opts.batch_bytes_max + crate::codec::OP_BYTES_MAX {
             return Err(Reject::BadBatch("too many bytes"));
         }
         let mut clients: Vec<u64> = value.requests.iter().map(|r| r.client).collect();
@@ -254,18 +194,12 @@ impl<S: Service> Replica<S> {
         }
         let tolerance = opts.clock_tolerance_ms;
         if value.time + tolerance < self.now || value.time > self.now + tolerance {
-            return Err(Reject::BadTime {
-                time: value.time,
-                now: self.now,
-            });
+            return Err(Reject::BadTime { time: value.time, now: self.now });
         }
         // Time must not go backwards relative to the previous instance we know of.
         if let Some(prev) = self.log.get(&(seq - 1)).and_then(|s| s.value.as_ref()) {
             if prev.0.time > value.time && prev.0.time != 0 {
-                return Err(Reject::BadTime {
-                    time: value.time,
-                    now: prev.0.time,
-                });
+                return Err(Reject::BadTime { time: value.time, now: prev.0.time });
             }
         }
         for r in &value.requests {
@@ -276,10 +210,7 @@ impl<S: Service> Replica<S> {
 
     pub(super) fn check_current_view(&self, view: View) -> Result<(), Reject> {
         if view != self.view || self.vc_target.is_some() {
-            return Err(Reject::StaleView {
-                current: self.vc_target.unwrap_or(self.view),
-                got: view,
-            });
+            return Err(Reject::StaleView { current: self.vc_target.unwrap_or(self.view), got: view });
         }
         Ok(())
     }
@@ -302,64 +233,29 @@ impl<S: Service> Replica<S> {
                 }
             }
         }
-        self.persist(
-            Record::Accepted {
-                view,
-                seq,
-                value: value.clone(),
-            },
-            out,
-        );
+        self.persist(Record::Accepted { view, seq, value: value.clone() }, out);
         if byzantine {
-            let sig = self
-                .secrets
-                .signing
-                .sign(&write_statement(view, seq, &digest, self.id));
+            let sig = self.secrets.signing.sign(&write_statement(view, seq, &digest, self.id));
             let slot = self.log.entry(seq).or_default();
             slot.writes.insert(self.id, (digest, sig));
-            self.broadcast_durable(
-                Message::Write(Write {
-                    view,
-                    seq,
-                    digest,
-                    sig,
-                }),
-                out,
-            );
+            self.broadcast_durable(Message::Write(Write { view, seq, digest, sig }), out);
             self.maybe_prepare(seq, out);
         } else {
             // CFT: the accepted proposal is the certificate (Paxos' accepted value).
-            let cert = Cert {
-                view,
-                seq,
-                value,
-                writes: Vec::new(),
-            };
+            let cert = Cert { view, seq, value, writes: Vec::new() };
             self.send_accept(seq, cert, out);
         }
     }
 
     /// `checked`: the driver's verify stage already found the signature valid
     /// ([`super::Verifier`]).
-    pub(super) fn on_write(
-        &mut self,
-        from: NodeId,
-        w: Write,
-        checked: bool,
-        out: &mut Outputs,
-    ) -> Result<(), Reject> {
+    pub(super) fn on_write(&mut self, from: NodeId, w: Write, checked: bool, out: &mut Outputs) -> Result<(), Reject> {
         if !self.byzantine_mode() {
             return Err(Reject::WrongPeer);
         }
         self.check_current_view(w.view)?;
         self.in_window(w.seq)?;
-        if !checked
-            && !self.keys.verify(
-                from,
-                &write_statement(w.view, w.seq, &w.digest, from),
-                &w.sig,
-            )
-        {
+        if !checked && !self.keys.verify(from, &write_statement(w.view, w.seq, &w.digest, from), &w.sig) {
             return Err(Reject::BadSignature { signer: from });
         }
         let slot = self.log.entry(w.seq).or_default();
@@ -382,21 +278,12 @@ impl<S: Service> Replica<S> {
         if slot.accept_sent {
             return;
         }
-        let writes: Vec<(NodeId, crate::crypto::Sig)> = slot
-            .writes
-            .iter()
-            .filter(|(_, (d, _))| d == digest)
-            .map(|(n, (_, s))| (*n, *s))
-            .collect();
+        let writes: Vec<(NodeId, crate::crypto::Sig)> =
+            slot.writes.iter().filter(|(_, (d, _))| d == digest).map(|(n, (_, s))| (*n, *s)).collect();
         if writes.len() < q {
             return;
         }
-        let cert = Cert {
-            view: slot.view,
-            seq,
-            value: value.clone(),
-            writes,
-        };
+        let cert = Cert { view: slot.view, seq, value: value.clone(), writes };
         self.send_accept(seq, cert, out);
     }
 
@@ -457,23 +344,13 @@ impl<S: Service> Replica<S> {
         let Some((digest, _)) = counts.into_iter().find(|(_, c)| *c >= q) else {
             return;
         };
-        let value = slot
-            .value
-            .as_ref()
-            .filter(|(_, d)| *d == digest)
-            .map(|(v, _)| v.clone());
+        let value = slot.value.as_ref().filter(|(_, d)| *d == digest).map(|(v, _)| v.clone());
         self.decide(seq, digest, value, out);
     }
 
     /// Records that `seq` decided `digest` (with the body when we have it) and executes
     /// whatever became contiguous.
-    pub(super) fn decide(
-        &mut self,
-        seq: Seq,
-        digest: Digest,
-        value: Option<Value>,
-        out: &mut Outputs,
-    ) {
+    pub(super) fn decide(&mut self, seq: Seq, digest: Digest, value: Option<Value>, out: &mut Outputs) {
         let slot = self.log.entry(seq).or_default();
         if let Some(d) = slot.decided {
             assert_eq!(d, digest, "instance {seq} decided two values");
@@ -522,11 +399,7 @@ impl<S: Service> Replica<S> {
                 if !o.fresh {
                     continue;
                 }
-                executed.push(ExecutedRequest {
-                    client: o.client,
-                    seq: o.seq,
-                    op,
-                });
+                executed.push(ExecutedRequest { client: o.client, seq: o.seq, op });
                 // Small results go in full from everyone (no wait on a slow designated
                 // node); larger ones in full from one designated node, the others send
                 // the digest (UpRight's designated replier).
@@ -536,19 +409,10 @@ impl<S: Service> Replica<S> {
                 } else {
                     ReplyBody::Hash(result_digest(&o.result))
                 };
-                let reply = Reply {
-                    client: o.client,
-                    view: self.view,
-                    seq: o.seq,
-                    body,
-                };
-                out.send_after_persist
-                    .push((Peer::Client(o.client), Message::Reply(reply)));
+                let reply = Reply { client: o.client, view: self.view, seq: o.seq, body };
+                out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
             }
-            out.events.push(Event::Executed {
-                seq: next,
-                requests: executed,
-            });
+            out.events.push(Event::Executed { seq: next, requests: executed });
             if next.is_multiple_of(self.cfg.options.checkpoint_interval) {
                 self.take_checkpoint(next, out);
             }
@@ -573,8 +437,7 @@ impl<S: Service> Replica<S> {
             } else if age >= timeout && !p.forwarded {
                 p.forwarded = true;
                 if primary != self.id {
-                    out.send
-                        .push((Peer::Node(primary), Message::Forward(p.req.clone())));
+                    out.send.push((Peer::Node(primary), Message::Forward(p.req.clone())));
                 }
             }
         }
@@ -600,33 +463,19 @@ impl<S: Service> Replica<S> {
             let Some((value, digest)) = &slot.value else {
                 continue;
             };
-            let everyone_decided =
-                slot.decided.is_some() && slot.accepts.len() == self.cfg.node_keys.len();
+            let everyone_decided = slot.decided.is_some() && slot.accepts.len() == self.cfg.node_keys.len();
             if everyone_decided {
                 continue;
             }
             slot.voted_at = self.now;
             if primary {
-                msgs.push(Message::Propose {
-                    view,
-                    seq,
-                    value: value.clone(),
-                });
+                msgs.push(Message::Propose { view, seq, value: value.clone() });
             }
             if let Some((_, sig)) = slot.writes.get(&self.id) {
-                msgs.push(Message::Write(Write {
-                    view,
-                    seq,
-                    digest: *digest,
-                    sig: *sig,
-                }));
+                msgs.push(Message::Write(Write { view, seq, digest: *digest, sig: *sig }));
             }
             if slot.accept_sent {
-                msgs.push(Message::Accept {
-                    view,
-                    seq,
-                    digest: *digest,
-                });
+                msgs.push(Message::Accept { view, seq, digest: *digest });
             }
         }
         for m in msgs {

@@ -37,10 +37,7 @@ impl<S: Service> Replica<S> {
     ) -> Result<Replica<S>, RestoreError> {
         let mut r = Replica::new(cfg, id, secrets, service);
         r.now = now;
-        let Durable {
-            mut snapshots,
-            records,
-        } = durable;
+        let Durable { mut snapshots, records } = durable;
         snapshots.sort_by_key(|(seq, _)| *seq);
         let mut snapshot_seq: Seq = 0;
         if let Some((_, bytes)) = snapshots.last() {
@@ -48,8 +45,7 @@ impl<S: Service> Replica<S> {
         }
         for (seq, bytes) in snapshots {
             if seq > 0 {
-                r.own_checkpoints
-                    .insert(seq, Chunked::new(bytes, r.cfg.options.chunk_bytes));
+                r.own_checkpoints.insert(seq, Chunked::new(bytes, r.cfg.options.chunk_bytes));
             }
         }
         // Pass 1: positions that later records are interpreted against.
@@ -59,9 +55,7 @@ impl<S: Service> Replica<S> {
                     r.view = *view;
                     r.floor = *floor;
                 }
-                Record::ViewChangeSent { view } if r.vc_target.is_none_or(|t| *view > t) => {
-                    r.vc_target = Some(*view)
-                }
+                Record::ViewChangeSent { view } if r.vc_target.is_none_or(|t| *view > t) => r.vc_target = Some(*view),
                 Record::Stable(p) if p.seq > r.stable.seq => r.stable = p.clone(),
                 _ => {}
             }
@@ -80,20 +74,11 @@ impl<S: Service> Replica<S> {
         let byzantine = r.byzantine_mode();
         for rec in records {
             match rec {
-                Record::Accepted {
-                    view: v,
-                    seq,
-                    value,
-                } if seq > low => {
+                Record::Accepted { view: v, seq, value } if seq > low => {
                     let slot = r.log.entry(seq).or_default();
                     if !byzantine && slot.cert.as_ref().is_none_or(|c| c.view <= v) {
                         // CFT: the accepted proposal is the certificate (Paxos).
-                        slot.cert = Some(Cert {
-                            view: v,
-                            seq,
-                            value: value.clone(),
-                            writes: Vec::new(),
-                        });
+                        slot.cert = Some(Cert { view: v, seq, value: value.clone(), writes: Vec::new() });
                     }
                     if v == view {
                         slot.enter_view(view);
@@ -131,16 +116,8 @@ impl<S: Service> Replica<S> {
                 slot.decided_value = None;
             }
             if slot.decided_value.is_none() {
-                let from_value = slot
-                    .value
-                    .as_ref()
-                    .filter(|(_, x)| *x == d)
-                    .map(|(v, _)| v.clone());
-                let from_cert = slot
-                    .cert
-                    .as_ref()
-                    .filter(|c| c.value.digest() == d)
-                    .map(|c| c.value.clone());
+                let from_value = slot.value.as_ref().filter(|(_, x)| *x == d).map(|(v, _)| v.clone());
+                let from_cert = slot.cert.as_ref().filter(|c| c.value.digest() == d).map(|c| c.value.clone());
                 slot.decided_value = from_value.or(from_cert);
             }
         }
@@ -151,10 +128,7 @@ impl<S: Service> Replica<S> {
         }
         r.next_propose = r.next_propose.max(r.floor + 1).max(r.stable.seq + 1);
         if r.stable.seq > 0 {
-            r.stable_chunks = r
-                .own_checkpoints
-                .remove(&r.stable.seq)
-                .filter(|c| c.root == r.stable.root);
+            r.stable_chunks = r.own_checkpoints.remove(&r.stable.seq).filter(|c| c.root == r.stable.root);
             if snapshot_seq < r.stable.seq {
                 // The log below the stable checkpoint is gone: fetch the state.
                 r.start_transfer(out);
@@ -165,14 +139,8 @@ impl<S: Service> Replica<S> {
         // crash may be lost, and without them the checkpoint may never become stable.
         let stable_seq = r.stable.seq;
         for (&seq, c) in r.own_checkpoints.iter().filter(|(s, _)| **s > stable_seq) {
-            let sig = r
-                .secrets
-                .signing
-                .sign(&crate::message::checkpoint_statement(seq, &c.root, id));
-            r.checkpoint_votes
-                .entry(seq)
-                .or_default()
-                .insert(id, (c.root, sig));
+            let sig = r.secrets.signing.sign(&crate::message::checkpoint_statement(seq, &c.root, id));
+            r.checkpoint_votes.entry(seq).or_default().insert(id, (c.root, sig));
         }
         if r.vc_target.is_none() && r.cfg.primary(r.view) == id && r.cfg.n() > 1 {
             // Our PROPOSEs left before their records were durable: we cannot know what we

@@ -30,17 +30,12 @@ impl Service for Log {
 }
 
 fn secrets(i: u32) -> NodeSecrets {
-    NodeSecrets {
-        signing: SigningKey::from_seed([i as u8 + 1; 32]),
-        mac_secret: [i as u8 + 100; 32],
-    }
+    NodeSecrets { signing: SigningKey::from_seed([i as u8 + 1; 32]), mac_secret: [i as u8 + 100; 32] }
 }
 
 fn config(u: u32, r: u32) -> ClusterConfig {
     let q = Quorums::new(u, r).expect("valid");
-    let keys: Vec<PublicKey> = (0..q.order_nodes() as u32)
-        .map(|i| secrets(i).signing.public())
-        .collect();
+    let keys: Vec<PublicKey> = (0..q.order_nodes() as u32).map(|i| secrets(i).signing.public()).collect();
     ClusterConfig::new(q, keys, Options::test_min()).expect("valid")
 }
 
@@ -49,9 +44,7 @@ fn node(cfg: &ClusterConfig, i: u32) -> Replica<Log> {
 }
 
 fn client(cfg: &ClusterConfig, id: u64) -> Client {
-    let keys = (0..cfg.n() as u32)
-        .map(|i| client_mac_key(&secrets(i).mac_secret, id))
-        .collect();
+    let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
     Client::new(id, cfg.quorums, keys, 100, 1)
 }
 
@@ -85,40 +78,16 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     let mut p = node(&cfg, 0);
     let req = request(&cfg, 7, b"op");
     let out = step(&mut p, 10, Peer::Client(7), Message::Request(req.clone()));
-    let value = Value {
-        time: 10,
-        requests: vec![req],
-    };
-    assert_eq!(
-        out.persist,
-        vec![Persist::Record(Record::Accepted {
-            view: 0,
-            seq: 1,
-            value: value.clone()
-        })]
-    );
+    let value = Value { time: 10, requests: vec![req] };
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
     // PROPOSE is not a vote: it leaves now, in parallel with the primary's fsync.
     assert_eq!(out.send.len(), 3);
-    assert!(out.send.iter().all(|(_, m)| *m
-        == Message::Propose {
-            view: 0,
-            seq: 1,
-            value: value.clone()
-        }));
+    assert!(out.send.iter().all(|(_, m)| *m == Message::Propose { view: 0, seq: 1, value: value.clone() }));
     // The primary's vote (WRITE) waits for its Accepted record.
-    assert!(out
-        .send_after_persist
-        .iter()
-        .all(|(_, m)| matches!(m, Message::Write(_))));
-    let writes: Vec<_> = out
-        .send_after_persist
-        .iter()
-        .filter(|(_, m)| matches!(m, Message::Write(_)))
-        .collect();
+    assert!(out.send_after_persist.iter().all(|(_, m)| matches!(m, Message::Write(_))));
+    let writes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).collect();
     assert_eq!(writes.len(), 3);
-    let Message::Write(w) = &writes[0].1 else {
-        unreachable!()
-    };
+    let Message::Write(w) = &writes[0].1 else { unreachable!() };
     assert_eq!((w.view, w.seq, w.digest), (0, 1, value.digest()));
     assert!(cfg.node_keys[0].verify(&write_statement(0, 1, &value.digest(), 0), &w.sig));
 }
@@ -128,78 +97,29 @@ fn backup_rejects_bad_proposals_and_votes_once() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
-    let value = Value {
-        time: 10,
-        requests: vec![req.clone()],
-    };
-    let propose = |v: &Value| Message::Propose {
-        view: 0,
-        seq: 1,
-        value: v.clone(),
-    };
+    let value = Value { time: 10, requests: vec![req.clone()] };
+    let propose = |v: &Value| Message::Propose { view: 0, seq: 1, value: v.clone() };
 
     let out = step(&mut b, 10, Peer::Node(2), propose(&value));
-    assert_eq!(
-        rejected(&out),
-        vec![Reject::NotPrimary { from: 2, view: 0 }]
-    );
+    assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: 2, view: 0 }]);
 
     let mut forged = req.clone();
     forged.op = b"other".to_vec().into();
-    let out = step(
-        &mut b,
-        10,
-        Peer::Node(0),
-        propose(&Value {
-            time: 10,
-            requests: vec![forged],
-        }),
-    );
+    let out = step(&mut b, 10, Peer::Node(0), propose(&Value { time: 10, requests: vec![forged] }));
     assert_eq!(rejected(&out), vec![Reject::BadMac { client: 7 }]);
 
-    let out = step(
-        &mut b,
-        10,
-        Peer::Node(0),
-        propose(&Value {
-            time: 10_000,
-            requests: vec![req.clone()],
-        }),
-    );
-    assert_eq!(
-        rejected(&out),
-        vec![Reject::BadTime {
-            time: 10_000,
-            now: 10
-        }]
-    );
+    let out = step(&mut b, 10, Peer::Node(0), propose(&Value { time: 10_000, requests: vec![req.clone()] }));
+    assert_eq!(rejected(&out), vec![Reject::BadTime { time: 10_000, now: 10 }]);
 
     let out = step(&mut b, 10, Peer::Node(0), propose(&value));
     assert!(rejected(&out).is_empty());
-    assert_eq!(
-        out.persist,
-        vec![Persist::Record(Record::Accepted {
-            view: 0,
-            seq: 1,
-            value: value.clone()
-        })]
-    );
-    assert_eq!(
-        out.send_after_persist.len(),
-        3,
-        "one WRITE to each other node"
-    );
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
+    assert_eq!(out.send_after_persist.len(), 3, "one WRITE to each other node");
 
     // The primary equivocates: a second, different value for the same (view, seq).
-    let other = Value {
-        time: 11,
-        requests: vec![req],
-    };
+    let other = Value { time: 11, requests: vec![req] };
     let out = step(&mut b, 10, Peer::Node(0), propose(&other));
-    assert_eq!(
-        rejected(&out),
-        vec![Reject::Equivocation { view: 0, seq: 1 }]
-    );
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
     assert!(out.send_after_persist.is_empty());
 }
 
@@ -210,29 +130,9 @@ fn writes_with_bad_signatures_do_not_count() {
     let d = Value::null().digest();
     let sig = secrets(3).signing.sign(&write_statement(0, 1, &d, 3));
     // Node 2 presents node 3's signature: bound to the signer, so rejected.
-    let out = step(
-        &mut b,
-        0,
-        Peer::Node(2),
-        Message::Write(Write {
-            view: 0,
-            seq: 1,
-            digest: d,
-            sig,
-        }),
-    );
+    let out = step(&mut b, 0, Peer::Node(2), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 2 }]);
-    let out = step(
-        &mut b,
-        0,
-        Peer::Node(3),
-        Message::Write(Write {
-            view: 0,
-            seq: 1,
-            digest: d,
-            sig: Sig([0; 64]),
-        }),
-    );
+    let out = step(&mut b, 0, Peer::Node(3), Message::Write(Write { view: 0, seq: 1, digest: d, sig: Sig([0; 64]) }));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 3 }]);
 }
 
@@ -246,11 +146,7 @@ fn messages_from_unknown_nodes_and_wrong_peers_are_rejected() {
     assert_eq!(rejected(&out), vec![Reject::WrongPeer]);
     let req = request(&cfg, 7, b"op");
     let out = step(&mut b, 0, Peer::Client(8), Message::Request(req));
-    assert_eq!(
-        rejected(&out),
-        vec![Reject::WrongPeer],
-        "a client may only send its own requests"
-    );
+    assert_eq!(rejected(&out), vec![Reject::WrongPeer], "a client may only send its own requests");
 }
 
 /// A lossless cluster: every output is delivered at once (persistence assumed instant).
@@ -288,23 +184,15 @@ impl Net {
     fn absorb(&mut self, from: NodeId, out: Outputs) {
         self.steps.push(StepRecord {
             node: from,
-            decided: out
-                .events
-                .iter()
-                .any(|e| matches!(e, Event::Decided { .. })),
+            decided: out.events.iter().any(|e| matches!(e, Event::Decided { .. })),
             persist: out.persist.clone(),
             lazy: out.persist_lazy.clone(),
-            replies: out
-                .send_after_persist
-                .iter()
-                .filter(|(_, m)| matches!(m, Message::Reply(_)))
-                .count(),
+            replies: out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Reply(_))).count(),
         });
         for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
             self.queue.push_back((Peer::Node(from), to, m));
         }
-        self.events
-            .extend(out.events.into_iter().map(|e| (from, e)));
+        self.events.extend(out.events.into_iter().map(|e| (from, e)));
     }
 
     fn run(&mut self, now: u64) {
@@ -338,8 +226,7 @@ impl Net {
 
     fn submit(&mut self, client: &mut Client, now: u64, op: &[u8]) {
         for (n, m) in client.invoke(now, op.to_vec()).expect("idle") {
-            self.queue
-                .push_back((Peer::Client(client.id()), Peer::Node(n), m));
+            self.queue.push_back((Peer::Client(client.id()), Peer::Node(n), m));
         }
         self.run(now);
     }
@@ -390,11 +277,7 @@ fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
     }
     assert_eq!(result, Some(vec![2]));
     assert!(net.nodes[1..].iter().all(|n| n.view() == 1));
-    let installed = net
-        .events
-        .iter()
-        .filter(|(_, e)| *e == Event::ViewInstalled { view: 1 })
-        .count();
+    let installed = net.events.iter().filter(|(_, e)| *e == Event::ViewInstalled { view: 1 }).count();
     assert_eq!(installed, 3);
 }
 
@@ -405,20 +288,8 @@ fn a_recovered_node_keeps_its_vote() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
-    let value = Value {
-        time: 10,
-        requests: vec![req.clone()],
-    };
-    let out = step(
-        &mut b,
-        10,
-        Peer::Node(0),
-        Message::Propose {
-            view: 0,
-            seq: 1,
-            value,
-        },
-    );
+    let value = Value { time: 10, requests: vec![req.clone()] };
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
     let records: Vec<Record> = out
         .persist
         .into_iter()
@@ -433,57 +304,21 @@ fn a_recovered_node_keeps_its_vote() {
         1,
         secrets(1),
         Log::default(),
-        Durable {
-            snapshots: vec![],
-            records,
-        },
+        Durable { snapshots: vec![], records },
         20,
         &mut out,
     )
     .expect("recovers");
-    let other = Value {
-        time: 11,
-        requests: vec![req],
-    };
-    let out = step(
-        &mut b,
-        20,
-        Peer::Node(0),
-        Message::Propose {
-            view: 0,
-            seq: 1,
-            value: other,
-        },
-    );
-    assert_eq!(
-        rejected(&out),
-        vec![Reject::Equivocation { view: 0, seq: 1 }]
-    );
+    let other = Value { time: 11, requests: vec![req] };
+    let out = step(&mut b, 20, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: other });
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
 }
 
 #[test]
 fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
-    let cert = |view, seq, time| Cert {
-        view,
-        seq,
-        value: Value {
-            time,
-            requests: vec![],
-        },
-        writes: vec![],
-    };
-    let stable = StableProof {
-        seq: 0,
-        root: Digest::default(),
-        sigs: vec![],
-    };
-    let vc = |from, certs| ViewChange {
-        view: 5,
-        from,
-        stable: stable.clone(),
-        certs,
-        sig: Sig([0; 64]),
-    };
+    let cert = |view, seq, time| Cert { view, seq, value: Value { time, requests: vec![] }, writes: vec![] };
+    let stable = StableProof { seq: 0, root: Digest::default(), sigs: vec![] };
+    let vc = |from, certs| ViewChange { view: 5, from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
     let d = view_change::decide_new_view(&[
         vc(0, vec![cert(1, 1, 100), cert(1, 3, 300)]),
         vc(1, vec![cert(2, 1, 111)]),
@@ -500,20 +335,11 @@ fn forged_view_change_certificates_are_rejected() {
     let cfg = config(1, 1);
     // Node 1 is the primary of view 1.
     let mut p = node(&cfg, 1);
-    let forged = Cert {
-        view: 0,
-        seq: 1,
-        value: Value::null(),
-        writes: (0..3).map(|n| (n, Sig([1; 64]))).collect(),
-    };
+    let forged = Cert { view: 0, seq: 1, value: Value::null(), writes: (0..3).map(|n| (n, Sig([1; 64]))).collect() };
     let mut vc = ViewChange {
         view: 1,
         from: 2,
-        stable: StableProof {
-            seq: 0,
-            root: Digest::default(),
-            sigs: vec![],
-        },
+        stable: StableProof { seq: 0, root: Digest::default(), sigs: vec![] },
         certs: vec![forged],
         sig: Sig([0; 64]),
     };
@@ -549,10 +375,7 @@ fn a_healed_partitioned_former_primary_learns_the_new_view() {
     }
     assert_eq!(net.nodes[0].view(), 1, "{}", net.nodes[0].status_line());
     assert_eq!(net.nodes[0].executed(), net.nodes[1].executed());
-    assert!(net
-        .events
-        .iter()
-        .any(|(n, e)| *n == 0 && *e == Event::ViewInstalled { view: 1 }));
+    assert!(net.events.iter().any(|(n, e)| *n == 0 && *e == Event::ViewInstalled { view: 1 }));
 }
 
 #[test]
@@ -561,10 +384,7 @@ fn a_node_whose_checkpoint_differs_reports_divergence_and_repairs() {
     let mut net = Net::new(&cfg);
     let mut c = client(&cfg, 7);
     // Corrupt node 3's state before the first checkpoint (as a disk or memory fault would).
-    net.nodes[3]
-        .exec
-        .restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot())
-        .expect("restore");
+    net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
     let interval = cfg.options.checkpoint_interval;
     let mut now = 0;
     for i in 0..interval {
@@ -580,20 +400,9 @@ fn a_node_whose_checkpoint_differs_reports_divergence_and_repairs() {
         Event::Divergence { seq, .. } if *n == 3 => Some(*seq),
         _ => None,
     });
-    assert_eq!(
-        divergence,
-        Some(interval),
-        "node 3 reports the divergent checkpoint"
-    );
-    assert!(net
-        .events
-        .iter()
-        .any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })));
-    assert_eq!(
-        net.nodes[3].service().0,
-        net.nodes[0].service().0,
-        "repaired by state transfer"
-    );
+    assert_eq!(divergence, Some(interval), "node 3 reports the divergent checkpoint");
+    assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })));
+    assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0, "repaired by state transfer");
 }
 
 #[test]
@@ -603,53 +412,18 @@ fn a_recovered_primary_never_proposes_in_its_old_view_and_the_others_follow_its_
     // the same (view, seq), two same-view certificates could meet in a view change.
     let cfg = config(1, 0);
     let mut p = node(&cfg, 0);
-    let out = step(
-        &mut p,
-        10,
-        Peer::Client(7),
-        Message::Request(request(&cfg, 7, b"x")),
-    );
-    assert!(
-        out.send
-            .iter()
-            .any(|(_, m)| matches!(m, Message::Propose { .. })),
-        "sent before durable"
-    );
+    let out = step(&mut p, 10, Peer::Client(7), Message::Request(request(&cfg, 7, b"x")));
+    assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })), "sent before durable");
     // Crash before the sync: nothing of that step survives.
     let mut out = Outputs::default();
-    let mut p = Replica::recover(
-        cfg.clone(),
-        0,
-        secrets(0),
-        Log::default(),
-        Durable::default(),
-        20,
-        &mut out,
-    )
-    .expect("recover");
+    let mut p = Replica::recover(cfg.clone(), 0, secrets(0), Log::default(), Durable::default(), 20, &mut out)
+        .expect("recover");
     assert_eq!(p.view(), 0);
-    let stops: Vec<_> = out
-        .send
-        .iter()
-        .filter(|(_, m)| *m == Message::Stop { view: 1 })
-        .collect();
+    let stops: Vec<_> = out.send.iter().filter(|(_, m)| *m == Message::Stop { view: 1 }).collect();
     assert_eq!(stops.len(), 2, "asks both peers to leave view 0");
-    let out = step(
-        &mut p,
-        30,
-        Peer::Client(8),
-        Message::Request(request(&cfg, 8, b"y")),
-    );
-    let proposes = out
-        .send
-        .iter()
-        .chain(&out.send_after_persist)
-        .filter(|(_, m)| matches!(m, Message::Propose { .. }));
-    assert_eq!(
-        proposes.count(),
-        0,
-        "no fresh proposal in a view it may have forgotten"
-    );
+    let out = step(&mut p, 30, Peer::Client(8), Message::Request(request(&cfg, 8, b"y")));
+    let proposes = out.send.iter().chain(&out.send_after_persist).filter(|(_, m)| matches!(m, Message::Propose { .. }));
+    assert_eq!(proposes.count(), 0, "no fresh proposal in a view it may have forgotten");
     assert!(out.persist.is_empty(), "and no vote");
     // A backup follows the primary's own STOP at once, where it would otherwise wait for
     // r + 1 STOPs (with r = 1: a STOP from one backup alone is not enough).
@@ -659,10 +433,7 @@ fn a_recovered_primary_never_proposes_in_its_old_view_and_the_others_follow_its_
     assert!(out.send.is_empty());
     let mut b = node(&bft, 1);
     let out = step(&mut b, 30, Peer::Node(0), Message::Stop { view: 1 });
-    assert!(out
-        .send
-        .iter()
-        .any(|(_, m)| *m == Message::Stop { view: 1 }));
+    assert!(out.send.iter().any(|(_, m)| *m == Message::Stop { view: 1 }));
 }
 
 #[test]
@@ -677,15 +448,8 @@ fn the_decided_record_is_lazy_so_the_reply_waits_for_no_fsync_of_its_own() {
     let decide_steps: Vec<_> = net.steps.iter().filter(|s| s.decided).collect();
     assert_eq!(decide_steps.len(), 4, "every node decided once");
     for s in decide_steps {
-        assert!(
-            s.persist.is_empty(),
-            "node {}: nothing eager in the deciding step",
-            s.node
-        );
-        assert!(s
-            .lazy
-            .iter()
-            .any(|r| matches!(r, Record::Decided { seq: 1, .. })));
+        assert!(s.persist.is_empty(), "node {}: nothing eager in the deciding step", s.node);
+        assert!(s.lazy.iter().any(|r| matches!(r, Record::Decided { seq: 1, .. })));
         assert!(s.replies > 0, "node {} replied in that step", s.node);
     }
 }
@@ -697,11 +461,7 @@ fn sessions_share_their_owners_connection_and_keys_but_nobody_elses() {
     let owner = 7;
     let s3 = session_id(owner, 3);
     assert_eq!((owner_of(s3), session_of(s3)), (owner, 3));
-    assert_eq!(
-        session_id(owner, 0),
-        owner,
-        "session 0 is the identity itself"
-    );
+    assert_eq!(session_id(owner, 0), owner, "session 0 is the identity itself");
     // The key a node derives for a session equals the one its owner derives from the
     // owner key in its client file; sessions' keys differ.
     let node_side = client_mac_key(&secrets(0).mac_secret, s3);
@@ -714,17 +474,11 @@ fn sessions_share_their_owners_connection_and_keys_but_nobody_elses() {
     assert_eq!(rejected(&out), vec![Reject::WrongPeer]);
     let out = step(&mut p, 0, Peer::Client(owner), Message::Request(req));
     assert!(rejected(&out).is_empty());
-    assert!(out
-        .send
-        .iter()
-        .any(|(_, m)| matches!(m, Message::Propose { .. })));
+    assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
     // Session numbers are bounded.
     let too_many = request(&cfg, session_id(owner, SESSIONS_MAX), b"op");
     let out = step(&mut p, 0, Peer::Client(owner), Message::Request(too_many));
-    assert_eq!(
-        rejected(&out),
-        vec![Reject::Busy("session number above SESSIONS_MAX")]
-    );
+    assert_eq!(rejected(&out), vec![Reject::Busy("session number above SESSIONS_MAX")]);
 }
 
 #[test]
@@ -736,27 +490,14 @@ fn a_held_burst_of_requests_is_proposed_as_one_batch() {
         out.send
             .iter()
             .filter(|(to, _)| *to == Peer::Node(1))
-            .filter_map(|(_, m)| {
-                if let Message::Propose { value, .. } = m {
-                    Some(value.requests.len())
-                } else {
-                    None
-                }
-            })
+            .filter_map(|(_, m)| if let Message::Propose { value, .. } = m { Some(value.requests.len()) } else { None })
             .collect()
     };
     // Stepped one by one, an idle primary proposes the first request alone.
     let mut p = node(&cfg, 0);
     let mut out = Outputs::default();
     for r in &reqs {
-        p.step(
-            10,
-            Input::Message {
-                from: Peer::Client(r.client),
-                msg: Message::Request(r.clone()),
-            },
-            &mut out,
-        );
+        p.step(10, Input::Message { from: Peer::Client(r.client), msg: Message::Request(r.clone()) }, &mut out);
     }
     assert_eq!(proposals(&out), vec![1]);
     // Held, the burst becomes one batch when released, and nothing leaves before.
@@ -764,14 +505,7 @@ fn a_held_burst_of_requests_is_proposed_as_one_batch() {
     let mut out = Outputs::default();
     p.hold_proposals();
     for r in &reqs {
-        p.step(
-            10,
-            Input::Message {
-                from: Peer::Client(r.client),
-                msg: Message::Request(r.clone()),
-            },
-            &mut out,
-        );
+        p.step(10, Input::Message { from: Peer::Client(r.client), msg: Message::Request(r.clone()) }, &mut out);
     }
     assert!(proposals(&out).is_empty());
     p.release_proposals(10, &mut out);
@@ -789,62 +523,35 @@ fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
             view: 0,
             seq,
             digest: d,
-            sig: secrets(signer)
-                .signing
-                .sign(&write_statement(0, seq, &d, signer)),
+            sig: secrets(signer).signing.sign(&write_statement(0, seq, &d, signer)),
         })
     };
     assert!(v.check(3, &write(3, 1)));
     assert!(!v.check(2, &write(3, 1)), "another node's signature");
-    assert!(
-        !v.check(1, &write(1, 1)),
-        "our own id never arrives from the network"
-    );
+    assert!(!v.check(1, &write(1, 1)), "our own id never arrives from the network");
     assert!(!v.check(7, &write(3, 1)), "unknown node");
-    let Message::Write(mut forged) = write(3, 1) else {
-        unreachable!()
-    };
+    let Message::Write(mut forged) = write(3, 1) else { unreachable!() };
     forged.seq = 2;
-    assert!(
-        !v.check(3, &Message::Write(forged)),
-        "signature over other fields"
-    );
+    assert!(!v.check(3, &Message::Write(forged)), "signature over other fields");
     let root = Digest::of(b"state");
-    let vote = CheckpointVote {
-        seq: 8,
-        root,
-        sig: secrets(2).signing.sign(&checkpoint_statement(8, &root, 2)),
-    };
+    let vote = CheckpointVote { seq: 8, root, sig: secrets(2).signing.sign(&checkpoint_statement(8, &root, 2)) };
     assert!(v.check(2, &Message::Checkpoint(vote.clone())));
     assert!(!v.check(3, &Message::Checkpoint(vote)));
-    assert!(
-        !v.check(2, &Message::Stop { view: 1 }),
-        "kinds it does not cover"
-    );
+    assert!(!v.check(2, &Message::Stop { view: 1 }), "kinds it does not cover");
 }
 
 #[test]
 fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
     let cfg = config(1, 1);
     let req = request(&cfg, 7, b"op");
-    let value = Value {
-        time: 10,
-        requests: vec![req],
-    };
+    let value = Value { time: 10, requests: vec![req] };
     let d = value.digest();
     let run = |checked: bool| {
         let mut b = node(&cfg, 1);
         let mut out = Outputs::default();
         b.step(
             10,
-            Input::Message {
-                from: Peer::Node(0),
-                msg: Message::Propose {
-                    view: 0,
-                    seq: 1,
-                    value: value.clone(),
-                },
-            },
+            Input::Message { from: Peer::Node(0), msg: Message::Propose { view: 0, seq: 1, value: value.clone() } },
             &mut out,
         );
         for signer in [0u32, 2] {
@@ -852,17 +559,12 @@ fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
                 view: 0,
                 seq: 1,
                 digest: d,
-                sig: secrets(signer)
-                    .signing
-                    .sign(&write_statement(0, 1, &d, signer)),
+                sig: secrets(signer).signing.sign(&write_statement(0, 1, &d, signer)),
             });
             let input = if checked {
                 Input::Checked { from: signer, msg }
             } else {
-                Input::Message {
-                    from: Peer::Node(signer),
-                    msg,
-                }
+                Input::Message { from: Peer::Node(signer), msg }
             };
             b.step(10, input, &mut out);
         }
@@ -872,14 +574,8 @@ fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
     assert_eq!(inline.persist, staged.persist);
     assert_eq!(inline.send_after_persist, staged.send_after_persist);
     // Prepared (Q = 3 writes with its own): a certificate was persisted and ACCEPT sent.
-    assert!(staged
-        .persist
-        .iter()
-        .any(|p| matches!(p, Persist::Record(Record::Prepared(_)))));
-    assert!(staged
-        .send_after_persist
-        .iter()
-        .any(|(_, m)| matches!(m, Message::Accept { .. })));
+    assert!(staged.persist.iter().any(|p| matches!(p, Persist::Record(Record::Prepared(_)))));
+    assert!(staged.send_after_persist.iter().any(|(_, m)| matches!(m, Message::Accept { .. })));
 }
 
 #[test]
@@ -887,46 +583,18 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
     // CFT, n = 3, Q = 2: nodes 0 and 2 ACCEPT before node 1 sees the PROPOSE.
     let cfg = config(1, 0);
     let mut b = node(&cfg, 1);
-    let value = Value {
-        time: 10,
-        requests: vec![request(&cfg, 7, b"op")],
-    };
+    let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     let d = value.digest();
     let mut out = Outputs::default();
     for from in [0u32, 2] {
         b.step(
             10,
-            Input::Message {
-                from: Peer::Node(from),
-                msg: Message::Accept {
-                    view: 0,
-                    seq: 1,
-                    digest: d,
-                },
-            },
+            Input::Message { from: Peer::Node(from), msg: Message::Accept { view: 0, seq: 1, digest: d } },
             &mut out,
         );
     }
-    assert!(out
-        .events
-        .iter()
-        .any(|e| matches!(e, Event::Decided { seq: 1, .. })));
+    assert!(out.events.iter().any(|e| matches!(e, Event::Decided { seq: 1, .. })));
     assert_eq!(b.executed(), 0, "decided, but the body is missing");
-    b.step(
-        10,
-        Input::Message {
-            from: Peer::Node(0),
-            msg: Message::Propose {
-                view: 0,
-                seq: 1,
-                value,
-            },
-        },
-        &mut out,
-    );
-    assert_eq!(
-        b.executed(),
-        1,
-        "the proposal brings the body: execute at once"
-    );
+    b.step(10, Input::Message { from: Peer::Node(0), msg: Message::Propose { view: 0, seq: 1, value } }, &mut out);
+    assert_eq!(b.executed(), 1, "the proposal brings the body: execute at once");
 }

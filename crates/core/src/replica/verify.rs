@@ -30,15 +30,8 @@ impl Verifier {
             return false;
         }
         match msg {
-            Message::Write(w) => self.keys.verify(
-                from,
-                &write_statement(w.view, w.seq, &w.digest, from),
-                &w.sig,
-            ),
-            Message::Checkpoint(v) => {
-                self.keys
-                    .verify(from, &checkpoint_statement(v.seq, &v.root, from), &v.sig)
-            }
+            Message::Write(w) => self.keys.verify(from, &write_statement(w.view, w.seq, &w.digest, from), &w.sig),
+            Message::Checkpoint(v) => self.keys.verify(from, &checkpoint_statement(v.seq, &v.root, from), &v.sig),
             _ => false,
         }
     }

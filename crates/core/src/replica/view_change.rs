@@ -17,8 +17,7 @@
 use super::{Event, Outputs, Peer, Reject, Replica};
 use crate::crypto::Sig;
 use crate::message::{
-    checkpoint_statement, write_statement, Message, NewView, NodeId, Seq, StableProof, Value, View,
-    ViewChange,
+    checkpoint_statement, write_statement, Message, NewView, NodeId, Seq, StableProof, Value, View, ViewChange,
 };
 use crate::quorum::Mutation;
 use crate::service::Service;
@@ -47,25 +46,16 @@ impl<S: Service> Replica<S> {
         self.maybe_start_view_change(out);
     }
 
-    pub(super) fn on_stop(
-        &mut self,
-        from: NodeId,
-        view: View,
-        out: &mut Outputs,
-    ) -> Result<(), Reject> {
+    pub(super) fn on_stop(&mut self, from: NodeId, view: View, out: &mut Outputs) -> Result<(), Reject> {
         if view <= self.view {
-            return Err(Reject::StaleView {
-                current: self.view,
-                got: view,
-            });
+            return Err(Reject::StaleView { current: self.view, got: view });
         }
         let slot = &mut self.stops[from as usize];
         *slot = (*slot).max(view);
         // The primary itself asks to leave its view (a recovered primary cannot know what
         // it proposed before the crash): follow at once. A faulty primary gains nothing
         // by it that it could not get by going silent.
-        if from == self.cfg.primary(self.view) && self.vc_target.is_none() && view == self.view + 1
-        {
+        if from == self.cfg.primary(self.view) && self.vc_target.is_none() && view == self.view + 1 {
             self.suspect(view, out);
         }
         // Join: r + 1 others want at least `t`, so some correct node does.
@@ -87,12 +77,7 @@ impl<S: Service> Replica<S> {
 
     /// Commit to the highest view that Q nodes (this one included) ask for.
     fn maybe_start_view_change(&mut self, out: &mut Outputs) {
-        let mut all: Vec<View> = self
-            .stops
-            .iter()
-            .copied()
-            .filter(|&v| v > self.view)
-            .collect();
+        let mut all: Vec<View> = self.stops.iter().copied().filter(|&v| v > self.view).collect();
         all.sort_unstable_by(|a, b| b.cmp(a));
         let Some(&t) = all.get(self.quorum() - 1) else {
             return;
@@ -121,25 +106,14 @@ impl<S: Service> Replica<S> {
             self.view_changes.insert(self.id, vc);
             self.maybe_new_view(out);
         } else {
-            out.send_after_persist
-                .push((Peer::Node(primary), Message::ViewChange(vc)));
+            out.send_after_persist.push((Peer::Node(primary), Message::ViewChange(vc)));
         }
     }
 
     fn make_view_change(&self, t: View) -> ViewChange {
-        let certs = self
-            .log
-            .iter()
-            .filter(|(s, _)| **s > self.stable.seq)
-            .filter_map(|(_, slot)| slot.cert.clone())
-            .collect();
-        let mut vc = ViewChange {
-            view: t,
-            from: self.id,
-            stable: self.stable.clone(),
-            certs,
-            sig: Sig([0; 64]),
-        };
+        let certs =
+            self.log.iter().filter(|(s, _)| **s > self.stable.seq).filter_map(|(_, slot)| slot.cert.clone()).collect();
+        let mut vc = ViewChange { view: t, from: self.id, stable: self.stable.clone(), certs, sig: Sig([0; 64]) };
         vc.sig = self.secrets.signing.sign(&vc.statement());
         vc
     }
@@ -158,50 +132,27 @@ impl<S: Service> Replica<S> {
     /// STOPs and VIEW-CHANGEs can be lost; resend them until the view is installed.
     pub(super) fn retransmit_view_change(&mut self, out: &mut Outputs) {
         if self.stop_sent > self.view {
-            self.broadcast(
-                Message::Stop {
-                    view: self.stop_sent,
-                },
-                out,
-            );
+            self.broadcast(Message::Stop { view: self.stop_sent }, out);
         }
         if let Some(t) = self.vc_target {
             let primary = self.cfg.primary(t);
             if primary != self.id {
-                out.send.push((
-                    Peer::Node(primary),
-                    Message::ViewChange(self.make_view_change(t)),
-                ));
+                out.send.push((Peer::Node(primary), Message::ViewChange(self.make_view_change(t))));
             }
         }
     }
 
-    pub(super) fn on_view_change(
-        &mut self,
-        from: NodeId,
-        vc: ViewChange,
-        out: &mut Outputs,
-    ) -> Result<(), Reject> {
+    pub(super) fn on_view_change(&mut self, from: NodeId, vc: ViewChange, out: &mut Outputs) -> Result<(), Reject> {
         if vc.from != from {
             return Err(Reject::WrongPeer);
         }
         if vc.view <= self.view {
-            return Err(Reject::StaleView {
-                current: self.view,
-                got: vc.view,
-            });
+            return Err(Reject::StaleView { current: self.view, got: vc.view });
         }
         if self.cfg.primary(vc.view) != self.id {
-            return Err(Reject::NotPrimary {
-                from: self.id,
-                view: vc.view,
-            });
+            return Err(Reject::NotPrimary { from: self.id, view: vc.view });
         }
-        if self
-            .view_changes
-            .get(&from)
-            .is_some_and(|old| old.view >= vc.view)
-        {
+        if self.view_changes.get(&from).is_some_and(|old| old.view >= vc.view) {
             return Ok(());
         }
         self.validate_view_change(&vc, vc.view)?;
@@ -216,20 +167,11 @@ impl<S: Service> Replica<S> {
         if self.cfg.primary(t) != self.id {
             return;
         }
-        let vcs: Vec<ViewChange> = self
-            .view_changes
-            .values()
-            .filter(|v| v.view == t)
-            .cloned()
-            .collect();
+        let vcs: Vec<ViewChange> = self.view_changes.values().filter(|v| v.view == t).cloned().collect();
         if vcs.len() < self.quorum() {
             return;
         }
-        let mut nv = NewView {
-            view: t,
-            view_changes: vcs,
-            sig: Sig([0; 64]),
-        };
+        let mut nv = NewView { view: t, view_changes: vcs, sig: Sig([0; 64]) };
         nv.sig = self.secrets.signing.sign(&nv.statement());
         let decision = match self.check_new_view(&nv) {
             Ok(d) => d,
@@ -242,16 +184,10 @@ impl<S: Service> Replica<S> {
 
     pub(super) fn on_new_view(&mut self, nv: NewView, out: &mut Outputs) -> Result<(), Reject> {
         if nv.view <= self.view {
-            return Err(Reject::StaleView {
-                current: self.view,
-                got: nv.view,
-            });
+            return Err(Reject::StaleView { current: self.view, got: nv.view });
         }
         if self.vc_target.is_some_and(|t| nv.view < t) {
-            return Err(Reject::StaleView {
-                current: self.vc_target.unwrap_or(self.view),
-                got: nv.view,
-            });
+            return Err(Reject::StaleView { current: self.vc_target.unwrap_or(self.view), got: nv.view });
         }
         let decision = self.check_new_view(&nv)?;
         self.install_new_view(nv, decision, out);
@@ -272,9 +208,7 @@ impl<S: Service> Replica<S> {
             self.validate_view_change(vc, nv.view)?;
         }
         if senders.len() < self.quorum() {
-            return Err(Reject::BadProof(
-                "new view without a quorum of view changes",
-            ));
+            return Err(Reject::BadProof("new view without a quorum of view changes"));
         }
         Ok(decide_new_view(&nv.view_changes))
     }
@@ -285,10 +219,7 @@ impl<S: Service> Replica<S> {
             return Err(Reject::UnknownNode(vc.from));
         }
         if vc.view != view {
-            return Err(Reject::StaleView {
-                current: view,
-                got: vc.view,
-            });
+            return Err(Reject::StaleView { current: view, got: vc.view });
         }
         if !self.keys.verify(vc.from, &vc.statement(), &vc.sig) {
             return Err(Reject::BadSignature { signer: vc.from });
@@ -298,14 +229,10 @@ impl<S: Service> Replica<S> {
         let mut seqs = BTreeSet::new();
         for cert in &vc.certs {
             if cert.seq <= vc.stable.seq || cert.seq > high || !seqs.insert(cert.seq) {
-                return Err(Reject::BadProof(
-                    "certificate outside the sender's window or repeated",
-                ));
+                return Err(Reject::BadProof("certificate outside the sender's window or repeated"));
             }
             if cert.view >= vc.view {
-                return Err(Reject::BadProof(
-                    "certificate from a view not below the new one",
-                ));
+                return Err(Reject::BadProof("certificate from a view not below the new one"));
             }
             if cert.value.requests.len() > self.cfg.options.batch_count_max {
                 return Err(Reject::BadProof("certificate value too large"));
@@ -323,19 +250,13 @@ impl<S: Service> Replica<S> {
                 if *node as usize >= self.cfg.n() {
                     return Err(Reject::UnknownNode(*node));
                 }
-                if !self.keys.verify(
-                    *node,
-                    &write_statement(cert.view, cert.seq, &digest, *node),
-                    sig,
-                ) {
+                if !self.keys.verify(*node, &write_statement(cert.view, cert.seq, &digest, *node), sig) {
                     return Err(Reject::BadSignature { signer: *node });
                 }
                 writers.insert(*node);
             }
             if writers.len() < self.quorum() {
-                return Err(Reject::BadProof(
-                    "prepared certificate without a quorum of writes",
-                ));
+                return Err(Reject::BadProof("prepared certificate without a quorum of writes"));
             }
         }
         Ok(())
@@ -358,10 +279,7 @@ impl<S: Service> Replica<S> {
             if *node as usize >= self.cfg.n() {
                 return Err(Reject::UnknownNode(*node));
             }
-            if !self
-                .keys
-                .verify(*node, &checkpoint_statement(p.seq, &p.root, *node), sig)
-            {
+            if !self.keys.verify(*node, &checkpoint_statement(p.seq, &p.root, *node), sig) {
                 return Err(Reject::BadSignature { signer: *node });
             }
             signers.insert(*node);
@@ -376,18 +294,9 @@ impl<S: Service> Replica<S> {
         let t = nv.view;
         assert!(t > self.view);
         if let Some(target) = self.vc_target {
-            assert!(
-                t >= target,
-                "rule 2: never act below a view we committed to"
-            );
+            assert!(t >= target, "rule 2: never act below a view we committed to");
         }
-        let floor = decision
-            .values
-            .keys()
-            .next_back()
-            .copied()
-            .unwrap_or(decision.stable.seq)
-            .max(decision.stable.seq);
+        let floor = decision.values.keys().next_back().copied().unwrap_or(decision.stable.seq).max(decision.stable.seq);
         self.view = t;
         self.floor = floor;
         self.vc_target = None;
@@ -427,16 +336,11 @@ impl<S: Service> Replica<S> {
 /// Rule 3: for every instance above the highest proven stable checkpoint, the value of
 /// the highest-view certificate, or null where no node prepared anything.
 pub(crate) fn decide_new_view(vcs: &[ViewChange]) -> Decision {
-    let stable = vcs
-        .iter()
-        .map(|vc| &vc.stable)
-        .max_by_key(|s| s.seq)
-        .cloned()
-        .unwrap_or(StableProof {
-            seq: 0,
-            root: Default::default(),
-            sigs: Vec::new(),
-        });
+    let stable = vcs.iter().map(|vc| &vc.stable).max_by_key(|s| s.seq).cloned().unwrap_or(StableProof {
+        seq: 0,
+        root: Default::default(),
+        sigs: Vec::new(),
+    });
     let mut best: BTreeMap<Seq, (View, &Value)> = BTreeMap::new();
     for cert in vcs.iter().flat_map(|vc| &vc.certs) {
         if cert.seq <= stable.seq {
@@ -451,13 +355,7 @@ pub(crate) fn decide_new_view(vcs: &[ViewChange]) -> Decision {
     }
     let max = best.keys().next_back().copied().unwrap_or(stable.seq);
     let values = (stable.seq + 1..=max)
-        .map(|seq| {
-            (
-                seq,
-                best.get(&seq)
-                    .map_or_else(Value::null, |(_, v)| (*v).clone()),
-            )
-        })
+        .map(|seq| (seq, best.get(&seq).map_or_else(Value::null, |(_, v)| (*v).clone())))
         .collect();
     Decision { stable, values }
 }
