@@ -341,8 +341,9 @@ impl Storage {
         self.segment = OpenOptions::new().append(true).open(&path).map_err(io_err("open", &path))?;
         self.segment_id = id;
         self.segment_len = bytes.len() as u64;
-        // The new base is durable: everything it supersedes is garbage that `open` would
-        // ignore and remove anyway. Deleting it (unlinking segments of hundreds of MB
+        // The new base is durable: everything it supersedes is garbage (`open` removes
+        // older segments itself, and recovery restores the newest snapshot; an older one
+        // left behind only costs reading it at start). Deleting it (unlinking segments of hundreds of MB
         // takes tens of ms) happens on the reaper thread, not on the WAL thread that
         // every vote waits for.
         let job = Reap {
