@@ -169,9 +169,15 @@ impl Store {
     }
 }
 
-/// The first `limit` entries with `prefix` across all shards, in key order: a k-way
-/// merge, so only returned entries are copied.
+/// The first `limit` entries with `prefix` across all shards, in key order; only
+/// returned entries are copied.
 fn scan(shards: &[RwLockReadGuard<'_, Map>], prefix: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    merged(shards, prefix).take(limit).map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
+}
+
+/// Every entry with `prefix` across all shards, in key order, by reference: a k-way merge
+/// of the shards' own ordered iterators (scans and snapshots both need the global order).
+fn merged<'a>(shards: &'a [RwLockReadGuard<'_, Map>], prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
     let mut iters: Vec<_> = shards
         .iter()
         .map(|m| {
@@ -179,24 +185,20 @@ fn scan(shards: &[RwLockReadGuard<'_, Map>], prefix: &[u8], limit: usize) -> Vec
         })
         .collect();
     // (key, value, shard) of each shard's next entry, smallest key first.
-    type Head<'a> = Reverse<(&'a Vec<u8>, &'a Vec<u8>, usize)>;
-    let mut heads: BinaryHeap<Head<'_>> = BinaryHeap::new();
+    type Head<'a> = Reverse<(&'a [u8], &'a [u8], usize)>;
+    let mut heads: BinaryHeap<Head<'a>> = BinaryHeap::new();
     for (i, it) in iters.iter_mut().enumerate() {
         if let Some((k, v)) = it.next() {
-            heads.push(Reverse((k, v, i)));
+            heads.push(Reverse((k.as_slice(), v.as_slice(), i)));
         }
     }
-    let mut out = Vec::new();
-    while out.len() < limit {
-        let Some(Reverse((k, v, i))) = heads.pop() else {
-            break;
-        };
-        out.push((k.clone(), v.clone()));
-        if let Some((k, v)) = iters[i].next() {
-            heads.push(Reverse((k, v, i)));
+    std::iter::from_fn(move || {
+        let Reverse((k, v, i)) = heads.pop()?;
+        if let Some((nk, nv)) = iters[i].next() {
+            heads.push(Reverse((nk.as_slice(), nv.as_slice(), i)));
         }
-    }
-    out
+        Some((k, v))
+    })
 }
 
 /// The KV service. Opts into parallel execution: it declares each request's keys
@@ -314,9 +316,7 @@ impl Service for Kv {
         // strings (one copy each) into a buffer sized up front: a checkpoint serializes
         // the whole store, and byte-by-byte serialization of Vec<u8> was most of its cost.
         let shards = self.store.read_all();
-        let mut entries: Vec<(&[u8], &[u8])> =
-            shards.iter().flat_map(|m| m.iter().map(|(k, v)| (k.as_slice(), v.as_slice()))).collect();
-        entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let entries: Vec<(&[u8], &[u8])> = merged(&shards, b"").collect();
         let len = VARINT_MAX + entries.iter().map(|(k, v)| 2 * VARINT_MAX + k.len() + v.len()).sum::<usize>();
         postcard::to_extend(&SortedMap(&entries), Vec::with_capacity(len)).unwrap_or_default()
     }
