@@ -46,7 +46,7 @@ impl<S: Service> Replica<S> {
         if vote.seq > horizon || !vote.seq.is_multiple_of(interval) {
             return Err(Reject::OutOfWindow { seq: vote.seq, low: self.stable.seq, high: horizon });
         }
-        if !checked && !self.keys.verify(from, &checkpoint_statement(vote.seq, &vote.root, from), &vote.sig) {
+        if !checked && !super::verify::checkpoint_signed(&self.keys, from, &vote) {
             return Err(Reject::BadSignature { signer: from });
         }
         self.checkpoint_votes.entry(vote.seq).or_default().entry(from).or_insert((vote.root, vote.sig));

@@ -255,7 +255,7 @@ impl<S: Service> Replica<S> {
         }
         self.check_current_view(w.view)?;
         self.in_window(w.seq)?;
-        if !checked && !self.keys.verify(from, &write_statement(w.view, w.seq, &w.digest, from), &w.sig) {
+        if !checked && !super::verify::write_signed(&self.keys, from, &w) {
             return Err(Reject::BadSignature { signer: from });
         }
         let slot = self.log.entry(w.seq).or_default();

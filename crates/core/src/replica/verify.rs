@@ -9,7 +9,18 @@
 //! here is the one the protocol task makes, with the same statement and key.
 
 use crate::crypto::NodeKeys;
-use crate::message::{checkpoint_statement, write_statement, Message, NodeId};
+use crate::message::{checkpoint_statement, write_statement, CheckpointVote, Message, NodeId, Write};
+
+/// Node `from`'s signature on its WRITE vote. The one check, for the stage and the
+/// protocol task alike.
+pub(super) fn write_signed(keys: &NodeKeys, from: NodeId, w: &Write) -> bool {
+    keys.verify(from, &write_statement(w.view, w.seq, &w.digest, from), &w.sig)
+}
+
+/// Node `from`'s signature on its checkpoint vote.
+pub(super) fn checkpoint_signed(keys: &NodeKeys, from: NodeId, v: &CheckpointVote) -> bool {
+    keys.verify(from, &checkpoint_statement(v.seq, &v.root, from), &v.sig)
+}
 
 #[derive(Clone, Debug)]
 pub struct Verifier {
@@ -30,8 +41,8 @@ impl Verifier {
             return false;
         }
         match msg {
-            Message::Write(w) => self.keys.verify(from, &write_statement(w.view, w.seq, &w.digest, from), &w.sig),
-            Message::Checkpoint(v) => self.keys.verify(from, &checkpoint_statement(v.seq, &v.root, from), &v.sig),
+            Message::Write(w) => write_signed(&self.keys, from, w),
+            Message::Checkpoint(v) => checkpoint_signed(&self.keys, from, v),
             _ => false,
         }
     }
