@@ -542,7 +542,6 @@ mod tests {
 
     /// Requests that rendezvous: each waits (up to 10 s) until both arrived. Only truly
     /// concurrent execution lets both see the other.
-    struct Meet(Arc<MeetState>);
     #[derive(Default)]
     struct MeetState {
         arrived: Mutex<u32>,
@@ -561,7 +560,9 @@ mod tests {
             }
         }
     }
-    impl Service for Meet {
+    /// A service that is nothing but its concurrent entry point, stateless between runs.
+    struct Shared<C>(Arc<C>);
+    impl<C: ConcurrentService + 'static> Service for Shared<C> {
         fn execute(&mut self, op: &[u8], ctx: &ExecCtx) -> Vec<u8> {
             self.0.execute_shared(op, ctx)
         }
@@ -581,7 +582,7 @@ mod tests {
 
     #[test]
     fn the_pool_runs_independent_requests_at_the_same_time() {
-        let mut e = Executor::with_workers(Meet(Arc::default()), 2);
+        let mut e = Executor::with_workers(Shared(Arc::<MeetState>::default()), 2);
         let out = e.execute(1, &Value { time: 0, requests: vec![req(1, 1, b"a"), req(2, 1, b"b")] });
         assert_eq!(out.iter().map(|o| o.result.as_slice()).collect::<Vec<_>>(), vec![b"met".as_slice(), b"met"]);
         assert_eq!(e.pool_threads(), 1);
@@ -605,7 +606,6 @@ mod tests {
         assert_eq!(Schedule::from_workers(3), Schedule::Pool { workers: 3 });
     }
 
-    struct Boom(Arc<BoomState>);
     struct BoomState;
     impl ConcurrentService for BoomState {
         fn execute_shared(&self, op: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
@@ -613,28 +613,11 @@ mod tests {
             op.to_vec()
         }
     }
-    impl Service for Boom {
-        fn execute(&mut self, op: &[u8], ctx: &ExecCtx) -> Vec<u8> {
-            self.0.execute_shared(op, ctx)
-        }
-        fn conflicts(&self, _op: &[u8]) -> Conflicts {
-            Conflicts::none()
-        }
-        fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
-            Some(self.0.clone())
-        }
-        fn snapshot(&self) -> Vec<u8> {
-            Vec::new()
-        }
-        fn restore(&mut self, _s: &[u8]) -> Result<(), RestoreError> {
-            Ok(())
-        }
-    }
 
     #[test]
     #[should_panic(expected = "service bug")]
     fn a_service_panic_on_a_worker_reaches_the_caller() {
-        let mut e = Executor::with_workers(Boom(Arc::new(BoomState)), 3);
+        let mut e = Executor::with_workers(Shared(Arc::new(BoomState)), 3);
         let requests = (1..=20).map(|c| req(c, 1, if c == 7 { b"boom" } else { b"ok" })).collect();
         e.execute(1, &Value { time: 0, requests });
     }

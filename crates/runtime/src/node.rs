@@ -53,15 +53,9 @@ pub enum NodeError {
 }
 
 enum Inbound {
-    Message {
-        from: Peer,
-        msg: Message,
-    },
-    /// A node message the verify stage vouched for (`Verifier::check`).
-    Checked {
-        from: NodeId,
-        msg: Message,
-    },
+    /// A message for the protocol task (`Input::Checked` when the verify stage vouched
+    /// for its signature).
+    Input(Input),
     ClientUp {
         id: ClientId,
         conn: u64,
@@ -227,8 +221,7 @@ fn handle<S: Service>(
     out: &mut Outputs,
 ) {
     match ev {
-        Inbound::Message { from, msg } => replica.step(now_ms(), Input::Message { from, msg }, out),
-        Inbound::Checked { from, msg } => replica.step(now_ms(), Input::Checked { from, msg }, out),
+        Inbound::Input(input) => replica.step(now_ms(), input, out),
         Inbound::ClientUp { id, conn, tx } => {
             clients.insert(id, (conn, tx));
         }
@@ -334,9 +327,9 @@ fn start_verify_stage(
             while let Some((from, msg)) = rx.blocking_recv() {
                 let inbound = if verifier.check(from, &msg) {
                     TransportStats::bump(&stats.stage_verified, 1);
-                    Inbound::Checked { from, msg }
+                    Inbound::Input(Input::Checked { from, msg })
                 } else {
-                    Inbound::Message { from: Peer::Node(from), msg }
+                    Inbound::Input(Input::Message { from: Peer::Node(from), msg })
                 };
                 if in_tx.blocking_send(inbound).is_err() {
                     return;
@@ -391,7 +384,7 @@ async fn serve_connection(
                     Ok(msg) => {
                         let sent = match (from, &verify) {
                             (Peer::Node(j), Some(q)) => q[j as usize % q.len()].send((j, msg)).await.is_ok(),
-                            _ => in_tx.send(Inbound::Message { from, msg }).await.is_ok(),
+                            _ => in_tx.send(Inbound::Input(Input::Message { from, msg })).await.is_ok(),
                         };
                         if !sent {
                             break;
