@@ -70,10 +70,6 @@ impl Payload {
         *self.0.digest.get_or_init(|| Digest::of(&self.0.bytes))
     }
 
-    /// The bytes (copied if other clones still share them).
-    pub fn into_vec(self) -> Vec<u8> {
-        Arc::try_unwrap(self.0).map_or_else(|shared| shared.bytes.clone(), |own| own.bytes)
-    }
 }
 
 impl From<Vec<u8>> for Payload {
