@@ -23,7 +23,7 @@ const CHUNK_BYTES: usize = 64; // Options::test_min().chunk_bytes
 
 fn put(client: u64, seq: u64) -> Request {
     let op = KvRequest::Put { key: vec![client as u8], value: format!("v{seq}").into_bytes() }.encode();
-    Request { client, seq, op, auth: vec![] }
+    Request { client, seq, op: op.into(), auth: vec![] }
 }
 
 fn is_write(m: &Message) -> bool {
@@ -64,7 +64,8 @@ fn genesis() -> StableProof {
 
 fn stable_proof(seq: u64, root: Digest, signers: &[u32]) -> StableProof {
     let keys = secrets();
-    let sigs = signers.iter().map(|&n| (n, keys[n as usize].signing.sign(&checkpoint_statement(seq, &root, n)))).collect();
+    let sigs =
+        signers.iter().map(|&n| (n, keys[n as usize].signing.sign(&checkpoint_statement(seq, &root, n)))).collect();
     StableProof { seq, root, sigs }
 }
 
@@ -83,7 +84,7 @@ fn normal_case() -> Script {
     }
     // A retransmission answered from the reply cache, and a read.
     s.send(FIX, 1, &Message::Request(put(3, 1)));
-    let get = Request { client: 3, seq: 2, op: KvRequest::Get { key: vec![3] }.encode(), auth: vec![] };
+    let get = Request { client: 3, seq: 2, op: KvRequest::Get { key: vec![3] }.encode().into(), auth: vec![] };
     s.send(FIX, 1, &Message::Request(get));
     agree(&mut s);
     // A lagging peer asks for help; node 0 serves the checkpoint.
@@ -109,16 +110,15 @@ fn view_change_to_backup() -> Script {
     s.send(1, 5, &Message::Stop { view: 1 });
     s.send(2, 0, &Message::Stop { view: 1 });
     assert_eq!(s.h.replica.in_view_change(), Some(1), "node 0 joined the view change");
-    let own = s
-        .h
-        .sent
-        .iter()
-        .rev()
-        .find_map(|m| match m {
-            Message::ViewChange(vc) => Some(vc.clone()),
-            _ => None,
-        })
-        .expect("node 0 sent VIEW-CHANGE");
+    let own =
+        s.h.sent
+            .iter()
+            .rev()
+            .find_map(|m| match m {
+                Message::ViewChange(vc) => Some(vc.clone()),
+                _ => None,
+            })
+            .expect("node 0 sent VIEW-CHANGE");
     let mut vcs = vec![own.clone()];
     for from in [1, 2] {
         let mut vc = own.clone();
@@ -160,8 +160,9 @@ fn view_change_to_self() -> Script {
         let certs = if from == 1 {
             let value = Value { time: 3, requests: vec![put(7, 1)] };
             let digest = value.digest();
-            let writes = (1..=3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(0, 2, &digest, n)))).collect();
-            vec![Cert { view: 0, seq: 2, value, writes }]
+            let writes =
+                (1..=3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(0, 2, &digest, n)))).collect();
+            vec![Cert { view: 0, seq: 2, value, writes }.proof()]
         } else {
             vec![]
         };
@@ -212,7 +213,8 @@ fn state_transfer_fixed() -> Script {
         s.send(FIX | 2, 0, &Message::Chunk { seq: 8, index, data: vec![] });
     }
     assert_eq!(s.h.replica.executed(), 8);
-    let proof = StableProof { seq: 16, root: placeholder(SYNTHETIC_ROOT), sigs: (1..=3).map(|n| (n, Sig([0; 64]))).collect() };
+    let proof =
+        StableProof { seq: 16, root: placeholder(SYNTHETIC_ROOT), sigs: (1..=3).map(|n| (n, Sig([0; 64]))).collect() };
     s.send(FIX | 3, 1, &Message::StableCert(proof));
     s.send(FIX | 1, 1, &Message::Manifest { seq: 16, len: 0, chunks: vec![] });
     for index in 0..4 {
@@ -260,17 +262,28 @@ fn sample_messages() -> Vec<Message> {
         value: value.clone(),
         writes: (0..3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(1, 3, &digest, n)))).collect(),
     };
-    let mut vc = ViewChange { view: 2, from: 1, stable: stable_proof(8, Digest::of(b"root"), &[0, 1, 2]), certs: vec![cert.clone()], sig: Sig([0; 64]) };
+    let mut vc = ViewChange {
+        view: 2,
+        from: 1,
+        stable: stable_proof(8, Digest::of(b"root"), &[0, 1, 2]),
+        certs: vec![cert.proof()],
+        sig: Sig([0; 64]),
+    };
     sign_vc(&mut vc);
     let mut nv = NewView { view: 2, view_changes: vec![vc.clone()], sig: Sig([0; 64]) };
     nv.sig = keys[2].signing.sign(&nv.statement());
     vec![
         Message::Request(req.clone()),
         Message::Forward(req),
-        Message::Reply(Reply { view: 1, seq: 3, body: ReplyBody::Full(KvResponse::Done.encode()) }),
-        Message::Reply(Reply { view: 1, seq: 3, body: ReplyBody::Hash(Digest::of(b"x")) }),
+        Message::Reply(Reply { client: 9, view: 1, seq: 3, body: ReplyBody::Full(KvResponse::Done.encode()) }),
+        Message::Reply(Reply { client: 9, view: 1, seq: 3, body: ReplyBody::Hash(Digest::of(b"x")) }),
         Message::Propose { view: 1, seq: 3, value: value.clone() },
-        Message::Write(Write { view: 1, seq: 3, digest, sig: keys[1].signing.sign(&write_statement(1, 3, &digest, 1)) }),
+        Message::Write(Write {
+            view: 1,
+            seq: 3,
+            digest,
+            sig: keys[1].signing.sign(&write_statement(1, 3, &digest, 1)),
+        }),
         Message::Accept { view: 1, seq: 3, digest },
         Message::Checkpoint(CheckpointVote { seq: 8, root: Digest::of(b"root"), sig: Sig([7; 64]) }),
         Message::Stop { view: 5 },
@@ -283,6 +296,8 @@ fn sample_messages() -> Vec<Message> {
         Message::Manifest { seq: 8, len: 130, chunks: vec![Digest::of(b"a"), Digest::of(b"b"), Digest::of(b"c")] },
         Message::FetchChunk { seq: 8, index: 2 },
         Message::Chunk { seq: 8, index: 2, data: vec![1, 2, 3] },
+        Message::FetchValue { seq: 3, digest },
+        Message::ValueBody { seq: 3, value: Value { time: 42, requests: vec![put(11, 1)] } },
     ]
 }
 
@@ -316,7 +331,8 @@ impl Corpus {
         let dir = self.root.join(target);
         std::fs::create_dir_all(&dir).expect("create corpus dir");
         // FNV-1a names: stable across runs, so re-seeding overwrites instead of piling up.
-        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+        let hash =
+            bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
         std::fs::write(dir.join(format!("seed-{hash:016x}")), bytes).expect("write seed");
         match self.counts.iter_mut().find(|(t, _)| t == target) {
             Some((_, n)) => *n += 1,
@@ -417,7 +433,13 @@ fn main() {
         seq.extend(bytes);
     }
     corpus.add("kv_request", &seq);
-    for r in [KvResponse::Value(Some(b"v".to_vec())), KvResponse::Value(None), KvResponse::Done, KvResponse::Swapped(true), KvResponse::Error("e".into())] {
+    for r in [
+        KvResponse::Value(Some(b"v".to_vec())),
+        KvResponse::Value(None),
+        KvResponse::Done,
+        KvResponse::Swapped(true),
+        KvResponse::Error("e".into()),
+    ] {
         corpus.add("kv_request", &r.encode());
     }
 

@@ -10,7 +10,12 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let decoded = wal::decode_log(data);
-    assert!(decoded.valid_len <= data.len(), "valid prefix {} beyond the {} input bytes", decoded.valid_len, data.len());
+    assert!(
+        decoded.valid_len <= data.len(),
+        "valid prefix {} beyond the {} input bytes",
+        decoded.valid_len,
+        data.len()
+    );
     let reencoded: Vec<u8> = decoded.records.iter().flat_map(wal::encode_record).collect();
     assert!(
         reencoded == data[..decoded.valid_len],

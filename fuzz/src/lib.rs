@@ -281,7 +281,9 @@ impl Harness {
 
     fn note_digests(&mut self, msg: &Message) {
         match msg {
-            Message::Propose { value, .. } | Message::Decided { value, .. } => self.note(value.digest()),
+            Message::Propose { value, .. } | Message::Decided { value, .. } | Message::ValueBody { value, .. } => {
+                self.note(value.digest())
+            }
             Message::Write(w) => self.note(w.digest),
             Message::Accept { digest, .. } => self.note(*digest),
             Message::Checkpoint(v) => self.note(v.root),
@@ -370,7 +372,7 @@ impl Harness {
     fn fix_view_change(&mut self, vc: &mut ViewChange) {
         self.fix_stable(&mut vc.stable);
         for cert in &mut vc.certs {
-            let digest = cert.value.digest();
+            let digest = cert.digest;
             for (node, sig) in &mut cert.writes {
                 if Self::forgeable(*node) {
                     *sig = self.key(*node).sign(&write_statement(cert.view, cert.seq, &digest, *node));

@@ -6,11 +6,11 @@
 //! enforces the per-field bounds below, so handlers see only messages whose counts fit the
 //! protocol (a batch is never larger than `REQUESTS_PER_VALUE_MAX`, and so on).
 
-use crate::message::{Cert, Message, NewView, Request, StableProof, Value, ViewChange};
+use crate::message::{CertProof, Message, NewView, Request, StableProof, Value, ViewChange};
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -86,9 +86,8 @@ fn check_stable(p: &StableProof) -> Result<(), DecodeError> {
     bound("stable.sigs", p.sigs.len(), NODES_MAX)
 }
 
-fn check_cert(c: &Cert) -> Result<(), DecodeError> {
-    bound("cert.writes", c.writes.len(), NODES_MAX)?;
-    check_value(&c.value)
+fn check_cert(c: &CertProof) -> Result<(), DecodeError> {
+    bound("cert.writes", c.writes.len(), NODES_MAX)
 }
 
 fn check_view_change(vc: &ViewChange) -> Result<(), DecodeError> {
@@ -110,7 +109,9 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
             crate::message::ReplyBody::Full(b) => bound("reply.body", b.len(), OP_BYTES_MAX),
             crate::message::ReplyBody::Hash(_) => Ok(()),
         },
-        Message::Propose { value, .. } | Message::Decided { value, .. } => check_value(value),
+        Message::Propose { value, .. } | Message::Decided { value, .. } | Message::ValueBody { value, .. } => {
+            check_value(value)
+        }
         Message::ViewChange(vc) => check_view_change(vc),
         Message::NewView(nv) => check_new_view(nv),
         Message::StableCert(p) => check_stable(p),
@@ -122,7 +123,8 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         | Message::Stop { .. }
         | Message::Status { .. }
         | Message::FetchManifest { .. }
-        | Message::FetchChunk { .. } => Ok(()),
+        | Message::FetchChunk { .. }
+        | Message::FetchValue { .. } => Ok(()),
     }
 }
 
@@ -167,8 +169,8 @@ mod tests {
 
     fn arb_view_change() -> impl Strategy<Value = ViewChange> {
         let cert =
-            (any::<u64>(), any::<u64>(), arb_value(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
-                .prop_map(|(view, seq, value, writes)| Cert { view, seq, value, writes });
+            (any::<u64>(), any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
+                .prop_map(|(view, seq, digest, writes)| CertProof { view, seq, digest, writes });
         (any::<u64>(), any::<u32>(), arb_stable(), proptest::collection::vec(cert, 0..3), arb_sig())
             .prop_map(|(view, from, stable, certs, sig)| ViewChange { view, from, stable, certs, sig })
     }
@@ -215,6 +217,8 @@ mod tests {
                 index,
                 data
             }),
+            (any::<u64>(), arb_digest()).prop_map(|(seq, digest)| Message::FetchValue { seq, digest }),
+            (any::<u64>(), arb_value()).prop_map(|(seq, value)| Message::ValueBody { seq, value }),
         ]
     }
 

@@ -69,7 +69,6 @@ impl Payload {
     pub fn digest(&self) -> Digest {
         *self.0.digest.get_or_init(|| Digest::of(&self.0.bytes))
     }
-
 }
 
 impl From<Vec<u8>> for Payload {
@@ -251,15 +250,40 @@ pub struct Cert {
     pub writes: Vec<(NodeId, Sig)>,
 }
 
+impl Cert {
+    pub fn digest(&self) -> Digest {
+        self.value.digest()
+    }
+
+    /// What a view change carries of this certificate: the digest instead of the value.
+    pub fn proof(&self) -> CertProof {
+        CertProof { view: self.view, seq: self.seq, digest: self.digest(), writes: self.writes.clone() }
+    }
+}
+
+/// A prepared certificate by digest, as VIEW-CHANGE and NEW-VIEW carry it (PBFT §4.4:
+/// view-change messages name requests by digest). The WRITE signatures cover the digest,
+/// so nothing is lost in BFT mode; the body is fetched from a node that holds it
+/// (`FetchValue`). Carrying bodies made a view change as large as the whole log above
+/// the stable checkpoint, over the frame limit under 1 KiB load, and no view change
+/// could then complete.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CertProof {
+    pub view: View,
+    pub seq: Seq,
+    pub digest: Digest,
+    pub writes: Vec<(NodeId, Sig)>,
+}
+
 /// A node's commitment to leave every view below `view` (BFT-SMaRt's STOPDATA), carrying
-/// its stable checkpoint and its prepared certificates above it. Signed, so the new
-/// primary can forward it inside NEW-VIEW as proof.
+/// its stable checkpoint and its prepared certificates above it (by digest). Signed, so
+/// the new primary can forward it inside NEW-VIEW as proof.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ViewChange {
     pub view: View,
     pub from: NodeId,
     pub stable: StableProof,
-    pub certs: Vec<Cert>,
+    pub certs: Vec<CertProof>,
     pub sig: Sig,
 }
 
@@ -357,6 +381,17 @@ pub enum Message {
         #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
+    /// After a NEW-VIEW: "send me the value with `digest` for instance `seq`" (the view
+    /// change named it by digest and this node does not hold it).
+    FetchValue {
+        seq: Seq,
+        digest: Digest,
+    },
+    /// The answer: taken only if it hashes to a digest the asker is waiting for.
+    ValueBody {
+        seq: Seq,
+        value: Value,
+    },
 }
 
 impl Message {
@@ -380,6 +415,8 @@ impl Message {
             Message::Manifest { .. } => "manifest",
             Message::FetchChunk { .. } => "fetch-chunk",
             Message::Chunk { .. } => "chunk",
+            Message::FetchValue { .. } => "fetch-value",
+            Message::ValueBody { .. } => "value-body",
         }
     }
 }

@@ -6,8 +6,8 @@
 
 use keel_core::crypto::{Digest, Sig, SigningKey};
 use keel_core::message::{
-    write_statement, Cert, CheckpointVote, Message, NewView, NodeId, Reply, ReplyBody, Request, StableProof, Value,
-    ViewChange, Write,
+    write_statement, CertProof, CheckpointVote, Message, NewView, NodeId, Reply, ReplyBody, Request, StableProof,
+    Value, ViewChange, Write,
 };
 use keel_core::replica::Peer;
 use rand::Rng;
@@ -224,7 +224,7 @@ impl Byzantine {
             let forged = Request { client: 424_242, seq: rng.gen(), op: vec![0xde, 0xad].into(), auth: Vec::new() };
             let value = Value { time: 0, requests: vec![forged] };
             let writes = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
-            vc.certs.push(Cert { view: vc.view.saturating_sub(1), seq, value, writes });
+            vc.certs.push(CertProof { view: vc.view.saturating_sub(1), seq, digest: value.digest(), writes });
         }
         if rng.gen_bool(0.3) {
             // Also claim a stable checkpoint far ahead.

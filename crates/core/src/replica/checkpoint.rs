@@ -93,6 +93,7 @@ impl<S: Service> Replica<S> {
         self.stable = proof;
         self.persist(Record::Stable(self.stable.clone()), out);
         self.log = self.log.split_off(&(seq + 1));
+        self.awaiting = self.awaiting.split_off(&(seq + 1));
         self.checkpoint_votes = self.checkpoint_votes.split_off(&(seq + 1));
         let mut own = self.own_checkpoints.split_off(&seq);
         let at_stable = own.remove(&seq);

@@ -262,17 +262,57 @@ struct Slot {
     claimed_values: BTreeMap<Digest, Value>,
     /// When this node last voted in this slot, for retransmission.
     voted_at: u64,
+    /// Proposals this node accepted in earlier views (newest last, at most
+    /// [`EARLIER_KEPT`]): a NEW-VIEW names re-proposals by digest, and a node that wrote
+    /// for a value without preparing it has no certificate to find the body in. Keeping
+    /// them lets it vote at once and answer peers' `FetchValue`.
+    earlier: Vec<(View, Value, Digest)>,
 }
+
+/// Earlier-view proposals a slot keeps. Holding a second value for one instance takes a
+/// view change that re-proposed something else there; two cover any realistic history,
+/// and a body nobody holds is still learned through catch-up or state transfer.
+const EARLIER_KEPT: usize = 2;
 
 impl Slot {
     fn enter_view(&mut self, view: View) {
         if self.view != view {
+            if let Some((value, digest)) = self.value.take() {
+                self.keep_earlier(self.view, value, digest);
+            }
             self.view = view;
-            self.value = None;
             self.writes.clear();
             self.accepts.clear();
             self.accept_sent = false;
         }
+    }
+
+    fn keep_earlier(&mut self, view: View, value: Value, digest: Digest) {
+        self.earlier.retain(|(_, _, d)| *d != digest);
+        self.earlier.push((view, value, digest));
+        self.earlier.sort_by_key(|(v, _, _)| *v);
+        if self.earlier.len() > EARLIER_KEPT {
+            self.earlier.remove(0);
+        }
+    }
+
+    /// Any value with `digest` this node holds for the instance.
+    fn body(&self, digest: &Digest) -> Option<&Value> {
+        if let Some((v, _)) = self.value.as_ref().filter(|(_, d)| d == digest) {
+            return Some(v);
+        }
+        if self.decided == Some(*digest) {
+            if let Some(v) = &self.decided_value {
+                return Some(v);
+            }
+        }
+        if let Some(c) = self.cert.as_ref().filter(|c| c.digest() == *digest) {
+            return Some(&c.value);
+        }
+        if let Some((_, v, _)) = self.earlier.iter().find(|(_, _, d)| d == digest) {
+            return Some(v);
+        }
+        self.claimed_values.get(digest)
     }
 }
 
@@ -315,6 +355,12 @@ pub struct Replica<S> {
     stops: Vec<View>,
     /// Valid VIEW-CHANGEs for views above `view`, one (the highest) per node.
     view_changes: BTreeMap<NodeId, ViewChange>,
+    /// The VIEW-CHANGE this node sent for `vc_target`, resent as is.
+    own_view_change: Option<ViewChange>,
+    /// Re-proposals of the installed view whose bodies this node is fetching.
+    awaiting: BTreeMap<Seq, view_change::Awaited>,
+    /// Per peer: (start of the current period, FETCH-VALUEs answered in it).
+    value_answers: Vec<(u64, u64)>,
 
     log: BTreeMap<Seq, Slot>,
     /// Primary: the next instance to propose.
@@ -377,6 +423,9 @@ impl<S: Service> Replica<S> {
             stop_sent_at: 0,
             stops: vec![0; n],
             view_changes: BTreeMap::new(),
+            own_view_change: None,
+            awaiting: BTreeMap::new(),
+            value_answers: vec![(0, 0); n],
             log: BTreeMap::new(),
             next_propose: 1,
             time_proposed: 0,
@@ -485,6 +534,8 @@ impl<S: Service> Replica<S> {
             (Peer::Node(n), Message::Manifest { seq, len, chunks }) => self.on_manifest(n, seq, len, chunks, out),
             (Peer::Node(n), Message::FetchChunk { seq, index }) => self.on_fetch_chunk(n, seq, index, out),
             (Peer::Node(n), Message::Chunk { seq, index, data }) => self.on_chunk(n, seq, index, data, out),
+            (Peer::Node(n), Message::FetchValue { seq, digest }) => self.on_fetch_value(n, seq, digest, out),
+            (Peer::Node(_), Message::ValueBody { seq, value }) => self.on_value_body(seq, value, out),
             (_, _) => Err(Reject::WrongPeer),
         };
         match result {
@@ -502,6 +553,7 @@ impl<S: Service> Replica<S> {
             self.retransmit(out);
             self.retransmit_checkpoint_votes(out);
             self.retransmit_view_change(out);
+            self.fetch_awaited(out);
             self.on_transfer_timeout(out);
         }
         if self.now >= self.next_status {
@@ -580,12 +632,15 @@ impl<S: Service> Replica<S> {
             if let Some(cert) = &slot.cert {
                 records.push(Record::Prepared(cert.clone()));
             }
+            for (view, value, _) in &slot.earlier {
+                records.push(Record::Accepted { view: *view, seq, value: value.clone() });
+            }
             if let Some((value, _)) = &slot.value {
                 records.push(Record::Accepted { view: slot.view, seq, value: value.clone() });
             }
             if let (Some(digest), Some(value)) = (slot.decided, &slot.decided_value) {
                 if slot.value.as_ref().map(|(_, d)| *d) != Some(digest)
-                    && slot.cert.as_ref().map(|c| c.value.digest()) != Some(digest)
+                    && slot.cert.as_ref().map(Cert::digest) != Some(digest)
                 {
                     // Keep the body of a value decided through catch-up.
                     records.push(Record::DecidedValue { seq, value: value.clone() });
@@ -644,6 +699,7 @@ impl<S: Service> Replica<S> {
         assert!(self.pending.len() <= self.cfg.options.clients_max, "pending requests are bounded");
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
         assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");
+        assert!(self.awaiting.len() as u64 <= self.cfg.options.log_max(), "awaited bodies are bounded");
     }
 }
 

@@ -80,14 +80,17 @@ impl<S: Service> Replica<S> {
                         // CFT: the accepted proposal is the certificate (Paxos).
                         slot.cert = Some(Cert { view: v, seq, value: value.clone(), writes: Vec::new() });
                     }
+                    let d = value.digest();
                     if v == view {
                         slot.enter_view(view);
                         slot.accept_sent |= !byzantine;
-                        let d = value.digest();
                         slot.value = Some((value, d));
                         if r.cfg.primary(view) == id {
                             r.next_propose = r.next_propose.max(seq + 1);
                         }
+                    } else if v < view {
+                        // A body a later NEW-VIEW may name by digest (`Slot::earlier`).
+                        slot.keep_earlier(v, value, d);
                     }
                 }
                 Record::Prepared(cert) if cert.seq > low => {
@@ -117,7 +120,7 @@ impl<S: Service> Replica<S> {
             }
             if slot.decided_value.is_none() {
                 let from_value = slot.value.as_ref().filter(|(_, x)| *x == d).map(|(v, _)| v.clone());
-                let from_cert = slot.cert.as_ref().filter(|c| c.value.digest() == d).map(|c| c.value.clone());
+                let from_cert = slot.cert.as_ref().filter(|c| c.digest() == d).map(|c| c.value.clone());
                 slot.decided_value = from_value.or(from_cert);
             }
         }

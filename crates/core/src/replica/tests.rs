@@ -5,7 +5,7 @@ use super::*;
 use crate::client::Client;
 use crate::config::Options;
 use crate::crypto::{PublicKey, Sig};
-use crate::message::{checkpoint_statement, write_statement, CheckpointVote, Reply, Write};
+use crate::message::{checkpoint_statement, write_statement, CertProof, CheckpointVote, Reply, Write};
 use crate::quorum::Quorums;
 use crate::service::{ExecCtx, RestoreError, Service};
 use crate::wal::Record;
@@ -158,6 +158,8 @@ struct Net {
     down: Vec<bool>,
     /// What each step asked to persist, for tests of the persistence rules.
     steps: Vec<StepRecord>,
+    /// The largest encoded VIEW-CHANGE or NEW-VIEW sent.
+    view_change_bytes: usize,
 }
 
 struct StepRecord {
@@ -178,6 +180,7 @@ impl Net {
             events: Vec::new(),
             down: vec![false; n],
             steps: Vec::new(),
+            view_change_bytes: 0,
         }
     }
 
@@ -190,6 +193,9 @@ impl Net {
             replies: out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Reply(_))).count(),
         });
         for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
+            if matches!(m, Message::ViewChange(_) | Message::NewView(_)) {
+                self.view_change_bytes = self.view_change_bytes.max(crate::codec::encode(&m).len());
+            }
             self.queue.push_back((Peer::Node(from), to, m));
         }
         self.events.extend(out.events.into_iter().map(|e| (from, e)));
@@ -316,7 +322,8 @@ fn a_recovered_node_keeps_its_vote() {
 
 #[test]
 fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
-    let cert = |view, seq, time| Cert { view, seq, value: Value { time, requests: vec![] }, writes: vec![] };
+    let value = |time| Value { time, requests: vec![] };
+    let cert = |view, seq, time| Cert { view, seq, value: value(time), writes: vec![(2, Sig([0; 64]))] }.proof();
     let stable = StableProof { seq: 0, root: Digest::default(), sigs: vec![] };
     let vc = |from, certs| ViewChange { view: 5, from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
     let d = view_change::decide_new_view(&[
@@ -325,9 +332,13 @@ fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
         vc(2, vec![]),
     ]);
     assert_eq!(d.values.len(), 3);
-    assert_eq!(d.values[&1].time, 111, "highest view wins");
-    assert_eq!(d.values[&2], Value::null(), "gap filled with null");
-    assert_eq!(d.values[&3].time, 300);
+    assert_eq!(d.values[&1].digest, value(111).digest(), "highest view wins");
+    assert_eq!(d.values[&2].digest, Value::null().digest(), "gap filled with null");
+    assert!(d.values[&2].holders.is_empty(), "null needs no body");
+    assert_eq!(d.values[&3].digest, value(300).digest());
+    // Holders: the node that named the certificate, then its writers.
+    assert_eq!(d.values[&1].holders, vec![1, 2]);
+    assert_eq!(d.values[&3].holders, vec![0, 2]);
 }
 
 #[test]
@@ -335,7 +346,12 @@ fn forged_view_change_certificates_are_rejected() {
     let cfg = config(1, 1);
     // Node 1 is the primary of view 1.
     let mut p = node(&cfg, 1);
-    let forged = Cert { view: 0, seq: 1, value: Value::null(), writes: (0..3).map(|n| (n, Sig([1; 64]))).collect() };
+    let forged = CertProof {
+        view: 0,
+        seq: 1,
+        digest: Value::null().digest(),
+        writes: (0..3).map(|n| (n, Sig([1; 64]))).collect(),
+    };
     let mut vc = ViewChange {
         view: 1,
         from: 2,
@@ -597,4 +613,113 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
     assert_eq!(b.executed(), 0, "decided, but the body is missing");
     b.step(10, Input::Message { from: Peer::Node(0), msg: Message::Propose { view: 0, seq: 1, value } }, &mut out);
     assert_eq!(b.executed(), 1, "the proposal brings the body: execute at once");
+}
+
+/// A NEW-VIEW for view 1 (BFT, n = 4) built from the view changes of nodes 0, 1 and 2,
+/// each naming `value` as prepared for instance 1 in view 0 with valid WRITE signatures.
+fn new_view_naming(value: &Value) -> NewView {
+    let d = value.digest();
+    let writes: Vec<(NodeId, Sig)> =
+        (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(0, 1, &d, n)))).collect();
+    let cert = CertProof { view: 0, seq: 1, digest: d, writes };
+    let stable = StableProof { seq: 0, root: Digest::default(), sigs: vec![] };
+    let view_changes = (0..3u32)
+        .map(|from| {
+            let mut vc =
+                ViewChange { view: 1, from, stable: stable.clone(), certs: vec![cert.clone()], sig: Sig([0; 64]) };
+            vc.sig = secrets(from).signing.sign(&vc.statement());
+            vc
+        })
+        .collect();
+    let mut nv = NewView { view: 1, view_changes, sig: Sig([0; 64]) };
+    nv.sig = secrets(1).signing.sign(&nv.statement());
+    nv
+}
+
+fn writes_for(out: &Outputs, view: View, seq: Seq) -> usize {
+    out.send_after_persist
+        .iter()
+        .filter(|(_, m)| matches!(m, Message::Write(w) if w.view == view && w.seq == seq))
+        .count()
+}
+
+#[test]
+fn a_re_proposal_named_by_digest_is_fetched_from_its_holders_before_the_vote() {
+    let cfg = config(1, 1);
+    let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
+    let nv = new_view_naming(&value);
+    // Node 3 never saw the proposal: it cannot vote for a digest it has no body for.
+    let mut b = node(&cfg, 3);
+    let out = step(&mut b, 20, Peer::Node(1), Message::NewView(nv));
+    assert_eq!(b.view(), 1);
+    assert_eq!(writes_for(&out, 1, 1), 0, "no vote without the body");
+    let fetch = Message::FetchValue { seq: 1, digest: value.digest() };
+    assert_eq!(out.send, vec![(Peer::Node(0), fetch.clone())], "asks the first node that named it");
+    // Unanswered: the next retransmission asks the next holder.
+    let mut out = Outputs::default();
+    b.step(20 + cfg.options.retransmit_ms, Input::Tick, &mut out);
+    assert!(out.send.contains(&(Peer::Node(1), fetch)));
+    // A body that does not hash to the named digest is rejected and changes nothing.
+    let wrong = Value { time: 11, requests: value.requests.clone() };
+    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: wrong });
+    assert!(matches!(rejected(&out)[..], [Reject::BadProof(_)]));
+    assert_eq!(writes_for(&out, 1, 1), 0);
+    // The right body: persisted, then voted for in the new view.
+    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: value.clone() });
+    assert!(rejected(&out).is_empty());
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 1, seq: 1, value: value.clone() })]);
+    assert_eq!(writes_for(&out, 1, 1), 3);
+    // A second answer is ignored, and nothing is fetched any more.
+    let out = step(&mut b, 30, Peer::Node(1), Message::ValueBody { seq: 1, value });
+    assert!(rejected(&out).is_empty() && out.persist.is_empty());
+    let mut out = Outputs::default();
+    b.step(40 + 2 * cfg.options.retransmit_ms, Input::Tick, &mut out);
+    assert!(!out.send.iter().any(|(_, m)| matches!(m, Message::FetchValue { .. })));
+}
+
+#[test]
+fn a_node_that_wrote_without_preparing_keeps_the_body_for_the_next_view_and_serves_it() {
+    let cfg = config(1, 1);
+    let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
+    // Node 3 accepted (wrote for) the value in view 0 but never saw Q WRITEs: no certificate.
+    let mut b = node(&cfg, 3);
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone() });
+    assert_eq!(writes_for(&out, 0, 1), 3);
+    let out = step(&mut b, 20, Peer::Node(1), Message::NewView(new_view_naming(&value)));
+    assert_eq!(writes_for(&out, 1, 1), 3, "votes at once from its earlier-view proposal");
+    assert!(!out.send.iter().any(|(_, m)| matches!(m, Message::FetchValue { .. })));
+    // And serves the body to a peer that lacks it; not a body with another digest.
+    let out = step(&mut b, 20, Peer::Node(2), Message::FetchValue { seq: 1, digest: value.digest() });
+    assert_eq!(out.send, vec![(Peer::Node(2), Message::ValueBody { seq: 1, value })]);
+    let out = step(&mut b, 20, Peer::Node(2), Message::FetchValue { seq: 1, digest: Value::null().digest() });
+    assert!(out.send.is_empty());
+}
+
+#[test]
+fn a_view_change_costs_the_same_whatever_the_request_size() {
+    // PBFT §4.4: certificates travel by digest. With bodies, 256 KiB requests made every
+    // VIEW-CHANGE and NEW-VIEW carry each of them again.
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    let big = vec![7u8; 256 << 10];
+    net.submit(&mut c, 0, &big);
+    assert!(net.result(&mut c).is_some());
+    net.down[0] = true;
+    net.submit(&mut c, 10, &big);
+    let mut now = 10;
+    while net.nodes[1].view() == 0 && now < 20 * cfg.options.request_timeout_ms {
+        now += 5;
+        net.tick(now);
+    }
+    assert_eq!(net.nodes[1].view(), 1);
+    assert!(net.view_change_bytes > 0, "view changes were sent");
+    assert!(net.view_change_bytes < 8 << 10, "VIEW-CHANGE / NEW-VIEW of {} bytes", net.view_change_bytes);
+    let mut result = None;
+    while result.is_none() && now < 40 * cfg.options.request_timeout_ms {
+        now += 5;
+        net.tick(now);
+        result = net.result(&mut c);
+    }
+    assert_eq!(result, Some(vec![2]), "the new view decides the pending request");
 }

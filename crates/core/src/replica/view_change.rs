@@ -4,20 +4,30 @@
 //!  STOP(t)        non-binding suspicion; resent while unanswered. A node joins with
 //!                 STOP(t') once r + 1 others ask for t' or more (one of them is correct).
 //!  VIEW-CHANGE(t) binding: sent once Q nodes ask for t or more; carries the signed stable
-//!                 checkpoint proof and every prepared certificate above it. From now on
-//!                 the node never acts in a view below t (rule 2).
+//!                 checkpoint proof and every prepared certificate above it, by digest.
+//!                 From now on the node never acts in a view below t (rule 2).
 //!  NEW-VIEW(t)    the primary of t, with Q valid VIEW-CHANGEs. Every node recomputes the
 //!                 re-proposals from them, so it is self-certifying and relayable.
+//!  FETCH-VALUE    a node that lacks the body of a re-proposed digest asks the nodes that
+//!                 named it; it votes once a body with that digest arrives.
 //! ```
+//!
+//! Certificates travel by digest (PBFT §4.4) so that a view change costs the same
+//! whatever the request size: with bodies, one VIEW-CHANGE held the whole log above the
+//! stable checkpoint (tens of MiB under 1 KiB requests), over the frame limit. The body
+//! of a chosen digest is held by every correct node that wrote for it: in its slot, its
+//! certificate or its earlier-view proposals (`Slot::body`).
 //!
 //! Separating STOP from VIEW-CHANGE is what lets a partitioned node come back: alone it
 //! only ever sends STOPs, never commits to a view nobody else will install, and so it
 //! can install whatever NEW-VIEW the majority reached once it hears of it.
 
 use super::{Event, Outputs, Peer, Reject, Replica};
+use crate::crypto::Digest;
 use crate::crypto::Sig;
 use crate::message::{
-    checkpoint_statement, write_statement, Message, NewView, NodeId, Seq, StableProof, Value, View, ViewChange,
+    checkpoint_statement, write_statement, CertProof, Message, NewView, NodeId, Seq, StableProof, Value, View,
+    ViewChange,
 };
 use crate::quorum::Mutation;
 use crate::service::Service;
@@ -30,7 +40,25 @@ pub(crate) struct Decision {
     /// The highest proven stable checkpoint among the view changes.
     pub stable: StableProof,
     /// The value to re-propose for every instance in `(stable.seq, max]`.
-    pub values: BTreeMap<Seq, Value>,
+    pub values: BTreeMap<Seq, Choice>,
+}
+
+/// The value NEW-VIEW re-proposes for one instance, by digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Choice {
+    pub digest: Digest,
+    /// Nodes that hold the body: the senders of view changes naming this certificate,
+    /// then its writers. Empty for the null value, which needs no body.
+    pub holders: Vec<NodeId>,
+}
+
+/// A re-proposal this node cannot vote for yet: it lacks the body.
+#[derive(Debug, Clone)]
+pub(super) struct Awaited {
+    digest: Digest,
+    holders: Vec<NodeId>,
+    /// FETCH-VALUEs sent so far; each retransmission asks the next holder.
+    asked: usize,
 }
 
 impl<S: Service> Replica<S> {
@@ -97,9 +125,10 @@ impl<S: Service> Replica<S> {
         let backoff = 1u64 << self.vc_attempts.min(6);
         self.vc_deadline = self.now + self.cfg.options.view_change_timeout_ms * backoff;
         self.vc_attempts += 1;
+        self.awaiting.clear();
         self.persist(Record::ViewChangeSent { view: t }, out);
         out.events.push(Event::ViewChangeStarted { view: t });
-        let vc = self.make_view_change(t);
+        let vc = self.own_view_change(t);
         self.view_changes.retain(|_, v| v.view >= t);
         let primary = self.cfg.primary(t);
         if primary == self.id {
@@ -110,11 +139,21 @@ impl<S: Service> Replica<S> {
         }
     }
 
-    fn make_view_change(&self, t: View) -> ViewChange {
-        let certs =
-            self.log.iter().filter(|(s, _)| **s > self.stable.seq).filter_map(|(_, slot)| slot.cert.clone()).collect();
+    /// This node's VIEW-CHANGE for `t`, built and signed once and resent as is: nothing
+    /// it carries changes while the node waits (it acts in no view meanwhile).
+    fn own_view_change(&mut self, t: View) -> ViewChange {
+        if let Some(vc) = self.own_view_change.as_ref().filter(|vc| vc.view == t) {
+            return vc.clone();
+        }
+        let certs = self
+            .log
+            .iter()
+            .filter(|(s, _)| **s > self.stable.seq)
+            .filter_map(|(_, slot)| slot.cert.as_ref().map(|c| c.proof()))
+            .collect();
         let mut vc = ViewChange { view: t, from: self.id, stable: self.stable.clone(), certs, sig: Sig([0; 64]) };
         vc.sig = self.secrets.signing.sign(&vc.statement());
+        self.own_view_change = Some(vc.clone());
         vc
     }
 
@@ -137,7 +176,8 @@ impl<S: Service> Replica<S> {
         if let Some(t) = self.vc_target {
             let primary = self.cfg.primary(t);
             if primary != self.id {
-                out.send.push((Peer::Node(primary), Message::ViewChange(self.make_view_change(t))));
+                let vc = self.own_view_change(t);
+                out.send.push((Peer::Node(primary), Message::ViewChange(vc)));
             }
         }
     }
@@ -234,9 +274,6 @@ impl<S: Service> Replica<S> {
             if cert.view >= vc.view {
                 return Err(Reject::BadProof("certificate from a view not below the new one"));
             }
-            if cert.value.requests.len() > self.cfg.options.batch_count_max {
-                return Err(Reject::BadProof("certificate value too large"));
-            }
             if !self.byzantine_mode() {
                 // CFT: a crash-faulty node reports its accepted value; nothing to verify.
                 continue;
@@ -244,13 +281,12 @@ impl<S: Service> Replica<S> {
             if self.cfg.quorums.mutation() == Some(Mutation::UnverifiedViewChangeProof) {
                 continue;
             }
-            let digest = cert.value.digest();
             let mut writers = BTreeSet::new();
             for (node, sig) in &cert.writes {
                 if *node as usize >= self.cfg.n() {
                     return Err(Reject::UnknownNode(*node));
                 }
-                if !self.keys.verify(*node, &write_statement(cert.view, cert.seq, &digest, *node), sig) {
+                if !self.keys.verify(*node, &write_statement(cert.view, cert.seq, &cert.digest, *node), sig) {
                     return Err(Reject::BadSignature { signer: *node });
                 }
                 writers.insert(*node);
@@ -301,6 +337,8 @@ impl<S: Service> Replica<S> {
         self.floor = floor;
         self.vc_target = None;
         self.vc_attempts = 0;
+        self.own_view_change = None;
+        self.awaiting.clear();
         self.new_view = Some(nv);
         self.view_changes.retain(|_, v| v.view > t);
         self.persist(Record::View { view: t, floor }, out);
@@ -320,16 +358,89 @@ impl<S: Service> Replica<S> {
         // run execution, which ends by proposing; a fresh proposal from inside this loop
         // would take a number that `next_propose` below hands out again. Hold them.
         let held = std::mem::replace(&mut self.proposals_held, true);
-        for (seq, value) in decision.values {
+        let null = Value::null().digest();
+        for (seq, choice) in decision.values {
             if seq <= self.stable.seq {
                 continue;
             }
-            self.accept_proposal(seq, value, out);
+            let body = if choice.digest == null {
+                Some(Value::null())
+            } else {
+                self.log.get(&seq).and_then(|slot| slot.body(&choice.digest)).cloned()
+            };
+            match body {
+                Some(value) => self.accept_proposal(seq, value, out),
+                None => {
+                    let holders = choice.holders.into_iter().filter(|&n| n != self.id).collect();
+                    self.awaiting.insert(seq, Awaited { digest: choice.digest, holders, asked: 0 });
+                }
+            }
         }
         self.next_propose = self.floor + 1;
         self.proposals_held = held;
+        self.fetch_awaited(out);
         self.replay_early_proposals(out);
         self.maybe_propose(out);
+    }
+
+    /// Asks for the body of every re-proposal still awaited, each time the next holder
+    /// (then any other node): called at install and on every retransmission tick.
+    pub(super) fn fetch_awaited(&mut self, out: &mut Outputs) {
+        if self.vc_target.is_some() {
+            return;
+        }
+        let (me, n) = (self.id, self.cfg.n() as NodeId);
+        for (&seq, a) in self.awaiting.iter_mut() {
+            let others = (0..n).filter(|&x| x != me).filter(|x| !a.holders.contains(x));
+            let order: Vec<NodeId> = a.holders.iter().copied().chain(others).collect();
+            if let Some(&peer) = order.get(a.asked % order.len().max(1)) {
+                a.asked += 1;
+                out.send.push((Peer::Node(peer), Message::FetchValue { seq, digest: a.digest }));
+            }
+        }
+    }
+
+    /// A peer lacks the body of a re-proposal: send ours if we hold one with that digest.
+    /// Each answer can be a whole batch, so a peer gets at most `log_max` of them per
+    /// retransmission period (what one NEW-VIEW can make it need).
+    pub(super) fn on_fetch_value(
+        &mut self,
+        from: NodeId,
+        seq: Seq,
+        digest: Digest,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
+        self.in_window(seq)?;
+        let Some(value) = self.log.get(&seq).and_then(|slot| slot.body(&digest)) else {
+            return Ok(());
+        };
+        let budget = &mut self.value_answers[from as usize];
+        if self.now >= budget.0 + self.cfg.options.retransmit_ms {
+            *budget = (self.now, 0);
+        }
+        if budget.1 >= self.cfg.options.log_max() {
+            return Err(Reject::Busy("value fetches"));
+        }
+        budget.1 += 1;
+        out.send.push((Peer::Node(from), Message::ValueBody { seq, value: value.clone() }));
+        Ok(())
+    }
+
+    /// The body of an awaited re-proposal: vote for it if it is the one NEW-VIEW named.
+    pub(super) fn on_value_body(&mut self, seq: Seq, value: Value, out: &mut Outputs) -> Result<(), Reject> {
+        if value.requests.len() > self.cfg.options.batch_count_max {
+            return Err(Reject::BadBatch("too many requests"));
+        }
+        // Unasked, or a second holder answering the same question: nothing to do.
+        let Some(awaited) = self.awaiting.get(&seq) else {
+            return Ok(());
+        };
+        if value.digest() != awaited.digest {
+            return Err(Reject::BadProof("value does not match the digest NEW-VIEW named"));
+        }
+        self.awaiting.remove(&seq);
+        self.accept_proposal(seq, value, out);
+        Ok(())
     }
 }
 
@@ -341,21 +452,35 @@ pub(crate) fn decide_new_view(vcs: &[ViewChange]) -> Decision {
         root: Default::default(),
         sigs: Vec::new(),
     });
-    let mut best: BTreeMap<Seq, (View, &Value)> = BTreeMap::new();
-    for cert in vcs.iter().flat_map(|vc| &vc.certs) {
-        if cert.seq <= stable.seq {
-            continue;
-        }
-        match best.get(&cert.seq) {
-            Some((v, _)) if *v >= cert.view => {}
-            _ => {
-                best.insert(cert.seq, (cert.view, &cert.value));
+    let mut best: BTreeMap<Seq, &CertProof> = BTreeMap::new();
+    // Who named which digest for an instance: those nodes hold its body.
+    let mut named: BTreeMap<(Seq, Digest), Vec<NodeId>> = BTreeMap::new();
+    for vc in vcs {
+        for cert in vc.certs.iter().filter(|c| c.seq > stable.seq) {
+            named.entry((cert.seq, cert.digest)).or_default().push(vc.from);
+            if best.get(&cert.seq).is_none_or(|b| b.view < cert.view) {
+                best.insert(cert.seq, cert);
             }
         }
     }
     let max = best.keys().next_back().copied().unwrap_or(stable.seq);
+    let null = Value::null().digest();
     let values = (stable.seq + 1..=max)
-        .map(|seq| (seq, best.get(&seq).map_or_else(Value::null, |(_, v)| (*v).clone())))
+        .map(|seq| {
+            let choice = match best.get(&seq) {
+                None => Choice { digest: null, holders: Vec::new() },
+                Some(cert) => {
+                    let mut holders = named.remove(&(seq, cert.digest)).unwrap_or_default();
+                    for (n, _) in &cert.writes {
+                        if !holders.contains(n) {
+                            holders.push(*n);
+                        }
+                    }
+                    Choice { digest: cert.digest, holders }
+                }
+            };
+            (seq, choice)
+        })
         .collect();
     Decision { stable, values }
 }
