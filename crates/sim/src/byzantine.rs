@@ -273,6 +273,14 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
             value.time = value.time.wrapping_add(1);
             Message::Decided { seq, value }
         }
+        Message::ValueBody { seq, mut value } => {
+            value.time = value.time.wrapping_add(1);
+            Message::ValueBody { seq, value }
+        }
+        Message::FetchValue { seq, mut digest } => {
+            flip(rng, &mut digest);
+            Message::FetchValue { seq, digest }
+        }
         Message::Chunk { seq, index, mut data } => {
             data.push(1);
             Message::Chunk { seq, index, data }

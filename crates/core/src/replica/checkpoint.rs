@@ -94,6 +94,9 @@ impl<S: Service> Replica<S> {
         self.persist(Record::Stable(self.stable.clone()), out);
         self.log = self.log.split_off(&(seq + 1));
         self.awaiting = self.awaiting.split_off(&(seq + 1));
+        for answers in &mut self.value_answers {
+            *answers = answers.split_off(&(seq + 1));
+        }
         self.checkpoint_votes = self.checkpoint_votes.split_off(&(seq + 1));
         let mut own = self.own_checkpoints.split_off(&seq);
         let at_stable = own.remove(&seq);

@@ -262,16 +262,20 @@ struct Slot {
     claimed_values: BTreeMap<Digest, Value>,
     /// When this node last voted in this slot, for retransmission.
     voted_at: u64,
-    /// Proposals this node accepted in earlier views (newest last, at most
-    /// [`EARLIER_KEPT`]): a NEW-VIEW names re-proposals by digest, and a node that wrote
-    /// for a value without preparing it has no certificate to find the body in. Keeping
-    /// them lets it vote at once and answer peers' `FetchValue`.
+    /// Non-null proposals this node accepted in earlier views, by distinct digest (newest
+    /// view last, at most [`EARLIER_KEPT`]): a NEW-VIEW names re-proposals by digest, and
+    /// a node that wrote for a value without preparing it has no certificate to find the
+    /// body in. Keeping them lets it vote at once and answer peers' `FetchValue`.
     earlier: Vec<(View, Value, Digest)>,
 }
 
-/// Earlier-view proposals a slot keeps. Holding a second value for one instance takes a
-/// view change that re-proposed something else there; two cover any realistic history,
-/// and a body nobody holds is still learned through catch-up or state transfer.
+/// Distinct earlier-view bodies a slot keeps. A correct node that wrote for a value drops
+/// its body only after accepting two other non-null values for the same instance in later
+/// views, i.e. after two more view changes that re-proposed different batches there and
+/// failed to prepare them. If every holder of a chosen body dropped it (and, in BFT mode,
+/// the only node naming it is faulty), the instance cannot decide in that view: request
+/// timers move to another view, whose NEW-VIEW may choose differently. A known liveness
+/// gap (docs/DESIGN-NOTES.md), not a safety one: nobody votes without the body.
 const EARLIER_KEPT: usize = 2;
 
 impl Slot {
@@ -288,6 +292,11 @@ impl Slot {
     }
 
     fn keep_earlier(&mut self, view: View, value: Value, digest: Digest) {
+        // The null value needs no body (NEW-VIEW fills gaps with it): it must not push out
+        // a real one.
+        if value.requests.is_empty() {
+            return;
+        }
         self.earlier.retain(|(_, _, d)| *d != digest);
         self.earlier.push((view, value, digest));
         self.earlier.sort_by_key(|(v, _, _)| *v);
@@ -359,8 +368,9 @@ pub struct Replica<S> {
     own_view_change: Option<ViewChange>,
     /// Re-proposals of the installed view whose bodies this node is fetching.
     awaiting: BTreeMap<Seq, view_change::Awaited>,
-    /// Per peer: (start of the current period, FETCH-VALUEs answered in it).
-    value_answers: Vec<(u64, u64)>,
+    /// Per peer: instance → when its body was last sent to that peer (one answer per
+    /// instance per retransmission period; instances in the window only).
+    value_answers: Vec<BTreeMap<Seq, u64>>,
 
     log: BTreeMap<Seq, Slot>,
     /// Primary: the next instance to propose.
@@ -425,7 +435,7 @@ impl<S: Service> Replica<S> {
             view_changes: BTreeMap::new(),
             own_view_change: None,
             awaiting: BTreeMap::new(),
-            value_answers: vec![(0, 0); n],
+            value_answers: vec![BTreeMap::new(); n],
             log: BTreeMap::new(),
             next_propose: 1,
             time_proposed: 0,
@@ -700,6 +710,10 @@ impl<S: Service> Replica<S> {
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
         assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");
         assert!(self.awaiting.len() as u64 <= self.cfg.options.log_max(), "awaited bodies are bounded");
+        assert!(
+            self.value_answers.iter().all(|a| a.len() as u64 <= self.cfg.options.log_max()),
+            "value answers are remembered for instances in the window only"
+        );
     }
 }
 

@@ -15,8 +15,9 @@
 //! Certificates travel by digest (PBFT §4.4) so that a view change costs the same
 //! whatever the request size: with bodies, one VIEW-CHANGE held the whole log above the
 //! stable checkpoint (tens of MiB under 1 KiB requests), over the frame limit. The body
-//! of a chosen digest is held by every correct node that wrote for it: in its slot, its
-//! certificate or its earlier-view proposals (`Slot::body`).
+//! of a chosen digest is normally held by every correct node that wrote for it: in its
+//! slot, its certificate or its earlier-view proposals (`Slot::body`, and `EARLIER_KEPT`
+//! in mod.rs for when it is not).
 //!
 //! Separating STOP from VIEW-CHANGE is what lets a partitioned node come back: alone it
 //! only ever sends STOPs, never commits to a view nobody else will install, and so it
@@ -47,8 +48,8 @@ pub(crate) struct Decision {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Choice {
     pub digest: Digest,
-    /// Nodes that hold the body: the senders of view changes naming this certificate,
-    /// then its writers. Empty for the null value, which needs no body.
+    /// Nodes expected to hold the body: the senders of view changes naming this
+    /// certificate, then its writers. Empty for the null value, which needs no body.
     pub holders: Vec<NodeId>,
 }
 
@@ -139,10 +140,13 @@ impl<S: Service> Replica<S> {
         }
     }
 
-    /// This node's VIEW-CHANGE for `t`, built and signed once and resent as is: nothing
-    /// it carries changes while the node waits (it acts in no view meanwhile).
+    /// This node's VIEW-CHANGE for `t`, built and signed once and resent as is. Its
+    /// certificates cannot change while the node waits (it acts in no view); its stable
+    /// checkpoint can advance (checkpoint votes, a peer's proof), and then it is rebuilt,
+    /// so that the new view does not re-propose instances that are already stable.
     fn own_view_change(&mut self, t: View) -> ViewChange {
-        if let Some(vc) = self.own_view_change.as_ref().filter(|vc| vc.view == t) {
+        let current = |vc: &&ViewChange| vc.view == t && vc.stable.seq == self.stable.seq;
+        if let Some(vc) = self.own_view_change.as_ref().filter(current) {
             return vc.clone();
         }
         let certs = self
@@ -384,16 +388,28 @@ impl<S: Service> Replica<S> {
     }
 
     /// Asks for the body of every re-proposal still awaited, each time the next holder
-    /// (then any other node): called at install and on every retransmission tick.
+    /// (then any other node): called at install and on every retransmission tick. A body
+    /// that arrived meanwhile by another way (catch-up claims) is voted for instead.
     pub(super) fn fetch_awaited(&mut self, out: &mut Outputs) {
         if self.vc_target.is_some() {
             return;
+        }
+        let found: Vec<(Seq, Value)> = self
+            .awaiting
+            .iter()
+            .filter_map(|(&seq, a)| self.log.get(&seq).and_then(|s| s.body(&a.digest)).map(|v| (seq, v.clone())))
+            .collect();
+        for (seq, value) in found {
+            self.awaiting.remove(&seq);
+            self.accept_proposal(seq, value, out);
         }
         let (me, n) = (self.id, self.cfg.n() as NodeId);
         for (&seq, a) in self.awaiting.iter_mut() {
             let others = (0..n).filter(|&x| x != me).filter(|x| !a.holders.contains(x));
             let order: Vec<NodeId> = a.holders.iter().copied().chain(others).collect();
-            if let Some(&peer) = order.get(a.asked % order.len().max(1)) {
+            // Nodes start at different holders, so one holder does not answer everyone.
+            let start = (me as usize).wrapping_add(seq as usize);
+            if let Some(&peer) = order.get(start.wrapping_add(a.asked) % order.len().max(1)) {
                 a.asked += 1;
                 out.send.push((Peer::Node(peer), Message::FetchValue { seq, digest: a.digest }));
             }
@@ -401,8 +417,8 @@ impl<S: Service> Replica<S> {
     }
 
     /// A peer lacks the body of a re-proposal: send ours if we hold one with that digest.
-    /// Each answer can be a whole batch, so a peer gets at most `log_max` of them per
-    /// retransmission period (what one NEW-VIEW can make it need).
+    /// A small question can pull a whole batch, so each peer gets one answer per instance
+    /// per retransmission period (what a node fetching honestly asks for at most).
     pub(super) fn on_fetch_value(
         &mut self,
         from: NodeId,
@@ -410,18 +426,20 @@ impl<S: Service> Replica<S> {
         digest: Digest,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
-        self.in_window(seq)?;
+        if seq <= self.stable.seq || seq > self.high_water() {
+            // Stable here (the asker will learn it by STATUS), or beyond a window this
+            // node has not reached yet: nothing to answer, and nothing wrong with asking.
+            return Ok(());
+        }
         let Some(value) = self.log.get(&seq).and_then(|slot| slot.body(&digest)) else {
             return Ok(());
         };
-        let budget = &mut self.value_answers[from as usize];
-        if self.now >= budget.0 + self.cfg.options.retransmit_ms {
-            *budget = (self.now, 0);
+        let period = self.cfg.options.retransmit_ms;
+        let last = self.value_answers[from as usize].get(&seq).copied();
+        if last.is_some_and(|at| self.now < at + period) {
+            return Err(Reject::Busy("value fetched again within a retransmission period"));
         }
-        if budget.1 >= self.cfg.options.log_max() {
-            return Err(Reject::Busy("value fetches"));
-        }
-        budget.1 += 1;
+        self.value_answers[from as usize].insert(seq, self.now);
         out.send.push((Peer::Node(from), Message::ValueBody { seq, value: value.clone() }));
         Ok(())
     }
