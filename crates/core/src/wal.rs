@@ -6,9 +6,11 @@
 //! reply. So a node that crashes and recovers never contradicts what it said (UpRight §4.2:
 //! safe even if every node crashes at once).
 //!
-//! Framing of one record: `len: u32 LE | crc32c(payload): u32 LE | payload (postcard)`.
-//! Recovery reads records until the first one that is short or fails its checksum (a torn
-//! last write) and reports where the valid prefix ends, so the tail can be truncated.
+//! Framing of one record: `len: u32 LE | crc32c(segment LE ++ payload): u32 LE | payload
+//! (postcard)`. Recovery reads records until the first one that is short or fails its
+//! checksum (a torn last write) and reports where the valid prefix ends, so the tail can
+//! be truncated. The checksum covers the number of the segment the record was written to,
+//! so that a recycled segment file's old records fail it and read as the end of the log.
 
 use crate::crypto::Digest;
 use crate::message::{Cert, Seq, StableProof, Value, View};
@@ -47,13 +49,23 @@ const HEADER: usize = 8;
 /// A record larger than this is corruption, not data (it would not fit a frame either).
 pub const RECORD_BYTES_MAX: usize = crate::codec::FRAME_MAX;
 
+/// `record` framed for segment 0 (logs that are never recycled).
 pub fn encode_record(record: &Record) -> Vec<u8> {
+    encode_record_in(record, 0)
+}
+
+/// `record` framed for the segment numbered `segment`.
+pub fn encode_record_in(record: &Record, segment: u64) -> Vec<u8> {
     let payload = postcard::to_allocvec(record).unwrap_or_default();
     let mut out = Vec::with_capacity(HEADER + payload.len());
     out.extend((payload.len() as u32).to_le_bytes());
-    out.extend(crc32c::crc32c(&payload).to_le_bytes());
+    out.extend(checksum(segment, &payload).to_le_bytes());
     out.extend(payload);
     out
+}
+
+fn checksum(segment: u64, payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&segment.to_le_bytes()), payload)
 }
 
 /// The records of a log, and the length of its valid prefix.
@@ -78,7 +90,14 @@ pub enum TailError {
     Malformed { offset: usize },
 }
 
+/// The records of a log written as segment 0.
 pub fn decode_log(bytes: &[u8]) -> Decoded {
+    decode_segment(bytes, 0)
+}
+
+/// The records of the segment numbered `segment`: a record framed for another segment
+/// ends the valid prefix like a torn one.
+pub fn decode_segment(bytes: &[u8], segment: u64) -> Decoded {
     let mut records = Vec::new();
     let mut offset = 0;
     let tail = loop {
@@ -97,7 +116,7 @@ pub fn decode_log(bytes: &[u8]) -> Decoded {
         let Some(payload) = rest.get(HEADER..HEADER + len) else {
             break Some(TailError::Truncated { offset });
         };
-        if crc32c::crc32c(payload) != crc {
+        if checksum(segment, payload) != crc {
             break Some(TailError::Checksum { offset });
         }
         // The whole payload must be one record: bytes left over mean the record is not
@@ -158,11 +177,27 @@ mod tests {
     fn a_checksummed_record_with_trailing_bytes_is_malformed() {
         // Minimized by cargo-fuzz: ViewChangeSent { view: 1 } plus a stray byte, with a
         // correct CRC over all three payload bytes.
-        let bytes = [0x03, 0x00, 0x00, 0x00, 0x9b, 0x4e, 0x26, 0xf0, 0x01, 0x01, 0x06];
+        let payload = [0x01, 0x01, 0x06];
+        let mut bytes = vec![0x03, 0x00, 0x00, 0x00];
+        bytes.extend(checksum(0, &payload).to_le_bytes());
+        bytes.extend(payload);
         let d = decode_log(&bytes);
         assert!(d.records.is_empty());
         assert_eq!(d.valid_len, 0);
         assert_eq!(d.tail, Some(TailError::Malformed { offset: 0 }));
+    }
+
+    #[test]
+    fn records_of_another_segment_end_the_log() {
+        // A recycled segment file: the new segment's records, then the old one's.
+        let mut bytes: Vec<u8> = sample()[..1].iter().flat_map(|r| encode_record_in(r, 9)).collect();
+        let new_len = bytes.len();
+        bytes.extend(sample()[1..].iter().flat_map(|r| encode_record_in(r, 4)));
+        let d = decode_segment(&bytes, 9);
+        assert_eq!(d.records, sample()[..1].to_vec());
+        assert_eq!(d.valid_len, new_len);
+        assert_eq!(d.tail, Some(TailError::Checksum { offset: new_len }));
+        assert_eq!(decode_segment(&bytes, 4).records, Vec::<Record>::new());
     }
 
     #[test]
