@@ -74,6 +74,19 @@ impl Cluster {
         self.nodes[i] = Some(child);
     }
 
+    /// kill -9 of every node at once.
+    fn kill_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+
+    fn start_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.start(i);
+        }
+    }
+
     /// kill -9.
     fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.nodes[i].take() {
@@ -107,9 +120,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for i in 0..self.nodes.len() {
-            self.kill(i);
-        }
+        self.kill_all();
     }
 }
 
@@ -233,13 +244,9 @@ async fn total_outage_loses_no_acknowledged_write() {
     let writers = start_writers(&cluster, 3, stop.clone(), acked.clone());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     // Every node at once, while writes are in flight.
-    for i in 0..cluster.nodes.len() {
-        cluster.kill(i);
-    }
+    cluster.kill_all();
     *stop.lock().expect("lock") = true;
-    for i in 0..cluster.nodes.len() {
-        cluster.start(i);
-    }
+    cluster.start_all();
     for w in writers {
         w.await.expect("writer");
     }
@@ -286,13 +293,9 @@ async fn outage_under_heavy_load(u: u32, r: u32) {
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(4000)).await;
-    for i in 0..cluster.nodes.len() {
-        cluster.kill(i);
-    }
+    cluster.kill_all();
     *stop.lock().expect("lock") = true;
-    for i in 0..cluster.nodes.len() {
-        cluster.start(i);
-    }
+    cluster.start_all();
     let mut loaded = 0;
     for l in loaders {
         loaded += l.await.expect("loader");
