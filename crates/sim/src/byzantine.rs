@@ -16,6 +16,8 @@ use std::collections::{BTreeMap, VecDeque};
 
 /// Messages a Byzantine node remembers for replays.
 const REPLAY_BUFFER_MAX: usize = 128;
+/// Forged values a Byzantine node keeps so it can serve them when asked.
+const FORGED_KEPT_MAX: usize = 64;
 
 #[derive(Debug, Clone, Default)]
 pub struct Behaviours {
@@ -88,6 +90,10 @@ pub struct Byzantine {
     history: VecDeque<Message>,
     /// (view, seq) → the alternative value told to odd-numbered nodes.
     alternatives: BTreeMap<(u64, u64), Value>,
+    /// Bodies of the values its forged certificates name, in forging order. A forger that
+    /// could not hand out the body would only stall the instance: view changes carry
+    /// digests, so the new primary fetches the body from the certificate's holders.
+    forged: VecDeque<(u64, Digest, Value)>,
     pub lies: LieCounts,
 }
 
@@ -104,15 +110,25 @@ impl Byzantine {
             signing,
             history: VecDeque::new(),
             alternatives: BTreeMap::new(),
+            forged: VecDeque::new(),
             lies: LieCounts::default(),
         }
     }
 
-    /// Remembers a message the node received, for later replay.
-    pub fn observe(&mut self, msg: &Message) {
+    /// Remembers a message the node received, for later replay, and answers a request
+    /// for the body of a value it forged (the honest replica underneath never saw it).
+    pub fn observe(&mut self, from: Peer, msg: &Message) -> Vec<Frame> {
         if self.behaviours.replay {
             self.remember(msg.clone());
         }
+        if let Message::FetchValue { seq, digest } = msg {
+            if let Some((_, _, value)) = self.forged.iter().find(|(s, d, _)| s == seq && d == digest) {
+                self.lies.forged_view_changes += 1;
+                let body = Message::ValueBody { seq: *seq, value: value.clone() };
+                return vec![(from, keel_core::codec::encode(&body))];
+            }
+        }
+        Vec::new()
     }
 
     fn remember(&mut self, msg: Message) {
@@ -224,7 +240,12 @@ impl Byzantine {
             let forged = Request { client: 424_242, seq: rng.gen(), op: vec![0xde, 0xad].into(), auth: Vec::new() };
             let value = Value { time: 0, requests: vec![forged] };
             let writes = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
-            vc.certs.push(CertProof { view: vc.view.saturating_sub(1), seq, digest: value.digest(), writes });
+            let digest = value.digest();
+            vc.certs.push(CertProof { view: vc.view.saturating_sub(1), seq, digest, writes });
+            if self.forged.len() == FORGED_KEPT_MAX {
+                self.forged.pop_front();
+            }
+            self.forged.push_back((seq, digest, value));
         }
         if rng.gen_bool(0.3) {
             // Also claim a stable checkpoint far ahead.

@@ -627,8 +627,12 @@ impl<W: Workload> World<W> {
         };
         match to {
             Peer::Node(n) => {
-                if let Some(b) = self.nodes[n as usize].byzantine.as_mut() {
-                    b.observe(&msg);
+                let answers = match self.nodes[n as usize].byzantine.as_mut() {
+                    Some(b) => b.observe(from, &msg),
+                    None => Vec::new(),
+                };
+                for (answer_to, frame) in answers {
+                    self.transmit(to, answer_to, frame);
                 }
                 self.step_node(n, Input::Message { from, msg });
             }
