@@ -279,6 +279,13 @@ struct Slot {
 const EARLIER_KEPT: usize = 2;
 
 impl Slot {
+    /// A WRITE in `view` for `digest` cannot change anything here: this node already
+    /// prepared in that view, or accepted another value in it (only the accepted value's
+    /// WRITEs count toward the certificate).
+    fn write_unneeded(&self, view: View, digest: &Digest) -> bool {
+        self.view == view && (self.accept_sent || self.value.as_ref().is_some_and(|(_, d)| d != digest))
+    }
+
     fn enter_view(&mut self, view: View) {
         if self.view != view {
             if let Some((value, digest)) = self.value.take() {

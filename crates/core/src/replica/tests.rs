@@ -137,6 +137,32 @@ fn writes_with_bad_signatures_do_not_count() {
 }
 
 #[test]
+fn writes_a_node_no_longer_needs_are_not_checked() {
+    let cfg = config(1, 1);
+    let mut b = node(&cfg, 1);
+    let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
+    let d = value.digest();
+    let write = |from: u32, digest: Digest| {
+        let sig = secrets(from).signing.sign(&write_statement(0, 1, &digest, from));
+        Message::Write(Write { view: 0, seq: 1, digest, sig })
+    };
+    let bad = |digest: Digest| Message::Write(Write { view: 0, seq: 1, digest, sig: Sig([0; 64]) });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone() });
+    // A WRITE for another value than the accepted one can never count: not checked.
+    let other = Value::null().digest();
+    assert!(rejected(&step(&mut b, 10, Peer::Node(3), bad(other))).is_empty());
+    // Before the certificate is complete a WRITE for our value is checked...
+    assert_eq!(rejected(&step(&mut b, 10, Peer::Node(3), bad(d))), vec![Reject::BadSignature { signer: 3 }]);
+    step(&mut b, 10, Peer::Node(0), write(0, d));
+    let out = step(&mut b, 10, Peer::Node(2), write(2, d));
+    let accepts = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Accept { .. })).count();
+    assert_eq!(accepts, 3, "prepared with its own, node 0's and node 2's WRITE");
+    // ...and after it, nothing it brings is looked at.
+    let out = step(&mut b, 10, Peer::Node(3), bad(d));
+    assert!(rejected(&out).is_empty() && out.is_empty(), "{out:?}");
+}
+
+#[test]
 fn messages_from_unknown_nodes_and_wrong_peers_are_rejected() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
