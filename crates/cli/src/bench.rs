@@ -10,8 +10,9 @@
 //! never asserted.
 
 use clap::Args;
+use keel_core::message::ReadConsistency;
 use keel_kv::{KvRequest, Null};
-use keel_runtime::client::KeelClient;
+use keel_runtime::client::{InvokeError, KeelClient};
 use keel_runtime::config::{first_client_id, init, ClientFile, InitOptions, NodeFile};
 use keel_runtime::storage::FsyncPolicy;
 use std::path::{Path, PathBuf};
@@ -57,6 +58,23 @@ pub struct BenchArgs {
     /// Skip the unreplicated baseline.
     #[arg(long)]
     no_baseline: bool,
+    /// KV service: the operation, `put` or `get` (gets read keys the warm-up wrote).
+    #[arg(long, default_value = "put", value_parser = ["put", "get"])]
+    op: String,
+    /// How gets read: `ordered` like writes, or read-only (`linearizable`, `serializable`;
+    /// ARCHITECTURE §7).
+    #[arg(long, default_value = "ordered", value_parser = ["ordered", "linearizable", "serializable"])]
+    read: String,
+}
+
+impl BenchArgs {
+    fn read_consistency(&self) -> Option<ReadConsistency> {
+        match (self.op.as_str(), self.read.as_str()) {
+            ("get", "linearizable") => Some(ReadConsistency::Linearizable),
+            ("get", "serializable") => Some(ReadConsistency::Serializable),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -99,15 +117,28 @@ fn node_pids(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// The `n`-th operation of worker `worker`. KV workers write interleaved keys so that
-/// all `keys` are in use whatever the number of workers.
-fn operation(service: &str, req: usize, reply: u32, keys: u64, worker: usize, n: u64) -> Vec<u8> {
+/// The `n`-th operation of worker `worker`. KV workers use interleaved keys so that all
+/// `keys` are in use whatever the number of workers.
+fn operation(service: &str, get: bool, req: usize, reply: u32, keys: u64, worker: usize, n: u64) -> Vec<u8> {
     match service {
         "null" => Null::request(req, reply),
         _ => {
-            let key = (worker as u64).wrapping_mul(7_919).wrapping_add(n) % keys.max(1);
-            KvRequest::Put { key: format!("b{key}").into_bytes(), value: vec![b'x'; req] }.encode()
+            let key = format!("b{}", (worker as u64).wrapping_mul(7_919).wrapping_add(n) % keys.max(1)).into_bytes();
+            if get {
+                KvRequest::Get { key }.encode()
+            } else {
+                KvRequest::Put { key, value: vec![b'x'; req] }.encode()
+            }
         }
+    }
+}
+
+/// Runs `op` ordered, or read-only with `read`.
+async fn call(c: &KeelClient, op: Vec<u8>, read: Option<ReadConsistency>) -> Result<Vec<u8>, InvokeError> {
+    let timeout = Duration::from_secs(10);
+    match read {
+        None => c.invoke(op, timeout).await,
+        Some(consistency) => c.invoke_read_only(op, consistency, timeout).await,
     }
 }
 
@@ -123,11 +154,29 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
         conns.push(KeelClient::connect_sessions(setup, sessions).map_err(|e| e.to_string())?);
     }
     // Warm-up: connections and the first round trip of every session are not measured.
+    // Gets read what the warm-up writes: every key once.
+    let get = service == "kv" && a.op == "get";
     let mut warm = Vec::new();
-    for c in &conns {
-        for _ in 0..sessions {
-            let (c, op) = (c.clone(), operation(service, a.req, a.reply, a.keys, 0, 0));
-            warm.push(tokio::spawn(async move { c.invoke(op, Duration::from_secs(10)).await.is_ok() }));
+    for (i, c) in conns.iter().enumerate() {
+        for s in 0..sessions {
+            let c = c.clone();
+            let ops: Vec<Vec<u8>> = if get {
+                let worker = i * sessions + s;
+                let writers = (conns.len() * sessions) as u64;
+                (0..a.keys.div_ceil(writers))
+                    .map(|n| operation(service, false, a.req, a.reply, a.keys, worker, n * writers))
+                    .collect()
+            } else {
+                vec![operation(service, false, a.req, a.reply, a.keys, 0, 0)]
+            };
+            warm.push(tokio::spawn(async move {
+                for op in ops {
+                    if c.invoke(op, Duration::from_secs(10)).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }));
         }
     }
     for w in warm {
@@ -142,15 +191,15 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
     let mut handles = Vec::new();
     let workers = conns.iter().flat_map(|c| std::iter::repeat_n(c.clone(), sessions));
     for (i, c) in workers.enumerate() {
-        let (service, req, reply, keys) = (service.to_string(), a.req, a.reply, a.keys);
+        let (service, req, reply, keys, read) = (service.to_string(), a.req, a.reply, a.keys, a.read_consistency());
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut errors = 0;
             let mut n = 0u64;
             while Instant::now() < end {
-                let op = operation(&service, req, reply, keys, i, n);
+                let op = operation(&service, get, req, reply, keys, i, n);
                 let t = Instant::now();
-                match c.invoke(op, Duration::from_secs(10)).await {
+                match call(&c, op, read).await {
                     Ok(_) => lat.push(t.elapsed()),
                     Err(_) => errors += 1,
                 }
@@ -315,7 +364,11 @@ pub fn run(a: BenchArgs) -> ExitCode {
         node0.fsync, a.req, a.reply, a.duration, a.outstanding
     );
     if service == "kv" {
-        println!("# kv puts over {} distinct keys (state up to {} KiB)", a.keys, a.keys * a.req as u64 / 1024);
+        let what = match (a.op.as_str(), a.read.as_str()) {
+            ("get", read) => format!("gets ({read})"),
+            _ => "puts".to_string(),
+        };
+        println!("# kv {what} over {} distinct keys (state up to {} KiB)", a.keys, a.keys * a.req as u64 / 1024);
     }
     println!("target\tclients\tops/s\tp50_ms\tp90_ms\tp99_ms\terrors\tnode_cpu%\tclient_cpu%\tratio_to_baseline");
     let mut rows = Vec::new();

@@ -1,6 +1,7 @@
 //! `keel kv`: the KV service's command line client.
 
 use clap::{Args, Subcommand};
+use keel_core::message::ReadConsistency;
 use keel_kv::{KvRequest, KvResponse};
 use keel_runtime::client::BlockingClient;
 use keel_runtime::config::{first_client_id, ClientFile};
@@ -31,6 +32,8 @@ enum KvOp {
     },
     Get {
         key: String,
+        #[command(flatten)]
+        read: ReadArgs,
     },
     Del {
         key: String,
@@ -45,7 +48,32 @@ enum KvOp {
         prefix: String,
         #[arg(long, default_value_t = 100)]
         limit: u32,
+        #[command(flatten)]
+        read: ReadArgs,
     },
+}
+
+/// How a get or scan reads (ARCHITECTURE §7). Default: ordered like a write.
+#[derive(Args, Debug, Clone, Copy)]
+struct ReadArgs {
+    /// Read without ordering: every node answers from its state and the result stands on
+    /// a quorum of matching answers (linearizable); on a mismatch the read is ordered.
+    #[arg(long)]
+    read_only: bool,
+    /// With --read-only: r + 1 matching answers that reflect this client's own writes,
+    /// possibly not others' latest (serializable; cheaper, still consistent).
+    #[arg(long, requires = "read_only")]
+    serializable: bool,
+}
+
+impl ReadArgs {
+    fn consistency(self) -> Option<ReadConsistency> {
+        match (self.read_only, self.serializable) {
+            (false, _) => None,
+            (true, false) => Some(ReadConsistency::Linearizable),
+            (true, true) => Some(ReadConsistency::Serializable),
+        }
+    }
 }
 
 pub fn run(a: KvArgs) -> ExitCode {
@@ -58,16 +86,23 @@ pub fn run(a: KvArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let mut read = None;
     let req = match a.op {
         KvOp::Put { key, value } => KvRequest::Put { key: key.into_bytes(), value: value.into_bytes() },
-        KvOp::Get { key } => KvRequest::Get { key: key.into_bytes() },
+        KvOp::Get { key, read: how } => {
+            read = how.consistency();
+            KvRequest::Get { key: key.into_bytes() }
+        }
         KvOp::Del { key } => KvRequest::Delete { key: key.into_bytes() },
         KvOp::Cas { key, expected, new } => KvRequest::Cas {
             key: key.into_bytes(),
             expected: (expected != "-").then(|| expected.into_bytes()),
             new: new.into_bytes(),
         },
-        KvOp::Scan { prefix, limit } => KvRequest::Scan { prefix: prefix.into_bytes(), limit },
+        KvOp::Scan { prefix, limit, read: how } => {
+            read = how.consistency();
+            KvRequest::Scan { prefix: prefix.into_bytes(), limit }
+        }
     };
     let mut client = match BlockingClient::connect(setup) {
         Ok(c) => c,
@@ -76,7 +111,12 @@ pub fn run(a: KvArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let bytes = match client.invoke(req.encode(), Duration::from_secs(a.timeout)) {
+    let timeout = Duration::from_secs(a.timeout);
+    let result = match read {
+        None => client.invoke(req.encode(), timeout),
+        Some(consistency) => client.invoke_read_only(req.encode(), consistency, timeout),
+    };
+    let bytes = match result {
         Ok(b) => b,
         Err(e) => {
             eprintln!("error: {e}");

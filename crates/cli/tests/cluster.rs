@@ -4,6 +4,7 @@
 //! Every node a test starts is a child it holds and kills by handle at the end (Drop),
 //! never by name.
 
+use keel_core::message::ReadConsistency;
 use keel_kv::{KvRequest, KvResponse};
 use keel_runtime::client::KeelClient;
 use keel_runtime::config::ClientFile;
@@ -437,4 +438,73 @@ async fn one_client_identity_keeps_many_operations_in_flight_over_sessions() {
     assert!(KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), 0).is_err());
     let too_many = 1 + keel_core::message::SESSIONS_MAX as usize;
     assert!(KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), too_many).is_err());
+}
+
+async fn read_only(c: &KeelClient, k: &str, consistency: ReadConsistency) -> Option<String> {
+    let op = KvRequest::Get { key: k.into() }.encode();
+    let bytes = c.invoke_read_only(op, consistency, OP_TIMEOUT).await.expect("read answers");
+    match KvResponse::decode(&bytes).expect("decodes") {
+        KvResponse::Value(v) => v.map(|v| String::from_utf8_lossy(&v).to_string()),
+        other => panic!("unexpected get result {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_reads_skip_ordering_and_see_every_completed_write() {
+    use keel_core::message::ReadConsistency::{Linearizable, Serializable};
+    let mut cluster = Cluster::init(1, 1);
+    let writer = cluster.client(1000);
+    let reader = cluster.client(1001);
+    put(&writer, "k", "v1").await.expect("put");
+    assert_eq!(read_only(&reader, "k", Linearizable).await.as_deref(), Some("v1"));
+    put(&writer, "k", "v2").await.expect("put");
+    assert_eq!(read_only(&writer, "k", Serializable).await.as_deref(), Some("v2"), "reads its own write");
+
+    // Without writes, read-only reads order nothing: no node executes another request.
+    let executed =
+        |c: &Cluster| (0..4).map(|i| metric(&c.metrics(i), "keel_executed_requests_total")).collect::<Vec<_>>();
+    let before = executed(&cluster);
+    for _ in 0..50 {
+        assert_eq!(read_only(&reader, "k", Linearizable).await.as_deref(), Some("v2"));
+        assert_eq!(read_only(&reader, "k", Serializable).await.as_deref(), Some("v2"));
+    }
+    assert_eq!(executed(&cluster), before, "read-only reads were ordered");
+
+    // Under concurrent writes, a linearizable read never returns a value older than the
+    // last write acknowledged before it began (values are increasing counters).
+    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        let c = cluster.client(1002);
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                put(&c, "ctr", &n.to_string()).await.expect("put");
+                acked.store(n, std::sync::atomic::Ordering::SeqCst);
+            }
+            n
+        })
+    };
+    let started = Instant::now();
+    let mut reads = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let floor = acked.load(std::sync::atomic::Ordering::SeqCst);
+        let got: u64 = read_only(&reader, "ctr", Linearizable).await.map_or(0, |v| v.parse().expect("counter"));
+        assert!(got >= floor, "stale read: {got} after {floor} was acknowledged");
+        reads += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let writes = w.await.expect("writer");
+    eprintln!("{reads} linearizable reads beside {writes} writes");
+
+    // With one node down, Q answers remain: reads still complete.
+    cluster.kill(3);
+    assert_eq!(read_only(&reader, "k", Linearizable).await.as_deref(), Some("v2"));
+    // A write sent read-only is refused by the service and ordered instead.
+    let put_op = KvRequest::Put { key: "k".into(), value: "v3".into() }.encode();
+    let done = reader.invoke_read_only(put_op, Linearizable, OP_TIMEOUT).await.expect("ordered instead");
+    assert_eq!(KvResponse::decode(&done), Ok(KvResponse::Done));
+    assert_eq!(get(&reader, "k").await.as_deref(), Some("v3"));
 }

@@ -1,13 +1,21 @@
 //! The client side of the protocol, sans-IO: request ids, MAC authenticators,
-//! retransmission, reply voting and view tracking.
+//! retransmission, reply voting, view tracking and read-only operations.
 //!
 //! A request goes to every order node (`auth = mac`). The client accepts a result once
 //! r + 1 nodes vouch for the same result digest and it holds the full result matching it:
 //! one designated node sends the full reply, the others only its digest. A retransmission
 //! makes every node answer in full from its reply cache.
+//!
+//! A read-only operation ([`Client::invoke_read_only`]) goes to every node as a
+//! [`Read`] and is accepted on [`Quorums::read_quorum`] matching answers. When the
+//! answers can no longer reach that many (nodes at different points of the sequence, a
+//! service that says the operation is not read-only) or none arrived within the
+//! retransmission timeout, the client orders the operation instead, under a fresh
+//! sequence number; the result is then an ordered one. Messages that such a switch
+//! produces while handling a reply are collected by [`Client::poll_send`].
 
 use crate::crypto::{Digest, MacKey};
-use crate::message::{ClientId, Message, NodeId, Reply, ReplyBody, Request, View};
+use crate::message::{ClientId, Message, NodeId, Payload, Read, ReadConsistency, Reply, ReplyBody, Request, View};
 use crate::quorum::Quorums;
 use std::collections::BTreeMap;
 
@@ -22,11 +30,20 @@ pub enum ClientError {
 /// One in-flight operation.
 #[derive(Debug)]
 struct Inflight {
-    request: Request,
+    /// The ordered request, or the read-only operation.
+    kind: Kind,
+    /// The sequence number replies must name.
+    seq: u64,
     /// When it was last (re)sent.
     sent_at: u64,
     /// Per node: the result digest it vouched for, and the full result if it sent one.
     replies: BTreeMap<NodeId, (Digest, Option<Vec<u8>>)>,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Ordered(Request),
+    Read(Read),
 }
 
 pub struct Client {
@@ -34,19 +51,39 @@ pub struct Client {
     quorums: Quorums,
     /// MAC key shared with each order node, by node id.
     keys: Vec<MacKey>,
-    /// Last sequence number used.
+    /// Last sequence number used (ordered requests and reads share the sequence).
     seq: u64,
+    /// The last ordered request that completed: serializable reads must reflect it.
+    last_ordered: u64,
     /// Highest view that r + 1 nodes reported: some correct node is in it.
     view: View,
     retransmit_ms: u64,
     inflight: Option<Inflight>,
+    /// Messages produced outside `invoke`/`on_tick` (a read switched to ordering).
+    outbox: Vec<(NodeId, Message)>,
+    /// Read-only operations answered without ordering, and ones that had to be ordered
+    /// (statistics).
+    pub reads_answered: u64,
+    pub reads_ordered: u64,
 }
 
 impl Client {
     /// `first_seq` lets a restarted client continue above sequence numbers it used before.
     pub fn new(id: ClientId, quorums: Quorums, keys: Vec<MacKey>, retransmit_ms: u64, first_seq: u64) -> Client {
         assert_eq!(keys.len(), quorums.order_nodes(), "one MAC key per order node");
-        Client { id, quorums, keys, seq: first_seq.saturating_sub(1), view: 0, retransmit_ms, inflight: None }
+        Client {
+            id,
+            quorums,
+            keys,
+            seq: first_seq.saturating_sub(1),
+            last_ordered: 0,
+            view: 0,
+            retransmit_ms,
+            inflight: None,
+            outbox: Vec::new(),
+            reads_answered: 0,
+            reads_ordered: 0,
+        }
     }
 
     pub fn id(&self) -> ClientId {
@@ -63,60 +100,141 @@ impl Client {
 
     /// The sequence number of the in-flight operation.
     pub fn inflight_seq(&self) -> Option<u64> {
-        self.inflight.as_ref().map(|i| i.request.seq)
+        self.inflight.as_ref().map(|i| i.seq)
     }
 
-    /// Starts an operation: returns the messages to send (one per order node).
+    /// Starts an ordered operation: returns the messages to send (one per order node).
     ///
     /// # Errors
     /// `Busy` while another operation is in flight; `TooLarge` above the op bound.
     pub fn invoke(&mut self, now: u64, op: Vec<u8>) -> Result<Vec<(NodeId, Message)>, ClientError> {
-        if self.inflight.is_some() {
-            return Err(ClientError::Busy);
-        }
-        if op.len() > crate::codec::OP_BYTES_MAX {
-            return Err(ClientError::TooLarge { len: op.len(), max: crate::codec::OP_BYTES_MAX });
-        }
+        self.check_idle(op.len())?;
+        self.start_ordered(now, op.into());
+        Ok(self.take_outbox())
+    }
+
+    /// Starts a read-only operation with the given consistency: returns the messages to
+    /// send. The service decides whether `op` is read-only; if it is not, the client
+    /// orders it.
+    ///
+    /// # Errors
+    /// As [`Client::invoke`].
+    pub fn invoke_read_only(
+        &mut self,
+        now: u64,
+        op: Vec<u8>,
+        consistency: ReadConsistency,
+    ) -> Result<Vec<(NodeId, Message)>, ClientError> {
+        self.check_idle(op.len())?;
         self.seq += 1;
-        let mut request = Request { client: self.id, seq: self.seq, op: op.into(), auth: Vec::new() };
-        let statement = request.statement();
-        request.auth = self.keys.iter().map(|k| k.mac(&statement)).collect();
-        let msgs = self.to_all(&request);
-        self.inflight = Some(Inflight { request, sent_at: now, replies: BTreeMap::new() });
+        let mut read = Read {
+            client: self.id,
+            seq: self.seq,
+            consistency,
+            after: self.last_ordered,
+            op: op.into(),
+            auth: Vec::new(),
+        };
+        let statement = read.statement();
+        read.auth = self.keys.iter().map(|k| k.mac(&statement)).collect();
+        let msgs = self.to_all(Message::Read(read.clone()));
+        self.inflight =
+            Some(Inflight { kind: Kind::Read(read), seq: self.seq, sent_at: now, replies: BTreeMap::new() });
         Ok(msgs)
     }
 
-    fn to_all(&self, request: &Request) -> Vec<(NodeId, Message)> {
-        (0..self.keys.len() as NodeId).map(|n| (n, Message::Request(request.clone()))).collect()
+    fn check_idle(&self, len: usize) -> Result<(), ClientError> {
+        if self.inflight.is_some() {
+            return Err(ClientError::Busy);
+        }
+        if len > crate::codec::OP_BYTES_MAX {
+            return Err(ClientError::TooLarge { len, max: crate::codec::OP_BYTES_MAX });
+        }
+        Ok(())
     }
 
-    /// A reply from node `from`. Returns the result once r + 1 nodes agree on it.
+    /// Makes `op` the in-flight ordered request and queues it for every node.
+    fn start_ordered(&mut self, now: u64, op: Payload) {
+        self.seq += 1;
+        let mut request = Request { client: self.id, seq: self.seq, op, auth: Vec::new() };
+        let statement = request.statement();
+        request.auth = self.keys.iter().map(|k| k.mac(&statement)).collect();
+        self.outbox.extend(self.to_all(Message::Request(request.clone())));
+        self.inflight =
+            Some(Inflight { kind: Kind::Ordered(request), seq: self.seq, sent_at: now, replies: BTreeMap::new() });
+    }
+
+    fn to_all(&self, msg: Message) -> Vec<(NodeId, Message)> {
+        (0..self.keys.len() as NodeId).map(|n| (n, msg.clone())).collect()
+    }
+
+    fn take_outbox(&mut self) -> Vec<(NodeId, Message)> {
+        std::mem::take(&mut self.outbox)
+    }
+
+    /// Messages to send that handling replies produced (a read-only operation switched to
+    /// ordering). Call after [`Client::on_reply`]; [`Client::on_tick`] also returns them.
+    pub fn poll_send(&mut self) -> Vec<(NodeId, Message)> {
+        self.take_outbox()
+    }
+
+    /// A reply from node `from`. Returns the result once enough nodes agree on it: r + 1
+    /// for ordered operations, [`Quorums::read_quorum`] for reads.
     pub fn on_reply(&mut self, from: NodeId, reply: Reply) -> Option<Vec<u8>> {
         if from as usize >= self.keys.len() {
             return None;
         }
         let inflight = self.inflight.as_mut()?;
-        if reply.seq != inflight.request.seq || reply.client != self.id {
+        if reply.seq != inflight.seq || reply.client != self.id {
             return None;
         }
         let digest = reply.body.result_digest();
         let full = match reply.body {
             ReplyBody::Full(bytes) => Some(bytes),
-            ReplyBody::Hash(_) => None,
+            ReplyBody::Hash(_) | ReplyBody::NotReadOnly => None,
         };
         // A node's latest reply replaces its earlier one (a full reply after a hash).
         inflight.replies.insert(from, (digest, full));
-        let need = self.quorums.reply_quorum();
-        let agreeing: Vec<NodeId> =
-            inflight.replies.iter().filter(|(_, (d, _))| *d == digest).map(|(n, _)| *n).collect();
-        if agreeing.len() < need {
-            return None;
+        let need = match &inflight.kind {
+            Kind::Ordered(_) => self.quorums.reply_quorum(),
+            Kind::Read(read) => self.quorums.read_quorum(read.consistency),
+        };
+        let refused = ReplyBody::NotReadOnly.result_digest();
+        let agreeing = inflight.replies.values().filter(|(d, _)| *d == digest).count();
+        if agreeing >= need && digest != refused {
+            if let Some(result) =
+                inflight.replies.values().find(|(d, f)| *d == digest && f.is_some()).and_then(|(_, f)| f.clone())
+            {
+                match &inflight.kind {
+                    Kind::Ordered(req) => self.last_ordered = req.seq,
+                    Kind::Read(_) => self.reads_answered += 1,
+                }
+                self.note_view(reply.view);
+                self.inflight = None;
+                return Some(result);
+            }
         }
-        let result =
-            inflight.replies.values().find(|(d, f)| *d == digest && f.is_some()).and_then(|(_, f)| f.clone())?;
-        self.note_view(reply.view);
+        if let Kind::Read(read) = &inflight.kind {
+            // Can any result still gather `need` answers from the nodes yet to reply?
+            let mut counts: BTreeMap<Digest, usize> = BTreeMap::new();
+            for (d, _) in inflight.replies.values().filter(|(d, _)| *d != refused) {
+                *counts.entry(*d).or_default() += 1;
+            }
+            let best = counts.values().copied().max().unwrap_or(0);
+            let unheard = self.keys.len() - inflight.replies.len();
+            if best + unheard < need {
+                let (op, sent_at) = (read.op.clone(), inflight.sent_at);
+                self.order_read(sent_at, op);
+            }
+        }
+        None
+    }
+
+    /// Orders the in-flight read-only operation (under a fresh sequence number).
+    fn order_read(&mut self, now: u64, op: Payload) {
+        self.reads_ordered += 1;
         self.inflight = None;
-        Some(result)
+        self.start_ordered(now, op);
     }
 
     fn note_view(&mut self, view: View) {
@@ -127,21 +245,32 @@ impl Client {
     /// the next operation uses a higher sequence number, so it cannot be confused with it.
     pub fn abandon(&mut self) {
         self.inflight = None;
+        self.outbox.clear();
     }
 
-    /// Retransmits the in-flight request to every node when no result arrived in time.
+    /// When no result arrived in time: retransmits an ordered request to every node, and
+    /// orders a read-only operation.
     pub fn on_tick(&mut self, now: u64) -> Vec<(NodeId, Message)> {
-        let Some(inflight) = &self.inflight else {
-            return Vec::new();
+        let mut msgs = self.take_outbox();
+        let Some(inflight) = &mut self.inflight else {
+            return msgs;
         };
         if now < inflight.sent_at + self.retransmit_ms {
-            return Vec::new();
+            return msgs;
         }
-        let request = inflight.request.clone();
-        if let Some(i) = self.inflight.as_mut() {
-            i.sent_at = now;
+        inflight.sent_at = now;
+        match &inflight.kind {
+            Kind::Ordered(request) => {
+                let m = Message::Request(request.clone());
+                msgs.extend(self.to_all(m));
+            }
+            Kind::Read(read) => {
+                let op = read.op.clone();
+                self.order_read(now, op);
+                msgs.extend(self.take_outbox());
+            }
         }
-        self.to_all(&request)
+        msgs
     }
 }
 
@@ -193,6 +322,84 @@ mod tests {
         let other = Reply { client: 10, ..reply(1, ReplyBody::Full(b"x".to_vec())) };
         assert_eq!(c.on_reply(0, other), None, "another session's reply");
         assert_eq!(c.on_reply(0, reply(1, ReplyBody::Full(b"x".to_vec()))), Some(b"x".to_vec()));
+    }
+
+    fn read_of(msgs: &[(NodeId, Message)]) -> Read {
+        match &msgs[0].1 {
+            Message::Read(r) => r.clone(),
+            other => panic!("expected a read, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_linearizable_read_needs_a_quorum_and_a_serializable_one_r_plus_one() {
+        let mut c = client(1, 1);
+        let msgs = c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Linearizable).expect("idle");
+        assert_eq!(msgs.len(), 4);
+        let read = read_of(&msgs);
+        assert_eq!(read.auth.len(), 4);
+        let ok = |seq| reply(seq, ReplyBody::Full(b"v".to_vec()));
+        assert_eq!(c.on_reply(0, ok(read.seq)), None);
+        assert_eq!(c.on_reply(1, ok(read.seq)), None, "r + 1 is not enough for a linearizable read");
+        assert_eq!(c.on_reply(2, ok(read.seq)), Some(b"v".to_vec()));
+
+        let read = read_of(&c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Serializable).expect("idle"));
+        assert_eq!(c.on_reply(3, ok(read.seq)), None);
+        assert_eq!(c.on_reply(1, ok(read.seq)), Some(b"v".to_vec()));
+        assert!(c.poll_send().is_empty(), "nothing was ordered");
+    }
+
+    #[test]
+    fn a_serializable_read_names_the_last_completed_write() {
+        let mut c = client(1, 0);
+        c.invoke(0, b"put".to_vec()).expect("idle");
+        let seq = c.inflight_seq().expect("in flight");
+        assert_eq!(c.invoke_read_only(0, b"x".to_vec(), ReadConsistency::Serializable), Err(ClientError::Busy));
+        assert_eq!(c.on_reply(0, reply(seq, ReplyBody::Full(b"done".to_vec()))), Some(b"done".to_vec()));
+        let read = read_of(&c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Serializable).expect("idle"));
+        assert_eq!(read.after, seq);
+        assert!(read.seq > seq, "reads take fresh numbers from the same sequence");
+    }
+
+    #[test]
+    fn mismatching_answers_make_the_client_order_the_read() {
+        let mut c = client(1, 1);
+        let read = read_of(&c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Linearizable).expect("idle"));
+        assert_eq!(c.on_reply(0, reply(read.seq, ReplyBody::Full(b"old".to_vec()))), None);
+        assert!(c.poll_send().is_empty(), "three matching answers are still possible");
+        assert_eq!(c.on_reply(1, reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
+        assert!(c.poll_send().is_empty(), "still possible: two unheard nodes may match either");
+        assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::Full(b"newer".to_vec()))), None);
+        let ordered = c.poll_send();
+        assert_eq!(ordered.len(), 4, "ordered at every node");
+        let Message::Request(req) = &ordered[0].1 else { panic!("an ordered request") };
+        assert_eq!(req.op.to_vec(), b"get".to_vec());
+        assert!(req.seq > read.seq, "under a fresh sequence number");
+        assert_eq!(c.reads_ordered, 1);
+        // Late read answers no longer count; ordered replies do.
+        assert_eq!(c.on_reply(3, reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
+        assert_eq!(c.on_reply(0, reply(req.seq, ReplyBody::Full(b"new".to_vec()))), None);
+        assert_eq!(c.on_reply(1, reply(req.seq, ReplyBody::Full(b"new".to_vec()))), Some(b"new".to_vec()));
+    }
+
+    #[test]
+    fn a_read_the_service_refuses_or_nobody_answers_in_time_is_ordered() {
+        let mut c = client(1, 0);
+        let read = read_of(&c.invoke_read_only(0, b"put".to_vec(), ReadConsistency::Serializable).expect("idle"));
+        for n in 0..2 {
+            assert_eq!(c.on_reply(n, reply(read.seq, ReplyBody::NotReadOnly)), None);
+        }
+        // Two of three refused: the third alone can still make r + 1 = 1.
+        assert!(c.poll_send().is_empty());
+        assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::NotReadOnly)), None);
+        assert_eq!(c.poll_send().len(), 3, "every node refused: ordered");
+
+        let mut c = client(1, 1);
+        c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Linearizable).expect("idle");
+        assert!(c.on_tick(50).is_empty());
+        let msgs = c.on_tick(100);
+        assert_eq!(msgs.len(), 4);
+        assert!(msgs.iter().all(|(_, m)| matches!(m, Message::Request(_))), "ordered after the timeout");
     }
 
     #[test]

@@ -6,11 +6,11 @@
 //! enforces the per-field bounds below, so handlers see only messages whose counts fit the
 //! protocol (a batch is never larger than `REQUESTS_PER_VALUE_MAX`, and so on).
 
-use crate::message::{CertProof, Message, NewView, Request, StableProof, Value, ViewChange};
+use crate::message::{CertProof, Message, NewView, Read, Request, StableProof, Value, ViewChange};
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 2;
+pub const WIRE_VERSION: u8 = 3;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -77,6 +77,11 @@ fn check_request(r: &Request) -> Result<(), DecodeError> {
     bound("request.auth", r.auth.len(), NODES_MAX)
 }
 
+fn check_read(r: &Read) -> Result<(), DecodeError> {
+    bound("read.op", r.op.len(), OP_BYTES_MAX)?;
+    bound("read.auth", r.auth.len(), NODES_MAX)
+}
+
 fn check_value(v: &Value) -> Result<(), DecodeError> {
     bound("value.requests", v.requests.len(), REQUESTS_PER_VALUE_MAX)?;
     v.requests.iter().try_for_each(check_request)
@@ -105,9 +110,10 @@ fn check_new_view(nv: &NewView) -> Result<(), DecodeError> {
 pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
     match msg {
         Message::Request(r) | Message::Forward(r) => check_request(r),
+        Message::Read(r) => check_read(r),
         Message::Reply(r) => match &r.body {
             crate::message::ReplyBody::Full(b) => bound("reply.body", b.len(), OP_BYTES_MAX),
-            crate::message::ReplyBody::Hash(_) => Ok(()),
+            crate::message::ReplyBody::Hash(_) | crate::message::ReplyBody::NotReadOnly => Ok(()),
         },
         Message::Propose { value, .. } | Message::Decided { value, .. } | Message::ValueBody { value, .. } => {
             check_value(value)
@@ -179,11 +185,23 @@ mod tests {
         prop_oneof![
             arb_request().prop_map(Message::Request),
             arb_request().prop_map(Message::Forward),
+            (arb_request(), any::<bool>(), any::<u64>()).prop_map(|(r, lin, after)| Message::Read(Read {
+                client: r.client,
+                seq: r.seq,
+                consistency: if lin { ReadConsistency::Linearizable } else { ReadConsistency::Serializable },
+                after,
+                op: r.op,
+                auth: r.auth
+            })),
             (
                 any::<u64>(),
                 any::<u64>(),
                 any::<u64>(),
-                prop_oneof![arb_bytes(64).prop_map(ReplyBody::Full), arb_digest().prop_map(ReplyBody::Hash)]
+                prop_oneof![
+                    arb_bytes(64).prop_map(ReplyBody::Full),
+                    arb_digest().prop_map(ReplyBody::Hash),
+                    Just(ReplyBody::NotReadOnly)
+                ]
             )
                 .prop_map(|(client, view, seq, body)| Message::Reply(Reply { client, view, seq, body })),
             (any::<u64>(), any::<u64>(), arb_value()).prop_map(|(view, seq, value)| Message::Propose {

@@ -133,6 +133,11 @@ impl<S: Service> Executor<S> {
         }
     }
 
+    /// Agreed time of the last executed instance.
+    pub fn time(&self) -> u64 {
+        self.time
+    }
+
     pub fn executed(&self) -> Seq {
         self.executed
     }

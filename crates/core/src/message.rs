@@ -141,6 +141,53 @@ impl Request {
     }
 }
 
+/// How strong a read-only answer must be (ARCHITECTURE §7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadConsistency {
+    /// r + 1 matching answers from nodes that executed the session's last ordered request:
+    /// the state of some prefix of the decided sequence that includes the reader's own
+    /// writes, possibly missing writes of others that already completed.
+    Serializable,
+    /// Q matching answers, each from a node that first executed every instance it had
+    /// voted to accept when the read arrived: reflects every write completed before the
+    /// read began (see `replica::read`).
+    Linearizable,
+}
+
+/// A read-only operation: sent to every node, executed against its state without
+/// ordering, never cached; a client that cannot gather enough matching answers orders the
+/// operation instead (PBFT's read-only optimisation, UpRight §3.1).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Read {
+    pub client: ClientId,
+    /// From the session's own sequence (reads and ordered requests share it).
+    pub seq: u64,
+    pub consistency: ReadConsistency,
+    /// The session's last ordered request the answer must reflect (0: none).
+    pub after: u64,
+    pub op: Payload,
+    /// One MAC per order node over [`Read::statement`].
+    pub auth: Vec<Mac>,
+}
+
+impl Read {
+    /// Domain-separated from [`Request::statement`]: a read's authenticator cannot get
+    /// the same bytes ordered.
+    pub fn statement(&self) -> Digest {
+        let consistency = match self.consistency {
+            ReadConsistency::Serializable => 0,
+            ReadConsistency::Linearizable => 1,
+        };
+        Hasher::new("keel/read")
+            .u64(self.client)
+            .u64(self.seq)
+            .u64(consistency)
+            .u64(self.after)
+            .digest(&self.op.digest())
+            .finish()
+    }
+}
+
 /// What one consensus instance decides: a batch of requests and the agreed time.
 /// A value with no requests and time 0 is the null value a new view fills gaps with.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -189,6 +236,8 @@ pub enum ReplyBody {
     Full(#[serde(with = "serde_bytes")] Vec<u8>),
     /// The digest of the full result: every node but the designated one sends only this.
     Hash(Digest),
+    /// Answer to a [`Read`] the service cannot run without ordering: order it instead.
+    NotReadOnly,
 }
 
 impl ReplyBody {
@@ -196,6 +245,7 @@ impl ReplyBody {
         match self {
             ReplyBody::Full(bytes) => result_digest(bytes),
             ReplyBody::Hash(d) => *d,
+            ReplyBody::NotReadOnly => Hasher::new("keel/not-read-only").finish(),
         }
     }
 }
@@ -322,6 +372,8 @@ pub enum Message {
     Request(Request),
     /// Node → client.
     Reply(Reply),
+    /// Client → node: a read-only operation.
+    Read(Read),
     /// Backup → primary: a request whose timer expired once (BFT-SMaRt §II-C1).
     Forward(Request),
     /// Primary → all: instance `seq` of `view` should decide `value`.
@@ -400,6 +452,7 @@ impl Message {
         match self {
             Message::Request(_) => "request",
             Message::Reply(_) => "reply",
+            Message::Read(_) => "read",
             Message::Forward(_) => "forward",
             Message::Propose { .. } => "propose",
             Message::Write(_) => "write",

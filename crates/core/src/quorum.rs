@@ -33,16 +33,21 @@ pub enum Mutation {
     /// Trust the prepared certificates inside view-change messages without checking
     /// their signatures.
     UnverifiedViewChangeProof,
+    /// Answer a linearizable read at once, without first executing what this node voted
+    /// to accept.
+    ReadWithoutWait,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 3] = [Mutation::QuorumMinusOne, Mutation::SkipWrite, Mutation::UnverifiedViewChangeProof];
+    pub const ALL: [Mutation; 4] =
+        [Mutation::QuorumMinusOne, Mutation::SkipWrite, Mutation::UnverifiedViewChangeProof, Mutation::ReadWithoutWait];
 
     pub fn name(self) -> &'static str {
         match self {
             Mutation::QuorumMinusOne => "quorum-minus-one",
             Mutation::SkipWrite => "skip-write",
             Mutation::UnverifiedViewChangeProof => "unverified-view-change-proof",
+            Mutation::ReadWithoutWait => "read-without-wait",
         }
     }
 
@@ -126,6 +131,19 @@ impl Quorums {
     /// Matching replies a client needs: `r + 1`.
     pub fn reply_quorum(&self) -> usize {
         self.r as usize + 1
+    }
+
+    /// Matching read-only answers a client needs (ARCHITECTURE §7). Serializable: `r + 1`,
+    /// at least one from a correct node that executed the reader's last write.
+    /// Linearizable: `Q`. A write that completed was accepted by Q nodes, at least
+    /// `Q - r = u + 1` of them correct, and each correct node answers a linearizable read
+    /// only after executing everything it had accepted; any `Q` answers include one of
+    /// those (`Q + u + 1 - N = 1`), so Q matching answers reflect the write.
+    pub fn read_quorum(&self, consistency: crate::message::ReadConsistency) -> usize {
+        match consistency {
+            crate::message::ReadConsistency::Serializable => self.reply_quorum(),
+            crate::message::ReadConsistency::Linearizable => self.order_quorum(),
+        }
     }
 
     /// Execution nodes the paper requires when execution is separated: `u + r + 1`.

@@ -47,6 +47,16 @@ pub struct ExecCtx {
     pub client: ClientId,
 }
 
+/// What a read-only execution tells the service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadCtx {
+    pub client: ClientId,
+    /// The last instance executed into the state the read sees.
+    pub executed: Seq,
+    /// Agreed time of that instance.
+    pub time: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("snapshot cannot be restored: {0}")]
 pub struct RestoreError(pub String);
@@ -140,6 +150,19 @@ pub trait Service {
     /// between runs it uses `&mut self` (execute, snapshot, restore). None (the default):
     /// requests run one at a time through [`Service::execute`].
     fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
+        None
+    }
+
+    /// Answers a read-only request from the current state, without changing it (PBFT's
+    /// read-only optimisation, ARCHITECTURE §7). Nodes run it at different points of the
+    /// decided sequence, so the answer must depend on the request and the state only (not
+    /// on `ctx.executed`), or matching answers from equal states would differ.
+    ///
+    /// None: this request is not read-only (or the service has no read-only path, the
+    /// default); the client then orders it like any other request. A service must answer
+    /// exactly what [`Service::execute`] would reply in the same state, and may answer only
+    /// for requests whose execution changes nothing.
+    fn execute_read_only(&self, _request: &[u8], _ctx: &ReadCtx) -> Option<Vec<u8>> {
         None
     }
 

@@ -19,7 +19,7 @@ use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{dial_loop, offer, TransportStats, SEND_QUEUE_MAX};
 use keel_core::client::{Client, ClientError};
 use keel_core::codec;
-use keel_core::message::{session_id, session_of, ClientId, Message, NodeId, Reply, SESSIONS_MAX};
+use keel_core::message::{session_id, session_of, ClientId, Message, NodeId, ReadConsistency, Reply, SESSIONS_MAX};
 use keel_core::replica::session_mac_key;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -50,6 +50,8 @@ pub enum InvokeError {
 
 struct Call {
     op: Vec<u8>,
+    /// Some: a read-only operation with this consistency.
+    read: Option<ReadConsistency>,
     timeout: Duration,
     done: Done,
 }
@@ -138,8 +140,33 @@ impl KeelClient {
     /// `Timeout` if r + 1 matching results did not arrive in time (the operation may still
     /// execute later); `Client` for an operation over the size bound.
     pub async fn invoke(&self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, InvokeError> {
+        self.call(op, None, timeout).await
+    }
+
+    /// Runs a read-only operation without ordering it (ARCHITECTURE §7): every node
+    /// answers from its state, and the result stands once enough answers match
+    /// ([`ReadConsistency`]). If they do not match, or the service says `op` is not
+    /// read-only, the operation is ordered instead, within the same `timeout`.
+    ///
+    /// # Errors
+    /// As [`KeelClient::invoke`].
+    pub async fn invoke_read_only(
+        &self,
+        op: Vec<u8>,
+        consistency: ReadConsistency,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, InvokeError> {
+        self.call(op, Some(consistency), timeout).await
+    }
+
+    async fn call(
+        &self,
+        op: Vec<u8>,
+        read: Option<ReadConsistency>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, InvokeError> {
         let (done, result) = oneshot::channel();
-        self.calls.send(Call { op, timeout, done }).await.map_err(|_| InvokeError::Closed)?;
+        self.calls.send(Call { op, read, timeout, done }).await.map_err(|_| InvokeError::Closed)?;
         result.await.map_err(|_| InvokeError::Closed)?
     }
 }
@@ -199,7 +226,11 @@ impl Dispatcher {
 
     fn start(&mut self, i: usize, call: Call) {
         let session = &mut self.sessions[i];
-        match session.core.invoke(now_ms(), call.op) {
+        let started = match call.read {
+            None => session.core.invoke(now_ms(), call.op),
+            Some(consistency) => session.core.invoke_read_only(now_ms(), call.op, consistency),
+        };
+        match started {
             Ok(msgs) => {
                 session.call = Some((call.done, Instant::now() + call.timeout, call.timeout));
                 send(&self.nodes, msgs, &self.stats);
@@ -225,6 +256,8 @@ impl Dispatcher {
             }
             self.free.push(i);
         }
+        // A read whose answers cannot match is ordered at once.
+        send(&self.nodes, session.core.poll_send(), &self.stats);
     }
 
     fn on_tick(&mut self) {
@@ -280,5 +313,16 @@ impl BlockingClient {
     /// As [`KeelClient::invoke`].
     pub fn invoke(&mut self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, InvokeError> {
         self.runtime.block_on(self.inner.invoke(op, timeout))
+    }
+
+    /// # Errors
+    /// As [`KeelClient::invoke_read_only`].
+    pub fn invoke_read_only(
+        &mut self,
+        op: Vec<u8>,
+        consistency: ReadConsistency,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, InvokeError> {
+        self.runtime.block_on(self.inner.invoke_read_only(op, consistency, timeout))
     }
 }

@@ -33,6 +33,9 @@ pub struct Behaviours {
     pub silent_primary: bool,
     /// Send random bytes.
     pub junk: bool,
+    /// Answer read-only requests at once from whatever state it has (a stale answer,
+    /// matching what lagging correct nodes would say), without waiting as correct nodes do.
+    pub rush_reads: bool,
 }
 
 impl Behaviours {
@@ -45,8 +48,16 @@ impl Behaviours {
                 forge_view_change: rng.gen_bool(0.5),
                 silent_primary: rng.gen_bool(0.3),
                 junk: rng.gen_bool(0.4),
+                rush_reads: rng.gen_bool(0.5),
             };
-            if b.equivocate || b.corrupt || b.replay || b.forge_view_change || b.silent_primary || b.junk {
+            if b.equivocate
+                || b.corrupt
+                || b.replay
+                || b.forge_view_change
+                || b.silent_primary
+                || b.junk
+                || b.rush_reads
+            {
                 return b;
             }
         }
@@ -61,6 +72,7 @@ impl Behaviours {
             (self.forge_view_change, "forge-view-change"),
             (self.silent_primary, "silent-primary"),
             (self.junk, "junk"),
+            (self.rush_reads, "rush-reads"),
         ] {
             if on {
                 v.push(name);
@@ -79,6 +91,7 @@ pub struct LieCounts {
     pub forged_view_changes: u64,
     pub silenced: u64,
     pub junk_frames: u64,
+    pub rushed_reads: u64,
 }
 
 pub struct Byzantine {
@@ -287,6 +300,7 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
                     flip(rng, &mut d);
                     ReplyBody::Hash(d)
                 }
+                ReplyBody::NotReadOnly => ReplyBody::Full(vec![0xee]),
             };
             Message::Reply(Reply { client, view, seq, body })
         }

@@ -4,6 +4,7 @@
 //! own [`Service`] and runs it under the same faults Keel's tests use (see [`crate::run_seed`]).
 
 use crate::linearizability::{check_kv, KvOp, KvRet, Operation, Verdict};
+use keel_core::message::ReadConsistency;
 use keel_core::service::Service;
 use keel_kv::{Kv, KvRequest, KvResponse};
 use rand::Rng;
@@ -28,6 +29,12 @@ pub trait Workload {
 
     /// The next operation client `client` issues.
     fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8>;
+
+    /// How `op` is issued: ordered (None, the default) or read-only with a consistency.
+    /// [`Workload::check_history`] must accept what that consistency promises.
+    fn read_mode(&mut self, _rng: &mut ChaCha8Rng, _op: &[u8]) -> Option<ReadConsistency> {
+        None
+    }
 
     /// Judges the complete history; `Err` names what is wrong. The default accepts any
     /// history (agreement, validity and exactly-once are still checked by the simulator).
@@ -90,6 +97,13 @@ impl Workload for KvWorkload {
             }
         }
         req.encode()
+    }
+
+    /// Two gets in three go read-only and linearizable (the history checker holds them to
+    /// linearizability like ordered ones); the rest are ordered.
+    fn read_mode(&mut self, rng: &mut ChaCha8Rng, op: &[u8]) -> Option<ReadConsistency> {
+        let get = matches!(KvRequest::decode(op), Ok(KvRequest::Get { .. }));
+        (get && rng.gen_range(0..3) > 0).then_some(ReadConsistency::Linearizable)
     }
 
     fn check_history(&self, history: &[HistoryEntry]) -> Result<(), String> {

@@ -17,9 +17,10 @@ use keel_core::client::Client;
 use keel_core::codec;
 use keel_core::config::{ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
-use keel_core::message::{ClientId, Message, NodeId, Seq};
+use keel_core::message::{ClientId, Message, NodeId, Read, Reply, ReplyBody, Seq};
 use keel_core::quorum::{Mutation, Quorums};
 use keel_core::replica::{client_mac_key, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica};
+use keel_core::service::{ReadCtx, Service};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
@@ -130,6 +131,7 @@ impl FaultCounts {
             + l.forged_view_changes
             + l.silenced
             + l.junk_frames
+            + l.rushed_reads
     }
 
     pub fn add(&mut self, o: &FaultCounts) {
@@ -149,6 +151,7 @@ impl FaultCounts {
         self.lies.forged_view_changes += o.lies.forged_view_changes;
         self.lies.silenced += o.lies.silenced;
         self.lies.junk_frames += o.lies.junk_frames;
+        self.lies.rushed_reads += o.lies.rushed_reads;
     }
 }
 
@@ -160,6 +163,9 @@ pub struct SeedReport {
     pub faults: FaultCounts,
     pub trace_hash: u64,
     pub ops_completed: u64,
+    /// Read-only operations answered without ordering, and ones the client had to order.
+    pub reads_unordered: u64,
+    pub reads_ordered: u64,
     pub view_changes: u64,
     pub state_transfers: u64,
     pub rejected: u64,
@@ -223,7 +229,13 @@ struct SimNode<S> {
     /// This node's clock minus the true time (ms).
     skew: i64,
     byzantine: Option<Byzantine>,
+    /// A Byzantine node that rushes reads answers from this older state of its own:
+    /// (executed, snapshot), refreshed once it is `STALE_READ_LAG` instances behind.
+    stale_state: Option<(Seq, Vec<u8>)>,
 }
+
+/// How far behind (instances) the state a read-rushing Byzantine node answers from gets.
+const STALE_READ_LAG: Seq = 8;
 
 struct SimClient {
     core: Client,
@@ -305,7 +317,15 @@ impl<W: Workload> World<W> {
                     Byzantine::new(behaviours, i as NodeId, n, quorums.order_quorum(), s.signing.clone())
                 });
                 let replica = Replica::new(cfg.clone(), i as NodeId, s.clone(), workload.service());
-                SimNode { replica: Some(replica), disk: SimDisk::default(), epoch: 0, secrets: s, skew, byzantine }
+                SimNode {
+                    replica: Some(replica),
+                    disk: SimDisk::default(),
+                    epoch: 0,
+                    secrets: s,
+                    skew,
+                    byzantine,
+                    stale_state: None,
+                }
             })
             .collect::<Vec<_>>();
         report.faults.byzantine_nodes = byzantine_count as u64;
@@ -445,8 +465,13 @@ impl<W: Workload> World<W> {
                 t.forged_view_changes += l.forged_view_changes;
                 t.silenced += l.silenced;
                 t.junk_frames += l.junk_frames;
+                t.rushed_reads += l.rushed_reads;
             }
             self.report.faults.torn_writes += n.disk.torn;
+        }
+        for c in &self.clients {
+            self.report.reads_unordered += c.core.reads_answered;
+            self.report.reads_ordered += c.core.reads_ordered;
         }
         self.report.max_executed =
             self.nodes.iter().filter_map(|n| n.replica.as_ref().map(|r| r.executed())).max().unwrap_or(0);
@@ -634,10 +659,39 @@ impl<W: Workload> World<W> {
                 for (answer_to, frame) in answers {
                     self.transmit(to, answer_to, frame);
                 }
+                if let Message::Read(read) = &msg {
+                    if let Some(reply) = self.rushed_read_answer(n, read) {
+                        self.transmit(to, from, codec::encode(&Message::Reply(reply)));
+                        return;
+                    }
+                }
                 self.step_node(n, Input::Message { from, msg });
             }
             Peer::Client(c) => self.deliver_to_client(c, from, msg),
         }
+    }
+
+    /// A Byzantine node that rushes reads answers at once, in full, from an older state of
+    /// its own (up to `STALE_READ_LAG` instances back): what a lagging correct node would
+    /// say, had it not waited.
+    fn rushed_read_answer(&mut self, n: NodeId, read: &Read) -> Option<Reply> {
+        let node = &mut self.nodes[n as usize];
+        let b = node.byzantine.as_mut().filter(|b| b.behaviours.rush_reads)?;
+        let replica = node.replica.as_ref()?;
+        let executed = replica.executed();
+        if node.stale_state.as_ref().is_none_or(|(seq, _)| executed >= seq + STALE_READ_LAG || executed < *seq) {
+            node.stale_state = Some((executed, replica.service().snapshot()));
+        }
+        let (seq, bytes) = node.stale_state.as_ref()?;
+        let mut stale = self.workload.service();
+        stale.restore(bytes).ok()?;
+        let ctx = ReadCtx { client: read.client, executed: *seq, time: 0 };
+        let body = match stale.execute_read_only(&read.op, &ctx) {
+            Some(result) => ReplyBody::Full(result),
+            None => ReplyBody::NotReadOnly,
+        };
+        b.lies.rushed_reads += 1;
+        Some(Reply { client: read.client, view: replica.view(), seq: read.seq, body })
     }
 
     fn deliver_to_client(&mut self, c: ClientId, from: Peer, msg: Message) {
@@ -648,7 +702,10 @@ impl<W: Workload> World<W> {
         let Some(idx) = c.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else {
             return;
         };
-        let Some(result) = self.clients[idx].core.on_reply(node, reply) else {
+        let result = self.clients[idx].core.on_reply(node, reply);
+        let switched = self.clients[idx].core.poll_send();
+        self.client_send(idx, switched);
+        let Some(result) = result else {
             return;
         };
         if let Some(h) = self.clients[idx].inflight.take() {
@@ -668,24 +725,33 @@ impl<W: Workload> World<W> {
             return;
         }
         let msgs = self.clients[c].core.on_tick(self.now);
-        let from = Peer::Client(self.clients[c].core.id());
-        for (n, m) in msgs {
-            self.transmit(from, Peer::Node(n), codec::encode(&m));
-        }
+        self.client_send(c, msgs);
     }
 
     fn issue(&mut self, c: usize) {
         let id = self.clients[c].core.id();
         let op = self.workload.next_op(&mut self.rng, id);
-        let Ok(msgs) = self.clients[c].core.invoke(self.now, op.clone()) else {
+        let started = match self.workload.read_mode(&mut self.rng, &op) {
+            None => self.clients[c].core.invoke(self.now, op.clone()),
+            Some(consistency) => self.clients[c].core.invoke_read_only(self.now, op.clone(), consistency),
+        };
+        let Ok(msgs) = started else {
             return;
         };
-        let seq = self.clients[c].core.inflight_seq().unwrap_or(0);
-        self.submitted.insert((id, seq), Digest::of(&op));
         self.history.push(HistoryEntry { client: id, op, invoke: self.now, ret: None });
         self.clients[c].inflight = Some(self.history.len() - 1);
+        self.client_send(c, msgs);
+    }
+
+    /// Sends what client `c` produced; every ordered request it sends (a fresh one, or a
+    /// read-only operation it had to order) is one the validity check must know.
+    fn client_send(&mut self, c: usize, msgs: Vec<(NodeId, Message)>) {
+        let from = Peer::Client(self.clients[c].core.id());
         for (n, m) in msgs {
-            self.transmit(Peer::Client(id), Peer::Node(n), codec::encode(&m));
+            if let Message::Request(req) = &m {
+                self.submitted.insert((req.client, req.seq), req.op.digest());
+            }
+            self.transmit(from, Peer::Node(n), codec::encode(&m));
         }
     }
 

@@ -94,6 +94,21 @@ fn unverified_view_change_proofs_are_caught() {
 }
 
 #[test]
+fn linearizable_reads_answered_before_executing_what_was_accepted_are_caught() {
+    // CFT: a lagging majority answers stale at once. The correct rule passes the same seeds.
+    let mut caught = Vec::new();
+    for seed in 1..=20 {
+        let o = SimOptions::new(seed, 1, 0, faults("all"));
+        let r = run_kv_seed(&o);
+        assert_clean(&r);
+        assert!(r.reads_unordered > 0, "seed {seed}: no read was answered without ordering");
+        let bug = run_kv_seed(&SimOptions { mutation: Some(Mutation::ReadWithoutWait), ..o });
+        caught.extend(properties(&bug));
+    }
+    assert!(caught.contains(&"linearizability"), "got {caught:?}");
+}
+
+#[test]
 fn spurious_view_change_checker_fires_when_timers_are_too_short() {
     let mut o = SimOptions::new(3, 1, 1, faults("none"));
     o.options.request_timeout_ms = 1;

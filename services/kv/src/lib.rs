@@ -10,7 +10,7 @@
 //! `tests/parallel.rs` runs random workloads in parallel and sequentially and compares
 //! them byte for byte.
 
-use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Item, RestoreError, Service};
+use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Item, ReadCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
 use serde_bytes::{ByteBuf, Bytes};
 use std::cmp::Reverse;
@@ -309,6 +309,14 @@ impl Service for Kv {
         Some(self.store.clone())
     }
 
+    /// `Get` and `Scan` change nothing: they answer read-only, exactly as ordered.
+    fn execute_read_only(&self, request: &[u8], _ctx: &ReadCtx) -> Option<Vec<u8>> {
+        match KvRequest::decode(request) {
+            Ok(req @ (KvRequest::Get { .. } | KvRequest::Scan { .. })) => Some(self.store.apply(req).encode()),
+            _ => None,
+        }
+    }
+
     fn snapshot(&self) -> Vec<u8> {
         // The same bytes as a postcard BTreeMap<Vec<u8>, Vec<u8>> of the whole state (the
         // format before sharding, so older snapshots restore): key order, equal maps give
@@ -484,6 +492,27 @@ mod tests {
             }
             prop_assert_eq!(kv.entries(), model.clone());
             prop_assert_eq!(kv.snapshot(), postcard::to_allocvec(&model).expect("encodes"));
+        }
+    }
+
+    proptest! {
+        /// Reads answer read-only exactly as ordered and change nothing; writes are not
+        /// read-only (the client orders them).
+        #[test]
+        fn read_only_answers_equal_ordered_ones(reqs in proptest::collection::vec(request(), 0..60)) {
+            let mut kv = Kv::new();
+            let rctx = ReadCtx { client: 1, executed: 0, time: 0 };
+            for req in reqs {
+                let before = kv.snapshot();
+                let read_only = kv.execute_read_only(&req.encode(), &rctx);
+                prop_assert_eq!(kv.snapshot(), before, "a read-only call changes nothing");
+                let ordered = kv.execute(&req.encode(), &ctx());
+                match req {
+                    KvRequest::Get { .. } | KvRequest::Scan { .. } => prop_assert_eq!(read_only, Some(ordered)),
+                    _ => prop_assert_eq!(read_only, None),
+                }
+            }
+            prop_assert_eq!(kv.execute_read_only(b"garbage", &rctx), None);
         }
     }
 

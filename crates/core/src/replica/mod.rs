@@ -26,6 +26,7 @@
 mod catch_up;
 mod checkpoint;
 mod normal;
+mod read;
 mod recovery;
 mod verify;
 mod view_change;
@@ -405,6 +406,8 @@ pub struct Replica<S> {
 
     pending: BTreeMap<ClientId, Pending>,
     pending_order: u64,
+    /// Read-only requests waiting for execution to get far enough (read.rs).
+    reads: BTreeMap<ClientId, read::WaitingRead>,
 
     transfer: Option<Transfer>,
     /// Last time we helped each peer (STATUS answers are rate-limited).
@@ -456,6 +459,7 @@ impl<S: Service> Replica<S> {
             checkpoint_votes: BTreeMap::new(),
             pending: BTreeMap::new(),
             pending_order: 0,
+            reads: BTreeMap::new(),
             transfer: None,
             helped_at: vec![0; n],
             next_status: 0,
@@ -531,6 +535,7 @@ impl<S: Service> Replica<S> {
         let kind = msg.kind();
         let result = match (from, msg) {
             (Peer::Client(c), Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
+            (Peer::Client(c), Message::Read(read)) => self.on_read(Peer::Client(c), read, out),
             (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => {
                 Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
             }
@@ -563,6 +568,7 @@ impl<S: Service> Replica<S> {
 
     fn on_tick(&mut self, out: &mut Outputs) {
         self.on_request_timeouts(out);
+        self.expire_reads();
         self.on_view_change_timeout(out);
         self.maybe_propose(out);
         if self.now >= self.next_retransmit {
@@ -714,6 +720,7 @@ impl<S: Service> Replica<S> {
         // decide re-checks that in debug builds.
         assert!(self.log.len() as u64 <= self.cfg.options.log_max(), "at most log_max slots");
         assert!(self.pending.len() <= self.cfg.options.clients_max, "pending requests are bounded");
+        assert!(self.reads.len() <= self.cfg.options.clients_max, "waiting reads are bounded");
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
         assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");
         assert!(self.awaiting.len() as u64 <= self.cfg.options.log_max(), "awaited bodies are bounded");

@@ -423,6 +423,7 @@ impl<S: Service> Replica<S> {
                 self.take_checkpoint(next, out);
             }
         }
+        self.answer_reads(out);
         self.maybe_propose(out);
     }
 

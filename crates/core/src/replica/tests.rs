@@ -5,7 +5,9 @@ use super::*;
 use crate::client::Client;
 use crate::config::Options;
 use crate::crypto::{PublicKey, Sig};
-use crate::message::{checkpoint_statement, write_statement, CertProof, CheckpointVote, Reply, Write};
+use crate::message::{
+    checkpoint_statement, write_statement, CertProof, CheckpointVote, Read, ReadConsistency, Reply, ReplyBody, Write,
+};
 use crate::quorum::Quorums;
 use crate::service::{ExecCtx, RestoreError, Service};
 use crate::wal::Record;
@@ -19,6 +21,10 @@ impl Service for Log {
     fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
         self.0.push(request.to_vec());
         vec![self.0.len() as u8]
+    }
+    /// "count" is read-only: the number of requests so far.
+    fn execute_read_only(&self, request: &[u8], _ctx: &crate::service::ReadCtx) -> Option<Vec<u8>> {
+        (request == b"count").then(|| vec![self.0.len() as u8])
     }
     fn snapshot(&self) -> Vec<u8> {
         postcard::to_allocvec(&self.0).unwrap_or_default()
@@ -160,6 +166,101 @@ fn writes_a_node_no_longer_needs_are_not_checked() {
     // ...and after it, nothing it brings is looked at.
     let out = step(&mut b, 10, Peer::Node(3), bad(d));
     assert!(rejected(&out).is_empty() && out.is_empty(), "{out:?}");
+}
+
+fn read(cfg: &ClusterConfig, id: u64, op: &[u8], consistency: ReadConsistency) -> Read {
+    let mut c = client(cfg, id);
+    match c.invoke_read_only(0, op.to_vec(), consistency).expect("idle").remove(0).1 {
+        Message::Read(r) => r,
+        other => panic!("expected a read, got {other:?}"),
+    }
+}
+
+fn read_replies(out: &Outputs) -> Vec<ReplyBody> {
+    out.send
+        .iter()
+        .chain(&out.send_after_persist)
+        .filter_map(|(_, m)| match m {
+            Message::Reply(r) => Some(r.body.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
+    let cfg = config(1, 1);
+    let mut b = node(&cfg, 1);
+    let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
+    let d = value.digest();
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
+    for n in [0, 2] {
+        let sig = secrets(n).signing.sign(&write_statement(0, 1, &d, n));
+        step(&mut b, 10, Peer::Node(n), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
+    }
+    // Prepared (it sent ACCEPT for instance 1), not decided: a linearizable read waits...
+    let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
+    assert!(read_replies(&step(&mut b, 10, Peer::Client(9), Message::Read(lin.clone()))).is_empty());
+    assert!(read_replies(&step(&mut b, 10, Peer::Client(9), Message::Read(lin))).is_empty(), "a repeat too");
+    // ...while a serializable read of a session without writes is answered at once.
+    let ser = read(&cfg, 11, b"count", ReadConsistency::Serializable);
+    assert_eq!(read_replies(&step(&mut b, 10, Peer::Client(11), Message::Read(ser))), vec![ReplyBody::Full(vec![0])]);
+    step(&mut b, 10, Peer::Node(0), Message::Accept { view: 0, seq: 1, digest: d });
+    let out = step(&mut b, 10, Peer::Node(2), Message::Accept { view: 0, seq: 1, digest: d });
+    assert_eq!(b.executed(), 1);
+    let answers: Vec<_> = out
+        .send
+        .iter()
+        .filter_map(|(to, m)| match m {
+            Message::Reply(r) if *to == Peer::Client(9) => Some(r.body.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answers, vec![ReplyBody::Full(vec![1])], "answered once instance 1 executed, reflecting it");
+
+    // The deliberate bug the simulator must catch: answer at once.
+    let mut cfg_bug = cfg.clone();
+    cfg_bug.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::ReadWithoutWait));
+    let mut m = node(&cfg_bug, 1);
+    let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
+    step(&mut m, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
+    let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
+    assert_eq!(read_replies(&step(&mut m, 10, Peer::Client(9), Message::Read(lin))), vec![ReplyBody::Full(vec![0])]);
+}
+
+#[test]
+fn a_serializable_read_waits_for_the_sessions_last_write_and_bad_reads_are_rejected() {
+    let cfg = config(1, 0);
+    let mut p = node(&cfg, 0);
+    let mut ser = read(&cfg, 9, b"count", ReadConsistency::Serializable);
+    // A session whose last write (seq 5) this node has not executed: waits.
+    ser.after = 5;
+    let statement = ser.statement();
+    ser.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, 9).mac(&statement)).collect();
+    assert!(read_replies(&step(&mut p, 10, Peer::Client(9), Message::Read(ser.clone()))).is_empty());
+    // Execute the session's request 5 (CFT, node 0 primary: one more ACCEPT decides).
+    let mut req = request(&cfg, 9, b"w");
+    req.seq = 5;
+    let statement = req.statement();
+    req.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, 9).mac(&statement)).collect();
+    step(&mut p, 10, Peer::Client(9), Message::Request(req));
+    let digest = p.log[&1].value.as_ref().map(|(_, d)| *d).expect("proposed");
+    let out = step(&mut p, 10, Peer::Node(1), Message::Accept { view: 0, seq: 1, digest });
+    assert_eq!(read_replies(&out).first(), Some(&ReplyBody::Full(vec![1])), "the read sees the session's write");
+
+    // Not read-only for the service: the node says so.
+    let put = read(&cfg, 9, b"put", ReadConsistency::Serializable);
+    assert_eq!(
+        read_replies(&step(&mut p, 10, Peer::Client(9), Message::Read(put.clone()))),
+        vec![ReplyBody::NotReadOnly]
+    );
+    // Another client's read, a read from a node, a bad MAC: rejected.
+    assert_eq!(rejected(&step(&mut p, 10, Peer::Client(8), Message::Read(put.clone()))), vec![Reject::WrongPeer]);
+    assert_eq!(rejected(&step(&mut p, 10, Peer::Node(1), Message::Read(put.clone()))), vec![Reject::WrongPeer]);
+    let mut forged = put;
+    forged.after = 0;
+    forged.seq += 1;
+    assert_eq!(rejected(&step(&mut p, 10, Peer::Client(9), Message::Read(forged))), vec![Reject::BadMac { client: 9 }]);
 }
 
 #[test]

@@ -1,0 +1,149 @@
+//! Read-only requests (PBFT's read-only optimisation, UpRight §3.1, ARCHITECTURE §7):
+//! executed against this node's state without ordering, answered once the state is far
+//! enough along for the consistency the client asked for.
+//!
+//! - **Serializable**: once this node executed the session's ordered request `after` (the
+//!   reader's last write). r + 1 matching answers then come from some prefix of the
+//!   decided sequence that includes the reader's writes.
+//! - **Linearizable**: once this node executed every instance it had voted to accept
+//!   (sent ACCEPT for, or learned decided) when the read arrived. A completed write was
+//!   accepted by Q nodes, u + 1 of them correct; any Q answers include one of those, so
+//!   Q matching answers reflect every write completed before the read began
+//!   ([`crate::quorum::Quorums::read_quorum`]). The state the answer comes from holds
+//!   only decided instances, executed before the answer left: a point inside the read.
+//!
+//! A read waits here at most until it is answered, replaced by the session's next read,
+//! or `request_timeout_ms` passed (its client orders it by then); at most one per
+//! session and `clients_max` in all, so a client cannot make a node hold more.
+
+use super::{client_mac_key, Outputs, Peer, Reject, Replica};
+use crate::message::{
+    owner_of, result_digest, session_of, ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody, Seq,
+    SESSIONS_MAX,
+};
+use crate::quorum::Mutation;
+use crate::service::{ReadCtx, Service};
+
+/// A read waiting for this node's execution to get far enough.
+#[derive(Clone, Debug)]
+pub(super) struct WaitingRead {
+    read: Read,
+    until: Until,
+    since: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Until {
+    /// The session's ordered request with this number has executed.
+    ClientExecuted(u64),
+    /// Execution reached this instance.
+    Executed(Seq),
+}
+
+impl<S: Service> Replica<S> {
+    pub(super) fn on_read(&mut self, from: Peer, read: Read, out: &mut Outputs) -> Result<(), Reject> {
+        let Peer::Client(c) = from else {
+            return Err(Reject::WrongPeer);
+        };
+        if owner_of(read.client) != c {
+            return Err(Reject::WrongPeer);
+        }
+        if session_of(read.client) >= SESSIONS_MAX {
+            return Err(Reject::Busy("session number above SESSIONS_MAX"));
+        }
+        let key = client_mac_key(&self.secrets.mac_secret, read.client);
+        if !read.auth.get(self.id as usize).is_some_and(|mac| key.verify(&read.statement(), mac)) {
+            return Err(Reject::BadMac { client: read.client });
+        }
+        if self.reads.get(&read.client).is_some_and(|w| w.read.seq >= read.seq) {
+            // A retransmission of the read already waiting (or an older one): it is
+            // answered when ready.
+            return Ok(());
+        }
+        if !self.reads.contains_key(&read.client) && self.reads.len() >= self.cfg.options.clients_max {
+            return Err(Reject::Busy("waiting reads"));
+        }
+        let until = match read.consistency {
+            ReadConsistency::Serializable => Until::ClientExecuted(read.after),
+            ReadConsistency::Linearizable if self.cfg.quorums.mutation() == Some(Mutation::ReadWithoutWait) => {
+                Until::Executed(0)
+            }
+            ReadConsistency::Linearizable => Until::Executed(self.accepted_high()),
+        };
+        let waiting = WaitingRead { read, until, since: self.now };
+        if self.ready_for(waiting.read.client, until) {
+            self.answer(waiting.read, out);
+        } else {
+            self.reads.insert(waiting.read.client, waiting);
+        }
+        Ok(())
+    }
+
+    /// The highest instance this node voted to accept or knows decided, or the stable
+    /// checkpoint (everything below it was decided).
+    fn accepted_high(&self) -> Seq {
+        let voted = self
+            .log
+            .iter()
+            .rev()
+            .find(|(_, slot)| slot.accept_sent || slot.cert.is_some() || slot.decided.is_some())
+            .map_or(0, |(seq, _)| *seq);
+        voted.max(self.stable.seq).max(self.exec.executed())
+    }
+
+    fn ready_for(&self, client: ClientId, until: Until) -> bool {
+        if self.transfer.is_some() {
+            return false;
+        }
+        match until {
+            Until::ClientExecuted(seq) => self.exec.last_seq(client) >= seq,
+            Until::Executed(seq) => self.exec.executed() >= seq,
+        }
+    }
+
+    /// Answers every waiting read whose condition now holds. Called after execution.
+    pub(super) fn answer_reads(&mut self, out: &mut Outputs) {
+        if self.reads.is_empty() {
+            return;
+        }
+        let ready: Vec<ClientId> = self
+            .reads
+            .iter()
+            .filter(|(client, w)| self.ready_for(**client, w.until))
+            .map(|(client, _)| *client)
+            .collect();
+        for client in ready {
+            if let Some(w) = self.reads.remove(&client) {
+                self.answer(w.read, out);
+            }
+        }
+    }
+
+    /// Drops reads that waited longer than a request timeout: their clients have ordered
+    /// them by now.
+    pub(super) fn expire_reads(&mut self) {
+        let timeout = self.cfg.options.request_timeout_ms;
+        let now = self.now;
+        self.reads.retain(|_, w| now < w.since + timeout);
+    }
+
+    fn answer(&self, read: Read, out: &mut Outputs) {
+        let ctx = ReadCtx { client: read.client, executed: self.exec.executed(), time: self.exec.time() };
+        let body = match self.exec.service().execute_read_only(&read.op, &ctx) {
+            None => ReplyBody::NotReadOnly,
+            Some(result) => {
+                // The designated-replier rule of ordered replies (normal.rs).
+                let designated = (read.client.wrapping_add(read.seq) % self.cfg.n() as u64) as NodeId;
+                if designated == self.id || result.len() <= super::normal::REPLY_INLINE_MAX {
+                    ReplyBody::Full(result)
+                } else {
+                    ReplyBody::Hash(result_digest(&result))
+                }
+            }
+        };
+        let reply = Reply { client: read.client, view: self.view, seq: read.seq, body };
+        // The state read holds decided instances only, durable at the Q nodes that
+        // decided them: nothing of this node's own needs to be on disk first.
+        out.send.push((Peer::Client(read.client), Message::Reply(reply)));
+    }
+}
