@@ -372,8 +372,6 @@ pub enum Message {
     Request(Request),
     /// Node → client.
     Reply(Reply),
-    /// Client → node: a read-only operation.
-    Read(Read),
     /// Backup → primary: a request whose timer expired once (BFT-SMaRt §II-C1).
     Forward(Request),
     /// Primary → all: instance `seq` of `view` should decide `value`.
@@ -444,6 +442,8 @@ pub enum Message {
         seq: Seq,
         value: Value,
     },
+    /// Client → node: a read-only operation (last, so earlier variants keep their tags).
+    Read(Read),
 }
 
 impl Message {
