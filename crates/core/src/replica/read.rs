@@ -10,7 +10,8 @@
 //!   accepted by Q nodes, u + 1 of them correct; any Q answers include one of those, so
 //!   Q matching answers reflect every write completed before the read began
 //!   ([`crate::quorum::Quorums::read_quorum`]). The state the answer comes from holds
-//!   only decided instances, executed before the answer left: a point inside the read.
+//!   only decided instances, executed and made durable here before the answer left: a
+//!   point inside the read.
 //!
 //! A read waits here at most until it is answered, replaced by the session's next read,
 //! or `request_timeout_ms` passed (its client orders it by then); at most one per
@@ -142,8 +143,10 @@ impl<S: Service> Replica<S> {
             }
         };
         let reply = Reply { client: read.client, view: self.view, seq: read.seq, body };
-        // The state read holds decided instances only, durable at the Q nodes that
-        // decided them: nothing of this node's own needs to be on disk first.
-        out.send.push((Peer::Client(read.client), Message::Reply(reply)));
+        // Gated like an ordered reply: the state may hold instances this node decided
+        // with its own vote counted before that vote was durable (with one node, the only
+        // vote). Answering first could show a write that a crash then loses. The
+        // simulator's single-node sweep caught exactly that.
+        out.send_after_persist.push((Peer::Client(read.client), Message::Reply(reply)));
     }
 }

@@ -209,7 +209,7 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     let out = step(&mut b, 10, Peer::Node(2), Message::Accept { view: 0, seq: 1, digest: d });
     assert_eq!(b.executed(), 1);
     let answers: Vec<_> = out
-        .send
+        .send_after_persist
         .iter()
         .filter_map(|(to, m)| match m {
             Message::Reply(r) if *to == Peer::Client(9) => Some(r.body.clone()),
