@@ -12,7 +12,7 @@
 use clap::Args;
 use keel_core::message::ReadConsistency;
 use keel_kv::{KvRequest, Null};
-use keel_runtime::client::{InvokeError, KeelClient};
+use keel_runtime::client::KeelClient;
 use keel_runtime::config::{first_client_id, init, ClientFile, InitOptions, NodeFile};
 use keel_runtime::storage::FsyncPolicy;
 use std::path::{Path, PathBuf};
@@ -133,15 +133,6 @@ fn operation(service: &str, get: bool, req: usize, reply: u32, keys: u64, worker
     }
 }
 
-/// Runs `op` ordered, or read-only with `read`.
-async fn call(c: &KeelClient, op: Vec<u8>, read: Option<ReadConsistency>) -> Result<Vec<u8>, InvokeError> {
-    let timeout = Duration::from_secs(10);
-    match read {
-        None => c.invoke(op, timeout).await,
-        Some(consistency) => c.invoke_read_only(op, consistency, timeout).await,
-    }
-}
-
 async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, clients: usize) -> Result<Row, String> {
     // One client identity (one connection per node) per benchmark client; `outstanding`
     // sessions on it, each driven by its own task with one operation in flight.
@@ -199,7 +190,7 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
             while Instant::now() < end {
                 let op = operation(&service, get, req, reply, keys, i, n);
                 let t = Instant::now();
-                match call(&c, op, read).await {
+                match c.invoke_as(op, read, Duration::from_secs(10)).await {
                     Ok(_) => lat.push(t.elapsed()),
                     Err(_) => errors += 1,
                 }

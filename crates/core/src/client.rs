@@ -32,8 +32,6 @@ pub enum ClientError {
 struct Inflight {
     /// The ordered request, or the read-only operation.
     kind: Kind,
-    /// The sequence number replies must name.
-    seq: u64,
     /// When it was last (re)sent.
     sent_at: u64,
     /// Per node: the result digest it vouched for, and the full result if it sent one.
@@ -44,6 +42,16 @@ struct Inflight {
 enum Kind {
     Ordered(Request),
     Read(Read),
+}
+
+impl Kind {
+    /// The sequence number replies must name.
+    fn seq(&self) -> u64 {
+        match self {
+            Kind::Ordered(r) => r.seq,
+            Kind::Read(r) => r.seq,
+        }
+    }
 }
 
 pub struct Client {
@@ -100,7 +108,7 @@ impl Client {
 
     /// The sequence number of the in-flight operation.
     pub fn inflight_seq(&self) -> Option<u64> {
-        self.inflight.as_ref().map(|i| i.seq)
+        self.inflight.as_ref().map(|i| i.kind.seq())
     }
 
     /// Starts an ordered operation: returns the messages to send (one per order node).
@@ -110,7 +118,7 @@ impl Client {
     pub fn invoke(&mut self, now: u64, op: Vec<u8>) -> Result<Vec<(NodeId, Message)>, ClientError> {
         self.check_idle(op.len())?;
         self.start_ordered(now, op.into());
-        Ok(self.take_outbox())
+        Ok(self.poll_send())
     }
 
     /// Starts a read-only operation with the given consistency: returns the messages to
@@ -138,8 +146,7 @@ impl Client {
         let statement = read.statement();
         read.auth = self.keys.iter().map(|k| k.mac(&statement)).collect();
         let msgs = self.to_all(Message::Read(read.clone()));
-        self.inflight =
-            Some(Inflight { kind: Kind::Read(read), seq: self.seq, sent_at: now, replies: BTreeMap::new() });
+        self.inflight = Some(Inflight { kind: Kind::Read(read), sent_at: now, replies: BTreeMap::new() });
         Ok(msgs)
     }
 
@@ -160,22 +167,17 @@ impl Client {
         let statement = request.statement();
         request.auth = self.keys.iter().map(|k| k.mac(&statement)).collect();
         self.outbox.extend(self.to_all(Message::Request(request.clone())));
-        self.inflight =
-            Some(Inflight { kind: Kind::Ordered(request), seq: self.seq, sent_at: now, replies: BTreeMap::new() });
+        self.inflight = Some(Inflight { kind: Kind::Ordered(request), sent_at: now, replies: BTreeMap::new() });
     }
 
     fn to_all(&self, msg: Message) -> Vec<(NodeId, Message)> {
         (0..self.keys.len() as NodeId).map(|n| (n, msg.clone())).collect()
     }
 
-    fn take_outbox(&mut self) -> Vec<(NodeId, Message)> {
-        std::mem::take(&mut self.outbox)
-    }
-
     /// Messages to send that handling replies produced (a read-only operation switched to
     /// ordering). Call after [`Client::on_reply`]; [`Client::on_tick`] also returns them.
     pub fn poll_send(&mut self) -> Vec<(NodeId, Message)> {
-        self.take_outbox()
+        std::mem::take(&mut self.outbox)
     }
 
     /// A reply from node `from`. Returns the result once enough nodes agree on it: r + 1
@@ -185,7 +187,7 @@ impl Client {
             return None;
         }
         let inflight = self.inflight.as_mut()?;
-        if reply.seq != inflight.seq || reply.client != self.id {
+        if reply.seq != inflight.kind.seq() || reply.client != self.id {
             return None;
         }
         let digest = reply.body.result_digest();
@@ -251,7 +253,7 @@ impl Client {
     /// When no result arrived in time: retransmits an ordered request to every node, and
     /// orders a read-only operation.
     pub fn on_tick(&mut self, now: u64) -> Vec<(NodeId, Message)> {
-        let mut msgs = self.take_outbox();
+        let mut msgs = self.poll_send();
         let Some(inflight) = &mut self.inflight else {
             return msgs;
         };
@@ -267,7 +269,7 @@ impl Client {
             Kind::Read(read) => {
                 let op = read.op.clone();
                 self.order_read(now, op);
-                msgs.extend(self.take_outbox());
+                msgs.extend(self.poll_send());
             }
         }
         msgs

@@ -140,7 +140,7 @@ impl KeelClient {
     /// `Timeout` if r + 1 matching results did not arrive in time (the operation may still
     /// execute later); `Client` for an operation over the size bound.
     pub async fn invoke(&self, op: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, InvokeError> {
-        self.call(op, None, timeout).await
+        self.invoke_as(op, None, timeout).await
     }
 
     /// Runs a read-only operation without ordering it (ARCHITECTURE §7): every node
@@ -156,10 +156,15 @@ impl KeelClient {
         consistency: ReadConsistency,
         timeout: Duration,
     ) -> Result<Vec<u8>, InvokeError> {
-        self.call(op, Some(consistency), timeout).await
+        self.invoke_as(op, Some(consistency), timeout).await
     }
 
-    async fn call(
+    /// [`KeelClient::invoke`] (`read` None) or [`KeelClient::invoke_read_only`], for
+    /// callers that choose per operation.
+    ///
+    /// # Errors
+    /// As [`KeelClient::invoke`].
+    pub async fn invoke_as(
         &self,
         op: Vec<u8>,
         read: Option<ReadConsistency>,

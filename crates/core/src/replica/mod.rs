@@ -635,12 +635,47 @@ impl<S: Service> Replica<S> {
     /// Derived on every use, not cached: a cache keyed by client id would grow with every
     /// id a Byzantine node puts in a FORWARD, and the derivation is one keyed BLAKE3.
     fn check_mac(&self, req: &Request) -> Result<(), Reject> {
-        let key = client_mac_key(&self.secrets.mac_secret, req.client);
-        let ok = req.auth.get(self.id as usize).is_some_and(|mac| key.verify(&req.statement(), mac));
-        if ok {
+        self.check_authenticator(req.client, &req.statement(), &req.auth)
+    }
+
+    /// This node's entry of a client's MAC authenticator over `statement`.
+    fn check_authenticator(
+        &self,
+        client: ClientId,
+        statement: &Digest,
+        auth: &[crate::crypto::Mac],
+    ) -> Result<(), Reject> {
+        let key = client_mac_key(&self.secrets.mac_secret, client);
+        if auth.get(self.id as usize).is_some_and(|mac| key.verify(statement, mac)) {
             Ok(())
         } else {
-            Err(Reject::BadMac { client: req.client })
+            Err(Reject::BadMac { client })
+        }
+    }
+
+    /// A client connection may speak only for its own sessions, and only for the first
+    /// `SESSIONS_MAX` of them.
+    fn check_session(&self, from: Peer, client: ClientId) -> Result<(), Reject> {
+        if let Peer::Client(c) = from {
+            if crate::message::owner_of(client) != c {
+                return Err(Reject::WrongPeer);
+            }
+        }
+        if crate::message::session_of(client) >= crate::message::SESSIONS_MAX {
+            return Err(Reject::Busy("session number above SESSIONS_MAX"));
+        }
+        Ok(())
+    }
+
+    /// A result as this node sends it: small ones in full from everyone (no wait on a
+    /// slow designated node); larger ones in full from one designated node, the others
+    /// send the digest (UpRight's designated replier).
+    fn reply_body(&self, client: ClientId, seq: u64, result: Vec<u8>) -> crate::message::ReplyBody {
+        let designated = (client.wrapping_add(seq) % self.cfg.n() as u64) as NodeId;
+        if designated == self.id || result.len() <= normal::REPLY_INLINE_MAX {
+            crate::message::ReplyBody::Full(result)
+        } else {
+            crate::message::ReplyBody::Hash(crate::message::result_digest(&result))
         }
     }
 

@@ -4,10 +4,7 @@
 
 use super::{Event, ExecutedRequest, Outputs, Peer, Pending, Reject, Replica};
 use crate::crypto::Digest;
-use crate::message::{
-    owner_of, result_digest, session_of, write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value,
-    View, Write, SESSIONS_MAX,
-};
+use crate::message::{write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value, View, Write};
 use crate::service::Service;
 use crate::wal::Record;
 
@@ -17,14 +14,7 @@ pub const REPLY_INLINE_MAX: usize = 64;
 impl<S: Service> Replica<S> {
     /// A client's request, or a backup's FORWARD of one.
     pub(super) fn on_request(&mut self, from: Peer, req: Request, out: &mut Outputs) -> Result<(), Reject> {
-        if let Peer::Client(c) = from {
-            if owner_of(req.client) != c {
-                return Err(Reject::WrongPeer);
-            }
-        }
-        if session_of(req.client) >= SESSIONS_MAX {
-            return Err(Reject::Busy("session number above SESSIONS_MAX"));
-        }
+        self.check_session(from, req.client)?;
         self.check_mac(&req)?;
         let last = self.exec.last_seq(req.client);
         if req.seq <= last {
@@ -394,7 +384,6 @@ impl<S: Service> Replica<S> {
             };
             let outcomes = self.exec.execute(next, value);
             let ops: Vec<Digest> = value.requests.iter().map(|r| r.op.digest()).collect();
-            let n = self.cfg.n() as u64;
             let mut executed = Vec::new();
             for (o, op) in outcomes.iter().zip(ops) {
                 if let Some(p) = self.pending.get(&o.client) {
@@ -406,15 +395,7 @@ impl<S: Service> Replica<S> {
                     continue;
                 }
                 executed.push(ExecutedRequest { client: o.client, seq: o.seq, op });
-                // Small results go in full from everyone (no wait on a slow designated
-                // node); larger ones in full from one designated node, the others send
-                // the digest (UpRight's designated replier).
-                let designated = (o.client.wrapping_add(o.seq) % n) as NodeId;
-                let body = if designated == self.id || o.result.len() <= REPLY_INLINE_MAX {
-                    ReplyBody::Full(o.result.clone())
-                } else {
-                    ReplyBody::Hash(result_digest(&o.result))
-                };
+                let body = self.reply_body(o.client, o.seq, o.result.clone());
                 let reply = Reply { client: o.client, view: self.view, seq: o.seq, body };
                 out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
             }

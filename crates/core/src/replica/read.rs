@@ -17,11 +17,8 @@
 //! or `request_timeout_ms` passed (its client orders it by then); at most one per
 //! session and `clients_max` in all, so a client cannot make a node hold more.
 
-use super::{client_mac_key, Outputs, Peer, Reject, Replica};
-use crate::message::{
-    owner_of, result_digest, session_of, ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody, Seq,
-    SESSIONS_MAX,
-};
+use super::{Outputs, Peer, Reject, Replica};
+use crate::message::{ClientId, Message, Read, ReadConsistency, Reply, ReplyBody, Seq};
 use crate::quorum::Mutation;
 use crate::service::{ReadCtx, Service};
 
@@ -43,19 +40,12 @@ enum Until {
 
 impl<S: Service> Replica<S> {
     pub(super) fn on_read(&mut self, from: Peer, read: Read, out: &mut Outputs) -> Result<(), Reject> {
-        let Peer::Client(c) = from else {
-            return Err(Reject::WrongPeer);
-        };
-        if owner_of(read.client) != c {
+        // Reads come from their client only (nodes forward requests, never reads).
+        if !matches!(from, Peer::Client(_)) {
             return Err(Reject::WrongPeer);
         }
-        if session_of(read.client) >= SESSIONS_MAX {
-            return Err(Reject::Busy("session number above SESSIONS_MAX"));
-        }
-        let key = client_mac_key(&self.secrets.mac_secret, read.client);
-        if !read.auth.get(self.id as usize).is_some_and(|mac| key.verify(&read.statement(), mac)) {
-            return Err(Reject::BadMac { client: read.client });
-        }
+        self.check_session(from, read.client)?;
+        self.check_authenticator(read.client, &read.statement(), &read.auth)?;
         if self.reads.get(&read.client).is_some_and(|w| w.read.seq >= read.seq) {
             // A retransmission of the read already waiting (or an older one): it is
             // answered when ready.
@@ -80,14 +70,15 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    /// The highest instance this node voted to accept or knows decided, or the stable
-    /// checkpoint (everything below it was decided).
+    /// The highest instance this node voted to accept (sending ACCEPT files a
+    /// certificate, kept across views) or knows decided, or the stable checkpoint
+    /// (everything below it was decided).
     fn accepted_high(&self) -> Seq {
         let voted = self
             .log
             .iter()
             .rev()
-            .find(|(_, slot)| slot.accept_sent || slot.cert.is_some() || slot.decided.is_some())
+            .find(|(_, slot)| slot.cert.is_some() || slot.decided.is_some())
             .map_or(0, |(seq, _)| *seq);
         voted.max(self.stable.seq).max(self.exec.executed())
     }
@@ -132,15 +123,7 @@ impl<S: Service> Replica<S> {
         let ctx = ReadCtx { client: read.client, executed: self.exec.executed(), time: self.exec.time() };
         let body = match self.exec.service().execute_read_only(&read.op, &ctx) {
             None => ReplyBody::NotReadOnly,
-            Some(result) => {
-                // The designated-replier rule of ordered replies (normal.rs).
-                let designated = (read.client.wrapping_add(read.seq) % self.cfg.n() as u64) as NodeId;
-                if designated == self.id || result.len() <= super::normal::REPLY_INLINE_MAX {
-                    ReplyBody::Full(result)
-                } else {
-                    ReplyBody::Hash(result_digest(&result))
-                }
-            }
+            Some(result) => self.reply_body(read.client, read.seq, result),
         };
         let reply = Reply { client: read.client, view: self.view, seq: read.seq, body };
         // Gated like an ordered reply: the state may hold instances this node decided
