@@ -61,9 +61,9 @@ pub struct BenchArgs {
     /// KV service: the operation, `put` or `get` (gets read keys the warm-up wrote).
     #[arg(long, default_value = "put", value_parser = ["put", "get"])]
     op: String,
-    /// How gets read: `ordered` like writes, or read-only (`linearizable`, `serializable`;
-    /// ARCHITECTURE §7).
-    #[arg(long, default_value = "ordered", value_parser = ["ordered", "linearizable", "serializable"])]
+    /// How gets read: `ordered` like writes, read-only (`linearizable`, `serializable`),
+    /// or by read `index` (ARCHITECTURE §7).
+    #[arg(long, default_value = "ordered", value_parser = ["ordered", "linearizable", "serializable", "index"])]
     read: String,
 }
 
@@ -72,6 +72,7 @@ impl BenchArgs {
         match (self.op.as_str(), self.read.as_str()) {
             ("get", "linearizable") => Some(ReadConsistency::Linearizable),
             ("get", "serializable") => Some(ReadConsistency::Serializable),
+            ("get", "index") => Some(ReadConsistency::Index),
             _ => None,
         }
     }

@@ -64,14 +64,20 @@ struct ReadArgs {
     /// possibly not others' latest (serializable; cheaper, still consistent).
     #[arg(long, requires = "read_only")]
     serializable: bool,
+    /// Read index: r + 1 nodes each learn from a quorum how far they voted to accept,
+    /// wait until they executed that far, and answer (linearizable; one node's work in
+    /// CFT). On a mismatch or timeout the read is ordered.
+    #[arg(long, conflicts_with = "read_only")]
+    read_index: bool,
 }
 
 impl ReadArgs {
     fn consistency(self) -> Option<ReadConsistency> {
-        match (self.read_only, self.serializable) {
-            (false, _) => None,
-            (true, false) => Some(ReadConsistency::Linearizable),
-            (true, true) => Some(ReadConsistency::Serializable),
+        match (self.read_only, self.serializable, self.read_index) {
+            (_, _, true) => Some(ReadConsistency::Index),
+            (false, _, false) => None,
+            (true, false, false) => Some(ReadConsistency::Linearizable),
+            (true, true, false) => Some(ReadConsistency::Serializable),
         }
     }
 }

@@ -31,7 +31,8 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 4)]
     clients: usize,
     /// Switch on a deliberate bug to show the checkers catch it:
-    /// quorum-minus-one | skip-write | unverified-view-change-proof | read-without-wait.
+    /// quorum-minus-one | skip-write | unverified-view-change-proof | read-without-wait |
+    /// index-without-quorum.
     #[arg(long)]
     mutate: Option<String>,
     /// Execution threads per simulated node (Options::exec_workers). Outcomes must not
@@ -163,10 +164,10 @@ pub fn run(args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
         totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, l.equivocations, l.corruptions,
-        l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads
+        l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies
     );
     println!(
         "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} state_transfers={transfers} rejected_inputs={rejected} elapsed={:.1}s (u={}, r={}, faults={}, options={})",

@@ -451,7 +451,7 @@ async fn read_only(c: &KeelClient, k: &str, consistency: ReadConsistency) -> Opt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_reads_skip_ordering_and_see_every_completed_write() {
-    use keel_core::message::ReadConsistency::{Linearizable, Serializable};
+    use keel_core::message::ReadConsistency::{Index, Linearizable, Serializable};
     let mut cluster = Cluster::init(1, 1);
     let writer = cluster.client(1000);
     let reader = cluster.client(1001);
@@ -467,8 +467,17 @@ async fn read_only_reads_skip_ordering_and_see_every_completed_write() {
     for _ in 0..50 {
         assert_eq!(read_only(&reader, "k", Linearizable).await.as_deref(), Some("v2"));
         assert_eq!(read_only(&reader, "k", Serializable).await.as_deref(), Some("v2"));
+        assert_eq!(read_only(&reader, "k", Index).await.as_deref(), Some("v2"));
     }
     assert_eq!(executed(&cluster), before, "read-only reads were ordered");
+    // Each path ran: a read index is answered by r + 1 = 2 nodes, a linearizable read by
+    // at least Q = 3.
+    let answered = |kind: &str| -> u64 {
+        let name = format!("keel_reads_answered_total{{kind=\"{kind}\"}}");
+        (0..4).map(|i| metric(&cluster.metrics(i), &name)).sum()
+    };
+    assert!(answered("index") >= 100, "read-index answers: {}", answered("index"));
+    assert!(answered("linearizable") >= 150, "linearizable answers: {}", answered("linearizable"));
 
     // Under concurrent writes, a linearizable read never returns a value older than the
     // last write acknowledged before it began (values are increasing counters).
@@ -489,19 +498,24 @@ async fn read_only_reads_skip_ordering_and_see_every_completed_write() {
     };
     let started = Instant::now();
     let mut reads = 0;
-    while started.elapsed() < Duration::from_secs(3) {
+    while started.elapsed() < Duration::from_secs(4) {
+        let how = if reads % 2 == 0 { Linearizable } else { Index };
         let floor = acked.load(std::sync::atomic::Ordering::SeqCst);
-        let got: u64 = read_only(&reader, "ctr", Linearizable).await.map_or(0, |v| v.parse().expect("counter"));
-        assert!(got >= floor, "stale read: {got} after {floor} was acknowledged");
+        let got: u64 = read_only(&reader, "ctr", how).await.map_or(0, |v| v.parse().expect("counter"));
+        assert!(got >= floor, "stale {how:?} read: {got} after {floor} was acknowledged");
         reads += 1;
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let writes = w.await.expect("writer");
-    eprintln!("{reads} linearizable reads beside {writes} writes");
+    eprintln!("{reads} linearizable and read-index reads beside {writes} writes");
 
-    // With one node down, Q answers remain: reads still complete.
+    // With one node down, Q answers remain: reads still complete (a read index whose r + 1
+    // nodes include the dead one is ordered after the retransmission timeout).
     cluster.kill(3);
     assert_eq!(read_only(&reader, "k", Linearizable).await.as_deref(), Some("v2"));
+    for _ in 0..4 {
+        assert_eq!(read_only(&reader, "k", Index).await.as_deref(), Some("v2"));
+    }
     // A write sent read-only is refused by the service and ordered instead.
     let put_op = KvRequest::Put { key: "k".into(), value: "v3".into() }.encode();
     let done = reader.invoke_read_only(put_op, Linearizable, OP_TIMEOUT).await.expect("ordered instead");

@@ -13,6 +13,11 @@
 //! retransmission timeout, the client orders the operation instead, under a fresh
 //! sequence number; the result is then an ordered one. Messages that such a switch
 //! produces while handling a reply are collected by [`Client::poll_send`].
+//!
+//! A read-index operation ([`ReadConsistency::Index`]) goes to r + 1 consecutive nodes
+//! only and needs all of them to match. The window stays put while it works (their
+//! caches stay warm) and moves on by one node whenever a read there had to be ordered, so
+//! a crashed or lying node is left behind.
 
 use crate::crypto::{Digest, MacKey};
 use crate::message::{ClientId, Message, NodeId, Payload, Read, ReadConsistency, Reply, ReplyBody, Request, View};
@@ -69,6 +74,8 @@ pub struct Client {
     inflight: Option<Inflight>,
     /// Messages produced outside `invoke`/`on_tick` (a read switched to ordering).
     outbox: Vec<(NodeId, Message)>,
+    /// The first of the r + 1 nodes read-index operations go to.
+    index_first: NodeId,
     /// Read-only operations answered without ordering, and ones that had to be ordered
     /// (statistics).
     pub reads_answered: u64,
@@ -89,6 +96,7 @@ impl Client {
             retransmit_ms,
             inflight: None,
             outbox: Vec::new(),
+            index_first: (id % quorums.order_nodes() as u64) as NodeId,
             reads_answered: 0,
             reads_ordered: 0,
         }
@@ -145,9 +153,20 @@ impl Client {
         };
         let statement = read.statement();
         read.auth = self.keys.iter().map(|k| k.mac(&statement)).collect();
-        let msgs = self.to_all(Message::Read(read.clone()));
+        let msgs = self.read_targets(consistency).into_iter().map(|n| (n, Message::Read(read.clone()))).collect();
         self.inflight = Some(Inflight { kind: Kind::Read(read), sent_at: now, replies: BTreeMap::new() });
         Ok(msgs)
+    }
+
+    /// The nodes a read goes to: all, or for read index the r + 1 from `index_first` on.
+    fn read_targets(&self, consistency: ReadConsistency) -> Vec<NodeId> {
+        let n = self.keys.len() as NodeId;
+        match consistency {
+            ReadConsistency::Index => {
+                (0..self.quorums.reply_quorum() as NodeId).map(|i| (self.index_first + i) % n).collect()
+            }
+            ReadConsistency::Serializable | ReadConsistency::Linearizable => (0..n).collect(),
+        }
     }
 
     fn check_idle(&self, len: usize) -> Result<(), ClientError> {
@@ -186,6 +205,10 @@ impl Client {
         if from as usize >= self.keys.len() {
             return None;
         }
+        let targets = match &self.inflight.as_ref()?.kind {
+            Kind::Read(read) => self.read_targets(read.consistency),
+            Kind::Ordered(_) => Vec::new(),
+        };
         let inflight = self.inflight.as_mut()?;
         if reply.seq != inflight.kind.seq() || reply.client != self.id {
             return None;
@@ -223,7 +246,7 @@ impl Client {
                 *counts.entry(*d).or_default() += 1;
             }
             let best = counts.values().copied().max().unwrap_or(0);
-            let unheard = self.keys.len() - inflight.replies.len();
+            let unheard = targets.iter().filter(|n| !inflight.replies.contains_key(n)).count();
             if best + unheard < need {
                 let (op, sent_at) = (read.op.clone(), inflight.sent_at);
                 self.order_read(sent_at, op);
@@ -235,6 +258,11 @@ impl Client {
     /// Orders the in-flight read-only operation (under a fresh sequence number).
     fn order_read(&mut self, now: u64, op: Payload) {
         self.reads_ordered += 1;
+        if let Some(Inflight { kind: Kind::Read(read), .. }) = &self.inflight {
+            if read.consistency == ReadConsistency::Index {
+                self.index_first = (self.index_first + 1) % self.keys.len() as NodeId;
+            }
+        }
         self.inflight = None;
         self.start_ordered(now, op);
     }
@@ -382,6 +410,34 @@ mod tests {
         assert_eq!(c.on_reply(3, reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
         assert_eq!(c.on_reply(0, reply(req.seq, ReplyBody::Full(b"new".to_vec()))), None);
         assert_eq!(c.on_reply(1, reply(req.seq, ReplyBody::Full(b"new".to_vec()))), Some(b"new".to_vec()));
+    }
+
+    #[test]
+    fn a_read_index_goes_to_r_plus_one_nodes_and_moves_past_one_that_failed() {
+        // Client 9 of four nodes: its window starts at node 9 % 4 = 1.
+        let mut c = client(1, 1);
+        let msgs = c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle");
+        let to: Vec<NodeId> = msgs.iter().map(|(n, _)| *n).collect();
+        assert_eq!(to, vec![1, 2], "r + 1 consecutive nodes");
+        let read = read_of(&msgs);
+        assert_eq!(c.on_reply(1, reply(read.seq, ReplyBody::Full(b"v".to_vec()))), None, "one is not enough");
+        assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::Full(b"v".to_vec()))), Some(b"v".to_vec()));
+        // The window stays while reads work...
+        let read = read_of(&c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle"));
+        assert_eq!(c.on_reply(1, reply(read.seq, ReplyBody::Full(b"old".to_vec()))), None);
+        // ...and a mismatch between the two orders the read (nobody else was asked)...
+        assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
+        assert_eq!(c.poll_send().len(), 4, "ordered at every node");
+        assert_eq!(c.reads_ordered, 1);
+        c.abandon();
+        // ...and moves the window on by one.
+        let msgs = c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle");
+        assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![2, 3]);
+        // A silent node: ordered after the timeout, window moves again (wrapping).
+        assert_eq!(c.on_tick(100).len(), 4);
+        c.abandon();
+        let msgs = c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle");
+        assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![3, 0]);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use crate::message::{CertProof, Message, NewView, Read, Request, StableProof, Va
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 3;
+pub const WIRE_VERSION: u8 = 4;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -128,6 +128,8 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         | Message::Checkpoint(_)
         | Message::Stop { .. }
         | Message::Status { .. }
+        | Message::IndexProbe { .. }
+        | Message::IndexAck { .. }
         | Message::FetchManifest { .. }
         | Message::FetchChunk { .. }
         | Message::FetchValue { .. } => Ok(()),
@@ -185,10 +187,14 @@ mod tests {
         prop_oneof![
             arb_request().prop_map(Message::Request),
             arb_request().prop_map(Message::Forward),
-            (arb_request(), any::<bool>(), any::<u64>()).prop_map(|(r, lin, after)| Message::Read(Read {
+            (arb_request(), 0..3u8, any::<u64>()).prop_map(|(r, c, after)| Message::Read(Read {
                 client: r.client,
                 seq: r.seq,
-                consistency: if lin { ReadConsistency::Linearizable } else { ReadConsistency::Serializable },
+                consistency: match c {
+                    0 => ReadConsistency::Serializable,
+                    1 => ReadConsistency::Linearizable,
+                    _ => ReadConsistency::Index,
+                },
                 after,
                 op: r.op,
                 auth: r.auth
@@ -237,6 +243,8 @@ mod tests {
             }),
             (any::<u64>(), arb_digest()).prop_map(|(seq, digest)| Message::FetchValue { seq, digest }),
             (any::<u64>(), arb_value()).prop_map(|(seq, value)| Message::ValueBody { seq, value }),
+            any::<u64>().prop_map(|round| Message::IndexProbe { round }),
+            (any::<u64>(), any::<u64>()).prop_map(|(round, accepted)| Message::IndexAck { round, accepted }),
         ]
     }
 

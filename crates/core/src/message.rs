@@ -152,6 +152,31 @@ pub enum ReadConsistency {
     /// voted to accept when the read arrived: reflects every write completed before the
     /// read began (see `replica::read`).
     Linearizable,
+    /// Read index (Gaios, ARCHITECTURE §7): sent to r + 1 chosen nodes only. Each asks
+    /// every node how far it has voted to accept, takes the highest of a quorum's
+    /// answers as the index, and answers once it executed that far; r + 1 matching
+    /// answers are linearizable (see `replica::read`). Last, so the earlier variants
+    /// keep their tags.
+    Index,
+}
+
+impl ReadConsistency {
+    /// Stable numbers for statements and names (the wire uses the variant index).
+    pub fn code(self) -> u64 {
+        match self {
+            ReadConsistency::Serializable => 0,
+            ReadConsistency::Linearizable => 1,
+            ReadConsistency::Index => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ReadConsistency::Serializable => "serializable",
+            ReadConsistency::Linearizable => "linearizable",
+            ReadConsistency::Index => "index",
+        }
+    }
 }
 
 /// A read-only operation: sent to every node, executed against its state without
@@ -174,14 +199,10 @@ impl Read {
     /// Domain-separated from [`Request::statement`]: a read's authenticator cannot get
     /// the same bytes ordered.
     pub fn statement(&self) -> Digest {
-        let consistency = match self.consistency {
-            ReadConsistency::Serializable => 0,
-            ReadConsistency::Linearizable => 1,
-        };
         Hasher::new("keel/read")
             .u64(self.client)
             .u64(self.seq)
-            .u64(consistency)
+            .u64(self.consistency.code())
             .u64(self.after)
             .digest(&self.op.digest())
             .finish()
@@ -444,6 +465,16 @@ pub enum Message {
     },
     /// Client → node: a read-only operation (last, so earlier variants keep their tags).
     Read(Read),
+    /// Node → all, for read index: "how far have you voted to accept?" `round` pairs the
+    /// answers with the question; every read that arrived before it waits on it.
+    IndexProbe {
+        round: u64,
+    },
+    /// The answer: the highest instance this node sent ACCEPT for or knows decided.
+    IndexAck {
+        round: u64,
+        accepted: Seq,
+    },
 }
 
 impl Message {
@@ -470,6 +501,8 @@ impl Message {
             Message::Chunk { .. } => "chunk",
             Message::FetchValue { .. } => "fetch-value",
             Message::ValueBody { .. } => "value-body",
+            Message::IndexProbe { .. } => "index-probe",
+            Message::IndexAck { .. } => "index-ack",
         }
     }
 }

@@ -36,11 +36,18 @@ pub enum Mutation {
     /// Answer a linearizable read at once, without first executing what this node voted
     /// to accept.
     ReadWithoutWait,
+    /// Take a read index from this node's own votes instead of the highest of a quorum's.
+    IndexWithoutQuorum,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 4] =
-        [Mutation::QuorumMinusOne, Mutation::SkipWrite, Mutation::UnverifiedViewChangeProof, Mutation::ReadWithoutWait];
+    pub const ALL: [Mutation; 5] = [
+        Mutation::QuorumMinusOne,
+        Mutation::SkipWrite,
+        Mutation::UnverifiedViewChangeProof,
+        Mutation::ReadWithoutWait,
+        Mutation::IndexWithoutQuorum,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -48,6 +55,7 @@ impl Mutation {
             Mutation::SkipWrite => "skip-write",
             Mutation::UnverifiedViewChangeProof => "unverified-view-change-proof",
             Mutation::ReadWithoutWait => "read-without-wait",
+            Mutation::IndexWithoutQuorum => "index-without-quorum",
         }
     }
 
@@ -139,10 +147,26 @@ impl Quorums {
     /// `Q - r = u + 1` of them correct, and each correct node answers a linearizable read
     /// only after executing everything it had accepted; any `Q` answers include one of
     /// those (`Q + u + 1 - N = 1`), so Q matching answers reflect the write.
+    /// Read index: `r + 1` (one correct node among them waited for the index, see
+    /// [`Quorums::index_quorum`]).
     pub fn read_quorum(&self, consistency: crate::message::ReadConsistency) -> usize {
         match consistency {
-            crate::message::ReadConsistency::Serializable => self.reply_quorum(),
+            crate::message::ReadConsistency::Serializable | crate::message::ReadConsistency::Index => {
+                self.reply_quorum()
+            }
             crate::message::ReadConsistency::Linearizable => self.order_quorum(),
+        }
+    }
+
+    /// Answers to an index probe a node needs before it takes the highest as its read
+    /// index: `Q`. By the argument of [`Quorums::read_quorum`] any Q answers include a
+    /// correct node that accepted a completed write, and answers are taken after the
+    /// read arrived, so the highest is at or past that write. Fewer (say, its own vote
+    /// alone) can all come from nodes that never saw it.
+    pub fn index_quorum(&self) -> usize {
+        match self.mutation {
+            Some(Mutation::IndexWithoutQuorum) => 1,
+            _ => self.order_quorum(),
         }
     }
 

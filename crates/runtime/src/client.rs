@@ -143,9 +143,9 @@ impl KeelClient {
         self.invoke_as(op, None, timeout).await
     }
 
-    /// Runs a read-only operation without ordering it (ARCHITECTURE §7): every node
-    /// answers from its state, and the result stands once enough answers match
-    /// ([`ReadConsistency`]). If they do not match, or the service says `op` is not
+    /// Runs a read-only operation without ordering it (ARCHITECTURE §7): every node (or
+    /// for [`ReadConsistency::Index`], r + 1 of them) answers from its state, and the
+    /// result stands once enough answers match ([`ReadConsistency`]). If they do not match, or the service says `op` is not
     /// read-only, the operation is ordered instead, within the same `timeout`.
     ///
     /// # Errors

@@ -31,6 +31,8 @@ pub struct Metrics {
     pub state_transfers: Counter,
     pub divergences: Counter,
     pub rejected: Family<KindLabels, Counter>,
+    /// Read-only operations answered without ordering, by consistency.
+    pub reads_answered: Family<KindLabels, Counter>,
     pub batch_size: Histogram,
     pub fsync_seconds: Histogram,
     pub view: Gauge,
@@ -72,6 +74,7 @@ impl Metrics {
             state_transfers: Counter::default(),
             divergences: Counter::default(),
             rejected: Family::default(),
+            reads_answered: Family::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             fsync_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
             view: Gauge::default(),
@@ -86,6 +89,11 @@ impl Metrics {
         r.register("state_transfers", "State transfers started", m.state_transfers.clone());
         r.register("divergences", "Local checkpoints that differed from the stable one", m.divergences.clone());
         r.register("rejected", "Inputs dropped as invalid, by message kind", m.rejected.clone());
+        r.register(
+            "reads_answered",
+            "Read-only operations answered without ordering, by consistency",
+            m.reads_answered.clone(),
+        );
         r.register("batch_size", "Requests per executed batch", m.batch_size.clone());
         r.register("fsync_seconds", "Duration of each WAL fsync", m.fsync_seconds.clone());
         r.register("view", "Installed view", m.view.clone());

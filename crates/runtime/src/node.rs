@@ -278,6 +278,9 @@ fn flush(
             Event::Decided { .. } => {
                 m.decided.inc();
             }
+            Event::ReadAnswered { consistency } => {
+                m.reads_answered.get_or_create(&KindLabels { kind: consistency.name().to_string() }).inc();
+            }
             Event::Executed { requests, .. } => {
                 m.executed_requests.inc_by(requests.len() as u64);
                 m.batch_size.observe(requests.len() as f64);

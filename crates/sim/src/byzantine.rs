@@ -92,6 +92,33 @@ pub struct LieCounts {
     pub silenced: u64,
     pub junk_frames: u64,
     pub rushed_reads: u64,
+    /// Read-index answers that named an index too low (to make reads stale) or too high
+    /// (to stall them).
+    pub index_lies: u64,
+}
+
+impl LieCounts {
+    pub fn add(&mut self, o: &LieCounts) {
+        self.equivocations += o.equivocations;
+        self.corruptions += o.corruptions;
+        self.replays += o.replays;
+        self.forged_view_changes += o.forged_view_changes;
+        self.silenced += o.silenced;
+        self.junk_frames += o.junk_frames;
+        self.rushed_reads += o.rushed_reads;
+        self.index_lies += o.index_lies;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.equivocations
+            + self.corruptions
+            + self.replays
+            + self.forged_view_changes
+            + self.silenced
+            + self.junk_frames
+            + self.rushed_reads
+            + self.index_lies
+    }
 }
 
 pub struct Byzantine {
@@ -231,6 +258,13 @@ impl Byzantine {
             Message::Accept { view, seq, digest } if self.behaviours.equivocate && Self::lied_to(to) => {
                 let digest = self.alternatives.get(&(view, seq)).map_or(digest, Value::digest);
                 Message::Accept { view, seq, digest }
+            }
+            // Index answers too low would make reads stale if a node trusted fewer than a
+            // quorum's highest; too high, they stall reads until their clients order them.
+            Message::IndexAck { round, accepted } if self.behaviours.rush_reads => {
+                self.lies.index_lies += 1;
+                let accepted = if rng.gen_bool(0.8) { 0 } else { accepted + 1_000 };
+                Message::IndexAck { round, accepted }
             }
             Message::ViewChange(vc) if self.behaviours.forge_view_change => {
                 self.lies.forged_view_changes += 1;

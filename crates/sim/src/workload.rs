@@ -99,11 +99,17 @@ impl Workload for KvWorkload {
         req.encode()
     }
 
-    /// Two gets in three go read-only and linearizable (the history checker holds them to
-    /// linearizability like ordered ones); the rest are ordered.
+    /// A get goes ordered, read-only linearizable or by read index, one in three each (the
+    /// history checker holds all of them to linearizability).
     fn read_mode(&mut self, rng: &mut ChaCha8Rng, op: &[u8]) -> Option<ReadConsistency> {
-        let get = matches!(KvRequest::decode(op), Ok(KvRequest::Get { .. }));
-        (get && rng.gen_range(0..3) > 0).then_some(ReadConsistency::Linearizable)
+        if !matches!(KvRequest::decode(op), Ok(KvRequest::Get { .. })) {
+            return None;
+        }
+        match rng.gen_range(0..3) {
+            0 => None,
+            1 => Some(ReadConsistency::Linearizable),
+            _ => Some(ReadConsistency::Index),
+        }
     }
 
     fn check_history(&self, history: &[HistoryEntry]) -> Result<(), String> {

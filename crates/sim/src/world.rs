@@ -125,13 +125,7 @@ impl FaultCounts {
             + self.duplicated
             + self.delayed
             + self.skewed_clocks
-            + l.equivocations
-            + l.corruptions
-            + l.replays
-            + l.forged_view_changes
-            + l.silenced
-            + l.junk_frames
-            + l.rushed_reads
+            + l.total()
     }
 
     pub fn add(&mut self, o: &FaultCounts) {
@@ -145,13 +139,7 @@ impl FaultCounts {
         self.delayed += o.delayed;
         self.skewed_clocks += o.skewed_clocks;
         self.byzantine_nodes += o.byzantine_nodes;
-        self.lies.equivocations += o.lies.equivocations;
-        self.lies.corruptions += o.lies.corruptions;
-        self.lies.replays += o.lies.replays;
-        self.lies.forged_view_changes += o.lies.forged_view_changes;
-        self.lies.silenced += o.lies.silenced;
-        self.lies.junk_frames += o.lies.junk_frames;
-        self.lies.rushed_reads += o.lies.rushed_reads;
+        self.lies.add(&o.lies);
     }
 }
 
@@ -457,15 +445,7 @@ impl<W: Workload> World<W> {
         }
         for n in &self.nodes {
             if let Some(b) = &n.byzantine {
-                let l = &b.lies;
-                let t = &mut self.report.faults.lies;
-                t.equivocations += l.equivocations;
-                t.corruptions += l.corruptions;
-                t.replays += l.replays;
-                t.forged_view_changes += l.forged_view_changes;
-                t.silenced += l.silenced;
-                t.junk_frames += l.junk_frames;
-                t.rushed_reads += l.rushed_reads;
+                self.report.faults.lies.add(&b.lies);
             }
             self.report.faults.torn_writes += n.disk.torn;
         }
@@ -870,7 +850,7 @@ impl<W: Workload> World<W> {
                 let variant = reason.split([' ', '{', '(']).next().unwrap_or_default().to_string();
                 *self.report.rejected_by.entry(format!("{kind}: {variant}")).or_default() += 1;
             }
-            Event::Stable { .. } | Event::StateTransferDone { .. } => {}
+            Event::Stable { .. } | Event::StateTransferDone { .. } | Event::ReadAnswered { .. } => {}
         }
     }
 

@@ -109,6 +109,20 @@ fn linearizable_reads_answered_before_executing_what_was_accepted_are_caught() {
 }
 
 #[test]
+fn a_read_index_taken_from_the_answering_node_alone_is_caught() {
+    // CFT: the one node asked lags behind a completed write; without the quorum's highest
+    // vote it answers stale. The correct rule passes the same seeds.
+    let mut caught = Vec::new();
+    for seed in 1..=30 {
+        let o = SimOptions::new(seed, 1, 0, faults("all"));
+        assert_clean(&run_kv_seed(&o));
+        let bug = run_kv_seed(&SimOptions { mutation: Some(Mutation::IndexWithoutQuorum), ..o });
+        caught.extend(properties(&bug));
+    }
+    assert!(caught.contains(&"linearizability"), "got {caught:?}");
+}
+
+#[test]
 fn spurious_view_change_checker_fires_when_timers_are_too_short() {
     let mut o = SimOptions::new(3, 1, 1, faults("none"));
     o.options.request_timeout_ms = 1;

@@ -140,6 +140,10 @@ pub enum Event {
         seq: Seq,
         digest: Digest,
     },
+    /// A read-only operation was answered without ordering.
+    ReadAnswered {
+        consistency: crate::message::ReadConsistency,
+    },
     /// Instance `seq` ran; `requests` lists those executed for the first time.
     Executed {
         seq: Seq,
@@ -408,6 +412,8 @@ pub struct Replica<S> {
     pending_order: u64,
     /// Read-only requests waiting for execution to get far enough (read.rs).
     reads: BTreeMap<ClientId, read::WaitingRead>,
+    /// Read-index probe rounds (read.rs).
+    index: read::IndexRounds,
 
     transfer: Option<Transfer>,
     /// Last time we helped each peer (STATUS answers are rate-limited).
@@ -460,6 +466,7 @@ impl<S: Service> Replica<S> {
             pending: BTreeMap::new(),
             pending_order: 0,
             reads: BTreeMap::new(),
+            index: read::IndexRounds::default(),
             transfer: None,
             helped_at: vec![0; n],
             next_status: 0,
@@ -558,6 +565,8 @@ impl<S: Service> Replica<S> {
             (Peer::Node(n), Message::Chunk { seq, index, data }) => self.on_chunk(n, seq, index, data, out),
             (Peer::Node(n), Message::FetchValue { seq, digest }) => self.on_fetch_value(n, seq, digest, out),
             (Peer::Node(_), Message::ValueBody { seq, value }) => self.on_value_body(seq, value, out),
+            (Peer::Node(n), Message::IndexProbe { round }) => self.on_index_probe(n, round, out),
+            (Peer::Node(n), Message::IndexAck { round, accepted }) => self.on_index_ack(n, round, accepted, out),
             (_, _) => Err(Reject::WrongPeer),
         };
         match result {
@@ -576,6 +585,7 @@ impl<S: Service> Replica<S> {
             self.retransmit(out);
             self.retransmit_checkpoint_votes(out);
             self.retransmit_view_change(out);
+            self.retransmit_index_probe(out);
             self.fetch_awaited(out);
             self.on_transfer_timeout(out);
         }

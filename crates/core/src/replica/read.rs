@@ -12,15 +12,30 @@
 //!   ([`crate::quorum::Quorums::read_quorum`]). The state the answer comes from holds
 //!   only decided instances, executed and made durable here before the answer left: a
 //!   point inside the read.
+//! - **Read index** (Gaios; ARCHITECTURE §7): sent to r + 1 nodes only. The node asks
+//!   every node how far it voted to accept ([`Message::IndexProbe`]), after the read
+//!   arrived; the highest of Q answers (its own included) is the index, and the node
+//!   answers once it executed that far. A completed write was accepted by u + 1 correct
+//!   nodes, any Q answers include one of them, and that node's votes only grow, so the
+//!   index is at or past the write. r + 1 matching answers include a correct node's, so
+//!   they reflect it too. One probe round serves every read that arrived before it left.
+//!
+//!   Raft and Gaios take the index from the leader, after it confirmed with a quorum
+//!   that it still leads. With r > 0 a Byzantine primary could name a stale index, so
+//!   Keel takes it from the quorum's own votes: the same one round trip, no trust in the
+//!   primary, and it works during a view change. A Byzantine node can name an index too
+//!   high: the read then waits until its client gives up and orders it (liveness, not
+//!   safety; the highest is needed, since the one correct voter may be alone).
 //!
 //! A read waits here at most until it is answered, replaced by the session's next read,
 //! or `request_timeout_ms` passed (its client orders it by then); at most one per
 //! session and `clients_max` in all, so a client cannot make a node hold more.
 
 use super::{Outputs, Peer, Reject, Replica};
-use crate::message::{ClientId, Message, Read, ReadConsistency, Reply, ReplyBody, Seq};
+use crate::message::{ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody, Seq};
 use crate::quorum::Mutation;
 use crate::service::{ReadCtx, Service};
+use std::collections::BTreeMap;
 
 /// A read waiting for this node's execution to get far enough.
 #[derive(Clone, Debug)]
@@ -36,7 +51,31 @@ enum Until {
     ClientExecuted(u64),
     /// Execution reached this instance.
     Executed(Seq),
+    /// The index probe round with this number has its quorum (then `Executed(index)`).
+    Round(u64),
 }
+
+/// Read-index probe rounds at this node: at most one in flight; reads that arrive while
+/// it is out wait for the next, which leaves when it completes (a round must leave after
+/// the reads it serves arrived).
+#[derive(Clone, Debug, Default)]
+pub(super) struct IndexRounds {
+    current: Option<Round>,
+    /// The number the next round gets. Seeded from the clock when a round starts, so a
+    /// restarted node does not reuse the number of a round it probed before the crash
+    /// (an answer to that older probe could predate the read).
+    next: u64,
+}
+
+#[derive(Clone, Debug)]
+struct Round {
+    id: u64,
+    sent_at: u64,
+    acks: BTreeMap<NodeId, Seq>,
+}
+
+/// Round numbers per millisecond the clock seeding leaves room for.
+const ROUNDS_PER_MS: u64 = 1 << 20;
 
 impl<S: Service> Replica<S> {
     pub(super) fn on_read(&mut self, from: Peer, read: Read, out: &mut Outputs) -> Result<(), Reject> {
@@ -60,6 +99,7 @@ impl<S: Service> Replica<S> {
                 Until::Executed(0)
             }
             ReadConsistency::Linearizable => Until::Executed(self.accepted_high()),
+            ReadConsistency::Index => Until::Round(self.index_round_for_new_read(out)),
         };
         let waiting = WaitingRead { read, until, since: self.now };
         if self.ready_for(waiting.read.client, until) {
@@ -67,7 +107,104 @@ impl<S: Service> Replica<S> {
         } else {
             self.reads.insert(waiting.read.client, waiting);
         }
+        // With an index quorum of one the round completed as it started.
+        self.finish_index_round(out);
         Ok(())
+    }
+
+    /// The round a read arriving now waits for: the one after the round in flight, or a
+    /// new one started now.
+    fn index_round_for_new_read(&mut self, out: &mut Outputs) -> u64 {
+        if self.index.current.is_some() {
+            return self.index.next;
+        }
+        self.start_index_round(out)
+    }
+
+    fn start_index_round(&mut self, out: &mut Outputs) -> u64 {
+        let id = self.index.next.max(self.now.saturating_mul(ROUNDS_PER_MS));
+        self.index.next = id + 1;
+        let acks = BTreeMap::from([(self.id, self.accepted_high())]);
+        self.index.current = Some(Round { id, sent_at: self.now, acks });
+        self.broadcast(Message::IndexProbe { round: id }, out);
+        id
+    }
+
+    /// A peer asks how far this node voted to accept. Answered at once: what it reports
+    /// was made durable before this node sent the ACCEPTs it counts (or is a decision or
+    /// checkpoint it holds), and reporting too high costs only a wait.
+    pub(super) fn on_index_probe(&mut self, from: NodeId, round: u64, out: &mut Outputs) -> Result<(), Reject> {
+        out.send.push((Peer::Node(from), Message::IndexAck { round, accepted: self.accepted_high() }));
+        Ok(())
+    }
+
+    pub(super) fn on_index_ack(
+        &mut self,
+        from: NodeId,
+        round: u64,
+        accepted: Seq,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
+        match &mut self.index.current {
+            Some(r) if r.id == round => {
+                r.acks.insert(from, accepted);
+            }
+            // An answer to a round that completed or was dropped.
+            _ => return Err(Reject::Late { seq: round, stable: 0 }),
+        }
+        self.finish_index_round(out);
+        Ok(())
+    }
+
+    /// Completes the round in flight once a quorum answered: its reads wait for the
+    /// highest answer; then starts the next round if reads wait for it.
+    fn finish_index_round(&mut self, out: &mut Outputs) {
+        let Some(round) = &self.index.current else { return };
+        if round.acks.len() < self.cfg.quorums.index_quorum() {
+            return;
+        }
+        let (id, index) = (round.id, round.acks.values().copied().max().unwrap_or(0));
+        self.index.current = None;
+        for w in self.reads.values_mut() {
+            if w.until == Until::Round(id) {
+                w.until = Until::Executed(index);
+            }
+        }
+        let next = self.index.next;
+        if self.reads.values().any(|w| w.until == Until::Round(next)) {
+            let started = self.start_index_round(out);
+            self.renumber_waiting(next, started);
+            self.finish_index_round(out);
+        }
+        self.answer_reads(out);
+    }
+
+    /// Reads queued for round `from` wait for `to` (the clock moved the number on).
+    fn renumber_waiting(&mut self, from: u64, to: u64) {
+        if from != to {
+            for w in self.reads.values_mut() {
+                if w.until == Until::Round(from) {
+                    w.until = Until::Round(to);
+                }
+            }
+        }
+    }
+
+    /// Re-sends the probe of a round still short of its quorum to the nodes that did not
+    /// answer; drops it once no read waits for it any more.
+    pub(super) fn retransmit_index_probe(&mut self, out: &mut Outputs) {
+        let Some(id) = self.index.current.as_ref().map(|r| r.id) else { return };
+        let next = self.index.next;
+        if !self.reads.values().any(|w| w.until == Until::Round(id) || w.until == Until::Round(next)) {
+            self.index.current = None;
+            return;
+        }
+        let (now, n, every) = (self.now, self.cfg.n() as NodeId, self.cfg.options.retransmit_ms);
+        let Some(round) = self.index.current.as_mut().filter(|r| now >= r.sent_at + every) else { return };
+        round.sent_at = now;
+        for node in (0..n).filter(|node| !round.acks.contains_key(node)) {
+            out.send.push((Peer::Node(node), Message::IndexProbe { round: id }));
+        }
     }
 
     /// The highest instance this node voted to accept (sending ACCEPT files a
@@ -90,6 +227,7 @@ impl<S: Service> Replica<S> {
         match until {
             Until::ClientExecuted(seq) => self.exec.last_seq(client) >= seq,
             Until::Executed(seq) => self.exec.executed() >= seq,
+            Until::Round(_) => false,
         }
     }
 
@@ -120,6 +258,7 @@ impl<S: Service> Replica<S> {
     }
 
     fn answer(&self, read: Read, out: &mut Outputs) {
+        out.events.push(super::Event::ReadAnswered { consistency: read.consistency });
         let ctx = ReadCtx { client: read.client, executed: self.exec.executed(), time: self.exec.time() };
         let body = match self.exec.service().execute_read_only(&read.op, &ctx) {
             None => ReplyBody::NotReadOnly,

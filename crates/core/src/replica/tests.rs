@@ -263,6 +263,76 @@ fn a_serializable_read_waits_for_the_sessions_last_write_and_bad_reads_are_rejec
     assert_eq!(rejected(&step(&mut p, 10, Peer::Client(9), Message::Read(forged))), vec![Reject::BadMac { client: 9 }]);
 }
 
+fn probes(out: &Outputs) -> Vec<(Peer, u64)> {
+    out.send
+        .iter()
+        .filter_map(|(to, m)| match m {
+            Message::IndexProbe { round } => Some((*to, *round)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
+    let cfg = config(1, 0);
+    // Node 0 leads view 0: proposing instance 1 is its vote for it. Node 2 missed it.
+    let mut primary = node(&cfg, 0);
+    let mut req = request(&cfg, 7, b"a");
+    req.seq = 1;
+    step(&mut primary, 10, Peer::Client(7), Message::Request(req));
+    let (value, digest) = primary.log[&1].value.clone().expect("proposed");
+
+    let mut lagging = node(&cfg, 2);
+    let out = step(&mut lagging, 20, Peer::Client(9), Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)));
+    assert!(read_replies(&out).is_empty(), "not answered before a quorum said how far it voted");
+    let sent = probes(&out);
+    assert_eq!(sent.len(), 2, "the probe goes to both other nodes: {sent:?}");
+    let round = sent[0].1;
+    // A second read arriving meanwhile must wait for a round that leaves after it.
+    let out = step(&mut lagging, 21, Peer::Client(11), Message::Read(read(&cfg, 11, b"count", ReadConsistency::Index)));
+    assert!(probes(&out).is_empty(), "one round in flight at a time");
+
+    // The primary voted for instance 1: it says so.
+    let ack = step(&mut primary, 22, Peer::Node(2), Message::IndexProbe { round });
+    let Some((Peer::Node(2), Message::IndexAck { round: r, accepted })) = ack.send.first().cloned() else {
+        panic!("expected an index ack, got {ack:?}")
+    };
+    assert_eq!((r, accepted), (round, 1));
+    // Its answer completes the round (Q = 2 with node 2's own): index 1, not executed
+    // here, so no answer yet; the next round leaves for the second read.
+    let out = step(&mut lagging, 23, Peer::Node(0), Message::IndexAck { round, accepted });
+    assert!(read_replies(&out).is_empty(), "waits for instance 1");
+    let next = probes(&out);
+    assert_eq!(next.len(), 2);
+    assert!(next[0].1 > round, "a fresh round number");
+    // A late or unknown round's answer changes nothing.
+    assert!(read_replies(&step(&mut lagging, 23, Peer::Node(1), Message::IndexAck { round, accepted: 9 })).is_empty());
+    // Instance 1 reaches node 2 and decides: the first read is answered, reflecting it.
+    step(&mut lagging, 24, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
+    let out = step(&mut lagging, 24, Peer::Node(0), Message::Accept { view: 0, seq: 1, digest });
+    assert_eq!(lagging.executed(), 1);
+    let to_reader: Vec<_> = out
+        .send_after_persist
+        .iter()
+        .filter_map(|(to, m)| match m {
+            Message::Reply(r) if *to == Peer::Client(9) => Some(r.body.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(to_reader, vec![ReplyBody::Full(vec![1])]);
+    // The second read's round completes on the next answer and is answered at once.
+    let out = step(&mut lagging, 25, Peer::Node(1), Message::IndexAck { round: next[0].1, accepted: 0 });
+    assert_eq!(read_replies(&out), vec![ReplyBody::Full(vec![1])]);
+
+    // The deliberate bug the simulator must catch: the node's own votes as the index.
+    let mut cfg_bug = cfg.clone();
+    cfg_bug.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::IndexWithoutQuorum));
+    let mut m = node(&cfg_bug, 2);
+    let out = step(&mut m, 20, Peer::Client(9), Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)));
+    assert_eq!(read_replies(&out), vec![ReplyBody::Full(vec![0])], "stale: answered before instance 1");
+}
+
 #[test]
 fn messages_from_unknown_nodes_and_wrong_peers_are_rejected() {
     let cfg = config(1, 1);
