@@ -262,6 +262,8 @@ impl<S: Service> Replica<S> {
         let ctx = ReadCtx { client: read.client, executed: self.exec.executed(), time: self.exec.time() };
         let body = match self.exec.service().execute_read_only(&read.op, &ctx) {
             None => ReplyBody::NotReadOnly,
+            // Only the r + 1 nodes asked answer a read index, all needed: each in full.
+            Some(result) if read.consistency == ReadConsistency::Index => ReplyBody::Full(result),
             Some(result) => self.reply_body(read.client, read.seq, result),
         };
         let reply = Reply { client: read.client, view: self.view, seq: read.seq, body };
