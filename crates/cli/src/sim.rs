@@ -107,7 +107,7 @@ pub fn run(args: SimArgs) -> ExitCode {
 
     let mut totals = FaultCounts::default();
     let (mut steps, mut ops, mut vcs, mut transfers, mut rejected) = (0, 0, 0, 0, 0);
-    let (mut reads_unordered, mut reads_ordered) = (0, 0);
+    let (mut reads_unordered, mut reads_ordered, mut slow_primary) = (0, 0, 0);
     let mut trace = blake3::Hasher::new();
     let mut failed = Vec::new();
     for r in &reports {
@@ -115,6 +115,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         steps += r.steps;
         ops += r.ops_completed;
         reads_unordered += r.reads_unordered;
+        slow_primary += r.slow_primary_suspicions;
         reads_ordered += r.reads_ordered;
         vcs += r.view_changes;
         transfers += r.state_transfers;
@@ -164,13 +165,13 @@ pub fn run(args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
         totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, l.equivocations, l.corruptions,
-        l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies
+        l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals
     );
     println!(
-        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} state_transfers={transfers} rejected_inputs={rejected} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
+        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} rejected_inputs={rejected} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
         started.elapsed().as_secs_f64(),
         args.u,
         args.r,

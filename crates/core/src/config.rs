@@ -75,6 +75,14 @@ pub struct Options {
     /// threads. 1 is sequential execution exactly. Per node in effect: outcomes do not
     /// depend on it, so nodes may differ.
     pub exec_workers: usize,
+    /// Robust leadership (Aardvark, UpRight §4.2): the primary's throughput is measured
+    /// over windows of this length while clients wait...
+    pub leader_window_ms: u64,
+    /// ...and a node asks to replace it after two windows in a row below this percentage
+    /// of the best seen in the last few views (0: never).
+    pub leader_min_pct: u64,
+    /// Rotate the primary after this long in one view even if it keeps up (0: never).
+    pub leader_rotate_ms: u64,
 }
 
 /// Most execution threads per node.
@@ -101,6 +109,9 @@ impl Options {
             // KV-sized requests (~0.6 us) at 0.41x with 4 workers (the path costs ~0.7 us
             // per request); it pays from ~10 us of work per request (1.5-1.9x).
             exec_workers: 1,
+            leader_window_ms: 1_000,
+            leader_min_pct: 30,
+            leader_rotate_ms: 0,
         }
     }
 
@@ -124,6 +135,9 @@ impl Options {
             // Sequential: the simulator's runs stay single-threaded (`keel sim
             // --exec-workers` exercises the parallel path).
             exec_workers: 1,
+            leader_window_ms: 200,
+            leader_min_pct: 30,
+            leader_rotate_ms: 0,
         }
     }
 
@@ -151,6 +165,12 @@ impl Options {
         }
         if self.batch_bytes_max + 64 * 1024 > crate::codec::FRAME_MAX / 4 {
             return err("batch_bytes_max", self.batch_bytes_max as u64, "batches must fit a frame with room to spare");
+        }
+        if self.leader_min_pct > 100 {
+            return err("leader_min_pct", self.leader_min_pct, "a percentage: 0..=100");
+        }
+        if self.leader_min_pct > 0 && self.leader_window_ms == 0 {
+            return err("leader_window_ms", 0, "must be positive while leader_min_pct is");
         }
         if self.exec_workers == 0 || self.exec_workers > EXEC_WORKERS_MAX {
             return err("exec_workers", self.exec_workers as u64, "must be 1..=256");

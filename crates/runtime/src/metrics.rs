@@ -30,6 +30,7 @@ pub struct Metrics {
     pub view_changes: Counter,
     pub state_transfers: Counter,
     pub divergences: Counter,
+    pub slow_primary: Counter,
     pub rejected: Family<KindLabels, Counter>,
     /// Read-only operations answered without ordering, by consistency.
     pub reads_answered: Family<KindLabels, Counter>,
@@ -73,6 +74,7 @@ impl Metrics {
             view_changes: Counter::default(),
             state_transfers: Counter::default(),
             divergences: Counter::default(),
+            slow_primary: Counter::default(),
             rejected: Family::default(),
             reads_answered: Family::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
@@ -88,6 +90,11 @@ impl Metrics {
         r.register("view_changes", "View changes started", m.view_changes.clone());
         r.register("state_transfers", "State transfers started", m.state_transfers.clone());
         r.register("divergences", "Local checkpoints that differed from the stable one", m.divergences.clone());
+        r.register(
+            "slow_primary_suspicions",
+            "Times this node asked to replace a primary that kept up with its timers but not with the recent best",
+            m.slow_primary.clone(),
+        );
         r.register("rejected", "Inputs dropped as invalid, by message kind", m.rejected.clone());
         r.register(
             "reads_answered",

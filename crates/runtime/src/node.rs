@@ -278,6 +278,10 @@ fn flush(
             Event::Decided { .. } => {
                 m.decided.inc();
             }
+            Event::SlowPrimary { view, rate, best } => {
+                m.slow_primary.inc();
+                tracing::warn!(view, rate, best, "primary too slow: asking for the next view");
+            }
             Event::ReadAnswered { consistency } => {
                 m.reads_answered.get_or_create(&KindLabels { kind: consistency.name().to_string() }).inc();
             }

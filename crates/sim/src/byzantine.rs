@@ -19,6 +19,9 @@ const REPLAY_BUFFER_MAX: usize = 128;
 /// Forged values a Byzantine node keeps so it can serve them when asked.
 const FORGED_KEPT_MAX: usize = 64;
 
+/// Simulated time from which a slow primary holds its proposals back.
+pub const SLOW_FROM_MS: u64 = 800;
+
 #[derive(Debug, Clone, Default)]
 pub struct Behaviours {
     /// As primary, propose a different value to odd-numbered nodes and vote for both.
@@ -33,6 +36,10 @@ pub struct Behaviours {
     pub silent_primary: bool,
     /// Send random bytes.
     pub junk: bool,
+    /// As primary, from `SLOW_FROM_MS` on, hold every PROPOSE for a quarter of the request
+    /// timeout: within every timer, yet a fraction of the throughput (Aardvark's slow
+    /// primary, turning slow once the cluster has seen what it can do).
+    pub slow_primary: bool,
     /// Answer read-only requests at once from whatever state it has (a stale answer,
     /// matching what lagging correct nodes would say), without waiting as correct nodes do.
     pub rush_reads: bool,
@@ -49,6 +56,7 @@ impl Behaviours {
                 silent_primary: rng.gen_bool(0.3),
                 junk: rng.gen_bool(0.4),
                 rush_reads: rng.gen_bool(0.5),
+                slow_primary: rng.gen_bool(0.3),
             };
             if b.equivocate
                 || b.corrupt
@@ -57,6 +65,7 @@ impl Behaviours {
                 || b.silent_primary
                 || b.junk
                 || b.rush_reads
+                || b.slow_primary
             {
                 return b;
             }
@@ -73,6 +82,7 @@ impl Behaviours {
             (self.silent_primary, "silent-primary"),
             (self.junk, "junk"),
             (self.rush_reads, "rush-reads"),
+            (self.slow_primary, "slow-primary"),
         ] {
             if on {
                 v.push(name);
@@ -95,6 +105,8 @@ pub struct LieCounts {
     /// Read-index answers that named an index too low (to make reads stale) or too high
     /// (to stall them).
     pub index_lies: u64,
+    /// PROPOSEs a slow primary held back.
+    pub slowed_proposals: u64,
 }
 
 impl LieCounts {
@@ -107,6 +119,7 @@ impl LieCounts {
         self.junk_frames += o.junk_frames;
         self.rushed_reads += o.rushed_reads;
         self.index_lies += o.index_lies;
+        self.slowed_proposals += o.slowed_proposals;
     }
 
     pub fn total(&self) -> u64 {
@@ -118,6 +131,7 @@ impl LieCounts {
             + self.junk_frames
             + self.rushed_reads
             + self.index_lies
+            + self.slowed_proposals
     }
 }
 

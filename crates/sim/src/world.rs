@@ -17,7 +17,7 @@ use keel_core::client::Client;
 use keel_core::codec;
 use keel_core::config::{ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
-use keel_core::message::{ClientId, Message, NodeId, Read, Reply, ReplyBody, Seq};
+use keel_core::message::{ClientId, Message, NodeId, Read, Reply, ReplyBody, Seq, View};
 use keel_core::quorum::{Mutation, Quorums};
 use keel_core::replica::{client_mac_key, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica};
 use keel_core::service::{ReadCtx, Service};
@@ -160,6 +160,12 @@ pub struct SeedReport {
     /// Rejections by "message kind: reason", for diagnosis.
     pub rejected_by: BTreeMap<String, u64>,
     pub max_executed: Seq,
+    /// Simulated times at which client operations completed (throughput over time).
+    pub completed_at: Vec<u64>,
+    /// When each view was first installed by a correct node.
+    pub views_installed: BTreeMap<View, u64>,
+    /// Times correct nodes asked to replace a primary for being slow (leadership.rs).
+    pub slow_primary_suspicions: u64,
     /// The last trace lines, printed when the run failed.
     pub trace_tail: Vec<String>,
 }
@@ -567,6 +573,24 @@ impl<W: Workload> World<W> {
         }
         let from = Peer::Node(n);
         let is_primary = self.nodes[n as usize].replica.as_ref().is_some_and(|r| r.is_primary());
+        let mut msgs = msgs;
+        let slow = is_primary
+            && self.now >= crate::byzantine::SLOW_FROM_MS
+            && self.nodes[n as usize].byzantine.as_ref().is_some_and(|b| b.behaviours.slow_primary)
+            && msgs.iter().any(|(_, m)| matches!(m, Message::Propose { .. }));
+        if slow {
+            // Held back, but well within the request timers (Aardvark's slow primary).
+            let (proposals, rest): (Vec<_>, Vec<_>) =
+                msgs.into_iter().partition(|(_, m)| matches!(m, Message::Propose { .. }));
+            msgs = rest;
+            let hold = self.opts.options.request_timeout_ms / 4;
+            for (to, m) in proposals {
+                if let Some(b) = self.nodes[n as usize].byzantine.as_mut() {
+                    b.lies.slowed_proposals += 1;
+                }
+                self.transmit_after(from, to, codec::encode(&m), hold);
+            }
+        }
         let frames: Vec<(Peer, Vec<u8>)> = match self.nodes[n as usize].byzantine.as_mut() {
             Some(b) => b.transform(&mut self.rng, is_primary, msgs),
             None => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
@@ -584,6 +608,11 @@ impl<W: Workload> World<W> {
     }
 
     fn transmit(&mut self, from: Peer, to: Peer, frame: Vec<u8>) {
+        self.transmit_after(from, to, frame, 0);
+    }
+
+    /// Sends `frame` `hold` ms late (plus the network's own delay and faults).
+    fn transmit_after(&mut self, from: Peer, to: Peer, frame: Vec<u8>, hold: u64) {
         if from == to {
             return;
         }
@@ -608,7 +637,7 @@ impl<W: Workload> World<W> {
             }
         }
         for i in 0..copies {
-            let at = self.now + delay + i * self.rng.gen_range(0..20);
+            let at = self.now + hold + delay + i * self.rng.gen_range(0..20);
             self.schedule(at, Ev::Deliver { to, from, frame: frame.clone() });
         }
     }
@@ -691,6 +720,7 @@ impl<W: Workload> World<W> {
         if let Some(h) = self.clients[idx].inflight.take() {
             self.history[h].ret = Some((self.now, result));
             self.report.ops_completed += 1;
+            self.report.completed_at.push(self.now);
         }
         if self.issuing {
             self.issue(idx);
@@ -839,7 +869,18 @@ impl<W: Workload> World<W> {
                     }
                 }
             }
-            Event::ViewInstalled { view } => self.trace_line(format!("{} n{n} installed view {view}", self.now)),
+            Event::ViewInstalled { view } => {
+                if correct {
+                    self.report.views_installed.entry(view).or_insert(self.now);
+                }
+                self.trace_line(format!("{} n{n} installed view {view}", self.now))
+            }
+            Event::SlowPrimary { view, rate, best } => {
+                if correct {
+                    self.report.slow_primary_suspicions += 1;
+                }
+                self.trace_line(format!("{} n{n} primary of view {view} slow: {rate} vs {best}", self.now))
+            }
             Event::StateTransferStarted { seq } => {
                 self.report.state_transfers += 1;
                 self.trace_line(format!("{} n{n} state transfer to {seq}", self.now));

@@ -227,3 +227,41 @@ fn checkpoint_root_checker_catches_a_nondeterministic_service() {
     );
     assert!(properties(&r).contains(&"checkpoint-roots"), "got {:?}", r.violations);
 }
+
+/// Operations per simulated second completed in `[from, to)`.
+fn rate(r: &SeedReport, from: u64, to: u64) -> f64 {
+    let n = r.completed_at.iter().filter(|&&t| t >= from && t < to).count();
+    n as f64 * 1000.0 / (to.saturating_sub(from)).max(1) as f64
+}
+
+#[test]
+fn a_primary_that_turns_slow_within_its_timers_is_replaced_and_throughput_recovers() {
+    let slow = Behaviours { slow_primary: true, ..Behaviours::default() };
+    let from = keel_sim::byzantine::SLOW_FROM_MS;
+    for seed in 1..=3 {
+        let mut o = SimOptions::new(seed, 1, 1, faults("byzantine"));
+        o.byzantine = Some((vec![0], slow.clone()));
+        let r = run_kv_seed(&o);
+        assert_clean(&r);
+        assert!(r.faults.lies.slowed_proposals > 0, "seed {seed}: the primary never held a proposal");
+        let replaced = *r.views_installed.get(&1).expect("view 1 installed: the slow primary was replaced");
+        let end = *r.completed_at.last().expect("operations completed");
+        let (fast, slowed, after) = (rate(&r, 0, from), rate(&r, from, replaced), rate(&r, replaced, end));
+        eprintln!(
+            "seed {seed}: {fast:.0} ops/s, then {slowed:.0} while slow ({} ms), then {after:.0} after view 1; \
+             {} suspicions",
+            replaced - from,
+            r.slow_primary_suspicions
+        );
+        assert!(r.slow_primary_suspicions >= 2, "replaced by the throughput monitor, not a timer");
+        assert!(slowed * 2.0 < fast, "the primary did slow the system down");
+        assert!(after * 2.0 > fast, "throughput recovered: {after:.0} vs {fast:.0} before");
+        // With the monitor off the same primary keeps its role and the system stays slow.
+        o.options.leader_min_pct = 0;
+        let r = run_kv_seed(&o);
+        assert_clean(&r);
+        assert!(r.views_installed.is_empty(), "seed {seed}: replaced without the monitor: {:?}", r.views_installed);
+        let end = *r.completed_at.last().expect("operations completed");
+        assert!(rate(&r, from + 400, end) * 2.0 < fast, "stays slow without the monitor");
+    }
+}

@@ -25,6 +25,7 @@
 
 mod catch_up;
 mod checkpoint;
+mod leadership;
 mod normal;
 mod read;
 mod recovery;
@@ -139,6 +140,13 @@ pub enum Event {
     Decided {
         seq: Seq,
         digest: Digest,
+    },
+    /// The primary of `view` executed `rate` requests per window against a best of
+    /// `best`: this node asks to replace it (leadership.rs).
+    SlowPrimary {
+        view: View,
+        rate: u64,
+        best: u64,
     },
     /// A read-only operation was answered without ordering.
     ReadAnswered {
@@ -414,6 +422,8 @@ pub struct Replica<S> {
     reads: BTreeMap<ClientId, read::WaitingRead>,
     /// Read-index probe rounds (read.rs).
     index: read::IndexRounds,
+    /// The primary's throughput, for robust leadership (leadership.rs).
+    monitor: leadership::Monitor,
 
     transfer: Option<Transfer>,
     /// Last time we helped each peer (STATUS answers are rate-limited).
@@ -467,6 +477,7 @@ impl<S: Service> Replica<S> {
             pending_order: 0,
             reads: BTreeMap::new(),
             index: read::IndexRounds::default(),
+            monitor: leadership::Monitor::default(),
             transfer: None,
             helped_at: vec![0; n],
             next_status: 0,
@@ -500,6 +511,11 @@ impl<S: Service> Replica<S> {
     pub fn config(&self) -> &ClusterConfig {
         &self.cfg
     }
+    /// Times this node asked to replace a primary for being slow.
+    pub fn slow_primary_suspicions(&self) -> u64 {
+        self.monitor.suspicions
+    }
+
     pub fn in_view_change(&self) -> Option<View> {
         self.vc_target
     }
@@ -577,6 +593,7 @@ impl<S: Service> Replica<S> {
 
     fn on_tick(&mut self, out: &mut Outputs) {
         self.on_request_timeouts(out);
+        self.watch_leadership(out);
         self.expire_reads();
         self.on_view_change_timeout(out);
         self.maybe_propose(out);

@@ -399,6 +399,7 @@ impl<S: Service> Replica<S> {
                 let reply = Reply { client: o.client, view: self.view, seq: o.seq, body };
                 out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
             }
+            self.monitor.on_executed(executed.len());
             out.events.push(Event::Executed { seq: next, requests: executed });
             if next.is_multiple_of(self.cfg.options.checkpoint_interval) {
                 self.take_checkpoint(next, out);

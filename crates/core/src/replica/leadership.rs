@@ -1,0 +1,244 @@
+//! Robust leadership (Aardvark §4.3, UpRight §4.2): a primary that stays within every
+//! timeout but slows the system down is replaced.
+//!
+//! Request timers catch a primary that stops; they cannot catch one that delays each
+//! proposal by a little less than the timeout. Every node therefore measures the
+//! requests executed per window (`leader_window_ms`) while clients wait (this node held a
+//! pending request at every tick of the window), and compares the window with the best
+//! windows of the last [`PEAK_VIEWS`] views. Two windows in a row below `leader_min_pct`
+//! percent of the best make the node ask for the next view, as an expired request timer
+//! would; the view changes once r + 1 nodes ask (join) and Q agree, as usual.
+//!
+//! Load changes must not look like a slow primary. A window is low only when both its
+//! total rate and its rate per waiting client are low: fewer clients lower the total but
+//! not the rate per client; more clients at saturation lower the rate per client but not
+//! the total. A slow primary lowers both. The first window of a view is not judged (it
+//! carries the view change's backlog), and a window without sustained demand is neither
+//! judged nor remembered.
+//!
+//! With `leader_rotate_ms` the primary is also rotated after that long in a view,
+//! whatever its speed (Aardvark's regular view changes).
+
+use super::{Event, Outputs, Replica};
+use crate::message::View;
+use crate::service::Service;
+use std::collections::VecDeque;
+
+/// Views whose best windows set the bar.
+pub(super) const PEAK_VIEWS: usize = 4;
+
+/// Windows in a row below the bar before a node asks to replace the primary.
+const LOW_WINDOWS: u32 = 2;
+
+/// A window's measurement.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Sample {
+    /// Requests executed in the window.
+    rate: u64,
+    /// Requests executed per waiting client, in thousandths.
+    per_client_milli: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub(super) struct Monitor {
+    view: View,
+    /// When this view was first seen here (for rotation).
+    view_since: u64,
+    /// Window in progress: start time, requests executed so far, ticks seen, the sum of
+    /// waiting clients over those ticks, and whether any tick found nobody waiting.
+    started: u64,
+    executed: u64,
+    ticks: u64,
+    waiting_sum: u64,
+    idle: bool,
+    /// Complete windows in this view.
+    windows: u32,
+    low_streak: u32,
+    /// The best window of each of the last `PEAK_VIEWS` views, current view last.
+    peaks: VecDeque<(View, Sample)>,
+    /// Times this node asked to replace a slow primary (statistics).
+    pub suspicions: u64,
+}
+
+impl Monitor {
+    /// Requests executed for the first time (called from execution).
+    pub(super) fn on_executed(&mut self, requests: usize) {
+        self.executed += requests as u64;
+    }
+
+    /// A new view starts its (empty) entry at once, so the bar ages by views even when
+    /// views are too short or too slow to be remembered.
+    fn enter_view(&mut self, view: View, now: u64) {
+        self.view = view;
+        if self.peaks.len() == PEAK_VIEWS {
+            self.peaks.pop_front();
+        }
+        self.peaks.push_back((view, Sample::default()));
+        self.view_since = now;
+        self.windows = 0;
+        self.low_streak = 0;
+        self.restart(now);
+    }
+
+    fn restart(&mut self, now: u64) {
+        self.started = now;
+        self.executed = 0;
+        self.ticks = 0;
+        self.waiting_sum = 0;
+        self.idle = false;
+    }
+
+    fn best(&self) -> Option<Sample> {
+        self.peaks.iter().map(|(_, s)| *s).reduce(|a, b| Sample {
+            rate: a.rate.max(b.rate),
+            per_client_milli: a.per_client_milli.max(b.per_client_milli),
+        })
+    }
+
+    fn remember(&mut self, sample: Sample) {
+        match self.peaks.back_mut() {
+            Some((v, peak)) if *v == self.view => {
+                peak.rate = peak.rate.max(sample.rate);
+                peak.per_client_milli = peak.per_client_milli.max(sample.per_client_milli);
+            }
+            // View 0 of a fresh node, which never entered it.
+            _ => {
+                if self.peaks.len() == PEAK_VIEWS {
+                    self.peaks.pop_front();
+                }
+                self.peaks.push_back((self.view, sample));
+            }
+        }
+    }
+
+    /// One tick with `waiting` clients waiting. Returns, when a window closes low for
+    /// the `LOW_WINDOWS`th time in a row, the window and the bar it missed.
+    fn tick(&mut self, now: u64, waiting: usize, window_ms: u64, min_pct: u64) -> Option<(Sample, Sample)> {
+        self.ticks += 1;
+        self.waiting_sum += waiting as u64;
+        self.idle |= waiting == 0;
+        if now < self.started + window_ms {
+            return None;
+        }
+        let sample = Sample {
+            rate: self.executed,
+            per_client_milli: (self.executed * 1000 * self.ticks).checked_div(self.waiting_sum).unwrap_or(0),
+        };
+        let demand = !self.idle && self.ticks >= 2;
+        self.restart(now);
+        self.windows += 1;
+        if !demand {
+            self.low_streak = 0;
+            return None;
+        }
+        if self.windows == 1 {
+            // The view's first window carries its view change: neither judged nor kept.
+            return None;
+        }
+        let bar = self.best();
+        let low = bar.is_some_and(|best| {
+            sample.rate * 100 < best.rate * min_pct && sample.per_client_milli * 100 < best.per_client_milli * min_pct
+        });
+        if !low {
+            self.low_streak = 0;
+            self.remember(sample);
+            return None;
+        }
+        self.low_streak += 1;
+        (self.low_streak >= LOW_WINDOWS).then(|| (sample, bar.unwrap_or_default()))
+    }
+}
+
+impl<S: Service> Replica<S> {
+    /// Measures the primary and asks for the next view when it is too slow, or when it
+    /// has led for `leader_rotate_ms`. Called every tick.
+    pub(super) fn watch_leadership(&mut self, out: &mut Outputs) {
+        let o = &self.cfg.options;
+        let (window_ms, min_pct, rotate_ms) = (o.leader_window_ms, o.leader_min_pct, o.leader_rotate_ms);
+        if self.monitor.view != self.view {
+            self.monitor.enter_view(self.view, self.now);
+        }
+        if self.vc_target.is_some() || self.transfer.is_some() {
+            // Nothing is ordered meanwhile: not the primary's doing.
+            self.monitor.restart(self.now);
+            return;
+        }
+        if rotate_ms > 0 && self.now >= self.monitor.view_since + rotate_ms {
+            self.suspect(self.view + 1, out);
+            return;
+        }
+        if min_pct == 0 {
+            return;
+        }
+        let Some((sample, bar)) = self.monitor.tick(self.now, self.pending.len(), window_ms, min_pct) else {
+            return;
+        };
+        // The primary measures itself too (its peaks count once it is a backup again) but
+        // does not ask to leave: the backups decide.
+        if self.is_primary() {
+            return;
+        }
+        self.monitor.suspicions += 1;
+        self.monitor.low_streak = 0;
+        out.events.push(Event::SlowPrimary { view: self.view, rate: sample.rate, best: bar.rate });
+        self.suspect(self.view + 1, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `windows` windows of 10 ticks with `waiting` clients and `per_window`
+    /// requests each; returns how many ended in a suspicion.
+    fn run(m: &mut Monitor, now: &mut u64, windows: u32, waiting: usize, per_window: u64) -> u32 {
+        let mut suspicions = 0;
+        for _ in 0..windows {
+            for t in 0..10 {
+                *now += 10;
+                if t == 0 {
+                    m.on_executed(per_window as usize);
+                }
+                if m.tick(*now, waiting, 100, 50).is_some() {
+                    suspicions += 1;
+                    m.low_streak = 0;
+                }
+            }
+        }
+        suspicions
+    }
+
+    #[test]
+    fn a_primary_that_slows_down_is_suspected_after_two_low_windows() {
+        let (mut m, mut now) = (Monitor::default(), 0);
+        assert_eq!(run(&mut m, &mut now, 5, 4, 1000), 0, "steady");
+        assert_eq!(run(&mut m, &mut now, 1, 4, 100), 0, "one low window is noise");
+        assert_eq!(run(&mut m, &mut now, 1, 4, 100), 1, "two in a row are not");
+    }
+
+    #[test]
+    fn fewer_clients_or_saturation_are_not_a_slow_primary() {
+        let (mut m, mut now) = (Monitor::default(), 0);
+        run(&mut m, &mut now, 5, 8, 1000);
+        // A quarter of the clients: a quarter of the total, same rate per client.
+        assert_eq!(run(&mut m, &mut now, 5, 2, 250), 0);
+        // Four times the clients at saturation: same total, a quarter per client.
+        assert_eq!(run(&mut m, &mut now, 5, 32, 1000), 0);
+        // Idle windows are not judged.
+        assert_eq!(run(&mut m, &mut now, 5, 0, 0), 0);
+    }
+
+    #[test]
+    fn the_bar_comes_from_the_last_views_only() {
+        let (mut m, mut now) = (Monitor::default(), 0);
+        run(&mut m, &mut now, 3, 4, 1000);
+        // PEAK_VIEWS slower views later, the fast view no longer sets the bar.
+        for v in 1..=PEAK_VIEWS as u64 {
+            m.enter_view(v, now);
+            run(&mut m, &mut now, 3, 4, 300);
+        }
+        assert!(m.peaks.iter().all(|(v, _)| *v >= 1));
+        assert_eq!(m.best().map(|b| b.rate), Some(300));
+        assert_eq!(run(&mut m, &mut now, 3, 4, 200), 0, "200 is not below half of 300");
+    }
+}
