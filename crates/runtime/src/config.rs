@@ -70,6 +70,32 @@ pub struct ClusterFile {
     pub u: u32,
     pub r: u32,
     pub nodes: Vec<NodeEntry>,
+    /// Robust leadership; every node of a cluster must use the same values.
+    #[serde(default, skip_serializing_if = "LeadershipFile::is_empty")]
+    pub leadership: LeadershipFile,
+}
+
+/// `[leadership]` in cluster.toml (Aardvark, UpRight §4.2). Unset fields keep the
+/// production defaults (`Options::production`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeadershipFile {
+    /// Replace a primary after two windows below this percentage of the best window of
+    /// the last few views (0: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_pct: Option<u64>,
+    /// Length of a throughput window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
+    /// Rotate the primary after this long in one view (0: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotate_ms: Option<u64>,
+}
+
+impl LeadershipFile {
+    pub fn is_empty(&self) -> bool {
+        *self == LeadershipFile::default()
+    }
 }
 
 impl ClusterFile {
@@ -78,7 +104,11 @@ impl ClusterFile {
     }
 
     /// The protocol configuration; node ids must be 0..N in order.
-    pub fn cluster_config(&self, path: &Path, options: Options) -> Result<ClusterConfig, ConfigFileError> {
+    pub fn cluster_config(&self, path: &Path, mut options: Options) -> Result<ClusterConfig, ConfigFileError> {
+        let l = &self.leadership;
+        options.leader_min_pct = l.min_pct.unwrap_or(options.leader_min_pct);
+        options.leader_window_ms = l.window_ms.unwrap_or(options.leader_window_ms);
+        options.leader_rotate_ms = l.rotate_ms.unwrap_or(options.leader_rotate_ms);
         let quorums = Quorums::new(self.u, self.r)?;
         let mut keys = Vec::with_capacity(self.nodes.len());
         for (i, n) in self.nodes.iter().enumerate() {
@@ -130,6 +160,29 @@ pub struct NodeFile {
     pub signing_seed: String,
     /// Root of the per-client MAC keys, hex.
     pub mac_secret: String,
+    /// Fault injection for tests; never set in a deployment.
+    #[serde(default, skip_serializing_if = "FaultsFile::is_empty")]
+    pub faults: FaultsFile,
+}
+
+/// `[faults]` in node.toml: makes this node misbehave in ways a test needs and a
+/// correct node never does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultsFile {
+    /// While primary, send every PROPOSE this late (a slow primary that stays within
+    /// the request timers)...
+    #[serde(default)]
+    pub slow_propose_ms: u64,
+    /// ...starting this long after the node started.
+    #[serde(default)]
+    pub slow_after_ms: u64,
+}
+
+impl FaultsFile {
+    pub fn is_empty(&self) -> bool {
+        *self == FaultsFile::default()
+    }
 }
 
 /// Most verify-stage threads a node file may ask for.
@@ -144,6 +197,7 @@ pub struct NodeSetup {
     pub fsync: FsyncPolicy,
     pub threads: usize,
     pub verify_threads: usize,
+    pub faults: FaultsFile,
     pub data_dir: PathBuf,
     pub cluster: ClusterConfig,
     pub peers: Vec<SocketAddr>,
@@ -187,6 +241,7 @@ impl NodeFile {
             fsync,
             threads: f.threads,
             verify_threads: f.verify_threads,
+            faults: f.faults,
             data_dir: base.join(&f.data_dir),
             peers: cluster_file.nodes.iter().map(|n| n.addr).collect(),
             cluster,
@@ -279,7 +334,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         nodes.push(NodeEntry { id: i, addr, public_key: hex::encode(key.public().0) });
         seeds.push((seed, mac));
     }
-    let cluster = ClusterFile { u: o.u, r: o.r, nodes: nodes.clone() };
+    let cluster = ClusterFile { u: o.u, r: o.r, nodes: nodes.clone(), leadership: LeadershipFile::default() };
     write(&dir.join("cluster.toml"), &toml::to_string(&cluster).unwrap_or_default())?;
     let fsync = match o.fsync {
         FsyncPolicy::Batch => "batch",
@@ -303,6 +358,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             fsync: fsync.into(),
             threads: 0,
             verify_threads: 0,
+            faults: FaultsFile::default(),
             data_dir: "data".into(),
             cluster: "../cluster.toml".into(),
             ca: "../ca.pem".into(),
@@ -371,5 +427,21 @@ mod tests {
         let c = ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
         assert_eq!(c.mac_keys.len(), 4);
         assert_eq!(c.id, 1001);
+        // Production leadership settings unless cluster.toml says otherwise.
+        let setup = NodeFile::load(&dir.path().join("node-0/node.toml")).expect("node loads");
+        assert_eq!(setup.cluster.options, Options::production());
+        assert!(setup.faults.is_empty());
+
+        let cluster = dir.path().join("cluster.toml");
+        let text = fs::read_to_string(&cluster).expect("cluster file");
+        fs::write(&cluster, format!("{text}\n[leadership]\nmin_pct = 10\nrotate_ms = 60000\n")).expect("written");
+        let setup = NodeFile::load(&dir.path().join("node-0/node.toml")).expect("node loads");
+        let o = &setup.cluster.options;
+        assert_eq!((o.leader_min_pct, o.leader_window_ms, o.leader_rotate_ms), (10, 1_000, 60_000));
+        // Out of range, or a misspelt key: refused, not ignored.
+        for bad in ["[leadership]\nmin_pct = 101\n", "[leadership]\nmin_percent = 10\n"] {
+            fs::write(&cluster, format!("{text}\n{bad}")).expect("written");
+            assert!(NodeFile::load(&dir.path().join("node-0/node.toml")).is_err(), "{bad}");
+        }
     }
 }

@@ -12,7 +12,7 @@
 //! The same core the simulator drives; only the clock, the disk and the network are real.
 
 use crate::committer::{Committer, Gated};
-use crate::config::NodeSetup;
+use crate::config::{FaultsFile, NodeSetup};
 use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
 use crate::tls::{self, PeerId, TlsError};
@@ -150,7 +150,12 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
     let mut committer = Committer::start(storage, stats.clone(), m.fsync_seconds.clone()).map_err(|source| {
         NodeError::Storage(StorageError::Io { what: "start WAL thread", path: setup.data_dir.clone(), source })
     })?;
+    let started = now_ms();
+    if !setup.faults.is_empty() {
+        tracing::warn!(faults = ?setup.faults, "fault injection is on: this node misbehaves on purpose");
+    }
     loop {
+        hold_back_proposals(&setup.faults, started, &mut out, &peers, &stats);
         flush(&mut committer, &mut out, &peers, &clients, &stats, &m)?;
         tokio::select! {
             e = committer.failed() => return Err(e.into()),
@@ -170,6 +175,35 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
                 replica.step(now_ms(), Input::Tick, &mut out);
                 publish(&replica, &m, &shared, in_rx.len(), connected.load(Ordering::Relaxed), &mut transfer_logged);
             }
+        }
+    }
+}
+
+/// Fault injection (`[faults] slow_propose_ms`): sends this step's PROPOSEs late, so
+/// tests can show that a primary slow within its timers is replaced.
+fn hold_back_proposals(
+    faults: &FaultsFile,
+    started: u64,
+    out: &mut Outputs,
+    peers: &[Option<mpsc::Sender<Vec<u8>>>],
+    stats: &Arc<TransportStats>,
+) {
+    if faults.slow_propose_ms == 0 || now_ms() < started + faults.slow_after_ms {
+        return;
+    }
+    let delay = Duration::from_millis(faults.slow_propose_ms);
+    for queue in [&mut out.send, &mut out.send_after_persist] {
+        let (proposals, rest): (Vec<_>, Vec<_>) =
+            queue.drain(..).partition(|(to, m)| matches!((to, m), (Peer::Node(_), Message::Propose { .. })));
+        *queue = rest;
+        for (to, msg) in proposals {
+            let Peer::Node(j) = to else { continue };
+            let Some(tx) = peers.get(j as usize).and_then(Option::clone) else { continue };
+            let (frame, stats) = (codec::encode(&msg), stats.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                offer(&tx, frame, &stats);
+            });
         }
     }
 }

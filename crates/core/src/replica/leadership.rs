@@ -4,7 +4,9 @@
 //! Request timers catch a primary that stops; they cannot catch one that delays each
 //! proposal by a little less than the timeout. Every node therefore measures the
 //! requests executed per window (`leader_window_ms`) while clients wait (this node held a
-//! pending request at every tick of the window), and compares the window with the best
+//! pending request at half the ticks of the window or more: a batch's replies leave its
+//! clients with nothing pending for a moment, all at once), and compares the window with
+//! the best
 //! windows of the last [`PEAK_VIEWS`] views. Two windows in a row below `leader_min_pct`
 //! percent of the best make the node ask for the next view, as an expired request timer
 //! would; the view changes once r + 1 nodes ask (join) and Q agree, as usual.
@@ -45,12 +47,12 @@ pub(super) struct Monitor {
     /// When this view was first seen here (for rotation).
     view_since: u64,
     /// Window in progress: start time, requests executed so far, ticks seen, the sum of
-    /// waiting clients over those ticks, and whether any tick found nobody waiting.
+    /// waiting clients over those ticks, and the ticks that found somebody waiting.
     started: u64,
     executed: u64,
     ticks: u64,
     waiting_sum: u64,
-    idle: bool,
+    busy_ticks: u64,
     /// Complete windows in this view.
     windows: u32,
     low_streak: u32,
@@ -85,7 +87,7 @@ impl Monitor {
         self.executed = 0;
         self.ticks = 0;
         self.waiting_sum = 0;
-        self.idle = false;
+        self.busy_ticks = 0;
     }
 
     fn best(&self) -> Option<Sample> {
@@ -116,7 +118,7 @@ impl Monitor {
     fn tick(&mut self, now: u64, waiting: usize, window_ms: u64, min_pct: u64) -> Option<(Sample, Sample)> {
         self.ticks += 1;
         self.waiting_sum += waiting as u64;
-        self.idle |= waiting == 0;
+        self.busy_ticks += u64::from(waiting > 0);
         if now < self.started + window_ms {
             return None;
         }
@@ -124,7 +126,7 @@ impl Monitor {
             rate: self.executed,
             per_client_milli: (self.executed * 1000 * self.ticks).checked_div(self.waiting_sum).unwrap_or(0),
         };
-        let demand = !self.idle && self.ticks >= 2;
+        let demand = self.ticks >= 2 && self.busy_ticks * 2 >= self.ticks;
         self.restart(now);
         self.windows += 1;
         if !demand {

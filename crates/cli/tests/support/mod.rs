@@ -1,0 +1,167 @@
+//! Shared by the multi-process test binaries: a local cluster of real `keel node`
+//! processes (killed by handle, never by name) and small client helpers.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use keel_kv::{KvRequest, KvResponse};
+use keel_runtime::client::KeelClient;
+use keel_runtime::config::ClientFile;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const KEEL: &str = env!("CARGO_BIN_EXE_keel");
+pub const OP_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    nodes: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    pub fn init(u: u32, r: u32) -> Cluster {
+        Cluster::init_with(u, r, |_| None)
+    }
+
+    /// `keel init`, then the `key = value` line `extra(i)` set in node i's file before it
+    /// starts.
+    pub fn init_with(u: u32, r: u32, extra: impl Fn(usize) -> Option<&'static str>) -> Cluster {
+        Cluster::init_configured(u, r, "", extra)
+    }
+
+    /// As [`Cluster::init_with`], with `cluster_extra` appended to cluster.toml.
+    pub fn init_configured(
+        u: u32,
+        r: u32,
+        cluster_extra: &str,
+        extra: impl Fn(usize) -> Option<&'static str>,
+    ) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let status = Command::new(KEEL)
+            .args(["init", "--dir"])
+            .arg(dir.path())
+            .args(["--u", &u.to_string(), "--r", &r.to_string(), "--clients", "8"])
+            .stdout(Stdio::null())
+            .status()
+            .expect("keel init runs");
+        assert!(status.success());
+        if !cluster_extra.is_empty() {
+            let file = dir.path().join("cluster.toml");
+            let text = std::fs::read_to_string(&file).expect("cluster file");
+            std::fs::write(&file, format!("{text}\n{cluster_extra}\n")).expect("cluster file written");
+        }
+        let n = 2 * u as usize + r as usize + 1;
+        let mut c = Cluster { dir, nodes: (0..n).map(|_| None).collect() };
+        for i in 0..n {
+            if let Some(line) = extra(i) {
+                let file = c.path().join(format!("node-{i}/node.toml"));
+                let text = std::fs::read_to_string(&file).expect("node file");
+                // Replaces the setting `keel init` wrote, if any.
+                let key = line.split('=').next().expect("key").trim();
+                let kept: Vec<&str> =
+                    text.lines().filter(|l| l.split('=').next().map(str::trim) != Some(key)).collect();
+                std::fs::write(&file, format!("{}\n{line}\n", kept.join("\n"))).expect("node file written");
+            }
+            c.start(i);
+        }
+        c
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn start(&mut self, i: usize) {
+        assert!(self.nodes[i].is_none());
+        let ndir = self.path().join(format!("node-{i}"));
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(ndir.join("node.log")).expect("log");
+        let child = Command::new(KEEL)
+            .args(["node", "--config"])
+            .arg(ndir.join("node.toml"))
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("node starts");
+        self.nodes[i] = Some(child);
+    }
+
+    /// Nodes in the cluster.
+    pub fn n(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// kill -9 of every node at once.
+    pub fn kill_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.kill(i);
+        }
+    }
+
+    pub fn start_all(&mut self) {
+        for i in 0..self.nodes.len() {
+            self.start(i);
+        }
+    }
+
+    /// kill -9.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].take() {
+            c.kill().expect("SIGKILL");
+            c.wait().expect("reaped");
+        }
+    }
+
+    pub fn client(&self, id: u64) -> KeelClient {
+        let setup = ClientFile::load(&self.path().join(format!("client-{id}/client.toml"))).expect("client file");
+        KeelClient::connect(setup).expect("client connects")
+    }
+
+    /// The node's Prometheus text (plain HTTP GET on loopback).
+    pub fn metrics(&self, i: usize) -> String {
+        use std::io::{Read, Write};
+        let text = std::fs::read_to_string(self.path().join(format!("node-{i}/node.toml"))).expect("node file");
+        let line = text.lines().find(|l| l.starts_with("metrics")).expect("metrics address");
+        let addr = line.split('"').nth(1).expect("quoted");
+        let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("request");
+        let mut body = String::new();
+        s.read_to_string(&mut body).expect("response");
+        body
+    }
+
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.path().join(format!("node-{i}/node.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// The value of the first sample of `name` in Prometheus text (0 if absent).
+pub fn metric(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+pub async fn put(c: &KeelClient, k: &str, v: &str) -> Result<(), String> {
+    let req = KvRequest::Put { key: k.into(), value: v.into() };
+    match c.invoke(req.encode(), OP_TIMEOUT).await.map_err(|e| e.to_string())? {
+        bytes if KvResponse::decode(&bytes) == Ok(KvResponse::Done) => Ok(()),
+        other => Err(format!("unexpected put result {other:?}")),
+    }
+}
+
+pub async fn get(c: &KeelClient, k: &str) -> Option<String> {
+    let bytes = c.invoke(KvRequest::Get { key: k.into() }.encode(), OP_TIMEOUT).await.expect("get answers");
+    match KvResponse::decode(&bytes).expect("decodes") {
+        KvResponse::Value(v) => v.map(|v| String::from_utf8_lossy(&v).to_string()),
+        other => panic!("unexpected get result {other:?}"),
+    }
+}
