@@ -391,3 +391,92 @@ async fn read_only_reads_skip_ordering_and_see_every_completed_write() {
     assert_eq!(KvResponse::decode(&done), Ok(KvResponse::Done));
     assert_eq!(get(&reader, "k").await.as_deref(), Some("v3"));
 }
+
+/// Median and 99th percentile of `lat`.
+fn p50_p99(mut lat: Vec<Duration>) -> (Duration, Duration) {
+    lat.sort();
+    let at = |q: f64| lat.get(((lat.len() as f64 - 1.0) * q) as usize).copied().unwrap_or_default();
+    (at(0.5), at(0.99))
+}
+
+async fn put_latencies(c: &KeelClient, n: usize, tag: &str) -> Vec<Duration> {
+    let mut lat = Vec::with_capacity(n);
+    for i in 0..n {
+        let started = Instant::now();
+        put(c, &format!("{tag}-{i}"), "v").await.expect("put acknowledged");
+        lat.push(started.elapsed());
+    }
+    lat
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_leader() {
+    let cluster = Cluster::init(1, 1);
+    let victim = cluster.client(1000);
+    put(&victim, "ready", "1").await.expect("cluster up");
+    let quiet = p50_p99(put_latencies(&victim, 200, "quiet").await);
+
+    // Client 1001 floods every node with requests whose MACs are wrong, as fast as TLS
+    // carries them; each must be checked and rejected.
+    let setup = ClientFile::load(&cluster.path().join("client-1001/client.toml")).expect("client file");
+    let connector = tokio_rustls::TlsConnector::from(
+        keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
+    );
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut floods = Vec::new();
+    for (j, addr) in setup.nodes.iter().enumerate() {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+        let name = keel_runtime::tls::PeerId::Node(j as u32).server_name();
+        let mut tls = connector.connect(name, tcp).await.expect("handshake");
+        let stop = stop.clone();
+        floods.push(tokio::spawn(async move {
+            let mut seq = 1u64;
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let mut buf = Vec::new();
+                for _ in 0..64 {
+                    let forged = keel_core::message::Message::Request(keel_core::message::Request {
+                        client: 1001,
+                        seq,
+                        op: b"flood".to_vec().into(),
+                        auth: vec![[7u8; 16]; 4],
+                    });
+                    let frame = keel_core::codec::encode(&forged);
+                    buf.extend_from_slice(&(frame.len() as u32).to_be_bytes());
+                    buf.extend_from_slice(&frame);
+                    seq += 1;
+                }
+                if tls.write_all(&buf).await.is_err() {
+                    break;
+                }
+                sent += 64;
+            }
+            sent
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let flooded = p50_p99(put_latencies(&victim, 200, "flooded").await);
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let mut sent = 0;
+    for f in floods {
+        sent += f.await.expect("flooder");
+    }
+    let rejected: u64 = (0..4).map(|i| metric(&cluster.metrics(i), "keel_rejected_total{kind=\"request\"}")).sum();
+    eprintln!(
+        "victim put p50/p99: {:?}/{:?} quiet, {:?}/{:?} while another client sent {sent} forged requests \
+         ({rejected} checked and rejected before the nodes dropped it)",
+        quiet.0, quiet.1, flooded.0, flooded.1
+    );
+    // Every node checked some, then closed the flooder's connection and refuses it now.
+    for i in 0..4 {
+        let m = cluster.metrics(i);
+        assert_eq!(metric(&m, "keel_banned_clients_total"), 1, "node {i} dropped the flooding client");
+        assert!(metric(&m, "keel_rejected_total{kind=\"request\"}") >= 64, "node {i} checked before dropping it");
+        assert_eq!(metric(&m, "keel_view "), 0, "node {i}: the flood changed the leader");
+    }
+    let again = cluster.client(1001);
+    let refused = again.invoke(b"anything".to_vec(), Duration::from_secs(2)).await;
+    assert!(refused.is_err(), "a banned client is refused for a while, even with valid requests");
+    // The victim was never refused.
+    put(&victim, "after", "1").await.expect("others are served");
+}

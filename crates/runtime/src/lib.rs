@@ -1,8 +1,10 @@
 //! Keel's runtime driver: real files, sockets and clocks around the sans-IO cores.
 
 pub mod client;
+pub mod clients;
 pub mod committer;
 pub mod config;
+pub mod inbound;
 pub mod metrics;
 pub mod node;
 pub mod storage;

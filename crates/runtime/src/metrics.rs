@@ -31,6 +31,7 @@ pub struct Metrics {
     pub state_transfers: Counter,
     pub divergences: Counter,
     pub slow_primary: Counter,
+    pub banned_clients: Counter,
     pub rejected: Family<KindLabels, Counter>,
     /// Read-only operations answered without ordering, by consistency.
     pub reads_answered: Family<KindLabels, Counter>,
@@ -75,6 +76,7 @@ impl Metrics {
             state_transfers: Counter::default(),
             divergences: Counter::default(),
             slow_primary: Counter::default(),
+            banned_clients: Counter::default(),
             rejected: Family::default(),
             reads_answered: Family::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
@@ -94,6 +96,11 @@ impl Metrics {
             "slow_primary_suspicions",
             "Times this node asked to replace a primary that kept up with its timers but not with the recent best",
             m.slow_primary.clone(),
+        );
+        r.register(
+            "banned_clients",
+            "Client connections closed for too many requests with bad MACs",
+            m.banned_clients.clone(),
         );
         r.register("rejected", "Inputs dropped as invalid, by message kind", m.rejected.clone());
         r.register(

@@ -11,8 +11,10 @@
 //!
 //! The same core the simulator drives; only the clock, the disk and the network are real.
 
+use crate::clients::{Bans, Clients};
 use crate::committer::{Committer, Gated};
 use crate::config::{FaultsFile, NodeSetup};
+use crate::inbound::{self, ClientQuota, Inbound, InboundTx};
 use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
 use crate::tls::{self, PeerId, TlsError};
@@ -20,10 +22,9 @@ use crate::transport::{
     accept_loop, dial_loop, offer, read_frame, write_frames, Accepted, TransportStats, SEND_QUEUE_MAX,
 };
 use keel_core::codec;
-use keel_core::message::{owner_of, ClientId, Message, NodeId};
-use keel_core::replica::{Event, Input, Outputs, Peer, Replica, Verifier};
+use keel_core::message::{owner_of, Message, NodeId};
+use keel_core::replica::{Event, Input, Outputs, Peer, Reject, Replica, Verifier};
 use keel_core::service::{RestoreError, Service};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -50,21 +51,6 @@ pub enum NodeError {
     Metrics { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("listen on {addr}: {source}")]
     Listen { addr: std::net::SocketAddr, source: std::io::Error },
-}
-
-enum Inbound {
-    /// A message for the protocol task (`Input::Checked` when the verify stage vouched
-    /// for its signature).
-    Input(Input),
-    ClientUp {
-        id: ClientId,
-        conn: u64,
-        tx: mpsc::Sender<Vec<u8>>,
-    },
-    ClientDown {
-        id: ClientId,
-        conn: u64,
-    },
 }
 
 /// Wall-clock milliseconds: nodes' clocks must roughly agree (agreed time, UpRight §3.1).
@@ -100,7 +86,7 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
         .await
         .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
     let connected = Arc::new(AtomicU64::new(0));
-    let (in_tx, mut in_rx) = mpsc::channel::<Inbound>(INBOUND_QUEUE_MAX);
+    let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
 
     // Outgoing connections to every other node.
     let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
@@ -130,7 +116,9 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
         TcpListener::bind(setup.listen).await.map_err(|source| NodeError::Listen { addr: setup.listen, source })?;
     let acceptor = TlsAcceptor::from(tls::server_config(&setup.ca_pem, &setup.credentials)?);
     let conn_ids = Arc::new(AtomicU64::new(0));
+    let bans = Arc::new(Bans::default());
     {
+        let bans = bans.clone();
         let in_tx = in_tx.clone();
         let stats = stats.clone();
         let n = setup.cluster.n() as NodeId;
@@ -138,11 +126,11 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
             let in_tx = in_tx.clone();
             let stats = stats.clone();
             let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(serve_connection(acc, conn, n, in_tx, verify.clone(), stats));
+            tokio::spawn(serve_connection(acc, conn, n, in_tx, verify.clone(), stats, bans.clone()));
         }));
     }
 
-    let mut clients: HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)> = HashMap::new();
+    let mut clients = Clients::new(bans);
     // Last state-transfer progress logged, in tenths.
     let mut transfer_logged = u64::MAX;
     let mut tick = tokio::time::interval(TICK);
@@ -156,7 +144,7 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
     }
     loop {
         hold_back_proposals(&setup.faults, started, &mut out, &peers, &stats);
-        flush(&mut committer, &mut out, &peers, &clients, &stats, &m)?;
+        flush(&mut committer, &mut out, &peers, &mut clients, &stats, &m)?;
         tokio::select! {
             e = committer.failed() => return Err(e.into()),
             ev = in_rx.recv() => {
@@ -165,8 +153,8 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
                 handle(&mut replica, ev, &mut clients, &mut out);
                 for _ in 0..STEP_BATCH_MAX {
                     match in_rx.try_recv() {
-                        Ok(ev) => handle(&mut replica, ev, &mut clients, &mut out),
-                        Err(_) => break,
+                        Some(ev) => handle(&mut replica, ev, &mut clients, &mut out),
+                        None => break,
                     }
                 }
                 replica.release_proposals(now_ms(), &mut out);
@@ -248,22 +236,11 @@ fn publish<S: Service>(
     }
 }
 
-fn handle<S: Service>(
-    replica: &mut Replica<S>,
-    ev: Inbound,
-    clients: &mut HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)>,
-    out: &mut Outputs,
-) {
+fn handle<S: Service>(replica: &mut Replica<S>, ev: Inbound, clients: &mut Clients, out: &mut Outputs) {
     match ev {
         Inbound::Input(input) => replica.step(now_ms(), input, out),
-        Inbound::ClientUp { id, conn, tx } => {
-            clients.insert(id, (conn, tx));
-        }
-        Inbound::ClientDown { id, conn } => {
-            if clients.get(&id).is_some_and(|(c, _)| *c == conn) {
-                clients.remove(&id);
-            }
-        }
+        Inbound::ClientUp { id, conn, tx, close } => clients.up(id, conn, tx, close),
+        Inbound::ClientDown { id, conn } => clients.down(id, conn),
     }
 }
 
@@ -273,7 +250,7 @@ fn flush(
     committer: &mut Committer,
     out: &mut Outputs,
     peers: &[Option<mpsc::Sender<Vec<u8>>>],
-    clients: &HashMap<ClientId, (u64, mpsc::Sender<Vec<u8>>)>,
+    clients: &mut Clients,
     stats: &TransportStats,
     m: &Metrics,
 ) -> Result<(), NodeError> {
@@ -284,7 +261,7 @@ fn flush(
         match to {
             Peer::Node(j) => peers.get(j as usize).and_then(Option::as_ref),
             // Sessions share their owner's connection.
-            Peer::Client(c) => clients.get(&owner_of(c)).map(|(_, tx)| tx),
+            Peer::Client(c) => clients.route(owner_of(c)),
         }
     };
     let wait = !out.persist.is_empty() || !committer.idle();
@@ -308,6 +285,12 @@ fn flush(
             Event::Rejected { from, kind, reason } => {
                 m.rejected.get_or_create(&KindLabels { kind: kind.to_string() }).inc();
                 tracing::debug!(?from, kind, %reason, "rejected");
+                if let (Peer::Client(c), Reject::BadMac { .. }) = (from, &reason) {
+                    if clients.bad_mac(owner_of(c), now_ms()) {
+                        m.banned_clients.inc();
+                        tracing::warn!(client = owner_of(c), "client sent too many requests with bad MACs: dropped");
+                    }
+                }
             }
             Event::Decided { .. } => {
                 m.decided.inc();
@@ -357,7 +340,7 @@ const VERIFY_QUEUE_MAX: usize = 4096;
 fn start_verify_stage(
     threads: usize,
     verifier: &Verifier,
-    in_tx: &mpsc::Sender<Inbound>,
+    in_tx: &InboundTx,
     stats: &Arc<TransportStats>,
 ) -> Option<VerifyQueues> {
     let mut queues = Vec::with_capacity(threads);
@@ -372,7 +355,7 @@ fn start_verify_stage(
                 } else {
                     Inbound::Input(Input::Message { from: Peer::Node(from), msg })
                 };
-                if in_tx.blocking_send(inbound).is_err() {
+                if !in_tx.blocking_node(inbound) {
                     return;
                 }
             }
@@ -392,9 +375,10 @@ async fn serve_connection(
     acc: Accepted,
     conn: u64,
     n: NodeId,
-    in_tx: mpsc::Sender<Inbound>,
+    in_tx: InboundTx,
     verify: Option<VerifyQueues>,
     stats: Arc<TransportStats>,
+    bans: Arc<Bans>,
 ) {
     let from = match acc.peer {
         PeerId::Node(j) if j < n => Peer::Node(j),
@@ -402,13 +386,19 @@ async fn serve_connection(
             TransportStats::bump(&stats.rejected_connections, 1);
             return;
         }
+        PeerId::Client(c) if bans.banned(c, now_ms()) => {
+            TransportStats::bump(&stats.rejected_connections, 1);
+            return;
+        }
         PeerId::Client(c) => Peer::Client(c),
     };
     let (mut r, w) = tokio::io::split(acc.stream);
+    let quota = ClientQuota::new();
+    let close = Arc::new(tokio::sync::Notify::new());
     let mut writer = None;
     if let Peer::Client(id) = from {
         let (tx, mut rx) = mpsc::channel(SEND_QUEUE_MAX);
-        if in_tx.send(Inbound::ClientUp { id, conn, tx }).await.is_err() {
+        if !in_tx.client(&quota, Inbound::ClientUp { id, conn, tx, close: close.clone() }).await {
             return;
         }
         let stats = stats.clone();
@@ -417,7 +407,11 @@ async fn serve_connection(
         }));
     }
     loop {
-        match read_frame(&mut r).await {
+        let read = tokio::select! {
+            read = read_frame(&mut r) => read,
+            _ = close.notified() => break,
+        };
+        match read {
             Ok(Some(frame)) => {
                 TransportStats::bump(&stats.frames_in, 1);
                 TransportStats::bump(&stats.bytes_in, frame.len() as u64 + 4);
@@ -425,7 +419,10 @@ async fn serve_connection(
                     Ok(msg) => {
                         let sent = match (from, &verify) {
                             (Peer::Node(j), Some(q)) => q[j as usize % q.len()].send((j, msg)).await.is_ok(),
-                            _ => in_tx.send(Inbound::Input(Input::Message { from, msg })).await.is_ok(),
+                            (Peer::Node(_), None) => in_tx.node(Inbound::Input(Input::Message { from, msg })).await,
+                            (Peer::Client(_), _) => {
+                                in_tx.client(&quota, Inbound::Input(Input::Message { from, msg })).await
+                            }
                         };
                         if !sent {
                             break;
@@ -444,7 +441,7 @@ async fn serve_connection(
         }
     }
     if let Peer::Client(id) = from {
-        let _ = in_tx.send(Inbound::ClientDown { id, conn }).await;
+        let _ = in_tx.client(&quota, Inbound::ClientDown { id, conn }).await;
     }
     if let Some(w) = writer {
         w.abort();
