@@ -32,7 +32,7 @@ pub struct SimArgs {
     clients: usize,
     /// Switch on a deliberate bug to show the checkers catch it:
     /// quorum-minus-one | skip-write | unverified-view-change-proof | read-without-wait |
-    /// index-without-quorum.
+    /// index-without-quorum | serializable-without-wait.
     #[arg(long)]
     mutate: Option<String>,
     /// Execution threads per simulated node (Options::exec_workers). Outcomes must not

@@ -38,15 +38,18 @@ pub enum Mutation {
     ReadWithoutWait,
     /// Take a read index from this node's own votes instead of the highest of a quorum's.
     IndexWithoutQuorum,
+    /// Answer a serializable read at once, without first executing the reader's writes.
+    SerializableWithoutWait,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 5] = [
+    pub const ALL: [Mutation; 6] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
         Mutation::ReadWithoutWait,
         Mutation::IndexWithoutQuorum,
+        Mutation::SerializableWithoutWait,
     ];
 
     pub fn name(self) -> &'static str {
@@ -56,6 +59,7 @@ impl Mutation {
             Mutation::UnverifiedViewChangeProof => "unverified-view-change-proof",
             Mutation::ReadWithoutWait => "read-without-wait",
             Mutation::IndexWithoutQuorum => "index-without-quorum",
+            Mutation::SerializableWithoutWait => "serializable-without-wait",
         }
     }
 

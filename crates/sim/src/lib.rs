@@ -8,6 +8,7 @@
 pub mod byzantine;
 pub mod disk;
 pub mod linearizability;
+pub mod serializable;
 pub mod workload;
 pub mod world;
 

@@ -19,6 +19,9 @@ pub struct HistoryEntry {
     pub invoke: u64,
     /// Simulated time and result bytes, if the client got an answer.
     pub ret: Option<(u64, Vec<u8>)>,
+    /// How it was issued: ordered (None) or read-only with this consistency (the client
+    /// may still have ordered it; an ordered answer satisfies every consistency).
+    pub read: Option<ReadConsistency>,
 }
 
 pub trait Workload {
@@ -99,22 +102,25 @@ impl Workload for KvWorkload {
         req.encode()
     }
 
-    /// A get goes ordered, read-only linearizable or by read index, one in three each (the
-    /// history checker holds all of them to linearizability).
+    /// A get goes ordered, read-only linearizable, by read index, or read-only
+    /// serializable, one in four each. The first three are held to linearizability,
+    /// serializable ones to `serializable::check_serializable_reads`.
     fn read_mode(&mut self, rng: &mut ChaCha8Rng, op: &[u8]) -> Option<ReadConsistency> {
         if !matches!(KvRequest::decode(op), Ok(KvRequest::Get { .. })) {
             return None;
         }
-        match rng.gen_range(0..3) {
+        match rng.gen_range(0..4) {
             0 => None,
             1 => Some(ReadConsistency::Linearizable),
-            _ => Some(ReadConsistency::Index),
+            2 => Some(ReadConsistency::Index),
+            _ => Some(ReadConsistency::Serializable),
         }
     }
 
     fn check_history(&self, history: &[HistoryEntry]) -> Result<(), String> {
+        crate::serializable::check_serializable_reads(history)?;
         let mut ops = Vec::with_capacity(history.len());
-        for h in history {
+        for h in history.iter().filter(|h| h.read != Some(ReadConsistency::Serializable)) {
             let req = KvRequest::decode(&h.op).map_err(|e| format!("history holds an undecodable op: {e}"))?;
             let op = match req {
                 KvRequest::Get { key } => KvOp::Get { key },

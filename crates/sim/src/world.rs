@@ -525,7 +525,19 @@ impl<W: Workload> World<W> {
             return;
         };
         let mut out = Outputs::default();
-        replica.step(now, input, &mut out);
+        // A failed invariant is reported with the trace that led to it (a panic that
+        // unwound the whole world would lose the trace).
+        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replica.step(now, input, &mut out)));
+        if let Err(panic) = stepped {
+            let msg = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            self.nodes[n as usize].replica = None;
+            self.violation("invariant", format!("node {n}: {msg}"));
+            return;
+        }
         self.process_outputs(n, out);
     }
 
@@ -741,14 +753,15 @@ impl<W: Workload> World<W> {
     fn issue(&mut self, c: usize) {
         let id = self.clients[c].core.id();
         let op = self.workload.next_op(&mut self.rng, id);
-        let started = match self.workload.read_mode(&mut self.rng, &op) {
+        let read = self.workload.read_mode(&mut self.rng, &op);
+        let started = match read {
             None => self.clients[c].core.invoke(self.now, op.clone()),
             Some(consistency) => self.clients[c].core.invoke_read_only(self.now, op.clone(), consistency),
         };
         let Ok(msgs) = started else {
             return;
         };
-        self.history.push(HistoryEntry { client: id, op, invoke: self.now, ret: None });
+        self.history.push(HistoryEntry { client: id, op, invoke: self.now, ret: None, read });
         self.clients[c].inflight = Some(self.history.len() - 1);
         self.client_send(c, msgs);
     }

@@ -123,6 +123,18 @@ fn a_read_index_taken_from_the_answering_node_alone_is_caught() {
 }
 
 #[test]
+fn serializable_reads_answered_before_the_readers_writes_executed_are_caught() {
+    let mut caught = Vec::new();
+    for seed in 1..=10 {
+        let o = SimOptions::new(seed, 1, 0, faults("all"));
+        assert_clean(&run_kv_seed(&o));
+        let bug = run_kv_seed(&SimOptions { mutation: Some(Mutation::SerializableWithoutWait), ..o });
+        caught.extend(bug.violations.iter().map(|v| v.detail.clone()));
+    }
+    assert!(caught.iter().any(|d| d.contains("serializable get")), "got {caught:?}");
+}
+
+#[test]
 fn spurious_view_change_checker_fires_when_timers_are_too_short() {
     let mut o = SimOptions::new(3, 1, 1, faults("none"));
     o.options.request_timeout_ms = 1;
@@ -155,13 +167,14 @@ fn linearizability_checker_rejects_a_stale_read() {
     let get = KvRequest::Get { key: b"k0".to_vec() }.encode();
     let done = KvResponse::Done.encode();
     let history = vec![
-        HistoryEntry { client: 1, op: put(b"1"), invoke: 0, ret: Some((1, done.clone())) },
-        HistoryEntry { client: 1, op: put(b"2"), invoke: 2, ret: Some((3, done)) },
+        HistoryEntry { client: 1, op: put(b"1"), invoke: 0, ret: Some((1, done.clone())), read: None },
+        HistoryEntry { client: 1, op: put(b"2"), invoke: 2, ret: Some((3, done)), read: None },
         HistoryEntry {
             client: 2,
             op: get.clone(),
             invoke: 4,
             ret: Some((5, KvResponse::Value(Some(b"1".to_vec())).encode())),
+            read: None,
         },
     ];
     assert!(w.check_history(&history).is_err());

@@ -208,6 +208,13 @@ impl<S: Service> Replica<S> {
     /// Votes for `value` in instance `seq` of the current view: the one place a node
     /// commits to a proposal (rule 1: at most one value per (view, seq), persisted first).
     pub(super) fn accept_proposal(&mut self, seq: Seq, value: Value, out: &mut Outputs) {
+        if seq <= self.stable.seq {
+            // Accepting one value can run execution to a checkpoint that becomes stable
+            // while the caller still holds later instances below it (fetch_awaited's
+            // batch of fetched bodies): those are garbage now, and a slot for them would
+            // sit below the stable checkpoint (the simulator's invariant caught it).
+            return;
+        }
         let view = self.view;
         let digest = value.digest();
         let byzantine = self.byzantine_mode();

@@ -94,6 +94,9 @@ impl<S: Service> Replica<S> {
             return Err(Reject::Busy("waiting reads"));
         }
         let until = match read.consistency {
+            ReadConsistency::Serializable if self.cfg.quorums.mutation() == Some(Mutation::SerializableWithoutWait) => {
+                Until::ClientExecuted(0)
+            }
             ReadConsistency::Serializable => Until::ClientExecuted(read.after),
             ReadConsistency::Linearizable if self.cfg.quorums.mutation() == Some(Mutation::ReadWithoutWait) => {
                 Until::Executed(0)
