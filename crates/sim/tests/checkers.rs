@@ -5,7 +5,7 @@ use keel_core::quorum::Mutation;
 use keel_core::service::{ExecCtx, RestoreError, Service};
 use keel_kv::{KvRequest, KvResponse};
 use keel_sim::{
-    run_kv_seed, run_seed, Behaviours, FaultSet, HistoryEntry, KvWorkload, SeedReport, SimOptions, Workload,
+    run_kv_seed, run_seed, Behaviours, FaultSet, HistoryEntry, KvWorkload, SeedReport, SimOptions, Violation, Workload,
 };
 use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,45 +93,42 @@ fn unverified_view_change_proofs_are_caught() {
     assert!(p.iter().any(|p| matches!(*p, "agreement" | "validity" | "exactly-once" | "invariant")), "got {p:?}");
 }
 
-#[test]
-fn linearizable_reads_answered_before_executing_what_was_accepted_are_caught() {
-    // CFT: a lagging majority answers stale at once. The correct rule passes the same seeds.
-    let mut caught = Vec::new();
-    for seed in 1..=20 {
+/// CFT (u/r 1/0) seeds 1..=seeds under all faults: each run of the correct protocol is
+/// clean (and `check` holds for it), and the violations the same seeds show with
+/// `mutation` are returned.
+fn violations_under(mutation: Mutation, seeds: u64, check: impl Fn(&SeedReport)) -> Vec<Violation> {
+    let mut found = Vec::new();
+    for seed in 1..=seeds {
         let o = SimOptions::new(seed, 1, 0, faults("all"));
         let r = run_kv_seed(&o);
         assert_clean(&r);
-        assert!(r.reads_unordered > 0, "seed {seed}: no read was answered without ordering");
-        let bug = run_kv_seed(&SimOptions { mutation: Some(Mutation::ReadWithoutWait), ..o });
-        caught.extend(properties(&bug));
+        check(&r);
+        found.extend(run_kv_seed(&SimOptions { mutation: Some(mutation), ..o }).violations);
     }
-    assert!(caught.contains(&"linearizability"), "got {caught:?}");
+    found
+}
+
+#[test]
+fn linearizable_reads_answered_before_executing_what_was_accepted_are_caught() {
+    // A lagging majority answers stale at once.
+    let found = violations_under(Mutation::ReadWithoutWait, 20, |r| {
+        assert!(r.reads_unordered > 0, "seed {}: no read was answered without ordering", r.seed)
+    });
+    assert!(found.iter().any(|v| v.property == "linearizability"), "got {found:?}");
 }
 
 #[test]
 fn a_read_index_taken_from_the_answering_node_alone_is_caught() {
-    // CFT: the one node asked lags behind a completed write; without the quorum's highest
-    // vote it answers stale. The correct rule passes the same seeds.
-    let mut caught = Vec::new();
-    for seed in 1..=30 {
-        let o = SimOptions::new(seed, 1, 0, faults("all"));
-        assert_clean(&run_kv_seed(&o));
-        let bug = run_kv_seed(&SimOptions { mutation: Some(Mutation::IndexWithoutQuorum), ..o });
-        caught.extend(properties(&bug));
-    }
-    assert!(caught.contains(&"linearizability"), "got {caught:?}");
+    // The one node asked lags behind a completed write; without the quorum's highest vote
+    // it answers stale.
+    let found = violations_under(Mutation::IndexWithoutQuorum, 30, |_| {});
+    assert!(found.iter().any(|v| v.property == "linearizability"), "got {found:?}");
 }
 
 #[test]
 fn serializable_reads_answered_before_the_readers_writes_executed_are_caught() {
-    let mut caught = Vec::new();
-    for seed in 1..=10 {
-        let o = SimOptions::new(seed, 1, 0, faults("all"));
-        assert_clean(&run_kv_seed(&o));
-        let bug = run_kv_seed(&SimOptions { mutation: Some(Mutation::SerializableWithoutWait), ..o });
-        caught.extend(bug.violations.iter().map(|v| v.detail.clone()));
-    }
-    assert!(caught.iter().any(|d| d.contains("serializable get")), "got {caught:?}");
+    let found = violations_under(Mutation::SerializableWithoutWait, 10, |_| {});
+    assert!(found.iter().any(|v| v.detail.contains("serializable get")), "got {found:?}");
 }
 
 #[test]

@@ -176,6 +176,18 @@ fn read(cfg: &ClusterConfig, id: u64, op: &[u8], consistency: ReadConsistency) -
     }
 }
 
+/// The bodies of the durability-gated replies to `client` (ordered replies and read
+/// answers both wait for the step's records).
+fn replies_to(out: &Outputs, client: u64) -> Vec<ReplyBody> {
+    out.send_after_persist
+        .iter()
+        .filter_map(|(to, m)| match m {
+            Message::Reply(r) if *to == Peer::Client(client) => Some(r.body.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn read_replies(out: &Outputs) -> Vec<ReplyBody> {
     out.send
         .iter()
@@ -208,15 +220,7 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     step(&mut b, 10, Peer::Node(0), Message::Accept { view: 0, seq: 1, digest: d });
     let out = step(&mut b, 10, Peer::Node(2), Message::Accept { view: 0, seq: 1, digest: d });
     assert_eq!(b.executed(), 1);
-    let answers: Vec<_> = out
-        .send_after_persist
-        .iter()
-        .filter_map(|(to, m)| match m {
-            Message::Reply(r) if *to == Peer::Client(9) => Some(r.body.clone()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(answers, vec![ReplyBody::Full(vec![1])], "answered once instance 1 executed, reflecting it");
+    assert_eq!(replies_to(&out, 9), vec![ReplyBody::Full(vec![1])], "answered once instance 1 executed, reflecting it");
 
     // The deliberate bug the simulator must catch: answer at once.
     let mut cfg_bug = cfg.clone();
@@ -312,15 +316,7 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     step(&mut lagging, 24, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
     let out = step(&mut lagging, 24, Peer::Node(0), Message::Accept { view: 0, seq: 1, digest });
     assert_eq!(lagging.executed(), 1);
-    let to_reader: Vec<_> = out
-        .send_after_persist
-        .iter()
-        .filter_map(|(to, m)| match m {
-            Message::Reply(r) if *to == Peer::Client(9) => Some(r.body.clone()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(to_reader, vec![ReplyBody::Full(vec![1])]);
+    assert_eq!(replies_to(&out, 9), vec![ReplyBody::Full(vec![1])]);
     // The second read's round completes on the next answer and is answered at once.
     let out = step(&mut lagging, 25, Peer::Node(1), Message::IndexAck { round: next[0].1, accepted: 0 });
     assert_eq!(read_replies(&out), vec![ReplyBody::Full(vec![1])]);
