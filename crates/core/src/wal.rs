@@ -45,6 +45,13 @@ impl Record {
     }
 }
 
+/// The version of everything a node keeps on disk: the records' encoding and meaning
+/// (the statements and digests they hold) and the snapshot layout. Bump it with any
+/// change to them: a node refuses a data directory of another version instead of
+/// misreading it (session 3 changed request digests without one, and recovered nodes
+/// silently dropped decisions whose digests no longer matched).
+pub const STORAGE_FORMAT: u32 = 1;
+
 const HEADER: usize = 8;
 /// A record larger than this is corruption, not data (it would not fit a frame either).
 pub const RECORD_BYTES_MAX: usize = crate::codec::FRAME_MAX;

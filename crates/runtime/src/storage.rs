@@ -67,6 +67,41 @@ pub enum StorageError {
     Corrupt { path: PathBuf, offset: usize },
     #[error("the WAL thread stopped")]
     Stopped,
+    #[error(
+        "{path}: storage format {found}, this build reads format {expected}; move the data directory aside \
+         (the node then rejoins by state transfer) or start a new cluster with keel init"
+    )]
+    Format { path: PathBuf, found: String, expected: u32 },
+}
+
+/// The file in a data directory that names its storage format.
+const FORMAT_FILE: &str = "FORMAT";
+
+/// Checks the data directory's format, or stamps a fresh directory with ours. A directory
+/// holding data but no format file predates format versions and is refused like any
+/// other version.
+fn check_format(dir: &Path, wal_dir: &Path, snap_dir: &Path) -> Result<(), StorageError> {
+    let path = dir.join(FORMAT_FILE);
+    let expected = keel_core::wal::STORAGE_FORMAT;
+    let stamp = format!("keel-storage-format {expected}\n");
+    match fs::read_to_string(&path) {
+        Ok(text) if text == stamp => Ok(()),
+        Ok(text) => Err(StorageError::Format { path, found: format!("{:?}", text.trim()), expected }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let holds_data = |d: &Path| -> Result<bool, StorageError> {
+                Ok(fs::read_dir(d).map_err(io_err("read", d))?.next().is_some())
+            };
+            if holds_data(wal_dir)? || holds_data(snap_dir)? {
+                return Err(StorageError::Format {
+                    path,
+                    found: "none (written before formats were versioned)".into(),
+                    expected,
+                });
+            }
+            write_atomic(dir, FORMAT_FILE, stamp.as_bytes())
+        }
+        Err(e) => Err(io_err("read", &path)(e)),
+    }
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {
@@ -250,6 +285,7 @@ impl Storage {
         for d in [dir, &wal_dir, &snap_dir] {
             fs::create_dir_all(d).map_err(io_err("create directory", d))?;
         }
+        check_format(dir, &wal_dir, &snap_dir)?;
         let mut stats = StorageStats::default();
 
         // Segments older than the newest base segment were compacted away.
@@ -588,8 +624,11 @@ mod tests {
     #[test]
     fn a_crash_after_a_base_segment_ignores_older_segments() {
         let dir = tempfile::tempdir().expect("tempdir");
+        drop(Storage::open(dir.path(), FsyncPolicy::Batch).expect("stamps the format"));
         let wal = dir.path().join("wal");
-        fs::create_dir_all(&wal).expect("mkdir");
+        for entry in fs::read_dir(&wal).expect("wal") {
+            fs::remove_file(entry.expect("entry").path()).expect("empty the log");
+        }
         fs::write(wal.join(segment_name(1, false)), encode_record_in(&Record::View { view: 1, floor: 0 }, 1))
             .expect("w");
         fs::write(wal.join(segment_name(2, true)), encode_record_in(&Record::View { view: 5, floor: 0 }, 2))
@@ -597,6 +636,24 @@ mod tests {
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         assert_eq!(views(&d), vec![5]);
         assert!(!wal.join(segment_name(1, false)).exists());
+    }
+
+    #[test]
+    fn a_data_directory_of_another_format_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
+        s.write(&[view(1)]).expect("write");
+        drop(s);
+        let stamp = fs::read_to_string(dir.path().join(FORMAT_FILE)).expect("stamped");
+        assert_eq!(stamp, format!("keel-storage-format {}\n", keel_core::wal::STORAGE_FORMAT));
+        assert!(Storage::open(dir.path(), FsyncPolicy::Batch).is_ok(), "our own format reopens");
+        // Another version, or data without a stamp (older builds): refused, data kept.
+        fs::write(dir.path().join(FORMAT_FILE), "keel-storage-format 999\n").expect("write");
+        assert!(matches!(Storage::open(dir.path(), FsyncPolicy::Batch), Err(StorageError::Format { .. })));
+        fs::remove_file(dir.path().join(FORMAT_FILE)).expect("remove");
+        let err = Storage::open(dir.path(), FsyncPolicy::Batch).err().expect("refused");
+        assert!(err.to_string().contains("before formats were versioned"), "{err}");
+        assert!(fs::read_dir(dir.path().join("wal")).expect("wal").next().is_some(), "nothing deleted");
     }
 
     #[test]
