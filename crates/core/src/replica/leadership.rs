@@ -11,10 +11,12 @@
 //! percent of the best make the node ask for the next view, as an expired request timer
 //! would; the view changes once r + 1 nodes ask (join) and Q agree, as usual.
 //!
-//! Load changes must not look like a slow primary. A window is low only when both its
-//! total rate and its rate per waiting client are low: fewer clients lower the total but
-//! not the rate per client; more clients at saturation lower the rate per client but not
-//! the total. A slow primary lowers both. The first window of a view is not judged (it
+//! Load changes must not look like a slow primary. A window is low only when its total
+//! rate, its rate per waiting client and its request bytes are all low: fewer clients
+//! lower the total but not the rate per client; more clients at saturation lower the rate
+//! per client but not the total; larger requests lower both rates but not the bytes
+//! (measured before bytes counted: 0 B -> 64 KiB requests at 8 x 4 cost two view
+//! changes). A slow primary lowers all three. The first window of a view is not judged (it
 //! carries the view change's backlog), and a window without sustained demand is neither
 //! judged nor remembered.
 //!
@@ -39,6 +41,8 @@ struct Sample {
     rate: u64,
     /// Requests executed per waiting client, in thousandths.
     per_client_milli: u64,
+    /// Bytes of the requests executed (`Request::size`, never 0 per request).
+    bytes: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -50,6 +54,7 @@ pub(super) struct Monitor {
     /// waiting clients over those ticks, and the ticks that found somebody waiting.
     started: u64,
     executed: u64,
+    executed_bytes: u64,
     ticks: u64,
     waiting_sum: u64,
     busy_ticks: u64,
@@ -64,8 +69,9 @@ pub(super) struct Monitor {
 
 impl Monitor {
     /// Requests executed for the first time (called from execution).
-    pub(super) fn on_executed(&mut self, requests: usize) {
+    pub(super) fn on_executed(&mut self, requests: usize, bytes: usize) {
         self.executed += requests as u64;
+        self.executed_bytes += bytes as u64;
     }
 
     /// A new view starts its (empty) entry at once, so the bar ages by views even when
@@ -85,6 +91,7 @@ impl Monitor {
     fn restart(&mut self, now: u64) {
         self.started = now;
         self.executed = 0;
+        self.executed_bytes = 0;
         self.ticks = 0;
         self.waiting_sum = 0;
         self.busy_ticks = 0;
@@ -94,6 +101,7 @@ impl Monitor {
         self.peaks.iter().map(|(_, s)| *s).reduce(|a, b| Sample {
             rate: a.rate.max(b.rate),
             per_client_milli: a.per_client_milli.max(b.per_client_milli),
+            bytes: a.bytes.max(b.bytes),
         })
     }
 
@@ -102,6 +110,7 @@ impl Monitor {
             Some((v, peak)) if *v == self.view => {
                 peak.rate = peak.rate.max(sample.rate);
                 peak.per_client_milli = peak.per_client_milli.max(sample.per_client_milli);
+                peak.bytes = peak.bytes.max(sample.bytes);
             }
             // View 0 of a fresh node, which never entered it.
             _ => {
@@ -125,6 +134,7 @@ impl Monitor {
         let sample = Sample {
             rate: self.executed,
             per_client_milli: (self.executed * 1000 * self.ticks).checked_div(self.waiting_sum).unwrap_or(0),
+            bytes: self.executed_bytes,
         };
         let demand = self.ticks >= 2 && self.busy_ticks * 2 >= self.ticks;
         self.restart(now);
@@ -139,7 +149,9 @@ impl Monitor {
         }
         let bar = self.best();
         let low = bar.is_some_and(|best| {
-            sample.rate * 100 < best.rate * min_pct && sample.per_client_milli * 100 < best.per_client_milli * min_pct
+            sample.rate * 100 < best.rate * min_pct
+                && sample.per_client_milli * 100 < best.per_client_milli * min_pct
+                && sample.bytes * 100 < best.bytes * min_pct
         });
         if !low {
             self.low_streak = 0;
@@ -192,14 +204,18 @@ mod tests {
     use super::*;
 
     /// Runs `windows` windows of 10 ticks with `waiting` clients and `per_window`
-    /// requests each; returns how many ended in a suspicion.
+    /// requests of 100 bytes each; returns how many ended in a suspicion.
     fn run(m: &mut Monitor, now: &mut u64, windows: u32, waiting: usize, per_window: u64) -> u32 {
+        run_sized(m, now, windows, waiting, per_window, 100)
+    }
+
+    fn run_sized(m: &mut Monitor, now: &mut u64, windows: u32, waiting: usize, per_window: u64, size: u64) -> u32 {
         let mut suspicions = 0;
         for _ in 0..windows {
             for t in 0..10 {
                 *now += 10;
                 if t == 0 {
-                    m.on_executed(per_window as usize);
+                    m.on_executed(per_window as usize, (per_window * size) as usize);
                 }
                 if m.tick(*now, waiting, 100, 50).is_some() {
                     suspicions += 1;
@@ -228,6 +244,8 @@ mod tests {
         assert_eq!(run(&mut m, &mut now, 5, 32, 1000), 0);
         // Idle windows are not judged.
         assert_eq!(run(&mut m, &mut now, 5, 0, 0), 0);
+        // Requests 100 times larger at a tenth of the rate: more bytes, not a slow primary.
+        assert_eq!(run_sized(&mut m, &mut now, 5, 8, 100, 10_000), 0);
     }
 
     #[test]

@@ -391,6 +391,7 @@ impl<S: Service> Replica<S> {
             };
             let outcomes = self.exec.execute(next, value);
             let ops: Vec<Digest> = value.requests.iter().map(|r| r.op.digest()).collect();
+            let bytes: usize = value.requests.iter().map(Request::size).sum();
             let mut executed = Vec::new();
             for (o, op) in outcomes.iter().zip(ops) {
                 if let Some(p) = self.pending.get(&o.client) {
@@ -406,7 +407,7 @@ impl<S: Service> Replica<S> {
                 let reply = Reply { client: o.client, view: self.view, seq: o.seq, body };
                 out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
             }
-            self.monitor.on_executed(executed.len());
+            self.monitor.on_executed(executed.len(), bytes);
             out.events.push(Event::Executed { seq: next, requests: executed });
             if next.is_multiple_of(self.cfg.options.checkpoint_interval) {
                 self.take_checkpoint(next, out);
