@@ -6,8 +6,7 @@
 //! requests executed per window (`leader_window_ms`) while clients wait (this node held a
 //! pending request at half the ticks of the window or more: a batch's replies leave its
 //! clients with nothing pending for a moment, all at once), and compares the window with
-//! the best
-//! windows of the last [`PEAK_VIEWS`] views. Two windows in a row below `leader_min_pct`
+//! the best windows of the last [`PEAK_VIEWS`] views. Two windows in a row below `leader_min_pct`
 //! percent of the best make the node ask for the next view, as an expired request timer
 //! would; the view changes once r + 1 nodes ask (join) and Q agree, as usual.
 //!
@@ -43,6 +42,24 @@ struct Sample {
     per_client_milli: u64,
     /// Bytes of the requests executed (`Request::size`, never 0 per request).
     bytes: u64,
+}
+
+impl Sample {
+    /// The better of two samples in each measure.
+    fn max(self, o: Sample) -> Sample {
+        Sample {
+            rate: self.rate.max(o.rate),
+            per_client_milli: self.per_client_milli.max(o.per_client_milli),
+            bytes: self.bytes.max(o.bytes),
+        }
+    }
+
+    /// Below `pct` percent of `bar` in every measure.
+    fn below(self, bar: Sample, pct: u64) -> bool {
+        self.rate * 100 < bar.rate * pct
+            && self.per_client_milli * 100 < bar.per_client_milli * pct
+            && self.bytes * 100 < bar.bytes * pct
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -97,33 +114,20 @@ impl Monitor {
         self.busy_ticks = 0;
     }
 
-    fn best(&self) -> Option<Sample> {
-        self.peaks.iter().map(|(_, s)| *s).reduce(|a, b| Sample {
-            rate: a.rate.max(b.rate),
-            per_client_milli: a.per_client_milli.max(b.per_client_milli),
-            bytes: a.bytes.max(b.bytes),
-        })
+    fn best(&self) -> Sample {
+        self.peaks.iter().fold(Sample::default(), |best, (_, s)| best.max(*s))
     }
 
+    /// Keeps `sample` as the current view's best if it is better.
     fn remember(&mut self, sample: Sample) {
-        match self.peaks.back_mut() {
-            Some((v, peak)) if *v == self.view => {
-                peak.rate = peak.rate.max(sample.rate);
-                peak.per_client_milli = peak.per_client_milli.max(sample.per_client_milli);
-                peak.bytes = peak.bytes.max(sample.bytes);
-            }
-            // View 0 of a fresh node, which never entered it.
-            _ => {
-                if self.peaks.len() == PEAK_VIEWS {
-                    self.peaks.pop_front();
-                }
-                self.peaks.push_back((self.view, sample));
-            }
+        if let Some((_, peak)) = self.peaks.back_mut() {
+            *peak = peak.max(sample);
         }
     }
 
     /// One tick with `waiting` clients waiting. Returns, when a window closes low for
-    /// the `LOW_WINDOWS`th time in a row, the window and the bar it missed.
+    /// the `LOW_WINDOWS`th time in a row, the window and the bar it missed (and starts
+    /// counting again).
     fn tick(&mut self, now: u64, waiting: usize, window_ms: u64, min_pct: u64) -> Option<(Sample, Sample)> {
         self.ticks += 1;
         self.waiting_sum += waiting as u64;
@@ -148,18 +152,17 @@ impl Monitor {
             return None;
         }
         let bar = self.best();
-        let low = bar.is_some_and(|best| {
-            sample.rate * 100 < best.rate * min_pct
-                && sample.per_client_milli * 100 < best.per_client_milli * min_pct
-                && sample.bytes * 100 < best.bytes * min_pct
-        });
-        if !low {
+        if !sample.below(bar, min_pct) {
             self.low_streak = 0;
             self.remember(sample);
             return None;
         }
         self.low_streak += 1;
-        (self.low_streak >= LOW_WINDOWS).then(|| (sample, bar.unwrap_or_default()))
+        if self.low_streak < LOW_WINDOWS {
+            return None;
+        }
+        self.low_streak = 0;
+        Some((sample, bar))
     }
 }
 
@@ -169,7 +172,8 @@ impl<S: Service> Replica<S> {
     pub(super) fn watch_leadership(&mut self, out: &mut Outputs) {
         let o = &self.cfg.options;
         let (window_ms, min_pct, rotate_ms) = (o.leader_window_ms, o.leader_min_pct, o.leader_rotate_ms);
-        if self.monitor.view != self.view {
+        // (A fresh node enters view 0 here too: every view has its entry in `peaks`.)
+        if self.monitor.view != self.view || self.monitor.peaks.is_empty() {
             self.monitor.enter_view(self.view, self.now);
         }
         if self.vc_target.is_some() || self.transfer.is_some() {
@@ -193,7 +197,6 @@ impl<S: Service> Replica<S> {
             return;
         }
         self.monitor.suspicions += 1;
-        self.monitor.low_streak = 0;
         out.events.push(Event::SlowPrimary { view: self.view, rate: sample.rate, best: bar.rate });
         self.suspect(self.view + 1, out);
     }
@@ -202,6 +205,13 @@ impl<S: Service> Replica<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A monitor in view 0, as `watch_leadership` sets one up.
+    fn monitor() -> Monitor {
+        let mut m = Monitor::default();
+        m.enter_view(0, 0);
+        m
+    }
 
     /// Runs `windows` windows of 10 ticks with `waiting` clients and `per_window`
     /// requests of 100 bytes each; returns how many ended in a suspicion.
@@ -219,7 +229,6 @@ mod tests {
                 }
                 if m.tick(*now, waiting, 100, 50).is_some() {
                     suspicions += 1;
-                    m.low_streak = 0;
                 }
             }
         }
@@ -228,7 +237,7 @@ mod tests {
 
     #[test]
     fn a_primary_that_slows_down_is_suspected_after_two_low_windows() {
-        let (mut m, mut now) = (Monitor::default(), 0);
+        let (mut m, mut now) = (monitor(), 0);
         assert_eq!(run(&mut m, &mut now, 5, 4, 1000), 0, "steady");
         assert_eq!(run(&mut m, &mut now, 1, 4, 100), 0, "one low window is noise");
         assert_eq!(run(&mut m, &mut now, 1, 4, 100), 1, "two in a row are not");
@@ -236,7 +245,7 @@ mod tests {
 
     #[test]
     fn fewer_clients_or_saturation_are_not_a_slow_primary() {
-        let (mut m, mut now) = (Monitor::default(), 0);
+        let (mut m, mut now) = (monitor(), 0);
         run(&mut m, &mut now, 5, 8, 1000);
         // A quarter of the clients: a quarter of the total, same rate per client.
         assert_eq!(run(&mut m, &mut now, 5, 2, 250), 0);
@@ -250,7 +259,7 @@ mod tests {
 
     #[test]
     fn the_bar_comes_from_the_last_views_only() {
-        let (mut m, mut now) = (Monitor::default(), 0);
+        let (mut m, mut now) = (monitor(), 0);
         run(&mut m, &mut now, 3, 4, 1000);
         // PEAK_VIEWS slower views later, the fast view no longer sets the bar.
         for v in 1..=PEAK_VIEWS as u64 {
@@ -258,7 +267,7 @@ mod tests {
             run(&mut m, &mut now, 3, 4, 300);
         }
         assert!(m.peaks.iter().all(|(v, _)| *v >= 1));
-        assert_eq!(m.best().map(|b| b.rate), Some(300));
+        assert_eq!(m.best().rate, 300);
         assert_eq!(run(&mut m, &mut now, 3, 4, 200), 0, "200 is not below half of 300");
     }
 }

@@ -53,17 +53,18 @@ enum Until {
     Executed(Seq),
     /// The index probe round with this number has its quorum (then `Executed(index)`).
     Round(u64),
+    /// The round after the one in flight, which leaves when that one completes (a round
+    /// must leave after the reads it serves arrived).
+    NextRound,
 }
 
-/// Read-index probe rounds at this node: at most one in flight; reads that arrive while
-/// it is out wait for the next, which leaves when it completes (a round must leave after
-/// the reads it serves arrived).
+/// Read-index probe rounds at this node: at most one in flight.
 #[derive(Clone, Debug, Default)]
 pub(super) struct IndexRounds {
     current: Option<Round>,
-    /// The number the next round gets. Seeded from the clock when a round starts, so a
-    /// restarted node does not reuse the number of a round it probed before the crash
-    /// (an answer to that older probe could predate the read).
+    /// No round number below this is used again. Seeded from the clock when a round
+    /// starts, so a restarted node does not reuse the number of a round it probed before
+    /// the crash (an answer to that older probe could predate the read).
     next: u64,
 }
 
@@ -102,7 +103,8 @@ impl<S: Service> Replica<S> {
                 Until::Executed(0)
             }
             ReadConsistency::Linearizable => Until::Executed(self.accepted_high()),
-            ReadConsistency::Index => Until::Round(self.index_round_for_new_read(out)),
+            ReadConsistency::Index if self.index.current.is_some() => Until::NextRound,
+            ReadConsistency::Index => Until::Round(self.start_index_round(out)),
         };
         let waiting = WaitingRead { read, until, since: self.now };
         if self.ready_for(waiting.read.client, until) {
@@ -113,15 +115,6 @@ impl<S: Service> Replica<S> {
         // With an index quorum of one the round completed as it started.
         self.finish_index_round(out);
         Ok(())
-    }
-
-    /// The round a read arriving now waits for: the one after the round in flight, or a
-    /// new one started now.
-    fn index_round_for_new_read(&mut self, out: &mut Outputs) -> u64 {
-        if self.index.current.is_some() {
-            return self.index.next;
-        }
-        self.start_index_round(out)
     }
 
     fn start_index_round(&mut self, out: &mut Outputs) -> u64 {
@@ -148,14 +141,11 @@ impl<S: Service> Replica<S> {
         accepted: Seq,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
-        match &mut self.index.current {
-            Some(r) if r.id == round => {
-                r.acks.insert(from, accepted);
-            }
-            // An answer to a round that completed or was dropped.
-            _ => return Err(Reject::Late { seq: round, stable: 0 }),
+        // An answer to a round that completed or was dropped changes nothing.
+        if let Some(r) = self.index.current.as_mut().filter(|r| r.id == round) {
+            r.acks.insert(from, accepted);
+            self.finish_index_round(out);
         }
-        self.finish_index_round(out);
         Ok(())
     }
 
@@ -173,32 +163,21 @@ impl<S: Service> Replica<S> {
                 w.until = Until::Executed(index);
             }
         }
-        let next = self.index.next;
-        if self.reads.values().any(|w| w.until == Until::Round(next)) {
-            let started = self.start_index_round(out);
-            self.renumber_waiting(next, started);
+        if self.reads.values().any(|w| w.until == Until::NextRound) {
+            let next = self.start_index_round(out);
+            for w in self.reads.values_mut().filter(|w| w.until == Until::NextRound) {
+                w.until = Until::Round(next);
+            }
             self.finish_index_round(out);
         }
         self.answer_reads(out);
-    }
-
-    /// Reads queued for round `from` wait for `to` (the clock moved the number on).
-    fn renumber_waiting(&mut self, from: u64, to: u64) {
-        if from != to {
-            for w in self.reads.values_mut() {
-                if w.until == Until::Round(from) {
-                    w.until = Until::Round(to);
-                }
-            }
-        }
     }
 
     /// Re-sends the probe of a round still short of its quorum to the nodes that did not
     /// answer; drops it once no read waits for it any more.
     pub(super) fn retransmit_index_probe(&mut self, out: &mut Outputs) {
         let Some(id) = self.index.current.as_ref().map(|r| r.id) else { return };
-        let next = self.index.next;
-        if !self.reads.values().any(|w| w.until == Until::Round(id) || w.until == Until::Round(next)) {
+        if !self.reads.values().any(|w| w.until == Until::Round(id) || w.until == Until::NextRound) {
             self.index.current = None;
             return;
         }
@@ -230,7 +209,7 @@ impl<S: Service> Replica<S> {
         match until {
             Until::ClientExecuted(seq) => self.exec.last_seq(client) >= seq,
             Until::Executed(seq) => self.exec.executed() >= seq,
-            Until::Round(_) => false,
+            Until::Round(_) | Until::NextRound => false,
         }
     }
 
