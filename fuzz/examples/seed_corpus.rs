@@ -23,7 +23,7 @@ const CHUNK_BYTES: usize = 64; // Options::test_min().chunk_bytes
 
 fn put(client: u64, seq: u64) -> Request {
     let op = KvRequest::Put { key: vec![client as u8], value: format!("v{seq}").into_bytes() }.encode();
-    Request { client, seq, op: op.into(), auth: vec![] }
+    Request::new(client, seq, op.into())
 }
 
 fn is_write(m: &Message) -> bool {
@@ -84,7 +84,7 @@ fn normal_case() -> Script {
     }
     // A retransmission answered from the reply cache, and a read.
     s.send(FIX, 1, &Message::Request(put(3, 1)));
-    let get = Request { client: 3, seq: 2, op: KvRequest::Get { key: vec![3] }.encode().into(), auth: vec![] };
+    let get = Request::new(3, 2, KvRequest::Get { key: vec![3] }.encode().into());
     s.send(FIX, 1, &Message::Request(get));
     agree(&mut s);
     // A lagging peer asks for help; node 0 serves the checkpoint.

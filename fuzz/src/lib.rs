@@ -75,16 +75,19 @@ pub const SYNTHETIC_ROOT: u8 = 0xff;
 
 /// The deterministic secrets of the four nodes.
 pub fn secrets() -> Vec<NodeSecrets> {
-    (0..N as u8)
-        .map(|i| NodeSecrets { signing: SigningKey::from_seed([0xa0 + i; 32]), mac_secret: [0xc0 + i; 32] })
-        .collect()
+    let macs: Vec<[u8; 32]> = (0..N as u8).map(|i| [0xc0 + i; 32]).collect();
+    (0..N as u8).map(|i| NodeSecrets::new(SigningKey::from_seed([0xa0 + i; 32]), i as u32, &macs)).collect()
 }
 
 /// The cluster configuration, built the way the simulator builds it.
 pub fn config(secrets: &[NodeSecrets]) -> ClusterConfig {
     let quorums = Quorums::new(1, 1).expect("valid (u, r)");
     let keys = secrets.iter().map(|s| s.signing.public()).collect();
-    ClusterConfig::new(quorums, keys, Options::test_min()).expect("valid config")
+    // auth = mac: the harness authenticates the requests it proposes with the target
+    // node's client MAC entry (rq-mac endorsements are the simulator's to exercise).
+    ClusterConfig::new(quorums, keys, Options::test_min())
+        .expect("valid config")
+        .with_auth(keel_core::config::Auth::Mac)
 }
 
 /// The time a delta byte advances the clock by (ms).

@@ -273,6 +273,7 @@ impl Baseline {
             base_port: port,
             clients,
             fsync,
+            auth: None,
         };
         init(&dir, &o).map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;

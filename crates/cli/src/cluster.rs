@@ -1,6 +1,7 @@
 //! `keel init`, `keel node`, `keel up`: create, run one node of, and run a local cluster.
 
 use clap::Args;
+use keel_core::config::Auth;
 use keel_runtime::config::{init, InitOptions, NodeFile};
 use keel_runtime::storage::FsyncPolicy;
 use std::net::{Ipv4Addr, TcpListener};
@@ -30,6 +31,9 @@ pub struct InitArgs {
     /// batch | always | never (never: benchmarks only).
     #[arg(long, default_value = "batch")]
     fsync: String,
+    /// Request authentication: rq-mac | mac | none (default: rq-mac when r > 0, else mac).
+    #[arg(long)]
+    auth: Option<String>,
     /// Overwrite an existing cluster directory.
     #[arg(long)]
     force: bool,
@@ -69,7 +73,16 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         eprintln!("error: --service must be kv or null");
         return ExitCode::from(2);
     }
-    let o = InitOptions { service: a.service, u: a.u, r: a.r, host: a.host, base_port, clients: a.clients, fsync };
+    let auth = match a.auth.as_deref().map(|name| (name, Auth::from_name(name))) {
+        None => None,
+        Some((_, Some(auth))) => Some(auth),
+        Some((name, None)) => {
+            eprintln!("error: --auth must be one of {}, not {name:?}", Auth::NAMES.join(", "));
+            return ExitCode::from(2);
+        }
+    };
+    let o =
+        InitOptions { service: a.service, u: a.u, r: a.r, host: a.host, base_port, clients: a.clients, fsync, auth };
     match init(&a.dir, &o) {
         Ok(()) => {
             println!(

@@ -2,7 +2,7 @@
 //! seed that breaks a property.
 
 use clap::Args;
-use keel_core::config::Options;
+use keel_core::config::{Auth, Options};
 use keel_core::quorum::{Mutation, Quorums};
 use keel_sim::{run_kv_seed, FaultCounts, FaultSet, SeedReport, SimOptions};
 use std::process::ExitCode;
@@ -32,9 +32,12 @@ pub struct SimArgs {
     clients: usize,
     /// Switch on a deliberate bug to show the checkers catch it:
     /// quorum-minus-one | skip-write | unverified-view-change-proof | read-without-wait |
-    /// index-without-quorum | serializable-without-wait.
+    /// index-without-quorum | serializable-without-wait | one-endorsement.
     #[arg(long)]
     mutate: Option<String>,
+    /// Request authentication: rq-mac | mac | none (default: rq-mac when r > 0, else mac).
+    #[arg(long)]
+    auth: Option<String>,
     /// Execution threads per simulated node (Options::exec_workers). Outcomes must not
     /// depend on it: the same seeds give the same trace_hash with 1 and with 4.
     #[arg(long, default_value_t = 1)]
@@ -65,6 +68,14 @@ pub fn run(args: SimArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let auth = match args.auth.as_deref().map(|a| (a, Auth::from_name(a))) {
+        None => None,
+        Some((_, Some(a))) => Some(a),
+        Some((name, None)) => {
+            eprintln!("error: --auth must be one of {}, not {name:?}", Auth::NAMES.join(", "));
+            return ExitCode::from(2);
+        }
+    };
     let first = args.seed.unwrap_or(1);
     let seeds: Vec<u64> = (first..first + args.seeds).collect();
     let next = AtomicU64::new(0);
@@ -73,6 +84,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         steps: args.steps,
         clients: args.clients,
         mutation,
+        auth,
         options: Options { exec_workers: args.exec_workers, ..Options::test_min() },
         ..SimOptions::new(seed, args.u, args.r, faults)
     };
@@ -156,6 +168,7 @@ pub fn run(args: SimArgs) -> ExitCode {
             args.steps,
             args.clients,
             args.mutate.as_ref().map(|m| format!(" --mutate {m}")).unwrap_or_default()
+                + &args.auth.as_ref().map(|a| format!(" --auth {a}")).unwrap_or_default()
                 + &if args.exec_workers == 1 {
                     String::new()
                 } else {
@@ -165,10 +178,11 @@ pub fn run(args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} inconsistent_macs={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
         totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, l.equivocations, l.corruptions,
-        l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals
+        l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals,
+        l.forged_endorsements, totals.inconsistent_macs
     );
     println!(
         "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} rejected_inputs={rejected} elapsed={:.1}s (u={}, r={}, faults={}, options={})",

@@ -229,6 +229,7 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
         seq: 1,
         op: KvRequest::Put { key: b"forged".to_vec(), value: b"x".to_vec() }.encode().into(),
         auth: vec![[0u8; 16]; 4],
+        endorsements: Vec::new(),
     });
     let frame = keel_core::codec::encode(&forged);
     tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
@@ -440,6 +441,7 @@ async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_lead
                         seq,
                         op: b"flood".to_vec().into(),
                         auth: vec![[7u8; 16]; 4],
+                        endorsements: Vec::new(),
                     });
                     let frame = keel_core::codec::encode(&forged);
                     buf.extend_from_slice(&(frame.len() as u32).to_be_bytes());
@@ -479,4 +481,93 @@ async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_lead
     assert!(refused.is_err(), "a banned client is refused for a while, even with valid requests");
     // The victim was never refused.
     put(&victim, "after", "1").await.expect("others are served");
+}
+
+/// Client 1001's put of `key`, with MAC entries valid for the nodes in `valid` only.
+fn split_put(setup: &keel_runtime::config::ClientSetup, seq: u64, key: &str, valid: &[usize]) -> Vec<u8> {
+    let op = KvRequest::Put { key: key.as_bytes().to_vec(), value: b"x".to_vec() }.encode();
+    let mut req = keel_core::message::Request::new(1001, seq, op.into());
+    let statement = req.statement();
+    req.auth = setup
+        .mac_keys
+        .iter()
+        .enumerate()
+        .map(|(j, k)| if valid.contains(&j) { k.mac(&statement) } else { [0x5a; 16] })
+        .collect();
+    let frame = keel_core::codec::encode(&keel_core::message::Message::Request(req));
+    let mut buf = (frame.len() as u32).to_be_bytes().to_vec();
+    buf.extend_from_slice(&frame);
+    buf
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_macs_are_valid_for_some_nodes_only_stalls_nobody_and_changes_no_leader() {
+    // The default for r > 0: auth = rq-mac.
+    let cluster = Cluster::init(1, 1);
+    let other = cluster.client(1000);
+    put(&other, "ready", "1").await.expect("cluster up");
+    let quiet = p50_p99(put_latencies(&other, 200, "quiet").await);
+
+    // Client 1001 sends 30 puts valid for nodes 0 (the primary) and 1 only, then 10 valid
+    // for node 1 only, one every 40 ms, to every node; fewer than the 64 bad MACs that
+    // would get it banned.
+    let setup = ClientFile::load(&cluster.path().join("client-1001/client.toml")).expect("client file");
+    let connector = tokio_rustls::TlsConnector::from(
+        keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
+    );
+    let mut conns = Vec::new();
+    for (j, addr) in setup.nodes.iter().enumerate() {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+        let name = keel_runtime::tls::PeerId::Node(j as u32).server_name();
+        conns.push(connector.connect(name, tcp).await.expect("handshake"));
+    }
+    let sender = tokio::spawn(async move {
+        for seq in 1..=40u64 {
+            let frame = if seq <= 30 {
+                split_put(&setup, seq, &format!("split-{seq}"), &[0, 1])
+            } else {
+                split_put(&setup, seq, &format!("one-{seq}"), &[1])
+            };
+            for c in conns.iter_mut() {
+                c.write_all(&frame).await.expect("write");
+            }
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        conns
+    });
+    let during = p50_p99(put_latencies(&other, 200, "during").await);
+    let _conns = sender.await.expect("sender");
+    eprintln!(
+        "other client's put p50/p99: {:?}/{:?} quiet, {:?}/{:?} while client 1001 sent requests with split MACs",
+        quiet.0, quiet.1, during.0, during.1
+    );
+    // Nobody waited for a request timer (2 s): a stalled batch would have.
+    assert!(during.1 < Duration::from_secs(1), "another client stalled: p99 {:?}", during.1);
+    // Valid at two nodes (r + 1): the others endorsed it on their word, so it executed.
+    let mut executed = None;
+    for _ in 0..50 {
+        executed = get(&other, "split-30").await;
+        if executed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(executed.as_deref(), Some("x"), "a request two nodes could vouch for executed");
+    // Valid at one node: nobody else can vouch for it, so it never executes, and no node
+    // suspects the primary over it (the request timer's 2 s pass here).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(get(&other, "one-40").await, None, "one node's word is not enough");
+    for i in 0..4 {
+        let m = cluster.metrics(i);
+        assert_eq!(metric(&m, "keel_view "), 0, "node {i}: the client changed the leader");
+        let bad = metric(&m, "keel_rejected_total{kind=\"request\"}");
+        let expect = match i {
+            0 => 10,
+            1 => 0,
+            _ => 40,
+        };
+        assert_eq!(bad, expect, "node {i} rejected the requests its MAC entry failed");
+        assert_eq!(metric(&m, "keel_banned_clients_total"), 0, "node {i}");
+    }
+    put(&other, "after", "1").await.expect("others are served");
 }

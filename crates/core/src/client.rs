@@ -19,6 +19,7 @@
 //! caches stay warm) and moves on by one node whenever a read there had to be ordered, so
 //! a crashed or lying node is left behind.
 
+use crate::config::Auth;
 use crate::crypto::{Digest, MacKey};
 use crate::message::{ClientId, Message, NodeId, Payload, Read, ReadConsistency, Reply, ReplyBody, Request, View};
 use crate::quorum::Quorums;
@@ -64,6 +65,10 @@ pub struct Client {
     quorums: Quorums,
     /// MAC key shared with each order node, by node id.
     keys: Vec<MacKey>,
+    auth: Auth,
+    /// Per node: the highest sequence number it replied to (any reply, late ones too), to
+    /// leave quiet nodes out of a request's first transmission (`auth = rq-mac`).
+    heard: Vec<u64>,
     /// Last sequence number used (ordered requests and reads share the sequence).
     seq: u64,
     /// The last ordered request that completed: serializable reads must reflect it.
@@ -89,7 +94,9 @@ impl Client {
         Client {
             id,
             quorums,
+            heard: vec![0; keys.len()],
             keys,
+            auth: Auth::Mac,
             seq: first_seq.saturating_sub(1),
             last_ordered: 0,
             view: 0,
@@ -100,6 +107,12 @@ impl Client {
             reads_answered: 0,
             reads_ordered: 0,
         }
+    }
+
+    /// The cluster's request authentication (ARCHITECTURE §4); `mac` unless set.
+    pub fn with_auth(mut self, auth: Auth) -> Client {
+        self.auth = auth;
+        self
     }
 
     pub fn id(&self) -> ClientId {
@@ -151,8 +164,7 @@ impl Client {
             op: op.into(),
             auth: Vec::new(),
         };
-        let statement = read.statement();
-        read.auth = self.keys.iter().map(|k| k.mac(&statement)).collect();
+        read.auth = self.authenticator(&read.statement());
         let msgs = self.read_targets(consistency).into_iter().map(|n| (n, Message::Read(read.clone()))).collect();
         self.inflight = Some(Inflight { kind: Kind::Read(read), sent_at: now, replies: BTreeMap::new() });
         Ok(msgs)
@@ -179,14 +191,49 @@ impl Client {
         Ok(())
     }
 
-    /// Makes `op` the in-flight ordered request and queues it for every node.
+    /// One MAC per node over `statement`; none with `auth = none`.
+    fn authenticator(&self, statement: &Digest) -> Vec<crate::crypto::Mac> {
+        match self.auth {
+            Auth::None => Vec::new(),
+            Auth::RqMac | Auth::Mac => self.keys.iter().map(|k| k.mac(statement)).collect(),
+        }
+    }
+
+    /// Makes `op` the in-flight ordered request and queues it for its first recipients.
     fn start_ordered(&mut self, now: u64, op: Payload) {
         self.seq += 1;
-        let mut request = Request { client: self.id, seq: self.seq, op, auth: Vec::new() };
-        let statement = request.statement();
-        request.auth = self.keys.iter().map(|k| k.mac(&statement)).collect();
-        self.outbox.extend(self.to_all(Message::Request(request.clone())));
+        let mut request = Request::new(self.id, self.seq, op);
+        request.auth = self.authenticator(&request.statement());
+        let msg = Message::Request(request.clone());
+        let first: Vec<(NodeId, Message)> = match self.auth {
+            Auth::RqMac => self.rq_targets().into_iter().map(|n| (n, msg.clone())).collect(),
+            Auth::Mac | Auth::None => self.to_all(msg),
+        };
+        self.outbox.extend(first);
         self.inflight = Some(Inflight { kind: Kind::Ordered(request), sent_at: now, replies: BTreeMap::new() });
+    }
+
+    /// `auth = rq-mac` (UpRight §4.3, "RQ overheads"): a request goes first to `u + r + 1`
+    /// nodes, as many endorsements as the primary needs, and to all only on a
+    /// retransmission. Starting at the primary of the latest known view, nodes that
+    /// replied to neither of the last two operations are passed over while enough others
+    /// remain, so a crashed node does not cost every request a retransmission timeout.
+    fn rq_targets(&self) -> Vec<NodeId> {
+        let n = self.keys.len() as NodeId;
+        let want = self.quorums.endorse_propose();
+        let primary = (self.view % n as u64) as NodeId;
+        let ring: Vec<NodeId> = (0..n).map(|i| (primary + i) % n).collect();
+        let live = |node: &NodeId| self.heard[*node as usize] + 2 >= self.seq;
+        let mut targets: Vec<NodeId> = ring.iter().copied().filter(live).take(want).collect();
+        for node in ring {
+            if targets.len() == want {
+                break;
+            }
+            if !targets.contains(&node) {
+                targets.push(node);
+            }
+        }
+        targets
     }
 
     fn to_all(&self, msg: Message) -> Vec<(NodeId, Message)> {
@@ -204,6 +251,9 @@ impl Client {
     pub fn on_reply(&mut self, from: NodeId, reply: Reply) -> Option<Vec<u8>> {
         if from as usize >= self.keys.len() {
             return None;
+        }
+        if reply.client == self.id {
+            self.heard[from as usize] = self.heard[from as usize].max(reply.seq);
         }
         let targets = match &self.inflight.as_ref()?.kind {
             Kind::Read(read) => self.read_targets(read.consistency),

@@ -10,7 +10,7 @@ use crate::message::{CertProof, Message, NewView, Read, Request, StableProof, Va
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 4;
+pub const WIRE_VERSION: u8 = 5;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -74,7 +74,9 @@ fn bound(field: &'static str, got: usize, max: usize) -> Result<(), DecodeError>
 
 fn check_request(r: &Request) -> Result<(), DecodeError> {
     bound("request.op", r.op.len(), OP_BYTES_MAX)?;
-    bound("request.auth", r.auth.len(), NODES_MAX)
+    bound("request.auth", r.auth.len(), NODES_MAX)?;
+    bound("request.endorsements", r.endorsements.len(), NODES_MAX)?;
+    r.endorsements.iter().try_for_each(|e| bound("endorsement.macs", e.macs.len(), NODES_MAX))
 }
 
 fn check_read(r: &Read) -> Result<(), DecodeError> {
@@ -110,6 +112,10 @@ fn check_new_view(nv: &NewView) -> Result<(), DecodeError> {
 pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
     match msg {
         Message::Request(r) | Message::Forward(r) => check_request(r),
+        Message::Endorse { request, macs } => {
+            check_request(request)?;
+            bound("endorse.macs", macs.len(), NODES_MAX)
+        }
         Message::Read(r) => check_read(r),
         Message::Reply(r) => match &r.body {
             crate::message::ReplyBody::Full(b) => bound("reply.body", b.len(), OP_BYTES_MAX),
@@ -161,8 +167,20 @@ mod tests {
     }
 
     fn arb_request() -> impl Strategy<Value = Request> {
-        (any::<u64>(), any::<u64>(), arb_bytes(64), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
-            .prop_map(|(client, seq, op, auth)| Request { client, seq, op: op.into(), auth })
+        let endorsement = (any::<u32>(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
+            .prop_map(|(node, macs)| Endorsement { node, macs });
+        (
+            any::<u64>(),
+            any::<u64>(),
+            arb_bytes(64),
+            proptest::collection::vec(any::<[u8; 16]>(), 0..5),
+            proptest::collection::vec(endorsement, 0..3),
+        )
+            .prop_map(|(client, seq, op, auth, endorsements)| Request {
+                auth,
+                endorsements,
+                ..Request::new(client, seq, op.into())
+            })
     }
 
     fn arb_value() -> impl Strategy<Value = Value> {
@@ -187,6 +205,8 @@ mod tests {
         prop_oneof![
             arb_request().prop_map(Message::Request),
             arb_request().prop_map(Message::Forward),
+            (arb_request(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
+                .prop_map(|(request, macs)| Message::Endorse { request, macs }),
             (arb_request(), 0..3u8, any::<u64>()).prop_map(|(r, c, after)| Message::Read(Read {
                 client: r.client,
                 seq: r.seq,
@@ -294,7 +314,7 @@ mod tests {
 
     #[test]
     fn oversized_batches_are_bounded() {
-        let req = Request { client: 1, seq: 1, op: Vec::new().into(), auth: vec![] };
+        let req = Request::new(1, 1, Vec::new().into());
         let value = Value { time: 0, requests: vec![req; REQUESTS_PER_VALUE_MAX + 1] };
         let bytes = encode(&Message::Propose { view: 0, seq: 1, value });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "value.requests", .. })));

@@ -13,6 +13,55 @@ pub struct ClusterConfig {
     /// Public key of each order node, indexed by node id.
     pub node_keys: Vec<PublicKey>,
     pub options: Options,
+    /// How client requests are authenticated (ARCHITECTURE §4).
+    pub auth: Auth,
+}
+
+/// Request authentication (ARCHITECTURE §4, UpRight §4.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Auth {
+    /// The client MACs its request for every node; each node that finds its entry valid
+    /// endorses the request with its own MAC authenticator for the order nodes (a matrix
+    /// signature). The primary proposes a request with `u + r + 1` endorsements valid for
+    /// itself and backups accept it on `u + 1` valid for them, so a client whose MACs are
+    /// valid for some nodes only cannot make correct nodes disagree (replica/endorse.rs).
+    RqMac,
+    /// PBFT-style: the client MACs its request for every node, each node checks its own
+    /// entry in every proposed request. With `r > 0` a client whose entries disagree can
+    /// stall a batch until a view change; with `r = 0` backups trust the primary's check.
+    Mac,
+    /// No client authentication beyond the TLS channel (trusted clients).
+    None,
+}
+
+impl Auth {
+    pub const NAMES: [&'static str; 3] = ["rq-mac", "mac", "none"];
+
+    /// The default of ARCHITECTURE §4: `rq-mac` when nodes may lie, `mac` otherwise.
+    pub fn default_for(quorums: &Quorums) -> Auth {
+        if quorums.byzantine() {
+            Auth::RqMac
+        } else {
+            Auth::Mac
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Auth::RqMac => "rq-mac",
+            Auth::Mac => "mac",
+            Auth::None => "none",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Auth> {
+        match name {
+            "rq-mac" => Some(Auth::RqMac),
+            "mac" => Some(Auth::Mac),
+            "none" => Some(Auth::None),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -29,7 +78,12 @@ impl ClusterConfig {
             return Err(ConfigError::NodeCount { expected: quorums.order_nodes(), got: node_keys.len() });
         }
         options.validate()?;
-        Ok(ClusterConfig { quorums, node_keys, options })
+        Ok(ClusterConfig { auth: Auth::default_for(&quorums), quorums, node_keys, options })
+    }
+
+    pub fn with_auth(mut self, auth: Auth) -> ClusterConfig {
+        self.auth = auth;
+        self
     }
 
     pub fn n(&self) -> usize {

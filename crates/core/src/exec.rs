@@ -403,7 +403,7 @@ mod tests {
     }
 
     fn req(client: u64, seq: u64, op: &[u8]) -> Request {
-        Request { client, seq, op: op.to_vec().into(), auth: vec![] }
+        Request::new(client, seq, op.to_vec().into())
     }
 
     #[test]

@@ -110,7 +110,7 @@ impl<'de> Deserialize<'de> for Payload {
     }
 }
 
-/// A client operation, as the client sends it to every order node (`auth = mac`).
+/// A client operation, as the client sends it to the order nodes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Request {
     pub client: ClientId,
@@ -118,10 +118,33 @@ pub struct Request {
     pub seq: u64,
     pub op: Payload,
     /// One MAC per order node over [`Request::statement`]; entry `i` is checked by node `i`.
+    /// Empty with `auth = none`, and inside a PROPOSE with `auth = rq-mac`.
     pub auth: Vec<Mac>,
+    /// `auth = rq-mac`, inside a PROPOSE only: the nodes that vouch for the request (a
+    /// matrix signature, UpRight §4.1). Empty as the client sends it.
+    pub endorsements: Vec<Endorsement>,
+}
+
+/// Node `node`'s word that a client sent a request: one MAC per order node over
+/// [`endorse_statement`], entry `j` keyed for node `j`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endorsement {
+    pub node: NodeId,
+    pub macs: Vec<Mac>,
+}
+
+/// What node `node`'s endorsement MACs cover. Domain-separated from the client's
+/// [`Request::statement`], so an endorsement can never pass for a client's authenticator.
+pub fn endorse_statement(node: NodeId, request: &Digest) -> Digest {
+    Hasher::new("keel/endorse").u64(node as u64).digest(request).finish()
 }
 
 impl Request {
+    /// A request as a client builds it, before its MAC authenticator.
+    pub fn new(client: ClientId, seq: u64, op: Payload) -> Request {
+        Request { client, seq, op, auth: Vec::new(), endorsements: Vec::new() }
+    }
+
     /// What the MAC authenticator covers and what the value digest includes: the client,
     /// its sequence number and the operation's (cached) digest.
     pub fn statement(&self) -> Digest {
@@ -137,7 +160,10 @@ impl Request {
 
     /// Bytes this request adds to a batch, for the byte bound.
     pub fn size(&self) -> usize {
-        self.op.len() + self.auth.len() * 16 + 24
+        self.op.len()
+            + self.auth.len() * 16
+            + self.endorsements.iter().map(|e| e.macs.len() * 16 + 8).sum::<usize>()
+            + 24
     }
 }
 
@@ -475,6 +501,13 @@ pub enum Message {
         round: u64,
         accepted: Seq,
     },
+    /// Node → primary (first receipt) or all (a repeat, a request timer): `auth = rq-mac`'s
+    /// endorsement of a client request by the sending node (UpRight §4.1). The request
+    /// keeps the client's authenticator, so a receiver can also check its own entry.
+    Endorse {
+        request: Request,
+        macs: Vec<Mac>,
+    },
 }
 
 impl Message {
@@ -503,6 +536,7 @@ impl Message {
             Message::ValueBody { .. } => "value-body",
             Message::IndexProbe { .. } => "index-probe",
             Message::IndexAck { .. } => "index-ack",
+            Message::Endorse { .. } => "endorse",
         }
     }
 }
@@ -525,7 +559,7 @@ mod payload_tests {
         let back: Payload = postcard::from_bytes(&as_vec).expect("decodes");
         assert_eq!(back.digest(), p.digest());
         // The statement binds client, sequence number and operation.
-        let req = |client, seq, op: &[u8]| Request { client, seq, op: op.to_vec().into(), auth: Vec::new() };
+        let req = |client, seq, op: &[u8]| Request::new(client, seq, op.to_vec().into());
         let base = req(1, 1, b"a").statement();
         assert_ne!(base, req(2, 1, b"a").statement());
         assert_ne!(base, req(1, 2, b"a").statement());

@@ -40,16 +40,19 @@ pub enum Mutation {
     IndexWithoutQuorum,
     /// Answer a serializable read at once, without first executing the reader's writes.
     SerializableWithoutWait,
+    /// `auth = rq-mac`: accept a proposed request on a single valid endorsement.
+    OneEndorsement,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 6] = [
+    pub const ALL: [Mutation; 7] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
         Mutation::ReadWithoutWait,
         Mutation::IndexWithoutQuorum,
         Mutation::SerializableWithoutWait,
+        Mutation::OneEndorsement,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,6 +63,7 @@ impl Mutation {
             Mutation::ReadWithoutWait => "read-without-wait",
             Mutation::IndexWithoutQuorum => "index-without-quorum",
             Mutation::SerializableWithoutWait => "serializable-without-wait",
+            Mutation::OneEndorsement => "one-endorsement",
         }
     }
 
@@ -172,6 +176,37 @@ impl Quorums {
             Some(Mutation::IndexWithoutQuorum) => 1,
             _ => self.order_quorum(),
         }
+    }
+
+    /// `auth = rq-mac` (UpRight §3, §4.1): endorsements valid for the primary before it
+    /// proposes a request: `u + r + 1`. At most `r` come from lying nodes, so at least
+    /// `u + 1` are from correct nodes, whose entries are valid for every node.
+    pub fn endorse_propose(&self) -> usize {
+        self.u as usize + self.r as usize + 1
+    }
+
+    /// Endorsements valid for a backup before it accepts a proposed request: `u + 1`
+    /// (at least one from a correct node, since `u >= r`; the primary's `u + r + 1`
+    /// guarantee that many).
+    pub fn endorse_accept(&self) -> usize {
+        match self.mutation {
+            Some(Mutation::OneEndorsement) => 1,
+            _ => self.u as usize + 1,
+        }
+    }
+
+    /// Endorsements from other nodes that make a node endorse a request whose client
+    /// MAC it could not check itself: `r + 1`, one of them from a correct node that did.
+    pub fn endorse_amplify(&self) -> usize {
+        self.r as usize + 1
+    }
+
+    /// Endorsements a node must hold before its request timer may suspect the primary:
+    /// `2r + 1`, so `r + 1` come from correct nodes, every correct node amplifies, and a
+    /// correct primary ends up with `u + r + 1`. Fewer can be the doing of a client whose
+    /// MACs are valid for a few nodes only, which is no reason to replace the primary.
+    pub fn endorse_suspect(&self) -> usize {
+        2 * self.r as usize + 1
     }
 
     /// Execution nodes the paper requires when execution is separated: `u + r + 1`.

@@ -118,7 +118,8 @@ impl KeelClient {
             .map(|s| {
                 let keys = setup.mac_keys.iter().map(|k| session_mac_key(k, s)).collect();
                 Session {
-                    core: Client::new(session_id(setup.id, s), setup.quorums, keys, RETRANSMIT_MS, first_seq),
+                    core: Client::new(session_id(setup.id, s), setup.quorums, keys, RETRANSMIT_MS, first_seq)
+                        .with_auth(setup.auth),
                     call: None,
                 }
             })

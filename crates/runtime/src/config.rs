@@ -9,11 +9,11 @@
 
 use crate::storage::FsyncPolicy;
 use crate::tls::{generate_ca, issue, Credentials, PeerId, TlsError};
-use keel_core::config::{ClusterConfig, ConfigError, Options};
+use keel_core::config::{Auth, ClusterConfig, ConfigError, Options};
 use keel_core::crypto::{MacKey, PublicKey, SigningKey};
 use keel_core::message::{ClientId, NodeId};
 use keel_core::quorum::{QuorumError, Quorums};
-use keel_core::replica::{client_mac_key, NodeSecrets};
+use keel_core::replica::{client_mac_key, endorse_key, NodeSecrets};
 use serde::{Deserialize, Serialize};
 use std::fs;
 use std::net::SocketAddr;
@@ -73,6 +73,10 @@ pub struct ClusterFile {
     /// Robust leadership; every node of a cluster must use the same values.
     #[serde(default, skip_serializing_if = "LeadershipFile::is_empty")]
     pub leadership: LeadershipFile,
+    /// Request authentication: rq-mac | mac | none (ARCHITECTURE §4). Unset: rq-mac when
+    /// r > 0, mac otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<String>,
 }
 
 /// `[leadership]` in cluster.toml (Aardvark, UpRight §4.2). Unset fields keep the
@@ -103,6 +107,18 @@ impl ClusterFile {
         parse(path)
     }
 
+    /// The request authentication this cluster uses.
+    pub fn auth(&self, path: &Path) -> Result<Auth, ConfigFileError> {
+        let quorums = Quorums::new(self.u, self.r)?;
+        match &self.auth {
+            None => Ok(Auth::default_for(&quorums)),
+            Some(name) => Auth::from_name(name).ok_or_else(|| ConfigFileError::Invalid {
+                path: path.into(),
+                message: format!("auth must be one of {}, not {name:?}", Auth::NAMES.join(", ")),
+            }),
+        }
+    }
+
     /// The protocol configuration; node ids must be 0..N in order.
     pub fn cluster_config(&self, path: &Path, mut options: Options) -> Result<ClusterConfig, ConfigFileError> {
         let l = &self.leadership;
@@ -120,7 +136,7 @@ impl ClusterFile {
             }
             keys.push(PublicKey(hex32(path, "public_key", &n.public_key)?));
         }
-        Ok(ClusterConfig::new(quorums, keys, options)?)
+        Ok(ClusterConfig::new(quorums, keys, options)?.with_auth(self.auth(path)?))
     }
 }
 
@@ -160,6 +176,9 @@ pub struct NodeFile {
     pub signing_seed: String,
     /// Root of the per-client MAC keys, hex.
     pub mac_secret: String,
+    /// The keys this node MACs its endorsements with (`auth = rq-mac`), hex, by node id.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endorse_keys: Vec<String>,
     /// Fault injection for tests; never set in a deployment.
     #[serde(default, skip_serializing_if = "FaultsFile::is_empty")]
     pub faults: FaultsFile,
@@ -223,9 +242,24 @@ impl NodeFile {
                 message: format!("verify_threads is at most {VERIFY_THREADS_MAX}, not {}", f.verify_threads),
             });
         }
+        let endorse_keys =
+            f.endorse_keys.iter().map(|k| hex32(path, "endorse_keys", k).map(MacKey)).collect::<Result<Vec<_>, _>>()?;
+        if cluster.auth == Auth::RqMac && endorse_keys.len() != cluster.n() {
+            return Err(ConfigFileError::Invalid {
+                path: path.into(),
+                message: format!(
+                    "auth = rq-mac needs endorse_keys, one per node ({} here, {} nodes); files written by \
+                     `keel init` before rq-mac existed lack them: run `keel init` again, or set auth = \"mac\" \
+                     in the cluster file",
+                    endorse_keys.len(),
+                    cluster.n()
+                ),
+            });
+        }
         let secrets = NodeSecrets {
             signing: SigningKey::from_seed(hex32(path, "signing_seed", &f.signing_seed)?),
             mac_secret: hex32(path, "mac_secret", &f.mac_secret)?,
+            endorse_keys,
         };
         if cluster.node_keys.get(f.id as usize) != Some(&secrets.signing.public()) {
             return Err(ConfigFileError::Invalid {
@@ -267,6 +301,7 @@ pub struct ClientFile {
 pub struct ClientSetup {
     pub id: ClientId,
     pub quorums: Quorums,
+    pub auth: Auth,
     pub nodes: Vec<SocketAddr>,
     pub ca_pem: String,
     pub credentials: Credentials,
@@ -287,6 +322,7 @@ impl ClientFile {
         Ok(ClientSetup {
             id: f.id,
             quorums,
+            auth: cluster.auth(&cluster_path)?,
             nodes: cluster.nodes.iter().map(|n| n.addr).collect(),
             ca_pem: read(&base.join(&f.ca))?,
             credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
@@ -304,6 +340,8 @@ pub struct InitOptions {
     pub base_port: u16,
     pub clients: usize,
     pub fsync: FsyncPolicy,
+    /// Written into cluster.toml when set; unset leaves the default for (u, r).
+    pub auth: Option<Auth>,
 }
 
 fn default_service() -> String {
@@ -334,7 +372,14 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         nodes.push(NodeEntry { id: i, addr, public_key: hex::encode(key.public().0) });
         seeds.push((seed, mac));
     }
-    let cluster = ClusterFile { u: o.u, r: o.r, nodes: nodes.clone(), leadership: LeadershipFile::default() };
+    let cluster = ClusterFile {
+        u: o.u,
+        r: o.r,
+        nodes: nodes.clone(),
+        leadership: LeadershipFile::default(),
+        auth: o.auth.map(|a| a.name().to_string()),
+    };
+    let mac_secrets: Vec<[u8; 32]> = seeds.iter().map(|(_, mac)| *mac).collect();
     write(&dir.join("cluster.toml"), &toml::to_string(&cluster).unwrap_or_default())?;
     let fsync = match o.fsync {
         FsyncPolicy::Batch => "batch",
@@ -366,6 +411,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             key: "node.key".into(),
             signing_seed: hex::encode(seed),
             mac_secret: hex::encode(mac),
+            endorse_keys: mac_secrets.iter().map(|m| hex::encode(endorse_key(m, i as NodeId).0)).collect(),
         };
         write(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }
@@ -416,6 +462,7 @@ mod tests {
                 base_port: 41000,
                 clients: 2,
                 fsync: FsyncPolicy::Batch,
+                auth: None,
             },
         )
         .expect("init");

@@ -4,10 +4,10 @@
 //! to lie about) and rewrites what it sends. It holds its own signing key, so it can sign
 //! any lie; it cannot sign for others or impersonate another peer on the channel.
 
-use keel_core::crypto::{Digest, Sig, SigningKey};
+use keel_core::crypto::{Digest, Mac, MacKey, Sig, SigningKey};
 use keel_core::message::{
-    write_statement, CertProof, CheckpointVote, Message, NewView, NodeId, Reply, ReplyBody, Request, StableProof,
-    Value, ViewChange, Write,
+    endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, Message, NewView, NodeId, Reply,
+    ReplyBody, Request, StableProof, Value, ViewChange, Write,
 };
 use keel_core::replica::Peer;
 use rand::Rng;
@@ -43,6 +43,10 @@ pub struct Behaviours {
     /// Answer read-only requests at once from whatever state it has (a stale answer,
     /// matching what lagging correct nodes would say), without waiting as correct nodes do.
     pub rush_reads: bool,
+    /// `auth = rq-mac`: endorsements whose MACs are wrong for some nodes, endorsements of
+    /// requests no client sent, and (as primary) such requests proposed with its own
+    /// endorsement alone.
+    pub forge_endorsements: bool,
 }
 
 impl Behaviours {
@@ -57,6 +61,7 @@ impl Behaviours {
                 junk: rng.gen_bool(0.4),
                 rush_reads: rng.gen_bool(0.5),
                 slow_primary: rng.gen_bool(0.3),
+                forge_endorsements: rng.gen_bool(0.5),
             };
             if b.equivocate
                 || b.corrupt
@@ -66,6 +71,7 @@ impl Behaviours {
                 || b.junk
                 || b.rush_reads
                 || b.slow_primary
+                || b.forge_endorsements
             {
                 return b;
             }
@@ -83,6 +89,7 @@ impl Behaviours {
             (self.junk, "junk"),
             (self.rush_reads, "rush-reads"),
             (self.slow_primary, "slow-primary"),
+            (self.forge_endorsements, "forge-endorsements"),
         ] {
             if on {
                 v.push(name);
@@ -107,6 +114,8 @@ pub struct LieCounts {
     pub index_lies: u64,
     /// PROPOSEs a slow primary held back.
     pub slowed_proposals: u64,
+    /// Endorsements with wrong MACs or of made-up requests, and proposals carrying those.
+    pub forged_endorsements: u64,
 }
 
 impl LieCounts {
@@ -120,6 +129,7 @@ impl LieCounts {
         self.rushed_reads += o.rushed_reads;
         self.index_lies += o.index_lies;
         self.slowed_proposals += o.slowed_proposals;
+        self.forged_endorsements += o.forged_endorsements;
     }
 
     pub fn total(&self) -> u64 {
@@ -132,6 +142,7 @@ impl LieCounts {
             + self.rushed_reads
             + self.index_lies
             + self.slowed_proposals
+            + self.forged_endorsements
     }
 }
 
@@ -148,20 +159,38 @@ pub struct Byzantine {
     /// could not hand out the body would only stall the instance: view changes carry
     /// digests, so the new primary fetches the body from the certificate's holders.
     forged: VecDeque<(u64, Digest, Value)>,
+    /// Its keys for endorsements (entry j for node j): it can endorse anything, as itself.
+    endorse_keys: Vec<MacKey>,
+    /// (view, seq) → the proposal with a made-up request added, the same for every backup.
+    fabricated: BTreeMap<(u64, u64), Value>,
+    fabricated_seq: u64,
     pub lies: LieCounts,
 }
+
+/// The client id of requests a Byzantine node makes up: no client sends them.
+pub const FABRICATED_CLIENT: u64 = 424_243;
 
 /// One outgoing frame: destination and raw bytes.
 pub type Frame = (Peer, Vec<u8>);
 
 impl Byzantine {
-    pub fn new(behaviours: Behaviours, me: NodeId, n: usize, quorum: usize, signing: SigningKey) -> Byzantine {
+    pub fn new(
+        behaviours: Behaviours,
+        me: NodeId,
+        n: usize,
+        quorum: usize,
+        signing: SigningKey,
+        endorse_keys: Vec<MacKey>,
+    ) -> Byzantine {
         Byzantine {
             behaviours,
             me,
             n,
             quorum,
             signing,
+            endorse_keys,
+            fabricated: BTreeMap::new(),
+            fabricated_seq: 0,
             history: VecDeque::new(),
             alternatives: BTreeMap::new(),
             forged: VecDeque::new(),
@@ -225,6 +254,16 @@ impl Byzantine {
             self.lies.junk_frames += 1;
             frames.push((Peer::Node(rng.gen_range(0..self.n as NodeId)), bytes));
         }
+        if self.behaviours.forge_endorsements && rng.gen_bool(0.05) {
+            // Vouch, to everyone, for a request no client sent.
+            let request = self.fabricate();
+            let macs = self.endorse(&request);
+            self.lies.forged_endorsements += 1;
+            let frame = keel_core::codec::encode(&Message::Endorse { request, macs });
+            for n in (0..self.n as NodeId).filter(|n| *n != self.me) {
+                frames.push((Peer::Node(n), frame.clone()));
+            }
+        }
         if self.behaviours.forge_view_change && rng.gen_bool(0.02) {
             // Ask for a far-away view and announce a NEW-VIEW nobody can have built.
             let view = rng.gen_range(1..1_000_000);
@@ -238,6 +277,17 @@ impl Byzantine {
             }
         }
         frames
+    }
+
+    fn fabricate(&mut self) -> Request {
+        self.fabricated_seq += 1;
+        Request::new(FABRICATED_CLIENT, self.fabricated_seq, b"made up".to_vec().into())
+    }
+
+    /// Its own, valid endorsement of `request`.
+    fn endorse(&self, request: &Request) -> Vec<Mac> {
+        let s = endorse_statement(self.me, &request.statement());
+        self.endorse_keys.iter().take(self.n).map(|k| k.mac(&s)).collect()
     }
 
     fn random_sig(&self, rng: &mut ChaCha8Rng) -> Sig {
@@ -258,6 +308,36 @@ impl Byzantine {
                 });
                 self.lies.equivocations += 1;
                 Message::Propose { view, seq, value: alt.clone() }
+            }
+            Message::Propose { view, seq, value } if self.behaviours.forge_endorsements && seq % 3 == 0 => {
+                if self.fabricated.len() >= FORGED_KEPT_MAX {
+                    self.fabricated.clear();
+                }
+                let value = match self.fabricated.get(&(view, seq)) {
+                    Some(v) => v.clone(),
+                    None => {
+                        // A made-up request that only this node vouches for.
+                        let mut request = self.fabricate();
+                        let node = self.me;
+                        request.endorsements = vec![Endorsement { node, macs: self.endorse(&request) }];
+                        let mut v = value;
+                        v.requests.push(request);
+                        self.fabricated.insert((view, seq), v.clone());
+                        v
+                    }
+                };
+                self.lies.forged_endorsements += 1;
+                Message::Propose { view, seq, value }
+            }
+            Message::Endorse { request, mut macs } if self.behaviours.forge_endorsements => {
+                // Wrong for some nodes: an inconsistent matrix row.
+                for (i, m) in macs.iter_mut().enumerate() {
+                    if i % 2 == 1 || rng.gen_bool(0.3) {
+                        m[0] ^= 0xff;
+                    }
+                }
+                self.lies.forged_endorsements += 1;
+                Message::Endorse { request, macs }
             }
             Message::Write(w) if self.behaviours.equivocate && Self::lied_to(to) => {
                 match self.alternatives.get(&(w.view, w.seq)) {
@@ -298,7 +378,7 @@ impl Byzantine {
         let base = vc.stable.seq;
         vc.certs.retain(|c| c.seq > base + 3);
         for seq in base + 1..=base + 3 {
-            let forged = Request { client: 424_242, seq: rng.gen(), op: vec![0xde, 0xad].into(), auth: Vec::new() };
+            let forged = Request::new(424_242, rng.gen(), vec![0xde, 0xad].into());
             let value = Value { time: 0, requests: vec![forged] };
             let writes = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
             let digest = value.digest();

@@ -33,6 +33,12 @@ pub trait Workload {
     /// The next operation client `client` issues.
     fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8>;
 
+    /// An operation on state no checked operation observes, for the faulty client whose
+    /// requests may or may not execute (None: the workload has none, no faulty client).
+    fn unobserved_op(&self) -> Option<Vec<u8>> {
+        None
+    }
+
     /// How `op` is issued: ordered (None, the default) or read-only with a consistency.
     /// [`Workload::check_history`] must accept what that consistency promises.
     fn read_mode(&mut self, _rng: &mut ChaCha8Rng, _op: &[u8]) -> Option<ReadConsistency> {
@@ -71,6 +77,11 @@ impl Workload for KvWorkload {
 
     fn service(&self) -> Kv {
         Kv::new()
+    }
+
+    fn unobserved_op(&self) -> Option<Vec<u8>> {
+        // Checked keys are `k` followed by one byte.
+        Some(KvRequest::Put { key: b"faulty-client".to_vec(), value: b"x".to_vec() }.encode())
     }
 
     fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8> {

@@ -15,9 +15,9 @@ use crate::disk::SimDisk;
 use crate::workload::{HistoryEntry, Workload};
 use keel_core::client::Client;
 use keel_core::codec;
-use keel_core::config::{ClusterConfig, Options};
+use keel_core::config::{Auth, ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
-use keel_core::message::{ClientId, Message, NodeId, Read, Reply, ReplyBody, Seq, View};
+use keel_core::message::{ClientId, Message, NodeId, Read, Reply, ReplyBody, Request, Seq, View};
 use keel_core::quorum::{Mutation, Quorums};
 use keel_core::replica::{client_mac_key, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica};
 use keel_core::service::{ReadCtx, Service};
@@ -70,6 +70,11 @@ pub struct SimOptions {
     pub options: Options,
     /// Pin which nodes are Byzantine and how (scenario tests); None: chosen by the seed.
     pub byzantine: Option<(Vec<NodeId>, Behaviours)>,
+    /// Request authentication; None: the default for (u, r) (`Auth::default_for`).
+    pub auth: Option<Auth>,
+    /// Run a client whose MACs are valid for some nodes only; None: with Byzantine faults,
+    /// unless `auth = mac` with r > 0.
+    pub faulty_client: Option<bool>,
 }
 
 impl SimOptions {
@@ -85,6 +90,8 @@ impl SimOptions {
             liveness_ms: 60_000,
             options: Options::test_min(),
             byzantine: None,
+            auth: None,
+            faulty_client: None,
         }
     }
 }
@@ -111,6 +118,8 @@ pub struct FaultCounts {
     pub delayed: u64,
     pub skewed_clocks: u64,
     pub byzantine_nodes: u64,
+    /// Requests of a faulty client whose MACs were valid for some nodes only.
+    pub inconsistent_macs: u64,
     pub lies: LieCounts,
 }
 
@@ -125,6 +134,7 @@ impl FaultCounts {
             + self.duplicated
             + self.delayed
             + self.skewed_clocks
+            + self.inconsistent_macs
             + l.total()
     }
 
@@ -139,6 +149,7 @@ impl FaultCounts {
         self.delayed += o.delayed;
         self.skewed_clocks += o.skewed_clocks;
         self.byzantine_nodes += o.byzantine_nodes;
+        self.inconsistent_macs += o.inconsistent_macs;
         self.lies.add(&o.lies);
     }
 }
@@ -178,6 +189,8 @@ enum Ev {
     },
     NodeTick(NodeId),
     ClientTick(usize),
+    /// The faulty client sends its next request.
+    FaultyClient,
     /// A group commit completes: the step's facts become durable (and are checked) and
     /// its gated messages go out.
     Sync {
@@ -257,6 +270,8 @@ pub struct World<W: Workload> {
     sides: Vec<u8>,
     lossy: bool,
     issuing: bool,
+    /// The faulty client's last sequence number.
+    faulty_seq: u64,
     history: Vec<HistoryEntry>,
     /// (client, seq) → op digest, for validity.
     submitted: BTreeMap<(ClientId, u64), Digest>,
@@ -270,6 +285,9 @@ pub struct World<W: Workload> {
     trace_tail: VecDeque<String>,
 }
 
+/// The client of `World::faulty_client`.
+const FAULTY_CLIENT: ClientId = 9_000;
+
 fn client_id(i: usize) -> ClientId {
     1000 + i as ClientId
 }
@@ -279,10 +297,19 @@ impl<W: Workload> World<W> {
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
         let quorums = Quorums::new(opts.u, opts.r).expect("valid (u, r)").with_mutation(opts.mutation);
         let n = quorums.order_nodes();
-        let secrets: Vec<NodeSecrets> =
-            (0..n).map(|_| NodeSecrets { signing: SigningKey::from_seed(rng.gen()), mac_secret: rng.gen() }).collect();
+        let roots: Vec<([u8; 32], [u8; 32])> = (0..n).map(|_| (rng.gen(), rng.gen())).collect();
+        let mac_secrets: Vec<[u8; 32]> = roots.iter().map(|(_, m)| *m).collect();
+        let secrets: Vec<NodeSecrets> = roots
+            .iter()
+            .enumerate()
+            .map(|(i, (seed, _))| NodeSecrets::new(SigningKey::from_seed(*seed), i as NodeId, &mac_secrets))
+            .collect();
         let keys = secrets.iter().map(|s| s.signing.public()).collect();
         let cfg = ClusterConfig::new(quorums, keys, opts.options.clone()).expect("valid config");
+        let cfg = match opts.auth {
+            Some(auth) => cfg.with_auth(auth),
+            None => cfg,
+        };
         let mut report = SeedReport { seed: opts.seed, ..SeedReport::default() };
         let byzantine_count = if opts.faults.byzantine && opts.r > 0 { rng.gen_range(1..=opts.r as usize) } else { 0 };
         let mut byz_ids: Vec<usize> = (0..n).collect();
@@ -308,7 +335,14 @@ impl<W: Workload> World<W> {
                 }
                 let byzantine = byz_ids.contains(&i).then(|| {
                     let behaviours = pinned.clone().unwrap_or_else(|| Behaviours::random(&mut rng));
-                    Byzantine::new(behaviours, i as NodeId, n, quorums.order_quorum(), s.signing.clone())
+                    Byzantine::new(
+                        behaviours,
+                        i as NodeId,
+                        n,
+                        quorums.order_quorum(),
+                        s.signing.clone(),
+                        s.endorse_keys.clone(),
+                    )
                 });
                 let replica = Replica::new(cfg.clone(), i as NodeId, s.clone(), workload.service());
                 SimNode {
@@ -327,7 +361,8 @@ impl<W: Workload> World<W> {
             .map(|i| {
                 let id = client_id(i);
                 let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
-                SimClient { core: Client::new(id, quorums, keys, 300, 1), inflight: None, side: 0 }
+                let core = Client::new(id, quorums, keys, 300, 1).with_auth(cfg.auth);
+                SimClient { core, inflight: None, side: 0 }
             })
             .collect();
         let mut w = World {
@@ -342,6 +377,7 @@ impl<W: Workload> World<W> {
             clients,
             lossy: opts.faults.network,
             issuing: true,
+            faulty_seq: 0,
             history: Vec::new(),
             submitted: BTreeMap::new(),
             decided: BTreeMap::new(),
@@ -365,7 +401,56 @@ impl<W: Workload> World<W> {
             let at = w.rng.gen_range(100..600);
             w.schedule(at, Ev::Nemesis);
         }
+        // `auth = mac` with r > 0 is known to stall on such a client (its PROPOSE splits
+        // the backups), which is what rq-mac is for: there the faulty client runs only
+        // when a test asks for it (`SimOptions::faulty_client`).
+        let mac_splits = w.cfg.auth == Auth::Mac && w.cfg.quorums.byzantine();
+        let faulty = w.opts.faulty_client.unwrap_or(w.opts.faults.byzantine && !mac_splits);
+        if faulty && w.workload.unobserved_op().is_some() {
+            let at = w.rng.gen_range(100..400);
+            w.schedule(at, Ev::FaultyClient);
+        }
         w
+    }
+
+    /// A client that sends requests whose MAC entries are valid for a random subset of
+    /// the nodes, never waits for answers, and moves on (UpRight §4.1's corner case). Its
+    /// operation touches state no checked operation reads, so whether it executes does
+    /// not matter; that it never stalls the others or replaces a primary does (the
+    /// liveness checks and, for the cluster as a whole, `views_installed`).
+    fn faulty_client(&mut self) {
+        if !self.issuing {
+            return;
+        }
+        let next = self.now + self.rng.gen_range(20..80);
+        self.schedule(next, Ev::FaultyClient);
+        let Some(op) = self.workload.unobserved_op() else {
+            return;
+        };
+        self.faulty_seq += 1;
+        let mut req = Request::new(FAULTY_CLIENT, self.faulty_seq, op.into());
+        let statement = req.statement();
+        let n = self.nodes.len();
+        let valid: Vec<bool> = (0..n).map(|_| self.rng.gen_bool(0.5)).collect();
+        req.auth = self
+            .nodes
+            .iter()
+            .zip(&valid)
+            .map(|(node, ok)| {
+                let mac = client_mac_key(&node.secrets.mac_secret, FAULTY_CLIENT).mac(&statement);
+                if *ok {
+                    mac
+                } else {
+                    [0xee; 16]
+                }
+            })
+            .collect();
+        self.report.faults.inconsistent_macs += 1;
+        self.submitted.insert((req.client, req.seq), req.op.digest());
+        let frame = codec::encode(&Message::Request(req));
+        for to in 0..n as NodeId {
+            self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(to), frame.clone());
+        }
     }
 
     fn schedule(&mut self, at: u64, ev: Ev) {
@@ -511,6 +596,7 @@ impl<W: Workload> World<W> {
                 }
             }
             Ev::Nemesis => self.nemesis(),
+            Ev::FaultyClient => self.faulty_client(),
         }
         true
     }

@@ -275,3 +275,33 @@ fn a_primary_that_turns_slow_within_its_timers_is_replaced_and_throughput_recove
         assert!(rate(&r, from + 400, end) * 2.0 < fast, "stays slow without the monitor");
     }
 }
+
+#[test]
+fn a_client_with_inconsistent_macs_neither_stalls_others_nor_replaces_the_primary() {
+    // Faults "byzantine" with no Byzantine node: only the faulty client misbehaves.
+    for seed in 1..=3 {
+        let mut o = SimOptions::new(seed, 1, 1, faults("byzantine"));
+        o.byzantine = Some((vec![], Behaviours::default()));
+        let r = run_kv_seed(&o);
+        assert_clean(&r);
+        assert!(
+            r.faults.inconsistent_macs > 5,
+            "seed {seed}: the faulty client sent {} requests",
+            r.faults.inconsistent_macs
+        );
+        assert!(r.views_installed.is_empty(), "seed {seed}: rq-mac changed views: {:?}", r.views_installed);
+        let quiet = run_kv_seed(&SimOptions::new(seed, 1, 1, faults("none")));
+        let ratio = r.ops_completed as f64 / quiet.ops_completed.max(1) as f64;
+        eprintln!(
+            "seed {seed}: {} ops with the faulty client, {} without ({ratio:.2})",
+            r.ops_completed, quiet.ops_completed
+        );
+        assert!(ratio > 0.8, "seed {seed}: others slowed down to {ratio:.2} of a quiet run");
+        // The same client under auth = mac costs view changes, and can stall the cluster
+        // for good (the checks can fail).
+        o.auth = Some(keel_core::config::Auth::Mac);
+        o.faulty_client = Some(true);
+        let r = run_kv_seed(&o);
+        assert!(!r.views_installed.is_empty(), "seed {seed}: auth = mac replaced no primary");
+    }
+}

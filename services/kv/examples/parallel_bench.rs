@@ -98,7 +98,7 @@ fn workload(requests: usize, batch: usize, conflict_pct: u64) -> Vec<Value> {
             x ^= x << 17;
             let key = if x % 100 < conflict_pct { b"hot".to_vec() } else { format!("k{i}").into_bytes() };
             let op = KvRequest::Put { key, value: i.to_le_bytes().to_vec() }.encode();
-            Request { client: i % clients + 1, seq: i / clients + 1, op: op.into(), auth: Vec::new() }
+            Request::new(i % clients + 1, i / clients + 1, op.into())
         })
         .collect();
     reqs.chunks(batch).enumerate().map(|(t, c)| Value { time: t as u64, requests: c.to_vec() }).collect()

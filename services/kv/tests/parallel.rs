@@ -143,7 +143,7 @@ fn build(
         if seq > last[c].0 {
             last[c] = (seq, op.clone());
         }
-        requests.push(Request { client: c as u64 + 1, seq, op: op.into(), auth: Vec::new() });
+        requests.push(Request::new(c as u64 + 1, seq, op.into()));
     }
     let mut values = Vec::new();
     let mut rest = requests.as_slice();

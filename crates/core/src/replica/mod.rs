@@ -25,6 +25,7 @@
 
 mod catch_up;
 mod checkpoint;
+mod endorse;
 mod leadership;
 mod normal;
 mod read;
@@ -206,6 +207,8 @@ pub enum Reject {
     BadSignature { signer: NodeId },
     #[error("request from client {client} has an invalid MAC")]
     BadMac { client: ClientId },
+    #[error("endorsement from node {node} has an invalid MAC")]
+    BadEndorsement { node: NodeId },
     #[error("proposal time {time} outside tolerance of local clock {now}")]
     BadTime { time: u64, now: u64 },
     #[error("batch violates a bound: {0}")]
@@ -230,6 +233,31 @@ pub struct NodeSecrets {
     pub signing: SigningKey,
     /// Root of the per-client MAC keys this node checks.
     pub mac_secret: [u8; 32],
+    /// `auth = rq-mac`: the keys this node MACs its endorsements with, entry `j` for node
+    /// `j` ([`endorse_key`]); written by `keel init` like a client's keys.
+    pub endorse_keys: Vec<MacKey>,
+}
+
+impl NodeSecrets {
+    /// Node `node`'s secrets in a cluster whose nodes hold `mac_secrets` (in order).
+    pub fn new(signing: SigningKey, node: NodeId, mac_secrets: &[[u8; 32]]) -> NodeSecrets {
+        NodeSecrets {
+            signing,
+            mac_secret: mac_secrets[node as usize],
+            endorse_keys: mac_secrets.iter().map(|m| endorse_key(m, node)).collect(),
+        }
+    }
+}
+
+/// Client identities from here up are reserved: node `i`'s endorsements use the MAC keys
+/// of pseudo-client `ENDORSER_OWNER_BASE + i`, and no client may claim them.
+pub const ENDORSER_OWNER_BASE: ClientId = (1 << crate::message::SESSION_SHIFT) - crate::quorum::NODES_MAX as u64;
+
+/// The key node `endorser` MACs its endorsements with for the node holding `mac_secret`.
+/// That node derives it from its own secret, as it derives clients' keys, so no node
+/// needs key material beyond its own secret and the row `keel init` gives it.
+pub fn endorse_key(mac_secret: &[u8; 32], endorser: NodeId) -> MacKey {
+    client_mac_key(mac_secret, ENDORSER_OWNER_BASE + endorser as ClientId)
 }
 
 /// The MAC key client `client` shares with the node holding `mac_secret`. A session's
@@ -356,6 +384,10 @@ struct Pending {
     forwarded: bool,
     /// Proposed in the current view (primary: do not propose again).
     in_flight: bool,
+    /// `auth = rq-mac`: endorsements valid for this node, its own included (endorse.rs).
+    endorsers: BTreeMap<NodeId, Vec<crate::crypto::Mac>>,
+    /// When this node last sent its endorsement to every node (0: never).
+    broadcast_at: u64,
 }
 
 pub struct Replica<S> {
@@ -418,6 +450,11 @@ pub struct Replica<S> {
 
     pending: BTreeMap<ClientId, Pending>,
     pending_order: u64,
+    /// `auth = rq-mac`: endorsements of requests this node could not authenticate itself,
+    /// until `r + 1` make it endorse them too (endorse.rs).
+    hearsay: endorse::Hearsay,
+    /// `auth = rq-mac`: per node, the key that node's endorsements for this node use.
+    peer_endorse_keys: Vec<MacKey>,
     /// Read-only requests waiting for execution to get far enough (read.rs).
     reads: BTreeMap<ClientId, read::WaitingRead>,
     /// Read-index probe rounds (read.rs).
@@ -442,7 +479,12 @@ impl<S: Service> Replica<S> {
             "signing key does not match the configuration"
         );
         let n = cfg.n();
+        assert!(
+            cfg.auth != crate::config::Auth::RqMac || secrets.endorse_keys.len() >= n,
+            "auth = rq-mac needs an endorsement key for every node"
+        );
         let workers = cfg.options.exec_workers;
+        let peer_endorse_keys = (0..n as NodeId).map(|i| endorse_key(&secrets.mac_secret, i)).collect();
         Replica {
             keys: NodeKeys::new(&cfg.node_keys),
             cfg,
@@ -475,6 +517,8 @@ impl<S: Service> Replica<S> {
             checkpoint_votes: BTreeMap::new(),
             pending: BTreeMap::new(),
             pending_order: 0,
+            hearsay: endorse::Hearsay::new(n),
+            peer_endorse_keys,
             reads: BTreeMap::new(),
             index: read::IndexRounds::default(),
             monitor: leadership::Monitor::default(),
@@ -583,6 +627,7 @@ impl<S: Service> Replica<S> {
             (Peer::Node(_), Message::ValueBody { seq, value }) => self.on_value_body(seq, value, out),
             (Peer::Node(n), Message::IndexProbe { round }) => self.on_index_probe(n, round, out),
             (Peer::Node(n), Message::IndexAck { round, accepted }) => self.on_index_ack(n, round, accepted, out),
+            (Peer::Node(n), Message::Endorse { request, macs }) => self.on_endorse(n, request, macs, out),
             (_, _) => Err(Reject::WrongPeer),
         };
         match result {
@@ -605,6 +650,7 @@ impl<S: Service> Replica<S> {
             self.retransmit_index_probe(out);
             self.fetch_awaited(out);
             self.on_transfer_timeout(out);
+            self.expire_hearsay();
         }
         if self.now >= self.next_status {
             self.next_status = self.now + self.cfg.options.status_ms;
@@ -672,6 +718,9 @@ impl<S: Service> Replica<S> {
         statement: &Digest,
         auth: &[crate::crypto::Mac],
     ) -> Result<(), Reject> {
+        if self.cfg.auth == crate::config::Auth::None {
+            return Ok(());
+        }
         let key = client_mac_key(&self.secrets.mac_secret, client);
         if auth.get(self.id as usize).is_some_and(|mac| key.verify(statement, mac)) {
             Ok(())
@@ -687,6 +736,9 @@ impl<S: Service> Replica<S> {
             if crate::message::owner_of(client) != c {
                 return Err(Reject::WrongPeer);
             }
+        }
+        if crate::message::owner_of(client) >= ENDORSER_OWNER_BASE {
+            return Err(Reject::WrongPeer);
         }
         if crate::message::session_of(client) >= crate::message::SESSIONS_MAX {
             return Err(Reject::Busy("session number above SESSIONS_MAX"));
@@ -782,6 +834,7 @@ impl<S: Service> Replica<S> {
         // decide re-checks that in debug builds.
         assert!(self.log.len() as u64 <= self.cfg.options.log_max(), "at most log_max slots");
         assert!(self.pending.len() <= self.cfg.options.clients_max, "pending requests are bounded");
+        assert!(self.hearsay.len() <= self.cfg.options.clients_max, "endorsements held on hearsay are bounded");
         assert!(self.reads.len() <= self.cfg.options.clients_max, "waiting reads are bounded");
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
         assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");

@@ -3,19 +3,28 @@
 //! (agreed time), PBFT §4.2.
 
 use super::{Event, ExecutedRequest, Outputs, Peer, Pending, Reject, Replica};
+use crate::config::Auth;
 use crate::crypto::Digest;
 use crate::message::{write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value, View, Write};
 use crate::service::Service;
 use crate::wal::Record;
+use std::collections::BTreeMap;
 
 /// Results up to this size are sent in full by every node.
 pub const REPLY_INLINE_MAX: usize = 64;
 
 impl<S: Service> Replica<S> {
-    /// A client's request, or a backup's FORWARD of one.
+    /// A client's request, or a backup's FORWARD of one (`auth = mac`).
     pub(super) fn on_request(&mut self, from: Peer, req: Request, out: &mut Outputs) -> Result<(), Reject> {
         self.check_session(from, req.client)?;
-        self.check_mac(&req)?;
+        match (self.cfg.auth, from) {
+            // With rq-mac, nodes vouch for requests by endorsing them (endorse.rs).
+            (Auth::RqMac, Peer::Node(_)) => return Err(Reject::WrongPeer),
+            // Nodes do not lie with r = 0: a backup's FORWARD vouches for the client as
+            // its MAC would, and this node's entry may be the one the client got wrong.
+            (Auth::Mac, Peer::Node(_)) if !self.cfg.quorums.byzantine() => {}
+            _ => self.check_mac(&req)?,
+        }
         let last = self.exec.last_seq(req.client);
         if req.seq <= last {
             // A retransmission of something already executed: answer from the cache,
@@ -27,16 +36,20 @@ impl<S: Service> Replica<S> {
             }
             return Ok(());
         }
-        match self.pending.get(&req.client) {
-            Some(p) if p.req.seq >= req.seq => return Ok(()),
-            None if self.pending.len() >= self.cfg.options.clients_max => return Err(Reject::Busy("pending requests")),
-            _ => {}
+        if let Some(p) = self.pending.get(&req.client) {
+            let repeat = p.req.seq == req.seq && p.req.statement() == req.statement();
+            let held = p.req.seq >= req.seq;
+            if repeat && self.cfg.auth == Auth::RqMac && self.now >= p.broadcast_at + self.cfg.options.retransmit_ms {
+                // The client retransmitted: the endorsement sent to the primary may not
+                // have done, so every node hears it now (UpRight §4.3); at most once per
+                // retransmission period, so repeats cannot make this node flood its peers.
+                self.send_endorsement(req.client, true, out);
+            }
+            if held {
+                return Ok(());
+            }
         }
-        self.pending_order += 1;
-        let pending = Pending { req, order: self.pending_order, since: self.now, forwarded: false, in_flight: false };
-        self.pending.insert(pending.req.client, pending);
-        self.maybe_propose(out);
-        Ok(())
+        self.admit(req, BTreeMap::new(), false, out)
     }
 
     /// Primary: propose batches while the window has room (pipelining), cutting a batch
@@ -59,7 +72,8 @@ impl<S: Service> Replica<S> {
             if in_flight >= window || self.next_propose > self.high_water() {
                 return;
             }
-            let mut candidates: Vec<&Pending> = self.pending.values().filter(|p| !p.in_flight).collect();
+            let mut candidates: Vec<&Pending> =
+                self.pending.values().filter(|p| !p.in_flight && self.proposable(p)).collect();
             if candidates.is_empty() {
                 return;
             }
@@ -67,11 +81,13 @@ impl<S: Service> Replica<S> {
             let mut batch = Vec::new();
             let mut bytes = 0;
             for p in candidates.iter() {
-                if batch.len() == count_max || (bytes + p.req.size() > bytes_max && !batch.is_empty()) {
+                // Sized as proposed: with rq-mac, endorsements replace the client's MACs.
+                let r = self.proposed_form(p);
+                if batch.len() == count_max || (bytes + r.size() > bytes_max && !batch.is_empty()) {
                     break;
                 }
-                bytes += p.req.size();
-                batch.push(p.req.clone());
+                bytes += r.size();
+                batch.push(r);
             }
             let full = batch.len() == count_max || bytes >= bytes_max / 2;
             let oldest = candidates.first().map_or(self.now, |p| p.since);
@@ -193,7 +209,7 @@ impl<S: Service> Replica<S> {
             }
         }
         for r in &value.requests {
-            self.check_mac(r)?;
+            self.check_proposed_request(r)?;
         }
         Ok(())
     }
@@ -399,6 +415,7 @@ impl<S: Service> Replica<S> {
                         self.pending.remove(&o.client);
                     }
                 }
+                self.hearsay.forget(o.client, o.seq);
                 if !o.fresh {
                     continue;
                 }
@@ -427,16 +444,30 @@ impl<S: Service> Replica<S> {
         let timeout = self.cfg.options.request_timeout_ms;
         let primary = self.cfg.primary(self.view);
         let mut suspect = false;
-        for p in self.pending.values_mut() {
+        let mut endorse_to_all = Vec::new();
+        for p in self.pending.values() {
             let age = self.now.saturating_sub(p.since);
-            if age >= 2 * timeout {
+            if age >= 2 * timeout && self.worth_suspecting(p) {
                 suspect = true;
             } else if age >= timeout && !p.forwarded {
-                p.forwarded = true;
-                if primary != self.id {
-                    out.send.push((Peer::Node(primary), Message::Forward(p.req.clone())));
+                match self.cfg.auth {
+                    // Every node hears this node's endorsement, so nodes that could not
+                    // check the client's MAC can endorse too (endorse.rs).
+                    Auth::RqMac => endorse_to_all.push(p.req.client),
+                    Auth::Mac | Auth::None if primary != self.id => {
+                        out.send.push((Peer::Node(primary), Message::Forward(p.req.clone())))
+                    }
+                    Auth::Mac | Auth::None => {}
                 }
             }
+        }
+        for p in self.pending.values_mut() {
+            if self.now.saturating_sub(p.since) >= timeout {
+                p.forwarded = true;
+            }
+        }
+        for client in endorse_to_all {
+            self.send_endorsement(client, true, out);
         }
         if suspect {
             self.suspect(self.view + 1, out);

@@ -3,10 +3,11 @@
 
 use super::*;
 use crate::client::Client;
-use crate::config::Options;
+use crate::config::{Auth, Options};
 use crate::crypto::{PublicKey, Sig};
 use crate::message::{
-    checkpoint_statement, write_statement, CertProof, CheckpointVote, Read, ReadConsistency, Reply, ReplyBody, Write,
+    checkpoint_statement, endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, Read,
+    ReadConsistency, Reply, ReplyBody, Write,
 };
 use crate::quorum::Quorums;
 use crate::service::{ExecCtx, RestoreError, Service};
@@ -36,10 +37,17 @@ impl Service for Log {
 }
 
 fn secrets(i: u32) -> NodeSecrets {
-    NodeSecrets { signing: SigningKey::from_seed([i as u8 + 1; 32]), mac_secret: [i as u8 + 100; 32] }
+    let macs: Vec<[u8; 32]> = (0..crate::quorum::NODES_MAX as u8).map(|j| [j + 100; 32]).collect();
+    NodeSecrets::new(SigningKey::from_seed([i as u8 + 1; 32]), i, &macs)
 }
 
+/// `auth = mac`: the client's request goes straight into proposals, which most tests
+/// here are about. `auth = rq-mac` has its own tests (`config_rq`).
 fn config(u: u32, r: u32) -> ClusterConfig {
+    config_rq(u, r).with_auth(Auth::Mac)
+}
+
+fn config_rq(u: u32, r: u32) -> ClusterConfig {
     let q = Quorums::new(u, r).expect("valid");
     let keys: Vec<PublicKey> = (0..q.order_nodes() as u32).map(|i| secrets(i).signing.public()).collect();
     ClusterConfig::new(q, keys, Options::test_min()).expect("valid")
@@ -51,7 +59,7 @@ fn node(cfg: &ClusterConfig, i: u32) -> Replica<Log> {
 
 fn client(cfg: &ClusterConfig, id: u64) -> Client {
     let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-    Client::new(id, cfg.quorums, keys, 100, 1)
+    Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth)
 }
 
 fn request(cfg: &ClusterConfig, id: u64, op: &[u8]) -> Request {
@@ -60,6 +68,12 @@ fn request(cfg: &ClusterConfig, id: u64, op: &[u8]) -> Request {
         Message::Request(r) => r,
         other => panic!("expected a request, got {other:?}"),
     }
+}
+
+fn step_tick(r: &mut Replica<Log>, now: u64) -> Outputs {
+    let mut out = Outputs::default();
+    r.step(now, Input::Tick, &mut out);
+    out
 }
 
 fn step(r: &mut Replica<Log>, now: u64, from: Peer, msg: Message) -> Outputs {
@@ -974,4 +988,178 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
     assert!(rejected(&out).is_empty(), "{:?}", rejected(&out));
     assert_eq!(writes_for(&out, 5, 1), 3, "votes for A from its own earlier body");
     assert!(!out.send.iter().any(|(_, m)| matches!(m, Message::FetchValue { .. })));
+}
+
+// ----- auth = rq-mac (endorse.rs) -----
+
+/// A request of `client` whose MAC entries are valid only for the nodes in `valid`.
+fn request_valid_at(cfg: &ClusterConfig, client: u64, seq: u64, op: &[u8], valid: &[u32]) -> Request {
+    let mut req = Request::new(client, seq, op.to_vec().into());
+    let statement = req.statement();
+    req.auth = (0..cfg.n() as u32)
+        .map(|i| {
+            let mac = client_mac_key(&secrets(i).mac_secret, client).mac(&statement);
+            if valid.contains(&i) {
+                mac
+            } else {
+                [0x5a; 16]
+            }
+        })
+        .collect();
+    req
+}
+
+fn send_to_all(net: &mut Net, req: &Request, now: u64) {
+    for n in 0..net.nodes.len() as NodeId {
+        net.queue.push_back((Peer::Client(req.client), Peer::Node(n), Message::Request(req.clone())));
+    }
+    net.run(now);
+}
+
+fn views_started(net: &Net) -> usize {
+    net.events.iter().filter(|(_, e)| matches!(e, Event::ViewChangeStarted { .. })).count()
+}
+
+fn executed_by_all(net: &Net, client: u64) -> bool {
+    net.nodes.iter().all(|n| n.exec.last_seq(client) >= 1)
+}
+
+#[test]
+fn rq_mac_proposals_carry_endorsements_instead_of_the_clients_macs() {
+    let cfg = config_rq(1, 1);
+    assert_eq!(cfg.auth, Auth::RqMac, "the default with r > 0");
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    let first = c.invoke(10, b"x".to_vec()).expect("idle");
+    let targets: Vec<NodeId> = first.iter().map(|(n, _)| *n).collect();
+    assert_eq!(targets, vec![0, 1, 2], "u + r + 1 nodes from the primary on");
+    for (n, m) in first {
+        net.queue.push_back((Peer::Client(7), Peer::Node(n), m));
+    }
+    net.run(10);
+    assert_eq!(net.result(&mut c), Some(vec![1]));
+    let proposal = net.nodes[3].log.values().find_map(|s| s.value.clone()).expect("node 3 accepted a proposal");
+    let req = &proposal.0.requests[0];
+    assert!(req.auth.is_empty(), "the client's authenticator stays at the RQ");
+    assert_eq!(req.endorsements.len(), cfg.quorums.endorse_propose());
+    assert!(net.nodes.iter().all(|n| n.executed() == 1), "node 3 never saw the client and still executed");
+}
+
+#[test]
+fn a_client_whose_macs_fail_at_some_nodes_stalls_nobody_and_changes_no_view() {
+    let cfg = config_rq(1, 1);
+    let timeout = cfg.options.request_timeout_ms;
+    let mut net = Net::new(&cfg);
+    // Valid at the primary and node 1 only: two endorsements, the primary needs three.
+    let bad = request_valid_at(&cfg, 7, 1, b"bad", &[0, 1]);
+    send_to_all(&mut net, &bad, 10);
+    let mut good = client(&cfg, 8);
+    net.submit(&mut good, 11, b"good");
+    assert_eq!(net.result(&mut good), Some(vec![1]), "another client's request goes through at once");
+    assert!(!executed_by_all(&net, 7), "not proposable yet");
+    // The first timer expiry spreads the two endorsements; nodes 2 and 3 take r + 1 = 2
+    // nodes' word, endorse too, and the primary proposes.
+    net.tick(10 + timeout);
+    assert!(executed_by_all(&net, 7), "executed once every correct node endorsed it");
+    net.tick(10 + 3 * timeout);
+    assert_eq!(views_started(&net), 0, "nobody suspects the primary");
+    assert!(net.nodes.iter().all(|n| n.view() == 0));
+    let bad_macs = net
+        .events
+        .iter()
+        .filter(|(_, e)| matches!(e, Event::Rejected { reason: Reject::BadMac { client: 7 }, .. }))
+        .count();
+    assert_eq!(bad_macs, 2, "nodes 2 and 3 rejected the client's own message");
+}
+
+#[test]
+fn a_request_only_one_node_can_authenticate_never_executes_and_never_costs_a_view() {
+    let cfg = config_rq(1, 1);
+    let timeout = cfg.options.request_timeout_ms;
+    let mut net = Net::new(&cfg);
+    // Valid at node 1 only: one endorsement, below r + 1 = 2, so nobody else takes it up.
+    let bad = request_valid_at(&cfg, 7, 1, b"bad", &[1]);
+    send_to_all(&mut net, &bad, 10);
+    for k in 1..=6 {
+        net.tick(10 + k * timeout);
+    }
+    let mut good = client(&cfg, 8);
+    net.submit(&mut good, 10 + 6 * timeout, b"good");
+    assert_eq!(net.result(&mut good), Some(vec![1]));
+    assert!(net.nodes.iter().all(|n| n.exec.last_seq(7) == 0), "no correct node can vouch for it");
+    assert_eq!(views_started(&net), 0, "one endorsement is no reason to suspect the primary");
+}
+
+#[test]
+fn a_backup_refuses_a_proposed_request_without_u_plus_one_valid_endorsements() {
+    let cfg = config_rq(1, 1);
+    let mut b = node(&cfg, 1);
+    let req = Request::new(424_242, 1, b"made up".to_vec().into());
+    let statement = req.statement();
+    let endorse = |i: u32| Endorsement {
+        node: i,
+        macs: secrets(i).endorse_keys.iter().take(4).map(|k| k.mac(&endorse_statement(i, &statement))).collect(),
+    };
+    let propose = |endorsements: Vec<Endorsement>| Message::Propose {
+        view: 0,
+        seq: 1,
+        value: Value { time: 10, requests: vec![Request { endorsements, ..req.clone() }] },
+    };
+    // The primary's own word, twice: one endorser.
+    let out = step(&mut b, 10, Peer::Node(0), propose(vec![endorse(0), endorse(0)]));
+    assert_eq!(rejected(&out), vec![Reject::BadBatch("a request without enough valid endorsements")]);
+    // Two endorsers, but node 2's entry for node 1 is forged.
+    let mut forged = endorse(2);
+    forged.macs[1] = [0; 16];
+    let out = step(&mut b, 10, Peer::Node(0), propose(vec![endorse(0), forged]));
+    assert_eq!(rejected(&out), vec![Reject::BadBatch("a request without enough valid endorsements")]);
+    // u + 1 = 2 valid endorsers: accepted (this node sends its WRITE).
+    let out = step(&mut b, 10, Peer::Node(0), propose(vec![endorse(0), endorse(2)]));
+    assert!(rejected(&out).is_empty());
+    assert!(out.send_after_persist.iter().any(|(_, m)| matches!(m, Message::Write(_))));
+}
+
+#[test]
+fn a_node_endorsing_made_up_requests_fills_only_its_own_share() {
+    let cfg = config_rq(1, 1);
+    let share = cfg.options.clients_max / cfg.n();
+    let mut b = node(&cfg, 1);
+    let endorse_from_3 = |client: u64| {
+        let req = Request::new(client, 1, b"junk".to_vec().into());
+        let s = endorse_statement(3, &req.statement());
+        let macs = secrets(3).endorse_keys.iter().take(4).map(|k| k.mac(&s)).collect();
+        Message::Endorse { request: req, macs }
+    };
+    for c in 0..share as u64 {
+        assert!(rejected(&step(&mut b, 10, Peer::Node(3), endorse_from_3(5_000 + c))).is_empty());
+    }
+    let out = step(&mut b, 10, Peer::Node(3), endorse_from_3(9_999));
+    assert_eq!(rejected(&out), vec![Reject::Busy("endorsements held for this node")]);
+    assert_eq!(b.hearsay.len(), share);
+    assert!(b.pending.is_empty(), "one node's word admits nothing");
+    // A bad MAC is refused outright, and the hearsay expires.
+    let Message::Endorse { request, mut macs } = endorse_from_3(1) else { unreachable!() };
+    macs[1][0] ^= 1;
+    let out = step(&mut b, 10, Peer::Node(2), Message::Endorse { request, macs });
+    assert_eq!(rejected(&out), vec![Reject::BadEndorsement { node: 2 }]);
+    step_tick(&mut b, 10 + 5 * cfg.options.request_timeout_ms);
+    assert_eq!(b.hearsay.len(), 0);
+}
+
+/// The reason for rq-mac: the same client under `auth = mac` splits the backups, stalls
+/// everyone behind its batch and costs a view change.
+#[test]
+fn with_auth_mac_the_same_client_stalls_others_until_a_view_change() {
+    let cfg = config(1, 1);
+    let timeout = cfg.options.request_timeout_ms;
+    let mut net = Net::new(&cfg);
+    let bad = request_valid_at(&cfg, 7, 1, b"bad", &[0, 1]);
+    send_to_all(&mut net, &bad, 10);
+    let mut good = client(&cfg, 8);
+    net.submit(&mut good, 11, b"good");
+    assert_eq!(net.result(&mut good), None, "stuck behind the batch nodes 2 and 3 refuse");
+    for k in 1..=4 {
+        net.tick(10 + k * timeout);
+    }
+    assert!(views_started(&net) > 0, "the primary is replaced over one client's MACs");
 }

@@ -358,6 +358,13 @@ impl<S: Service> Replica<S> {
             p.forwarded = false;
             p.in_flight = false;
         }
+        if self.cfg.auth == crate::config::Auth::RqMac {
+            // The new primary has not heard the endorsements sent to the old one.
+            let clients: Vec<_> = self.pending.keys().copied().collect();
+            for client in clients {
+                self.send_endorsement(client, false, out);
+            }
+        }
         // Accepting a re-proposal can complete a decision (ACCEPTs that came first) and
         // run execution, which ends by proposing; a fresh proposal from inside this loop
         // would take a number that `next_propose` below hands out again. Hold them.

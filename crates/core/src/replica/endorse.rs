@@ -1,0 +1,321 @@
+//! The request quorum (RQ) stage, co-located with order: `auth = rq-mac` (UpRight §4.1
+//! and §4.3 "RQ overheads", ARCHITECTURE §4).
+//!
+//! ```text
+//!   client ──Request, MAC per node──► u + r + 1 nodes (all of them on a retransmission)
+//!   node, own entry valid: hold it, endorse it (MAC per node) ──Endorse──► primary
+//!                          (first receipt) or all (a repeat, a request timer)
+//!   node, own entry invalid or never received: r + 1 endorsements ──► endorses too, to all
+//!   primary: u + r + 1 endorsements valid for it ──► PROPOSE carries them (matrix signature)
+//!   backup:  accepts a proposed request on u + 1 endorsements valid for it
+//!   request timer: 1st expiry sends the endorsement to all; the 2nd suspects the primary
+//!                  only if this node holds 2r + 1 endorsements
+//! ```
+//!
+//! Why MAC authenticators need this: a client can make its entries valid for some nodes
+//! and invalid for others. Checked by each backup on its own (`auth = mac`), such a
+//! request splits correct nodes, stalls the batch it is in, and ends in a view change.
+//! Here a node never judges a proposed request by the client's MACs but by endorsements:
+//! of the primary's `u + r + 1`, at most `r` come from liars, so at least `u + 1` from
+//! correct nodes are valid for every node (thresholds in `quorum.rs`).
+//!
+//! Liveness. A correct client's request is endorsed by every correct node that gets it
+//! (all of them after a retransmission): at least `u + r + 1`. A request whose client is
+//! faulty may gather fewer. Each correct node that holds `r + 1` endorsements (one from a
+//! correct node, so the client did send it) endorses it as well; so once `r + 1` correct
+//! nodes endorse, all do and a correct primary can propose. A node suspects the primary
+//! over a request only when it holds `2r + 1` endorsements (`r + 1` correct): then the
+//! primary had every reason to propose it. Below that the request waits, harmlessly, for
+//! its client's next one, and nobody replaces a correct primary over it.
+
+use super::{Outputs, Peer, Pending, Reject, Replica};
+use crate::config::Auth;
+use crate::crypto::{Digest, Mac};
+use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Request};
+use crate::service::Service;
+use std::collections::BTreeMap;
+
+/// Endorsements of requests this node cannot authenticate itself, kept until `r + 1`
+/// endorsers make it endorse them. Keyed by the request statement too, so a liar that
+/// endorses a made-up request for a client cannot shadow the real one. Each entry is
+/// charged to its first endorser, and each node may hold only its share of `clients_max`:
+/// a lying node fills its own share, never a correct node's.
+pub(super) struct Hearsay {
+    entries: BTreeMap<(ClientId, Digest), Heard>,
+    charged: Vec<usize>,
+}
+
+struct Heard {
+    request: Request,
+    endorsers: BTreeMap<NodeId, Vec<Mac>>,
+    first: NodeId,
+    since: u64,
+}
+
+impl Hearsay {
+    pub(super) fn new(nodes: usize) -> Hearsay {
+        Hearsay { entries: BTreeMap::new(), charged: vec![0; nodes] }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Records endorsements (`from`'s, and those it relayed) of one request; the number
+    /// of endorsers now, or `None` when `from` already holds its share.
+    fn add(
+        &mut self,
+        from: NodeId,
+        request: Request,
+        endorsers: BTreeMap<NodeId, Vec<Mac>>,
+        now: u64,
+        share: usize,
+    ) -> Option<usize> {
+        let key = (request.client, request.statement());
+        if let Some(h) = self.entries.get_mut(&key) {
+            h.endorsers.extend(endorsers);
+            return Some(h.endorsers.len());
+        }
+        if self.charged[from as usize] >= share {
+            return None;
+        }
+        self.charged[from as usize] += 1;
+        let count = endorsers.len();
+        self.entries.insert(key, Heard { request, endorsers, first: from, since: now });
+        Some(count)
+    }
+
+    fn take(&mut self, key: &(ClientId, Digest)) -> Option<Heard> {
+        let h = self.entries.remove(key)?;
+        self.charged[h.first as usize] -= 1;
+        Some(h)
+    }
+
+    /// Drops what is known about `client`'s requests up to `seq` (executed, or held).
+    pub(super) fn forget(&mut self, client: ClientId, seq: u64) {
+        let keys: Vec<(ClientId, Digest)> = self
+            .entries
+            .range((client, Digest([0; 32]))..=(client, Digest([0xff; 32])))
+            .filter(|(_, h)| h.request.seq <= seq)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            self.take(&k);
+        }
+    }
+
+    fn expire(&mut self, before: u64) {
+        let old: Vec<(ClientId, Digest)> =
+            self.entries.iter().filter(|(_, h)| h.since < before).map(|(k, _)| *k).collect();
+        for k in old {
+            self.take(&k);
+        }
+    }
+}
+
+impl<S: Service> Replica<S> {
+    /// This node's endorsement of the request with `statement`: one MAC per node.
+    fn endorsement(&self, statement: &Digest) -> Vec<Mac> {
+        let s = endorse_statement(self.id, statement);
+        self.secrets.endorse_keys.iter().take(self.cfg.n()).map(|k| k.mac(&s)).collect()
+    }
+
+    /// Whether node `node`'s endorsement MACs hold a valid entry for this node.
+    fn endorsed_for_me(&self, node: NodeId, statement: &Digest, macs: &[Mac]) -> bool {
+        let s = endorse_statement(node, statement);
+        match (self.peer_endorse_keys.get(node as usize), macs.get(self.id as usize)) {
+            (Some(key), Some(mac)) => key.verify(&s, mac),
+            _ => false,
+        }
+    }
+
+    /// Holds an authenticated request (its client's MAC, or `r + 1` endorsements) as
+    /// pending; with `auth = rq-mac` also endorses it and sends the endorsement to the
+    /// primary, or to all when `to_all` (this node is late: others already spoke).
+    pub(super) fn admit(
+        &mut self,
+        req: Request,
+        endorsers: BTreeMap<NodeId, Vec<Mac>>,
+        to_all: bool,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
+        let client = req.client;
+        if !self.pending.contains_key(&client) && self.pending.len() >= self.cfg.options.clients_max {
+            return Err(Reject::Busy("pending requests"));
+        }
+        self.pending_order += 1;
+        let mut pending = Pending {
+            req,
+            order: self.pending_order,
+            since: self.now,
+            forwarded: false,
+            in_flight: false,
+            endorsers,
+            broadcast_at: 0,
+        };
+        if self.cfg.auth == Auth::RqMac {
+            let mine = self.endorsement(&pending.req.statement());
+            pending.endorsers.insert(self.id, mine);
+            self.hearsay.forget(client, pending.req.seq);
+        }
+        self.pending.insert(client, pending);
+        if self.cfg.auth == Auth::RqMac {
+            self.send_endorsement(client, to_all, out);
+        }
+        self.maybe_propose(out);
+        Ok(())
+    }
+
+    /// Sends this node's endorsement of `client`'s pending request to the primary of the
+    /// current view, or to every node. To every node it also relays the endorsements it
+    /// holds from others (in the request's `endorsements`): each stays checkable by its
+    /// recipients, and a node that missed one (its endorser moved on to the client's next
+    /// request) can still count it.
+    pub(super) fn send_endorsement(&mut self, client: ClientId, to_all: bool, out: &mut Outputs) {
+        let now = self.now;
+        let Some(p) = self.pending.get_mut(&client) else {
+            return;
+        };
+        if to_all {
+            p.broadcast_at = now;
+        }
+        let p = &self.pending[&client];
+        let Some(macs) = p.endorsers.get(&self.id) else {
+            return;
+        };
+        let primary = self.cfg.primary(self.view);
+        if to_all {
+            let relayed = p
+                .endorsers
+                .iter()
+                .filter(|(n, _)| **n != self.id)
+                .map(|(&node, macs)| Endorsement { node, macs: macs.clone() })
+                .collect();
+            let request = Request { endorsements: relayed, ..p.req.clone() };
+            self.broadcast(Message::Endorse { request, macs: macs.clone() }, out);
+        } else if primary != self.id {
+            out.send.push((Peer::Node(primary), Message::Endorse { request: p.req.clone(), macs: macs.clone() }));
+        }
+    }
+
+    /// Node `from` endorses a client request (and may relay others' endorsements of it).
+    pub(super) fn on_endorse(
+        &mut self,
+        from: NodeId,
+        mut request: Request,
+        macs: Vec<Mac>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
+        if self.cfg.auth != Auth::RqMac {
+            return Err(Reject::WrongPeer);
+        }
+        self.check_session(Peer::Node(from), request.client)?;
+        let statement = request.statement();
+        if !self.endorsed_for_me(from, &statement, &macs) {
+            return Err(Reject::BadEndorsement { node: from });
+        }
+        if request.seq <= self.exec.last_seq(request.client) {
+            return Ok(());
+        }
+        let mut valid = BTreeMap::from([(from, macs)]);
+        for e in std::mem::take(&mut request.endorsements) {
+            if e.node != self.id && !valid.contains_key(&e.node) && self.endorsed_for_me(e.node, &statement, &e.macs) {
+                valid.insert(e.node, e.macs);
+            }
+        }
+        if let Some(p) = self.pending.get_mut(&request.client) {
+            if p.req.seq > request.seq {
+                return Ok(());
+            }
+            if p.req.seq == request.seq && p.req.statement() == statement {
+                p.endorsers.extend(valid);
+                self.maybe_propose(out);
+                return Ok(());
+            }
+        }
+        // Not held yet: this node's own entry of the client's authenticator decides, or
+        // failing that, r + 1 nodes' word.
+        if self.check_mac(&request).is_ok() {
+            return self.admit(request, valid, true, out);
+        }
+        let share = (self.cfg.options.clients_max / self.cfg.n()).max(1);
+        let key = (request.client, statement);
+        match self.hearsay.add(from, request, valid, self.now, share) {
+            None => Err(Reject::Busy("endorsements held for this node")),
+            Some(count) if count >= self.cfg.quorums.endorse_amplify() => match self.hearsay.take(&key) {
+                Some(h) => self.admit(h.request, h.endorsers, true, out),
+                None => Ok(()),
+            },
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Whether the primary holds enough endorsements to propose `p`.
+    pub(super) fn proposable(&self, p: &Pending) -> bool {
+        self.cfg.auth != Auth::RqMac || p.endorsers.len() >= self.cfg.quorums.endorse_propose()
+    }
+
+    /// Whether this node's request timer may suspect the primary over `p`.
+    pub(super) fn worth_suspecting(&self, p: &Pending) -> bool {
+        self.cfg.auth != Auth::RqMac || p.endorsers.len() >= self.cfg.quorums.endorse_suspect()
+    }
+
+    /// `p`'s request as the primary proposes it: with `auth = rq-mac`, the endorsements
+    /// instead of the client's authenticator (the backups judge by those).
+    pub(super) fn proposed_form(&self, p: &Pending) -> Request {
+        if self.cfg.auth != Auth::RqMac {
+            return p.req.clone();
+        }
+        let endorsements = p
+            .endorsers
+            .iter()
+            .take(self.cfg.quorums.endorse_propose())
+            .map(|(&node, macs)| Endorsement { node, macs: macs.clone() })
+            .collect();
+        Request { auth: Vec::new(), endorsements, ..p.req.clone() }
+    }
+
+    /// A backup's admission check of a proposed request.
+    pub(super) fn check_proposed_request(&self, r: &Request) -> Result<(), Reject> {
+        match self.cfg.auth {
+            Auth::None => Ok(()),
+            // Nodes do not lie with r = 0: the primary checked the client (or a backup it
+            // trusts did), and the backup's own entry may be the one the client got wrong.
+            Auth::Mac if !self.cfg.quorums.byzantine() => Ok(()),
+            Auth::Mac => self.check_mac(r),
+            Auth::RqMac => self.check_endorsements(r),
+        }
+    }
+
+    fn check_endorsements(&self, r: &Request) -> Result<(), Reject> {
+        let statement = r.statement();
+        if let Some(p) = self.pending.get(&r.client) {
+            if p.req.seq == r.seq && p.endorsers.contains_key(&self.id) && p.req.statement() == statement {
+                return Ok(());
+            }
+        }
+        let mut seen = vec![false; self.cfg.n()];
+        let mut valid = 0;
+        for e in &r.endorsements {
+            let Some(s) = seen.get_mut(e.node as usize) else {
+                continue;
+            };
+            if !*s && self.endorsed_for_me(e.node, &statement, &e.macs) {
+                *s = true;
+                valid += 1;
+            }
+        }
+        if valid >= self.cfg.quorums.endorse_accept() {
+            Ok(())
+        } else {
+            Err(Reject::BadBatch("a request without enough valid endorsements"))
+        }
+    }
+
+    /// Drops hearsay older than four request timeouts: its client has long retransmitted,
+    /// or gave up.
+    pub(super) fn expire_hearsay(&mut self) {
+        let keep = 4 * self.cfg.options.request_timeout_ms;
+        self.hearsay.expire(self.now.saturating_sub(keep));
+    }
+}
