@@ -230,6 +230,7 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
         op: KvRequest::Put { key: b"forged".to_vec(), value: b"x".to_vec() }.encode().into(),
         auth: vec![[0u8; 16]; 4],
         endorsements: Vec::new(),
+        sig: None,
     });
     let frame = keel_core::codec::encode(&forged);
     tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
@@ -442,6 +443,7 @@ async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_lead
                         op: b"flood".to_vec().into(),
                         auth: vec![[7u8; 16]; 4],
                         endorsements: Vec::new(),
+                        sig: None,
                     });
                     let frame = keel_core::codec::encode(&forged);
                     buf.extend_from_slice(&(frame.len() as u32).to_be_bytes());
@@ -570,4 +572,46 @@ async fn a_client_whose_macs_are_valid_for_some_nodes_only_stalls_nobody_and_cha
         assert_eq!(metric(&m, "keel_banned_clients_total"), 0, "node {i}");
     }
     put(&other, "after", "1").await.expect("others are served");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_sig_signed_requests_are_served_and_a_bad_signature_is_refused_everywhere() {
+    let cluster = Cluster::init_auth(1, 1, "sig");
+    let c = cluster.client(1000);
+    put(&c, "signed", "yes").await.expect("a signed put");
+    assert_eq!(get(&c, "signed").await.as_deref(), Some("yes"));
+    assert_eq!(read_only(&c, "signed", ReadConsistency::Linearizable).await.as_deref(), Some("yes"));
+    // Client 1001 sends a put whose signature is not its own: every node refuses it.
+    let setup = ClientFile::load(&cluster.path().join("client-1001/client.toml")).expect("client file");
+    let connector = tokio_rustls::TlsConnector::from(
+        keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
+    );
+    let op = KvRequest::Put { key: b"forged".to_vec(), value: b"x".to_vec() }.encode();
+    let mut req = keel_core::message::Request::new(1001, 1, op.into());
+    req.sig = Some(keel_core::crypto::SigningKey::from_seed([9; 32]).sign(&req.statement()));
+    let frame = keel_core::codec::encode(&keel_core::message::Message::Request(req));
+    // Held open until the nodes have answered: a connection closed at once may take its
+    // last frame with it.
+    let mut conns = Vec::new();
+    for (j, addr) in setup.nodes.iter().enumerate() {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+        let name = keel_runtime::tls::PeerId::Node(j as u32).server_name();
+        let mut tls = connector.connect(name, tcp).await.expect("handshake");
+        tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
+        tls.write_all(&frame).await.expect("write");
+        tls.flush().await.expect("flush");
+        conns.push(tls);
+    }
+    let mut refused = 0;
+    for _ in 0..50 {
+        refused = (0..4).map(|i| metric(&cluster.metrics(i), "keel_rejected_total{kind=\"request\"}")).sum::<u64>();
+        if refused == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(refused, 4, "each node checked and refused the bad signature");
+    drop(conns);
+    assert_eq!(get(&c, "forged").await, None);
+    put(&c, "after", "1").await.expect("others are served");
 }

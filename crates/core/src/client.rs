@@ -66,6 +66,8 @@ pub struct Client {
     /// MAC key shared with each order node, by node id.
     keys: Vec<MacKey>,
     auth: Auth,
+    /// `auth = sig`: this client identity's signing key.
+    signing: Option<crate::crypto::SigningKey>,
     /// Per node: the highest sequence number it replied to (any reply, late ones too), to
     /// leave quiet nodes out of a request's first transmission (`auth = rq-mac`).
     heard: Vec<u64>,
@@ -97,6 +99,7 @@ impl Client {
             heard: vec![0; keys.len()],
             keys,
             auth: Auth::Mac,
+            signing: None,
             seq: first_seq.saturating_sub(1),
             last_ordered: 0,
             view: 0,
@@ -112,6 +115,12 @@ impl Client {
     /// The cluster's request authentication (ARCHITECTURE §4); `mac` unless set.
     pub fn with_auth(mut self, auth: Auth) -> Client {
         self.auth = auth;
+        self
+    }
+
+    /// `auth = sig`: the identity's Ed25519 key (sessions sign with their owner's).
+    pub fn with_signing_key(mut self, key: crate::crypto::SigningKey) -> Client {
+        self.signing = Some(key);
         self
     }
 
@@ -191,10 +200,12 @@ impl Client {
         Ok(())
     }
 
-    /// One MAC per node over `statement`; none with `auth = none`.
+    /// One MAC per node over `statement`; none with `auth = none`, nor with `auth = sig`
+    /// (ordered requests carry a signature instead; reads are answered over the client's
+    /// own authenticated connection and never relayed, so the channel vouches for them).
     fn authenticator(&self, statement: &Digest) -> Vec<crate::crypto::Mac> {
         match self.auth {
-            Auth::None => Vec::new(),
+            Auth::None | Auth::Sig => Vec::new(),
             Auth::RqMac | Auth::Mac => self.keys.iter().map(|k| k.mac(statement)).collect(),
         }
     }
@@ -204,10 +215,13 @@ impl Client {
         self.seq += 1;
         let mut request = Request::new(self.id, self.seq, op);
         request.auth = self.authenticator(&request.statement());
+        if self.auth == Auth::Sig {
+            request.sig = self.signing.as_ref().map(|k| k.sign(&request.statement()));
+        }
         let msg = Message::Request(request.clone());
         let first: Vec<(NodeId, Message)> = match self.auth {
             Auth::RqMac => self.rq_targets().into_iter().map(|n| (n, msg.clone())).collect(),
-            Auth::Mac | Auth::None => self.to_all(msg),
+            Auth::Mac | Auth::Sig | Auth::None => self.to_all(msg),
         };
         self.outbox.extend(first);
         self.inflight = Some(Inflight { kind: Kind::Ordered(request), sent_at: now, replies: BTreeMap::new() });

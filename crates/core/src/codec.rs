@@ -10,7 +10,7 @@ use crate::message::{CertProof, Message, NewView, Read, Request, StableProof, Va
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 5;
+pub const WIRE_VERSION: u8 = 6;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -175,10 +175,12 @@ mod tests {
             arb_bytes(64),
             proptest::collection::vec(any::<[u8; 16]>(), 0..5),
             proptest::collection::vec(endorsement, 0..3),
+            proptest::option::of(arb_sig()),
         )
-            .prop_map(|(client, seq, op, auth, endorsements)| Request {
+            .prop_map(|(client, seq, op, auth, endorsements, sig)| Request {
                 auth,
                 endorsements,
+                sig,
                 ..Request::new(client, seq, op.into())
             })
     }

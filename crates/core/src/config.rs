@@ -4,7 +4,9 @@
 //! suffix and checked before anything is buffered.
 
 use crate::crypto::PublicKey;
+use crate::message::ClientId;
 use crate::quorum::Quorums;
+use std::collections::BTreeMap;
 
 /// What every node of one cluster agrees on.
 #[derive(Clone, Debug)]
@@ -15,6 +17,9 @@ pub struct ClusterConfig {
     pub options: Options,
     /// How client requests are authenticated (ARCHITECTURE §4).
     pub auth: Auth,
+    /// `auth = sig`: each client identity's Ed25519 public key (sessions use their
+    /// owner's).
+    pub client_keys: BTreeMap<ClientId, PublicKey>,
 }
 
 /// Request authentication (ARCHITECTURE §4, UpRight §4.1).
@@ -30,12 +35,16 @@ pub enum Auth {
     /// entry in every proposed request. With `r > 0` a client whose entries disagree can
     /// stall a batch until a view change; with `r = 0` backups trust the primary's check.
     Mac,
+    /// Aardvark-style: the client signs its request (Ed25519) and every node checks the
+    /// same signature, so nodes cannot disagree about it; backups check a proposal's
+    /// signatures as one batch, on the verify stage when there is one.
+    Sig,
     /// No client authentication beyond the TLS channel (trusted clients).
     None,
 }
 
 impl Auth {
-    pub const NAMES: [&'static str; 3] = ["rq-mac", "mac", "none"];
+    pub const NAMES: [&'static str; 4] = ["rq-mac", "mac", "sig", "none"];
 
     /// The default of ARCHITECTURE §4: `rq-mac` when nodes may lie, `mac` otherwise.
     pub fn default_for(quorums: &Quorums) -> Auth {
@@ -50,6 +59,7 @@ impl Auth {
         match self {
             Auth::RqMac => "rq-mac",
             Auth::Mac => "mac",
+            Auth::Sig => "sig",
             Auth::None => "none",
         }
     }
@@ -58,6 +68,7 @@ impl Auth {
         match name {
             "rq-mac" => Some(Auth::RqMac),
             "mac" => Some(Auth::Mac),
+            "sig" => Some(Auth::Sig),
             "none" => Some(Auth::None),
             _ => None,
         }
@@ -78,11 +89,23 @@ impl ClusterConfig {
             return Err(ConfigError::NodeCount { expected: quorums.order_nodes(), got: node_keys.len() });
         }
         options.validate()?;
-        Ok(ClusterConfig { auth: Auth::default_for(&quorums), quorums, node_keys, options })
+        Ok(ClusterConfig {
+            auth: Auth::default_for(&quorums),
+            client_keys: BTreeMap::new(),
+            quorums,
+            node_keys,
+            options,
+        })
     }
 
     pub fn with_auth(mut self, auth: Auth) -> ClusterConfig {
         self.auth = auth;
+        self
+    }
+
+    /// The client public keys `auth = sig` checks requests against.
+    pub fn with_client_keys(mut self, keys: BTreeMap<ClientId, PublicKey>) -> ClusterConfig {
+        self.client_keys = keys;
         self
     }
 

@@ -143,6 +143,48 @@ impl NodeKeys {
     }
 }
 
+/// `auth = sig`: client identities' public keys, decompressed once.
+#[derive(Clone, Debug, Default)]
+pub struct ClientKeys(std::collections::BTreeMap<u64, ed25519_dalek::VerifyingKey>);
+
+impl ClientKeys {
+    /// Keys that do not parse are left out (their owner cannot authenticate).
+    pub fn new(keys: &std::collections::BTreeMap<u64, PublicKey>) -> ClientKeys {
+        ClientKeys(
+            keys.iter()
+                .filter_map(|(id, k)| ed25519_dalek::VerifyingKey::from_bytes(&k.0).ok().map(|v| (*id, v)))
+                .collect(),
+        )
+    }
+
+    /// Checks client identity `owner`'s signature over `statement`.
+    pub fn verify(&self, owner: u64, statement: &Digest, sig: &Sig) -> bool {
+        let Some(key) = self.0.get(&owner) else {
+            return false;
+        };
+        key.verify(&statement.0, &ed25519_dalek::Signature::from_bytes(&sig.0)).is_ok()
+    }
+
+    /// Checks many signatures at once (Ed25519 batch verification: about half the cost
+    /// per signature of checking them one by one). True only if every one is valid and
+    /// every owner known. Batch verification is cofactored, so it accepts every signature
+    /// single verification accepts (and may accept some crafted ones it rejects): a
+    /// request the primary admitted one by one always passes a backup's batch check.
+    pub fn verify_batch(&self, items: &[(u64, Digest, Sig)]) -> bool {
+        let mut keys = Vec::with_capacity(items.len());
+        for (owner, _, _) in items {
+            match self.0.get(owner) {
+                Some(k) => keys.push(*k),
+                None => return false,
+            }
+        }
+        let messages: Vec<&[u8]> = items.iter().map(|(_, d, _)| &d.0[..]).collect();
+        let sigs: Vec<ed25519_dalek::Signature> =
+            items.iter().map(|(_, _, s)| ed25519_dalek::Signature::from_bytes(&s.0)).collect();
+        ed25519_dalek::verify_batch(&messages, &sigs, &keys).is_ok()
+    }
+}
+
 /// One entry of a client's MAC authenticator: a truncated keyed BLAKE3.
 pub type Mac = [u8; 16];
 

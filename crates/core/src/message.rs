@@ -123,6 +123,8 @@ pub struct Request {
     /// `auth = rq-mac`, inside a PROPOSE only: the nodes that vouch for the request (a
     /// matrix signature, UpRight §4.1). Empty as the client sends it.
     pub endorsements: Vec<Endorsement>,
+    /// `auth = sig`: the client's Ed25519 signature over [`Request::statement`].
+    pub sig: Option<Sig>,
 }
 
 /// Node `node`'s word that a client sent a request: one MAC per order node over
@@ -142,7 +144,7 @@ pub fn endorse_statement(node: NodeId, request: &Digest) -> Digest {
 impl Request {
     /// A request as a client builds it, before its MAC authenticator.
     pub fn new(client: ClientId, seq: u64, op: Payload) -> Request {
-        Request { client, seq, op, auth: Vec::new(), endorsements: Vec::new() }
+        Request { client, seq, op, auth: Vec::new(), endorsements: Vec::new(), sig: None }
     }
 
     /// What the MAC authenticator covers and what the value digest includes: the client,
@@ -163,6 +165,7 @@ impl Request {
         self.op.len()
             + self.auth.len() * 16
             + self.endorsements.iter().map(|e| e.macs.len() * 16 + 8).sum::<usize>()
+            + if self.sig.is_some() { 64 } else { 0 }
             + 24
     }
 }

@@ -118,8 +118,14 @@ impl KeelClient {
             .map(|s| {
                 let keys = setup.mac_keys.iter().map(|k| session_mac_key(k, s)).collect();
                 Session {
-                    core: Client::new(session_id(setup.id, s), setup.quorums, keys, RETRANSMIT_MS, first_seq)
-                        .with_auth(setup.auth),
+                    core: {
+                        let core = Client::new(session_id(setup.id, s), setup.quorums, keys, RETRANSMIT_MS, first_seq)
+                            .with_auth(setup.auth);
+                        match &setup.signing {
+                            Some(key) => core.with_signing_key(key.clone()),
+                            None => core,
+                        }
+                    },
                     call: None,
                 }
             })

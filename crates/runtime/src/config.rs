@@ -15,6 +15,7 @@ use keel_core::message::{ClientId, NodeId};
 use keel_core::quorum::{QuorumError, Quorums};
 use keel_core::replica::{client_mac_key, endorse_key, NodeSecrets};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -77,6 +78,9 @@ pub struct ClusterFile {
     /// r > 0, mac otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<String>,
+    /// Each client identity's Ed25519 public key, hex, by id (checked with auth = sig).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub client_keys: BTreeMap<String, String>,
 }
 
 /// `[leadership]` in cluster.toml (Aardvark, UpRight §4.2). Unset fields keep the
@@ -136,7 +140,22 @@ impl ClusterFile {
             }
             keys.push(PublicKey(hex32(path, "public_key", &n.public_key)?));
         }
-        Ok(ClusterConfig::new(quorums, keys, options)?.with_auth(self.auth(path)?))
+        let auth = self.auth(path)?;
+        let mut client_keys = BTreeMap::new();
+        for (id, key) in &self.client_keys {
+            let id: ClientId = id.parse().map_err(|_| ConfigFileError::Invalid {
+                path: path.into(),
+                message: format!("client_keys: {id:?} is not a client id"),
+            })?;
+            client_keys.insert(id, PublicKey(hex32(path, "client_keys", key)?));
+        }
+        if auth == Auth::Sig && client_keys.is_empty() {
+            return Err(ConfigFileError::Invalid {
+                path: path.into(),
+                message: "auth = sig needs [client_keys]; `keel init` writes them".into(),
+            });
+        }
+        Ok(ClusterConfig::new(quorums, keys, options)?.with_auth(auth).with_client_keys(client_keys))
     }
 }
 
@@ -296,6 +315,9 @@ pub struct ClientFile {
     pub key: PathBuf,
     /// The MAC key shared with each node, hex, by node id.
     pub mac_keys: Vec<String>,
+    /// Ed25519 signing seed, hex (auth = sig).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing_seed: Option<String>,
 }
 
 pub struct ClientSetup {
@@ -306,6 +328,7 @@ pub struct ClientSetup {
     pub ca_pem: String,
     pub credentials: Credentials,
     pub mac_keys: Vec<MacKey>,
+    pub signing: Option<SigningKey>,
 }
 
 impl ClientFile {
@@ -319,14 +342,26 @@ impl ClientFile {
             return Err(ConfigFileError::Invalid { path: path.into(), message: "one MAC key per node".into() });
         }
         let mac_keys = f.mac_keys.iter().map(|k| hex32(path, "mac_keys", k).map(MacKey)).collect::<Result<_, _>>()?;
+        let signing = match &f.signing_seed {
+            Some(seed) => Some(SigningKey::from_seed(hex32(path, "signing_seed", seed)?)),
+            None => None,
+        };
+        let auth = cluster.auth(&cluster_path)?;
+        if auth == Auth::Sig && signing.is_none() {
+            return Err(ConfigFileError::Invalid {
+                path: path.into(),
+                message: "auth = sig needs signing_seed; `keel init` writes it".into(),
+            });
+        }
         Ok(ClientSetup {
             id: f.id,
             quorums,
-            auth: cluster.auth(&cluster_path)?,
+            auth,
             nodes: cluster.nodes.iter().map(|n| n.addr).collect(),
             ca_pem: read(&base.join(&f.ca))?,
             credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
             mac_keys,
+            signing,
         })
     }
 }
@@ -372,12 +407,18 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         nodes.push(NodeEntry { id: i, addr, public_key: hex::encode(key.public().0) });
         seeds.push((seed, mac));
     }
+    let client_seeds: Vec<(ClientId, [u8; 32])> =
+        (0..o.clients).map(|c| (first_client_id() + c as ClientId, random_bytes())).collect();
     let cluster = ClusterFile {
         u: o.u,
         r: o.r,
         nodes: nodes.clone(),
         leadership: LeadershipFile::default(),
         auth: o.auth.map(|a| a.name().to_string()),
+        client_keys: client_seeds
+            .iter()
+            .map(|(id, seed)| (id.to_string(), hex::encode(SigningKey::from_seed(*seed).public().0)))
+            .collect(),
     };
     let mac_secrets: Vec<[u8; 32]> = seeds.iter().map(|(_, mac)| *mac).collect();
     write(&dir.join("cluster.toml"), &toml::to_string(&cluster).unwrap_or_default())?;
@@ -415,8 +456,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         };
         write(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }
-    for c in 0..o.clients {
-        let id = first_client_id() + c as ClientId;
+    for (id, seed) in client_seeds {
         let cdir = dir.join(format!("client-{id}"));
         fs::create_dir_all(&cdir).map_err(|source| ConfigFileError::Io { path: cdir.clone(), source })?;
         let creds = issue(&ca, PeerId::Client(id))?;
@@ -429,6 +469,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             cert: "client.pem".into(),
             key: "client.key".into(),
             mac_keys: seeds.iter().map(|(_, mac)| hex::encode(client_mac_key(mac, id).0)).collect(),
+            signing_seed: Some(hex::encode(seed)),
         };
         write(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }

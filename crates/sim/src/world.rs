@@ -270,8 +270,9 @@ pub struct World<W: Workload> {
     sides: Vec<u8>,
     lossy: bool,
     issuing: bool,
-    /// The faulty client's last sequence number.
+    /// The faulty client's last sequence number, and its signing key (auth = sig).
     faulty_seq: u64,
+    faulty_key: SigningKey,
     history: Vec<HistoryEntry>,
     /// (client, seq) → op digest, for validity.
     submitted: BTreeMap<(ClientId, u64), Digest>,
@@ -310,6 +311,16 @@ impl<W: Workload> World<W> {
             Some(auth) => cfg.with_auth(auth),
             None => cfg,
         };
+        // Client signing keys (auth = sig), derived from the seed without drawing from
+        // the run's generator, so other auth modes replay as before.
+        let client_key = |id: ClientId| {
+            let mut input = opts.seed.to_le_bytes().to_vec();
+            input.extend_from_slice(&id.to_le_bytes());
+            SigningKey::from_seed(*blake3::hash(&input).as_bytes())
+        };
+        let client_keys =
+            (0..opts.clients).map(client_id).chain([FAULTY_CLIENT]).map(|id| (id, client_key(id).public())).collect();
+        let cfg = cfg.with_client_keys(client_keys);
         let mut report = SeedReport { seed: opts.seed, ..SeedReport::default() };
         let byzantine_count = if opts.faults.byzantine && opts.r > 0 { rng.gen_range(1..=opts.r as usize) } else { 0 };
         let mut byz_ids: Vec<usize> = (0..n).collect();
@@ -361,7 +372,7 @@ impl<W: Workload> World<W> {
             .map(|i| {
                 let id = client_id(i);
                 let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
-                let core = Client::new(id, quorums, keys, 300, 1).with_auth(cfg.auth);
+                let core = Client::new(id, quorums, keys, 300, 1).with_auth(cfg.auth).with_signing_key(client_key(id));
                 SimClient { core, inflight: None, side: 0 }
             })
             .collect();
@@ -378,6 +389,7 @@ impl<W: Workload> World<W> {
             lossy: opts.faults.network,
             issuing: true,
             faulty_seq: 0,
+            faulty_key: client_key(FAULTY_CLIENT),
             history: Vec::new(),
             submitted: BTreeMap::new(),
             decided: BTreeMap::new(),
@@ -445,6 +457,11 @@ impl<W: Workload> World<W> {
                 }
             })
             .collect();
+        if self.cfg.auth == Auth::Sig {
+            // A signature every node accepts, or one every node rejects: no third way.
+            let key = self.faulty_key.clone();
+            req.sig = Some(if valid[0] { key.sign(&statement) } else { keel_core::crypto::Sig([0xee; 64]) });
+        }
         self.report.faults.inconsistent_macs += 1;
         self.submitted.insert((req.client, req.seq), req.op.digest());
         let frame = codec::encode(&Message::Request(req));

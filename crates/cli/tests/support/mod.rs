@@ -35,11 +35,27 @@ impl Cluster {
         cluster_extra: &str,
         extra: impl Fn(usize) -> Option<&'static str>,
     ) -> Cluster {
+        Cluster::init_full(u, r, &[], cluster_extra, extra)
+    }
+
+    /// A cluster whose requests are authenticated with `auth` (`keel init --auth`).
+    pub fn init_auth(u: u32, r: u32, auth: &str) -> Cluster {
+        Cluster::init_full(u, r, &["--auth", auth], "", |_| None)
+    }
+
+    fn init_full(
+        u: u32,
+        r: u32,
+        init_args: &[&str],
+        cluster_extra: &str,
+        extra: impl Fn(usize) -> Option<&'static str>,
+    ) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         let status = Command::new(KEEL)
             .args(["init", "--dir"])
             .arg(dir.path())
             .args(["--u", &u.to_string(), "--r", &r.to_string(), "--clients", "8"])
+            .args(init_args)
             .stdout(Stdio::null())
             .status()
             .expect("keel init runs");

@@ -282,7 +282,7 @@ impl<S: Service> Replica<S> {
             // Nodes do not lie with r = 0: the primary checked the client (or a backup it
             // trusts did), and the backup's own entry may be the one the client got wrong.
             Auth::Mac if !self.cfg.quorums.byzantine() => Ok(()),
-            Auth::Mac => self.check_mac(r),
+            Auth::Mac | Auth::Sig => self.check_mac(r),
             Auth::RqMac => self.check_endorsements(r),
         }
     }

@@ -205,7 +205,7 @@ pub enum Reject {
     Equivocation { view: View, seq: Seq },
     #[error("invalid signature from node {signer}")]
     BadSignature { signer: NodeId },
-    #[error("request from client {client} has an invalid MAC")]
+    #[error("request from client {client} failed authentication (MAC or signature)")]
     BadMac { client: ClientId },
     #[error("endorsement from node {node} has an invalid MAC")]
     BadEndorsement { node: NodeId },
@@ -455,6 +455,8 @@ pub struct Replica<S> {
     hearsay: endorse::Hearsay,
     /// `auth = rq-mac`: per node, the key that node's endorsements for this node use.
     peer_endorse_keys: Vec<MacKey>,
+    /// `auth = sig`: `cfg.client_keys`, parsed once.
+    client_keys: crate::crypto::ClientKeys,
     /// Read-only requests waiting for execution to get far enough (read.rs).
     reads: BTreeMap<ClientId, read::WaitingRead>,
     /// Read-index probe rounds (read.rs).
@@ -485,6 +487,7 @@ impl<S: Service> Replica<S> {
         );
         let workers = cfg.options.exec_workers;
         let peer_endorse_keys = (0..n as NodeId).map(|i| endorse_key(&secrets.mac_secret, i)).collect();
+        let client_keys = crate::crypto::ClientKeys::new(&cfg.client_keys);
         Replica {
             keys: NodeKeys::new(&cfg.node_keys),
             cfg,
@@ -519,6 +522,7 @@ impl<S: Service> Replica<S> {
             pending_order: 0,
             hearsay: endorse::Hearsay::new(n),
             peer_endorse_keys,
+            client_keys,
             reads: BTreeMap::new(),
             index: read::IndexRounds::default(),
             monitor: leadership::Monitor::default(),
@@ -549,7 +553,7 @@ impl<S: Service> Replica<S> {
     }
     /// The signature checks a driver may run before the protocol task (`Input::Checked`).
     pub fn verifier(&self) -> Verifier {
-        Verifier::new(self.id, self.keys.clone())
+        Verifier::new(self.id, self.keys.clone(), self.cfg.auth, self.client_keys.clone())
     }
 
     pub fn config(&self) -> &ClusterConfig {
@@ -607,7 +611,9 @@ impl<S: Service> Replica<S> {
                 Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
             }
             (Peer::Node(n), Message::Forward(req)) => self.on_request(Peer::Node(n), req, out),
-            (Peer::Node(n), Message::Propose { view, seq, value }) => self.on_propose(n, view, seq, value, out),
+            (Peer::Node(n), Message::Propose { view, seq, value }) => {
+                self.on_propose(n, view, seq, value, checked, out)
+            }
             (Peer::Node(n), Message::Write(w)) => self.on_write(n, w, checked, out),
             (Peer::Node(n), Message::Accept { view, seq, digest }) => self.on_accept(n, view, seq, digest, out),
             (Peer::Node(n), Message::Checkpoint(vote)) => self.on_checkpoint(n, vote, checked, out),
@@ -705,9 +711,18 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    /// Derived on every use, not cached: a cache keyed by client id would grow with every
-    /// id a Byzantine node puts in a FORWARD, and the derivation is one keyed BLAKE3.
+    /// The client's own authentication of `req`: its MAC entry for this node (derived on
+    /// every use, not cached: a cache keyed by client id would grow with every id a
+    /// Byzantine node puts in a FORWARD, and the derivation is one keyed BLAKE3), or with
+    /// `auth = sig` its signature.
     fn check_mac(&self, req: &Request) -> Result<(), Reject> {
+        if self.cfg.auth == crate::config::Auth::Sig {
+            let owner = crate::message::owner_of(req.client);
+            return match &req.sig {
+                Some(sig) if self.client_keys.verify(owner, &req.statement(), sig) => Ok(()),
+                _ => Err(Reject::BadMac { client: req.client }),
+            };
+        }
         self.check_authenticator(req.client, &req.statement(), &req.auth)
     }
 
@@ -718,7 +733,9 @@ impl<S: Service> Replica<S> {
         statement: &Digest,
         auth: &[crate::crypto::Mac],
     ) -> Result<(), Reject> {
-        if self.cfg.auth == crate::config::Auth::None {
+        // Reads come over the client's own authenticated connection and are never
+        // relayed: with auth = sig (and none) the channel vouches for them.
+        if matches!(self.cfg.auth, crate::config::Auth::None | crate::config::Auth::Sig) {
             return Ok(());
         }
         let key = client_mac_key(&self.secrets.mac_secret, client);

@@ -119,12 +119,15 @@ impl<S: Service> Replica<S> {
         self.accept_proposal(seq, value, out);
     }
 
+    /// `checked`: the verify stage found the requests' client signatures valid
+    /// (`auth = sig`, [`super::Verifier`]).
     pub(super) fn on_propose(
         &mut self,
         from: NodeId,
         view: View,
         seq: Seq,
         value: Value,
+        checked: bool,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         if self.keep_early_proposal(from, view, seq, &value) {
@@ -146,7 +149,7 @@ impl<S: Service> Replica<S> {
                 }
             }
         }
-        self.check_batch(seq, &value)?;
+        self.check_batch(seq, &value, checked)?;
         self.accept_proposal(seq, value, out);
         Ok(())
     }
@@ -175,14 +178,14 @@ impl<S: Service> Replica<S> {
         let early = std::mem::take(&mut self.early_proposals);
         for (seq, (v, value)) in early {
             if v == view {
-                if let Err(reason) = self.on_propose(primary, v, seq, value, out) {
+                if let Err(reason) = self.on_propose(primary, v, seq, value, false, out) {
                     out.events.push(Event::Rejected { from: Peer::Node(primary), kind: "propose", reason });
                 }
             }
         }
     }
 
-    fn check_batch(&mut self, seq: Seq, value: &Value) -> Result<(), Reject> {
+    fn check_batch(&mut self, seq: Seq, value: &Value, sigs_checked: bool) -> Result<(), Reject> {
         let opts = &self.cfg.options;
         if value.requests.is_empty() {
             return Err(Reject::BadBatch("empty batch"));
@@ -207,6 +210,14 @@ impl<S: Service> Replica<S> {
             if prev.0.time > value.time && prev.0.time != 0 {
                 return Err(Reject::BadTime { time: value.time, now: prev.0.time });
             }
+        }
+        if self.cfg.auth == Auth::Sig {
+            // One batch verification for the whole proposal, unless the verify stage
+            // already did it off this task.
+            if !sigs_checked && !super::verify::requests_signed(&self.client_keys, &value.requests) {
+                return Err(Reject::BadBatch("a request without a valid client signature"));
+            }
+            return Ok(());
         }
         for r in &value.requests {
             self.check_proposed_request(r)?;
@@ -454,10 +465,10 @@ impl<S: Service> Replica<S> {
                     // Every node hears this node's endorsement, so nodes that could not
                     // check the client's MAC can endorse too (endorse.rs).
                     Auth::RqMac => endorse_to_all.push(p.req.client),
-                    Auth::Mac | Auth::None if primary != self.id => {
+                    Auth::Mac | Auth::Sig | Auth::None if primary != self.id => {
                         out.send.push((Peer::Node(primary), Message::Forward(p.req.clone())))
                     }
-                    Auth::Mac | Auth::None => {}
+                    Auth::Mac | Auth::Sig | Auth::None => {}
                 }
             }
         }

@@ -3,13 +3,17 @@
 //! in as [`Input::Checked`](super::Input::Checked).
 //!
 //! Only what is both hot and stateless is covered: the WRITE votes (Q-1 per instance in
-//! BFT mode) and checkpoint votes. A message the stage cannot vouch for (another kind, a
+//! BFT mode), checkpoint votes, and with `auth = sig` the client signatures of a
+//! PROPOSE's requests (one batch verification per proposal). A message the stage cannot vouch for (another kind, a
 //! bad signature, an unknown sender) goes in as a plain `Input::Message`, and the
 //! protocol task checks, rejects and counts it exactly as without the stage. Each check
 //! here is the one the protocol task makes, with the same statement and key.
 
-use crate::crypto::NodeKeys;
-use crate::message::{checkpoint_statement, write_statement, CheckpointVote, Message, NodeId, Write};
+use crate::config::Auth;
+use crate::crypto::{ClientKeys, NodeKeys};
+use crate::message::{
+    checkpoint_statement, owner_of, write_statement, CheckpointVote, Message, NodeId, Request, Write,
+};
 
 /// Node `from`'s signature on its WRITE vote. The one check, for the stage and the
 /// protocol task alike.
@@ -22,16 +26,31 @@ pub(super) fn checkpoint_signed(keys: &NodeKeys, from: NodeId, v: &CheckpointVot
     keys.verify(from, &checkpoint_statement(v.seq, &v.root, from), &v.sig)
 }
 
+/// `auth = sig`: every request carries its client's valid signature (checked as one
+/// batch).
+pub(super) fn requests_signed(keys: &ClientKeys, requests: &[Request]) -> bool {
+    let mut items = Vec::with_capacity(requests.len());
+    for r in requests {
+        let Some(sig) = r.sig else {
+            return false;
+        };
+        items.push((owner_of(r.client), r.statement(), sig));
+    }
+    keys.verify_batch(&items)
+}
+
 #[derive(Clone, Debug)]
 pub struct Verifier {
     /// The node this verifier works for: its own messages never arrive from the network.
     id: NodeId,
     keys: NodeKeys,
+    auth: Auth,
+    client_keys: ClientKeys,
 }
 
 impl Verifier {
-    pub(super) fn new(id: NodeId, keys: NodeKeys) -> Verifier {
-        Verifier { id, keys }
+    pub(super) fn new(id: NodeId, keys: NodeKeys, auth: Auth, client_keys: ClientKeys) -> Verifier {
+        Verifier { id, keys, auth, client_keys }
     }
 
     /// Whether `msg` from node `from` carries a valid signature of a kind the protocol
@@ -43,6 +62,9 @@ impl Verifier {
         match msg {
             Message::Write(w) => write_signed(&self.keys, from, w),
             Message::Checkpoint(v) => checkpoint_signed(&self.keys, from, v),
+            Message::Propose { value, .. } if self.auth == Auth::Sig => {
+                !value.requests.is_empty() && requests_signed(&self.client_keys, &value.requests)
+            }
             _ => false,
         }
     }
