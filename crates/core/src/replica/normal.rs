@@ -212,10 +212,13 @@ impl<S: Service> Replica<S> {
             }
         }
         if self.cfg.auth == Auth::Sig {
-            // One batch verification for the whole proposal, unless the verify stage
-            // already did it off this task.
-            if !sigs_checked && !super::verify::requests_signed(&self.client_keys, &value.requests) {
-                return Err(Reject::BadBatch("a request without a valid client signature"));
+            // One batch verification for the requests this node did not verify when the
+            // client sent them, unless the verify stage already did the whole proposal.
+            if !sigs_checked {
+                let unverified = value.requests.iter().filter(|r| !self.holds_verified(r));
+                if !super::verify::requests_signed(&self.client_keys, unverified) {
+                    return Err(Reject::BadBatch("a request without a valid client signature"));
+                }
             }
             return Ok(());
         }

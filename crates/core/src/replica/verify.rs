@@ -28,8 +28,8 @@ pub(super) fn checkpoint_signed(keys: &NodeKeys, from: NodeId, v: &CheckpointVot
 
 /// `auth = sig`: every request carries its client's valid signature (checked as one
 /// batch).
-pub(super) fn requests_signed(keys: &ClientKeys, requests: &[Request]) -> bool {
-    let mut items = Vec::with_capacity(requests.len());
+pub(super) fn requests_signed<'a>(keys: &ClientKeys, requests: impl IntoIterator<Item = &'a Request>) -> bool {
+    let mut items = Vec::new();
     for r in requests {
         let Some(sig) = r.sig else {
             return false;
