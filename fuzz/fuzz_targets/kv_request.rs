@@ -11,7 +11,7 @@ use keel_kv::{Kv, KvRequest, KvResponse};
 use libfuzzer_sys::fuzz_target;
 
 fn ctx(seq: u64) -> ExecCtx {
-    ExecCtx { seq, time: seq * 7, seed: seq.wrapping_mul(0x9e37_79b9_7f4a_7c15), client: 1 }
+    ExecCtx::new(seq, seq * 7, seq.wrapping_mul(0x9e37_79b9_7f4a_7c15), 1)
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -1,10 +1,11 @@
 //! `keel kv`: the KV service's command line client.
 
 use clap::{Args, Subcommand};
+use keel_core::client::Pushed;
 use keel_core::message::ReadConsistency;
-use keel_kv::{KvRequest, KvResponse};
-use keel_runtime::client::BlockingClient;
-use keel_runtime::config::{first_client_id, ClientFile};
+use keel_kv::{KvEvent, KvRequest, KvResponse};
+use keel_runtime::client::{BlockingClient, KeelClient};
+use keel_runtime::config::{first_client_id, ClientFile, ClientSetup};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -51,6 +52,15 @@ enum KvOp {
         #[command(flatten)]
         read: ReadArgs,
     },
+    /// Print every later write of a key that starts with PREFIX ("put KEY VALUE" or
+    /// "del KEY", tab-separated) until Ctrl-C. If events were lost, says so and prints the
+    /// prefix's current entries ("now KEY VALUE") before going on.
+    Watch {
+        prefix: String,
+        /// Stop after this many events.
+        #[arg(long)]
+        count: Option<u64>,
+    },
 }
 
 /// How a get or scan reads (ARCHITECTURE §7). Default: ordered like a write.
@@ -93,7 +103,9 @@ pub fn run(a: KvArgs) -> ExitCode {
         }
     };
     let mut read = None;
+    let timeout = Duration::from_secs(a.timeout);
     let req = match a.op {
+        KvOp::Watch { prefix, count } => return watch(setup, prefix.into_bytes(), count, timeout),
         KvOp::Put { key, value } => KvRequest::Put { key: key.into_bytes(), value: value.into_bytes() },
         KvOp::Get { key, read: how } => {
             read = how.consistency();
@@ -117,7 +129,6 @@ pub fn run(a: KvArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let timeout = Duration::from_secs(a.timeout);
     let result = match read {
         None => client.invoke(req.encode(), timeout),
         Some(consistency) => client.invoke_read_only(req.encode(), consistency, timeout),
@@ -156,4 +167,80 @@ pub fn run(a: KvArgs) -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// `keel kv watch`: registers the watch, then prints push events as they arrive.
+fn watch(setup: ClientSetup, prefix: Vec<u8>, count: Option<u64>, timeout: Duration) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let client = match KeelClient::connect(setup) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let Some(mut events) = client.push_events() else {
+            eprintln!("error: push events already taken");
+            return ExitCode::FAILURE;
+        };
+        let registered = client.invoke(KvRequest::Watch { prefix: prefix.clone() }.encode(), timeout).await;
+        match registered.map(|b| KvResponse::decode(&b)) {
+            Ok(Ok(KvResponse::Done)) => {}
+            Ok(Ok(KvResponse::Error(e))) => {
+                eprintln!("error from the service: {e}");
+                return ExitCode::FAILURE;
+            }
+            Ok(other) => {
+                eprintln!("error: unexpected answer to the watch: {other:?}");
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+        eprintln!("watching {:?} (Ctrl-C to stop)", String::from_utf8_lossy(&prefix));
+        let show = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        let mut seen = 0;
+        while count.is_none_or(|c| seen < c) {
+            let next = tokio::select! {
+                e = events.recv() => e,
+                _ = tokio::signal::ctrl_c() => None,
+            };
+            let Some((_, pushed)) = next else {
+                break;
+            };
+            match pushed {
+                Pushed::Event { event, .. } => match KvEvent::decode(&event) {
+                    Ok(KvEvent { key, value: Some(v) }) => println!("put\t{}\t{}", show(&key), show(&v)),
+                    Ok(KvEvent { key, value: None }) => println!("del\t{}", show(&key)),
+                    Err(e) => eprintln!("warning: undecodable event: {e}"),
+                },
+                Pushed::Gap { first, last } => {
+                    eprintln!("events {first}..={last} were lost; the current entries follow");
+                    let scan = KvRequest::Scan { prefix: prefix.clone(), limit: keel_kv::SCAN_LIMIT_MAX };
+                    let now = client.invoke_read_only(scan.encode(), ReadConsistency::Linearizable, timeout).await;
+                    match now.map(|b| KvResponse::decode(&b)) {
+                        Ok(Ok(KvResponse::Entries(entries))) => {
+                            for (k, v) in entries {
+                                println!("now\t{}\t{}", show(&k), show(&v));
+                            }
+                        }
+                        other => eprintln!("warning: could not re-read the prefix: {other:?}"),
+                    }
+                }
+            }
+            seen += 1;
+        }
+        // Best effort: a watch left behind only costs the nodes some pushes nobody acks.
+        let _ = client.invoke(KvRequest::Unwatch { prefix }.encode(), Duration::from_secs(2)).await;
+        ExitCode::SUCCESS
+    })
 }

@@ -25,7 +25,7 @@ enum Command {
     Node(cluster::NodeArgs),
     /// Per node: view, primary, executed and stable sequence, lag, connected peers.
     Status(cluster::StatusArgs),
-    /// The KV service's client: put, get, del, cas, scan.
+    /// The KV service's client: put, get, del, cas, scan, watch.
     Kv(kv::KvArgs),
     /// Closed-loop benchmark against a running cluster.
     Bench(bench::BenchArgs),

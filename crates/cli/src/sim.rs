@@ -120,6 +120,7 @@ pub fn run(args: SimArgs) -> ExitCode {
     let mut totals = FaultCounts::default();
     let (mut steps, mut ops, mut vcs, mut transfers, mut rejected) = (0, 0, 0, 0, 0);
     let (mut reads_unordered, mut reads_ordered, mut slow_primary) = (0, 0, 0);
+    let (mut pushes, mut push_gaps) = (0, 0);
     let mut trace = blake3::Hasher::new();
     let mut failed = Vec::new();
     for r in &reports {
@@ -128,6 +129,8 @@ pub fn run(args: SimArgs) -> ExitCode {
         ops += r.ops_completed;
         reads_unordered += r.reads_unordered;
         slow_primary += r.slow_primary_suspicions;
+        pushes += r.pushes_delivered;
+        push_gaps += r.push_gaps;
         reads_ordered += r.reads_ordered;
         vcs += r.view_changes;
         transfers += r.state_transfers;
@@ -185,7 +188,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         l.forged_endorsements, totals.inconsistent_macs
     );
     println!(
-        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} rejected_inputs={rejected} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
+        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
         started.elapsed().as_secs_f64(),
         args.u,
         args.r,

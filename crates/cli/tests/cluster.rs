@@ -615,3 +615,46 @@ async fn with_auth_sig_signed_requests_are_served_and_a_bad_signature_is_refused
     assert_eq!(get(&c, "forged").await, None);
     put(&c, "after", "1").await.expect("others are served");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_gets_every_write_under_its_prefix_in_order_even_with_a_node_down() {
+    use keel_core::client::Pushed;
+    use keel_kv::KvEvent;
+    let mut cluster = Cluster::init(1, 1);
+    let watcher = cluster.client(1001);
+    let mut events = watcher.push_events().expect("the receiver");
+    assert!(watcher.push_events().is_none(), "taken once");
+    let done = watcher.invoke(KvRequest::Watch { prefix: b"w/".to_vec() }.encode(), OP_TIMEOUT).await;
+    assert_eq!(KvResponse::decode(&done.expect("watch registered")).ok(), Some(KvResponse::Done));
+    let writer = cluster.client(1000);
+    for i in 0..20 {
+        put(&writer, &format!("w/{i}"), &i.to_string()).await.expect("put");
+        put(&writer, &format!("other/{i}"), "x").await.expect("put");
+        if i == 9 {
+            // Events from here on come from the three nodes left (r + 1 = 2 needed).
+            cluster.kill(2);
+        }
+    }
+    let mut got = Vec::new();
+    while got.len() < 20 {
+        let next = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
+        match next.expect("an event within 10 s").expect("channel open") {
+            (client, Pushed::Event { seq, event }) => {
+                assert_eq!(client, 1001, "for the session that watches");
+                assert_eq!(seq, got.len() as u64 + 1, "numbered in order, none skipped");
+                got.push(KvEvent::decode(&event).expect("a KV event"));
+            }
+            (_, Pushed::Gap { first, last }) => panic!("events {first}..={last} lost with one node down"),
+        }
+    }
+    let expected: Vec<KvEvent> = (0..20)
+        .map(|i| KvEvent { key: format!("w/{i}").into_bytes(), value: Some(i.to_string().into_bytes()) })
+        .collect();
+    assert_eq!(got, expected, "every write under the prefix, nothing else, in order");
+    // Acknowledged events leave the nodes' queues (none is dropped for lack of room).
+    for i in [0, 1, 3] {
+        let m = cluster.metrics(i);
+        assert!(m.contains("\nkeel_push_dropped_total "), "node {i} exports the counter");
+        assert_eq!(metric(&m, "keel_push_dropped_total"), 0, "node {i}");
+    }
+}

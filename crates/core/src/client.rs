@@ -60,6 +60,40 @@ impl Kind {
     }
 }
 
+/// What a client learns from push events (UpRight §3.1), in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Pushed {
+    /// Event `seq`, which r + 1 nodes sent alike.
+    Event { seq: u64, event: Vec<u8> },
+    /// Events `first..=last` are lost: nodes dropped them or never had them (a full
+    /// queue, a restart). Whoever relies on them re-reads the state instead.
+    Gap { first: u64, last: u64 },
+}
+
+/// Push events ahead of the next one due that a client buffers.
+pub const PUSH_WINDOW: u64 = 1024;
+/// Bytes of undelivered push events a client buffers (beyond it, bodies are ignored
+/// until resent; a lying node cannot make the client hold more).
+pub const PUSH_BUFFER_BYTES_MAX: usize = 64 << 20;
+
+/// Push events heard but not yet delivered.
+#[derive(Debug, Default)]
+struct PushInbox {
+    /// The next event number to deliver (numbers start at 1).
+    next: u64,
+    /// Per event number: what each node sent (its latest), by digest.
+    heard: BTreeMap<u64, BTreeMap<NodeId, Digest>>,
+    bodies: BTreeMap<(u64, Digest), Vec<u8>>,
+    bytes: usize,
+    /// Since when a later event than `next` has had r + 1 matching copies while `next`
+    /// has not: after `2 * retransmit_ms` the missing ones are a gap.
+    stuck_since: Option<u64>,
+    /// The last number acknowledged to the nodes, and whether to say it again (a node
+    /// resent something older: its copy of the ack was lost).
+    acked: u64,
+    ack_due: bool,
+}
+
 pub struct Client {
     id: ClientId,
     quorums: Quorums,
@@ -83,6 +117,7 @@ pub struct Client {
     outbox: Vec<(NodeId, Message)>,
     /// The first of the r + 1 nodes read-index operations go to.
     index_first: NodeId,
+    pushes: PushInbox,
     /// Read-only operations answered without ordering, and ones that had to be ordered
     /// (statistics).
     pub reads_answered: u64,
@@ -107,6 +142,7 @@ impl Client {
             inflight: None,
             outbox: Vec::new(),
             index_first: (id % quorums.order_nodes() as u64) as NodeId,
+            pushes: PushInbox { next: 1, ..PushInbox::default() },
             reads_answered: 0,
             reads_ordered: 0,
         }
@@ -254,6 +290,81 @@ impl Client {
         (0..self.keys.len() as NodeId).map(|n| (n, msg.clone())).collect()
     }
 
+    /// A push event from node `from`. Returns what is now deliverable, in order; the
+    /// acknowledgements to send wait in [`Client::poll_send`].
+    pub fn on_push(&mut self, now: u64, from: NodeId, seq: u64, event: Vec<u8>) -> Vec<Pushed> {
+        let inbox = &mut self.pushes;
+        if from as usize >= self.keys.len() {
+            return Vec::new();
+        }
+        if seq < inbox.next {
+            inbox.ack_due = true;
+            return Vec::new();
+        }
+        if seq >= inbox.next + PUSH_WINDOW {
+            return Vec::new();
+        }
+        let digest = Digest::of(&event);
+        inbox.heard.entry(seq).or_default().insert(from, digest);
+        if !inbox.bodies.contains_key(&(seq, digest)) && inbox.bytes + event.len() <= PUSH_BUFFER_BYTES_MAX {
+            inbox.bytes += event.len();
+            inbox.bodies.insert((seq, digest), event);
+        }
+        self.deliver_pushes(now)
+    }
+
+    /// Declares a gap when later events have waited long enough for missing ones, and
+    /// repeats the acknowledgement if a node resent an acknowledged event.
+    pub fn on_push_tick(&mut self, now: u64) -> Vec<Pushed> {
+        let mut out = Vec::new();
+        if self.pushes.stuck_since.is_some_and(|t| now >= t + 2 * self.retransmit_ms) {
+            let need = self.quorums.push_quorum();
+            let inbox = &mut self.pushes;
+            let later = inbox.heard.iter().find(|(s, nodes)| **s > inbox.next && confirmed(nodes, need).is_some());
+            if let Some((&s, _)) = later {
+                out.push(Pushed::Gap { first: inbox.next, last: s - 1 });
+                inbox.next = s;
+                inbox.stuck_since = None;
+                inbox.prune();
+            }
+        }
+        out.extend(self.deliver_pushes(now));
+        if self.pushes.ack_due {
+            self.send_push_ack();
+        }
+        out
+    }
+
+    fn deliver_pushes(&mut self, now: u64) -> Vec<Pushed> {
+        let need = self.quorums.push_quorum();
+        let inbox = &mut self.pushes;
+        let mut out = Vec::new();
+        while let Some(digest) = inbox.heard.get(&inbox.next).and_then(|nodes| confirmed(nodes, need)) {
+            let Some(event) = inbox.bodies.remove(&(inbox.next, digest)) else {
+                break;
+            };
+            inbox.bytes -= event.len();
+            out.push(Pushed::Event { seq: inbox.next, event });
+            inbox.next += 1;
+            inbox.stuck_since = None;
+            inbox.prune();
+        }
+        let stuck = inbox.heard.iter().any(|(s, nodes)| *s > inbox.next && confirmed(nodes, need).is_some());
+        inbox.stuck_since = if stuck { inbox.stuck_since.or(Some(now)) } else { None };
+        if inbox.next - 1 > inbox.acked {
+            self.send_push_ack();
+        }
+        out
+    }
+
+    fn send_push_ack(&mut self) {
+        let upto = self.pushes.next - 1;
+        self.pushes.acked = upto;
+        self.pushes.ack_due = false;
+        let ack = Message::PushAck { client: self.id, upto };
+        self.outbox.extend(self.to_all(ack));
+    }
+
     /// Messages to send that handling replies produced (a read-only operation switched to
     /// ordering). Call after [`Client::on_reply`]; [`Client::on_tick`] also returns them.
     pub fn poll_send(&mut self) -> Vec<(NodeId, Message)> {
@@ -365,6 +476,32 @@ impl Client {
             }
         }
         msgs
+    }
+}
+
+/// The digest r + 1 nodes sent for one event number, if any.
+fn confirmed(nodes: &BTreeMap<NodeId, Digest>, need: usize) -> Option<Digest> {
+    let mut counts: BTreeMap<Digest, usize> = BTreeMap::new();
+    for d in nodes.values() {
+        *counts.entry(*d).or_default() += 1;
+    }
+    counts.into_iter().find(|(_, c)| *c >= need).map(|(d, _)| d)
+}
+
+impl PushInbox {
+    /// Forgets event numbers below `next`.
+    fn prune(&mut self) {
+        let next = self.next;
+        self.heard.retain(|s, _| *s >= next);
+        let mut freed = 0;
+        self.bodies.retain(|(s, _), b| {
+            let keep = *s >= next;
+            if !keep {
+                freed += b.len();
+            }
+            keep
+        });
+        self.bytes -= freed;
     }
 }
 
@@ -531,5 +668,48 @@ mod tests {
         assert!(c.on_tick(50).is_empty());
         assert_eq!(c.on_tick(100).len(), 4);
         assert!(c.on_tick(150).is_empty());
+    }
+
+    fn acks(msgs: &[(NodeId, Message)]) -> Vec<u64> {
+        msgs.iter()
+            .filter_map(|(n, m)| match m {
+                Message::PushAck { upto, .. } if *n == 0 => Some(*upto),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn push_events_need_r_plus_one_matching_copies_and_arrive_in_order() {
+        let mut c = client(1, 1);
+        let ev = |s: u64| Pushed::Event { seq: s, event: vec![s as u8] };
+        // Event 2 first, confirmed: held back for 1.
+        assert!(c.on_push(0, 0, 2, vec![2]).is_empty());
+        assert!(c.on_push(0, 1, 2, vec![2]).is_empty(), "event 1 is due first");
+        // A lying node's version of event 1 alone does nothing.
+        assert!(c.on_push(0, 3, 1, vec![66]).is_empty());
+        assert!(c.on_push(0, 0, 1, vec![1]).is_empty(), "one copy is not enough");
+        assert_eq!(c.on_push(0, 2, 1, vec![1]), vec![ev(1), ev(2)]);
+        assert_eq!(acks(&c.poll_send()), vec![2], "acknowledged up to 2");
+        // Old events resent by a node that missed the ack: acknowledged again on the tick.
+        assert!(c.on_push(0, 1, 1, vec![1]).is_empty());
+        assert!(c.on_push_tick(10).is_empty());
+        assert_eq!(acks(&c.poll_send()), vec![2]);
+    }
+
+    #[test]
+    fn events_nobody_delivers_become_a_gap_after_a_while() {
+        let mut c = client(1, 1);
+        c.on_push(0, 0, 5, vec![5]);
+        c.on_push(0, 1, 5, vec![5]);
+        assert!(c.on_push_tick(100).is_empty(), "events 1 to 4 may still come");
+        assert_eq!(
+            c.on_push_tick(2 * 100 + 1),
+            vec![Pushed::Gap { first: 1, last: 4 }, Pushed::Event { seq: 5, event: vec![5] }]
+        );
+        // A lying node claiming a far later event cannot force a gap on its own.
+        c.on_push(300, 3, 9, vec![9]);
+        assert!(c.on_push_tick(10_000).is_empty());
+        assert!(c.pushes.bytes <= 1, "delivered bodies are freed");
     }
 }

@@ -10,7 +10,7 @@ use crate::message::{CertProof, Message, NewView, Read, Request, StableProof, Va
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 6;
+pub const WIRE_VERSION: u8 = 7;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -128,6 +128,7 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         Message::NewView(nv) => check_new_view(nv),
         Message::StableCert(p) => check_stable(p),
         Message::Manifest { chunks, .. } => bound("manifest.chunks", chunks.len(), CHUNKS_MAX),
+        Message::Push { event, .. } => bound("push.event", event.len(), OP_BYTES_MAX),
         Message::Chunk { data, .. } => bound("chunk.data", data.len(), CHUNK_BYTES_MAX),
         Message::Write(_)
         | Message::Accept { .. }
@@ -136,6 +137,7 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         | Message::Status { .. }
         | Message::IndexProbe { .. }
         | Message::IndexAck { .. }
+        | Message::PushAck { .. }
         | Message::FetchManifest { .. }
         | Message::FetchChunk { .. }
         | Message::FetchValue { .. } => Ok(()),
@@ -209,6 +211,12 @@ mod tests {
             arb_request().prop_map(Message::Forward),
             (arb_request(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
                 .prop_map(|(request, macs)| Message::Endorse { request, macs }),
+            (any::<u64>(), any::<u64>(), arb_bytes(64)).prop_map(|(client, seq, event)| Message::Push {
+                client,
+                seq,
+                event
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(client, upto)| Message::PushAck { client, upto }),
             (arb_request(), 0..3u8, any::<u64>()).prop_map(|(r, c, after)| Message::Read(Read {
                 client: r.client,
                 seq: r.seq,

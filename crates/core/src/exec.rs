@@ -39,6 +39,17 @@ pub struct Outcome {
     pub result: Vec<u8>,
     /// False when this was a duplicate answered from the cache.
     pub fresh: bool,
+    /// The push events it produced, numbered per client in decided order.
+    pub pushes: Vec<PushEvent>,
+}
+
+/// A push event with the number every node gives it: a client's events are numbered
+/// 1, 2, ... in the order execution produced them (UpRight §3.1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PushEvent {
+    pub client: ClientId,
+    pub seq: u64,
+    pub event: Vec<u8>,
 }
 
 /// How the executor runs the requests of a service that opts into parallel execution
@@ -76,6 +87,9 @@ pub struct Executor<S> {
     /// Agreed time of the last executed instance.
     time: u64,
     clients: BTreeMap<ClientId, LastReply>,
+    /// The last push event number per client (part of the checkpointed state, so a node
+    /// that transfers state numbers the next events as everyone else does).
+    push_seqs: BTreeMap<ClientId, u64>,
     schedule: Schedule,
     /// `Schedule::Pool`: started by the first call that has a concurrent handle, so a
     /// service that never opts in never starts a thread.
@@ -89,6 +103,7 @@ struct SnapshotBody {
     executed: Seq,
     time: u64,
     clients: BTreeMap<ClientId, LastReply>,
+    push_seqs: BTreeMap<ClientId, u64>,
     #[serde(with = "serde_bytes")]
     service: Vec<u8>,
 }
@@ -127,6 +142,7 @@ impl<S: Service> Executor<S> {
             executed: 0,
             time: 0,
             clients: BTreeMap::new(),
+            push_seqs: BTreeMap::new(),
             schedule,
             pool: None,
             shuffle: SplitMix::new(seed),
@@ -211,12 +227,26 @@ impl<S: Service> Executor<S> {
         let last = self.last_seq(req.client);
         if req.seq <= last {
             let result = self.cached(req.client, req.seq).map(<[u8]>::to_vec).unwrap_or_default();
-            return Outcome { client: req.client, seq: req.seq, result, fresh: false };
+            return Outcome { client: req.client, seq: req.seq, result, fresh: false, pushes: Vec::new() };
         }
         let ctx = request_ctx(seq, self.time, seed, index, req.client);
         let result = self.service.execute(&req.op, &ctx);
         self.clients.insert(req.client, LastReply { seq: req.seq, result: result.clone() });
-        Outcome { client: req.client, seq: req.seq, result, fresh: true }
+        let pushes = self.number(ctx.take_pushes());
+        Outcome { client: req.client, seq: req.seq, result, fresh: true, pushes }
+    }
+
+    /// Numbers one request's push events, continuing each client's sequence. Called in
+    /// decided order on every path, so every node gives event n the same number.
+    fn number(&mut self, pushes: Vec<crate::service::Push>) -> Vec<PushEvent> {
+        pushes
+            .into_iter()
+            .map(|(client, event)| {
+                let seq = self.push_seqs.entry(client).or_insert(0);
+                *seq += 1;
+                PushEvent { client, seq: *seq, event }
+            })
+            .collect()
     }
 
     /// The parallel path: decide every request's fate and context in decided order (as
@@ -233,6 +263,7 @@ impl<S: Service> Executor<S> {
         // (None: it ran before this call and its reply is in the cache).
         let mut latest: BTreeMap<ClientId, (u64, Option<u32>)> = BTreeMap::new();
         let mut plan: Vec<Vec<Answer>> = Vec::with_capacity(values.len());
+        let mut sinks: Vec<ExecCtx> = Vec::new();
         for (value, seq) in values.iter().zip(first..) {
             self.time = self.time.max(value.time);
             let seed = value.seed(seq);
@@ -242,7 +273,10 @@ impl<S: Service> Executor<S> {
                 let answer = if req.seq > last {
                     let ctx = request_ctx(seq, self.time, seed, index as u64, req.client);
                     let conflicts = self.service.conflicts(&req.op);
+                    // A clone shares the job's push sink: its events are read back below.
+                    sinks.push(ctx.clone());
                     let j = graph.push(req.client, &conflicts, Job { op: req.op.to_vec(), ctx });
+                    debug_assert_eq!(j as usize + 1, sinks.len(), "jobs are numbered in push order");
                     latest.insert(req.client, (req.seq, Some(j)));
                     Answer::Fresh(j)
                 } else if req.seq < last {
@@ -279,16 +313,19 @@ impl<S: Service> Executor<S> {
                     .iter()
                     .zip(answers)
                     .map(|(req, answer)| {
-                        let (result, fresh) = match answer {
-                            Answer::Fresh(j) => (results[j as usize].clone(), true),
-                            Answer::Copy(j) => (results[j as usize].clone(), false),
-                            Answer::Cached(result) => (result, false),
-                            Answer::Empty => (Vec::new(), false),
+                        let (result, fresh, pushes) = match answer {
+                            Answer::Fresh(j) => {
+                                let pushes = self.number(sinks[j as usize].take_pushes());
+                                (results[j as usize].clone(), true, pushes)
+                            }
+                            Answer::Copy(j) => (results[j as usize].clone(), false, Vec::new()),
+                            Answer::Cached(result) => (result, false, Vec::new()),
+                            Answer::Empty => (Vec::new(), false, Vec::new()),
                         };
                         if fresh {
                             self.clients.insert(req.client, LastReply { seq: req.seq, result: result.clone() });
                         }
-                        Outcome { client: req.client, seq: req.seq, result, fresh }
+                        Outcome { client: req.client, seq: req.seq, result, fresh, pushes }
                     })
                     .collect()
             })
@@ -301,6 +338,7 @@ impl<S: Service> Executor<S> {
             executed: self.executed,
             time: self.time,
             clients: self.clients.clone(),
+            push_seqs: self.push_seqs.clone(),
             service: self.service.snapshot(),
         };
         // Sized up front: growing by doubling would copy the service state several times.
@@ -321,6 +359,7 @@ impl<S: Service> Executor<S> {
         self.executed = body.executed;
         self.time = body.time;
         self.clients = body.clients;
+        self.push_seqs = body.push_seqs;
         Ok(body.executed)
     }
 }
@@ -328,7 +367,7 @@ impl<S: Service> Executor<S> {
 /// The context of the request at `index` in instance `seq`: a function of agreed values
 /// only, whichever thread runs it.
 fn request_ctx(seq: Seq, time: u64, seed: u64, index: u64, client: ClientId) -> ExecCtx {
-    ExecCtx { seq, time, seed: Hasher::new("keel/request-seed").u64(seed).u64(index).finish().prefix_u64(), client }
+    ExecCtx::new(seq, time, Hasher::new("keel/request-seed").u64(seed).u64(index).finish().prefix_u64(), client)
 }
 
 /// A checkpoint split into fixed-size chunks with a Merkle root over them.

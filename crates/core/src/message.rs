@@ -511,6 +511,18 @@ pub enum Message {
         request: Request,
         macs: Vec<Mac>,
     },
+    /// Node → client: push event `seq` for `client` (UpRight §3.1), resent until acked.
+    Push {
+        client: ClientId,
+        seq: u64,
+        #[serde(with = "serde_bytes")]
+        event: Vec<u8>,
+    },
+    /// Client → node: "I have every push event up to `upto` (or gave up on it)".
+    PushAck {
+        client: ClientId,
+        upto: u64,
+    },
 }
 
 impl Message {
@@ -540,6 +552,8 @@ impl Message {
             Message::IndexProbe { .. } => "index-probe",
             Message::IndexAck { .. } => "index-ack",
             Message::Endorse { .. } => "endorse",
+            Message::Push { .. } => "push",
+            Message::PushAck { .. } => "push-ack",
         }
     }
 }

@@ -537,7 +537,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn job() -> Job {
-        Job { op: Vec::new(), ctx: ExecCtx { seq: 1, time: 0, seed: 0, client: 0 } }
+        Job { op: Vec::new(), ctx: ExecCtx::new(1, 0, 0, 0) }
     }
 
     fn key(k: &str) -> Item {

@@ -42,10 +42,12 @@ pub enum Mutation {
     SerializableWithoutWait,
     /// `auth = rq-mac`: accept a proposed request on a single valid endorsement.
     OneEndorsement,
+    /// The client accepts a push event on one node's copy.
+    OnePushCopy,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 7] = [
+    pub const ALL: [Mutation; 8] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -53,6 +55,7 @@ impl Mutation {
         Mutation::IndexWithoutQuorum,
         Mutation::SerializableWithoutWait,
         Mutation::OneEndorsement,
+        Mutation::OnePushCopy,
     ];
 
     pub fn name(self) -> &'static str {
@@ -64,6 +67,7 @@ impl Mutation {
             Mutation::IndexWithoutQuorum => "index-without-quorum",
             Mutation::SerializableWithoutWait => "serializable-without-wait",
             Mutation::OneEndorsement => "one-endorsement",
+            Mutation::OnePushCopy => "one-push-copy",
         }
     }
 
@@ -147,6 +151,14 @@ impl Quorums {
     /// Matching replies a client needs: `r + 1`.
     pub fn reply_quorum(&self) -> usize {
         self.r as usize + 1
+    }
+
+    /// Matching copies of a push event a client needs: `r + 1`, as for replies.
+    pub fn push_quorum(&self) -> usize {
+        match self.mutation {
+            Some(Mutation::OnePushCopy) => 1,
+            _ => self.reply_quorum(),
+        }
     }
 
     /// Matching read-only answers a client needs (ARCHITECTURE §7). Serializable: `r + 1`,

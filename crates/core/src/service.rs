@@ -33,10 +33,11 @@
 //! requests comes from the dependency graph.
 
 use crate::message::{ClientId, Seq};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-/// What execution tells the service about the request it runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What execution tells the service about the request it runs, and where the request's
+/// push events go ([`ExecCtx::push`]).
+#[derive(Clone, Debug)]
 pub struct ExecCtx {
     /// The consensus instance that decided the request.
     pub seq: Seq,
@@ -45,7 +46,46 @@ pub struct ExecCtx {
     /// Agreed pseudo-random seed of the instance, mixed with the request's position.
     pub seed: u64,
     pub client: ClientId,
+    pushes: PushSink,
 }
+
+/// A push event a request produced: `event` for client `client`.
+pub type Push = (ClientId, Vec<u8>);
+
+/// The push events of one request, collected while it runs (possibly on a worker thread).
+#[derive(Clone, Debug, Default)]
+struct PushSink(Arc<Mutex<Vec<Push>>>);
+
+impl ExecCtx {
+    pub fn new(seq: Seq, time: u64, seed: u64, client: ClientId) -> ExecCtx {
+        ExecCtx { seq, time, seed, client, pushes: PushSink::default() }
+    }
+
+    /// Sends `event` to `client`, unsolicited (UpRight §3.1: watches, notifications).
+    /// Every node numbers a client's events in decided order, so nodes agree on event n;
+    /// the client accepts an event once r + 1 nodes sent it, in order, and learns of any
+    /// it lost (a gap) instead of waiting for it: delivery is best effort. Like the reply,
+    /// this must depend on the request and the state only.
+    pub fn push(&self, client: ClientId, event: Vec<u8>) {
+        if let Ok(mut p) = self.pushes.0.lock() {
+            p.push((client, event));
+        }
+    }
+
+    /// The events pushed so far, in push order (the executor collects them).
+    pub fn take_pushes(&self) -> Vec<Push> {
+        self.pushes.0.lock().map(|mut p| std::mem::take(&mut *p)).unwrap_or_default()
+    }
+}
+
+/// Equal agreed fields (pushes are output, not context).
+impl PartialEq for ExecCtx {
+    fn eq(&self, o: &ExecCtx) -> bool {
+        (self.seq, self.time, self.seed, self.client) == (o.seq, o.time, o.seed, o.client)
+    }
+}
+
+impl Eq for ExecCtx {}
 
 /// What a read-only execution tells the service.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,6 +6,8 @@
 //!               (sessions: protocol clients sharing this identity's connections, each
 //!                with one request in flight; message::session_id)
 //!  node connections ──► replies, routed to their session by Reply::client ──► result
+//!                   ──► push events, gathered per session (r + 1 alike, in order, gaps
+//!                       reported) ──► KeelClient::push_events()
 //! ```
 //!
 //! A [`KeelClient`] is a cheap handle: clone it into as many tasks as you like; up to
@@ -17,7 +19,7 @@ use crate::config::ClientSetup;
 use crate::node::now_ms;
 use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{dial_loop, offer, TransportStats, SEND_QUEUE_MAX};
-use keel_core::client::{Client, ClientError};
+use keel_core::client::{Client, ClientError, Pushed};
 use keel_core::codec;
 use keel_core::message::{session_id, session_of, ClientId, Message, NodeId, ReadConsistency, Reply, SESSIONS_MAX};
 use keel_core::replica::session_mac_key;
@@ -33,6 +35,9 @@ const RETRANSMIT_MS: u64 = 500;
 const REPLY_QUEUE_MAX: usize = 16384;
 /// Calls waiting for a free session.
 const CALL_QUEUE_MAX: usize = 4096;
+/// Push events waiting for the application (beyond it they are dropped and the
+/// application is told of a gap).
+const PUSH_QUEUE_MAX: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InvokeError {
@@ -56,11 +61,16 @@ struct Call {
     done: Done,
 }
 
+/// Push events with the session each is for (see [`KeelClient::push_events`]).
+pub type PushReceiver = mpsc::Receiver<(ClientId, Pushed)>;
+
 /// A handle to a connected client identity. Clones share the connections and sessions.
 #[derive(Clone)]
 pub struct KeelClient {
     id: ClientId,
     calls: mpsc::Sender<Call>,
+    /// Push events for this identity's sessions, until someone takes them.
+    pushes: Arc<std::sync::Mutex<Option<PushReceiver>>>,
     pub stats: Arc<TransportStats>,
 }
 
@@ -86,7 +96,7 @@ impl KeelClient {
         }
         let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
         let stats = Arc::new(TransportStats::default());
-        let (reply_tx, replies) = mpsc::channel(REPLY_QUEUE_MAX);
+        let (reply_tx, replies) = mpsc::channel::<(NodeId, Message)>(REPLY_QUEUE_MAX);
         let mut nodes = Vec::new();
         for (j, addr) in setup.nodes.iter().enumerate() {
             let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
@@ -102,8 +112,8 @@ impl KeelClient {
                 stats.clone(),
                 connected,
                 move |frame| match codec::decode(&frame) {
-                    Ok(Message::Reply(r)) => {
-                        if reply_tx.try_send((j as NodeId, r)).is_err() {
+                    Ok(m @ (Message::Reply(_) | Message::Push { .. })) => {
+                        if reply_tx.try_send((j as NodeId, m)).is_err() {
                             TransportStats::bump(&counters.send_queue_full, 1);
                         }
                     }
@@ -131,14 +141,30 @@ impl KeelClient {
             })
             .collect();
         let (calls, call_rx) = mpsc::channel(CALL_QUEUE_MAX);
-        let dispatcher =
-            Dispatcher { free: (0..sessions.len()).rev().collect(), sessions, nodes, stats: stats.clone() };
+        let (push_tx, push_rx) = mpsc::channel(PUSH_QUEUE_MAX);
+        let dispatcher = Dispatcher {
+            free: (0..sessions.len()).rev().collect(),
+            sessions,
+            nodes,
+            stats: stats.clone(),
+            pushes: push_tx,
+            push_overflow: std::collections::BTreeMap::new(),
+        };
         tokio::spawn(dispatcher.run(call_rx, replies));
-        Ok(KeelClient { id: setup.id, calls, stats })
+        let pushes = Arc::new(std::sync::Mutex::new(Some(push_rx)));
+        Ok(KeelClient { id: setup.id, calls, pushes, stats })
     }
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The push events the service sends this identity's sessions (for KV: watch events),
+    /// each with the session it is for, in order per session; `Pushed::Gap` where events
+    /// were lost (nodes dropped them, or this receiver fell more than 4096 behind). The
+    /// first call takes the receiver; later calls get None.
+    pub fn push_events(&self) -> Option<PushReceiver> {
+        self.pushes.lock().ok()?.take()
     }
 
     /// Runs one operation through the replicated service.
@@ -197,10 +223,14 @@ struct Dispatcher {
     free: Vec<usize>,
     nodes: Vec<mpsc::Sender<Vec<u8>>>,
     stats: Arc<TransportStats>,
+    pushes: mpsc::Sender<(ClientId, Pushed)>,
+    /// Per session, the events dropped because the application's queue was full (first,
+    /// last), reported as a gap before the next event that fits.
+    push_overflow: std::collections::BTreeMap<ClientId, (u64, u64)>,
 }
 
 impl Dispatcher {
-    async fn run(mut self, mut calls: mpsc::Receiver<Call>, mut replies: mpsc::Receiver<(NodeId, Reply)>) {
+    async fn run(mut self, mut calls: mpsc::Receiver<Call>, mut replies: mpsc::Receiver<(NodeId, Message)>) {
         let mut tick = tokio::time::interval(Duration::from_millis(RETRANSMIT_MS / 5));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Calls that arrived while every session was busy.
@@ -214,11 +244,11 @@ impl Dispatcher {
                     Some(call) => waiting.push_back(call),
                     None => open = false,
                 },
-                Some((from, reply)) = replies.recv() => {
-                    self.on_reply(from, reply);
+                Some((from, msg)) = replies.recv() => {
+                    self.on_message(from, msg);
                     // Take whatever else already arrived before starting new calls.
-                    while let Ok((from, reply)) = replies.try_recv() {
-                        self.on_reply(from, reply);
+                    while let Ok((from, msg)) = replies.try_recv() {
+                        self.on_message(from, msg);
                     }
                 }
                 _ = tick.tick() => self.on_tick(),
@@ -254,6 +284,41 @@ impl Dispatcher {
         }
     }
 
+    fn on_message(&mut self, from: NodeId, msg: Message) {
+        match msg {
+            Message::Reply(reply) => self.on_reply(from, reply),
+            Message::Push { client, seq, event } => {
+                let i = session_of(client) as usize;
+                let Some(session) = self.sessions.get_mut(i).filter(|s| s.core.id() == client) else {
+                    return;
+                };
+                let delivered = session.core.on_push(now_ms(), from, seq, event);
+                send(&self.nodes, session.core.poll_send(), &self.stats);
+                self.hand_over(client, delivered);
+            }
+            _ => {}
+        }
+    }
+
+    /// Passes delivered push events to the application, turning what does not fit its
+    /// queue into a gap (reported before the session's next event that fits).
+    fn hand_over(&mut self, client: ClientId, delivered: Vec<Pushed>) {
+        for p in delivered {
+            if let Some(&(first, last)) = self.push_overflow.get(&client) {
+                if self.pushes.try_send((client, Pushed::Gap { first, last })).is_ok() {
+                    self.push_overflow.remove(&client);
+                }
+            }
+            let range = match &p {
+                Pushed::Event { seq, .. } => (*seq, *seq),
+                Pushed::Gap { first, last } => (*first, *last),
+            };
+            if self.push_overflow.contains_key(&client) || self.pushes.try_send((client, p)).is_err() {
+                self.push_overflow.entry(client).or_insert(range).1 = range.1;
+            }
+        }
+    }
+
     fn on_reply(&mut self, from: NodeId, reply: Reply) {
         let i = session_of(reply.client) as usize;
         let Some(session) = self.sessions.get_mut(i) else {
@@ -273,6 +338,15 @@ impl Dispatcher {
     }
 
     fn on_tick(&mut self) {
+        for i in 0..self.sessions.len() {
+            let session = &mut self.sessions[i];
+            let delivered = session.core.on_push_tick(now_ms());
+            let client = session.core.id();
+            send(&self.nodes, session.core.poll_send(), &self.stats);
+            if !delivered.is_empty() {
+                self.hand_over(client, delivered);
+            }
+        }
         let now = Instant::now();
         for (i, session) in self.sessions.iter_mut().enumerate() {
             let Some((_, deadline, timeout)) = &session.call else {

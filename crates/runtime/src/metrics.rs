@@ -32,6 +32,8 @@ pub struct Metrics {
     pub divergences: Counter,
     pub slow_primary: Counter,
     pub banned_clients: Counter,
+    /// Push events dropped from full queues.
+    pub push_dropped: Counter,
     pub rejected: Family<KindLabels, Counter>,
     /// Read-only operations answered without ordering, by consistency.
     pub reads_answered: Family<KindLabels, Counter>,
@@ -77,6 +79,7 @@ impl Metrics {
             divergences: Counter::default(),
             slow_primary: Counter::default(),
             banned_clients: Counter::default(),
+            push_dropped: Counter::default(),
             rejected: Family::default(),
             reads_answered: Family::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
@@ -101,6 +104,11 @@ impl Metrics {
             "banned_clients",
             "Client connections closed for too many requests with bad MACs",
             m.banned_clients.clone(),
+        );
+        r.register(
+            "push_dropped",
+            "Push events dropped unacknowledged because a client's queue or all queues were full",
+            m.push_dropped.clone(),
         );
         r.register("rejected", "Inputs dropped as invalid, by message kind", m.rejected.clone());
         r.register(

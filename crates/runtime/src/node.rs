@@ -320,6 +320,10 @@ fn flush(
                 m.divergences.inc();
                 tracing::error!(seq, ?local, ?stable, "local state diverged from the stable checkpoint; repairing")
             }
+            Event::PushDropped { client, count } => {
+                m.push_dropped.inc_by(count);
+                tracing::debug!(client, count, "push events dropped: queue full");
+            }
             Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
     }

@@ -418,6 +418,10 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
             flip(rng, &mut c.root);
             Message::Checkpoint(CheckpointVote { seq: c.seq, root: c.root, sig: c.sig })
         }
+        Message::Push { client, seq, mut event } => {
+            event.push(0xee);
+            Message::Push { client, seq, event }
+        }
         Message::Reply(Reply { client, view, seq, body }) => {
             let body = match body {
                 ReplyBody::Full(mut b) => {

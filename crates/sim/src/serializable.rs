@@ -119,7 +119,7 @@ fn req_key(req: &KvRequest) -> Option<&[u8]> {
         | KvRequest::Put { key, .. }
         | KvRequest::Delete { key }
         | KvRequest::Cas { key, .. } => Some(key),
-        KvRequest::Scan { .. } => None,
+        KvRequest::Scan { .. } | KvRequest::Watch { .. } | KvRequest::Unwatch { .. } => None,
     }
 }
 

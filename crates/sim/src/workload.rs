@@ -85,6 +85,11 @@ impl Workload for KvWorkload {
     }
 
     fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8> {
+        if rng.gen_ratio(1, 50) {
+            // Watches make the nodes push events, which the world checks (agreement,
+            // order, gaps reported rather than skipped).
+            return KvRequest::Watch { prefix: vec![b'k', rng.gen_range(0..self.keys)] }.encode();
+        }
         let k = rng.gen_range(0..self.keys);
         let key = vec![b'k', k];
         self.counter += 1;
@@ -139,6 +144,8 @@ impl Workload for KvWorkload {
                 KvRequest::Delete { key } => KvOp::Delete { key },
                 KvRequest::Cas { key, expected, new } => KvOp::Cas { key, expected, new },
                 KvRequest::Scan { .. } => return Err("the KV workload does not generate scans".into()),
+                // Watches change no key: nothing for the linearizability check.
+                KvRequest::Watch { .. } | KvRequest::Unwatch { .. } => continue,
             };
             let ret = match &h.ret {
                 None => None,

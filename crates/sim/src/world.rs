@@ -13,7 +13,7 @@
 use crate::byzantine::{Behaviours, Byzantine, LieCounts};
 use crate::disk::SimDisk;
 use crate::workload::{HistoryEntry, Workload};
-use keel_core::client::Client;
+use keel_core::client::{Client, Pushed};
 use keel_core::codec;
 use keel_core::config::{Auth, ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
@@ -177,6 +177,9 @@ pub struct SeedReport {
     pub views_installed: BTreeMap<View, u64>,
     /// Times correct nodes asked to replace a primary for being slow (leadership.rs).
     pub slow_primary_suspicions: u64,
+    /// Push events clients accepted, and gaps they were told of.
+    pub pushes_delivered: u64,
+    pub push_gaps: u64,
     /// The last trace lines, printed when the run failed.
     pub trace_tail: Vec<String>,
 }
@@ -250,6 +253,8 @@ struct SimClient {
     inflight: Option<usize>,
     /// Partition side.
     side: u8,
+    /// The next push event number the client must be given (an event or a gap).
+    push_next: u64,
 }
 
 const NODE_TICK_MS: u64 = 5;
@@ -270,6 +275,8 @@ pub struct World<W: Workload> {
     sides: Vec<u8>,
     lossy: bool,
     issuing: bool,
+    /// Push events as correct nodes sent them: (client, number) → digest.
+    pushes: BTreeMap<(ClientId, u64), Digest>,
     /// The faulty client's last sequence number, and its signing key (auth = sig).
     faulty_seq: u64,
     faulty_key: SigningKey,
@@ -373,7 +380,7 @@ impl<W: Workload> World<W> {
                 let id = client_id(i);
                 let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
                 let core = Client::new(id, quorums, keys, 300, 1).with_auth(cfg.auth).with_signing_key(client_key(id));
-                SimClient { core, inflight: None, side: 0 }
+                SimClient { core, inflight: None, side: 0, push_next: 1 }
             })
             .collect();
         let mut w = World {
@@ -389,6 +396,7 @@ impl<W: Workload> World<W> {
             lossy: opts.faults.network,
             issuing: true,
             faulty_seq: 0,
+            pushes: BTreeMap::new(),
             faulty_key: client_key(FAULTY_CLIENT),
             history: Vec::new(),
             submitted: BTreeMap::new(),
@@ -686,6 +694,13 @@ impl<W: Workload> World<W> {
         if msgs.is_empty() {
             return;
         }
+        if self.is_correct(n) {
+            for (_, m) in &msgs {
+                if let Message::Push { client, seq, event } = m {
+                    self.check_push(n, *client, *seq, Digest::of(event));
+                }
+            }
+        }
         let from = Peer::Node(n);
         let is_primary = self.nodes[n as usize].replica.as_ref().is_some_and(|r| r.is_primary());
         let mut msgs = msgs;
@@ -819,11 +834,18 @@ impl<W: Workload> World<W> {
     }
 
     fn deliver_to_client(&mut self, c: ClientId, from: Peer, msg: Message) {
-        let (Peer::Node(node), Message::Reply(reply)) = (from, msg) else {
-            return;
-        };
         // Replies to clients that do not exist (a forged request) go nowhere.
         let Some(idx) = c.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else {
+            return;
+        };
+        if let (Peer::Node(node), Message::Push { client, seq, event }) = (from, &msg) {
+            if *client == c {
+                let delivered = self.clients[idx].core.on_push(self.now, node, *seq, event.clone());
+                self.delivered_pushes(idx, delivered);
+            }
+            return;
+        }
+        let (Peer::Node(node), Message::Reply(reply)) = (from, msg) else {
             return;
         };
         let result = self.clients[idx].core.on_reply(node, reply);
@@ -842,7 +864,59 @@ impl<W: Workload> World<W> {
         }
     }
 
+    /// Push event `seq` of `client` as correct node `n` sent it: every correct node must
+    /// send the same bytes under one number (numbers follow decided order).
+    fn check_push(&mut self, n: NodeId, client: ClientId, seq: u64, digest: Digest) {
+        match self.pushes.get(&(client, seq)) {
+            Some(d) if *d != digest => self.violation(
+                "push-agreement",
+                format!("node {n} sent push {seq} of client {client} with different bytes than another node"),
+            ),
+            Some(_) => {}
+            None => {
+                self.pushes.insert((client, seq), digest);
+            }
+        }
+    }
+
+    /// What client `idx`'s core delivered of its push events: in order, each one what
+    /// correct nodes sent under its number.
+    fn delivered_pushes(&mut self, idx: usize, delivered: Vec<Pushed>) {
+        let id = self.clients[idx].core.id();
+        for p in delivered {
+            let (first, last) = match &p {
+                Pushed::Event { seq, event } => {
+                    if self.pushes.get(&(id, *seq)) != Some(&Digest::of(event)) {
+                        self.violation(
+                            "push-agreement",
+                            format!("client {id} accepted push {seq}, which no correct node sent"),
+                        );
+                    }
+                    self.report.pushes_delivered += 1;
+                    (*seq, *seq)
+                }
+                Pushed::Gap { first, last } => {
+                    self.report.push_gaps += 1;
+                    (*first, *last)
+                }
+            };
+            let next = &mut self.clients[idx].push_next;
+            if first != *next || last < first {
+                let expected = *next;
+                self.violation(
+                    "push-order",
+                    format!("client {id} got pushes {first}..={last}, expected {expected} next"),
+                );
+            }
+            self.clients[idx].push_next = last + 1;
+        }
+        let acks = self.clients[idx].core.poll_send();
+        self.client_send(idx, acks);
+    }
+
     fn client_tick(&mut self, c: usize) {
+        let delivered = self.clients[c].core.on_push_tick(self.now);
+        self.delivered_pushes(c, delivered);
         if self.clients[c].inflight.is_none() {
             if self.issuing {
                 self.issue(c);
@@ -1007,7 +1081,10 @@ impl<W: Workload> World<W> {
                 let variant = reason.split([' ', '{', '(']).next().unwrap_or_default().to_string();
                 *self.report.rejected_by.entry(format!("{kind}: {variant}")).or_default() += 1;
             }
-            Event::Stable { .. } | Event::StateTransferDone { .. } | Event::ReadAnswered { .. } => {}
+            Event::Stable { .. }
+            | Event::StateTransferDone { .. }
+            | Event::ReadAnswered { .. }
+            | Event::PushDropped { .. } => {}
         }
     }
 

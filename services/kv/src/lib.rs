@@ -9,7 +9,14 @@
 //! per shard, so the executor's workers run requests on different keys at once.
 //! `tests/parallel.rs` runs random workloads in parallel and sequentially and compares
 //! them byte for byte.
+//!
+//! Watches (UpRight §3.1 push events): `Watch { prefix }` makes every later write of a
+//! key with that prefix push a [`KvEvent`] to the watching client (session); delivery is
+//! best effort and a client learns of lost events as a gap (`keel_core::client::Pushed`),
+//! after which it re-reads what it watches. The registry is replicated state, in the
+//! snapshot, bounded by [`WATCHES_PER_CLIENT_MAX`] and [`WATCHES_MAX`].
 
+use keel_core::message::ClientId;
 use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Item, ReadCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
 use serde_bytes::{ByteBuf, Bytes};
@@ -51,7 +58,42 @@ pub enum KvRequest {
         prefix: Vec<u8>,
         limit: u32,
     },
+    /// From now on, push a [`KvEvent`] to the requesting client for every write of a key
+    /// that starts with `prefix`.
+    Watch {
+        #[serde(with = "serde_bytes")]
+        prefix: Vec<u8>,
+    },
+    /// Ends a watch (no error if there was none).
+    Unwatch {
+        #[serde(with = "serde_bytes")]
+        prefix: Vec<u8>,
+    },
 }
+
+/// What a watcher is told of one write: the key and its new value (None: deleted).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvEvent {
+    #[serde(with = "serde_bytes")]
+    pub key: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub value: Option<Vec<u8>>,
+}
+
+impl KvEvent {
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<KvEvent, postcard::Error> {
+        postcard::from_bytes(bytes)
+    }
+}
+
+/// Watches one client (session) may hold.
+pub const WATCHES_PER_CLIENT_MAX: usize = 16;
+/// Watches all clients together may hold.
+pub const WATCHES_MAX: usize = 4096;
 
 /// The most entries one scan returns.
 pub const SCAN_LIMIT_MAX: u32 = 10_000;
@@ -80,7 +122,7 @@ impl KvRequest {
             | KvRequest::Put { key, .. }
             | KvRequest::Delete { key }
             | KvRequest::Cas { key, .. } => key,
-            KvRequest::Scan { prefix, .. } => prefix,
+            KvRequest::Scan { prefix, .. } | KvRequest::Watch { prefix } | KvRequest::Unwatch { prefix } => prefix,
         }
     }
 }
@@ -110,7 +152,11 @@ type Map = BTreeMap<Vec<u8>, Vec<u8>>;
 /// index order; writers hold one lock at a time, so no cycle) and so sees one state.
 struct Store {
     shards: Vec<RwLock<Map>>,
+    /// prefix → the clients watching it.
+    watches: RwLock<Watches>,
 }
+
+type Watches = BTreeMap<Vec<u8>, std::collections::BTreeSet<ClientId>>;
 
 /// FNV-1a: cheap and stable. The shard of a key only decides which lock guards it, never
 /// an outcome, so it need not resist crafted keys (a collision costs waiting, not safety).
@@ -124,7 +170,60 @@ fn shard_of(key: &[u8]) -> usize {
 
 impl Store {
     fn new() -> Store {
-        Store { shards: (0..SHARDS).map(|_| RwLock::new(Map::new())).collect() }
+        Store { shards: (0..SHARDS).map(|_| RwLock::new(Map::new())).collect(), watches: RwLock::default() }
+    }
+
+    fn watches(&self) -> RwLockReadGuard<'_, Watches> {
+        self.watches.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Tells every client watching a prefix of `key` about its new value. Each watcher
+    /// once per write, in client order: deterministic on every node.
+    fn notify(&self, key: &[u8], value: Option<&[u8]>, ctx: Option<&ExecCtx>) {
+        let Some(ctx) = ctx else {
+            return;
+        };
+        let watches = self.watches();
+        if watches.is_empty() {
+            return;
+        }
+        let clients: std::collections::BTreeSet<ClientId> =
+            watches.iter().filter(|(p, _)| key.starts_with(p)).flat_map(|(_, c)| c.iter().copied()).collect();
+        if clients.is_empty() {
+            return;
+        }
+        let event = KvEvent { key: key.to_vec(), value: value.map(<[u8]>::to_vec) }.encode();
+        for c in clients {
+            ctx.push(c, event.clone());
+        }
+    }
+
+    fn watch(&self, client: ClientId, prefix: Vec<u8>) -> KvResponse {
+        let mut w = self.watches.write().unwrap_or_else(PoisonError::into_inner);
+        if w.get(&prefix).is_some_and(|c| c.contains(&client)) {
+            return KvResponse::Done;
+        }
+        let total: usize = w.values().map(|c| c.len()).sum();
+        let mine = w.values().filter(|c| c.contains(&client)).count();
+        if mine >= WATCHES_PER_CLIENT_MAX || total >= WATCHES_MAX {
+            return KvResponse::Error(format!(
+                "too many watches ({mine} of this client, at most {WATCHES_PER_CLIENT_MAX}; {total} in all, at \
+                 most {WATCHES_MAX})"
+            ));
+        }
+        w.entry(prefix).or_default().insert(client);
+        KvResponse::Done
+    }
+
+    fn unwatch(&self, client: ClientId, prefix: &[u8]) -> KvResponse {
+        let mut w = self.watches.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = w.get_mut(prefix) {
+            c.remove(&client);
+            if c.is_empty() {
+                w.remove(prefix);
+            }
+        }
+        KvResponse::Done
     }
 
     // A service panic never happens while a shard lock is held by this code, so a
@@ -142,25 +241,39 @@ impl Store {
         (0..SHARDS).map(|i| self.read(i)).collect()
     }
 
-    fn apply(&self, req: KvRequest) -> KvResponse {
+    /// `ctx`: the ordered execution's context (watches and their events need it); None
+    /// for read-only answers and direct use.
+    fn apply(&self, req: KvRequest, ctx: Option<&ExecCtx>) -> KvResponse {
         match req {
             KvRequest::Get { key } => KvResponse::Value(self.read(shard_of(&key)).get(&key).cloned()),
             KvRequest::Put { key, value } => {
+                self.notify(&key, Some(&value), ctx);
                 self.write(shard_of(&key)).insert(key, value);
                 KvResponse::Done
             }
             KvRequest::Delete { key } => {
-                self.write(shard_of(&key)).remove(&key);
+                if self.write(shard_of(&key)).remove(&key).is_some() {
+                    self.notify(&key, None, ctx);
+                }
                 KvResponse::Done
             }
             KvRequest::Cas { key, expected, new } => {
                 let mut shard = self.write(shard_of(&key));
                 let swapped = shard.get(&key) == expected.as_ref();
                 if swapped {
+                    self.notify(&key, Some(&new), ctx);
                     shard.insert(key, new);
                 }
                 KvResponse::Swapped(swapped)
             }
+            KvRequest::Watch { prefix } => match ctx {
+                Some(ctx) => self.watch(ctx.client, prefix),
+                None => KvResponse::Error("a watch must be ordered".into()),
+            },
+            KvRequest::Unwatch { prefix } => match ctx {
+                Some(ctx) => self.unwatch(ctx.client, &prefix),
+                None => KvResponse::Error("an unwatch must be ordered".into()),
+            },
             KvRequest::Scan { prefix, limit } => {
                 let shards = self.read_all();
                 KvResponse::Entries(scan(&shards, &prefix, limit.min(SCAN_LIMIT_MAX) as usize))
@@ -225,7 +338,7 @@ impl Kv {
     }
 
     pub fn apply(&self, req: KvRequest) -> KvResponse {
-        self.store.apply(req)
+        self.store.apply(req, None)
     }
 
     /// The whole state as one ordered map (a copy).
@@ -250,6 +363,8 @@ impl Kv {
                 Conflicts::Items { reads: vec![Item::Key(key.clone())], writes: vec![Item::Key(key.clone())] }
             }
             KvRequest::Scan { prefix, .. } => Conflicts::read(Item::Prefix(prefix.clone())),
+            // Rare, and every write reads the registry: run alone.
+            KvRequest::Watch { .. } | KvRequest::Unwatch { .. } => Conflicts::Everything,
         }
     }
 }
@@ -263,7 +378,10 @@ impl Default for Kv {
 /// A deep copy: the clone does not share state with the original.
 impl Clone for Kv {
     fn clone(&self) -> Kv {
-        let store = Store { shards: self.store.read_all().iter().map(|m| RwLock::new((**m).clone())).collect() };
+        let store = Store {
+            shards: self.store.read_all().iter().map(|m| RwLock::new((**m).clone())).collect(),
+            watches: RwLock::new(self.store.watches().clone()),
+        };
         Kv { store: Arc::new(store) }
     }
 }
@@ -271,7 +389,9 @@ impl Clone for Kv {
 /// Equal contents (the shard of a key is fixed, so shard-wise comparison suffices).
 impl PartialEq for Kv {
     fn eq(&self, other: &Kv) -> bool {
-        Arc::ptr_eq(&self.store, &other.store) || (0..SHARDS).all(|i| *self.store.read(i) == *other.store.read(i))
+        Arc::ptr_eq(&self.store, &other.store)
+            || ((0..SHARDS).all(|i| *self.store.read(i) == *other.store.read(i))
+                && *self.store.watches() == *other.store.watches())
     }
 }
 
@@ -284,9 +404,9 @@ impl std::fmt::Debug for Kv {
 }
 
 impl ConcurrentService for Store {
-    fn execute_shared(&self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+    fn execute_shared(&self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
         let response = match KvRequest::decode(request) {
-            Ok(req) => self.apply(req),
+            Ok(req) => self.apply(req, Some(ctx)),
             Err(e) => KvResponse::Error(format!("malformed request: {e}")),
         };
         response.encode()
@@ -312,7 +432,7 @@ impl Service for Kv {
     /// `Get` and `Scan` change nothing: they answer read-only, exactly as ordered.
     fn execute_read_only(&self, request: &[u8], _ctx: &ReadCtx) -> Option<Vec<u8>> {
         match KvRequest::decode(request) {
-            Ok(req @ (KvRequest::Get { .. } | KvRequest::Scan { .. })) => Some(self.store.apply(req).encode()),
+            Ok(req @ (KvRequest::Get { .. } | KvRequest::Scan { .. })) => Some(self.store.apply(req, None).encode()),
             _ => None,
         }
     }
@@ -326,12 +446,25 @@ impl Service for Kv {
         let shards = self.store.read_all();
         let entries: Vec<(&[u8], &[u8])> = merged(&shards, b"").collect();
         let len = VARINT_MAX + entries.iter().map(|(k, v)| 2 * VARINT_MAX + k.len() + v.len()).sum::<usize>();
-        postcard::to_extend(&SortedMap(&entries), Vec::with_capacity(len)).unwrap_or_default()
+        let bytes = postcard::to_extend(&SortedMap(&entries), Vec::with_capacity(len)).unwrap_or_default();
+        // The watch registry follows, only if there is one (so a store without watches
+        // keeps the bytes of a plain map).
+        let watches = self.store.watches();
+        if watches.is_empty() {
+            return bytes;
+        }
+        postcard::to_extend(&*watches, bytes).unwrap_or_default()
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        let entries: Vec<(ByteBuf, ByteBuf)> =
-            postcard::from_bytes::<SnapshotEntries>(snapshot).map_err(|e| RestoreError(format!("kv snapshot: {e}")))?.0;
+        let (entries, rest) = postcard::take_from_bytes::<SnapshotEntries>(snapshot)
+            .map_err(|e| RestoreError(format!("kv snapshot: {e}")))?;
+        let entries = entries.0;
+        let watches: Watches = if rest.is_empty() {
+            Watches::new()
+        } else {
+            postcard::from_bytes(rest).map_err(|e| RestoreError(format!("kv snapshot watches: {e}")))?
+        };
         let mut shards: Vec<Map> = vec![Map::new(); SHARDS];
         for (k, v) in entries {
             let k = k.into_vec();
@@ -341,6 +474,7 @@ impl Service for Kv {
         for (i, m) in shards.into_iter().enumerate() {
             *self.store.write(i) = m;
         }
+        *self.store.watches.write().unwrap_or_else(PoisonError::into_inner) = watches;
         Ok(())
     }
 }
@@ -389,7 +523,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn ctx() -> ExecCtx {
-        ExecCtx { seq: 1, time: 0, seed: 0, client: 1 }
+        ExecCtx::new(1, 0, 0, 1)
     }
 
     fn run(kv: &mut Kv, req: KvRequest) -> KvResponse {
@@ -461,7 +595,54 @@ mod tests {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
             ),
+            KvRequest::Watch { .. } => KvResponse::Error("a watch must be ordered".into()),
+            KvRequest::Unwatch { .. } => KvResponse::Error("an unwatch must be ordered".into()),
         }
+    }
+
+    fn exec(kv: &mut Kv, client: u64, req: KvRequest) -> (KvResponse, Vec<(u64, KvEvent)>) {
+        let ctx = ExecCtx::new(1, 0, 0, client);
+        let r = KvResponse::decode(&kv.execute(&req.encode(), &ctx)).expect("decodes");
+        let pushes = ctx.take_pushes().into_iter().map(|(c, e)| (c, KvEvent::decode(&e).expect("event"))).collect();
+        (r, pushes)
+    }
+
+    #[test]
+    fn watchers_are_pushed_every_write_under_their_prefix_and_survive_a_snapshot() {
+        let mut kv = Kv::new();
+        let put = |k: &[u8], v: &[u8]| KvRequest::Put { key: k.to_vec(), value: v.to_vec() };
+        let ev = |k: &[u8], v: Option<&[u8]>| KvEvent { key: k.to_vec(), value: v.map(<[u8]>::to_vec) };
+        assert_eq!(exec(&mut kv, 5, KvRequest::Watch { prefix: b"a/".to_vec() }).0, KvResponse::Done);
+        assert_eq!(exec(&mut kv, 6, KvRequest::Watch { prefix: b"a/".to_vec() }).0, KvResponse::Done);
+        assert_eq!(exec(&mut kv, 6, KvRequest::Watch { prefix: b"a/x".to_vec() }).0, KvResponse::Done);
+        // One event per watcher per write, even with two matching prefixes.
+        let (_, pushes) = exec(&mut kv, 9, put(b"a/x", b"1"));
+        assert_eq!(pushes, vec![(5, ev(b"a/x", Some(b"1"))), (6, ev(b"a/x", Some(b"1")))]);
+        assert!(exec(&mut kv, 9, put(b"b/x", b"1")).1.is_empty(), "not watched");
+        // A failed CAS and deleting a missing key change nothing and push nothing.
+        let cas = KvRequest::Cas { key: b"a/x".to_vec(), expected: None, new: b"2".to_vec() };
+        assert!(exec(&mut kv, 9, cas).1.is_empty());
+        assert!(exec(&mut kv, 9, KvRequest::Delete { key: b"a/none".to_vec() }).1.is_empty());
+        // The registry is state: it survives a snapshot, and equal states compare equal.
+        let mut copy = Kv::new();
+        copy.restore(&kv.snapshot()).expect("restores");
+        assert_eq!(copy, kv);
+        let (_, pushes) = exec(&mut copy, 9, KvRequest::Delete { key: b"a/x".to_vec() });
+        assert_eq!(pushes, vec![(5, ev(b"a/x", None)), (6, ev(b"a/x", None))]);
+        exec(&mut copy, 5, KvRequest::Unwatch { prefix: b"a/".to_vec() });
+        assert_eq!(exec(&mut copy, 9, put(b"a/y", b"3")).1, vec![(6, ev(b"a/y", Some(b"3")))]);
+        assert_ne!(copy.snapshot(), kv.snapshot());
+        // Bounded per client, with an error that says so.
+        for i in 0..WATCHES_PER_CLIENT_MAX {
+            exec(&mut kv, 7, KvRequest::Watch { prefix: vec![b'p', i as u8] });
+        }
+        let (r, _) = exec(&mut kv, 7, KvRequest::Watch { prefix: b"one-more".to_vec() });
+        assert!(matches!(r, KvResponse::Error(e) if e.contains("too many watches")));
+        // A store without watches keeps the snapshot bytes of a plain map.
+        let plain = Kv::new();
+        plain.apply(put(b"k", b"v"));
+        let map: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([(b"k".to_vec(), b"v".to_vec())]);
+        assert_eq!(plain.snapshot(), postcard::to_allocvec(&map).expect("encodes"));
     }
 
     fn request() -> impl Strategy<Value = KvRequest> {
@@ -621,7 +802,7 @@ mod null_tests {
 
     #[test]
     fn replies_with_the_requested_size_and_bounds_it() {
-        let ctx = ExecCtx { seq: 1, time: 0, seed: 0, client: 1 };
+        let ctx = ExecCtx::new(1, 0, 0, 1);
         let mut s = Null;
         assert_eq!(s.execute(&Null::request(0, 0), &ctx).len(), 0);
         assert_eq!(s.execute(&Null::request(1024, 1024), &ctx).len(), 1024);

@@ -98,7 +98,7 @@ fn key(n: u16, keys: u16) -> Vec<u8> {
 fn op(d: &Draw, keys: u16) -> Vec<u8> {
     let k = key(d.key, keys);
     let v = vec![b'0' + d.value % 3];
-    let req = match d.kind % 12 {
+    let req = match d.kind % 14 {
         0..=2 => KvRequest::Get { key: k },
         3..=5 => KvRequest::Put { key: k, value: v },
         6 => KvRequest::Delete { key: k },
@@ -115,6 +115,9 @@ fn op(d: &Draw, keys: u16) -> Vec<u8> {
             };
             KvRequest::Scan { prefix, limit: u32::from(d.scan / 4) + 1 }
         }
+        // Watches make later writes push events: their numbering and bytes must not
+        // depend on the schedule either.
+        11 | 12 => KvRequest::Watch { prefix: k[..(d.scan % 3) as usize].to_vec() },
         _ => return vec![0xff, d.value, 0xff],
     };
     req.encode()

@@ -28,6 +28,7 @@ mod checkpoint;
 mod endorse;
 mod leadership;
 mod normal;
+mod push;
 mod read;
 mod recovery;
 mod verify;
@@ -43,6 +44,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use catch_up::Transfer;
+pub use push::{PUSH_BYTES_MAX, PUSH_EVENTS_MAX, PUSH_EVENTS_PER_CLIENT_MAX};
 pub use recovery::Durable;
 pub use verify::Verifier;
 
@@ -171,6 +173,12 @@ pub enum Event {
     Stable {
         seq: Seq,
         root: Digest,
+    },
+    /// `count` push events for `client` were dropped unsent or unacknowledged: its
+    /// queue was full (push.rs).
+    PushDropped {
+        client: ClientId,
+        count: u64,
     },
     /// This node's state at `seq` differs from the stable one: it repairs itself.
     Divergence {
@@ -463,6 +471,8 @@ pub struct Replica<S> {
     index: read::IndexRounds,
     /// The primary's throughput, for robust leadership (leadership.rs).
     monitor: leadership::Monitor,
+    /// Push events not yet acknowledged (push.rs).
+    pushes: push::PushQueues,
 
     transfer: Option<Transfer>,
     /// Last time we helped each peer (STATUS answers are rate-limited).
@@ -526,6 +536,7 @@ impl<S: Service> Replica<S> {
             reads: BTreeMap::new(),
             index: read::IndexRounds::default(),
             monitor: leadership::Monitor::default(),
+            pushes: push::PushQueues::default(),
             transfer: None,
             helped_at: vec![0; n],
             next_status: 0,
@@ -607,6 +618,7 @@ impl<S: Service> Replica<S> {
         let result = match (from, msg) {
             (Peer::Client(c), Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
             (Peer::Client(c), Message::Read(read)) => self.on_read(Peer::Client(c), read, out),
+            (Peer::Client(c), Message::PushAck { client, upto }) => self.on_push_ack(Peer::Client(c), client, upto),
             (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => {
                 Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
             }
@@ -657,6 +669,7 @@ impl<S: Service> Replica<S> {
             self.fetch_awaited(out);
             self.on_transfer_timeout(out);
             self.expire_hearsay();
+            self.resend_pushes(out);
         }
         if self.now >= self.next_status {
             self.next_status = self.now + self.cfg.options.status_ms;
@@ -852,6 +865,10 @@ impl<S: Service> Replica<S> {
         assert!(self.log.len() as u64 <= self.cfg.options.log_max(), "at most log_max slots");
         assert!(self.pending.len() <= self.cfg.options.clients_max, "pending requests are bounded");
         assert!(self.hearsay.len() <= self.cfg.options.clients_max, "endorsements held on hearsay are bounded");
+        assert!(
+            self.pushes.events() <= push::PUSH_EVENTS_MAX && self.pushes.bytes() <= push::PUSH_BYTES_MAX,
+            "push queues are bounded"
+        );
         assert!(self.reads.len() <= self.cfg.options.clients_max, "waiting reads are bounded");
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
         assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");

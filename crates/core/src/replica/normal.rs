@@ -437,6 +437,7 @@ impl<S: Service> Replica<S> {
                 let body = self.reply_body(o.client, o.seq, o.result.clone());
                 let reply = Reply { client: o.client, view: self.view, seq: o.seq, body };
                 out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
+                self.push_events(&o.pushes, out);
             }
             self.monitor.on_executed(executed.len(), bytes);
             out.events.push(Event::Executed { seq: next, requests: executed });
