@@ -245,6 +245,10 @@ pub struct StatusArgs {
     /// A directory made by `keel init`.
     #[arg(long)]
     dir: PathBuf,
+    /// After the table, keep watching: a progress bar per node while it transfers state,
+    /// until Ctrl-C.
+    #[arg(long)]
+    follow: bool,
 }
 
 /// Per node: view, primary, last executed and stable sequence, lag, connected peers.
@@ -294,6 +298,9 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
             }
         }
     }
+    if a.follow {
+        follow_transfers(&dirs);
+    }
     if all_up {
         ExitCode::SUCCESS
     } else {
@@ -308,5 +315,44 @@ fn stop(children: &mut [Child]) {
     }
     for c in children.iter_mut() {
         let _ = c.wait();
+    }
+}
+
+/// `keel status --follow`: a bar per node while it fetches a checkpoint (chunks held of
+/// the total, from the node's /status), redrawn twice a second until Ctrl-C.
+fn follow_transfers(dirs: &[PathBuf]) {
+    use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+    let nodes: Vec<(u32, std::net::SocketAddr)> =
+        dirs.iter().filter_map(|d| NodeFile::load(&d.join("node.toml")).ok()).map(|s| (s.id, s.metrics)).collect();
+    let bars = MultiProgress::new();
+    let style = ProgressStyle::with_template("node {prefix}: state transfer [{bar:40}] {pos}/{len} chunks {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    let mut shown: std::collections::BTreeMap<u32, ProgressBar> = std::collections::BTreeMap::new();
+    eprintln!("following state transfers (Ctrl-C to stop)");
+    loop {
+        for (id, addr) in &nodes {
+            let transfer =
+                keel_runtime::metrics::fetch_status(*addr, Duration::from_secs(1)).ok().and_then(|s| s.transfer);
+            match (transfer, shown.get(id)) {
+                (Some((have, total)), Some(bar)) => {
+                    bar.set_length(total as u64);
+                    bar.set_position(have as u64);
+                }
+                (Some((have, total)), None) => {
+                    let bar = bars.add(ProgressBar::new(total as u64).with_style(style.clone()));
+                    bar.set_prefix(id.to_string());
+                    bar.set_position(have as u64);
+                    shown.insert(*id, bar);
+                }
+                (None, Some(_)) => {
+                    if let Some(bar) = shown.remove(id) {
+                        bar.finish_with_message("done");
+                    }
+                }
+                (None, None) => {}
+            }
+        }
+        std::thread::sleep(Duration::from_millis(500));
     }
 }

@@ -160,6 +160,10 @@ pub struct Options {
     pub leader_min_pct: u64,
     /// Rotate the primary after this long in one view even if it keeps up (0: never).
     pub leader_rotate_ms: u64,
+    /// State transfer: at most this many bytes per second requested from peers (0: no
+    /// limit). A node-local choice (BFT-SMaRt §II-C2's throttle): it trades how soon a
+    /// recovering node is back against the load it puts on the peers serving it.
+    pub transfer_rate_bytes: u64,
 }
 
 /// Most execution threads per node.
@@ -189,6 +193,7 @@ impl Options {
             leader_window_ms: 1_000,
             leader_min_pct: 30,
             leader_rotate_ms: 0,
+            transfer_rate_bytes: 0,
         }
     }
 
@@ -215,6 +220,7 @@ impl Options {
             leader_window_ms: 200,
             leader_min_pct: 30,
             leader_rotate_ms: 0,
+            transfer_rate_bytes: 0,
         }
     }
 

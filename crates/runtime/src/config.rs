@@ -185,6 +185,10 @@ pub struct NodeFile {
     /// without, 52.3k and 51.7k with); it is for hosts with cores to spare.
     #[serde(default)]
     pub verify_threads: usize,
+    /// State transfer throttle: KiB per second this node asks its peers for while it
+    /// catches up (0, the default: no limit).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub transfer_rate_kib: u64,
     /// Paths relative to the node file's directory.
     pub data_dir: PathBuf,
     pub cluster: PathBuf,
@@ -250,7 +254,9 @@ impl NodeFile {
         let base = path.parent().unwrap_or(Path::new("."));
         let cluster_path = base.join(&f.cluster);
         let cluster_file = ClusterFile::load(&cluster_path)?;
-        let cluster = cluster_file.cluster_config(&cluster_path, Options::production())?;
+        let options =
+            Options { transfer_rate_bytes: f.transfer_rate_kib.saturating_mul(1024), ..Options::production() };
+        let cluster = cluster_file.cluster_config(&cluster_path, options)?;
         let fsync = FsyncPolicy::parse(&f.fsync).ok_or_else(|| ConfigFileError::Invalid {
             path: path.into(),
             message: format!("fsync must be batch, always or never, not {:?}", f.fsync),
@@ -379,6 +385,10 @@ pub struct InitOptions {
     pub auth: Option<Auth>,
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
+
 fn default_service() -> String {
     "kv".into()
 }
@@ -444,6 +454,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             fsync: fsync.into(),
             threads: 0,
             verify_threads: 0,
+            transfer_rate_kib: 0,
             faults: FaultsFile::default(),
             data_dir: "data".into(),
             cluster: "../cluster.toml".into(),

@@ -28,6 +28,12 @@ pub struct Transfer {
     requested: BTreeMap<u32, (NodeId, u64)>,
     /// Rotates chunk requests over the peers.
     next_peer: u32,
+    /// Chunks below this index are all here (where the next request scan starts).
+    first_missing: usize,
+    /// Throttle (`Options::transfer_rate_bytes`): bytes that may be requested now, and
+    /// when the allowance was last topped up.
+    allowance: u64,
+    topped_up_at: u64,
 }
 
 impl Transfer {
@@ -143,6 +149,9 @@ impl<S: Service> Replica<S> {
             chunks: Vec::new(),
             requested: BTreeMap::new(),
             next_peer: self.id + 1,
+            first_missing: 0,
+            allowance: 0,
+            topped_up_at: self.now,
         });
         out.events.push(Event::StateTransferStarted { seq });
         self.broadcast(Message::FetchManifest { seq }, out);
@@ -236,22 +245,39 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    fn request_chunks(&mut self, out: &mut Outputs) {
+    /// Asks peers for missing chunks: up to `TRANSFER_INFLIGHT_MAX` at once, and with a
+    /// throttle only as many bytes as its rate allowed since the last top-up (at most one
+    /// window's worth saved up, so an idle spell does not turn into a burst).
+    pub(super) fn request_chunks(&mut self, out: &mut Outputs) {
         let n = self.cfg.n() as u32;
         let me = self.id;
         let now = self.now;
+        let (rate, chunk_bytes) = (self.cfg.options.transfer_rate_bytes, self.cfg.options.chunk_bytes as u64);
         let Some(t) = self.transfer.as_mut() else {
             return;
         };
         if t.manifest.is_none() || n < 2 {
             return;
         }
-        for index in 0..t.chunks.len() as u32 {
-            if t.requested.len() >= TRANSFER_INFLIGHT_MAX {
+        if rate > 0 {
+            let earned = rate.saturating_mul(now.saturating_sub(t.topped_up_at)) / 1000;
+            if earned > 0 {
+                t.allowance = (t.allowance + earned).min(chunk_bytes * TRANSFER_INFLIGHT_MAX as u64);
+                t.topped_up_at = now;
+            }
+        }
+        while t.chunks.get(t.first_missing).is_some_and(Option::is_some) {
+            t.first_missing += 1;
+        }
+        for index in t.first_missing as u32..t.chunks.len() as u32 {
+            if t.requested.len() >= TRANSFER_INFLIGHT_MAX || (rate > 0 && t.allowance < chunk_bytes) {
                 break;
             }
             if t.chunks[index as usize].is_some() || t.requested.contains_key(&index) {
                 continue;
+            }
+            if rate > 0 {
+                t.allowance -= chunk_bytes;
             }
             // Different chunks from different peers, in parallel.
             let mut peer = t.next_peer % n;

@@ -655,6 +655,10 @@ impl<S: Service> Replica<S> {
     }
 
     fn on_tick(&mut self, out: &mut Outputs) {
+        if self.cfg.options.transfer_rate_bytes > 0 {
+            // A throttled transfer earns its allowance as time passes.
+            self.request_chunks(out);
+        }
         self.on_request_timeouts(out);
         self.watch_leadership(out);
         self.expire_reads();

@@ -1207,3 +1207,43 @@ fn with_auth_sig_every_node_checks_the_clients_signature_the_same_way() {
     assert!(rejected(&out).is_empty());
     assert!(out.send_after_persist.iter().any(|(_, m)| matches!(m, Message::Write(_))), "the backup votes");
 }
+
+#[test]
+fn a_throttled_state_transfer_asks_for_no_more_than_its_rate_allows() {
+    let cfg = config(1, 1);
+    let rate = 640; // bytes per second: ten 64-byte chunks
+    let throttled =
+        ClusterConfig { options: Options { transfer_rate_bytes: rate, ..cfg.options.clone() }, ..cfg.clone() };
+    let mut net = Net::new(&cfg);
+    net.nodes[3] = Replica::new(throttled, 3, secrets(3), Log::default());
+    // A divergent node 3 must fetch the whole state at the first stable checkpoint.
+    net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
+    let mut c = client(&cfg, 7);
+    let mut now = 0;
+    for i in 0..cfg.options.checkpoint_interval {
+        now += 10;
+        net.submit(&mut c, now, &[i as u8; 200]);
+        assert!(net.result(&mut c).is_some());
+    }
+    let started = now;
+    let mut seen_started = false;
+    while now < started + 60_000
+        && !net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. }))
+    {
+        now += 5;
+        net.tick(now);
+        if let Some((have, total)) = net.nodes[3].transfer_progress() {
+            seen_started = true;
+            let chunk = cfg.options.chunk_bytes as u64;
+            // What the rate allows since the start, plus one window saved up.
+            let allowed = rate * (now - started) / 1000 / chunk + 16;
+            assert!(have as u64 <= allowed, "{have} of {total} chunks after {} ms", now - started);
+        }
+    }
+    assert!(seen_started, "node 3 transferred state");
+    let took = now - started;
+    assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })), "finished");
+    assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
+    let bytes = net.nodes[0].exec.snapshot().len() as u64;
+    assert!(took >= (bytes.saturating_sub(16 * 64)) * 1000 / rate, "{bytes} bytes in {took} ms at {rate} B/s");
+}
