@@ -658,3 +658,19 @@ async fn a_watcher_gets_every_write_under_its_prefix_in_order_even_with_a_node_d
         assert_eq!(metric(&m, "keel_push_dropped_total"), 0, "node {i}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_rq_mac_and_a_backup_down_requests_do_not_wait_for_a_retransmission() {
+    // rq-mac sends a request first to u + r + 1 nodes; with one of them down it would
+    // complete only after the client's 500 ms retransmission to all. The client passes
+    // over nodes that stopped answering (late replies included).
+    let mut cluster = Cluster::init(1, 1);
+    let c = cluster.client(1000);
+    put(&c, "ready", "1").await.expect("cluster up");
+    cluster.kill(2);
+    // The client learns of the silence from one retransmission.
+    put_latencies(&c, 3, "learning").await;
+    let (p50, p99) = p50_p99(put_latencies(&c, 100, "one-down").await);
+    eprintln!("put p50/p99 with node 2 down: {p50:?}/{p99:?}");
+    assert!(p99 < Duration::from_millis(400), "puts waited for retransmissions: p99 {p99:?}");
+}

@@ -105,6 +105,8 @@ pub struct Client {
     /// Per node: the highest sequence number it replied to (any reply, late ones too), to
     /// leave quiet nodes out of a request's first transmission (`auth = rq-mac`).
     heard: Vec<u64>,
+    /// The last operation had to be retransmitted: someone it went to did not answer.
+    retransmitted: bool,
     /// Last sequence number used (ordered requests and reads share the sequence).
     seq: u64,
     /// The last ordered request that completed: serializable reads must reflect it.
@@ -132,6 +134,7 @@ impl Client {
             id,
             quorums,
             heard: vec![0; keys.len()],
+            retransmitted: false,
             keys,
             auth: Auth::Mac,
             signing: None,
@@ -249,6 +252,7 @@ impl Client {
     /// Makes `op` the in-flight ordered request and queues it for its first recipients.
     fn start_ordered(&mut self, now: u64, op: Payload) {
         self.seq += 1;
+        let retransmitted = std::mem::take(&mut self.retransmitted);
         let mut request = Request::new(self.id, self.seq, op);
         request.auth = self.authenticator(&request.statement());
         if self.auth == Auth::Sig {
@@ -256,7 +260,7 @@ impl Client {
         }
         let msg = Message::Request(request.clone());
         let first: Vec<(NodeId, Message)> = match self.auth {
-            Auth::RqMac => self.rq_targets().into_iter().map(|n| (n, msg.clone())).collect(),
+            Auth::RqMac => self.rq_targets(retransmitted).into_iter().map(|n| (n, msg.clone())).collect(),
             Auth::Mac | Auth::Sig | Auth::None => self.to_all(msg),
         };
         self.outbox.extend(first);
@@ -268,21 +272,18 @@ impl Client {
     /// retransmission. Starting at the primary of the latest known view, nodes that
     /// replied to neither of the last two operations are passed over while enough others
     /// remain, so a crashed node does not cost every request a retransmission timeout.
-    fn rq_targets(&self) -> Vec<NodeId> {
+    fn rq_targets(&self, retransmitted: bool) -> Vec<NodeId> {
         let n = self.keys.len() as NodeId;
         let want = self.quorums.endorse_propose();
         let primary = (self.view % n as u64) as NodeId;
         let ring: Vec<NodeId> = (0..n).map(|i| (primary + i) % n).collect();
-        let live = |node: &NodeId| self.heard[*node as usize] + 2 >= self.seq;
+        let memory = if retransmitted { 1 } else { 2 };
+        let live = |node: &NodeId| self.heard[*node as usize] + memory >= self.seq;
         let mut targets: Vec<NodeId> = ring.iter().copied().filter(live).take(want).collect();
-        for node in ring {
-            if targets.len() == want {
-                break;
-            }
-            if !targets.contains(&node) {
-                targets.push(node);
-            }
-        }
+        // Short of live nodes: the most recently heard from first (ring order on ties).
+        let mut rest: Vec<NodeId> = ring.into_iter().filter(|n| !targets.contains(n)).collect();
+        rest.sort_by_key(|n| std::cmp::Reverse(self.heard[*n as usize]));
+        targets.extend(rest.into_iter().take(want - targets.len()));
         targets
     }
 
@@ -464,6 +465,7 @@ impl Client {
             return msgs;
         }
         inflight.sent_at = now;
+        self.retransmitted = true;
         match &inflight.kind {
             Kind::Ordered(request) => {
                 let m = Message::Request(request.clone());
@@ -711,5 +713,24 @@ mod tests {
         c.on_push(300, 3, 9, vec![9]);
         assert!(c.on_push_tick(10_000).is_empty());
         assert!(c.pushes.bytes <= 1, "delivered bodies are freed");
+    }
+
+    #[test]
+    fn rq_mac_first_sends_to_nodes_that_answer_and_passes_over_a_silent_one() {
+        let mut c = client(1, 1).with_auth(Auth::RqMac);
+        let full = |seq| reply(seq, ReplyBody::Full(vec![1]));
+        let targets = |msgs: &[(NodeId, Message)]| msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>();
+        // Node 2 is down. Every operation completes on nodes 0 and 1; node 3 answers late.
+        for seq in 1..=2u64 {
+            let sent = c.invoke(0, vec![seq as u8]).expect("idle");
+            assert_eq!(targets(&sent), vec![0, 1, 2], "nothing is known yet: u + r + 1 from the primary");
+            c.on_reply(0, full(seq));
+            assert!(c.on_reply(1, full(seq)).is_some());
+            c.on_reply(3, full(seq));
+        }
+        let sent = c.invoke(0, vec![3]).expect("idle");
+        assert_eq!(targets(&sent), vec![0, 1, 3], "node 2 answered neither of the last two");
+        // All of them on a retransmission.
+        assert_eq!(c.on_tick(100).len(), 4);
     }
 }

@@ -324,14 +324,15 @@ impl Dispatcher {
         let Some(session) = self.sessions.get_mut(i) else {
             return;
         };
-        if session.call.is_none() {
-            return;
-        }
+        // Late replies too: the core notes which nodes answer (auth = rq-mac sends a
+        // request first to nodes that do), and ignores a reply for nothing in flight.
         if let Some(result) = session.core.on_reply(from, reply) {
+            // A session is free once its call is done, and only then (a core result
+            // without a call cannot happen: abandoning a call clears both).
             if let Some((done, _, _)) = session.call.take() {
                 let _ = done.send(Ok(result));
+                self.free.push(i);
             }
-            self.free.push(i);
         }
         // A read whose answers cannot match is ordered at once.
         send(&self.nodes, session.core.poll_send(), &self.stats);

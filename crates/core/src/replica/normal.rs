@@ -28,11 +28,12 @@ impl<S: Service> Replica<S> {
         let last = self.exec.last_seq(req.client);
         if req.seq <= last {
             // A retransmission of something already executed: answer from the cache,
-            // in full, so a client that missed the designated reply can finish.
+            // in full, so a client that missed the designated reply can finish. Gated
+            // like the first reply: the execution may not be durable yet.
             if let (Peer::Client(_), Some(result)) = (from, self.exec.cached(req.client, req.seq)) {
                 let reply =
                     Reply { client: req.client, view: self.view, seq: req.seq, body: ReplyBody::Full(result.to_vec()) };
-                out.send.push((Peer::Client(req.client), Message::Reply(reply)));
+                out.send_after_persist.push((Peer::Client(req.client), Message::Reply(reply)));
             }
             return Ok(());
         }

@@ -109,12 +109,15 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    /// Resends the oldest unacknowledged events of every client.
+    /// Resends the oldest unacknowledged events of every client. Gated like the first
+    /// send: an event is queued when its request executes, possibly before that decision
+    /// is durable, and a node that crashed then could number a different event alike
+    /// (the simulator caught it at u = r = 0, seed 68).
     pub(super) fn resend_pushes(&self, out: &mut Outputs) {
         for (&client, q) in &self.pushes.queues {
             for (seq, event) in q.iter().take(RESEND_PER_CLIENT) {
                 let msg = Message::Push { client, seq: *seq, event: event.clone() };
-                out.send.push((Peer::Client(client), msg));
+                out.send_after_persist.push((Peer::Client(client), msg));
             }
         }
     }
