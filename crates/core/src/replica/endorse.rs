@@ -38,12 +38,17 @@ use std::collections::BTreeMap;
 /// Endorsements of requests this node cannot authenticate itself, kept until `r + 1`
 /// endorsers make it endorse them. Keyed by the request statement too, so a liar that
 /// endorses a made-up request for a client cannot shadow the real one. Each entry is
-/// charged to its first endorser, and each node may hold only its share of `clients_max`:
-/// a lying node fills its own share, never a correct node's.
+/// charged to its first endorser, and each node may hold only its share of `clients_max`
+/// entries and of [`HEARSAY_BYTES_MAX`]: a lying node fills its own share, never a
+/// correct node's.
 pub(super) struct Hearsay {
     entries: BTreeMap<(ClientId, Digest), Heard>,
-    charged: Vec<usize>,
+    /// Per first endorser: entries and request bytes charged to it.
+    charged: Vec<(usize, usize)>,
 }
+
+/// Bytes of requests held on hearsay, all endorsers together.
+pub const HEARSAY_BYTES_MAX: usize = 64 << 20;
 
 struct Heard {
     request: Request,
@@ -54,7 +59,7 @@ struct Heard {
 
 impl Hearsay {
     pub(super) fn new(nodes: usize) -> Hearsay {
-        Hearsay { entries: BTreeMap::new(), charged: vec![0; nodes] }
+        Hearsay { entries: BTreeMap::new(), charged: vec![(0, 0); nodes] }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -76,10 +81,14 @@ impl Hearsay {
             h.endorsers.extend(endorsers);
             return Some(h.endorsers.len());
         }
-        if self.charged[from as usize] >= share {
+        let size = request.size();
+        let byte_share = HEARSAY_BYTES_MAX / self.charged.len();
+        let (entries, bytes) = &mut self.charged[from as usize];
+        if *entries >= share || *bytes + size > byte_share {
             return None;
         }
-        self.charged[from as usize] += 1;
+        *entries += 1;
+        *bytes += size;
         let count = endorsers.len();
         self.entries.insert(key, Heard { request, endorsers, first: from, since: now });
         Some(count)
@@ -87,7 +96,9 @@ impl Hearsay {
 
     fn take(&mut self, key: &(ClientId, Digest)) -> Option<Heard> {
         let h = self.entries.remove(key)?;
-        self.charged[h.first as usize] -= 1;
+        let (entries, bytes) = &mut self.charged[h.first as usize];
+        *entries -= 1;
+        *bytes -= h.request.size();
         Some(h)
     }
 

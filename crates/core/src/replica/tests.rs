@@ -1045,16 +1045,23 @@ fn rq_mac_proposals_carry_endorsements_instead_of_the_clients_macs() {
     assert!(net.nodes.iter().all(|n| n.executed() == 1), "node 3 never saw the client and still executed");
 }
 
+/// Client 7 sends every node a request whose MACs are valid at the primary and node 1
+/// only; then client 8 sends a correct one.
+fn split_mac_client(cfg: &ClusterConfig) -> (Net, Client) {
+    let mut net = Net::new(cfg);
+    let bad = request_valid_at(cfg, 7, 1, b"bad", &[0, 1]);
+    send_to_all(&mut net, &bad, 10);
+    let mut good = client(cfg, 8);
+    net.submit(&mut good, 11, b"good");
+    (net, good)
+}
+
 #[test]
 fn a_client_whose_macs_fail_at_some_nodes_stalls_nobody_and_changes_no_view() {
     let cfg = config_rq(1, 1);
     let timeout = cfg.options.request_timeout_ms;
-    let mut net = Net::new(&cfg);
-    // Valid at the primary and node 1 only: two endorsements, the primary needs three.
-    let bad = request_valid_at(&cfg, 7, 1, b"bad", &[0, 1]);
-    send_to_all(&mut net, &bad, 10);
-    let mut good = client(&cfg, 8);
-    net.submit(&mut good, 11, b"good");
+    // Two endorsements for client 7's request; the primary needs three.
+    let (mut net, mut good) = split_mac_client(&cfg);
     assert_eq!(net.result(&mut good), Some(vec![1]), "another client's request goes through at once");
     assert!(!executed_by_all(&net, 7), "not proposable yet");
     // The first timer expiry spreads the two endorsements; nodes 2 and 3 take r + 1 = 2
@@ -1137,6 +1144,22 @@ fn a_node_endorsing_made_up_requests_fills_only_its_own_share() {
     assert_eq!(rejected(&out), vec![Reject::Busy("endorsements held for this node")]);
     assert_eq!(b.hearsay.len(), share);
     assert!(b.pending.is_empty(), "one node's word admits nothing");
+    // Bytes are bounded per endorser too: node 2's share of 64 MiB in 1 MiB requests.
+    let big = |client: u64| {
+        let req = Request::new(client, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
+        let s = endorse_statement(2, &req.statement());
+        let macs = secrets(2).endorse_keys.iter().take(4).map(|k| k.mac(&s)).collect();
+        Message::Endorse { request: req, macs }
+    };
+    let mut held = 0;
+    for c in 0..64 {
+        if rejected(&step(&mut b, 10, Peer::Node(2), big(20_000 + c))).is_empty() {
+            held += 1;
+        }
+    }
+    let fit = super::endorse::HEARSAY_BYTES_MAX / 4 / (crate::codec::OP_BYTES_MAX + 24);
+    assert_eq!(held, fit, "node 2 fills its byte share and no more");
+    assert_eq!(b.hearsay.len(), share + fit);
     // A bad MAC is refused outright, and the hearsay expires.
     let Message::Endorse { request, mut macs } = endorse_from_3(1) else { unreachable!() };
     macs[1][0] ^= 1;
@@ -1152,11 +1175,7 @@ fn a_node_endorsing_made_up_requests_fills_only_its_own_share() {
 fn with_auth_mac_the_same_client_stalls_others_until_a_view_change() {
     let cfg = config(1, 1);
     let timeout = cfg.options.request_timeout_ms;
-    let mut net = Net::new(&cfg);
-    let bad = request_valid_at(&cfg, 7, 1, b"bad", &[0, 1]);
-    send_to_all(&mut net, &bad, 10);
-    let mut good = client(&cfg, 8);
-    net.submit(&mut good, 11, b"good");
+    let (mut net, mut good) = split_mac_client(&cfg);
     assert_eq!(net.result(&mut good), None, "stuck behind the batch nodes 2 and 3 refuse");
     for k in 1..=4 {
         net.tick(10 + k * timeout);
