@@ -54,7 +54,8 @@ enum KvOp {
     },
     /// Print every later write of a key that starts with PREFIX ("put KEY VALUE" or
     /// "del KEY", tab-separated) until Ctrl-C. If events were lost, says so and prints the
-    /// prefix's current entries ("now KEY VALUE") before going on.
+    /// prefix's current entries ("now KEY VALUE") before going on. The watch is a 60 s
+    /// lease, renewed every 20 s while this runs.
     Watch {
         prefix: String,
         /// Stop after this many events.
@@ -190,7 +191,8 @@ fn watch(setup: ClientSetup, prefix: Vec<u8>, count: Option<u64>, timeout: Durat
             eprintln!("error: push events already taken");
             return ExitCode::FAILURE;
         };
-        let registered = client.invoke(KvRequest::Watch { prefix: prefix.clone() }.encode(), timeout).await;
+        let watch = KvRequest::Watch { prefix: prefix.clone(), lease_ms: keel_kv::WATCH_LEASE_DEFAULT_MS }.encode();
+        let registered = client.invoke(watch.clone(), timeout).await;
         match registered.map(|b| KvResponse::decode(&b)) {
             Ok(Ok(KvResponse::Done)) => {}
             Ok(Ok(KvResponse::Error(e))) => {
@@ -209,9 +211,18 @@ fn watch(setup: ClientSetup, prefix: Vec<u8>, count: Option<u64>, timeout: Durat
         eprintln!("watching {:?} (Ctrl-C to stop)", String::from_utf8_lossy(&prefix));
         let show = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         let mut seen = 0;
+        // The watch is a lease: renewed well before it runs out.
+        let mut renew = tokio::time::interval(Duration::from_millis(keel_kv::WATCH_LEASE_DEFAULT_MS / 3));
+        renew.tick().await;
         while count.is_none_or(|c| seen < c) {
             let next = tokio::select! {
                 e = events.recv() => e,
+                _ = renew.tick() => {
+                    if let Err(e) = client.invoke(watch.clone(), timeout).await {
+                        eprintln!("warning: could not renew the watch: {e}");
+                    }
+                    continue;
+                }
                 _ = tokio::signal::ctrl_c() => None,
             };
             let Some((_, pushed)) = next else {

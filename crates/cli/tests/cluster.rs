@@ -624,7 +624,7 @@ async fn a_watcher_gets_every_write_under_its_prefix_in_order_even_with_a_node_d
     let watcher = cluster.client(1001);
     let mut events = watcher.push_events().expect("the receiver");
     assert!(watcher.push_events().is_none(), "taken once");
-    let done = watcher.invoke(KvRequest::Watch { prefix: b"w/".to_vec() }.encode(), OP_TIMEOUT).await;
+    let done = watcher.invoke(KvRequest::Watch { prefix: b"w/".to_vec(), lease_ms: 0 }.encode(), OP_TIMEOUT).await;
     assert_eq!(KvResponse::decode(&done.expect("watch registered")).ok(), Some(KvResponse::Done));
     let writer = cluster.client(1000);
     for i in 0..20 {

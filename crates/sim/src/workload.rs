@@ -88,7 +88,7 @@ impl Workload for KvWorkload {
         if rng.gen_ratio(1, 50) {
             // Watches make the nodes push events, which the world checks (agreement,
             // order, gaps reported rather than skipped).
-            return KvRequest::Watch { prefix: vec![b'k', rng.gen_range(0..self.keys)] }.encode();
+            return KvRequest::Watch { prefix: vec![b'k', rng.gen_range(0..self.keys)], lease_ms: 0 }.encode();
         }
         let k = rng.gen_range(0..self.keys);
         let key = vec![b'k', k];

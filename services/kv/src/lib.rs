@@ -58,11 +58,14 @@ pub enum KvRequest {
         prefix: Vec<u8>,
         limit: u32,
     },
-    /// From now on, push a [`KvEvent`] to the requesting client for every write of a key
-    /// that starts with `prefix`.
+    /// For the next `lease_ms` of agreed time (0: [`WATCH_LEASE_DEFAULT_MS`]), push a
+    /// [`KvEvent`] to the requesting client for every write of a key that starts with
+    /// `prefix`. Watching again renews the lease; a client that went away stops being
+    /// pushed to when its lease runs out.
     Watch {
         #[serde(with = "serde_bytes")]
         prefix: Vec<u8>,
+        lease_ms: u64,
     },
     /// Ends a watch (no error if there was none).
     Unwatch {
@@ -92,6 +95,9 @@ impl KvEvent {
 
 /// Watches one client (session) may hold.
 pub const WATCHES_PER_CLIENT_MAX: usize = 16;
+/// A watch's lease when the request names none, and the longest one may ask for.
+pub const WATCH_LEASE_DEFAULT_MS: u64 = 60_000;
+pub const WATCH_LEASE_MAX_MS: u64 = 3_600_000;
 /// Watches all clients together may hold.
 pub const WATCHES_MAX: usize = 4096;
 
@@ -122,7 +128,7 @@ impl KvRequest {
             | KvRequest::Put { key, .. }
             | KvRequest::Delete { key }
             | KvRequest::Cas { key, .. } => key,
-            KvRequest::Scan { prefix, .. } | KvRequest::Watch { prefix } | KvRequest::Unwatch { prefix } => prefix,
+            KvRequest::Scan { prefix, .. } | KvRequest::Watch { prefix, .. } | KvRequest::Unwatch { prefix } => prefix,
         }
     }
 }
@@ -156,7 +162,8 @@ struct Store {
     watches: RwLock<Watches>,
 }
 
-type Watches = BTreeMap<Vec<u8>, std::collections::BTreeSet<ClientId>>;
+/// prefix → watching client → end of its lease (agreed time, ms).
+type Watches = BTreeMap<Vec<u8>, BTreeMap<ClientId, u64>>;
 
 /// FNV-1a: cheap and stable. The shard of a key only decides which lock guards it, never
 /// an outcome, so it need not resist crafted keys (a collision costs waiting, not safety).
@@ -187,8 +194,12 @@ impl Store {
         if watches.is_empty() {
             return;
         }
-        let clients: std::collections::BTreeSet<ClientId> =
-            watches.iter().filter(|(p, _)| key.starts_with(p)).flat_map(|(_, c)| c.iter().copied()).collect();
+        // Leases are judged by agreed time, so every node pushes to the same watchers.
+        let clients: std::collections::BTreeSet<ClientId> = watches
+            .iter()
+            .filter(|(p, _)| key.starts_with(p))
+            .flat_map(|(_, c)| c.iter().filter(|(_, until)| **until > ctx.time).map(|(c, _)| *c))
+            .collect();
         if clients.is_empty() {
             return;
         }
@@ -198,25 +209,34 @@ impl Store {
         }
     }
 
-    fn watch(&self, client: ClientId, prefix: Vec<u8>) -> KvResponse {
+    fn watch(&self, ctx: &ExecCtx, prefix: Vec<u8>, lease_ms: u64) -> KvResponse {
+        let lease = match lease_ms {
+            0 => WATCH_LEASE_DEFAULT_MS,
+            l => l.min(WATCH_LEASE_MAX_MS),
+        };
         let mut w = self.watches.write().unwrap_or_else(PoisonError::into_inner);
-        if w.get(&prefix).is_some_and(|c| c.contains(&client)) {
+        expire(&mut w, ctx.time);
+        let client = ctx.client;
+        if let Some(until) = w.get_mut(&prefix).and_then(|c| c.get_mut(&client)) {
+            *until = ctx.time + lease;
             return KvResponse::Done;
         }
         let total: usize = w.values().map(|c| c.len()).sum();
-        let mine = w.values().filter(|c| c.contains(&client)).count();
+        let mine = w.values().filter(|c| c.contains_key(&client)).count();
         if mine >= WATCHES_PER_CLIENT_MAX || total >= WATCHES_MAX {
             return KvResponse::Error(format!(
                 "too many watches ({mine} of this client, at most {WATCHES_PER_CLIENT_MAX}; {total} in all, at \
                  most {WATCHES_MAX})"
             ));
         }
-        w.entry(prefix).or_default().insert(client);
+        w.entry(prefix).or_default().insert(client, ctx.time + lease);
         KvResponse::Done
     }
 
-    fn unwatch(&self, client: ClientId, prefix: &[u8]) -> KvResponse {
+    fn unwatch(&self, ctx: &ExecCtx, prefix: &[u8]) -> KvResponse {
         let mut w = self.watches.write().unwrap_or_else(PoisonError::into_inner);
+        expire(&mut w, ctx.time);
+        let client = ctx.client;
         if let Some(c) = w.get_mut(prefix) {
             c.remove(&client);
             if c.is_empty() {
@@ -266,12 +286,12 @@ impl Store {
                 }
                 KvResponse::Swapped(swapped)
             }
-            KvRequest::Watch { prefix } => match ctx {
-                Some(ctx) => self.watch(ctx.client, prefix),
+            KvRequest::Watch { prefix, lease_ms } => match ctx {
+                Some(ctx) => self.watch(ctx, prefix, lease_ms),
                 None => KvResponse::Error("a watch must be ordered".into()),
             },
             KvRequest::Unwatch { prefix } => match ctx {
-                Some(ctx) => self.unwatch(ctx.client, &prefix),
+                Some(ctx) => self.unwatch(ctx, &prefix),
                 None => KvResponse::Error("an unwatch must be ordered".into()),
             },
             KvRequest::Scan { prefix, limit } => {
@@ -280,6 +300,15 @@ impl Store {
             }
         }
     }
+}
+
+/// Drops watches whose lease ended by agreed time `now` (only where a request that runs
+/// alone, a watch or unwatch, holds the registry: the same on every node).
+fn expire(w: &mut Watches, now: u64) {
+    w.retain(|_, clients| {
+        clients.retain(|_, until| *until > now);
+        !clients.is_empty()
+    });
 }
 
 /// The first `limit` entries with `prefix` across all shards, in key order; only
@@ -612,9 +641,9 @@ mod tests {
         let mut kv = Kv::new();
         let put = |k: &[u8], v: &[u8]| KvRequest::Put { key: k.to_vec(), value: v.to_vec() };
         let ev = |k: &[u8], v: Option<&[u8]>| KvEvent { key: k.to_vec(), value: v.map(<[u8]>::to_vec) };
-        assert_eq!(exec(&mut kv, 5, KvRequest::Watch { prefix: b"a/".to_vec() }).0, KvResponse::Done);
-        assert_eq!(exec(&mut kv, 6, KvRequest::Watch { prefix: b"a/".to_vec() }).0, KvResponse::Done);
-        assert_eq!(exec(&mut kv, 6, KvRequest::Watch { prefix: b"a/x".to_vec() }).0, KvResponse::Done);
+        assert_eq!(exec(&mut kv, 5, KvRequest::Watch { prefix: b"a/".to_vec(), lease_ms: 0 }).0, KvResponse::Done);
+        assert_eq!(exec(&mut kv, 6, KvRequest::Watch { prefix: b"a/".to_vec(), lease_ms: 0 }).0, KvResponse::Done);
+        assert_eq!(exec(&mut kv, 6, KvRequest::Watch { prefix: b"a/x".to_vec(), lease_ms: 0 }).0, KvResponse::Done);
         // One event per watcher per write, even with two matching prefixes.
         let (_, pushes) = exec(&mut kv, 9, put(b"a/x", b"1"));
         assert_eq!(pushes, vec![(5, ev(b"a/x", Some(b"1"))), (6, ev(b"a/x", Some(b"1")))]);
@@ -634,11 +663,28 @@ mod tests {
         assert_ne!(copy.snapshot(), kv.snapshot());
         // Bounded per client, with an error that says so.
         for i in 0..WATCHES_PER_CLIENT_MAX {
-            exec(&mut kv, 7, KvRequest::Watch { prefix: vec![b'p', i as u8] });
+            exec(&mut kv, 7, KvRequest::Watch { prefix: vec![b'p', i as u8], lease_ms: 0 });
         }
-        let (r, _) = exec(&mut kv, 7, KvRequest::Watch { prefix: b"one-more".to_vec() });
+        let (r, _) = exec(&mut kv, 7, KvRequest::Watch { prefix: b"one-more".to_vec(), lease_ms: 0 });
         assert!(matches!(r, KvResponse::Error(e) if e.contains("too many watches")));
         // A store without watches keeps the snapshot bytes of a plain map.
+        // Leases end by agreed time: an expired watcher gets nothing, and renewing helps.
+        let mut leased = Kv::new();
+        let watch = KvRequest::Watch { prefix: b"l/".to_vec(), lease_ms: 500 }.encode();
+        leased.execute(&watch, &ExecCtx::new(1, 1_000, 0, 8));
+        let put_at = |kv: &mut Kv, time: u64| {
+            let ctx = ExecCtx::new(1, time, 0, 9);
+            kv.execute(&put(b"l/k", b"v").encode(), &ctx);
+            ctx.take_pushes().len()
+        };
+        assert_eq!(put_at(&mut leased, 1_400), 1, "within the lease");
+        assert_eq!(put_at(&mut leased, 1_500), 0, "the lease ended");
+        leased.execute(&watch, &ExecCtx::new(1, 1_600, 0, 8));
+        assert_eq!(put_at(&mut leased, 2_000), 1, "renewed");
+        // An expired watch no longer counts against the bounds, and is gone after the
+        // next watch or unwatch.
+        leased.execute(&KvRequest::Unwatch { prefix: b"x".to_vec() }.encode(), &ExecCtx::new(1, 9_000, 0, 1));
+        assert!(leased.store.watches().is_empty());
         let plain = Kv::new();
         plain.apply(put(b"k", b"v"));
         let map: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([(b"k".to_vec(), b"v".to_vec())]);

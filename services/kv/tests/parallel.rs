@@ -117,7 +117,7 @@ fn op(d: &Draw, keys: u16) -> Vec<u8> {
         }
         // Watches make later writes push events: their numbering and bytes must not
         // depend on the schedule either.
-        11 | 12 => KvRequest::Watch { prefix: k[..(d.scan % 3) as usize].to_vec() },
+        11 | 12 => KvRequest::Watch { prefix: k[..(d.scan % 3) as usize].to_vec(), lease_ms: u64::from(d.value) },
         _ => return vec![0xff, d.value, 0xff],
     };
     req.encode()
