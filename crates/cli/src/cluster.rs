@@ -31,9 +31,10 @@ pub struct InitArgs {
     /// batch | always | never (never: benchmarks only).
     #[arg(long, default_value = "batch")]
     fsync: String,
-    /// Request authentication: rq-mac | mac | none (default: rq-mac when r > 0, else mac).
-    #[arg(long)]
-    auth: Option<String>,
+    /// Request authentication: rq-mac | mac | sig | none (default: rq-mac when r > 0,
+    /// else mac).
+    #[arg(long, value_parser = crate::parse_auth)]
+    auth: Option<Auth>,
     /// Overwrite an existing cluster directory.
     #[arg(long)]
     force: bool,
@@ -73,14 +74,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         eprintln!("error: --service must be kv or null");
         return ExitCode::from(2);
     }
-    let auth = match a.auth.as_deref().map(|name| (name, Auth::from_name(name))) {
-        None => None,
-        Some((_, Some(auth))) => Some(auth),
-        Some((name, None)) => {
-            eprintln!("error: --auth must be one of {}, not {name:?}", Auth::NAMES.join(", "));
-            return ExitCode::from(2);
-        }
-    };
+    let auth = a.auth;
     let o =
         InitOptions { service: a.service, u: a.u, r: a.r, host: a.host, base_port, clients: a.clients, fsync, auth };
     match init(&a.dir, &o) {

@@ -33,6 +33,12 @@ enum Command {
     Sim(sim::SimArgs),
 }
 
+/// `--auth NAME` (init, sim): one of [`keel_core::config::Auth::NAMES`].
+pub(crate) fn parse_auth(name: &str) -> Result<keel_core::config::Auth, String> {
+    keel_core::config::Auth::from_name(name)
+        .ok_or_else(|| format!("must be one of {}", keel_core::config::Auth::NAMES.join(", ")))
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))

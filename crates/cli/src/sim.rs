@@ -35,9 +35,10 @@ pub struct SimArgs {
     /// index-without-quorum | serializable-without-wait | one-endorsement.
     #[arg(long)]
     mutate: Option<String>,
-    /// Request authentication: rq-mac | mac | none (default: rq-mac when r > 0, else mac).
-    #[arg(long)]
-    auth: Option<String>,
+    /// Request authentication: rq-mac | mac | sig | none (default: rq-mac when r > 0,
+    /// else mac).
+    #[arg(long, value_parser = crate::parse_auth)]
+    auth: Option<Auth>,
     /// Execution threads per simulated node (Options::exec_workers). Outcomes must not
     /// depend on it: the same seeds give the same trace_hash with 1 and with 4.
     #[arg(long, default_value_t = 1)]
@@ -68,14 +69,7 @@ pub fn run(args: SimArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let auth = match args.auth.as_deref().map(|a| (a, Auth::from_name(a))) {
-        None => None,
-        Some((_, Some(a))) => Some(a),
-        Some((name, None)) => {
-            eprintln!("error: --auth must be one of {}, not {name:?}", Auth::NAMES.join(", "));
-            return ExitCode::from(2);
-        }
-    };
+    let auth = args.auth;
     let first = args.seed.unwrap_or(1);
     let seeds: Vec<u64> = (first..first + args.seeds).collect();
     let next = AtomicU64::new(0);
@@ -171,7 +165,7 @@ pub fn run(args: SimArgs) -> ExitCode {
             args.steps,
             args.clients,
             args.mutate.as_ref().map(|m| format!(" --mutate {m}")).unwrap_or_default()
-                + &args.auth.as_ref().map(|a| format!(" --auth {a}")).unwrap_or_default()
+                + &args.auth.map(|a| format!(" --auth {}", a.name())).unwrap_or_default()
                 + &if args.exec_workers == 1 {
                     String::new()
                 } else {

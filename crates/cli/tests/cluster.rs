@@ -411,6 +411,24 @@ async fn put_latencies(c: &KeelClient, n: usize, tag: &str) -> Vec<Duration> {
     lat
 }
 
+type RawConn = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+/// Client `id`'s own TLS connection to every node, bypassing the client library (to send
+/// what a faulty client would), and its setup.
+async fn raw_connections(cluster: &Cluster, id: u64) -> (keel_runtime::config::ClientSetup, Vec<RawConn>) {
+    let setup = ClientFile::load(&cluster.path().join(format!("client-{id}/client.toml"))).expect("client file");
+    let connector = tokio_rustls::TlsConnector::from(
+        keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
+    );
+    let mut conns = Vec::new();
+    for (j, addr) in setup.nodes.iter().enumerate() {
+        let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
+        let name = keel_runtime::tls::PeerId::Node(j as u32).server_name();
+        conns.push(connector.connect(name, tcp).await.expect("handshake"));
+    }
+    (setup, conns)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_leader() {
     let cluster = Cluster::init(1, 1);
@@ -420,16 +438,10 @@ async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_lead
 
     // Client 1001 floods every node with requests whose MACs are wrong, as fast as TLS
     // carries them; each must be checked and rejected.
-    let setup = ClientFile::load(&cluster.path().join("client-1001/client.toml")).expect("client file");
-    let connector = tokio_rustls::TlsConnector::from(
-        keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
-    );
+    let (_, conns) = raw_connections(&cluster, 1001).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut floods = Vec::new();
-    for (j, addr) in setup.nodes.iter().enumerate() {
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
-        let name = keel_runtime::tls::PeerId::Node(j as u32).server_name();
-        let mut tls = connector.connect(name, tcp).await.expect("handshake");
+    for mut tls in conns {
         let stop = stop.clone();
         floods.push(tokio::spawn(async move {
             let mut seq = 1u64;
@@ -513,16 +525,7 @@ async fn a_client_whose_macs_are_valid_for_some_nodes_only_stalls_nobody_and_cha
     // Client 1001 sends 30 puts valid for nodes 0 (the primary) and 1 only, then 10 valid
     // for node 1 only, one every 40 ms, to every node; fewer than the 64 bad MACs that
     // would get it banned.
-    let setup = ClientFile::load(&cluster.path().join("client-1001/client.toml")).expect("client file");
-    let connector = tokio_rustls::TlsConnector::from(
-        keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
-    );
-    let mut conns = Vec::new();
-    for (j, addr) in setup.nodes.iter().enumerate() {
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
-        let name = keel_runtime::tls::PeerId::Node(j as u32).server_name();
-        conns.push(connector.connect(name, tcp).await.expect("handshake"));
-    }
+    let (setup, mut conns) = raw_connections(&cluster, 1001).await;
     let sender = tokio::spawn(async move {
         for seq in 1..=40u64 {
             let frame = if seq <= 30 {
@@ -582,25 +585,17 @@ async fn with_auth_sig_signed_requests_are_served_and_a_bad_signature_is_refused
     assert_eq!(get(&c, "signed").await.as_deref(), Some("yes"));
     assert_eq!(read_only(&c, "signed", ReadConsistency::Linearizable).await.as_deref(), Some("yes"));
     // Client 1001 sends a put whose signature is not its own: every node refuses it.
-    let setup = ClientFile::load(&cluster.path().join("client-1001/client.toml")).expect("client file");
-    let connector = tokio_rustls::TlsConnector::from(
-        keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
-    );
+    let (_, mut conns) = raw_connections(&cluster, 1001).await;
     let op = KvRequest::Put { key: b"forged".to_vec(), value: b"x".to_vec() }.encode();
     let mut req = keel_core::message::Request::new(1001, 1, op.into());
     req.sig = Some(keel_core::crypto::SigningKey::from_seed([9; 32]).sign(&req.statement()));
     let frame = keel_core::codec::encode(&keel_core::message::Message::Request(req));
     // Held open until the nodes have answered: a connection closed at once may take its
     // last frame with it.
-    let mut conns = Vec::new();
-    for (j, addr) in setup.nodes.iter().enumerate() {
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
-        let name = keel_runtime::tls::PeerId::Node(j as u32).server_name();
-        let mut tls = connector.connect(name, tcp).await.expect("handshake");
+    for tls in conns.iter_mut() {
         tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
         tls.write_all(&frame).await.expect("write");
         tls.flush().await.expect("flush");
-        conns.push(tls);
     }
     let mut refused = 0;
     for _ in 0..50 {
