@@ -232,9 +232,7 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
         endorsements: Vec::new(),
         sig: None,
     });
-    let frame = keel_core::codec::encode(&forged);
-    tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
-    tls.write_all(&frame).await.expect("write");
+    tls.write_all(&framed(&forged)).await.expect("write");
     tls.write_all(&u32::MAX.to_be_bytes()).await.expect("write");
     tls.flush().await.expect("flush");
 
@@ -413,6 +411,24 @@ async fn put_latencies(c: &KeelClient, n: usize, tag: &str) -> Vec<Duration> {
 
 type RawConn = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
+/// `msg` as it goes on the wire: a big-endian length, then the encoded message.
+fn framed(msg: &keel_core::message::Message) -> Vec<u8> {
+    let frame = keel_core::codec::encode(msg);
+    let mut buf = (frame.len() as u32).to_be_bytes().to_vec();
+    buf.extend_from_slice(&frame);
+    buf
+}
+
+/// A u = r = 1 cluster, client 1000 connected, and its put p50/p99 before anything else
+/// happens (the baseline a test compares against).
+async fn cluster_with_quiet_baseline() -> (Cluster, KeelClient, (Duration, Duration)) {
+    let cluster = Cluster::init(1, 1);
+    let client = cluster.client(1000);
+    put(&client, "ready", "1").await.expect("cluster up");
+    let quiet = p50_p99(put_latencies(&client, 200, "quiet").await);
+    (cluster, client, quiet)
+}
+
 /// Client `id`'s own TLS connection to every node, bypassing the client library (to send
 /// what a faulty client would), and its setup.
 async fn raw_connections(cluster: &Cluster, id: u64) -> (keel_runtime::config::ClientSetup, Vec<RawConn>) {
@@ -431,10 +447,7 @@ async fn raw_connections(cluster: &Cluster, id: u64) -> (keel_runtime::config::C
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_leader() {
-    let cluster = Cluster::init(1, 1);
-    let victim = cluster.client(1000);
-    put(&victim, "ready", "1").await.expect("cluster up");
-    let quiet = p50_p99(put_latencies(&victim, 200, "quiet").await);
+    let (cluster, victim, quiet) = cluster_with_quiet_baseline().await;
 
     // Client 1001 floods every node with requests whose MACs are wrong, as fast as TLS
     // carries them; each must be checked and rejected.
@@ -457,9 +470,7 @@ async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_lead
                         endorsements: Vec::new(),
                         sig: None,
                     });
-                    let frame = keel_core::codec::encode(&forged);
-                    buf.extend_from_slice(&(frame.len() as u32).to_be_bytes());
-                    buf.extend_from_slice(&frame);
+                    buf.extend_from_slice(&framed(&forged));
                     seq += 1;
                 }
                 if tls.write_all(&buf).await.is_err() {
@@ -508,19 +519,13 @@ fn split_put(setup: &keel_runtime::config::ClientSetup, seq: u64, key: &str, val
         .enumerate()
         .map(|(j, k)| if valid.contains(&j) { k.mac(&statement) } else { [0x5a; 16] })
         .collect();
-    let frame = keel_core::codec::encode(&keel_core::message::Message::Request(req));
-    let mut buf = (frame.len() as u32).to_be_bytes().to_vec();
-    buf.extend_from_slice(&frame);
-    buf
+    framed(&keel_core::message::Message::Request(req))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_macs_are_valid_for_some_nodes_only_stalls_nobody_and_changes_no_leader() {
     // The default for r > 0: auth = rq-mac.
-    let cluster = Cluster::init(1, 1);
-    let other = cluster.client(1000);
-    put(&other, "ready", "1").await.expect("cluster up");
-    let quiet = p50_p99(put_latencies(&other, 200, "quiet").await);
+    let (cluster, other, quiet) = cluster_with_quiet_baseline().await;
 
     // Client 1001 sends 30 puts valid for nodes 0 (the primary) and 1 only, then 10 valid
     // for node 1 only, one every 40 ms, to every node; fewer than the 64 bad MACs that
@@ -589,11 +594,10 @@ async fn with_auth_sig_signed_requests_are_served_and_a_bad_signature_is_refused
     let op = KvRequest::Put { key: b"forged".to_vec(), value: b"x".to_vec() }.encode();
     let mut req = keel_core::message::Request::new(1001, 1, op.into());
     req.sig = Some(keel_core::crypto::SigningKey::from_seed([9; 32]).sign(&req.statement()));
-    let frame = keel_core::codec::encode(&keel_core::message::Message::Request(req));
+    let frame = framed(&keel_core::message::Message::Request(req));
     // Held open until the nodes have answered: a connection closed at once may take its
     // last frame with it.
     for tls in conns.iter_mut() {
-        tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
         tls.write_all(&frame).await.expect("write");
         tls.flush().await.expect("flush");
     }

@@ -183,29 +183,29 @@ impl<S: Service> Replica<S> {
     /// recipients, and a node that missed one (its endorser moved on to the client's next
     /// request) can still count it.
     pub(super) fn send_endorsement(&mut self, client: ClientId, to_all: bool, out: &mut Outputs) {
-        let now = self.now;
-        let Some(p) = self.pending.get_mut(&client) else {
+        let Some(p) = self.pending.get(&client) else {
             return;
         };
-        if to_all {
-            p.broadcast_at = now;
-        }
-        let p = &self.pending[&client];
         let Some(macs) = p.endorsers.get(&self.id) else {
             return;
         };
         let primary = self.cfg.primary(self.view);
-        if to_all {
-            let relayed = p
-                .endorsers
-                .iter()
-                .filter(|(n, _)| **n != self.id)
-                .map(|(&node, macs)| Endorsement { node, macs: macs.clone() })
-                .collect();
-            let request = Request { endorsements: relayed, ..p.req.clone() };
-            self.broadcast(Message::Endorse { request, macs: macs.clone() }, out);
-        } else if primary != self.id {
-            out.send.push((Peer::Node(primary), Message::Endorse { request: p.req.clone(), macs: macs.clone() }));
+        if !to_all {
+            if primary != self.id {
+                out.send.push((Peer::Node(primary), Message::Endorse { request: p.req.clone(), macs: macs.clone() }));
+            }
+            return;
+        }
+        let relayed = p
+            .endorsers
+            .iter()
+            .filter(|(n, _)| **n != self.id)
+            .map(|(&node, macs)| Endorsement { node, macs: macs.clone() })
+            .collect();
+        let msg = Message::Endorse { request: Request { endorsements: relayed, ..p.req.clone() }, macs: macs.clone() };
+        self.broadcast(msg, out);
+        if let Some(p) = self.pending.get_mut(&client) {
+            p.broadcast_at = self.now;
         }
     }
 

@@ -460,30 +460,29 @@ impl<S: Service> Replica<S> {
         let timeout = self.cfg.options.request_timeout_ms;
         let primary = self.cfg.primary(self.view);
         let mut suspect = false;
-        let mut endorse_to_all = Vec::new();
+        let mut due = Vec::new();
         for p in self.pending.values() {
             let age = self.now.saturating_sub(p.since);
             if age >= 2 * timeout && self.worth_suspecting(p) {
                 suspect = true;
             } else if age >= timeout && !p.forwarded {
-                match self.cfg.auth {
-                    // Every node hears this node's endorsement, so nodes that could not
-                    // check the client's MAC can endorse too (endorse.rs).
-                    Auth::RqMac => endorse_to_all.push(p.req.client),
-                    Auth::Mac | Auth::Sig | Auth::None if primary != self.id => {
-                        out.send.push((Peer::Node(primary), Message::Forward(p.req.clone())))
-                    }
-                    Auth::Mac | Auth::Sig | Auth::None => {}
+                due.push(p.req.client);
+            }
+        }
+        for client in due {
+            let Some(p) = self.pending.get_mut(&client) else {
+                continue;
+            };
+            p.forwarded = true;
+            match self.cfg.auth {
+                // Every node hears this node's endorsement, so nodes that could not
+                // check the client's MAC can endorse too (endorse.rs).
+                Auth::RqMac => self.send_endorsement(client, true, out),
+                Auth::Mac | Auth::Sig | Auth::None if primary != self.id => {
+                    out.send.push((Peer::Node(primary), Message::Forward(p.req.clone())))
                 }
+                Auth::Mac | Auth::Sig | Auth::None => {}
             }
-        }
-        for p in self.pending.values_mut() {
-            if self.now.saturating_sub(p.since) >= timeout {
-                p.forwarded = true;
-            }
-        }
-        for client in endorse_to_all {
-            self.send_endorsement(client, true, out);
         }
         if suspect {
             self.suspect(self.view + 1, out);
