@@ -49,6 +49,9 @@ pub struct SimArgs {
     /// Print one line per seed.
     #[arg(long)]
     verbose: bool,
+    /// An administrator adds and removes nodes while the faults run (two spare nodes).
+    #[arg(long)]
+    reconfig: bool,
 }
 
 pub fn run(args: SimArgs) -> ExitCode {
@@ -79,6 +82,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         clients: args.clients,
         mutation,
         auth,
+        reconfig: args.reconfig,
         options: Options { exec_workers: args.exec_workers, ..Options::test_min() },
         ..SimOptions::new(seed, args.u, args.r, faults)
     };
@@ -166,6 +170,7 @@ pub fn run(args: SimArgs) -> ExitCode {
             args.clients,
             args.mutate.as_ref().map(|m| format!(" --mutate {m}")).unwrap_or_default()
                 + &args.auth.map(|a| format!(" --auth {}", a.name())).unwrap_or_default()
+                + if args.reconfig { " --reconfig" } else { "" }
                 + &if args.exec_workers == 1 {
                     String::new()
                 } else {
@@ -175,9 +180,10 @@ pub fn run(args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} inconsistent_macs={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} inconsistent_macs={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
-        totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, l.equivocations, l.corruptions,
+        totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, totals.admin_ops, totals.epochs,
+        l.equivocations, l.corruptions,
         l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals,
         l.forged_endorsements, totals.inconsistent_macs
     );

@@ -14,6 +14,13 @@
 //! sequence number; the result is then an ordered one. Messages that such a switch
 //! produces while handling a reply are collected by [`Client::poll_send`].
 //!
+//! Nodes are named by their stable ids (membership.rs). The client follows membership
+//! changes: a reply from a later epoch makes it ask that node for the epoch certificates,
+//! which it checks against the membership it knows ([`crate::membership::follow_certs`])
+//! before it sends to the new members and counts with the new quorums. Its MAC
+//! authenticator has one entry per stable id, so a node keeps verifying it whatever the
+//! membership around it.
+//!
 //! A read-index operation ([`ReadConsistency::Index`]) goes to r + 1 consecutive nodes
 //! only and needs all of them to match. The window stays put while it works (their
 //! caches stay warm) and moves on by one node whenever a read there had to be ordered, so
@@ -21,6 +28,7 @@
 
 use crate::config::Auth;
 use crate::crypto::{Digest, MacKey};
+use crate::membership::Membership;
 use crate::message::{ClientId, Message, NodeId, Payload, Read, ReadConsistency, Reply, ReplyBody, Request, View};
 use crate::quorum::Quorums;
 use std::collections::BTreeMap;
@@ -97,14 +105,19 @@ struct PushInbox {
 pub struct Client {
     id: ClientId,
     quorums: Quorums,
-    /// MAC key shared with each order node, by node id.
+    /// The order nodes as this client knows them.
+    membership: Membership,
+    /// The highest epoch a reply named that the client asked certificates for.
+    epoch_asked: u64,
+    /// MAC key shared with each order node, by stable id (a node added after the client
+    /// was provisioned has none: its entry is left blank and it relies on endorsements).
     keys: Vec<MacKey>,
     auth: Auth,
     /// `auth = sig`: this client identity's signing key.
     signing: Option<crate::crypto::SigningKey>,
     /// Per node: the highest sequence number it replied to (any reply, late ones too), to
     /// leave quiet nodes out of a request's first transmission (`auth = rq-mac`).
-    heard: Vec<u64>,
+    heard: BTreeMap<NodeId, u64>,
     /// The last operation had to be retransmitted: someone it went to did not answer.
     retransmitted: bool,
     /// Last sequence number used (ordered requests and reads share the sequence).
@@ -117,7 +130,8 @@ pub struct Client {
     inflight: Option<Inflight>,
     /// Messages produced outside `invoke`/`on_tick` (a read switched to ordering).
     outbox: Vec<(NodeId, Message)>,
-    /// The first of the r + 1 nodes read-index operations go to.
+    /// The position (in the membership) of the first of the r + 1 nodes read-index
+    /// operations go to.
     index_first: NodeId,
     pushes: PushInbox,
     /// Read-only operations answered without ordering, and ones that had to be ordered
@@ -129,11 +143,14 @@ pub struct Client {
 impl Client {
     /// `first_seq` lets a restarted client continue above sequence numbers it used before.
     pub fn new(id: ClientId, quorums: Quorums, keys: Vec<MacKey>, retransmit_ms: u64, first_seq: u64) -> Client {
-        assert_eq!(keys.len(), quorums.order_nodes(), "one MAC key per order node");
+        assert!(keys.len() >= quorums.order_nodes(), "a MAC key per order node, by stable id");
+        let unknown = vec![crate::crypto::PublicKey([0; 32]); keys.len()];
         Client {
             id,
+            membership: Membership::genesis(quorums.u(), quorums.r(), &unknown, &[]),
+            epoch_asked: 0,
             quorums,
-            heard: vec![0; keys.len()],
+            heard: BTreeMap::new(),
             retransmitted: false,
             keys,
             auth: Auth::Mac,
@@ -163,8 +180,46 @@ impl Client {
         self
     }
 
+    /// The membership this client starts from (with the nodes' public keys, which it
+    /// needs to follow a change); without one it cannot follow changes.
+    pub fn with_membership(mut self, membership: Membership) -> Client {
+        self.quorums = membership.quorums().map(|q| q.with_mutation(self.quorums.mutation())).unwrap_or(self.quorums);
+        self.membership = membership;
+        self
+    }
+
     pub fn id(&self) -> ClientId {
         self.id
+    }
+
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// The order nodes' stable ids, in index order.
+    pub fn members(&self) -> Vec<NodeId> {
+        self.membership.members.iter().map(|m| m.id).collect()
+    }
+
+    /// Certificates of later epochs (from a node this client asked). Valid ones move the
+    /// client to the newest membership; the in-flight request goes to its members.
+    /// Returns whether the membership changed.
+    pub fn on_epoch_certs(&mut self, certs: Vec<crate::message::EpochCert>) -> bool {
+        let Ok((at, chain)) = crate::membership::follow_certs(&self.membership, certs, self.quorums.mutation()) else {
+            return false;
+        };
+        let Ok(quorums) = at.quorums() else { return false };
+        if chain.is_empty() {
+            return false;
+        }
+        self.quorums = quorums.with_mutation(self.quorums.mutation());
+        self.membership = at;
+        self.index_first %= self.membership.n() as NodeId;
+        if let Some(Inflight { kind: Kind::Ordered(request), .. }) = &self.inflight {
+            let resend = self.to_all(Message::Request(request.clone()));
+            self.outbox.extend(resend);
+        }
+        true
     }
 
     pub fn view(&self) -> View {
@@ -220,12 +275,13 @@ impl Client {
 
     /// The nodes a read goes to: all, or for read index the r + 1 from `index_first` on.
     fn read_targets(&self, consistency: ReadConsistency) -> Vec<NodeId> {
-        let n = self.keys.len() as NodeId;
+        let members = self.members();
+        let n = members.len() as NodeId;
         match consistency {
-            ReadConsistency::Index => {
-                (0..self.quorums.reply_quorum() as NodeId).map(|i| (self.index_first + i) % n).collect()
-            }
-            ReadConsistency::Serializable | ReadConsistency::Linearizable => (0..n).collect(),
+            ReadConsistency::Index => (0..self.quorums.reply_quorum() as NodeId)
+                .map(|i| members[((self.index_first + i) % n) as usize])
+                .collect(),
+            ReadConsistency::Serializable | ReadConsistency::Linearizable => members,
         }
     }
 
@@ -245,7 +301,10 @@ impl Client {
     fn authenticator(&self, statement: &Digest) -> Vec<crate::crypto::Mac> {
         match self.auth {
             Auth::None | Auth::Sig => Vec::new(),
-            Auth::RqMac | Auth::Mac => self.keys.iter().map(|k| k.mac(statement)).collect(),
+            Auth::RqMac | Auth::Mac => {
+                let len = self.members().into_iter().max().map_or(0, |m| m as usize + 1).max(self.keys.len());
+                (0..len).map(|i| self.keys.get(i).map_or([0; 16], |k| k.mac(statement))).collect()
+            }
         }
     }
 
@@ -273,31 +332,37 @@ impl Client {
     /// replied to neither of the last two operations are passed over while enough others
     /// remain, so a crashed node does not cost every request a retransmission timeout.
     fn rq_targets(&self, retransmitted: bool) -> Vec<NodeId> {
-        let n = self.keys.len() as NodeId;
+        let members = self.members();
+        let n = members.len();
         let want = self.quorums.endorse_propose();
-        let primary = (self.view % n as u64) as NodeId;
-        let ring: Vec<NodeId> = (0..n).map(|i| (primary + i) % n).collect();
+        let primary = (self.view % n as u64) as usize;
+        let ring: Vec<NodeId> = (0..n).map(|i| members[(primary + i) % n]).collect();
         let memory = if retransmitted { 1 } else { 2 };
-        let live = |node: &NodeId| self.heard[*node as usize] + memory >= self.seq;
+        let heard = |node: &NodeId| self.heard.get(node).copied().unwrap_or(0);
+        let live = |node: &NodeId| heard(node) + memory >= self.seq;
         let mut targets: Vec<NodeId> = ring.iter().copied().filter(live).take(want).collect();
         // Short of live nodes: the most recently heard from first (ring order on ties).
         let mut rest: Vec<NodeId> = ring.into_iter().filter(|n| !targets.contains(n)).collect();
-        rest.sort_by_key(|n| std::cmp::Reverse(self.heard[*n as usize]));
+        rest.sort_by_key(|n| std::cmp::Reverse(heard(n)));
         targets.extend(rest.into_iter().take(want - targets.len()));
         targets
     }
 
     fn to_all(&self, msg: Message) -> Vec<(NodeId, Message)> {
-        (0..self.keys.len() as NodeId).map(|n| (n, msg.clone())).collect()
+        self.membership.members.iter().map(|m| (m.id, msg.clone())).collect()
+    }
+
+    fn is_member(&self, node: NodeId) -> bool {
+        self.membership.index_of(node).is_some()
     }
 
     /// A push event from node `from`. Returns what is now deliverable, in order; the
     /// acknowledgements to send wait in [`Client::poll_send`].
     pub fn on_push(&mut self, now: u64, from: NodeId, seq: u64, event: Vec<u8>) -> Vec<Pushed> {
-        let inbox = &mut self.pushes;
-        if from as usize >= self.keys.len() {
+        if !self.is_member(from) {
             return Vec::new();
         }
+        let inbox = &mut self.pushes;
         if seq < inbox.next {
             inbox.ack_due = true;
             return Vec::new();
@@ -375,11 +440,17 @@ impl Client {
     /// A reply from node `from`. Returns the result once enough nodes agree on it: r + 1
     /// for ordered operations, [`Quorums::read_quorum`] for reads.
     pub fn on_reply(&mut self, from: NodeId, reply: Reply) -> Option<Vec<u8>> {
-        if from as usize >= self.keys.len() {
+        if reply.epoch > self.membership.epoch && reply.epoch > self.epoch_asked {
+            // The membership changed: ask (the node that knows) how.
+            self.epoch_asked = reply.epoch;
+            self.outbox.push((from, Message::EpochQuery { epoch: self.membership.epoch }));
+        }
+        if !self.is_member(from) {
             return None;
         }
         if reply.client == self.id {
-            self.heard[from as usize] = self.heard[from as usize].max(reply.seq);
+            let heard = self.heard.entry(from).or_insert(0);
+            *heard = (*heard).max(reply.seq);
         }
         let targets = match &self.inflight.as_ref()?.kind {
             Kind::Read(read) => self.read_targets(read.consistency),
@@ -436,7 +507,7 @@ impl Client {
         self.reads_ordered += 1;
         if let Some(Inflight { kind: Kind::Read(read), .. }) = &self.inflight {
             if read.consistency == ReadConsistency::Index {
-                self.index_first = (self.index_first + 1) % self.keys.len() as NodeId;
+                self.index_first = (self.index_first + 1) % self.membership.n() as NodeId;
             }
         }
         self.inflight = None;
@@ -476,6 +547,12 @@ impl Client {
                 self.order_read(now, op);
                 msgs.extend(self.poll_send());
             }
+        }
+        if self.epoch_asked > self.membership.epoch {
+            // Still behind a membership change: ask everyone (the first answer was lost,
+            // or came from a node that could not prove it).
+            let query = Message::EpochQuery { epoch: self.membership.epoch };
+            msgs.extend(self.to_all(query));
         }
         msgs
     }
@@ -519,7 +596,7 @@ mod tests {
     }
 
     fn reply(seq: u64, body: ReplyBody) -> Reply {
-        Reply { client: 9, view: 0, seq, body }
+        Reply { client: 9, view: 0, seq, body, epoch: 0 }
     }
 
     #[test]

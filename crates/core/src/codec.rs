@@ -10,7 +10,7 @@ use crate::message::{CertProof, Message, NewView, Read, Request, StableProof, Va
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 7;
+pub const WIRE_VERSION: u8 = 8;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -21,6 +21,8 @@ pub const REQUESTS_PER_VALUE_MAX: usize = 4096;
 pub const CERTS_PER_VIEW_CHANGE_MAX: usize = 1024;
 /// The most chunks a checkpoint may have.
 pub const CHUNKS_MAX: usize = 1 << 18;
+/// Epoch certificates in one message (and kept by a node: older epochs are forgotten).
+pub const EPOCH_CERTS_MAX: usize = 64;
 /// The largest chunk of a checkpoint.
 pub const CHUNK_BYTES_MAX: usize = 1 << 20;
 
@@ -93,6 +95,12 @@ fn check_stable(p: &StableProof) -> Result<(), DecodeError> {
     bound("stable.sigs", p.sigs.len(), NODES_MAX)
 }
 
+fn check_membership(m: &crate::membership::Membership) -> Result<(), DecodeError> {
+    bound("membership.members", m.members.len(), NODES_MAX)?;
+    m.members.iter().try_for_each(|x| bound("member.addr", x.addr.len(), crate::membership::ADDR_MAX))?;
+    m.previous.as_deref().map_or(Ok(()), check_membership)
+}
+
 fn check_cert(c: &CertProof) -> Result<(), DecodeError> {
     bound("cert.writes", c.writes.len(), NODES_MAX)
 }
@@ -127,6 +135,13 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         Message::ViewChange(vc) => check_view_change(vc),
         Message::NewView(nv) => check_new_view(nv),
         Message::StableCert(p) => check_stable(p),
+        Message::EpochCerts(certs) => {
+            bound("epoch_certs", certs.len(), EPOCH_CERTS_MAX)?;
+            certs.iter().try_for_each(|c| {
+                check_stable(&c.proof)?;
+                check_membership(&c.next)
+            })
+        }
         Message::Manifest { chunks, .. } => bound("manifest.chunks", chunks.len(), CHUNKS_MAX),
         Message::Push { event, .. } => bound("push.event", event.len(), OP_BYTES_MAX),
         Message::Chunk { data, .. } => bound("chunk.data", data.len(), CHUNK_BYTES_MAX),
@@ -140,7 +155,8 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         | Message::PushAck { .. }
         | Message::FetchManifest { .. }
         | Message::FetchChunk { .. }
-        | Message::FetchValue { .. } => Ok(()),
+        | Message::FetchValue { .. }
+        | Message::EpochQuery { .. } => Ok(()),
     }
 }
 
@@ -194,7 +210,7 @@ mod tests {
 
     fn arb_stable() -> impl Strategy<Value = StableProof> {
         (any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
-            .prop_map(|(seq, root, sigs)| StableProof { seq, root, sigs })
+            .prop_map(|(seq, root, sigs)| StableProof { seq, root, membership: Digest([3; 32]), sigs })
     }
 
     fn arb_view_change() -> impl Strategy<Value = ViewChange> {
@@ -239,7 +255,13 @@ mod tests {
                     Just(ReplyBody::NotReadOnly)
                 ]
             )
-                .prop_map(|(client, view, seq, body)| Message::Reply(Reply { client, view, seq, body })),
+                .prop_map(|(client, view, seq, body)| Message::Reply(Reply {
+                    client,
+                    view,
+                    seq,
+                    body,
+                    epoch: view / 3
+                })),
             (any::<u64>(), any::<u64>(), arb_value()).prop_map(|(view, seq, value)| Message::Propose {
                 view,
                 seq,
@@ -252,8 +274,9 @@ mod tests {
                 seq,
                 digest
             }),
-            (any::<u64>(), arb_digest(), arb_sig())
-                .prop_map(|(seq, root, sig)| { Message::Checkpoint(CheckpointVote { seq, root, sig }) }),
+            (any::<u64>(), arb_digest(), arb_sig()).prop_map(|(seq, root, sig)| {
+                Message::Checkpoint(CheckpointVote { seq, root, membership: root, sig })
+            }),
             any::<u64>().prop_map(|view| Message::Stop { view }),
             arb_view_change().prop_map(Message::ViewChange),
             (any::<u64>(), proptest::collection::vec(arb_view_change(), 0..3), arb_sig())

@@ -4,8 +4,9 @@
 //! suffix and checked before anything is buffered.
 
 use crate::crypto::PublicKey;
+use crate::membership::Membership;
 use crate::message::ClientId;
-use crate::quorum::Quorums;
+use crate::quorum::{QuorumError, Quorums};
 use std::collections::BTreeMap;
 
 /// What every node of one cluster agrees on.
@@ -20,6 +21,11 @@ pub struct ClusterConfig {
     /// `auth = sig`: each client identity's Ed25519 public key (sessions use their
     /// owner's).
     pub client_keys: BTreeMap<ClientId, PublicKey>,
+    /// The epoch this configuration runs: `quorums` and `node_keys` are its.
+    pub membership: Membership,
+    /// The key administrative operations must be signed with (membership.rs); `None`:
+    /// the membership cannot change.
+    pub admin_key: Option<PublicKey>,
 }
 
 /// Request authentication (ARCHITECTURE §4, UpRight §4.1).
@@ -92,6 +98,8 @@ impl ClusterConfig {
         Ok(ClusterConfig {
             auth: Auth::default_for(&quorums),
             client_keys: BTreeMap::new(),
+            membership: Membership::genesis(quorums.u(), quorums.r(), &node_keys, &[]),
+            admin_key: None,
             quorums,
             node_keys,
             options,
@@ -107,6 +115,43 @@ impl ClusterConfig {
     pub fn with_client_keys(mut self, keys: BTreeMap<ClientId, PublicKey>) -> ClusterConfig {
         self.client_keys = keys;
         self
+    }
+
+    /// Administrative operations signed with `key` may change the membership.
+    pub fn with_admin_key(mut self, key: PublicKey) -> ClusterConfig {
+        self.admin_key = Some(key);
+        self
+    }
+
+    /// Node addresses for the genesis membership (index order), which members gossip.
+    pub fn with_addrs(mut self, addrs: &[String]) -> ClusterConfig {
+        for (m, a) in self.membership.members.iter_mut().zip(addrs) {
+            m.addr = a.clone();
+        }
+        self
+    }
+
+    /// The configuration of epoch `next.epoch` (a node of this cluster that restarts in a
+    /// later epoch, or joins one): same options, auth
+    /// and keys; quorums from the new (u, r, n) with the same deliberate bug, if any.
+    ///
+    /// # Errors
+    /// If `next` cannot tolerate its (u, r) (the executor never produces such a one).
+    pub fn next_epoch(&self, next: Membership) -> Result<ClusterConfig, QuorumError> {
+        let quorums = next.quorums()?.with_mutation(self.quorums.mutation());
+        Ok(ClusterConfig {
+            quorums,
+            node_keys: next.keys(),
+            options: self.options.clone(),
+            auth: self.auth,
+            client_keys: self.client_keys.clone(),
+            membership: next,
+            admin_key: self.admin_key,
+        })
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.membership.epoch
     }
 
     pub fn n(&self) -> usize {

@@ -15,8 +15,9 @@
 //! - between calls no request is running, so snapshots and restores see a quiet service
 //!   (checkpoints are taken between batches).
 
-use crate::crypto::{Digest, Hasher};
-use crate::message::{ClientId, Request, Seq, Value};
+use crate::crypto::{Digest, Hasher, PublicKey};
+use crate::membership::{AdminError, AdminOp, AdminResult, Membership, ADMIN_CLIENT};
+use crate::message::{owner_of, ClientId, Request, Seq, Value};
 use crate::parallel::{GraphBuilder, Job, Pool, SplitMix};
 use crate::service::{ExecCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
@@ -90,6 +91,11 @@ pub struct Executor<S> {
     /// The last push event number per client (part of the checkpointed state, so a node
     /// that transfers state numbers the next events as everyone else does).
     push_seqs: BTreeMap<ClientId, u64>,
+    /// The order nodes, as administrative operations left them (replicated state: part
+    /// of every snapshot, so a node that transfers state learns the membership too).
+    membership: Membership,
+    /// Who may sign administrative operations (configuration, not state).
+    admin: Option<PublicKey>,
     schedule: Schedule,
     /// `Schedule::Pool`: started by the first call that has a concurrent handle, so a
     /// service that never opts in never starts a thread.
@@ -104,6 +110,7 @@ struct SnapshotBody {
     time: u64,
     clients: BTreeMap<ClientId, LastReply>,
     push_seqs: BTreeMap<ClientId, u64>,
+    membership: Membership,
     #[serde(with = "serde_bytes")]
     service: Vec<u8>,
 }
@@ -143,6 +150,8 @@ impl<S: Service> Executor<S> {
             time: 0,
             clients: BTreeMap::new(),
             push_seqs: BTreeMap::new(),
+            membership: Membership::default(),
+            admin: None,
             schedule,
             pool: None,
             shuffle: SplitMix::new(seed),
@@ -176,6 +185,18 @@ impl<S: Service> Executor<S> {
         self.clients.get(&client).filter(|l| l.seq == seq).map(|l| l.result.as_slice())
     }
 
+    /// The membership as of the last executed instance.
+    pub fn membership(&self) -> &Membership {
+        &self.membership
+    }
+
+    /// Sets the starting membership and the admin key (a node's configuration, before
+    /// it executes or restores anything).
+    pub fn set_membership(&mut self, membership: Membership, admin: Option<PublicKey>) {
+        self.membership = membership;
+        self.admin = admin;
+    }
+
     /// The client's last executed sequence number.
     pub fn last_seq(&self, client: ClientId) -> u64 {
         self.clients.get(&client).map_or(0, |l| l.seq)
@@ -201,7 +222,11 @@ impl<S: Service> Executor<S> {
         if values.is_empty() {
             return Vec::new();
         }
+        // An administrative operation changes the membership between two requests: a
+        // barrier, so such runs go one request after another.
+        let admin = values.iter().any(|v| v.requests.iter().any(|r| owner_of(r.client) == ADMIN_CLIENT));
         let handle = match self.schedule {
+            _ if admin => None,
             Schedule::Sequential => None,
             Schedule::Pool { .. } | Schedule::Shuffled { .. } => self.service.concurrent(),
         };
@@ -229,11 +254,32 @@ impl<S: Service> Executor<S> {
             let result = self.cached(req.client, req.seq).map(<[u8]>::to_vec).unwrap_or_default();
             return Outcome { client: req.client, seq: req.seq, result, fresh: false, pushes: Vec::new() };
         }
+        if owner_of(req.client) == ADMIN_CLIENT {
+            let result = crate::membership::encode_result(&self.administer(seq, &req.op));
+            self.clients.insert(req.client, LastReply { seq: req.seq, result: result.clone() });
+            return Outcome { client: req.client, seq: req.seq, result, fresh: true, pushes: Vec::new() };
+        }
         let ctx = request_ctx(seq, self.time, seed, index, req.client);
         let result = self.service.execute(&req.op, &ctx);
         self.clients.insert(req.client, LastReply { seq: req.seq, result: result.clone() });
         let pushes = self.number(ctx.take_pushes());
         Outcome { client: req.client, seq: req.seq, result, fresh: true, pushes }
+    }
+
+    /// Applies an administrative operation decided in instance `seq` (membership.rs).
+    /// The first change of an instance ends the epoch there; a second one in the same
+    /// instance is refused, so an epoch change is always exactly one step.
+    fn administer(&mut self, seq: Seq, op: &[u8]) -> AdminResult {
+        let Some(admin) = self.admin else {
+            return Err(AdminError::NoAdminKey);
+        };
+        let op = AdminOp::decode(op)?;
+        if self.membership.since == seq {
+            return Err(AdminError::ChangeInProgress);
+        }
+        let next = self.membership.apply(&op, &admin, seq)?;
+        self.membership = next.clone();
+        Ok(next)
     }
 
     /// Numbers one request's push events, continuing each client's sequence. Called in
@@ -339,6 +385,7 @@ impl<S: Service> Executor<S> {
             time: self.time,
             clients: self.clients.clone(),
             push_seqs: self.push_seqs.clone(),
+            membership: self.membership.clone(),
             service: self.service.snapshot(),
         };
         // Sized up front: growing by doubling would copy the service state several times.
@@ -360,8 +407,15 @@ impl<S: Service> Executor<S> {
         self.time = body.time;
         self.clients = body.clients;
         self.push_seqs = body.push_seqs;
+        self.membership = body.membership;
         Ok(body.executed)
     }
+}
+
+/// The membership recorded in an executor snapshot (a driver picks a restarting node's
+/// epoch from the snapshot at its stable checkpoint).
+pub fn snapshot_membership(bytes: &[u8]) -> Option<Membership> {
+    postcard::from_bytes::<SnapshotBody>(bytes).ok().map(|b| b.membership)
 }
 
 /// The context of the request at `index` in instance `seq`: a function of agreed values

@@ -15,6 +15,7 @@ pub mod codec;
 pub mod config;
 pub mod crypto;
 pub mod exec;
+pub mod membership;
 pub mod message;
 pub mod parallel;
 pub mod quorum;

@@ -279,6 +279,9 @@ pub struct Reply {
     /// The client sequence number this answers.
     pub seq: u64,
     pub body: ReplyBody,
+    /// The node's membership epoch: a client that knows an older one asks for the
+    /// certificates of the change ([`Message::EpochQuery`]).
+    pub epoch: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -318,25 +321,62 @@ pub fn write_statement(view: View, seq: Seq, digest: &Digest, node: NodeId) -> D
     Hasher::new("keel/write").u64(view).u64(seq).digest(digest).u64(node as u64).finish()
 }
 
-/// A checkpoint vote: "after executing `seq`, my state's Merkle root is `root`".
+/// A checkpoint vote: "after executing `seq`, my state's Merkle root is `root`, and
+/// the membership in that state has digest `membership`".
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CheckpointVote {
     pub seq: Seq,
     pub root: Digest,
+    pub membership: Digest,
     pub sig: Sig,
 }
 
-pub fn checkpoint_statement(seq: Seq, root: &Digest, node: NodeId) -> Digest {
-    Hasher::new("keel/checkpoint").u64(seq).digest(root).u64(node as u64).finish()
+/// The membership digest is redundant for correct nodes (the root covers the state, which
+/// holds the membership) but lets a proof vouch for the membership without the state: a
+/// node or client that missed an epoch change learns the new members from the proof of
+/// the epoch's last checkpoint ([`EpochCert`]).
+pub fn checkpoint_statement(seq: Seq, root: &Digest, membership: &Digest, node: NodeId) -> Digest {
+    Hasher::new("keel/checkpoint").u64(seq).digest(root).digest(membership).u64(node as u64).finish()
 }
 
-/// Q signed checkpoint votes for the same (seq, root): proof that the state at `seq` is
-/// the one correct nodes hold. `seq = 0` is the genesis state and needs no signatures.
+/// Q signed checkpoint votes for the same (seq, root, membership): proof that the state
+/// at `seq` is the one correct nodes hold. `seq = 0` is the genesis state and needs no
+/// signatures.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StableProof {
     pub seq: Seq,
     pub root: Digest,
+    pub membership: Digest,
     pub sigs: Vec<(NodeId, Sig)>,
+}
+
+/// `p` carries `quorum` distinct valid signatures, by nodes with `keys`, on its
+/// (seq, root, membership).
+pub fn proof_signed(keys: &crate::crypto::NodeKeys, quorum: usize, p: &StableProof) -> bool {
+    let mut signers = std::collections::BTreeSet::new();
+    for (node, sig) in &p.sigs {
+        if !keys.verify(*node, &checkpoint_statement(p.seq, &p.root, &p.membership, *node), sig) {
+            return false;
+        }
+        signers.insert(*node);
+    }
+    signers.len() >= quorum
+}
+
+impl StableProof {
+    pub fn genesis() -> StableProof {
+        StableProof { seq: 0, root: Digest::default(), membership: Digest::default(), sigs: Vec::new() }
+    }
+}
+
+/// How a node or client that knows epoch `e`'s membership learns epoch `e + 1`'s: the
+/// proof, by epoch e's quorum, of the checkpoint at the last instance of e, and the
+/// membership whose digest it signs (which names e's membership as `previous` and the
+/// checkpoint as `since`). A chain of them spans several epochs (replica/epoch.rs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochCert {
+    pub proof: StableProof,
+    pub next: crate::membership::Membership,
 }
 
 /// A prepared certificate: the value a node prepared for `seq` in `view`, and (in BFT
@@ -523,6 +563,13 @@ pub enum Message {
         client: ClientId,
         upto: u64,
     },
+    /// Answer to a node (or client) of an earlier epoch: how the membership changed
+    /// since, one certificate per epoch, oldest first.
+    EpochCerts(Vec<EpochCert>),
+    /// Client → node: "I know epoch `epoch`; how did the membership change since?"
+    EpochQuery {
+        epoch: u64,
+    },
 }
 
 impl Message {
@@ -552,6 +599,8 @@ impl Message {
             Message::IndexProbe { .. } => "index-probe",
             Message::IndexAck { .. } => "index-ack",
             Message::Endorse { .. } => "endorse",
+            Message::EpochCerts(_) => "epoch-certs",
+            Message::EpochQuery { .. } => "epoch-query",
             Message::Push { .. } => "push",
             Message::PushAck { .. } => "push-ack",
         }

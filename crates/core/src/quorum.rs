@@ -5,9 +5,11 @@
 //! Any number of nodes may crash and recover; a node counts as faulty only while down.
 //!
 //! ```text
-//!   order nodes     N = 2u + r + 1
-//!   order quorum    Q = u + r + 1      live with u down: N - u = Q
-//!                                      two quorums share 2Q - N = r + 1 nodes >= 1 correct
+//!   order nodes     N >= 2u + r + 1    (N = 2u + r + 1 unless reconfiguration added more)
+//!   order quorum    Q = ceil((N + r + 1) / 2)
+//!                                      = u + r + 1 at N = 2u + r + 1
+//!                                      two quorums share 2Q - N >= r + 1 nodes >= 1 correct
+//!                                      live with u down: N - u >= Q
 //!   weak quorum     r + 1              contains at least one correct node
 //!   reply quorum    r + 1              matching replies a client accepts
 //! ```
@@ -82,6 +84,8 @@ pub enum QuorumError {
     RExceedsU { u: u32, r: u32 },
     #[error("u = {u}, r = {r} needs {n} nodes, more than the {max} supported")]
     TooManyNodes { u: u32, r: u32, n: usize, max: usize },
+    #[error("{n} nodes cannot tolerate u = {u}, r = {r}: that needs at least {min}")]
+    TooFewNodes { u: u32, r: u32, n: usize, min: usize },
 }
 
 /// Thresholds for one (u, r) configuration.
@@ -89,19 +93,32 @@ pub enum QuorumError {
 pub struct Quorums {
     u: u32,
     r: u32,
+    /// Order nodes; `2u + r + 1` unless a reconfiguration added more.
+    n: u32,
     mutation: Option<Mutation>,
 }
 
 impl Quorums {
+    /// The smallest cluster for (u, r): `2u + r + 1` nodes.
     pub fn new(u: u32, r: u32) -> Result<Quorums, QuorumError> {
+        Quorums::with_nodes(u, r, 2 * u as usize + r as usize + 1)
+    }
+
+    /// `n` nodes tolerating (u, r): what a membership change produces (BFT-SMaRt
+    /// §II-C3). More nodes than `2u + r + 1` raise the order quorum so that two quorums
+    /// still share `r + 1` nodes; `n - u` nodes still form one.
+    pub fn with_nodes(u: u32, r: u32, n: usize) -> Result<Quorums, QuorumError> {
         if r > u {
             return Err(QuorumError::RExceedsU { u, r });
         }
-        let n = 2 * u as usize + r as usize + 1;
-        if n > NODES_MAX {
-            return Err(QuorumError::TooManyNodes { u, r, n, max: NODES_MAX });
+        let min = 2 * u as usize + r as usize + 1;
+        if n > NODES_MAX || min > NODES_MAX {
+            return Err(QuorumError::TooManyNodes { u, r, n: n.max(min), max: NODES_MAX });
         }
-        Ok(Quorums { u, r, mutation: None })
+        if n < min {
+            return Err(QuorumError::TooFewNodes { u, r, n, min });
+        }
+        Ok(Quorums { u, r, n: n as u32, mutation: None })
     }
 
     /// The same thresholds with a deliberate bug switched on (simulator only).
@@ -128,14 +145,15 @@ impl Quorums {
         self.r > 0
     }
 
-    /// Order (agreement) nodes: `2u + r + 1`.
+    /// Order (agreement) nodes: `2u + r + 1`, or more after a reconfiguration.
     pub fn order_nodes(&self) -> usize {
-        2 * self.u as usize + self.r as usize + 1
+        self.n as usize
     }
 
-    /// Votes that decide, prepare, make a checkpoint stable, or start a view: `u + r + 1`.
+    /// Votes that decide, prepare, make a checkpoint stable, or start a view:
+    /// `ceil((N + r + 1) / 2)`, which is `u + r + 1` for `N = 2u + r + 1`.
     pub fn order_quorum(&self) -> usize {
-        let q = self.u as usize + self.r as usize + 1;
+        let q = (self.n as usize + self.r as usize + 2) / 2;
         match self.mutation {
             Some(Mutation::QuorumMinusOne) => q.saturating_sub(1).max(1),
             _ => q,
@@ -289,6 +307,28 @@ mod tests {
                 assert!(qq - r as usize >= t.weak_quorum());
             }
         }
+    }
+
+    /// Clusters grown by reconfiguration keep both properties.
+    #[test]
+    fn larger_clusters_keep_intersection_and_liveness() {
+        for u in 0..=6u32 {
+            for r in 0..=u {
+                let min = (2 * u + r + 1) as usize;
+                assert_eq!(Quorums::with_nodes(u, r, min), Quorums::new(u, r));
+                for n in min..=min + 6 {
+                    let t = Quorums::with_nodes(u, r, n).expect("valid");
+                    let qq = t.order_quorum();
+                    assert!(n - u as usize >= qq, "live: n {n} u {u} r {r} q {qq}");
+                    assert!(2 * qq - n > r as usize, "intersect: n {n} u {u} r {r} q {qq}");
+                    assert!(qq - r as usize >= t.weak_quorum());
+                    assert!(t.endorse_propose() <= n - u as usize);
+                }
+            }
+        }
+        assert_eq!(Quorums::with_nodes(1, 1, 5).map(|t| t.order_quorum()), Ok(4));
+        assert_eq!(Quorums::with_nodes(1, 0, 4).map(|t| t.order_quorum()), Ok(3));
+        assert_eq!(Quorums::with_nodes(1, 1, 3), Err(QuorumError::TooFewNodes { u: 1, r: 1, n: 3, min: 4 }));
     }
 
     #[test]

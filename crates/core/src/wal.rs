@@ -13,7 +13,7 @@
 //! so that a recycled segment file's old records fail it and read as the end of the log.
 
 use crate::crypto::Digest;
-use crate::message::{Cert, Seq, StableProof, Value, View};
+use crate::message::{Cert, EpochCert, Seq, StableProof, Value, View};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -32,6 +32,9 @@ pub enum Record {
     DecidedValue { seq: Seq, value: Value },
     /// The newest stable checkpoint the node knows a proof for.
     Stable(StableProof),
+    /// The node runs the epoch the last certificate leads to (first record of a log
+    /// compacted in an epoch above 0; replica/epoch.rs).
+    Epoch(Vec<EpochCert>),
 }
 
 impl Record {
@@ -40,7 +43,7 @@ impl Record {
         match self {
             Record::Accepted { seq, .. } | Record::Decided { seq, .. } | Record::DecidedValue { seq, .. } => Some(*seq),
             Record::Prepared(c) => Some(c.seq),
-            Record::View { .. } | Record::ViewChangeSent { .. } | Record::Stable(_) => None,
+            Record::View { .. } | Record::ViewChangeSent { .. } | Record::Stable(_) | Record::Epoch(_) => None,
         }
     }
 }
@@ -50,7 +53,7 @@ impl Record {
 /// change to them: a node refuses a data directory of another version instead of
 /// misreading it (session 3 changed request digests without one, and recovered nodes
 /// silently dropped decisions whose digests no longer matched).
-pub const STORAGE_FORMAT: u32 = 4;
+pub const STORAGE_FORMAT: u32 = 5;
 
 const HEADER: usize = 8;
 /// A record larger than this is corruption, not data (it would not fit a frame either).

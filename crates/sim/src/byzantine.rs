@@ -198,6 +198,13 @@ impl Byzantine {
         }
     }
 
+    /// The node's index and cluster size changed with a new epoch (membership.rs).
+    pub fn renumber(&mut self, me: NodeId, n: usize, quorum: usize) {
+        self.me = me;
+        self.n = n;
+        self.quorum = quorum;
+    }
+
     /// Remembers a message the node received, for later replay, and answers a request
     /// for the body of a value it forged (the honest replica underneath never saw it).
     pub fn observe(&mut self, from: Peer, msg: &Message) -> Vec<Frame> {
@@ -391,7 +398,7 @@ impl Byzantine {
         if rng.gen_bool(0.3) {
             // Also claim a stable checkpoint far ahead.
             let sigs = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
-            vc.stable = StableProof { seq: base + 1_000 * 8, root: Digest([7; 32]), sigs };
+            vc.stable = StableProof { seq: base + 1_000 * 8, root: Digest([7; 32]), membership: Digest([7; 32]), sigs };
             vc.certs.clear();
         }
         vc.sig = self.signing.sign(&vc.statement());
@@ -416,13 +423,13 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
         }
         Message::Checkpoint(mut c) => {
             flip(rng, &mut c.root);
-            Message::Checkpoint(CheckpointVote { seq: c.seq, root: c.root, sig: c.sig })
+            Message::Checkpoint(CheckpointVote { seq: c.seq, root: c.root, membership: c.membership, sig: c.sig })
         }
         Message::Push { client, seq, mut event } => {
             event.push(0xee);
             Message::Push { client, seq, event }
         }
-        Message::Reply(Reply { client, view, seq, body }) => {
+        Message::Reply(Reply { client, view, seq, body, epoch }) => {
             let body = match body {
                 ReplyBody::Full(mut b) => {
                     b.push(0xee);
@@ -434,7 +441,7 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
                 }
                 ReplyBody::NotReadOnly => ReplyBody::Full(vec![0xee]),
             };
-            Message::Reply(Reply { client, view, seq, body })
+            Message::Reply(Reply { client, view, seq, body, epoch })
         }
         Message::Decided { seq, mut value } => {
             value.time = value.time.wrapping_add(1);

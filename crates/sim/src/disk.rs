@@ -113,6 +113,11 @@ impl SimDisk {
         self.snapshots.len()
     }
 
+    /// The checkpoints whose snapshots are held (for reports).
+    pub fn snapshot_seqs(&self) -> Vec<u64> {
+        self.snapshots.keys().copied().collect()
+    }
+
     pub fn wal_len(&self) -> usize {
         self.wal.len()
     }

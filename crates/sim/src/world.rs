@@ -17,9 +17,10 @@ use keel_core::client::{Client, Pushed};
 use keel_core::codec;
 use keel_core::config::{Auth, ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
+use keel_core::membership::{AdminOp, Change, Member, Membership, ADMIN_CLIENT};
 use keel_core::message::{ClientId, Message, NodeId, Read, Reply, ReplyBody, Request, Seq, View};
 use keel_core::quorum::{Mutation, Quorums};
-use keel_core::replica::{client_mac_key, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica};
+use keel_core::replica::{client_mac_key, Durable, Event, Input, NextEpoch, NodeSecrets, Outputs, Peer, Replica};
 use keel_core::service::{ReadCtx, Service};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -75,6 +76,8 @@ pub struct SimOptions {
     /// Run a client whose MACs are valid for some nodes only; None: with Byzantine faults,
     /// unless `auth = mac` with r > 0.
     pub faulty_client: Option<bool>,
+    /// An administrator adds and removes nodes during the fault phase (membership.rs).
+    pub reconfig: bool,
 }
 
 impl SimOptions {
@@ -92,6 +95,7 @@ impl SimOptions {
             byzantine: None,
             auth: None,
             faulty_client: None,
+            reconfig: false,
         }
     }
 }
@@ -120,6 +124,9 @@ pub struct FaultCounts {
     pub byzantine_nodes: u64,
     /// Requests of a faulty client whose MACs were valid for some nodes only.
     pub inconsistent_macs: u64,
+    /// Membership changes the administrator asked for, and those applied.
+    pub admin_ops: u64,
+    pub epochs: u64,
     pub lies: LieCounts,
 }
 
@@ -150,6 +157,8 @@ impl FaultCounts {
         self.skewed_clocks += o.skewed_clocks;
         self.byzantine_nodes += o.byzantine_nodes;
         self.inconsistent_macs += o.inconsistent_macs;
+        self.admin_ops += o.admin_ops;
+        self.epochs += o.epochs;
         self.lies.add(&o.lies);
     }
 }
@@ -185,10 +194,12 @@ pub struct SeedReport {
 }
 
 enum Ev {
+    /// Node peers are stable ids; `epoch` is the sending node's (0 from clients).
     Deliver {
         to: Peer,
         from: Peer,
         frame: Vec<u8>,
+        epoch: u64,
     },
     NodeTick(NodeId),
     ClientTick(usize),
@@ -202,7 +213,13 @@ enum Ev {
         upto: u64,
         gated: Vec<(Peer, Message)>,
         facts: Vec<Event>,
+        /// The membership epoch the node was in when it produced them.
+        member_epoch: u64,
     },
+    /// The administrator asks for the next membership change.
+    Admin,
+    /// The administrator's client core retransmits.
+    AdminTick,
     Restart(NodeId),
     Nemesis,
 }
@@ -230,8 +247,22 @@ impl Ord for Scheduled {
     }
 }
 
+/// What a node (by stable id) is to the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Member,
+    /// Provisioned but not added yet.
+    Spare,
+    /// Removed by the administrator: stopped for good.
+    Removed,
+}
+
 struct SimNode<S> {
     replica: Option<Replica<S>>,
+    role: Role,
+    /// The membership its configuration file names (the admin's reply for a node added
+    /// later), used when its disk names none.
+    file_membership: Option<Membership>,
     disk: SimDisk,
     /// Bumped at every crash so syncs issued before it are void.
     epoch: u64,
@@ -258,12 +289,20 @@ struct SimClient {
 }
 
 const NODE_TICK_MS: u64 = 5;
+/// Nodes provisioned for the administrator to add (`SimOptions::reconfig`).
+const SPARES: usize = 2;
 const CLIENT_TICK_MS: u64 = 10;
 const TRACE_TAIL_MAX: usize = 40;
 
 pub struct World<W: Workload> {
     opts: SimOptions,
+    /// Epoch 0's configuration (later ones derive from it).
     cfg: ClusterConfig,
+    /// Member stable ids of each epoch some node ran, in index order.
+    memberships: BTreeMap<u64, Vec<u32>>,
+    admin_key: SigningKey,
+    /// The administrator's client core and, while one is in flight, the change.
+    admin: Option<(Client, Option<Change>)>,
     workload: W,
     rng: ChaCha8Rng,
     now: u64,
@@ -284,7 +323,9 @@ pub struct World<W: Workload> {
     /// (client, seq) → op digest, for validity.
     submitted: BTreeMap<(ClientId, u64), Digest>,
     // Online checkers' state.
-    decided: BTreeMap<Seq, Digest>,
+    /// Decisions per (epoch, instance): one above an epoch's end is forgotten with the
+    /// epoch (never executed), and the next epoch may decide the instance anew.
+    decided: BTreeMap<(u64, Seq), Digest>,
     executed_at: BTreeMap<Seq, Vec<(ClientId, u64, Digest)>>,
     fresh_at: BTreeMap<(ClientId, u64), Seq>,
     roots: BTreeMap<Seq, Digest>,
@@ -305,15 +346,23 @@ impl<W: Workload> World<W> {
         let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
         let quorums = Quorums::new(opts.u, opts.r).expect("valid (u, r)").with_mutation(opts.mutation);
         let n = quorums.order_nodes();
-        let roots: Vec<([u8; 32], [u8; 32])> = (0..n).map(|_| (rng.gen(), rng.gen())).collect();
+        let mut roots: Vec<([u8; 32], [u8; 32])> = (0..n).map(|_| (rng.gen(), rng.gen())).collect();
+        // Spare nodes the administrator may add, keyed from the seed without drawing from
+        // the run's generator (so runs without reconfiguration replay as before). Every
+        // node's endorsement row covers them: provisioned ahead, as `keel init` would.
+        let derived = |what: &str, i: usize| *blake3::hash(format!("{what}/{}/{i}", opts.seed).as_bytes()).as_bytes();
+        let spares = if opts.reconfig { SPARES } else { 0 };
+        roots.extend((n..n + spares).map(|i| (derived("spare-sign", i), derived("spare-mac", i))));
         let mac_secrets: Vec<[u8; 32]> = roots.iter().map(|(_, m)| *m).collect();
         let secrets: Vec<NodeSecrets> = roots
             .iter()
             .enumerate()
             .map(|(i, (seed, _))| NodeSecrets::new(SigningKey::from_seed(*seed), i as NodeId, &mac_secrets))
             .collect();
-        let keys = secrets.iter().map(|s| s.signing.public()).collect();
+        let keys = secrets.iter().take(n).map(|s| s.signing.public()).collect();
         let cfg = ClusterConfig::new(quorums, keys, opts.options.clone()).expect("valid config");
+        let admin_key = SigningKey::from_seed(derived("admin", 0));
+        let cfg = if opts.reconfig { cfg.with_admin_key(admin_key.public()) } else { cfg };
         let cfg = match opts.auth {
             Some(auth) => cfg.with_auth(auth),
             None => cfg,
@@ -362,9 +411,15 @@ impl<W: Workload> World<W> {
                         s.endorse_keys.clone(),
                     )
                 });
-                let replica = Replica::new(cfg.clone(), i as NodeId, s.clone(), workload.service());
+                let (replica, role) = if i < n {
+                    (Some(Replica::new(cfg.clone(), i as NodeId, s.clone(), workload.service())), Role::Member)
+                } else {
+                    (None, Role::Spare)
+                };
                 SimNode {
-                    replica: Some(replica),
+                    replica,
+                    role,
+                    file_membership: None,
                     disk: SimDisk::default(),
                     epoch: 0,
                     secrets: s,
@@ -379,18 +434,32 @@ impl<W: Workload> World<W> {
             .map(|i| {
                 let id = client_id(i);
                 let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
-                let core = Client::new(id, quorums, keys, 300, 1).with_auth(cfg.auth).with_signing_key(client_key(id));
+                let core = Client::new(id, quorums, keys, 300, 1)
+                    .with_auth(cfg.auth)
+                    .with_signing_key(client_key(id))
+                    .with_membership(cfg.membership.clone());
                 SimClient { core, inflight: None, side: 0, push_next: 1 }
             })
             .collect();
+        let admin = opts.reconfig.then(|| {
+            let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, ADMIN_CLIENT)).collect();
+            let core = Client::new(ADMIN_CLIENT, quorums, keys, 300, 1)
+                .with_auth(cfg.auth)
+                .with_signing_key(admin_key.clone())
+                .with_membership(cfg.membership.clone());
+            (core, None)
+        });
         let mut w = World {
+            memberships: BTreeMap::from([(0, (0..n as u32).collect())]),
+            admin_key,
+            admin,
             cfg,
             workload,
             rng,
             now: 0,
             queue: BinaryHeap::new(),
             next_id: 0,
-            sides: vec![0; n],
+            sides: vec![0; n + spares],
             nodes,
             clients,
             lossy: opts.faults.network,
@@ -429,6 +498,10 @@ impl<W: Workload> World<W> {
         if faulty && w.workload.unobserved_op().is_some() {
             let at = w.rng.gen_range(100..400);
             w.schedule(at, Ev::FaultyClient);
+        }
+        if w.opts.reconfig {
+            let at = w.rng.gen_range(200..800);
+            w.schedule(at, Ev::Admin);
         }
         w
     }
@@ -517,21 +590,27 @@ impl<W: Workload> World<W> {
         self.sides.iter_mut().for_each(|s| *s = 0);
         self.clients.iter_mut().for_each(|c| c.side = 0);
         for n in 0..self.nodes.len() {
-            if self.nodes[n].replica.is_none() {
+            if self.nodes[n].replica.is_none() && self.nodes[n].role == Role::Member {
                 self.restart(n as NodeId);
             }
         }
         let heal_at = self.now;
         self.trace_line(format!("{heal_at} heal"));
         // Liveness phase: every outstanding operation completes within the bound.
-        while self.report.violations.is_empty() && self.clients.iter().any(|c| c.inflight.is_some()) {
+        let admin_busy = |w: &World<W>| w.admin.as_ref().is_some_and(|(_, c)| c.is_some());
+        while self.report.violations.is_empty()
+            && (self.clients.iter().any(|c| c.inflight.is_some()) || admin_busy(&self))
+        {
             if self.now > heal_at + self.opts.liveness_ms || !self.step_once() {
-                let stuck: Vec<String> = self
+                let mut stuck: Vec<String> = self
                     .clients
                     .iter()
                     .filter(|c| c.inflight.is_some())
                     .map(|c| format!("client {} seq {:?}", c.core.id(), c.core.inflight_seq()))
                     .collect();
+                if let Some((core, Some(change))) = &self.admin {
+                    stuck.push(format!("admin {change:?} seq {:?}", core.inflight_seq()));
+                }
                 let nodes: Vec<String> = self
                     .nodes
                     .iter()
@@ -588,7 +667,8 @@ impl<W: Workload> World<W> {
         self.now = s.at;
         self.report.steps += 1;
         match s.ev {
-            Ev::Deliver { to, from, frame } => self.deliver(to, from, frame),
+            Ev::Deliver { to, from, frame, epoch } => self.deliver(to, from, frame, epoch),
+            Ev::Admin => self.admin_op(),
             Ev::NodeTick(n) => {
                 self.schedule(self.now + NODE_TICK_MS, Ev::NodeTick(n));
                 self.step_node(n, Input::Tick);
@@ -597,29 +677,38 @@ impl<W: Workload> World<W> {
                 self.schedule(self.now + CLIENT_TICK_MS, Ev::ClientTick(c));
                 self.client_tick(c);
             }
-            Ev::Sync { node, epoch, upto, gated, facts } => {
+            Ev::Sync { node, epoch, upto, gated, facts, member_epoch } => {
                 let sn = &mut self.nodes[node as usize];
                 if sn.epoch == epoch && sn.replica.is_some() {
                     for e in facts {
-                        self.on_event(node, e);
+                        self.on_event(node, e, member_epoch);
                     }
                     let sn = &mut self.nodes[node as usize];
                     sn.disk.sync(upto);
-                    // Snapshots kept: the stable one and those above it, within the window.
+                    // Snapshots kept: the stable one and those above it, within the window:
+                    // one per interval, plus one off the interval where an epoch ends (its
+                    // last checkpoint; nothing above it executes in that epoch).
                     let o = &self.opts.options;
-                    let bound = (o.log_max() / o.checkpoint_interval) as usize + 1;
+                    let epoch_end = usize::from(self.opts.reconfig);
+                    let bound = (o.log_max() / o.checkpoint_interval) as usize + 1 + epoch_end;
                     let held = sn.disk.snapshot_count();
                     if held > bound {
-                        self.violation("bounded-storage", format!("node {node} holds {held} snapshots, bound {bound}"));
+                        let seqs = sn.disk.snapshot_seqs();
+                        let status = sn.replica.as_ref().map(|r| r.status_line()).unwrap_or_default();
+                        self.violation(
+                            "bounded-storage",
+                            format!("node {node} holds {held} snapshots {seqs:?}, bound {bound}; {status}"),
+                        );
                     }
-                    self.transmit_from_node(node, gated);
+                    self.transmit_from_node(node, gated, member_epoch);
                 }
             }
             Ev::Restart(n) => {
-                if self.nodes[n as usize].replica.is_none() {
+                if self.nodes[n as usize].replica.is_none() && self.nodes[n as usize].role == Role::Member {
                     self.restart(n);
                 }
             }
+            Ev::AdminTick => self.admin_tick(),
             Ev::Nemesis => self.nemesis(),
             Ev::FaultyClient => self.faulty_client(),
         }
@@ -636,6 +725,7 @@ impl<W: Workload> World<W> {
             return;
         };
         let mut out = Outputs::default();
+        let epoch = replica.epoch();
         // A failed invariant is reported with the trace that led to it (a panic that
         // unwound the whole world would lose the trace).
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replica.step(now, input, &mut out)));
@@ -649,11 +739,13 @@ impl<W: Workload> World<W> {
             self.violation("invariant", format!("node {n}: {msg}"));
             return;
         }
-        self.process_outputs(n, out);
+        self.process_outputs(n, out, epoch);
     }
 
-    fn process_outputs(&mut self, n: NodeId, out: Outputs) {
+    /// Carries out what node `n` (stable id), running membership epoch `epoch`, asked for.
+    fn process_outputs(&mut self, n: NodeId, out: Outputs, epoch: u64) {
         let Outputs { persist, persist_lazy, send, send_after_persist, events } = out;
+        let ended = events.iter().any(|e| matches!(e, Event::EpochEnded { .. }));
         // Decisions, executions and checkpoints are facts only once the step's records
         // are durable: a node that crashes before that never made them (nothing it said
         // depended on them: replies and votes are gated the same way).
@@ -661,7 +753,7 @@ impl<W: Workload> World<W> {
             .into_iter()
             .partition(|e| matches!(e, Event::Decided { .. } | Event::Executed { .. } | Event::Checkpoint { .. }));
         for e in observations {
-            self.on_event(n, e);
+            self.on_event(n, e, epoch);
         }
         let node = &mut self.nodes[n as usize];
         let wrote = !persist.is_empty();
@@ -674,23 +766,61 @@ impl<W: Workload> World<W> {
         if wrote || ((!send_after_persist.is_empty() || !facts.is_empty()) && node.disk.has_pending_eager()) {
             // Group commit: one sync covers everything written so far.
             let upto = node.disk.last_op();
-            let epoch = node.epoch;
+            let life = node.epoch;
             let latency = if self.opts.faults.crash && self.rng.gen_bool(0.1) {
                 self.rng.gen_range(5..40)
             } else {
                 self.rng.gen_range(0..3)
             };
-            self.schedule(self.now + latency, Ev::Sync { node: n, epoch, upto, gated: send_after_persist, facts });
+            let sync = Ev::Sync { node: n, epoch: life, upto, gated: send_after_persist, facts, member_epoch: epoch };
+            self.schedule(self.now + latency, sync);
         } else {
             for e in facts {
-                self.on_event(n, e);
+                self.on_event(n, e, epoch);
             }
-            self.transmit_from_node(n, send_after_persist);
+            self.transmit_from_node(n, send_after_persist, epoch);
         }
-        self.transmit_from_node(n, send);
+        self.transmit_from_node(n, send, epoch);
+        if ended {
+            self.next_epoch(n);
+        }
     }
 
-    fn transmit_from_node(&mut self, n: NodeId, msgs: Vec<(Peer, Message)>) {
+    /// Node `n`'s epoch ended: it continues in the next one, or stops if removed.
+    fn next_epoch(&mut self, n: NodeId) {
+        let service = self.workload.service();
+        let node = &mut self.nodes[n as usize];
+        let Some(old) = node.replica.take() else { return };
+        match old.next_epoch(service) {
+            NextEpoch::Member(next, persist) => {
+                for p in &persist {
+                    node.disk.write(p);
+                }
+                let (epoch, q) = (next.epoch(), next.config().quorums.order_quorum());
+                let ids: Vec<u32> = next.config().membership.members.iter().map(|m| m.id).collect();
+                if let Some(b) = node.byzantine.as_mut() {
+                    b.renumber(next.id(), ids.len(), q);
+                }
+                let line = format!("{} n{n} epoch {epoch} as index {}", self.now, next.id());
+                node.replica = Some(*next);
+                self.trace_line(line);
+                self.memberships.entry(epoch).or_insert(ids);
+                self.report.faults.epochs = self.report.faults.epochs.max(epoch);
+            }
+            NextEpoch::Removed => {
+                node.role = Role::Removed;
+                self.trace_line(format!("{} n{n} removed", self.now));
+            }
+        }
+    }
+
+    /// The stable id of index `index` in membership epoch `epoch`.
+    fn stable_id(&self, epoch: u64, index: NodeId) -> Option<NodeId> {
+        self.memberships.get(&epoch).and_then(|ids| ids.get(index as usize)).copied()
+    }
+
+    /// Sends what node `n` produced in membership epoch `epoch` (peers by index there).
+    fn transmit_from_node(&mut self, n: NodeId, msgs: Vec<(Peer, Message)>, epoch: u64) {
         if msgs.is_empty() {
             return;
         }
@@ -718,7 +848,9 @@ impl<W: Workload> World<W> {
                 if let Some(b) = self.nodes[n as usize].byzantine.as_mut() {
                     b.lies.slowed_proposals += 1;
                 }
-                self.transmit_after(from, to, codec::encode(&m), hold);
+                if let Some(to) = self.to_stable(epoch, to) {
+                    self.transmit_after(from, to, codec::encode(&m), hold, epoch);
+                }
             }
         }
         let frames: Vec<(Peer, Vec<u8>)> = match self.nodes[n as usize].byzantine.as_mut() {
@@ -726,7 +858,17 @@ impl<W: Workload> World<W> {
             None => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
         };
         for (to, frame) in frames {
-            self.transmit(from, to, frame);
+            if let Some(to) = self.to_stable(epoch, to) {
+                self.transmit_after(from, to, frame, 0, epoch);
+            }
+        }
+    }
+
+    /// A node peer by index in `epoch` as the stable id the network routes by.
+    fn to_stable(&self, epoch: u64, to: Peer) -> Option<Peer> {
+        match to {
+            Peer::Node(i) => self.stable_id(epoch, i).map(Peer::Node),
+            client => Some(client),
         }
     }
 
@@ -737,12 +879,14 @@ impl<W: Workload> World<W> {
         }
     }
 
+    /// Sends a frame of a client (or a node speaking outside any epoch: certificates).
     fn transmit(&mut self, from: Peer, to: Peer, frame: Vec<u8>) {
-        self.transmit_after(from, to, frame, 0);
+        self.transmit_after(from, to, frame, 0, 0);
     }
 
-    /// Sends `frame` `hold` ms late (plus the network's own delay and faults).
-    fn transmit_after(&mut self, from: Peer, to: Peer, frame: Vec<u8>, hold: u64) {
+    /// Sends `frame` `hold` ms late (plus the network's own delay and faults); `epoch` is
+    /// the sending node's membership epoch.
+    fn transmit_after(&mut self, from: Peer, to: Peer, frame: Vec<u8>, hold: u64, epoch: u64) {
         if from == to {
             return;
         }
@@ -768,11 +912,11 @@ impl<W: Workload> World<W> {
         }
         for i in 0..copies {
             let at = self.now + hold + delay + i * self.rng.gen_range(0..20);
-            self.schedule(at, Ev::Deliver { to, from, frame: frame.clone() });
+            self.schedule(at, Ev::Deliver { to, from, frame: frame.clone(), epoch });
         }
     }
 
-    fn deliver(&mut self, to: Peer, from: Peer, frame: Vec<u8>) {
+    fn deliver(&mut self, to: Peer, from: Peer, frame: Vec<u8>, epoch: u64) {
         {
             let mut h = blake3::Hasher::new();
             h.update(&frame);
@@ -791,12 +935,41 @@ impl<W: Workload> World<W> {
         };
         match to {
             Peer::Node(n) => {
+                let Some(mine) = self.nodes[n as usize].replica.as_ref().map(|r| r.epoch()) else {
+                    return;
+                };
+                // Node messages count only within one epoch, by index there. Across
+                // epochs only certificates pass: a STATUS from an earlier epoch is answered
+                // with them, and they are taken from anyone.
+                let from = match from {
+                    Peer::Node(f) if epoch == mine => {
+                        match self.memberships.get(&mine).and_then(|ids| ids.iter().position(|i| *i == f)) {
+                            Some(index) => Peer::Node(index as NodeId),
+                            None => return,
+                        }
+                    }
+                    Peer::Node(f) => match &msg {
+                        Message::Status { .. } if epoch < mine => {
+                            let certs = self.nodes[n as usize].replica.as_ref().map(|r| r.epoch_certs_after(epoch));
+                            if let Some(certs) = certs.filter(|c| !c.is_empty()) {
+                                let frame = codec::encode(&Message::EpochCerts(certs));
+                                self.transmit_after(to, Peer::Node(f), frame, 0, mine);
+                            }
+                            return;
+                        }
+                        Message::EpochCerts(_) => Peer::Node(0),
+                        _ => return,
+                    },
+                    client => client,
+                };
                 let answers = match self.nodes[n as usize].byzantine.as_mut() {
                     Some(b) => b.observe(from, &msg),
                     None => Vec::new(),
                 };
                 for (answer_to, frame) in answers {
-                    self.transmit(to, answer_to, frame);
+                    if let Some(answer_to) = self.to_stable(mine, answer_to) {
+                        self.transmit_after(to, answer_to, frame, 0, mine);
+                    }
                 }
                 if let Message::Read(read) = &msg {
                     if let Some(reply) = self.rushed_read_answer(n, read) {
@@ -830,10 +1003,14 @@ impl<W: Workload> World<W> {
             None => ReplyBody::NotReadOnly,
         };
         b.lies.rushed_reads += 1;
-        Some(Reply { client: read.client, view: replica.view(), seq: read.seq, body })
+        Some(Reply { client: read.client, view: replica.view(), seq: read.seq, body, epoch: replica.epoch() })
     }
 
     fn deliver_to_client(&mut self, c: ClientId, from: Peer, msg: Message) {
+        if let (ADMIN_CLIENT, Peer::Node(node)) = (c, from) {
+            self.deliver_to_admin(node, msg);
+            return;
+        }
         // Replies to clients that do not exist (a forged request) go nowhere.
         let Some(idx) = c.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else {
             return;
@@ -843,6 +1020,12 @@ impl<W: Workload> World<W> {
                 let delivered = self.clients[idx].core.on_push(self.now, node, *seq, event.clone());
                 self.delivered_pushes(idx, delivered);
             }
+            return;
+        }
+        if let (Peer::Node(_), Message::EpochCerts(certs)) = (from, &msg) {
+            self.clients[idx].core.on_epoch_certs(certs.clone());
+            let msgs = self.clients[idx].core.poll_send();
+            self.client_send(idx, msgs);
             return;
         }
         let (Peer::Node(node), Message::Reply(reply)) = (from, msg) else {
@@ -955,8 +1138,9 @@ impl<W: Workload> World<W> {
         }
     }
 
-    /// Online safety checks on what correct nodes report.
-    fn on_event(&mut self, n: NodeId, e: Event) {
+    /// Online safety checks on what correct node `n` (stable id) reports in membership
+    /// epoch `epoch`.
+    fn on_event(&mut self, n: NodeId, e: Event, epoch: u64) {
         let correct = self.is_correct(n);
         match e {
             Event::Decided { seq, digest } => {
@@ -964,7 +1148,7 @@ impl<W: Workload> World<W> {
                 if !correct {
                     return;
                 }
-                match self.decided.get(&seq) {
+                match self.decided.get(&(epoch, seq)) {
                     Some(d) if *d != digest => {
                         let d = *d;
                         self.violation(
@@ -974,9 +1158,12 @@ impl<W: Workload> World<W> {
                     }
                     Some(_) => {}
                     None => {
-                        self.decided.insert(seq, digest);
+                        self.decided.insert((epoch, seq), digest);
                     }
                 }
+            }
+            Event::EpochEnded { epoch: next, seq } => {
+                self.trace_line(format!("{} n{n} epoch {epoch} ended at {seq}, next {next}", self.now));
             }
             Event::Executed { seq, requests } => {
                 if !correct {
@@ -1105,17 +1292,20 @@ impl<W: Workload> World<W> {
         let now = self.node_now(n);
         let node = &mut self.nodes[n as usize];
         let (snapshots, records) = node.disk.recover();
+        let durable = Durable { snapshots, records };
         let mut out = Outputs::default();
         let service = self.workload.service();
-        match Replica::recover(
-            self.cfg.clone(),
-            n,
-            node.secrets.clone(),
-            service,
-            Durable { snapshots, records },
-            now,
-            &mut out,
-        ) {
+        // The epoch its disk names, else its configuration file's.
+        let cfg = match durable.membership().or_else(|| node.file_membership.clone()) {
+            Some(m) => self.cfg.next_epoch(m).expect("valid membership"),
+            None => self.cfg.clone(),
+        };
+        let Some(index) = cfg.membership.index_of(n) else {
+            self.violation("recovery", format!("node {n} restarts outside its own membership"));
+            return;
+        };
+        let epoch = cfg.epoch();
+        match Replica::recover(cfg, index, node.secrets.clone(), service, durable, now, &mut out) {
             Ok(r) => node.replica = Some(r),
             Err(e) => {
                 self.violation("recovery", format!("node {n} cannot recover: {e}"));
@@ -1123,8 +1313,94 @@ impl<W: Workload> World<W> {
             }
         }
         self.report.faults.restarts += 1;
-        self.trace_line(format!("{} n{n} restart", self.now));
-        self.process_outputs(n, out);
+        self.trace_line(format!("{} n{n} restart in epoch {epoch}", self.now));
+        self.process_outputs(n, out, epoch);
+    }
+
+    /// The administrator's next membership change: add a spare node, or remove a member
+    /// while more than `2u + r + 1` remain. One at a time; each names the epoch the
+    /// administrator's client core last learned.
+    fn admin_op(&mut self) {
+        if !self.issuing {
+            return;
+        }
+        let next = self.now + self.rng.gen_range(100..500);
+        self.schedule(next, Ev::Admin);
+        let spare = self.nodes.iter().position(|x| x.role == Role::Spare);
+        let Some((core, _)) = self.admin.as_ref().filter(|(c, pending)| pending.is_none() && !c.busy()) else {
+            return;
+        };
+        let m = core.membership().clone();
+        let min = 2 * m.u as usize + m.r as usize + 1;
+        let change = if m.n() > min && (spare.is_none() || self.rng.gen_bool(0.5)) {
+            Change::Remove(m.members[self.rng.gen_range(0..m.n())].id)
+        } else if let Some(s) = spare {
+            Change::Add(Member { id: s as u32, key: self.nodes[s].secrets.signing.public(), addr: String::new() })
+        } else {
+            return;
+        };
+        let op = AdminOp::sign(&self.admin_key, m.epoch, change.clone()).encode();
+        let Some((core, pending)) = self.admin.as_mut() else { return };
+        let Ok(msgs) = core.invoke(self.now, op) else { return };
+        *pending = Some(change.clone());
+        self.report.faults.admin_ops += 1;
+        self.trace_line(format!("{} admin {change:?} in epoch {}", self.now, m.epoch));
+        self.admin_send(msgs);
+        let at = self.now + CLIENT_TICK_MS;
+        self.schedule(at, Ev::AdminTick);
+    }
+
+    fn admin_send(&mut self, msgs: Vec<(NodeId, Message)>) {
+        for (n, m) in msgs {
+            if let Message::Request(req) = &m {
+                self.submitted.insert((req.client, req.seq), req.op.digest());
+            }
+            self.transmit(Peer::Client(ADMIN_CLIENT), Peer::Node(n), codec::encode(&m));
+        }
+    }
+
+    fn admin_tick(&mut self) {
+        let Some((core, pending)) = self.admin.as_mut() else { return };
+        if pending.is_none() {
+            return;
+        }
+        let msgs = core.on_tick(self.now);
+        self.admin_send(msgs);
+        let at = self.now + CLIENT_TICK_MS;
+        self.schedule(at, Ev::AdminTick);
+    }
+
+    fn deliver_to_admin(&mut self, from: NodeId, msg: Message) {
+        let Some((core, pending)) = self.admin.as_mut() else { return };
+        let result = match msg {
+            Message::Reply(reply) => core.on_reply(from, reply),
+            Message::EpochCerts(certs) => {
+                core.on_epoch_certs(certs);
+                None
+            }
+            _ => None,
+        };
+        let msgs = core.poll_send();
+        let change = result.as_ref().and_then(|_| pending.take());
+        self.admin_send(msgs);
+        let (Some(bytes), Some(change)) = (result, change) else { return };
+        let Some(outcome) = keel_core::membership::decode_result(&bytes) else {
+            self.violation("admin", "an admin reply that does not decode".into());
+            return;
+        };
+        self.trace_line(format!("{} admin {change:?}: {:?}", self.now, outcome.as_ref().map(|m| m.epoch)));
+        let (Ok(m), Change::Add(member)) = (outcome, change) else { return };
+        // The new node starts from the membership in the reply, with no state.
+        let id = member.id;
+        let cfg = self.cfg.next_epoch(m.clone()).expect("valid membership");
+        let Some(index) = m.index_of(id) else { return };
+        let service = self.workload.service();
+        let node = &mut self.nodes[id as usize];
+        node.role = Role::Member;
+        node.file_membership = Some(m.clone());
+        node.replica = Some(Replica::new(cfg, index, node.secrets.clone(), service));
+        self.memberships.entry(m.epoch).or_insert_with(|| m.members.iter().map(|x| x.id).collect());
+        self.schedule(self.now + 1, Ev::NodeTick(id));
     }
 
     /// Injects the next fault and schedules the one after.
@@ -1134,7 +1410,8 @@ impl<W: Workload> World<W> {
         }
         let next = self.now + self.rng.gen_range(100..700);
         self.schedule(next, Ev::Nemesis);
-        let n = self.nodes.len() as NodeId;
+        let members: Vec<NodeId> =
+            (0..self.nodes.len() as NodeId).filter(|i| self.nodes[*i as usize].role == Role::Member).collect();
         let mut kinds = Vec::new();
         if self.opts.faults.crash {
             kinds.extend(["crash", "crash", "outage"]);
@@ -1145,19 +1422,19 @@ impl<W: Workload> World<W> {
         let kind = kinds[self.rng.gen_range(0..kinds.len())];
         match kind {
             "crash" => {
-                let victim = self.rng.gen_range(0..n);
+                let victim = members[self.rng.gen_range(0..members.len())];
                 self.crash(victim);
                 let back = self.now + self.rng.gen_range(50..1500);
                 self.schedule(back, Ev::Restart(victim));
             }
             "outage" if self.rng.gen_bool(0.3) => {
                 // Every node at once (UpRight §4.2): nothing acknowledged may be lost.
-                for v in 0..n {
+                for &v in &members {
                     self.crash(v);
                 }
                 self.report.faults.total_outages += 1;
                 let back = self.now + self.rng.gen_range(50..800);
-                for v in 0..n {
+                for &v in &members {
                     self.schedule(back + v as u64 * 7, Ev::Restart(v));
                 }
             }

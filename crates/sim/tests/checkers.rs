@@ -121,7 +121,8 @@ fn linearizable_reads_answered_before_executing_what_was_accepted_are_caught() {
 fn a_read_index_taken_from_the_answering_node_alone_is_caught() {
     // The one node asked lags behind a completed write; without the quorum's highest vote
     // it answers stale.
-    let found = violations_under(Mutation::IndexWithoutQuorum, 30, |_| {});
+    // Caught in about 1 seed of 20 (seeds 31, 34 and 51 here).
+    let found = violations_under(Mutation::IndexWithoutQuorum, 60, |_| {});
     assert!(found.iter().any(|v| v.property == "linearizability"), "got {found:?}");
 }
 

@@ -15,13 +15,14 @@ impl<S: Service> Replica<S> {
     pub(super) fn take_checkpoint(&mut self, seq: Seq, out: &mut Outputs) {
         let chunked = Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes);
         let root = chunked.root;
+        let membership = self.exec.membership().digest();
         out.persist.push(Persist::Snapshot { seq, bytes: chunked.bytes.clone() });
         out.events.push(Event::Checkpoint { seq, root });
-        let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, self.id));
-        self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, sig }), out);
+        let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, &membership, self.id));
+        self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, membership, sig }), out);
         if seq > self.stable.seq {
             self.own_checkpoints.insert(seq, chunked);
-            self.checkpoint_votes.entry(seq).or_default().insert(self.id, (root, sig));
+            self.checkpoint_votes.entry(seq).or_default().insert(self.id, (root, membership, sig));
             self.maybe_stable(seq, out);
         } else if seq == self.stable.seq {
             // Re-executed up to a checkpoint already proven stable (recovery): compare.
@@ -43,13 +44,18 @@ impl<S: Service> Replica<S> {
         if vote.seq <= self.stable.seq {
             return Err(Reject::Late { seq: vote.seq, stable: self.stable.seq });
         }
-        if vote.seq > horizon || !vote.seq.is_multiple_of(interval) {
+        let epoch_end = self.epoch_end() == Some(vote.seq);
+        if vote.seq > horizon || !(vote.seq.is_multiple_of(interval) || epoch_end) {
             return Err(Reject::OutOfWindow { seq: vote.seq, low: self.stable.seq, high: horizon });
         }
         if !checked && !super::verify::checkpoint_signed(&self.keys, from, &vote) {
             return Err(Reject::BadSignature { signer: from });
         }
-        self.checkpoint_votes.entry(vote.seq).or_default().entry(from).or_insert((vote.root, vote.sig));
+        self.checkpoint_votes.entry(vote.seq).or_default().entry(from).or_insert((
+            vote.root,
+            vote.membership,
+            vote.sig,
+        ));
         self.maybe_stable(vote.seq, out);
         Ok(())
     }
@@ -58,13 +64,17 @@ impl<S: Service> Replica<S> {
         let Some(votes) = self.checkpoint_votes.get(&seq) else {
             return;
         };
-        let mut roots: Vec<Digest> = votes.values().map(|(r, _)| *r).collect();
-        roots.sort_unstable();
-        roots.dedup();
-        for root in roots {
-            let sigs: Vec<_> = votes.iter().filter(|(_, (r, _))| *r == root).map(|(n, (_, s))| (*n, *s)).collect();
+        let mut claims: Vec<(Digest, Digest)> = votes.values().map(|(r, m, _)| (*r, *m)).collect();
+        claims.sort_unstable();
+        claims.dedup();
+        for (root, membership) in claims {
+            let sigs: Vec<_> = votes
+                .iter()
+                .filter(|(_, (r, m, _))| (*r, *m) == (root, membership))
+                .map(|(n, (_, _, s))| (*n, *s))
+                .collect();
             if sigs.len() >= self.quorum() {
-                self.install_stable(StableProof { seq, root, sigs }, out);
+                self.install_stable(StableProof { seq, root, membership, sigs }, out);
                 return;
             }
         }
@@ -122,8 +132,9 @@ impl<S: Service> Replica<S> {
     /// window for good (no view change can fix that): resend ours until it is stable.
     pub(super) fn retransmit_checkpoint_votes(&self, out: &mut Outputs) {
         for (&seq, votes) in &self.checkpoint_votes {
-            if let Some((root, sig)) = votes.get(&self.id) {
-                self.broadcast(Message::Checkpoint(CheckpointVote { seq, root: *root, sig: *sig }), out);
+            if let Some((root, membership, sig)) = votes.get(&self.id) {
+                let vote = CheckpointVote { seq, root: *root, membership: *membership, sig: *sig };
+                self.broadcast(Message::Checkpoint(vote), out);
             }
         }
     }

@@ -128,7 +128,7 @@ impl<S: Service> Replica<S> {
     /// This node's endorsement of the request with `statement`: one MAC per node.
     fn endorsement(&self, statement: &Digest) -> Vec<Mac> {
         let s = endorse_statement(self.id, statement);
-        self.secrets.endorse_keys.iter().take(self.cfg.n()).map(|k| k.mac(&s)).collect()
+        self.endorse_row.iter().map(|k| k.mac(&s)).collect()
     }
 
     /// Whether node `node`'s endorsement MACs hold a valid entry for this node.

@@ -26,6 +26,7 @@
 mod catch_up;
 mod checkpoint;
 mod endorse;
+mod epoch;
 mod leadership;
 mod normal;
 mod push;
@@ -44,6 +45,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use catch_up::Transfer;
+pub use epoch::NextEpoch;
 pub use push::{PUSH_BYTES_MAX, PUSH_EVENTS_MAX, PUSH_EVENTS_PER_CLIENT_MAX};
 pub use recovery::Durable;
 pub use verify::Verifier;
@@ -187,6 +189,13 @@ pub enum Event {
         stable: Digest,
     },
     StateTransferStarted {
+        seq: Seq,
+    },
+    /// This node's epoch is over: instance `seq` applied a membership change and the
+    /// checkpoint there is stable. The driver retires this node and starts
+    /// [`Replica::next_epoch`] (epoch.rs), which runs epoch `epoch`.
+    EpochEnded {
+        epoch: u64,
         seq: Seq,
     },
     StateTransferDone {
@@ -453,8 +462,8 @@ pub struct Replica<S> {
     stable_chunks: Option<Chunked>,
     /// This node's checkpoints above `stable.seq`, awaiting a quorum.
     own_checkpoints: BTreeMap<Seq, Chunked>,
-    /// Checkpoint votes above `stable.seq`: seq → node → (root, sig).
-    checkpoint_votes: BTreeMap<Seq, BTreeMap<NodeId, (Digest, crate::crypto::Sig)>>,
+    /// Checkpoint votes above `stable.seq`: seq → node → (root, membership, sig).
+    checkpoint_votes: BTreeMap<Seq, BTreeMap<NodeId, (Digest, Digest, crate::crypto::Sig)>>,
 
     pending: BTreeMap<ClientId, Pending>,
     pending_order: u64,
@@ -463,6 +472,22 @@ pub struct Replica<S> {
     hearsay: endorse::Hearsay,
     /// `auth = rq-mac`: per node, the key that node's endorsements for this node use.
     peer_endorse_keys: Vec<MacKey>,
+    /// `auth = rq-mac`: per node, the key this node's endorsements for it use (the row
+    /// of `secrets.endorse_keys`, which is by stable id, in this epoch's index order).
+    endorse_row: Vec<MacKey>,
+    /// The previous epoch's keys and quorum, which proved this epoch's base checkpoint.
+    prev_keys: Option<(NodeKeys, usize)>,
+    /// This node's stable id (its index is `id`; membership.rs).
+    stable_id: u32,
+    /// `cfg.membership.digest()`, computed once.
+    membership_digest: Digest,
+    /// How the membership came to be `cfg.membership`: one certificate per epoch since
+    /// epoch 0 (the newest [`crate::codec::EPOCH_CERTS_MAX`]), offered to laggards.
+    epoch_certs: Vec<crate::message::EpochCert>,
+    /// EpochEnded was reported (epoch.rs).
+    epoch_reported: bool,
+    /// A later epoch proven by certificates, to join without this node's state (epoch.rs).
+    jump: Option<Vec<crate::message::EpochCert>>,
     /// `auth = sig`: `cfg.client_keys`, parsed once.
     client_keys: crate::crypto::ClientKeys,
     /// Read-only requests waiting for execution to get far enough (read.rs).
@@ -491,13 +516,31 @@ impl<S: Service> Replica<S> {
             "signing key does not match the configuration"
         );
         let n = cfg.n();
+        let ids: Vec<u32> = cfg.membership.members.iter().map(|m| m.id).collect();
+        assert_eq!(ids.len(), n, "the membership names every node");
         assert!(
-            cfg.auth != crate::config::Auth::RqMac || secrets.endorse_keys.len() >= n,
+            cfg.auth != crate::config::Auth::RqMac || cfg.membership.epoch > 0 || secrets.endorse_keys.len() >= n,
             "auth = rq-mac needs an endorsement key for every node"
         );
         let workers = cfg.options.exec_workers;
-        let peer_endorse_keys = (0..n as NodeId).map(|i| endorse_key(&secrets.mac_secret, i)).collect();
-        let client_keys = crate::crypto::ClientKeys::new(&cfg.client_keys);
+        let peer_endorse_keys = ids.iter().map(|&i| endorse_key(&secrets.mac_secret, i)).collect();
+        // A node added later has no row entry at the nodes that were there before it
+        // (keel init wrote their rows): their endorsements do not verify there, and it
+        // endorses on others' word (endorse_amplify) until they are re-provisioned.
+        let endorse_row =
+            ids.iter().map(|&i| secrets.endorse_keys.get(i as usize).copied().unwrap_or(MacKey([0; 32]))).collect();
+        let prev_keys = cfg.membership.previous.as_ref().and_then(|p| {
+            let q = p.quorums().ok()?.with_mutation(cfg.quorums.mutation()).order_quorum();
+            Some((NodeKeys::new(&p.keys()), q))
+        });
+        let mut key_map = cfg.client_keys.clone();
+        if let Some(admin) = cfg.admin_key {
+            key_map.insert(crate::membership::ADMIN_CLIENT, admin);
+        }
+        let client_keys = crate::crypto::ClientKeys::new(&key_map);
+        let cfg_membership_digest = cfg.membership.digest();
+        let mut exec = Executor::with_workers(service, workers);
+        exec.set_membership(cfg.membership.clone(), cfg.admin_key);
         Replica {
             keys: NodeKeys::new(&cfg.node_keys),
             cfg,
@@ -523,8 +566,8 @@ impl<S: Service> Replica<S> {
             proposals_closed: None,
             proposals_held: false,
             early_proposals: BTreeMap::new(),
-            exec: Executor::with_workers(service, workers),
-            stable: StableProof { seq: 0, root: Digest::default(), sigs: Vec::new() },
+            exec,
+            stable: StableProof::genesis(),
             stable_chunks: None,
             own_checkpoints: BTreeMap::new(),
             checkpoint_votes: BTreeMap::new(),
@@ -532,6 +575,13 @@ impl<S: Service> Replica<S> {
             pending_order: 0,
             hearsay: endorse::Hearsay::new(n),
             peer_endorse_keys,
+            endorse_row,
+            prev_keys,
+            membership_digest: cfg_membership_digest,
+            stable_id: ids[id as usize],
+            epoch_certs: Vec::new(),
+            epoch_reported: false,
+            jump: None,
             client_keys,
             reads: BTreeMap::new(),
             index: read::IndexRounds::default(),
@@ -589,12 +639,22 @@ impl<S: Service> Replica<S> {
     /// Advances the state machine by one input.
     pub fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
         self.now = self.now.max(now);
+        if self.epoch_reported {
+            // Over: the driver replaces this node by `next_epoch`.
+            return;
+        }
         match input {
             Input::Tick => self.on_tick(out),
             Input::Message { from, msg } => self.on_message(from, msg, false, out),
             Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, true, out),
         }
+        self.check_epoch_end(out);
         self.invariants();
+    }
+
+    /// The epoch this node runs.
+    pub fn epoch(&self) -> u64 {
+        self.cfg.membership.epoch
     }
 
     /// The driver is about to step several inputs that arrived together: hold proposals
@@ -619,6 +679,16 @@ impl<S: Service> Replica<S> {
             (Peer::Client(c), Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
             (Peer::Client(c), Message::Read(read)) => self.on_read(Peer::Client(c), read, out),
             (Peer::Client(c), Message::PushAck { client, upto }) => self.on_push_ack(Peer::Client(c), client, upto),
+            // Self-certifying, and from a node of another epoch (whose index means
+            // nothing here): taken from any node.
+            (Peer::Node(_), Message::EpochCerts(certs)) => self.on_epoch_certs(certs, out),
+            (Peer::Client(c), Message::EpochQuery { epoch }) => {
+                let certs = self.epoch_certs_after(epoch);
+                if !certs.is_empty() {
+                    out.send.push((Peer::Client(c), Message::EpochCerts(certs)));
+                }
+                Ok(())
+            }
             (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => {
                 Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
             }
@@ -722,6 +792,10 @@ impl<S: Service> Replica<S> {
         if seq <= self.stable.seq {
             return Err(Reject::Late { seq, stable: self.stable.seq });
         }
+        if !self.has_base() {
+            // Joining: no part in ordering before the epoch's base state is here.
+            return Err(Reject::Late { seq, stable: self.cfg.membership.since });
+        }
         if seq > self.high_water() {
             return Err(Reject::OutOfWindow { seq, low: self.stable.seq, high: self.high_water() });
         }
@@ -755,8 +829,10 @@ impl<S: Service> Replica<S> {
         if matches!(self.cfg.auth, crate::config::Auth::None | crate::config::Auth::Sig) {
             return Ok(());
         }
+        // Entries are by stable id, not by index: a client that missed a membership
+        // change still authenticates to every node it has a key for.
         let key = client_mac_key(&self.secrets.mac_secret, client);
-        if auth.get(self.id as usize).is_some_and(|mac| key.verify(statement, mac)) {
+        if auth.get(self.stable_id as usize).is_some_and(|mac| key.verify(statement, mac)) {
             Ok(())
         } else {
             Err(Reject::BadMac { client })
@@ -794,8 +870,12 @@ impl<S: Service> Replica<S> {
 
     /// The records that describe this node's durable state, for log compaction.
     fn durable_records(&self) -> Vec<Record> {
-        let mut records =
-            vec![Record::Stable(self.stable.clone()), Record::View { view: self.view, floor: self.floor }];
+        let mut records = Vec::new();
+        if self.cfg.membership.epoch > 0 {
+            records.push(Record::Epoch(self.epoch_certs.clone()));
+        }
+        records.push(Record::Stable(self.stable.clone()));
+        records.push(Record::View { view: self.view, floor: self.floor });
         if let Some(t) = self.vc_target {
             records.push(Record::ViewChangeSent { view: t });
         }
@@ -884,5 +964,7 @@ impl<S: Service> Replica<S> {
     }
 }
 
+#[cfg(test)]
+mod epoch_tests;
 #[cfg(test)]
 mod tests;

@@ -31,8 +31,8 @@ impl<S: Service> Replica<S> {
             // in full, so a client that missed the designated reply can finish. Gated
             // like the first reply: the execution may not be durable yet.
             if let (Peer::Client(_), Some(result)) = (from, self.exec.cached(req.client, req.seq)) {
-                let reply =
-                    Reply { client: req.client, view: self.view, seq: req.seq, body: ReplyBody::Full(result.to_vec()) };
+                let body = ReplyBody::Full(result.to_vec());
+                let reply = Reply { client: req.client, view: self.view, seq: req.seq, body, epoch: self.epoch() };
                 out.send_after_persist.push((Peer::Client(req.client), Message::Reply(reply)));
             }
             return Ok(());
@@ -59,6 +59,8 @@ impl<S: Service> Replica<S> {
     pub(super) fn maybe_propose(&mut self, out: &mut Outputs) {
         if !self.is_primary()
             || self.transfer.is_some()
+            || self.epoch_ended()
+            || !self.has_base()
             || self.proposals_closed == Some(self.view)
             || self.proposals_held
         {
@@ -415,6 +417,10 @@ impl<S: Service> Replica<S> {
             return;
         }
         loop {
+            if self.epoch_ended() {
+                // Nothing past the epoch's last instance executes in this epoch.
+                break;
+            }
             let next = self.exec.executed() + 1;
             // Borrowed, not cloned (a batch of requests): `log` and `exec` are disjoint.
             let Some(value) = self.log.get(&next).and_then(|s| s.decided_value.as_ref()) else {
@@ -436,13 +442,14 @@ impl<S: Service> Replica<S> {
                 }
                 executed.push(ExecutedRequest { client: o.client, seq: o.seq, op });
                 let body = self.reply_body(o.client, o.seq, o.result.clone());
-                let reply = Reply { client: o.client, view: self.view, seq: o.seq, body };
+                let reply = Reply { client: o.client, view: self.view, seq: o.seq, body, epoch: self.epoch() };
                 out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
                 self.push_events(&o.pushes, out);
             }
             self.monitor.on_executed(executed.len(), bytes);
             out.events.push(Event::Executed { seq: next, requests: executed });
-            if next.is_multiple_of(self.cfg.options.checkpoint_interval) {
+            if next.is_multiple_of(self.cfg.options.checkpoint_interval) || self.epoch_ended() {
+                // The epoch's last instance is a checkpoint wherever it falls.
                 self.take_checkpoint(next, out);
             }
         }

@@ -248,7 +248,7 @@ impl<S: Service> Replica<S> {
             Some(result) if read.consistency == ReadConsistency::Index => ReplyBody::Full(result),
             Some(result) => self.reply_body(read.client, read.seq, result),
         };
-        let reply = Reply { client: read.client, view: self.view, seq: read.seq, body };
+        let reply = Reply { client: read.client, view: self.view, seq: read.seq, body, epoch: self.epoch() };
         // Gated like an ordered reply: the state may hold instances this node decided
         // with its own vote counted before that vote was durable (with one node, the only
         // vote). Answering first could show a write that a crash then loses. The

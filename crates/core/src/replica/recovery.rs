@@ -8,6 +8,7 @@
 use super::{NodeSecrets, Outputs, Replica};
 use crate::config::ClusterConfig;
 use crate::exec::Chunked;
+use crate::membership::Membership;
 use crate::message::{Cert, Seq};
 use crate::service::{RestoreError, Service};
 use crate::wal::Record;
@@ -19,6 +20,19 @@ pub struct Durable {
     pub snapshots: Vec<(Seq, Vec<u8>)>,
     /// The log's records, in order, up to its last whole record.
     pub records: Vec<Record>,
+}
+
+impl Durable {
+    /// The membership a node restarting from this state runs, when it is not the
+    /// configuration file's: the one its epoch certificates lead to (replica/epoch.rs).
+    /// A node that stopped between the end of an epoch and the start of the next has no
+    /// certificate for the next yet: it recovers in the old epoch and ends it again.
+    pub fn membership(&self) -> Option<Membership> {
+        self.records.iter().rev().find_map(|r| match r {
+            Record::Epoch(certs) => certs.last().map(|c| c.next.clone()),
+            _ => None,
+        })
+    }
 }
 
 impl<S: Service> Replica<S> {
@@ -57,6 +71,7 @@ impl<S: Service> Replica<S> {
                 }
                 Record::ViewChangeSent { view } if r.vc_target.is_none_or(|t| *view > t) => r.vc_target = Some(*view),
                 Record::Stable(p) if p.seq > r.stable.seq => r.stable = p.clone(),
+                Record::Epoch(certs) => r.epoch_certs = certs.clone(),
                 _ => {}
             }
         }
@@ -142,8 +157,10 @@ impl<S: Service> Replica<S> {
         // crash may be lost, and without them the checkpoint may never become stable.
         let stable_seq = r.stable.seq;
         for (&seq, c) in r.own_checkpoints.iter().filter(|(s, _)| **s > stable_seq) {
-            let sig = r.secrets.signing.sign(&crate::message::checkpoint_statement(seq, &c.root, id));
-            r.checkpoint_votes.entry(seq).or_default().insert(id, (c.root, sig));
+            let Some(m) = crate::exec::snapshot_membership(&c.bytes) else { continue };
+            let membership = m.digest();
+            let sig = r.secrets.signing.sign(&crate::message::checkpoint_statement(seq, &c.root, &membership, id));
+            r.checkpoint_votes.entry(seq).or_default().insert(id, (c.root, membership, sig));
         }
         if r.vc_target.is_none() && r.cfg.primary(r.view) == id && r.cfg.n() > 1 {
             // Our PROPOSEs left before their records were durable: we cannot know what we

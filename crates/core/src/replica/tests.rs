@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 
 /// Appends requests; replies with the count so far.
 #[derive(Default, Clone)]
-struct Log(Vec<Vec<u8>>);
+pub(super) struct Log(pub(super) Vec<Vec<u8>>);
 
 impl Service for Log {
     fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
@@ -36,7 +36,7 @@ impl Service for Log {
     }
 }
 
-fn secrets(i: u32) -> NodeSecrets {
+pub(super) fn secrets(i: u32) -> NodeSecrets {
     let macs: Vec<[u8; 32]> = (0..crate::quorum::NODES_MAX as u8).map(|j| [j + 100; 32]).collect();
     NodeSecrets::new(SigningKey::from_seed([i as u8 + 1; 32]), i, &macs)
 }
@@ -47,7 +47,7 @@ fn config(u: u32, r: u32) -> ClusterConfig {
     config_rq(u, r).with_auth(Auth::Mac)
 }
 
-fn config_rq(u: u32, r: u32) -> ClusterConfig {
+pub(super) fn config_rq(u: u32, r: u32) -> ClusterConfig {
     let q = Quorums::new(u, r).expect("valid");
     let keys: Vec<PublicKey> = (0..q.order_nodes() as u32).map(|i| secrets(i).signing.public()).collect();
     ClusterConfig::new(q, keys, Options::test_min()).expect("valid")
@@ -562,7 +562,7 @@ fn a_recovered_node_keeps_its_vote() {
 fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
     let value = |time| Value { time, requests: vec![] };
     let cert = |view, seq, time| Cert { view, seq, value: value(time), writes: vec![(2, Sig([0; 64]))] }.proof();
-    let stable = StableProof { seq: 0, root: Digest::default(), sigs: vec![] };
+    let stable = StableProof::genesis();
     let vc = |from, certs| ViewChange { view: 5, from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
     let d = view_change::decide_new_view(&[
         vc(0, vec![cert(1, 1, 100), cert(1, 3, 300)]),
@@ -590,13 +590,8 @@ fn forged_view_change_certificates_are_rejected() {
         digest: Value::null().digest(),
         writes: (0..3).map(|n| (n, Sig([1; 64]))).collect(),
     };
-    let mut vc = ViewChange {
-        view: 1,
-        from: 2,
-        stable: StableProof { seq: 0, root: Digest::default(), sigs: vec![] },
-        certs: vec![forged],
-        sig: Sig([0; 64]),
-    };
+    let mut vc =
+        ViewChange { view: 1, from: 2, stable: StableProof::genesis(), certs: vec![forged], sig: Sig([0; 64]) };
     vc.sig = secrets(2).signing.sign(&vc.statement());
     let out = step(&mut p, 0, Peer::Node(2), Message::ViewChange(vc));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 0 }]);
@@ -788,7 +783,9 @@ fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
     forged.seq = 2;
     assert!(!v.check(3, &Message::Write(forged)), "signature over other fields");
     let root = Digest::of(b"state");
-    let vote = CheckpointVote { seq: 8, root, sig: secrets(2).signing.sign(&checkpoint_statement(8, &root, 2)) };
+    let membership = Digest::of(b"members");
+    let sig = secrets(2).signing.sign(&checkpoint_statement(8, &root, &membership, 2));
+    let vote = CheckpointVote { seq: 8, root, membership, sig };
     assert!(v.check(2, &Message::Checkpoint(vote.clone())));
     assert!(!v.check(3, &Message::Checkpoint(vote)));
     assert!(!v.check(2, &Message::Stop { view: 1 }), "kinds it does not cover");
@@ -860,7 +857,7 @@ fn new_view_naming(value: &Value) -> NewView {
     let writes: Vec<(NodeId, Sig)> =
         (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(0, 1, &d, n)))).collect();
     let cert = CertProof { view: 0, seq: 1, digest: d, writes };
-    let stable = StableProof { seq: 0, root: Digest::default(), sigs: vec![] };
+    let stable = StableProof::genesis();
     let view_changes = (0..3u32)
         .map(|from| {
             let mut vc =
@@ -952,7 +949,7 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
     let cfg = config(1, 1);
     let a = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
     let bv = Value { time: 11, requests: vec![request(&cfg, 8, b"b")] };
-    let stable = StableProof { seq: 0, root: Digest::default(), sigs: vec![] };
+    let stable = StableProof::genesis();
     // NEW-VIEW(view) from nodes 0..3, each naming the given (seq, digest) as prepared in view 0.
     let new_view = |view: View, certs: &[(Seq, Digest)]| {
         let certs: Vec<CertProof> = certs

@@ -23,7 +23,7 @@ pub(super) fn write_signed(keys: &NodeKeys, from: NodeId, w: &Write) -> bool {
 
 /// Node `from`'s signature on its checkpoint vote.
 pub(super) fn checkpoint_signed(keys: &NodeKeys, from: NodeId, v: &CheckpointVote) -> bool {
-    keys.verify(from, &checkpoint_statement(v.seq, &v.root, from), &v.sig)
+    keys.verify(from, &checkpoint_statement(v.seq, &v.root, &v.membership, from), &v.sig)
 }
 
 /// `auth = sig`: every request carries its client's valid signature (checked as one

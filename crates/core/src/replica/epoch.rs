@@ -1,0 +1,146 @@
+//! Epochs: how a node leaves one membership and starts the next (BFT-SMaRt §II-C3).
+//!
+//! ```text
+//!   epoch e:   ... instance s executes an admin op ──► membership e+1 (in the state)
+//!              no execution, no proposal past s; checkpoint at s (off the interval)
+//!              Q_e matching votes, which sign the digest of membership e+1: s stable
+//!              ──► Event::EpochEnded
+//!   driver:    replaces the node by next_epoch(): same secrets, the index of its
+//!              stable id in e+1, the snapshot at s as its state, view 0, a WAL that
+//!              starts with the epoch's certificates
+//!   epoch e+1: the proof at s is in epoch e's terms: the `previous` membership checks it
+//! ```
+//!
+//! Why this is safe: execution is sequential, so no correct node executes (or replies
+//! for) an instance above s in epoch e; instances above s that epoch e decided anyway are
+//! forgotten with it, and their clients retransmit into e+1, where the reply cache keeps
+//! execution exactly-once. Every correct node ends epoch e with the same state at s,
+//! because s is a checkpoint made stable by Q_e. Messages carry no epoch: the driver keeps
+//! epochs apart (it tags what a node sends with the node's epoch) and passes across
+//! epochs only what certifies itself (`EpochCerts`).
+//!
+//! A node that missed the end of its epoch (down, partitioned, or slow) cannot finish it
+//! from peers that moved on, so peers answer its STATUS with their **epoch certificates**
+//! (the driver asks [`Replica::epoch_certs_after`]): per epoch, the stable proof of its
+//! last checkpoint and the membership that proof signs. The laggard checks each against
+//! the membership it already trusts and jumps to the newest epoch as a **joiner**: a node
+//! that holds no state (`has_base` false) takes no part in ordering until it installed a
+//! stable checkpoint of the new epoch, which peers offer it as they offer any laggard. A
+//! node the admin adds starts the same way, with the membership from the admin's reply.
+
+use super::{Event, Outputs, Persist, Replica};
+use crate::codec::EPOCH_CERTS_MAX;
+use crate::message::{EpochCert, Seq};
+use crate::service::Service;
+
+/// What becomes of a node whose epoch ended.
+pub enum NextEpoch<S> {
+    /// It is a member of the next epoch: this node, and what the driver must persist
+    /// before stepping it (the WAL replaced by the new epoch's records).
+    Member(Box<Replica<S>>, Vec<Persist>),
+    /// The new membership left it out: it stops.
+    Removed,
+}
+
+impl<S: Service> Replica<S> {
+    /// Whether the executed state already belongs to a later epoch than this node runs.
+    pub fn epoch_ended(&self) -> bool {
+        self.exec.membership().epoch > self.cfg.membership.epoch
+    }
+
+    /// The last instance of this epoch, once execution reached it.
+    pub(super) fn epoch_end(&self) -> Option<Seq> {
+        self.epoch_ended().then(|| self.exec.membership().since)
+    }
+
+    /// A node that joined in this epoch holds no state until it installs a stable
+    /// checkpoint of the epoch; it takes no part in ordering before that.
+    pub(super) fn has_base(&self) -> bool {
+        self.stable.seq >= self.cfg.membership.since
+    }
+
+    /// The certificates a node of `epoch` needs to reach this node's epoch.
+    pub fn epoch_certs_after(&self, epoch: u64) -> Vec<EpochCert> {
+        self.epoch_certs.iter().filter(|c| c.next.epoch > epoch).cloned().collect()
+    }
+
+    /// Reports, once, that this epoch is over for this node: the checkpoint at its last
+    /// instance is stable and is this node's state.
+    pub(super) fn check_epoch_end(&mut self, out: &mut Outputs) {
+        let Some(end) = self.epoch_end() else {
+            return;
+        };
+        if self.epoch_reported
+            || self.stable.seq != end
+            || self.exec.executed() != end
+            || self.transfer.is_some()
+            || self.stable_chunks.is_none()
+        {
+            return;
+        }
+        self.epoch_reported = true;
+        out.events.push(Event::EpochEnded { epoch: self.exec.membership().epoch, seq: end });
+    }
+
+    /// Certificates of later epochs ([`crate::membership::follow_certs`]): valid ones
+    /// make this node leave its epoch, to join the newest as a node without state.
+    pub(super) fn on_epoch_certs(&mut self, certs: Vec<EpochCert>, out: &mut Outputs) -> Result<(), super::Reject> {
+        let (at, chain) = crate::membership::follow_certs(&self.cfg.membership, certs, self.cfg.quorums.mutation())
+            .map_err(|_| super::Reject::BadProof("epoch certificates do not follow this node's membership"))?;
+        if chain.is_empty() || self.epoch_reported {
+            return Ok(());
+        }
+        self.jump = Some(chain);
+        self.epoch_reported = true;
+        out.events.push(Event::EpochEnded { epoch: at.epoch, seq: at.since });
+        Ok(())
+    }
+
+    /// The node of the next epoch, once [`Event::EpochEnded`] was reported: same
+    /// secrets, the index its stable id has in the new membership, view 0. After a normal
+    /// end its state is the stable checkpoint at the epoch's last instance; after a jump
+    /// it holds nothing and fetches the new epoch's state.
+    ///
+    /// # Panics
+    /// If called before the epoch ended (a driver bug).
+    pub fn next_epoch(&self, service: S) -> NextEpoch<S> {
+        assert!(self.epoch_reported, "next_epoch before EpochEnded");
+        let mut certs = self.epoch_certs.clone();
+        let (next, base) = match &self.jump {
+            Some(chain) => {
+                certs.extend(chain.iter().cloned());
+                (chain.last().expect("a non-empty chain").next.clone(), None)
+            }
+            None => {
+                let next = self.exec.membership().clone();
+                certs.push(EpochCert { proof: self.stable.clone(), next: next.clone() });
+                (next, self.stable_chunks.clone())
+            }
+        };
+        if certs.len() > EPOCH_CERTS_MAX {
+            certs.drain(..certs.len() - EPOCH_CERTS_MAX);
+        }
+        let since = next.since;
+        let Some(index) = self.cfg.membership.id_of(self.id).and_then(|id| next.index_of(id)) else {
+            return NextEpoch::Removed;
+        };
+        let cfg = self.cfg.next_epoch(next).expect("memberships from the executor or certificates have valid quorums");
+        let mut r = Replica::new(cfg, index, self.secrets.clone(), service);
+        r.now = self.now;
+        r.epoch_certs = certs;
+        if let Some(chunks) = base {
+            match r.exec.restore(&chunks.bytes) {
+                Ok(executed) if executed == since => {}
+                other => panic!("the stable snapshot at {since} does not restore: {other:?}"),
+            }
+            r.stable = self.stable.clone();
+            r.stable_chunks = Some(chunks);
+            r.floor = since;
+            r.next_propose = since + 1;
+        }
+        // A jumping node keeps no snapshot: all it has is older than the new epoch.
+        let snapshots_from = if r.stable_chunks.is_some() { since } else { Seq::MAX };
+        let persist = vec![Persist::Compact { records: r.durable_records(), snapshots_from }];
+        NextEpoch::Member(Box::new(r), persist)
+    }
+}

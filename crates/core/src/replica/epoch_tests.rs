@@ -1,0 +1,456 @@
+//! Membership changes through whole epochs, on a lossless in-memory network that routes
+//! by stable id and keeps epochs apart as the drivers do: a message reaches a node of the
+//! sender's epoch; a STATUS from an earlier epoch is answered with epoch certificates.
+//! The simulator adds faults.
+
+use super::tests::{config_rq, secrets, Log};
+use super::*;
+use crate::crypto::SigningKey;
+use crate::membership::{AdminError, AdminOp, AdminResult, Change, Member, Membership, ADMIN_CLIENT};
+use crate::message::{Reply, ReplyBody};
+use std::collections::VecDeque;
+
+struct EpochNet {
+    /// Current node per stable id.
+    nodes: BTreeMap<u32, Replica<Log>>,
+    removed: Vec<u32>,
+    /// Nodes cut off from the network (messages to and from them are lost).
+    cut: BTreeSet<u32>,
+    /// Epochs jumped over by certificates, per node.
+    jumps: Vec<u32>,
+    /// (sender stable id, sender epoch, recipient, message).
+    queue: VecDeque<(u32, u64, Peer, Message)>,
+    /// (sender stable id, reply).
+    replies: Vec<(u32, Reply)>,
+    /// Highest instance decided in each epoch (by any node).
+    decided: BTreeMap<u64, Seq>,
+    /// Client cores, and messages on their way to them (client, sender stable id).
+    clients: BTreeMap<ClientId, crate::client::Client>,
+    to_clients: VecDeque<(ClientId, u32, Message)>,
+    /// What the client cores completed: (client, seq) → result.
+    completed: BTreeMap<(ClientId, u64), Vec<u8>>,
+    now: u64,
+}
+
+impl EpochNet {
+    fn new(cfg: &ClusterConfig) -> EpochNet {
+        let nodes =
+            (0..cfg.n() as u32).map(|i| (i, Replica::new(cfg.clone(), i, secrets(i), Log::default()))).collect();
+        EpochNet {
+            nodes,
+            removed: Vec::new(),
+            cut: BTreeSet::new(),
+            jumps: Vec::new(),
+            queue: VecDeque::new(),
+            replies: Vec::new(),
+            decided: BTreeMap::new(),
+            clients: BTreeMap::new(),
+            to_clients: VecDeque::new(),
+            completed: BTreeMap::new(),
+            now: 10,
+        }
+    }
+
+    fn absorb(&mut self, id: u32, out: Outputs) {
+        let node = self.nodes.get(&id).expect("known node");
+        let (epoch, membership) = (node.epoch(), node.config().membership.clone());
+        let ended = out.events.iter().any(|e| matches!(e, Event::EpochEnded { .. }));
+        for e in &out.events {
+            if let Event::Decided { seq, .. } = e {
+                let top = self.decided.entry(epoch).or_default();
+                *top = (*top).max(*seq);
+            }
+        }
+        for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
+            match to {
+                Peer::Node(index) => {
+                    let to = membership.id_of(index).expect("a member");
+                    self.queue.push_back((id, epoch, Peer::Node(to), m));
+                }
+                Peer::Client(c) => {
+                    if self.clients.contains_key(&c) {
+                        self.to_clients.push_back((c, id, m));
+                    } else if let Message::Reply(r) = m {
+                        self.replies.push((id, r));
+                    }
+                }
+            }
+        }
+        if ended {
+            let old = self.nodes.remove(&id).expect("current");
+            if old.jump.is_some() {
+                self.jumps.push(id);
+            }
+            match old.next_epoch(Log::default()) {
+                NextEpoch::Member(next, persist) => {
+                    assert!(matches!(persist.as_slice(), [Persist::Compact { .. }]));
+                    self.nodes.insert(id, *next);
+                }
+                NextEpoch::Removed => self.removed.push(id),
+            }
+        }
+    }
+
+    fn deliver(&mut self, from: u32, epoch: u64, to: u32, msg: Message) {
+        if self.cut.contains(&from) || self.cut.contains(&to) {
+            return;
+        }
+        let Some(node) = self.nodes.get_mut(&to) else { return };
+        if node.epoch() != epoch {
+            if matches!(msg, Message::Status { .. }) && epoch < node.epoch() {
+                let certs = node.epoch_certs_after(epoch);
+                self.queue.push_back((to, node.epoch(), Peer::Node(from), Message::EpochCerts(certs)));
+                return;
+            }
+            if !matches!(msg, Message::EpochCerts(_)) {
+                return;
+            }
+        }
+        let index = node.config().membership.index_of(from).unwrap_or(0);
+        let mut out = Outputs::default();
+        node.step(self.now, Input::Message { from: Peer::Node(index), msg }, &mut out);
+        self.absorb(to, out);
+    }
+
+    /// Client `c` sends what its core produced (addressed by stable id).
+    fn client_send(&mut self, c: ClientId, msgs: Vec<(NodeId, Message)>) {
+        for (to, msg) in msgs {
+            if self.cut.contains(&to) {
+                continue;
+            }
+            let mut out = Outputs::default();
+            if let Some(n) = self.nodes.get_mut(&to) {
+                n.step(self.now, Input::Message { from: Peer::Client(c), msg }, &mut out);
+            }
+            if self.nodes.contains_key(&to) {
+                self.absorb(to, out);
+            }
+        }
+    }
+
+    fn deliver_to_client(&mut self, c: ClientId, from: u32, msg: Message) {
+        let Some(client) = self.clients.get_mut(&c) else { return };
+        match msg {
+            Message::Reply(r) => {
+                let seq = r.seq;
+                if let Some(result) = client.on_reply(from, r) {
+                    self.completed.insert((c, seq), result);
+                }
+            }
+            Message::EpochCerts(certs) => {
+                client.on_epoch_certs(certs);
+            }
+            _ => {}
+        }
+        let msgs = client.poll_send();
+        self.client_send(c, msgs);
+    }
+
+    /// Starts an ordered operation on client core `c`.
+    fn invoke(&mut self, c: ClientId, op: Vec<u8>) -> u64 {
+        let client = self.clients.get_mut(&c).expect("a client core");
+        let msgs = client.invoke(self.now, op).expect("idle");
+        let seq = client.inflight_seq().expect("in flight");
+        self.client_send(c, msgs);
+        seq
+    }
+
+    fn tick(&mut self) {
+        self.now += 5;
+        let cs: Vec<ClientId> = self.clients.keys().copied().collect();
+        for c in cs {
+            let msgs = self.clients.get_mut(&c).map(|x| x.on_tick(self.now)).unwrap_or_default();
+            self.client_send(c, msgs);
+        }
+        let ids: Vec<u32> = self.nodes.keys().copied().collect();
+        for id in ids {
+            let mut out = Outputs::default();
+            if let Some(n) = self.nodes.get_mut(&id) {
+                n.step(self.now, Input::Tick, &mut out);
+            }
+            self.absorb(id, out);
+        }
+    }
+
+    fn run(&mut self, ms: u64) {
+        let end = self.now + ms;
+        while self.now < end {
+            let mut budget = 100_000;
+            loop {
+                if let Some((from, epoch, to, msg)) = self.queue.pop_front() {
+                    if let Peer::Node(to) = to {
+                        self.deliver(from, epoch, to, msg);
+                    }
+                } else if let Some((c, from, msg)) = self.to_clients.pop_front() {
+                    self.deliver_to_client(c, from, msg);
+                } else {
+                    break;
+                }
+                budget -= 1;
+                assert!(budget > 0, "message storm");
+            }
+            self.tick();
+        }
+    }
+
+    /// The membership the newest node runs (what a client would learn).
+    fn membership(&self) -> Membership {
+        self.nodes.values().max_by_key(|n| n.epoch()).map(|n| n.config().membership.clone()).expect("nodes")
+    }
+
+    /// A client request MAC'd for every node, sent to every current node.
+    fn submit(&mut self, client: ClientId, seq: u64, op: Vec<u8>) {
+        let membership = self.membership();
+        let mut req = Request::new(client, seq, op.into());
+        let statement = req.statement();
+        // One entry per stable id, as the client core builds it.
+        req.auth = (0..=membership.highest_id)
+            .map(|id| client_mac_key(&secrets(id).mac_secret, client).mac(&statement))
+            .collect();
+        let ids: Vec<u32> = self.nodes.keys().copied().collect();
+        for id in ids {
+            let mut out = Outputs::default();
+            if let Some(n) = self.nodes.get_mut(&id) {
+                n.step(
+                    self.now,
+                    Input::Message { from: Peer::Client(client), msg: Message::Request(req.clone()) },
+                    &mut out,
+                );
+            }
+            self.absorb(id, out);
+        }
+    }
+
+    /// A result at least `weak` nodes vouched for (in full, or by digest: large results
+    /// come in full from one designated node).
+    fn result(&self, client: ClientId, seq: u64, weak: usize) -> Option<Vec<u8>> {
+        let mine = || self.replies.iter().filter(|(_, r)| r.client == client && r.seq == seq);
+        mine().find_map(|(_, r)| {
+            let ReplyBody::Full(body) = &r.body else { return None };
+            let digest = r.body.result_digest();
+            let who: BTreeSet<u32> =
+                mine().filter(|(_, x)| x.body.result_digest() == digest).map(|(f, _)| *f).collect();
+            (who.len() >= weak).then(|| body.clone())
+        })
+    }
+
+    /// Submits an admin op with seven client requests right behind it (clients 8 to 14,
+    /// sequence `seq`): with four requests a batch, the admin op's batch is followed by a
+    /// full one, proposed at once, so an instance past the epoch's end is in flight when
+    /// the epoch ends.
+    fn admin(&mut self, key: &SigningKey, seq: u64, epoch: u64, change: Change) -> AdminResult {
+        let op = AdminOp::sign(key, epoch, change).encode();
+        self.submit(ADMIN_CLIENT, seq, op);
+        for client in BEHIND {
+            self.submit(client, seq, vec![client as u8, seq as u8]);
+        }
+        self.run(300);
+        let bytes = self.result(ADMIN_CLIENT, seq, 2).expect("the admin op was answered");
+        postcard::from_bytes(&bytes).expect("an admin result")
+    }
+
+    /// Clients 8 to 14 resend their request `seq` (as the client core does on a
+    /// timeout) until it is answered.
+    fn retransmit_behind_admin(&mut self, seq: u64) {
+        for client in BEHIND {
+            let op = vec![client as u8, seq as u8];
+            for _ in 0..5 {
+                if self.result(client, seq, 2).is_some() {
+                    break;
+                }
+                self.submit(client, seq, op.clone());
+                self.run(200);
+            }
+            assert!(self.result(client, seq, 2).is_some(), "client {client} request {seq} answered");
+        }
+    }
+
+    fn states(&self) -> BTreeMap<u32, (u64, Seq, usize)> {
+        self.nodes.iter().map(|(id, n)| (*id, (n.epoch(), n.executed(), n.service().0.len()))).collect()
+    }
+}
+
+use std::collections::BTreeSet;
+
+/// The clients whose requests follow each admin op.
+const BEHIND: std::ops::RangeInclusive<ClientId> = 8..=14;
+
+fn new_member(id: u32) -> Member {
+    Member { id, key: secrets(id).signing.public(), addr: String::new() }
+}
+
+#[test]
+fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
+    let admin = SigningKey::from_seed([77; 32]);
+    let cfg = config_rq(1, 1).with_admin_key(admin.public());
+    let mut net = EpochNet::new(&cfg);
+    for seq in 1..=5 {
+        net.submit(7, seq, vec![seq as u8]);
+        net.run(50);
+        assert_eq!(net.result(7, seq, 2), Some(vec![seq as u8]), "put {seq} before any change");
+    }
+
+    // Add node 4: the four nodes end epoch 0 at the same instance and start epoch 1.
+    let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
+    assert_eq!((m1.epoch, m1.n()), (1, 5));
+    assert!(net.decided[&0] > m1.since, "an instance past the end of epoch 0 was decided: {:?}", net.decided);
+    let joiner = Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default());
+    assert!(!joiner.has_base(), "a joiner has no state yet");
+    net.nodes.insert(4, joiner);
+    net.run(2_000);
+    let states = net.states();
+    assert!(states.values().all(|(e, _, _)| *e == 1), "every node runs epoch 1: {states:?}");
+    // Requests that were in flight behind the admin op: decided after the epoch's end in
+    // epoch 0 (and forgotten), or before it. Their clients retransmit; each runs once.
+    net.retransmit_behind_admin(1);
+    assert!(net.nodes[&4].has_base(), "the joiner installed the epoch's base: {}", net.nodes[&4].status_line());
+    assert!(net.nodes[&4].stable_seq() >= m1.since);
+    assert!(net.nodes.values().all(|n| n.config().quorums.order_quorum() == 4));
+
+    // The five nodes order requests; the joiner executes them like the others.
+    for seq in 6..=12 {
+        net.submit(7, seq, vec![seq as u8]);
+        net.run(50);
+        assert!(net.result(7, seq, 2).is_some(), "put {seq} in epoch 1");
+    }
+    net.run(500);
+    let states = net.states();
+    assert!(states.values().all(|s| *s == states[&0]), "same state everywhere: {states:?}");
+    assert_eq!(states[&4].2, 12 + 7, "the joiner's service holds every put, once (the admin op is not one)");
+
+    // A stale operation (for epoch 0) is refused by every node alike.
+    assert_eq!(net.admin(&admin, 2, 0, Change::Remove(3)), Err(AdminError::WrongEpoch { current: 1, got: 0 }));
+    // Remove node 1: the others renumber, node 1 stops.
+    let m2 = net.admin(&admin, 3, 1, Change::Remove(1)).expect("remove accepted");
+    assert_eq!(m2.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![0, 2, 3, 4]);
+    net.run(1_000);
+    net.retransmit_behind_admin(2);
+    net.retransmit_behind_admin(3);
+    assert_eq!(net.removed, vec![1]);
+    assert!(!net.nodes.contains_key(&1));
+    assert_eq!(net.nodes[&4].id(), 3, "node 4 is index 3 in epoch 2");
+    for seq in 13..=20 {
+        net.submit(7, seq, vec![seq as u8]);
+        net.run(50);
+        assert!(net.result(7, seq, 2).is_some(), "put {seq} in epoch 2");
+    }
+    net.run(500);
+    let states = net.states();
+    assert!(states.values().all(|s| *s == states[&0] && s.0 == 2), "same state everywhere: {states:?}");
+    assert_eq!(states[&0].2, 20 + 3 * 7, "every put executed once");
+}
+
+#[test]
+fn a_node_that_missed_the_change_jumps_by_certificates_and_catches_up() {
+    let admin = SigningKey::from_seed([77; 32]);
+    let cfg = config_rq(1, 1).with_admin_key(admin.public());
+    let mut net = EpochNet::new(&cfg);
+    net.cut.insert(3);
+    net.submit(7, 1, vec![1]);
+    net.run(50);
+    let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
+    net.nodes.insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default()));
+    net.run(1_000);
+    net.retransmit_behind_admin(1);
+    // Epoch 1 runs on nodes 0, 1, 2 and the joiner (Q = 4 of 5) while node 3 is away.
+    for seq in 2..=9 {
+        net.submit(7, seq, vec![seq as u8]);
+        net.run(50);
+        assert!(net.result(7, seq, 2).is_some(), "put {seq} without node 3");
+    }
+    assert_eq!(net.nodes[&3].epoch(), 0);
+    net.cut.clear();
+    net.run(2_000);
+    assert_eq!(net.jumps, vec![3], "node 3 left epoch 0 on the certificates");
+    net.submit(7, 10, vec![10]);
+    net.run(500);
+    let states = net.states();
+    assert!(states.values().all(|s| *s == states[&0] && s.0 == 1), "node 3 caught up: {states:?}");
+    assert_eq!(net.nodes[&3].epoch_certs.len(), 1);
+    // A certificate chain that does not start at a node's epoch, or is forged, moves
+    // nothing.
+    let mut fresh = Replica::new(cfg.clone(), 2, secrets(2), Log::default());
+    let mut cert = net.nodes[&0].epoch_certs_after(0).remove(0);
+    cert.proof.sigs.truncate(2);
+    let mut out = Outputs::default();
+    fresh.step(1, Input::Message { from: Peer::Node(0), msg: Message::EpochCerts(vec![cert]) }, &mut out);
+    assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { .. })));
+    assert!(!fresh.epoch_ended() && fresh.jump.is_none());
+}
+
+/// A client core that knows only epoch 0 follows an add and a removal through the
+/// certificates nodes give it, and keeps completing operations.
+#[test]
+fn a_client_follows_membership_changes_by_certificates() {
+    let admin = SigningKey::from_seed([77; 32]);
+    let cfg = config_rq(1, 1).with_admin_key(admin.public());
+    let mut net = EpochNet::new(&cfg);
+    let id = 20;
+    let keys = (0..4).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
+    let client = crate::client::Client::new(id, cfg.quorums, keys, 100, 1)
+        .with_auth(cfg.auth)
+        .with_membership(cfg.membership.clone());
+    net.clients.insert(id, client);
+    let put = |net: &mut EpochNet, what: &str| {
+        let seq = net.invoke(id, vec![1]);
+        net.run(1_000);
+        assert!(net.completed.contains_key(&(id, seq)), "{what}: operation {seq} completed");
+    };
+    put(&mut net, "epoch 0");
+    let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add");
+    net.nodes.insert(4, Replica::new(cfg.next_epoch(m1).expect("valid"), 4, secrets(4), Log::default()));
+    net.run(1_000);
+    net.retransmit_behind_admin(1);
+    put(&mut net, "epoch 1");
+    assert_eq!(net.clients[&id].membership().epoch, 1, "the client learned epoch 1");
+    assert_eq!(net.clients[&id].members(), vec![0, 1, 2, 3, 4]);
+    let m2 = net.admin(&admin, 2, 1, Change::Remove(0)).expect("remove");
+    assert_eq!(m2.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+    net.run(1_000);
+    net.retransmit_behind_admin(2);
+    put(&mut net, "epoch 2 (the old primary is gone)");
+    put(&mut net, "epoch 2 again");
+    assert_eq!(net.clients[&id].membership().epoch, 2);
+    assert_eq!(net.clients[&id].members(), vec![1, 2, 3, 4]);
+    // Certificates that do not lead on from what the client knows change nothing.
+    let stale = net.nodes[&1].epoch_certs_after(0);
+    assert!(!net.clients.get_mut(&id).expect("client").on_epoch_certs(stale));
+}
+
+#[test]
+fn forged_and_unsafe_admin_operations_change_nothing() {
+    let admin = SigningKey::from_seed([77; 32]);
+    let cfg = config_rq(1, 1).with_admin_key(admin.public());
+    let mut net = EpochNet::new(&cfg);
+    let mallory = SigningKey::from_seed([66; 32]);
+    assert_eq!(net.admin(&mallory, 1, 0, Change::Remove(3)), Err(AdminError::BadSignature));
+    assert!(matches!(net.admin(&admin, 2, 0, Change::Remove(3)), Err(AdminError::Quorums(_))));
+    net.run(500);
+    assert!(net.states().values().all(|(e, _, _)| *e == 0));
+    assert!(net.jumps.is_empty() && net.removed.is_empty());
+    // Without an admin key nothing can change the membership.
+    let mut plain = EpochNet::new(&config_rq(1, 1));
+    assert_eq!(plain.admin(&admin, 1, 0, Change::Add(new_member(4))), Err(AdminError::NoAdminKey));
+}
+
+#[test]
+fn a_node_restarting_between_epochs_recovers_in_the_right_one() {
+    let admin = SigningKey::from_seed([77; 32]);
+    let cfg = config_rq(1, 1).with_admin_key(admin.public());
+    let mut net = EpochNet::new(&cfg);
+    net.submit(7, 1, vec![1]);
+    net.run(50);
+    let m1 = net.admin(&admin, 1, 0, Change::Faults { u: 1, r: 0 }).expect("accepted");
+    net.run(500);
+    let node = &net.nodes[&2];
+    assert_eq!((node.epoch(), node.config().quorums.byzantine()), (1, false));
+    // What the node has on disk at the end of epoch 0, before and after it compacted its
+    // log for epoch 1.
+    let snapshot = (m1.since, node.stable_chunks.as_ref().expect("base").bytes.to_vec());
+    let stable = Record::Stable(node.stable.clone());
+    let before = Durable { snapshots: vec![snapshot.clone()], records: vec![stable.clone()] };
+    assert_eq!(before.membership(), None, "recovers in epoch 0 (the file's) and ends it again");
+    let after = Durable { snapshots: vec![snapshot], records: node.durable_records() };
+    assert_eq!(after.membership().map(|m| m.epoch), Some(1));
+    assert_eq!(Durable::default().membership(), None);
+}
