@@ -443,7 +443,7 @@ impl Client {
         if reply.epoch > self.membership.epoch && reply.epoch > self.epoch_asked {
             // The membership changed: ask (the node that knows) how.
             self.epoch_asked = reply.epoch;
-            self.outbox.push((from, Message::EpochQuery { epoch: self.membership.epoch }));
+            self.outbox.push((from, Message::EpochQuery { client: self.id, epoch: self.membership.epoch }));
         }
         if !self.is_member(from) {
             return None;
@@ -551,7 +551,7 @@ impl Client {
         if self.epoch_asked > self.membership.epoch {
             // Still behind a membership change: ask everyone (the first answer was lost,
             // or came from a node that could not prove it).
-            let query = Message::EpochQuery { epoch: self.membership.epoch };
+            let query = Message::EpochQuery { client: self.id, epoch: self.membership.epoch };
             msgs.extend(self.to_all(query));
         }
         msgs

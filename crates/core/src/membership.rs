@@ -272,7 +272,8 @@ pub fn follow_certs(
             return Err(CertError::OtherMembership);
         }
         let quorum = at.quorums().map_err(|_| CertError::Unproven)?.with_mutation(mutation).order_quorum();
-        if !crate::message::proof_signed(&crate::crypto::NodeKeys::new(&at.keys()), quorum, &cert.proof) {
+        let unchecked = mutation == Some(crate::quorum::Mutation::UnverifiedEpochCerts);
+        if !unchecked && !crate::message::proof_signed(&crate::crypto::NodeKeys::new(&at.keys()), quorum, &cert.proof) {
             return Err(CertError::Unproven);
         }
         at = cert.next.clone();

@@ -566,8 +566,10 @@ pub enum Message {
     /// Answer to a node (or client) of an earlier epoch: how the membership changed
     /// since, one certificate per epoch, oldest first.
     EpochCerts(Vec<EpochCert>),
-    /// Client → node: "I know epoch `epoch`; how did the membership change since?"
+    /// Client (session `client`) → node: "I know epoch `epoch`; how did the membership
+    /// change since?" The answer goes to that session.
     EpochQuery {
+        client: ClientId,
         epoch: u64,
     },
 }

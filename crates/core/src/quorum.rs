@@ -46,10 +46,12 @@ pub enum Mutation {
     OneEndorsement,
     /// The client accepts a push event on one node's copy.
     OnePushCopy,
+    /// Nodes and clients follow epoch certificates without checking their signatures.
+    UnverifiedEpochCerts,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 8] = [
+    pub const ALL: [Mutation; 9] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -58,6 +60,7 @@ impl Mutation {
         Mutation::SerializableWithoutWait,
         Mutation::OneEndorsement,
         Mutation::OnePushCopy,
+        Mutation::UnverifiedEpochCerts,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +73,7 @@ impl Mutation {
             Mutation::SerializableWithoutWait => "serializable-without-wait",
             Mutation::OneEndorsement => "one-endorsement",
             Mutation::OnePushCopy => "one-push-copy",
+            Mutation::UnverifiedEpochCerts => "unverified-epoch-certs",
         }
     }
 

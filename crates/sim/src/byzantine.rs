@@ -5,9 +5,10 @@
 //! any lie; it cannot sign for others or impersonate another peer on the channel.
 
 use keel_core::crypto::{Digest, Mac, MacKey, Sig, SigningKey};
+use keel_core::membership::{Member, Membership};
 use keel_core::message::{
-    endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, Message, NewView, NodeId, Reply,
-    ReplyBody, Request, StableProof, Value, ViewChange, Write,
+    checkpoint_statement, endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, EpochCert,
+    Message, NewView, NodeId, Reply, ReplyBody, Request, StableProof, Value, ViewChange, Write,
 };
 use keel_core::replica::Peer;
 use rand::Rng;
@@ -47,6 +48,10 @@ pub struct Behaviours {
     /// requests no client sent, and (as primary) such requests proposed with its own
     /// endorsement alone.
     pub forge_endorsements: bool,
+    /// Lie about the membership: epoch certificates, to nodes and clients, for a next
+    /// epoch of its own making (itself and nodes it holds the keys of, tolerating no
+    /// fault), signed by itself and with made-up signatures for the others.
+    pub forge_epoch_certs: bool,
 }
 
 impl Behaviours {
@@ -62,6 +67,7 @@ impl Behaviours {
                 rush_reads: rng.gen_bool(0.5),
                 slow_primary: rng.gen_bool(0.3),
                 forge_endorsements: rng.gen_bool(0.5),
+                forge_epoch_certs: rng.gen_bool(0.5),
             };
             if b.equivocate
                 || b.corrupt
@@ -72,6 +78,7 @@ impl Behaviours {
                 || b.rush_reads
                 || b.slow_primary
                 || b.forge_endorsements
+                || b.forge_epoch_certs
             {
                 return b;
             }
@@ -90,6 +97,7 @@ impl Behaviours {
             (self.rush_reads, "rush-reads"),
             (self.slow_primary, "slow-primary"),
             (self.forge_endorsements, "forge-endorsements"),
+            (self.forge_epoch_certs, "forge-epoch-certs"),
         ] {
             if on {
                 v.push(name);
@@ -116,6 +124,8 @@ pub struct LieCounts {
     pub slowed_proposals: u64,
     /// Endorsements with wrong MACs or of made-up requests, and proposals carrying those.
     pub forged_endorsements: u64,
+    /// Epoch certificates for a membership of its own making.
+    pub forged_epoch_certs: u64,
 }
 
 impl LieCounts {
@@ -130,6 +140,7 @@ impl LieCounts {
         self.index_lies += o.index_lies;
         self.slowed_proposals += o.slowed_proposals;
         self.forged_endorsements += o.forged_endorsements;
+        self.forged_epoch_certs += o.forged_epoch_certs;
     }
 
     pub fn total(&self) -> u64 {
@@ -143,6 +154,7 @@ impl LieCounts {
             + self.index_lies
             + self.slowed_proposals
             + self.forged_endorsements
+            + self.forged_epoch_certs
     }
 }
 
@@ -164,6 +176,8 @@ pub struct Byzantine {
     /// (view, seq) → the proposal with a made-up request added, the same for every backup.
     fabricated: BTreeMap<(u64, u64), Value>,
     fabricated_seq: u64,
+    /// The membership its replica runs (what forged certificates must seem to follow).
+    membership: Option<Membership>,
     pub lies: LieCounts,
 }
 
@@ -191,6 +205,7 @@ impl Byzantine {
             endorse_keys,
             fabricated: BTreeMap::new(),
             fabricated_seq: 0,
+            membership: None,
             history: VecDeque::new(),
             alternatives: BTreeMap::new(),
             forged: VecDeque::new(),
@@ -198,11 +213,43 @@ impl Byzantine {
         }
     }
 
-    /// The node's index and cluster size changed with a new epoch (membership.rs).
-    pub fn renumber(&mut self, me: NodeId, n: usize, quorum: usize) {
+    /// The membership its replica runs; with a new epoch, its index and the cluster size
+    /// change too.
+    pub fn set_membership(&mut self, me: NodeId, quorum: usize, membership: Membership) {
         self.me = me;
-        self.n = n;
+        self.n = membership.n();
         self.quorum = quorum;
+        self.membership = Some(membership);
+    }
+
+    /// A certificate for a next epoch of this node's making: itself and three nodes whose
+    /// keys it made up, tolerating nothing, so whoever followed it would trust this node
+    /// alone. It can sign only as itself: the other signatures are made up too.
+    fn forge_epoch_cert(&mut self, rng: &mut ChaCha8Rng) -> Option<EpochCert> {
+        let current = self.membership.clone()?;
+        let me = current.members.get(self.me as usize)?.clone();
+        let mut members = vec![me];
+        for i in 1..=3 {
+            let key = SigningKey::from_seed(rng.gen()).public();
+            members.push(Member { id: current.highest_id + i, key, addr: String::new() });
+        }
+        let since = rng.gen_range(1..10_000);
+        let next = Membership {
+            epoch: current.epoch + 1,
+            u: 0,
+            r: 0,
+            since,
+            highest_id: current.highest_id + 3,
+            previous: Some(Box::new(Membership { previous: None, ..current })),
+            members,
+        };
+        let root = Digest(rng.gen());
+        let membership = next.digest();
+        let mut sigs = vec![(self.me, self.signing.sign(&checkpoint_statement(since, &root, &membership, self.me)))];
+        for n in (0..self.n as NodeId).filter(|n| *n != self.me).take(self.quorum) {
+            sigs.push((n, self.random_sig(rng)));
+        }
+        Some(EpochCert { proof: StableProof { seq: since, root, membership, sigs }, next })
     }
 
     /// Remembers a message the node received, for later replay, and answers a request
@@ -269,6 +316,19 @@ impl Byzantine {
             let frame = keel_core::codec::encode(&Message::Endorse { request, macs });
             for n in (0..self.n as NodeId).filter(|n| *n != self.me) {
                 frames.push((Peer::Node(n), frame.clone()));
+            }
+        }
+        if self.behaviours.forge_epoch_certs && rng.gen_bool(0.03) {
+            if let Some(cert) = self.forge_epoch_cert(rng) {
+                self.lies.forged_epoch_certs += 1;
+                let frame = keel_core::codec::encode(&Message::EpochCerts(vec![cert]));
+                frames.push((Peer::Node(rng.gen_range(0..self.n as NodeId)), frame.clone()));
+                // And to the clients it answers.
+                let clients: Vec<Peer> =
+                    frames.iter().map(|(to, _)| *to).filter(|to| matches!(to, Peer::Client(_))).collect();
+                for c in clients {
+                    frames.push((c, frame.clone()));
+                }
             }
         }
         if self.behaviours.forge_view_change && rng.gen_bool(0.02) {

@@ -18,7 +18,9 @@ use keel_core::codec;
 use keel_core::config::{Auth, ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
 use keel_core::membership::{AdminOp, Change, Member, Membership, ADMIN_CLIENT};
-use keel_core::message::{ClientId, Message, NodeId, Read, Reply, ReplyBody, Request, Seq, View};
+use keel_core::message::{
+    owner_of, session_id, session_of, ClientId, Message, NodeId, Read, Reply, ReplyBody, Request, Seq, View,
+};
 use keel_core::quorum::{Mutation, Quorums};
 use keel_core::replica::{client_mac_key, Durable, Event, Input, NextEpoch, NodeSecrets, Outputs, Peer, Replica};
 use keel_core::service::{ReadCtx, Service};
@@ -302,7 +304,8 @@ pub struct World<W: Workload> {
     memberships: BTreeMap<u64, Vec<u32>>,
     admin_key: SigningKey,
     /// The administrator's client core and, while one is in flight, the change.
-    admin: Option<(Client, Option<Change>)>,
+    /// Its sessions: each a client core and, while one is in flight, the change asked.
+    admin: Vec<(Client, Option<Change>)>,
     workload: W,
     rng: ChaCha8Rng,
     now: u64,
@@ -402,14 +405,16 @@ impl<W: Workload> World<W> {
                 }
                 let byzantine = byz_ids.contains(&i).then(|| {
                     let behaviours = pinned.clone().unwrap_or_else(|| Behaviours::random(&mut rng));
-                    Byzantine::new(
+                    let mut b = Byzantine::new(
                         behaviours,
                         i as NodeId,
                         n,
                         quorums.order_quorum(),
                         s.signing.clone(),
                         s.endorse_keys.clone(),
-                    )
+                    );
+                    b.set_membership(i as NodeId, quorums.order_quorum(), cfg.membership.clone());
+                    b
                 });
                 let (replica, role) = if i < n {
                     (Some(Replica::new(cfg.clone(), i as NodeId, s.clone(), workload.service())), Role::Member)
@@ -441,14 +446,18 @@ impl<W: Workload> World<W> {
                 SimClient { core, inflight: None, side: 0, push_next: 1 }
             })
             .collect();
-        let admin = opts.reconfig.then(|| {
-            let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, ADMIN_CLIENT)).collect();
-            let core = Client::new(ADMIN_CLIENT, quorums, keys, 300, 1)
-                .with_auth(cfg.auth)
-                .with_signing_key(admin_key.clone())
-                .with_membership(cfg.membership.clone());
-            (core, None)
-        });
+        let sessions = if opts.reconfig { 2 } else { 0 };
+        let admin = (0..sessions)
+            .map(|s| {
+                let id = session_id(ADMIN_CLIENT, s);
+                let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
+                let core = Client::new(id, quorums, keys, 300, 1)
+                    .with_auth(cfg.auth)
+                    .with_signing_key(admin_key.clone())
+                    .with_membership(cfg.membership.clone());
+                (core, None)
+            })
+            .collect();
         let mut w = World {
             memberships: BTreeMap::from([(0, (0..n as u32).collect())]),
             admin_key,
@@ -597,7 +606,7 @@ impl<W: Workload> World<W> {
         let heal_at = self.now;
         self.trace_line(format!("{heal_at} heal"));
         // Liveness phase: every outstanding operation completes within the bound.
-        let admin_busy = |w: &World<W>| w.admin.as_ref().is_some_and(|(_, c)| c.is_some());
+        let admin_busy = |w: &World<W>| w.admin.iter().any(|(_, c)| c.is_some());
         while self.report.violations.is_empty()
             && (self.clients.iter().any(|c| c.inflight.is_some()) || admin_busy(&self))
         {
@@ -608,7 +617,7 @@ impl<W: Workload> World<W> {
                     .filter(|c| c.inflight.is_some())
                     .map(|c| format!("client {} seq {:?}", c.core.id(), c.core.inflight_seq()))
                     .collect();
-                if let Some((core, Some(change))) = &self.admin {
+                for (core, change) in self.admin.iter().filter(|(_, c)| c.is_some()) {
                     stuck.push(format!("admin {change:?} seq {:?}", core.inflight_seq()));
                 }
                 let nodes: Vec<String> = self
@@ -793,13 +802,17 @@ impl<W: Workload> World<W> {
         let Some(old) = node.replica.take() else { return };
         match old.next_epoch(service) {
             NextEpoch::Member(next, persist) => {
+                // Durable before the new node takes a step: a PROPOSE leaves before its
+                // record is durable, so a node that restarted in the old epoch and
+                // started the new one afresh could propose twice for the same instance.
                 for p in &persist {
                     node.disk.write(p);
                 }
+                node.disk.sync(node.disk.last_op());
                 let (epoch, q) = (next.epoch(), next.config().quorums.order_quorum());
                 let ids: Vec<u32> = next.config().membership.members.iter().map(|m| m.id).collect();
                 if let Some(b) = node.byzantine.as_mut() {
-                    b.renumber(next.id(), ids.len(), q);
+                    b.set_membership(next.id(), q, next.config().membership.clone());
                 }
                 let line = format!("{} n{n} epoch {epoch} as index {}", self.now, next.id());
                 node.replica = Some(*next);
@@ -1007,8 +1020,8 @@ impl<W: Workload> World<W> {
     }
 
     fn deliver_to_client(&mut self, c: ClientId, from: Peer, msg: Message) {
-        if let (ADMIN_CLIENT, Peer::Node(node)) = (c, from) {
-            self.deliver_to_admin(node, msg);
+        if let (ADMIN_CLIENT, Peer::Node(node)) = (owner_of(c), from) {
+            self.deliver_to_admin(session_of(c) as usize, node, msg);
             return;
         }
         // Replies to clients that do not exist (a forged request) go nowhere.
@@ -1318,60 +1331,73 @@ impl<W: Workload> World<W> {
     }
 
     /// The administrator's next membership change: add a spare node, or remove a member
-    /// while more than `2u + r + 1` remain. One at a time; each names the epoch the
-    /// administrator's client core last learned.
+    /// while more than `2u + r + 1` remain, naming the epoch its client core last
+    /// learned. Sometimes a second session asks for another change at the same time: at
+    /// most one of the two applies (the other names a past epoch, or shares its instance).
     fn admin_op(&mut self) {
         if !self.issuing {
             return;
         }
         let next = self.now + self.rng.gen_range(100..500);
         self.schedule(next, Ev::Admin);
-        let spare = self.nodes.iter().position(|x| x.role == Role::Spare);
-        let Some((core, _)) = self.admin.as_ref().filter(|(c, pending)| pending.is_none() && !c.busy()) else {
+        if self.admin.is_empty() || self.admin.iter().any(|(c, pending)| pending.is_some() || c.busy()) {
             return;
-        };
-        let m = core.membership().clone();
-        let min = 2 * m.u as usize + m.r as usize + 1;
-        let change = if m.n() > min && (spare.is_none() || self.rng.gen_bool(0.5)) {
-            Change::Remove(m.members[self.rng.gen_range(0..m.n())].id)
-        } else if let Some(s) = spare {
-            Change::Add(Member { id: s as u32, key: self.nodes[s].secrets.signing.public(), addr: String::new() })
-        } else {
-            return;
-        };
-        let op = AdminOp::sign(&self.admin_key, m.epoch, change.clone()).encode();
-        let Some((core, pending)) = self.admin.as_mut() else { return };
-        let Ok(msgs) = core.invoke(self.now, op) else { return };
-        *pending = Some(change.clone());
-        self.report.faults.admin_ops += 1;
-        self.trace_line(format!("{} admin {change:?} in epoch {}", self.now, m.epoch));
-        self.admin_send(msgs);
+        }
+        let m = self.admin[0].0.membership().clone();
+        let sessions = if self.rng.gen_bool(0.3) { 2 } else { 1 };
+        for session in 0..sessions {
+            let spare = self.nodes.iter().position(|x| x.role == Role::Spare);
+            let min = 2 * m.u as usize + m.r as usize + 1;
+            let change = if m.n() > min && (spare.is_none() || session == 1 || self.rng.gen_bool(0.5)) {
+                Change::Remove(m.members[self.rng.gen_range(0..m.n())].id)
+            } else if let (Some(s), 0) = (spare, session) {
+                Change::Add(Member { id: s as u32, key: self.nodes[s].secrets.signing.public(), addr: String::new() })
+            } else {
+                continue;
+            };
+            let op = AdminOp::sign(&self.admin_key, m.epoch, change.clone()).encode();
+            let (core, pending) = &mut self.admin[session];
+            let Ok(msgs) = core.invoke(self.now, op) else { continue };
+            let from = core.id();
+            *pending = Some(change.clone());
+            self.report.faults.admin_ops += 1;
+            self.trace_line(format!("{} admin/{session} {change:?} in epoch {}", self.now, m.epoch));
+            self.admin_send(from, msgs);
+        }
         let at = self.now + CLIENT_TICK_MS;
         self.schedule(at, Ev::AdminTick);
     }
 
-    fn admin_send(&mut self, msgs: Vec<(NodeId, Message)>) {
+    fn admin_send(&mut self, from: ClientId, msgs: Vec<(NodeId, Message)>) {
         for (n, m) in msgs {
             if let Message::Request(req) = &m {
                 self.submitted.insert((req.client, req.seq), req.op.digest());
             }
-            self.transmit(Peer::Client(ADMIN_CLIENT), Peer::Node(n), codec::encode(&m));
+            // Sessions share their owner's connection (and its identity).
+            self.transmit(Peer::Client(owner_of(from)), Peer::Node(n), codec::encode(&m));
         }
     }
 
     fn admin_tick(&mut self) {
-        let Some((core, pending)) = self.admin.as_mut() else { return };
-        if pending.is_none() {
-            return;
+        let mut busy = false;
+        for session in 0..self.admin.len() {
+            let (core, pending) = &mut self.admin[session];
+            if pending.is_none() {
+                continue;
+            }
+            busy = true;
+            let from = core.id();
+            let msgs = core.on_tick(self.now);
+            self.admin_send(from, msgs);
         }
-        let msgs = core.on_tick(self.now);
-        self.admin_send(msgs);
-        let at = self.now + CLIENT_TICK_MS;
-        self.schedule(at, Ev::AdminTick);
+        if busy {
+            let at = self.now + CLIENT_TICK_MS;
+            self.schedule(at, Ev::AdminTick);
+        }
     }
 
-    fn deliver_to_admin(&mut self, from: NodeId, msg: Message) {
-        let Some((core, pending)) = self.admin.as_mut() else { return };
+    fn deliver_to_admin(&mut self, session: usize, from: NodeId, msg: Message) {
+        let Some((core, pending)) = self.admin.get_mut(session) else { return };
         let result = match msg {
             Message::Reply(reply) => core.on_reply(from, reply),
             Message::EpochCerts(certs) => {
@@ -1381,14 +1407,15 @@ impl<W: Workload> World<W> {
             _ => None,
         };
         let msgs = core.poll_send();
+        let id = core.id();
         let change = result.as_ref().and_then(|_| pending.take());
-        self.admin_send(msgs);
+        self.admin_send(id, msgs);
         let (Some(bytes), Some(change)) = (result, change) else { return };
         let Some(outcome) = keel_core::membership::decode_result(&bytes) else {
             self.violation("admin", "an admin reply that does not decode".into());
             return;
         };
-        self.trace_line(format!("{} admin {change:?}: {:?}", self.now, outcome.as_ref().map(|m| m.epoch)));
+        self.trace_line(format!("{} admin/{session} {change:?}: {:?}", self.now, outcome.as_ref().map(|m| m.epoch)));
         let (Ok(m), Change::Add(member)) = (outcome, change) else { return };
         // The new node starts from the membership in the reply, with no state.
         let id = member.id;

@@ -35,8 +35,12 @@ use crate::service::Service;
 
 /// What becomes of a node whose epoch ended.
 pub enum NextEpoch<S> {
-    /// It is a member of the next epoch: this node, and what the driver must persist
-    /// before stepping it (the WAL replaced by the new epoch's records).
+    /// It is a member of the next epoch: this node, and what the driver must make
+    /// durable (fsync) before it steps the node (the WAL replaced by the new epoch's
+    /// records). Not merely queued: a primary's PROPOSE leaves before its record is
+    /// durable, and recovery closes proposals in a view only if the log says the node was
+    /// in it; a node that crashed before the new epoch's log was durable would recover
+    /// in the old epoch, start the new one afresh and could propose twice in view 0.
     Member(Box<Replica<S>>, Vec<Persist>),
     /// The new membership left it out: it stops.
     Removed,
@@ -89,6 +93,18 @@ impl<S: Service> Replica<S> {
             .map_err(|_| super::Reject::BadProof("epoch certificates do not follow this node's membership"))?;
         if chain.is_empty() || self.epoch_reported {
             return Ok(());
+        }
+        // A node that executed this epoch to its end (it recovered, or its checkpoint
+        // votes were lost) holds the state the first certificate proves: it ends the
+        // epoch normally, with that proof, and keeps its state. Jumping would throw away
+        // a copy of the state the next epoch starts from.
+        let first = &chain[0].proof;
+        if self.epoch_end() == Some(first.seq) && self.exec.executed() == first.seq {
+            self.install_stable(first.clone(), out);
+            self.check_epoch_end(out);
+            if self.epoch_reported {
+                return Ok(());
+            }
         }
         self.jump = Some(chain);
         self.epoch_reported = true;

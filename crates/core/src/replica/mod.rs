@@ -682,12 +682,13 @@ impl<S: Service> Replica<S> {
             // Self-certifying, and from a node of another epoch (whose index means
             // nothing here): taken from any node.
             (Peer::Node(_), Message::EpochCerts(certs)) => self.on_epoch_certs(certs, out),
-            (Peer::Client(c), Message::EpochQuery { epoch }) => {
-                let certs = self.epoch_certs_after(epoch);
-                if !certs.is_empty() {
-                    out.send.push((Peer::Client(c), Message::EpochCerts(certs)));
-                }
-                Ok(())
+            (Peer::Client(c), Message::EpochQuery { client, epoch }) => {
+                self.check_session(Peer::Client(c), client).map(|()| {
+                    let certs = self.epoch_certs_after(epoch);
+                    if !certs.is_empty() {
+                        out.send.push((Peer::Client(client), Message::EpochCerts(certs)));
+                    }
+                })
             }
             (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => {
                 Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
