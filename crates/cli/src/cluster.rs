@@ -124,8 +124,8 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
     };
     let run = async move {
         match setup.service.as_str() {
-            "null" => keel_runtime::node::run_node(setup, keel_kv::Null).await,
-            _ => keel_runtime::node::run_node(setup, keel_kv::Kv::new()).await,
+            "null" => keel_runtime::node::run_node(setup, || keel_kv::Null).await,
+            _ => keel_runtime::node::run_node(setup, keel_kv::Kv::new).await,
         }
     };
     match runtime.block_on(run) {
@@ -265,7 +265,7 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
         rows.push((setup.id, keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2))));
     }
     let max_executed = rows.iter().filter_map(|(_, r)| r.as_ref().ok().map(|s| s.executed)).max().unwrap_or(0);
-    println!("node\tview\tprimary\texecuted\tstable\tlag\tpeers\tstate");
+    println!("node\tepoch\tview\tprimary\texecuted\tstable\tlag\tpeers\tstate");
     let mut all_up = true;
     for (id, r) in rows {
         match r {
@@ -275,10 +275,13 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
                     (None, Some((have, total))) => format!("state transfer {have}/{total} chunks"),
                     (None, None) => "normal".into(),
                 };
+                // The primary by stable id (the index is the node's place in the epoch).
+                let primary = s.members.get(s.primary as usize).copied().unwrap_or(s.primary);
                 println!(
-                    "{id}\t{}\t{}\t{}\t{}\t{}\t{}/{}\t{state}",
+                    "{id}\t{}\t{}\t{}\t{}\t{}\t{}\t{}/{}\t{state}",
+                    s.epoch,
                     s.view,
-                    s.primary,
+                    primary,
                     s.executed,
                     s.stable,
                     max_executed - s.executed,
@@ -288,7 +291,7 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
             }
             Err(e) => {
                 all_up = false;
-                println!("{id}\t-\t-\t-\t-\t-\t-\tdown ({e})");
+                println!("{id}\t-\t-\t-\t-\t-\t-\t-\tdown ({e})");
             }
         }
     }

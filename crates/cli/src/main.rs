@@ -1,5 +1,6 @@
 //! The `keel` binary.
 
+mod admin;
 mod bench;
 mod cluster;
 mod kv;
@@ -31,6 +32,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run the deterministic simulator over many seeds and check safety and liveness.
     Sim(sim::SimArgs),
+    /// Membership changes: add-node, remove-node (signed with the admin key).
+    Admin(admin::AdminArgs),
 }
 
 /// `--auth NAME` (init, sim): one of [`keel_core::config::Auth::NAMES`].
@@ -52,5 +55,6 @@ fn main() -> ExitCode {
         Command::Kv(a) => kv::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Sim(args) => sim::run(args),
+        Command::Admin(a) => admin::run(a),
     }
 }

@@ -99,6 +99,23 @@ impl SigningKey {
         SigningKey(ed25519_dalek::SigningKey::from_bytes(&seed))
     }
 
+    /// The key this node shares with the holder of `peer`'s secret: X25519 of this key's
+    /// scalar and `peer`'s Montgomery form (the Ed25519 keys converted, as libsodium's
+    /// `crypto_sign_ed25519_*_to_curve25519` do), hashed under `context`. Either side
+    /// computes it from its own secret, so nodes need no table of pairwise keys and a
+    /// node added later shares keys with every member at once. `None` for a key that is
+    /// not a curve point, or a low-order one (which would make the secret guessable).
+    pub fn shared_key(&self, peer: &PublicKey, context: &str) -> Option<MacKey> {
+        let point = ed25519_dalek::VerifyingKey::from_bytes(&peer.0).ok()?.to_montgomery();
+        let shared = point.mul_clamped(self.0.to_scalar_bytes()).to_bytes();
+        if shared == [0; 32] {
+            return None;
+        }
+        let mut h = blake3::Hasher::new_derive_key(context);
+        h.update(&shared);
+        Some(MacKey(*h.finalize().as_bytes()))
+    }
+
     pub fn public(&self) -> PublicKey {
         PublicKey(self.0.verifying_key().to_bytes())
     }

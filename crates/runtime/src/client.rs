@@ -21,9 +21,10 @@ use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{dial_loop, offer, TransportStats, SEND_QUEUE_MAX};
 use keel_core::client::{Client, ClientError, Pushed};
 use keel_core::codec;
+use keel_core::membership::Membership;
 use keel_core::message::{session_id, session_of, ClientId, Message, NodeId, ReadConsistency, Reply, SESSIONS_MAX};
 use keel_core::replica::session_mac_key;
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
@@ -97,30 +98,8 @@ impl KeelClient {
         let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
         let stats = Arc::new(TransportStats::default());
         let (reply_tx, replies) = mpsc::channel::<(NodeId, Message)>(REPLY_QUEUE_MAX);
-        let mut nodes = Vec::new();
-        for (j, addr) in setup.nodes.iter().enumerate() {
-            let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
-            nodes.push(tx);
-            let reply_tx = reply_tx.clone();
-            let counters = stats.clone();
-            let connected = Arc::new(std::sync::atomic::AtomicU64::new(0));
-            tokio::spawn(dial_loop(
-                *addr,
-                PeerId::Node(j as NodeId),
-                connector.clone(),
-                rx,
-                stats.clone(),
-                connected,
-                move |frame| match codec::decode(&frame) {
-                    Ok(m @ (Message::Reply(_) | Message::Push { .. })) => {
-                        if reply_tx.try_send((j as NodeId, m)).is_err() {
-                            TransportStats::bump(&counters.send_queue_full, 1);
-                        }
-                    }
-                    _ => TransportStats::bump(&counters.undecodable, 1),
-                },
-            ));
-        }
+        let mut nodes = Nodes { by_id: BTreeMap::new(), connector, reply_tx, stats: stats.clone() };
+        nodes.follow(&setup.membership);
         // Sequence numbers continue above any this identity used before (a restarted
         // process): the executor ignores sequence numbers it has already passed.
         let first_seq = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
@@ -130,7 +109,8 @@ impl KeelClient {
                 Session {
                     core: {
                         let core = Client::new(session_id(setup.id, s), setup.quorums, keys, RETRANSMIT_MS, first_seq)
-                            .with_auth(setup.auth);
+                            .with_auth(setup.auth)
+                            .with_membership(setup.membership.clone());
                         match &setup.signing {
                             Some(key) => core.with_signing_key(key.clone()),
                             None => core,
@@ -217,11 +197,54 @@ struct Session {
     call: Option<(Done, Instant, Duration)>,
 }
 
+/// Connections to the order nodes, by stable id: the members the sessions know of
+/// (a membership change adds connections; membership.rs).
+struct Nodes {
+    by_id: BTreeMap<NodeId, mpsc::Sender<Vec<u8>>>,
+    connector: TlsConnector,
+    reply_tx: mpsc::Sender<(NodeId, Message)>,
+    stats: Arc<TransportStats>,
+}
+
+impl Nodes {
+    /// Connects (in the background, with retries) to the members of `m` not connected yet.
+    fn follow(&mut self, m: &Membership) {
+        for member in &m.members {
+            if self.by_id.contains_key(&member.id) {
+                continue;
+            }
+            let Ok(addr) = member.addr.parse::<std::net::SocketAddr>() else {
+                tracing::warn!(node = member.id, addr = %member.addr, "member without a usable address");
+                continue;
+            };
+            let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
+            self.by_id.insert(member.id, tx);
+            let (reply_tx, counters, j) = (self.reply_tx.clone(), self.stats.clone(), member.id);
+            tokio::spawn(dial_loop(
+                addr,
+                PeerId::Node(j),
+                self.connector.clone(),
+                rx,
+                self.stats.clone(),
+                Arc::new(std::sync::atomic::AtomicU64::new(0)),
+                move |frame| match codec::decode(&frame) {
+                    Ok(m @ (Message::Reply(_) | Message::Push { .. } | Message::EpochCerts(_))) => {
+                        if reply_tx.try_send((j, m)).is_err() {
+                            TransportStats::bump(&counters.send_queue_full, 1);
+                        }
+                    }
+                    _ => TransportStats::bump(&counters.undecodable, 1),
+                },
+            ));
+        }
+    }
+}
+
 struct Dispatcher {
     sessions: Vec<Session>,
     /// Indices of sessions without a call.
     free: Vec<usize>,
-    nodes: Vec<mpsc::Sender<Vec<u8>>>,
+    nodes: Nodes,
     stats: Arc<TransportStats>,
     pushes: mpsc::Sender<(ClientId, Pushed)>,
     /// Per session, the events dropped because the application's queue was full (first,
@@ -287,6 +310,17 @@ impl Dispatcher {
     fn on_message(&mut self, from: NodeId, msg: Message) {
         match msg {
             Message::Reply(reply) => self.on_reply(from, reply),
+            Message::EpochCerts(certs) => {
+                // For whichever sessions still know an older membership (each checks).
+                for i in 0..self.sessions.len() {
+                    if self.sessions[i].core.on_epoch_certs(certs.clone()) {
+                        let membership = self.sessions[i].core.membership().clone();
+                        tracing::info!(epoch = membership.epoch, members = ?self.sessions[i].core.members(), "membership changed");
+                        self.nodes.follow(&membership);
+                    }
+                    send(&self.nodes, self.sessions[i].core.poll_send(), &self.stats);
+                }
+            }
             Message::Push { client, seq, event } => {
                 let i = session_of(client) as usize;
                 let Some(session) = self.sessions.get_mut(i).filter(|s| s.core.id() == client) else {
@@ -369,9 +403,9 @@ impl Dispatcher {
     }
 }
 
-fn send(nodes: &[mpsc::Sender<Vec<u8>>], msgs: Vec<(NodeId, Message)>, stats: &TransportStats) {
+fn send(nodes: &Nodes, msgs: Vec<(NodeId, Message)>, stats: &TransportStats) {
     for (n, m) in msgs {
-        if let Some(tx) = nodes.get(n as usize) {
+        if let Some(tx) = nodes.by_id.get(&n) {
             offer(tx, codec::encode(&m), stats);
         }
     }

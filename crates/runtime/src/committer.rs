@@ -31,7 +31,9 @@ use tokio::sync::mpsc;
 const JOBS_MAX: usize = 256;
 
 /// A gated message with the queue of the connection it goes to.
-pub type Gated = (mpsc::Sender<Vec<u8>>, Message);
+/// A message to send once its records are durable: the queue, the message, and for a
+/// node the sender's membership epoch (the frame's tag, transport::node_frame).
+pub type Gated = (mpsc::Sender<Vec<u8>>, Message, Option<u64>);
 
 struct Job {
     persist: Vec<Persist>,
@@ -134,8 +136,12 @@ fn run(
         }
         let count = jobs.len() as u64;
         for j in jobs {
-            for (tx, msg) in j.gated {
-                offer(&tx, codec::encode(&msg), stats);
+            for (tx, msg, epoch) in j.gated {
+                let frame = match epoch {
+                    Some(epoch) => crate::transport::node_frame(epoch, &msg),
+                    None => codec::encode(&msg),
+                };
+                offer(&tx, frame, stats);
             }
         }
         done.fetch_add(count, Ordering::Release);
@@ -166,9 +172,9 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(16);
         let a = Message::Stop { view: 1 };
         let b = Message::Stop { view: 2 };
-        c.submit(vec![Persist::Record(view(1))], vec![view(2)], vec![(tx.clone(), a.clone())]).expect("submit");
+        c.submit(vec![Persist::Record(view(1))], vec![view(2)], vec![(tx.clone(), a.clone(), None)]).expect("submit");
         // No record of its own, but it must not overtake the first job's.
-        c.submit(Vec::new(), Vec::new(), vec![(tx, b.clone())]).expect("submit");
+        c.submit(Vec::new(), Vec::new(), vec![(tx, b.clone(), None)]).expect("submit");
         let first = rx.recv().await.expect("released");
         let second = rx.recv().await.expect("released");
         assert_eq!(codec::decode(&first).expect("decodes"), a);

@@ -11,9 +11,10 @@ use crate::storage::FsyncPolicy;
 use crate::tls::{generate_ca, issue, Credentials, PeerId, TlsError};
 use keel_core::config::{Auth, ClusterConfig, ConfigError, Options};
 use keel_core::crypto::{MacKey, PublicKey, SigningKey};
+use keel_core::membership::Membership;
 use keel_core::message::{ClientId, NodeId};
 use keel_core::quorum::{QuorumError, Quorums};
-use keel_core::replica::{client_mac_key, endorse_key, NodeSecrets};
+use keel_core::replica::{client_mac_key, NodeSecrets};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
@@ -81,6 +82,10 @@ pub struct ClusterFile {
     /// Each client identity's Ed25519 public key, hex, by id (checked with auth = sig).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub client_keys: BTreeMap<String, String>,
+    /// The administrator's Ed25519 public key, hex: membership changes must be signed
+    /// with it (`keel admin`). Unset: the membership cannot change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admin_key: Option<String>,
 }
 
 /// `[leadership]` in cluster.toml (Aardvark, UpRight §4.2). Unset fields keep the
@@ -155,8 +160,36 @@ impl ClusterFile {
                 message: "auth = sig needs [client_keys]; `keel init` writes them".into(),
             });
         }
-        Ok(ClusterConfig::new(quorums, keys, options)?.with_auth(auth).with_client_keys(client_keys))
+        let addrs: Vec<String> = self.nodes.iter().map(|n| n.addr.to_string()).collect();
+        let mut cfg = ClusterConfig::new(quorums, keys, options)?
+            .with_auth(auth)
+            .with_client_keys(client_keys)
+            .with_addrs(&addrs);
+        if let Some(key) = &self.admin_key {
+            cfg = cfg.with_admin_key(PublicKey(hex32(path, "admin_key", key)?));
+        }
+        Ok(cfg)
     }
+}
+
+/// Where `keel admin add-node` leaves the membership a new node joins (beside its
+/// node.toml): the epoch the admin's change started, from the cluster's reply.
+pub const JOIN_FILE: &str = "membership.toml";
+
+/// The membership in a node directory's join file, if it has one.
+pub fn load_join_file(node_dir: &Path) -> Result<Option<Membership>, ConfigFileError> {
+    let path = node_dir.join(JOIN_FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    parse(&path).map(Some)
+}
+
+/// Writes a join file.
+pub fn write_join_file(node_dir: &Path, membership: &Membership) -> Result<(), ConfigFileError> {
+    let text = toml::to_string(membership)
+        .map_err(|e| ConfigFileError::Invalid { path: node_dir.into(), message: format!("membership: {e}") })?;
+    write(&node_dir.join(JOIN_FILE), &text)
 }
 
 /// One node's own file.
@@ -199,9 +232,6 @@ pub struct NodeFile {
     pub signing_seed: String,
     /// Root of the per-client MAC keys, hex.
     pub mac_secret: String,
-    /// The keys this node MACs its endorsements with (`auth = rq-mac`), hex, by node id.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub endorse_keys: Vec<String>,
     /// Fault injection for tests; never set in a deployment.
     #[serde(default, skip_serializing_if = "FaultsFile::is_empty")]
     pub faults: FaultsFile,
@@ -241,8 +271,11 @@ pub struct NodeSetup {
     pub verify_threads: usize,
     pub faults: FaultsFile,
     pub data_dir: PathBuf,
+    /// Epoch 0's configuration (cluster.toml).
     pub cluster: ClusterConfig,
-    pub peers: Vec<SocketAddr>,
+    /// The membership a node added later joins (its join file); `None` for the nodes
+    /// `keel init` created.
+    pub joined: Option<Membership>,
     pub ca_pem: String,
     pub credentials: Credentials,
     pub secrets: NodeSecrets,
@@ -267,29 +300,17 @@ impl NodeFile {
                 message: format!("verify_threads is at most {VERIFY_THREADS_MAX}, not {}", f.verify_threads),
             });
         }
-        let endorse_keys =
-            f.endorse_keys.iter().map(|k| hex32(path, "endorse_keys", k).map(MacKey)).collect::<Result<Vec<_>, _>>()?;
-        if cluster.auth == Auth::RqMac && endorse_keys.len() != cluster.n() {
+        let joined = load_join_file(base)?;
+        let secrets = NodeSecrets::new(
+            SigningKey::from_seed(hex32(path, "signing_seed", &f.signing_seed)?),
+            hex32(path, "mac_secret", &f.mac_secret)?,
+        );
+        let membership = joined.as_ref().unwrap_or(&cluster.membership);
+        let listed = membership.index_of(f.id).map(|i| membership.members[i as usize].key);
+        if listed != Some(secrets.signing.public()) {
             return Err(ConfigFileError::Invalid {
                 path: path.into(),
-                message: format!(
-                    "auth = rq-mac needs endorse_keys, one per node ({} here, {} nodes); files written by \
-                     `keel init` before rq-mac existed lack them: run `keel init` again, or set auth = \"mac\" \
-                     in the cluster file",
-                    endorse_keys.len(),
-                    cluster.n()
-                ),
-            });
-        }
-        let secrets = NodeSecrets {
-            signing: SigningKey::from_seed(hex32(path, "signing_seed", &f.signing_seed)?),
-            mac_secret: hex32(path, "mac_secret", &f.mac_secret)?,
-            endorse_keys,
-        };
-        if cluster.node_keys.get(f.id as usize) != Some(&secrets.signing.public()) {
-            return Err(ConfigFileError::Invalid {
-                path: path.into(),
-                message: format!("signing key does not match node {} in the cluster file", f.id),
+                message: format!("signing key does not match node {} in the cluster (or join) file", f.id),
             });
         }
         Ok(NodeSetup {
@@ -302,8 +323,8 @@ impl NodeFile {
             verify_threads: f.verify_threads,
             faults: f.faults,
             data_dir: base.join(&f.data_dir),
-            peers: cluster_file.nodes.iter().map(|n| n.addr).collect(),
             cluster,
+            joined,
             ca_pem: read(&base.join(&f.ca))?,
             credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
             secrets,
@@ -329,6 +350,9 @@ pub struct ClientFile {
 pub struct ClientSetup {
     pub id: ClientId,
     pub quorums: Quorums,
+    /// Epoch 0's membership (with the node keys the client checks epoch certificates
+    /// against, and the addresses it connects to).
+    pub membership: Membership,
     pub auth: Auth,
     pub nodes: Vec<SocketAddr>,
     pub ca_pem: String,
@@ -344,7 +368,8 @@ impl ClientFile {
         let cluster_path = base.join(&f.cluster);
         let cluster = ClusterFile::load(&cluster_path)?;
         let quorums = Quorums::new(cluster.u, cluster.r)?;
-        if f.mac_keys.len() != cluster.nodes.len() {
+        let membership = cluster.cluster_config(&cluster_path, Options::production())?.membership;
+        if f.mac_keys.len() < cluster.nodes.len() {
             return Err(ConfigFileError::Invalid { path: path.into(), message: "one MAC key per node".into() });
         }
         let mac_keys = f.mac_keys.iter().map(|k| hex32(path, "mac_keys", k).map(MacKey)).collect::<Result<_, _>>()?;
@@ -362,6 +387,7 @@ impl ClientFile {
         Ok(ClientSetup {
             id: f.id,
             quorums,
+            membership,
             auth,
             nodes: cluster.nodes.iter().map(|n| n.addr).collect(),
             ca_pem: read(&base.join(&f.ca))?,
@@ -371,6 +397,9 @@ impl ClientFile {
         })
     }
 }
+
+/// The administrator's signing seed (hex) in a `keel init` directory.
+pub const ADMIN_KEY_FILE: &str = "admin.key";
 
 /// What `keel init` writes.
 pub struct InitOptions {
@@ -419,7 +448,11 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     }
     let client_seeds: Vec<(ClientId, [u8; 32])> =
         (0..o.clients).map(|c| (first_client_id() + c as ClientId, random_bytes())).collect();
+    // The administrator's key stays in DIR (like ca.key): `keel admin` signs with it.
+    let admin_seed: [u8; 32] = random_bytes();
+    write(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
     let cluster = ClusterFile {
+        admin_key: Some(hex::encode(SigningKey::from_seed(admin_seed).public().0)),
         u: o.u,
         r: o.r,
         nodes: nodes.clone(),
@@ -430,7 +463,6 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             .map(|(id, seed)| (id.to_string(), hex::encode(SigningKey::from_seed(*seed).public().0)))
             .collect(),
     };
-    let mac_secrets: Vec<[u8; 32]> = seeds.iter().map(|(_, mac)| *mac).collect();
     write(&dir.join("cluster.toml"), &toml::to_string(&cluster).unwrap_or_default())?;
     let fsync = match o.fsync {
         FsyncPolicy::Batch => "batch",
@@ -463,7 +495,6 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             key: "node.key".into(),
             signing_seed: hex::encode(seed),
             mac_secret: hex::encode(mac),
-            endorse_keys: mac_secrets.iter().map(|m| hex::encode(endorse_key(m, i as NodeId).0)).collect(),
         };
         write(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }
@@ -485,6 +516,112 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         write(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }
     Ok(())
+}
+
+/// The `node-<id>` directories of a `keel init` directory, by stable id.
+pub fn node_dirs(dir: &Path) -> BTreeMap<NodeId, PathBuf> {
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let id = name.strip_prefix("node-")?.parse().ok()?;
+            Some((id, e.path()))
+        })
+        .collect()
+}
+
+/// What `keel admin` needs from a `keel init` directory: a client identity for
+/// [`ADMIN_CLIENT`](keel_core::membership::ADMIN_CLIENT) (its TLS certificate issued
+/// from the CA on first use, its MAC keys derived from every node's secret) and the
+/// admin signing key.
+pub fn admin_setup(dir: &Path) -> Result<(ClientSetup, SigningKey), ConfigFileError> {
+    use keel_core::membership::ADMIN_CLIENT;
+    let admin =
+        SigningKey::from_seed(hex32(&dir.join(ADMIN_KEY_FILE), "admin key", read(&dir.join(ADMIN_KEY_FILE))?.trim())?);
+    let cluster_path = dir.join("cluster.toml");
+    let cluster = ClusterFile::load(&cluster_path)?;
+    let cfg = cluster.cluster_config(&cluster_path, Options::production())?;
+    let adir = dir.join("admin");
+    fs::create_dir_all(&adir).map_err(|source| ConfigFileError::Io { path: adir.clone(), source })?;
+    if !adir.join("client.pem").exists() {
+        let ca = Credentials { cert_pem: read(&dir.join("ca.pem"))?, key_pem: read(&dir.join("ca.key"))? };
+        let creds = issue(&ca, PeerId::Client(ADMIN_CLIENT))?;
+        write(&adir.join("client.pem"), &creds.cert_pem)?;
+        write(&adir.join("client.key"), &creds.key_pem)?;
+    }
+    // One key per stable id; ids without a node directory get a blank one.
+    let dirs = node_dirs(dir);
+    let top = dirs.keys().next_back().copied().unwrap_or(0);
+    let mut mac_keys = Vec::new();
+    for id in 0..=top {
+        let key = match dirs.get(&id) {
+            Some(d) => {
+                let path = d.join("node.toml");
+                let f: NodeFile = parse(&path)?;
+                client_mac_key(&hex32(&path, "mac_secret", &f.mac_secret)?, ADMIN_CLIENT)
+            }
+            None => MacKey([0; 32]),
+        };
+        mac_keys.push(key);
+    }
+    let setup = ClientSetup {
+        id: ADMIN_CLIENT,
+        quorums: cfg.quorums,
+        membership: cfg.membership.clone(),
+        auth: cfg.auth,
+        nodes: cluster.nodes.iter().map(|n| n.addr).collect(),
+        ca_pem: read(&dir.join("ca.pem"))?,
+        credentials: Credentials {
+            cert_pem: read(&adir.join("client.pem"))?,
+            key_pem: read(&adir.join("client.key"))?,
+        },
+        mac_keys,
+        signing: Some(admin.clone()),
+    };
+    Ok((setup, admin))
+}
+
+/// Creates `node-<id>` in a `keel init` directory for a node the administrator adds:
+/// keys, TLS certificate, and a node.toml like node-0's (service, fsync) listening on
+/// `listen`. Returns its directory and the member to name in the admin operation; the
+/// join file is written once the cluster applied the change.
+pub fn new_node_dir(
+    dir: &Path,
+    id: NodeId,
+    listen: SocketAddr,
+    metrics: SocketAddr,
+) -> Result<(PathBuf, keel_core::membership::Member), ConfigFileError> {
+    let dirs = node_dirs(dir);
+    let template_path = dirs.values().next().map(|d| d.join("node.toml")).ok_or_else(|| ConfigFileError::Invalid {
+        path: dir.into(),
+        message: "no node directory to take settings from".into(),
+    })?;
+    let template: NodeFile = parse(&template_path)?;
+    let ndir = dir.join(format!("node-{id}"));
+    if ndir.exists() {
+        return Err(ConfigFileError::Invalid { path: ndir, message: "exists already".into() });
+    }
+    fs::create_dir_all(ndir.join("data")).map_err(|source| ConfigFileError::Io { path: ndir.clone(), source })?;
+    let ca = Credentials { cert_pem: read(&dir.join("ca.pem"))?, key_pem: read(&dir.join("ca.key"))? };
+    let creds = issue(&ca, PeerId::Node(id))?;
+    write(&ndir.join("node.pem"), &creds.cert_pem)?;
+    write(&ndir.join("node.key"), &creds.key_pem)?;
+    let (seed, mac): ([u8; 32], [u8; 32]) = (random_bytes(), random_bytes());
+    let file = NodeFile {
+        id,
+        listen,
+        metrics,
+        signing_seed: hex::encode(seed),
+        mac_secret: hex::encode(mac),
+        faults: FaultsFile::default(),
+        ..template
+    };
+    write(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
+    let member =
+        keel_core::membership::Member { id, key: SigningKey::from_seed(seed).public(), addr: listen.to_string() };
+    Ok((ndir, member))
 }
 
 /// Key material from the operating system's generator (through ring, already linked

@@ -21,6 +21,15 @@ pub enum Inbound {
     /// A message for the protocol task (`Input::Checked` when the verify stage vouched
     /// for its signature).
     Input(Input),
+    /// A message from the node with stable id `from`, sent in membership epoch `epoch`;
+    /// `checked`: the verify stage vouched for its signature (for the index `from` has in
+    /// that epoch). The protocol task maps it to the node's index.
+    Node {
+        from: u32,
+        epoch: u64,
+        msg: keel_core::message::Message,
+        checked: bool,
+    },
     ClientUp {
         id: ClientId,
         conn: u64,

@@ -45,6 +45,8 @@ pub struct Metrics {
     pub inbound_queue: Gauge,
     /// State transfer progress in per mille (1000 when idle or done).
     pub transfer_permille: Gauge,
+    /// Membership epoch (membership changes done).
+    pub epoch: Gauge,
 }
 
 /// What `/status` (and `keel status`) shows.
@@ -60,6 +62,11 @@ pub struct Status {
     pub peers: u64,
     /// (chunks held, chunks total) while a state transfer runs.
     pub transfer: Option<(usize, usize)>,
+    /// Membership epoch, and the members' stable ids in index order.
+    #[serde(default)]
+    pub epoch: u64,
+    #[serde(default)]
+    pub members: Vec<u32>,
 }
 
 pub struct Shared {
@@ -89,6 +96,7 @@ impl Metrics {
             stable: Gauge::default(),
             inbound_queue: Gauge::default(),
             transfer_permille: Gauge::default(),
+            epoch: Gauge::default(),
         };
         r.register("decided", "Consensus instances decided", m.decided.clone());
         r.register("executed_requests", "Client requests executed", m.executed_requests.clone());
@@ -127,6 +135,7 @@ impl Metrics {
             "State transfer progress (1000 = idle or done)",
             m.transfer_permille.clone(),
         );
+        r.register("epoch", "Membership epoch", m.epoch.clone());
         m.transfer_permille.set(1000);
         (m, r)
     }

@@ -19,14 +19,18 @@ use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
 use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{
-    accept_loop, dial_loop, offer, read_frame, write_frames, Accepted, TransportStats, SEND_QUEUE_MAX,
+    accept_loop, dial_loop, node_frame, offer, read_frame, split_node_frame, write_frames, Accepted, TransportStats,
+    SEND_QUEUE_MAX,
 };
 use keel_core::codec;
+use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
-use keel_core::replica::{Event, Input, Outputs, Peer, Reject, Replica, Verifier};
+use keel_core::replica::{Event, Input, NextEpoch, Outputs, Peer, Reject, Replica, Verifier};
 use keel_core::service::{RestoreError, Service};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::RwLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -51,6 +55,8 @@ pub enum NodeError {
     Metrics { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("listen on {addr}: {source}")]
     Listen { addr: std::net::SocketAddr, source: std::io::Error },
+    #[error("membership: {0}")]
+    Membership(String),
 }
 
 /// Wall-clock milliseconds: nodes' clocks must roughly agree (agreed time, UpRight §3.1).
@@ -58,25 +64,50 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Runs a node until the process ends.
+/// Runs a node until the process ends, or until a membership change removes it.
+///
+/// `make` builds an empty service: one for the start and one per membership epoch (the
+/// next epoch's node restores its state from the checkpoint that ended the last).
 ///
 /// # Errors
 /// Failures to open storage, recover, bind or configure TLS; and a storage failure while
 /// running (a node that cannot persist must stop rather than answer).
-pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S) -> Result<(), NodeError> {
+pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl Fn() -> S) -> Result<(), NodeError> {
     let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
     if setup.fsync == FsyncPolicy::Never {
         tracing::warn!("fsync = never: for benchmarks only; a crash can lose acknowledged writes");
         eprintln!("WARNING: node {} runs with fsync = never; a crash can lose acknowledged writes", setup.id);
     }
     let mut out = Outputs::default();
+    // The epoch: the one the log's certificates lead to, else the join file's (a node an
+    // administrator added), else cluster.toml's.
+    let cfg = match durable.membership().or_else(|| setup.joined.clone()) {
+        Some(m) if m.epoch != setup.cluster.epoch() => {
+            setup.cluster.next_epoch(m).map_err(|e| NodeError::Membership(e.to_string()))?
+        }
+        _ => setup.cluster.clone(),
+    };
+    let Some(index) = cfg.membership.index_of(setup.id) else {
+        return Err(NodeError::Membership(format!(
+            "node {} is not a member of epoch {} (removed?)",
+            setup.id,
+            cfg.epoch()
+        )));
+    };
     let fresh = durable.records.is_empty() && durable.snapshots.is_empty();
     let mut replica = if fresh {
-        Replica::new(setup.cluster.clone(), setup.id, setup.secrets.clone(), service)
+        Replica::new(cfg, index, setup.secrets.clone(), make())
     } else {
-        Replica::recover(setup.cluster.clone(), setup.id, setup.secrets.clone(), service, durable, now_ms(), &mut out)?
+        Replica::recover(cfg, index, setup.secrets.clone(), make(), durable, now_ms(), &mut out)?
     };
-    tracing::info!(node = setup.id, view = replica.view(), executed = replica.executed(), "node started");
+    tracing::info!(
+        node = setup.id,
+        index,
+        epoch = replica.epoch(),
+        view = replica.view(),
+        executed = replica.executed(),
+        "node started"
+    );
     // For `keel bench` (CPU per node) and operators: who runs this node.
     let _ = std::fs::write(setup.data_dir.join("node.pid"), std::process::id().to_string());
 
@@ -85,31 +116,15 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
     let shared = metrics::serve(setup.metrics, registry, stats.clone())
         .await
         .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
-    let connected = Arc::new(AtomicU64::new(0));
     let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
 
-    // Outgoing connections to every other node.
+    // Outgoing connections to every other member.
     let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
-    let mut peers: Vec<Option<mpsc::Sender<Vec<u8>>>> = Vec::new();
-    for (j, addr) in setup.peers.iter().enumerate() {
-        if j as NodeId == setup.id {
-            peers.push(None);
-            continue;
-        }
-        let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
-        peers.push(Some(tx));
-        tokio::spawn(dial_loop(
-            *addr,
-            PeerId::Node(j as NodeId),
-            connector.clone(),
-            rx,
-            stats.clone(),
-            connected.clone(),
-            |_| {},
-        ));
-    }
+    let mut peers = Peers::new(setup.id, connector, stats.clone());
+    peers.follow(&replica.config().membership);
 
-    let verify = start_verify_stage(setup.verify_threads, &replica.verifier(), &in_tx, &stats);
+    let verifier = Arc::new(RwLock::new(EpochVerifier::of(&replica)));
+    let verify = start_verify_stage(setup.verify_threads, &verifier, &in_tx, &stats);
 
     // Incoming connections from nodes and clients.
     let listener =
@@ -121,12 +136,11 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
         let bans = bans.clone();
         let in_tx = in_tx.clone();
         let stats = stats.clone();
-        let n = setup.cluster.n() as NodeId;
         tokio::spawn(accept_loop(listener, acceptor, stats.clone(), move |acc: Accepted| {
             let in_tx = in_tx.clone();
             let stats = stats.clone();
             let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(serve_connection(acc, conn, n, in_tx, verify.clone(), stats, bans.clone()));
+            tokio::spawn(serve_connection(acc, conn, in_tx, verify.clone(), stats, bans.clone()));
         }));
     }
 
@@ -144,16 +158,43 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
     }
     loop {
         hold_back_proposals(&setup.faults, started, &mut out, &peers, &stats);
-        flush(&mut committer, &mut out, &peers, &mut clients, &stats, &m)?;
+        if flush(&mut committer, &mut out, &peers, &mut clients, &stats, &m)? {
+            // The epoch ended: everything of it durable (and sent) first, then the next
+            // epoch's log durable before its node takes a step (replica/epoch.rs).
+            drain(&mut committer).await?;
+            match replica.next_epoch(make()) {
+                NextEpoch::Member(next, persist) => {
+                    committer.submit(persist, Vec::new(), Vec::new())?;
+                    drain(&mut committer).await?;
+                    replica = *next;
+                    peers.follow(&replica.config().membership);
+                    if let Ok(mut v) = verifier.write() {
+                        *v = EpochVerifier::of(&replica);
+                    }
+                    m.epoch.set(replica.epoch() as i64);
+                    tracing::info!(
+                        epoch = replica.epoch(),
+                        index = replica.id(),
+                        members = ?peers.ids,
+                        "membership epoch started"
+                    );
+                }
+                NextEpoch::Removed => {
+                    tracing::warn!(node = setup.id, "removed from the cluster by a membership change: stopping");
+                    eprintln!("node {} was removed from the cluster: stopping", setup.id);
+                    return Ok(());
+                }
+            }
+        }
         tokio::select! {
             e = committer.failed() => return Err(e.into()),
             ev = in_rx.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
                 replica.hold_proposals();
-                handle(&mut replica, ev, &mut clients, &mut out);
+                handle(&mut replica, ev, &mut clients, &mut out, &peers, &stats);
                 for _ in 0..STEP_BATCH_MAX {
                     match in_rx.try_recv() {
-                        Some(ev) => handle(&mut replica, ev, &mut clients, &mut out),
+                        Some(ev) => handle(&mut replica, ev, &mut clients, &mut out, &peers, &stats),
                         None => break,
                     }
                 }
@@ -161,9 +202,90 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, service: S)
             }
             _ = tick.tick() => {
                 replica.step(now_ms(), Input::Tick, &mut out);
-                publish(&replica, &m, &shared, in_rx.len(), connected.load(Ordering::Relaxed), &mut transfer_logged);
+                publish(&replica, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }
         }
+    }
+}
+
+/// Waits until every job handed to the WAL thread is durable and its messages are out.
+async fn drain(committer: &mut Committer) -> Result<(), NodeError> {
+    while !committer.idle() {
+        tokio::select! {
+            e = committer.failed() => return Err(e.into()),
+            _ = tokio::time::sleep(Duration::from_millis(1)) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The connections to the other members, by stable id, and the current epoch's
+/// index → stable id map (membership.rs: the core speaks indices, the network ids).
+struct Peers {
+    me: u32,
+    by_id: BTreeMap<u32, PeerLink>,
+    ids: Vec<u32>,
+    epoch: u64,
+    connector: TlsConnector,
+    stats: Arc<TransportStats>,
+}
+
+/// One peer's send queue, the task that dials it, and whether it is connected.
+struct PeerLink {
+    tx: mpsc::Sender<Vec<u8>>,
+    task: tokio::task::JoinHandle<()>,
+    connected: Arc<AtomicU64>,
+}
+
+impl Peers {
+    fn new(me: u32, connector: TlsConnector, stats: Arc<TransportStats>) -> Peers {
+        Peers { me, by_id: BTreeMap::new(), ids: Vec::new(), epoch: 0, connector, stats }
+    }
+
+    /// Dials the members of `m` not dialled yet and stops dialling those it left out.
+    fn follow(&mut self, m: &Membership) {
+        self.ids = m.members.iter().map(|x| x.id).collect();
+        self.epoch = m.epoch;
+        let gone: Vec<u32> = self.by_id.keys().copied().filter(|id| !self.ids.contains(id)).collect();
+        for id in gone {
+            if let Some(link) = self.by_id.remove(&id) {
+                link.task.abort();
+            }
+        }
+        let new: Vec<&keel_core::membership::Member> =
+            m.members.iter().filter(|x| x.id != self.me && !self.by_id.contains_key(&x.id)).collect();
+        for member in new {
+            let Ok(addr) = member.addr.parse::<std::net::SocketAddr>() else {
+                tracing::error!(node = member.id, addr = %member.addr, "member without a usable address");
+                continue;
+            };
+            let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
+            let connected = Arc::new(AtomicU64::new(0));
+            let task = tokio::spawn(dial_loop(
+                addr,
+                PeerId::Node(member.id),
+                self.connector.clone(),
+                rx,
+                self.stats.clone(),
+                connected.clone(),
+                |_| {},
+            ));
+            self.by_id.insert(member.id, PeerLink { tx, task, connected });
+        }
+    }
+
+    /// The queue to the member with index `index` in the current epoch.
+    fn route(&self, index: NodeId) -> Option<&mpsc::Sender<Vec<u8>>> {
+        self.ids.get(index as usize).and_then(|id| self.by_id.get(id)).map(|l| &l.tx)
+    }
+
+    /// The queue to the member with stable id `id`.
+    fn by_id(&self, id: u32) -> Option<&mpsc::Sender<Vec<u8>>> {
+        self.by_id.get(&id).map(|l| &l.tx)
+    }
+
+    fn connected(&self) -> u64 {
+        self.by_id.values().map(|l| l.connected.load(Ordering::Relaxed)).sum()
     }
 }
 
@@ -173,7 +295,7 @@ fn hold_back_proposals(
     faults: &FaultsFile,
     started: u64,
     out: &mut Outputs,
-    peers: &[Option<mpsc::Sender<Vec<u8>>>],
+    peers: &Peers,
     stats: &Arc<TransportStats>,
 ) {
     if faults.slow_propose_ms == 0 || now_ms() < started + faults.slow_after_ms {
@@ -186,8 +308,8 @@ fn hold_back_proposals(
         *queue = rest;
         for (to, msg) in proposals {
             let Peer::Node(j) = to else { continue };
-            let Some(tx) = peers.get(j as usize).and_then(Option::clone) else { continue };
-            let (frame, stats) = (codec::encode(&msg), stats.clone());
+            let Some(tx) = peers.route(j).cloned() else { continue };
+            let (frame, stats) = (node_frame(peers.epoch, &msg), stats.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(delay).await;
                 offer(&tx, frame, &stats);
@@ -232,13 +354,44 @@ fn publish<S: Service>(
             peers_connected: connected,
             peers: replica.config().n() as u64 - 1,
             transfer,
+            epoch: replica.epoch(),
+            members: replica.config().membership.members.iter().map(|x| x.id).collect(),
         };
     }
 }
 
-fn handle<S: Service>(replica: &mut Replica<S>, ev: Inbound, clients: &mut Clients, out: &mut Outputs) {
+fn handle<S: Service>(
+    replica: &mut Replica<S>,
+    ev: Inbound,
+    clients: &mut Clients,
+    out: &mut Outputs,
+    peers: &Peers,
+    stats: &TransportStats,
+) {
     match ev {
         Inbound::Input(input) => replica.step(now_ms(), input, out),
+        Inbound::Node { from, epoch, msg, checked } => {
+            let mine = replica.epoch();
+            if epoch == mine {
+                // Counted by the sender's index in this epoch; a stranger is dropped.
+                let Some(index) = replica.config().membership.index_of(from) else { return };
+                let input = if checked {
+                    Input::Checked { from: index, msg }
+                } else {
+                    Input::Message { from: Peer::Node(index), msg }
+                };
+                replica.step(now_ms(), input, out);
+            } else if matches!(msg, Message::EpochCerts(_)) {
+                // Self-certifying: from whoever sends them (replica/epoch.rs).
+                replica.step(now_ms(), Input::Message { from: Peer::Node(0), msg }, out);
+            } else if epoch < mine && matches!(msg, Message::Status { .. }) {
+                // A member still in an earlier epoch: how the membership changed since.
+                let certs = replica.epoch_certs_after(epoch);
+                if let (false, Some(tx)) = (certs.is_empty(), peers.by_id(from)) {
+                    offer(tx, node_frame(mine, &Message::EpochCerts(certs)), stats);
+                }
+            }
+        }
         Inbound::ClientUp { id, conn, tx, close } => clients.up(id, conn, tx, close),
         Inbound::ClientDown { id, conn } => clients.down(id, conn),
     }
@@ -249,19 +402,22 @@ fn handle<S: Service>(replica: &mut Replica<S>, ev: Inbound, clients: &mut Clien
 fn flush(
     committer: &mut Committer,
     out: &mut Outputs,
-    peers: &[Option<mpsc::Sender<Vec<u8>>>],
+    peers: &Peers,
     clients: &mut Clients,
     stats: &TransportStats,
     m: &Metrics,
-) -> Result<(), NodeError> {
+) -> Result<bool, NodeError> {
     if out.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
-    let route = |to: Peer| -> Option<&mpsc::Sender<Vec<u8>>> {
+    let mut ended = false;
+    let epoch = peers.epoch;
+    // The queue, and for a node the epoch its frame is tagged with.
+    let route = |to: Peer| -> Option<(&mpsc::Sender<Vec<u8>>, Option<u64>)> {
         match to {
-            Peer::Node(j) => peers.get(j as usize).and_then(Option::as_ref),
+            Peer::Node(j) => peers.route(j).map(|tx| (tx, Some(epoch))),
             // Sessions share their owner's connection.
-            Peer::Client(c) => clients.route(owner_of(c)),
+            Peer::Client(c) => clients.route(owner_of(c)).map(|tx| (tx, None)),
         }
     };
     let wait = !out.persist.is_empty() || !committer.idle();
@@ -271,13 +427,18 @@ fn flush(
         out.send.append(&mut gated);
     }
     for (to, msg) in out.send.drain(..) {
-        if let Some(tx) = route(to) {
-            offer(tx, codec::encode(&msg), stats);
+        match route(to) {
+            Some((tx, Some(epoch))) => offer(tx, node_frame(epoch, &msg), stats),
+            Some((tx, None)) => offer(tx, codec::encode(&msg), stats),
+            None => {}
         }
     }
     if wait || !out.persist_lazy.is_empty() {
-        let gated: Vec<Gated> =
-            out.send_after_persist.drain(..).filter_map(|(to, msg)| route(to).map(|tx| (tx.clone(), msg))).collect();
+        let gated: Vec<Gated> = out
+            .send_after_persist
+            .drain(..)
+            .filter_map(|(to, msg)| route(to).map(|(tx, epoch)| (tx.clone(), msg, epoch)))
+            .collect();
         committer.submit(std::mem::take(&mut out.persist), std::mem::take(&mut out.persist_lazy), gated)?;
     }
     for e in out.events.drain(..) {
@@ -325,19 +486,43 @@ fn flush(
                 tracing::debug!(client, count, "push events dropped: queue full");
             }
             Event::EpochEnded { epoch, seq } => {
-                // Not reachable yet: `keel init` creates no admin key, so no membership
-                // change can be ordered (the runtime's epoch switch is the next step).
-                tracing::error!(epoch, seq, "membership epoch ended, which this runtime cannot follow yet");
+                tracing::info!(next = epoch, seq, "membership epoch ended");
+                ended = true;
             }
             Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
     }
-    Ok(())
+    Ok(ended)
 }
 
 /// Reads frames from one accepted connection; for clients, also writes replies back.
 /// Queues of the verify stage's threads, one per thread; peer `j` uses `j % len`.
-type VerifyQueues = Arc<[mpsc::Sender<(NodeId, Message)>]>;
+type VerifyQueues = Arc<[mpsc::Sender<(u32, u64, Message)>]>;
+
+/// What the verify stage checks against: one epoch's keys and index → stable id map.
+/// The protocol task replaces it when an epoch starts; a message of another epoch passes
+/// unchecked (the protocol task decides what to do with it).
+struct EpochVerifier {
+    epoch: u64,
+    ids: Vec<u32>,
+    verifier: Verifier,
+}
+
+impl EpochVerifier {
+    fn of<S: Service>(replica: &Replica<S>) -> EpochVerifier {
+        EpochVerifier {
+            epoch: replica.epoch(),
+            ids: replica.config().membership.members.iter().map(|x| x.id).collect(),
+            verifier: replica.verifier(),
+        }
+    }
+
+    /// Whether the signature of `msg` from stable id `from`, sent in `epoch`, is valid.
+    fn check(&self, from: u32, epoch: u64, msg: &Message) -> bool {
+        let index = self.ids.iter().position(|i| *i == from);
+        epoch == self.epoch && index.is_some_and(|i| self.verifier.check(i as NodeId, msg))
+    }
+}
 
 /// Messages waiting for one verify thread; when full, the peer's reader waits
 /// (backpressure onto its TCP connection), like the inbound queue itself.
@@ -348,23 +533,21 @@ const VERIFY_QUEUE_MAX: usize = 4096;
 /// vouched for or not. None when `threads` is 0: the protocol task checks them.
 fn start_verify_stage(
     threads: usize,
-    verifier: &Verifier,
+    verifier: &Arc<RwLock<EpochVerifier>>,
     in_tx: &InboundTx,
     stats: &Arc<TransportStats>,
 ) -> Option<VerifyQueues> {
     let mut queues = Vec::with_capacity(threads);
     for t in 0..threads {
-        let (tx, mut rx) = mpsc::channel::<(NodeId, Message)>(VERIFY_QUEUE_MAX);
+        let (tx, mut rx) = mpsc::channel::<(u32, u64, Message)>(VERIFY_QUEUE_MAX);
         let (verifier, in_tx, stats) = (verifier.clone(), in_tx.clone(), stats.clone());
         let spawned = std::thread::Builder::new().name(format!("keel-verify-{t}")).spawn(move || {
-            while let Some((from, msg)) = rx.blocking_recv() {
-                let inbound = if verifier.check(from, &msg) {
+            while let Some((from, epoch, msg)) = rx.blocking_recv() {
+                let checked = verifier.read().is_ok_and(|v| v.check(from, epoch, &msg));
+                if checked {
                     TransportStats::bump(&stats.stage_verified, 1);
-                    Inbound::Input(Input::Checked { from, msg })
-                } else {
-                    Inbound::Input(Input::Message { from: Peer::Node(from), msg })
-                };
-                if !in_tx.blocking_node(inbound) {
+                }
+                if !in_tx.blocking_node(Inbound::Node { from, epoch, msg, checked }) {
                     return;
                 }
             }
@@ -383,14 +566,15 @@ fn start_verify_stage(
 async fn serve_connection(
     acc: Accepted,
     conn: u64,
-    n: NodeId,
     in_tx: InboundTx,
     verify: Option<VerifyQueues>,
     stats: Arc<TransportStats>,
     bans: Arc<Bans>,
 ) {
     let from = match acc.peer {
-        PeerId::Node(j) if j < n => Peer::Node(j),
+        // Any node the CA certified: members change (membership.rs), and a frame from a
+        // node that is not a member of the receiver's epoch is dropped there.
+        PeerId::Node(j) if (j as usize) < keel_core::quorum::NODES_MAX => Peer::Node(j),
         PeerId::Node(_) => {
             TransportStats::bump(&stats.rejected_connections, 1);
             return;
@@ -424,11 +608,24 @@ async fn serve_connection(
             Ok(Some(frame)) => {
                 TransportStats::bump(&stats.frames_in, 1);
                 TransportStats::bump(&stats.bytes_in, frame.len() as u64 + 4);
-                match codec::decode(&frame) {
+                // Node frames carry the sender's epoch before the message.
+                let (epoch, body) = match from {
+                    Peer::Node(_) => match split_node_frame(&frame) {
+                        Some((epoch, body)) => (epoch, body),
+                        None => {
+                            TransportStats::bump(&stats.undecodable, 1);
+                            continue;
+                        }
+                    },
+                    Peer::Client(_) => (0, &frame[..]),
+                };
+                match codec::decode(body) {
                     Ok(msg) => {
                         let sent = match (from, &verify) {
-                            (Peer::Node(j), Some(q)) => q[j as usize % q.len()].send((j, msg)).await.is_ok(),
-                            (Peer::Node(_), None) => in_tx.node(Inbound::Input(Input::Message { from, msg })).await,
+                            (Peer::Node(j), Some(q)) => q[j as usize % q.len()].send((j, epoch, msg)).await.is_ok(),
+                            (Peer::Node(j), None) => {
+                                in_tx.node(Inbound::Node { from: j, epoch, msg, checked: false }).await
+                            }
                             (Peer::Client(_), _) => {
                                 in_tx.client(&quota, Inbound::Input(Input::Message { from, msg })).await
                             }

@@ -55,6 +55,23 @@ impl TransportStats {
     }
 }
 
+/// A frame between nodes: the sender's membership epoch (8 bytes, little endian), then
+/// the encoded message. Epochs are kept apart by it (replica/epoch.rs): a node counts
+/// only messages of its own epoch.
+pub fn node_frame(epoch: u64, msg: &keel_core::message::Message) -> Vec<u8> {
+    let body = keel_core::codec::encode(msg);
+    let mut frame = Vec::with_capacity(8 + body.len());
+    frame.extend_from_slice(&epoch.to_le_bytes());
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// The epoch and the encoded message of a frame from a node; `None` if too short.
+pub fn split_node_frame(frame: &[u8]) -> Option<(u64, &[u8])> {
+    let (epoch, body) = frame.split_first_chunk::<8>()?;
+    Some((u64::from_le_bytes(*epoch), body))
+}
+
 /// Reads one frame. `Ok(None)` at a clean end of stream.
 ///
 /// # Errors

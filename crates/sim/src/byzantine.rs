@@ -171,7 +171,8 @@ pub struct Byzantine {
     /// could not hand out the body would only stall the instance: view changes carry
     /// digests, so the new primary fetches the body from the certificate's holders.
     forged: VecDeque<(u64, Digest, Value)>,
-    /// Its keys for endorsements (entry j for node j): it can endorse anything, as itself.
+    /// Its keys for endorsements (entry j for node j of its epoch): it can endorse
+    /// anything, as itself.
     endorse_keys: Vec<MacKey>,
     /// (view, seq) → the proposal with a made-up request added, the same for every backup.
     fabricated: BTreeMap<(u64, u64), Value>,
@@ -188,21 +189,14 @@ pub const FABRICATED_CLIENT: u64 = 424_243;
 pub type Frame = (Peer, Vec<u8>);
 
 impl Byzantine {
-    pub fn new(
-        behaviours: Behaviours,
-        me: NodeId,
-        n: usize,
-        quorum: usize,
-        signing: SigningKey,
-        endorse_keys: Vec<MacKey>,
-    ) -> Byzantine {
+    pub fn new(behaviours: Behaviours, me: NodeId, n: usize, quorum: usize, signing: SigningKey) -> Byzantine {
         Byzantine {
             behaviours,
             me,
             n,
             quorum,
             signing,
-            endorse_keys,
+            endorse_keys: Vec::new(),
             fabricated: BTreeMap::new(),
             fabricated_seq: 0,
             membership: None,
@@ -219,6 +213,7 @@ impl Byzantine {
         self.me = me;
         self.n = membership.n();
         self.quorum = quorum;
+        self.endorse_keys = keel_core::replica::endorse_keys(&self.signing, &membership);
         self.membership = Some(membership);
     }
 

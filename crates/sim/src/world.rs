@@ -360,7 +360,7 @@ impl<W: Workload> World<W> {
         let secrets: Vec<NodeSecrets> = roots
             .iter()
             .enumerate()
-            .map(|(i, (seed, _))| NodeSecrets::new(SigningKey::from_seed(*seed), i as NodeId, &mac_secrets))
+            .map(|(i, (seed, _))| NodeSecrets::new(SigningKey::from_seed(*seed), mac_secrets[i]))
             .collect();
         let keys = secrets.iter().take(n).map(|s| s.signing.public()).collect();
         let cfg = ClusterConfig::new(quorums, keys, opts.options.clone()).expect("valid config");
@@ -405,14 +405,7 @@ impl<W: Workload> World<W> {
                 }
                 let byzantine = byz_ids.contains(&i).then(|| {
                     let behaviours = pinned.clone().unwrap_or_else(|| Behaviours::random(&mut rng));
-                    let mut b = Byzantine::new(
-                        behaviours,
-                        i as NodeId,
-                        n,
-                        quorums.order_quorum(),
-                        s.signing.clone(),
-                        s.endorse_keys.clone(),
-                    );
+                    let mut b = Byzantine::new(behaviours, i as NodeId, n, quorums.order_quorum(), s.signing.clone());
                     b.set_membership(i as NodeId, quorums.order_quorum(), cfg.membership.clone());
                     b
                 });

@@ -86,6 +86,37 @@ impl Cluster {
         self.dir.path()
     }
 
+    /// Makes room for node `i` (one `keel admin add-node` created) so it can be started.
+    pub fn add_slot(&mut self, i: usize) {
+        while self.nodes.len() <= i {
+            self.nodes.push(None);
+        }
+    }
+
+    /// Whether node `i`'s process ended by itself, and how.
+    pub fn exited(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        let status = self.nodes[i].as_mut()?.try_wait().expect("try_wait")?;
+        self.nodes[i] = None;
+        Some(status)
+    }
+
+    /// Node `i`'s /status, if it answers.
+    pub fn status(&self, i: usize) -> Option<keel_runtime::metrics::Status> {
+        let setup = keel_runtime::config::NodeFile::load(&self.path().join(format!("node-{i}/node.toml"))).ok()?;
+        keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(1)).ok()
+    }
+
+    /// Runs `keel admin ARGS --dir DIR`; its standard output, or its error.
+    pub fn admin(&self, args: &[&str]) -> Result<String, String> {
+        let out =
+            Command::new(KEEL).arg("admin").args(args).arg("--dir").arg(self.path()).output().expect("keel admin runs");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).to_string())
+        }
+    }
+
     pub fn start(&mut self, i: usize) {
         assert!(self.nodes[i].is_none());
         let ndir = self.path().join(format!("node-{i}"));

@@ -134,7 +134,7 @@ impl<S: Service> Replica<S> {
     /// Whether node `node`'s endorsement MACs hold a valid entry for this node.
     fn endorsed_for_me(&self, node: NodeId, statement: &Digest, macs: &[Mac]) -> bool {
         let s = endorse_statement(node, statement);
-        match (self.peer_endorse_keys.get(node as usize), macs.get(self.id as usize)) {
+        match (self.endorse_row.get(node as usize), macs.get(self.id as usize)) {
             (Some(key), Some(mac)) => key.verify(&s, mac),
             _ => false,
         }

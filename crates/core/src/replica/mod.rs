@@ -250,31 +250,29 @@ pub struct NodeSecrets {
     pub signing: SigningKey,
     /// Root of the per-client MAC keys this node checks.
     pub mac_secret: [u8; 32],
-    /// `auth = rq-mac`: the keys this node MACs its endorsements with, entry `j` for node
-    /// `j` ([`endorse_key`]); written by `keel init` like a client's keys.
-    pub endorse_keys: Vec<MacKey>,
 }
 
 impl NodeSecrets {
-    /// Node `node`'s secrets in a cluster whose nodes hold `mac_secrets` (in order).
-    pub fn new(signing: SigningKey, node: NodeId, mac_secrets: &[[u8; 32]]) -> NodeSecrets {
-        NodeSecrets {
-            signing,
-            mac_secret: mac_secrets[node as usize],
-            endorse_keys: mac_secrets.iter().map(|m| endorse_key(m, node)).collect(),
-        }
+    pub fn new(signing: SigningKey, mac_secret: [u8; 32]) -> NodeSecrets {
+        NodeSecrets { signing, mac_secret }
     }
 }
 
-/// Client identities from here up are reserved: node `i`'s endorsements use the MAC keys
-/// of pseudo-client `ENDORSER_OWNER_BASE + i`, and no client may claim them.
+/// Client identities from here up are reserved for nodes (and, just below,
+/// [`crate::membership::ADMIN_CLIENT`]); no client may claim them.
 pub const ENDORSER_OWNER_BASE: ClientId = (1 << crate::message::SESSION_SHIFT) - crate::quorum::NODES_MAX as u64;
 
-/// The key node `endorser` MACs its endorsements with for the node holding `mac_secret`.
-/// That node derives it from its own secret, as it derives clients' keys, so no node
-/// needs key material beyond its own secret and the row `keel init` gives it.
-pub fn endorse_key(mac_secret: &[u8; 32], endorser: NodeId) -> MacKey {
-    client_mac_key(mac_secret, ENDORSER_OWNER_BASE + endorser as ClientId)
+/// `auth = rq-mac`: the key the holder of `signing` shares with each member of
+/// `membership` (index order) for endorsements: the same key MACs its endorsements for
+/// that member and checks that member's for it ([`SigningKey::shared_key`]). A member
+/// whose key is unusable gets a key nobody can produce a MAC for.
+pub fn endorse_keys(signing: &SigningKey, membership: &crate::membership::Membership) -> Vec<MacKey> {
+    let blank = || MacKey(*blake3::hash(&signing.public().0).as_bytes());
+    membership
+        .members
+        .iter()
+        .map(|m| signing.shared_key(&m.key, "keel 2026 endorsement").unwrap_or_else(blank))
+        .collect()
 }
 
 /// The MAC key client `client` shares with the node holding `mac_secret`. A session's
@@ -470,10 +468,8 @@ pub struct Replica<S> {
     /// `auth = rq-mac`: endorsements of requests this node could not authenticate itself,
     /// until `r + 1` make it endorse them too (endorse.rs).
     hearsay: endorse::Hearsay,
-    /// `auth = rq-mac`: per node, the key that node's endorsements for this node use.
-    peer_endorse_keys: Vec<MacKey>,
-    /// `auth = rq-mac`: per node, the key this node's endorsements for it use (the row
-    /// of `secrets.endorse_keys`, which is by stable id, in this epoch's index order).
+    /// `auth = rq-mac`: per node, the key this node shares with it for endorsements (both
+    /// directions; [`endorse_keys`]).
     endorse_row: Vec<MacKey>,
     /// The previous epoch's keys and quorum, which proved this epoch's base checkpoint.
     prev_keys: Option<(NodeKeys, usize)>,
@@ -518,17 +514,8 @@ impl<S: Service> Replica<S> {
         let n = cfg.n();
         let ids: Vec<u32> = cfg.membership.members.iter().map(|m| m.id).collect();
         assert_eq!(ids.len(), n, "the membership names every node");
-        assert!(
-            cfg.auth != crate::config::Auth::RqMac || cfg.membership.epoch > 0 || secrets.endorse_keys.len() >= n,
-            "auth = rq-mac needs an endorsement key for every node"
-        );
         let workers = cfg.options.exec_workers;
-        let peer_endorse_keys = ids.iter().map(|&i| endorse_key(&secrets.mac_secret, i)).collect();
-        // A node added later has no row entry at the nodes that were there before it
-        // (keel init wrote their rows): their endorsements do not verify there, and it
-        // endorses on others' word (endorse_amplify) until they are re-provisioned.
-        let endorse_row =
-            ids.iter().map(|&i| secrets.endorse_keys.get(i as usize).copied().unwrap_or(MacKey([0; 32]))).collect();
+        let endorse_row = endorse_keys(&secrets.signing, &cfg.membership);
         let prev_keys = cfg.membership.previous.as_ref().and_then(|p| {
             let q = p.quorums().ok()?.with_mutation(cfg.quorums.mutation()).order_quorum();
             Some((NodeKeys::new(&p.keys()), q))
@@ -574,7 +561,6 @@ impl<S: Service> Replica<S> {
             pending: BTreeMap::new(),
             pending_order: 0,
             hearsay: endorse::Hearsay::new(n),
-            peer_endorse_keys,
             endorse_row,
             prev_keys,
             membership_digest: cfg_membership_digest,

@@ -37,8 +37,7 @@ impl Service for Log {
 }
 
 pub(super) fn secrets(i: u32) -> NodeSecrets {
-    let macs: Vec<[u8; 32]> = (0..crate::quorum::NODES_MAX as u8).map(|j| [j + 100; 32]).collect();
-    NodeSecrets::new(SigningKey::from_seed([i as u8 + 1; 32]), i, &macs)
+    NodeSecrets::new(SigningKey::from_seed([i as u8 + 1; 32]), [i as u8 + 100; 32])
 }
 
 /// `auth = mac`: the client's request goes straight into proposals, which most tests
@@ -1102,7 +1101,10 @@ fn a_backup_refuses_a_proposed_request_without_u_plus_one_valid_endorsements() {
     let statement = req.statement();
     let endorse = |i: u32| Endorsement {
         node: i,
-        macs: secrets(i).endorse_keys.iter().take(4).map(|k| k.mac(&endorse_statement(i, &statement))).collect(),
+        macs: endorse_keys(&secrets(i).signing, &config_rq(1, 1).membership)
+            .iter()
+            .map(|k| k.mac(&endorse_statement(i, &statement)))
+            .collect(),
     };
     let propose = |endorsements: Vec<Endorsement>| Message::Propose {
         view: 0,
@@ -1131,7 +1133,7 @@ fn a_node_endorsing_made_up_requests_fills_only_its_own_share() {
     let endorse_from_3 = |client: u64| {
         let req = Request::new(client, 1, b"junk".to_vec().into());
         let s = endorse_statement(3, &req.statement());
-        let macs = secrets(3).endorse_keys.iter().take(4).map(|k| k.mac(&s)).collect();
+        let macs = endorse_keys(&secrets(3).signing, &config_rq(1, 1).membership).iter().map(|k| k.mac(&s)).collect();
         Message::Endorse { request: req, macs }
     };
     for c in 0..share as u64 {
@@ -1145,7 +1147,7 @@ fn a_node_endorsing_made_up_requests_fills_only_its_own_share() {
     let big = |client: u64| {
         let req = Request::new(client, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
         let s = endorse_statement(2, &req.statement());
-        let macs = secrets(2).endorse_keys.iter().take(4).map(|k| k.mac(&s)).collect();
+        let macs = endorse_keys(&secrets(2).signing, &config_rq(1, 1).membership).iter().map(|k| k.mac(&s)).collect();
         Message::Endorse { request: req, macs }
     };
     let mut held = 0;
