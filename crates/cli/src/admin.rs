@@ -12,7 +12,7 @@
 use clap::{Args, Subcommand};
 use keel_core::membership::{decode_result, AdminError, AdminOp, Change, Membership};
 use keel_runtime::client::KeelClient;
-use keel_runtime::config::{admin_setup, new_node_dir, node_dirs, write_join_file, NodeFile};
+use keel_runtime::config::{admin_setup, new_node_dir, node_dirs, provision_clients, write_join_file, NodeFile};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -93,7 +93,9 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
                 }
             };
             write_join_file(&ndir, &m).map_err(|e| e.to_string())?;
+            let clients = provision_clients(&dir, id).map_err(|e| e.to_string())?;
             println!("node {id} added: epoch {} with nodes {:?}", m.epoch, ids(&m));
+            println!("{clients} client files now hold a key for node {id} (clients started from now on use it)");
             println!("start it with: keel node --config {}", ndir.join("node.toml").display());
             Ok(())
         }

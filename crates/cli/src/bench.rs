@@ -50,6 +50,10 @@ pub struct BenchArgs {
     /// Draw latency against throughput (SVG).
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// Write throughput over time (TSV: wall-clock ms of each 100 ms bucket, ops/s in
+    /// it), for runs with events in them (scripts/reconfig-bench).
+    #[arg(long)]
+    timeline: Option<PathBuf>,
     /// Threads of the load generator's runtime (1: a current-thread runtime; measured on
     /// the 2-core host at 32x32 BFT 0/0: 1 thread 51-52k ops/s at 34-37% client CPU,
     /// 2 threads 48-49k at 43-44%).
@@ -186,26 +190,35 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
         let (service, req, reply, keys, read) = (service.to_string(), a.req, a.reply, a.keys, a.read_consistency());
         handles.push(tokio::spawn(async move {
             let mut lat = Vec::new();
+            let mut done_at = Vec::new();
             let mut errors = 0;
             let mut n = 0u64;
             while Instant::now() < end {
                 let op = operation(&service, get, req, reply, keys, i, n);
                 let t = Instant::now();
                 match c.invoke_as(op, read, Duration::from_secs(10)).await {
-                    Ok(_) => lat.push(t.elapsed()),
+                    Ok(_) => {
+                        lat.push(t.elapsed());
+                        done_at.push(keel_runtime::node::now_ms());
+                    }
                     Err(_) => errors += 1,
                 }
                 n += 1;
             }
-            (lat, errors)
+            (lat, errors, done_at)
         }));
     }
     let mut all = Vec::new();
     let mut errors = 0;
+    let mut completions = Vec::new();
     for h in handles {
-        let (lat, e) = h.await.map_err(|e| e.to_string())?;
+        let (lat, e, done_at) = h.await.map_err(|e| e.to_string())?;
         all.extend(lat);
         errors += e;
+        completions.extend(done_at);
+    }
+    if let Some(path) = &a.timeline {
+        write_timeline(path, &completions)?;
     }
     let secs = started.elapsed().as_secs_f64();
     let cpu = |b: Option<u64>, pid: &str| match (b, cpu_ticks(pid)) {
@@ -226,6 +239,24 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
         node_cpu,
         client_cpu,
     })
+}
+
+/// Completions per 100 ms bucket, as ops/s, with each bucket's wall-clock start.
+fn write_timeline(path: &Path, completions: &[u64]) -> Result<(), String> {
+    const BUCKET_MS: u64 = 100;
+    let (Some(first), Some(last)) = (completions.iter().min(), completions.iter().max()) else {
+        return Ok(());
+    };
+    let start = first - first % BUCKET_MS;
+    let mut counts = vec![0u64; ((last - start) / BUCKET_MS + 1) as usize];
+    for t in completions {
+        counts[((t - start) / BUCKET_MS) as usize] += 1;
+    }
+    let mut text = String::from("unix_ms\tops_per_s\n");
+    for (i, c) in counts.iter().enumerate() {
+        text.push_str(&format!("{}\t{}\n", start + i as u64 * BUCKET_MS, c * 1000 / BUCKET_MS));
+    }
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 impl Row {

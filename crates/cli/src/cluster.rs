@@ -174,7 +174,11 @@ fn spawn_node(exe: &Path, node_dir: &Path) -> std::io::Result<Child> {
 }
 
 pub fn run_up(a: UpArgs) -> ExitCode {
-    let dirs = node_dirs(&a.dir);
+    // Nodes a membership change removed stay stopped.
+    let dirs: Vec<PathBuf> = node_dirs(&a.dir)
+        .into_iter()
+        .filter(|d| !d.join("data").join(keel_runtime::node::REMOVED_FILE).exists())
+        .collect();
     if dirs.is_empty() || !a.dir.join("cluster.toml").exists() {
         eprintln!("error: {} holds no cluster; run `keel init --dir {}` first", a.dir.display(), a.dir.display());
         return ExitCode::from(2);
@@ -262,7 +266,12 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
                 return ExitCode::from(2);
             }
         };
-        rows.push((setup.id, keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2))));
+        let removed = std::fs::read_to_string(setup.data_dir.join(keel_runtime::node::REMOVED_FILE));
+        let status = match removed {
+            Ok(why) => Err(why.trim().to_string()),
+            Err(_) => keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2)),
+        };
+        rows.push((setup.id, status));
     }
     let max_executed = rows.iter().filter_map(|(_, r)| r.as_ref().ok().map(|s| s.executed)).max().unwrap_or(0);
     println!("node\tepoch\tview\tprimary\texecuted\tstable\tlag\tpeers\tstate");

@@ -212,7 +212,8 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
     // A client of another cluster (certificate from an unknown CA).
     let other = Cluster::init(1, 0);
     let mut setup = ClientFile::load(&other.path().join("client-1000/client.toml")).expect("client file");
-    setup.membership = ClientFile::load(&cluster.path().join("client-1000/client.toml")).expect("client file").membership;
+    setup.membership =
+        ClientFile::load(&cluster.path().join("client-1000/client.toml")).expect("client file").membership;
     let stranger = KeelClient::connect(setup).expect("connect");
     let refused = stranger.invoke(KvRequest::Get { key: b"a".to_vec() }.encode(), Duration::from_secs(2)).await;
     assert!(refused.is_err(), "a client with an unknown CA must get nothing");

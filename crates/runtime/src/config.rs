@@ -624,6 +624,32 @@ pub fn new_node_dir(
     Ok((ndir, member))
 }
 
+/// Gives every client of a `keel init` directory its MAC key for node `id` (added by
+/// `keel admin add-node`), so that a client started afterwards authenticates to it too
+/// (one already running keeps its keys: the new node then relies on other nodes'
+/// endorsements, `auth = rq-mac`).
+pub fn provision_clients(dir: &Path, id: NodeId) -> Result<usize, ConfigFileError> {
+    let node_path = dir.join(format!("node-{id}/node.toml"));
+    let node: NodeFile = parse(&node_path)?;
+    let mac = hex32(&node_path, "mac_secret", &node.mac_secret)?;
+    let mut count = 0;
+    for e in fs::read_dir(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?.flatten() {
+        let path = e.path().join("client.toml");
+        if !e.file_name().to_string_lossy().starts_with("client-") || !path.exists() {
+            continue;
+        }
+        let mut f: ClientFile = parse(&path)?;
+        // Entries by stable id; ids without a node stay blank.
+        while f.mac_keys.len() <= id as usize {
+            f.mac_keys.push(hex::encode([0u8; 32]));
+        }
+        f.mac_keys[id as usize] = hex::encode(client_mac_key(&mac, f.id).0);
+        write(&path, &toml::to_string(&f).unwrap_or_default())?;
+        count += 1;
+    }
+    Ok(count)
+}
+
 /// Key material from the operating system's generator (through ring, already linked
 /// for TLS).
 fn random_bytes() -> [u8; 32] {

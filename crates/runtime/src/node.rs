@@ -36,6 +36,9 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+/// Written in a node's data directory when a membership change removed it.
+pub const REMOVED_FILE: &str = "REMOVED";
+
 /// Inputs queued for the protocol task.
 pub const INBOUND_QUEUE_MAX: usize = 16384;
 /// Inputs stepped before one group commit.
@@ -73,6 +76,9 @@ pub fn now_ms() -> u64 {
 /// Failures to open storage, recover, bind or configure TLS; and a storage failure while
 /// running (a node that cannot persist must stop rather than answer).
 pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl Fn() -> S) -> Result<(), NodeError> {
+    if let Ok(why) = std::fs::read_to_string(setup.data_dir.join(REMOVED_FILE)) {
+        return Err(NodeError::Membership(format!("node {} {}", setup.id, why.trim())));
+    }
     let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
     if setup.fsync == FsyncPolicy::Never {
         tracing::warn!("fsync = never: for benchmarks only; a crash can lose acknowledged writes");
@@ -180,6 +186,9 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
                     );
                 }
                 NextEpoch::Removed => {
+                    // Remembered, so that `keel up` and a restart leave it stopped.
+                    let why = format!("was removed from the cluster in epoch {}", replica.epoch() + 1);
+                    let _ = std::fs::write(setup.data_dir.join(REMOVED_FILE), &why);
                     tracing::warn!(node = setup.id, "removed from the cluster by a membership change: stopping");
                     eprintln!("node {} was removed from the cluster: stopping", setup.id);
                     return Ok(());

@@ -112,6 +112,21 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
+    /// Admits the requests carried over from the previous epoch, as if their clients had
+    /// sent them again (each is checked again: MAC, session, freshness).
+    pub(super) fn readmit_carried(&mut self, out: &mut Outputs) {
+        for req in std::mem::take(&mut self.carried) {
+            // Only what this node can authenticate itself (a request it held on others'
+            // endorsements comes back with them, from its client): a failed check would
+            // count against an honest client.
+            if self.check_mac(&req).is_err() {
+                continue;
+            }
+            let owner = crate::message::owner_of(req.client);
+            let _ = self.on_request(super::Peer::Client(owner), req, out);
+        }
+    }
+
     /// The node of the next epoch, once [`Event::EpochEnded`] was reported: same
     /// secrets, the index its stable id has in the new membership, view 0. After a normal
     /// end its state is the stable checkpoint at the epoch's last instance; after a jump
@@ -153,6 +168,12 @@ impl<S: Service> Replica<S> {
             r.stable_chunks = Some(chunks);
             r.floor = since;
             r.next_propose = since + 1;
+        }
+        // Requests this node admitted that the old epoch did not execute (proposed past its
+        // end, or not proposed): admitted again, so the new primary can order them without
+        // waiting for their clients to retransmit.
+        if r.has_base() {
+            r.carried = self.pending.values().map(|p| p.req.clone()).collect();
         }
         // A jumping node keeps no snapshot: all it has is older than the new epoch.
         let snapshots_from = if r.stable_chunks.is_some() { since } else { Seq::MAX };

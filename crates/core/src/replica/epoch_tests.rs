@@ -300,8 +300,12 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     net.run(2_000);
     let states = net.states();
     assert!(states.values().all(|(e, _, _)| *e == 1), "every node runs epoch 1: {states:?}");
-    // Requests that were in flight behind the admin op: decided after the epoch's end in
-    // epoch 0 (and forgotten), or before it. Their clients retransmit; each runs once.
+    // Requests that were in flight behind the admin op, decided past the epoch's end
+    // in epoch 0 and forgotten with it: the nodes carried them into epoch 1, so they
+    // executed without their clients retransmitting.
+    for client in BEHIND {
+        assert!(net.result(client, 1, 2).is_some(), "request of client {client} carried into epoch 1");
+    }
     net.retransmit_behind_admin(1);
     assert!(net.nodes[&4].has_base(), "the joiner installed the epoch's base: {}", net.nodes[&4].status_line());
     assert!(net.nodes[&4].stable_seq() >= m1.since);

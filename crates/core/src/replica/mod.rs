@@ -484,6 +484,9 @@ pub struct Replica<S> {
     epoch_reported: bool,
     /// A later epoch proven by certificates, to join without this node's state (epoch.rs).
     jump: Option<Vec<crate::message::EpochCert>>,
+    /// Client requests the previous epoch left unexecuted, admitted again at this node's
+    /// first step (epoch.rs).
+    carried: Vec<Request>,
     /// `auth = sig`: `cfg.client_keys`, parsed once.
     client_keys: crate::crypto::ClientKeys,
     /// Read-only requests waiting for execution to get far enough (read.rs).
@@ -568,6 +571,7 @@ impl<S: Service> Replica<S> {
             epoch_certs: Vec::new(),
             epoch_reported: false,
             jump: None,
+            carried: Vec::new(),
             client_keys,
             reads: BTreeMap::new(),
             index: read::IndexRounds::default(),
@@ -628,6 +632,9 @@ impl<S: Service> Replica<S> {
         if self.epoch_reported {
             // Over: the driver replaces this node by `next_epoch`.
             return;
+        }
+        if !self.carried.is_empty() {
+            self.readmit_carried(out);
         }
         match input {
             Input::Tick => self.on_tick(out),
