@@ -5,6 +5,7 @@
 //!   keel admin add-node --dir D [--listen A --metrics A]   creates D/node-<id>, asks the
 //!       cluster to add it, writes its join file; then: keel node --config D/node-<id>/node.toml
 //!   keel admin remove-node --dir D ID                       the node stops by itself
+//!   keel admin set-faults --dir D --u U --r R               same nodes, other (u, r)
 //! ```
 //! The operation names the epoch it applies to. The tool starts from epoch 0 and, when
 //! the cluster answers that it is at another epoch, signs again for that one.
@@ -43,6 +44,17 @@ enum AdminCommand {
         #[arg(long)]
         dir: PathBuf,
         id: u32,
+    },
+    /// Tolerate other faults with the same nodes (refused unless the node count allows).
+    SetFaults {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Faults tolerated while staying up.
+        #[arg(long)]
+        u: u32,
+        /// Of those, arbitrary (Byzantine) ones tolerated while staying right.
+        #[arg(long)]
+        r: u32,
     },
 }
 
@@ -97,6 +109,11 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             println!("node {id} added: epoch {} with nodes {:?}", m.epoch, ids(&m));
             println!("{clients} client files now hold a key for node {id} (clients started from now on use it)");
             println!("start it with: keel node --config {}", ndir.join("node.toml").display());
+            Ok(())
+        }
+        AdminCommand::SetFaults { dir, u, r } => {
+            let m = submit(&dir, Change::Faults { u, r }).await?;
+            println!("epoch {}: u = {}, r = {} with nodes {:?}", m.epoch, m.u, m.r, ids(&m));
             Ok(())
         }
         AdminCommand::RemoveNode { dir, id } => {
