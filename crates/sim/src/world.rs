@@ -129,6 +129,8 @@ pub struct FaultCounts {
     /// Membership changes the administrator asked for, and those applied.
     pub admin_ops: u64,
     pub epochs: u64,
+    /// Crashes of a node as its epoch ended.
+    pub epoch_switch_crashes: u64,
     pub lies: LieCounts,
 }
 
@@ -161,6 +163,7 @@ impl FaultCounts {
         self.inconsistent_macs += o.inconsistent_macs;
         self.admin_ops += o.admin_ops;
         self.epochs += o.epochs;
+        self.epoch_switch_crashes += o.epoch_switch_crashes;
         self.lies.add(&o.lies);
     }
 }
@@ -223,6 +226,8 @@ enum Ev {
     /// The administrator's client core retransmits.
     AdminTick,
     Restart(NodeId),
+    /// A crash the nemesis scheduled (at an epoch switch); a restart follows.
+    Crash(NodeId),
     Nemesis,
 }
 
@@ -711,6 +716,14 @@ impl<W: Workload> World<W> {
                 }
             }
             Ev::AdminTick => self.admin_tick(),
+            Ev::Crash(n) => {
+                if self.nodes[n as usize].replica.is_some() {
+                    self.trace_line(format!("{} n{n} crash at an epoch switch", self.now));
+                    self.crash(n);
+                    let back = self.now + self.rng.gen_range(20..600);
+                    self.schedule(back, Ev::Restart(n));
+                }
+            }
             Ev::Nemesis => self.nemesis(),
             Ev::FaultyClient => self.faulty_client(),
         }
@@ -784,7 +797,20 @@ impl<W: Workload> World<W> {
         }
         self.transmit_from_node(n, send, epoch);
         if ended {
-            self.next_epoch(n);
+            // Crashes at the switch (the window the simulator found two bugs in): before
+            // the new epoch's log is written, or right after the new node started.
+            let crash_at_switch = self.opts.faults.crash && self.issuing && self.rng.gen_bool(0.2);
+            let before = crash_at_switch && self.rng.gen_bool(0.5);
+            if !before {
+                self.next_epoch(n);
+            }
+            if crash_at_switch {
+                self.report.faults.epoch_switch_crashes += 1;
+                // Before: at once. After: within the new node's first steps, while what
+                // it sent may not be durable yet.
+                let at = if before { self.now } else { self.now + self.rng.gen_range(1..30) };
+                self.schedule(at, Ev::Crash(n));
+            }
         }
     }
 
