@@ -14,7 +14,7 @@ use keel_core::message::{
     StableProof, Value, ViewChange, Write,
 };
 use keel_core::wal::{self, Record};
-use keel_fuzz::{placeholder, secrets, synthetic_checkpoint, Harness, Script, FIX, SYNTHETIC_ROOT};
+use keel_fuzz::{config, placeholder, secrets, synthetic_checkpoint, Harness, Script, FIX, SYNTHETIC_ROOT};
 use keel_kv::{KvRequest, KvResponse};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -59,14 +59,20 @@ fn sign_vc(vc: &mut ViewChange) {
 }
 
 fn genesis() -> StableProof {
-    StableProof { seq: 0, root: Digest::default(), sigs: vec![] }
+    StableProof::genesis()
+}
+
+/// The digest checkpoint votes sign for the (unchanged) membership.
+fn membership() -> Digest {
+    config(&secrets()).membership.digest()
 }
 
 fn stable_proof(seq: u64, root: Digest, signers: &[u32]) -> StableProof {
     let keys = secrets();
+    let m = membership();
     let sigs =
-        signers.iter().map(|&n| (n, keys[n as usize].signing.sign(&checkpoint_statement(seq, &root, n)))).collect();
-    StableProof { seq, root, sigs }
+        signers.iter().map(|&n| (n, keys[n as usize].signing.sign(&checkpoint_statement(seq, &root, &m, n)))).collect();
+    StableProof { seq, root, membership: m, sigs }
 }
 
 /// Normal case: nine requests decided and executed, a stable checkpoint at 8, then
@@ -204,7 +210,7 @@ fn state_transfer_fixed() -> Script {
     let mut s = Script::new();
     s.tick(1);
     for from in [1u8, 2, 3] {
-        let vote = CheckpointVote { seq: 8, root: placeholder(SYNTHETIC_ROOT), sig: Sig([0; 64]) };
+        let vote = CheckpointVote { seq: 8, root: placeholder(SYNTHETIC_ROOT), membership: membership(), sig: Sig([0; 64]) };
         s.send(FIX | from, 1, &Message::Checkpoint(vote));
     }
     assert_eq!(s.h.replica.stable_seq(), 8);
@@ -214,7 +220,12 @@ fn state_transfer_fixed() -> Script {
     }
     assert_eq!(s.h.replica.executed(), 8);
     let proof =
-        StableProof { seq: 16, root: placeholder(SYNTHETIC_ROOT), sigs: (1..=3).map(|n| (n, Sig([0; 64]))).collect() };
+        StableProof {
+            seq: 16,
+            root: placeholder(SYNTHETIC_ROOT),
+            membership: membership(),
+            sigs: (1..=3).map(|n| (n, Sig([0; 64]))).collect(),
+        };
     s.send(FIX | 3, 1, &Message::StableCert(proof));
     s.send(FIX | 1, 1, &Message::Manifest { seq: 16, len: 0, chunks: vec![] });
     for index in 0..4 {
@@ -275,8 +286,8 @@ fn sample_messages() -> Vec<Message> {
     vec![
         Message::Request(req.clone()),
         Message::Forward(req),
-        Message::Reply(Reply { client: 9, view: 1, seq: 3, body: ReplyBody::Full(KvResponse::Done.encode()) }),
-        Message::Reply(Reply { client: 9, view: 1, seq: 3, body: ReplyBody::Hash(Digest::of(b"x")) }),
+        Message::Reply(Reply { client: 9, view: 1, seq: 3, body: ReplyBody::Full(KvResponse::Done.encode()), epoch: 0 }),
+        Message::Reply(Reply { client: 9, view: 1, seq: 3, body: ReplyBody::Hash(Digest::of(b"x")), epoch: 0 }),
         Message::Propose { view: 1, seq: 3, value: value.clone() },
         Message::Write(Write {
             view: 1,
@@ -285,7 +296,7 @@ fn sample_messages() -> Vec<Message> {
             sig: keys[1].signing.sign(&write_statement(1, 3, &digest, 1)),
         }),
         Message::Accept { view: 1, seq: 3, digest },
-        Message::Checkpoint(CheckpointVote { seq: 8, root: Digest::of(b"root"), sig: Sig([7; 64]) }),
+        Message::Checkpoint(CheckpointVote { seq: 8, root: Digest::of(b"root"), membership: Digest::of(b"m"), sig: Sig([7; 64]) }),
         Message::Stop { view: 5 },
         Message::ViewChange(vc),
         Message::NewView(nv),

@@ -75,8 +75,7 @@ pub const SYNTHETIC_ROOT: u8 = 0xff;
 
 /// The deterministic secrets of the four nodes.
 pub fn secrets() -> Vec<NodeSecrets> {
-    let macs: Vec<[u8; 32]> = (0..N as u8).map(|i| [0xc0 + i; 32]).collect();
-    (0..N as u8).map(|i| NodeSecrets::new(SigningKey::from_seed([0xa0 + i; 32]), i as u32, &macs)).collect()
+    (0..N as u8).map(|i| NodeSecrets::new(SigningKey::from_seed([0xa0 + i; 32]), [0xc0 + i; 32])).collect()
 }
 
 /// The cluster configuration, built the way the simulator builds it.
@@ -118,6 +117,8 @@ pub fn placeholder(k: u8) -> Digest {
 /// The checkpoint at `seq` of a cluster that executed only null values.
 pub fn synthetic_checkpoint(seq: Seq, chunk_bytes: usize) -> Chunked {
     let mut e = Executor::new(Kv::new());
+    // The membership is part of the state, as on the nodes.
+    e.set_membership(config(&secrets()).membership, None);
     for s in 1..=seq {
         e.execute(s, &Value::null());
     }
@@ -312,7 +313,7 @@ impl Harness {
                 Message::Write(w)
             }
             Message::Checkpoint(mut v) => {
-                v.sig = self.key(node).sign(&checkpoint_statement(v.seq, &v.root, node));
+                v.sig = self.key(node).sign(&checkpoint_statement(v.seq, &v.root, &v.membership, node));
                 Message::Checkpoint(v)
             }
             Message::ViewChange(mut vc) => {
@@ -367,7 +368,7 @@ impl Harness {
         p.root = self.subst(p.root, Some(p.seq));
         for (node, sig) in &mut p.sigs {
             if Self::forgeable(*node) {
-                *sig = self.key(*node).sign(&checkpoint_statement(p.seq, &p.root, *node));
+                *sig = self.key(*node).sign(&checkpoint_statement(p.seq, &p.root, &p.membership, *node));
             }
         }
     }
@@ -417,7 +418,7 @@ impl Harness {
             Message::Checkpoint(mut v) => {
                 v.root = self.subst(v.root, Some(v.seq));
                 if Self::forgeable(sender) {
-                    v.sig = self.key(sender).sign(&checkpoint_statement(v.seq, &v.root, sender));
+                    v.sig = self.key(sender).sign(&checkpoint_statement(v.seq, &v.root, &v.membership, sender));
                 }
                 Message::Checkpoint(v)
             }

@@ -146,18 +146,7 @@ pub struct UpArgs {
 
 /// The node directories of a cluster, in id order.
 pub fn node_dirs(dir: &Path) -> Vec<PathBuf> {
-    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().to_string();
-            let id = name.strip_prefix("node-")?.parse().ok()?;
-            Some((id, e.path()))
-        })
-        .collect();
-    dirs.sort();
-    dirs.into_iter().map(|(_, p)| p).collect()
+    keel_runtime::config::node_dirs(dir).into_values().collect()
 }
 
 fn spawn_node(exe: &Path, node_dir: &Path) -> std::io::Result<Child> {

@@ -967,7 +967,8 @@ impl<W: Workload> World<W> {
         };
         match to {
             Peer::Node(n) => {
-                let Some(mine) = self.nodes[n as usize].replica.as_ref().map(|r| r.epoch()) else {
+                // (A node id nobody has: a membership a test's deliberate bug accepted.)
+                let Some(mine) = self.nodes.get(n as usize).and_then(|x| x.replica.as_ref()).map(|r| r.epoch()) else {
                     return;
                 };
                 // Node messages count only within one epoch, by index there. Across

@@ -249,6 +249,15 @@ impl EpochNet {
         postcard::from_bytes(&bytes).expect("an admin result")
     }
 
+    /// Client 7's requests `seqs`, one at a time, each answered by r + 1 nodes.
+    fn puts(&mut self, seqs: std::ops::RangeInclusive<u64>, what: &str) {
+        for seq in seqs {
+            self.submit(7, seq, vec![seq as u8]);
+            self.run(50);
+            assert!(self.result(7, seq, 2).is_some(), "put {seq} {what}");
+        }
+    }
+
     /// Clients 8 to 14 resend their request `seq` (as the client core does on a
     /// timeout) until it is answered.
     fn retransmit_behind_admin(&mut self, seq: u64) {
@@ -284,11 +293,7 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     let admin = SigningKey::from_seed([77; 32]);
     let cfg = config_rq(1, 1).with_admin_key(admin.public());
     let mut net = EpochNet::new(&cfg);
-    for seq in 1..=5 {
-        net.submit(7, seq, vec![seq as u8]);
-        net.run(50);
-        assert_eq!(net.result(7, seq, 2), Some(vec![seq as u8]), "put {seq} before any change");
-    }
+    net.puts(1..=5, "before any change");
 
     // Add node 4: the four nodes end epoch 0 at the same instance and start epoch 1.
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
@@ -312,11 +317,7 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     assert!(net.nodes.values().all(|n| n.config().quorums.order_quorum() == 4));
 
     // The five nodes order requests; the joiner executes them like the others.
-    for seq in 6..=12 {
-        net.submit(7, seq, vec![seq as u8]);
-        net.run(50);
-        assert!(net.result(7, seq, 2).is_some(), "put {seq} in epoch 1");
-    }
+    net.puts(6..=12, "in epoch 1");
     net.run(500);
     let states = net.states();
     assert!(states.values().all(|s| *s == states[&0]), "same state everywhere: {states:?}");
@@ -333,11 +334,7 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     assert_eq!(net.removed, vec![1]);
     assert!(!net.nodes.contains_key(&1));
     assert_eq!(net.nodes[&4].id(), 3, "node 4 is index 3 in epoch 2");
-    for seq in 13..=20 {
-        net.submit(7, seq, vec![seq as u8]);
-        net.run(50);
-        assert!(net.result(7, seq, 2).is_some(), "put {seq} in epoch 2");
-    }
+    net.puts(13..=20, "in epoch 2");
     net.run(500);
     let states = net.states();
     assert!(states.values().all(|s| *s == states[&0] && s.0 == 2), "same state everywhere: {states:?}");
@@ -357,11 +354,7 @@ fn a_node_that_missed_the_change_jumps_by_certificates_and_catches_up() {
     net.run(1_000);
     net.retransmit_behind_admin(1);
     // Epoch 1 runs on nodes 0, 1, 2 and the joiner (Q = 4 of 5) while node 3 is away.
-    for seq in 2..=9 {
-        net.submit(7, seq, vec![seq as u8]);
-        net.run(50);
-        assert!(net.result(7, seq, 2).is_some(), "put {seq} without node 3");
-    }
+    net.puts(2..=9, "without node 3");
     assert_eq!(net.nodes[&3].epoch(), 0);
     net.cut.clear();
     net.run(2_000);
