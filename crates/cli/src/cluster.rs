@@ -164,7 +164,7 @@ fn spawn_node(exe: &Path, node_dir: &Path) -> std::io::Result<Child> {
 
 pub fn run_up(a: UpArgs) -> ExitCode {
     // Nodes a membership change removed stay stopped.
-    let dirs: Vec<PathBuf> = node_dirs(&a.dir)
+    let mut dirs: Vec<PathBuf> = node_dirs(&a.dir)
         .into_iter()
         .filter(|d| !d.join("data").join(keel_runtime::node::REMOVED_FILE).exists())
         .collect();
@@ -218,7 +218,14 @@ pub fn run_up(a: UpArgs) -> ExitCode {
         if let Some((i, code)) =
             children.iter_mut().enumerate().find_map(|(i, c)| c.try_wait().ok().flatten().map(|s| (i, s)))
         {
-            eprintln!("keel: node {i} exited ({code}); see {}", dirs[i].join("node.log").display());
+            if code.success() && dirs[i].join("data").join(keel_runtime::node::REMOVED_FILE).exists() {
+                // A membership change removed it: the others carry on.
+                println!("keel: {} was removed from the cluster and stopped", dirs[i].display());
+                let _ = children.remove(i).wait(); // already exited: reaps nothing new
+                dirs.remove(i);
+                continue;
+            }
+            eprintln!("keel: {} exited ({code}); see {}", dirs[i].display(), dirs[i].join("node.log").display());
             break ExitCode::FAILURE;
         }
     };
