@@ -177,7 +177,6 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
                     if let Ok(mut v) = verifier.write() {
                         *v = EpochVerifier::of(&replica);
                     }
-                    m.epoch.set(replica.epoch() as i64);
                     tracing::info!(
                         epoch = replica.epoch(),
                         index = replica.id(),
@@ -337,6 +336,7 @@ fn publish<S: Service>(
     logged: &mut u64,
 ) {
     m.view.set(replica.view() as i64);
+    m.epoch.set(replica.epoch() as i64);
     m.executed.set(replica.executed() as i64);
     m.stable.set(replica.stable_seq() as i64);
     m.inbound_queue.set(inbound as i64);

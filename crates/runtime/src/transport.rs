@@ -253,3 +253,19 @@ where
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::message::Message;
+
+    #[test]
+    fn node_frames_carry_the_epoch_and_a_short_one_is_refused() {
+        let msg = Message::Stop { view: 7 };
+        let frame = node_frame(3, &msg);
+        let (epoch, body) = split_node_frame(&frame).expect("long enough");
+        assert_eq!(epoch, 3);
+        assert_eq!(keel_core::codec::decode(body), Ok(msg));
+        assert_eq!(split_node_frame(&frame[..7]), None);
+    }
+}
