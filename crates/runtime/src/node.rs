@@ -38,6 +38,8 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// Written in a node's data directory when a membership change removed it.
 pub const REMOVED_FILE: &str = "REMOVED";
+/// How long a removed node keeps answering its old epoch's members before it stops.
+const REMOVED_LINGER_MS: u64 = 3_000;
 
 /// Inputs queued for the protocol task.
 pub const INBOUND_QUEUE_MAX: usize = 16384;
@@ -159,6 +161,8 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
         NodeError::Storage(StorageError::Io { what: "start WAL thread", path: setup.data_dir.clone(), source })
     })?;
     let started = now_ms();
+    // Set once a membership change removed this node: when it stops.
+    let mut leaving_at: Option<u64> = None;
     if !setup.faults.is_empty() {
         tracing::warn!(faults = ?setup.faults, "fault injection is on: this node misbehaves on purpose");
     }
@@ -190,7 +194,10 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
                     let _ = std::fs::write(setup.data_dir.join(REMOVED_FILE), &why);
                     tracing::warn!(node = setup.id, "removed from the cluster by a membership change: stopping");
                     eprintln!("node {} was removed from the cluster: stopping", setup.id);
-                    return Ok(());
+                    // It lingers, retired, so members short of its checkpoint vote get the
+                    // stable proof from it (epoch.rs).
+                    replica.retire();
+                    leaving_at = Some(now_ms() + REMOVED_LINGER_MS);
                 }
             }
         }
@@ -209,6 +216,10 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
                 replica.release_proposals(now_ms(), &mut out);
             }
             _ = tick.tick() => {
+                if leaving_at.is_some_and(|t| now_ms() >= t) {
+                    drain(&mut committer).await?;
+                    return Ok(());
+                }
                 replica.step(now_ms(), Input::Tick, &mut out);
                 publish(&replica, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }

@@ -818,7 +818,7 @@ impl<W: Workload> World<W> {
     fn next_epoch(&mut self, n: NodeId) {
         let service = self.workload.service();
         let node = &mut self.nodes[n as usize];
-        let Some(old) = node.replica.take() else { return };
+        let Some(mut old) = node.replica.take() else { return };
         match old.next_epoch(service) {
             NextEpoch::Member(next, persist) => {
                 // Durable before the new node takes a step: a PROPOSE leaves before its
@@ -840,6 +840,9 @@ impl<W: Workload> World<W> {
                 self.report.faults.epochs = self.report.faults.epochs.max(epoch);
             }
             NextEpoch::Removed => {
+                // It stays, retired, to help the others end the epoch (epoch.rs).
+                old.retire();
+                node.replica = Some(old);
                 node.role = Role::Removed;
                 self.trace_line(format!("{} n{n} removed", self.now));
             }

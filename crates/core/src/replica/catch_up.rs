@@ -48,7 +48,7 @@ impl<S: Service> Replica<S> {
         from: NodeId,
         view: View,
         executed: Seq,
-        _stable: Seq,
+        stable: Seq,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         let gap = self.cfg.options.status_ms / 2;
@@ -63,7 +63,10 @@ impl<S: Service> Replica<S> {
                 helped = true;
             }
         }
-        if self.stable.seq > executed {
+        // A peer behind our stable checkpoint gets its proof: to fetch the state if it
+        // executed less, or to make its own checkpoint stable if it lacks votes (say, the
+        // last vote it needs was from a node that has since left the membership).
+        if self.stable.seq > executed || self.stable.seq > stable {
             out.send.push((peer, Message::StableCert(self.stable.clone())));
             helped = true;
         } else if self.exec.executed() > executed {

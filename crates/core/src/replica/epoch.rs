@@ -112,6 +112,39 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
+    /// A node the new membership left out stays a while to help its old epoch's members
+    /// end the epoch: it resends its checkpoint vote and answers STATUS (with the stable
+    /// proof), manifests and chunks, and nothing else. Without it, a member short of one
+    /// vote for the last checkpoint (the removed node's, lost) waits forever.
+    pub fn retire(&mut self) {
+        self.retired = true;
+    }
+
+    pub(super) fn step_retired(&mut self, input: super::Input, out: &mut Outputs) {
+        use crate::message::Message;
+        let (from, msg) = match input {
+            super::Input::Tick => {
+                if self.now >= self.next_retransmit {
+                    self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
+                    self.retransmit_checkpoint_votes(out);
+                }
+                return;
+            }
+            super::Input::Message { from: super::Peer::Node(n), msg } => (n, msg),
+            super::Input::Checked { from, msg } => (from, msg),
+            super::Input::Message { .. } => return,
+        };
+        if from as usize >= self.cfg.n() || from == self.id {
+            return;
+        }
+        let _ = match msg {
+            Message::Status { view, executed, stable } => self.on_status(from, view, executed, stable, out),
+            Message::FetchManifest { seq } => self.on_fetch_manifest(from, seq, out),
+            Message::FetchChunk { seq, index } => self.on_fetch_chunk(from, seq, index, out),
+            _ => Ok(()),
+        };
+    }
+
     /// Admits the requests carried over from the previous epoch, as if their clients had
     /// sent them again (each is checked again: MAC, session, freshness).
     pub(super) fn readmit_carried(&mut self, out: &mut Outputs) {

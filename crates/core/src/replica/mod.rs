@@ -487,6 +487,8 @@ pub struct Replica<S> {
     /// Client requests the previous epoch left unexecuted, admitted again at this node's
     /// first step (epoch.rs).
     carried: Vec<Request>,
+    /// Removed by a membership change: it only helps its epoch's members end it (epoch.rs).
+    retired: bool,
     /// `auth = sig`: `cfg.client_keys`, parsed once.
     client_keys: crate::crypto::ClientKeys,
     /// Read-only requests waiting for execution to get far enough (read.rs).
@@ -572,6 +574,7 @@ impl<S: Service> Replica<S> {
             epoch_reported: false,
             jump: None,
             carried: Vec::new(),
+            retired: false,
             client_keys,
             reads: BTreeMap::new(),
             index: read::IndexRounds::default(),
@@ -629,6 +632,10 @@ impl<S: Service> Replica<S> {
     /// Advances the state machine by one input.
     pub fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
         self.now = self.now.max(now);
+        if self.retired {
+            self.step_retired(input, out);
+            return;
+        }
         if self.epoch_reported {
             // Over: the driver replaces this node by `next_epoch`.
             return;
@@ -908,8 +915,9 @@ impl<S: Service> Replica<S> {
             format!(" transfer {have}/{total}")
         });
         format!(
-            "n{} view {} vc {:?} stop {} exec {} stable {} floor {} next {} log {:?}..{:?} pending {} cp-votes [{}]{}",
+            "n{} epoch {} view {} vc {:?} stop {} exec {} stable {} floor {} next {} log {:?}..{:?} pending {} cp-votes [{}]{}",
             self.id,
+            self.epoch(),
             self.view,
             self.vc_target,
             self.stop_sent,
