@@ -438,9 +438,9 @@ async fn raw_connections(cluster: &Cluster, id: u64) -> (keel_runtime::config::C
         keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
     );
     let mut conns = Vec::new();
-    for (j, addr) in setup.nodes.iter().enumerate() {
-        let tcp = tokio::net::TcpStream::connect(addr).await.expect("tcp");
-        let name = keel_runtime::tls::PeerId::Node(j as u32).server_name();
+    for member in &setup.membership.members {
+        let tcp = tokio::net::TcpStream::connect(&member.addr).await.expect("tcp");
+        let name = keel_runtime::tls::PeerId::Node(member.id).server_name();
         conns.push(connector.connect(name, tcp).await.expect("handshake"));
     }
     (setup, conns)

@@ -208,6 +208,7 @@ impl Client {
         let Ok((at, chain)) = crate::membership::follow_certs(&self.membership, certs, self.quorums.mutation()) else {
             return false;
         };
+        // follow_certs admits only memberships with valid quorums.
         let Ok(quorums) = at.quorums() else { return false };
         if chain.is_empty() {
             return false;
@@ -302,7 +303,8 @@ impl Client {
         match self.auth {
             Auth::None | Auth::Sig => Vec::new(),
             Auth::RqMac | Auth::Mac => {
-                let len = self.members().into_iter().max().map_or(0, |m| m as usize + 1).max(self.keys.len());
+                let top = self.membership.members.iter().map(|m| m.id as usize + 1).max().unwrap_or(0);
+                let len = top.max(self.keys.len());
                 (0..len).map(|i| self.keys.get(i).map_or([0; 16], |k| k.mac(statement))).collect()
             }
         }

@@ -43,10 +43,17 @@ pub enum DecodeError {
 }
 
 pub fn encode(msg: &Message) -> Vec<u8> {
-    let mut out = vec![WIRE_VERSION];
+    encode_after(&[], msg)
+}
+
+/// `prefix` followed by the encoded message, in one buffer (a transport's header goes
+/// in front without copying the message).
+pub fn encode_after(prefix: &[u8], msg: &Message) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 64);
+    out.extend_from_slice(prefix);
+    out.push(WIRE_VERSION);
     // Serializing these plain data types into a Vec cannot fail.
-    out.extend(postcard::to_allocvec(msg).unwrap_or_default());
-    out
+    postcard::to_extend(msg, out).unwrap_or_default()
 }
 
 pub fn decode(frame: &[u8]) -> Result<Message, DecodeError> {

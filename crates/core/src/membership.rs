@@ -271,6 +271,11 @@ pub fn follow_certs(
         if cert.proof.membership != cert.next.digest() {
             return Err(CertError::OtherMembership);
         }
+        // Correct nodes only ever sign memberships the executor produced, which tolerate
+        // their (u, r); checked anyway, so nothing downstream meets one that does not.
+        if cert.next.quorums().is_err() || cert.next.members.len() > NODES_MAX {
+            return Err(CertError::Unproven);
+        }
         let quorum = at.quorums().map_err(|_| CertError::Unproven)?.with_mutation(mutation).order_quorum();
         let unchecked = mutation == Some(crate::quorum::Mutation::UnverifiedEpochCerts);
         if !unchecked && !crate::message::proof_signed(&crate::crypto::NodeKeys::new(&at.keys()), quorum, &cert.proof) {

@@ -354,7 +354,6 @@ pub struct ClientSetup {
     /// against, and the addresses it connects to).
     pub membership: Membership,
     pub auth: Auth,
-    pub nodes: Vec<SocketAddr>,
     pub ca_pem: String,
     pub credentials: Credentials,
     pub mac_keys: Vec<MacKey>,
@@ -389,7 +388,6 @@ impl ClientFile {
             quorums,
             membership,
             auth,
-            nodes: cluster.nodes.iter().map(|n| n.addr).collect(),
             ca_pem: read(&base.join(&f.ca))?,
             credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
             mac_keys,
@@ -571,7 +569,6 @@ pub fn admin_setup(dir: &Path) -> Result<(ClientSetup, SigningKey), ConfigFileEr
         quorums: cfg.quorums,
         membership: cfg.membership.clone(),
         auth: cfg.auth,
-        nodes: cluster.nodes.iter().map(|n| n.addr).collect(),
         ca_pem: read(&dir.join("ca.pem"))?,
         credentials: Credentials {
             cert_pem: read(&adir.join("client.pem"))?,

@@ -59,11 +59,7 @@ impl TransportStats {
 /// the encoded message. Epochs are kept apart by it (replica/epoch.rs): a node counts
 /// only messages of its own epoch.
 pub fn node_frame(epoch: u64, msg: &keel_core::message::Message) -> Vec<u8> {
-    let body = keel_core::codec::encode(msg);
-    let mut frame = Vec::with_capacity(8 + body.len());
-    frame.extend_from_slice(&epoch.to_le_bytes());
-    frame.extend_from_slice(&body);
-    frame
+    keel_core::codec::encode_after(&epoch.to_le_bytes(), msg)
 }
 
 /// The epoch and the encoded message of a frame from a node; `None` if too short.

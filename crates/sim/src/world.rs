@@ -1332,8 +1332,12 @@ impl<W: Workload> World<W> {
         let mut out = Outputs::default();
         let service = self.workload.service();
         // The epoch its disk names, else its configuration file's.
-        let cfg = match durable.membership().or_else(|| node.file_membership.clone()) {
-            Some(m) => self.cfg.next_epoch(m).expect("valid membership"),
+        let cfg = match durable.membership().or_else(|| node.file_membership.clone()).map(|m| self.cfg.next_epoch(m)) {
+            Some(Ok(cfg)) => cfg,
+            Some(Err(e)) => {
+                self.violation("recovery", format!("node {n} recovers a membership without valid quorums: {e}"));
+                return;
+            }
             None => self.cfg.clone(),
         };
         let Some(index) = cfg.membership.index_of(n) else {

@@ -475,8 +475,6 @@ pub struct Replica<S> {
     prev_keys: Option<(NodeKeys, usize)>,
     /// This node's stable id (its index is `id`; membership.rs).
     stable_id: u32,
-    /// `cfg.membership.digest()`, computed once.
-    membership_digest: Digest,
     /// How the membership came to be `cfg.membership`: one certificate per epoch since
     /// epoch 0 (the newest [`crate::codec::EPOCH_CERTS_MAX`]), offered to laggards.
     epoch_certs: Vec<crate::message::EpochCert>,
@@ -530,7 +528,6 @@ impl<S: Service> Replica<S> {
             key_map.insert(crate::membership::ADMIN_CLIENT, admin);
         }
         let client_keys = crate::crypto::ClientKeys::new(&key_map);
-        let cfg_membership_digest = cfg.membership.digest();
         let mut exec = Executor::with_workers(service, workers);
         exec.set_membership(cfg.membership.clone(), cfg.admin_key);
         Replica {
@@ -568,7 +565,6 @@ impl<S: Service> Replica<S> {
             hearsay: endorse::Hearsay::new(n),
             endorse_row,
             prev_keys,
-            membership_digest: cfg_membership_digest,
             stable_id: ids[id as usize],
             epoch_certs: Vec::new(),
             epoch_reported: false,

@@ -312,7 +312,7 @@ impl<S: Service> Replica<S> {
         // and names this one.
         if p.seq == self.cfg.membership.since {
             if let Some((keys, quorum)) = &self.prev_keys {
-                if p.membership != self.membership_digest {
+                if p.membership != self.cfg.membership.digest() {
                     return Err(Reject::BadProof("epoch base names another membership"));
                 }
                 return signed(keys, *quorum, p);
