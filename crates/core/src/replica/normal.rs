@@ -5,13 +5,19 @@
 use super::{Event, ExecutedRequest, Outputs, Peer, Pending, Reject, Replica};
 use crate::config::Auth;
 use crate::crypto::Digest;
-use crate::message::{write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value, View, Write};
+use crate::membership::ADMIN_CLIENT;
+use crate::message::{
+    owner_of, write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value, View, Write,
+};
 use crate::service::Service;
 use crate::wal::Record;
 use std::collections::BTreeMap;
 
 /// Results up to this size are sent in full by every node.
 pub const REPLY_INLINE_MAX: usize = 64;
+
+/// Decided values executed as one run at most (bounds the work of one step).
+const EXEC_RUN_MAX: usize = 64;
 
 impl<S: Service> Replica<S> {
     /// A client's request, or a backup's FORWARD of one (`auth = mac`).
@@ -421,40 +427,67 @@ impl<S: Service> Replica<S> {
                 // Nothing past the epoch's last instance executes in this epoch.
                 break;
             }
-            let next = self.exec.executed() + 1;
-            // Borrowed, not cloned (a batch of requests): `log` and `exec` are disjoint.
-            let Some(value) = self.log.get(&next).and_then(|s| s.decided_value.as_ref()) else {
+            let first = self.exec.executed() + 1;
+            let run = self.executable_run(first);
+            if run.is_empty() {
                 break;
-            };
-            let outcomes = self.exec.execute(next, value);
-            let ops: Vec<Digest> = value.requests.iter().map(|r| r.op.digest()).collect();
-            let bytes: usize = value.requests.iter().map(Request::size).sum();
-            let mut executed = Vec::new();
-            for (o, op) in outcomes.iter().zip(ops) {
-                if let Some(p) = self.pending.get(&o.client) {
-                    if p.req.seq <= o.seq {
-                        self.pending.remove(&o.client);
-                    }
-                }
-                self.hearsay.forget(o.client, o.seq);
-                if !o.fresh {
-                    continue;
-                }
-                executed.push(ExecutedRequest { client: o.client, seq: o.seq, op });
-                let body = self.reply_body(o.client, o.seq, o.result.clone());
-                let reply = Reply { client: o.client, view: self.view, seq: o.seq, body, epoch: self.epoch() };
-                out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
-                self.push_events(&o.pushes, out);
             }
-            self.monitor.on_executed(executed.len(), bytes);
-            out.events.push(Event::Executed { seq: next, requests: executed });
-            if next.is_multiple_of(self.cfg.options.checkpoint_interval) || self.epoch_ended() {
+            // Borrowed, not cloned (batches of requests): `log` and `exec` are disjoint.
+            let values: Vec<&Value> =
+                (first..).zip(&run).filter_map(|(seq, _)| self.log.get(&seq)?.decided_value.as_ref()).collect();
+            let outcomes = self.exec.execute_many(first, &values);
+            for ((seq, (ops, bytes)), outcomes) in (first..).zip(run).zip(outcomes) {
+                let mut executed = Vec::new();
+                for (o, op) in outcomes.iter().zip(ops) {
+                    if let Some(p) = self.pending.get(&o.client) {
+                        if p.req.seq <= o.seq {
+                            self.pending.remove(&o.client);
+                        }
+                    }
+                    self.hearsay.forget(o.client, o.seq);
+                    if !o.fresh {
+                        continue;
+                    }
+                    executed.push(ExecutedRequest { client: o.client, seq: o.seq, op });
+                    let body = self.reply_body(o.client, o.seq, o.result.clone());
+                    let reply = Reply { client: o.client, view: self.view, seq: o.seq, body, epoch: self.epoch() };
+                    out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
+                    self.push_events(&o.pushes, out);
+                }
+                self.monitor.on_executed(executed.len(), bytes);
+                out.events.push(Event::Executed { seq, requests: executed });
+            }
+            let last = self.exec.executed();
+            if last.is_multiple_of(self.cfg.options.checkpoint_interval) || self.epoch_ended() {
                 // The epoch's last instance is a checkpoint wherever it falls.
-                self.take_checkpoint(next, out);
+                self.take_checkpoint(last, out);
             }
         }
         self.answer_reads(out);
         self.maybe_propose(out);
+    }
+
+    /// The decided values from `first` on that can execute as one run (CBASE: one
+    /// dependency graph across batches), with each value's operation digests and size.
+    /// A run stops after a checkpoint instance (a checkpoint is taken between runs) and
+    /// after a value holding an administrative operation (it may end the epoch, and
+    /// nothing past an epoch's end executes in it).
+    fn executable_run(&self, first: Seq) -> Vec<(Vec<Digest>, usize)> {
+        let mut run = Vec::new();
+        for seq in first.. {
+            let Some(value) = self.log.get(&seq).and_then(|s| s.decided_value.as_ref()) else {
+                break;
+            };
+            run.push((
+                value.requests.iter().map(|r| r.op.digest()).collect(),
+                value.requests.iter().map(Request::size).sum(),
+            ));
+            let admin = value.requests.iter().any(|r| owner_of(r.client) == ADMIN_CLIENT);
+            if admin || seq.is_multiple_of(self.cfg.options.checkpoint_interval) || run.len() >= EXEC_RUN_MAX {
+                break;
+            }
+        }
+        run
     }
 
     /// Request timers (BFT-SMaRt §II-C1): the first expiry forwards the request to the
