@@ -1,13 +1,21 @@
 //! Microbenchmark of the CBASE parallelizer (not a test): executes a KV workload through
-//! `Executor` as the replica does (one `execute` per decided batch) with a configurable
-//! CPU cost per request, a share of requests that all conflict (writes to one hot key;
-//! the rest write distinct keys), and 1, 2, 4 workers. Prints requests per second and the
-//! speedup over one worker, and checks every configuration ends in the same snapshot.
+//! `Executor` as the replica does (`execute_many` over runs of `--run` decided batches)
+//! with a configurable cost per request, a share of requests that all conflict (writes to
+//! one hot key; the rest write distinct keys), and 1, 2, 4 workers. Prints requests per
+//! second and the speedup over one worker, checks every configuration ends in the same
+//! snapshot, and with `--plot FILE` draws the speedups (SVG, one panel per conflict share).
 //!
 //! ```text
 //! cargo run --release -p keel-kv --example parallel_bench -- \
-//!     [--cost-us 0,10,100] [--conflict 0,10,100] [--workers 1,2,4] [--batch 64] [--requests 20000] [--repeat 3]
+//!     [--cost 0,10,100,fsync] [--conflict 0,10,100] [--workers 1,2,4] [--batch 64] [--run 1]
+//!     [--requests 20000] [--repeat 3] [--dir /var/tmp] [--plot speedup.svg]
 //! ```
+//!
+//! A cost is either a number (microseconds of CPU work) or `fsync`: the request writes its
+//! value to a file named by its key (in a fresh directory under `--dir`) and fdatasyncs
+//! it, as a service that keeps one durable file per key would. Such requests wait on the
+//! disk, not the CPU, so workers can overlap them beyond the core count. Fsync rows run
+//! a fifth of `--requests` (an fsync here is ~0.1-1 ms).
 //!
 //! Each cell is the best of `--repeat` runs (other load on the host only ever slows a
 //! run down), with the CPU cores the process used on average in that run (from
@@ -24,8 +32,54 @@ use keel_core::message::{Request, Value};
 use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, RestoreError, Service};
 use keel_kv::{Kv, KvRequest};
 use std::hint::black_box;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The work each request does besides the KV operation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cost {
+    /// Rounds of [`burn`] (calibrated microseconds of CPU).
+    Cpu { us: u64, iters: u64 },
+    /// Write the value to the key's file and fdatasync it.
+    Fsync,
+}
+
+impl Cost {
+    fn label(&self) -> String {
+        match self {
+            Cost::Cpu { us, .. } => format!("{us} us cpu"),
+            Cost::Fsync => "fsync".to_string(),
+        }
+    }
+}
+
+/// Writes `request`'s value durably to a file named after its key (hex, so any key is a
+/// valid file name).
+fn write_durably(dir: &Path, request: &[u8]) {
+    let Ok(KvRequest::Put { key, value }) = KvRequest::decode(request) else { return };
+    let name: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(dir.join(name))?;
+        f.write_all(&value)?;
+        f.sync_data()
+    };
+    // A benchmark: a failing disk ends it loudly rather than measuring nothing.
+    if let Err(e) = write() {
+        panic!("parallel_bench: writing under {}: {e}", dir.display());
+    }
+}
+
+/// Does `cost` for `request` (on whichever thread executes it).
+fn spend(cost: Cost, dir: &Path, request: &[u8]) {
+    match cost {
+        Cost::Cpu { iters, .. } => {
+            burn(iters);
+        }
+        Cost::Fsync => write_durably(dir, request),
+    }
+}
 
 /// `iters` rounds of a multiply-xorshift mix: CPU work the optimizer cannot remove.
 fn burn(iters: u64) -> u64 {
@@ -49,34 +103,36 @@ fn calibrate() -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// KV plus `iters` rounds of work per request, on both execution paths.
+/// KV plus a cost per request, on both execution paths.
 struct Costly {
     kv: Kv,
-    iters: u64,
+    cost: Cost,
+    dir: Arc<PathBuf>,
 }
 
 struct CostlyHandle {
     inner: Arc<dyn ConcurrentService>,
-    iters: u64,
+    cost: Cost,
+    dir: Arc<PathBuf>,
 }
 
 impl ConcurrentService for CostlyHandle {
     fn execute_shared(&self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
-        burn(self.iters);
+        spend(self.cost, &self.dir, request);
         self.inner.execute_shared(request, ctx)
     }
 }
 
 impl Service for Costly {
     fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
-        burn(self.iters);
+        spend(self.cost, &self.dir, request);
         self.kv.execute(request, ctx)
     }
     fn conflicts(&self, request: &[u8]) -> Conflicts {
         self.kv.conflicts(request)
     }
     fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
-        Some(Arc::new(CostlyHandle { inner: self.kv.concurrent()?, iters: self.iters }))
+        Some(Arc::new(CostlyHandle { inner: self.kv.concurrent()?, cost: self.cost, dir: self.dir.clone() }))
     }
     fn snapshot(&self) -> Vec<u8> {
         self.kv.snapshot()
@@ -115,18 +171,115 @@ fn cpu_seconds() -> Option<f64> {
     Some(ticks as f64 / 100.0)
 }
 
-/// Executes `values` with `workers`; returns (requests/s, cores used, snapshot digest).
-fn measure(values: &[Value], requests: usize, iters: u64, workers: usize) -> (f64, Option<f64>, Digest) {
-    let mut e = Executor::with_workers(Costly { kv: Kv::new(), iters }, workers);
+/// Executes `values` with `workers`, `run` values per call; returns (requests/s, cores
+/// used, snapshot digest).
+fn measure(
+    values: &[Value],
+    requests: usize,
+    cost: Cost,
+    dir: &Path,
+    workers: usize,
+    run: usize,
+) -> Result<(f64, Option<f64>, Digest), String> {
+    let dir = Arc::new(dir.join(format!("w{workers}")));
+    let _ = std::fs::remove_dir_all(dir.as_path());
+    std::fs::create_dir_all(dir.as_path()).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let mut e = Executor::with_workers(Costly { kv: Kv::new(), cost, dir: dir.clone() }, workers);
     let cpu = cpu_seconds();
     let t = Instant::now();
-    for (i, v) in values.iter().enumerate() {
-        e.execute(i as u64 + 1, v);
+    let mut next = 1;
+    for chunk in values.chunks(run) {
+        let refs: Vec<&Value> = chunk.iter().collect();
+        e.execute_many(next, &refs);
+        next += refs.len() as u64;
     }
     let wall = t.elapsed().as_secs_f64();
     // /proc counts in 10 ms ticks: shorter runs would print noise.
     let cores = cpu.zip(cpu_seconds()).filter(|_| wall >= 0.2).map(|(a, b)| (b - a) / wall);
-    (requests as f64 / wall, cores, Digest::of(&e.snapshot()))
+    let _ = std::fs::remove_dir_all(dir.as_path());
+    Ok((requests as f64 / wall, cores, Digest::of(&e.snapshot())))
+}
+
+/// Parses `--cost`: numbers are microseconds of CPU, `fsync` a durable file write.
+fn costs(args: &[String], per_us: f64) -> Result<Vec<Cost>, String> {
+    let spec = match args.iter().position(|a| a == "--cost") {
+        None => "0,10,100,fsync".to_string(),
+        Some(i) => args.get(i + 1).ok_or("--cost needs a value")?.clone(),
+    };
+    spec.split(',')
+        .map(|s| match s.trim() {
+            "fsync" => Ok(Cost::Fsync),
+            n => {
+                let us = n.parse::<u64>().map_err(|e| format!("--cost {n:?}: {e} (a number of us, or fsync)"))?;
+                Ok(Cost::Cpu { us, iters: (us as f64 * per_us) as u64 })
+            }
+        })
+        .collect()
+}
+
+/// One measured cell: cost, conflict %, workers, ops/s.
+struct Cell {
+    cost: Cost,
+    conflict: u64,
+    workers: u64,
+    rate: f64,
+}
+
+/// Speedup over the first worker count, one panel per conflict share, a line per cost.
+fn plot(path: &Path, cells: &[Cell], conflicts: &[u64], workers: &[u64], cores: usize) -> Result<(), String> {
+    use plotters::prelude::*;
+    let root = SVGBackend::new(path, (1200, 460)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let root = root
+        .titled(
+            &format!("CBASE parallel execution: speedup over {} worker ({cores} cores)", workers[0]),
+            ("sans-serif", 20),
+        )
+        .map_err(|e| e.to_string())?;
+    let max_w = workers.iter().copied().max().unwrap_or(1) as f64;
+    let speedup = |c: &Cell| {
+        let base = cells.iter().find(|b| b.cost == c.cost && b.conflict == c.conflict && b.workers == workers[0]);
+        base.map_or(1.0, |b| c.rate / b.rate)
+    };
+    let max_y = cells.iter().map(speedup).fold(2.0, f64::max) * 1.15;
+    let mut cost_list: Vec<Cost> = Vec::new();
+    for c in cells {
+        if !cost_list.contains(&c.cost) {
+            cost_list.push(c.cost);
+        }
+    }
+    let panels = root.split_evenly((1, conflicts.len().max(1)));
+    for (panel, &pct) in panels.iter().zip(conflicts) {
+        let mut chart = ChartBuilder::on(panel)
+            .caption(format!("{pct} % conflicting"), ("sans-serif", 16))
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(44)
+            .build_cartesian_2d(0.5..max_w + 0.5, 0.0..max_y)
+            .map_err(|e| e.to_string())?;
+        chart.configure_mesh().x_desc("workers").y_desc("speedup").draw().map_err(|e| e.to_string())?;
+        for (i, cost) in cost_list.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let pts: Vec<(f64, f64)> = cells
+                .iter()
+                .filter(|c| c.cost == *cost && c.conflict == pct)
+                .map(|c| (c.workers as f64, speedup(c)))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(cost.label())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled()))).map_err(|e| e.to_string())?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| e.to_string())?;
+    }
+    root.present().map_err(|e| e.to_string())
 }
 
 fn list(args: &[String], name: &str, default: &[u64]) -> Result<Vec<u64>, String> {
@@ -141,50 +294,70 @@ fn list(args: &[String], name: &str, default: &[u64]) -> Result<Vec<u64>, String
 
 fn main() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let costs = list(&args, "--cost-us", &[0, 10, 100])?;
     let conflicts = list(&args, "--conflict", &[0, 10, 100])?;
     let workers = list(&args, "--workers", &[1, 2, 4])?;
     let batch = list(&args, "--batch", &[64])?.first().copied().unwrap_or(64).max(1) as usize;
+    let run = list(&args, "--run", &[1])?.first().copied().unwrap_or(1).max(1) as usize;
     let requests = list(&args, "--requests", &[20_000])?.first().copied().unwrap_or(20_000) as usize;
     let repeat = list(&args, "--repeat", &[3])?.first().copied().unwrap_or(3).max(1);
+    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    let base_dir = flag("--dir").unwrap_or_else(std::env::temp_dir);
+    let plot_path = flag("--plot");
+    if workers.is_empty() {
+        return Err("--workers needs at least one count".to_string());
+    }
 
     let per_us = calibrate();
+    let costs = costs(&args, per_us)?;
+    let dir = base_dir.join(format!("keel-parallel-bench.{}", std::process::id()));
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
-        "# {requests} puts per cell, batches of {batch}, best of {repeat}, {cores} cores available; \
-         1 us of cost = {per_us:.0} rounds; cell: ops/s (speedup over the first column, cores used)"
+        "# batches of {batch}, {run} batch(es) per execute_many, best of {repeat}, {cores} cores available; \
+         1 us of cost = {per_us:.0} rounds; fsync files under {}; cell: ops/s (speedup over the first column, cores used)",
+        dir.display()
     );
-    print!("{:>8} {:>9}", "cost_us", "conflict%");
+    print!("{:>10} {:>9} {:>8}", "cost", "conflict%", "requests");
     for w in &workers {
         print!(" {:>26}", format!("workers={w}"));
     }
     println!();
-    for &cost in &costs {
-        let iters = (cost as f64 * per_us) as u64;
-        for &pct in &conflicts {
-            let values = workload(requests, batch, pct);
-            print!("{cost:>8} {pct:>9}");
-            let mut base = None;
-            let mut reference: Option<Digest> = None;
-            for &w in &workers {
-                let mut best: Option<(f64, Option<f64>)> = None;
-                for _ in 0..repeat {
-                    let (rate, used, digest) = measure(&values, requests, iters, w as usize);
-                    if *reference.get_or_insert(digest) != digest {
-                        return Err(format!("workers={w} ended in a different state than workers={}", workers[0]));
+    let mut cells = Vec::new();
+    let result = (|| -> Result<(), String> {
+        for &cost in &costs {
+            let n = if cost == Cost::Fsync { (requests / 5).max(1) } else { requests };
+            for &pct in &conflicts {
+                let values = workload(n, batch, pct);
+                print!("{:>10} {pct:>9} {n:>8}", cost.label());
+                let mut base = None;
+                let mut reference: Option<Digest> = None;
+                for &w in &workers {
+                    let mut best: Option<(f64, Option<f64>)> = None;
+                    for _ in 0..repeat {
+                        let (rate, used, digest) = measure(&values, n, cost, &dir, w as usize, run)?;
+                        if *reference.get_or_insert(digest) != digest {
+                            return Err(format!("workers={w} ended in a different state than workers={}", workers[0]));
+                        }
+                        if best.is_none_or(|(r, _)| rate > r) {
+                            best = Some((rate, used));
+                        }
                     }
-                    if best.is_none_or(|(r, _)| rate > r) {
-                        best = Some((rate, used));
-                    }
+                    let Some((rate, used)) = best else { continue };
+                    let speedup = rate / *base.get_or_insert(rate);
+                    let used = used.map_or("?".to_string(), |c| format!("{c:.1}"));
+                    print!(" {:>26}", format!("{rate:.0} ({speedup:.2}x, {used}c)"));
+                    std::io::stdout().flush().map_err(|e| e.to_string())?;
+                    cells.push(Cell { cost, conflict: pct, workers: w, rate });
                 }
-                let Some((rate, used)) = best else { continue };
-                let speedup = rate / *base.get_or_insert(rate);
-                let used = used.map_or("?".to_string(), |c| format!("{c:.1}"));
-                print!(" {:>26}", format!("{rate:.0} ({speedup:.2}x, {used}c)"));
-                std::io::Write::flush(&mut std::io::stdout()).map_err(|e| e.to_string())?;
+                println!();
             }
-            println!();
         }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    if let Some(path) = plot_path {
+        plot(&path, &cells, &conflicts, &workers, cores)?;
+        println!("# plot: {}", path.display());
     }
     Ok(())
 }
