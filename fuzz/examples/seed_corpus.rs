@@ -19,7 +19,7 @@ use keel_kv::{KvRequest, KvResponse};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-const CHUNK_BYTES: usize = 64; // Options::test_min().chunk_bytes
+const CHUNK_BYTES: usize = 256; // Options::test_min().chunk_bytes
 
 fn put(client: u64, seq: u64) -> Request {
     let op = KvRequest::Put { key: vec![client as u8], value: format!("v{seq}").into_bytes() }.encode();

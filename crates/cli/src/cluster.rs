@@ -35,6 +35,11 @@ pub struct InitArgs {
     /// else mac).
     #[arg(long, value_parser = crate::parse_auth)]
     auth: Option<Auth>,
+    /// A checkpoint every this many instances (default 256; written to cluster.toml).
+    /// Each checkpoint copies, hashes and writes the whole state: raise it for states
+    /// of many hundreds of MB.
+    #[arg(long)]
+    checkpoint_interval: Option<u64>,
     /// Overwrite an existing cluster directory.
     #[arg(long)]
     force: bool,
@@ -75,8 +80,25 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let auth = a.auth;
-    let o =
-        InitOptions { service: a.service, u: a.u, r: a.r, host: a.host, base_port, clients: a.clients, fsync, auth };
+    if let Some(interval) = a.checkpoint_interval {
+        let options =
+            keel_core::config::Options { checkpoint_interval: interval, ..keel_core::config::Options::production() };
+        if let Err(e) = options.validate() {
+            eprintln!("error: --checkpoint-interval: {e}");
+            return ExitCode::from(2);
+        }
+    }
+    let o = InitOptions {
+        service: a.service,
+        u: a.u,
+        r: a.r,
+        host: a.host,
+        base_port,
+        clients: a.clients,
+        fsync,
+        auth,
+        checkpoint_interval: a.checkpoint_interval,
+    };
     match init(&a.dir, &o) {
         Ok(()) => {
             println!(

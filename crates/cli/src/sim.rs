@@ -120,6 +120,7 @@ pub fn run(args: SimArgs) -> ExitCode {
     let (mut steps, mut ops, mut vcs, mut transfers, mut rejected) = (0, 0, 0, 0, 0);
     let (mut reads_unordered, mut reads_ordered, mut slow_primary) = (0, 0, 0);
     let (mut pushes, mut push_gaps) = (0, 0);
+    let (mut transfer_chunks, mut transfer_reused) = (0, 0);
     let mut trace = blake3::Hasher::new();
     let mut failed = Vec::new();
     for r in &reports {
@@ -133,6 +134,8 @@ pub fn run(args: SimArgs) -> ExitCode {
         reads_ordered += r.reads_ordered;
         vcs += r.view_changes;
         transfers += r.state_transfers;
+        transfer_chunks += r.transfer_chunks;
+        transfer_reused += r.transfer_chunks_reused;
         rejected += r.rejected;
         trace.update(&r.seed.to_le_bytes());
         trace.update(&r.trace_hash.to_le_bytes());
@@ -189,7 +192,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         l.forged_endorsements, l.forged_epoch_certs, totals.inconsistent_macs
     );
     println!(
-        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
+        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} transfer_chunks={transfer_chunks} transfer_chunks_held={transfer_reused} rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
         started.elapsed().as_secs_f64(),
         args.u,
         args.r,

@@ -10,7 +10,7 @@ use crate::message::{CertProof, Message, NewView, Read, Request, StableProof, Va
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 8;
+pub const WIRE_VERSION: u8 = 9;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -332,8 +332,9 @@ mod tests {
     #[test]
     fn rejects_wrong_version_trailing_bytes_and_oversize() {
         let mut bytes = encode(&Message::Stop { view: 3 });
-        bytes[0] = 9;
-        assert_eq!(decode(&bytes), Err(DecodeError::Version { got: 9, expected: WIRE_VERSION }));
+        let other = WIRE_VERSION.wrapping_add(1);
+        bytes[0] = other;
+        assert_eq!(decode(&bytes), Err(DecodeError::Version { got: other, expected: WIRE_VERSION }));
         let mut bytes = encode(&Message::Stop { view: 3 });
         bytes.push(0);
         assert_eq!(decode(&bytes), Err(DecodeError::Trailing { bytes: 1 }));

@@ -186,7 +186,8 @@ pub struct Options {
     pub status_ms: u64,
     /// How far a proposal's time may be from a backup's clock (UpRight §3.1's Δ).
     pub clock_tolerance_ms: u64,
-    /// Bytes per checkpoint chunk (the Merkle leaves).
+    /// Average bytes per checkpoint chunk (the Merkle leaves; content-defined, from a
+    /// quarter to four times this).
     pub chunk_bytes: usize,
     /// Distinct clients whose pending requests a node tracks.
     pub clients_max: usize,
@@ -256,7 +257,8 @@ impl Options {
             retransmit_ms: 150,
             status_ms: 100,
             clock_tolerance_ms: 2_000,
-            chunk_bytes: 64,
+            // The chunker's floor: simulated snapshots of a few KB still span many chunks.
+            chunk_bytes: 256,
             clients_max: 64,
             catch_up_values_max: 8,
             // Sequential: the simulator's runs stay single-threaded (`keel sim
@@ -288,8 +290,8 @@ impl Options {
         if self.request_timeout_ms == 0 || self.view_change_timeout_ms == 0 {
             return err("request_timeout_ms", self.request_timeout_ms, "timeouts must be positive");
         }
-        if self.chunk_bytes == 0 || self.chunk_bytes > crate::codec::CHUNK_BYTES_MAX {
-            return err("chunk_bytes", self.chunk_bytes as u64, "must be 1..=1 MiB");
+        if !(crate::exec::CHUNK_AVG_MIN..=crate::exec::CHUNK_AVG_MAX).contains(&self.chunk_bytes) {
+            return err("chunk_bytes", self.chunk_bytes as u64, "must be 256..=256 KiB (chunks reach four times it)");
         }
         if self.batch_bytes_max + 64 * 1024 > crate::codec::FRAME_MAX / 4 {
             return err("batch_bytes_max", self.batch_bytes_max as u64, "batches must fit a frame with room to spare");

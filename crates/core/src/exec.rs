@@ -435,32 +435,69 @@ fn request_ctx(seq: Seq, time: u64, seed: u64, index: u64, client: ClientId) -> 
     ExecCtx::new(seq, time, Hasher::new("keel/request-seed").u64(seed).u64(index).finish().prefix_u64(), client)
 }
 
-/// A checkpoint split into fixed-size chunks with a Merkle root over them.
+/// A checkpoint split into content-defined chunks with a Merkle root over them.
+///
+/// Chunk boundaries come from the bytes (FastCDC: a rolling hash picks cut points),
+/// not from fixed offsets, so a write in the middle of a snapshot changes the chunks
+/// around it and leaves the others, shifted or not, with the same digests. A state
+/// transfer that restarts on a newer checkpoint, or a node that still holds an older
+/// snapshot, then fetches only the chunks it does not have (catch_up.rs).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chunked {
     /// Shared with the persist request and the state-transfer server: a snapshot is the
     /// whole state, and copying it per use was a large part of a checkpoint's cost.
     pub bytes: Arc<Vec<u8>>,
-    pub chunk_bytes: usize,
+    /// Where each chunk ends (exclusive); the first starts at 0.
+    ends: Vec<usize>,
     pub leaves: Vec<Digest>,
     pub root: Digest,
 }
 
+/// The chunk size bounds for an average of `avg` bytes: a quarter to four times it.
+pub fn chunk_bounds(avg: usize) -> (usize, usize) {
+    (avg / 4, avg.saturating_mul(4))
+}
+
+/// Smallest and largest average chunk size (`Options::chunk_bytes`) the chunker takes:
+/// FastCDC's own floor, and a maximum chunk of at most `codec::CHUNK_BYTES_MAX`.
+pub const CHUNK_AVG_MIN: usize = fastcdc::v2020::AVERAGE_MIN as usize;
+pub const CHUNK_AVG_MAX: usize = crate::codec::CHUNK_BYTES_MAX / 4;
+
 impl Chunked {
-    pub fn new(bytes: Vec<u8>, chunk_bytes: usize) -> Chunked {
-        let leaves: Vec<Digest> =
-            bytes.chunks(chunk_bytes).enumerate().map(|(i, c)| leaf_digest(i as u32, c)).collect();
+    /// # Panics
+    /// If `avg_chunk` is outside `CHUNK_AVG_MIN..=CHUNK_AVG_MAX` (`Options::validate`
+    /// refuses such configurations).
+    pub fn new(bytes: Vec<u8>, avg_chunk: usize) -> Chunked {
+        assert!((CHUNK_AVG_MIN..=CHUNK_AVG_MAX).contains(&avg_chunk), "chunk size {avg_chunk} out of range");
+        let (min, max) = chunk_bounds(avg_chunk);
+        let ends: Vec<usize> = fastcdc::v2020::FastCDC::new(&bytes, min as u32, avg_chunk as u32, max as u32)
+            .map(|c| c.offset + c.length)
+            .collect();
+        let leaves: Vec<Digest> = (0..ends.len()).map(|i| leaf_digest(&bytes[Self::span(&ends, i)])).collect();
         let root = merkle_root(bytes.len() as u64, &leaves);
-        Chunked { bytes: Arc::new(bytes), chunk_bytes, leaves, root }
+        Chunked { bytes: Arc::new(bytes), ends, leaves, root }
+    }
+
+    fn span(ends: &[usize], index: usize) -> std::ops::Range<usize> {
+        let start = if index == 0 { 0 } else { ends[index - 1] };
+        start..ends[index]
     }
 
     pub fn chunk(&self, index: u32) -> Option<&[u8]> {
-        self.bytes.chunks(self.chunk_bytes).nth(index as usize)
+        let index = index as usize;
+        (index < self.ends.len()).then(|| &self.bytes[Self::span(&self.ends, index)])
+    }
+
+    /// Every chunk with its digest.
+    pub fn chunks(&self) -> impl Iterator<Item = (&Digest, &[u8])> {
+        self.leaves.iter().enumerate().map(|(i, d)| (d, &self.bytes[Self::span(&self.ends, i)]))
     }
 }
 
-pub fn leaf_digest(index: u32, data: &[u8]) -> Digest {
-    Hasher::new("keel/chunk").u64(index as u64).bytes(data).finish()
+/// A chunk's digest: its content only. Its place is bound by the Merkle tree, so equal
+/// chunks of two snapshots share a digest wherever they sit.
+pub fn leaf_digest(data: &[u8]) -> Digest {
+    Hasher::new("keel/chunk").bytes(data).finish()
 }
 
 /// Binary Merkle tree over the chunk digests (an odd node is promoted), bound to the
@@ -742,17 +779,58 @@ mod tests {
         e.execute(1, &Value { time: 0, requests });
     }
 
+    /// Bytes without structure (so the chunker cuts by its rolling hash, not by runs).
+    fn noise(len: usize, mut x: u64) -> Vec<u8> {
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
     #[test]
     fn merkle_root_depends_on_every_chunk_and_the_length() {
-        let a = Chunked::new((0..200u8).collect(), 64);
-        assert_eq!(a.leaves.len(), 4);
-        let mut bytes = a.bytes.to_vec();
-        bytes[150] ^= 1;
-        assert_ne!(Chunked::new(bytes, 64).root, a.root);
+        let a = Chunked::new(noise(8192, 1), 256);
+        assert!(a.leaves.len() > 8, "{} chunks", a.leaves.len());
+        for i in [0, 4000, 8191] {
+            let mut bytes = a.bytes.to_vec();
+            bytes[i] ^= 1;
+            assert_ne!(Chunked::new(bytes, 256).root, a.root, "byte {i}");
+        }
         let mut longer = a.bytes.to_vec();
         longer.push(0);
-        assert_ne!(Chunked::new(longer, 64).root, a.root);
-        assert_eq!(a.chunk(3).map(<[u8]>::len), Some(8));
+        assert_ne!(Chunked::new(longer, 256).root, a.root);
         assert_eq!(merkle_root(a.bytes.len() as u64, &a.leaves), a.root);
+        assert_eq!(a.chunk(a.leaves.len() as u32), None);
+    }
+
+    #[test]
+    fn chunks_cover_the_bytes_within_their_bounds() {
+        for (len, avg) in [(0, 256), (100, 256), (70_000, 256), (300_000, 4096)] {
+            let c = Chunked::new(noise(len, len as u64 + 7), avg);
+            let (min, max) = chunk_bounds(avg);
+            let joined: Vec<u8> = c.chunks().flat_map(|(_, d)| d.iter().copied()).collect();
+            assert_eq!(joined, *c.bytes);
+            let count = c.leaves.len();
+            for (i, (digest, data)) in c.chunks().enumerate() {
+                assert!(data.len() <= max && (data.len() >= min || i + 1 == count), "chunk {i}: {} bytes", data.len());
+                assert_eq!(leaf_digest(data), *digest);
+            }
+        }
+    }
+
+    #[test]
+    fn an_insertion_changes_only_the_chunks_around_it() {
+        // What lets a restarted transfer reuse what it fetched: fixed-size chunks would
+        // all change after the insertion point.
+        let before = noise(64 << 10, 3);
+        let mut after = before.clone();
+        after.splice(20_000..20_000, noise(10, 9));
+        let (a, b) = (Chunked::new(before, 256), Chunked::new(after, 256));
+        let kept = b.leaves.iter().filter(|d| a.leaves.contains(d)).count();
+        assert!(kept + 3 >= b.leaves.len(), "{kept} of {} chunks kept", b.leaves.len());
     }
 }

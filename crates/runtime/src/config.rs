@@ -86,6 +86,12 @@ pub struct ClusterFile {
     /// with it (`keel admin`). Unset: the membership cannot change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admin_key: Option<String>,
+    /// A checkpoint every this many instances (unset: 256). Every node of a cluster must
+    /// use the same value. Each checkpoint serializes, hashes and writes the whole state,
+    /// so clusters with large states checkpoint less often; the log above the stable
+    /// checkpoint holds up to twice this many instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_interval: Option<u64>,
 }
 
 /// `[leadership]` in cluster.toml (Aardvark, UpRight §4.2). Unset fields keep the
@@ -134,6 +140,7 @@ impl ClusterFile {
         options.leader_min_pct = l.min_pct.unwrap_or(options.leader_min_pct);
         options.leader_window_ms = l.window_ms.unwrap_or(options.leader_window_ms);
         options.leader_rotate_ms = l.rotate_ms.unwrap_or(options.leader_rotate_ms);
+        options.checkpoint_interval = self.checkpoint_interval.unwrap_or(options.checkpoint_interval);
         let quorums = Quorums::new(self.u, self.r)?;
         let mut keys = Vec::with_capacity(self.nodes.len());
         for (i, n) in self.nodes.iter().enumerate() {
@@ -410,6 +417,8 @@ pub struct InitOptions {
     pub fsync: FsyncPolicy,
     /// Written into cluster.toml when set; unset leaves the default for (u, r).
     pub auth: Option<Auth>,
+    /// Written into cluster.toml when set; unset leaves the default (256).
+    pub checkpoint_interval: Option<u64>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -456,6 +465,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         nodes: nodes.clone(),
         leadership: LeadershipFile::default(),
         auth: o.auth.map(|a| a.name().to_string()),
+        checkpoint_interval: o.checkpoint_interval,
         client_keys: client_seeds
             .iter()
             .map(|(id, seed)| (id.to_string(), hex::encode(SigningKey::from_seed(*seed).public().0)))
@@ -675,6 +685,7 @@ mod tests {
                 clients: 2,
                 fsync: FsyncPolicy::Batch,
                 auth: None,
+                checkpoint_interval: Some(1024),
             },
         )
         .expect("init");
@@ -682,13 +693,14 @@ mod tests {
             let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");
             assert_eq!(setup.id, i);
             assert_eq!(setup.cluster.n(), 4);
+            assert_eq!(setup.cluster.options.checkpoint_interval, 1024);
         }
         let c = ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
         assert_eq!(c.mac_keys.len(), 4);
         assert_eq!(c.id, 1001);
-        // Production leadership settings unless cluster.toml says otherwise.
+        // Production settings unless cluster.toml says otherwise (here the interval).
         let setup = NodeFile::load(&dir.path().join("node-0/node.toml")).expect("node loads");
-        assert_eq!(setup.cluster.options, Options::production());
+        assert_eq!(setup.cluster.options, Options { checkpoint_interval: 1024, ..Options::production() });
         assert!(setup.faults.is_empty());
 
         let cluster = dir.path().join("cluster.toml");

@@ -29,6 +29,10 @@ pub struct Metrics {
     pub executed_requests: Counter,
     pub view_changes: Counter,
     pub state_transfers: Counter,
+    /// Checkpoint chunks of finished state transfers: all of them, and those already
+    /// held (not fetched).
+    pub transfer_chunks: Counter,
+    pub transfer_chunks_reused: Counter,
     pub divergences: Counter,
     pub slow_primary: Counter,
     pub banned_clients: Counter,
@@ -83,6 +87,8 @@ impl Metrics {
             executed_requests: Counter::default(),
             view_changes: Counter::default(),
             state_transfers: Counter::default(),
+            transfer_chunks: Counter::default(),
+            transfer_chunks_reused: Counter::default(),
             divergences: Counter::default(),
             slow_primary: Counter::default(),
             banned_clients: Counter::default(),
@@ -102,6 +108,16 @@ impl Metrics {
         r.register("executed_requests", "Client requests executed", m.executed_requests.clone());
         r.register("view_changes", "View changes started", m.view_changes.clone());
         r.register("state_transfers", "State transfers started", m.state_transfers.clone());
+        r.register(
+            "state_transfer_chunks",
+            "Checkpoint chunks installed by state transfers",
+            m.transfer_chunks.clone(),
+        );
+        r.register(
+            "state_transfer_chunks_reused",
+            "Checkpoint chunks a state transfer already held (from a transfer it replaced or an own snapshot)",
+            m.transfer_chunks_reused.clone(),
+        );
         r.register("divergences", "Local checkpoints that differed from the stable one", m.divergences.clone());
         r.register(
             "slow_primary_suspicions",

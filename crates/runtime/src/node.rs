@@ -496,7 +496,11 @@ fn flush(
                 m.state_transfers.inc();
                 tracing::info!(seq, "state transfer started");
             }
-            Event::StateTransferDone { seq } => tracing::info!(seq, "state transfer done"),
+            Event::StateTransferDone { seq, chunks, reused } => {
+                m.transfer_chunks.inc_by(chunks as u64);
+                m.transfer_chunks_reused.inc_by(reused as u64);
+                tracing::info!(seq, chunks, reused, "state transfer done");
+            }
             Event::Divergence { seq, local, stable } => {
                 m.divergences.inc();
                 tracing::error!(seq, ?local, ?stable, "local state diverged from the stable checkpoint; repairing")

@@ -60,12 +60,20 @@ pub struct KvWorkload {
     counter: u64,
     /// Values recently written per key (by any client), for CAS guesses that can succeed.
     recent: Vec<Vec<Vec<u8>>>,
+    /// Cold keys written so far (each once, never again).
+    cold_written: u32,
 }
+
+/// Cold keys and their value size: written once early, they make a snapshot span tens
+/// of chunks that stay the same from checkpoint to checkpoint, so state transfers that
+/// restart, or start from a node's own older snapshot, have chunks to reuse.
+const COLD_KEYS: u32 = 24;
+const COLD_VALUE_BYTES: usize = 400;
 
 impl KvWorkload {
     pub fn new(keys: u8) -> KvWorkload {
         let keys = keys.max(1);
-        KvWorkload { keys, counter: 0, recent: vec![Vec::new(); keys as usize] }
+        KvWorkload { keys, counter: 0, recent: vec![Vec::new(); keys as usize], cold_written: 0 }
     }
 }
 
@@ -85,6 +93,13 @@ impl Workload for KvWorkload {
     }
 
     fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8> {
+        if self.cold_written < COLD_KEYS && rng.gen_ratio(1, 4) {
+            let key = format!("cold-{}", self.cold_written).into_bytes();
+            self.cold_written += 1;
+            let mut value = vec![0u8; COLD_VALUE_BYTES];
+            rng.fill(value.as_mut_slice());
+            return KvRequest::Put { key, value }.encode();
+        }
         if rng.gen_ratio(1, 50) {
             // Watches make the nodes push events, which the world checks (agreement,
             // order, gaps reported rather than skipped).

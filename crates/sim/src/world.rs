@@ -181,6 +181,9 @@ pub struct SeedReport {
     pub reads_ordered: u64,
     pub view_changes: u64,
     pub state_transfers: u64,
+    /// Chunks installed by finished transfers of correct nodes, and those already held.
+    pub transfer_chunks: u64,
+    pub transfer_chunks_reused: u64,
     pub rejected: u64,
     /// Rejections by "message kind: reason", for diagnosis.
     pub rejected_by: BTreeMap<String, u64>,
@@ -1304,10 +1307,17 @@ impl<W: Workload> World<W> {
                 let variant = reason.split([' ', '{', '(']).next().unwrap_or_default().to_string();
                 *self.report.rejected_by.entry(format!("{kind}: {variant}")).or_default() += 1;
             }
-            Event::Stable { .. }
-            | Event::StateTransferDone { .. }
-            | Event::ReadAnswered { .. }
-            | Event::PushDropped { .. } => {}
+            Event::StateTransferDone { seq, chunks, reused } => {
+                if correct {
+                    self.report.transfer_chunks += chunks as u64;
+                    self.report.transfer_chunks_reused += reused as u64;
+                }
+                self.trace_line(format!(
+                    "{} n{n} state transfer to {seq} done: {chunks} chunks, {reused} held",
+                    self.now
+                ));
+            }
+            Event::Stable { .. } | Event::ReadAnswered { .. } | Event::PushDropped { .. } => {}
         }
     }
 

@@ -30,6 +30,15 @@ pub struct Transfer {
     next_peer: u32,
     /// Chunks below this index are all here (where the next request scan starts).
     first_missing: usize,
+    /// Chunks fetched for an earlier manifest, by digest, until this one's manifest
+    /// says which of them it repeats.
+    spare: BTreeMap<Digest, Vec<u8>>,
+    /// Snapshots this node held when the transfer started (an older stable checkpoint,
+    /// its own diverging one), kept until the manifest says which chunks they supply.
+    /// Any source is safe: each chunk is checked against the manifest's digest.
+    held: Vec<Chunked>,
+    /// Chunks filled from `spare` or from this node's own snapshots, not fetched.
+    reused: usize,
     /// Throttle (`Options::transfer_rate_bytes`): bytes that may be requested now, and
     /// when the allowance was last topped up.
     allowance: u64,
@@ -39,6 +48,15 @@ pub struct Transfer {
 impl Transfer {
     pub fn progress(&self) -> (usize, usize) {
         (self.chunks.iter().filter(|c| c.is_some()).count(), self.chunks.len())
+    }
+
+    /// The chunks this transfer holds, by digest (for the next one to reuse).
+    fn into_fetched(self) -> BTreeMap<Digest, Vec<u8>> {
+        let mut fetched = self.spare;
+        if let Some((_, leaves)) = self.manifest {
+            fetched.extend(leaves.into_iter().zip(self.chunks).filter_map(|(d, c)| Some((d, c?))));
+        }
+        fetched
     }
 }
 
@@ -140,11 +158,24 @@ impl<S: Service> Replica<S> {
     }
 
     /// Starts (or restarts) fetching the stable checkpoint's state from peers.
-    pub(super) fn start_transfer(&mut self, out: &mut Outputs) {
+    ///
+    /// A restart keeps what the previous transfer fetched: peers serve only their newest
+    /// stable checkpoint, so a transfer slower than the checkpoints would otherwise start
+    /// from zero each time and might never finish. Chunks are content-defined, so most of
+    /// them recur in the newer checkpoint (exec.rs `Chunked`).
+    pub(super) fn start_transfer(&mut self, held: Vec<Chunked>, out: &mut Outputs) {
         let seq = self.stable.seq;
         if self.transfer.as_ref().is_some_and(|t| t.seq == seq) {
             return;
         }
+        let (spare, held) = match self.transfer.take() {
+            Some(t) => {
+                let mut older = t.held.clone();
+                older.extend(held);
+                (t.into_fetched(), older)
+            }
+            None => (BTreeMap::new(), held),
+        };
         self.transfer = Some(Transfer {
             seq,
             root: self.stable.root,
@@ -153,6 +184,9 @@ impl<S: Service> Replica<S> {
             requested: BTreeMap::new(),
             next_peer: self.id + 1,
             first_missing: 0,
+            spare,
+            held,
+            reused: 0,
             allowance: 0,
             topped_up_at: self.now,
         });
@@ -200,17 +234,31 @@ impl<S: Service> Replica<S> {
         leaves: Vec<Digest>,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
-        let chunk_bytes = self.cfg.options.chunk_bytes as u64;
         let Some(t) = self.transfer.as_mut().filter(|t| t.seq == seq && t.manifest.is_none()) else {
             return Ok(());
         };
-        if leaves.len() as u64 != len.div_ceil(chunk_bytes) {
-            return Err(Reject::BadProof("manifest length and chunk count disagree"));
-        }
+        // The root binds the length, the chunk count and every chunk digest.
         if merkle_root(len, &leaves) != t.root {
             return Err(Reject::BadProof("manifest does not match the stable root"));
         }
         t.chunks = vec![None; leaves.len()];
+        // Chunks this node already holds need no fetching: those of the transfer this
+        // one replaced, and those of its own snapshots (a node that recovered from disk
+        // and fell behind keeps most of its state's chunks).
+        let spare = std::mem::take(&mut t.spare);
+        let held = std::mem::take(&mut t.held);
+        let own: BTreeMap<&Digest, &[u8]> = held
+            .iter()
+            .chain(self.stable_chunks.iter())
+            .chain(self.own_checkpoints.values())
+            .flat_map(|c| c.chunks())
+            .collect();
+        for (slot, digest) in t.chunks.iter_mut().zip(&leaves) {
+            if let Some(data) = spare.get(digest).map(Vec::as_slice).or_else(|| own.get(digest).copied()) {
+                *slot = Some(data.to_vec());
+                t.reused += 1;
+            }
+        }
         t.manifest = Some((len, leaves));
         self.request_chunks(out);
         self.maybe_finish_transfer(out);
@@ -234,7 +282,7 @@ impl<S: Service> Replica<S> {
         let Some(expected) = leaves.get(index as usize) else {
             return Err(Reject::BadProof("chunk index outside the manifest"));
         };
-        if leaf_digest(index, &data) != *expected {
+        if leaf_digest(&data) != *expected {
             // Ask someone else for it.
             t.requested.remove(&index);
             self.request_chunks(out);
@@ -314,7 +362,7 @@ impl<S: Service> Replica<S> {
         if t.manifest.is_none() || t.chunks.iter().any(Option::is_none) {
             return;
         }
-        let seq = t.seq;
+        let (seq, chunks, reused) = (t.seq, t.chunks.len(), t.reused);
         let bytes: Vec<u8> = t.chunks.iter().flatten().flatten().copied().collect();
         let chunked = Chunked::new(bytes, self.cfg.options.chunk_bytes);
         assert_eq!(chunked.root, t.root, "verified chunks reassemble to the root");
@@ -326,7 +374,7 @@ impl<S: Service> Replica<S> {
             other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
         }
         out.persist.push(Persist::Snapshot { seq, bytes: chunked.bytes.clone() });
-        out.events.push(Event::StateTransferDone { seq });
+        out.events.push(Event::StateTransferDone { seq, chunks, reused });
         self.stable_chunks = Some(chunked);
         self.own_checkpoints = self.own_checkpoints.split_off(&(seq + 1));
         let exec = &self.exec;

@@ -110,18 +110,24 @@ impl<S: Service> Replica<S> {
         self.checkpoint_votes = self.checkpoint_votes.split_off(&(seq + 1));
         let mut own = self.own_checkpoints.split_off(&seq);
         let at_stable = own.remove(&seq);
-        self.own_checkpoints = own;
+        let below = std::mem::replace(&mut self.own_checkpoints, own);
+        // What a transfer may take chunks from: our last stable state and our newest
+        // checkpoint below the new one.
+        let held = |stable: Option<Chunked>| stable.into_iter().chain(below.into_values().next_back()).collect();
         self.floor = self.floor.max(seq);
         self.next_propose = self.next_propose.max(seq + 1);
         if self.exec.executed() >= seq {
             match at_stable {
                 Some(chunked) => self.compare_with_stable(chunked, out),
-                None => self.start_transfer(out),
+                None => {
+                    let held = held(self.stable_chunks.take());
+                    self.start_transfer(held, out)
+                }
             }
         } else {
             // Behind: the values up to `seq` are gone from everyone's log; fetch the state.
-            self.stable_chunks = None;
-            self.start_transfer(out);
+            let held = held(self.stable_chunks.take());
+            self.start_transfer(held, out);
         }
         // The snapshot at `seq` is durable (ours, persisted before our vote) or will be
         // replaced by the transferred one; either way the log below `seq` is not needed.
@@ -145,7 +151,8 @@ impl<S: Service> Replica<S> {
         } else {
             out.events.push(Event::Divergence { seq: self.stable.seq, local: chunked.root, stable: self.stable.root });
             self.stable_chunks = None;
-            self.start_transfer(out);
+            // Only the diverging chunks need fetching.
+            self.start_transfer(vec![chunked], out);
         }
     }
 }

@@ -198,8 +198,12 @@ pub enum Event {
         epoch: u64,
         seq: Seq,
     },
+    /// The state at `seq` is installed: `chunks` in all, `reused` of them already held
+    /// (from a transfer this one replaced, or this node's own snapshots).
     StateTransferDone {
         seq: Seq,
+        chunks: usize,
+        reused: usize,
     },
     /// Input dropped, with the reason (counted by the driver).
     Rejected {

@@ -148,8 +148,10 @@ impl<S: Service> Replica<S> {
         if r.stable.seq > 0 {
             r.stable_chunks = r.own_checkpoints.remove(&r.stable.seq).filter(|c| c.root == r.stable.root);
             if snapshot_seq < r.stable.seq {
-                // The log below the stable checkpoint is gone: fetch the state.
-                r.start_transfer(out);
+                // The log below the stable checkpoint is gone: fetch the state, reusing
+                // what our own older snapshot has.
+                let held = r.own_checkpoints.range(..r.stable.seq).next_back().map(|(_, c)| c.clone());
+                r.start_transfer(held.into_iter().collect(), out);
             }
         }
         r.own_checkpoints.retain(|s, _| *s > r.stable.seq);

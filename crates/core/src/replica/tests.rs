@@ -1265,3 +1265,116 @@ fn a_throttled_state_transfer_asks_for_no_more_than_its_rate_allows() {
     let bytes = net.nodes[0].exec.snapshot().len() as u64;
     assert!(took >= (bytes.saturating_sub(16 * 64)) * 1000 / rate, "{bytes} bytes in {took} ms at {rate} B/s");
 }
+
+/// How node `n`'s finished state transfers went: (seq, chunks, reused) each.
+fn transfers_done(net: &Net, n: NodeId) -> Vec<(Seq, usize, usize)> {
+    net.events
+        .iter()
+        .filter_map(|(m, e)| match e {
+            Event::StateTransferDone { seq, chunks, reused } if *m == n => Some((*seq, *chunks, *reused)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_transfer_restarted_on_a_newer_checkpoint_keeps_the_chunks_it_fetched() {
+    // A throttled transfer outlasts a checkpoint interval; peers serve only their newest
+    // stable checkpoint, so it restarts there. It must not start from zero: the state
+    // it was fetching is mostly still there, and chunks are content-defined.
+    let cfg = config(1, 1);
+    let rate = 2_560; // bytes per second: ten average chunks
+    let throttled =
+        ClusterConfig { options: Options { transfer_rate_bytes: rate, ..cfg.options.clone() }, ..cfg.clone() };
+    let mut net = Net::new(&cfg);
+    net.nodes[3] = Replica::new(throttled, 3, secrets(3), Log::default());
+    net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
+    let mut c = client(&cfg, 7);
+    let interval = cfg.options.checkpoint_interval;
+    let mut now = 0;
+    let mut x = 1u64;
+    let mut entry = |x: &mut u64| -> Vec<u8> {
+        (0..2_000)
+            .map(|_| {
+                *x ^= *x << 13;
+                *x ^= *x >> 7;
+                *x ^= *x << 17;
+                *x as u8
+            })
+            .collect()
+    };
+    // Two intervals of 2 KB entries: about 32 KB, some 120 chunks, a dozen seconds at
+    // the rate. Then one more interval while node 3 fetches.
+    for _ in 0..2 * interval {
+        now += 10;
+        net.submit(&mut c, now, &entry(&mut x));
+        assert!(net.result(&mut c).is_some());
+    }
+    while net.nodes[3].transfer_progress().is_none_or(|(have, _)| have < 20) && now < 60_000 {
+        now += 5;
+        net.tick(now);
+    }
+    for _ in 0..interval {
+        now += 10;
+        net.submit(&mut c, now, &entry(&mut x));
+        assert!(net.result(&mut c).is_some());
+    }
+    let deadline = now + 120_000;
+    while transfers_done(&net, 3).is_empty() && now < deadline {
+        now += 5;
+        net.tick(now);
+    }
+    let started: Vec<Seq> = net
+        .events
+        .iter()
+        .filter_map(|(n, e)| match e {
+            Event::StateTransferStarted { seq } if *n == 3 => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    assert!(started.len() >= 2, "the transfer restarted on the newer checkpoint: {started:?}");
+    let done = transfers_done(&net, 3);
+    let &[(seq, chunks, reused)] = done.as_slice() else { panic!("one transfer finished: {done:?}") };
+    assert_eq!(seq, 3 * interval);
+    assert!(reused >= 20, "{reused} of {chunks} chunks reused");
+    assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
+}
+
+#[test]
+fn a_node_that_fell_behind_fetches_only_the_chunks_its_own_snapshot_lacks() {
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    let interval = cfg.options.checkpoint_interval;
+    let mut now = 0;
+    let mut submit = |net: &mut Net, now: &mut u64, i: u64| {
+        *now += 10;
+        let body: Vec<u8> = (0..1_000u64).map(|j| (j * 7 + i * 13) as u8 ^ (j >> 3) as u8).collect();
+        net.submit(&mut c, *now, &body);
+        assert!(net.result(&mut c).is_some());
+    };
+    for i in 0..2 * interval {
+        submit(&mut net, &mut now, i);
+    }
+    for _ in 0..100 {
+        now += 5;
+        net.tick(now);
+    }
+    assert_eq!(net.nodes[3].stable_seq(), 2 * interval, "node 3 holds the second checkpoint");
+    net.down[3] = true;
+    for i in 2 * interval..4 * interval {
+        submit(&mut net, &mut now, i);
+    }
+    net.down[3] = false;
+    for _ in 0..400 {
+        now += 5;
+        net.tick(now);
+    }
+    let done = transfers_done(&net, 3);
+    let Some(&(seq, chunks, reused)) = done.last() else { panic!("node 3 transferred state") };
+    assert_eq!(seq, 4 * interval);
+    // Half the entries are new: the other half of the chunks come from its own snapshot.
+    assert!(reused * 3 >= chunks, "{reused} of {chunks} chunks reused");
+    assert!(reused < chunks, "{reused} of {chunks}: the new entries were fetched");
+    assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
+}
