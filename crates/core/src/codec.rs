@@ -17,8 +17,9 @@ pub const FRAME_MAX: usize = 16 << 20;
 pub const OP_BYTES_MAX: usize = 1 << 20;
 /// The most requests one value (batch) may hold.
 pub const REQUESTS_PER_VALUE_MAX: usize = 4096;
-/// The most prepared certificates one view change may carry.
-pub const CERTS_PER_VIEW_CHANGE_MAX: usize = 1024;
+/// The most prepared certificates one view change may carry: one per instance of the
+/// log above the stable checkpoint, so `Options::validate` keeps `log_max` within it.
+pub const CERTS_PER_VIEW_CHANGE_MAX: usize = 4096;
 /// The most chunks a checkpoint may have.
 pub const CHUNKS_MAX: usize = 1 << 18;
 /// Epoch certificates in one message (and kept by a node: older epochs are forgotten).

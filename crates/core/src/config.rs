@@ -89,12 +89,27 @@ pub enum ConfigError {
     Option { name: &'static str, value: u64, why: &'static str },
 }
 
+/// The encoded size of a prepared certificate's proof at most, with `q` signatures: view,
+/// seq, digest, and (node, signature) pairs, with room for varint lengths.
+fn cert_proof_bytes_max(q: u64) -> u64 {
+    64 + q * 72
+}
+
 impl ClusterConfig {
     pub fn new(quorums: Quorums, node_keys: Vec<PublicKey>, options: Options) -> Result<ClusterConfig, ConfigError> {
         if node_keys.len() != quorums.order_nodes() {
             return Err(ConfigError::NodeCount { expected: quorums.order_nodes(), got: node_keys.len() });
         }
         options.validate()?;
+        let q = quorums.order_quorum() as u64;
+        if q * options.log_max() * cert_proof_bytes_max(q) > crate::codec::FRAME_MAX as u64 {
+            // A NEW-VIEW holds Q view changes of up to log_max certificates each.
+            return Err(ConfigError::Option {
+                name: "checkpoint_interval",
+                value: options.checkpoint_interval,
+                why: "too large for this many nodes: a NEW-VIEW would not fit a frame",
+            });
+        }
         Ok(ClusterConfig {
             auth: Auth::default_for(&quorums),
             client_keys: BTreeMap::new(),
@@ -287,6 +302,11 @@ impl Options {
         if self.checkpoint_interval == 0 {
             return err("checkpoint_interval", 0, "must be positive");
         }
+        if self.log_max() > crate::codec::CERTS_PER_VIEW_CHANGE_MAX as u64 {
+            // A view change carries a certificate per instance of the log, which holds up
+            // to twice the interval: a larger one could make view changes undeliverable.
+            return err("checkpoint_interval", self.checkpoint_interval, "must be at most 2048");
+        }
         if self.request_timeout_ms == 0 || self.view_change_timeout_ms == 0 {
             return err("request_timeout_ms", self.request_timeout_ms, "timeouts must be positive");
         }
@@ -317,6 +337,20 @@ mod tests {
     fn presets_are_valid() {
         assert_eq!(Options::production().validate(), Ok(()));
         assert_eq!(Options::test_min().validate(), Ok(()));
+    }
+
+    #[test]
+    fn checkpoint_intervals_whose_view_changes_would_not_fit_are_rejected() {
+        let with = |interval| Options { checkpoint_interval: interval, ..Options::production() };
+        assert!(with(2048).validate().is_ok());
+        assert!(with(2049).validate().is_err(), "more certificates than a view change may carry");
+        let keys = |n| vec![PublicKey([0; 32]); n];
+        let q = |u, r| Quorums::new(u, r).expect("quorums");
+        assert!(ClusterConfig::new(q(1, 1), keys(4), with(2048)).is_ok());
+        // At (4, 3), n = 12 and Q = 8: a NEW-VIEW of 8 view changes of up to 4096
+        // certificates with 8 signatures each may exceed 16 MiB.
+        assert!(ClusterConfig::new(q(4, 3), keys(12), with(2048)).is_err());
+        assert!(ClusterConfig::new(q(4, 3), keys(12), with(256)).is_ok());
     }
 
     #[test]
