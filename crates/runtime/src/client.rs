@@ -30,8 +30,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use tokio_rustls::TlsConnector;
 
-/// Retransmit an unanswered request to every node after this long.
-const RETRANSMIT_MS: u64 = 500;
 /// Replies queued from all nodes (beyond it they are dropped; retransmission recovers).
 const REPLY_QUEUE_MAX: usize = 16384;
 /// Calls waiting for a free session.
@@ -108,9 +106,10 @@ impl KeelClient {
                 let keys = setup.mac_keys.iter().map(|k| session_mac_key(k, s)).collect();
                 Session {
                     core: {
-                        let core = Client::new(session_id(setup.id, s), setup.quorums, keys, RETRANSMIT_MS, first_seq)
-                            .with_auth(setup.auth)
-                            .with_membership(setup.membership.clone());
+                        let core =
+                            Client::new(session_id(setup.id, s), setup.quorums, keys, setup.retransmit_ms, first_seq)
+                                .with_auth(setup.auth)
+                                .with_membership(setup.membership.clone());
                         match &setup.signing {
                             Some(key) => core.with_signing_key(key.clone()),
                             None => core,
@@ -129,6 +128,9 @@ impl KeelClient {
             stats: stats.clone(),
             pushes: push_tx,
             push_overflow: std::collections::BTreeMap::new(),
+            // A few ticks per retransmission period, and no coarser than 100 ms (epoch
+            // queries and push gaps are checked on ticks too).
+            tick: Duration::from_millis((setup.retransmit_ms / 5).clamp(1, 100)),
         };
         tokio::spawn(dispatcher.run(call_rx, replies));
         let pushes = Arc::new(std::sync::Mutex::new(Some(push_rx)));
@@ -250,11 +252,12 @@ struct Dispatcher {
     /// Per session, the events dropped because the application's queue was full (first,
     /// last), reported as a gap before the next event that fits.
     push_overflow: std::collections::BTreeMap<ClientId, (u64, u64)>,
+    tick: Duration,
 }
 
 impl Dispatcher {
     async fn run(mut self, mut calls: mpsc::Receiver<Call>, mut replies: mpsc::Receiver<(NodeId, Message)>) {
-        let mut tick = tokio::time::interval(Duration::from_millis(RETRANSMIT_MS / 5));
+        let mut tick = tokio::time::interval(self.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Calls that arrived while every session was busy.
         let mut waiting: VecDeque<Call> = VecDeque::new();

@@ -365,7 +365,13 @@ pub struct ClientSetup {
     pub credentials: Credentials,
     pub mac_keys: Vec<MacKey>,
     pub signing: Option<SigningKey>,
+    /// How long an operation waits for its result before the client retransmits it to
+    /// every node, or orders a read-only operation that got no matching answers.
+    pub retransmit_ms: u64,
 }
+
+/// [`ClientSetup::retransmit_ms`] unless the application sets another.
+pub const CLIENT_RETRANSMIT_MS: u64 = 500;
 
 impl ClientFile {
     pub fn load(path: &Path) -> Result<ClientSetup, ConfigFileError> {
@@ -399,6 +405,7 @@ impl ClientFile {
             credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
             mac_keys,
             signing,
+            retransmit_ms: CLIENT_RETRANSMIT_MS,
         })
     }
 }
@@ -586,6 +593,7 @@ pub fn admin_setup(dir: &Path) -> Result<(ClientSetup, SigningKey), ConfigFileEr
         },
         mac_keys,
         signing: Some(admin.clone()),
+        retransmit_ms: CLIENT_RETRANSMIT_MS,
     };
     Ok((setup, admin))
 }

@@ -159,7 +159,13 @@ impl Cluster {
     }
 
     pub fn client(&self, id: u64) -> KeelClient {
-        let setup = ClientFile::load(&self.path().join(format!("client-{id}/client.toml"))).expect("client file");
+        self.client_retransmitting_after(id, keel_runtime::config::CLIENT_RETRANSMIT_MS)
+    }
+
+    /// A client that waits `ms` for results before retransmitting (or ordering a read).
+    pub fn client_retransmitting_after(&self, id: u64, ms: u64) -> KeelClient {
+        let mut setup = ClientFile::load(&self.path().join(format!("client-{id}/client.toml"))).expect("client file");
+        setup.retransmit_ms = ms;
         KeelClient::connect(setup).expect("client connects")
     }
 
