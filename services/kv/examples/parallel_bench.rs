@@ -12,8 +12,9 @@
 //! ```
 //!
 //! A cost is either a number (microseconds of CPU work) or `fsync`: the request writes its
-//! value to a file named by its key (in a fresh directory under `--dir`) and fdatasyncs
-//! it, as a service that keeps one durable file per key would. Such requests wait on the
+//! value over the file named by its key (in a directory under `--dir`, created by the
+//! first run and overwritten after) and fdatasyncs it, as a service that keeps one durable
+//! file per key would. Such requests wait on the
 //! disk, not the CPU, so workers can overlap them beyond the core count. Fsync rows run
 //! a fifth of `--requests` (an fsync here is ~0.1-1 ms).
 //!
@@ -33,6 +34,7 @@ use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, RestoreError, Se
 use keel_kv::{Kv, KvRequest};
 use std::hint::black_box;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -60,9 +62,11 @@ impl Cost {
 fn write_durably(dir: &Path, request: &[u8]) {
     let Ok(KvRequest::Put { key, value }) = KvRequest::decode(request) else { return };
     let name: String = key.iter().map(|b| format!("{b:02x}")).collect();
+    // Overwritten in place (values of one size), not recreated: creating and unlinking
+    // thousands of files between runs made the disk's journal and discards the measure.
     let write = || -> std::io::Result<()> {
-        let mut f = std::fs::OpenOptions::new().create(true).write(true).truncate(true).open(dir.join(name))?;
-        f.write_all(&value)?;
+        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(dir.join(name))?;
+        f.write_all_at(&value, 0)?;
         f.sync_data()
     };
     // A benchmark: a failing disk ends it loudly rather than measuring nothing.
@@ -181,8 +185,8 @@ fn measure(
     workers: usize,
     run: usize,
 ) -> Result<(f64, Option<f64>, Digest), String> {
-    let dir = Arc::new(dir.join(format!("w{workers}")));
-    let _ = std::fs::remove_dir_all(dir.as_path());
+    // One directory for every run: after the first, each write overwrites its key's file.
+    let dir = Arc::new(dir.to_path_buf());
     std::fs::create_dir_all(dir.as_path()).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut e = Executor::with_workers(Costly { kv: Kv::new(), cost, dir: dir.clone() }, workers);
     let cpu = cpu_seconds();
@@ -196,7 +200,6 @@ fn measure(
     let wall = t.elapsed().as_secs_f64();
     // /proc counts in 10 ms ticks: shorter runs would print noise.
     let cores = cpu.zip(cpu_seconds()).filter(|_| wall >= 0.2).map(|(a, b)| (b - a) / wall);
-    let _ = std::fs::remove_dir_all(dir.as_path());
     Ok((requests as f64 / wall, cores, Digest::of(&e.snapshot())))
 }
 
