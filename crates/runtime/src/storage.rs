@@ -264,11 +264,6 @@ fn open_segment(path: &Path) -> Result<File, StorageError> {
     OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path).map_err(io_err("open", path))
 }
 
-/// Stores the snapshot of the checkpoint at `seq` in `snap_dir`, durably and atomically.
-pub fn write_snapshot(snap_dir: &Path, seq: Seq, bytes: &[u8]) -> Result<(), StorageError> {
-    write_atomic(snap_dir, &format!("{seq:016}.snap"), bytes)
-}
-
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StorageError> {
     let tmp = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
@@ -360,18 +355,13 @@ impl Storage {
         self.policy
     }
 
-    /// Where snapshots go (the committer's snapshot thread writes them there).
-    pub fn snapshot_dir(&self) -> &Path {
-        &self.snap_dir
-    }
-
     /// Writes one step's persist requests (durable after [`Storage::sync`], except
     /// snapshots and compactions, which are durable on return).
     pub fn write(&mut self, persists: &[Persist]) -> Result<(), StorageError> {
         for p in persists {
             match p {
                 Persist::Record(r) => self.append(r)?,
-                Persist::Snapshot { seq, bytes } => write_snapshot(&self.snap_dir, *seq, bytes)?,
+                Persist::Snapshot { seq, bytes } => write_atomic(&self.snap_dir, &format!("{seq:016}.snap"), bytes)?,
                 Persist::Compact { records, snapshots_from } => self.compact(records, *snapshots_from)?,
             }
         }
