@@ -13,7 +13,6 @@ use crate::wal::Record;
 
 impl<S: Service> Replica<S> {
     pub(super) fn take_checkpoint(&mut self, seq: Seq, out: &mut Outputs) {
-        self.monitor.excuse();
         let chunked = Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes);
         let root = chunked.root;
         let membership = self.exec.membership().digest();

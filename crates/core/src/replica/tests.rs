@@ -1226,16 +1226,22 @@ fn with_auth_sig_every_node_checks_the_clients_signature_the_same_way() {
     assert!(out.send_after_persist.iter().any(|(_, m)| matches!(m, Message::Write(_))), "the backup votes");
 }
 
+/// A network whose node 3 fetches state at `rate` bytes per second and holds a state
+/// unlike everyone's, so it must fetch the whole state at the first stable checkpoint.
+fn throttled_divergent_node_3(cfg: &ClusterConfig, rate: u64) -> Net {
+    let throttled =
+        ClusterConfig { options: Options { transfer_rate_bytes: rate, ..cfg.options.clone() }, ..cfg.clone() };
+    let mut net = Net::new(cfg);
+    net.nodes[3] = Replica::new(throttled, 3, secrets(3), Log::default());
+    net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
+    net
+}
+
 #[test]
 fn a_throttled_state_transfer_asks_for_no_more_than_its_rate_allows() {
     let cfg = config(1, 1);
-    let rate = 640; // bytes per second: ten 64-byte chunks
-    let throttled =
-        ClusterConfig { options: Options { transfer_rate_bytes: rate, ..cfg.options.clone() }, ..cfg.clone() };
-    let mut net = Net::new(&cfg);
-    net.nodes[3] = Replica::new(throttled, 3, secrets(3), Log::default());
-    // A divergent node 3 must fetch the whole state at the first stable checkpoint.
-    net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
+    let rate = 640; // bytes per second: two and a half average (256-byte) chunks
+    let mut net = throttled_divergent_node_3(&cfg, rate);
     let mut c = client(&cfg, 7);
     let mut now = 0;
     for i in 0..cfg.options.checkpoint_interval {
@@ -1284,11 +1290,7 @@ fn a_transfer_restarted_on_a_newer_checkpoint_keeps_the_chunks_it_fetched() {
     // it was fetching is mostly still there, and chunks are content-defined.
     let cfg = config(1, 1);
     let rate = 2_560; // bytes per second: ten average chunks
-    let throttled =
-        ClusterConfig { options: Options { transfer_rate_bytes: rate, ..cfg.options.clone() }, ..cfg.clone() };
-    let mut net = Net::new(&cfg);
-    net.nodes[3] = Replica::new(throttled, 3, secrets(3), Log::default());
-    net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
+    let mut net = throttled_divergent_node_3(&cfg, rate);
     let mut c = client(&cfg, 7);
     let interval = cfg.options.checkpoint_interval;
     let mut now = 0;
