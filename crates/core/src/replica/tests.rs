@@ -1295,7 +1295,7 @@ fn a_transfer_restarted_on_a_newer_checkpoint_keeps_the_chunks_it_fetched() {
     let interval = cfg.options.checkpoint_interval;
     let mut now = 0;
     let mut x = 1u64;
-    let mut entry = |x: &mut u64| -> Vec<u8> {
+    let entry = |x: &mut u64| -> Vec<u8> {
         (0..2_000)
             .map(|_| {
                 *x ^= *x << 13;
