@@ -187,9 +187,24 @@ impl Cluster {
     }
 }
 
+/// Lines of each node's log a failing test prints.
+const LOG_TAIL_LINES: usize = 30;
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.kill_all();
+        // A failing test's cluster directory is deleted with it: show what the nodes said
+        // (a liveness failure that shows up once in many runs needs this to be diagnosed).
+        if std::thread::panicking() {
+            for i in 0..self.nodes.len() {
+                let log = self.log(i);
+                let lines: Vec<&str> = log.lines().collect();
+                eprintln!("--- node {i}: last {} lines of its log ---", LOG_TAIL_LINES.min(lines.len()));
+                for line in &lines[lines.len().saturating_sub(LOG_TAIL_LINES)..] {
+                    eprintln!("{line}");
+                }
+            }
+        }
     }
 }
 
