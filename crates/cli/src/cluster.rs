@@ -80,14 +80,6 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let auth = a.auth;
-    if let Some(interval) = a.checkpoint_interval {
-        let options =
-            keel_core::config::Options { checkpoint_interval: interval, ..keel_core::config::Options::production() };
-        if let Err(e) = options.validate() {
-            eprintln!("error: --checkpoint-interval: {e}");
-            return ExitCode::from(2);
-        }
-    }
     let o = InitOptions {
         service: a.service,
         u: a.u,

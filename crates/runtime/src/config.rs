@@ -444,6 +444,13 @@ pub fn first_client_id() -> ClientId {
 pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     let quorums = Quorums::new(o.u, o.r)?;
     let n = quorums.order_nodes();
+    // The checks a node applies when it loads the cluster file, before anything is
+    // written (keys do not matter to them).
+    let options = Options {
+        checkpoint_interval: o.checkpoint_interval.unwrap_or(Options::production().checkpoint_interval),
+        ..Options::production()
+    };
+    ClusterConfig::new(quorums, vec![PublicKey([0; 32]); n], options)?;
     fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?;
     let ca = generate_ca()?;
     write(&dir.join("ca.pem"), &ca.cert_pem)?;
@@ -678,6 +685,25 @@ fn random_bytes() -> [u8; 32] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn init_refuses_a_checkpoint_interval_nodes_would_refuse_and_writes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let at = dir.path().join("c");
+        let o = InitOptions {
+            service: "kv".into(),
+            u: 1,
+            r: 1,
+            host: "127.0.0.1".into(),
+            base_port: 41000,
+            clients: 1,
+            fsync: FsyncPolicy::Batch,
+            auth: None,
+            checkpoint_interval: Some(4096),
+        };
+        assert!(init(&at, &o).is_err(), "a view change could not carry the log");
+        assert!(!at.exists());
+    }
 
     #[test]
     fn init_writes_a_loadable_cluster() {

@@ -50,13 +50,14 @@ impl Transfer {
         (self.chunks.iter().filter(|c| c.is_some()).count(), self.chunks.len())
     }
 
-    /// The chunks this transfer holds, by digest (for the next one to reuse).
-    fn into_fetched(self) -> BTreeMap<Digest, Vec<u8>> {
+    /// What the next transfer may reuse of this one: the chunks it holds, by digest,
+    /// and the snapshots it was given.
+    fn into_reusable(self) -> (BTreeMap<Digest, Vec<u8>>, Vec<Chunked>) {
         let mut fetched = self.spare;
         if let Some((_, leaves)) = self.manifest {
             fetched.extend(leaves.into_iter().zip(self.chunks).filter_map(|(d, c)| Some((d, c?))));
         }
-        fetched
+        (fetched, self.held)
     }
 }
 
@@ -168,14 +169,9 @@ impl<S: Service> Replica<S> {
         if self.transfer.as_ref().is_some_and(|t| t.seq == seq) {
             return;
         }
-        let (spare, held) = match self.transfer.take() {
-            Some(t) => {
-                let mut older = t.held.clone();
-                older.extend(held);
-                (t.into_fetched(), older)
-            }
-            None => (BTreeMap::new(), held),
-        };
+        let (spare, mut older) = self.transfer.take().map(Transfer::into_reusable).unwrap_or_default();
+        older.extend(held);
+        let held = older;
         self.transfer = Some(Transfer {
             seq,
             root: self.stable.root,

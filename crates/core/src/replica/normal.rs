@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 pub const REPLY_INLINE_MAX: usize = 64;
 
 /// Decided values executed as one run at most (bounds the work of one step).
-const EXEC_RUN_MAX: usize = 64;
+const EXEC_RUN_MAX: u64 = 64;
 
 impl<S: Service> Replica<S> {
     /// A client's request, or a backup's FORWARD of one (`auth = mac`).
@@ -428,15 +428,23 @@ impl<S: Service> Replica<S> {
                 break;
             }
             let first = self.exec.executed() + 1;
-            let run = self.executable_run(first);
-            if run.is_empty() {
+            let count = self.executable_run(first);
+            if count == 0 {
                 break;
             }
             // Borrowed, not cloned (batches of requests): `log` and `exec` are disjoint.
             let values: Vec<&Value> =
-                (first..).zip(&run).filter_map(|(seq, _)| self.log.get(&seq)?.decided_value.as_ref()).collect();
+                (first..first + count).filter_map(|seq| self.log.get(&seq)?.decided_value.as_ref()).collect();
+            // What the bookkeeping below needs of each value, taken while `values` (a
+            // borrow of the log) lives.
+            let shapes: Vec<(Vec<Digest>, usize)> = values
+                .iter()
+                .map(|v| {
+                    (v.requests.iter().map(|r| r.op.digest()).collect(), v.requests.iter().map(Request::size).sum())
+                })
+                .collect();
             let outcomes = self.exec.execute_many(first, &values);
-            for ((seq, (ops, bytes)), outcomes) in (first..).zip(run).zip(outcomes) {
+            for ((seq, (ops, bytes)), outcomes) in (first..).zip(shapes).zip(outcomes) {
                 let mut executed = Vec::new();
                 for (o, op) in outcomes.iter().zip(ops) {
                     if let Some(p) = self.pending.get(&o.client) {
@@ -467,27 +475,21 @@ impl<S: Service> Replica<S> {
         self.maybe_propose(out);
     }
 
-    /// The decided values from `first` on that can execute as one run (CBASE: one
-    /// dependency graph across batches), with each value's operation digests and size.
-    /// A run stops after a checkpoint instance (a checkpoint is taken between runs) and
-    /// after a value holding an administrative operation (it may end the epoch, and
-    /// nothing past an epoch's end executes in it).
-    fn executable_run(&self, first: Seq) -> Vec<(Vec<Digest>, usize)> {
-        let mut run = Vec::new();
-        for seq in first.. {
-            let Some(value) = self.log.get(&seq).and_then(|s| s.decided_value.as_ref()) else {
-                break;
-            };
-            run.push((
-                value.requests.iter().map(|r| r.op.digest()).collect(),
-                value.requests.iter().map(Request::size).sum(),
-            ));
+    /// How many decided values from `first` on execute as one run (CBASE: one dependency
+    /// graph across batches). A run stops after a checkpoint instance (a checkpoint is
+    /// taken between runs) and after a value holding an administrative operation (it may
+    /// end the epoch, and nothing past an epoch's end executes in it).
+    fn executable_run(&self, first: Seq) -> u64 {
+        let mut count = 0;
+        while let Some(value) = self.log.get(&(first + count)).and_then(|s| s.decided_value.as_ref()) {
+            let seq = first + count;
+            count += 1;
             let admin = value.requests.iter().any(|r| owner_of(r.client) == ADMIN_CLIENT);
-            if admin || seq.is_multiple_of(self.cfg.options.checkpoint_interval) || run.len() >= EXEC_RUN_MAX {
+            if admin || seq.is_multiple_of(self.cfg.options.checkpoint_interval) || count >= EXEC_RUN_MAX {
                 break;
             }
         }
-        run
+        count
     }
 
     /// Request timers (BFT-SMaRt §II-C1): the first expiry forwards the request to the
