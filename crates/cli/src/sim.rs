@@ -121,6 +121,7 @@ pub fn run(args: SimArgs) -> ExitCode {
     let (mut reads_unordered, mut reads_ordered, mut slow_primary) = (0, 0, 0);
     let (mut pushes, mut push_gaps) = (0, 0);
     let (mut transfer_chunks, mut transfer_reused) = (0, 0);
+    let (mut checkpoints_background, mut checkpoints_lost) = (0, 0);
     let mut trace = blake3::Hasher::new();
     let mut failed = Vec::new();
     for r in &reports {
@@ -136,6 +137,8 @@ pub fn run(args: SimArgs) -> ExitCode {
         transfers += r.state_transfers;
         transfer_chunks += r.transfer_chunks;
         transfer_reused += r.transfer_chunks_reused;
+        checkpoints_background += r.checkpoints_background;
+        checkpoints_lost += r.checkpoints_lost;
         rejected += r.rejected;
         trace.update(&r.seed.to_le_bytes());
         trace.update(&r.trace_hash.to_le_bytes());
@@ -192,7 +195,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         l.forged_endorsements, l.forged_epoch_certs, totals.inconsistent_macs
     );
     println!(
-        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} transfer_chunks={transfer_chunks} transfer_chunks_held={transfer_reused} rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
+        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} transfer_chunks={transfer_chunks} transfer_chunks_held={transfer_reused} background_checkpoints={checkpoints_background} (lost to crashes {checkpoints_lost}) rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
         started.elapsed().as_secs_f64(),
         args.u,
         args.r,

@@ -225,6 +225,10 @@ pub struct Options {
     /// limit). A node-local choice (BFT-SMaRt §II-C2's throttle): it trades how soon a
     /// recovering node is back against the load it puts on the peers serving it.
     pub transfer_rate_bytes: u64,
+    /// Serialize and hash checkpoints off the protocol thread, from a copy-on-write
+    /// freeze of the state (`Service::freeze`; services that cannot freeze checkpoint
+    /// inline regardless). Node-local: the checkpoint's bytes are the same either way.
+    pub background_checkpoints: bool,
 }
 
 /// Most execution threads per node.
@@ -255,6 +259,7 @@ impl Options {
             leader_min_pct: 30,
             leader_rotate_ms: 0,
             transfer_rate_bytes: 0,
+            background_checkpoints: true,
         }
     }
 
@@ -283,6 +288,7 @@ impl Options {
             leader_min_pct: 30,
             leader_rotate_ms: 0,
             transfer_rate_bytes: 0,
+            background_checkpoints: true,
         }
     }
 

@@ -104,6 +104,43 @@ pub struct Executor<S> {
     shuffle: SplitMix,
 }
 
+/// An executor's state at a checkpoint, frozen ([`Executor::freeze`]).
+pub struct FrozenExecutor {
+    head: SnapshotHead,
+    service: Box<dyn crate::service::Frozen>,
+}
+
+impl FrozenExecutor {
+    /// The bytes [`Executor::snapshot`] returned when the state was frozen.
+    pub fn snapshot(self) -> Vec<u8> {
+        self.head.encode(self.service.snapshot())
+    }
+
+    pub fn executed(&self) -> Seq {
+        self.head.executed
+    }
+}
+
+struct SnapshotHead {
+    executed: Seq,
+    time: u64,
+    clients: BTreeMap<ClientId, LastReply>,
+    push_seqs: BTreeMap<ClientId, u64>,
+    membership: Membership,
+}
+
+impl SnapshotHead {
+    fn encode(self, service: Vec<u8>) -> Vec<u8> {
+        // Sized up front: growing by doubling would copy the service state several times.
+        let varints = 3 * 10;
+        let cache: usize = self.clients.values().map(|r| 3 * 10 + r.result.len()).sum();
+        let len = varints + cache + service.len() + 10;
+        let SnapshotHead { executed, time, clients, push_seqs, membership } = self;
+        let body = SnapshotBody { executed, time, clients, push_seqs, membership, service };
+        postcard::to_extend(&body, Vec::with_capacity(len)).unwrap_or_default()
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct SnapshotBody {
     executed: Seq,
@@ -380,19 +417,27 @@ impl<S: Service> Executor<S> {
 
     /// Service state, reply cache and position, deterministically serialized.
     pub fn snapshot(&self) -> Vec<u8> {
-        let body = SnapshotBody {
+        self.head().encode(self.service.snapshot())
+    }
+
+    /// The same state as [`Executor::snapshot`], copied cheaply now and serialized by
+    /// [`FrozenExecutor::snapshot`] later, on any thread; None if the service cannot
+    /// freeze ([`Service::freeze`]).
+    pub fn freeze(&self) -> Option<FrozenExecutor> {
+        let service = self.service.freeze()?;
+        Some(FrozenExecutor { head: self.head(), service })
+    }
+
+    /// Everything of a snapshot but the service state. The reply cache is copied: one
+    /// entry per client, small beside the service state.
+    fn head(&self) -> SnapshotHead {
+        SnapshotHead {
             executed: self.executed,
             time: self.time,
             clients: self.clients.clone(),
             push_seqs: self.push_seqs.clone(),
             membership: self.membership.clone(),
-            service: self.service.snapshot(),
-        };
-        // Sized up front: growing by doubling would copy the service state several times.
-        let varints = 3 * 10;
-        let cache: usize = self.clients.values().map(|r| 3 * 10 + r.result.len()).sum();
-        let len = varints + cache + body.service.len() + 10;
-        postcard::to_extend(&body, Vec::with_capacity(len)).unwrap_or_default()
+        }
     }
 
     /// Replaces everything with a snapshot (from state transfer or local recovery).

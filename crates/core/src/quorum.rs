@@ -48,10 +48,14 @@ pub enum Mutation {
     OnePushCopy,
     /// Nodes and clients follow epoch certificates without checking their signatures.
     UnverifiedEpochCerts,
+    /// A checkpoint serialized in the background records the state as it is when the
+    /// serialization ends, not as it was frozen at the checkpoint instance (what a
+    /// service whose `freeze` is not a true copy would do).
+    UnfrozenCheckpoint,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 9] = [
+    pub const ALL: [Mutation; 10] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -61,6 +65,7 @@ impl Mutation {
         Mutation::OneEndorsement,
         Mutation::OnePushCopy,
         Mutation::UnverifiedEpochCerts,
+        Mutation::UnfrozenCheckpoint,
     ];
 
     pub fn name(self) -> &'static str {
@@ -74,6 +79,7 @@ impl Mutation {
             Mutation::OneEndorsement => "one-endorsement",
             Mutation::OnePushCopy => "one-push-copy",
             Mutation::UnverifiedEpochCerts => "unverified-epoch-certs",
+            Mutation::UnfrozenCheckpoint => "unfrozen-checkpoint",
         }
     }
 

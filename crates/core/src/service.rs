@@ -171,6 +171,12 @@ pub trait ConcurrentService: Send + Sync {
     fn execute_shared(&self, request: &[u8], ctx: &ExecCtx) -> Vec<u8>;
 }
 
+/// A service state as it was when [`Service::freeze`] took it.
+pub trait Frozen: Send {
+    /// Exactly the bytes [`Service::snapshot`] returned at the moment of the freeze.
+    fn snapshot(self: Box<Self>) -> Vec<u8>;
+}
+
 pub trait Service {
     /// Runs one ordered request and returns the reply bytes.
     fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8>;
@@ -208,6 +214,15 @@ pub trait Service {
 
     /// A deterministic serialization of the whole state: equal states give equal bytes.
     fn snapshot(&self) -> Vec<u8>;
+
+    /// A copy of the state for a checkpoint, cheap to take now and serialized later on
+    /// another thread (UpRight §3.2's copy-on-write checkpoints): the protocol thread
+    /// pauses for the copy, not for the serialization. Later requests must not change
+    /// what the copy serializes to. None (the default): the checkpoint calls
+    /// [`Service::snapshot`] on the protocol thread.
+    fn freeze(&self) -> Option<Box<dyn Frozen>> {
+        None
+    }
 
     /// Replaces the state with a snapshot taken by [`Service::snapshot`] on some node.
     ///

@@ -229,6 +229,11 @@ pub struct NodeFile {
     /// catches up (0, the default: no limit).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub transfer_rate_kib: u64,
+    /// Serialize and hash checkpoints on the protocol task, as before copy-on-write
+    /// checkpoints (for comparisons; the default, false, does it on another thread from a
+    /// frozen copy of the state).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub inline_checkpoints: bool,
     /// Paths relative to the node file's directory.
     pub data_dir: PathBuf,
     pub cluster: PathBuf,
@@ -294,8 +299,11 @@ impl NodeFile {
         let base = path.parent().unwrap_or(Path::new("."));
         let cluster_path = base.join(&f.cluster);
         let cluster_file = ClusterFile::load(&cluster_path)?;
-        let options =
-            Options { transfer_rate_bytes: f.transfer_rate_kib.saturating_mul(1024), ..Options::production() };
+        let options = Options {
+            transfer_rate_bytes: f.transfer_rate_kib.saturating_mul(1024),
+            background_checkpoints: !f.inline_checkpoints,
+            ..Options::production()
+        };
         let cluster = cluster_file.cluster_config(&cluster_path, options)?;
         let fsync = FsyncPolicy::parse(&f.fsync).ok_or_else(|| ConfigFileError::Invalid {
             path: path.into(),
@@ -509,6 +517,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             threads: 0,
             verify_threads: 0,
             transfer_rate_kib: 0,
+            inline_checkpoints: false,
             faults: FaultsFile::default(),
             data_dir: "data".into(),
             cluster: "../cluster.toml".into(),

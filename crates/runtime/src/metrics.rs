@@ -43,6 +43,8 @@ pub struct Metrics {
     pub reads_answered: Family<KindLabels, Counter>,
     pub batch_size: Histogram,
     pub fsync_seconds: Histogram,
+    /// Serializing, chunking and hashing one checkpoint off the protocol thread.
+    pub checkpoint_seconds: Histogram,
     pub view: Gauge,
     pub executed: Gauge,
     pub stable: Gauge,
@@ -97,6 +99,7 @@ impl Metrics {
             reads_answered: Family::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             fsync_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
+            checkpoint_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
             view: Gauge::default(),
             executed: Gauge::default(),
             stable: Gauge::default(),
@@ -142,6 +145,11 @@ impl Metrics {
         );
         r.register("batch_size", "Requests per executed batch", m.batch_size.clone());
         r.register("fsync_seconds", "Duration of each WAL fsync", m.fsync_seconds.clone());
+        r.register(
+            "checkpoint_seconds",
+            "Serializing, chunking and hashing a checkpoint off the protocol thread",
+            m.checkpoint_seconds.clone(),
+        );
         r.register("view", "Installed view", m.view.clone());
         r.register("executed", "Last executed instance", m.executed.clone());
         r.register("stable", "Stable checkpoint", m.stable.clone());

@@ -25,15 +25,16 @@ use crate::transport::{
 use keel_core::codec;
 use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
-use keel_core::replica::{Event, Input, NextEpoch, Outputs, Peer, Reject, Replica, Verifier};
+use keel_core::replica::{CheckpointReady, Event, Input, NextEpoch, Outputs, Peer, Reject, Replica, Verifier};
 use keel_core::service::{RestoreError, Service};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::RwLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// Written in a node's data directory when a membership change removed it.
@@ -62,6 +63,8 @@ pub enum NodeError {
     Listen { addr: std::net::SocketAddr, source: std::io::Error },
     #[error("membership: {0}")]
     Membership(String),
+    #[error("checkpoint thread: {0}")]
+    Checkpoint(String),
 }
 
 /// Wall-clock milliseconds: nodes' clocks must roughly agree (agreed time, UpRight §3.1).
@@ -166,8 +169,18 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
     if !setup.faults.is_empty() {
         tracing::warn!(faults = ?setup.faults, "fault injection is on: this node misbehaves on purpose");
     }
+    // Checkpoints serialized off the protocol task (replica/checkpoint.rs), on tokio's
+    // blocking pool: a few at most (one per checkpoint interval in the window).
+    let mut checkpoints: JoinSet<(CheckpointReady, f64)> = JoinSet::new();
     loop {
         hold_back_proposals(&setup.faults, started, &mut out, &peers, &stats);
+        for job in out.checkpoints.drain(..) {
+            checkpoints.spawn_blocking(move || {
+                let begun = Instant::now();
+                let ready = job.run();
+                (ready, begun.elapsed().as_secs_f64())
+            });
+        }
         if flush(&mut committer, &mut out, &peers, &mut clients, &stats, &m)? {
             // The epoch ended: everything of it durable (and sent) first, then the next
             // epoch's log durable before its node takes a step (replica/epoch.rs).
@@ -214,6 +227,13 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
                     }
                 }
                 replica.release_proposals(now_ms(), &mut out);
+            }
+            Some(done) = checkpoints.join_next(), if !checkpoints.is_empty() => {
+                // A panic while serializing is a bug in the service's snapshot code.
+                let (ready, seconds) = done.map_err(|e| NodeError::Checkpoint(e.to_string()))?;
+                m.checkpoint_seconds.observe(seconds);
+                tracing::debug!(seq = ready.seq(), seconds, "checkpoint serialized");
+                replica.step(now_ms(), Input::CheckpointReady(ready), &mut out);
             }
             _ = tick.tick() => {
                 if leaving_at.is_some_and(|t| now_ms() >= t) {

@@ -22,7 +22,9 @@ use keel_core::message::{
     owner_of, session_id, session_of, ClientId, Message, NodeId, Read, Reply, ReplyBody, Request, Seq, View,
 };
 use keel_core::quorum::{Mutation, Quorums};
-use keel_core::replica::{client_mac_key, Durable, Event, Input, NextEpoch, NodeSecrets, Outputs, Peer, Replica};
+use keel_core::replica::{
+    client_mac_key, CheckpointJob, Durable, Event, Input, NextEpoch, NodeSecrets, Outputs, Peer, Replica,
+};
 use keel_core::service::{ReadCtx, Service};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -184,6 +186,10 @@ pub struct SeedReport {
     /// Chunks installed by finished transfers of correct nodes, and those already held.
     pub transfer_chunks: u64,
     pub transfer_chunks_reused: u64,
+    /// Checkpoints serialized in the background and handed back; and those whose node
+    /// crashed first.
+    pub checkpoints_background: u64,
+    pub checkpoints_lost: u64,
     pub rejected: u64,
     /// Rejections by "message kind: reason", for diagnosis.
     pub rejected_by: BTreeMap<String, u64>,
@@ -231,6 +237,13 @@ enum Ev {
     Restart(NodeId),
     /// A crash the nemesis scheduled (at an epoch switch); a restart follows.
     Crash(NodeId),
+    /// A checkpoint the node froze is serialized (only now, so a freeze that is not a
+    /// true copy shows later writes) and handed back, unless the node crashed since.
+    CheckpointDone {
+        node: NodeId,
+        epoch: u64,
+        job: CheckpointJob,
+    },
     Nemesis,
 }
 
@@ -729,6 +742,14 @@ impl<W: Workload> World<W> {
             }
             Ev::Nemesis => self.nemesis(),
             Ev::FaultyClient => self.faulty_client(),
+            Ev::CheckpointDone { node, epoch, job } => {
+                if self.nodes[node as usize].epoch == epoch && self.nodes[node as usize].replica.is_some() {
+                    self.report.checkpoints_background += 1;
+                    self.step_node(node, Input::CheckpointReady(job.run()));
+                } else {
+                    self.report.checkpoints_lost += 1;
+                }
+            }
         }
         true
     }
@@ -762,7 +783,18 @@ impl<W: Workload> World<W> {
 
     /// Carries out what node `n` (stable id), running membership epoch `epoch`, asked for.
     fn process_outputs(&mut self, n: NodeId, out: Outputs, epoch: u64) {
-        let Outputs { persist, persist_lazy, send, send_after_persist, events } = out;
+        let Outputs { persist, persist_lazy, send, send_after_persist, events, checkpoints } = out;
+        for job in checkpoints {
+            // Usually soon; with crashes, sometimes long enough for the others' votes to
+            // make the checkpoint stable first, and for a crash to lose it.
+            let delay = if self.opts.faults.crash && self.rng.gen_bool(0.1) {
+                self.rng.gen_range(100..600)
+            } else {
+                self.rng.gen_range(0..40)
+            };
+            let epoch = self.nodes[n as usize].epoch;
+            self.schedule(self.now + delay, Ev::CheckpointDone { node: n, epoch, job });
+        }
         let ended = events.iter().any(|e| matches!(e, Event::EpochEnded { .. }));
         // Decisions, executions and checkpoints are facts only once the step's records
         // are durable: a node that crashes before that never made them (nothing it said

@@ -17,7 +17,7 @@
 //! snapshot, bounded by [`WATCHES_PER_CLIENT_MAX`] and [`WATCHES_MAX`].
 
 use keel_core::message::ClientId;
-use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Item, ReadCtx, RestoreError, Service};
+use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Frozen, Item, ReadCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
 use serde_bytes::{ByteBuf, Bytes};
 use std::cmp::Reverse;
@@ -147,7 +147,12 @@ impl KvResponse {
 /// different keys rarely wait for the same lock.
 pub const SHARDS: usize = 64;
 
-type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+/// A persistent (copy-on-write) ordered map: a clone shares every node with the
+/// original and costs O(1), and a write after it copies only the path it changes. That
+/// is what makes a checkpoint's copy of the state cheap ([`Service::freeze`]). Values sit
+/// behind `Arc`, so the nodes a write copies hold pointers, not the values' bytes.
+type Map = imbl::OrdMap<Vec<u8>, Value>;
+type Value = Arc<Vec<u8>>;
 
 /// The KV state: keys spread over [`SHARDS`] maps by a hash of the key, each behind its
 /// own lock. Shared by the service and the executor's workers.
@@ -265,10 +270,10 @@ impl Store {
     /// for read-only answers and direct use.
     fn apply(&self, req: KvRequest, ctx: Option<&ExecCtx>) -> KvResponse {
         match req {
-            KvRequest::Get { key } => KvResponse::Value(self.read(shard_of(&key)).get(&key).cloned()),
+            KvRequest::Get { key } => KvResponse::Value(self.read(shard_of(&key)).get(&key).map(|v| v.to_vec())),
             KvRequest::Put { key, value } => {
                 self.notify(&key, Some(&value), ctx);
-                self.write(shard_of(&key)).insert(key, value);
+                self.write(shard_of(&key)).insert(key, Arc::new(value));
                 KvResponse::Done
             }
             KvRequest::Delete { key } => {
@@ -279,10 +284,10 @@ impl Store {
             }
             KvRequest::Cas { key, expected, new } => {
                 let mut shard = self.write(shard_of(&key));
-                let swapped = shard.get(&key) == expected.as_ref();
+                let swapped = shard.get(&key).map(|v| v.as_slice()) == expected.as_deref();
                 if swapped {
                     self.notify(&key, Some(&new), ctx);
-                    shard.insert(key, new);
+                    shard.insert(key, Arc::new(new));
                 }
                 KvResponse::Swapped(swapped)
             }
@@ -295,7 +300,8 @@ impl Store {
                 None => KvResponse::Error("an unwatch must be ordered".into()),
             },
             KvRequest::Scan { prefix, limit } => {
-                let shards = self.read_all();
+                let guards = self.read_all();
+                let shards: Vec<&Map> = guards.iter().map(|g| &**g).collect();
                 KvResponse::Entries(scan(&shards, &prefix, limit.min(SCAN_LIMIT_MAX) as usize))
             }
         }
@@ -313,17 +319,17 @@ fn expire(w: &mut Watches, now: u64) {
 
 /// The first `limit` entries with `prefix` across all shards, in key order; only
 /// returned entries are copied.
-fn scan(shards: &[RwLockReadGuard<'_, Map>], prefix: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+fn scan(shards: &[&Map], prefix: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
     merged(shards, prefix).take(limit).map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
 }
 
 /// Every entry with `prefix` across all shards, in key order, by reference: a k-way merge
 /// of the shards' own ordered iterators (scans and snapshots both need the global order).
-fn merged<'a>(shards: &'a [RwLockReadGuard<'_, Map>], prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+fn merged<'a>(shards: &'a [&Map], prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
     let mut iters: Vec<_> = shards
         .iter()
         .map(|m| {
-            m.range::<[u8], _>((Bound::Included(prefix), Bound::Unbounded)).take_while(|(k, _)| k.starts_with(prefix))
+            m.range::<_, [u8]>((Bound::Included(prefix), Bound::Unbounded)).take_while(|(k, _)| k.starts_with(prefix))
         })
         .collect();
     // (key, value, shard) of each shard's next entry, smallest key first.
@@ -355,7 +361,7 @@ impl Kv {
     }
 
     pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
-        self.store.read(shard_of(key)).get(key).cloned()
+        self.store.read(shard_of(key)).get(key).map(|v| v.to_vec())
     }
 
     pub fn len(&self) -> usize {
@@ -372,7 +378,7 @@ impl Kv {
 
     /// The whole state as one ordered map (a copy).
     pub fn entries(&self) -> BTreeMap<Vec<u8>, Vec<u8>> {
-        self.store.read_all().iter().flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone()))).collect()
+        self.store.read_all().iter().flat_map(|m| m.iter().map(|(k, v)| (k.clone(), v.to_vec()))).collect()
     }
 
     /// What a request reads and writes, for the parallelizer:
@@ -467,22 +473,15 @@ impl Service for Kv {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        // The same bytes as a postcard BTreeMap<Vec<u8>, Vec<u8>> of the whole state (the
-        // format before sharding, so older snapshots restore): key order, equal maps give
-        // equal bytes whatever the shard layout. Keys and values go through as byte
-        // strings (one copy each) into a buffer sized up front: a checkpoint serializes
-        // the whole store, and byte-by-byte serialization of Vec<u8> was most of its cost.
-        let shards = self.store.read_all();
-        let entries: Vec<(&[u8], &[u8])> = merged(&shards, b"").collect();
-        let len = VARINT_MAX + entries.iter().map(|(k, v)| 2 * VARINT_MAX + k.len() + v.len()).sum::<usize>();
-        let bytes = postcard::to_extend(&SortedMap(&entries), Vec::with_capacity(len)).unwrap_or_default();
-        // The watch registry follows, only if there is one (so a store without watches
-        // keeps the bytes of a plain map).
-        let watches = self.store.watches();
-        if watches.is_empty() {
-            return bytes;
-        }
-        postcard::to_extend(&*watches, bytes).unwrap_or_default()
+        let guards = self.store.read_all();
+        let shards: Vec<&Map> = guards.iter().map(|g| &**g).collect();
+        encode(&shards, &self.store.watches())
+    }
+
+    /// O(shards): each shard's map is persistent, so its clone shares every node.
+    fn freeze(&self) -> Option<Box<dyn Frozen>> {
+        let shards = self.store.read_all().iter().map(|g| (**g).clone()).collect();
+        Some(Box::new(FrozenKv { shards, watches: self.store.watches().clone() }))
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
@@ -497,7 +496,7 @@ impl Service for Kv {
         let mut shards: Vec<Map> = vec![Map::new(); SHARDS];
         for (k, v) in entries {
             let k = k.into_vec();
-            shards[shard_of(&k)].insert(k, v.into_vec());
+            shards[shard_of(&k)].insert(k, Arc::new(v.into_vec()));
         }
         // In place, so a handle from `concurrent()` keeps pointing at the live state.
         for (i, m) in shards.into_iter().enumerate() {
@@ -506,6 +505,36 @@ impl Service for Kv {
         *self.store.watches.write().unwrap_or_else(PoisonError::into_inner) = watches;
         Ok(())
     }
+}
+
+/// The store as a checkpoint froze it.
+struct FrozenKv {
+    shards: Vec<Map>,
+    watches: Watches,
+}
+
+impl Frozen for FrozenKv {
+    fn snapshot(self: Box<Self>) -> Vec<u8> {
+        let shards: Vec<&Map> = self.shards.iter().collect();
+        encode(&shards, &self.watches)
+    }
+}
+
+/// The same bytes as a postcard BTreeMap<Vec<u8>, Vec<u8>> of the whole state (the
+/// format before sharding, so older snapshots restore): key order, equal maps give equal
+/// bytes whatever the shard layout. Keys and values go through as byte strings (one copy
+/// each) into a buffer sized up front: a checkpoint serializes the whole store, and
+/// byte-by-byte serialization of Vec<u8> was most of its cost.
+fn encode(shards: &[&Map], watches: &Watches) -> Vec<u8> {
+    let entries: Vec<(&[u8], &[u8])> = merged(shards, b"").collect();
+    let len = VARINT_MAX + entries.iter().map(|(k, v)| 2 * VARINT_MAX + k.len() + v.len()).sum::<usize>();
+    let bytes = postcard::to_extend(&SortedMap(&entries), Vec::with_capacity(len)).unwrap_or_default();
+    // The watch registry follows, only if there is one (so a store without watches keeps
+    // the bytes of a plain map).
+    if watches.is_empty() {
+        return bytes;
+    }
+    postcard::to_extend(watches, bytes).unwrap_or_default()
 }
 
 /// A postcard varint of a usize takes at most this many bytes.
@@ -785,6 +814,34 @@ mod tests {
         a.restore(&b.snapshot()).expect("restores");
         let got = handle.execute_shared(&KvRequest::Get { key: b"k".to_vec() }.encode(), &ctx());
         assert_eq!(KvResponse::decode(&got).expect("decodes"), KvResponse::Value(Some(b"1".to_vec())));
+    }
+
+    #[test]
+    fn a_frozen_state_serializes_as_it_was_whatever_is_written_after() {
+        let mut kv = Kv::new();
+        for i in 0..2_000u32 {
+            kv.apply(KvRequest::Put { key: i.to_be_bytes().to_vec(), value: vec![i as u8; 100] });
+        }
+        let w = ExecCtx::new(1, 10, 0, 9);
+        run(&mut kv, KvRequest::Watch { prefix: vec![0], lease_ms: 0 });
+        let before = kv.snapshot();
+        let frozen = kv.freeze().expect("KV freezes");
+        // Overwrite, delete, add in every shard, and change the watch registry.
+        for i in 0..2_000u32 {
+            let key = i.to_be_bytes().to_vec();
+            let req = match i % 3 {
+                0 => KvRequest::Put { key, value: vec![0xee; 7] },
+                1 => KvRequest::Delete { key },
+                _ => KvRequest::Cas { key, expected: Some(vec![i as u8; 100]), new: vec![1] },
+            };
+            kv.execute(&req.encode(), &w);
+            kv.apply(KvRequest::Put { key: format!("new-{i}").into_bytes(), value: vec![2; 10] });
+        }
+        kv.execute(&KvRequest::Unwatch { prefix: vec![0] }.encode(), &w);
+        let after = kv.snapshot();
+        assert_ne!(after, before);
+        assert_eq!(frozen.snapshot(), before, "the copy is isolated from later writes");
+        assert_eq!(kv.snapshot(), after, "and serializing it changes nothing live");
     }
 
     #[test]

@@ -373,6 +373,9 @@ impl<S: Service> Replica<S> {
         out.events.push(Event::StateTransferDone { seq, chunks, reused });
         self.stable_chunks = Some(chunked);
         self.own_checkpoints = self.own_checkpoints.split_off(&(seq + 1));
+        // Checkpoints frozen from the replaced state are void; execution takes them anew.
+        self.state_generation += 1;
+        self.pending_checkpoints.clear();
         let exec = &self.exec;
         self.pending.retain(|c, p| p.req.seq > exec.last_seq(*c));
         self.maybe_execute(out);

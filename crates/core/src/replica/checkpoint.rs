@@ -6,20 +6,106 @@
 
 use super::{Event, Outputs, Persist, Reject, Replica};
 use crate::crypto::Digest;
-use crate::exec::Chunked;
+use crate::exec::{Chunked, FrozenExecutor};
 use crate::message::{checkpoint_statement, CheckpointVote, Message, NodeId, Seq, StableProof};
 use crate::service::Service;
 use crate::wal::Record;
 
+/// A checkpoint to serialize, chunk and hash off the protocol thread: the state as it
+/// was at `seq`, frozen copy-on-write ([`Service::freeze`]), so the node executes on
+/// meanwhile (UpRight §3.2).
+pub struct CheckpointJob {
+    seq: Seq,
+    epoch: u64,
+    generation: u64,
+    state: FrozenExecutor,
+    chunk_bytes: usize,
+}
+
+impl CheckpointJob {
+    pub fn seq(&self) -> Seq {
+        self.seq
+    }
+
+    /// The expensive part: serialize the frozen state, cut it into chunks, hash them.
+    pub fn run(self) -> CheckpointReady {
+        let chunked = Chunked::new(self.state.snapshot(), self.chunk_bytes);
+        CheckpointReady { seq: self.seq, epoch: self.epoch, generation: self.generation, chunked }
+    }
+}
+
+impl std::fmt::Debug for CheckpointJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointJob").field("seq", &self.seq).field("epoch", &self.epoch).finish_non_exhaustive()
+    }
+}
+
+/// A [`CheckpointJob`]'s result, for [`super::Input::CheckpointReady`].
+pub struct CheckpointReady {
+    seq: Seq,
+    epoch: u64,
+    generation: u64,
+    chunked: Chunked,
+}
+
+impl CheckpointReady {
+    pub fn seq(&self) -> Seq {
+        self.seq
+    }
+}
+
 impl<S: Service> Replica<S> {
     pub(super) fn take_checkpoint(&mut self, seq: Seq, out: &mut Outputs) {
-        let chunked = Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes);
-        let root = chunked.root;
         let membership = self.exec.membership().digest();
+        // An epoch's last checkpoint stays inline: the switch to the next epoch waits for
+        // it, and it is rare.
+        if self.cfg.options.background_checkpoints && !self.epoch_ended() {
+            if let Some(state) = self.exec.freeze() {
+                debug_assert_eq!(state.executed(), seq);
+                self.pending_checkpoints.insert(seq, membership);
+                out.checkpoints.push(CheckpointJob {
+                    seq,
+                    epoch: self.epoch(),
+                    generation: self.state_generation,
+                    state,
+                    chunk_bytes: self.cfg.options.chunk_bytes,
+                });
+                return;
+            }
+        }
+        let chunked = Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes);
+        self.checkpoint_taken(seq, membership, chunked, out);
+    }
+
+    pub(super) fn on_checkpoint_ready(&mut self, ready: CheckpointReady, out: &mut Outputs) {
+        // Frozen in another epoch or from a state since replaced: not this node's state.
+        if ready.epoch != self.epoch() || ready.generation != self.state_generation {
+            return;
+        }
+        let Some(membership) = self.pending_checkpoints.remove(&ready.seq) else {
+            return;
+        };
+        if ready.seq < self.stable.seq {
+            return;
+        }
+        let chunked = if self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::UnfrozenCheckpoint) {
+            Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes)
+        } else {
+            ready.chunked
+        };
+        self.checkpoint_taken(ready.seq, membership, chunked, out);
+    }
+
+    /// Persists our checkpoint at `seq` and votes for it (the vote waits for the
+    /// snapshot to be durable).
+    fn checkpoint_taken(&mut self, seq: Seq, membership: Digest, chunked: Chunked, out: &mut Outputs) {
+        let root = chunked.root;
         out.persist.push(Persist::Snapshot { seq, bytes: chunked.bytes.clone() });
         out.events.push(Event::Checkpoint { seq, root });
         let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, &membership, self.id));
-        self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, membership, sig }), out);
+        if seq >= self.stable.seq {
+            self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, membership, sig }), out);
+        }
         if seq > self.stable.seq {
             self.own_checkpoints.insert(seq, chunked);
             self.checkpoint_votes.entry(seq).or_default().insert(self.id, (root, membership, sig));
@@ -99,6 +185,8 @@ impl<S: Service> Replica<S> {
             }
         }
         let seq = proof.seq;
+        // Ours at `seq`, if still being serialized, is compared when it is done.
+        self.pending_checkpoints = self.pending_checkpoints.split_off(&seq);
         out.events.push(Event::Stable { seq, root: proof.root });
         self.stable = proof;
         self.persist(Record::Stable(self.stable.clone()), out);
@@ -119,6 +207,7 @@ impl<S: Service> Replica<S> {
         if self.exec.executed() >= seq {
             match at_stable {
                 Some(chunked) => self.compare_with_stable(chunked, out),
+                None if self.pending_checkpoints.contains_key(&seq) => {}
                 None => {
                     let held = held(self.stable_chunks.take());
                     self.start_transfer(held, out)
@@ -129,8 +218,10 @@ impl<S: Service> Replica<S> {
             let held = held(self.stable_chunks.take());
             self.start_transfer(held, out);
         }
-        // The snapshot at `seq` is durable (ours, persisted before our vote) or will be
-        // replaced by the transferred one; either way the log below `seq` is not needed.
+        // The snapshot at `seq` is durable (ours, persisted before our vote), will be
+        // (ours, still being serialized) or will be replaced by the transferred one. The
+        // log below `seq` is not needed: Q nodes hold the state at `seq` durably, and a
+        // node that crashes before its own snapshot is written fetches it from them.
         out.persist.push(Persist::Compact { records: self.durable_records(), snapshots_from: seq });
     }
 

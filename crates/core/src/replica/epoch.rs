@@ -132,7 +132,8 @@ impl<S: Service> Replica<S> {
             }
             super::Input::Message { from: super::Peer::Node(n), msg } => (n, msg),
             super::Input::Checked { from, msg } => (from, msg),
-            super::Input::Message { .. } => return,
+            // Its epoch's last checkpoint was taken inline; later ones are moot.
+            super::Input::Message { .. } | super::Input::CheckpointReady(_) => return,
         };
         if from as usize >= self.cfg.n() || from == self.id {
             return;

@@ -124,6 +124,15 @@ impl Monitor {
         self.last_tick = now;
     }
 
+    /// This node's ordering window is closed: it executed up to its high-water mark and
+    /// waits for a checkpoint to become stable (a large state takes a while to serialize,
+    /// even in the background). Nobody orders more meanwhile, so the window in progress
+    /// is not judged. Only the closed state excuses, not a checkpoint in progress: those
+    /// fall every second or so under load, and excusing them would switch the monitor off.
+    fn note_window_closed(&mut self) {
+        self.excused = self.excused.max(1);
+    }
+
     fn restart(&mut self, now: u64) {
         self.started = now;
         self.executed = 0;
@@ -204,6 +213,9 @@ impl<S: Service> Replica<S> {
             self.monitor.enter_view(self.view, self.now);
         }
         self.monitor.note_tick(self.now, window_ms);
+        if self.exec.executed() >= self.high_water() {
+            self.monitor.note_window_closed();
+        }
         if self.vc_target.is_some() || self.transfer.is_some() {
             // Nothing is ordered meanwhile: not the primary's doing.
             self.monitor.restart(self.now);

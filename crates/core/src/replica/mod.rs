@@ -23,6 +23,7 @@
 //! sender to be. Anything a peer sends is validated into a [`Reject`] and dropped, never
 //! asserted on.
 
+mod ahead;
 mod catch_up;
 mod checkpoint;
 mod endorse;
@@ -45,6 +46,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use catch_up::Transfer;
+pub use checkpoint::{CheckpointJob, CheckpointReady};
 pub use epoch::NextEpoch;
 pub use push::{PUSH_BYTES_MAX, PUSH_EVENTS_MAX, PUSH_EVENTS_PER_CLIENT_MAX};
 pub use recovery::Durable;
@@ -71,6 +73,8 @@ pub enum Input {
     },
     /// Time passed; timers are checked against `now`.
     Tick,
+    /// A checkpoint the driver serialized off the protocol thread ([`CheckpointJob`]).
+    CheckpointReady(CheckpointReady),
 }
 
 /// Something the driver must make durable, in order.
@@ -111,6 +115,10 @@ pub struct Outputs {
     pub send_after_persist: Vec<(Peer, Message)>,
     /// Observations for metrics, logs and the simulator's checkers.
     pub events: Vec<Event>,
+    /// Checkpoints to serialize off the protocol thread: run each
+    /// ([`CheckpointJob::run`]) and step the result in as [`Input::CheckpointReady`], in
+    /// any order, whenever done. A crash loses them (recovery takes them again).
+    pub checkpoints: Vec<CheckpointJob>,
 }
 
 impl Outputs {
@@ -120,6 +128,7 @@ impl Outputs {
             && self.send.is_empty()
             && self.send_after_persist.is_empty()
             && self.events.is_empty()
+            && self.checkpoints.is_empty()
     }
 
     pub fn clear(&mut self) {
@@ -128,6 +137,7 @@ impl Outputs {
         self.send.clear();
         self.send_after_persist.clear();
         self.events.clear();
+        self.checkpoints.clear();
     }
 }
 
@@ -464,6 +474,13 @@ pub struct Replica<S> {
     stable_chunks: Option<Chunked>,
     /// This node's checkpoints above `stable.seq`, awaiting a quorum.
     own_checkpoints: BTreeMap<Seq, Chunked>,
+    /// Checkpoints being serialized by the driver: seq → the membership digest at it.
+    pending_checkpoints: BTreeMap<Seq, Digest>,
+    /// Proposals and votes just above the high-water mark (ahead.rs).
+    ahead: ahead::Ahead,
+    /// Bumped whenever the state is replaced (state transfer): a checkpoint frozen from
+    /// the old state is stale when it comes back.
+    state_generation: u64,
     /// Checkpoint votes above `stable.seq`: seq → node → (root, membership, sig).
     checkpoint_votes: BTreeMap<Seq, BTreeMap<NodeId, (Digest, Digest, crate::crypto::Sig)>>,
 
@@ -563,6 +580,9 @@ impl<S: Service> Replica<S> {
             stable: StableProof::genesis(),
             stable_chunks: None,
             own_checkpoints: BTreeMap::new(),
+            pending_checkpoints: BTreeMap::new(),
+            ahead: ahead::Ahead::default(),
+            state_generation: 0,
             checkpoint_votes: BTreeMap::new(),
             pending: BTreeMap::new(),
             pending_order: 0,
@@ -647,7 +667,9 @@ impl<S: Service> Replica<S> {
             Input::Tick => self.on_tick(out),
             Input::Message { from, msg } => self.on_message(from, msg, false, out),
             Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, true, out),
+            Input::CheckpointReady(ready) => self.on_checkpoint_ready(ready, out),
         }
+        self.release_ahead(out);
         self.check_epoch_end(out);
         self.invariants();
     }
@@ -674,6 +696,9 @@ impl<S: Service> Replica<S> {
     }
 
     fn on_message(&mut self, from: Peer, msg: Message, checked: bool, out: &mut Outputs) {
+        let Some((msg, checked)) = self.hold_ahead(from, msg, checked) else {
+            return;
+        };
         let kind = msg.kind();
         let result = match (from, msg) {
             (Peer::Client(c), Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
@@ -957,6 +982,14 @@ impl<S: Service> Replica<S> {
         );
         assert!(self.reads.len() <= self.cfg.options.clients_max, "waiting reads are bounded");
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
+        assert!(
+            self.ahead.len() as u64 <= 3 * self.cfg.n() as u64 * self.cfg.options.window,
+            "messages held above the high-water mark are bounded"
+        );
+        assert!(
+            self.pending_checkpoints.keys().all(|s| *s >= self.stable.seq && *s <= self.exec.executed()),
+            "pending checkpoints lie between the stable checkpoint and the executed instance"
+        );
         assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");
         assert!(self.awaiting.len() as u64 <= self.cfg.options.log_max(), "awaited bodies are bounded");
         assert!(

@@ -10,7 +10,7 @@ use crate::message::{
     ReadConsistency, Reply, ReplyBody, Write,
 };
 use crate::quorum::Quorums;
-use crate::service::{ExecCtx, RestoreError, Service};
+use crate::service::{ExecCtx, Frozen, RestoreError, Service};
 use crate::wal::Record;
 use std::collections::VecDeque;
 
@@ -34,6 +34,16 @@ impl Service for Log {
         self.0 = postcard::from_bytes(s).map_err(|e| RestoreError(e.to_string()))?;
         Ok(())
     }
+    /// A clone is a true copy. Used only where a test turns `background_checkpoints` on.
+    fn freeze(&self) -> Option<Box<dyn Frozen>> {
+        Some(Box::new(self.clone()))
+    }
+}
+
+impl Frozen for Log {
+    fn snapshot(self: Box<Self>) -> Vec<u8> {
+        Service::snapshot(&*self)
+    }
 }
 
 pub(super) fn secrets(i: u32) -> NodeSecrets {
@@ -49,7 +59,10 @@ fn config(u: u32, r: u32) -> ClusterConfig {
 pub(super) fn config_rq(u: u32, r: u32) -> ClusterConfig {
     let q = Quorums::new(u, r).expect("valid");
     let keys: Vec<PublicKey> = (0..q.order_nodes() as u32).map(|i| secrets(i).signing.public()).collect();
-    ClusterConfig::new(q, keys, Options::test_min()).expect("valid")
+    // Checkpoints inline, so handler tests see a checkpoint's outputs in the step that
+    // takes it; `background_checkpoints_*` tests turn it on.
+    let options = Options { background_checkpoints: false, ..Options::test_min() };
+    ClusterConfig::new(q, keys, options).expect("valid")
 }
 
 fn node(cfg: &ClusterConfig, i: u32) -> Replica<Log> {
@@ -366,6 +379,10 @@ struct Net {
     steps: Vec<StepRecord>,
     /// The largest encoded VIEW-CHANGE or NEW-VIEW sent.
     view_change_bytes: usize,
+    /// Background checkpoints to run once the message queue is empty.
+    jobs: VecDeque<(NodeId, CheckpointJob)>,
+    /// Nodes whose background checkpoints are held back (not run) for now.
+    jobs_held: Vec<bool>,
 }
 
 struct StepRecord {
@@ -387,6 +404,8 @@ impl Net {
             down: vec![false; n],
             steps: Vec::new(),
             view_change_bytes: 0,
+            jobs: VecDeque::new(),
+            jobs_held: vec![false; n],
         }
     }
 
@@ -405,9 +424,32 @@ impl Net {
             self.queue.push_back((Peer::Node(from), to, m));
         }
         self.events.extend(out.events.into_iter().map(|e| (from, e)));
+        self.jobs.extend(out.checkpoints.into_iter().map(|j| (from, j)));
     }
 
+    /// Delivers every queued message, then the checkpoints not held back, until quiet.
     fn run(&mut self, now: u64) {
+        loop {
+            self.deliver_all(now);
+            let Some(i) = self.jobs.iter().position(|(n, _)| !self.jobs_held[*n as usize]) else { return };
+            let Some((n, job)) = self.jobs.remove(i) else { return };
+            let mut out = Outputs::default();
+            self.nodes[n as usize].step(now, Input::CheckpointReady(job.run()), &mut out);
+            self.absorb(n, out);
+        }
+    }
+
+    /// Runs node `n`'s first held checkpoint at `seq`, then delivers what follows.
+    fn release(&mut self, n: NodeId, seq: Seq, now: u64) {
+        let i = self.jobs.iter().position(|(m, j)| *m == n && j.seq() == seq).expect("a held checkpoint");
+        let Some((_, job)) = self.jobs.remove(i) else { return };
+        let mut out = Outputs::default();
+        self.nodes[n as usize].step(now, Input::CheckpointReady(job.run()), &mut out);
+        self.absorb(n, out);
+        self.run(now);
+    }
+
+    fn deliver_all(&mut self, now: u64) {
         while let Some((from, to, msg)) = self.queue.pop_front() {
             match to {
                 Peer::Node(n) if !self.down[n as usize] => {
@@ -1378,5 +1420,106 @@ fn a_node_that_fell_behind_fetches_only_the_chunks_its_own_snapshot_lacks() {
     // Half the entries are new: the other half of the chunks come from its own snapshot.
     assert!(reused * 3 >= chunks, "{reused} of {chunks} chunks reused");
     assert!(reused < chunks, "{reused} of {chunks}: the new entries were fetched");
+    assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
+}
+
+fn background(cfg: &ClusterConfig) -> ClusterConfig {
+    let mut cfg = cfg.clone();
+    cfg.options.background_checkpoints = true;
+    cfg
+}
+
+/// Runs `ops` one at a time (each answered) and ticks until checkpoints settle.
+fn run_ops(net: &mut Net, c: &mut Client, now: &mut u64, ops: std::ops::Range<u64>) {
+    for i in ops {
+        *now += 10;
+        net.submit(c, *now, &i.to_le_bytes());
+        assert!(net.result(c).is_some(), "request {i}");
+    }
+    for _ in 0..50 {
+        *now += 5;
+        net.tick(*now);
+    }
+}
+
+#[test]
+fn background_checkpoints_record_the_state_frozen_at_their_instance() {
+    // Node 3's serializations are held back while the cluster executes past the
+    // checkpoint; the root it finally votes for must be that of the state at the
+    // checkpoint instance, as computed inline by a cluster that never froze.
+    let inline = config(1, 1);
+    let cfg = background(&inline);
+    let interval = cfg.options.checkpoint_interval;
+    let (mut a, mut b) = (Net::new(&inline), Net::new(&cfg));
+    let (mut ca, mut cb) = (client(&inline, 7), client(&cfg, 7));
+    let (mut ta, mut tb) = (0, 0);
+    b.jobs_held[3] = true;
+    run_ops(&mut a, &mut ca, &mut ta, 0..interval + 3);
+    run_ops(&mut b, &mut cb, &mut tb, 0..interval + 3);
+    assert_eq!(b.nodes[3].executed(), interval + 3, "node 3 executed past the checkpoint");
+    assert_eq!(b.nodes[3].pending_checkpoints.len(), 1, "its checkpoint is still being serialized");
+    // The others' votes made the checkpoint stable meanwhile; node 3 adopted it without
+    // starting a transfer (it holds the state, only its snapshot is not done).
+    assert_eq!(b.nodes[3].stable_seq(), interval);
+    assert!(b.nodes[3].stable_chunks.is_none());
+    b.jobs_held[3] = false;
+    b.tick(tb + 5);
+    let root = |net: &Net, node: NodeId| {
+        net.events.iter().find_map(|(n, e)| match e {
+            Event::Checkpoint { seq, root } if *n == node && *seq == interval => Some(*root),
+            _ => None,
+        })
+    };
+    let expected = root(&a, 3).expect("inline checkpoint");
+    for node in 0..4 {
+        assert_eq!(root(&b, node), Some(expected), "node {node}");
+    }
+    assert!(b.nodes[3].pending_checkpoints.is_empty());
+    assert_eq!(b.nodes[3].stable_chunks.as_ref().map(|c| c.root), Some(expected), "compared and kept");
+    assert!(!b.events.iter().any(|(_, e)| matches!(e, Event::StateTransferStarted { .. } | Event::Divergence { .. })));
+}
+
+#[test]
+fn a_background_checkpoint_of_a_replaced_state_is_dropped() {
+    // Node 3's state is corrupt. Its checkpoints at I and 2I are held back, and so is
+    // node 0's at 2I, so only I becomes stable. Node 3's checkpoint at I then reveals the
+    // divergence; it transfers the state at I and re-executes to 2I, freezing 2I again.
+    // Its first checkpoint at 2I, of the corrupt state, comes back after the transfer: it
+    // must be dropped, not voted for.
+    let cfg = background(&config(1, 1));
+    let interval = cfg.options.checkpoint_interval;
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
+    net.jobs_held[0] = true;
+    net.jobs_held[3] = true;
+    let mut now = 0;
+    run_ops(&mut net, &mut c, &mut now, 0..2 * interval);
+    net.release(0, interval, now);
+    assert_eq!(net.nodes[3].stable_seq(), interval);
+    net.release(3, interval, now);
+    for _ in 0..100 {
+        now += 5;
+        net.tick(now);
+    }
+    assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })));
+    let stale = net.jobs.iter().filter(|(n, j)| *n == 3 && j.seq() == 2 * interval).count();
+    assert_eq!(stale, 2, "the checkpoint at 2I of the corrupt state and of the repaired one");
+    net.release(3, 2 * interval, now);
+    net.release(3, 2 * interval, now);
+    net.release(0, 2 * interval, now);
+    let roots = |node: NodeId| -> Vec<Digest> {
+        net.events
+            .iter()
+            .filter_map(|(n, e)| match e {
+                Event::Checkpoint { seq, root } if *n == node && *seq == 2 * interval => Some(*root),
+                _ => None,
+            })
+            .collect()
+    };
+    let good = roots(1);
+    assert_eq!(good.len(), 1);
+    assert_eq!(roots(3), good, "node 3 voted only for the repaired state's checkpoint");
+    assert_eq!(net.nodes[3].stable_seq(), 2 * interval);
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
 }
