@@ -13,13 +13,13 @@
 //! `Outputs::send_after_persist`. A storage failure stops the node: a node that cannot
 //! persist must not answer.
 
+use crate::metrics::Metrics;
 use crate::storage::{Storage, StorageError};
 use crate::transport::{offer, TransportStats};
 use keel_core::codec;
 use keel_core::message::Message;
 use keel_core::replica::Persist;
 use keel_core::wal::Record;
-use prometheus_client::metrics::histogram::Histogram;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
@@ -55,13 +55,13 @@ impl Committer {
     ///
     /// # Errors
     /// If the thread cannot be spawned.
-    pub fn start(storage: Storage, stats: Arc<TransportStats>, fsync_seconds: Histogram) -> std::io::Result<Committer> {
+    pub fn start(storage: Storage, stats: Arc<TransportStats>, metrics: Metrics) -> std::io::Result<Committer> {
         let (jobs, rx) = sync_channel(JOBS_MAX);
         let done = Arc::new(AtomicU64::new(0));
         let (fail_tx, failed) = mpsc::channel(1);
         let thread_done = done.clone();
         std::thread::Builder::new().name("keel-wal".into()).spawn(move || {
-            if let Err(e) = run(storage, rx, &thread_done, &stats, &fsync_seconds) {
+            if let Err(e) = run(storage, rx, &thread_done, &stats, &metrics) {
                 let _ = fail_tx.try_send(e);
             }
         })?;
@@ -116,7 +116,7 @@ fn run(
     rx: Receiver<Job>,
     done: &AtomicU64,
     stats: &TransportStats,
-    fsync_seconds: &Histogram,
+    m: &Metrics,
 ) -> Result<(), StorageError> {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
@@ -125,13 +125,18 @@ fn run(
         }
         let eager = jobs.iter().any(|j| !j.persist.is_empty());
         for j in &jobs {
+            let before = storage.stats.clone();
             storage.write(&j.persist)?;
             storage.append_lazy(&j.lazy)?;
+            let after = &storage.stats;
+            m.snapshot_chunks.inc_by(after.snapshot_chunks - before.snapshot_chunks);
+            m.snapshot_chunks_reused.inc_by(after.snapshot_chunks_reused - before.snapshot_chunks_reused);
+            m.snapshot_bytes.inc_by(after.snapshot_bytes - before.snapshot_bytes);
         }
         if eager {
             let took = storage.sync()?;
             if !took.is_zero() {
-                fsync_seconds.observe(took.as_secs_f64());
+                m.fsync_seconds.observe(took.as_secs_f64());
             }
         }
         let count = jobs.len() as u64;
@@ -168,7 +173,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (storage, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         let stats = Arc::new(TransportStats::default());
-        let mut c = Committer::start(storage, stats, Histogram::new([0.001].into_iter())).expect("start");
+        let mut c = Committer::start(storage, stats, crate::metrics::Metrics::new().0).expect("start");
         let (tx, mut rx) = mpsc::channel(16);
         let a = Message::Stop { view: 1 };
         let b = Message::Stop { view: 2 };

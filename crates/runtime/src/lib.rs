@@ -7,6 +7,7 @@ pub mod config;
 pub mod inbound;
 pub mod metrics;
 pub mod node;
+pub mod snapshots;
 pub mod storage;
 pub mod tls;
 pub mod transport;

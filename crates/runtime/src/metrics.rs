@@ -45,6 +45,10 @@ pub struct Metrics {
     pub fsync_seconds: Histogram,
     /// Serializing, chunking and hashing one checkpoint off the protocol thread.
     pub checkpoint_seconds: Histogram,
+    /// Snapshot chunks stored, those already held (not written again), and bytes written.
+    pub snapshot_chunks: Counter,
+    pub snapshot_chunks_reused: Counter,
+    pub snapshot_bytes: Counter,
     pub view: Gauge,
     pub executed: Gauge,
     pub stable: Gauge,
@@ -100,6 +104,9 @@ impl Metrics {
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
             fsync_seconds: Histogram::new(exponential_buckets(0.00005, 2.0, 16)),
             checkpoint_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 20)),
+            snapshot_chunks: Counter::default(),
+            snapshot_chunks_reused: Counter::default(),
+            snapshot_bytes: Counter::default(),
             view: Gauge::default(),
             executed: Gauge::default(),
             stable: Gauge::default(),
@@ -150,6 +157,13 @@ impl Metrics {
             "Serializing, chunking and hashing a checkpoint off the protocol thread",
             m.checkpoint_seconds.clone(),
         );
+        r.register("snapshot_chunks", "Checkpoint snapshot chunks stored", m.snapshot_chunks.clone());
+        r.register(
+            "snapshot_chunks_reused",
+            "Snapshot chunks already on disk from an earlier snapshot, not written again",
+            m.snapshot_chunks_reused.clone(),
+        );
+        r.register("snapshot_bytes", "Bytes written for checkpoint snapshots", m.snapshot_bytes.clone());
         r.register("view", "Installed view", m.view.clone());
         r.register("executed", "Last executed instance", m.executed.clone());
         r.register("stable", "Stable checkpoint", m.stable.clone());

@@ -25,7 +25,9 @@ use crate::transport::{
 use keel_core::codec;
 use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
-use keel_core::replica::{CheckpointReady, Event, Input, NextEpoch, Outputs, Peer, Reject, Replica, Verifier};
+use keel_core::replica::{
+    CheckpointJob, CheckpointReady, Event, Input, NextEpoch, Outputs, Peer, Reject, Replica, Verifier,
+};
 use keel_core::service::{RestoreError, Service};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +36,6 @@ use std::sync::RwLock;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio::task::JoinSet;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// Written in a node's data directory when a membership change removed it.
@@ -160,7 +161,7 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
     let mut transfer_logged = u64::MAX;
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut committer = Committer::start(storage, stats.clone(), m.fsync_seconds.clone()).map_err(|source| {
+    let mut committer = Committer::start(storage, stats.clone(), m.clone()).map_err(|source| {
         NodeError::Storage(StorageError::Io { what: "start WAL thread", path: setup.data_dir.clone(), source })
     })?;
     let started = now_ms();
@@ -169,17 +170,13 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
     if !setup.faults.is_empty() {
         tracing::warn!(faults = ?setup.faults, "fault injection is on: this node misbehaves on purpose");
     }
-    // Checkpoints serialized off the protocol task (replica/checkpoint.rs), on tokio's
-    // blocking pool: a few at most (one per checkpoint interval in the window).
-    let mut checkpoints: JoinSet<(CheckpointReady, f64)> = JoinSet::new();
+    let mut checkpoints = Checkpointer::start().map_err(|source| {
+        NodeError::Storage(StorageError::Io { what: "start checkpoint thread", path: setup.data_dir.clone(), source })
+    })?;
     loop {
         hold_back_proposals(&setup.faults, started, &mut out, &peers, &stats);
         for job in out.checkpoints.drain(..) {
-            checkpoints.spawn_blocking(move || {
-                let begun = Instant::now();
-                let ready = job.run();
-                (ready, begun.elapsed().as_secs_f64())
-            });
+            checkpoints.submit(job)?;
         }
         if flush(&mut committer, &mut out, &peers, &mut clients, &stats, &m)? {
             // The epoch ended: everything of it durable (and sent) first, then the next
@@ -228,9 +225,9 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
                 }
                 replica.release_proposals(now_ms(), &mut out);
             }
-            Some(done) = checkpoints.join_next(), if !checkpoints.is_empty() => {
-                // A panic while serializing is a bug in the service's snapshot code.
-                let (ready, seconds) = done.map_err(|e| NodeError::Checkpoint(e.to_string()))?;
+            done = checkpoints.done.recv() => {
+                // The thread ends only by a panic: a bug in the service's snapshot code.
+                let (ready, seconds) = done.ok_or_else(|| NodeError::Checkpoint("the checkpoint thread died".into()))?;
                 m.checkpoint_seconds.observe(seconds);
                 tracing::debug!(seq = ready.seq(), seconds, "checkpoint serialized");
                 replica.step(now_ms(), Input::CheckpointReady(ready), &mut out);
@@ -244,6 +241,37 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
                 publish(&replica, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }
         }
+    }
+}
+
+/// Serializes checkpoints off the protocol task (replica/checkpoint.rs), one at a time
+/// on its own thread: each holds a whole serialized state (1 GB for a 1 GB state), and
+/// running them side by side on a blocking pool multiplied that (a 1 GB cluster ran out
+/// of memory). Queued jobs hold only their copy-on-write freeze. At most one job per
+/// checkpoint interval in the window is ever queued.
+struct Checkpointer {
+    jobs: std::sync::mpsc::Sender<CheckpointJob>,
+    done: mpsc::UnboundedReceiver<(CheckpointReady, f64)>,
+}
+
+impl Checkpointer {
+    fn start() -> std::io::Result<Checkpointer> {
+        let (jobs, rx) = std::sync::mpsc::channel::<CheckpointJob>();
+        let (tx, done) = mpsc::unbounded_channel();
+        std::thread::Builder::new().name("keel-checkpoint".into()).spawn(move || {
+            for job in rx {
+                let begun = Instant::now();
+                let ready = job.run();
+                if tx.send((ready, begun.elapsed().as_secs_f64())).is_err() {
+                    return;
+                }
+            }
+        })?;
+        Ok(Checkpointer { jobs, done })
+    }
+
+    fn submit(&self, job: CheckpointJob) -> Result<(), NodeError> {
+        self.jobs.send(job).map_err(|_| NodeError::Checkpoint("the checkpoint thread died".into()))
     }
 }
 

@@ -4,7 +4,8 @@
 //!   DIR/wal/0000000000000001.log         segments, appended in order
 //!   DIR/wal/0000000000000007.base.log    a compaction: everything older is obsolete
 //!   DIR/wal/0.spare                      a superseded segment file kept for reuse
-//!   DIR/snap/0000000000000256.snap       snapshot of the checkpoint at 256
+//!   DIR/snap/0000000000000256.snap       manifest of the checkpoint at 256's snapshot
+//!   DIR/snap/0000000000000256.pack       the chunks it stored first (snapshots.rs)
 //! ```
 //!
 //! Segment files are recycled, as databases do with their logs: a new segment reuses a
@@ -22,6 +23,7 @@
 //! torn tail of the last segment is cut; corruption anywhere else is an error, because
 //! silently dropping records there would break the node's promises.
 
+use crate::snapshots::SnapshotStore;
 use keel_core::message::Seq;
 use keel_core::replica::{Durable, Persist};
 use keel_core::wal::{decode_segment, encode_record_in, Record};
@@ -104,7 +106,7 @@ fn check_format(dir: &Path, wal_dir: &Path, snap_dir: &Path) -> Result<(), Stora
     }
 }
 
-fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {
+pub(crate) fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> StorageError {
     let path = path.to_path_buf();
     move |source| StorageError::Io { what, path, source }
 }
@@ -121,11 +123,15 @@ pub struct StorageStats {
     pub torn_tail_bytes: u64,
     /// Segments started in a recycled file.
     pub recycled: u64,
+    /// Snapshot chunks stored, those already held, and the bytes written for them.
+    pub snapshot_chunks: u64,
+    pub snapshot_chunks_reused: u64,
+    pub snapshot_bytes: u64,
 }
 
 pub struct Storage {
     wal_dir: PathBuf,
-    snap_dir: PathBuf,
+    snapshots: SnapshotStore,
     policy: FsyncPolicy,
     segment: File,
     segment_id: u64,
@@ -169,7 +175,7 @@ fn list_segments(wal_dir: &Path) -> Result<Vec<(u64, bool, PathBuf)>, StorageErr
     Ok(out)
 }
 
-fn fsync_dir(dir: &Path) -> Result<(), StorageError> {
+pub(crate) fn fsync_dir(dir: &Path) -> Result<(), StorageError> {
     File::open(dir).and_then(|f| f.sync_all()).map_err(io_err("fsync directory", dir))
 }
 
@@ -178,8 +184,8 @@ fn fsync_dir(dir: &Path) -> Result<(), StorageError> {
 struct Reap {
     wal_dir: PathBuf,
     segments_below: u64,
-    snap_dir: PathBuf,
-    snapshots_below: Seq,
+    /// Superseded snapshot manifests and packs.
+    files: Vec<PathBuf>,
 }
 
 impl Reap {
@@ -196,14 +202,8 @@ impl Reap {
                 _ => fs::remove_file(&p).map_err(io_err("remove", &p))?,
             }
         }
-        for entry in fs::read_dir(&self.snap_dir).map_err(io_err("read", &self.snap_dir))? {
-            let entry = entry.map_err(io_err("read", &self.snap_dir))?;
-            let name = entry.file_name().to_string_lossy().to_string();
-            if let Some(seq) = name.strip_suffix(".snap").and_then(|s| s.parse::<Seq>().ok()) {
-                if seq < self.snapshots_below {
-                    fs::remove_file(entry.path()).map_err(io_err("remove", &entry.path()))?;
-                }
-            }
+        for f in &self.files {
+            fs::remove_file(f).map_err(io_err("remove", f))?;
         }
         // No directory fsync: a deletion that does not survive a crash is redone by the
         // next compaction or by `open`.
@@ -264,7 +264,7 @@ fn open_segment(path: &Path) -> Result<File, StorageError> {
     OpenOptions::new().create(true).truncate(false).read(true).write(true).open(path).map_err(io_err("open", path))
 }
 
-fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StorageError> {
+pub(crate) fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<(), StorageError> {
     let tmp = dir.join(format!("{name}.tmp"));
     let path = dir.join(name);
     let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
@@ -313,21 +313,7 @@ impl Storage {
             records.extend(decoded.records);
         }
 
-        let mut snapshots = Vec::new();
-        for entry in fs::read_dir(&snap_dir).map_err(io_err("read", &snap_dir))? {
-            let entry = entry.map_err(io_err("read", &snap_dir))?;
-            let name = entry.file_name().to_string_lossy().to_string();
-            let Some(seq) = name.strip_suffix(".snap").and_then(|s| s.parse::<Seq>().ok()) else {
-                // Leftover temp files from a crash mid-write are garbage.
-                if name.ends_with(".tmp") {
-                    let _ = fs::remove_file(entry.path());
-                }
-                continue;
-            };
-            let bytes = fs::read(entry.path()).map_err(io_err("read", &entry.path()))?;
-            snapshots.push((seq, bytes));
-        }
-        snapshots.sort_by_key(|(s, _)| *s);
+        let (store, snapshots) = SnapshotStore::open(&snap_dir)?;
 
         let (segment_id, segment_len, segment) = match segments.last() {
             Some((id, _, path)) => (*id, fs::metadata(path).map_err(io_err("stat", path))?.len(), open_segment(path)?),
@@ -339,7 +325,7 @@ impl Storage {
         };
         let storage = Storage {
             wal_dir,
-            snap_dir,
+            snapshots: store,
             policy,
             segment,
             segment_id,
@@ -361,7 +347,12 @@ impl Storage {
         for p in persists {
             match p {
                 Persist::Record(r) => self.append(r)?,
-                Persist::Snapshot { seq, bytes } => write_atomic(&self.snap_dir, &format!("{seq:016}.snap"), bytes)?,
+                Persist::Snapshot { seq, chunked } => {
+                    let w = self.snapshots.write(*seq, chunked)?;
+                    self.stats.snapshot_chunks += w.chunks;
+                    self.stats.snapshot_chunks_reused += w.reused;
+                    self.stats.snapshot_bytes += w.bytes_written;
+                }
                 Persist::Compact { records, snapshots_from } => self.compact(records, *snapshots_from)?,
             }
         }
@@ -442,8 +433,7 @@ impl Storage {
         let job = Reap {
             wal_dir: self.wal_dir.clone(),
             segments_below: id,
-            snap_dir: self.snap_dir.clone(),
-            snapshots_below: snapshots_from,
+            files: self.snapshots.retire_below(snapshots_from),
         };
         match self.reaper.as_ref().and_then(|r| r.tx.as_ref()) {
             Some(tx) => match tx.send(job) {
@@ -547,9 +537,9 @@ mod tests {
         let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         s.write(&[
             view(1),
-            Persist::Snapshot { seq: 8, bytes: vec![8].into() },
+            Persist::Snapshot { seq: 8, chunked: keel_core::exec::Chunked::new(vec![8], 256) },
             Persist::Record(Record::Accepted { view: 1, seq: 9, value: Value::null() }),
-            Persist::Snapshot { seq: 16, bytes: vec![16].into() },
+            Persist::Snapshot { seq: 16, chunked: keel_core::exec::Chunked::new(vec![16], 256) },
             Persist::Compact { records: vec![Record::View { view: 1, floor: 0 }], snapshots_from: 16 },
             view(2),
         ])

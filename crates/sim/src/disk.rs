@@ -36,7 +36,7 @@ impl SimDisk {
     pub fn write(&mut self, p: &Persist) -> u64 {
         let op = match p {
             Persist::Record(r) => Op::Append(encode_record(r)),
-            Persist::Snapshot { seq, bytes } => Op::Snapshot(*seq, bytes.clone()),
+            Persist::Snapshot { seq, chunked } => Op::Snapshot(*seq, chunked.bytes.clone()),
             Persist::Compact { records, snapshots_from } => {
                 Op::Replace { wal: records.iter().flat_map(encode_record).collect(), snapshots_from: *snapshots_from }
             }
@@ -126,6 +126,7 @@ impl SimDisk {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::exec::Chunked;
     use rand::SeedableRng;
 
     fn rec(view: u64) -> Persist {
@@ -153,8 +154,8 @@ mod tests {
     fn replace_and_snapshot_take_effect_at_sync() {
         let mut d = SimDisk::default();
         d.write(&rec(1));
-        d.write(&Persist::Snapshot { seq: 8, bytes: vec![7].into() });
-        d.write(&Persist::Snapshot { seq: 16, bytes: vec![8].into() });
+        d.write(&Persist::Snapshot { seq: 8, chunked: Chunked::new(vec![7], 256) });
+        d.write(&Persist::Snapshot { seq: 16, chunked: Chunked::new(vec![8], 256) });
         let c = d.write(&Persist::Compact { records: vec![Record::View { view: 9, floor: 0 }], snapshots_from: 16 });
         assert_eq!(d.recover(), (vec![], vec![]));
         d.sync(c);

@@ -369,7 +369,7 @@ impl<S: Service> Replica<S> {
             // to restore them is a bug in the service's snapshot code.
             other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
         }
-        out.persist.push(Persist::Snapshot { seq, bytes: chunked.bytes.clone() });
+        out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
         out.events.push(Event::StateTransferDone { seq, chunks, reused });
         self.stable_chunks = Some(chunked);
         self.own_checkpoints = self.own_checkpoints.split_off(&(seq + 1));

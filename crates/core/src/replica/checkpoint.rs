@@ -100,7 +100,7 @@ impl<S: Service> Replica<S> {
     /// snapshot to be durable).
     fn checkpoint_taken(&mut self, seq: Seq, membership: Digest, chunked: Chunked, out: &mut Outputs) {
         let root = chunked.root;
-        out.persist.push(Persist::Snapshot { seq, bytes: chunked.bytes.clone() });
+        out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
         out.events.push(Event::Checkpoint { seq, root });
         let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, &membership, self.id));
         if seq >= self.stable.seq {

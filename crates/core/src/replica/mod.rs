@@ -43,7 +43,6 @@ use crate::message::{Cert, ClientId, Message, NewView, NodeId, Request, Seq, Sta
 use crate::service::Service;
 use crate::wal::Record;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 pub use catch_up::Transfer;
 pub use checkpoint::{CheckpointJob, CheckpointReady};
@@ -81,12 +80,13 @@ pub enum Input {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Persist {
     Record(Record),
-    /// Store the snapshot of the checkpoint at `seq` atomically (write temp, fsync,
-    /// rename, fsync dir), beside the ones already stored.
-    /// The bytes are shared with the checkpoint kept in memory, not copied.
+    /// Store the snapshot of the checkpoint at `seq` durably and atomically, beside the
+    /// ones already stored. Its chunks come along (the bytes are shared with the
+    /// checkpoint kept in memory, not copied), so a driver can store only the chunks it
+    /// does not hold yet.
     Snapshot {
         seq: Seq,
-        bytes: Arc<Vec<u8>>,
+        chunked: Chunked,
     },
     /// Garbage collection at a stable checkpoint: atomically replace the whole log with
     /// `records` and delete the snapshots below `snapshots_from`. The snapshot at the
