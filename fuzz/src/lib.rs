@@ -270,7 +270,13 @@ impl Harness {
                 _ => {}
             }
         }
+        let mut out = out;
+        let jobs = std::mem::take(&mut out.checkpoints);
         self.out = out;
+        // Checkpoints serialized "in the background" come back at once.
+        for job in jobs {
+            self.step(Input::CheckpointReady(job.run()));
+        }
     }
 
     fn note(&mut self, d: Digest) {

@@ -228,6 +228,10 @@ pub struct Options {
     /// Serialize and hash checkpoints off the protocol thread, from a copy-on-write
     /// freeze of the state (`Service::freeze`; services that cannot freeze checkpoint
     /// inline regardless). Node-local: the checkpoint's bytes are the same either way.
+    /// Off in production for now: on the 2-core host (four nodes sharing it) the
+    /// serialization competes with the protocol tasks and a 1 GB cluster ran slower with
+    /// it (DESIGN-NOTES, "Copy-on-write checkpoints"); it is for hosts with a core to
+    /// spare. The simulator runs half its nodes each way.
     pub background_checkpoints: bool,
 }
 
@@ -259,7 +263,7 @@ impl Options {
             leader_min_pct: 30,
             leader_rotate_ms: 0,
             transfer_rate_bytes: 0,
-            background_checkpoints: true,
+            background_checkpoints: false,
         }
     }
 

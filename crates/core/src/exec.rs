@@ -121,6 +121,9 @@ impl FrozenExecutor {
     }
 }
 
+/// Everything of a snapshot but the service state. Postcard writes a nested struct as
+/// its fields in order, so `SnapshotBody` has the bytes it had with these fields inline.
+#[derive(Serialize, Deserialize)]
 struct SnapshotHead {
     executed: Seq,
     time: u64,
@@ -135,19 +138,13 @@ impl SnapshotHead {
         let varints = 3 * 10;
         let cache: usize = self.clients.values().map(|r| 3 * 10 + r.result.len()).sum();
         let len = varints + cache + service.len() + 10;
-        let SnapshotHead { executed, time, clients, push_seqs, membership } = self;
-        let body = SnapshotBody { executed, time, clients, push_seqs, membership, service };
-        postcard::to_extend(&body, Vec::with_capacity(len)).unwrap_or_default()
+        postcard::to_extend(&SnapshotBody { head: self, service }, Vec::with_capacity(len)).unwrap_or_default()
     }
 }
 
 #[derive(Serialize, Deserialize)]
 struct SnapshotBody {
-    executed: Seq,
-    time: u64,
-    clients: BTreeMap<ClientId, LastReply>,
-    push_seqs: BTreeMap<ClientId, u64>,
-    membership: Membership,
+    head: SnapshotHead,
     #[serde(with = "serde_bytes")]
     service: Vec<u8>,
 }
@@ -448,12 +445,13 @@ impl<S: Service> Executor<S> {
         let body: SnapshotBody =
             postcard::from_bytes(bytes).map_err(|e| RestoreError(format!("executor snapshot: {e}")))?;
         self.service.restore(&body.service)?;
-        self.executed = body.executed;
-        self.time = body.time;
-        self.clients = body.clients;
-        self.push_seqs = body.push_seqs;
-        self.membership = body.membership;
-        Ok(body.executed)
+        let SnapshotHead { executed, time, clients, push_seqs, membership } = body.head;
+        self.executed = executed;
+        self.time = time;
+        self.clients = clients;
+        self.push_seqs = push_seqs;
+        self.membership = membership;
+        Ok(executed)
     }
 }
 
@@ -463,15 +461,11 @@ pub fn snapshot_membership(bytes: &[u8]) -> Option<Membership> {
     /// [`SnapshotBody`] with the service state borrowed, not copied.
     #[derive(Deserialize)]
     struct Head<'a> {
-        _executed: Seq,
-        _time: u64,
-        _clients: BTreeMap<ClientId, LastReply>,
-        _push_seqs: BTreeMap<ClientId, u64>,
-        membership: Membership,
+        head: SnapshotHead,
         #[serde(borrow)]
         _service: &'a [u8],
     }
-    postcard::from_bytes::<Head>(bytes).ok().map(|h| h.membership)
+    postcard::from_bytes::<Head>(bytes).ok().map(|h| h.head.membership)
 }
 
 /// The context of the request at `index` in instance `seq`: a function of agreed values

@@ -229,11 +229,11 @@ pub struct NodeFile {
     /// catches up (0, the default: no limit).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub transfer_rate_kib: u64,
-    /// Serialize and hash checkpoints on the protocol task, as before copy-on-write
-    /// checkpoints (for comparisons; the default, false, does it on another thread from a
-    /// frozen copy of the state).
+    /// Serialize and hash checkpoints on a thread of their own, from a copy-on-write
+    /// freeze of the state, instead of on the protocol task (`Options::
+    /// background_checkpoints`; off by default).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub inline_checkpoints: bool,
+    pub background_checkpoints: bool,
     /// Paths relative to the node file's directory.
     pub data_dir: PathBuf,
     pub cluster: PathBuf,
@@ -301,7 +301,7 @@ impl NodeFile {
         let cluster_file = ClusterFile::load(&cluster_path)?;
         let options = Options {
             transfer_rate_bytes: f.transfer_rate_kib.saturating_mul(1024),
-            background_checkpoints: !f.inline_checkpoints,
+            background_checkpoints: f.background_checkpoints,
             ..Options::production()
         };
         let cluster = cluster_file.cluster_config(&cluster_path, options)?;
@@ -517,7 +517,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             threads: 0,
             verify_threads: 0,
             transfer_rate_kib: 0,
-            inline_checkpoints: false,
+            background_checkpoints: false,
             faults: FaultsFile::default(),
             data_dir: "data".into(),
             cluster: "../cluster.toml".into(),

@@ -361,6 +361,13 @@ pub struct World<W: Workload> {
 /// The client of `World::faulty_client`.
 const FAULTY_CLIENT: ClientId = 9_000;
 
+/// Node-local options: even stable ids serialize checkpoints in the background, odd ones
+/// inline (production's default), so every run covers both and their mix.
+fn node_options(mut cfg: ClusterConfig, id: NodeId) -> ClusterConfig {
+    cfg.options.background_checkpoints = cfg.options.background_checkpoints && id.is_multiple_of(2);
+    cfg
+}
+
 fn client_id(i: usize) -> ClientId {
     1000 + i as ClientId
 }
@@ -431,7 +438,15 @@ impl<W: Workload> World<W> {
                     b
                 });
                 let (replica, role) = if i < n {
-                    (Some(Replica::new(cfg.clone(), i as NodeId, s.clone(), workload.service())), Role::Member)
+                    (
+                        Some(Replica::new(
+                            node_options(cfg.clone(), i as NodeId),
+                            i as NodeId,
+                            s.clone(),
+                            workload.service(),
+                        )),
+                        Role::Member,
+                    )
                 } else {
                     (None, Role::Spare)
                 };
@@ -1387,6 +1402,7 @@ impl<W: Workload> World<W> {
             return;
         };
         let epoch = cfg.epoch();
+        let cfg = node_options(cfg, n);
         match Replica::recover(cfg, index, node.secrets.clone(), service, durable, now, &mut out) {
             Ok(r) => node.replica = Some(r),
             Err(e) => {
@@ -1494,7 +1510,7 @@ impl<W: Workload> World<W> {
         let node = &mut self.nodes[id as usize];
         node.role = Role::Member;
         node.file_membership = Some(m.clone());
-        node.replica = Some(Replica::new(cfg, index, node.secrets.clone(), service));
+        node.replica = Some(Replica::new(node_options(cfg, id), index, node.secrets.clone(), service));
         self.memberships.entry(m.epoch).or_insert_with(|| m.members.iter().map(|x| x.id).collect());
         self.schedule(self.now + 1, Ev::NodeTick(id));
     }

@@ -11,6 +11,10 @@ use crate::message::{checkpoint_statement, CheckpointVote, Message, NodeId, Seq,
 use crate::service::Service;
 use crate::wal::Record;
 
+/// Checkpoints a node may have out for serialization at once; execution waits at the
+/// next checkpoint instance past that.
+pub(super) const PENDING_CHECKPOINTS_MAX: usize = 2;
+
 /// A checkpoint to serialize, chunk and hash off the protocol thread: the state as it
 /// was at `seq`, frozen copy-on-write ([`Service::freeze`]), so the node executes on
 /// meanwhile (UpRight §3.2).
@@ -94,6 +98,8 @@ impl<S: Service> Replica<S> {
             ready.chunked
         };
         self.checkpoint_taken(ready.seq, membership, chunked, out);
+        // Execution may have waited for this one (PENDING_CHECKPOINTS_MAX).
+        self.maybe_execute(out);
     }
 
     /// Persists our checkpoint at `seq` and votes for it (the vote waits for the
@@ -185,7 +191,9 @@ impl<S: Service> Replica<S> {
             }
         }
         let seq = proof.seq;
-        // Ours at `seq`, if still being serialized, is compared when it is done.
+        // Ours at `seq`, if still being serialized, is compared when it is done; ours
+        // below it are moot (the driver may skip them, and execution need not wait).
+        let waited = self.pending_checkpoints.len() >= PENDING_CHECKPOINTS_MAX;
         self.pending_checkpoints = self.pending_checkpoints.split_off(&seq);
         out.events.push(Event::Stable { seq, root: proof.root });
         self.stable = proof;
@@ -223,6 +231,9 @@ impl<S: Service> Replica<S> {
         // log below `seq` is not needed: Q nodes hold the state at `seq` durably, and a
         // node that crashes before its own snapshot is written fetches it from them.
         out.persist.push(Persist::Compact { records: self.durable_records(), snapshots_from: seq });
+        if waited && self.pending_checkpoints.len() < PENDING_CHECKPOINTS_MAX {
+            self.maybe_execute(out);
+        }
     }
 
     /// Checkpoint votes can be lost, and a checkpoint that never becomes stable closes the

@@ -427,6 +427,13 @@ impl<S: Service> Replica<S> {
                 // Nothing past the epoch's last instance executes in this epoch.
                 break;
             }
+            if self.pending_checkpoints.len() >= super::checkpoint::PENDING_CHECKPOINTS_MAX {
+                // Background checkpoints lag: execution may run one interval ahead of
+                // the oldest, not more. Each pending one keeps the values overwritten
+                // since its freeze alive, and its late vote keeps the log from being
+                // collected; with no limit a node of a 1 GB state grew to 9 GB.
+                break;
+            }
             let first = self.exec.executed() + 1;
             let count = self.executable_run(first);
             if count == 0 {
