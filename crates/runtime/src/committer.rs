@@ -125,13 +125,13 @@ fn run(
         }
         let eager = jobs.iter().any(|j| !j.persist.is_empty());
         for j in &jobs {
-            let before = storage.stats.clone();
-            storage.write(&j.persist)?;
+            let snapshots = storage.write(&j.persist)?;
             storage.append_lazy(&j.lazy)?;
-            let after = &storage.stats;
-            m.snapshot_chunks.inc_by(after.snapshot_chunks - before.snapshot_chunks);
-            m.snapshot_chunks_reused.inc_by(after.snapshot_chunks_reused - before.snapshot_chunks_reused);
-            m.snapshot_bytes.inc_by(after.snapshot_bytes - before.snapshot_bytes);
+            if snapshots.chunks > 0 {
+                m.snapshot_chunks.inc_by(snapshots.chunks);
+                m.snapshot_chunks_reused.inc_by(snapshots.reused);
+                m.snapshot_bytes.inc_by(snapshots.bytes_written);
+            }
         }
         if eager {
             let took = storage.sync()?;

@@ -63,6 +63,14 @@ pub struct SnapshotWrite {
     pub bytes_written: u64,
 }
 
+impl SnapshotWrite {
+    pub fn add(&mut self, o: SnapshotWrite) {
+        self.chunks += o.chunks;
+        self.reused += o.reused;
+        self.bytes_written += o.bytes_written;
+    }
+}
+
 pub struct SnapshotStore {
     dir: PathBuf,
     /// Where each stored chunk is (its first copy among the kept packs' chunks that the
@@ -182,10 +190,9 @@ impl SnapshotStore {
     /// Stores the snapshot of the checkpoint at `seq` durably: its new chunks in one pack
     /// (fsynced), then the manifest (atomically).
     pub fn write(&mut self, seq: Seq, chunked: &Chunked) -> Result<SnapshotWrite, StorageError> {
-        if self.manifests.contains_key(&seq) {
-            // Rewritten (a state transfer to a checkpoint we also took): replace it whole.
-            self.forget(seq);
-        }
+        // Written again (a state transfer to a checkpoint we also took): the new manifest
+        // replaces the old one; chunks of the old that it reuses stay where they are.
+        self.manifests.remove(&seq);
         // Packs the new snapshot would use too little of are copied forward.
         let mut live: BTreeMap<Seq, u64> = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
@@ -270,10 +277,6 @@ impl SnapshotStore {
         }
         garbage.extend(self.unreferenced_packs());
         garbage
-    }
-
-    fn forget(&mut self, seq: Seq) {
-        self.manifests.remove(&seq);
     }
 
     /// Packs no kept manifest refers to, removed from the index and the pack list.

@@ -4,8 +4,9 @@
 //!   DIR/wal/0000000000000001.log         segments, appended in order
 //!   DIR/wal/0000000000000007.base.log    a compaction: everything older is obsolete
 //!   DIR/wal/0.spare                      a superseded segment file kept for reuse
-//!   DIR/snap/0000000000000256.snap       manifest of the checkpoint at 256's snapshot
-//!   DIR/snap/0000000000000256.pack       the chunks it stored first (snapshots.rs)
+//!   DIR/snap/0000000000000256.snap       manifest of the snapshot at checkpoint 256
+//!   DIR/snap/0000000000000007.pack       snapshot chunks, numbered in write order
+//!                                        (snapshots.rs)
 //! ```
 //!
 //! Segment files are recycled, as databases do with their logs: a new segment reuses a
@@ -23,7 +24,7 @@
 //! torn tail of the last segment is cut; corruption anywhere else is an error, because
 //! silently dropping records there would break the node's promises.
 
-use crate::snapshots::SnapshotStore;
+use crate::snapshots::{SnapshotStore, SnapshotWrite};
 use keel_core::message::Seq;
 use keel_core::replica::{Durable, Persist};
 use keel_core::wal::{decode_segment, encode_record_in, Record};
@@ -123,10 +124,6 @@ pub struct StorageStats {
     pub torn_tail_bytes: u64,
     /// Segments started in a recycled file.
     pub recycled: u64,
-    /// Snapshot chunks stored, those already held, and the bytes written for them.
-    pub snapshot_chunks: u64,
-    pub snapshot_chunks_reused: u64,
-    pub snapshot_bytes: u64,
 }
 
 pub struct Storage {
@@ -203,7 +200,11 @@ impl Reap {
             }
         }
         for f in &self.files {
-            fs::remove_file(f).map_err(io_err("remove", f))?;
+            match fs::remove_file(f) {
+                // Already gone (an earlier reap, or `open` cleaning orphans): done.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                other => other.map_err(io_err("remove", f))?,
+            }
         }
         // No directory fsync: a deletion that does not survive a crash is redone by the
         // next compaction or by `open`.
@@ -342,21 +343,18 @@ impl Storage {
     }
 
     /// Writes one step's persist requests (durable after [`Storage::sync`], except
-    /// snapshots and compactions, which are durable on return).
-    pub fn write(&mut self, persists: &[Persist]) -> Result<(), StorageError> {
+    /// snapshots and compactions, which are durable on return). Returns what the
+    /// snapshots among them cost (zero if none).
+    pub fn write(&mut self, persists: &[Persist]) -> Result<SnapshotWrite, StorageError> {
+        let mut snapshots = SnapshotWrite::default();
         for p in persists {
             match p {
                 Persist::Record(r) => self.append(r)?,
-                Persist::Snapshot { seq, chunked } => {
-                    let w = self.snapshots.write(*seq, chunked)?;
-                    self.stats.snapshot_chunks += w.chunks;
-                    self.stats.snapshot_chunks_reused += w.reused;
-                    self.stats.snapshot_bytes += w.bytes_written;
-                }
+                Persist::Snapshot { seq, chunked } => snapshots.add(self.snapshots.write(*seq, chunked)?),
                 Persist::Compact { records, snapshots_from } => self.compact(records, *snapshots_from)?,
             }
         }
-        Ok(())
+        Ok(snapshots)
     }
 
     /// Appends records nothing waits for (`Outputs::persist_lazy`): durable at the next

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use serde_bytes::{ByteBuf, Bytes};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
-use std::ops::Bound;
+use std::ops::{Bound, Deref};
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 // Byte strings are `serde_bytes`: the same postcard bytes as a `Vec<u8>` (length, then
@@ -300,9 +300,7 @@ impl Store {
                 None => KvResponse::Error("an unwatch must be ordered".into()),
             },
             KvRequest::Scan { prefix, limit } => {
-                let guards = self.read_all();
-                let shards: Vec<&Map> = guards.iter().map(|g| &**g).collect();
-                KvResponse::Entries(scan(&shards, &prefix, limit.min(SCAN_LIMIT_MAX) as usize))
+                KvResponse::Entries(scan(&self.read_all(), &prefix, limit.min(SCAN_LIMIT_MAX) as usize))
             }
         }
     }
@@ -319,13 +317,13 @@ fn expire(w: &mut Watches, now: u64) {
 
 /// The first `limit` entries with `prefix` across all shards, in key order; only
 /// returned entries are copied.
-fn scan(shards: &[&Map], prefix: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+fn scan(shards: &[impl Deref<Target = Map>], prefix: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
     merged(shards, prefix).take(limit).map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
 }
 
 /// Every entry with `prefix` across all shards, in key order, by reference: a k-way merge
 /// of the shards' own ordered iterators (scans and snapshots both need the global order).
-fn merged<'a>(shards: &'a [&Map], prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+fn merged<'a>(shards: &'a [impl Deref<Target = Map>], prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
     let mut iters: Vec<_> = shards
         .iter()
         .map(|m| {
@@ -473,9 +471,7 @@ impl Service for Kv {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        let guards = self.store.read_all();
-        let shards: Vec<&Map> = guards.iter().map(|g| &**g).collect();
-        encode(&shards, &self.store.watches())
+        encode(&self.store.read_all(), &self.store.watches())
     }
 
     /// O(shards): each shard's map is persistent, so its clone shares every node.
@@ -515,8 +511,7 @@ struct FrozenKv {
 
 impl Frozen for FrozenKv {
     fn snapshot(self: Box<Self>) -> Vec<u8> {
-        let shards: Vec<&Map> = self.shards.iter().collect();
-        encode(&shards, &self.watches)
+        encode(&self.shards.iter().collect::<Vec<&Map>>(), &self.watches)
     }
 }
 
@@ -525,7 +520,7 @@ impl Frozen for FrozenKv {
 /// bytes whatever the shard layout. Keys and values go through as byte strings (one copy
 /// each) into a buffer sized up front: a checkpoint serializes the whole store, and
 /// byte-by-byte serialization of Vec<u8> was most of its cost.
-fn encode(shards: &[&Map], watches: &Watches) -> Vec<u8> {
+fn encode(shards: &[impl Deref<Target = Map>], watches: &Watches) -> Vec<u8> {
     let entries: Vec<(&[u8], &[u8])> = merged(shards, b"").collect();
     let len = VARINT_MAX + entries.iter().map(|(k, v)| 2 * VARINT_MAX + k.len() + v.len()).sum::<usize>();
     let bytes = postcard::to_extend(&SortedMap(&entries), Vec::with_capacity(len)).unwrap_or_default();

@@ -86,12 +86,10 @@ impl<S: Service> Replica<S> {
         if ready.epoch != self.epoch() || ready.generation != self.state_generation {
             return;
         }
+        // Pending ones below the stable checkpoint were dropped when it was installed.
         let Some(membership) = self.pending_checkpoints.remove(&ready.seq) else {
             return;
         };
-        if ready.seq < self.stable.seq {
-            return;
-        }
         let chunked = if self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::UnfrozenCheckpoint) {
             Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes)
         } else {
@@ -109,9 +107,7 @@ impl<S: Service> Replica<S> {
         out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
         out.events.push(Event::Checkpoint { seq, root });
         let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, &membership, self.id));
-        if seq >= self.stable.seq {
-            self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, membership, sig }), out);
-        }
+        self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, membership, sig }), out);
         if seq > self.stable.seq {
             self.own_checkpoints.insert(seq, chunked);
             self.checkpoint_votes.entry(seq).or_default().insert(self.id, (root, membership, sig));
