@@ -140,7 +140,7 @@ fn view_change_to_backup() -> Script {
     assert_eq!(s.h.replica.executed(), 2, "the re-proposed value decided");
     // Node 1, the new primary, proposes (FIX sets MACs and moves the time to the clock).
     let value = Value { time: 2000, requests: vec![put(3, 1), put(4, 1)] };
-    s.send(FIX | 1, 1, &Message::Propose { view: 1, seq: 3, value });
+    s.send(FIX | 1, 1, &Message::Propose { view: 1, seq: 3, value: value.into() });
     agree(&mut s);
     assert_eq!(s.h.replica.executed(), 3);
     // A request reaches node 0, which is now a backup: it times out and is forwarded.
@@ -210,7 +210,8 @@ fn state_transfer_fixed() -> Script {
     let mut s = Script::new();
     s.tick(1);
     for from in [1u8, 2, 3] {
-        let vote = CheckpointVote { seq: 8, root: placeholder(SYNTHETIC_ROOT), membership: membership(), sig: Sig([0; 64]) };
+        let vote =
+            CheckpointVote { seq: 8, root: placeholder(SYNTHETIC_ROOT), membership: membership(), sig: Sig([0; 64]) };
         s.send(FIX | from, 1, &Message::Checkpoint(vote));
     }
     assert_eq!(s.h.replica.stable_seq(), 8);
@@ -219,13 +220,12 @@ fn state_transfer_fixed() -> Script {
         s.send(FIX | 2, 0, &Message::Chunk { seq: 8, index, data: vec![] });
     }
     assert_eq!(s.h.replica.executed(), 8);
-    let proof =
-        StableProof {
-            seq: 16,
-            root: placeholder(SYNTHETIC_ROOT),
-            membership: membership(),
-            sigs: (1..=3).map(|n| (n, Sig([0; 64]))).collect(),
-        };
+    let proof = StableProof {
+        seq: 16,
+        root: placeholder(SYNTHETIC_ROOT),
+        membership: membership(),
+        sigs: (1..=3).map(|n| (n, Sig([0; 64]))).collect(),
+    };
     s.send(FIX | 3, 1, &Message::StableCert(proof));
     s.send(FIX | 1, 1, &Message::Manifest { seq: 16, len: 0, chunks: vec![] });
     for index in 0..4 {
@@ -286,9 +286,15 @@ fn sample_messages() -> Vec<Message> {
     vec![
         Message::Request(req.clone()),
         Message::Forward(req),
-        Message::Reply(Reply { client: 9, view: 1, seq: 3, body: ReplyBody::Full(KvResponse::Done.encode()), epoch: 0 }),
+        Message::Reply(Reply {
+            client: 9,
+            view: 1,
+            seq: 3,
+            body: ReplyBody::Full(KvResponse::Done.encode()),
+            epoch: 0,
+        }),
         Message::Reply(Reply { client: 9, view: 1, seq: 3, body: ReplyBody::Hash(Digest::of(b"x")), epoch: 0 }),
-        Message::Propose { view: 1, seq: 3, value: value.clone() },
+        Message::Propose { view: 1, seq: 3, value: value.clone().into() },
         Message::Write(Write {
             view: 1,
             seq: 3,
@@ -296,7 +302,12 @@ fn sample_messages() -> Vec<Message> {
             sig: keys[1].signing.sign(&write_statement(1, 3, &digest, 1)),
         }),
         Message::Accept { view: 1, seq: 3, digest },
-        Message::Checkpoint(CheckpointVote { seq: 8, root: Digest::of(b"root"), membership: Digest::of(b"m"), sig: Sig([7; 64]) }),
+        Message::Checkpoint(CheckpointVote {
+            seq: 8,
+            root: Digest::of(b"root"),
+            membership: Digest::of(b"m"),
+            sig: Sig([7; 64]),
+        }),
         Message::Stop { view: 5 },
         Message::ViewChange(vc),
         Message::NewView(nv),

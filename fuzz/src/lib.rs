@@ -47,7 +47,8 @@ use keel_core::config::{ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
 use keel_core::exec::{Chunked, Executor};
 use keel_core::message::{
-    checkpoint_statement, write_statement, ClientId, Message, NodeId, Request, Seq, StableProof, Value, ViewChange,
+    checkpoint_statement, write_statement, ClientId, Message, NodeId, Proposed, Request, Seq, StableProof, Value,
+    ViewChange,
 };
 use keel_core::quorum::Quorums;
 use keel_core::replica::{client_mac_key, Event, Input, NodeSecrets, Outputs, Peer, Persist, Replica};
@@ -291,9 +292,8 @@ impl Harness {
 
     fn note_digests(&mut self, msg: &Message) {
         match msg {
-            Message::Propose { value, .. } | Message::Decided { value, .. } | Message::ValueBody { value, .. } => {
-                self.note(value.digest())
-            }
+            Message::Propose { value, .. } => self.note(value.digest()),
+            Message::Decided { value, .. } | Message::ValueBody { value, .. } => self.note(value.digest()),
             Message::Write(w) => self.note(w.digest),
             Message::Accept { digest, .. } => self.note(*digest),
             Message::Checkpoint(v) => self.note(v.root),
@@ -363,13 +363,6 @@ impl Harness {
         }
     }
 
-    fn fix_value(&self, v: &mut Value) {
-        v.time = (self.now + v.time % 4001).saturating_sub(2000);
-        for r in &mut v.requests {
-            self.fix_request(r);
-        }
-    }
-
     fn fix_stable(&mut self, p: &mut StableProof) {
         p.root = self.subst(p.root, Some(p.seq));
         for (node, sig) in &mut p.sigs {
@@ -407,7 +400,12 @@ impl Harness {
                 Message::Forward(r)
             }
             Message::Propose { view, seq, mut value } => {
-                self.fix_value(&mut value);
+                value.time = (self.now + value.time % 4001).saturating_sub(2000);
+                for p in &mut value.requests {
+                    if let Proposed::Full(r) = p {
+                        self.fix_request(r);
+                    }
+                }
                 Message::Propose { view, seq, value }
             }
             Message::Write(mut w) => {

@@ -305,6 +305,7 @@ impl Baseline {
             clients,
             fsync,
             auth: None,
+            request_digests: None,
             checkpoint_interval: None,
         };
         init(&dir, &o).map_err(|e| e.to_string())?;

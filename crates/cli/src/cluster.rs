@@ -40,12 +40,24 @@ pub struct InitArgs {
     /// of many hundreds of MB.
     #[arg(long)]
     checkpoint_interval: Option<u64>,
+    /// on | off: with rq-mac, operations over 64 bytes are proposed by digest and fetched
+    /// from the nodes that endorsed them (UpRight §4.1; default on with rq-mac).
+    #[arg(long, value_parser = parse_on_off)]
+    digests: Option<bool>,
     /// Overwrite an existing cluster directory.
     #[arg(long)]
     force: bool,
     /// kv | null (the microbenchmark service).
     #[arg(long, default_value = "kv")]
     service: String,
+}
+
+fn parse_on_off(s: &str) -> Result<bool, String> {
+    match s {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("expected on or off, not {s:?}")),
+    }
 }
 
 /// A run of `n` consecutive ports that are free right now.
@@ -89,6 +101,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         clients: a.clients,
         fsync,
         auth,
+        request_digests: a.digests,
         checkpoint_interval: a.checkpoint_interval,
     };
     match init(&a.dir, &o) {

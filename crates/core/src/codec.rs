@@ -6,11 +6,11 @@
 //! enforces the per-field bounds below, so handlers see only messages whose counts fit the
 //! protocol (a batch is never larger than `REQUESTS_PER_VALUE_MAX`, and so on).
 
-use crate::message::{CertProof, Message, NewView, Read, Request, StableProof, Value, ViewChange};
+use crate::message::{CertProof, Message, NewView, Proposal, Proposed, Read, Request, StableProof, Value, ViewChange};
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 9;
+pub const WIRE_VERSION: u8 = 10;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -99,6 +99,17 @@ fn check_value(v: &Value) -> Result<(), DecodeError> {
     v.requests.iter().try_for_each(check_request)
 }
 
+fn check_proposal(p: &Proposal) -> Result<(), DecodeError> {
+    bound("proposal.requests", p.requests.len(), REQUESTS_PER_VALUE_MAX)?;
+    p.requests.iter().try_for_each(|r| match r {
+        Proposed::Full(r) => check_request(r),
+        Proposed::Digest(d) => {
+            bound("request.endorsements", d.endorsements.len(), NODES_MAX)?;
+            d.endorsements.iter().try_for_each(|e| bound("endorsement.macs", e.macs.len(), NODES_MAX))
+        }
+    })
+}
+
 fn check_stable(p: &StableProof) -> Result<(), DecodeError> {
     bound("stable.sigs", p.sigs.len(), NODES_MAX)
 }
@@ -137,8 +148,12 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
             crate::message::ReplyBody::Full(b) => bound("reply.body", b.len(), OP_BYTES_MAX),
             crate::message::ReplyBody::Hash(_) | crate::message::ReplyBody::NotReadOnly => Ok(()),
         },
-        Message::Propose { value, .. } | Message::Decided { value, .. } | Message::ValueBody { value, .. } => {
-            check_value(value)
+        Message::Propose { value, .. } => check_proposal(value),
+        Message::Decided { value, .. } | Message::ValueBody { value, .. } => check_value(value),
+        Message::FetchBodies { wanted, .. } => bound("fetch_bodies.wanted", wanted.len(), REQUESTS_PER_VALUE_MAX),
+        Message::Bodies { ops, .. } => {
+            bound("bodies.ops", ops.len(), REQUESTS_PER_VALUE_MAX)?;
+            ops.iter().try_for_each(|op| bound("bodies.op", op.len(), OP_BYTES_MAX))
         }
         Message::ViewChange(vc) => check_view_change(vc),
         Message::NewView(nv) => check_new_view(nv),
@@ -198,7 +213,7 @@ mod tests {
         (
             any::<u64>(),
             any::<u64>(),
-            arb_bytes(64),
+            arb_bytes(100),
             proptest::collection::vec(any::<[u8; 16]>(), 0..5),
             proptest::collection::vec(endorsement, 0..3),
             proptest::option::of(arb_sig()),
@@ -270,11 +285,14 @@ mod tests {
                     body,
                     epoch: view / 3
                 })),
-            (any::<u64>(), any::<u64>(), arb_value()).prop_map(|(view, seq, value)| Message::Propose {
-                view,
-                seq,
-                value
+            (any::<u64>(), any::<u64>(), arb_value(), any::<bool>()).prop_map(|(view, seq, value, digests)| {
+                let value = if digests { Proposal::with_digests(&value) } else { value.into() };
+                Message::Propose { view, seq, value }
             }),
+            (any::<u64>(), proptest::collection::vec((any::<u64>(), arb_digest()), 0..4))
+                .prop_map(|(seq, wanted)| Message::FetchBodies { seq, wanted }),
+            (any::<u64>(), proptest::collection::vec(arb_bytes(100), 0..4))
+                .prop_map(|(seq, ops)| { Message::Bodies { seq, ops: ops.into_iter().map(Payload::from).collect() } }),
             (any::<u64>(), any::<u64>(), arb_digest(), arb_sig())
                 .prop_map(|(view, seq, digest, sig)| Message::Write(Write { view, seq, digest, sig })),
             (any::<u64>(), any::<u64>(), arb_digest()).prop_map(|(view, seq, digest)| Message::Accept {
@@ -358,7 +376,36 @@ mod tests {
     fn oversized_batches_are_bounded() {
         let req = Request::new(1, 1, Vec::new().into());
         let value = Value { time: 0, requests: vec![req; REQUESTS_PER_VALUE_MAX + 1] };
-        let bytes = encode(&Message::Propose { view: 0, seq: 1, value });
+        let bytes = encode(&Message::Propose { view: 0, seq: 1, value: value.clone().into() });
+        assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "proposal.requests", .. })));
+        let bytes = encode(&Message::Decided { seq: 1, value });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "value.requests", .. })));
+        let wanted = vec![(1, Digest::default()); REQUESTS_PER_VALUE_MAX + 1];
+        let bytes = encode(&Message::FetchBodies { seq: 1, wanted });
+        assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "fetch_bodies.wanted", .. })));
+    }
+
+    #[test]
+    fn a_proposal_with_digests_is_small_and_keeps_the_value_digest() {
+        let op = |i: u8, len: usize| Payload::from(vec![i; len]);
+        let value = Value {
+            time: 7,
+            requests: (0..10).map(|i| Request::new(i as u64, 1, op(i, if i == 0 { 10 } else { 1024 }))).collect(),
+        };
+        let proposal = Proposal::with_digests(&value);
+        assert_eq!(proposal.digest(), value.digest());
+        // The 10-byte operation stays inline; the nine 1 KiB ones become digests.
+        assert!(matches!(proposal.requests[0], Proposed::Full(_)));
+        assert!(proposal.requests[1..].iter().all(|p| matches!(p, Proposed::Digest(_))));
+        let full = encode(&Message::Propose { view: 0, seq: 1, value: value.clone().into() }).len();
+        let small = encode(&Message::Propose { view: 0, seq: 1, value: proposal.clone() }).len();
+        assert!(full > 9 * 1024 && small < 1024, "full {full} bytes, with digests {small}");
+        // Expanding needs every body, each hashing to its digest.
+        let mut bodies: Vec<Option<Payload>> = value.requests.iter().map(|r| Some(r.op.clone())).collect();
+        assert_eq!(proposal.clone().expand(&bodies), Some(value.clone()));
+        bodies[3] = None;
+        assert_eq!(proposal.clone().expand(&bodies), None);
+        bodies[3] = Some(op(9, 1024));
+        assert_eq!(proposal.expand(&bodies), None);
     }
 }

@@ -18,6 +18,10 @@ pub struct ClusterConfig {
     pub options: Options,
     /// How client requests are authenticated (ARCHITECTURE §4).
     pub auth: Auth,
+    /// `auth = rq-mac`: the primary proposes operations over `DIGEST_MIN` bytes by digest
+    /// and backups fetch them from their endorsers (UpRight §4.1 "Request digest";
+    /// replica/bodies.rs). On by default with rq-mac; meaningless (off) otherwise.
+    pub request_digests: bool,
     /// `auth = sig`: each client identity's Ed25519 public key (sessions use their
     /// owner's).
     pub client_keys: BTreeMap<ClientId, PublicKey>,
@@ -112,6 +116,7 @@ impl ClusterConfig {
         }
         Ok(ClusterConfig {
             auth: Auth::default_for(&quorums),
+            request_digests: Auth::default_for(&quorums) == Auth::RqMac,
             client_keys: BTreeMap::new(),
             membership: Membership::genesis(quorums.u(), quorums.r(), &node_keys, &[]),
             admin_key: None,
@@ -121,9 +126,21 @@ impl ClusterConfig {
         })
     }
 
+    /// Sets the authentication mode; request digests follow it (on with rq-mac).
     pub fn with_auth(mut self, auth: Auth) -> ClusterConfig {
         self.auth = auth;
+        self.request_digests = auth == Auth::RqMac;
         self
+    }
+
+    /// Request digests on or off; they need `auth = rq-mac` (only endorsers are known to
+    /// hold a request's bytes), so with another mode this is an error.
+    pub fn with_request_digests(mut self, on: bool) -> Result<ClusterConfig, ConfigError> {
+        if on && self.auth != Auth::RqMac {
+            return Err(ConfigError::Option { name: "request_digests", value: 1, why: "needs auth = rq-mac" });
+        }
+        self.request_digests = on;
+        Ok(self)
     }
 
     /// The client public keys `auth = sig` checks requests against.
@@ -159,6 +176,7 @@ impl ClusterConfig {
             node_keys: next.keys(),
             options: self.options.clone(),
             auth: self.auth,
+            request_digests: self.request_digests,
             client_keys: self.client_keys.clone(),
             membership: next,
             admin_key: self.admin_key,

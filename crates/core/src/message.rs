@@ -71,6 +71,17 @@ impl Payload {
     }
 }
 
+impl Payload {
+    /// Bytes taken for the operation with digest `digest` without hashing them: only the
+    /// simulator's mutation `unchecked-body` does this (a fetched operation trusted to be
+    /// the one asked for), to show that the check it skips is needed.
+    pub(crate) fn claiming_digest(bytes: Vec<u8>, digest: Digest) -> Payload {
+        let p = Payload::from(bytes);
+        let _ = p.0.digest.set(digest);
+        p
+    }
+}
+
 impl From<Vec<u8>> for Payload {
     fn from(bytes: Vec<u8>) -> Payload {
         Payload(Arc::new(PayloadInner { bytes, digest: OnceLock::new(), statement: OnceLock::new() }))
@@ -127,6 +138,12 @@ pub struct Request {
     pub sig: Option<Sig>,
 }
 
+/// [`Request::statement`] from its parts: what a request named by its operation's digest
+/// ([`RequestDigest`]) is judged by, without the operation's bytes.
+pub fn request_statement(client: ClientId, seq: u64, op: &Digest) -> Digest {
+    Hasher::new("keel/request").u64(client).u64(seq).digest(op).finish()
+}
+
 /// Node `node`'s word that a client sent a request: one MAC per order node over
 /// [`endorse_statement`], entry `j` keyed for node `j`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,7 +172,7 @@ impl Request {
                 return *d;
             }
         }
-        let d = Hasher::new("keel/request").u64(self.client).u64(self.seq).digest(&self.op.digest()).finish();
+        let d = request_statement(self.client, self.seq, &self.op.digest());
         let _ = self.op.0.statement.set((self.client, self.seq, d));
         d
     }
@@ -255,17 +272,173 @@ impl Value {
     /// Covers everything execution sees (time, clients, sequence numbers, operations),
     /// not the MAC authenticators, which only gate admission.
     pub fn digest(&self) -> Digest {
-        let mut h = Hasher::new("keel/value").u64(self.time).u64(self.requests.len() as u64);
-        for r in &self.requests {
-            h = h.digest(&r.statement());
-        }
-        h.finish()
+        value_digest(self.time, self.requests.iter().map(Request::statement))
+    }
+
+    /// Bytes its requests take, for the batch bound.
+    pub fn size(&self) -> usize {
+        self.requests.iter().map(Request::size).sum()
     }
 
     /// The agreed pseudo-random seed of instance `seq`: derived from the decided value so
     /// that every backup can check it and no primary can choose it freely.
     pub fn seed(&self, seq: Seq) -> u64 {
         Hasher::new("keel/seed").u64(seq).digest(&self.digest()).finish().prefix_u64()
+    }
+}
+
+fn value_digest(time: u64, statements: impl ExactSizeIterator<Item = Digest>) -> Digest {
+    let mut h = Hasher::new("keel/value").u64(time).u64(statements.len() as u64);
+    for s in statements {
+        h = h.digest(&s);
+    }
+    h.finish()
+}
+
+/// Operations up to this size travel inside a PROPOSE even with request digests on: a
+/// digest (32 bytes) and the fetch it may cost would not save anything (UpRight §4.1 uses
+/// the same 64-byte bar).
+pub const DIGEST_MIN: usize = 64;
+
+/// A [`Value`] as PROPOSE carries it. With request digests (`auth = rq-mac`, UpRight §4.1
+/// "Request digest"), an operation over [`DIGEST_MIN`] bytes travels as its digest: the
+/// nodes that endorsed the request hold its bytes, so the primary does not send every
+/// large request to every backup. A backup expands the proposal into the value before it
+/// votes (replica/bodies.rs), so every vote still implies the node holds (and has logged)
+/// every byte it voted for. [`Proposal::digest`] equals the expanded value's digest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    pub time: u64,
+    pub requests: Vec<Proposed>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Proposed {
+    Full(Request),
+    Digest(RequestDigest),
+}
+
+/// A proposed request without its operation's bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestDigest {
+    pub client: ClientId,
+    pub seq: u64,
+    /// `Digest::of` the operation's bytes.
+    pub op: Digest,
+    /// As in [`Request::endorsements`]: who vouches for it, and so who holds the bytes.
+    pub endorsements: Vec<Endorsement>,
+}
+
+impl Proposed {
+    pub fn client(&self) -> ClientId {
+        match self {
+            Proposed::Full(r) => r.client,
+            Proposed::Digest(d) => d.client,
+        }
+    }
+
+    pub fn seq(&self) -> u64 {
+        match self {
+            Proposed::Full(r) => r.seq,
+            Proposed::Digest(d) => d.seq,
+        }
+    }
+
+    pub fn statement(&self) -> Digest {
+        match self {
+            Proposed::Full(r) => r.statement(),
+            Proposed::Digest(d) => request_statement(d.client, d.seq, &d.op),
+        }
+    }
+
+    pub fn endorsements(&self) -> &[Endorsement] {
+        match self {
+            Proposed::Full(r) => &r.endorsements,
+            Proposed::Digest(d) => &d.endorsements,
+        }
+    }
+
+    /// The request, if it travels with its operation.
+    pub fn full(&self) -> Option<&Request> {
+        match self {
+            Proposed::Full(r) => Some(r),
+            Proposed::Digest(_) => None,
+        }
+    }
+
+    /// The digest of the operation's bytes.
+    pub fn op_digest(&self) -> Digest {
+        match self {
+            Proposed::Full(r) => r.op.digest(),
+            Proposed::Digest(d) => d.op,
+        }
+    }
+}
+
+impl Proposal {
+    /// The digest of the value this proposal expands to.
+    pub fn digest(&self) -> Digest {
+        value_digest(self.time, self.requests.iter().map(Proposed::statement))
+    }
+
+    /// `value` with the operations over [`DIGEST_MIN`] bytes sent as digests.
+    pub fn with_digests(value: &Value) -> Proposal {
+        let requests = value
+            .requests
+            .iter()
+            .map(|r| {
+                if r.op.len() > DIGEST_MIN {
+                    Proposed::Digest(RequestDigest {
+                        client: r.client,
+                        seq: r.seq,
+                        op: r.op.digest(),
+                        endorsements: r.endorsements.clone(),
+                    })
+                } else {
+                    Proposed::Full(r.clone())
+                }
+            })
+            .collect();
+        Proposal { time: value.time, requests }
+    }
+
+    /// Whether some operation travels as a digest.
+    pub fn has_digests(&self) -> bool {
+        self.requests.iter().any(|p| matches!(p, Proposed::Digest(_)))
+    }
+
+    /// The value, given the bytes of every operation sent as a digest (`bodies[i]` for
+    /// request `i`; entries of full requests are ignored). `None` if one is missing or
+    /// does not hash to its digest.
+    pub fn expand(self, bodies: &[Option<Payload>]) -> Option<Value> {
+        let mut requests = Vec::with_capacity(self.requests.len());
+        for (i, p) in self.requests.into_iter().enumerate() {
+            requests.push(match p {
+                Proposed::Full(r) => r,
+                Proposed::Digest(d) => {
+                    let op = bodies.get(i)?.clone()?;
+                    if op.digest() != d.op {
+                        return None;
+                    }
+                    Request {
+                        client: d.client,
+                        seq: d.seq,
+                        op,
+                        auth: Vec::new(),
+                        endorsements: d.endorsements,
+                        sig: None,
+                    }
+                }
+            });
+        }
+        Some(Value { time: self.time, requests })
+    }
+}
+
+impl From<Value> for Proposal {
+    /// Every operation in full.
+    fn from(value: Value) -> Proposal {
+        Proposal { time: value.time, requests: value.requests.into_iter().map(Proposed::Full).collect() }
     }
 }
 
@@ -464,11 +637,12 @@ pub enum Message {
     Reply(Reply),
     /// Backup → primary: a request whose timer expired once (BFT-SMaRt §II-C1).
     Forward(Request),
-    /// Primary → all: instance `seq` of `view` should decide `value`.
+    /// Primary → all: instance `seq` of `view` should decide `value` (large operations
+    /// possibly by digest, [`Proposal`]).
     Propose {
         view: View,
         seq: Seq,
-        value: Value,
+        value: Proposal,
     },
     /// All → all (BFT only).
     Write(Write),
@@ -572,6 +746,18 @@ pub enum Message {
         client: ClientId,
         epoch: u64,
     },
+    /// Node → a node that endorsed the requests: "send me the operations of these
+    /// requests of instance `seq`" (by client and operation digest), which a PROPOSE
+    /// named by digest and this node does not hold.
+    FetchBodies {
+        seq: Seq,
+        wanted: Vec<(ClientId, Digest)>,
+    },
+    /// The answer: taken only where an operation hashes to a digest the asker awaits.
+    Bodies {
+        seq: Seq,
+        ops: Vec<Payload>,
+    },
 }
 
 impl Message {
@@ -605,6 +791,8 @@ impl Message {
             Message::EpochQuery { .. } => "epoch-query",
             Message::Push { .. } => "push",
             Message::PushAck { .. } => "push-ack",
+            Message::FetchBodies { .. } => "fetch-bodies",
+            Message::Bodies { .. } => "bodies",
         }
     }
 }

@@ -52,10 +52,13 @@ pub enum Mutation {
     /// serialization ends, not as it was frozen at the checkpoint instance (what a
     /// service whose `freeze` is not a true copy would do).
     UnfrozenCheckpoint,
+    /// Request digests: an operation a peer sends for a parked proposal is taken for the
+    /// one asked for, without checking that it hashes to the proposal's digest.
+    UncheckedBody,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 10] = [
+    pub const ALL: [Mutation; 11] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -66,6 +69,7 @@ impl Mutation {
         Mutation::OnePushCopy,
         Mutation::UnverifiedEpochCerts,
         Mutation::UnfrozenCheckpoint,
+        Mutation::UncheckedBody,
     ];
 
     pub fn name(self) -> &'static str {
@@ -80,6 +84,7 @@ impl Mutation {
             Mutation::OnePushCopy => "one-push-copy",
             Mutation::UnverifiedEpochCerts => "unverified-epoch-certs",
             Mutation::UnfrozenCheckpoint => "unfrozen-checkpoint",
+            Mutation::UncheckedBody => "unchecked-body",
         }
     }
 

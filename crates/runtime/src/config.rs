@@ -79,6 +79,10 @@ pub struct ClusterFile {
     /// r > 0, mac otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<String>,
+    /// `auth = rq-mac`: propose operations over 64 bytes by digest, their bytes fetched
+    /// from the nodes that endorsed them (UpRight §4.1). Unset: on with rq-mac.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_digests: Option<bool>,
     /// Each client identity's Ed25519 public key, hex, by id (checked with auth = sig).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub client_keys: BTreeMap<String, String>,
@@ -172,6 +176,9 @@ impl ClusterFile {
             .with_auth(auth)
             .with_client_keys(client_keys)
             .with_addrs(&addrs);
+        if let Some(on) = self.request_digests {
+            cfg = cfg.with_request_digests(on)?;
+        }
         if let Some(key) = &self.admin_key {
             cfg = cfg.with_admin_key(PublicKey(hex32(path, "admin_key", key)?));
         }
@@ -434,6 +441,8 @@ pub struct InitOptions {
     pub auth: Option<Auth>,
     /// Written into cluster.toml when set; unset leaves the default (256).
     pub checkpoint_interval: Option<u64>,
+    /// Written into cluster.toml when set; unset leaves the default (on with rq-mac).
+    pub request_digests: Option<bool>,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -458,7 +467,11 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         checkpoint_interval: o.checkpoint_interval.unwrap_or(Options::production().checkpoint_interval),
         ..Options::production()
     };
-    ClusterConfig::new(quorums, vec![PublicKey([0; 32]); n], options)?;
+    let checked = ClusterConfig::new(quorums, vec![PublicKey([0; 32]); n], options)?
+        .with_auth(o.auth.unwrap_or(Auth::default_for(&quorums)));
+    if let Some(on) = o.request_digests {
+        checked.with_request_digests(on)?;
+    }
     fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?;
     let ca = generate_ca()?;
     write(&dir.join("ca.pem"), &ca.cert_pem)?;
@@ -487,6 +500,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         nodes: nodes.clone(),
         leadership: LeadershipFile::default(),
         auth: o.auth.map(|a| a.name().to_string()),
+        request_digests: o.request_digests,
         checkpoint_interval: o.checkpoint_interval,
         client_keys: client_seeds
             .iter()
@@ -708,9 +722,13 @@ mod tests {
             clients: 1,
             fsync: FsyncPolicy::Batch,
             auth: None,
+            request_digests: None,
             checkpoint_interval: Some(4096),
         };
         assert!(init(&at, &o).is_err(), "a view change could not carry the log");
+        assert!(!at.exists());
+        let o = InitOptions { checkpoint_interval: None, auth: Some(Auth::Mac), request_digests: Some(true), ..o };
+        assert!(init(&at, &o).is_err(), "request digests need rq-mac");
         assert!(!at.exists());
     }
 
@@ -728,6 +746,7 @@ mod tests {
                 clients: 2,
                 fsync: FsyncPolicy::Batch,
                 auth: None,
+                request_digests: Some(false),
                 checkpoint_interval: Some(1024),
             },
         )
@@ -737,6 +756,7 @@ mod tests {
             assert_eq!(setup.id, i);
             assert_eq!(setup.cluster.n(), 4);
             assert_eq!(setup.cluster.options.checkpoint_interval, 1024);
+            assert!(!setup.cluster.request_digests, "cluster.toml turned them off");
         }
         let c = ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
         assert_eq!(c.mac_keys.len(), 4);

@@ -38,6 +38,8 @@ pub struct Metrics {
     pub banned_clients: Counter,
     /// Push events dropped from full queues.
     pub push_dropped: Counter,
+    /// Operations proposed by digest that this node fetched from an endorser.
+    pub operations_fetched: Counter,
     pub rejected: Family<KindLabels, Counter>,
     /// Read-only operations answered without ordering, by consistency.
     pub reads_answered: Family<KindLabels, Counter>,
@@ -99,6 +101,7 @@ impl Metrics {
             slow_primary: Counter::default(),
             banned_clients: Counter::default(),
             push_dropped: Counter::default(),
+            operations_fetched: Counter::default(),
             rejected: Family::default(),
             reads_answered: Family::default(),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
@@ -143,6 +146,11 @@ impl Metrics {
             "push_dropped",
             "Push events dropped unacknowledged because a client's queue or all queues were full",
             m.push_dropped.clone(),
+        );
+        r.register(
+            "operations_fetched",
+            "Operations a PROPOSE named by digest that this node fetched from a node that endorsed them",
+            m.operations_fetched.clone(),
         );
         r.register("rejected", "Inputs dropped as invalid, by message kind", m.rejected.clone());
         r.register(

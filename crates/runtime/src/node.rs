@@ -575,6 +575,9 @@ fn flush(
                 tracing::info!(next = epoch, seq, "membership epoch ended");
                 ended = true;
             }
+            Event::OperationsFetched { count, .. } => {
+                m.operations_fetched.inc_by(count as u64);
+            }
             Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
     }

@@ -8,7 +8,7 @@ use keel_core::crypto::{Digest, Mac, MacKey, Sig, SigningKey};
 use keel_core::membership::{Member, Membership};
 use keel_core::message::{
     checkpoint_statement, endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, EpochCert,
-    Message, NewView, NodeId, Reply, ReplyBody, Request, StableProof, Value, ViewChange, Write,
+    Message, NewView, NodeId, Proposal, Proposed, Reply, ReplyBody, Request, StableProof, Value, ViewChange, Write,
 };
 use keel_core::replica::Peer;
 use rand::Rng;
@@ -52,6 +52,9 @@ pub struct Behaviours {
     /// epoch of its own making (itself and nodes it holds the keys of, tolerating no
     /// fault), signed by itself and with made-up signatures for the others.
     pub forge_epoch_certs: bool,
+    /// Request digests: asked for the operations of a proposal, answer nothing or
+    /// operations altered by one byte.
+    pub withhold_bodies: bool,
 }
 
 impl Behaviours {
@@ -68,6 +71,7 @@ impl Behaviours {
                 slow_primary: rng.gen_bool(0.3),
                 forge_endorsements: rng.gen_bool(0.5),
                 forge_epoch_certs: rng.gen_bool(0.5),
+                withhold_bodies: rng.gen_bool(0.5),
             };
             if b.equivocate
                 || b.corrupt
@@ -79,6 +83,7 @@ impl Behaviours {
                 || b.slow_primary
                 || b.forge_endorsements
                 || b.forge_epoch_certs
+                || b.withhold_bodies
             {
                 return b;
             }
@@ -98,6 +103,7 @@ impl Behaviours {
             (self.slow_primary, "slow-primary"),
             (self.forge_endorsements, "forge-endorsements"),
             (self.forge_epoch_certs, "forge-epoch-certs"),
+            (self.withhold_bodies, "withhold-bodies"),
         ] {
             if on {
                 v.push(name);
@@ -126,6 +132,8 @@ pub struct LieCounts {
     pub forged_endorsements: u64,
     /// Epoch certificates for a membership of its own making.
     pub forged_epoch_certs: u64,
+    /// Operations asked for and withheld or altered.
+    pub withheld_bodies: u64,
 }
 
 impl LieCounts {
@@ -141,6 +149,7 @@ impl LieCounts {
         self.slowed_proposals += o.slowed_proposals;
         self.forged_endorsements += o.forged_endorsements;
         self.forged_epoch_certs += o.forged_epoch_certs;
+        self.withheld_bodies += o.withheld_bodies;
     }
 
     pub fn total(&self) -> u64 {
@@ -155,6 +164,7 @@ impl LieCounts {
             + self.slowed_proposals
             + self.forged_endorsements
             + self.forged_epoch_certs
+            + self.withheld_bodies
     }
 }
 
@@ -166,7 +176,7 @@ pub struct Byzantine {
     signing: SigningKey,
     history: VecDeque<Message>,
     /// (view, seq) → the alternative value told to odd-numbered nodes.
-    alternatives: BTreeMap<(u64, u64), Value>,
+    alternatives: BTreeMap<(u64, u64), Proposal>,
     /// Bodies of the values its forged certificates name, in forging order. A forger that
     /// could not hand out the body would only stall the instance: view changes carry
     /// digests, so the new primary fetches the body from the certificate's holders.
@@ -175,7 +185,7 @@ pub struct Byzantine {
     /// anything, as itself.
     endorse_keys: Vec<MacKey>,
     /// (view, seq) → the proposal with a made-up request added, the same for every backup.
-    fabricated: BTreeMap<(u64, u64), Value>,
+    fabricated: BTreeMap<(u64, u64), Proposal>,
     fabricated_seq: u64,
     /// The membership its replica runs (what forged certificates must seem to follow).
     membership: Option<Membership>,
@@ -285,6 +295,17 @@ impl Byzantine {
             if self.behaviours.replay {
                 self.remember(msg.clone());
             }
+            let msg = match msg {
+                Message::Bodies { seq, ops } if self.behaviours.withhold_bodies => {
+                    self.lies.withheld_bodies += 1;
+                    if rng.gen_bool(0.5) {
+                        continue;
+                    }
+                    let ops = ops.iter().map(|op| [&op[..], &[0xee]].concat().into()).collect();
+                    Message::Bodies { seq, ops }
+                }
+                msg => msg,
+            };
             let msg = self.rewrite(rng, to, msg);
             frames.push((to, keel_core::codec::encode(&msg)));
         }
@@ -366,7 +387,7 @@ impl Byzantine {
                     // different digest that backups accept on its own.
                     let mut requests = value.requests.clone();
                     requests.reverse();
-                    Value { time: value.time + 1, requests }
+                    Proposal { time: value.time + 1, requests }
                 });
                 self.lies.equivocations += 1;
                 Message::Propose { view, seq, value: alt.clone() }
@@ -383,7 +404,7 @@ impl Byzantine {
                         let node = self.me;
                         request.endorsements = vec![Endorsement { node, macs: self.endorse(&request) }];
                         let mut v = value;
-                        v.requests.push(request);
+                        v.requests.push(Proposed::Full(request));
                         self.fabricated.insert((view, seq), v.clone());
                         v
                     }
@@ -412,7 +433,7 @@ impl Byzantine {
                 }
             }
             Message::Accept { view, seq, digest } if self.behaviours.equivocate && Self::lied_to(to) => {
-                let digest = self.alternatives.get(&(view, seq)).map_or(digest, Value::digest);
+                let digest = self.alternatives.get(&(view, seq)).map_or(digest, Proposal::digest);
                 Message::Accept { view, seq, digest }
             }
             // Index answers too low would make reads stale if a node trusted fewer than a
@@ -505,6 +526,10 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
         Message::ValueBody { seq, mut value } => {
             value.time = value.time.wrapping_add(1);
             Message::ValueBody { seq, value }
+        }
+        Message::Bodies { seq, ops } => {
+            let ops = ops.iter().map(|op| [&op[..], &[0xee]].concat().into()).collect();
+            Message::Bodies { seq, ops }
         }
         Message::FetchValue { seq, mut digest } => {
             flip(rng, &mut digest);

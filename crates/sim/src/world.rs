@@ -190,6 +190,10 @@ pub struct SeedReport {
     /// crashed first.
     pub checkpoints_background: u64,
     pub checkpoints_lost: u64,
+    /// Request digests: operations correct primaries proposed by digest (counted per
+    /// PROPOSE sent), and those correct backups fetched from endorsers (bodies.rs).
+    pub ops_by_digest: u64,
+    pub ops_fetched: u64,
     pub rejected: u64,
     /// Rejections by "message kind: reason", for diagnosis.
     pub rejected_by: BTreeMap<String, u64>,
@@ -911,6 +915,10 @@ impl<W: Workload> World<W> {
         }
         if self.is_correct(n) {
             for (_, m) in &msgs {
+                if let Message::Propose { value, .. } = m {
+                    let by_digest = value.requests.iter().filter(|p| p.full().is_none()).count();
+                    self.report.ops_by_digest += by_digest as u64;
+                }
                 if let Message::Push { client, seq, event } = m {
                     self.check_push(n, *client, *seq, Digest::of(event));
                 }
@@ -1364,7 +1372,11 @@ impl<W: Workload> World<W> {
                     self.now
                 ));
             }
-            Event::Stable { .. } | Event::ReadAnswered { .. } | Event::PushDropped { .. } => {}
+            Event::OperationsFetched { count, .. } if correct => self.report.ops_fetched += count as u64,
+            Event::Stable { .. }
+            | Event::ReadAnswered { .. }
+            | Event::PushDropped { .. }
+            | Event::OperationsFetched { .. } => {}
         }
     }
 

@@ -196,6 +196,7 @@ impl<S: Service> Replica<S> {
         self.persist(Record::Stable(self.stable.clone()), out);
         self.log = self.log.split_off(&(seq + 1));
         self.awaiting = self.awaiting.split_off(&(seq + 1));
+        self.prune_bodies();
         for answers in &mut self.value_answers {
             *answers = answers.split_off(&(seq + 1));
         }

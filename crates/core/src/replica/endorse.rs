@@ -31,7 +31,7 @@
 use super::{Outputs, Peer, Pending, Reject, Replica};
 use crate::config::Auth;
 use crate::crypto::{Digest, Mac};
-use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Request};
+use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Payload, Proposed, Request};
 use crate::service::Service;
 use std::collections::BTreeMap;
 
@@ -115,6 +115,15 @@ impl Hearsay {
         }
     }
 
+    /// The bytes of `client`'s operation with digest `op`, if an entry holds them.
+    pub(super) fn body(&self, client: ClientId, op: &Digest) -> Option<Payload> {
+        self.entries
+            .range((client, Digest([0; 32]))..=(client, Digest([0xff; 32])))
+            .map(|(_, h)| &h.request.op)
+            .find(|o| o.digest() == *op)
+            .cloned()
+    }
+
     fn expire(&mut self, before: u64) {
         let old: Vec<(ClientId, Digest)> =
             self.entries.iter().filter(|(_, h)| h.since < before).map(|(k, _)| *k).collect();
@@ -172,6 +181,7 @@ impl<S: Service> Replica<S> {
         self.pending.insert(client, pending);
         if self.cfg.auth == Auth::RqMac {
             self.send_endorsement(client, to_all, out);
+            self.fill_parked(client, out);
         }
         self.maybe_propose(out);
         Ok(())
@@ -287,35 +297,42 @@ impl<S: Service> Replica<S> {
     }
 
     /// A backup's admission check of a proposed request.
-    pub(super) fn check_proposed_request(&self, r: &Request) -> Result<(), Reject> {
-        match self.cfg.auth {
-            Auth::None => Ok(()),
+    pub(super) fn check_proposed_request(&self, r: &Proposed) -> Result<(), Reject> {
+        match (self.cfg.auth, r) {
+            (Auth::None, _) => Ok(()),
             // Nodes do not lie with r = 0: the primary checked the client (or a backup it
             // trusts did), and the backup's own entry may be the one the client got wrong.
-            Auth::Mac if !self.cfg.quorums.byzantine() => Ok(()),
-            Auth::Mac | Auth::Sig => self.check_mac(r),
-            Auth::RqMac => self.check_endorsements(r),
+            (Auth::Mac, _) if !self.cfg.quorums.byzantine() => Ok(()),
+            (Auth::Mac | Auth::Sig, Proposed::Full(r)) => self.check_mac(r),
+            (Auth::Mac | Auth::Sig, Proposed::Digest(_)) => {
+                Err(Reject::BadBatch("an operation by digest without auth = rq-mac"))
+            }
+            (Auth::RqMac, r) => self.check_endorsements(r),
         }
     }
 
     /// Whether this node holds `r` itself, admitted after checking its client's MAC or
     /// signature (or, with rq-mac, endorsed on r + 1 nodes' word): no need to check again.
     pub(super) fn holds_verified(&self, r: &Request) -> bool {
-        self.pending.get(&r.client).is_some_and(|p| {
-            p.req.seq == r.seq
-                && p.req.statement() == r.statement()
+        self.holds_verified_statement(r.client, r.seq, &r.statement())
+    }
+
+    fn holds_verified_statement(&self, client: ClientId, seq: u64, statement: &Digest) -> bool {
+        self.pending.get(&client).is_some_and(|p| {
+            p.req.seq == seq
+                && p.req.statement() == *statement
                 && (self.cfg.auth != Auth::RqMac || p.endorsers.contains_key(&self.id))
         })
     }
 
-    fn check_endorsements(&self, r: &Request) -> Result<(), Reject> {
-        if self.holds_verified(r) {
+    fn check_endorsements(&self, r: &Proposed) -> Result<(), Reject> {
+        let statement = r.statement();
+        if self.holds_verified_statement(r.client(), r.seq(), &statement) {
             return Ok(());
         }
-        let statement = r.statement();
         let mut seen = vec![false; self.cfg.n()];
         let mut valid = 0;
-        for e in &r.endorsements {
+        for e in r.endorsements() {
             let Some(s) = seen.get_mut(e.node as usize) else {
                 continue;
             };

@@ -24,6 +24,7 @@
 //! asserted on.
 
 mod ahead;
+mod bodies;
 mod catch_up;
 mod checkpoint;
 mod endorse;
@@ -39,7 +40,9 @@ mod view_change;
 use crate::config::ClusterConfig;
 use crate::crypto::{Digest, MacKey, NodeKeys, SigningKey};
 use crate::exec::{Chunked, Executor};
-use crate::message::{Cert, ClientId, Message, NewView, NodeId, Request, Seq, StableProof, Value, View, ViewChange};
+use crate::message::{
+    Cert, ClientId, Message, NewView, NodeId, Proposal, Request, Seq, StableProof, Value, View, ViewChange,
+};
 use crate::service::Service;
 use crate::wal::Record;
 use std::collections::BTreeMap;
@@ -215,6 +218,12 @@ pub enum Event {
         chunks: usize,
         reused: usize,
     },
+    /// Operations of a proposal sent by digest arrived from a peer that held them
+    /// (bodies.rs): `count` filled for instance `seq`.
+    OperationsFetched {
+        seq: Seq,
+        count: usize,
+    },
     /// Input dropped, with the reason (counted by the driver).
     Rejected {
         from: Peer,
@@ -382,6 +391,19 @@ impl Slot {
         }
     }
 
+    /// Every value this node holds for the instance.
+    fn values(&self) -> impl Iterator<Item = &Value> {
+        let value = self.value.as_ref().map(|(v, _)| v);
+        let cert = self.cert.as_ref().map(|c| &c.value);
+        let earlier = self.earlier.iter().map(|(_, v, _)| v);
+        value
+            .into_iter()
+            .chain(self.decided_value.as_ref())
+            .chain(cert)
+            .chain(earlier)
+            .chain(self.claimed_values.values())
+    }
+
     /// Any value with `digest` this node holds for the instance.
     fn body(&self, digest: &Digest) -> Option<&Value> {
         if let Some((v, _)) = self.value.as_ref().filter(|(_, d)| d == digest) {
@@ -466,7 +488,11 @@ pub struct Replica<S> {
     /// primary proposes once at its end, so the burst's requests share one batch.
     proposals_held: bool,
     /// PROPOSEs for the view about to be installed that overtook its NEW-VIEW.
-    early_proposals: BTreeMap<Seq, (View, Value)>,
+    early_proposals: BTreeMap<Seq, (View, Proposal)>,
+    /// PROPOSEs of operations by digest this node gathers the bytes of (bodies.rs).
+    parked: BTreeMap<Seq, bodies::Parked>,
+    /// Per peer: instance → when operations were last sent to that peer for it.
+    body_answers: Vec<BTreeMap<Seq, u64>>,
 
     exec: Executor<S>,
     stable: StableProof,
@@ -576,6 +602,8 @@ impl<S: Service> Replica<S> {
             proposals_closed: None,
             proposals_held: false,
             early_proposals: BTreeMap::new(),
+            parked: BTreeMap::new(),
+            body_answers: vec![BTreeMap::new(); n],
             exec,
             stable: StableProof::genesis(),
             stable_chunks: None,
@@ -742,6 +770,8 @@ impl<S: Service> Replica<S> {
             (Peer::Node(n), Message::IndexProbe { round }) => self.on_index_probe(n, round, out),
             (Peer::Node(n), Message::IndexAck { round, accepted }) => self.on_index_ack(n, round, accepted, out),
             (Peer::Node(n), Message::Endorse { request, macs }) => self.on_endorse(n, request, macs, out),
+            (Peer::Node(n), Message::FetchBodies { seq, wanted }) => self.on_fetch_bodies(n, seq, wanted, out),
+            (Peer::Node(_), Message::Bodies { seq, ops }) => self.on_bodies(seq, ops, out),
             (_, _) => Err(Reject::WrongPeer),
         };
         match result {
@@ -759,6 +789,7 @@ impl<S: Service> Replica<S> {
         self.watch_leadership(out);
         self.expire_reads();
         self.on_view_change_timeout(out);
+        self.refetch_bodies(out);
         self.maybe_propose(out);
         if self.now >= self.next_retransmit {
             self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
@@ -992,6 +1023,11 @@ impl<S: Service> Replica<S> {
         );
         assert!(self.early_proposals.len() as u64 <= self.cfg.options.log_max(), "early proposals are bounded");
         assert!(self.awaiting.len() as u64 <= self.cfg.options.log_max(), "awaited bodies are bounded");
+        assert!(self.parked_len() as u64 <= self.cfg.options.log_max(), "parked proposals are bounded");
+        assert!(
+            self.body_answers.iter().all(|a| a.len() as u64 <= self.cfg.options.log_max()),
+            "operation answers are remembered for instances in the window only"
+        );
         assert!(
             self.value_answers.iter().all(|a| a.len() as u64 <= self.cfg.options.log_max()),
             "value answers are remembered for instances in the window only"

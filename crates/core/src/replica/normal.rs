@@ -7,7 +7,8 @@ use crate::config::Auth;
 use crate::crypto::Digest;
 use crate::membership::ADMIN_CLIENT;
 use crate::message::{
-    owner_of, write_statement, Cert, Message, NodeId, Reply, ReplyBody, Request, Seq, Value, View, Write,
+    owner_of, write_statement, Cert, Message, NodeId, Proposal, Proposed, Reply, ReplyBody, Request, Seq, Value, View,
+    Write,
 };
 use crate::service::Service;
 use crate::wal::Record;
@@ -124,7 +125,7 @@ impl<S: Service> Replica<S> {
     /// primary never proposes in that view again (`proposals_closed`, recovery.rs).
     fn propose(&mut self, view: View, seq: Seq, value: Value, out: &mut Outputs) {
         debug_assert_ne!(self.proposals_closed, Some(view), "no fresh proposals in a view we may have forgotten");
-        self.broadcast(Message::Propose { view, seq, value: value.clone() }, out);
+        self.broadcast(Message::Propose { view, seq, value: proposal_form(&self.cfg, &value) }, out);
         self.accept_proposal(seq, value, out);
     }
 
@@ -135,7 +136,7 @@ impl<S: Service> Replica<S> {
         from: NodeId,
         view: View,
         seq: Seq,
-        value: Value,
+        value: Proposal,
         checked: bool,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
@@ -158,8 +159,15 @@ impl<S: Service> Replica<S> {
                 }
             }
         }
+        if let Some(d) = self.parked_digest(view, seq) {
+            return if d == digest { Ok(()) } else { Err(Reject::Equivocation { view, seq }) };
+        }
         self.check_batch(seq, &value, checked)?;
-        self.accept_proposal(seq, value, out);
+        // Operations sent by digest are gathered before this node votes (bodies.rs).
+        if let Some(value) = self.expand_or_park(view, seq, value, digest, out)? {
+            check_batch_bytes(&self.cfg.options, &value)?;
+            self.accept_proposal(seq, value, out);
+        }
         Ok(())
     }
 
@@ -167,7 +175,7 @@ impl<S: Service> Replica<S> {
     /// proposals leave at once while its NEW-VIEW waits for the disk, so they can arrive
     /// first. Kept (for that one view, within the window, at most `log_max`) and stepped
     /// once the view is installed, instead of waiting for a retransmission.
-    fn keep_early_proposal(&mut self, from: NodeId, view: View, seq: Seq, value: &Value) -> bool {
+    fn keep_early_proposal(&mut self, from: NodeId, view: View, seq: Seq, value: &Proposal) -> bool {
         let next = self.vc_target.unwrap_or(self.view + 1);
         if view != next || from != self.cfg.primary(view) || self.in_window(seq).is_err() {
             return false;
@@ -194,7 +202,7 @@ impl<S: Service> Replica<S> {
         }
     }
 
-    fn check_batch(&mut self, seq: Seq, value: &Value, sigs_checked: bool) -> Result<(), Reject> {
+    fn check_batch(&mut self, seq: Seq, value: &Proposal, sigs_checked: bool) -> Result<(), Reject> {
         let opts = &self.cfg.options;
         if value.requests.is_empty() {
             return Err(Reject::BadBatch("empty batch"));
@@ -202,10 +210,17 @@ impl<S: Service> Replica<S> {
         if value.requests.len() > opts.batch_count_max {
             return Err(Reject::BadBatch("too many requests"));
         }
-        if value.requests.iter().map(Request::size).sum::<usize>() > opts.batch_bytes_max + crate::codec::OP_BYTES_MAX {
+        // What travels in full is bounded here already; the whole value once expanded.
+        if value.requests.iter().filter_map(Proposed::full).map(Request::size).sum::<usize>()
+            > opts.batch_bytes_max + crate::codec::OP_BYTES_MAX
+        {
             return Err(Reject::BadBatch("too many bytes"));
         }
-        let mut clients: Vec<u64> = value.requests.iter().map(|r| r.client).collect();
+        if value.has_digests() && self.cfg.auth != Auth::RqMac {
+            // Only endorsers are known to hold a request's bytes.
+            return Err(Reject::BadBatch("an operation by digest without auth = rq-mac"));
+        }
+        let mut clients: Vec<u64> = value.requests.iter().map(Proposed::client).collect();
         clients.sort_unstable();
         if clients.windows(2).any(|w| w[0] == w[1]) {
             return Err(Reject::BadBatch("two requests of one client"));
@@ -224,7 +239,7 @@ impl<S: Service> Replica<S> {
             // One batch verification for the requests this node did not verify when the
             // client sent them, unless the verify stage already did the whole proposal.
             if !sigs_checked {
-                let unverified = value.requests.iter().filter(|r| !self.holds_verified(r));
+                let unverified = value.requests.iter().filter_map(Proposed::full).filter(|r| !self.holds_verified(r));
                 if !super::verify::requests_signed(&self.client_keys, unverified) {
                     return Err(Reject::BadBatch("a request without a valid client signature"));
                 }
@@ -561,7 +576,7 @@ impl<S: Service> Replica<S> {
             }
             slot.voted_at = self.now;
             if primary {
-                msgs.push(Message::Propose { view, seq, value: value.clone() });
+                msgs.push(Message::Propose { view, seq, value: proposal_form(&self.cfg, value) });
             }
             if let Some((_, sig)) = slot.writes.get(&self.id) {
                 msgs.push(Message::Write(Write { view, seq, digest: *digest, sig: *sig }));
@@ -573,5 +588,23 @@ impl<S: Service> Replica<S> {
         for m in msgs {
             self.broadcast_durable(m, out);
         }
+    }
+}
+
+/// The whole value's bytes, once every operation is here: the bound a PROPOSE with
+/// operations by digest could only partly check (`check_batch`).
+pub(super) fn check_batch_bytes(opts: &crate::config::Options, value: &Value) -> Result<(), Reject> {
+    if value.size() > opts.batch_bytes_max + crate::codec::OP_BYTES_MAX {
+        return Err(Reject::BadBatch("too many bytes"));
+    }
+    Ok(())
+}
+
+/// `value` as a PROPOSE carries it: with request digests on, large operations by digest.
+pub(super) fn proposal_form(cfg: &crate::config::ClusterConfig, value: &Value) -> Proposal {
+    if cfg.auth == Auth::RqMac && cfg.request_digests {
+        Proposal::with_digests(value)
+    } else {
+        value.clone().into()
     }
 }

@@ -6,7 +6,7 @@ use crate::client::Client;
 use crate::config::{Auth, Options};
 use crate::crypto::{PublicKey, Sig};
 use crate::message::{
-    checkpoint_statement, endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, Read,
+    checkpoint_statement, endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, Proposed, Read,
     ReadConsistency, Reply, ReplyBody, Write,
 };
 use crate::quorum::Quorums;
@@ -114,7 +114,7 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
     // PROPOSE is not a vote: it leaves now, in parallel with the primary's fsync.
     assert_eq!(out.send.len(), 3);
-    assert!(out.send.iter().all(|(_, m)| *m == Message::Propose { view: 0, seq: 1, value: value.clone() }));
+    assert!(out.send.iter().all(|(_, m)| *m == Message::Propose { view: 0, seq: 1, value: value.clone().into() }));
     // The primary's vote (WRITE) waits for its Accepted record.
     assert!(out.send_after_persist.iter().all(|(_, m)| matches!(m, Message::Write(_))));
     let writes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).collect();
@@ -130,7 +130,7 @@ fn backup_rejects_bad_proposals_and_votes_once() {
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
     let value = Value { time: 10, requests: vec![req.clone()] };
-    let propose = |v: &Value| Message::Propose { view: 0, seq: 1, value: v.clone() };
+    let propose = |v: &Value| Message::Propose { view: 0, seq: 1, value: v.clone().into() };
 
     let out = step(&mut b, 10, Peer::Node(2), propose(&value));
     assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: 2, view: 0 }]);
@@ -179,7 +179,7 @@ fn writes_a_node_no_longer_needs_are_not_checked() {
         Message::Write(Write { view: 0, seq: 1, digest, sig })
     };
     let bad = |digest: Digest| Message::Write(Write { view: 0, seq: 1, digest, sig: Sig([0; 64]) });
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone() });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone().into() });
     // A WRITE for another value than the accepted one can never count: not checked.
     let other = Value::null().digest();
     assert!(rejected(&step(&mut b, 10, Peer::Node(3), bad(other))).is_empty());
@@ -231,7 +231,7 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     let mut b = node(&cfg, 1);
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
     let d = value.digest();
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
     for n in [0, 2] {
         let sig = secrets(n).signing.sign(&write_statement(0, 1, &d, n));
         step(&mut b, 10, Peer::Node(n), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
@@ -253,7 +253,7 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     cfg_bug.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::ReadWithoutWait));
     let mut m = node(&cfg_bug, 1);
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
-    step(&mut m, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
+    step(&mut m, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
     let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
     assert_eq!(read_replies(&step(&mut m, 10, Peer::Client(9), Message::Read(lin))), vec![ReplyBody::Full(vec![0])]);
 }
@@ -339,7 +339,7 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     // A late or unknown round's answer changes nothing.
     assert!(read_replies(&step(&mut lagging, 23, Peer::Node(1), Message::IndexAck { round, accepted: 9 })).is_empty());
     // Instance 1 reaches node 2 and decides: the first read is answered, reflecting it.
-    step(&mut lagging, 24, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
+    step(&mut lagging, 24, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
     let out = step(&mut lagging, 24, Peer::Node(0), Message::Accept { view: 0, seq: 1, digest });
     assert_eq!(lagging.executed(), 1);
     assert_eq!(replies_to(&out, 9), vec![ReplyBody::Full(vec![1])]);
@@ -383,6 +383,8 @@ struct Net {
     jobs: VecDeque<(NodeId, CheckpointJob)>,
     /// Nodes whose background checkpoints are held back (not run) for now.
     jobs_held: Vec<bool>,
+    /// Encoded bytes sent, by sender and message kind.
+    sent_bytes: BTreeMap<(NodeId, &'static str), usize>,
 }
 
 struct StepRecord {
@@ -406,6 +408,7 @@ impl Net {
             view_change_bytes: 0,
             jobs: VecDeque::new(),
             jobs_held: vec![false; n],
+            sent_bytes: BTreeMap::new(),
         }
     }
 
@@ -418,9 +421,11 @@ impl Net {
             replies: out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Reply(_))).count(),
         });
         for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
+            let bytes = crate::codec::encode(&m).len();
             if matches!(m, Message::ViewChange(_) | Message::NewView(_)) {
-                self.view_change_bytes = self.view_change_bytes.max(crate::codec::encode(&m).len());
+                self.view_change_bytes = self.view_change_bytes.max(bytes);
             }
+            *self.sent_bytes.entry((from, m.kind())).or_default() += bytes;
             self.queue.push_back((Peer::Node(from), to, m));
         }
         self.events.extend(out.events.into_iter().map(|e| (from, e)));
@@ -574,7 +579,7 @@ fn a_recovered_node_keeps_its_vote() {
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
     let value = Value { time: 10, requests: vec![req.clone()] };
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value });
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
     let records: Vec<Record> = out
         .persist
         .into_iter()
@@ -595,7 +600,7 @@ fn a_recovered_node_keeps_its_vote() {
     )
     .expect("recovers");
     let other = Value { time: 11, requests: vec![req] };
-    let out = step(&mut b, 20, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: other });
+    let out = step(&mut b, 20, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: other.into() });
     assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
 }
 
@@ -843,7 +848,10 @@ fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
         let mut out = Outputs::default();
         b.step(
             10,
-            Input::Message { from: Peer::Node(0), msg: Message::Propose { view: 0, seq: 1, value: value.clone() } },
+            Input::Message {
+                from: Peer::Node(0),
+                msg: Message::Propose { view: 0, seq: 1, value: value.clone().into() },
+            },
             &mut out,
         );
         for signer in [0u32, 2] {
@@ -887,7 +895,11 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
     }
     assert!(out.events.iter().any(|e| matches!(e, Event::Decided { seq: 1, .. })));
     assert_eq!(b.executed(), 0, "decided, but the body is missing");
-    b.step(10, Input::Message { from: Peer::Node(0), msg: Message::Propose { view: 0, seq: 1, value } }, &mut out);
+    b.step(
+        10,
+        Input::Message { from: Peer::Node(0), msg: Message::Propose { view: 0, seq: 1, value: value.into() } },
+        &mut out,
+    );
     assert_eq!(b.executed(), 1, "the proposal brings the body: execute at once");
 }
 
@@ -961,7 +973,7 @@ fn a_node_that_wrote_without_preparing_keeps_the_body_for_the_next_view_and_serv
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     // Node 3 accepted (wrote for) the value in view 0 but never saw Q WRITEs: no certificate.
     let mut b = node(&cfg, 3);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone() });
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone().into() });
     assert_eq!(writes_for(&out, 0, 1), 3);
     let out = step(&mut b, 20, Peer::Node(1), Message::NewView(new_view_naming(&value)));
     assert_eq!(writes_for(&out, 1, 1), 3, "votes at once from its earlier-view proposal");
@@ -1013,7 +1025,7 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
         Message::NewView(nv)
     };
     let mut b = node(&cfg, 3);
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: a.clone() });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: a.clone().into() });
     // View 1: a certificate for instance 2 only, so instance 1 is re-proposed as null.
     let out = step(&mut b, 20, Peer::Node(1), new_view(1, &[(2, Value::null().digest())]));
     assert_eq!(writes_for(&out, 1, 1), 3, "voted for null in view 1");
@@ -1151,7 +1163,7 @@ fn a_backup_refuses_a_proposed_request_without_u_plus_one_valid_endorsements() {
     let propose = |endorsements: Vec<Endorsement>| Message::Propose {
         view: 0,
         seq: 1,
-        value: Value { time: 10, requests: vec![Request { endorsements, ..req.clone() }] },
+        value: Value { time: 10, requests: vec![Request { endorsements, ..req.clone() }] }.into(),
     };
     // The primary's own word, twice: one endorser.
     let out = step(&mut b, 10, Peer::Node(0), propose(vec![endorse(0), endorse(0)]));
@@ -1255,7 +1267,8 @@ fn with_auth_sig_every_node_checks_the_clients_signature_the_same_way() {
     // vouched for it.
     let mut good = Request::new(7, 1, b"z".to_vec().into());
     good.sig = Some(client_signing_key(7).sign(&good.statement()));
-    let propose = |requests: Vec<Request>| Message::Propose { view: 0, seq: 1, value: Value { time: 10, requests } };
+    let propose =
+        |requests: Vec<Request>| Message::Propose { view: 0, seq: 1, value: Value { time: 10, requests }.into() };
     let mut b = node(&cfg, 1);
     let out = step(&mut b, 10, Peer::Node(0), propose(vec![good.clone(), forged.clone()]));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a request without a valid client signature")]);
@@ -1522,4 +1535,136 @@ fn a_background_checkpoint_of_a_replaced_state_is_dropped() {
     assert_eq!(roots(3), good, "node 3 voted only for the repaired state's checkpoint");
     assert_eq!(net.nodes[3].stable_seq(), 2 * interval);
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
+}
+
+/// Node `i`'s valid endorsement of `req` (`auth = rq-mac`).
+fn endorsement_of(cfg: &ClusterConfig, i: u32, req: &Request) -> Endorsement {
+    let s = endorse_statement(i, &req.statement());
+    Endorsement {
+        node: i,
+        macs: endorse_keys(&secrets(i).signing, &cfg.membership).iter().map(|k| k.mac(&s)).collect(),
+    }
+}
+
+/// A FETCH-BODIES sent: to whom, for which instance, and what.
+type Fetch = (Peer, Seq, Vec<(ClientId, Digest)>);
+
+fn fetches(out: &Outputs) -> Vec<Fetch> {
+    out.send
+        .iter()
+        .filter_map(|(to, m)| match m {
+            Message::FetchBodies { seq, wanted } => Some((*to, *seq, wanted.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn writes_sent(out: &Outputs) -> usize {
+    out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).count()
+}
+
+#[test]
+fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote() {
+    let cfg = config_rq(1, 1);
+    assert!(cfg.request_digests, "on by default with rq-mac");
+    let big = request(&cfg, 7, &[7; 200]);
+    let small = request(&cfg, 8, b"tiny");
+    // Nodes 0 (the primary) and 2 got both requests from their clients; node 3 none.
+    let endorsed = |r: &Request| Request {
+        auth: Vec::new(),
+        endorsements: vec![endorsement_of(&cfg, 0, r), endorsement_of(&cfg, 2, r)],
+        ..r.clone()
+    };
+    let value = Value { time: 10, requests: vec![endorsed(&big), endorsed(&small)] };
+    let proposal = Proposal::with_digests(&value);
+    assert!(matches!(proposal.requests[0], Proposed::Digest(_)) && matches!(proposal.requests[1], Proposed::Full(_)));
+    let propose = Message::Propose { view: 0, seq: 1, value: proposal.clone() };
+
+    let mut holder = node(&cfg, 2);
+    step(&mut holder, 10, Peer::Client(7), Message::Request(big.clone()));
+    let out = step(&mut holder, 10, Peer::Node(0), propose.clone());
+    assert!(rejected(&out).is_empty() && fetches(&out).is_empty());
+    assert_eq!(writes_sent(&out), 3, "the holder votes at once");
+
+    let mut lacking = node(&cfg, 3);
+    let out = step(&mut lacking, 10, Peer::Node(0), propose.clone());
+    assert_eq!(writes_sent(&out), 0, "no vote without every byte");
+    let wanted = vec![(7, big.op.digest())];
+    assert_eq!(fetches(&out), vec![(Peer::Node(2), 1, wanted.clone())], "an endorser other than the primary");
+    // The PROPOSE again (a retransmission) is no equivocation, and asks nothing new.
+    let out = step(&mut lacking, 11, Peer::Node(0), propose.clone());
+    assert!(rejected(&out).is_empty() && fetches(&out).is_empty());
+
+    // The endorser answers once per retry period.
+    let fetch = Message::FetchBodies { seq: 1, wanted: wanted.clone() };
+    let out = step(&mut holder, 12, Peer::Node(3), fetch.clone());
+    let answer = out.send.iter().find(|(to, m)| *to == Peer::Node(3) && matches!(m, Message::Bodies { .. }));
+    assert_eq!(answer.map(|(_, m)| m.clone()), Some(Message::Bodies { seq: 1, ops: vec![big.op.clone()] }));
+    let out = step(&mut holder, 13, Peer::Node(3), fetch);
+    assert_eq!(rejected(&out), vec![Reject::Busy("operations fetched again within a retry period")]);
+
+    // Altered bytes do not pass for the operation; the right ones make the node vote.
+    let forged = Message::Bodies { seq: 1, ops: vec![vec![6; 200].into()] };
+    let out = step(&mut lacking, 14, Peer::Node(2), forged);
+    assert_eq!(rejected(&out), vec![Reject::BadProof("an operation that matches no digest of the proposal")]);
+    assert_eq!(writes_sent(&out), 0);
+    // Unanswered for a retry period: the next node is asked (the primary, here).
+    let retry = cfg.options.retransmit_ms / 5;
+    let out = step_tick(&mut lacking, 10 + retry);
+    assert_eq!(fetches(&out), vec![(Peer::Node(0), 1, wanted)]);
+    let out = step(&mut lacking, 10 + retry, Peer::Node(0), Message::Bodies { seq: 1, ops: vec![big.op.clone()] });
+    assert!(rejected(&out).is_empty());
+    assert_eq!(writes_sent(&out), 3);
+    let accepted = lacking.log.get(&1).and_then(|s| s.value.clone()).map(|(v, d)| (v.requests[0].op.clone(), d));
+    assert_eq!(accepted, Some((big.op.clone(), value.digest())));
+}
+
+#[test]
+fn a_client_copy_that_arrives_after_the_propose_completes_it() {
+    let cfg = config_rq(1, 1);
+    let big = request(&cfg, 7, &[7; 100]);
+    let endorsed = Request {
+        auth: Vec::new(),
+        endorsements: vec![endorsement_of(&cfg, 0, &big), endorsement_of(&cfg, 1, &big)],
+        ..big.clone()
+    };
+    let proposal = Proposal::with_digests(&Value { time: 10, requests: vec![endorsed] });
+    let mut b = node(&cfg, 2);
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: proposal });
+    assert_eq!(writes_sent(&out), 0);
+    let out = step(&mut b, 11, Peer::Client(7), Message::Request(big));
+    assert!(rejected(&out).is_empty());
+    assert_eq!(writes_sent(&out), 3, "voted once the client's own copy came");
+}
+
+#[test]
+fn operations_by_digest_need_rq_mac_and_an_endorser() {
+    let req = request(&config(1, 1), 7, &[7; 100]);
+    let proposal = Proposal::with_digests(&Value { time: 10, requests: vec![req.clone()] });
+    let mut b = node(&config(1, 1), 1);
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: proposal });
+    assert_eq!(rejected(&out), vec![Reject::BadBatch("an operation by digest without auth = rq-mac")]);
+    assert!(config(1, 1).with_request_digests(true).is_err(), "refused by the configuration too");
+}
+
+#[test]
+fn with_digests_the_primary_sends_large_operations_to_no_one_and_every_node_executes_them() {
+    let op = vec![9u8; 1000];
+    let run = |digests: bool| {
+        let cfg = config_rq(1, 1).with_request_digests(digests).expect("rq-mac");
+        let mut net = Net::new(&cfg);
+        let mut c = client(&cfg, 7);
+        net.submit(&mut c, 10, &op);
+        assert_eq!(net.result(&mut c), Some(vec![1]));
+        assert!(net.nodes.iter().all(|n| n.service().0 == vec![op.clone()]), "every node executed the operation");
+        let sent = |n: NodeId, kind| net.sent_bytes.get(&(n, kind)).copied().unwrap_or(0);
+        let fetched: usize = (0..4).map(|n| sent(n, "fetch-bodies")).sum();
+        (sent(0, "propose"), fetched)
+    };
+    let (with, fetched_with) = run(true);
+    let (without, fetched_without) = run(false);
+    // Three backups: the whole operation three times, or a digest three times.
+    assert!(without > 3 * op.len() && 4 * with < without, "PROPOSE bytes: {without} in full, {with} by digest");
+    // Only the node the client did not send to fetched (u + r + 1 = 3 got it).
+    assert!(fetched_with > 0 && fetched_without == 0);
 }

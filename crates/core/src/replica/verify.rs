@@ -12,7 +12,7 @@
 use crate::config::Auth;
 use crate::crypto::{ClientKeys, NodeKeys};
 use crate::message::{
-    checkpoint_statement, owner_of, write_statement, CheckpointVote, Message, NodeId, Request, Write,
+    checkpoint_statement, owner_of, write_statement, CheckpointVote, Message, NodeId, Proposed, Request, Write,
 };
 
 /// Node `from`'s signature on its WRITE vote. The one check, for the stage and the
@@ -63,7 +63,8 @@ impl Verifier {
             Message::Write(w) => write_signed(&self.keys, from, w),
             Message::Checkpoint(v) => checkpoint_signed(&self.keys, from, v),
             Message::Propose { value, .. } if self.auth == Auth::Sig => {
-                !value.requests.is_empty() && requests_signed(&self.client_keys, &value.requests)
+                let full: Option<Vec<&Request>> = value.requests.iter().map(Proposed::full).collect();
+                full.is_some_and(|requests| !requests.is_empty() && requests_signed(&self.client_keys, requests))
             }
             _ => false,
         }

@@ -124,6 +124,7 @@ impl<S: Service> Replica<S> {
         self.vc_deadline = self.now + self.cfg.options.view_change_timeout_ms * backoff;
         self.vc_attempts += 1;
         self.awaiting.clear();
+        self.prune_bodies();
         self.persist(Record::ViewChangeSent { view: t }, out);
         out.events.push(Event::ViewChangeStarted { view: t });
         let vc = self.own_view_change(t);
@@ -336,6 +337,7 @@ impl<S: Service> Replica<S> {
         self.vc_attempts = 0;
         self.own_view_change = None;
         self.awaiting.clear();
+        self.prune_bodies();
         self.new_view = Some(nv);
         self.view_changes.retain(|_, v| v.view > t);
         self.persist(Record::View { view: t, floor }, out);

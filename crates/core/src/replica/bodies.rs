@@ -1,0 +1,304 @@
+//! Request digests (UpRight §4.1 "Request digest"; `auth = rq-mac` with
+//! `request_digests`): the primary proposes operations over `DIGEST_MIN` bytes by
+//! digest ([`crate::message::DIGEST_MIN`]), and a backup gathers the bytes before it votes.
+//!
+//! ```text
+//!   client ──Request──► u + r + 1 nodes: each holds it and endorses it
+//!   primary ──PROPOSE, large operations as digests──► all
+//!   backup:  every operation held (it endorsed them, or holds them on hearsay)? vote
+//!            else park the proposal ──FETCH-BODIES──► an endorser (the next one on each retry)
+//!            ◄──BODIES── each operation taken only if it hashes to a digest awaited
+//! ```
+//!
+//! Why before the vote: a vote must keep meaning that the voter holds, and has logged,
+//! the value it voted for. Then a decision implies `u + 1` correct nodes hold every byte
+//! (as without digests), view changes, catch-up and recovery work on whole values
+//! unchanged, and execution never waits for a fetch. The saving is where UpRight puts it:
+//! the primary sends each large operation to no one. Under rq-mac a client sends to
+//! `u + r + 1` nodes starting at the primary, so those hold the bytes and vote at once;
+//! only the other `u` fetch, each from an endorser other than the primary when it can.
+//!
+//! Where the bytes come from: the client's request while it is pending here, an
+//! endorsement held on hearsay, or a value in the instance's log slot (a node that voted
+//! for it keeps it until the next stable checkpoint; below that, a laggard transfers
+//! state). An endorsement proposes only with `u + 1` endorsers valid for each backup, so
+//! at least one correct endorser holds each operation.
+
+use super::{Outputs, Peer, Reject, Replica};
+use crate::config::Auth;
+use crate::crypto::Digest;
+use crate::message::{ClientId, Message, NodeId, Payload, Proposal, Proposed, Seq, Value, View};
+use crate::service::Service;
+
+/// A PROPOSE this node cannot vote for yet: some operations sent by digest are missing.
+pub(super) struct Parked {
+    view: View,
+    digest: Digest,
+    proposal: Proposal,
+    /// Per request of `proposal`: the bytes of an operation sent by digest, once here.
+    bodies: Vec<Option<Payload>>,
+    /// FETCH-BODIES sent so far; each retry asks the next node.
+    asked: usize,
+    asked_at: u64,
+}
+
+impl Parked {
+    fn missing(&self) -> impl Iterator<Item = (usize, &crate::message::RequestDigest)> {
+        self.proposal.requests.iter().enumerate().filter_map(|(i, p)| match p {
+            Proposed::Digest(d) if self.bodies[i].is_none() => Some((i, d)),
+            _ => None,
+        })
+    }
+
+    fn complete(&self) -> bool {
+        self.missing().next().is_none()
+    }
+
+    /// Fills every awaited position whose digest `op` has: how many (`None` if no
+    /// position of the proposal has that digest).
+    fn fill(&mut self, op: &Payload, trust: bool) -> Option<usize> {
+        let digest = op.digest();
+        let (mut matched, mut filled) = (false, 0);
+        for (i, p) in self.proposal.requests.iter().enumerate() {
+            if let Proposed::Digest(d) = p {
+                if d.op == digest {
+                    matched = true;
+                    if self.bodies[i].is_none() {
+                        self.bodies[i] = Some(op.clone());
+                        filled += 1;
+                    }
+                } else if trust && self.bodies[i].is_none() {
+                    // Mutation `unchecked-body`: the answer is taken for what was asked.
+                    self.bodies[i] = Some(Payload::claiming_digest(op.to_vec(), d.op));
+                    return Some(1);
+                }
+            }
+        }
+        matched.then_some(filled)
+    }
+}
+
+impl<S: Service> Replica<S> {
+    /// The digest of the proposal parked for (`view`, `seq`), if there is one.
+    pub(super) fn parked_digest(&self, view: View, seq: Seq) -> Option<Digest> {
+        self.parked.get(&seq).filter(|p| p.view == view).map(|p| p.digest)
+    }
+
+    /// The value, if this node holds every operation `proposal` sent by digest; otherwise
+    /// parks it and asks an endorser for the rest.
+    pub(super) fn expand_or_park(
+        &mut self,
+        view: View,
+        seq: Seq,
+        proposal: Proposal,
+        digest: Digest,
+        out: &mut Outputs,
+    ) -> Result<Option<Value>, Reject> {
+        if !proposal.has_digests() {
+            return Ok(proposal.expand(&[]));
+        }
+        if proposal.requests.iter().any(|p| matches!(p, Proposed::Digest(_)) && p.endorsements().is_empty()) {
+            return Err(Reject::BadBatch("an operation by digest that nobody endorsed"));
+        }
+        let bodies = proposal
+            .requests
+            .iter()
+            .map(|p| match p {
+                Proposed::Full(_) => None,
+                Proposed::Digest(d) => self.held_body(seq, d.client, &d.op),
+            })
+            .collect();
+        let parked = Parked { view, digest, proposal, bodies, asked: 0, asked_at: self.now };
+        if parked.complete() {
+            return parked.proposal.expand(&parked.bodies).map(Some).ok_or(Reject::BadBatch("unexpandable"));
+        }
+        self.parked.insert(seq, parked);
+        self.fetch_bodies(seq, out);
+        Ok(None)
+    }
+
+    /// The bytes of `client`'s operation with digest `op`, if this node holds them.
+    fn held_body(&self, seq: Seq, client: ClientId, op: &Digest) -> Option<Payload> {
+        if let Some(p) = self.pending.get(&client).filter(|p| p.req.op.digest() == *op) {
+            return Some(p.req.op.clone());
+        }
+        if let Some(body) = self.hearsay.body(client, op) {
+            return Some(body);
+        }
+        let slot = self.log.get(&seq)?;
+        slot.values()
+            .flat_map(|v| &v.requests)
+            .find(|r| r.client == client && r.op.digest() == *op)
+            .map(|r| r.op.clone())
+    }
+
+    /// How long a fetch may go unanswered before the next node is asked, and how often a
+    /// node answers one peer's question about one instance.
+    fn body_retry_ms(&self) -> u64 {
+        (self.cfg.options.retransmit_ms / 5).max(1)
+    }
+
+    /// Asks one node for the operations `seq`'s parked proposal still lacks: the
+    /// endorsers of the first missing one, the primary (which holds them all, but is the
+    /// node digests spare) after them, then anyone. Nodes start at different endorsers so
+    /// that one endorser does not serve every fetching node.
+    fn fetch_bodies(&mut self, seq: Seq, out: &mut Outputs) {
+        let (me, n) = (self.id, self.cfg.n() as NodeId);
+        let Some(p) = self.parked.get_mut(&seq) else {
+            return;
+        };
+        let primary = self.cfg.primary(p.view);
+        let wanted: Vec<(ClientId, Digest)> = p.missing().map(|(_, d)| (d.client, d.op)).collect();
+        let Some((_, first)) = p.missing().next() else {
+            return;
+        };
+        let mut order: Vec<NodeId> = first.endorsements.iter().map(|e| e.node).collect();
+        order.retain(|&x| x != me && x != primary && x < n);
+        order.sort_unstable();
+        order.dedup();
+        let rotate = (me as usize).wrapping_add(seq as usize) % order.len().max(1);
+        order.rotate_left(rotate);
+        order.push(primary);
+        let rest: Vec<NodeId> = (0..n).filter(|x| *x != me && !order.contains(x)).collect();
+        order.extend(rest);
+        let peer = order[p.asked % order.len()];
+        p.asked += 1;
+        p.asked_at = self.now;
+        out.send.push((Peer::Node(peer), Message::FetchBodies { seq, wanted }));
+    }
+
+    /// On every tick: asks again for operations a fetch did not bring in time.
+    pub(super) fn refetch_bodies(&mut self, out: &mut Outputs) {
+        let retry = self.body_retry_ms();
+        let due: Vec<Seq> =
+            self.parked.iter().filter(|(_, p)| self.now >= p.asked_at + retry).map(|(&seq, _)| seq).collect();
+        for seq in due {
+            self.fetch_bodies(seq, out);
+        }
+    }
+
+    /// A peer lacks operations of instance `seq`: send those we hold. A small question
+    /// can pull up to a batch's bytes, so each peer gets one answer per instance per
+    /// retry period (what a node fetching honestly asks for at most).
+    pub(super) fn on_fetch_bodies(
+        &mut self,
+        from: NodeId,
+        seq: Seq,
+        mut wanted: Vec<(ClientId, Digest)>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
+        if self.cfg.auth != Auth::RqMac {
+            return Err(Reject::WrongPeer);
+        }
+        if seq <= self.stable.seq || seq > self.high_water() {
+            // Stable here (the asker will learn it by STATUS), or beyond a window this
+            // node has not reached: nothing to answer, and nothing wrong with asking.
+            return Ok(());
+        }
+        let period = self.body_retry_ms();
+        if self.body_answers[from as usize].get(&seq).is_some_and(|at| self.now < at + period) {
+            return Err(Reject::Busy("operations fetched again within a retry period"));
+        }
+        wanted.sort_unstable();
+        wanted.dedup();
+        let budget = self.cfg.options.batch_bytes_max + crate::codec::OP_BYTES_MAX;
+        let (mut ops, mut bytes) = (Vec::new(), 0);
+        for (client, op) in wanted {
+            if let Some(body) = self.held_body(seq, client, &op) {
+                if bytes + body.len() > budget {
+                    break;
+                }
+                bytes += body.len();
+                ops.push(body);
+            }
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.body_answers[from as usize].insert(seq, self.now);
+        out.send.push((Peer::Node(from), Message::Bodies { seq, ops }));
+        Ok(())
+    }
+
+    /// Operations for a parked proposal: each fills the positions whose digest it has.
+    pub(super) fn on_bodies(&mut self, seq: Seq, ops: Vec<Payload>, out: &mut Outputs) -> Result<(), Reject> {
+        let trust = self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::UncheckedBody);
+        // Unasked, or a second node answering the same question: nothing to do.
+        let Some(p) = self.parked.get_mut(&seq) else {
+            return Ok(());
+        };
+        let (mut stray, mut count) = (false, 0);
+        for op in &ops {
+            match p.fill(op, trust) {
+                Some(filled) => count += filled,
+                None => stray = true,
+            }
+        }
+        if count > 0 {
+            out.events.push(super::Event::OperationsFetched { seq, count });
+        }
+        self.complete_parked(seq, out)?;
+        if stray {
+            return Err(Reject::BadProof("an operation that matches no digest of the proposal"));
+        }
+        Ok(())
+    }
+
+    /// `client`'s request was just admitted: it may be one a parked proposal awaits (the
+    /// PROPOSE overtook the client's own copy).
+    pub(super) fn fill_parked(&mut self, client: ClientId, out: &mut Outputs) {
+        let Some(op) = self.pending.get(&client).map(|p| p.req.op.clone()) else {
+            return;
+        };
+        let digest = op.digest();
+        let filled: Vec<Seq> = self
+            .parked
+            .iter_mut()
+            .filter(|(_, p)| p.missing().any(|(_, d)| d.client == client && d.op == digest))
+            .map(|(&seq, p)| {
+                p.fill(&op, false);
+                seq
+            })
+            .collect();
+        for seq in filled {
+            if let Err(reason) = self.complete_parked(seq, out) {
+                out.events.push(super::Event::Rejected { from: Peer::Client(client), kind: "propose", reason });
+            }
+        }
+    }
+
+    /// Votes for a parked proposal once it has every operation, if its view is still the
+    /// one this node takes part in.
+    fn complete_parked(&mut self, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
+        if !self.parked.get(&seq).is_some_and(Parked::complete) {
+            return Ok(());
+        }
+        let Some(p) = self.parked.remove(&seq) else {
+            return Ok(());
+        };
+        if p.view != self.view || self.vc_target.is_some() || seq <= self.stable.seq {
+            return Ok(());
+        }
+        if self.log.get(&seq).is_some_and(|s| s.view == p.view && s.value.is_some()) {
+            return Ok(());
+        }
+        let value = p.proposal.expand(&p.bodies).ok_or(Reject::BadBatch("unexpandable"))?;
+        super::normal::check_batch_bytes(&self.cfg.options, &value)?;
+        self.accept_proposal(seq, value, out);
+        Ok(())
+    }
+
+    /// Drops what a view change or a stable checkpoint made moot.
+    pub(super) fn prune_bodies(&mut self) {
+        let (view, stable, high) = (self.view, self.stable.seq, self.high_water());
+        let changing = self.vc_target.is_some();
+        self.parked.retain(|&seq, p| p.view == view && !changing && seq > stable);
+        for answers in &mut self.body_answers {
+            answers.retain(|&seq, _| seq > stable && seq <= high);
+        }
+    }
+
+    pub(super) fn parked_len(&self) -> usize {
+        self.parked.len()
+    }
+}
