@@ -150,6 +150,7 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         },
         Message::Propose { value, .. } => check_proposal(value),
         Message::Decided { value, .. } | Message::ValueBody { value, .. } => check_value(value),
+        Message::EndorseDigest { macs, .. } => bound("endorse.macs", macs.len(), NODES_MAX),
         Message::FetchBodies { wanted, .. } => bound("fetch_bodies.wanted", wanted.len(), REQUESTS_PER_VALUE_MAX),
         Message::Bodies { ops, .. } => {
             bound("bodies.ops", ops.len(), REQUESTS_PER_VALUE_MAX)?;
@@ -289,6 +290,8 @@ mod tests {
                 let value = if digests { Proposal::with_digests(&value) } else { value.into() };
                 Message::Propose { view, seq, value }
             }),
+            (any::<u64>(), any::<u64>(), arb_digest(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
+                .prop_map(|(client, seq, op, macs)| Message::EndorseDigest { client, seq, op, macs }),
             (any::<u64>(), proptest::collection::vec((any::<u64>(), arb_digest()), 0..4))
                 .prop_map(|(seq, wanted)| Message::FetchBodies { seq, wanted }),
             (any::<u64>(), proptest::collection::vec(arb_bytes(100), 0..4))

@@ -758,6 +758,14 @@ pub enum Message {
         seq: Seq,
         ops: Vec<Payload>,
     },
+    /// Node → primary, with request digests: [`Message::Endorse`] of a request over
+    /// [`DIGEST_MIN`] bytes without its bytes, which the primary holds from the client.
+    EndorseDigest {
+        client: ClientId,
+        seq: u64,
+        op: Digest,
+        macs: Vec<Mac>,
+    },
 }
 
 impl Message {
@@ -793,6 +801,7 @@ impl Message {
             Message::PushAck { .. } => "push-ack",
             Message::FetchBodies { .. } => "fetch-bodies",
             Message::Bodies { .. } => "bodies",
+            Message::EndorseDigest { .. } => "endorse-digest",
         }
     }
 }

@@ -422,6 +422,15 @@ impl Byzantine {
                 self.lies.forged_endorsements += 1;
                 Message::Endorse { request, macs }
             }
+            Message::EndorseDigest { client, seq, op, mut macs } if self.behaviours.forge_endorsements => {
+                for (i, m) in macs.iter_mut().enumerate() {
+                    if i % 2 == 0 || rng.gen_bool(0.3) {
+                        m[0] ^= 0xff;
+                    }
+                }
+                self.lies.forged_endorsements += 1;
+                Message::EndorseDigest { client, seq, op, macs }
+            }
             Message::Write(w) if self.behaviours.equivocate && Self::lied_to(to) => {
                 match self.alternatives.get(&(w.view, w.seq)) {
                     Some(alt) => {

@@ -31,16 +31,21 @@
 use super::{Outputs, Peer, Pending, Reject, Replica};
 use crate::config::Auth;
 use crate::crypto::{Digest, Mac};
-use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Payload, Proposed, Request};
+use crate::message::{
+    endorse_statement, request_statement, ClientId, Endorsement, Message, NodeId, Payload, Proposed, Request,
+    DIGEST_MIN,
+};
 use crate::service::Service;
 use std::collections::BTreeMap;
 
 /// Endorsements of requests this node cannot authenticate itself, kept until `r + 1`
-/// endorsers make it endorse them. Keyed by the request statement too, so a liar that
-/// endorses a made-up request for a client cannot shadow the real one. Each entry is
-/// charged to its first endorser, and each node may hold only its share of `clients_max`
-/// entries and of [`HEARSAY_BYTES_MAX`]: a lying node fills its own share, never a
-/// correct node's.
+/// endorsers make it endorse them; and, with request digests, endorsements that came
+/// without the operation's bytes (to the primary, which usually holds them from the
+/// client), kept until the client's own copy is admitted. Keyed by the request statement
+/// too, so a liar that endorses a made-up request for a client cannot shadow the real
+/// one. Each entry is charged to its first endorser, and each node may hold only its
+/// share of `clients_max` entries and of [`HEARSAY_BYTES_MAX`]: a lying node fills its
+/// own share, never a correct node's.
 pub(super) struct Hearsay {
     entries: BTreeMap<(ClientId, Digest), Heard>,
     /// Per first endorser: entries and request bytes charged to it.
@@ -50,11 +55,22 @@ pub(super) struct Hearsay {
 /// Bytes of requests held on hearsay, all endorsers together.
 pub const HEARSAY_BYTES_MAX: usize = 64 << 20;
 
+/// What an entry without the operation's bytes is charged.
+const HEAD_BYTES: usize = 64;
+
 struct Heard {
-    request: Request,
+    seq: u64,
+    /// The request, once some endorsement brought its bytes.
+    request: Option<Request>,
     endorsers: BTreeMap<NodeId, Vec<Mac>>,
     first: NodeId,
     since: u64,
+}
+
+impl Heard {
+    fn size(&self) -> usize {
+        self.request.as_ref().map_or(HEAD_BYTES, Request::size)
+    }
 }
 
 impl Hearsay {
@@ -66,31 +82,42 @@ impl Hearsay {
         self.entries.len()
     }
 
-    /// Records endorsements (`from`'s, and those it relayed) of one request; the number
-    /// of endorsers now, or `None` when `from` already holds its share.
+    /// Records endorsements (`from`'s, and those it relayed) of `client`'s request `seq`
+    /// with `statement`, with its bytes if they came along; the number of endorsers now,
+    /// or `None` when `from` already holds its share.
     fn add(
         &mut self,
         from: NodeId,
-        request: Request,
+        (client, seq, statement): (ClientId, u64, Digest),
+        request: Option<Request>,
         endorsers: BTreeMap<NodeId, Vec<Mac>>,
         now: u64,
         share: usize,
     ) -> Option<usize> {
-        let key = (request.client, request.statement());
-        if let Some(h) = self.entries.get_mut(&key) {
+        let byte_share = HEARSAY_BYTES_MAX / self.charged.len();
+        if let Some(h) = self.entries.get_mut(&(client, statement)) {
+            if let (None, Some(r)) = (&h.request, request) {
+                // The bytes, late: charged to the entry's first endorser like the rest.
+                let (_, bytes) = &mut self.charged[h.first as usize];
+                let more = r.size().saturating_sub(HEAD_BYTES);
+                if *bytes + more > byte_share {
+                    return None;
+                }
+                *bytes += more;
+                h.request = Some(r);
+            }
             h.endorsers.extend(endorsers);
             return Some(h.endorsers.len());
         }
-        let size = request.size();
-        let byte_share = HEARSAY_BYTES_MAX / self.charged.len();
+        let heard = Heard { seq, request, endorsers, first: from, since: now };
         let (entries, bytes) = &mut self.charged[from as usize];
-        if *entries >= share || *bytes + size > byte_share {
+        if *entries >= share || *bytes + heard.size() > byte_share {
             return None;
         }
         *entries += 1;
-        *bytes += size;
-        let count = endorsers.len();
-        self.entries.insert(key, Heard { request, endorsers, first: from, since: now });
+        *bytes += heard.size();
+        let count = heard.endorsers.len();
+        self.entries.insert((client, statement), heard);
         Some(count)
     }
 
@@ -98,7 +125,7 @@ impl Hearsay {
         let h = self.entries.remove(key)?;
         let (entries, bytes) = &mut self.charged[h.first as usize];
         *entries -= 1;
-        *bytes -= h.request.size();
+        *bytes -= h.size();
         Some(h)
     }
 
@@ -107,7 +134,7 @@ impl Hearsay {
         let keys: Vec<(ClientId, Digest)> = self
             .entries
             .range((client, Digest([0; 32]))..=(client, Digest([0xff; 32])))
-            .filter(|(_, h)| h.request.seq <= seq)
+            .filter(|(_, h)| h.seq <= seq)
             .map(|(k, _)| *k)
             .collect();
         for k in keys {
@@ -119,7 +146,7 @@ impl Hearsay {
     pub(super) fn body(&self, client: ClientId, op: &Digest) -> Option<Payload> {
         self.entries
             .range((client, Digest([0; 32]))..=(client, Digest([0xff; 32])))
-            .map(|(_, h)| &h.request.op)
+            .filter_map(|(_, h)| h.request.as_ref().map(|r| &r.op))
             .find(|o| o.digest() == *op)
             .cloned()
     }
@@ -174,7 +201,14 @@ impl<S: Service> Replica<S> {
             broadcast_at: 0,
         };
         if self.cfg.auth == Auth::RqMac {
-            let mine = self.endorsement(&pending.req.statement());
+            let statement = pending.req.statement();
+            // Endorsements heard before this node held the request (checked on arrival).
+            if let Some(h) = self.hearsay.take(&(client, statement)) {
+                for (node, macs) in h.endorsers {
+                    pending.endorsers.entry(node).or_insert(macs);
+                }
+            }
+            let mine = self.endorsement(&statement);
             pending.endorsers.insert(self.id, mine);
             self.hearsay.forget(client, pending.req.seq);
         }
@@ -202,7 +236,15 @@ impl<S: Service> Replica<S> {
         let primary = self.cfg.primary(self.view);
         if !to_all {
             if primary != self.id {
-                out.send.push((Peer::Node(primary), Message::Endorse { request: p.req.clone(), macs: macs.clone() }));
+                // With request digests the primary is spared the bytes: it holds them from
+                // the client (rq-mac clients start at the primary), and if it does not,
+                // the endorsement to all on this node's request timer brings them.
+                let msg = if self.cfg.request_digests && p.req.op.len() > DIGEST_MIN {
+                    Message::EndorseDigest { client, seq: p.req.seq, op: p.req.op.digest(), macs: macs.clone() }
+                } else {
+                    Message::Endorse { request: p.req.clone(), macs: macs.clone() }
+                };
+                out.send.push((Peer::Node(primary), msg));
             }
             return;
         }
@@ -259,14 +301,59 @@ impl<S: Service> Replica<S> {
         if self.check_mac(&request).is_ok() {
             return self.admit(request, valid, true, out);
         }
-        let share = (self.cfg.options.clients_max / self.cfg.n()).max(1);
         let key = (request.client, statement);
-        match self.hearsay.add(from, request, valid, self.now, share) {
+        let head = (request.client, request.seq, statement);
+        match self.hearsay.add(from, head, Some(request), valid, self.now, self.hearsay_share()) {
             None => Err(Reject::Busy("endorsements held for this node")),
             Some(count) if count >= self.cfg.quorums.endorse_amplify() => match self.hearsay.take(&key) {
-                Some(h) => self.admit(h.request, h.endorsers, true, out),
-                None => Ok(()),
+                Some(Heard { request: Some(request), endorsers, .. }) => self.admit(request, endorsers, true, out),
+                _ => Ok(()),
             },
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Entries one node's endorsements may make this node hold on hearsay.
+    fn hearsay_share(&self) -> usize {
+        (self.cfg.options.clients_max / self.cfg.n()).max(1)
+    }
+
+    /// Node `from` endorses a client request without its bytes (request digests; sent to
+    /// the primary on first receipt): counted toward the request this node holds, or kept
+    /// on hearsay until the client's own copy is admitted.
+    pub(super) fn on_endorse_digest(
+        &mut self,
+        from: NodeId,
+        client: ClientId,
+        seq: u64,
+        op: Digest,
+        macs: Vec<Mac>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
+        if self.cfg.auth != Auth::RqMac {
+            return Err(Reject::WrongPeer);
+        }
+        self.check_session(Peer::Node(from), client)?;
+        let statement = request_statement(client, seq, &op);
+        if !self.endorsed_for_me(from, &statement, &macs) {
+            return Err(Reject::BadEndorsement { node: from });
+        }
+        if seq <= self.exec.last_seq(client) {
+            return Ok(());
+        }
+        if let Some(p) = self.pending.get_mut(&client) {
+            if p.req.seq > seq {
+                return Ok(());
+            }
+            if p.req.seq == seq && p.req.statement() == statement {
+                p.endorsers.insert(from, macs);
+                self.maybe_propose(out);
+                return Ok(());
+            }
+        }
+        let endorsers = BTreeMap::from([(from, macs)]);
+        match self.hearsay.add(from, (client, seq, statement), None, endorsers, self.now, self.hearsay_share()) {
+            None => Err(Reject::Busy("endorsements held for this node")),
             Some(_) => Ok(()),
         }
     }

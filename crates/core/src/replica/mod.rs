@@ -770,6 +770,9 @@ impl<S: Service> Replica<S> {
             (Peer::Node(n), Message::IndexProbe { round }) => self.on_index_probe(n, round, out),
             (Peer::Node(n), Message::IndexAck { round, accepted }) => self.on_index_ack(n, round, accepted, out),
             (Peer::Node(n), Message::Endorse { request, macs }) => self.on_endorse(n, request, macs, out),
+            (Peer::Node(n), Message::EndorseDigest { client, seq, op, macs }) => {
+                self.on_endorse_digest(n, client, seq, op, macs, out)
+            }
             (Peer::Node(n), Message::FetchBodies { seq, wanted }) => self.on_fetch_bodies(n, seq, wanted, out),
             (Peer::Node(_), Message::Bodies { seq, ops }) => self.on_bodies(seq, ops, out),
             (_, _) => Err(Reject::WrongPeer),

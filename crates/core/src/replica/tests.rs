@@ -1668,3 +1668,41 @@ fn with_digests_the_primary_sends_large_operations_to_no_one_and_every_node_exec
     // Only the node the client did not send to fetched (u + r + 1 = 3 got it).
     assert!(fetched_with > 0 && fetched_without == 0);
 }
+
+#[test]
+fn endorsements_without_the_bytes_count_once_the_primary_holds_the_request() {
+    let cfg = config_rq(1, 1);
+    let big = request(&cfg, 7, &[7; 200]);
+    // A backup that got the request endorses it to the primary without its bytes.
+    let mut b = node(&cfg, 2);
+    let out = step(&mut b, 10, Peer::Client(7), Message::Request(big.clone()));
+    let to_primary: Vec<&Message> = out.send.iter().filter(|(to, _)| *to == Peer::Node(0)).map(|(_, m)| m).collect();
+    assert!(matches!(to_primary[..], [Message::EndorseDigest { client: 7, .. }]), "{to_primary:?}");
+    let small = request(&cfg, 8, b"tiny");
+    let out = step(&mut b, 10, Peer::Client(8), Message::Request(small));
+    assert!(out.send.iter().any(|(to, m)| *to == Peer::Node(0) && matches!(m, Message::Endorse { .. })));
+
+    // The primary hears two such endorsements before the client's own copy arrives.
+    let endorse = |i: u32| {
+        let e = endorsement_of(&cfg, i, &big);
+        Message::EndorseDigest { client: 7, seq: big.seq, op: big.op.digest(), macs: e.macs }
+    };
+    let mut p = node(&cfg, 0);
+    let mut forged = endorse(3);
+    if let Message::EndorseDigest { macs, .. } = &mut forged {
+        macs[0] = [0; 16];
+    }
+    assert_eq!(rejected(&step(&mut p, 10, Peer::Node(3), forged)), vec![Reject::BadEndorsement { node: 3 }]);
+    for i in [1, 2] {
+        let out = step(&mut p, 10, Peer::Node(i), endorse(i));
+        assert!(rejected(&out).is_empty() && !out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
+    }
+    // With its own, u + r + 1 = 3 endorsements: it proposes at once, by digest.
+    let out = step(&mut p, 11, Peer::Client(7), Message::Request(big.clone()));
+    let proposed = out.send.iter().find_map(|(_, m)| match m {
+        Message::Propose { value, .. } => Some(value.clone()),
+        _ => None,
+    });
+    let proposed = proposed.expect("proposed on the endorsements heard before the request");
+    assert!(matches!(&proposed.requests[..], [Proposed::Digest(d)] if d.endorsements.len() == 3));
+}
