@@ -335,7 +335,14 @@ async fn read_only_reads_skip_ordering_and_see_every_completed_write() {
     // Without writes, read-only reads order nothing: no node executes another request.
     let executed =
         |c: &Cluster| (0..4).map(|i| metric(&c.metrics(i), "keel_executed_requests_total")).collect::<Vec<_>>();
+    // A put completes once r + 1 nodes executed it: wait for the other two.
+    let started = Instant::now();
+    while executed(&cluster) != [3; 4] && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("every node executed the three puts {:?} after the last completed", started.elapsed());
     let before = executed(&cluster);
+    assert_eq!(before, [3; 4]);
     for _ in 0..50 {
         assert_eq!(read_only(&reader, "k", Linearizable).await.as_deref(), Some("v2"));
         assert_eq!(read_only(&reader, "k", Serializable).await.as_deref(), Some("v2"));

@@ -174,19 +174,12 @@ impl ClientKeys {
         )
     }
 
-    /// Checks client identity `owner`'s signature over `statement`.
-    pub fn verify(&self, owner: u64, statement: &Digest, sig: &Sig) -> bool {
-        let Some(key) = self.0.get(&owner) else {
-            return false;
-        };
-        key.verify(&statement.0, &ed25519_dalek::Signature::from_bytes(&sig.0)).is_ok()
-    }
-
     /// Checks many signatures at once (Ed25519 batch verification: about half the cost
     /// per signature of checking them one by one). True only if every one is valid and
     /// every owner known. Batch verification is cofactored, so it accepts every signature
-    /// single verification accepts (and may accept some crafted ones it rejects): a
-    /// request the primary admitted one by one always passes a backup's batch check.
+    /// single verification accepts (and may accept some crafted ones it rejects); nodes
+    /// check client signatures with this rule only, also one at a time, so that no
+    /// grouping of requests makes two nodes disagree about one.
     pub fn verify_batch(&self, items: &[(u64, Digest, Sig)]) -> bool {
         if items.is_empty() {
             return true;

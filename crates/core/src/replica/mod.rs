@@ -536,6 +536,9 @@ pub struct Replica<S> {
     retired: bool,
     /// `auth = sig`: `cfg.client_keys`, parsed once.
     client_keys: crate::crypto::ClientKeys,
+    /// `auth = sig`: client requests of this step (or burst) whose signatures are checked
+    /// together at its end (normal.rs).
+    unsigned: Vec<(Peer, Request)>,
     /// Read-only requests waiting for execution to get far enough (read.rs).
     reads: BTreeMap<ClientId, read::WaitingRead>,
     /// Read-index probe rounds (read.rs).
@@ -624,6 +627,7 @@ impl<S: Service> Replica<S> {
             carried: Vec::new(),
             retired: false,
             client_keys,
+            unsigned: Vec::new(),
             reads: BTreeMap::new(),
             index: read::IndexRounds::default(),
             monitor: leadership::Monitor::default(),
@@ -697,6 +701,9 @@ impl<S: Service> Replica<S> {
             Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, true, out),
             Input::CheckpointReady(ready) => self.on_checkpoint_ready(ready, out),
         }
+        if !self.proposals_held {
+            self.check_signed_requests(out);
+        }
         self.release_ahead(out);
         self.check_epoch_end(out);
         self.invariants();
@@ -719,6 +726,7 @@ impl<S: Service> Replica<S> {
     pub fn release_proposals(&mut self, now: u64, out: &mut Outputs) {
         self.now = self.now.max(now);
         self.proposals_held = false;
+        self.check_signed_requests(out);
         self.maybe_propose(out);
         self.invariants();
     }
@@ -868,9 +876,12 @@ impl<S: Service> Replica<S> {
     /// `auth = sig` its signature.
     fn check_mac(&self, req: &Request) -> Result<(), Reject> {
         if self.cfg.auth == crate::config::Auth::Sig {
+            // The batch check's (cofactored) rule even for one signature: every node and
+            // every check of the same request then reach the same answer, however the
+            // requests were grouped (normal.rs `check_signed_requests`, verify.rs).
             let owner = crate::message::owner_of(req.client);
             return match &req.sig {
-                Some(sig) if self.client_keys.verify(owner, &req.statement(), sig) => Ok(()),
+                Some(sig) if self.client_keys.verify_batch(&[(owner, req.statement(), *sig)]) => Ok(()),
                 _ => Err(Reject::BadMac { client: req.client }),
             };
         }
@@ -1015,6 +1026,7 @@ impl<S: Service> Replica<S> {
             "push queues are bounded"
         );
         assert!(self.reads.len() <= self.cfg.options.clients_max, "waiting reads are bounded");
+        assert!(self.unsigned.len() < normal::SIGNED_BATCH_MAX, "requests awaiting a signature check are bounded");
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
         assert!(
             self.ahead.len() as u64 <= 3 * self.cfg.n() as u64 * self.cfg.options.window,

@@ -1281,6 +1281,43 @@ fn with_auth_sig_every_node_checks_the_clients_signature_the_same_way() {
     assert!(out.send_after_persist.iter().any(|(_, m)| matches!(m, Message::Write(_))), "the backup votes");
 }
 
+#[test]
+fn with_auth_sig_a_burst_of_requests_is_checked_as_one_batch_and_only_bad_ones_are_refused() {
+    let clients: Vec<u64> = (10..20).collect();
+    let cfg = config_sig(1, 1, &clients);
+    let signed = |c: u64, key: u64| {
+        let mut r = Request::new(c, 1, vec![c as u8].into());
+        r.sig = Some(client_signing_key(key).sign(&r.statement()));
+        r
+    };
+    let burst = |p: &mut Replica<Log>, requests: Vec<Request>| {
+        let mut out = Outputs::default();
+        p.hold_proposals();
+        for r in requests {
+            p.step(10, Input::Message { from: Peer::Client(r.client), msg: Message::Request(r) }, &mut out);
+        }
+        assert_eq!(p.unsigned.len(), 10, "held for one check at the end of the burst");
+        assert!(p.pending.is_empty());
+        p.release_proposals(10, &mut out);
+        out
+    };
+    let mut p = node(&cfg, 0);
+    let out = burst(&mut p, clients.iter().map(|&c| signed(c, c)).collect());
+    assert!(rejected(&out).is_empty());
+    assert_eq!(p.pending.len(), 10);
+    // One signed by another client's key: the batch fails, and only that one is refused.
+    let mut p = node(&cfg, 0);
+    let out = burst(&mut p, clients.iter().map(|&c| signed(c, if c == 13 { 14 } else { c })).collect());
+    assert_eq!(rejected(&out), vec![Reject::BadMac { client: 13 }]);
+    assert_eq!(p.pending.len(), 9);
+    assert!(!p.pending.contains_key(&13));
+    // Outside a burst, a request is checked at the end of its own step.
+    let mut p = node(&cfg, 0);
+    let out = step(&mut p, 10, Peer::Client(10), Message::Request(signed(10, 10)));
+    assert!(rejected(&out).is_empty() && p.unsigned.is_empty());
+    assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })), "proposed in the same step");
+}
+
 /// A network whose node 3 fetches state at `rate` bytes per second and holds a state
 /// unlike everyone's, so it must fetch the whole state at the first stable checkpoint.
 fn throttled_divergent_node_3(cfg: &ClusterConfig, rate: u64) -> Net {
