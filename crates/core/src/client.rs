@@ -4,7 +4,8 @@
 //! A request goes to every order node (`auth = mac`). The client accepts a result once
 //! r + 1 nodes vouch for the same result digest and it holds the full result matching it:
 //! one designated node sends the full reply, the others only its digest. A retransmission
-//! makes every node answer in full from its reply cache.
+//! makes every node answer in full from its reply cache. The client picks sequence
+//! numbers whose designated node is answering (`Client::next_seq`).
 //!
 //! A read-only operation ([`Client::invoke_read_only`]) goes to every node as a
 //! [`Read`] and is accepted on [`Quorums::read_quorum`] matching answers. When the
@@ -32,6 +33,11 @@ use crate::membership::Membership;
 use crate::message::{ClientId, Message, NodeId, Payload, Read, ReadConsistency, Reply, ReplyBody, Request, View};
 use crate::quorum::Quorums;
 use std::collections::BTreeMap;
+
+/// Sequence numbers a client looks through for a live designated replier: at most three
+/// are skipped, so sequence numbers (which a restarted client takes from the clock in
+/// microseconds) never run ahead of the clock, operations taking longer than that.
+const DESIGNATED_TRIES: u64 = 4;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClientError {
@@ -122,6 +128,10 @@ pub struct Client {
     retransmitted: bool,
     /// Last sequence number used (ordered requests and reads share the sequence).
     seq: u64,
+    /// The sequence numbers of the last few operations started, oldest first: a node is
+    /// live if it replied to one of the last two (sequence numbers may skip, see
+    /// [`Client::next_seq`]).
+    started: Vec<u64>,
     /// The last ordered request that completed: serializable reads must reflect it.
     last_ordered: u64,
     /// Highest view that r + 1 nodes reported: some correct node is in it.
@@ -156,6 +166,7 @@ impl Client {
             auth: Auth::Mac,
             signing: None,
             seq: first_seq.saturating_sub(1),
+            started: Vec::new(),
             last_ordered: 0,
             view: 0,
             retransmit_ms,
@@ -259,7 +270,7 @@ impl Client {
         consistency: ReadConsistency,
     ) -> Result<Vec<(NodeId, Message)>, ClientError> {
         self.check_idle(op.len())?;
-        self.seq += 1;
+        self.next_seq();
         let mut read = Read {
             client: self.id,
             seq: self.seq,
@@ -312,7 +323,7 @@ impl Client {
 
     /// Makes `op` the in-flight ordered request and queues it for its first recipients.
     fn start_ordered(&mut self, now: u64, op: Payload) {
-        self.seq += 1;
+        self.next_seq();
         let retransmitted = std::mem::take(&mut self.retransmitted);
         let mut request = Request::new(self.id, self.seq, op);
         request.auth = self.authenticator(&request.statement());
@@ -341,13 +352,41 @@ impl Client {
         let ring: Vec<NodeId> = (0..n).map(|i| members[(primary + i) % n]).collect();
         let memory = if retransmitted { 1 } else { 2 };
         let heard = |node: &NodeId| self.heard.get(node).copied().unwrap_or(0);
-        let live = |node: &NodeId| heard(node) + memory >= self.seq;
+        let floor = self.started_ago(memory);
+        let live = |node: &NodeId| heard(node) >= floor;
         let mut targets: Vec<NodeId> = ring.iter().copied().filter(live).take(want).collect();
         // Short of live nodes: the most recently heard from first (ring order on ties).
         let mut rest: Vec<NodeId> = ring.into_iter().filter(|n| !targets.contains(n)).collect();
         rest.sort_by_key(|n| std::cmp::Reverse(heard(n)));
         targets.extend(rest.into_iter().take(want - targets.len()));
         targets
+    }
+
+    /// The sequence number of the operation `k` operations before the newest one started
+    /// (the oldest remembered if there were fewer; 0 before any).
+    fn started_ago(&self, k: usize) -> u64 {
+        self.started.get(self.started.len().saturating_sub(k + 1)).copied().unwrap_or(0)
+    }
+
+    /// Takes the sequence number of a new operation. A result over 64 bytes comes in full
+    /// from one designated node only, `(client + seq) mod n` (`Replica::reply_body`), the
+    /// others send its digest; if that node is down the client has matching digests and
+    /// no result until it retransmits (an ordered request) or orders the read. So of the
+    /// next [`DESIGNATED_TRIES`] numbers it takes the first whose designated node replied
+    /// to one of the last two operations (the executor accepts gaps).
+    fn next_seq(&mut self) {
+        let members = self.members();
+        let n = members.len().max(1) as u64;
+        let floor = self.started.len().checked_sub(2).map(|i| self.started[i]).or(self.started.first().copied());
+        let live = |seq: u64| {
+            let designated = members.get((self.id.wrapping_add(seq) % n) as usize);
+            floor.is_some_and(|f| designated.and_then(|d| self.heard.get(d)).is_some_and(|h| *h >= f))
+        };
+        self.seq = (1..=DESIGNATED_TRIES).map(|k| self.seq + k).find(|&s| live(s)).unwrap_or(self.seq + 1);
+        self.started.push(self.seq);
+        if self.started.len() > 3 {
+            self.started.remove(0);
+        }
     }
 
     fn to_all(&self, msg: Message) -> Vec<(NodeId, Message)> {
@@ -795,20 +834,51 @@ mod tests {
     }
 
     #[test]
+    fn sequence_numbers_skip_a_designated_replier_that_stopped_answering() {
+        // Client 9 of 4 nodes: seq s has designated replier (9 + s) mod 4. Node 2 is down.
+        let mut c = client(1, 1);
+        let mut seqs = Vec::new();
+        for i in 0..10u8 {
+            // Ordered requests and reads share the sequence, and both skip.
+            let sent = if i % 2 == 0 {
+                c.invoke(0, vec![i]).expect("idle")
+            } else {
+                c.invoke_read_only(0, vec![i], ReadConsistency::Linearizable).expect("idle")
+            };
+            let seq = match &sent[0].1 {
+                Message::Request(r) => r.seq,
+                Message::Read(r) => r.seq,
+                other => panic!("expected a request or read, got {other:?}"),
+            };
+            seqs.push(seq);
+            for n in [0, 1, 3] {
+                c.on_reply(n, reply(seq, ReplyBody::Full(vec![i])));
+            }
+            assert!(c.inflight.is_none(), "operation {i} completed");
+        }
+        // The first one knows nothing yet; 5 and 9 would be node 2's.
+        assert_eq!(seqs, vec![1, 2, 3, 4, 6, 7, 8, 10, 11, 12]);
+    }
+
+    #[test]
     fn rq_mac_first_sends_to_nodes_that_answer_and_passes_over_a_silent_one() {
         let mut c = client(1, 1).with_auth(Auth::RqMac);
         let full = |seq| reply(seq, ReplyBody::Full(vec![1]));
         let targets = |msgs: &[(NodeId, Message)]| msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>();
         // Node 2 is down. Every operation completes on nodes 0 and 1; node 3 answers late.
-        for seq in 1..=2u64 {
+        for seq in 1..=3u64 {
             let sent = c.invoke(0, vec![seq as u8]).expect("idle");
-            assert_eq!(targets(&sent), vec![0, 1, 2], "nothing is known yet: u + r + 1 from the primary");
+            if seq == 1 {
+                assert_eq!(targets(&sent), vec![0, 1, 2], "nothing is known yet: u + r + 1 from the primary");
+            } else {
+                assert_eq!(targets(&sent), vec![0, 1, 3], "node 2 answered none of the last two");
+            }
             c.on_reply(0, full(seq));
             assert!(c.on_reply(1, full(seq)).is_some());
             c.on_reply(3, full(seq));
         }
-        let sent = c.invoke(0, vec![3]).expect("idle");
-        assert_eq!(targets(&sent), vec![0, 1, 3], "node 2 answered neither of the last two");
+        let sent = c.invoke(0, vec![4]).expect("idle");
+        assert_eq!(targets(&sent), vec![0, 1, 3]);
         // All of them on a retransmission.
         assert_eq!(c.on_tick(100).len(), 4);
     }
