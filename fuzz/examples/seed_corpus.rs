@@ -161,10 +161,11 @@ fn view_change_to_self() -> Script {
     }
     assert_eq!(s.h.replica.in_view_change(), Some(4));
     let keys = secrets();
+    // Node 1 reports a certificate for instance 2 prepared in view 0.
+    let value = Value { time: 3, requests: vec![put(7, 1)] };
     for from in [1, 2] {
-        // Node 1 reports a certificate for instance 2 prepared in view 0.
         let certs = if from == 1 {
-            let value = Value { time: 3, requests: vec![put(7, 1)] };
+            let value = value.clone();
             let digest = value.digest();
             let writes =
                 (1..=3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(0, 2, &digest, n)))).collect();
@@ -177,6 +178,13 @@ fn view_change_to_self() -> Script {
         s.send(from as u8, 1, &Message::ViewChange(vc));
     }
     assert_eq!(s.h.replica.view(), 4, "node 0 installed its own NEW-VIEW");
+    // View changes name certificates by digest: node 0 asked a holder for the body of
+    // instance 2's re-proposal, and votes once it arrives.
+    assert!(
+        s.h.sent.iter().any(|m| matches!(m, Message::FetchValue { seq: 2, .. })),
+        "node 0 asked for the body it lacks"
+    );
+    s.send(1, 1, &Message::ValueBody { seq: 2, value });
     agree(&mut s);
     request_decided(&mut s, 2, 1);
     assert!(s.h.replica.executed() >= 2);
