@@ -358,6 +358,15 @@ impl Proposed {
         }
     }
 
+    /// Bytes this request adds to a batch, for the byte bound: an operation sent by
+    /// digest counts its digest, not its bytes (the expanded value is bounded again).
+    pub fn size(&self) -> usize {
+        match self {
+            Proposed::Full(r) => r.size(),
+            Proposed::Digest(d) => 32 + d.endorsements.iter().map(|e| e.macs.len() * 16 + 8).sum::<usize>() + 24,
+        }
+    }
+
     /// The request, if it travels with its operation.
     pub fn full(&self) -> Option<&Request> {
         match self {

@@ -37,10 +37,20 @@ pub(super) struct Parked {
     proposal: Proposal,
     /// Per request of `proposal`: the bytes of an operation sent by digest, once here.
     bodies: Vec<Option<Payload>>,
-    /// FETCH-BODIES sent so far; each retry asks the next node.
+    /// Whom to ask, in turn (fixed when parked, so no node is asked twice in a row).
+    order: Vec<NodeId>,
+    /// FETCH-BODIES sent so far, and to whom and when the last one went.
     asked: usize,
+    asked_node: Option<NodeId>,
     asked_at: u64,
 }
+
+/// Retries of one fetch back off up to this many doublings of the retry period, so a
+/// proposal nobody can complete (a faulty primary's) costs little until a view change.
+const RETRY_DOUBLINGS_MAX: u32 = 4;
+
+/// Operation bytes one peer may pull per retry period, in batches' worth.
+const BODY_BUDGET_BATCHES: usize = 4;
 
 impl Parked {
     fn missing(&self) -> impl Iterator<Item = (usize, &crate::message::RequestDigest)> {
@@ -97,9 +107,13 @@ impl<S: Service> Replica<S> {
         if !proposal.has_digests() {
             return Ok(proposal.expand(&[]));
         }
+        let Some(first) = proposal.requests.iter().find(|p| matches!(p, Proposed::Digest(_))) else {
+            return Ok(proposal.expand(&[]));
+        };
         if proposal.requests.iter().any(|p| matches!(p, Proposed::Digest(_)) && p.endorsements().is_empty()) {
             return Err(Reject::BadBatch("an operation by digest that nobody endorsed"));
         }
+        let order = self.fetch_order(view, seq, first);
         let bodies = proposal
             .requests
             .iter()
@@ -108,13 +122,34 @@ impl<S: Service> Replica<S> {
                 Proposed::Digest(d) => self.held_body(seq, d.client, &d.op),
             })
             .collect();
-        let parked = Parked { view, digest, proposal, bodies, asked: 0, asked_at: self.now };
+        let parked = Parked { view, digest, proposal, bodies, order, asked: 0, asked_node: None, asked_at: self.now };
         if parked.complete() {
             return parked.proposal.expand(&parked.bodies).map(Some).ok_or(Reject::BadBatch("unexpandable"));
         }
         self.parked.insert(seq, parked);
         self.fetch_bodies(seq, out);
         Ok(None)
+    }
+
+    /// Whom a node asks for the operations of instance `seq`: the endorsers of the first
+    /// one sent by digest (they hold it), other than the primary, starting at one that
+    /// depends on the node and the instance (so one endorser does not serve every
+    /// fetching node); then the primary (which holds them all, but is the node digests
+    /// spare); then everyone else.
+    fn fetch_order(&self, view: View, seq: Seq, first: &Proposed) -> Vec<NodeId> {
+        let (me, n, primary) = (self.id, self.cfg.n() as NodeId, self.cfg.primary(view));
+        let mut order: Vec<NodeId> = first.endorsements().iter().map(|e| e.node).collect();
+        order.retain(|&x| x != me && x != primary && x < n);
+        order.sort_unstable();
+        order.dedup();
+        let rotate = (me as usize).wrapping_add(seq as usize) % order.len().max(1);
+        order.rotate_left(rotate);
+        if primary != me {
+            order.push(primary);
+        }
+        let rest: Vec<NodeId> = (0..n).filter(|x| *x != me && !order.contains(x)).collect();
+        order.extend(rest);
+        order
     }
 
     /// The bytes of `client`'s operation with digest `op`, if this node holds them.
@@ -132,54 +167,67 @@ impl<S: Service> Replica<S> {
             .map(|r| r.op.clone())
     }
 
-    /// How long a fetch may go unanswered before the next node is asked, and how often a
-    /// node answers one peer's question about one instance.
+    /// How long a fetch may go unanswered before the next node is asked (doubling with
+    /// each retry, up to [`RETRY_DOUBLINGS_MAX`]), and how often a node answers one
+    /// peer's question about one instance.
     fn body_retry_ms(&self) -> u64 {
         (self.cfg.options.retransmit_ms / 5).max(1)
     }
 
-    /// Asks one node for the operations `seq`'s parked proposal still lacks: the
-    /// endorsers of the first missing one, the primary (which holds them all, but is the
-    /// node digests spare) after them, then anyone. Nodes start at different endorsers so
-    /// that one endorser does not serve every fetching node.
+    /// Asks the next node in turn for the operations `seq`'s parked proposal lacks.
     fn fetch_bodies(&mut self, seq: Seq, out: &mut Outputs) {
-        let (me, n) = (self.id, self.cfg.n() as NodeId);
         let Some(p) = self.parked.get_mut(&seq) else {
             return;
         };
-        let primary = self.cfg.primary(p.view);
         let wanted: Vec<(ClientId, Digest)> = p.missing().map(|(_, d)| (d.client, d.op)).collect();
-        let Some((_, first)) = p.missing().next() else {
+        let Some(&peer) = p.order.get(p.asked % p.order.len().max(1)) else {
             return;
         };
-        let mut order: Vec<NodeId> = first.endorsements.iter().map(|e| e.node).collect();
-        order.retain(|&x| x != me && x != primary && x < n);
-        order.sort_unstable();
-        order.dedup();
-        let rotate = (me as usize).wrapping_add(seq as usize) % order.len().max(1);
-        order.rotate_left(rotate);
-        order.push(primary);
-        let rest: Vec<NodeId> = (0..n).filter(|x| *x != me && !order.contains(x)).collect();
-        order.extend(rest);
-        let peer = order[p.asked % order.len()];
         p.asked += 1;
+        p.asked_node = Some(peer);
         p.asked_at = self.now;
         out.send.push((Peer::Node(peer), Message::FetchBodies { seq, wanted }));
     }
 
-    /// On every tick: asks again for operations a fetch did not bring in time.
+    /// On every tick: takes operations that reached this node meanwhile (a client's late
+    /// copy, hearsay), and asks again for those a fetch did not bring in time.
     pub(super) fn refetch_bodies(&mut self, out: &mut Outputs) {
         let retry = self.body_retry_ms();
-        let due: Vec<Seq> =
-            self.parked.iter().filter(|(_, p)| self.now >= p.asked_at + retry).map(|(&seq, _)| seq).collect();
+        let due: Vec<Seq> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| {
+                let doublings = (p.asked.saturating_sub(1) as u32).min(RETRY_DOUBLINGS_MAX);
+                self.now >= p.asked_at + (retry << doublings)
+            })
+            .map(|(&seq, _)| seq)
+            .collect();
         for seq in due {
-            self.fetch_bodies(seq, out);
+            let found: Vec<Payload> = self.parked.get(&seq).map_or_else(Vec::new, |p| {
+                p.missing().filter_map(|(_, d)| self.held_body(seq, d.client, &d.op)).collect()
+            });
+            if let Some(p) = self.parked.get_mut(&seq) {
+                for op in &found {
+                    p.fill(op, false);
+                }
+            }
+            if self.parked.get(&seq).is_some_and(Parked::complete) {
+                let primary = self.parked.get(&seq).map(|p| self.cfg.primary(p.view));
+                if let (Err(reason), Some(primary)) = (self.complete_parked(seq, out), primary) {
+                    out.events.push(super::Event::Rejected { from: Peer::Node(primary), kind: "propose", reason });
+                }
+            } else {
+                self.fetch_bodies(seq, out);
+            }
         }
     }
 
-    /// A peer lacks operations of instance `seq`: send those we hold. A small question
-    /// can pull up to a batch's bytes, so each peer gets one answer per instance per
-    /// retry period (what a node fetching honestly asks for at most).
+    /// A peer lacks operations of instance `seq`: send those we hold (the PROPOSE may not
+    /// have reached this node yet, so its pending requests count as well as the
+    /// instance's values). A small question can pull a batch's bytes, so a peer gets one
+    /// answer, empty or not, per instance per retry period, only for instances near what
+    /// this node executed, and at most [`BODY_BUDGET_BATCHES`] batches' bytes per retry
+    /// period in all: about what honest fetching of the proposals in flight needs.
     pub(super) fn on_fetch_bodies(
         &mut self,
         from: NodeId,
@@ -190,38 +238,56 @@ impl<S: Service> Replica<S> {
         if self.cfg.auth != Auth::RqMac {
             return Err(Reject::WrongPeer);
         }
-        if seq <= self.stable.seq || seq > self.high_water() {
-            // Stable here (the asker will learn it by STATUS), or beyond a window this
-            // node has not reached: nothing to answer, and nothing wrong with asking.
+        if wanted.len() > self.cfg.options.batch_count_max {
+            return Err(Reject::BadBatch("more operations asked for than a batch holds"));
+        }
+        let near = self.exec.executed() + 2 * self.cfg.options.window;
+        if seq <= self.stable.seq || seq > self.high_water().min(near) {
+            // Stable here (the asker will learn it by STATUS), or beyond what this node
+            // has reached: nothing to answer, and nothing wrong with asking.
             return Ok(());
         }
         let period = self.body_retry_ms();
         if self.body_answers[from as usize].get(&seq).is_some_and(|at| self.now < at + period) {
             return Err(Reject::Busy("operations fetched again within a retry period"));
         }
+        self.body_answers[from as usize].insert(seq, self.now);
+        let batch = self.cfg.options.batch_bytes_max + crate::codec::OP_BYTES_MAX;
+        let (since, spent) = &mut self.body_budget[from as usize];
+        if self.now >= *since + period {
+            (*since, *spent) = (self.now, 0);
+        }
+        let mut budget = (BODY_BUDGET_BATCHES * batch).saturating_sub(*spent).min(batch);
         wanted.sort_unstable();
         wanted.dedup();
-        let budget = self.cfg.options.batch_bytes_max + crate::codec::OP_BYTES_MAX;
-        let (mut ops, mut bytes) = (Vec::new(), 0);
+        let mut ops = Vec::new();
         for (client, op) in wanted {
             if let Some(body) = self.held_body(seq, client, &op) {
-                if bytes + body.len() > budget {
+                if body.len() > budget {
                     break;
                 }
-                bytes += body.len();
+                budget -= body.len();
+                self.body_budget[from as usize].1 += body.len();
                 ops.push(body);
             }
         }
-        if ops.is_empty() {
-            return Ok(());
+        if !ops.is_empty() {
+            out.send.push((Peer::Node(from), Message::Bodies { seq, ops }));
         }
-        self.body_answers[from as usize].insert(seq, self.now);
-        out.send.push((Peer::Node(from), Message::Bodies { seq, ops }));
         Ok(())
     }
 
     /// Operations for a parked proposal: each fills the positions whose digest it has.
-    pub(super) fn on_bodies(&mut self, seq: Seq, ops: Vec<Payload>, out: &mut Outputs) -> Result<(), Reject> {
+    /// One that fits no position is the asked node's fault only if it is that node's
+    /// answer (others may answer an earlier question about the instance): the next node
+    /// is asked at once.
+    pub(super) fn on_bodies(
+        &mut self,
+        from: NodeId,
+        seq: Seq,
+        ops: Vec<Payload>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         let trust = self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::UncheckedBody);
         // Unasked, or a second node answering the same question: nothing to do.
         let Some(p) = self.parked.get_mut(&seq) else {
@@ -234,11 +300,19 @@ impl<S: Service> Replica<S> {
                 None => stray = true,
             }
         }
+        let blame = stray && p.asked_node == Some(from);
+        let primary = self.cfg.primary(p.view);
         if count > 0 {
             out.events.push(super::Event::OperationsFetched { seq, count });
         }
-        self.complete_parked(seq, out)?;
-        if stray {
+        if self.parked.get(&seq).is_some_and(Parked::complete) {
+            if let Err(reason) = self.complete_parked(seq, out) {
+                out.events.push(super::Event::Rejected { from: Peer::Node(primary), kind: "propose", reason });
+            }
+        } else if blame {
+            self.fetch_bodies(seq, out);
+        }
+        if blame {
             return Err(Reject::BadProof("an operation that matches no digest of the proposal"));
         }
         Ok(())
@@ -251,18 +325,19 @@ impl<S: Service> Replica<S> {
             return;
         };
         let digest = op.digest();
-        let filled: Vec<Seq> = self
+        let filled: Vec<(Seq, View)> = self
             .parked
             .iter_mut()
             .filter(|(_, p)| p.missing().any(|(_, d)| d.client == client && d.op == digest))
             .map(|(&seq, p)| {
                 p.fill(&op, false);
-                seq
+                (seq, p.view)
             })
             .collect();
-        for seq in filled {
+        for (seq, view) in filled {
             if let Err(reason) = self.complete_parked(seq, out) {
-                out.events.push(super::Event::Rejected { from: Peer::Client(client), kind: "propose", reason });
+                let primary = Peer::Node(self.cfg.primary(view));
+                out.events.push(super::Event::Rejected { from: primary, kind: "propose", reason });
             }
         }
     }

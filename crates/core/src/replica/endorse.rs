@@ -63,14 +63,14 @@ struct Heard {
     /// The request, once some endorsement brought its bytes.
     request: Option<Request>,
     endorsers: BTreeMap<NodeId, Vec<Mac>>,
+    /// Charged the entry, and the bytes it came with (`HEAD_BYTES` without the request).
     first: NodeId,
+    first_bytes: usize,
+    /// When the request's bytes came after the entry: the node that sent them, charged
+    /// `late_bytes` (so a liar that opened the entry cannot make them be refused).
+    payer: NodeId,
+    late_bytes: usize,
     since: u64,
-}
-
-impl Heard {
-    fn size(&self) -> usize {
-        self.request.as_ref().map_or(HEAD_BYTES, Request::size)
-    }
 }
 
 impl Hearsay {
@@ -97,25 +97,27 @@ impl Hearsay {
         let byte_share = HEARSAY_BYTES_MAX / self.charged.len();
         if let Some(h) = self.entries.get_mut(&(client, statement)) {
             if let (None, Some(r)) = (&h.request, request) {
-                // The bytes, late: charged to the entry's first endorser like the rest.
-                let (_, bytes) = &mut self.charged[h.first as usize];
-                let more = r.size().saturating_sub(HEAD_BYTES);
-                if *bytes + more > byte_share {
-                    return None;
+                // The bytes, late: charged to whoever brought them.
+                let (_, bytes) = &mut self.charged[from as usize];
+                let more = r.size();
+                if *bytes + more <= byte_share {
+                    *bytes += more;
+                    h.request = Some(r);
+                    (h.payer, h.late_bytes) = (from, more);
                 }
-                *bytes += more;
-                h.request = Some(r);
             }
             h.endorsers.extend(endorsers);
             return Some(h.endorsers.len());
         }
-        let heard = Heard { seq, request, endorsers, first: from, since: now };
+        let size = request.as_ref().map_or(HEAD_BYTES, Request::size);
+        let heard =
+            Heard { seq, request, endorsers, first: from, first_bytes: size, payer: from, late_bytes: 0, since: now };
         let (entries, bytes) = &mut self.charged[from as usize];
-        if *entries >= share || *bytes + heard.size() > byte_share {
+        if *entries >= share || *bytes + size > byte_share {
             return None;
         }
         *entries += 1;
-        *bytes += heard.size();
+        *bytes += size;
         let count = heard.endorsers.len();
         self.entries.insert((client, statement), heard);
         Some(count)
@@ -125,7 +127,8 @@ impl Hearsay {
         let h = self.entries.remove(key)?;
         let (entries, bytes) = &mut self.charged[h.first as usize];
         *entries -= 1;
-        *bytes -= h.size();
+        *bytes -= h.first_bytes;
+        self.charged[h.payer as usize].1 -= h.late_bytes;
         Some(h)
     }
 
@@ -236,9 +239,10 @@ impl<S: Service> Replica<S> {
         let primary = self.cfg.primary(self.view);
         if !to_all {
             if primary != self.id {
-                // With request digests the primary is spared the bytes: it holds them from
-                // the client (rq-mac clients start at the primary), and if it does not,
-                // the endorsement to all on this node's request timer brings them.
+                // With request digests the primary is spared the bytes: it usually holds
+                // them from the client (rq-mac clients start at the primary unless it
+                // stopped answering them), and if it does not, the endorsement to all on
+                // this node's request timer or the client's retransmission brings them.
                 let msg = if self.cfg.request_digests && p.req.op.len() > DIGEST_MIN {
                     Message::EndorseDigest { client, seq: p.req.seq, op: p.req.op.digest(), macs: macs.clone() }
                 } else {

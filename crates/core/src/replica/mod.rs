@@ -491,8 +491,10 @@ pub struct Replica<S> {
     early_proposals: BTreeMap<Seq, (View, Proposal)>,
     /// PROPOSEs of operations by digest this node gathers the bytes of (bodies.rs).
     parked: BTreeMap<Seq, bodies::Parked>,
-    /// Per peer: instance → when operations were last sent to that peer for it.
+    /// Per peer: instance → when operations were last sent to that peer for it; and the
+    /// bytes sent to it since a time, for its budget (bodies.rs).
     body_answers: Vec<BTreeMap<Seq, u64>>,
+    body_budget: Vec<(u64, usize)>,
 
     exec: Executor<S>,
     stable: StableProof,
@@ -607,6 +609,7 @@ impl<S: Service> Replica<S> {
             early_proposals: BTreeMap::new(),
             parked: BTreeMap::new(),
             body_answers: vec![BTreeMap::new(); n],
+            body_budget: vec![(0, 0); n],
             exec,
             stable: StableProof::genesis(),
             stable_chunks: None,
@@ -782,7 +785,7 @@ impl<S: Service> Replica<S> {
                 self.on_endorse_digest(n, client, seq, op, macs, out)
             }
             (Peer::Node(n), Message::FetchBodies { seq, wanted }) => self.on_fetch_bodies(n, seq, wanted, out),
-            (Peer::Node(_), Message::Bodies { seq, ops }) => self.on_bodies(seq, ops, out),
+            (Peer::Node(n), Message::Bodies { seq, ops }) => self.on_bodies(n, seq, ops, out),
             (_, _) => Err(Reject::WrongPeer),
         };
         match result {

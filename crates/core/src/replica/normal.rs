@@ -247,9 +247,9 @@ impl<S: Service> Replica<S> {
         if value.requests.len() > opts.batch_count_max {
             return Err(Reject::BadBatch("too many requests"));
         }
-        // What travels in full is bounded here already; the whole value once expanded.
-        if value.requests.iter().filter_map(Proposed::full).map(Request::size).sum::<usize>()
-            > opts.batch_bytes_max + crate::codec::OP_BYTES_MAX
+        // Operations sent by digest count their digests here, their bytes once expanded
+        // (`check_batch_bytes`): a parked proposal is no larger than an accepted one.
+        if value.requests.iter().map(Proposed::size).sum::<usize>() > opts.batch_bytes_max + crate::codec::OP_BYTES_MAX
         {
             return Err(Reject::BadBatch("too many bytes"));
         }

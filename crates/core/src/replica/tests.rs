@@ -1639,17 +1639,39 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     assert_eq!(answer.map(|(_, m)| m.clone()), Some(Message::Bodies { seq: 1, ops: vec![big.op.clone()] }));
     let out = step(&mut holder, 13, Peer::Node(3), fetch);
     assert_eq!(rejected(&out), vec![Reject::Busy("operations fetched again within a retry period")]);
+    // One peer pulls at most four batches' worth per retry period, however it asks.
+    let op_max = vec![5u8; crate::codec::OP_BYTES_MAX];
+    let mut hoard = node(&cfg, 2);
+    let huge = request(&cfg, 9, &op_max);
+    step(&mut hoard, 20, Peer::Client(9), Message::Request(huge.clone()));
+    let mut pulled = 0;
+    for seq in 1..=20 {
+        let ask = Message::FetchBodies { seq, wanted: vec![(9, huge.op.digest())] };
+        pulled += step(&mut hoard, 21, Peer::Node(1), ask)
+            .send
+            .iter()
+            .filter(|(_, m)| matches!(m, Message::Bodies { .. }))
+            .count();
+    }
+    let batch = cfg.options.batch_bytes_max + crate::codec::OP_BYTES_MAX;
+    assert!(pulled > 0 && pulled * op_max.len() <= 4 * batch, "{pulled} answers of 1 MiB");
 
-    // Altered bytes do not pass for the operation; the right ones make the node vote.
+    // Altered bytes from the node asked do not pass for the operation: refused, and the
+    // next node (the primary, here) is asked at once. From a node not asked they are
+    // ignored (it may answer an older question about the instance).
     let forged = Message::Bodies { seq: 1, ops: vec![vec![6; 200].into()] };
-    let out = step(&mut lacking, 14, Peer::Node(2), forged);
+    let out = step(&mut lacking, 14, Peer::Node(2), forged.clone());
     assert_eq!(rejected(&out), vec![Reject::BadProof("an operation that matches no digest of the proposal")]);
     assert_eq!(writes_sent(&out), 0);
-    // Unanswered for a retry period: the next node is asked (the primary, here).
+    assert_eq!(fetches(&out), vec![(Peer::Node(0), 1, wanted.clone())]);
+    let out = step(&mut lacking, 15, Peer::Node(1), forged);
+    assert!(rejected(&out).is_empty() && fetches(&out).is_empty() && writes_sent(&out) == 0);
+    // Unanswered: the next node after a retry period, doubled for a second retry.
     let retry = cfg.options.retransmit_ms / 5;
-    let out = step_tick(&mut lacking, 10 + retry);
-    assert_eq!(fetches(&out), vec![(Peer::Node(0), 1, wanted)]);
-    let out = step(&mut lacking, 10 + retry, Peer::Node(0), Message::Bodies { seq: 1, ops: vec![big.op.clone()] });
+    assert!(fetches(&step_tick(&mut lacking, 14 + retry)).is_empty());
+    let out = step_tick(&mut lacking, 14 + 2 * retry);
+    assert_eq!(fetches(&out), vec![(Peer::Node(1), 1, wanted)]);
+    let out = step(&mut lacking, 14 + 2 * retry, Peer::Node(0), Message::Bodies { seq: 1, ops: vec![big.op.clone()] });
     assert!(rejected(&out).is_empty());
     assert_eq!(writes_sent(&out), 3);
     let accepted = lacking.log.get(&1).and_then(|s| s.value.clone()).map(|(v, d)| (v.requests[0].op.clone(), d));
@@ -1742,4 +1764,36 @@ fn endorsements_without_the_bytes_count_once_the_primary_holds_the_request() {
     });
     let proposed = proposed.expect("proposed on the endorsements heard before the request");
     assert!(matches!(&proposed.requests[..], [Proposed::Digest(d)] if d.endorsements.len() == 3));
+}
+
+#[test]
+fn a_node_that_heard_of_a_request_first_cannot_make_its_bytes_be_refused() {
+    let cfg = config_rq(1, 1);
+    let mut b = node(&cfg, 1);
+    let endorse_from = |i: u32, req: &Request| {
+        let macs = endorsement_of(&cfg, i, req).macs;
+        Message::Endorse { request: req.clone(), macs }
+    };
+    // Node 3 fills its byte share of hearsay with 1 MiB requests of made-up clients...
+    for c in 0..64 {
+        let junk = Request::new(30_000 + c, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
+        let _ = step(&mut b, 10, Peer::Node(3), endorse_from(3, &junk));
+    }
+    let full = Request::new(40_000, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
+    assert_eq!(
+        rejected(&step(&mut b, 10, Peer::Node(3), endorse_from(3, &full))),
+        vec![Reject::Busy("endorsements held for this node")]
+    );
+    // ...then is the first to mention a real request, without its bytes (this node cannot
+    // check the client's MAC: the request is not addressed to it).
+    let real = request_valid_at(&cfg, 7, 1, &[7; 300], &[0, 2, 3]);
+    let digest_only =
+        Message::EndorseDigest { client: 7, seq: 1, op: real.op.digest(), macs: endorsement_of(&cfg, 3, &real).macs };
+    assert!(rejected(&step(&mut b, 11, Peer::Node(3), digest_only)).is_empty());
+    assert!(b.hearsay.body(7, &real.op.digest()).is_none());
+    // Node 2's endorsement brings the bytes: charged to node 2, so they are kept, and with
+    // r + 1 = 2 endorsers this node endorses the request too.
+    let out = step(&mut b, 12, Peer::Node(2), endorse_from(2, &real));
+    assert!(rejected(&out).is_empty(), "{:?}", rejected(&out));
+    assert!(b.pending.get(&7).is_some_and(|p| p.req.op == real.op), "admitted on two endorsements");
 }
