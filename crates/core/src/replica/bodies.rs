@@ -211,12 +211,7 @@ impl<S: Service> Replica<S> {
                     p.fill(op, false);
                 }
             }
-            if self.parked.get(&seq).is_some_and(Parked::complete) {
-                let primary = self.parked.get(&seq).map(|p| self.cfg.primary(p.view));
-                if let (Err(reason), Some(primary)) = (self.complete_parked(seq, out), primary) {
-                    out.events.push(super::Event::Rejected { from: Peer::Node(primary), kind: "propose", reason });
-                }
-            } else {
+            if !self.complete_or_reject(seq, out) {
                 self.fetch_bodies(seq, out);
             }
         }
@@ -301,15 +296,10 @@ impl<S: Service> Replica<S> {
             }
         }
         let blame = stray && p.asked_node == Some(from);
-        let primary = self.cfg.primary(p.view);
         if count > 0 {
             out.events.push(super::Event::OperationsFetched { seq, count });
         }
-        if self.parked.get(&seq).is_some_and(Parked::complete) {
-            if let Err(reason) = self.complete_parked(seq, out) {
-                out.events.push(super::Event::Rejected { from: Peer::Node(primary), kind: "propose", reason });
-            }
-        } else if blame {
+        if !self.complete_or_reject(seq, out) && blame {
             self.fetch_bodies(seq, out);
         }
         if blame {
@@ -325,29 +315,36 @@ impl<S: Service> Replica<S> {
             return;
         };
         let digest = op.digest();
-        let filled: Vec<(Seq, View)> = self
+        let filled: Vec<Seq> = self
             .parked
             .iter_mut()
             .filter(|(_, p)| p.missing().any(|(_, d)| d.client == client && d.op == digest))
             .map(|(&seq, p)| {
                 p.fill(&op, false);
-                (seq, p.view)
+                seq
             })
             .collect();
-        for (seq, view) in filled {
-            if let Err(reason) = self.complete_parked(seq, out) {
-                let primary = Peer::Node(self.cfg.primary(view));
-                out.events.push(super::Event::Rejected { from: primary, kind: "propose", reason });
-            }
+        for seq in filled {
+            self.complete_or_reject(seq, out);
         }
+    }
+
+    /// Completes `seq`'s parked proposal if every operation is here (false if not); a
+    /// proposal that then fails its checks is the primary's fault.
+    fn complete_or_reject(&mut self, seq: Seq, out: &mut Outputs) -> bool {
+        let Some(view) = self.parked.get(&seq).filter(|p| p.complete()).map(|p| p.view) else {
+            return false;
+        };
+        if let Err(reason) = self.complete_parked(seq, out) {
+            let from = Peer::Node(self.cfg.primary(view));
+            out.events.push(super::Event::Rejected { from, kind: "propose", reason });
+        }
+        true
     }
 
     /// Votes for a parked proposal once it has every operation, if its view is still the
     /// one this node takes part in.
     fn complete_parked(&mut self, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
-        if !self.parked.get(&seq).is_some_and(Parked::complete) {
-            return Ok(());
-        }
         let Some(p) = self.parked.remove(&seq) else {
             return Ok(());
         };
