@@ -15,7 +15,8 @@
 //! - between calls no request is running, so snapshots and restores see a quiet service
 //!   (checkpoints are taken between batches).
 
-use crate::crypto::{Digest, Hasher, PublicKey};
+pub use crate::chunk::{chunk_bounds, leaf_digest, merkle_root, Chunked, Piece, CHUNK_AVG_MAX, CHUNK_AVG_MIN};
+use crate::crypto::{Hasher, PublicKey};
 use crate::membership::{AdminError, AdminOp, AdminResult, Membership, ADMIN_CLIENT};
 use crate::message::{owner_of, ClientId, Request, Seq, Value};
 use crate::parallel::{GraphBuilder, Job, Pool, SplitMix};
@@ -111,9 +112,9 @@ pub struct FrozenExecutor {
 }
 
 impl FrozenExecutor {
-    /// The bytes [`Executor::snapshot`] returned when the state was frozen.
-    pub fn snapshot(self) -> Vec<u8> {
-        self.head.encode(self.service.snapshot())
+    /// The pieces [`Executor::pieces`] returned when the state was frozen.
+    pub fn pieces(self) -> Vec<Arc<Piece>> {
+        self.head.with_service(self.service.pieces())
     }
 
     pub fn executed(&self) -> Seq {
@@ -133,12 +134,15 @@ struct SnapshotHead {
 }
 
 impl SnapshotHead {
-    fn encode(self, service: Vec<u8>) -> Vec<u8> {
-        // Sized up front: growing by doubling would copy the service state several times.
-        let varints = 3 * 10;
-        let cache: usize = self.clients.values().map(|r| 3 * 10 + r.result.len()).sum();
-        let len = varints + cache + service.len() + 10;
-        postcard::to_extend(&SnapshotBody { head: self, service }, Vec::with_capacity(len)).unwrap_or_default()
+    /// The snapshot's pieces: the head first, with the length of the service's bytes
+    /// after it, then the service's own pieces. Concatenated they are the postcard bytes
+    /// of [`SnapshotBody`], which `restore` reads in one go.
+    fn with_service(self, service: Vec<Arc<Piece>>) -> Vec<Arc<Piece>> {
+        let service_len: usize = service.iter().map(|p| p.len()).sum();
+        let head = postcard::to_allocvec(&self).unwrap_or_default();
+        // A byte string's length prefix is a varint, as a u64's is.
+        let head = postcard::to_extend(&(service_len as u64), head).unwrap_or_default();
+        std::iter::once(Piece::new(head)).chain(service).collect()
     }
 }
 
@@ -412,9 +416,15 @@ impl<S: Service> Executor<S> {
             .collect()
     }
 
-    /// Service state, reply cache and position, deterministically serialized.
+    /// Service state, reply cache and position, deterministically serialized, as the
+    /// pieces a checkpoint cuts into chunks (`chunk.rs`).
+    pub fn pieces(&self) -> Vec<Arc<Piece>> {
+        self.head().with_service(self.service.pieces())
+    }
+
+    /// [`Executor::pieces`] in one buffer.
     pub fn snapshot(&self) -> Vec<u8> {
-        self.head().encode(self.service.snapshot())
+        self.pieces().iter().flat_map(|p| p.bytes().iter().copied()).collect()
     }
 
     /// The same state as [`Executor::snapshot`], copied cheaply now and serialized by
@@ -472,89 +482,6 @@ pub fn snapshot_membership(bytes: &[u8]) -> Option<Membership> {
 /// only, whichever thread runs it.
 fn request_ctx(seq: Seq, time: u64, seed: u64, index: u64, client: ClientId) -> ExecCtx {
     ExecCtx::new(seq, time, Hasher::new("keel/request-seed").u64(seed).u64(index).finish().prefix_u64(), client)
-}
-
-/// A checkpoint split into content-defined chunks with a Merkle root over them.
-///
-/// Chunk boundaries come from the bytes (FastCDC: a rolling hash picks cut points),
-/// not from fixed offsets, so a write in the middle of a snapshot changes the chunks
-/// around it and leaves the others, shifted or not, with the same digests. A state
-/// transfer that restarts on a newer checkpoint, or a node that still holds an older
-/// snapshot, then fetches only the chunks it does not have (catch_up.rs).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Chunked {
-    /// Shared with the persist request and the state-transfer server: a snapshot is the
-    /// whole state, and copying it per use was a large part of a checkpoint's cost.
-    pub bytes: Arc<Vec<u8>>,
-    /// Where each chunk ends (exclusive); the first starts at 0.
-    ends: Vec<usize>,
-    pub leaves: Vec<Digest>,
-    pub root: Digest,
-}
-
-/// The chunk size bounds for an average of `avg` bytes: a quarter to four times it.
-pub fn chunk_bounds(avg: usize) -> (usize, usize) {
-    (avg / 4, avg.saturating_mul(4))
-}
-
-/// Smallest and largest average chunk size (`Options::chunk_bytes`) the chunker takes:
-/// FastCDC's own floor, and a maximum chunk of at most `codec::CHUNK_BYTES_MAX`.
-pub const CHUNK_AVG_MIN: usize = fastcdc::v2020::AVERAGE_MIN as usize;
-pub const CHUNK_AVG_MAX: usize = crate::codec::CHUNK_BYTES_MAX / 4;
-
-impl Chunked {
-    /// # Panics
-    /// If `avg_chunk` is outside `CHUNK_AVG_MIN..=CHUNK_AVG_MAX` (`Options::validate`
-    /// refuses such configurations).
-    pub fn new(bytes: Vec<u8>, avg_chunk: usize) -> Chunked {
-        assert!((CHUNK_AVG_MIN..=CHUNK_AVG_MAX).contains(&avg_chunk), "chunk size {avg_chunk} out of range");
-        let (min, max) = chunk_bounds(avg_chunk);
-        let ends: Vec<usize> = fastcdc::v2020::FastCDC::new(&bytes, min as u32, avg_chunk as u32, max as u32)
-            .map(|c| c.offset + c.length)
-            .collect();
-        let leaves: Vec<Digest> = (0..ends.len()).map(|i| leaf_digest(&bytes[Self::span(&ends, i)])).collect();
-        let root = merkle_root(bytes.len() as u64, &leaves);
-        Chunked { bytes: Arc::new(bytes), ends, leaves, root }
-    }
-
-    fn span(ends: &[usize], index: usize) -> std::ops::Range<usize> {
-        let start = if index == 0 { 0 } else { ends[index - 1] };
-        start..ends[index]
-    }
-
-    pub fn chunk(&self, index: u32) -> Option<&[u8]> {
-        let index = index as usize;
-        (index < self.ends.len()).then(|| &self.bytes[Self::span(&self.ends, index)])
-    }
-
-    /// Every chunk with its digest.
-    pub fn chunks(&self) -> impl Iterator<Item = (&Digest, &[u8])> {
-        self.leaves.iter().enumerate().map(|(i, d)| (d, &self.bytes[Self::span(&self.ends, i)]))
-    }
-}
-
-/// A chunk's digest: its content only. Its place is bound by the Merkle tree, so equal
-/// chunks of two snapshots share a digest wherever they sit.
-pub fn leaf_digest(data: &[u8]) -> Digest {
-    Hasher::new("keel/chunk").bytes(data).finish()
-}
-
-/// Binary Merkle tree over the chunk digests (an odd node is promoted), bound to the
-/// total length so two snapshots that differ only in trailing bytes differ in root.
-pub fn merkle_root(len: u64, leaves: &[Digest]) -> Digest {
-    let mut level: Vec<Digest> = leaves.to_vec();
-    while level.len() > 1 {
-        level = level
-            .chunks(2)
-            .map(|pair| match pair {
-                [l, r] => Hasher::new("keel/merkle").digest(l).digest(r).finish(),
-                [one] => *one,
-                _ => unreachable!("chunks(2) yields one or two"),
-            })
-            .collect();
-    }
-    let top = level.first().copied().unwrap_or_default();
-    Hasher::new("keel/root").u64(len).u64(leaves.len() as u64).digest(&top).finish()
 }
 
 #[cfg(test)]
@@ -816,60 +743,5 @@ mod tests {
         let mut e = Executor::with_workers(Shared(Arc::new(BoomState)), 3);
         let requests = (1..=20).map(|c| req(c, 1, if c == 7 { b"boom" } else { b"ok" })).collect();
         e.execute(1, &Value { time: 0, requests });
-    }
-
-    /// Bytes without structure (so the chunker cuts by its rolling hash, not by runs).
-    fn noise(len: usize, mut x: u64) -> Vec<u8> {
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
-    #[test]
-    fn merkle_root_depends_on_every_chunk_and_the_length() {
-        let a = Chunked::new(noise(8192, 1), 256);
-        assert!(a.leaves.len() > 8, "{} chunks", a.leaves.len());
-        for i in [0, 4000, 8191] {
-            let mut bytes = a.bytes.to_vec();
-            bytes[i] ^= 1;
-            assert_ne!(Chunked::new(bytes, 256).root, a.root, "byte {i}");
-        }
-        let mut longer = a.bytes.to_vec();
-        longer.push(0);
-        assert_ne!(Chunked::new(longer, 256).root, a.root);
-        assert_eq!(merkle_root(a.bytes.len() as u64, &a.leaves), a.root);
-        assert_eq!(a.chunk(a.leaves.len() as u32), None);
-    }
-
-    #[test]
-    fn chunks_cover_the_bytes_within_their_bounds() {
-        for (len, avg) in [(0, 256), (100, 256), (70_000, 256), (300_000, 4096)] {
-            let c = Chunked::new(noise(len, len as u64 + 7), avg);
-            let (min, max) = chunk_bounds(avg);
-            let joined: Vec<u8> = c.chunks().flat_map(|(_, d)| d.iter().copied()).collect();
-            assert_eq!(joined, *c.bytes);
-            let count = c.leaves.len();
-            for (i, (digest, data)) in c.chunks().enumerate() {
-                assert!(data.len() <= max && (data.len() >= min || i + 1 == count), "chunk {i}: {} bytes", data.len());
-                assert_eq!(leaf_digest(data), *digest);
-            }
-        }
-    }
-
-    #[test]
-    fn an_insertion_changes_only_the_chunks_around_it() {
-        // What lets a restarted transfer reuse what it fetched: fixed-size chunks would
-        // all change after the insertion point.
-        let before = noise(64 << 10, 3);
-        let mut after = before.clone();
-        after.splice(20_000..20_000, noise(10, 9));
-        let (a, b) = (Chunked::new(before, 256), Chunked::new(after, 256));
-        let kept = b.leaves.iter().filter(|d| a.leaves.contains(d)).count();
-        assert!(kept + 3 >= b.leaves.len(), "{kept} of {} chunks kept", b.leaves.len());
     }
 }

@@ -32,6 +32,7 @@
 //! Locks in the service only make concurrent access memory-safe; isolation between
 //! requests comes from the dependency graph.
 
+use crate::chunk::Piece;
 use crate::message::{ClientId, Seq};
 use std::sync::{Arc, Mutex};
 
@@ -175,6 +176,11 @@ pub trait ConcurrentService: Send + Sync {
 pub trait Frozen: Send {
     /// Exactly the bytes [`Service::snapshot`] returned at the moment of the freeze.
     fn snapshot(self: Box<Self>) -> Vec<u8>;
+
+    /// The same bytes as pieces, as [`Service::pieces`] returned them at the freeze.
+    fn pieces(self: Box<Self>) -> Vec<Arc<Piece>> {
+        vec![Piece::new(self.snapshot())]
+    }
 }
 
 pub trait Service {
@@ -214,6 +220,15 @@ pub trait Service {
 
     /// A deterministic serialization of the whole state: equal states give equal bytes.
     fn snapshot(&self) -> Vec<u8>;
+
+    /// [`Service::snapshot`]'s bytes split into pieces, each cut into chunks on its own
+    /// (`chunk.rs`). A service whose state is large can return, for parts of the state
+    /// that did not change since its last call, the very pieces it returned then: they
+    /// are not serialized, cut or hashed again. The split must be a function of the state
+    /// alone (every node must cut an equal state into equal chunks). Default: one piece.
+    fn pieces(&self) -> Vec<Arc<Piece>> {
+        vec![Piece::new(self.snapshot())]
+    }
 
     /// A copy of the state for a checkpoint, cheap to take now and serialized later on
     /// another thread (UpRight §3.2's copy-on-write checkpoints): the protocol thread

@@ -24,7 +24,7 @@
 
 use crate::storage::{fsync_dir, io_err, write_atomic, StorageError};
 use keel_core::crypto::Digest;
-use keel_core::exec::{leaf_digest, merkle_root, Chunked};
+use keel_core::exec::{leaf_digest, Chunked};
 use keel_core::message::Seq;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -51,7 +51,7 @@ struct Manifest {
 }
 
 /// Snapshots read back at open: (checkpoint instance, bytes), oldest first.
-pub type Snapshots = Vec<(Seq, Vec<u8>)>;
+pub type Snapshots = Vec<(Seq, Chunked)>;
 
 /// What writing one snapshot cost, for statistics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,7 +127,7 @@ impl SnapshotStore {
         let mut snapshots = Vec::new();
         for seq in manifests {
             match store.load(seq) {
-                Ok((bytes, manifest)) => {
+                Ok((chunked, manifest)) => {
                     let mut packs: Vec<Seq> = manifest.chunks.iter().map(|(_, l)| l.pack).collect();
                     packs.sort_unstable();
                     packs.dedup();
@@ -135,7 +135,7 @@ impl SnapshotStore {
                         store.index.insert(d, l);
                     }
                     store.manifests.insert(seq, packs);
-                    snapshots.push((seq, bytes));
+                    snapshots.push((seq, chunked));
                 }
                 Err(why) => {
                     tracing::warn!(seq, %why, "snapshot unreadable: skipped (the node fetches state from peers if it needs it)");
@@ -151,8 +151,8 @@ impl SnapshotStore {
         Ok((store, snapshots))
     }
 
-    /// A snapshot's bytes, every chunk and the root checked.
-    fn load(&self, seq: Seq) -> Result<(Vec<u8>, Manifest), String> {
+    /// A snapshot's chunks, each and the root checked.
+    fn load(&self, seq: Seq) -> Result<(Chunked, Manifest), String> {
         let path = manifest_path(&self.dir, seq);
         let raw = fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
         if raw.len() < 4 {
@@ -163,7 +163,7 @@ impl SnapshotStore {
             return Err("manifest checksum mismatch".into());
         }
         let manifest: Manifest = postcard::from_bytes(body).map_err(|e| format!("manifest: {e}"))?;
-        let mut bytes = Vec::with_capacity(usize::try_from(manifest.len).map_err(|_| "manifest length".to_string())?);
+        let mut chunks = Vec::with_capacity(manifest.chunks.len());
         let mut files: BTreeMap<Seq, File> = BTreeMap::new();
         for (digest, loc) in &manifest.chunks {
             let file = match files.entry(loc.pack) {
@@ -173,18 +173,18 @@ impl SnapshotStore {
                     v.insert(File::open(&p).map_err(|e| format!("open {}: {e}", p.display()))?)
                 }
             };
-            let start = bytes.len();
-            bytes.resize(start + loc.len as usize, 0);
-            file.read_exact_at(&mut bytes[start..], loc.offset).map_err(|e| format!("pack {}: {e}", loc.pack))?;
-            if leaf_digest(&bytes[start..]) != *digest {
+            let mut chunk = vec![0; loc.len as usize];
+            file.read_exact_at(&mut chunk, loc.offset).map_err(|e| format!("pack {}: {e}", loc.pack))?;
+            if leaf_digest(&chunk) != *digest {
                 return Err(format!("chunk at {} of pack {} does not match its digest", loc.offset, loc.pack));
             }
+            chunks.push(chunk);
         }
-        let leaves: Vec<Digest> = manifest.chunks.iter().map(|(d, _)| *d).collect();
-        if bytes.len() as u64 != manifest.len || merkle_root(manifest.len, &leaves) != manifest.root {
+        let chunked = Chunked::from_chunks(chunks);
+        if chunked.len() != manifest.len || chunked.root != manifest.root {
             return Err("chunks do not make up the snapshot's root".into());
         }
-        Ok((bytes, manifest))
+        Ok((chunked, manifest))
     }
 
     /// Stores the snapshot of the checkpoint at `seq` durably: its new chunks in one pack
@@ -247,7 +247,7 @@ impl SnapshotStore {
             self.packs.insert(id, offset);
             self.next_pack += 1;
         }
-        let manifest = Manifest { len: chunked.bytes.len() as u64, root: chunked.root, chunks: entries };
+        let manifest = Manifest { len: chunked.len(), root: chunked.root, chunks: entries };
         let body = postcard::to_allocvec(&manifest).map_err(|e| StorageError::Io {
             what: "encode manifest",
             path: manifest_path(&self.dir, seq),
@@ -312,6 +312,12 @@ mod tests {
             .collect()
     }
 
+    /// What was read back, as bytes, with a check that each kept the root it was
+    /// written under.
+    fn as_bytes(back: Snapshots) -> Vec<(Seq, Vec<u8>)> {
+        back.into_iter().map(|(s, c)| (s, c.to_bytes())).collect()
+    }
+
     fn chunked(bytes: Vec<u8>) -> Chunked {
         Chunked::new(bytes, 1024)
     }
@@ -332,6 +338,7 @@ mod tests {
         assert!(w.bytes_written < 10_000, "{w:?}");
         drop(store);
         let (store, back) = SnapshotStore::open(dir.path()).expect("reopen");
+        let back = as_bytes(back);
         assert_eq!(back, vec![(8, first), (16, second)]);
         assert!(store.pack_bytes() < 210_000);
     }
@@ -355,6 +362,7 @@ mod tests {
             fs::remove_file(g).expect("remove");
         }
         let (_, back) = SnapshotStore::open(dir.path()).expect("reopen");
+        let back = as_bytes(back);
         assert_eq!(back, vec![(16, second)]);
     }
 
@@ -372,6 +380,7 @@ mod tests {
         bytes[123] ^= 0x40;
         fs::write(&p, bytes).expect("write");
         let (_, back) = SnapshotStore::open(dir.path()).expect("reopen");
+        let back = as_bytes(back);
         assert_eq!(back, vec![(8, a)]);
     }
 
@@ -389,6 +398,7 @@ mod tests {
         assert!(w.reused > 0, "{w:?}");
         drop(store);
         let (_, back) = SnapshotStore::open(dir.path()).expect("reopen");
+        let back = as_bytes(back);
         assert_eq!(back, vec![(8, stable)]);
     }
 }

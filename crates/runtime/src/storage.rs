@@ -547,7 +547,8 @@ mod tests {
         drop(s);
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
         assert_eq!(d.records, vec![Record::View { view: 1, floor: 0 }, Record::View { view: 2, floor: 0 }]);
-        assert_eq!(d.snapshots, vec![(16, vec![16])]);
+        let snapshots: Vec<(u64, Vec<u8>)> = d.snapshots.iter().map(|(s, c)| (*s, c.to_bytes())).collect();
+        assert_eq!(snapshots, vec![(16, vec![16])]);
         // The base segment and the one appended to after it.
         let segments = list_segments(&dir.path().join("wal")).expect("list");
         assert_eq!(segments.iter().map(|(id, base, _)| (*id, *base)).collect::<Vec<_>>(), vec![(2, true), (3, false)]);

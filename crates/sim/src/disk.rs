@@ -5,6 +5,7 @@
 //! pending append may land partially (a torn write), which recovery must detect by its
 //! checksum and cut off.
 
+use keel_core::exec::Chunked;
 use keel_core::replica::Persist;
 use keel_core::wal::{decode_log, encode_record, Record};
 use rand::Rng;
@@ -14,14 +15,14 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone)]
 enum Op {
     Append(Vec<u8>),
-    Snapshot(u64, std::sync::Arc<Vec<u8>>),
+    Snapshot(u64, Chunked),
     Replace { wal: Vec<u8>, snapshots_from: u64 },
 }
 
 #[derive(Debug, Default)]
 pub struct SimDisk {
     wal: Vec<u8>,
-    snapshots: BTreeMap<u64, std::sync::Arc<Vec<u8>>>,
+    snapshots: BTreeMap<u64, Chunked>,
     /// Unsynced operations with their ids.
     pending: Vec<(u64, Op)>,
     next_op: u64,
@@ -36,7 +37,7 @@ impl SimDisk {
     pub fn write(&mut self, p: &Persist) -> u64 {
         let op = match p {
             Persist::Record(r) => Op::Append(encode_record(r)),
-            Persist::Snapshot { seq, chunked } => Op::Snapshot(*seq, chunked.bytes.clone()),
+            Persist::Snapshot { seq, chunked } => Op::Snapshot(*seq, chunked.clone()),
             Persist::Compact { records, snapshots_from } => {
                 Op::Replace { wal: records.iter().flat_map(encode_record).collect(), snapshots_from: *snapshots_from }
             }
@@ -102,10 +103,10 @@ impl SimDisk {
 
     /// What a restarting node reads: the snapshot and the log's whole records. The torn
     /// tail is truncated, as the runtime does at start.
-    pub fn recover(&mut self) -> (Vec<(u64, Vec<u8>)>, Vec<Record>) {
+    pub fn recover(&mut self) -> (Vec<(u64, Chunked)>, Vec<Record>) {
         let decoded = decode_log(&self.wal);
         self.wal.truncate(decoded.valid_len);
-        (self.snapshots.iter().map(|(s, b)| (*s, b.to_vec())).collect(), decoded.records)
+        (self.snapshots.iter().map(|(s, c)| (*s, c.clone())).collect(), decoded.records)
     }
 
     /// Snapshots held, for the bound check.
@@ -159,6 +160,6 @@ mod tests {
         let c = d.write(&Persist::Compact { records: vec![Record::View { view: 9, floor: 0 }], snapshots_from: 16 });
         assert_eq!(d.recover(), (vec![], vec![]));
         d.sync(c);
-        assert_eq!(d.recover(), (vec![(16, vec![8])], vec![Record::View { view: 9, floor: 0 }]));
+        assert_eq!(d.recover(), (vec![(16, Chunked::new(vec![8], 256))], vec![Record::View { view: 9, floor: 0 }]));
     }
 }

@@ -194,7 +194,7 @@ impl<S: Service> Replica<S> {
         let peer = Peer::Node(from);
         match &self.stable_chunks {
             Some(c) if self.stable.seq == seq => {
-                out.send.push((peer, Message::Manifest { seq, len: c.bytes.len() as u64, chunks: c.leaves.clone() }));
+                out.send.push((peer, Message::Manifest { seq, len: c.len(), chunks: c.leaves.clone() }));
             }
             _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
             _ => {}
@@ -358,12 +358,11 @@ impl<S: Service> Replica<S> {
         if t.manifest.is_none() || t.chunks.iter().any(Option::is_none) {
             return;
         }
+        let Some(t) = self.transfer.take() else { return };
         let (seq, chunks, reused) = (t.seq, t.chunks.len(), t.reused);
-        let bytes: Vec<u8> = t.chunks.iter().flatten().flatten().copied().collect();
-        let chunked = Chunked::new(bytes, self.cfg.options.chunk_bytes);
+        let chunked = Chunked::from_chunks(t.chunks.into_iter().flatten().collect());
         assert_eq!(chunked.root, t.root, "verified chunks reassemble to the root");
-        self.transfer = None;
-        match self.exec.restore(&chunked.bytes) {
+        match self.exec.restore(&chunked.to_bytes()) {
             Ok(executed) if executed == seq => {}
             // Q nodes signed this root, so a correct node produced these bytes; failing
             // to restore them is a bug in the service's snapshot code.

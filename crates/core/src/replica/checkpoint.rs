@@ -33,7 +33,7 @@ impl CheckpointJob {
 
     /// The expensive part: serialize the frozen state, cut it into chunks, hash them.
     pub fn run(self) -> CheckpointReady {
-        let chunked = Chunked::new(self.state.snapshot(), self.chunk_bytes);
+        let chunked = Chunked::from_pieces(self.state.pieces(), self.chunk_bytes);
         CheckpointReady { seq: self.seq, epoch: self.epoch, generation: self.generation, chunked }
     }
 }
@@ -77,7 +77,7 @@ impl<S: Service> Replica<S> {
                 return;
             }
         }
-        let chunked = Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes);
+        let chunked = Chunked::from_pieces(self.exec.pieces(), self.cfg.options.chunk_bytes);
         self.checkpoint_taken(seq, membership, chunked, out);
     }
 
@@ -91,7 +91,7 @@ impl<S: Service> Replica<S> {
             return;
         };
         let chunked = if self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::UnfrozenCheckpoint) {
-            Chunked::new(self.exec.snapshot(), self.cfg.options.chunk_bytes)
+            Chunked::from_pieces(self.exec.pieces(), self.cfg.options.chunk_bytes)
         } else {
             ready.chunked
         };

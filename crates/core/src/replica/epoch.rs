@@ -194,7 +194,7 @@ impl<S: Service> Replica<S> {
         r.now = self.now;
         r.epoch_certs = certs;
         if let Some(chunks) = base {
-            match r.exec.restore(&chunks.bytes) {
+            match r.exec.restore(&chunks.to_bytes()) {
                 Ok(executed) if executed == since => {}
                 other => panic!("the stable snapshot at {since} does not restore: {other:?}"),
             }

@@ -443,7 +443,7 @@ fn a_node_restarting_between_epochs_recovers_in_the_right_one() {
     assert_eq!((node.epoch(), node.config().quorums.byzantine()), (1, false));
     // What the node has on disk at the end of epoch 0, before and after it compacted its
     // log for epoch 1.
-    let snapshot = (m1.since, node.stable_chunks.as_ref().expect("base").bytes.to_vec());
+    let snapshot = (m1.since, node.stable_chunks.clone().expect("base"));
     let stable = Record::Stable(node.stable.clone());
     let before = Durable { snapshots: vec![snapshot.clone()], records: vec![stable.clone()] };
     assert_eq!(before.membership(), None, "recovers in epoch 0 (the file's) and ends it again");

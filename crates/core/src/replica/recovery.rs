@@ -16,8 +16,9 @@ use crate::wal::Record;
 /// What a node finds on its disk at start.
 #[derive(Clone, Debug, Default)]
 pub struct Durable {
-    /// Every completely persisted snapshot, by the checkpoint it belongs to.
-    pub snapshots: Vec<(Seq, Vec<u8>)>,
+    /// Every completely persisted snapshot, by the checkpoint it belongs to, in the
+    /// chunks it was written as (its root depends on them).
+    pub snapshots: Vec<(Seq, Chunked)>,
     /// The log's records, in order, up to its last whole record.
     pub records: Vec<Record>,
 }
@@ -54,12 +55,12 @@ impl<S: Service> Replica<S> {
         let Durable { mut snapshots, records } = durable;
         snapshots.sort_by_key(|(seq, _)| *seq);
         let mut snapshot_seq: Seq = 0;
-        if let Some((_, bytes)) = snapshots.last() {
-            snapshot_seq = r.exec.restore(bytes)?;
+        if let Some((_, chunked)) = snapshots.last() {
+            snapshot_seq = r.exec.restore(&chunked.to_bytes())?;
         }
-        for (seq, bytes) in snapshots {
+        for (seq, chunked) in snapshots {
             if seq > 0 {
-                r.own_checkpoints.insert(seq, Chunked::new(bytes, r.cfg.options.chunk_bytes));
+                r.own_checkpoints.insert(seq, chunked);
             }
         }
         // Pass 1: positions that later records are interpreted against.
@@ -159,7 +160,7 @@ impl<S: Service> Replica<S> {
         // crash may be lost, and without them the checkpoint may never become stable.
         let stable_seq = r.stable.seq;
         for (&seq, c) in r.own_checkpoints.iter().filter(|(s, _)| **s > stable_seq) {
-            let Some(m) = crate::exec::snapshot_membership(&c.bytes) else { continue };
+            let Some(m) = crate::exec::snapshot_membership(&c.to_bytes()) else { continue };
             let membership = m.digest();
             let sig = r.secrets.signing.sign(&crate::message::checkpoint_statement(seq, &c.root, &membership, id));
             r.checkpoint_votes.entry(seq).or_default().insert(id, (c.root, membership, sig));
