@@ -77,6 +77,9 @@ impl KvWorkload {
     }
 }
 
+/// KV checkpoint segment size in simulations (keel_kv::SEGMENT_TARGET in production).
+const SEGMENT_BYTES: usize = 512;
+
 /// State expansions the linearizability search may use per key before giving up.
 const LINEARIZABILITY_BUDGET: u64 = 5_000_000;
 
@@ -84,7 +87,9 @@ impl Workload for KvWorkload {
     type Service = Kv;
 
     fn service(&self) -> Kv {
-        Kv::new()
+        // Small segments: the simulated states are small, and checkpoints should reuse
+        // and re-cut segments under every fault, as they do at scale.
+        Kv::with_segment_target(SEGMENT_BYTES)
     }
 
     fn unobserved_op(&self) -> Option<Vec<u8>> {

@@ -16,14 +16,21 @@
 //! after which it re-reads what it watches. The registry is replicated state, in the
 //! snapshot, bounded by [`WATCHES_PER_CLIENT_MAX`] and [`WATCHES_MAX`].
 
+mod segments;
+
+pub use segments::SEGMENT_TARGET;
+
+use keel_core::chunk::Piece;
 use keel_core::message::ClientId;
 use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Frozen, Item, ReadCtx, RestoreError, Service};
+use segments::Segment;
 use serde::{Deserialize, Serialize};
-use serde_bytes::{ByteBuf, Bytes};
+use serde_bytes::ByteBuf;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::ops::{Bound, Deref};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 // Byte strings are `serde_bytes`: the same postcard bytes as a `Vec<u8>` (length, then
 // the bytes), but copied whole instead of decoded one byte at a time.
@@ -165,6 +172,25 @@ struct Store {
     shards: Vec<RwLock<Map>>,
     /// prefix → the clients watching it.
     watches: RwLock<Watches>,
+    /// Per shard: the keys written since the freeze its cached segments come from, each
+    /// with the number of freezes taken before the write (segments.rs).
+    written: Vec<Mutex<BTreeMap<Vec<u8>, u64>>>,
+    /// Freezes taken so far; a freeze's id is the count before it.
+    freezes: AtomicU64,
+    /// The segments of the newest serialized freeze; shared with frozen copies, which
+    /// serialize on another thread and leave their segments here.
+    cache: Arc<Mutex<SegmentCache>>,
+    segment_target: usize,
+}
+
+/// What the next checkpoint may reuse.
+#[derive(Default)]
+struct SegmentCache {
+    /// (freeze id, its segments).
+    segments: Option<(u64, Arc<Vec<Segment>>)>,
+    /// Segments of freezes below this id are not taken: the keys written before it are no
+    /// longer tracked, or the state was replaced since (restore).
+    floor: u64,
 }
 
 /// prefix → watching client → end of its lease (agreed time, ms).
@@ -182,7 +208,70 @@ fn shard_of(key: &[u8]) -> usize {
 
 impl Store {
     fn new() -> Store {
-        Store { shards: (0..SHARDS).map(|_| RwLock::new(Map::new())).collect(), watches: RwLock::default() }
+        Store::with_segments(segments::SEGMENT_TARGET)
+    }
+
+    fn with_segments(segment_target: usize) -> Store {
+        Store {
+            shards: (0..SHARDS).map(|_| RwLock::new(Map::new())).collect(),
+            watches: RwLock::default(),
+            written: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            freezes: AtomicU64::new(0),
+            cache: Arc::default(),
+            segment_target,
+        }
+    }
+
+    /// Notes that `key` (in `shard`) changed: its segment is serialized again at the next
+    /// checkpoint. Freezes happen between batches, never during one, so the count read
+    /// here is the one the next freeze will find.
+    fn wrote(&self, shard: usize, key: &[u8]) {
+        let tag = self.freezes.load(Ordering::Acquire);
+        self.written[shard].lock().unwrap_or_else(PoisonError::into_inner).insert(key.to_vec(), tag);
+    }
+
+    /// A copy of the state for a checkpoint, with what its serialization may reuse: the
+    /// newest cached segments and the keys written since their freeze.
+    fn freeze(&self) -> FrozenKv {
+        let shards = self.read_all().iter().map(|g| (**g).clone()).collect();
+        let id = self.freezes.fetch_add(1, Ordering::AcqRel);
+        let base = {
+            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            if cache.segments.is_none() {
+                // Nothing to reuse: stop tracking what came before this freeze, and take
+                // no older freeze's segments from now on (their keys are forgotten).
+                cache.floor = cache.floor.max(id);
+            }
+            cache.segments.clone()
+        };
+        let since = base.as_ref().map_or(id, |(c, _)| *c);
+        let mut written = BTreeSet::new();
+        for w in &self.written {
+            let mut w = w.lock().unwrap_or_else(PoisonError::into_inner);
+            w.retain(|_, tag| *tag > since);
+            if base.is_some() {
+                written.extend(w.keys().cloned());
+            }
+        }
+        FrozenKv {
+            shards,
+            watches: self.watches().clone(),
+            base: base.map(|(_, segments)| segments),
+            written,
+            id,
+            cache: self.cache.clone(),
+            segment_target: self.segment_target,
+        }
+    }
+
+    /// The state was replaced: nothing cached describes it, nor any freeze taken before.
+    fn forget_segments(&self) {
+        for w in &self.written {
+            w.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.segments = None;
+        cache.floor = self.freezes.load(Ordering::Acquire);
     }
 
     fn watches(&self) -> RwLockReadGuard<'_, Watches> {
@@ -273,21 +362,27 @@ impl Store {
             KvRequest::Get { key } => KvResponse::Value(self.read(shard_of(&key)).get(&key).map(|v| v.to_vec())),
             KvRequest::Put { key, value } => {
                 self.notify(&key, Some(&value), ctx);
-                self.write(shard_of(&key)).insert(key, Arc::new(value));
+                let shard = shard_of(&key);
+                self.wrote(shard, &key);
+                self.write(shard).insert(key, Arc::new(value));
                 KvResponse::Done
             }
             KvRequest::Delete { key } => {
-                if self.write(shard_of(&key)).remove(&key).is_some() {
+                let shard = shard_of(&key);
+                if self.write(shard).remove(&key).is_some() {
+                    self.wrote(shard, &key);
                     self.notify(&key, None, ctx);
                 }
                 KvResponse::Done
             }
             KvRequest::Cas { key, expected, new } => {
-                let mut shard = self.write(shard_of(&key));
-                let swapped = shard.get(&key).map(|v| v.as_slice()) == expected.as_deref();
+                let shard = shard_of(&key);
+                let mut map = self.write(shard);
+                let swapped = map.get(&key).map(|v| v.as_slice()) == expected.as_deref();
                 if swapped {
                     self.notify(&key, Some(&new), ctx);
-                    shard.insert(key, Arc::new(new));
+                    self.wrote(shard, &key);
+                    map.insert(key, Arc::new(new));
                 }
                 KvResponse::Swapped(swapped)
             }
@@ -324,12 +419,16 @@ fn scan(shards: &[impl Deref<Target = Map>], prefix: &[u8], limit: usize) -> Vec
 /// Every entry with `prefix` across all shards, in key order, by reference: a k-way merge
 /// of the shards' own ordered iterators (scans and snapshots both need the global order).
 fn merged<'a>(shards: &'a [impl Deref<Target = Map>], prefix: &'a [u8]) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
-    let mut iters: Vec<_> = shards
-        .iter()
-        .map(|m| {
-            m.range::<_, [u8]>((Bound::Included(prefix), Bound::Unbounded)).take_while(|(k, _)| k.starts_with(prefix))
-        })
-        .collect();
+    merged_range(shards, Bound::Included(prefix), Bound::Unbounded).take_while(move |(k, _)| k.starts_with(prefix))
+}
+
+/// Every entry with a key in (`lo`, `hi`) across all shards, in key order.
+fn merged_range<'a>(
+    shards: &'a [impl Deref<Target = Map>],
+    lo: Bound<&[u8]>,
+    hi: Bound<&[u8]>,
+) -> impl Iterator<Item = (&'a [u8], &'a [u8])> {
+    let mut iters: Vec<_> = shards.iter().map(|m| m.range::<_, [u8]>((lo, hi))).collect();
     // (key, value, shard) of each shard's next entry, smallest key first.
     type Head<'a> = Reverse<(&'a [u8], &'a [u8], usize)>;
     let mut heads: BinaryHeap<Head<'a>> = BinaryHeap::new();
@@ -356,6 +455,13 @@ pub struct Kv {
 impl Kv {
     pub fn new() -> Kv {
         Kv { store: Arc::new(Store::new()) }
+    }
+
+    /// A store whose checkpoints track changes in segments of about `bytes` bytes
+    /// (default [`SEGMENT_TARGET`]); the simulator uses small ones, so its small states
+    /// span many segments.
+    pub fn with_segment_target(bytes: usize) -> Kv {
+        Kv { store: Arc::new(Store::with_segments(bytes.max(1))) }
     }
 
     pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
@@ -411,10 +517,11 @@ impl Default for Kv {
 /// A deep copy: the clone does not share state with the original.
 impl Clone for Kv {
     fn clone(&self) -> Kv {
-        let store = Store {
-            shards: self.store.read_all().iter().map(|m| RwLock::new((**m).clone())).collect(),
-            watches: RwLock::new(self.store.watches().clone()),
-        };
+        let store = Store::with_segments(self.store.segment_target);
+        for (i, m) in self.store.read_all().iter().enumerate() {
+            *store.write(i) = (**m).clone();
+        }
+        *store.watches.write().unwrap_or_else(PoisonError::into_inner) = self.store.watches().clone();
         Kv { store: Arc::new(store) }
     }
 }
@@ -471,13 +578,17 @@ impl Service for Kv {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        encode(&self.store.read_all(), &self.store.watches())
+        joined(&self.pieces())
+    }
+
+    /// Serializes only the segments written since the last checkpoint (segments.rs).
+    fn pieces(&self) -> Vec<Arc<Piece>> {
+        self.store.freeze().into_pieces()
     }
 
     /// O(shards): each shard's map is persistent, so its clone shares every node.
     fn freeze(&self) -> Option<Box<dyn Frozen>> {
-        let shards = self.store.read_all().iter().map(|g| (**g).clone()).collect();
-        Some(Box::new(FrozenKv { shards, watches: self.store.watches().clone() }))
+        Some(Box::new(self.store.freeze()))
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
@@ -499,50 +610,67 @@ impl Service for Kv {
             *self.store.write(i) = m;
         }
         *self.store.watches.write().unwrap_or_else(PoisonError::into_inner) = watches;
+        self.store.forget_segments();
         Ok(())
     }
 }
 
-/// The store as a checkpoint froze it.
+/// The store as a checkpoint froze it, with what its serialization may reuse.
 struct FrozenKv {
     shards: Vec<Map>,
     watches: Watches,
+    /// The newest cached segments when frozen, and the keys written since their freeze.
+    base: Option<Arc<Vec<Segment>>>,
+    written: BTreeSet<Vec<u8>>,
+    /// This freeze's id: its segments are cached if no newer freeze's are.
+    id: u64,
+    cache: Arc<Mutex<SegmentCache>>,
+    segment_target: usize,
+}
+
+impl FrozenKv {
+    /// The snapshot's pieces. The bytes are a postcard `BTreeMap<Vec<u8>, Vec<u8>>` of
+    /// the whole state (key order: equal maps give equal bytes whatever the shard
+    /// layout), then the watch registry if there is one: the entry count, the entries in
+    /// segments (segments.rs), the registry.
+    fn into_pieces(self) -> Vec<Arc<Piece>> {
+        let shards: Vec<&Map> = self.shards.iter().collect();
+        let segments =
+            segments::build(self.segment_target, self.base.as_deref().map(Vec::as_slice), &self.written, |lo, hi| {
+                merged_range(&shards, lo, hi)
+            });
+        let mut pieces = Vec::with_capacity(segments.len() + 2);
+        let count = shards.iter().map(|m| m.len() as u64).sum::<u64>();
+        // A map's length prefix is a varint, as a u64's is.
+        pieces.push(Piece::new(postcard::to_allocvec(&count).unwrap_or_default()));
+        pieces.extend(segments.iter().map(|s| s.piece.clone()));
+        if !self.watches.is_empty() {
+            pieces.push(Piece::new(postcard::to_allocvec(&self.watches).unwrap_or_default()));
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.id >= cache.floor && cache.segments.as_ref().is_none_or(|(have, _)| *have < self.id) {
+            cache.segments = Some((self.id, Arc::new(segments)));
+        }
+        pieces
+    }
 }
 
 impl Frozen for FrozenKv {
     fn snapshot(self: Box<Self>) -> Vec<u8> {
-        encode(&self.shards.iter().collect::<Vec<&Map>>(), &self.watches)
+        joined(&self.into_pieces())
+    }
+
+    fn pieces(self: Box<Self>) -> Vec<Arc<Piece>> {
+        self.into_pieces()
     }
 }
 
-/// The same bytes as a postcard BTreeMap<Vec<u8>, Vec<u8>> of the whole state (the
-/// format before sharding, so older snapshots restore): key order, equal maps give equal
-/// bytes whatever the shard layout. Keys and values go through as byte strings (one copy
-/// each) into a buffer sized up front: a checkpoint serializes the whole store, and
-/// byte-by-byte serialization of Vec<u8> was most of its cost.
-fn encode(shards: &[impl Deref<Target = Map>], watches: &Watches) -> Vec<u8> {
-    let entries: Vec<(&[u8], &[u8])> = merged(shards, b"").collect();
-    let len = VARINT_MAX + entries.iter().map(|(k, v)| 2 * VARINT_MAX + k.len() + v.len()).sum::<usize>();
-    let bytes = postcard::to_extend(&SortedMap(&entries), Vec::with_capacity(len)).unwrap_or_default();
-    // The watch registry follows, only if there is one (so a store without watches keeps
-    // the bytes of a plain map).
-    if watches.is_empty() {
-        return bytes;
+fn joined(pieces: &[Arc<Piece>]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(pieces.iter().map(|p| p.len()).sum());
+    for p in pieces {
+        bytes.extend_from_slice(p.bytes());
     }
-    postcard::to_extend(watches, bytes).unwrap_or_default()
-}
-
-/// A postcard varint of a usize takes at most this many bytes.
-const VARINT_MAX: usize = 10;
-
-/// Sorted (key, value) pairs encoded as a postcard map of byte strings: the bytes of the
-/// `BTreeMap<Vec<u8>, Vec<u8>>` with the same entries.
-struct SortedMap<'a>(&'a [(&'a [u8], &'a [u8])]);
-
-impl Serialize for SortedMap<'_> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.0.iter().map(|(k, v)| (Bytes::new(k), Bytes::new(v))))
-    }
+    bytes
 }
 
 /// Decodes what [`SortedMap`] (or an older `BTreeMap` snapshot) wrote, byte strings whole.
@@ -837,6 +965,92 @@ mod tests {
         assert_ne!(after, before);
         assert_eq!(frozen.snapshot(), before, "the copy is isolated from later writes");
         assert_eq!(kv.snapshot(), after, "and serializing it changes nothing live");
+    }
+
+    #[derive(Clone, Debug)]
+    enum Step {
+        Put(u8, usize),
+        Delete(u8),
+        Cas(u8),
+        /// Freeze now, serialize later.
+        Freeze,
+        /// Serialize the pending freeze at this index (mod their number).
+        Serialize(usize),
+        /// Serialize inline (`Service::pieces`).
+        Inline,
+        /// Replace the state with a snapshot of another store.
+        Restore,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            8 => (0..200u8, 0..120usize).prop_map(|(k, len)| Step::Put(k, len)),
+            2 => (0..200u8).prop_map(Step::Delete),
+            1 => (0..200u8).prop_map(Step::Cas),
+            2 => Just(Step::Freeze),
+            2 => (0..4usize).prop_map(Step::Serialize),
+            2 => Just(Step::Inline),
+            1 => Just(Step::Restore),
+        ]
+    }
+
+    /// Pieces as (bytes) per piece: boundaries included, since they decide the chunks.
+    fn shape(pieces: &[Arc<Piece>]) -> Vec<Vec<u8>> {
+        pieces.iter().map(|p| p.bytes().to_vec()).collect()
+    }
+
+    proptest! {
+        /// A checkpoint that reuses cached segments has exactly the pieces of the same
+        /// state serialized with no cache (a deep copy), whatever the interleaving of
+        /// writes, freezes serialized out of order, inline checkpoints and restores.
+        #[test]
+        fn incremental_pieces_equal_whole_ones(steps in proptest::collection::vec(step(), 1..80)) {
+            let mut kv = Kv { store: Arc::new(Store::with_segments(512)) };
+            let other = Kv::new();
+            for i in 0..50u8 {
+                other.apply(KvRequest::Put { key: vec![i, i], value: vec![i; 40] });
+            }
+            // (frozen copy, the pieces the state had when it was frozen)
+            let mut pending: Vec<(FrozenKv, Vec<Vec<u8>>)> = Vec::new();
+            for s in steps {
+                match s {
+                    Step::Put(k, len) => { kv.apply(KvRequest::Put { key: vec![k / 3, k], value: vec![k; len] }); }
+                    Step::Delete(k) => { kv.apply(KvRequest::Delete { key: vec![k / 3, k] }); }
+                    Step::Cas(k) => { kv.apply(KvRequest::Cas { key: vec![k / 3, k], expected: None, new: vec![1] }); }
+                    Step::Freeze => {
+                        let expected = shape(&kv.clone().pieces());
+                        pending.push((kv.store.freeze(), expected));
+                    }
+                    Step::Serialize(i) if !pending.is_empty() => {
+                        let (frozen, expected) = pending.remove(i % pending.len());
+                        prop_assert_eq!(shape(&frozen.into_pieces()), expected);
+                    }
+                    Step::Serialize(_) => {}
+                    Step::Inline => {
+                        let expected = shape(&kv.clone().pieces());
+                        prop_assert_eq!(shape(&kv.pieces()), expected);
+                    }
+                    Step::Restore => kv.restore(&other.snapshot()).expect("restores"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_checkpoint_after_few_writes_reuses_the_other_segments() {
+        let kv = Kv { store: Arc::new(Store::with_segments(512)) };
+        for i in 0..2000u32 {
+            kv.apply(KvRequest::Put { key: i.to_be_bytes().to_vec(), value: vec![0; 50] });
+        }
+        let first = kv.pieces();
+        kv.apply(KvRequest::Put { key: 1000u32.to_be_bytes().to_vec(), value: vec![1; 50] });
+        let second = kv.pieces();
+        let kept = second.iter().filter(|p| first.iter().any(|q| Arc::ptr_eq(p, q))).count();
+        assert!(first.len() > 100, "{} pieces", first.len());
+        // The count piece is new each time, and the written key's segment (and perhaps
+        // the next, until the cut resynchronizes).
+        assert!(kept + 3 >= second.len(), "{kept} of {} pieces kept", second.len());
+        assert_eq!(shape(&second), shape(&kv.clone().pieces()));
     }
 
     #[test]
