@@ -29,7 +29,7 @@ use serde_bytes::ByteBuf;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::ops::{Bound, Deref};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 // Byte strings are `serde_bytes`: the same postcard bytes as a `Vec<u8>` (length, then
@@ -172,9 +172,15 @@ struct Store {
     shards: Vec<RwLock<Map>>,
     /// prefix → the clients watching it.
     watches: RwLock<Watches>,
-    /// Per shard: the keys written since the freeze its cached segments come from, each
-    /// with the number of freezes taken before the write (segments.rs).
+    /// Per shard: the keys written since the freeze its cached segments come from (or,
+    /// with none cached, since the floor), each with the number of freezes taken before
+    /// the write (segments.rs).
     written: Vec<Mutex<BTreeMap<Vec<u8>, u64>>>,
+    /// About the memory `written` holds, and the most it may: past that the tracking is
+    /// dropped and the next checkpoint serializes everything (a store written all over
+    /// between checkpoints, or never frozen, gains little from it anyway).
+    tracked: AtomicUsize,
+    tracked_max: usize,
     /// Freezes taken so far; a freeze's id is the count before it.
     freezes: AtomicU64,
     /// The segments of the newest serialized freeze; shared with frozen copies, which
@@ -189,8 +195,16 @@ struct SegmentCache {
     /// (freeze id, its segments).
     segments: Option<(u64, Arc<Vec<Segment>>)>,
     /// Segments of freezes below this id are not taken: the keys written before it are no
-    /// longer tracked, or the state was replaced since (restore).
+    /// longer tracked (dropped at the bound), or the state was replaced since (restore).
     floor: u64,
+}
+
+/// The most memory (about) the written-key tracking of one store may hold.
+const TRACKED_BYTES_MAX: usize = 64 << 20;
+
+/// What tracking a written key costs, about: the key and the map entry around it.
+fn tracked_bytes(key: &[u8]) -> usize {
+    key.len() + 64
 }
 
 /// prefix → watching client → end of its lease (agreed time, ms).
@@ -216,6 +230,8 @@ impl Store {
             shards: (0..SHARDS).map(|_| RwLock::new(Map::new())).collect(),
             watches: RwLock::default(),
             written: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            tracked: AtomicUsize::new(0),
+            tracked_max: TRACKED_BYTES_MAX,
             freezes: AtomicU64::new(0),
             cache: Arc::default(),
             segment_target,
@@ -227,7 +243,11 @@ impl Store {
     /// here is the one the next freeze will find.
     fn wrote(&self, shard: usize, key: &[u8]) {
         let tag = self.freezes.load(Ordering::Acquire);
-        self.written[shard].lock().unwrap_or_else(PoisonError::into_inner).insert(key.to_vec(), tag);
+        let new =
+            self.written[shard].lock().unwrap_or_else(PoisonError::into_inner).insert(key.to_vec(), tag).is_none();
+        if new && self.tracked.fetch_add(tracked_bytes(key), Ordering::Relaxed) > self.tracked_max {
+            self.forget_segments();
+        }
     }
 
     /// A copy of the state for a checkpoint, with what its serialization may reuse: the
@@ -235,24 +255,28 @@ impl Store {
     fn freeze(&self) -> FrozenKv {
         let shards = self.read_all().iter().map(|g| (**g).clone()).collect();
         let id = self.freezes.fetch_add(1, Ordering::AcqRel);
-        let base = {
-            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-            if cache.segments.is_none() {
-                // Nothing to reuse: stop tracking what came before this freeze, and take
-                // no older freeze's segments from now on (their keys are forgotten).
-                cache.floor = cache.floor.max(id);
-            }
-            cache.segments.clone()
+        // Every segments cache from now on is of a freeze at or above the floor: writes
+        // tagged at or below it are in all of them. With none cached yet (the first
+        // checkpoint, or jobs still out after a restore), this freeze cuts everything, and
+        // the writes since the floor stay tracked so that whichever pending freeze is
+        // serialized first can be the next one's base (dropping them here would leave a
+        // node whose serializations outlast a checkpoint interval never reusing anything).
+        let (base, floor) = {
+            let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            (cache.segments.clone(), cache.floor)
         };
-        let since = base.as_ref().map_or(id, |(c, _)| *c);
+        let since = base.as_ref().map_or(floor, |(c, _)| *c);
         let mut written = BTreeSet::new();
+        let mut tracked = 0;
         for w in &self.written {
             let mut w = w.lock().unwrap_or_else(PoisonError::into_inner);
             w.retain(|_, tag| *tag > since);
+            tracked += w.keys().map(|k| tracked_bytes(k)).sum::<usize>();
             if base.is_some() {
                 written.extend(w.keys().cloned());
             }
         }
+        self.tracked.store(tracked, Ordering::Relaxed);
         FrozenKv {
             shards,
             watches: self.watches().clone(),
@@ -264,11 +288,15 @@ impl Store {
         }
     }
 
-    /// The state was replaced: nothing cached describes it, nor any freeze taken before.
+    /// The state was replaced, or the written keys are no longer tracked: nothing cached
+    /// describes the state, nor any freeze taken before now. (Called from a worker thread
+    /// at the bound, it may race other writes of the same batch: they carry the floor's
+    /// tag, which no later base needs.)
     fn forget_segments(&self) {
         for w in &self.written {
             w.lock().unwrap_or_else(PoisonError::into_inner).clear();
         }
+        self.tracked.store(0, Ordering::Relaxed);
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         cache.segments = None;
         cache.floor = self.freezes.load(Ordering::Acquire);
@@ -459,7 +487,8 @@ impl Kv {
 
     /// A store whose checkpoints track changes in segments of about `bytes` bytes
     /// (default [`SEGMENT_TARGET`]); the simulator uses small ones, so its small states
-    /// span many segments.
+    /// span many segments. Segment boundaries are chunk boundaries, so they enter the
+    /// checkpoint root: every node of a cluster must use the same size.
     pub fn with_segment_target(bytes: usize) -> Kv {
         Kv { store: Arc::new(Store::with_segments(bytes.max(1))) }
     }
@@ -1051,6 +1080,59 @@ mod tests {
         // the next, until the cut resynchronizes).
         assert!(kept + 3 >= second.len(), "{kept} of {} pieces kept", second.len());
         assert_eq!(shape(&second), shape(&kv.clone().pieces()));
+    }
+
+    #[test]
+    fn checkpoints_serialized_after_the_next_freeze_still_reuse_segments() {
+        // A large state's first serializations outlast a checkpoint interval: each freeze
+        // is taken while the previous one is still out (the runtime allows two). Reuse
+        // must resume once one is serialized, not wait for a quiet moment forever.
+        let kv = Kv { store: Arc::new(Store::with_segments(512)) };
+        for i in 0..2000u32 {
+            kv.apply(KvRequest::Put { key: i.to_be_bytes().to_vec(), value: vec![0; 50] });
+        }
+        let mut out: Vec<(FrozenKv, Vec<Vec<u8>>)> = Vec::new();
+        // Every piece serialized so far (kept alive, so pointers are not reused).
+        let mut seen: Vec<Arc<Piece>> = Vec::new();
+        let mut reused = Vec::new();
+        for round in 0..20u32 {
+            kv.apply(KvRequest::Put { key: (round * 97).to_be_bytes().to_vec(), value: vec![round as u8; 50] });
+            out.push((kv.store.freeze(), shape(&kv.clone().pieces())));
+            if out.len() == 2 {
+                let (frozen, expected) = out.remove(0);
+                let pieces = frozen.into_pieces();
+                assert_eq!(shape(&pieces), expected);
+                reused.push(
+                    pieces.iter().filter(|p| seen.iter().any(|q| Arc::ptr_eq(p, q))).count() * 100 / pieces.len(),
+                );
+                seen.extend(pieces);
+            }
+        }
+        // The first two serializations have nothing to reuse (each freeze was taken with
+        // nothing cached); from the third on, each takes the newest serialized one's
+        // segments, all but the few written since.
+        assert!(reused[2..].iter().all(|&pct| pct >= 90), "reused % per checkpoint: {reused:?}");
+    }
+
+    #[test]
+    fn written_key_tracking_is_bounded_and_dropping_it_keeps_pieces_exact() {
+        let mut store = Store::with_segments(512);
+        store.tracked_max = 10_000;
+        let kv = Kv { store: Arc::new(store) };
+        let _ = kv.pieces();
+        // Never frozen meanwhile: many distinct keys written, then deleted.
+        for i in 0..5000u32 {
+            kv.apply(KvRequest::Put { key: i.to_be_bytes().to_vec(), value: vec![1; 20] });
+            let held: usize = kv.store.written.iter().map(|w| w.lock().unwrap().len()).sum();
+            assert!(held * 64 <= 10_000 + 64 * 2, "{held} keys tracked after {i} writes");
+        }
+        for i in 0..4000u32 {
+            kv.apply(KvRequest::Delete { key: i.to_be_bytes().to_vec() });
+        }
+        assert!(kv.store.tracked.load(Ordering::Relaxed) <= 10_000 + 68);
+        assert_eq!(shape(&kv.pieces()), shape(&kv.clone().pieces()));
+        kv.apply(KvRequest::Put { key: 4500u32.to_be_bytes().to_vec(), value: vec![2; 20] });
+        assert_eq!(shape(&kv.pieces()), shape(&kv.clone().pieces()));
     }
 
     #[test]
