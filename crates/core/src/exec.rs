@@ -146,11 +146,14 @@ impl SnapshotHead {
     }
 }
 
+/// An executor snapshot: the head, then the service's bytes as one byte string. Read
+/// with the service state borrowed, not copied: a restore of a large state holds the
+/// snapshot bytes and the rebuilt state, not a third copy in between.
 #[derive(Serialize, Deserialize)]
-struct SnapshotBody {
+struct SnapshotBody<'a> {
     head: SnapshotHead,
-    #[serde(with = "serde_bytes")]
-    service: Vec<u8>,
+    #[serde(borrow)]
+    service: &'a [u8],
 }
 
 /// How a request of a parallel run is answered, decided in decided order.
@@ -454,7 +457,7 @@ impl<S: Service> Executor<S> {
     pub fn restore(&mut self, bytes: &[u8]) -> Result<Seq, RestoreError> {
         let body: SnapshotBody =
             postcard::from_bytes(bytes).map_err(|e| RestoreError(format!("executor snapshot: {e}")))?;
-        self.service.restore(&body.service)?;
+        self.service.restore(body.service)?;
         let SnapshotHead { executed, time, clients, push_seqs, membership } = body.head;
         self.executed = executed;
         self.time = time;
@@ -468,14 +471,7 @@ impl<S: Service> Executor<S> {
 /// The membership recorded in an executor snapshot (a driver picks a restarting node's
 /// epoch from the snapshot at its stable checkpoint).
 pub fn snapshot_membership(bytes: &[u8]) -> Option<Membership> {
-    /// [`SnapshotBody`] with the service state borrowed, not copied.
-    #[derive(Deserialize)]
-    struct Head<'a> {
-        head: SnapshotHead,
-        #[serde(borrow)]
-        _service: &'a [u8],
-    }
-    postcard::from_bytes::<Head>(bytes).ok().map(|h| h.head.membership)
+    postcard::from_bytes::<SnapshotBody>(bytes).ok().map(|h| h.head.membership)
 }
 
 /// The context of the request at `index` in instance `seq`: a function of agreed values
