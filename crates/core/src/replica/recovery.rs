@@ -160,7 +160,7 @@ impl<S: Service> Replica<S> {
         // crash may be lost, and without them the checkpoint may never become stable.
         let stable_seq = r.stable.seq;
         for (&seq, c) in r.own_checkpoints.iter().filter(|(s, _)| **s > stable_seq) {
-            let Some(m) = crate::exec::snapshot_membership(&c.to_bytes()) else { continue };
+            let Some(m) = crate::exec::snapshot_membership(c) else { continue };
             let membership = m.digest();
             let sig = r.secrets.signing.sign(&crate::message::checkpoint_statement(seq, &c.root, &membership, id));
             r.checkpoint_votes.entry(seq).or_default().insert(id, (c.root, membership, sig));
