@@ -201,7 +201,7 @@ fn state_transfer() -> Script {
     let c = synthetic_checkpoint(16, CHUNK_BYTES);
     s.send(1, 1, &Message::StableCert(stable_proof(16, c.root, &[1, 2, 3])));
     assert!(s.h.replica.transferring());
-    s.send(2, 1, &Message::Manifest { seq: 16, len: c.bytes.len() as u64, chunks: c.leaves.clone() });
+    s.send(2, 1, &Message::Manifest { seq: 16, len: c.len(), chunks: c.leaves.clone() });
     for index in 0..c.leaves.len() as u32 {
         let data = c.chunk(index).expect("chunk").to_vec();
         s.send(1 + (index % 3) as u8, 0, &Message::Chunk { seq: 16, index, data });

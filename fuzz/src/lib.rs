@@ -123,7 +123,7 @@ pub fn synthetic_checkpoint(seq: Seq, chunk_bytes: usize) -> Chunked {
     for s in 1..=seq {
         e.execute(s, &Value::null());
     }
-    Chunked::new(e.snapshot(), chunk_bytes)
+    Chunked::from_pieces(e.pieces(), chunk_bytes)
 }
 
 pub struct Harness {
@@ -445,7 +445,7 @@ impl Harness {
                 Message::StableCert(p)
             }
             Message::Manifest { seq, len, chunks } => match self.synthetic(seq) {
-                Some(c) => Message::Manifest { seq, len: c.bytes.len() as u64, chunks: c.leaves.clone() },
+                Some(c) => Message::Manifest { seq, len: c.len(), chunks: c.leaves.clone() },
                 None => Message::Manifest { seq, len, chunks },
             },
             Message::Chunk { seq, index, data } => {
