@@ -70,6 +70,7 @@ impl<S: Service> Replica<S> {
         stable: Seq,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
+        self.peer_executed[from as usize] = executed;
         let gap = self.cfg.options.status_ms / 2;
         if self.now < self.helped_at[from as usize] + gap {
             return Ok(());

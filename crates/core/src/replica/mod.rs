@@ -553,6 +553,11 @@ pub struct Replica<S> {
     transfer: Option<Transfer>,
     /// Last time we helped each peer (STATUS answers are rate-limited).
     helped_at: Vec<u64>,
+    /// What each peer's latest STATUS said it executed: it decided every instance up to
+    /// there, so retransmitting votes for them to it is waste (normal.rs `retransmit`).
+    /// The latest, not the highest: a restarted peer reports less and is served again.
+    /// A peer that overstates only loses retransmissions meant for itself.
+    peer_executed: Vec<Seq>,
     next_status: u64,
     next_retransmit: u64,
 }
@@ -637,6 +642,7 @@ impl<S: Service> Replica<S> {
             pushes: push::PushQueues::default(),
             transfer: None,
             helped_at: vec![0; n],
+            peer_executed: vec![0; n],
             next_status: 0,
             next_retransmit: 0,
         }

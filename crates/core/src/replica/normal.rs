@@ -612,18 +612,30 @@ impl<S: Service> Replica<S> {
                 continue;
             }
             slot.voted_at = self.now;
-            if primary {
-                msgs.push(Message::Propose { view, seq, value: proposal_form(&self.cfg, value) });
-            }
-            if let Some((_, sig)) = slot.writes.get(&self.id) {
-                msgs.push(Message::Write(Write { view, seq, digest: *digest, sig: *sig }));
+            // Each peer gets only what it may still need: nothing once it reported
+            // executing the instance; only our ACCEPT once it accepted this value (it has
+            // prepared: the proposal and our WRITE are no news to it). While one node is
+            // down every slot stays short of n accepts, and resending whole proposals and
+            // votes to everyone cost the live nodes a large share of their throughput.
+            let needs = |n: NodeId| self.peer_executed[n as usize] < seq;
+            let prepared = |n: NodeId| slot.accepts.get(&n) == Some(digest);
+            let peers = (0..self.cfg.n() as NodeId).filter(|&n| n != self.id && needs(n));
+            let (behind, prepared): (Vec<NodeId>, Vec<NodeId>) = peers.partition(|&n| !prepared(n));
+            if !behind.is_empty() {
+                if primary {
+                    msgs.push((behind.clone(), Message::Propose { view, seq, value: proposal_form(&self.cfg, value) }));
+                }
+                if let Some((_, sig)) = slot.writes.get(&self.id) {
+                    msgs.push((behind.clone(), Message::Write(Write { view, seq, digest: *digest, sig: *sig })));
+                }
             }
             if slot.accept_sent {
-                msgs.push(Message::Accept { view, seq, digest: *digest });
+                msgs.push(([behind, prepared].concat(), Message::Accept { view, seq, digest: *digest }));
             }
         }
-        for m in msgs {
-            self.broadcast_durable(m, out);
+        for (peers, m) in msgs {
+            // Gated like the first sending: votes leave only once their records are durable.
+            out.send_after_persist.extend(peers.into_iter().map(|n| (Peer::Node(n), m.clone())));
         }
     }
 }

@@ -1797,3 +1797,53 @@ fn a_node_that_heard_of_a_request_first_cannot_make_its_bytes_be_refused() {
     assert!(rejected(&out).is_empty(), "{:?}", rejected(&out));
     assert!(b.pending.get(&7).is_some_and(|p| p.req.op == real.op), "admitted on two endorsements");
 }
+
+/// (peer, message kind) → count of the agreement messages in `out`.
+fn votes_sent(out: &Outputs) -> BTreeMap<(NodeId, &'static str), usize> {
+    let mut sent = BTreeMap::new();
+    for (to, msg) in out.send.iter().chain(&out.send_after_persist) {
+        if let (Peer::Node(n), Message::Propose { .. } | Message::Write(_) | Message::Accept { .. }) = (to, msg) {
+            *sent.entry((*n, msg.kind())).or_default() += 1;
+        }
+    }
+    sent
+}
+
+#[test]
+fn retransmissions_go_only_to_peers_that_may_still_need_them() {
+    // With node 3 down no instance ever has n accepts, so every one of them is resent
+    // each period; the live nodes must not be made to take them all again.
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    net.down[3] = true;
+    let mut c = client(&cfg, 7);
+    for i in 1..=3u8 {
+        net.submit(&mut c, i as u64, &[i]);
+        assert_eq!(net.result(&mut c), Some(vec![i]), "request {i}");
+    }
+    let executed = net.nodes[0].executed();
+    let period = cfg.options.retransmit_ms;
+    // No STATUS heard yet: nodes 1 and 2 accepted every value, so they get our ACCEPTs
+    // only; node 3 gets the proposals and our WRITEs too.
+    let sent = votes_sent(&step_tick(&mut net.nodes[0], 10 + period));
+    let to = |n: NodeId, kind: &'static str| sent.get(&(n, kind)).copied().unwrap_or(0);
+    let slots = to(3, "propose");
+    assert!(slots > 0, "{sent:?}");
+    assert_eq!((to(3, "write"), to(3, "accept")), (slots, slots), "{sent:?}");
+    for n in [1, 2] {
+        assert_eq!((to(n, "propose"), to(n, "write"), to(n, "accept")), (0, 0, slots), "node {n}: {sent:?}");
+    }
+    // Once nodes 1 and 2 report executing them, nothing for those instances goes to them.
+    for n in [1, 2] {
+        let status = Message::Status { view: 0, executed, stable: 0 };
+        step(&mut net.nodes[0], 20 + period, Peer::Node(n), status);
+    }
+    let sent = votes_sent(&step_tick(&mut net.nodes[0], 20 + 2 * period));
+    let to = |n: NodeId, kind: &'static str| sent.get(&(n, kind)).copied().unwrap_or(0);
+    assert_eq!((to(3, "propose"), to(3, "write"), to(3, "accept")), (slots, slots, slots), "{sent:?}");
+    assert!(sent.keys().all(|(n, _)| *n == 3), "{sent:?}");
+    // A peer that reports less (it restarted) is served again.
+    step(&mut net.nodes[0], 30 + 2 * period, Peer::Node(1), Message::Status { view: 0, executed: 0, stable: 0 });
+    let sent = votes_sent(&step_tick(&mut net.nodes[0], 30 + 3 * period));
+    assert_eq!(sent.get(&(1, "accept")).copied(), Some(slots), "{sent:?}");
+}
