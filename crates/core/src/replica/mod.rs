@@ -558,6 +558,11 @@ pub struct Replica<S> {
     /// The latest, not the highest: a restarted peer reports less and is served again.
     /// A peer that overstates only loses retransmissions meant for itself.
     peer_executed: Vec<Seq>,
+    /// When each peer was last heard from (None: not yet). A peer silent for several
+    /// STATUS periods is down or cut off: retransmitting every unacknowledged instance
+    /// to it each period is work for nothing, and when it speaks again it is served
+    /// again (and catches up through STATUS).
+    heard_at: Vec<Option<u64>>,
     next_status: u64,
     next_retransmit: u64,
 }
@@ -643,6 +648,7 @@ impl<S: Service> Replica<S> {
             transfer: None,
             helped_at: vec![0; n],
             peer_executed: vec![0; n],
+            heard_at: vec![None; n],
             next_status: 0,
             next_retransmit: 0,
         }
@@ -741,6 +747,11 @@ impl<S: Service> Replica<S> {
     }
 
     fn on_message(&mut self, from: Peer, msg: Message, checked: bool, out: &mut Outputs) {
+        if let Peer::Node(n) = from {
+            if let Some(heard) = self.heard_at.get_mut(n as usize) {
+                *heard = Some(self.now);
+            }
+        }
         let Some((msg, checked)) = self.hold_ahead(from, msg, checked) else {
             return;
         };

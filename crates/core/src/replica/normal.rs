@@ -600,6 +600,9 @@ impl<S: Service> Replica<S> {
         let threshold = self.cfg.options.retransmit_ms;
         let primary = self.cfg.primary(view) == self.id;
         let mut msgs = Vec::new();
+        let silent_after = SILENT_STATUS_PERIODS * self.cfg.options.status_ms;
+        let silent: Vec<bool> =
+            self.heard_at.iter().map(|h| h.is_some_and(|t| self.now > t.saturating_add(silent_after))).collect();
         for (&seq, slot) in self.log.iter_mut() {
             if slot.view != view || self.now < slot.voted_at + threshold {
                 continue;
@@ -613,11 +616,12 @@ impl<S: Service> Replica<S> {
             }
             slot.voted_at = self.now;
             // Each peer gets only what it may still need: nothing once it reported
-            // executing the instance; only our ACCEPT once it accepted this value (it has
-            // prepared: the proposal and our WRITE are no news to it). While one node is
-            // down every slot stays short of n accepts, and resending whole proposals and
-            // votes to everyone cost the live nodes a large share of their throughput.
-            let needs = |n: NodeId| self.peer_executed[n as usize] < seq;
+            // executing the instance, nor while it is silent (`heard_at`); only our
+            // ACCEPT once it accepted this value (it has prepared: the proposal and our
+            // WRITE are no news to it). While one node is down every slot stays short of
+            // n accepts, and resending whole proposals and votes to everyone cost the
+            // live nodes a large share of their throughput.
+            let needs = |n: NodeId| self.peer_executed[n as usize] < seq && !silent[n as usize];
             let prepared = |n: NodeId| slot.accepts.get(&n) == Some(digest);
             let peers = (0..self.cfg.n() as NodeId).filter(|&n| n != self.id && needs(n));
             let (behind, prepared): (Vec<NodeId>, Vec<NodeId>) = peers.partition(|&n| !prepared(n));
@@ -639,6 +643,10 @@ impl<S: Service> Replica<S> {
         }
     }
 }
+
+/// STATUS periods without a word from a peer after which it is taken for down or cut
+/// off, and retransmissions to it pause until it speaks again.
+const SILENT_STATUS_PERIODS: u64 = 4;
 
 /// The whole value's bytes, once every operation is here: the bound a PROPOSE with
 /// operations by digest could only partly check (`check_batch`).

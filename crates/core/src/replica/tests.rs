@@ -1847,3 +1847,31 @@ fn retransmissions_go_only_to_peers_that_may_still_need_them() {
     let sent = votes_sent(&step_tick(&mut net.nodes[0], 30 + 3 * period));
     assert_eq!(sent.get(&(1, "accept")).copied(), Some(slots), "{sent:?}");
 }
+
+#[test]
+fn retransmissions_to_a_silent_peer_pause_until_it_speaks_again() {
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    net.down[3] = true;
+    let mut c = client(&cfg, 7);
+    // Node 3 was heard once, then went down.
+    step(&mut net.nodes[0], 1, Peer::Node(3), Message::Status { view: 0, executed: 0, stable: 0 });
+    for i in 1..=3u8 {
+        net.submit(&mut c, 1 + i as u64, &[i]);
+        assert_eq!(net.result(&mut c), Some(vec![i]), "request {i}");
+    }
+    let (period, status) = (cfg.options.retransmit_ms, cfg.options.status_ms);
+    // Within a few STATUS periods of its last word it still gets everything.
+    let soon = 10 + period.max(status);
+    let sent = votes_sent(&step_tick(&mut net.nodes[0], soon));
+    let slots = sent.get(&(3, "propose")).copied().unwrap_or(0);
+    assert!(slots > 0, "{sent:?}");
+    // Silent for longer than SILENT_STATUS_PERIODS: nothing.
+    let late = soon + 5 * status + period;
+    let sent = votes_sent(&step_tick(&mut net.nodes[0], late));
+    assert!(sent.keys().all(|(n, _)| *n != 3), "{sent:?}");
+    // It speaks again: served at the next period.
+    step(&mut net.nodes[0], late + 1, Peer::Node(3), Message::Status { view: 0, executed: 0, stable: 0 });
+    let sent = votes_sent(&step_tick(&mut net.nodes[0], late + 1 + period));
+    assert_eq!(sent.get(&(3, "propose")).copied(), Some(slots), "{sent:?}");
+}
