@@ -1809,18 +1809,25 @@ fn votes_sent(out: &Outputs) -> BTreeMap<(NodeId, &'static str), usize> {
     sent
 }
 
+/// A u = r = 1 network whose nodes 0-2 decided and executed three requests (at times
+/// 1-3) while node 3 was down.
+fn three_decided_with_node_3_down(cfg: &ClusterConfig) -> Net {
+    let mut net = Net::new(cfg);
+    net.down[3] = true;
+    let mut c = client(cfg, 7);
+    for i in 1..=3u8 {
+        net.submit(&mut c, i as u64, &[i]);
+        assert_eq!(net.result(&mut c), Some(vec![i]), "request {i}");
+    }
+    net
+}
+
 #[test]
 fn retransmissions_go_only_to_peers_that_may_still_need_them() {
     // With node 3 down no instance ever has n accepts, so every one of them is resent
     // each period; the live nodes must not be made to take them all again.
     let cfg = config(1, 1);
-    let mut net = Net::new(&cfg);
-    net.down[3] = true;
-    let mut c = client(&cfg, 7);
-    for i in 1..=3u8 {
-        net.submit(&mut c, i as u64, &[i]);
-        assert_eq!(net.result(&mut c), Some(vec![i]), "request {i}");
-    }
+    let mut net = three_decided_with_node_3_down(&cfg);
     let executed = net.nodes[0].executed();
     let period = cfg.options.retransmit_ms;
     // No STATUS heard yet: nodes 1 and 2 accepted every value, so they get our ACCEPTs
@@ -1851,15 +1858,9 @@ fn retransmissions_go_only_to_peers_that_may_still_need_them() {
 #[test]
 fn retransmissions_to_a_silent_peer_pause_until_it_speaks_again() {
     let cfg = config(1, 1);
-    let mut net = Net::new(&cfg);
-    net.down[3] = true;
-    let mut c = client(&cfg, 7);
-    // Node 3 was heard once, then went down.
-    step(&mut net.nodes[0], 1, Peer::Node(3), Message::Status { view: 0, executed: 0, stable: 0 });
-    for i in 1..=3u8 {
-        net.submit(&mut c, 1 + i as u64, &[i]);
-        assert_eq!(net.result(&mut c), Some(vec![i]), "request {i}");
-    }
+    let mut net = three_decided_with_node_3_down(&cfg);
+    // Node 3 was heard once (since gone down).
+    step(&mut net.nodes[0], 4, Peer::Node(3), Message::Status { view: 0, executed: 0, stable: 0 });
     let (period, status) = (cfg.options.retransmit_ms, cfg.options.status_ms);
     // Within a few STATUS periods of its last word it still gets everything.
     let soon = 10 + period.max(status);
