@@ -184,12 +184,17 @@ impl Chunked {
 
     /// The snapshot's bytes in one buffer (a copy: for restoring, which is rare).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut bytes = Vec::with_capacity(usize::try_from(self.len).unwrap_or(0));
-        for p in &self.pieces {
-            bytes.extend_from_slice(p.bytes());
-        }
-        bytes
+        join(&self.pieces)
     }
+}
+
+/// Pieces' bytes concatenated into one buffer, sized up front.
+pub fn join(pieces: &[Arc<Piece>]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(pieces.iter().map(|p| p.len()).sum());
+    for p in pieces {
+        bytes.extend_from_slice(p.bytes());
+    }
+    bytes
 }
 
 /// A chunk's digest: its content only. Its place is bound by the Merkle tree, so equal

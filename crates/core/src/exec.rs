@@ -427,7 +427,7 @@ impl<S: Service> Executor<S> {
 
     /// [`Executor::pieces`] in one buffer.
     pub fn snapshot(&self) -> Vec<u8> {
-        self.pieces().iter().flat_map(|p| p.bytes().iter().copied()).collect()
+        crate::chunk::join(&self.pieces())
     }
 
     /// The same state as [`Executor::snapshot`], copied cheaply now and serialized by

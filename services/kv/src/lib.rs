@@ -20,7 +20,7 @@ mod segments;
 
 pub use segments::SEGMENT_TARGET;
 
-use keel_core::chunk::Piece;
+use keel_core::chunk::{self, Piece};
 use keel_core::message::ClientId;
 use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Frozen, Item, ReadCtx, RestoreError, Service};
 use segments::Segment;
@@ -607,7 +607,7 @@ impl Service for Kv {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        joined(&self.pieces())
+        chunk::join(&self.pieces())
     }
 
     /// Serializes only the segments written since the last checkpoint (segments.rs).
@@ -686,20 +686,12 @@ impl FrozenKv {
 
 impl Frozen for FrozenKv {
     fn snapshot(self: Box<Self>) -> Vec<u8> {
-        joined(&self.into_pieces())
+        chunk::join(&self.into_pieces())
     }
 
     fn pieces(self: Box<Self>) -> Vec<Arc<Piece>> {
         self.into_pieces()
     }
-}
-
-fn joined(pieces: &[Arc<Piece>]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(pieces.iter().map(|p| p.len()).sum());
-    for p in pieces {
-        bytes.extend_from_slice(p.bytes());
-    }
-    bytes
 }
 
 /// Decodes what [`SortedMap`] (or an older `BTreeMap` snapshot) wrote, byte strings whole.
