@@ -148,6 +148,9 @@ pub struct Client {
     /// (statistics).
     pub reads_answered: u64,
     pub reads_ordered: u64,
+    /// Separated execution: the execution nodes' ids, which reply instead of the order
+    /// nodes (exec_node.rs). None: the order nodes execute.
+    executors: Option<std::ops::Range<NodeId>>,
 }
 
 impl Client {
@@ -176,6 +179,35 @@ impl Client {
             pushes: PushInbox { next: 1, ..PushInbox::default() },
             reads_answered: 0,
             reads_ordered: 0,
+            executors: None,
+        }
+    }
+
+    /// Separated execution: replies come from the execution nodes `executors`
+    /// ([`crate::config::ClusterConfig::executors`]). Reads are ordered (an execution
+    /// node takes part in no agreement, so the read-only quorums do not apply to it).
+    pub fn with_executors(mut self, executors: std::ops::Range<NodeId>) -> Client {
+        self.executors = Some(executors);
+        self
+    }
+
+    /// Whether `node` answers operations: an execution node when separated, else an
+    /// order node.
+    fn is_replier(&self, node: NodeId) -> bool {
+        match &self.executors {
+            Some(e) => e.contains(&node),
+            None => self.is_member(node),
+        }
+    }
+
+    /// The node that sends a large result in full for sequence number `seq`.
+    fn designated(&self, seq: u64) -> Option<NodeId> {
+        match &self.executors {
+            Some(e) => Some(e.start + (self.id.wrapping_add(seq) % e.len().max(1) as u64) as NodeId),
+            None => {
+                let members = self.members();
+                members.get((self.id.wrapping_add(seq) % members.len().max(1) as u64) as usize).copied()
+            }
         }
     }
 
@@ -270,6 +302,11 @@ impl Client {
         consistency: ReadConsistency,
     ) -> Result<Vec<(NodeId, Message)>, ClientError> {
         self.check_idle(op.len())?;
+        if self.executors.is_some() {
+            self.reads_ordered += 1;
+            self.start_ordered(now, op.into());
+            return Ok(self.poll_send());
+        }
         self.next_seq();
         let mut read = Read {
             client: self.id,
@@ -375,12 +412,10 @@ impl Client {
     /// next [`DESIGNATED_TRIES`] numbers it takes the first whose designated node replied
     /// to one of the last two operations (the executor accepts gaps).
     fn next_seq(&mut self) {
-        let members = self.members();
-        let n = members.len().max(1) as u64;
         let floor = self.started.len().checked_sub(2).map(|i| self.started[i]).or(self.started.first().copied());
         let live = |seq: u64| {
-            let designated = members.get((self.id.wrapping_add(seq) % n) as usize);
-            floor.is_some_and(|f| designated.and_then(|d| self.heard.get(d)).is_some_and(|h| *h >= f))
+            let designated = self.designated(seq);
+            floor.is_some_and(|f| designated.and_then(|d| self.heard.get(&d)).is_some_and(|h| *h >= f))
         };
         self.seq = (1..=DESIGNATED_TRIES).map(|k| self.seq + k).find(|&s| live(s)).unwrap_or(self.seq + 1);
         self.started.push(self.seq);
@@ -486,7 +521,7 @@ impl Client {
             self.epoch_asked = reply.epoch;
             self.outbox.push((from, Message::EpochQuery { client: self.id, epoch: self.membership.epoch }));
         }
-        if !self.is_member(from) {
+        if !self.is_replier(from) {
             return None;
         }
         if reply.client == self.id {
@@ -581,7 +616,11 @@ impl Client {
         match &inflight.kind {
             Kind::Ordered(request) => {
                 let m = Message::Request(request.clone());
-                msgs.extend(self.to_all(m));
+                msgs.extend(self.to_all(m.clone()));
+                if let Some(executors) = self.executors.clone() {
+                    // A reply that went missing comes from their reply caches.
+                    msgs.extend(executors.map(|n| (n, m.clone())));
+                }
             }
             Kind::Read(read) => {
                 let op = read.op.clone();

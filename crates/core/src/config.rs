@@ -5,7 +5,7 @@
 
 use crate::crypto::PublicKey;
 use crate::membership::Membership;
-use crate::message::ClientId;
+use crate::message::{ClientId, NodeId};
 use crate::quorum::{QuorumError, Quorums};
 use std::collections::BTreeMap;
 
@@ -30,6 +30,19 @@ pub struct ClusterConfig {
     /// The key administrative operations must be signed with (membership.rs); `None`:
     /// the membership cannot change.
     pub admin_key: Option<PublicKey>,
+    /// Which nodes execute (ARCHITECTURE §2, UpRight §4.2).
+    pub stages: Stages,
+}
+
+/// Where the execution stage runs. Order (and request-quorum) nodes are the members,
+/// node ids `0..n`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stages {
+    /// Empty: every order node also executes (co-located, the default). Otherwise the
+    /// public keys of separate execution nodes, whose node ids follow the order nodes':
+    /// `n, n + 1, ...` (exec_node.rs). Order nodes then keep only the order state and send
+    /// each decided value to them (UpRight §4.2).
+    pub executors: Vec<PublicKey>,
 }
 
 /// Request authentication (ARCHITECTURE §4, UpRight §4.1).
@@ -91,6 +104,12 @@ pub enum ConfigError {
     NodeCount { expected: usize, got: usize },
     #[error("option {name} = {value} is invalid: {why}")]
     Option { name: &'static str, value: u64, why: &'static str },
+    #[error("{got} execution nodes, but (u, r) needs at least {min} (u + r + 1)")]
+    ExecutionNodes { min: usize, got: usize },
+    #[error("{order} order and {exec} execution nodes exceed the {max} node ids supported")]
+    TooManyNodes { order: usize, exec: usize, max: usize },
+    #[error("separated execution does not support membership changes yet (no admin key may be set)")]
+    SeparatedReconfiguration,
 }
 
 /// The encoded size of a prepared certificate's proof at most, with `q` signatures: view,
@@ -120,6 +139,7 @@ impl ClusterConfig {
             client_keys: BTreeMap::new(),
             membership: Membership::genesis(quorums.u(), quorums.r(), &node_keys, &[]),
             admin_key: None,
+            stages: Stages::default(),
             quorums,
             node_keys,
             options,
@@ -155,6 +175,48 @@ impl ClusterConfig {
         self
     }
 
+    /// Separates execution: `keys` are the execution nodes' (node ids `n..n + len`).
+    ///
+    /// # Errors
+    /// Fewer than `u + r + 1` of them, more node ids than supported, or an admin key set
+    /// (membership changes move order nodes only and are not supported with this yet).
+    pub fn with_executors(mut self, keys: Vec<PublicKey>) -> Result<ClusterConfig, ConfigError> {
+        let min = self.quorums.execution_nodes_min();
+        if keys.len() < min {
+            return Err(ConfigError::ExecutionNodes { min, got: keys.len() });
+        }
+        if self.n() + keys.len() > crate::quorum::NODES_MAX {
+            return Err(ConfigError::TooManyNodes { order: self.n(), exec: keys.len(), max: crate::quorum::NODES_MAX });
+        }
+        if self.admin_key.is_some() {
+            return Err(ConfigError::SeparatedReconfiguration);
+        }
+        self.stages.executors = keys;
+        Ok(self)
+    }
+
+    /// Whether execution runs on its own nodes (not on the order nodes).
+    pub fn separated(&self) -> bool {
+        !self.stages.executors.is_empty()
+    }
+
+    /// The nodes that execute and answer clients: the execution nodes when separated,
+    /// the order nodes otherwise.
+    pub fn executors(&self) -> std::ops::Range<NodeId> {
+        let n = self.n() as NodeId;
+        if self.separated() {
+            n..n + self.stages.executors.len() as NodeId
+        } else {
+            0..n
+        }
+    }
+
+    /// Public keys of every node id, order nodes then execution nodes, for checking
+    /// signatures of either.
+    pub fn all_keys(&self) -> Vec<PublicKey> {
+        self.node_keys.iter().chain(&self.stages.executors).copied().collect()
+    }
+
     /// Node addresses for the genesis membership (index order), which members gossip.
     pub fn with_addrs(mut self, addrs: &[String]) -> ClusterConfig {
         for (m, a) in self.membership.members.iter_mut().zip(addrs) {
@@ -180,6 +242,7 @@ impl ClusterConfig {
             client_keys: self.client_keys.clone(),
             membership: next,
             admin_key: self.admin_key,
+            stages: self.stages.clone(),
         })
     }
 

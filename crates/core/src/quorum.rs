@@ -55,10 +55,13 @@ pub enum Mutation {
     /// Request digests: an operation a peer sends for a parked proposal is taken for the
     /// one asked for, without checking that it hashes to the proposal's digest.
     UncheckedBody,
+    /// Separated execution: an execution node executes a value on one order node's commit
+    /// notice instead of `r + 1` matching ones.
+    OneCommitNotice,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 11] = [
+    pub const ALL: [Mutation; 12] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -70,6 +73,7 @@ impl Mutation {
         Mutation::UnverifiedEpochCerts,
         Mutation::UnfrozenCheckpoint,
         Mutation::UncheckedBody,
+        Mutation::OneCommitNotice,
     ];
 
     pub fn name(self) -> &'static str {
@@ -85,6 +89,7 @@ impl Mutation {
             Mutation::UnverifiedEpochCerts => "unverified-epoch-certs",
             Mutation::UnfrozenCheckpoint => "unfrozen-checkpoint",
             Mutation::UncheckedBody => "unchecked-body",
+            Mutation::OneCommitNotice => "one-commit-notice",
         }
     }
 
@@ -254,10 +259,34 @@ impl Quorums {
         2 * self.r as usize + 1
     }
 
-    /// Execution nodes the paper requires when execution is separated: `u + r + 1`.
+    /// Execution nodes the paper requires when execution is separated: `u + r + 1`
+    /// (UpRight §4.3): with `u` of them down, `r + 1` remain to answer a client.
     /// Keel co-locates execution on all order nodes by default.
     pub fn execution_nodes_min(&self) -> usize {
         self.u as usize + self.r as usize + 1
+    }
+
+    /// Request-quorum nodes when RQ is its own stage: `2u + r + 1` (UpRight §4.3), so
+    /// the primary can always gather `u + r + 1` endorsements with `u` down.
+    pub fn rq_nodes_min(&self) -> usize {
+        2 * self.u as usize + self.r as usize + 1
+    }
+
+    /// Matching commit notices from order nodes on which an execution node executes a
+    /// value (UpRight §4.2): `r + 1`, one of them from a correct order node, which sends
+    /// only what its order quorum decided.
+    pub fn commit_quorum(&self) -> usize {
+        match self.mutation {
+            Some(Mutation::OneCommitNotice) => 1,
+            _ => self.r as usize + 1,
+        }
+    }
+
+    /// Matching execution checkpoint hashes that certify an execution checkpoint: `r + 1`
+    /// (UpRight §4.2), so one correct execution node computed that state. With `u` of
+    /// `u + r + 1` execution nodes down, the other `r + 1` still certify.
+    pub fn exec_checkpoint_quorum(&self) -> usize {
+        self.r as usize + 1
     }
 }
 
@@ -299,6 +328,26 @@ mod tests {
         assert_eq!(t.order_quorum(), 4);
         assert_eq!(t.weak_quorum(), 2);
         assert_eq!(t.execution_nodes_min(), 4);
+        assert_eq!(t.rq_nodes_min(), 6);
+        assert_eq!((t.commit_quorum(), t.exec_checkpoint_quorum()), (2, 2));
+    }
+
+    /// Separated execution: `u + r + 1` execution nodes stay live with `u` down (`r + 1`
+    /// left to certify and answer) and right with `r` lying (`r + 1` matching include a
+    /// correct one).
+    #[test]
+    fn execution_stage_is_live_and_right() {
+        for u in 0..=10u32 {
+            for r in 0..=u {
+                let t = q(u, r);
+                let ne = t.execution_nodes_min();
+                assert!(ne - u as usize >= t.exec_checkpoint_quorum());
+                assert!(ne - u as usize >= t.reply_quorum());
+                assert!(t.commit_quorum() > r as usize && t.exec_checkpoint_quorum() > r as usize);
+                // Order nodes that stay up can always send r + 1 commit notices.
+                assert!(t.order_nodes() - u as usize >= t.commit_quorum());
+            }
+        }
     }
 
     #[test]

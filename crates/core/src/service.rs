@@ -245,3 +245,28 @@ pub trait Service {
     /// If the bytes are not a snapshot of this service; the state is then unchanged.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
 }
+
+/// The service an order node of a separated cluster runs (ARCHITECTURE §2, UpRight
+/// §4.2): it executes nothing, so the node's state and checkpoints hold the order state
+/// alone (each client's last ordered request and the membership: UpRight's small order
+/// checkpoint). The execution nodes run the real service.
+#[derive(Debug, Default)]
+pub struct OrderState;
+
+impl Service for OrderState {
+    fn execute(&mut self, _request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        Vec::new()
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        if snapshot.is_empty() {
+            Ok(())
+        } else {
+            Err(RestoreError(format!("order-state snapshot of {} bytes: it holds none", snapshot.len())))
+        }
+    }
+}

@@ -7,59 +7,12 @@
 
 use super::{Event, Outputs, Peer, Persist, Reject, Replica};
 use crate::crypto::Digest;
-use crate::exec::{leaf_digest, merkle_root, Chunked};
+use crate::exec::Chunked;
 use crate::message::{Message, NodeId, Seq, StableProof, Value, View};
 use crate::service::Service;
 use crate::wal::Record;
-use std::collections::BTreeMap;
 
-/// Chunk requests outstanding at once during a state transfer.
-const TRANSFER_INFLIGHT_MAX: usize = 16;
-
-/// A state transfer in progress toward the stable checkpoint `seq`.
-#[derive(Debug)]
-pub struct Transfer {
-    seq: Seq,
-    root: Digest,
-    /// Snapshot length and chunk digests, once a manifest matching `root` arrived.
-    manifest: Option<(u64, Vec<Digest>)>,
-    chunks: Vec<Option<Vec<u8>>>,
-    /// Chunk index → (peer asked, when).
-    requested: BTreeMap<u32, (NodeId, u64)>,
-    /// Rotates chunk requests over the peers.
-    next_peer: u32,
-    /// Chunks below this index are all here (where the next request scan starts).
-    first_missing: usize,
-    /// Chunks fetched for an earlier manifest, by digest, until this one's manifest
-    /// says which of them it repeats.
-    spare: BTreeMap<Digest, Vec<u8>>,
-    /// Snapshots this node held when the transfer started (an older stable checkpoint,
-    /// its own diverging one), kept until the manifest says which chunks they supply.
-    /// Any source is safe: each chunk is checked against the manifest's digest.
-    held: Vec<Chunked>,
-    /// Chunks filled from `spare` or from this node's own snapshots, not fetched.
-    reused: usize,
-    /// Throttle (`Options::transfer_rate_bytes`): bytes that may be requested now, and
-    /// when the allowance was last topped up.
-    allowance: u64,
-    topped_up_at: u64,
-}
-
-impl Transfer {
-    pub fn progress(&self) -> (usize, usize) {
-        (self.chunks.iter().filter(|c| c.is_some()).count(), self.chunks.len())
-    }
-
-    /// What the next transfer may reuse of this one: the chunks it holds, by digest,
-    /// and the snapshots it was given.
-    fn into_reusable(self) -> (BTreeMap<Digest, Vec<u8>>, Vec<Chunked>) {
-        let mut fetched = self.spare;
-        if let Some((_, leaves)) = self.manifest {
-            fetched.extend(leaves.into_iter().zip(self.chunks).filter_map(|(d, c)| Some((d, c?))));
-        }
-        (fetched, self.held)
-    }
-}
+pub use crate::transfer::Transfer;
 
 impl<S: Service> Replica<S> {
     pub(super) fn on_status(
@@ -167,26 +120,11 @@ impl<S: Service> Replica<S> {
     /// them recur in the newer checkpoint (exec.rs `Chunked`).
     pub(super) fn start_transfer(&mut self, held: Vec<Chunked>, out: &mut Outputs) {
         let seq = self.stable.seq;
-        if self.transfer.as_ref().is_some_and(|t| t.seq == seq) {
+        if self.transfer.as_ref().is_some_and(|t| t.seq() == seq) {
             return;
         }
-        let (spare, mut older) = self.transfer.take().map(Transfer::into_reusable).unwrap_or_default();
-        older.extend(held);
-        let held = older;
-        self.transfer = Some(Transfer {
-            seq,
-            root: self.stable.root,
-            manifest: None,
-            chunks: Vec::new(),
-            requested: BTreeMap::new(),
-            next_peer: self.id + 1,
-            first_missing: 0,
-            spare,
-            held,
-            reused: 0,
-            allowance: 0,
-            topped_up_at: self.now,
-        });
+        let previous = self.transfer.take();
+        self.transfer = Some(Transfer::new(seq, self.stable.root, previous, held, self.now, self.id as usize));
         out.events.push(Event::StateTransferStarted { seq });
         self.broadcast(Message::FetchManifest { seq }, out);
     }
@@ -231,32 +169,10 @@ impl<S: Service> Replica<S> {
         leaves: Vec<Digest>,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
-        let Some(t) = self.transfer.as_mut().filter(|t| t.seq == seq && t.manifest.is_none()) else {
+        let Some(t) = self.transfer.as_mut() else {
             return Ok(());
         };
-        // The root binds the length, the chunk count and every chunk digest.
-        if merkle_root(len, &leaves) != t.root {
-            return Err(Reject::BadProof("manifest does not match the stable root"));
-        }
-        t.chunks = vec![None; leaves.len()];
-        // Chunks this node already holds need no fetching: those of the transfer this
-        // one replaced, and those of its own snapshots (a node that recovered from disk
-        // and fell behind keeps most of its state's chunks).
-        let spare = std::mem::take(&mut t.spare);
-        let held = std::mem::take(&mut t.held);
-        let own: BTreeMap<&Digest, &[u8]> = held
-            .iter()
-            .chain(self.stable_chunks.iter())
-            .chain(self.own_checkpoints.values())
-            .flat_map(|c| c.chunks())
-            .collect();
-        for (slot, digest) in t.chunks.iter_mut().zip(&leaves) {
-            if let Some(data) = spare.get(digest).map(Vec::as_slice).or_else(|| own.get(digest).copied()) {
-                *slot = Some(data.to_vec());
-                t.reused += 1;
-            }
-        }
-        t.manifest = Some((len, leaves));
+        t.on_manifest(seq, len, leaves, self.stable_chunks.iter().chain(self.own_checkpoints.values()))?;
         self.request_chunks(out);
         self.maybe_finish_transfer(out);
         Ok(())
@@ -264,77 +180,29 @@ impl<S: Service> Replica<S> {
 
     pub(super) fn on_chunk(
         &mut self,
-        from: NodeId,
+        _from: NodeId,
         seq: Seq,
         index: u32,
         data: Vec<u8>,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
-        let Some(t) = self.transfer.as_mut().filter(|t| t.seq == seq) else {
+        let Some(t) = self.transfer.as_mut() else {
             return Ok(());
         };
-        let Some((_, leaves)) = &t.manifest else {
-            return Ok(());
-        };
-        let Some(expected) = leaves.get(index as usize) else {
-            return Err(Reject::BadProof("chunk index outside the manifest"));
-        };
-        if leaf_digest(&data) != *expected {
-            // Ask someone else for it.
-            t.requested.remove(&index);
-            self.request_chunks(out);
-            return Err(Reject::BadProof("chunk does not match its digest"));
-        }
-        let _ = from;
-        t.chunks[index as usize] = Some(data);
-        t.requested.remove(&index);
+        let taken = t.on_chunk(seq, index, data);
+        // Asks again (elsewhere) for a chunk that did not match.
         self.request_chunks(out);
         self.maybe_finish_transfer(out);
-        Ok(())
+        taken
     }
 
-    /// Asks peers for missing chunks: up to `TRANSFER_INFLIGHT_MAX` at once, and with a
-    /// throttle only as many bytes as its rate allowed since the last top-up (at most one
-    /// window's worth saved up, so an idle spell does not turn into a burst).
+    /// Asks peers for missing chunks, within the throttle (transfer.rs).
     pub(super) fn request_chunks(&mut self, out: &mut Outputs) {
-        let n = self.cfg.n() as u32;
         let me = self.id;
-        let now = self.now;
+        let peers: Vec<NodeId> = (0..self.cfg.n() as NodeId).filter(|n| *n != me).collect();
         let (rate, chunk_bytes) = (self.cfg.options.transfer_rate_bytes, self.cfg.options.chunk_bytes as u64);
-        let Some(t) = self.transfer.as_mut() else {
-            return;
-        };
-        if t.manifest.is_none() || n < 2 {
-            return;
-        }
-        if rate > 0 {
-            let earned = rate.saturating_mul(now.saturating_sub(t.topped_up_at)) / 1000;
-            if earned > 0 {
-                t.allowance = (t.allowance + earned).min(chunk_bytes * TRANSFER_INFLIGHT_MAX as u64);
-                t.topped_up_at = now;
-            }
-        }
-        while t.chunks.get(t.first_missing).is_some_and(Option::is_some) {
-            t.first_missing += 1;
-        }
-        for index in t.first_missing as u32..t.chunks.len() as u32 {
-            if t.requested.len() >= TRANSFER_INFLIGHT_MAX || (rate > 0 && t.allowance < chunk_bytes) {
-                break;
-            }
-            if t.chunks[index as usize].is_some() || t.requested.contains_key(&index) {
-                continue;
-            }
-            if rate > 0 {
-                t.allowance -= chunk_bytes;
-            }
-            // Different chunks from different peers, in parallel.
-            let mut peer = t.next_peer % n;
-            if peer == me {
-                peer = (peer + 1) % n;
-            }
-            t.next_peer = peer + 1;
-            t.requested.insert(index, (peer, now));
-            out.send.push((Peer::Node(peer), Message::FetchChunk { seq: t.seq, index }));
+        if let Some(t) = self.transfer.as_mut() {
+            t.request_chunks(&peers, self.now, rate, chunk_bytes, &mut out.send);
         }
     }
 
@@ -345,24 +213,22 @@ impl<S: Service> Replica<S> {
         let Some(t) = self.transfer.as_mut() else {
             return;
         };
-        if t.manifest.is_none() {
-            let seq = t.seq;
+        if t.awaits_manifest() {
+            let seq = t.seq();
             self.broadcast(Message::FetchManifest { seq }, out);
             return;
         }
-        t.requested.retain(|_, (_, at)| now < *at + timeout);
+        t.expire(now, timeout);
         self.request_chunks(out);
     }
 
     fn maybe_finish_transfer(&mut self, out: &mut Outputs) {
-        let Some(t) = &self.transfer else { return };
-        if t.manifest.is_none() || t.chunks.iter().any(Option::is_none) {
+        if !self.transfer.as_ref().is_some_and(Transfer::complete) {
             return;
         }
         let Some(t) = self.transfer.take() else { return };
-        let (seq, chunks, reused) = (t.seq, t.chunks.len(), t.reused);
-        let chunked = Chunked::from_chunks(t.chunks.into_iter().flatten().collect());
-        assert_eq!(chunked.root, t.root, "verified chunks reassemble to the root");
+        let seq = t.seq();
+        let (chunks, reused, chunked) = t.finish();
         match self.exec.restore(&chunked.to_bytes()) {
             Ok(executed) if executed == seq => {}
             // Q nodes signed this root, so a correct node produced these bytes; failing

@@ -34,6 +34,7 @@ mod normal;
 mod push;
 mod read;
 mod recovery;
+mod separated;
 mod verify;
 mod view_change;
 
@@ -50,8 +51,11 @@ use std::collections::BTreeMap;
 pub use catch_up::Transfer;
 pub use checkpoint::{CheckpointJob, CheckpointReady};
 pub use epoch::NextEpoch;
+pub(crate) use normal::check_batch_bytes;
+pub use normal::REPLY_INLINE_MAX;
 pub use push::{PUSH_BYTES_MAX, PUSH_EVENTS_MAX, PUSH_EVENTS_PER_CLIENT_MAX};
 pub use recovery::Durable;
+pub use separated::exec_proof_valid;
 pub use verify::Verifier;
 
 /// Who a message came from or goes to. The transport authenticates it.
@@ -563,6 +567,8 @@ pub struct Replica<S> {
     /// to it each period is work for nothing, and when it speaks again it is served
     /// again (and catches up through STATUS).
     heard_at: Vec<Option<u64>>,
+    /// Separated execution: the execution checkpoints and commits (separated.rs).
+    exec_stage: separated::ExecStage,
     next_status: u64,
     next_retransmit: u64,
 }
@@ -649,6 +655,7 @@ impl<S: Service> Replica<S> {
             helped_at: vec![0; n],
             peer_executed: vec![0; n],
             heard_at: vec![None; n],
+            exec_stage: separated::ExecStage::default(),
             next_status: 0,
             next_retransmit: 0,
         }
@@ -668,6 +675,10 @@ impl<S: Service> Replica<S> {
     }
     pub fn stable_seq(&self) -> Seq {
         self.stable.seq
+    }
+    /// Separated execution: the newest execution checkpoint certified to this node.
+    pub fn exec_stable_seq(&self) -> Seq {
+        self.exec_stage.stable_seq()
     }
     pub fn service(&self) -> &S {
         self.exec.service()
@@ -771,6 +782,7 @@ impl<S: Service> Replica<S> {
                     }
                 })
             }
+            (Peer::Node(n), msg) if self.is_exec_peer(n) => self.on_exec_message(n, msg, out),
             (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => {
                 Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
             }
@@ -1048,6 +1060,10 @@ impl<S: Service> Replica<S> {
         assert!(self.reads.len() <= self.cfg.options.clients_max, "waiting reads are bounded");
         assert!(self.unsigned.len() < normal::SIGNED_BATCH_MAX, "requests awaiting a signature check are bounded");
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
+        assert!(
+            self.exec_stage.len() as u64 <= self.cfg.options.log_max() * (2 + self.cfg.executors().len() as u64),
+            "commits and execution checkpoint votes are bounded"
+        );
         assert!(
             self.ahead.len() as u64 <= 3 * self.cfg.n() as u64 * self.cfg.options.window,
             "messages held above the high-water mark are bounded"

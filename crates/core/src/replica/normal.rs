@@ -73,8 +73,10 @@ impl<S: Service> Replica<S> {
         if req.seq <= last {
             // A retransmission of something already executed: answer from the cache,
             // in full, so a client that missed the designated reply can finish. Gated
-            // like the first reply: the execution may not be durable yet.
-            if let (Peer::Client(_), Some(result)) = (from, self.exec.cached(req.client, req.seq)) {
+            // like the first reply: the execution may not be durable yet. Separated:
+            // the cache holds no results here, the execution nodes answer.
+            let cached = self.exec.cached(req.client, req.seq).filter(|_| !self.cfg.separated());
+            if let (Peer::Client(_), Some(result)) = (from, cached) {
                 let body = ReplyBody::Full(result.to_vec());
                 let reply = Reply { client: req.client, view: self.view, seq: req.seq, body, epoch: self.epoch() };
                 out.send_after_persist.push((Peer::Client(req.client), Message::Reply(reply)));
@@ -116,7 +118,7 @@ impl<S: Service> Replica<S> {
         self.next_propose = self.next_propose.max(self.floor + 1).max(self.stable.seq + 1);
         loop {
             let in_flight = self.next_propose - 1 - self.exec.executed().min(self.next_propose - 1);
-            if in_flight >= window || self.next_propose > self.high_water() {
+            if in_flight >= window || self.next_propose > self.high_water() || !self.exec_gate_open(self.next_propose) {
                 return;
             }
             let mut candidates: Vec<&Pending> =
@@ -516,6 +518,10 @@ impl<S: Service> Replica<S> {
                         continue;
                     }
                     executed.push(ExecutedRequest { client: o.client, seq: o.seq, op });
+                    if self.cfg.separated() {
+                        // The execution nodes answer; this node ran the order state only.
+                        continue;
+                    }
                     let body = self.reply_body(o.client, o.seq, o.result.clone());
                     let reply = Reply { client: o.client, view: self.view, seq: o.seq, body, epoch: self.epoch() };
                     out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
@@ -523,6 +529,11 @@ impl<S: Service> Replica<S> {
                 }
                 self.monitor.on_executed(executed.len(), bytes);
                 out.events.push(Event::Executed { seq, requests: executed });
+                if self.cfg.separated() {
+                    if let Some(value) = self.log.get(&seq).and_then(|s| s.decided_value.clone()) {
+                        self.send_commit(seq, &value, out);
+                    }
+                }
             }
             let last = self.exec.executed();
             if last.is_multiple_of(self.cfg.options.checkpoint_interval) || self.epoch_ended() {
@@ -650,7 +661,7 @@ const SILENT_STATUS_PERIODS: u64 = 4;
 
 /// The whole value's bytes, once every operation is here: the bound a PROPOSE with
 /// operations by digest could only partly check (`check_batch`).
-pub(super) fn check_batch_bytes(opts: &crate::config::Options, value: &Value) -> Result<(), Reject> {
+pub(crate) fn check_batch_bytes(opts: &crate::config::Options, value: &Value) -> Result<(), Reject> {
     if value.size() > opts.batch_bytes_max + crate::codec::OP_BYTES_MAX {
         return Err(Reject::BadBatch("too many bytes"));
     }

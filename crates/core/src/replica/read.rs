@@ -81,7 +81,9 @@ const ROUNDS_PER_MS: u64 = 1 << 20;
 impl<S: Service> Replica<S> {
     pub(super) fn on_read(&mut self, from: Peer, read: Read, out: &mut Outputs) -> Result<(), Reject> {
         // Reads come from their client only (nodes forward requests, never reads).
-        if !matches!(from, Peer::Client(_)) {
+        // With separated execution this node holds no service state: reads go to the
+        // execution nodes.
+        if !matches!(from, Peer::Client(_)) || self.cfg.separated() {
             return Err(Reject::WrongPeer);
         }
         self.check_session(from, read.client)?;

@@ -1,0 +1,828 @@
+//! An execution node of a cluster with separated execution (UpRight §4.2, ARCHITECTURE
+//! §2 and §5), as a sans-IO state machine.
+//!
+//! ```text
+//!   order nodes ── Decided(seq, value) ──► r + 1 matching digests and the body: execute
+//!   executed ──► replies to clients (designated node in full, the others a digest)
+//!   every CP_INTERVAL ──► snapshot (durable) ──► signed hash to every order node
+//!   every STATUS period ──► STATUS to order nodes: they answer a laggard with the newest
+//!                           certified execution checkpoint and the commits after it
+//!   certified checkpoint above what this node can reach ──► state transfer from peers
+//! ```
+//!
+//! An execution node takes part in no agreement: what it executes, the order nodes
+//! decided, and it believes a decision on `r + 1` matching commit notices (one from a
+//! correct order node). Execution nodes cannot agree on a checkpoint among themselves;
+//! order nodes certify one once `r + 1` matching signed hashes arrived, and refuse to
+//! order far past it (replica/separated.rs). A node whose own checkpoint differs from a
+//! certified one has diverged and fetches the certified state from its peers.
+//!
+//! Node ids: order nodes are `0..n`, execution nodes `n..n + e` ([`ClusterConfig::executors`]).
+
+use crate::config::ClusterConfig;
+use crate::crypto::{Digest, NodeKeys, SigningKey};
+use crate::exec::{Chunked, Executor};
+use crate::message::{
+    checkpoint_statement, owner_of, CheckpointVote, ClientId, Message, NodeId, Reply, ReplyBody, Request, Seq,
+    StableProof, Value,
+};
+use crate::replica::{Event, ExecutedRequest, Input, Outputs, Peer, Persist, Reject};
+use crate::service::{RestoreError, Service};
+use crate::transfer::Transfer;
+use std::collections::BTreeMap;
+
+/// Results at most this long go out in full from every execution node, as from order
+/// nodes when co-located.
+const REPLY_INLINE_MAX: usize = crate::replica::REPLY_INLINE_MAX;
+
+/// Commit notices for one instance: the first digest each order node named, and the
+/// bodies by digest (one per distinct digest, at most one per order node).
+#[derive(Default)]
+struct Notices {
+    by_node: BTreeMap<NodeId, Digest>,
+    bodies: BTreeMap<Digest, Value>,
+}
+
+impl Notices {
+    /// The value `need` order nodes agree on, once its body is here.
+    fn decided(&self, need: usize) -> Option<&Value> {
+        let mut counts: BTreeMap<&Digest, usize> = BTreeMap::new();
+        for d in self.by_node.values() {
+            *counts.entry(d).or_default() += 1;
+        }
+        counts.into_iter().filter(|(_, c)| *c >= need).find_map(|(d, _)| self.bodies.get(d))
+    }
+}
+
+pub struct ExecNode<S> {
+    cfg: ClusterConfig,
+    id: NodeId,
+    signing: SigningKey,
+    /// Keys of every node id (order and execution).
+    keys: NodeKeys,
+    now: u64,
+    exec: Executor<S>,
+    /// Commit notices above the executed instance (bounded: see `on_commit`).
+    notices: BTreeMap<Seq, Notices>,
+    /// The newest execution checkpoint certified by `r + 1` matching signed hashes, as an
+    /// order node forwarded it (genesis until then).
+    stable: StableProof,
+    /// The snapshot at `stable.seq` when this node holds it (served to peers).
+    stable_chunks: Option<Chunked>,
+    /// This node's checkpoints above `stable.seq`.
+    own: BTreeMap<Seq, Chunked>,
+    /// This node's newest checkpoint vote, resent each retransmission period so order
+    /// nodes that restarted learn where execution stands.
+    last_vote: Option<CheckpointVote>,
+    transfer: Option<Transfer>,
+    /// The executed instance at the last STATUS period: a node that has not moved while
+    /// behind the certified checkpoint fetches it.
+    executed_at_status: Seq,
+    next_status: u64,
+    next_retransmit: u64,
+}
+
+/// Own checkpoints kept above the certified one. The gate keeps execution within two
+/// intervals of it; one more covers a certificate still on its way.
+const OWN_KEPT: usize = 3;
+
+impl<S: Service> ExecNode<S> {
+    /// A fresh execution node `id` (one of [`ClusterConfig::executors`]) with an empty state.
+    ///
+    /// # Panics
+    /// If the configuration does not separate execution, `id` is not an execution node,
+    /// or `signing` is not its key: a deployment error, found at start.
+    pub fn new(cfg: ClusterConfig, id: NodeId, signing: SigningKey, service: S) -> ExecNode<S> {
+        assert!(cfg.separated() && cfg.executors().contains(&id), "node {id} is not an execution node");
+        let index = (id - cfg.executors().start) as usize;
+        assert_eq!(cfg.stages.executors[index], signing.public(), "signing key does not match the configuration");
+        let mut exec = Executor::with_workers(service, cfg.options.exec_workers);
+        exec.set_membership(cfg.membership.clone(), cfg.admin_key);
+        ExecNode {
+            keys: NodeKeys::new(&cfg.all_keys()),
+            cfg,
+            id,
+            signing,
+            now: 0,
+            exec,
+            notices: BTreeMap::new(),
+            stable: StableProof::genesis(),
+            stable_chunks: None,
+            own: BTreeMap::new(),
+            last_vote: None,
+            transfer: None,
+            executed_at_status: 0,
+            next_status: 0,
+            next_retransmit: 0,
+        }
+    }
+
+    /// Restarts from the newest of the snapshots this node persisted; the rest it learns
+    /// from order nodes (commits) and peers (state transfer).
+    ///
+    /// # Errors
+    /// If the snapshot does not restore.
+    pub fn recover(
+        cfg: ClusterConfig,
+        id: NodeId,
+        signing: SigningKey,
+        service: S,
+        mut snapshots: Vec<(Seq, Chunked)>,
+    ) -> Result<ExecNode<S>, RestoreError> {
+        let mut node = ExecNode::new(cfg, id, signing, service);
+        snapshots.sort_by_key(|(seq, _)| *seq);
+        if let Some((seq, chunked)) = snapshots.pop() {
+            let executed = node.exec.restore(&chunked.to_bytes())?;
+            if executed != seq {
+                return Err(RestoreError(format!("snapshot filed under {seq} holds the state at {executed}")));
+            }
+            node.own.insert(seq, chunked);
+        }
+        Ok(node)
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+    pub fn executed(&self) -> Seq {
+        self.exec.executed()
+    }
+    pub fn stable_seq(&self) -> Seq {
+        self.stable.seq
+    }
+    pub fn service(&self) -> &S {
+        self.exec.service()
+    }
+    pub fn transferring(&self) -> bool {
+        self.transfer.is_some()
+    }
+
+    pub fn status_line(&self) -> String {
+        format!(
+            "e{} exec {} stable {} notices {:?}..{:?} own {:?}{}",
+            self.id,
+            self.exec.executed(),
+            self.stable.seq,
+            self.notices.keys().next(),
+            self.notices.keys().next_back(),
+            self.own.keys().collect::<Vec<_>>(),
+            self.transfer.as_ref().map(|t| format!(" transfer {:?}", t.progress())).unwrap_or_default()
+        )
+    }
+
+    pub fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
+        self.now = self.now.max(now);
+        match input {
+            Input::Tick => self.on_tick(out),
+            Input::Message { from, msg } => self.on_message(from, msg, out),
+            // No verify stage runs for an execution node; a checked message is a message.
+            Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, out),
+            // Checkpoints are taken inline here.
+            Input::CheckpointReady(_) => {}
+        }
+        self.invariants();
+    }
+
+    fn is_order_node(&self, node: NodeId) -> bool {
+        (node as usize) < self.cfg.n()
+    }
+
+    fn is_peer(&self, node: NodeId) -> bool {
+        node != self.id && self.cfg.executors().contains(&node)
+    }
+
+    fn on_message(&mut self, from: Peer, msg: Message, out: &mut Outputs) {
+        let kind = msg.kind();
+        let result = match (from, msg) {
+            (Peer::Client(c), Message::Request(req)) => self.on_request(c, req, out),
+            (Peer::Node(n), Message::Decided { seq, value }) if self.is_order_node(n) => {
+                self.on_commit(n, seq, value, out)
+            }
+            (Peer::Node(n), Message::StableCert(proof)) if self.is_order_node(n) || self.is_peer(n) => {
+                self.on_stable_cert(proof, out)
+            }
+            (Peer::Node(n), Message::FetchManifest { seq }) if self.is_peer(n) => self.on_fetch_manifest(n, seq, out),
+            (Peer::Node(n), Message::FetchChunk { seq, index }) if self.is_peer(n) => {
+                self.on_fetch_chunk(n, seq, index, out)
+            }
+            (Peer::Node(n), Message::Manifest { seq, len, chunks }) if self.is_peer(n) => {
+                self.on_manifest(seq, len, chunks, out)
+            }
+            (Peer::Node(n), Message::Chunk { seq, index, data }) if self.is_peer(n) => {
+                self.on_chunk(seq, index, data, out)
+            }
+            (_, _) => Err(Reject::WrongPeer),
+        };
+        match result {
+            Ok(()) | Err(Reject::Late { .. }) => {}
+            Err(reason) => out.events.push(Event::Rejected { from, kind, reason }),
+        }
+    }
+
+    /// A client that missed its reply retransmits to execution nodes too: answered in
+    /// full from the reply cache. Anything else waits for the order nodes.
+    fn on_request(&mut self, from: ClientId, req: Request, out: &mut Outputs) -> Result<(), Reject> {
+        if owner_of(req.client) != from {
+            return Err(Reject::WrongPeer);
+        }
+        if let Some(result) = self.exec.cached(req.client, req.seq) {
+            let body = ReplyBody::Full(result.to_vec());
+            let reply = Reply { client: req.client, view: 0, seq: req.seq, body, epoch: self.cfg.epoch() };
+            out.send.push((Peer::Client(req.client), Message::Reply(reply)));
+        }
+        Ok(())
+    }
+
+    /// A commit notice: order node `from` says instance `seq` decided `value`.
+    fn on_commit(&mut self, from: NodeId, seq: Seq, value: Value, out: &mut Outputs) -> Result<(), Reject> {
+        let executed = self.exec.executed();
+        if seq <= executed {
+            return Err(Reject::Late { seq, stable: executed });
+        }
+        // Order nodes run at most two intervals past the certified execution checkpoint
+        // (replica/separated.rs), so a correct one never sends farther ahead than this.
+        // A Byzantine one can fill the window, one body per instance: the bound.
+        let high = executed.max(self.stable.seq) + self.cfg.options.log_max();
+        if seq > high {
+            return Err(Reject::OutOfWindow { seq, low: executed, high });
+        }
+        crate::replica::check_batch_bytes(&self.cfg.options, &value)?;
+        let digest = value.digest();
+        let notices = self.notices.entry(seq).or_default();
+        if notices.by_node.contains_key(&from) {
+            return Ok(());
+        }
+        notices.by_node.insert(from, digest);
+        notices.bodies.entry(digest).or_insert(value);
+        self.maybe_execute(out);
+        Ok(())
+    }
+
+    /// Executes what became decided, in order, and checkpoints every interval.
+    fn maybe_execute(&mut self, out: &mut Outputs) {
+        if self.transfer.is_some() {
+            return;
+        }
+        let need = self.cfg.quorums.commit_quorum();
+        let interval = self.cfg.options.checkpoint_interval;
+        loop {
+            let seq = self.exec.executed() + 1;
+            let Some(value) = self.notices.get(&seq).and_then(|n| n.decided(need)).cloned() else {
+                break;
+            };
+            self.notices.remove(&seq);
+            let ops: Vec<Digest> = value.requests.iter().map(|r| r.op.digest()).collect();
+            let outcomes = self.exec.execute(seq, &value);
+            let mut executed = Vec::new();
+            for (o, op) in outcomes.into_iter().zip(ops) {
+                if !o.fresh {
+                    continue;
+                }
+                executed.push(ExecutedRequest { client: o.client, seq: o.seq, op });
+                let body = self.reply_body(o.client, o.seq, o.result);
+                let reply = Reply { client: o.client, view: 0, seq: o.seq, body, epoch: self.cfg.epoch() };
+                out.send.push((Peer::Client(o.client), Message::Reply(reply)));
+            }
+            out.events.push(Event::Executed { seq, requests: executed });
+            if seq.is_multiple_of(interval) {
+                self.take_checkpoint(seq, out);
+            }
+        }
+    }
+
+    /// Large results in full from one designated execution node, a digest from the others
+    /// (the client computes the same designated node).
+    fn reply_body(&self, client: ClientId, seq: u64, result: Vec<u8>) -> ReplyBody {
+        let executors = self.cfg.executors();
+        let designated = executors.start + (client.wrapping_add(seq) % executors.len() as u64) as NodeId;
+        if designated == self.id || result.len() <= REPLY_INLINE_MAX {
+            ReplyBody::Full(result)
+        } else {
+            ReplyBody::Hash(crate::message::result_digest(&result))
+        }
+    }
+
+    /// Snapshot (durable before the vote leaves), then a signed hash to every order node.
+    fn take_checkpoint(&mut self, seq: Seq, out: &mut Outputs) {
+        let chunked = Chunked::from_pieces(self.exec.pieces(), self.cfg.options.chunk_bytes);
+        let root = chunked.root;
+        let membership = self.exec.membership().digest();
+        out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
+        out.events.push(Event::Checkpoint { seq, root });
+        let sig = self.signing.sign(&checkpoint_statement(seq, &root, &membership, self.id));
+        let vote = CheckpointVote { seq, root, membership, sig };
+        for node in 0..self.cfg.n() as NodeId {
+            out.send_after_persist.push((Peer::Node(node), Message::Checkpoint(vote.clone())));
+        }
+        self.last_vote = Some(vote);
+        if seq == self.stable.seq {
+            self.compare_with_stable(chunked, out);
+        } else if seq > self.stable.seq {
+            self.own.insert(seq, chunked);
+            while self.own.len() > OWN_KEPT {
+                self.own.pop_first();
+            }
+        }
+    }
+
+    /// A certified execution checkpoint, forwarded by an order node (or a peer).
+    fn on_stable_cert(&mut self, proof: StableProof, out: &mut Outputs) -> Result<(), Reject> {
+        if proof.seq <= self.stable.seq {
+            return Ok(());
+        }
+        let quorum = self.cfg.quorums.exec_checkpoint_quorum();
+        if !crate::replica::exec_proof_valid(&self.cfg, &self.keys, quorum, &proof) {
+            return Err(Reject::BadProof("execution checkpoint not certified by r + 1 execution nodes"));
+        }
+        self.stable = proof;
+        self.stable_chunks = None;
+        let seq = self.stable.seq;
+        if let Some(own) = self.own.remove(&seq) {
+            self.own.retain(|s, _| *s > seq);
+            self.compare_with_stable(own, out);
+            return Ok(());
+        }
+        self.own.retain(|s, _| *s > seq);
+        // Behind the certified checkpoint with no way to execute up to it: the order
+        // nodes sent the certificate because they no longer keep the commits in between.
+        let next_known = self.notices.contains_key(&(self.exec.executed() + 1));
+        if seq > self.exec.executed() && !next_known {
+            self.start_transfer(Vec::new(), out);
+        }
+        Ok(())
+    }
+
+    /// Our own snapshot at the certified instance: equal, it is what we serve; different,
+    /// this node diverged (a fault) and fetches the certified state.
+    fn compare_with_stable(&mut self, chunked: Chunked, out: &mut Outputs) {
+        if chunked.root == self.stable.root {
+            self.stable_chunks = Some(chunked);
+        } else {
+            out.events.push(Event::Divergence { seq: self.stable.seq, local: chunked.root, stable: self.stable.root });
+            self.start_transfer(vec![chunked], out);
+        }
+    }
+
+    fn start_transfer(&mut self, held: Vec<Chunked>, out: &mut Outputs) {
+        let seq = self.stable.seq;
+        if self.transfer.as_ref().is_some_and(|t| t.seq() == seq) {
+            return;
+        }
+        let previous = self.transfer.take();
+        let first_peer = (self.id - self.cfg.executors().start) as usize;
+        self.transfer = Some(Transfer::new(seq, self.stable.root, previous, held, self.now, first_peer));
+        out.events.push(Event::StateTransferStarted { seq });
+        self.to_peers(Message::FetchManifest { seq }, out);
+    }
+
+    fn peers(&self) -> Vec<NodeId> {
+        self.cfg.executors().filter(|n| *n != self.id).collect()
+    }
+
+    fn to_peers(&self, msg: Message, out: &mut Outputs) {
+        for n in self.peers() {
+            out.send.push((Peer::Node(n), msg.clone()));
+        }
+    }
+
+    fn on_fetch_manifest(&mut self, from: NodeId, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
+        let peer = Peer::Node(from);
+        match &self.stable_chunks {
+            Some(c) if self.stable.seq == seq => {
+                out.send.push((peer, Message::Manifest { seq, len: c.len(), chunks: c.leaves.clone() }));
+            }
+            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_fetch_chunk(&mut self, from: NodeId, seq: Seq, index: u32, out: &mut Outputs) -> Result<(), Reject> {
+        let peer = Peer::Node(from);
+        match &self.stable_chunks {
+            Some(c) if self.stable.seq == seq => {
+                if let Some(data) = c.chunk(index) {
+                    out.send.push((peer, Message::Chunk { seq, index, data: data.to_vec() }));
+                }
+            }
+            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn on_manifest(&mut self, seq: Seq, len: u64, leaves: Vec<Digest>, out: &mut Outputs) -> Result<(), Reject> {
+        let Some(t) = self.transfer.as_mut() else {
+            return Ok(());
+        };
+        t.on_manifest(seq, len, leaves, self.own.values())?;
+        self.request_chunks(out);
+        self.maybe_finish_transfer(out);
+        Ok(())
+    }
+
+    fn on_chunk(&mut self, seq: Seq, index: u32, data: Vec<u8>, out: &mut Outputs) -> Result<(), Reject> {
+        let Some(t) = self.transfer.as_mut() else {
+            return Ok(());
+        };
+        let taken = t.on_chunk(seq, index, data);
+        self.request_chunks(out);
+        self.maybe_finish_transfer(out);
+        taken
+    }
+
+    fn request_chunks(&mut self, out: &mut Outputs) {
+        let peers = self.peers();
+        let (rate, chunk_bytes) = (self.cfg.options.transfer_rate_bytes, self.cfg.options.chunk_bytes as u64);
+        if let Some(t) = self.transfer.as_mut() {
+            t.request_chunks(&peers, self.now, rate, chunk_bytes, &mut out.send);
+        }
+    }
+
+    fn maybe_finish_transfer(&mut self, out: &mut Outputs) {
+        if !self.transfer.as_ref().is_some_and(Transfer::complete) {
+            return;
+        }
+        let Some(t) = self.transfer.take() else { return };
+        let seq = t.seq();
+        let (chunks, reused, chunked) = t.finish();
+        match self.exec.restore(&chunked.to_bytes()) {
+            Ok(executed) if executed == seq => {}
+            // r + 1 execution nodes signed this root, one of them correct: failing to
+            // restore it is a bug in the service's snapshot code.
+            other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
+        }
+        out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
+        out.events.push(Event::StateTransferDone { seq, chunks, reused });
+        self.stable_chunks = Some(chunked);
+        self.own.retain(|s, _| *s > seq);
+        self.notices.retain(|s, _| *s > seq);
+        self.maybe_execute(out);
+    }
+
+    fn on_tick(&mut self, out: &mut Outputs) {
+        if self.cfg.options.transfer_rate_bytes > 0 {
+            self.request_chunks(out);
+        }
+        if self.now >= self.next_retransmit {
+            self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
+            if let Some(vote) = &self.last_vote {
+                for node in 0..self.cfg.n() as NodeId {
+                    out.send.push((Peer::Node(node), Message::Checkpoint(vote.clone())));
+                }
+            }
+            if let Some(t) = self.transfer.as_mut() {
+                if t.awaits_manifest() {
+                    let seq = t.seq();
+                    self.to_peers(Message::FetchManifest { seq }, out);
+                } else {
+                    t.expire(self.now, self.cfg.options.retransmit_ms);
+                    self.request_chunks(out);
+                }
+            }
+        }
+        if self.now >= self.next_status {
+            self.next_status = self.now + self.cfg.options.status_ms;
+            let executed = self.exec.executed();
+            if self.stable.seq > executed && executed == self.executed_at_status && self.transfer.is_none() {
+                // Stuck behind the certified checkpoint: the commits in between are gone.
+                self.start_transfer(Vec::new(), out);
+            }
+            self.executed_at_status = executed;
+            let status = Message::Status { view: 0, executed: self.exec.executed(), stable: self.stable.seq };
+            for node in 0..self.cfg.n() as NodeId {
+                out.send.push((Peer::Node(node), status.clone()));
+            }
+        }
+    }
+
+    /// Checked after every step; cheap.
+    pub fn invariants(&self) {
+        let executed = self.exec.executed();
+        assert!(
+            self.notices
+                .keys()
+                .all(|s| *s > executed && *s <= executed.max(self.stable.seq) + self.cfg.options.log_max()),
+            "commit notices lie in the window above the executed instance"
+        );
+        assert!(self.own.len() <= OWN_KEPT, "own checkpoints kept are bounded");
+        assert!(
+            self.notices.values().all(|n| n.by_node.len() <= self.cfg.n() && n.bodies.len() <= self.cfg.n()),
+            "one notice and one body per order node and instance"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Client;
+    use crate::config::{Auth, Options};
+    use crate::crypto::PublicKey;
+    use crate::quorum::{Mutation, Quorums};
+    use crate::replica::{client_mac_key, NodeSecrets, Replica};
+    use crate::service::{ExecCtx, OrderState};
+    use std::collections::VecDeque;
+
+    /// Appends requests; replies with the count so far.
+    #[derive(Default)]
+    struct Log(Vec<Vec<u8>>);
+
+    impl Service for Log {
+        fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+            self.0.push(request.to_vec());
+            vec![self.0.len() as u8]
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            postcard::to_allocvec(&self.0).unwrap_or_default()
+        }
+        fn restore(&mut self, s: &[u8]) -> Result<(), RestoreError> {
+            self.0 = postcard::from_bytes(s).map_err(|e| RestoreError(e.to_string()))?;
+            Ok(())
+        }
+    }
+
+    fn secrets(i: u32) -> NodeSecrets {
+        NodeSecrets::new(SigningKey::from_seed([i as u8 + 1; 32]), [i as u8 + 100; 32])
+    }
+
+    /// u = r = 1: order nodes 0..4, execution nodes 4..7.
+    fn config(mutation: Option<Mutation>) -> ClusterConfig {
+        let q = Quorums::new(1, 1).expect("valid").with_mutation(mutation);
+        let keys: Vec<PublicKey> = (0..4).map(|i| secrets(i).signing.public()).collect();
+        let exec_keys: Vec<PublicKey> = (4..7).map(|i| secrets(i).signing.public()).collect();
+        let options = Options { background_checkpoints: false, ..Options::test_min() };
+        ClusterConfig::new(q, keys, options)
+            .expect("valid")
+            .with_auth(Auth::Mac)
+            .with_executors(exec_keys)
+            .expect("u + r + 1 execution nodes")
+    }
+
+    fn client(cfg: &ClusterConfig, id: u64) -> Client {
+        let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
+        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.executors())
+    }
+
+    /// A lossless network of order and execution nodes; persistence is instant.
+    struct Net {
+        order: Vec<Replica<OrderState>>,
+        exec: Vec<ExecNode<Log>>,
+        down: Vec<bool>,
+        queue: VecDeque<(Peer, Peer, Message)>,
+        replies: Vec<(NodeId, Reply)>,
+        events: Vec<(NodeId, Event)>,
+    }
+
+    impl Net {
+        fn new(cfg: &ClusterConfig) -> Net {
+            Net {
+                order: (0..4).map(|i| Replica::new(cfg.clone(), i, secrets(i), OrderState)).collect(),
+                exec: (4..7).map(|i| ExecNode::new(cfg.clone(), i, secrets(i).signing, Log::default())).collect(),
+                down: vec![false; 7],
+                queue: VecDeque::new(),
+                replies: Vec::new(),
+                events: Vec::new(),
+            }
+        }
+
+        fn absorb(&mut self, from: NodeId, out: Outputs) {
+            for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
+                self.queue.push_back((Peer::Node(from), to, m));
+            }
+            self.events.extend(out.events.into_iter().map(|e| (from, e)));
+        }
+
+        fn step(&mut self, n: NodeId, now: u64, input: Input) {
+            if self.down[n as usize] {
+                return;
+            }
+            let mut out = Outputs::default();
+            match n {
+                0..4 => self.order[n as usize].step(now, input, &mut out),
+                _ => self.exec[n as usize - 4].step(now, input, &mut out),
+            }
+            self.absorb(n, out);
+        }
+
+        fn run(&mut self, now: u64) {
+            while let Some((from, to, msg)) = self.queue.pop_front() {
+                match to {
+                    Peer::Node(n) => self.step(n, now, Input::Message { from, msg }),
+                    Peer::Client(_) => {
+                        if let (Peer::Node(n), Message::Reply(r)) = (from, msg) {
+                            self.replies.push((n, r));
+                        }
+                    }
+                }
+            }
+        }
+
+        fn tick(&mut self, now: u64) {
+            for n in 0..7 {
+                self.step(n, now, Input::Tick);
+            }
+            self.run(now);
+        }
+
+        fn send(&mut self, c: &Client, msgs: Vec<(NodeId, Message)>, now: u64) {
+            for (n, m) in msgs {
+                self.queue.push_back((Peer::Client(c.id()), Peer::Node(n), m));
+            }
+            self.run(now);
+        }
+
+        /// Invokes `op` and returns its result, ticking until it arrives.
+        fn call(&mut self, c: &mut Client, now: &mut u64, op: &[u8]) -> Vec<u8> {
+            let msgs = c.invoke(*now, op.to_vec()).expect("idle");
+            self.send(c, msgs, *now);
+            for _ in 0..200 {
+                for (n, r) in std::mem::take(&mut self.replies) {
+                    if let Some(result) = c.on_reply(n, r) {
+                        return result;
+                    }
+                }
+                *now += 50;
+                let msgs = c.on_tick(*now);
+                self.send(c, msgs, *now);
+                self.tick(*now);
+            }
+            panic!("no result for {op:?}; {}", self.status());
+        }
+
+        fn status(&self) -> String {
+            let order = self.order.iter().map(Replica::status_line);
+            let exec = self.exec.iter().map(ExecNode::status_line);
+            order.chain(exec).collect::<Vec<_>>().join("\n")
+        }
+    }
+
+    fn value(ops: &[&[u8]]) -> Value {
+        let cfg = config(None);
+        let requests = ops
+            .iter()
+            .enumerate()
+            .map(|(i, op)| {
+                let mut c = client(&cfg, 10 + i as u64);
+                match c.invoke(0, op.to_vec()).expect("idle").remove(0).1 {
+                    Message::Request(r) => r,
+                    other => panic!("expected a request, got {other:?}"),
+                }
+            })
+            .collect();
+        Value { time: 1, requests }
+    }
+
+    fn executed_events(out: &Outputs) -> usize {
+        out.events.iter().filter(|e| matches!(e, Event::Executed { .. })).count()
+    }
+
+    #[test]
+    fn execution_nodes_execute_and_answer_while_order_nodes_keep_only_the_order_state() {
+        let cfg = config(None);
+        let mut net = Net::new(&cfg);
+        let mut c = client(&cfg, 7);
+        let mut now = 10;
+        for i in 1..=20u8 {
+            assert_eq!(net.call(&mut c, &mut now, &[i]), vec![i], "request {i}");
+        }
+        let ops: Vec<Vec<u8>> = (1..=20u8).map(|i| vec![i]).collect();
+        for e in &net.exec {
+            assert_eq!(e.service().0, ops, "node {}", e.id());
+        }
+        for o in &net.order {
+            assert!(o.executed() >= 1);
+        }
+        // Only execution nodes answered.
+        assert!(net.replies.iter().all(|(n, _)| cfg.executors().contains(n)));
+        // 20 instances or fewer, interval 8: the order nodes certified an execution
+        // checkpoint (and the gate let them go on).
+        assert!(net.order.iter().all(|o| o.exec_stable_seq() >= 8), "{}", net.status());
+    }
+
+    #[test]
+    fn a_value_executes_on_r_plus_one_matching_commit_notices_only() {
+        let cfg = config(None);
+        let mut e = ExecNode::new(cfg.clone(), 4, secrets(4).signing, Log::default());
+        let (a, b) = (value(&[b"a"]), value(&[b"b"]));
+        let commit = |e: &mut ExecNode<Log>, from: NodeId, v: &Value| {
+            let mut out = Outputs::default();
+            let msg = Message::Decided { seq: 1, value: v.clone() };
+            e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
+            out
+        };
+        assert_eq!(executed_events(&commit(&mut e, 0, &a)), 0, "one notice is one order node's word");
+        assert_eq!(executed_events(&commit(&mut e, 1, &b)), 0, "two notices that differ decide nothing");
+        assert_eq!(executed_events(&commit(&mut e, 0, &b)), 0, "an order node's first notice counts");
+        // Not an order node: an execution peer cannot vouch for a decision.
+        let out = commit(&mut e, 5, &a);
+        assert_eq!(executed_events(&out), 0);
+        assert!(out.events.iter().any(|ev| matches!(ev, Event::Rejected { reason: Reject::WrongPeer, .. })));
+        let out = commit(&mut e, 2, &a);
+        assert_eq!(executed_events(&out), 1, "r + 1 = 2 matching");
+        assert_eq!(e.service().0, vec![b"a".to_vec()]);
+        // Replies: the request's result, to its client.
+        assert!(out.send.iter().any(|(to, m)| *to == Peer::Client(10) && matches!(m, Message::Reply(_))));
+
+        // The mutation that believes one notice executes a lie at once.
+        let cfg = config(Some(Mutation::OneCommitNotice));
+        let mut e = ExecNode::new(cfg, 4, secrets(4).signing, Log::default());
+        assert_eq!(executed_events(&commit(&mut e, 0, &b)), 1);
+    }
+
+    #[test]
+    fn order_nodes_wait_for_execution_checkpoints_two_intervals_back() {
+        let cfg = config(None);
+        let mut net = Net::new(&cfg);
+        let mut c = client(&cfg, 7);
+        let mut now = 10;
+        // Execution nodes down: ordering goes on up to log_max = 16 instances past the
+        // certified (genesis) execution checkpoint, then stops.
+        for n in 4..7 {
+            net.down[n] = true;
+        }
+        let mut sent = 0u8;
+        let mut stuck = false;
+        for i in 1..=40u8 {
+            let msgs = c.invoke(now, vec![i]).expect("idle");
+            net.send(&c, msgs, now);
+            sent = i;
+            // No execution node answers: move on to the next request after a while
+            // (abandon), as a client that gives up would.
+            for _ in 0..4 {
+                now += 50;
+                net.tick(now);
+            }
+            c.abandon();
+            if net.order[0].executed() >= cfg.options.log_max() && i as u64 > cfg.options.log_max() + 4 {
+                stuck = true;
+                break;
+            }
+        }
+        assert!(stuck, "{}", net.status());
+        assert_eq!(net.order.iter().map(|o| o.executed()).max(), Some(cfg.options.log_max()), "{}", net.status());
+        // Execution comes back: it catches up from the order nodes' commits, certifies
+        // its checkpoints and ordering resumes.
+        for n in 4..7 {
+            net.down[n] = false;
+        }
+        for _ in 0..40 {
+            now += 50;
+            net.tick(now);
+        }
+        assert!(net.exec.iter().all(|e| e.executed() >= cfg.options.log_max()), "{}", net.status());
+        assert_eq!(net.call(&mut c, &mut now, b"after"), vec![(net.exec[0].service().0.len()) as u8]);
+        assert!(sent > 16);
+    }
+
+    #[test]
+    fn a_lagging_execution_node_fetches_the_certified_state_from_its_peers() {
+        let cfg = config(None);
+        let mut net = Net::new(&cfg);
+        let mut c = client(&cfg, 7);
+        let mut now = 10;
+        net.down[6] = true;
+        for i in 1..=40u8 {
+            net.call(&mut c, &mut now, &[i]);
+        }
+        net.down[6] = false;
+        for _ in 0..40 {
+            now += 50;
+            net.tick(now);
+        }
+        let transferred = net.events.iter().any(|(n, e)| *n == 6 && matches!(e, Event::StateTransferDone { .. }));
+        assert!(transferred, "the commits it missed are gone: it transfers; {}", net.status());
+        net.call(&mut c, &mut now, b"last");
+        assert_eq!(net.exec[2].service().0, net.exec[0].service().0, "{}", net.status());
+        assert_eq!(net.exec[2].executed(), net.exec[0].executed());
+    }
+
+    #[test]
+    fn one_lying_execution_node_cannot_certify_a_checkpoint() {
+        let cfg = config(None);
+        let mut o = Replica::new(cfg.clone(), 0, secrets(0), OrderState);
+        let vote = |node: u32, root: Digest| {
+            let membership = cfg.membership.digest();
+            let sig = secrets(node).signing.sign(&checkpoint_statement(8, &root, &membership, node));
+            Message::Checkpoint(CheckpointVote { seq: 8, root, membership, sig })
+        };
+        let step = |o: &mut Replica<OrderState>, from: NodeId, msg: Message| {
+            let mut out = Outputs::default();
+            o.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
+            out
+        };
+        let (good, bad) = (Digest::of(b"good"), Digest::of(b"bad"));
+        step(&mut o, 4, vote(4, bad));
+        step(&mut o, 5, vote(5, good));
+        assert_eq!(o.exec_stable_seq(), 0, "two different roots certify nothing");
+        // A vote signed by another execution node's key is not node 6's.
+        let out = step(&mut o, 6, vote(4, bad));
+        assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { reason: Reject::BadSignature { .. }, .. })));
+        assert_eq!(o.exec_stable_seq(), 0);
+        let out = step(&mut o, 6, vote(6, good));
+        assert_eq!(o.exec_stable_seq(), 8, "r + 1 = 2 matching");
+        // Every execution node hears of it.
+        let certs = out.send.iter().filter(|(_, m)| matches!(m, Message::StableCert(p) if p.root == good)).count();
+        assert_eq!(certs, 3);
+    }
+}
