@@ -33,7 +33,7 @@ pub struct SimArgs {
     /// Switch on a deliberate bug to show the checkers catch it:
     /// quorum-minus-one | skip-write | unverified-view-change-proof | read-without-wait |
     /// index-without-quorum | serializable-without-wait | one-endorsement | one-push-copy |
-    /// unverified-epoch-certs.
+    /// unverified-epoch-certs | unfrozen-checkpoint | unchecked-body | one-commit-notice.
     #[arg(long)]
     mutate: Option<String>,
     /// Request authentication: rq-mac | mac | sig | none (default: rq-mac when r > 0,
@@ -53,6 +53,10 @@ pub struct SimArgs {
     /// An administrator adds and removes nodes while the faults run (two spare nodes).
     #[arg(long)]
     reconfig: bool,
+    /// Stage placement: co-located (every node orders and executes) or separated
+    /// (u + r + 1 execution nodes besides the order nodes; UpRight §4.2).
+    #[arg(long, default_value = "co-located", value_parser = ["co-located", "separated"])]
+    layout: String,
 }
 
 pub fn run(args: SimArgs) -> ExitCode {
@@ -74,6 +78,11 @@ pub fn run(args: SimArgs) -> ExitCode {
         }
     };
     let auth = args.auth;
+    let separated = args.layout == "separated";
+    if separated && args.reconfig {
+        eprintln!("error: --reconfig is not supported with --layout separated yet");
+        return ExitCode::from(2);
+    }
     let first = args.seed.unwrap_or(1);
     let seeds: Vec<u64> = (first..first + args.seeds).collect();
     let next = AtomicU64::new(0);
@@ -84,6 +93,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         mutation,
         auth,
         reconfig: args.reconfig,
+        separated,
         options: Options { exec_workers: args.exec_workers, ..Options::test_min() },
         ..SimOptions::new(seed, args.u, args.r, faults)
     };
@@ -181,6 +191,7 @@ pub fn run(args: SimArgs) -> ExitCode {
             args.mutate.as_ref().map(|m| format!(" --mutate {m}")).unwrap_or_default()
                 + &args.auth.map(|a| format!(" --auth {}", a.name())).unwrap_or_default()
                 + if args.reconfig { " --reconfig" } else { "" }
+                + if separated { " --layout separated" } else { "" }
                 + &if args.exec_workers == 1 {
                     String::new()
                 } else {

@@ -71,9 +71,10 @@ pub struct ExecNode<S> {
     stable_chunks: Option<Chunked>,
     /// This node's checkpoints above `stable.seq`.
     own: BTreeMap<Seq, Chunked>,
-    /// This node's newest checkpoint vote, resent each retransmission period so order
-    /// nodes that restarted learn where execution stands.
-    last_vote: Option<CheckpointVote>,
+    /// This node's votes for its checkpoints at or above the certified one, resent each
+    /// retransmission period: the order nodes need `r + 1` matching ones at one instance,
+    /// and a restarted order node learns where execution stands from them.
+    votes: BTreeMap<Seq, CheckpointVote>,
     transfer: Option<Transfer>,
     /// The executed instance at the last STATUS period: a node that has not moved while
     /// behind the certified checkpoint fetches it.
@@ -109,7 +110,7 @@ impl<S: Service> ExecNode<S> {
             stable: StableProof::genesis(),
             stable_chunks: None,
             own: BTreeMap::new(),
-            last_vote: None,
+            votes: BTreeMap::new(),
             transfer: None,
             executed_at_status: 0,
             next_status: 0,
@@ -136,6 +137,7 @@ impl<S: Service> ExecNode<S> {
             if executed != seq {
                 return Err(RestoreError(format!("snapshot filed under {seq} holds the state at {executed}")));
             }
+            node.vote(seq, &chunked);
             node.own.insert(seq, chunked);
         }
         Ok(node)
@@ -309,12 +311,10 @@ impl<S: Service> ExecNode<S> {
         let membership = self.exec.membership().digest();
         out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
         out.events.push(Event::Checkpoint { seq, root });
-        let sig = self.signing.sign(&checkpoint_statement(seq, &root, &membership, self.id));
-        let vote = CheckpointVote { seq, root, membership, sig };
+        let vote = self.vote_with(seq, root, membership);
         for node in 0..self.cfg.n() as NodeId {
             out.send_after_persist.push((Peer::Node(node), Message::Checkpoint(vote.clone())));
         }
-        self.last_vote = Some(vote);
         if seq == self.stable.seq {
             self.compare_with_stable(chunked, out);
         } else if seq > self.stable.seq {
@@ -322,6 +322,24 @@ impl<S: Service> ExecNode<S> {
             while self.own.len() > OWN_KEPT {
                 self.own.pop_first();
             }
+        }
+    }
+
+    /// Signs and keeps this node's vote for its checkpoint at `seq`.
+    fn vote_with(&mut self, seq: Seq, root: Digest, membership: Digest) -> CheckpointVote {
+        let sig = self.signing.sign(&checkpoint_statement(seq, &root, &membership, self.id));
+        let vote = CheckpointVote { seq, root, membership, sig };
+        self.votes.insert(seq, vote.clone());
+        while self.votes.len() > OWN_KEPT + 1 {
+            self.votes.pop_first();
+        }
+        vote
+    }
+
+    /// A vote for a snapshot this node holds (recovered from its disk).
+    fn vote(&mut self, seq: Seq, chunked: &Chunked) {
+        if let Some(m) = crate::exec::snapshot_membership(chunked) {
+            self.vote_with(seq, chunked.root, m.digest());
         }
     }
 
@@ -337,6 +355,7 @@ impl<S: Service> ExecNode<S> {
         self.stable = proof;
         self.stable_chunks = None;
         let seq = self.stable.seq;
+        self.votes.retain(|s, _| *s >= seq);
         if let Some(own) = self.own.remove(&seq) {
             self.own.retain(|s, _| *s > seq);
             self.compare_with_stable(own, out);
@@ -345,8 +364,10 @@ impl<S: Service> ExecNode<S> {
         self.own.retain(|s, _| *s > seq);
         // Behind the certified checkpoint with no way to execute up to it: the order
         // nodes sent the certificate because they no longer keep the commits in between.
+        // A transfer toward an older one moves to this one (peers serve only their
+        // newest), keeping the chunks it has.
         let next_known = self.notices.contains_key(&(self.exec.executed() + 1));
-        if seq > self.exec.executed() && !next_known {
+        if self.transfer.is_some() || (seq > self.exec.executed() && !next_known) {
             self.start_transfer(Vec::new(), out);
         }
         Ok(())
@@ -357,6 +378,7 @@ impl<S: Service> ExecNode<S> {
     fn compare_with_stable(&mut self, chunked: Chunked, out: &mut Outputs) {
         if chunked.root == self.stable.root {
             self.stable_chunks = Some(chunked);
+            self.collect_snapshots(out);
         } else {
             out.events.push(Event::Divergence { seq: self.stable.seq, local: chunked.root, stable: self.stable.root });
             self.start_transfer(vec![chunked], out);
@@ -457,7 +479,14 @@ impl<S: Service> ExecNode<S> {
         self.stable_chunks = Some(chunked);
         self.own.retain(|s, _| *s > seq);
         self.notices.retain(|s, _| *s > seq);
+        self.collect_snapshots(out);
         self.maybe_execute(out);
+    }
+
+    /// Snapshots below the certified checkpoint are never needed again: this node
+    /// restarts from the certified one or a later one of its own.
+    fn collect_snapshots(&self, out: &mut Outputs) {
+        out.persist.push(Persist::Compact { records: Vec::new(), snapshots_from: self.stable.seq });
     }
 
     fn on_tick(&mut self, out: &mut Outputs) {
@@ -466,7 +495,7 @@ impl<S: Service> ExecNode<S> {
         }
         if self.now >= self.next_retransmit {
             self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
-            if let Some(vote) = &self.last_vote {
+            for vote in self.votes.values() {
                 for node in 0..self.cfg.n() as NodeId {
                     out.send.push((Peer::Node(node), Message::Checkpoint(vote.clone())));
                 }

@@ -58,10 +58,15 @@ pub enum Mutation {
     /// Separated execution: an execution node executes a value on one order node's commit
     /// notice instead of `r + 1` matching ones.
     OneCommitNotice,
+    /// Separated execution: order nodes certify an execution checkpoint on one execution
+    /// node's hash.
+    OneExecHash,
+    /// The client accepts a result on one reply.
+    OneReply,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 12] = [
+    pub const ALL: [Mutation; 14] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -74,6 +79,8 @@ impl Mutation {
         Mutation::UnfrozenCheckpoint,
         Mutation::UncheckedBody,
         Mutation::OneCommitNotice,
+        Mutation::OneExecHash,
+        Mutation::OneReply,
     ];
 
     pub fn name(self) -> &'static str {
@@ -90,6 +97,8 @@ impl Mutation {
             Mutation::UnfrozenCheckpoint => "unfrozen-checkpoint",
             Mutation::UncheckedBody => "unchecked-body",
             Mutation::OneCommitNotice => "one-commit-notice",
+            Mutation::OneExecHash => "one-exec-hash",
+            Mutation::OneReply => "one-reply",
         }
     }
 
@@ -188,14 +197,17 @@ impl Quorums {
 
     /// Matching replies a client needs: `r + 1`.
     pub fn reply_quorum(&self) -> usize {
-        self.r as usize + 1
+        match self.mutation {
+            Some(Mutation::OneReply) => 1,
+            _ => self.r as usize + 1,
+        }
     }
 
     /// Matching copies of a push event a client needs: `r + 1`, as for replies.
     pub fn push_quorum(&self) -> usize {
         match self.mutation {
             Some(Mutation::OnePushCopy) => 1,
-            _ => self.reply_quorum(),
+            _ => self.r as usize + 1,
         }
     }
 
@@ -286,7 +298,10 @@ impl Quorums {
     /// (UpRight §4.2), so one correct execution node computed that state. With `u` of
     /// `u + r + 1` execution nodes down, the other `r + 1` still certify.
     pub fn exec_checkpoint_quorum(&self) -> usize {
-        self.r as usize + 1
+        match self.mutation {
+            Some(Mutation::OneExecHash) => 1,
+            _ => self.r as usize + 1,
+        }
     }
 }
 

@@ -35,6 +35,10 @@ pub enum Record {
     /// The node runs the epoch the last certificate leads to (first record of a log
     /// compacted in an epoch above 0; replica/epoch.rs).
     Epoch(Vec<EpochCert>),
+    /// Separated execution: the newest execution checkpoint certified by `r + 1`
+    /// execution nodes (replica/separated.rs). Kept so that after a restart of every
+    /// node the order nodes still know which state the execution nodes agreed on.
+    ExecStable(StableProof),
 }
 
 impl Record {
@@ -43,7 +47,11 @@ impl Record {
         match self {
             Record::Accepted { seq, .. } | Record::Decided { seq, .. } | Record::DecidedValue { seq, .. } => Some(*seq),
             Record::Prepared(c) => Some(c.seq),
-            Record::View { .. } | Record::ViewChangeSent { .. } | Record::Stable(_) | Record::Epoch(_) => None,
+            Record::View { .. }
+            | Record::ViewChangeSent { .. }
+            | Record::Stable(_)
+            | Record::Epoch(_)
+            | Record::ExecStable(_) => None,
         }
     }
 }
@@ -53,7 +61,7 @@ impl Record {
 /// change to them: a node refuses a data directory of another version instead of
 /// misreading it (session 3 changed request digests without one, and recovered nodes
 /// silently dropped decisions whose digests no longer matched).
-pub const STORAGE_FORMAT: u32 = 7;
+pub const STORAGE_FORMAT: u32 = 8;
 
 const HEADER: usize = 8;
 /// A record larger than this is corruption, not data (it would not fit a frame either).

@@ -529,7 +529,10 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
             Message::Reply(Reply { client, view, seq, body, epoch })
         }
         Message::Decided { seq, mut value } => {
+            // Also a commit notice to execution nodes: one request fewer is a lie an
+            // execution node that believed it would execute (a different history).
             value.time = value.time.wrapping_add(1);
+            value.requests.pop();
             Message::Decided { seq, value }
         }
         Message::ValueBody { seq, mut value } => {
@@ -549,5 +552,97 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
             Message::Chunk { seq, index, data }
         }
         other => other,
+    }
+}
+
+/// A Byzantine execution node of a separated cluster (exec_node.rs): the correct node runs
+/// underneath and its messages are rewritten. Whatever it does, a client must not accept
+/// a wrong result (it needs r + 1 matching replies) and order nodes must not certify a
+/// wrong checkpoint (r + 1 matching hashes), nor stall.
+pub struct ExecByzantine {
+    /// Replies with a wrong result (or a wrong digest of one).
+    pub wrong_replies: bool,
+    /// Checkpoint hashes of a state it does not have, validly signed with its own key.
+    pub wrong_checkpoints: bool,
+    /// State-transfer chunks altered by a byte; certificates with a signature broken.
+    pub corrupt_transfers: bool,
+    signing: SigningKey,
+    me: NodeId,
+    pub lies: LieCounts,
+}
+
+impl ExecByzantine {
+    pub fn random(rng: &mut ChaCha8Rng, me: NodeId, signing: SigningKey) -> ExecByzantine {
+        loop {
+            let b = ExecByzantine {
+                wrong_replies: rng.gen_bool(0.6),
+                wrong_checkpoints: rng.gen_bool(0.6),
+                corrupt_transfers: rng.gen_bool(0.5),
+                signing: signing.clone(),
+                me,
+                lies: LieCounts::default(),
+            };
+            if b.wrong_replies || b.wrong_checkpoints || b.corrupt_transfers {
+                return b;
+            }
+        }
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            (self.wrong_replies, "wrong-replies"),
+            (self.wrong_checkpoints, "wrong-checkpoints"),
+            (self.corrupt_transfers, "corrupt-transfers"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+
+    pub fn transform(&mut self, rng: &mut ChaCha8Rng, outgoing: Vec<(Peer, Message)>) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        for (to, msg) in outgoing {
+            let msg = match msg {
+                Message::Reply(mut reply) if self.wrong_replies => {
+                    self.lies.corruptions += 1;
+                    reply.body = match reply.body {
+                        ReplyBody::Full(mut bytes) => {
+                            // A different result (trailing bytes a decoder might ignore).
+                            match bytes.len() {
+                                0 => bytes.push(rng.gen()),
+                                len => bytes[rng.gen_range(0..len)] ^= 1 << rng.gen_range(0..8),
+                            }
+                            ReplyBody::Full(bytes)
+                        }
+                        ReplyBody::Hash(mut d) => {
+                            d.0[0] ^= 1;
+                            ReplyBody::Hash(d)
+                        }
+                        other => other,
+                    };
+                    Message::Reply(reply)
+                }
+                Message::Checkpoint(vote) if self.wrong_checkpoints => {
+                    self.lies.corruptions += 1;
+                    let mut root = vote.root;
+                    root.0[rng.gen_range(0..32)] ^= 1;
+                    let sig = self.signing.sign(&checkpoint_statement(vote.seq, &root, &vote.membership, self.me));
+                    Message::Checkpoint(CheckpointVote { seq: vote.seq, root, membership: vote.membership, sig })
+                }
+                Message::Chunk { seq, index, mut data } if self.corrupt_transfers => {
+                    self.lies.corruptions += 1;
+                    data.push(0xee);
+                    Message::Chunk { seq, index, data }
+                }
+                Message::StableCert(mut proof) if self.corrupt_transfers && !proof.sigs.is_empty() => {
+                    self.lies.corruptions += 1;
+                    proof.root.0[0] ^= 1;
+                    Message::StableCert(proof)
+                }
+                other => other,
+            };
+            frames.push((to, keel_core::codec::encode(&msg)));
+        }
+        frames
     }
 }

@@ -10,13 +10,14 @@
 //! Safety properties are checked online, on every event of every correct node; the
 //! history's linearizability at the end.
 
-use crate::byzantine::{Behaviours, Byzantine, LieCounts};
+use crate::byzantine::{Behaviours, Byzantine, ExecByzantine, LieCounts};
 use crate::disk::SimDisk;
 use crate::workload::{HistoryEntry, Workload};
 use keel_core::client::{Client, Pushed};
 use keel_core::codec;
 use keel_core::config::{Auth, ClusterConfig, Options};
 use keel_core::crypto::{Digest, SigningKey};
+use keel_core::exec_node::ExecNode;
 use keel_core::membership::{AdminOp, Change, Member, Membership, ADMIN_CLIENT};
 use keel_core::message::{
     owner_of, session_id, session_of, ClientId, Message, NodeId, Read, Reply, ReplyBody, Request, Seq, View,
@@ -82,6 +83,9 @@ pub struct SimOptions {
     pub faulty_client: Option<bool>,
     /// An administrator adds and removes nodes during the fault phase (membership.rs).
     pub reconfig: bool,
+    /// Separated execution (UpRight §4.2): `u + r + 1` execution nodes besides the order
+    /// nodes (exec_node.rs); up to r of them Byzantine under Byzantine faults.
+    pub separated: bool,
 }
 
 impl SimOptions {
@@ -100,6 +104,7 @@ impl SimOptions {
             auth: None,
             faulty_client: None,
             reconfig: false,
+            separated: false,
         }
     }
 }
@@ -286,6 +291,10 @@ enum Role {
 
 struct SimNode<S> {
     replica: Option<Replica<S>>,
+    /// Separated execution: this node is an execution node, running this core instead.
+    exec: Option<ExecNode<S>>,
+    is_exec: bool,
+    exec_byzantine: Option<ExecByzantine>,
     role: Role,
     /// The membership its configuration file names (the admin's reply for a node added
     /// later), used when its disk names none.
@@ -300,6 +309,24 @@ struct SimNode<S> {
     /// A Byzantine node that rushes reads answers from this older state of its own:
     /// (executed, snapshot), refreshed once it is `STALE_READ_LAG` instances behind.
     stale_state: Option<(Seq, Vec<u8>)>,
+}
+
+impl<S: Service> SimNode<S> {
+    fn up(&self) -> bool {
+        self.replica.is_some() || self.exec.is_some()
+    }
+
+    fn status_line(&self) -> String {
+        match (&self.replica, &self.exec) {
+            (Some(r), _) => r.status_line(),
+            (_, Some(e)) => e.status_line(),
+            _ => "down".into(),
+        }
+    }
+
+    fn executed(&self) -> Option<Seq> {
+        self.replica.as_ref().map(|r| r.executed()).or(self.exec.as_ref().map(|e| e.executed()))
+    }
 }
 
 /// How far behind (instances) the state a read-rushing Byzantine node answers from gets.
@@ -357,6 +384,9 @@ pub struct World<W: Workload> {
     executed_at: BTreeMap<Seq, Vec<(ClientId, u64, Digest)>>,
     fresh_at: BTreeMap<(ClientId, u64), Seq>,
     roots: BTreeMap<Seq, Digest>,
+    /// Separated execution: checkpoint roots of correct execution nodes (their state is
+    /// the service's, the order nodes' the order state's).
+    exec_roots: BTreeMap<Seq, Digest>,
     report: SeedReport,
     trace: blake3::Hasher,
     trace_tail: VecDeque<String>,
@@ -396,6 +426,17 @@ impl<W: Workload> World<W> {
             .collect();
         let keys = secrets.iter().take(n).map(|s| s.signing.public()).collect();
         let cfg = ClusterConfig::new(quorums, keys, opts.options.clone()).expect("valid config");
+        // Execution nodes (separated): keyed from the seed like spares, after them.
+        assert!(!(opts.separated && opts.reconfig), "membership changes are not supported with separated execution");
+        let exec_count = if opts.separated { quorums.execution_nodes_min() } else { 0 };
+        let exec_secrets: Vec<NodeSecrets> = (n..n + exec_count)
+            .map(|i| NodeSecrets::new(SigningKey::from_seed(derived("exec-sign", i)), derived("exec-mac", i)))
+            .collect();
+        let cfg = if opts.separated {
+            cfg.with_executors(exec_secrets.iter().map(|s| s.signing.public()).collect()).expect("u + r + 1")
+        } else {
+            cfg
+        };
         let admin_key = SigningKey::from_seed(derived("admin", 0));
         let cfg = if opts.reconfig { cfg.with_admin_key(admin_key.public()) } else { cfg };
         let cfg = match opts.auth {
@@ -456,6 +497,9 @@ impl<W: Workload> World<W> {
                 };
                 SimNode {
                     replica,
+                    exec: None,
+                    is_exec: false,
+                    exec_byzantine: None,
                     role,
                     file_membership: None,
                     disk: SimDisk::default(),
@@ -467,6 +511,35 @@ impl<W: Workload> World<W> {
                 }
             })
             .collect::<Vec<_>>();
+        let mut nodes = nodes;
+        // Byzantine execution nodes: up to r of them, chosen by a generator of their own so
+        // runs without separated execution replay as before.
+        let mut exec_rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x65786563);
+        let exec_liars = if opts.faults.byzantine && opts.r > 0 && exec_count > 0 {
+            exec_rng.gen_range(1..=opts.r as usize)
+        } else {
+            0
+        };
+        for (i, s) in exec_secrets.into_iter().enumerate() {
+            let id = (n + i) as NodeId;
+            let exec = ExecNode::new(cfg.clone(), id, s.signing.clone(), workload.service());
+            let exec_byzantine = (i < exec_liars).then(|| ExecByzantine::random(&mut exec_rng, id, s.signing.clone()));
+            nodes.push(SimNode {
+                replica: None,
+                exec: Some(exec),
+                is_exec: true,
+                exec_byzantine,
+                role: Role::Member,
+                file_membership: None,
+                disk: SimDisk::default(),
+                epoch: 0,
+                secrets: s,
+                skew: 0,
+                byzantine: None,
+                stale_state: None,
+            });
+        }
+        let byzantine_count = byzantine_count + exec_liars;
         report.faults.byzantine_nodes = byzantine_count as u64;
         let clients = (0..opts.clients)
             .map(|i| {
@@ -476,6 +549,7 @@ impl<W: Workload> World<W> {
                     .with_auth(cfg.auth)
                     .with_signing_key(client_key(id))
                     .with_membership(cfg.membership.clone());
+                let core = if cfg.separated() { core.with_executors(cfg.executors()) } else { core };
                 SimClient { core, inflight: None, side: 0, push_next: 1 }
             })
             .collect();
@@ -501,7 +575,7 @@ impl<W: Workload> World<W> {
             now: 0,
             queue: BinaryHeap::new(),
             next_id: 0,
-            sides: vec![0; n + spares],
+            sides: vec![0; n + spares + exec_count],
             nodes,
             clients,
             lossy: opts.faults.network,
@@ -515,6 +589,7 @@ impl<W: Workload> World<W> {
             executed_at: BTreeMap::new(),
             fresh_at: BTreeMap::new(),
             roots: BTreeMap::new(),
+            exec_roots: BTreeMap::new(),
             report,
             trace: blake3::Hasher::new(),
             trace_tail: VecDeque::new(),
@@ -523,6 +598,10 @@ impl<W: Workload> World<W> {
         for i in 0..n {
             let at = w.rng.gen_range(0..NODE_TICK_MS);
             w.schedule(at, Ev::NodeTick(i as NodeId));
+        }
+        for i in n..n + exec_count {
+            // Offsets from the seed, not the run's generator (replays stay as they were).
+            w.schedule(i as u64 % NODE_TICK_MS, Ev::NodeTick(i as NodeId));
         }
         for c in 0..w.clients.len() {
             let at = w.rng.gen_range(0..CLIENT_TICK_MS);
@@ -615,7 +694,7 @@ impl<W: Workload> World<W> {
     }
 
     fn is_correct(&self, n: NodeId) -> bool {
-        self.nodes[n as usize].byzantine.is_none()
+        self.nodes[n as usize].byzantine.is_none() && self.nodes[n as usize].exec_byzantine.is_none()
     }
 
     /// Runs both phases and the final checks.
@@ -632,7 +711,7 @@ impl<W: Workload> World<W> {
         self.sides.iter_mut().for_each(|s| *s = 0);
         self.clients.iter_mut().for_each(|c| c.side = 0);
         for n in 0..self.nodes.len() {
-            if self.nodes[n].replica.is_none() && self.nodes[n].role == Role::Member {
+            if !self.nodes[n].up() && self.nodes[n].role == Role::Member {
                 self.restart(n as NodeId);
             }
         }
@@ -656,11 +735,9 @@ impl<W: Workload> World<W> {
                 let nodes: Vec<String> = self
                     .nodes
                     .iter()
-                    .map(|n| match &n.replica {
-                        Some(r) => {
-                            format!("{}{}", r.status_line(), if n.byzantine.is_some() { " (byzantine)" } else { "" })
-                        }
-                        None => "down".into(),
+                    .map(|n| {
+                        let liar = n.byzantine.is_some() || n.exec_byzantine.is_some();
+                        format!("{}{}", n.status_line(), if liar { " (byzantine)" } else { "" })
                     })
                     .collect();
                 self.violation(
@@ -684,14 +761,16 @@ impl<W: Workload> World<W> {
             if let Some(b) = &n.byzantine {
                 self.report.faults.lies.add(&b.lies);
             }
+            if let Some(b) = &n.exec_byzantine {
+                self.report.faults.lies.add(&b.lies);
+            }
             self.report.faults.torn_writes += n.disk.torn;
         }
         for c in &self.clients {
             self.report.reads_unordered += c.core.reads_answered;
             self.report.reads_ordered += c.core.reads_ordered;
         }
-        self.report.max_executed =
-            self.nodes.iter().filter_map(|n| n.replica.as_ref().map(|r| r.executed())).max().unwrap_or(0);
+        self.report.max_executed = self.nodes.iter().filter_map(SimNode::executed).max().unwrap_or(0);
         self.report.trace_hash = {
             let h = self.trace.finalize();
             let mut b = [0u8; 8];
@@ -721,7 +800,7 @@ impl<W: Workload> World<W> {
             }
             Ev::Sync { node, epoch, upto, gated, facts, member_epoch } => {
                 let sn = &mut self.nodes[node as usize];
-                if sn.epoch == epoch && sn.replica.is_some() {
+                if sn.epoch == epoch && sn.up() {
                     for e in facts {
                         self.on_event(node, e, member_epoch);
                     }
@@ -732,11 +811,14 @@ impl<W: Workload> World<W> {
                     // last checkpoint; nothing above it executes in that epoch).
                     let o = &self.opts.options;
                     let epoch_end = usize::from(self.opts.reconfig);
-                    let bound = (o.log_max() / o.checkpoint_interval) as usize + 1 + epoch_end;
+                    // An execution node learns which checkpoint is certified from the order
+                    // nodes, a message later: one more.
+                    let exec_late = usize::from(sn.is_exec);
+                    let bound = (o.log_max() / o.checkpoint_interval) as usize + 1 + epoch_end + exec_late;
                     let held = sn.disk.snapshot_count();
                     if held > bound {
                         let seqs = sn.disk.snapshot_seqs();
-                        let status = sn.replica.as_ref().map(|r| r.status_line()).unwrap_or_default();
+                        let status = sn.status_line();
                         self.violation(
                             "bounded-storage",
                             format!("node {node} holds {held} snapshots {seqs:?}, bound {bound}; {status}"),
@@ -746,7 +828,7 @@ impl<W: Workload> World<W> {
                 }
             }
             Ev::Restart(n) => {
-                if self.nodes[n as usize].replica.is_none() && self.nodes[n as usize].role == Role::Member {
+                if !self.nodes[n as usize].up() && self.nodes[n as usize].role == Role::Member {
                     self.restart(n);
                 }
             }
@@ -779,6 +861,22 @@ impl<W: Workload> World<W> {
 
     fn step_node(&mut self, n: NodeId, input: Input) {
         let now = self.node_now(n);
+        if let Some(exec) = self.nodes[n as usize].exec.as_mut() {
+            let mut out = Outputs::default();
+            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exec.step(now, input, &mut out)));
+            if let Err(panic) = stepped {
+                let msg = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                self.nodes[n as usize].exec = None;
+                self.violation("invariant", format!("execution node {n}: {msg}"));
+                return;
+            }
+            self.process_outputs(n, out, 0);
+            return;
+        }
         let Some(replica) = self.nodes[n as usize].replica.as_mut() else {
             return;
         };
@@ -946,9 +1044,11 @@ impl<W: Workload> World<W> {
                 }
             }
         }
-        let frames: Vec<(Peer, Vec<u8>)> = match self.nodes[n as usize].byzantine.as_mut() {
-            Some(b) => b.transform(&mut self.rng, is_primary, msgs),
-            None => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
+        let node = &mut self.nodes[n as usize];
+        let frames: Vec<(Peer, Vec<u8>)> = match (node.byzantine.as_mut(), node.exec_byzantine.as_mut()) {
+            (Some(b), _) => b.transform(&mut self.rng, is_primary, msgs),
+            (_, Some(b)) => b.transform(&mut self.rng, msgs),
+            _ => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
         };
         for (to, frame) in frames {
             if let Some(to) = self.to_stable(epoch, to) {
@@ -960,9 +1060,15 @@ impl<W: Workload> World<W> {
     /// A node peer by index in `epoch` as the stable id the network routes by.
     fn to_stable(&self, epoch: u64, to: Peer) -> Option<Peer> {
         match to {
+            // Execution nodes are not members: their ids are their own.
+            Peer::Node(i) if self.is_exec_id(i) => Some(Peer::Node(i)),
             Peer::Node(i) => self.stable_id(epoch, i).map(Peer::Node),
             client => Some(client),
         }
+    }
+
+    fn is_exec_id(&self, n: NodeId) -> bool {
+        self.nodes.get(n as usize).is_some_and(|x| x.is_exec)
     }
 
     fn side_of(&self, p: Peer) -> u8 {
@@ -1029,13 +1135,19 @@ impl<W: Workload> World<W> {
         match to {
             Peer::Node(n) => {
                 // (A node id nobody has: a membership a test's deliberate bug accepted.)
-                let Some(mine) = self.nodes.get(n as usize).and_then(|x| x.replica.as_ref()).map(|r| r.epoch()) else {
-                    return;
+                let mine = match self.nodes.get(n as usize) {
+                    Some(x) if x.exec.is_some() => 0,
+                    Some(x) => match x.replica.as_ref() {
+                        Some(r) => r.epoch(),
+                        None => return,
+                    },
+                    None => return,
                 };
                 // Node messages count only within one epoch, by index there. Across
                 // epochs only certificates pass: a STATUS from an earlier epoch is answered
                 // with them, and they are taken from anyone.
                 let from = match from {
+                    Peer::Node(f) if self.is_exec_id(f) || self.is_exec_id(n) => Peer::Node(f),
                     Peer::Node(f) if epoch == mine => {
                         match self.memberships.get(&mine).and_then(|ids| ids.iter().position(|i| *i == f)) {
                             Some(index) => Peer::Node(index as NodeId),
@@ -1306,7 +1418,8 @@ impl<W: Workload> World<W> {
                 if !correct {
                     return;
                 }
-                match self.roots.get(&seq) {
+                let roots = if self.is_exec_id(n) { &self.exec_roots } else { &self.roots };
+                match roots.get(&seq) {
                     Some(r) if *r != root => {
                         let r = *r;
                         self.violation(
@@ -1315,6 +1428,9 @@ impl<W: Workload> World<W> {
                         );
                     }
                     Some(_) => {}
+                    None if self.is_exec_id(n) => {
+                        self.exec_roots.insert(seq, root);
+                    }
                     None => {
                         self.roots.insert(seq, root);
                     }
@@ -1383,10 +1499,11 @@ impl<W: Workload> World<W> {
     fn crash(&mut self, n: NodeId) {
         let tear = self.rng.gen_bool(0.5);
         let node = &mut self.nodes[n as usize];
-        if node.replica.is_none() {
+        if !node.up() {
             return;
         }
         node.replica = None;
+        node.exec = None;
         node.epoch += 1;
         node.disk.crash(&mut self.rng, tear);
         self.report.faults.crashes += 1;
@@ -1397,6 +1514,19 @@ impl<W: Workload> World<W> {
         let now = self.node_now(n);
         let node = &mut self.nodes[n as usize];
         let (snapshots, records) = node.disk.recover();
+        if node.is_exec {
+            let signing = node.secrets.signing.clone();
+            match ExecNode::recover(self.cfg.clone(), n, signing, self.workload.service(), snapshots) {
+                Ok(e) => node.exec = Some(e),
+                Err(e) => {
+                    self.violation("recovery", format!("execution node {n} cannot recover: {e}"));
+                    return;
+                }
+            }
+            self.report.faults.restarts += 1;
+            self.trace_line(format!("{} n{n} (execution) restart", self.now));
+            return;
+        }
         let durable = Durable { snapshots, records };
         let mut out = Outputs::default();
         let service = self.workload.service();

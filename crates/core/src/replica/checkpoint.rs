@@ -148,7 +148,12 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    fn maybe_stable(&mut self, seq: Seq, out: &mut Outputs) {
+    pub(super) fn maybe_stable(&mut self, seq: Seq, out: &mut Outputs) {
+        if !self.exec_certified(seq) {
+            // Separated execution: the log above the certified execution checkpoint is
+            // what lagging execution nodes are served from (replica/separated.rs).
+            return;
+        }
         let Some(votes) = self.checkpoint_votes.get(&seq) else {
             return;
         };

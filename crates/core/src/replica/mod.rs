@@ -1002,6 +1002,9 @@ impl<S: Service> Replica<S> {
                 records.push(Record::Decided { seq, digest });
             }
         }
+        if self.cfg.separated() {
+            records.extend(self.exec_records());
+        }
         records
     }
 
@@ -1016,8 +1019,9 @@ impl<S: Service> Replica<S> {
             let (have, total) = t.progress();
             format!(" transfer {have}/{total}")
         });
+        let exec_stage = self.cfg.separated().then(|| self.exec_stage.status());
         format!(
-            "n{} epoch {} view {} vc {:?} stop {} exec {} stable {} floor {} next {} log {:?}..{:?} pending {} cp-votes [{}]{}",
+            "n{} epoch {} view {} vc {:?} stop {} exec {} stable {} floor {} next {} log {:?}..{:?} pending {} cp-votes [{}]{}{}",
             self.id,
             self.epoch(),
             self.view,
@@ -1031,7 +1035,8 @@ impl<S: Service> Replica<S> {
             self.log.keys().next_back(),
             self.pending.len(),
             votes.join(" "),
-            transfer.unwrap_or_default()
+            transfer.unwrap_or_default(),
+            exec_stage.unwrap_or_default()
         )
     }
 

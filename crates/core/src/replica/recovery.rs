@@ -125,6 +125,7 @@ impl<S: Service> Replica<S> {
                 Record::DecidedValue { seq, value } if seq > low => {
                     r.log.entry(seq).or_default().decided_value = Some(value);
                 }
+                Record::ExecStable(proof) if r.cfg.separated() => r.recover_exec_stable(proof),
                 _ => {}
             }
         }

@@ -9,22 +9,20 @@
 //!
 //! An order node of a separated cluster runs the order state only (the last request of
 //! each client and the membership: UpRight's small order checkpoint), so its own
-//! checkpoints and their stability are the order stage's business and never mention
-//! the service. Execution nodes cannot agree on their checkpoints among themselves; the
-//! order nodes do it for them by refusing to run more than two intervals ahead of the
-//! newest execution checkpoint that `r + 1` execution nodes vouch for. That bounds how
-//! far execution lags and how many decided values an order node keeps for laggards.
+//! checkpoints never mention the service. Execution nodes cannot agree on their
+//! checkpoints among themselves; the order nodes do it for them by refusing to run more
+//! than two intervals ahead of the newest execution checkpoint that `r + 1` execution
+//! nodes vouch for. And an order checkpoint becomes stable (its log collected, lagging
+//! order nodes sent to it) only at or below that certified execution checkpoint
+//! (UpRight's garbage-collection rule): every order node that is caught up then holds
+//! the decided values a lagging execution node may still need, in its log, so `r + 1`
+//! of them can vouch for each.
 
 use super::{Outputs, Peer, Reject, Replica};
 use crate::crypto::{Digest, NodeKeys, Sig};
 use crate::message::{CheckpointVote, Message, NodeId, Seq, StableProof, Value};
 use crate::service::Service;
 use std::collections::BTreeMap;
-
-/// Decided values an order node keeps for lagging execution nodes, beyond those above
-/// the newest certified execution checkpoint (`Options::log_max`) that the gate bounds.
-/// Older ones are dropped; an execution node that needs them transfers state instead.
-const COMMITS_KEPT_FACTOR: u64 = 2;
 
 /// What an order node knows of the execution stage.
 #[derive(Default)]
@@ -35,8 +33,6 @@ pub(super) struct ExecStage {
     votes: BTreeMap<Seq, BTreeMap<NodeId, (Digest, Digest, Sig)>>,
     /// The newest execution checkpoint with `r + 1` matching signed hashes.
     pub(super) stable: Option<StableProof>,
-    /// Decided values, in order, for execution nodes that missed them.
-    commits: BTreeMap<Seq, Value>,
     /// Per execution node (index from the first execution id): when it was last helped.
     helped_at: Vec<u64>,
     /// Keys of every node id, to check execution nodes' signatures.
@@ -48,8 +44,12 @@ impl ExecStage {
         self.stable.as_ref().map_or(0, |p| p.seq)
     }
 
+    pub(super) fn status(&self) -> String {
+        format!(" exec-stable {}", self.stable_seq())
+    }
+
     pub(super) fn len(&self) -> usize {
-        self.commits.len() + self.votes.values().map(BTreeMap::len).sum::<usize>()
+        self.votes.values().map(BTreeMap::len).sum::<usize>()
     }
 }
 
@@ -76,16 +76,17 @@ impl<S: Service> Replica<S> {
         !self.cfg.separated() || seq <= self.exec_stage.stable_seq() + self.cfg.options.log_max()
     }
 
+    /// Whether an order checkpoint at `seq` may become stable: when separated, only once
+    /// execution is certified that far. Always when co-located.
+    pub(super) fn exec_certified(&self, seq: Seq) -> bool {
+        !self.cfg.separated() || seq <= self.exec_stage.stable_seq()
+    }
+
     /// After executing instance `seq` of the order state: its value goes to every
     /// execution node, once it is a decision this node can no longer lose.
     pub(super) fn send_commit(&mut self, seq: Seq, value: &Value, out: &mut Outputs) {
         for node in self.cfg.executors() {
             out.send_after_persist.push((Peer::Node(node), Message::Decided { seq, value: value.clone() }));
-        }
-        self.exec_stage.commits.insert(seq, value.clone());
-        let keep = self.cfg.options.log_max() * COMMITS_KEPT_FACTOR;
-        while self.exec_stage.commits.len() as u64 > keep {
-            self.exec_stage.commits.pop_first();
         }
     }
 
@@ -94,8 +95,8 @@ impl<S: Service> Replica<S> {
     pub(super) fn on_exec_message(&mut self, from: NodeId, msg: Message, out: &mut Outputs) -> Result<(), Reject> {
         match msg {
             Message::Checkpoint(vote) => self.on_exec_checkpoint(from, vote, out),
-            Message::Status { executed, .. } => {
-                self.help_executor(from, executed, out);
+            Message::Status { executed, stable, .. } => {
+                self.help_executor(from, executed, stable, out);
                 Ok(())
             }
             _ => Err(Reject::WrongPeer),
@@ -137,18 +138,40 @@ impl<S: Service> Replica<S> {
         for node in self.cfg.executors() {
             out.send.push((Peer::Node(node), Message::StableCert(proof.clone())));
         }
+        out.persist_lazy.push(crate::wal::Record::ExecStable(proof.clone()));
         self.exec_stage.stable = Some(proof);
         let seq = vote.seq;
         self.exec_stage.votes.retain(|s, _| *s > seq);
-        self.exec_stage.commits.retain(|s, _| *s > seq);
+        // Order checkpoints up to here may now become stable: the newest with a quorum.
+        let waiting: Vec<Seq> = self.checkpoint_votes.range(..=seq).map(|(s, _)| *s).rev().collect();
+        for s in waiting {
+            self.maybe_stable(s, out);
+            if self.stable.seq >= s {
+                break;
+            }
+        }
         Ok(())
     }
 
-    /// A lagging execution node (its STATUS says it executed `executed`) gets the newest
-    /// certified execution checkpoint if it is behind it, and the commits after what it
-    /// executed that this node still keeps (UpRight §4.2, "If an execution node falls
+    /// What an order node keeps across a restart for the execution stage: the certified
+    /// execution checkpoint, so that after a restart of every node it still knows how far
+    /// its log may be collected and which state lagging execution nodes must fetch.
+    pub(super) fn exec_records(&self) -> Vec<crate::wal::Record> {
+        self.exec_stage.stable.iter().map(|p| crate::wal::Record::ExecStable(p.clone())).collect()
+    }
+
+    /// Recovery: an `ExecStable` record.
+    pub(super) fn recover_exec_stable(&mut self, proof: StableProof) {
+        if proof.seq > self.exec_stage.stable_seq() {
+            self.exec_stage.stable = Some(proof);
+        }
+    }
+
+    /// An execution node whose STATUS says it executed `executed` and knows the certified
+    /// checkpoint `stable` gets the newest certified execution checkpoint if it does not
+    /// know it, and the commits after what it executed that this node still holds (UpRight §4.2, "If an execution node falls
     /// behind").
-    fn help_executor(&mut self, from: NodeId, executed: Seq, out: &mut Outputs) {
+    fn help_executor(&mut self, from: NodeId, executed: Seq, stable: Seq, out: &mut Outputs) {
         let index = (from - self.cfg.executors().start) as usize;
         let n = self.cfg.executors().len();
         if self.exec_stage.helped_at.len() != n {
@@ -159,16 +182,20 @@ impl<S: Service> Replica<S> {
         }
         let peer = Peer::Node(from);
         let mut helped = false;
-        let first_kept = self.exec_stage.commits.keys().next().copied();
-        let gap = first_kept.is_none_or(|first| first > executed + 1);
         if let Some(proof) = &self.exec_stage.stable {
-            if proof.seq > executed && gap {
+            // Behind it: to fetch the state if the commits in between are gone, or to
+            // keep its snapshot and collect older ones (the certificate sent when it was
+            // certified may have been lost).
+            if proof.seq > stable {
                 out.send.push((peer, Message::StableCert(proof.clone())));
                 helped = true;
             }
         }
-        let values = self.cfg.options.catch_up_values_max as usize;
-        for (&seq, value) in self.exec_stage.commits.range(executed + 1..).take(values) {
+        let values = self.cfg.options.catch_up_values_max;
+        for seq in executed + 1..=executed + values {
+            // The log holds every decided value above the certified execution checkpoint.
+            let value = self.log.get(&seq).and_then(|s| s.decided_value.as_ref());
+            let Some(value) = value.filter(|_| seq <= self.exec.executed()) else { break };
             out.send_after_persist.push((peer, Message::Decided { seq, value: value.clone() }));
             helped = true;
         }
