@@ -307,6 +307,7 @@ impl Baseline {
             auth: None,
             request_digests: None,
             checkpoint_interval: None,
+            separated: false,
         };
         init(&dir, &o).map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -50,6 +50,10 @@ pub struct InitArgs {
     /// kv | null (the microbenchmark service).
     #[arg(long, default_value = "kv")]
     service: String,
+    /// Stage placement: co-located (every node orders and executes) or separated (u + r
+    /// + 1 execution nodes besides the 2u + r + 1 order nodes; UpRight §4.2).
+    #[arg(long, default_value = "co-located", value_parser = ["co-located", "separated"])]
+    layout: String,
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -81,7 +85,9 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         eprintln!("error: --fsync must be batch, always or never");
         return ExitCode::from(2);
     };
-    let n = 2 * a.u as usize + a.r as usize + 1;
+    let separated = a.layout == "separated";
+    let order = 2 * a.u as usize + a.r as usize + 1;
+    let n = order + if separated { a.u as usize + a.r as usize + 1 } else { 0 };
     // Node ports, then as many metrics ports.
     let Some(base_port) = a.base_port.or_else(|| free_ports(2 * n)) else {
         eprintln!("error: no free port range found; pass --base-port");
@@ -103,11 +109,14 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         auth,
         request_digests: a.digests,
         checkpoint_interval: a.checkpoint_interval,
+        separated,
     };
     match init(&a.dir, &o) {
         Ok(()) => {
+            let layout =
+                if separated { format!(": {order} order nodes, {} execution nodes", n - order) } else { String::new() };
             println!(
-                "initialized a cluster of {n} nodes (u = {}, r = {}) in {}, ports {}..{}",
+                "initialized a cluster of {n} nodes (u = {}, r = {}){layout} in {}, ports {}..{}",
                 a.u,
                 a.r,
                 a.dir.display(),

@@ -158,6 +158,13 @@ impl<S: Service> ExecNode<S> {
     pub fn transferring(&self) -> bool {
         self.transfer.is_some()
     }
+    /// (chunks held, chunks total) of a state transfer in progress.
+    pub fn transfer_progress(&self) -> Option<(usize, usize)> {
+        self.transfer.as_ref().map(Transfer::progress)
+    }
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
 
     pub fn status_line(&self) -> String {
         format!(
@@ -362,12 +369,15 @@ impl<S: Service> ExecNode<S> {
             return Ok(());
         }
         self.own.retain(|s, _| *s > seq);
-        // Behind the certified checkpoint with no way to execute up to it: the order
-        // nodes sent the certificate because they no longer keep the commits in between.
-        // A transfer toward an older one moves to this one (peers serve only their
-        // newest), keeping the chunks it has.
-        let next_known = self.notices.contains_key(&(self.exec.executed() + 1));
-        if self.transfer.is_some() || (seq > self.exec.executed() && !next_known) {
+        // Behind the certified checkpoint with no way to execute up to it (the order
+        // nodes no longer keep the commits in between), or more than an interval behind
+        // it (commits come a few dozen per STATUS period: a node that missed a lot under
+        // load would never catch up). A transfer toward an older one moves to this one
+        // (peers serve only their newest), keeping the chunks it has.
+        let executed = self.exec.executed();
+        let next_known = self.notices.contains_key(&(executed + 1));
+        let far = seq > executed + self.cfg.options.checkpoint_interval;
+        if self.transfer.is_some() || (seq > executed && (!next_known || far)) {
             self.start_transfer(Vec::new(), out);
         }
         Ok(())

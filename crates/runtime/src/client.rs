@@ -98,6 +98,14 @@ impl KeelClient {
         let (reply_tx, replies) = mpsc::channel::<(NodeId, Message)>(REPLY_QUEUE_MAX);
         let mut nodes = Nodes { by_id: BTreeMap::new(), connector, reply_tx, stats: stats.clone() };
         nodes.follow(&setup.membership);
+        // Separated execution: the execution nodes answer.
+        for (id, addr) in &setup.executors {
+            nodes.connect(*id, *addr);
+        }
+        let executors = match (setup.executors.first(), setup.executors.last()) {
+            (Some((first, _)), Some((last, _))) => Some(*first..*last + 1),
+            _ => None,
+        };
         // Sequence numbers continue above any this identity used before (a restarted
         // process): the executor ignores sequence numbers it has already passed.
         let first_seq = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
@@ -110,6 +118,10 @@ impl KeelClient {
                             Client::new(session_id(setup.id, s), setup.quorums, keys, setup.retransmit_ms, first_seq)
                                 .with_auth(setup.auth)
                                 .with_membership(setup.membership.clone());
+                        let core = match &executors {
+                            Some(e) => core.with_executors(e.clone()),
+                            None => core,
+                        };
                         match &setup.signing {
                             Some(key) => core.with_signing_key(key.clone()),
                             None => core,
@@ -219,26 +231,34 @@ impl Nodes {
                 tracing::warn!(node = member.id, addr = %member.addr, "member without a usable address");
                 continue;
             };
-            let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
-            self.by_id.insert(member.id, tx);
-            let (reply_tx, counters, j) = (self.reply_tx.clone(), self.stats.clone(), member.id);
-            tokio::spawn(dial_loop(
-                addr,
-                PeerId::Node(j),
-                self.connector.clone(),
-                rx,
-                self.stats.clone(),
-                Arc::new(std::sync::atomic::AtomicU64::new(0)),
-                move |frame| match codec::decode(&frame) {
-                    Ok(m @ (Message::Reply(_) | Message::Push { .. } | Message::EpochCerts(_))) => {
-                        if reply_tx.try_send((j, m)).is_err() {
-                            TransportStats::bump(&counters.send_queue_full, 1);
-                        }
-                    }
-                    _ => TransportStats::bump(&counters.undecodable, 1),
-                },
-            ));
+            self.connect(member.id, addr);
         }
+    }
+
+    /// Connects (in the background, with retries) to node `j` at `addr`.
+    fn connect(&mut self, j: NodeId, addr: std::net::SocketAddr) {
+        if self.by_id.contains_key(&j) {
+            return;
+        }
+        let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
+        self.by_id.insert(j, tx);
+        let (reply_tx, counters) = (self.reply_tx.clone(), self.stats.clone());
+        tokio::spawn(dial_loop(
+            addr,
+            PeerId::Node(j),
+            self.connector.clone(),
+            rx,
+            self.stats.clone(),
+            Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            move |frame| match codec::decode(&frame) {
+                Ok(m @ (Message::Reply(_) | Message::Push { .. } | Message::EpochCerts(_))) => {
+                    if reply_tx.try_send((j, m)).is_err() {
+                        TransportStats::bump(&counters.send_queue_full, 1);
+                    }
+                }
+                _ => TransportStats::bump(&counters.undecodable, 1),
+            },
+        ));
     }
 }
 

@@ -96,6 +96,12 @@ pub struct ClusterFile {
     /// checkpoint holds up to twice this many instances.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval: Option<u64>,
+    /// Stage placement (ARCHITECTURE §2, UpRight §4.2): empty (the default), every node
+    /// in `nodes` orders and executes; otherwise these nodes execute and the others only
+    /// order (their ids follow the order nodes', in order). At least u + r + 1; no
+    /// `admin_key` with them (membership changes are not supported separated yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub executors: Vec<NodeEntry>,
 }
 
 /// `[leadership]` in cluster.toml (Aardvark, UpRight §4.2). Unset fields keep the
@@ -182,7 +188,26 @@ impl ClusterFile {
         if let Some(key) = &self.admin_key {
             cfg = cfg.with_admin_key(PublicKey(hex32(path, "admin_key", key)?));
         }
+        if !self.executors.is_empty() {
+            let mut keys = Vec::with_capacity(self.executors.len());
+            for (i, e) in self.executors.iter().enumerate() {
+                let want = (self.nodes.len() + i) as NodeId;
+                if e.id != want {
+                    return Err(ConfigFileError::Invalid {
+                        path: path.into(),
+                        message: format!("executor ids must follow the order nodes' ({want}, ...); found {}", e.id),
+                    });
+                }
+                keys.push(PublicKey(hex32(path, "executors.public_key", &e.public_key)?));
+            }
+            cfg = cfg.with_executors(keys)?;
+        }
         Ok(cfg)
+    }
+
+    /// The execution nodes' ids and addresses (empty: co-located).
+    pub fn executor_addrs(&self) -> Vec<(NodeId, SocketAddr)> {
+        self.executors.iter().map(|e| (e.id, e.addr)).collect()
     }
 }
 
@@ -298,6 +323,15 @@ pub struct NodeSetup {
     pub ca_pem: String,
     pub credentials: Credentials,
     pub secrets: NodeSecrets,
+    /// Separated execution: every execution node's id and address (empty: co-located).
+    pub executors: Vec<(NodeId, SocketAddr)>,
+}
+
+impl NodeSetup {
+    /// Whether this node is an execution node of a separated cluster.
+    pub fn executes_only(&self) -> bool {
+        self.cluster.separated() && self.cluster.executors().contains(&self.id)
+    }
 }
 
 impl NodeFile {
@@ -328,7 +362,12 @@ impl NodeFile {
             hex32(path, "mac_secret", &f.mac_secret)?,
         );
         let membership = joined.as_ref().unwrap_or(&cluster.membership);
-        let listed = membership.index_of(f.id).map(|i| membership.members[i as usize].key);
+        let executors = cluster.executors();
+        let listed = if cluster.separated() && executors.contains(&f.id) {
+            cluster.stages.executors.get((f.id - executors.start) as usize).copied()
+        } else {
+            membership.index_of(f.id).map(|i| membership.members[i as usize].key)
+        };
         if listed != Some(secrets.signing.public()) {
             return Err(ConfigFileError::Invalid {
                 path: path.into(),
@@ -350,6 +389,7 @@ impl NodeFile {
             ca_pem: read(&base.join(&f.ca))?,
             credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
             secrets,
+            executors: cluster_file.executor_addrs(),
         })
     }
 }
@@ -383,6 +423,9 @@ pub struct ClientSetup {
     /// How long an operation waits for its result before the client retransmits it to
     /// every node, or orders a read-only operation that got no matching answers.
     pub retransmit_ms: u64,
+    /// Separated execution: the execution nodes' ids and addresses, which answer (empty:
+    /// the order nodes answer).
+    pub executors: Vec<(NodeId, SocketAddr)>,
 }
 
 /// [`ClientSetup::retransmit_ms`] unless the application sets another.
@@ -421,6 +464,7 @@ impl ClientFile {
             mac_keys,
             signing,
             retransmit_ms: CLIENT_RETRANSMIT_MS,
+            executors: cluster.executor_addrs(),
         })
     }
 }
@@ -443,6 +487,9 @@ pub struct InitOptions {
     pub checkpoint_interval: Option<u64>,
     /// Written into cluster.toml when set; unset leaves the default (on with rq-mac).
     pub request_digests: Option<bool>,
+    /// Separated execution: u + r + 1 execution nodes besides the 2u + r + 1 order
+    /// nodes (node ids after theirs), and no administrator key.
+    pub separated: bool,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -461,6 +508,9 @@ pub fn first_client_id() -> ClientId {
 pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     let quorums = Quorums::new(o.u, o.r)?;
     let n = quorums.order_nodes();
+    // Execution nodes (separated): ids n..n + e, after the order nodes'.
+    let e = if o.separated { quorums.execution_nodes_min() } else { 0 };
+    let total = n + e;
     // The checks a node applies when it loads the cluster file, before anything is
     // written (keys do not matter to them).
     let options = Options {
@@ -469,8 +519,12 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     };
     let checked = ClusterConfig::new(quorums, vec![PublicKey([0; 32]); n], options)?
         .with_auth(o.auth.unwrap_or(Auth::default_for(&quorums)));
-    if let Some(on) = o.request_digests {
-        checked.with_request_digests(on)?;
+    let checked = match o.request_digests {
+        Some(on) => checked.with_request_digests(on)?,
+        None => checked,
+    };
+    if o.separated {
+        checked.with_executors(vec![PublicKey([0; 32]); e])?;
     }
     fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?;
     let ca = generate_ca()?;
@@ -478,7 +532,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     write(&dir.join("ca.key"), &ca.key_pem)?;
     let mut seeds = Vec::new();
     let mut nodes = Vec::new();
-    for i in 0..n as NodeId {
+    for i in 0..total as NodeId {
         let seed: [u8; 32] = random_bytes();
         let mac: [u8; 32] = random_bytes();
         let key = SigningKey::from_seed(seed);
@@ -492,12 +546,17 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         (0..o.clients).map(|c| (first_client_id() + c as ClientId, random_bytes())).collect();
     // The administrator's key stays in DIR (like ca.key): `keel admin` signs with it.
     let admin_seed: [u8; 32] = random_bytes();
-    write(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
+    if !o.separated {
+        write(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
+    }
+    let executors = nodes.split_off(n);
     let cluster = ClusterFile {
-        admin_key: Some(hex::encode(SigningKey::from_seed(admin_seed).public().0)),
+        // Membership changes move order nodes only; not supported separated yet.
+        admin_key: (!o.separated).then(|| hex::encode(SigningKey::from_seed(admin_seed).public().0)),
         u: o.u,
         r: o.r,
         nodes: nodes.clone(),
+        executors: executors.clone(),
         leadership: LeadershipFile::default(),
         auth: o.auth.map(|a| a.name().to_string()),
         request_digests: o.request_digests,
@@ -513,18 +572,19 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         FsyncPolicy::Always => "always",
         FsyncPolicy::Never => "never",
     };
+    let all: Vec<NodeEntry> = nodes.iter().chain(&executors).cloned().collect();
     for (i, (seed, mac)) in seeds.iter().enumerate() {
         let ndir = dir.join(format!("node-{i}"));
         fs::create_dir_all(ndir.join("data")).map_err(|source| ConfigFileError::Io { path: ndir.clone(), source })?;
         let creds = issue(&ca, PeerId::Node(i as NodeId))?;
         write(&ndir.join("node.pem"), &creds.cert_pem)?;
         write(&ndir.join("node.key"), &creds.key_pem)?;
-        let metrics: SocketAddr = format!("{}:{}", o.host, o.base_port as usize + n + i)
+        let metrics: SocketAddr = format!("{}:{}", o.host, o.base_port as usize + total + i)
             .parse()
             .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
         let file = NodeFile {
             id: i as NodeId,
-            listen: nodes[i].addr,
+            listen: all[i].addr,
             metrics,
             service: o.service.clone(),
             fsync: fsync.into(),
@@ -624,6 +684,7 @@ pub fn admin_setup(dir: &Path) -> Result<(ClientSetup, SigningKey), ConfigFileEr
         mac_keys,
         signing: Some(admin.clone()),
         retransmit_ms: CLIENT_RETRANSMIT_MS,
+        executors: cluster.executor_addrs(),
     };
     Ok((setup, admin))
 }
@@ -724,12 +785,54 @@ mod tests {
             auth: None,
             request_digests: None,
             checkpoint_interval: Some(4096),
+            separated: false,
         };
         assert!(init(&at, &o).is_err(), "a view change could not carry the log");
         assert!(!at.exists());
         let o = InitOptions { checkpoint_interval: None, auth: Some(Auth::Mac), request_digests: Some(true), ..o };
         assert!(init(&at, &o).is_err(), "request digests need rq-mac");
         assert!(!at.exists());
+    }
+
+    #[test]
+    fn init_separated_writes_order_and_execution_nodes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let o = InitOptions {
+            service: "kv".into(),
+            u: 1,
+            r: 1,
+            host: "127.0.0.1".into(),
+            base_port: 41000,
+            clients: 1,
+            fsync: FsyncPolicy::Batch,
+            auth: None,
+            request_digests: None,
+            checkpoint_interval: None,
+            separated: true,
+        };
+        init(dir.path(), &o).expect("init");
+        let mut listens = std::collections::BTreeSet::new();
+        for i in 0..7 {
+            let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");
+            assert_eq!(setup.cluster.n(), 4, "four order nodes");
+            assert_eq!(setup.cluster.executors(), 4..7);
+            assert_eq!(setup.executes_only(), i >= 4);
+            assert_eq!(setup.executors.len(), 3);
+            assert!(setup.cluster.admin_key.is_none());
+            assert!(listens.insert(setup.listen) && listens.insert(setup.metrics), "ports are distinct");
+        }
+        let c = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client loads");
+        assert_eq!(c.executors.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![4, 5, 6]);
+        // An execution node whose key is not the cluster file's is refused, and so is an
+        // admin key (membership changes are not supported separated).
+        let cluster = dir.path().join("cluster.toml");
+        let text = std::fs::read_to_string(&cluster).expect("cluster file");
+        let mut f: ClusterFile = toml::from_str(&text).expect("parses");
+        f.admin_key = Some(hex::encode([7u8; 32]));
+        assert!(f.cluster_config(&cluster, Options::production()).is_err());
+        f.admin_key = None;
+        f.executors.pop();
+        assert!(f.cluster_config(&cluster, Options::production()).is_err(), "u + r + 1 execution nodes");
     }
 
     #[test]
@@ -748,6 +851,7 @@ mod tests {
                 auth: None,
                 request_digests: Some(false),
                 checkpoint_interval: Some(1024),
+                separated: false,
             },
         )
         .expect("init");

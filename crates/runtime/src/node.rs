@@ -82,6 +82,18 @@ pub fn now_ms() -> u64 {
 /// Failures to open storage, recover, bind or configure TLS; and a storage failure while
 /// running (a node that cannot persist must stop rather than answer).
 pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl Fn() -> S) -> Result<(), NodeError> {
+    if setup.executes_only() {
+        return crate::execution::run_execution_node(setup, make()).await;
+    }
+    if setup.cluster.separated() {
+        // An order node of a separated cluster keeps the order state only.
+        return run_replica(setup, || keel_core::service::OrderState).await;
+    }
+    run_replica(setup, make).await
+}
+
+/// [`run_node`] for an order (and, co-located, execution) node.
+async fn run_replica<S: Service + Send + 'static>(setup: NodeSetup, make: impl Fn() -> S) -> Result<(), NodeError> {
     if let Ok(why) = std::fs::read_to_string(setup.data_dir.join(REMOVED_FILE)) {
         return Err(NodeError::Membership(format!("node {} {}", setup.id, why.trim())));
     }
@@ -134,6 +146,10 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
     let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
     let mut peers = Peers::new(setup.id, connector, stats.clone());
     peers.follow(&replica.config().membership);
+    // Separated: the execution nodes too (their ids are their own, not members').
+    for (id, addr) in &setup.executors {
+        peers.add_fixed(*id, *addr);
+    }
 
     let verifier = Arc::new(RwLock::new(EpochVerifier::of(&replica)));
     let verify = start_verify_stage(setup.verify_threads, &verifier, &in_tx, &stats);
@@ -302,10 +318,13 @@ async fn drain(committer: &mut Committer) -> Result<(), NodeError> {
 
 /// The connections to the other members, by stable id, and the current epoch's
 /// index → stable id map (membership.rs: the core speaks indices, the network ids).
-struct Peers {
+/// Separated execution adds fixed peers (execution nodes) that are no members: the core
+/// names them by their ids.
+pub(crate) struct Peers {
     me: u32,
     by_id: BTreeMap<u32, PeerLink>,
     ids: Vec<u32>,
+    fixed: std::collections::BTreeSet<u32>,
     epoch: u64,
     connector: TlsConnector,
     stats: Arc<TransportStats>,
@@ -319,15 +338,49 @@ struct PeerLink {
 }
 
 impl Peers {
-    fn new(me: u32, connector: TlsConnector, stats: Arc<TransportStats>) -> Peers {
-        Peers { me, by_id: BTreeMap::new(), ids: Vec::new(), epoch: 0, connector, stats }
+    pub(crate) fn new(me: u32, connector: TlsConnector, stats: Arc<TransportStats>) -> Peers {
+        Peers {
+            me,
+            by_id: BTreeMap::new(),
+            ids: Vec::new(),
+            fixed: std::collections::BTreeSet::new(),
+            epoch: 0,
+            connector,
+            stats,
+        }
+    }
+
+    /// Dials node `id` at `addr` for good (an execution node, or for one the order and
+    /// execution peers).
+    pub(crate) fn add_fixed(&mut self, id: u32, addr: std::net::SocketAddr) {
+        if id == self.me || self.by_id.contains_key(&id) {
+            return;
+        }
+        self.fixed.insert(id);
+        self.dial(id, addr);
+    }
+
+    fn dial(&mut self, id: u32, addr: std::net::SocketAddr) {
+        let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
+        let connected = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(dial_loop(
+            addr,
+            PeerId::Node(id),
+            self.connector.clone(),
+            rx,
+            self.stats.clone(),
+            connected.clone(),
+            |_| {},
+        ));
+        self.by_id.insert(id, PeerLink { tx, task, connected });
     }
 
     /// Dials the members of `m` not dialled yet and stops dialling those it left out.
-    fn follow(&mut self, m: &Membership) {
+    pub(crate) fn follow(&mut self, m: &Membership) {
         self.ids = m.members.iter().map(|x| x.id).collect();
         self.epoch = m.epoch;
-        let gone: Vec<u32> = self.by_id.keys().copied().filter(|id| !self.ids.contains(id)).collect();
+        let gone: Vec<u32> =
+            self.by_id.keys().copied().filter(|id| !self.ids.contains(id) && !self.fixed.contains(id)).collect();
         for id in gone {
             if let Some(link) = self.by_id.remove(&id) {
                 link.task.abort();
@@ -335,29 +388,24 @@ impl Peers {
         }
         let new: Vec<&keel_core::membership::Member> =
             m.members.iter().filter(|x| x.id != self.me && !self.by_id.contains_key(&x.id)).collect();
-        for member in new {
-            let Ok(addr) = member.addr.parse::<std::net::SocketAddr>() else {
-                tracing::error!(node = member.id, addr = %member.addr, "member without a usable address");
+        let new: Vec<(u32, String)> = new.into_iter().map(|m| (m.id, m.addr.clone())).collect();
+        for (id, addr) in new {
+            let Ok(addr) = addr.parse::<std::net::SocketAddr>() else {
+                tracing::error!(node = id, %addr, "member without a usable address");
                 continue;
             };
-            let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
-            let connected = Arc::new(AtomicU64::new(0));
-            let task = tokio::spawn(dial_loop(
-                addr,
-                PeerId::Node(member.id),
-                self.connector.clone(),
-                rx,
-                self.stats.clone(),
-                connected.clone(),
-                |_| {},
-            ));
-            self.by_id.insert(member.id, PeerLink { tx, task, connected });
+            self.dial(id, addr);
         }
     }
 
-    /// The queue to the member with index `index` in the current epoch.
-    fn route(&self, index: NodeId) -> Option<&mpsc::Sender<Vec<u8>>> {
-        self.ids.get(index as usize).and_then(|id| self.by_id.get(id)).map(|l| &l.tx)
+    /// The queue to the member with index `index` in the current epoch, or to the fixed
+    /// peer with that id.
+    pub(crate) fn route(&self, index: NodeId) -> Option<&mpsc::Sender<Vec<u8>>> {
+        match self.ids.get(index as usize) {
+            Some(id) => self.by_id.get(id).map(|l| &l.tx),
+            None if self.fixed.contains(&index) => self.by_id.get(&index).map(|l| &l.tx),
+            None => None,
+        }
     }
 
     /// The queue to the member with stable id `id`.
@@ -365,7 +413,7 @@ impl Peers {
         self.by_id.get(&id).map(|l| &l.tx)
     }
 
-    fn connected(&self) -> u64 {
+    pub(crate) fn connected(&self) -> u64 {
         self.by_id.values().map(|l| l.connected.load(Ordering::Relaxed)).sum()
     }
 }
@@ -434,7 +482,10 @@ fn publish<S: Service>(
             executed: replica.executed(),
             stable: replica.stable_seq(),
             peers_connected: connected,
-            peers: replica.config().n() as u64 - 1,
+            // Separated: the execution nodes are peers too.
+            peers: (replica.config().n() - 1
+                + if replica.config().separated() { replica.config().executors().len() } else { 0 })
+                as u64,
             transfer,
             epoch: replica.epoch(),
             members: replica.config().membership.members.iter().map(|x| x.id).collect(),
@@ -454,7 +505,11 @@ fn handle<S: Service>(
         Inbound::Input(input) => replica.step(now_ms(), input, out),
         Inbound::Node { from, epoch, msg, checked } => {
             let mine = replica.epoch();
-            if epoch == mine {
+            let cfg = replica.config();
+            if cfg.separated() && cfg.executors().contains(&from) {
+                // An execution node: named by its id (no membership changes separated).
+                replica.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out);
+            } else if epoch == mine {
                 // Counted by the sender's index in this epoch; a stranger is dropped.
                 let Some(index) = replica.config().membership.index_of(from) else { return };
                 let input = if checked {
@@ -481,7 +536,7 @@ fn handle<S: Service>(
 
 /// Hands the step(s)' records to the WAL thread and sends: ungated messages now, gated
 /// ones through the WAL thread once their records (and all earlier ones) are durable.
-fn flush(
+pub(crate) fn flush(
     committer: &mut Committer,
     out: &mut Outputs,
     peers: &Peers,
@@ -652,7 +707,7 @@ fn start_verify_stage(
     (!queues.is_empty()).then(|| queues.into())
 }
 
-async fn serve_connection(
+pub(crate) async fn serve_connection(
     acc: Accepted,
     conn: u64,
     in_tx: InboundTx,

@@ -38,6 +38,12 @@ impl Cluster {
         Cluster::init_full(u, r, &[], cluster_extra, extra)
     }
 
+    /// A cluster with separated execution (`keel init --layout separated`): order
+    /// nodes `0..2u + r + 1`, then `u + r + 1` execution nodes.
+    pub fn init_separated(u: u32, r: u32) -> Cluster {
+        Cluster::init_full(u, r, &["--layout", "separated"], "", |_| None)
+    }
+
     /// A cluster whose requests are authenticated with `auth` (`keel init --auth`).
     pub fn init_auth(u: u32, r: u32, auth: &str) -> Cluster {
         Cluster::init_full(u, r, &["--auth", auth], "", |_| None)
@@ -65,7 +71,7 @@ impl Cluster {
             let text = std::fs::read_to_string(&file).expect("cluster file");
             std::fs::write(&file, format!("{text}\n{cluster_extra}\n")).expect("cluster file written");
         }
-        let n = 2 * u as usize + r as usize + 1;
+        let n = keel_runtime::config::node_dirs(dir.path()).len();
         let mut c = Cluster { dir, nodes: (0..n).map(|_| None).collect() };
         for i in 0..n {
             if let Some(line) = extra(i) {

@@ -1,0 +1,141 @@
+//! An execution node process of a cluster with separated execution (UpRight §4.2): the
+//! transport, snapshots on disk and the sans-IO execution node
+//! ([`keel_core::exec_node::ExecNode`]).
+//!
+//! ```text
+//!  TLS readers ──► inbound queue ──► protocol task: step the execution node
+//!      ──► replies to clients now; snapshots to the WAL thread, checkpoint hashes to
+//!          the order nodes once their snapshot is durable
+//! ```
+//!
+//! It holds no log of its own: what it executes the order nodes decided and keep until
+//! the execution checkpoint after it is certified; it restarts from its newest snapshot.
+
+use crate::clients::{Bans, Clients};
+use crate::committer::Committer;
+use crate::config::NodeSetup;
+use crate::inbound::{self, Inbound};
+use crate::metrics::{self, Metrics, Status};
+use crate::node::{flush, now_ms, serve_connection, NodeError, Peers, INBOUND_QUEUE_MAX};
+use crate::storage::{Storage, StorageError};
+use crate::tls;
+use crate::transport::{accept_loop, Accepted, TransportStats};
+use keel_core::exec_node::ExecNode;
+use keel_core::replica::{Input, Outputs, Peer};
+use keel_core::service::Service;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+/// How often the execution node's timers are checked.
+const TICK: Duration = Duration::from_millis(5);
+/// Inputs stepped before the outputs are flushed.
+const STEP_BATCH_MAX: usize = 1024;
+
+/// Runs an execution node until the process ends.
+///
+/// # Errors
+/// Failures to open storage, restore the newest snapshot, bind or configure TLS; and a
+/// storage failure while running.
+pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, service: S) -> Result<(), NodeError> {
+    let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
+    let cfg = setup.cluster.clone();
+    let signing = setup.secrets.signing.clone();
+    let mut exec = if durable.snapshots.is_empty() {
+        ExecNode::new(cfg, setup.id, signing, service)
+    } else {
+        ExecNode::recover(cfg, setup.id, signing, service, durable.snapshots)?
+    };
+    tracing::info!(node = setup.id, executed = exec.executed(), "execution node started");
+    let _ = std::fs::write(setup.data_dir.join("node.pid"), std::process::id().to_string());
+
+    let stats = Arc::new(TransportStats::default());
+    let (m, registry) = Metrics::new();
+    let shared = metrics::serve(setup.metrics, registry, stats.clone())
+        .await
+        .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
+    let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
+
+    // The order nodes (members) and the other execution nodes.
+    let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
+    let mut peers = Peers::new(setup.id, connector, stats.clone());
+    peers.follow(&exec.config().membership);
+    for (id, addr) in &setup.executors {
+        peers.add_fixed(*id, *addr);
+    }
+
+    let listener =
+        TcpListener::bind(setup.listen).await.map_err(|source| NodeError::Listen { addr: setup.listen, source })?;
+    let acceptor = TlsAcceptor::from(tls::server_config(&setup.ca_pem, &setup.credentials)?);
+    let conn_ids = Arc::new(AtomicU64::new(0));
+    let bans = Arc::new(Bans::default());
+    {
+        let bans = bans.clone();
+        let in_tx = in_tx.clone();
+        let stats = stats.clone();
+        tokio::spawn(accept_loop(listener, acceptor, stats.clone(), move |acc: Accepted| {
+            let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
+            tokio::spawn(serve_connection(acc, conn, in_tx.clone(), None, stats.clone(), bans.clone()));
+        }));
+    }
+
+    let mut clients = Clients::new(bans);
+    let mut committer = Committer::start(storage, stats.clone(), m.clone()).map_err(|source| {
+        NodeError::Storage(StorageError::Io { what: "start WAL thread", path: setup.data_dir.clone(), source })
+    })?;
+    let mut out = Outputs::default();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        flush(&mut committer, &mut out, &peers, &mut clients, &stats, &m)?;
+        tokio::select! {
+            e = committer.failed() => return Err(e.into()),
+            ev = in_rx.recv() => {
+                let Some(ev) = ev else { return Ok(()) };
+                handle(&mut exec, ev, &mut clients, &mut out);
+                for _ in 0..STEP_BATCH_MAX {
+                    match in_rx.try_recv() {
+                        Some(ev) => handle(&mut exec, ev, &mut clients, &mut out),
+                        None => break,
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                exec.step(now_ms(), Input::Tick, &mut out);
+                m.executed.set(exec.executed() as i64);
+                m.stable.set(exec.stable_seq() as i64);
+                m.inbound_queue.set(in_rx.len() as i64);
+                let transfer = exec.transfer_progress();
+                m.transfer_permille.set(transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
+                if let Ok(mut s) = shared.status.lock() {
+                    let cfg = exec.config();
+                    *s = Status {
+                        node: exec.id(),
+                        view: 0,
+                        primary: cfg.primary(0),
+                        view_change_to: None,
+                        executed: exec.executed(),
+                        stable: exec.stable_seq(),
+                        peers_connected: peers.connected(),
+                        peers: (cfg.n() + cfg.executors().len() - 1) as u64,
+                        transfer,
+                        epoch: cfg.epoch(),
+                        members: cfg.membership.members.iter().map(|x| x.id).collect(),
+                    };
+                }
+            }
+        }
+    }
+}
+
+fn handle<S: Service>(exec: &mut ExecNode<S>, ev: Inbound, clients: &mut Clients, out: &mut Outputs) {
+    match ev {
+        Inbound::Input(input) => exec.step(now_ms(), input, out),
+        // No membership changes with separated execution: node ids are their own.
+        Inbound::Node { from, msg, .. } => exec.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out),
+        Inbound::ClientUp { id, conn, tx, close } => clients.up(id, conn, tx, close),
+        Inbound::ClientDown { id, conn } => clients.down(id, conn),
+    }
+}
