@@ -629,9 +629,20 @@ async fn with_auth_sig_signed_requests_are_served_and_a_bad_signature_is_refused
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watcher_gets_every_write_under_its_prefix_in_order_even_with_a_node_down() {
+    watcher_gets_every_write(Cluster::init(1, 1), 2, &[0, 1, 3]).await;
+}
+
+/// Separated execution: the execution nodes (4, 5, 6) push; one of them goes down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_separated_execution_a_watcher_gets_every_write_even_with_an_execution_node_down() {
+    watcher_gets_every_write(Cluster::init_separated(1, 1), 5, &[4, 6]).await;
+}
+
+/// A watcher of `w/` gets the 20 writes under it, in order, with node `down` killed
+/// halfway; the pushing nodes `pushers` that stay up drop nothing.
+async fn watcher_gets_every_write(mut cluster: Cluster, down: usize, pushers: &[usize]) {
     use keel_core::client::Pushed;
     use keel_kv::KvEvent;
-    let mut cluster = Cluster::init(1, 1);
     let watcher = cluster.client(1001);
     let mut events = watcher.push_events().expect("the receiver");
     assert!(watcher.push_events().is_none(), "taken once");
@@ -642,8 +653,8 @@ async fn a_watcher_gets_every_write_under_its_prefix_in_order_even_with_a_node_d
         put(&writer, &format!("w/{i}"), &i.to_string()).await.expect("put");
         put(&writer, &format!("other/{i}"), "x").await.expect("put");
         if i == 9 {
-            // Events from here on come from the three nodes left (r + 1 = 2 needed).
-            cluster.kill(2);
+            // Events from here on come from the nodes left (r + 1 = 2 needed).
+            cluster.kill(down);
         }
     }
     let mut got = Vec::new();
@@ -663,7 +674,7 @@ async fn a_watcher_gets_every_write_under_its_prefix_in_order_even_with_a_node_d
         .collect();
     assert_eq!(got, expected, "every write under the prefix, nothing else, in order");
     // Acknowledged events leave the nodes' queues (none is dropped for lack of room).
-    for i in [0, 1, 3] {
+    for &i in pushers {
         let m = cluster.metrics(i);
         assert!(m.contains("\nkeel_push_dropped_total "), "node {i} exports the counter");
         assert_eq!(metric(&m, "keel_push_dropped_total"), 0, "node {i}");

@@ -435,7 +435,7 @@ impl Client {
     /// A push event from node `from`. Returns what is now deliverable, in order; the
     /// acknowledgements to send wait in [`Client::poll_send`].
     pub fn on_push(&mut self, now: u64, from: NodeId, seq: u64, event: Vec<u8>) -> Vec<Pushed> {
-        if !self.is_member(from) {
+        if !self.is_replier(from) {
             return Vec::new();
         }
         let inbox = &mut self.pushes;
@@ -504,7 +504,11 @@ impl Client {
         self.pushes.acked = upto;
         self.pushes.ack_due = false;
         let ack = Message::PushAck { client: self.id, upto };
-        self.outbox.extend(self.to_all(ack));
+        let to: Vec<(NodeId, Message)> = match self.executors.clone() {
+            Some(executors) => executors.map(|n| (n, ack.clone())).collect(),
+            None => self.to_all(ack),
+        };
+        self.outbox.extend(to);
     }
 
     /// Messages to send that handling replies produced (a read-only operation switched to

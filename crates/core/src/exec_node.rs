@@ -26,7 +26,7 @@ use crate::message::{
     checkpoint_statement, owner_of, CheckpointVote, ClientId, Message, NodeId, Reply, ReplyBody, Request, Seq,
     StableProof, Value,
 };
-use crate::replica::{Event, ExecutedRequest, Input, Outputs, Peer, Persist, Reject};
+use crate::replica::{Event, ExecutedRequest, Input, Outputs, Peer, Persist, PushQueues, Reject};
 use crate::service::{RestoreError, Service};
 use crate::transfer::Transfer;
 use std::collections::BTreeMap;
@@ -76,6 +76,9 @@ pub struct ExecNode<S> {
     /// and a restarted order node learns where execution stands from them.
     votes: BTreeMap<Seq, CheckpointVote>,
     transfer: Option<Transfer>,
+    /// Push events not yet acknowledged (replica/push.rs): execution nodes push, as
+    /// co-located order nodes do.
+    pushes: PushQueues,
     /// The executed instance at the last STATUS period: a node that has not moved while
     /// behind the certified checkpoint fetches it.
     executed_at_status: Seq,
@@ -112,6 +115,7 @@ impl<S: Service> ExecNode<S> {
             own: BTreeMap::new(),
             votes: BTreeMap::new(),
             transfer: None,
+            pushes: PushQueues::default(),
             executed_at_status: 0,
             next_status: 0,
             next_retransmit: 0,
@@ -204,6 +208,14 @@ impl<S: Service> ExecNode<S> {
         let kind = msg.kind();
         let result = match (from, msg) {
             (Peer::Client(c), Message::Request(req)) => self.on_request(c, req, out),
+            (Peer::Client(c), Message::PushAck { client, upto }) => {
+                if owner_of(client) == c {
+                    self.pushes.ack(client, upto);
+                    Ok(())
+                } else {
+                    Err(Reject::WrongPeer)
+                }
+            }
             (Peer::Node(n), Message::Decided { seq, value }) if self.is_order_node(n) => {
                 self.on_commit(n, seq, value, out)
             }
@@ -291,6 +303,9 @@ impl<S: Service> ExecNode<S> {
                 let body = self.reply_body(o.client, o.seq, o.result);
                 let reply = Reply { client: o.client, view: 0, seq: o.seq, body, epoch: self.cfg.epoch() };
                 out.send.push((Peer::Client(o.client), Message::Reply(reply)));
+                // Nothing to wait for: a restarted execution node executes the same
+                // decided values again and numbers the same events alike.
+                self.pushes.push(&o.pushes, &mut out.send, &mut out.events);
             }
             out.events.push(Event::Executed { seq, requests: executed });
             if seq.is_multiple_of(interval) {
@@ -505,6 +520,7 @@ impl<S: Service> ExecNode<S> {
         }
         if self.now >= self.next_retransmit {
             self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
+            self.pushes.resend(&mut out.send);
             for vote in self.votes.values() {
                 for node in 0..self.cfg.n() as NodeId {
                     out.send.push((Peer::Node(node), Message::Checkpoint(vote.clone())));
@@ -545,6 +561,11 @@ impl<S: Service> ExecNode<S> {
             "commit notices lie in the window above the executed instance"
         );
         assert!(self.own.len() <= OWN_KEPT, "own checkpoints kept are bounded");
+        assert!(
+            self.pushes.events() <= crate::replica::PUSH_EVENTS_MAX
+                && self.pushes.bytes() <= crate::replica::PUSH_BYTES_MAX,
+            "push queues are bounded"
+        );
         assert!(
             self.notices.values().all(|n| n.by_node.len() <= self.cfg.n() && n.bodies.len() <= self.cfg.n()),
             "one notice and one body per order node and instance"

@@ -53,6 +53,7 @@ pub use checkpoint::{CheckpointJob, CheckpointReady};
 pub use epoch::NextEpoch;
 pub(crate) use normal::check_batch_bytes;
 pub use normal::REPLY_INLINE_MAX;
+pub(crate) use push::PushQueues;
 pub use push::{PUSH_BYTES_MAX, PUSH_EVENTS_MAX, PUSH_EVENTS_PER_CLIENT_MAX};
 pub use recovery::Durable;
 pub use separated::exec_proof_valid;

@@ -30,20 +30,45 @@ pub const PUSH_BYTES_MAX: usize = 64 << 20;
 /// Events of one client resent per retransmission period (the oldest first).
 const RESEND_PER_CLIENT: usize = 64;
 
+/// The push events a node keeps until their clients acknowledge them; order nodes
+/// (co-located) and execution nodes (exec_node.rs) each have one.
 #[derive(Default)]
-pub(super) struct PushQueues {
+pub(crate) struct PushQueues {
     queues: BTreeMap<ClientId, VecDeque<(u64, Vec<u8>)>>,
     events: usize,
     bytes: usize,
 }
 
 impl PushQueues {
-    pub(super) fn events(&self) -> usize {
+    pub(crate) fn events(&self) -> usize {
         self.events
     }
 
-    pub(super) fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Queues what one executed request pushed and adds its messages to `send` (the
+    /// caller decides whether they wait for persistence), reporting drops in `events`.
+    pub(crate) fn push(&mut self, pushed: &[PushEvent], send: &mut Vec<(Peer, Message)>, events: &mut Vec<Event>) {
+        for e in pushed {
+            let dropped = self.keep(e);
+            if dropped > 0 {
+                events.push(Event::PushDropped { client: e.client, count: dropped });
+            }
+            let msg = Message::Push { client: e.client, seq: e.seq, event: e.event.clone() };
+            send.push((Peer::Client(e.client), msg));
+        }
+    }
+
+    /// The oldest unacknowledged events of every client, again.
+    pub(crate) fn resend(&self, send: &mut Vec<(Peer, Message)>) {
+        for (&client, q) in &self.queues {
+            for (seq, event) in q.iter().take(RESEND_PER_CLIENT) {
+                let msg = Message::Push { client, seq: *seq, event: event.clone() };
+                send.push((Peer::Client(client), msg));
+            }
+        }
     }
 
     /// Keeps `e` for resending, dropping this client's oldest events to stay within the
@@ -72,7 +97,7 @@ impl PushQueues {
         dropped
     }
 
-    fn ack(&mut self, client: ClientId, upto: u64) {
+    pub(crate) fn ack(&mut self, client: ClientId, upto: u64) {
         let Some(q) = self.queues.get_mut(&client) else {
             return;
         };
@@ -92,14 +117,7 @@ impl<S: Service> Replica<S> {
     /// Queues and sends what one executed request pushed; sent once the decision is
     /// durable, like the reply.
     pub(super) fn push_events(&mut self, events: &[PushEvent], out: &mut Outputs) {
-        for e in events {
-            let dropped = self.pushes.keep(e);
-            if dropped > 0 {
-                out.events.push(Event::PushDropped { client: e.client, count: dropped });
-            }
-            let msg = Message::Push { client: e.client, seq: e.seq, event: e.event.clone() };
-            out.send_after_persist.push((Peer::Client(e.client), msg));
-        }
+        self.pushes.push(events, &mut out.send_after_persist, &mut out.events);
     }
 
     /// A client acknowledges its events up to `upto`.
@@ -114,12 +132,7 @@ impl<S: Service> Replica<S> {
     /// is durable, and a node that crashed then could number a different event alike
     /// (the simulator caught it at u = r = 0, seed 68).
     pub(super) fn resend_pushes(&self, out: &mut Outputs) {
-        for (&client, q) in &self.pushes.queues {
-            for (seq, event) in q.iter().take(RESEND_PER_CLIENT) {
-                let msg = Message::Push { client, seq: *seq, event: event.clone() };
-                out.send_after_persist.push((Peer::Client(client), msg));
-            }
-        }
+        self.pushes.resend(&mut out.send_after_persist);
     }
 }
 
