@@ -53,6 +53,28 @@ impl ExecStage {
     }
 }
 
+/// A decided value as execution nodes get it: the requests without their client MACs,
+/// endorsements and signatures. Execution nodes take a value on `r + 1` matching commit
+/// notices, not on those, and the value's digest does not cover them (it hashes the
+/// time and each request's statement), so the notice keeps the digest and loses most of
+/// its bytes (with rq-mac, a request's endorsements are `u + r + 1` authenticators of a
+/// MAC per node each). Operations are shared, not copied.
+fn commit_form(value: &Value) -> Value {
+    let requests = value
+        .requests
+        .iter()
+        .map(|r| crate::message::Request {
+            client: r.client,
+            seq: r.seq,
+            op: r.op.clone(),
+            auth: Vec::new(),
+            endorsements: Vec::new(),
+            sig: None,
+        })
+        .collect();
+    Value { time: value.time, requests }
+}
+
 /// `proof` carries `quorum` distinct valid signatures of execution nodes only.
 pub fn exec_proof_valid(
     cfg: &crate::config::ClusterConfig,
@@ -85,8 +107,9 @@ impl<S: Service> Replica<S> {
     /// After executing instance `seq` of the order state: its value goes to every
     /// execution node, once it is a decision this node can no longer lose.
     pub(super) fn send_commit(&mut self, seq: Seq, value: &Value, out: &mut Outputs) {
+        let notice = Message::Decided { seq, value: commit_form(value) };
         for node in self.cfg.executors() {
-            out.send_after_persist.push((Peer::Node(node), Message::Decided { seq, value: value.clone() }));
+            out.send_after_persist.push((Peer::Node(node), notice.clone()));
         }
     }
 
@@ -196,11 +219,31 @@ impl<S: Service> Replica<S> {
             // The log holds every decided value above the certified execution checkpoint.
             let value = self.log.get(&seq).and_then(|s| s.decided_value.as_ref());
             let Some(value) = value.filter(|_| seq <= self.exec.executed()) else { break };
-            out.send_after_persist.push((peer, Message::Decided { seq, value: value.clone() }));
+            out.send_after_persist.push((peer, Message::Decided { seq, value: commit_form(value) }));
             helped = true;
         }
         if helped {
             self.exec_stage.helped_at[index] = self.now;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{Endorsement, Request};
+
+    #[test]
+    fn a_commit_notice_keeps_the_value_digest_without_the_authenticators() {
+        let mut r = Request::new(7, 3, b"op".to_vec().into());
+        r.auth = vec![[1; 16]; 4];
+        r.endorsements = vec![Endorsement { node: 1, macs: vec![[2; 16]; 4] }; 3];
+        r.sig = Some(crate::crypto::Sig([3; 64]));
+        let value = Value { time: 9, requests: vec![r] };
+        let notice = commit_form(&value);
+        assert_eq!(notice.digest(), value.digest());
+        let bytes = |v: &Value| crate::codec::encode(&Message::Decided { seq: 1, value: v.clone() }).len();
+        assert!(bytes(&notice) * 4 < bytes(&value), "{} vs {} bytes", bytes(&notice), bytes(&value));
+        assert!(notice.requests[0].auth.is_empty() && notice.requests[0].endorsements.is_empty());
     }
 }
