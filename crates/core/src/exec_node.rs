@@ -433,27 +433,15 @@ impl<S: Service> ExecNode<S> {
     }
 
     fn on_fetch_manifest(&mut self, from: NodeId, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
-        let peer = Peer::Node(from);
-        match &self.stable_chunks {
-            Some(c) if self.stable.seq == seq => {
-                out.send.push((peer, Message::Manifest { seq, len: c.len(), chunks: c.leaves.clone() }));
-            }
-            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
-            _ => {}
+        if let Some(answer) = crate::transfer::manifest_for(&self.stable, self.stable_chunks.as_ref(), seq) {
+            out.send.push((Peer::Node(from), answer));
         }
         Ok(())
     }
 
     fn on_fetch_chunk(&mut self, from: NodeId, seq: Seq, index: u32, out: &mut Outputs) -> Result<(), Reject> {
-        let peer = Peer::Node(from);
-        match &self.stable_chunks {
-            Some(c) if self.stable.seq == seq => {
-                if let Some(data) = c.chunk(index) {
-                    out.send.push((peer, Message::Chunk { seq, index, data: data.to_vec() }));
-                }
-            }
-            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
-            _ => {}
+        if let Some(answer) = crate::transfer::chunk_for(&self.stable, self.stable_chunks.as_ref(), seq, index) {
+            out.send.push((Peer::Node(from), answer));
         }
         Ok(())
     }
@@ -492,16 +480,8 @@ impl<S: Service> ExecNode<S> {
         }
         let Some(t) = self.transfer.take() else { return };
         let seq = t.seq();
-        let (chunks, reused, chunked) = t.finish();
-        match self.exec.restore(&chunked.to_bytes()) {
-            Ok(executed) if executed == seq => {}
-            // r + 1 execution nodes signed this root, one of them correct: failing to
-            // restore it is a bug in the service's snapshot code.
-            other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
-        }
-        out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
-        out.events.push(Event::StateTransferDone { seq, chunks, reused });
-        self.stable_chunks = Some(chunked);
+        // r + 1 execution nodes signed the root (a correct one among them).
+        self.stable_chunks = Some(t.install(&mut self.exec, out));
         self.own.retain(|s, _| *s > seq);
         self.notices.retain(|s, _| *s > seq);
         self.collect_snapshots(out);
@@ -580,31 +560,11 @@ mod tests {
     use crate::config::{Auth, Options};
     use crate::crypto::PublicKey;
     use crate::quorum::{Mutation, Quorums};
-    use crate::replica::{client_mac_key, NodeSecrets, Replica};
-    use crate::service::{ExecCtx, OrderState};
+    use crate::replica::{client_mac_key, Replica};
+    use crate::service::OrderState;
     use std::collections::VecDeque;
 
-    /// Appends requests; replies with the count so far.
-    #[derive(Default)]
-    struct Log(Vec<Vec<u8>>);
-
-    impl Service for Log {
-        fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
-            self.0.push(request.to_vec());
-            vec![self.0.len() as u8]
-        }
-        fn snapshot(&self) -> Vec<u8> {
-            postcard::to_allocvec(&self.0).unwrap_or_default()
-        }
-        fn restore(&mut self, s: &[u8]) -> Result<(), RestoreError> {
-            self.0 = postcard::from_bytes(s).map_err(|e| RestoreError(e.to_string()))?;
-            Ok(())
-        }
-    }
-
-    fn secrets(i: u32) -> NodeSecrets {
-        NodeSecrets::new(SigningKey::from_seed([i as u8 + 1; 32]), [i as u8 + 100; 32])
-    }
+    use crate::replica::tests::{secrets, Log};
 
     /// u = r = 1: order nodes 0..4, execution nodes 4..7.
     fn config(mutation: Option<Mutation>) -> ClusterConfig {

@@ -7,9 +7,10 @@
 //! of a separated cluster (exec_node.rs); each decides which peers serve it.
 
 use crate::crypto::Digest;
-use crate::exec::{leaf_digest, merkle_root, Chunked};
-use crate::message::{Message, NodeId, Seq};
-use crate::replica::{Peer, Reject};
+use crate::exec::{leaf_digest, merkle_root, Chunked, Executor};
+use crate::message::{Message, NodeId, Seq, StableProof};
+use crate::replica::{Event, Outputs, Peer, Persist, Reject};
+use crate::service::Service;
 use std::collections::BTreeMap;
 
 /// Chunk requests outstanding at once during a state transfer.
@@ -208,13 +209,44 @@ impl Transfer {
         self.manifest.is_some() && self.chunks.iter().all(Option::is_some)
     }
 
-    /// The transferred state, once complete: (chunks in all, reused, the chunks), which
-    /// reassemble to the root.
-    pub(crate) fn finish(self) -> (usize, usize, Chunked) {
+    /// Installs the transferred state, once complete, into `exec`: persists it as the
+    /// snapshot at its instance and reports it; returns its chunks (to serve peers).
+    ///
+    /// # Panics
+    /// If the state does not restore. The root was certified by a quorum that holds a
+    /// correct node, so a correct node produced these bytes: failing to restore them is a
+    /// bug in the service's snapshot code.
+    pub(crate) fn install<S: Service>(self, exec: &mut Executor<S>, out: &mut Outputs) -> Chunked {
         assert!(self.complete(), "a transfer finishes once every chunk is here");
-        let (chunks, reused) = (self.chunks.len(), self.reused);
+        let (seq, chunks, reused) = (self.seq, self.chunks.len(), self.reused);
         let chunked = Chunked::from_chunks(self.chunks.into_iter().flatten().collect());
         assert_eq!(chunked.root, self.root, "verified chunks reassemble to the root");
-        (chunks, reused, chunked)
+        match exec.restore(&chunked.to_bytes()) {
+            Ok(executed) if executed == seq => {}
+            other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
+        }
+        out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
+        out.events.push(Event::StateTransferDone { seq, chunks, reused });
+        chunked
+    }
+}
+
+/// The answer to a peer's `FetchManifest { seq }` from a node whose newest certified
+/// checkpoint is `stable`, with its chunks when it holds them: the manifest, or the
+/// newer certificate if the peer asks for an older one (peers serve only their newest).
+pub(crate) fn manifest_for(stable: &StableProof, held: Option<&Chunked>, seq: Seq) -> Option<Message> {
+    match held {
+        Some(c) if stable.seq == seq => Some(Message::Manifest { seq, len: c.len(), chunks: c.leaves.clone() }),
+        _ if stable.seq > seq => Some(Message::StableCert(stable.clone())),
+        _ => None,
+    }
+}
+
+/// The answer to a peer's `FetchChunk { seq, index }`, as [`manifest_for`].
+pub(crate) fn chunk_for(stable: &StableProof, held: Option<&Chunked>, seq: Seq, index: u32) -> Option<Message> {
+    match held {
+        Some(c) if stable.seq == seq => c.chunk(index).map(|data| Message::Chunk { seq, index, data: data.to_vec() }),
+        _ if stable.seq > seq => Some(Message::StableCert(stable.clone())),
+        _ => None,
     }
 }

@@ -11,23 +11,19 @@
 //! It holds no log of its own: what it executes the order nodes decided and keep until
 //! the execution checkpoint after it is certified; it restarts from its newest snapshot.
 
-use crate::clients::{Bans, Clients};
+use crate::clients::Clients;
 use crate::committer::Committer;
 use crate::config::NodeSetup;
 use crate::inbound::{self, Inbound};
 use crate::metrics::{self, Metrics, Status};
-use crate::node::{flush, now_ms, serve_connection, NodeError, Peers, INBOUND_QUEUE_MAX};
+use crate::node::{dial_peers, flush, listen, now_ms, NodeError, INBOUND_QUEUE_MAX};
 use crate::storage::{Storage, StorageError};
-use crate::tls;
-use crate::transport::{accept_loop, Accepted, TransportStats};
+use crate::transport::TransportStats;
 use keel_core::exec_node::ExecNode;
 use keel_core::replica::{Input, Outputs, Peer};
 use keel_core::service::Service;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// How often the execution node's timers are checked.
 const TICK: Duration = Duration::from_millis(5);
@@ -58,28 +54,9 @@ pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, s
         .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
     let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
 
-    // The order nodes (members) and the other execution nodes.
-    let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
-    let mut peers = Peers::new(setup.id, connector, stats.clone());
-    peers.follow(&exec.config().membership);
-    for (id, addr) in &setup.executors {
-        peers.add_fixed(*id, *addr);
-    }
-
-    let listener =
-        TcpListener::bind(setup.listen).await.map_err(|source| NodeError::Listen { addr: setup.listen, source })?;
-    let acceptor = TlsAcceptor::from(tls::server_config(&setup.ca_pem, &setup.credentials)?);
-    let conn_ids = Arc::new(AtomicU64::new(0));
-    let bans = Arc::new(Bans::default());
-    {
-        let bans = bans.clone();
-        let in_tx = in_tx.clone();
-        let stats = stats.clone();
-        tokio::spawn(accept_loop(listener, acceptor, stats.clone(), move |acc: Accepted| {
-            let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(serve_connection(acc, conn, in_tx.clone(), None, stats.clone(), bans.clone()));
-        }));
-    }
+    // The order nodes (members) and the other execution nodes; no verify stage.
+    let peers = dial_peers(&setup, &exec.config().membership, &stats)?;
+    let bans = listen(&setup, &in_tx, None, &stats).await?;
 
     let mut clients = Clients::new(bans);
     let mut committer = Committer::start(storage, stats.clone(), m.clone()).map_err(|source| {

@@ -142,35 +142,10 @@ async fn run_replica<S: Service + Send + 'static>(setup: NodeSetup, make: impl F
         .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
     let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
 
-    // Outgoing connections to every other member.
-    let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
-    let mut peers = Peers::new(setup.id, connector, stats.clone());
-    peers.follow(&replica.config().membership);
-    // Separated: the execution nodes too (their ids are their own, not members').
-    for (id, addr) in &setup.executors {
-        peers.add_fixed(*id, *addr);
-    }
-
+    let mut peers = dial_peers(&setup, &replica.config().membership, &stats)?;
     let verifier = Arc::new(RwLock::new(EpochVerifier::of(&replica)));
     let verify = start_verify_stage(setup.verify_threads, &verifier, &in_tx, &stats);
-
-    // Incoming connections from nodes and clients.
-    let listener =
-        TcpListener::bind(setup.listen).await.map_err(|source| NodeError::Listen { addr: setup.listen, source })?;
-    let acceptor = TlsAcceptor::from(tls::server_config(&setup.ca_pem, &setup.credentials)?);
-    let conn_ids = Arc::new(AtomicU64::new(0));
-    let bans = Arc::new(Bans::default());
-    {
-        let bans = bans.clone();
-        let in_tx = in_tx.clone();
-        let stats = stats.clone();
-        tokio::spawn(accept_loop(listener, acceptor, stats.clone(), move |acc: Accepted| {
-            let in_tx = in_tx.clone();
-            let stats = stats.clone();
-            let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
-            tokio::spawn(serve_connection(acc, conn, in_tx, verify.clone(), stats, bans.clone()));
-        }));
-    }
+    let bans = listen(&setup, &in_tx, verify, &stats).await?;
 
     let mut clients = Clients::new(bans);
     // Last state-transfer progress logged, in tenths.
@@ -259,6 +234,45 @@ async fn run_replica<S: Service + Send + 'static>(setup: NodeSetup, make: impl F
             }
         }
     }
+}
+
+/// Outgoing connections to every other member of `membership`, and (separated) to the
+/// execution nodes, whose ids are their own rather than members'.
+pub(crate) fn dial_peers(
+    setup: &NodeSetup,
+    membership: &Membership,
+    stats: &Arc<TransportStats>,
+) -> Result<Peers, NodeError> {
+    let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
+    let mut peers = Peers::new(setup.id, connector, stats.clone());
+    peers.follow(membership);
+    for (id, addr) in &setup.executors {
+        peers.add_fixed(*id, *addr);
+    }
+    Ok(peers)
+}
+
+/// Accepts connections from nodes and clients on `setup.listen`, each served by
+/// [`serve_connection`] into `in_tx` (through the verify stage when there is one).
+/// Returns the client bans the connections consult.
+pub(crate) async fn listen(
+    setup: &NodeSetup,
+    in_tx: &InboundTx,
+    verify: Option<VerifyQueues>,
+    stats: &Arc<TransportStats>,
+) -> Result<Arc<Bans>, NodeError> {
+    let listener =
+        TcpListener::bind(setup.listen).await.map_err(|source| NodeError::Listen { addr: setup.listen, source })?;
+    let acceptor = TlsAcceptor::from(tls::server_config(&setup.ca_pem, &setup.credentials)?);
+    let conn_ids = Arc::new(AtomicU64::new(0));
+    let bans = Arc::new(Bans::default());
+    let (accepted_bans, in_tx, stats) = (bans.clone(), in_tx.clone(), stats.clone());
+    tokio::spawn(accept_loop(listener, acceptor, stats.clone(), move |acc: Accepted| {
+        let conn = conn_ids.fetch_add(1, Ordering::Relaxed);
+        let serve = serve_connection(acc, conn, in_tx.clone(), verify.clone(), stats.clone(), accepted_bans.clone());
+        tokio::spawn(serve);
+    }));
+    Ok(bans)
 }
 
 /// Serializes checkpoints off the protocol task (replica/checkpoint.rs), one at a time
@@ -707,7 +721,7 @@ fn start_verify_stage(
     (!queues.is_empty()).then(|| queues.into())
 }
 
-pub(crate) async fn serve_connection(
+async fn serve_connection(
     acc: Accepted,
     conn: u64,
     in_tx: InboundTx,

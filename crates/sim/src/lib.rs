@@ -25,11 +25,7 @@ pub fn run_seed<W: Workload>(opts: &SimOptions, workload: W) -> SeedReport {
     match catch_unwind(AssertUnwindSafe(move || world::World::new(o, workload).run())) {
         Ok(report) => report,
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "unknown panic".into());
+            let msg = panic_message(panic);
             SeedReport {
                 seed: opts.seed,
                 violations: vec![Violation { property: "invariant", detail: msg, at: 0 }],
@@ -37,6 +33,15 @@ pub fn run_seed<W: Workload>(opts: &SimOptions, workload: W) -> SeedReport {
             }
         }
     }
+}
+
+/// What a caught panic said (a failed invariant's message).
+pub(crate) fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// Runs the KV workload for one seed.

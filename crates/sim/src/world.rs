@@ -865,13 +865,8 @@ impl<W: Workload> World<W> {
             let mut out = Outputs::default();
             let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exec.step(now, input, &mut out)));
             if let Err(panic) = stepped {
-                let msg = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "unknown panic".into());
                 self.nodes[n as usize].exec = None;
-                self.violation("invariant", format!("execution node {n}: {msg}"));
+                self.violation("invariant", format!("execution node {n}: {}", crate::panic_message(panic)));
                 return;
             }
             self.process_outputs(n, out, 0);
@@ -886,13 +881,8 @@ impl<W: Workload> World<W> {
         // unwound the whole world would lose the trace).
         let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replica.step(now, input, &mut out)));
         if let Err(panic) = stepped {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "unknown panic".into());
             self.nodes[n as usize].replica = None;
-            self.violation("invariant", format!("node {n}: {msg}"));
+            self.violation("invariant", format!("node {n}: {}", crate::panic_message(panic)));
             return;
         }
         self.process_outputs(n, out, epoch);

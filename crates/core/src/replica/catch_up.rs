@@ -5,7 +5,7 @@
 //! checkpoint carries Q signatures, a chunk must match the Merkle root, and a decided value
 //! needs r + 1 matching claims (one of them from a correct node).
 
-use super::{Event, Outputs, Peer, Persist, Reject, Replica};
+use super::{Event, Outputs, Peer, Reject, Replica};
 use crate::crypto::Digest;
 use crate::exec::Chunked;
 use crate::message::{Message, NodeId, Seq, StableProof, Value, View};
@@ -130,13 +130,8 @@ impl<S: Service> Replica<S> {
     }
 
     pub(super) fn on_fetch_manifest(&mut self, from: NodeId, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
-        let peer = Peer::Node(from);
-        match &self.stable_chunks {
-            Some(c) if self.stable.seq == seq => {
-                out.send.push((peer, Message::Manifest { seq, len: c.len(), chunks: c.leaves.clone() }));
-            }
-            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
-            _ => {}
+        if let Some(answer) = crate::transfer::manifest_for(&self.stable, self.stable_chunks.as_ref(), seq) {
+            out.send.push((Peer::Node(from), answer));
         }
         Ok(())
     }
@@ -148,15 +143,8 @@ impl<S: Service> Replica<S> {
         index: u32,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
-        let peer = Peer::Node(from);
-        match &self.stable_chunks {
-            Some(c) if self.stable.seq == seq => {
-                if let Some(data) = c.chunk(index) {
-                    out.send.push((peer, Message::Chunk { seq, index, data: data.to_vec() }));
-                }
-            }
-            _ if self.stable.seq > seq => out.send.push((peer, Message::StableCert(self.stable.clone()))),
-            _ => {}
+        if let Some(answer) = crate::transfer::chunk_for(&self.stable, self.stable_chunks.as_ref(), seq, index) {
+            out.send.push((Peer::Node(from), answer));
         }
         Ok(())
     }
@@ -228,16 +216,8 @@ impl<S: Service> Replica<S> {
         }
         let Some(t) = self.transfer.take() else { return };
         let seq = t.seq();
-        let (chunks, reused, chunked) = t.finish();
-        match self.exec.restore(&chunked.to_bytes()) {
-            Ok(executed) if executed == seq => {}
-            // Q nodes signed this root, so a correct node produced these bytes; failing
-            // to restore them is a bug in the service's snapshot code.
-            other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
-        }
-        out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
-        out.events.push(Event::StateTransferDone { seq, chunks, reused });
-        self.stable_chunks = Some(chunked);
+        // Q nodes signed the root (a correct one among them).
+        self.stable_chunks = Some(t.install(&mut self.exec, out));
         self.own_checkpoints = self.own_checkpoints.split_off(&(seq + 1));
         // Checkpoints frozen from the replaced state are void; execution takes them anew.
         self.state_generation += 1;

@@ -1095,4 +1095,4 @@ impl<S: Service> Replica<S> {
 #[cfg(test)]
 mod epoch_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

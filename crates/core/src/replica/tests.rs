@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 
 /// Appends requests; replies with the count so far.
 #[derive(Default, Clone)]
-pub(super) struct Log(pub(super) Vec<Vec<u8>>);
+pub(crate) struct Log(pub(crate) Vec<Vec<u8>>);
 
 impl Service for Log {
     fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
@@ -46,7 +46,7 @@ impl Frozen for Log {
     }
 }
 
-pub(super) fn secrets(i: u32) -> NodeSecrets {
+pub(crate) fn secrets(i: u32) -> NodeSecrets {
     NodeSecrets::new(SigningKey::from_seed([i as u8 + 1; 32]), [i as u8 + 100; 32])
 }
 
