@@ -201,12 +201,12 @@ pub fn run(args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} inconsistent_macs={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} inconsistent_macs={} exec_lies={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
         totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, totals.admin_ops, totals.epochs, totals.epoch_switch_crashes,
         l.equivocations, l.corruptions,
         l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals,
-        l.forged_endorsements, l.forged_epoch_certs, l.withheld_bodies, totals.inconsistent_macs
+        l.forged_endorsements, l.forged_epoch_certs, l.withheld_bodies, totals.inconsistent_macs, totals.exec_lies
     );
     println!(
         "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} transfer_chunks={transfer_chunks} transfer_chunks_held={transfer_reused} background_checkpoints={checkpoints_background} (lost to crashes {checkpoints_lost}) ops_by_digest={ops_by_digest} ops_fetched={ops_fetched} rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} elapsed={:.1}s (u={}, r={}, faults={}, options={})",

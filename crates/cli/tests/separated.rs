@@ -115,3 +115,24 @@ fn walk(dir: &std::path::Path) -> Vec<(String, u64)> {
     }
     files
 }
+
+/// rq-mac sends a request first to u + r + 1 order nodes chosen by who answered lately;
+/// separated, order nodes never answer, so the client sends to all of them: with a
+/// backup down, puts do not wait for the 500 ms retransmission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_separated_execution_and_an_order_backup_down_requests_do_not_wait_for_a_retransmission() {
+    let mut cluster = Cluster::init_separated(1, 1);
+    let c = cluster.client(1000);
+    put(&c, "ready", "1").await.expect("cluster up");
+    cluster.kill(2);
+    let mut lat = Vec::new();
+    for i in 0..100 {
+        let started = Instant::now();
+        put(&c, &format!("k{i}"), "v").await.expect("put acknowledged");
+        lat.push(started.elapsed());
+    }
+    lat.sort();
+    let (p50, p99) = (lat[lat.len() / 2], lat[lat.len() * 99 / 100]);
+    eprintln!("put p50/p99 with order node 2 down: {p50:?}/{p99:?}");
+    assert!(p99 < Duration::from_millis(400), "puts waited for retransmissions: p99 {p99:?}");
+}

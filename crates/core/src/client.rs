@@ -369,8 +369,12 @@ impl Client {
         }
         let msg = Message::Request(request.clone());
         let first: Vec<(NodeId, Message)> = match self.auth {
-            Auth::RqMac => self.rq_targets(retransmitted).into_iter().map(|n| (n, msg.clone())).collect(),
-            Auth::Mac | Auth::Sig | Auth::None => self.to_all(msg),
+            // Separated execution: order nodes never reply, so the client cannot tell
+            // which of them are up to pick u + r + 1 (`rq_targets`): it sends to all.
+            Auth::RqMac if self.executors.is_none() => {
+                self.rq_targets(retransmitted).into_iter().map(|n| (n, msg.clone())).collect()
+            }
+            Auth::RqMac | Auth::Mac | Auth::Sig | Auth::None => self.to_all(msg),
         };
         self.outbox.extend(first);
         self.inflight = Some(Inflight { kind: Kind::Ordered(request), sent_at: now, replies: BTreeMap::new() });

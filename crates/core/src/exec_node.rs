@@ -136,11 +136,17 @@ impl<S: Service> ExecNode<S> {
     ) -> Result<ExecNode<S>, RestoreError> {
         let mut node = ExecNode::new(cfg, id, signing, service);
         snapshots.sort_by_key(|(seq, _)| *seq);
-        if let Some((seq, chunked)) = snapshots.pop() {
+        if let Some((seq, chunked)) = snapshots.last() {
             let executed = node.exec.restore(&chunked.to_bytes())?;
-            if executed != seq {
+            if executed != *seq {
                 return Err(RestoreError(format!("snapshot filed under {seq} holds the state at {executed}")));
             }
+        }
+        // Every snapshot kept (the disk holds those at or above the certified checkpoint
+        // this node knew), with a vote for each: after a restart the certified one may be
+        // an older one, and a lagging peer needs it served.
+        let first = snapshots.len().saturating_sub(OWN_KEPT);
+        for (seq, chunked) in snapshots.into_iter().skip(first) {
             node.vote(seq, &chunked);
             node.own.insert(seq, chunked);
         }
@@ -262,10 +268,12 @@ impl<S: Service> ExecNode<S> {
         }
         // Order nodes run at most two intervals past the certified execution checkpoint
         // (replica/separated.rs), so a correct one never sends farther ahead than this.
-        // A Byzantine one can fill the window, one body per instance: the bound.
-        let high = executed.max(self.stable.seq) + self.cfg.options.log_max();
-        if seq > high {
-            return Err(Reject::OutOfWindow { seq, low: executed, high });
+        // A node more than an interval behind the certified checkpoint fetches it, so
+        // notices below it are no use. A Byzantine order node can fill the window, one
+        // body per instance: `log_max` of them at most.
+        let (low, high) = self.notice_window();
+        if seq <= low || seq > high {
+            return Err(Reject::OutOfWindow { seq, low, high });
         }
         crate::replica::check_batch_bytes(&self.cfg.options, &value)?;
         let digest = value.digest();
@@ -277,6 +285,17 @@ impl<S: Service> ExecNode<S> {
         notices.bodies.entry(digest).or_insert(value);
         self.maybe_execute(out);
         Ok(())
+    }
+
+    /// The instances whose commit notices this node keeps: (low, high].
+    fn notice_window(&self) -> (Seq, Seq) {
+        let low = if self.far_behind() { self.stable.seq } else { self.exec.executed() };
+        (low, low + self.cfg.options.log_max())
+    }
+
+    /// More than an interval behind the certified checkpoint: it fetches that state.
+    fn far_behind(&self) -> bool {
+        self.stable.seq > self.exec.executed() + self.cfg.options.checkpoint_interval
     }
 
     /// Executes what became decided, in order, and checkpoints every interval.
@@ -390,9 +409,13 @@ impl<S: Service> ExecNode<S> {
         // load would never catch up). A transfer toward an older one moves to this one
         // (peers serve only their newest), keeping the chunks it has.
         let executed = self.exec.executed();
-        let next_known = self.notices.contains_key(&(executed + 1));
-        let far = seq > executed + self.cfg.options.checkpoint_interval;
-        if self.transfer.is_some() || (seq > executed && (!next_known || far)) {
+        let need = self.cfg.quorums.commit_quorum();
+        let next_decided = self.notices.get(&(executed + 1)).is_some_and(|n| n.decided(need).is_some());
+        if self.far_behind() {
+            // Notices below the certified checkpoint are no use now (`notice_window`).
+            self.notices.retain(|s, _| *s > seq);
+        }
+        if self.transfer.is_some() || (seq > executed && (!next_decided || self.far_behind())) {
             self.start_transfer(Vec::new(), out);
         }
         Ok(())
@@ -503,7 +526,8 @@ impl<S: Service> ExecNode<S> {
             self.pushes.resend(&mut out.send);
             for vote in self.votes.values() {
                 for node in 0..self.cfg.n() as NodeId {
-                    out.send.push((Peer::Node(node), Message::Checkpoint(vote.clone())));
+                    // Gated: a vote whose snapshot is still being written waits for it.
+                    out.send_after_persist.push((Peer::Node(node), Message::Checkpoint(vote.clone())));
                 }
             }
             if let Some(t) = self.transfer.as_mut() {
@@ -534,12 +558,12 @@ impl<S: Service> ExecNode<S> {
     /// Checked after every step; cheap.
     pub fn invariants(&self) {
         let executed = self.exec.executed();
+        let (_, high) = self.notice_window();
         assert!(
-            self.notices
-                .keys()
-                .all(|s| *s > executed && *s <= executed.max(self.stable.seq) + self.cfg.options.log_max()),
+            self.notices.keys().all(|s| *s > executed && *s <= high),
             "commit notices lie in the window above the executed instance"
         );
+        assert!(self.notices.len() as u64 <= self.cfg.options.log_max(), "commit notices are bounded");
         assert!(self.own.len() <= OWN_KEPT, "own checkpoints kept are bounded");
         assert!(
             self.pushes.events() <= crate::replica::PUSH_EVENTS_MAX
@@ -751,6 +775,10 @@ mod tests {
     }
 
     #[test]
+    /// With execution down no execution checkpoint is certified, so no order node votes
+    /// for its order checkpoints, none becomes stable, and the window stops ordering two
+    /// intervals in; execution back, it all resumes. (Fails if order nodes vote before
+    /// execution is certified: their checkpoints become stable and ordering runs on.)
     fn order_nodes_wait_for_execution_checkpoints_two_intervals_back() {
         let cfg = config(None);
         let mut net = Net::new(&cfg);

@@ -557,32 +557,44 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
 
 /// A Byzantine execution node of a separated cluster (exec_node.rs): the correct node runs
 /// underneath and its messages are rewritten. Whatever it does, a client must not accept
-/// a wrong result (it needs r + 1 matching replies) and order nodes must not certify a
-/// wrong checkpoint (r + 1 matching hashes), nor stall.
+/// a wrong result (it needs r + 1 matching replies), order nodes must not certify a
+/// wrong checkpoint (r + 1 matching hashes), crash, hold more than their bounds, nor
+/// stall.
 pub struct ExecByzantine {
     /// Replies with a wrong result (or a wrong digest of one).
     pub wrong_replies: bool,
     /// Checkpoint hashes of a state it does not have, validly signed with its own key.
     pub wrong_checkpoints: bool,
-    /// State-transfer chunks altered by a byte; certificates with a signature broken.
+    /// State-transfer chunks altered by a byte; certificates with a root altered.
     pub corrupt_transfers: bool,
+    /// STATUS with made-up positions (up to `u64::MAX`), to make order nodes send what
+    /// they do not have or overflow.
+    pub bogus_status: bool,
+    /// Validly signed checkpoint hashes for many instances ahead, to fill order nodes'
+    /// vote tables.
+    pub flood_votes: bool,
     signing: SigningKey,
     me: NodeId,
-    pub lies: LieCounts,
+    interval: u64,
+    /// Lies told.
+    pub lies: u64,
 }
 
 impl ExecByzantine {
-    pub fn random(rng: &mut ChaCha8Rng, me: NodeId, signing: SigningKey) -> ExecByzantine {
+    pub fn random(rng: &mut ChaCha8Rng, me: NodeId, signing: SigningKey, interval: u64) -> ExecByzantine {
         loop {
             let b = ExecByzantine {
                 wrong_replies: rng.gen_bool(0.6),
                 wrong_checkpoints: rng.gen_bool(0.6),
                 corrupt_transfers: rng.gen_bool(0.5),
+                bogus_status: rng.gen_bool(0.4),
+                flood_votes: rng.gen_bool(0.4),
                 signing: signing.clone(),
                 me,
-                lies: LieCounts::default(),
+                interval,
+                lies: 0,
             };
-            if b.wrong_replies || b.wrong_checkpoints || b.corrupt_transfers {
+            if b.wrong_replies || b.wrong_checkpoints || b.corrupt_transfers || b.bogus_status || b.flood_votes {
                 return b;
             }
         }
@@ -593,10 +605,17 @@ impl ExecByzantine {
             (self.wrong_replies, "wrong-replies"),
             (self.wrong_checkpoints, "wrong-checkpoints"),
             (self.corrupt_transfers, "corrupt-transfers"),
+            (self.bogus_status, "bogus-status"),
+            (self.flood_votes, "flood-votes"),
         ]
         .into_iter()
         .filter_map(|(on, name)| on.then_some(name))
         .collect()
+    }
+
+    fn signed_vote(&self, seq: u64, root: Digest, membership: Digest) -> Message {
+        let sig = self.signing.sign(&checkpoint_statement(seq, &root, &membership, self.me));
+        Message::Checkpoint(CheckpointVote { seq, root, membership, sig })
     }
 
     pub fn transform(&mut self, rng: &mut ChaCha8Rng, outgoing: Vec<(Peer, Message)>) -> Vec<Frame> {
@@ -604,7 +623,7 @@ impl ExecByzantine {
         for (to, msg) in outgoing {
             let msg = match msg {
                 Message::Reply(mut reply) if self.wrong_replies => {
-                    self.lies.corruptions += 1;
+                    self.lies += 1;
                     reply.body = match reply.body {
                         ReplyBody::Full(mut bytes) => {
                             // A different result (trailing bytes a decoder might ignore).
@@ -622,20 +641,34 @@ impl ExecByzantine {
                     };
                     Message::Reply(reply)
                 }
-                Message::Checkpoint(vote) if self.wrong_checkpoints => {
-                    self.lies.corruptions += 1;
+                Message::Checkpoint(vote) if self.wrong_checkpoints || self.flood_votes => {
                     let mut root = vote.root;
-                    root.0[rng.gen_range(0..32)] ^= 1;
-                    let sig = self.signing.sign(&checkpoint_statement(vote.seq, &root, &vote.membership, self.me));
-                    Message::Checkpoint(CheckpointVote { seq: vote.seq, root, membership: vote.membership, sig })
+                    if self.wrong_checkpoints {
+                        self.lies += 1;
+                        root.0[rng.gen_range(0..32)] ^= 1;
+                    }
+                    if self.flood_votes {
+                        for k in 1..=rng.gen_range(1..=64u64) {
+                            self.lies += 1;
+                            let ahead =
+                                self.signed_vote(vote.seq + k * self.interval, Digest(rng.gen()), vote.membership);
+                            frames.push((to, keel_core::codec::encode(&ahead)));
+                        }
+                    }
+                    self.signed_vote(vote.seq, root, vote.membership)
+                }
+                Message::Status { view, .. } if self.bogus_status => {
+                    self.lies += 1;
+                    let made_up = |rng: &mut ChaCha8Rng| if rng.gen_bool(0.3) { u64::MAX } else { rng.gen() };
+                    Message::Status { view, executed: made_up(rng), stable: made_up(rng) }
                 }
                 Message::Chunk { seq, index, mut data } if self.corrupt_transfers => {
-                    self.lies.corruptions += 1;
+                    self.lies += 1;
                     data.push(0xee);
                     Message::Chunk { seq, index, data }
                 }
                 Message::StableCert(mut proof) if self.corrupt_transfers && !proof.sigs.is_empty() => {
-                    self.lies.corruptions += 1;
+                    self.lies += 1;
                     proof.root.0[0] ^= 1;
                     Message::StableCert(proof)
                 }

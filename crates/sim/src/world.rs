@@ -139,6 +139,8 @@ pub struct FaultCounts {
     /// Crashes of a node as its epoch ended.
     pub epoch_switch_crashes: u64,
     pub lies: LieCounts,
+    /// Lies of Byzantine execution nodes (separated execution; `ExecByzantine`).
+    pub exec_lies: u64,
 }
 
 impl FaultCounts {
@@ -154,6 +156,7 @@ impl FaultCounts {
             + self.skewed_clocks
             + self.inconsistent_macs
             + l.total()
+            + self.exec_lies
     }
 
     pub fn add(&mut self, o: &FaultCounts) {
@@ -172,6 +175,7 @@ impl FaultCounts {
         self.epochs += o.epochs;
         self.epoch_switch_crashes += o.epoch_switch_crashes;
         self.lies.add(&o.lies);
+        self.exec_lies += o.exec_lies;
     }
 }
 
@@ -523,7 +527,9 @@ impl<W: Workload> World<W> {
         for (i, s) in exec_secrets.into_iter().enumerate() {
             let id = (n + i) as NodeId;
             let exec = ExecNode::new(cfg.clone(), id, s.signing.clone(), workload.service());
-            let exec_byzantine = (i < exec_liars).then(|| ExecByzantine::random(&mut exec_rng, id, s.signing.clone()));
+            let interval = opts.options.checkpoint_interval;
+            let exec_byzantine =
+                (i < exec_liars).then(|| ExecByzantine::random(&mut exec_rng, id, s.signing.clone(), interval));
             nodes.push(SimNode {
                 replica: None,
                 exec: Some(exec),
@@ -762,7 +768,7 @@ impl<W: Workload> World<W> {
                 self.report.faults.lies.add(&b.lies);
             }
             if let Some(b) = &n.exec_byzantine {
-                self.report.faults.lies.add(&b.lies);
+                self.report.faults.exec_lies += b.lies;
             }
             self.report.faults.torn_writes += n.disk.torn;
         }

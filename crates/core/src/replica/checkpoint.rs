@@ -107,7 +107,9 @@ impl<S: Service> Replica<S> {
         out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
         out.events.push(Event::Checkpoint { seq, root });
         let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, &membership, self.id));
-        self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, membership, sig }), out);
+        if self.exec_certified(seq) {
+            self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, membership, sig }), out);
+        }
         if seq > self.stable.seq {
             self.own_checkpoints.insert(seq, chunked);
             self.checkpoint_votes.entry(seq).or_default().insert(self.id, (root, membership, sig));
@@ -242,6 +244,10 @@ impl<S: Service> Replica<S> {
     /// window for good (no view change can fix that): resend ours until it is stable.
     pub(super) fn retransmit_checkpoint_votes(&self, out: &mut Outputs) {
         for (&seq, votes) in &self.checkpoint_votes {
+            if !self.exec_certified(seq) {
+                // Separated: not before execution is certified there (separated.rs).
+                continue;
+            }
             if let Some((root, membership, sig)) = votes.get(&self.id) {
                 let vote = CheckpointVote { seq, root: *root, membership: *membership, sig: *sig };
                 self.broadcast(Message::Checkpoint(vote), out);

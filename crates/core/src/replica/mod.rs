@@ -1067,8 +1067,10 @@ impl<S: Service> Replica<S> {
         assert!(self.unsigned.len() < normal::SIGNED_BATCH_MAX, "requests awaiting a signature check are bounded");
         assert!(self.view_changes.len() <= self.cfg.n(), "one view change per node");
         assert!(
-            self.exec_stage.len() as u64 <= self.cfg.options.log_max() * (2 + self.cfg.executors().len() as u64),
-            "commits and execution checkpoint votes are bounded"
+            self.exec_stage.len() as u64
+                <= self.cfg.executors().len() as u64
+                    * (2 * self.cfg.options.log_max() / self.cfg.options.checkpoint_interval + 1),
+            "execution checkpoint votes are bounded: one per execution node per interval of two windows"
         );
         assert!(
             self.ahead.len() as u64 <= 3 * self.cfg.n() as u64 * self.cfg.options.window,

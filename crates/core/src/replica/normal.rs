@@ -118,7 +118,7 @@ impl<S: Service> Replica<S> {
         self.next_propose = self.next_propose.max(self.floor + 1).max(self.stable.seq + 1);
         loop {
             let in_flight = self.next_propose - 1 - self.exec.executed().min(self.next_propose - 1);
-            if in_flight >= window || self.next_propose > self.high_water() || !self.exec_gate_open(self.next_propose) {
+            if in_flight >= window || self.next_propose > self.high_water() {
                 return;
             }
             let mut candidates: Vec<&Pending> =

@@ -3,7 +3,9 @@
 //! ```text
 //!   order node ── decided value, in order (commit notice) ──► execution nodes (r + 1 matching)
 //!   execution node ── signed checkpoint hash every CP_INTERVAL ──► order nodes
-//!   order node: proposes nothing at or past (k + 2)·CP until r + 1 matching hashes for k·CP
+//!   order node: votes for its order checkpoint at k·CP only once r + 1 matching hashes
+//!               certified execution at or past k·CP, so its window (stable + 2·CP)
+//!               never runs more than two intervals past certified execution
 //!   lagging execution node ── STATUS ──► order node ── certified checkpoint + commits since
 //! ```
 //!
@@ -12,11 +14,14 @@
 //! checkpoints never mention the service. Execution nodes cannot agree on their
 //! checkpoints among themselves; the order nodes do it for them by refusing to run more
 //! than two intervals ahead of the newest execution checkpoint that `r + 1` execution
-//! nodes vouch for. And an order checkpoint becomes stable (its log collected, lagging
-//! order nodes sent to it) only at or below that certified execution checkpoint
-//! (UpRight's garbage-collection rule): every order node that is caught up then holds
-//! the decided values a lagging execution node may still need, in its log, so `r + 1`
-//! of them can vouch for each.
+//! nodes vouch for. And an order node votes for its order checkpoint (so that it can
+//! become stable, its log be collected and lagging order nodes be sent to it) only once
+//! the execution checkpoint at or above it is certified (UpRight's garbage-collection
+//! rule). A stable order proof then carries `Q` votes, at least one from a correct node
+//! that saw execution certified that far, whichever way a node learns it (its own
+//! votes, a peer's certificate, a NEW-VIEW): every value a lagging execution node may
+//! still need lies above a certified execution checkpoint, in the logs of the order
+//! nodes, or it fetches that checkpoint's state from its peers.
 
 use super::{Outputs, Peer, Reject, Replica};
 use crate::crypto::{Digest, NodeKeys, Sig};
@@ -92,14 +97,17 @@ impl<S: Service> Replica<S> {
         self.cfg.separated() && self.cfg.executors().contains(&from)
     }
 
-    /// The gate (UpRight §4.2): instance `seq` may be proposed only once the execution
-    /// checkpoint two intervals below it is certified. Always open when co-located.
-    pub(super) fn exec_gate_open(&self, seq: Seq) -> bool {
-        !self.cfg.separated() || seq <= self.exec_stage.stable_seq() + self.cfg.options.log_max()
-    }
+    // UpRight's gate (§4.2: no ordering past (k + 1)·CP before execution checkpoint k
+    // is certified) needs no check of its own here: the order window is the stable
+    // order checkpoint plus two intervals, and an order checkpoint becomes stable only
+    // with Q votes, each cast after its node saw execution certified that far
+    // (`exec_certified`). So ordering never runs more than two intervals past a
+    // certified execution checkpoint (one interval looser than the paper's rule, which
+    // leaves execution a whole interval to checkpoint in without stalling ordering).
 
-    /// Whether an order checkpoint at `seq` may become stable: when separated, only once
-    /// execution is certified that far. Always when co-located.
+    /// Whether this node may vote for (and install from its own votes) an order
+    /// checkpoint at `seq`: when separated, only once execution is certified that far.
+    /// Always when co-located.
     pub(super) fn exec_certified(&self, seq: Seq) -> bool {
         !self.cfg.separated() || seq <= self.exec_stage.stable_seq()
     }
@@ -132,11 +140,17 @@ impl<S: Service> Replica<S> {
         if vote.seq <= stable {
             return Err(Reject::Late { seq: vote.seq, stable });
         }
-        // Execution runs behind this node's order state, never ahead of the gate.
-        let high = self.exec.executed().max(stable) + self.cfg.options.log_max();
-        if !vote.seq.is_multiple_of(interval) || vote.seq > high {
-            return Err(Reject::OutOfWindow { seq: vote.seq, low: stable, high });
+        // Execution runs behind this node's order state, never past the gate; and a
+        // certification far below what this node executed is of no use to it (it
+        // caught up by a peer's proof): the votes kept per execution node stay within
+        // two windows, whatever a lying execution node sends.
+        let log_max = self.cfg.options.log_max();
+        let executed = self.exec.executed();
+        let (low, high) = (stable.max(executed.saturating_sub(log_max)), executed.max(stable) + log_max);
+        if !vote.seq.is_multiple_of(interval) || vote.seq <= low || vote.seq > high {
+            return Err(Reject::OutOfWindow { seq: vote.seq, low, high });
         }
+        self.exec_stage.votes.retain(|s, _| *s > low);
         let statement = crate::message::checkpoint_statement(vote.seq, &vote.root, &vote.membership, from);
         if self.exec_stage.keys.is_none() {
             self.exec_stage.keys = Some(NodeKeys::new(&self.cfg.all_keys()));
@@ -162,11 +176,19 @@ impl<S: Service> Replica<S> {
             out.send.push((Peer::Node(node), Message::StableCert(proof.clone())));
         }
         out.persist_lazy.push(crate::wal::Record::ExecStable(proof.clone()));
+        let previous = self.exec_stage.stable_seq();
         self.exec_stage.stable = Some(proof);
         let seq = vote.seq;
         self.exec_stage.votes.retain(|s, _| *s > seq);
-        // Order checkpoints up to here may now become stable: the newest with a quorum.
-        let waiting: Vec<Seq> = self.checkpoint_votes.range(..=seq).map(|(s, _)| *s).rev().collect();
+        // This node's order checkpoint votes held back until now go out, and order
+        // checkpoints up to here may become stable: the newest with a quorum.
+        let waiting: Vec<Seq> = self.checkpoint_votes.range(previous + 1..=seq).map(|(s, _)| *s).rev().collect();
+        for &s in &waiting {
+            if let Some((root, membership, sig)) = self.checkpoint_votes.get(&s).and_then(|v| v.get(&self.id)) {
+                let vote = CheckpointVote { seq: s, root: *root, membership: *membership, sig: *sig };
+                self.broadcast_durable(Message::Checkpoint(vote), out);
+            }
+        }
         for s in waiting {
             self.maybe_stable(s, out);
             if self.stable.seq >= s {
@@ -214,11 +236,12 @@ impl<S: Service> Replica<S> {
                 helped = true;
             }
         }
-        let values = self.cfg.options.catch_up_values_max;
-        for seq in executed + 1..=executed + values {
+        // `executed` is the peer's word: never past what this node executed itself.
+        let last = self.exec.executed().min(executed.saturating_add(self.cfg.options.catch_up_values_max));
+        for seq in executed.saturating_add(1)..=last {
             // The log holds every decided value above the certified execution checkpoint.
             let value = self.log.get(&seq).and_then(|s| s.decided_value.as_ref());
-            let Some(value) = value.filter(|_| seq <= self.exec.executed()) else { break };
+            let Some(value) = value else { break };
             out.send_after_persist.push((peer, Message::Decided { seq, value: commit_form(value) }));
             helped = true;
         }
