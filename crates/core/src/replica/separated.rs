@@ -151,6 +151,11 @@ impl<S: Service> Replica<S> {
             return Err(Reject::OutOfWindow { seq: vote.seq, low, high });
         }
         self.exec_stage.votes.retain(|s, _| *s > low);
+        if self.exec_stage.votes.get(&vote.seq).is_some_and(|v| v.contains_key(&from)) {
+            // Its first vote for this instance counts; resends (every retransmission
+            // period) cost no signature check.
+            return Ok(());
+        }
         let statement = crate::message::checkpoint_statement(vote.seq, &vote.root, &vote.membership, from);
         if self.exec_stage.keys.is_none() {
             self.exec_stage.keys = Some(NodeKeys::new(&self.cfg.all_keys()));
