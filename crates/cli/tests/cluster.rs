@@ -13,36 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 mod support;
-use support::{get, metric, put, Cluster, OP_TIMEOUT};
-
-/// Writers that record every acknowledged write, until `stop` is set.
-fn start_writers(
-    cluster: &Cluster,
-    clients: u64,
-    stop: Arc<Mutex<bool>>,
-    acked: Arc<Mutex<Vec<(String, String)>>>,
-) -> Vec<tokio::task::JoinHandle<u64>> {
-    (0..clients)
-        .map(|i| {
-            let c = cluster.client(1000 + i);
-            let stop = stop.clone();
-            let acked = acked.clone();
-            tokio::spawn(async move {
-                let mut n = 0u64;
-                while !*stop.lock().expect("lock") {
-                    let (k, v) = (format!("c{i}-{n}"), format!("v{n}"));
-                    // A timeout is allowed (no acknowledgement, nothing to check);
-                    // an acknowledged write must survive.
-                    if put(&c, &k, &v).await.is_ok() {
-                        acked.lock().expect("lock").push((k, v));
-                    }
-                    n += 1;
-                }
-                n
-            })
-        })
-        .collect()
-}
+use support::{get, metric, put, start_writers, Cluster, OP_TIMEOUT};
 
 async fn check_all(cluster: &Cluster, acked: &[(String, String)]) {
     let c = cluster.client(1007);

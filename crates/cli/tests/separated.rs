@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{get, put, Cluster};
+use support::{get, put, start_writers, Cluster};
 
 /// Order nodes are 0..4, execution nodes 4..7 at u = r = 1.
 const ORDER: usize = 4;
@@ -39,21 +39,7 @@ async fn separated_execution_survives_kill_9_of_execution_and_order_nodes_and_lo
     progress(&cluster, "at start").await;
     let stop = Arc::new(Mutex::new(false));
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let writers: Vec<_> = (0..3u64)
-        .map(|i| {
-            let (c, stop, acked) = (cluster.client(1000 + i), stop.clone(), acked.clone());
-            tokio::spawn(async move {
-                let mut n = 0u64;
-                while !*stop.lock().expect("lock") {
-                    let (k, v) = (format!("c{i}-{n}"), format!("v{n}"));
-                    if put(&c, &k, &v).await.is_ok() {
-                        acked.lock().expect("lock").push((k, v));
-                    }
-                    n += 1;
-                }
-            })
-        })
-        .collect();
+    let writers = start_writers(&cluster, 3, stop.clone(), acked.clone());
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // An execution node down: the other two (r + 1) still answer.
     cluster.kill(ORDER);

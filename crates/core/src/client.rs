@@ -205,8 +205,8 @@ impl Client {
         match &self.executors {
             Some(e) => Some(e.start + (self.id.wrapping_add(seq) % e.len().max(1) as u64) as NodeId),
             None => {
-                let members = self.members();
-                members.get((self.id.wrapping_add(seq) % members.len().max(1) as u64) as usize).copied()
+                let members = &self.membership.members;
+                members.get((self.id.wrapping_add(seq) % members.len().max(1) as u64) as usize).map(|m| m.id)
             }
         }
     }

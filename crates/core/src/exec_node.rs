@@ -44,13 +44,13 @@ struct Notices {
 }
 
 impl Notices {
-    /// The value `need` order nodes agree on, once its body is here.
-    fn decided(&self, need: usize) -> Option<&Value> {
+    /// The digest of the value `need` order nodes agree on, once its body is here.
+    fn decided(&self, need: usize) -> Option<Digest> {
         let mut counts: BTreeMap<&Digest, usize> = BTreeMap::new();
         for d in self.by_node.values() {
             *counts.entry(d).or_default() += 1;
         }
-        counts.into_iter().filter(|(_, c)| *c >= need).find_map(|(d, _)| self.bodies.get(d))
+        counts.into_iter().find(|(d, c)| *c >= need && self.bodies.contains_key(*d)).map(|(d, _)| *d)
     }
 }
 
@@ -307,10 +307,13 @@ impl<S: Service> ExecNode<S> {
         let interval = self.cfg.options.checkpoint_interval;
         loop {
             let seq = self.exec.executed() + 1;
-            let Some(value) = self.notices.get(&seq).and_then(|n| n.decided(need)).cloned() else {
+            let Some(digest) = self.notices.get(&seq).and_then(|n| n.decided(need)) else {
                 break;
             };
-            self.notices.remove(&seq);
+            // Taken, not cloned (a batch of requests): the notices for `seq` are done.
+            let Some(value) = self.notices.remove(&seq).and_then(|mut n| n.bodies.remove(&digest)) else {
+                break;
+            };
             let ops: Vec<Digest> = value.requests.iter().map(|r| r.op.digest()).collect();
             let outcomes = self.exec.execute(seq, &value);
             let mut executed = Vec::new();

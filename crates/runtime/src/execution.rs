@@ -15,14 +15,12 @@ use crate::clients::Clients;
 use crate::committer::Committer;
 use crate::config::NodeSetup;
 use crate::inbound::{self, Inbound};
-use crate::metrics::{self, Metrics, Status};
-use crate::node::{dial_peers, flush, listen, now_ms, NodeError, INBOUND_QUEUE_MAX};
+use crate::metrics::Status;
+use crate::node::{announce, dial_peers, flush, listen, now_ms, NodeError, INBOUND_QUEUE_MAX};
 use crate::storage::{Storage, StorageError};
-use crate::transport::TransportStats;
 use keel_core::exec_node::ExecNode;
 use keel_core::replica::{Input, Outputs, Peer};
 use keel_core::service::Service;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// How often the execution node's timers are checked.
@@ -45,13 +43,7 @@ pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, s
         ExecNode::recover(cfg, setup.id, signing, service, durable.snapshots)?
     };
     tracing::info!(node = setup.id, executed = exec.executed(), "execution node started");
-    let _ = std::fs::write(setup.data_dir.join("node.pid"), std::process::id().to_string());
-
-    let stats = Arc::new(TransportStats::default());
-    let (m, registry) = Metrics::new();
-    let shared = metrics::serve(setup.metrics, registry, stats.clone())
-        .await
-        .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
+    let (stats, m, shared) = announce(&setup).await?;
     let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
 
     // The order nodes (members) and the other execution nodes; no verify stage.

@@ -132,14 +132,7 @@ async fn run_replica<S: Service + Send + 'static>(setup: NodeSetup, make: impl F
         executed = replica.executed(),
         "node started"
     );
-    // For `keel bench` (CPU per node) and operators: who runs this node.
-    let _ = std::fs::write(setup.data_dir.join("node.pid"), std::process::id().to_string());
-
-    let stats = Arc::new(TransportStats::default());
-    let (m, registry) = Metrics::new();
-    let shared = metrics::serve(setup.metrics, registry, stats.clone())
-        .await
-        .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
+    let (stats, m, shared) = announce(&setup).await?;
     let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
 
     let mut peers = dial_peers(&setup, &replica.config().membership, &stats)?;
@@ -234,6 +227,18 @@ async fn run_replica<S: Service + Send + 'static>(setup: NodeSetup, make: impl F
             }
         }
     }
+}
+
+/// What every node process does first: writes its pid (for `keel bench`'s CPU per node,
+/// and operators) and serves `/metrics` and `/status`.
+pub(crate) async fn announce(setup: &NodeSetup) -> Result<(Arc<TransportStats>, Metrics, Arc<Shared>), NodeError> {
+    let _ = std::fs::write(setup.data_dir.join("node.pid"), std::process::id().to_string());
+    let stats = Arc::new(TransportStats::default());
+    let (m, registry) = Metrics::new();
+    let shared = metrics::serve(setup.metrics, registry, stats.clone())
+        .await
+        .map_err(|source| NodeError::Metrics { addr: setup.metrics, source })?;
+    Ok((stats, m, shared))
 }
 
 /// Outgoing connections to every other member of `membership`, and (separated) to the

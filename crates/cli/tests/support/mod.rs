@@ -224,6 +224,35 @@ pub fn metric(metrics: &str, name: &str) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// Writers that record every acknowledged write, until `stop` is set.
+pub fn start_writers(
+    cluster: &Cluster,
+    clients: u64,
+    stop: std::sync::Arc<std::sync::Mutex<bool>>,
+    acked: std::sync::Arc<std::sync::Mutex<Vec<(String, String)>>>,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    (0..clients)
+        .map(|i| {
+            let c = cluster.client(1000 + i);
+            let stop = stop.clone();
+            let acked = acked.clone();
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !*stop.lock().expect("lock") {
+                    let (k, v) = (format!("c{i}-{n}"), format!("v{n}"));
+                    // A timeout is allowed (no acknowledgement, nothing to check);
+                    // an acknowledged write must survive.
+                    if put(&c, &k, &v).await.is_ok() {
+                        acked.lock().expect("lock").push((k, v));
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect()
+}
+
 pub async fn put(c: &KeelClient, k: &str, v: &str) -> Result<(), String> {
     let req = KvRequest::Put { key: k.into(), value: v.into() };
     match c.invoke(req.encode(), OP_TIMEOUT).await.map_err(|e| e.to_string())? {

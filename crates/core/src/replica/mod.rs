@@ -599,6 +599,7 @@ impl<S: Service> Replica<S> {
         let client_keys = crate::crypto::ClientKeys::new(&key_map);
         let mut exec = Executor::with_workers(service, workers);
         exec.set_membership(cfg.membership.clone(), cfg.admin_key);
+        let exec_stage = separated::ExecStage::new(&cfg);
         Replica {
             keys: NodeKeys::new(&cfg.node_keys),
             cfg,
@@ -656,7 +657,7 @@ impl<S: Service> Replica<S> {
             helped_at: vec![0; n],
             peer_executed: vec![0; n],
             heard_at: vec![None; n],
-            exec_stage: separated::ExecStage::default(),
+            exec_stage,
             next_status: 0,
             next_retransmit: 0,
         }

@@ -30,7 +30,6 @@ use crate::service::Service;
 use std::collections::BTreeMap;
 
 /// What an order node knows of the execution stage.
-#[derive(Default)]
 pub(super) struct ExecStage {
     /// Execution checkpoint votes above `stable.seq`: seq → execution node → (root,
     /// membership, sig). One per node per checkpoint instance; instances at most two
@@ -40,11 +39,23 @@ pub(super) struct ExecStage {
     pub(super) stable: Option<StableProof>,
     /// Per execution node (index from the first execution id): when it was last helped.
     helped_at: Vec<u64>,
-    /// Keys of every node id, to check execution nodes' signatures.
-    keys: Option<NodeKeys>,
+    /// Keys of every node id, to check execution nodes' signatures. Apart from the
+    /// replica's own (order nodes only), so an execution node's signature can never
+    /// count toward an order proof.
+    keys: NodeKeys,
 }
 
 impl ExecStage {
+    pub(super) fn new(cfg: &crate::config::ClusterConfig) -> ExecStage {
+        let executors = if cfg.separated() { cfg.executors().len() } else { 0 };
+        ExecStage {
+            votes: BTreeMap::new(),
+            stable: None,
+            helped_at: vec![0; executors],
+            keys: NodeKeys::new(&cfg.all_keys()),
+        }
+    }
+
     pub(super) fn stable_seq(&self) -> Seq {
         self.stable.as_ref().map_or(0, |p| p.seq)
     }
@@ -157,11 +168,7 @@ impl<S: Service> Replica<S> {
             return Ok(());
         }
         let statement = crate::message::checkpoint_statement(vote.seq, &vote.root, &vote.membership, from);
-        if self.exec_stage.keys.is_none() {
-            self.exec_stage.keys = Some(NodeKeys::new(&self.cfg.all_keys()));
-        }
-        let keys = self.exec_stage.keys.as_ref().expect("set just above");
-        if !keys.verify(from, &statement, &vote.sig) {
+        if !self.exec_stage.keys.verify(from, &statement, &vote.sig) {
             return Err(Reject::BadSignature { signer: from });
         }
         let votes = self.exec_stage.votes.entry(vote.seq).or_default();
@@ -222,11 +229,8 @@ impl<S: Service> Replica<S> {
     /// know it, and the commits after what it executed that this node still holds (UpRight §4.2, "If an execution node falls
     /// behind").
     fn help_executor(&mut self, from: NodeId, executed: Seq, stable: Seq, out: &mut Outputs) {
+        // `from` is an execution node (`is_exec_peer`), so the index is in range.
         let index = (from - self.cfg.executors().start) as usize;
-        let n = self.cfg.executors().len();
-        if self.exec_stage.helped_at.len() != n {
-            self.exec_stage.helped_at = vec![0; n];
-        }
         if self.now < self.exec_stage.helped_at[index] + self.cfg.options.status_ms / 2 {
             return;
         }
