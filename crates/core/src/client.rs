@@ -151,7 +151,18 @@ pub struct Client {
     /// Separated execution: the execution nodes' ids, which reply instead of the order
     /// nodes (exec_node.rs). None: the order nodes execute.
     executors: Option<std::ops::Range<NodeId>>,
+    /// A separate RQ stage: the RQ nodes' ids, which take this client's requests
+    /// (rq_node.rs). None: the order nodes do.
+    rq: Option<std::ops::Range<NodeId>>,
+    /// Operations still to send to every RQ node (after a retransmission) rather than to
+    /// `u + r + 1` of them.
+    rq_all_left: u32,
 }
+
+/// After a retransmission, this many operations go to every RQ node: RQ nodes never
+/// answer a client, so a client cannot tell which of them are down, and one down among
+/// its first `u + r + 1` would otherwise cost every request a retransmission timeout.
+const RQ_ALL_OPS: u32 = 64;
 
 impl Client {
     /// `first_seq` lets a restarted client continue above sequence numbers it used before.
@@ -180,7 +191,28 @@ impl Client {
             reads_answered: 0,
             reads_ordered: 0,
             executors: None,
+            rq: None,
+            rq_all_left: 0,
         }
+    }
+
+    /// A separate request-quorum stage: requests go to the RQ nodes `rq`
+    /// ([`crate::config::ClusterConfig::endorsers`]), `u + r + 1` of them first (from a
+    /// position fixed per client) and all of them on a retransmission.
+    pub fn with_rq_nodes(mut self, rq: std::ops::Range<NodeId>) -> Client {
+        self.rq = Some(rq);
+        self
+    }
+
+    /// The RQ nodes a new request goes to first.
+    fn rq_first(&mut self, rq: std::ops::Range<NodeId>) -> Vec<NodeId> {
+        if self.rq_all_left > 0 {
+            self.rq_all_left -= 1;
+            return rq.collect();
+        }
+        let q = rq.len().max(1);
+        let start = (self.id % q as u64) as usize;
+        (0..self.quorums.endorse_propose().min(q)).map(|i| rq.start + ((start + i) % q) as NodeId).collect()
     }
 
     /// Separated execution: replies come from the execution nodes `executors`
@@ -368,13 +400,14 @@ impl Client {
             request.sig = self.signing.as_ref().map(|k| k.sign(&request.statement()));
         }
         let msg = Message::Request(request.clone());
-        let first: Vec<(NodeId, Message)> = match self.auth {
+        let first: Vec<(NodeId, Message)> = match (self.auth, self.rq.clone()) {
+            (Auth::RqMac, Some(rq)) => self.rq_first(rq).into_iter().map(|n| (n, msg.clone())).collect(),
             // Separated execution: order nodes never reply, so the client cannot tell
             // which of them are up to pick u + r + 1 (`rq_targets`): it sends to all.
-            Auth::RqMac if self.executors.is_none() => {
+            (Auth::RqMac, None) if self.executors.is_none() => {
                 self.rq_targets(retransmitted).into_iter().map(|n| (n, msg.clone())).collect()
             }
-            Auth::RqMac | Auth::Mac | Auth::Sig | Auth::None => self.to_all(msg),
+            _ => self.to_all(msg),
         };
         self.outbox.extend(first);
         self.inflight = Some(Inflight { kind: Kind::Ordered(request), sent_at: now, replies: BTreeMap::new() });
@@ -624,6 +657,12 @@ impl Client {
         match &inflight.kind {
             Kind::Ordered(request) => {
                 let m = Message::Request(request.clone());
+                if let Some(rq) = self.rq.clone() {
+                    msgs.extend(rq.map(|n| (n, m.clone())));
+                    self.rq_all_left = RQ_ALL_OPS;
+                }
+                // The order nodes answer from their reply caches (co-located execution),
+                // or take the request (no RQ stage of its own).
                 msgs.extend(self.to_all(m.clone()));
                 if let Some(executors) = self.executors.clone() {
                     // A reply that went missing comes from their reply caches.

@@ -34,8 +34,9 @@ pub struct ClusterConfig {
     pub stages: Stages,
 }
 
-/// Where the execution stage runs. Order (and request-quorum) nodes are the members,
-/// node ids `0..n`.
+/// Where the execution and request-quorum stages run. Order nodes are the members, node
+/// ids `0..n`; separate execution nodes follow (`n..n + e`), then separate RQ nodes
+/// (`n + e..n + e + q`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stages {
     /// Empty: every order node also executes (co-located, the default). Otherwise the
@@ -43,6 +44,11 @@ pub struct Stages {
     /// `n, n + 1, ...` (exec_node.rs). Order nodes then keep only the order state and send
     /// each decided value to them (UpRight §4.2).
     pub executors: Vec<PublicKey>,
+    /// Empty: every order node is also an RQ node (`auth = rq-mac` co-located,
+    /// replica/endorse.rs). Otherwise the public keys of separate request-quorum nodes
+    /// (rq_node.rs), whose ids follow the execution nodes': clients send them their
+    /// requests, and order nodes take a request only on their endorsements (UpRight §4.1).
+    pub rq: Vec<PublicKey>,
 }
 
 /// Request authentication (ARCHITECTURE §4, UpRight §4.1).
@@ -110,6 +116,10 @@ pub enum ConfigError {
     TooManyNodes { order: usize, exec: usize, max: usize },
     #[error("separated execution does not support membership changes yet (no admin key may be set)")]
     SeparatedReconfiguration,
+    #[error("{got} request-quorum nodes, but (u, r) needs at least {min} (2u + r + 1)")]
+    RqNodes { min: usize, got: usize },
+    #[error("request-quorum nodes of their own need auth = rq-mac (they endorse requests for the order nodes)")]
+    RqNeedsRqMac,
 }
 
 /// The encoded size of a prepared certificate's proof at most, with `q` signatures: view,
@@ -191,13 +201,71 @@ impl ClusterConfig {
         if self.admin_key.is_some() {
             return Err(ConfigError::SeparatedReconfiguration);
         }
+        if self.rq_separated() {
+            // RQ node ids follow the execution nodes': set those first.
+            return Err(ConfigError::Option { name: "executors", value: 0, why: "must be set before the RQ nodes" });
+        }
         self.stages.executors = keys;
+        Ok(self)
+    }
+
+    /// Separates the request-quorum stage: `keys` are the RQ nodes' (node ids after the
+    /// execution nodes'). Set it after the authentication mode and the executors.
+    ///
+    /// # Errors
+    /// Fewer than `2u + r + 1` of them, an auth mode other than rq-mac, more node ids than
+    /// supported, or an admin key set (membership changes do not move RQ nodes).
+    pub fn with_rq_nodes(mut self, keys: Vec<PublicKey>) -> Result<ClusterConfig, ConfigError> {
+        let min = self.quorums.rq_nodes_min();
+        if keys.len() < min {
+            return Err(ConfigError::RqNodes { min, got: keys.len() });
+        }
+        if self.auth != Auth::RqMac {
+            return Err(ConfigError::RqNeedsRqMac);
+        }
+        let (order, exec) = (self.n(), self.stages.executors.len());
+        if order + exec + keys.len() > crate::quorum::NODES_MAX {
+            return Err(ConfigError::TooManyNodes { order, exec: exec + keys.len(), max: crate::quorum::NODES_MAX });
+        }
+        if self.admin_key.is_some() {
+            return Err(ConfigError::SeparatedReconfiguration);
+        }
+        self.stages.rq = keys;
         Ok(self)
     }
 
     /// Whether execution runs on its own nodes (not on the order nodes).
     pub fn separated(&self) -> bool {
         !self.stages.executors.is_empty()
+    }
+
+    /// Whether the request-quorum stage runs on its own nodes (not on the order nodes).
+    pub fn rq_separated(&self) -> bool {
+        !self.stages.rq.is_empty()
+    }
+
+    /// The nodes that endorse client requests (`auth = rq-mac`): the RQ nodes when
+    /// separated, the order nodes otherwise.
+    pub fn endorsers(&self) -> std::ops::Range<NodeId> {
+        if self.rq_separated() {
+            let first = (self.n() + self.stages.executors.len()) as NodeId;
+            first..first + self.stages.rq.len() as NodeId
+        } else {
+            0..self.n() as NodeId
+        }
+    }
+
+    /// Entries of an endorsement's MAC authenticator: one per order node (by id), then,
+    /// with RQ nodes of their own, one per RQ node (in order), for RQ peers that could not
+    /// check the client's entry themselves (rq_node.rs).
+    pub fn endorsement_width(&self) -> usize {
+        self.n() + self.stages.rq.len()
+    }
+
+    /// The position of RQ node `node`'s entry in an endorsement's MAC authenticator.
+    pub fn rq_entry(&self, node: NodeId) -> Option<usize> {
+        let r = self.endorsers();
+        (self.rq_separated() && r.contains(&node)).then(|| self.n() + (node - r.start) as usize)
     }
 
     /// The nodes that execute and answer clients: the execution nodes when separated,

@@ -116,6 +116,11 @@ impl SigningKey {
         Some(MacKey(*h.finalize().as_bytes()))
     }
 
+    /// A MAC key only the holder of this signing key can compute, under `context`.
+    pub fn private_key(&self, context: &str) -> MacKey {
+        MacKey(blake3::derive_key(context, &self.0.to_bytes()))
+    }
+
     pub fn public(&self) -> PublicKey {
         PublicKey(self.0.verifying_key().to_bytes())
     }

@@ -22,6 +22,7 @@ pub mod message;
 pub mod parallel;
 pub mod quorum;
 pub mod replica;
+pub mod rq_node;
 pub mod service;
 pub mod transfer;
 pub mod wal;

@@ -139,7 +139,9 @@ impl<S: Service> Replica<S> {
     fn fetch_order(&self, view: View, seq: Seq, first: &Proposed) -> Vec<NodeId> {
         let (me, n, primary) = (self.id, self.cfg.n() as NodeId, self.cfg.primary(view));
         let mut order: Vec<NodeId> = first.endorsements().iter().map(|e| e.node).collect();
-        order.retain(|&x| x != me && x != primary && x < n);
+        // Endorsers hold the bytes: order nodes when co-located, else the RQ nodes.
+        let endorsers = self.cfg.endorsers();
+        order.retain(|&x| x != me && x != primary && endorsers.contains(&x));
         order.sort_unstable();
         order.dedup();
         let rotate = (me as usize).wrapping_add(seq as usize) % order.len().max(1);

@@ -46,10 +46,12 @@ use std::collections::BTreeMap;
 /// one. Each entry is charged to its first endorser, and each node may hold only its
 /// share of `clients_max` entries and of [`HEARSAY_BYTES_MAX`]: a lying node fills its
 /// own share, never a correct node's.
-pub(super) struct Hearsay {
+pub(crate) struct Hearsay {
     entries: BTreeMap<(ClientId, Digest), Heard>,
-    /// Per first endorser: entries and request bytes charged to it.
+    /// Per first endorser (from the first endorser id on): entries and request bytes
+    /// charged to it.
     charged: Vec<(usize, usize)>,
+    first_endorser: NodeId,
 }
 
 /// Bytes of requests held on hearsay, all endorsers together.
@@ -58,11 +60,11 @@ pub const HEARSAY_BYTES_MAX: usize = 64 << 20;
 /// What an entry without the operation's bytes is charged.
 const HEAD_BYTES: usize = 64;
 
-struct Heard {
+pub(crate) struct Heard {
     seq: u64,
     /// The request, once some endorsement brought its bytes.
-    request: Option<Request>,
-    endorsers: BTreeMap<NodeId, Vec<Mac>>,
+    pub(crate) request: Option<Request>,
+    pub(crate) endorsers: BTreeMap<NodeId, Vec<Mac>>,
     /// Charged the entry, and the bytes it came with (`HEAD_BYTES` without the request).
     first: NodeId,
     first_bytes: usize,
@@ -73,19 +75,29 @@ struct Heard {
     since: u64,
 }
 
+fn charged_slot(charged: &mut [(usize, usize)], first: NodeId, node: NodeId) -> Option<&mut (usize, usize)> {
+    charged.get_mut(node.checked_sub(first)? as usize)
+}
+
 impl Hearsay {
-    pub(super) fn new(nodes: usize) -> Hearsay {
-        Hearsay { entries: BTreeMap::new(), charged: vec![(0, 0); nodes] }
+    /// Hearsay from the nodes `endorsers` (the only ones charged).
+    pub(crate) fn new(endorsers: std::ops::Range<NodeId>) -> Hearsay {
+        let count = endorsers.len().max(1);
+        Hearsay { entries: BTreeMap::new(), charged: vec![(0, 0); count], first_endorser: endorsers.start }
     }
 
-    pub(super) fn len(&self) -> usize {
+    fn charged_to(&mut self, node: NodeId) -> Option<&mut (usize, usize)> {
+        charged_slot(&mut self.charged, self.first_endorser, node)
+    }
+
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
     /// Records endorsements (`from`'s, and those it relayed) of `client`'s request `seq`
     /// with `statement`, with its bytes if they came along; the number of endorsers now,
-    /// or `None` when `from` already holds its share.
-    fn add(
+    /// or `None` when `from` already holds its share (or is no endorser).
+    pub(crate) fn add(
         &mut self,
         from: NodeId,
         (client, seq, statement): (ClientId, u64, Digest),
@@ -98,8 +110,10 @@ impl Hearsay {
         if let Some(h) = self.entries.get_mut(&(client, statement)) {
             if let (None, Some(r)) = (&h.request, request) {
                 // The bytes, late: charged to whoever brought them.
-                let (_, bytes) = &mut self.charged[from as usize];
                 let more = r.size();
+                let Some((_, bytes)) = charged_slot(&mut self.charged, self.first_endorser, from) else {
+                    return Some(h.endorsers.len());
+                };
                 if *bytes + more <= byte_share {
                     *bytes += more;
                     h.request = Some(r);
@@ -112,7 +126,7 @@ impl Hearsay {
         let size = request.as_ref().map_or(HEAD_BYTES, Request::size);
         let heard =
             Heard { seq, request, endorsers, first: from, first_bytes: size, payer: from, late_bytes: 0, since: now };
-        let (entries, bytes) = &mut self.charged[from as usize];
+        let (entries, bytes) = self.charged_to(from)?;
         if *entries >= share || *bytes + size > byte_share {
             return None;
         }
@@ -123,17 +137,21 @@ impl Hearsay {
         Some(count)
     }
 
-    fn take(&mut self, key: &(ClientId, Digest)) -> Option<Heard> {
+    pub(crate) fn take(&mut self, key: &(ClientId, Digest)) -> Option<Heard> {
         let h = self.entries.remove(key)?;
-        let (entries, bytes) = &mut self.charged[h.first as usize];
-        *entries -= 1;
-        *bytes -= h.first_bytes;
-        self.charged[h.payer as usize].1 -= h.late_bytes;
+        // Both were charged when the entry was made (`add`), so both are endorsers.
+        if let Some((entries, bytes)) = self.charged_to(h.first) {
+            *entries -= 1;
+            *bytes -= h.first_bytes;
+        }
+        if let Some((_, bytes)) = self.charged_to(h.payer) {
+            *bytes -= h.late_bytes;
+        }
         Some(h)
     }
 
     /// Drops what is known about `client`'s requests up to `seq` (executed, or held).
-    pub(super) fn forget(&mut self, client: ClientId, seq: u64) {
+    pub(crate) fn forget(&mut self, client: ClientId, seq: u64) {
         let keys: Vec<(ClientId, Digest)> = self
             .entries
             .range((client, Digest([0; 32]))..=(client, Digest([0xff; 32])))
@@ -146,7 +164,7 @@ impl Hearsay {
     }
 
     /// The bytes of `client`'s operation with digest `op`, if an entry holds them.
-    pub(super) fn body(&self, client: ClientId, op: &Digest) -> Option<Payload> {
+    pub(crate) fn body(&self, client: ClientId, op: &Digest) -> Option<Payload> {
         self.entries
             .range((client, Digest([0; 32]))..=(client, Digest([0xff; 32])))
             .filter_map(|(_, h)| h.request.as_ref().map(|r| &r.op))
@@ -154,7 +172,7 @@ impl Hearsay {
             .cloned()
     }
 
-    fn expire(&mut self, before: u64) {
+    pub(crate) fn expire(&mut self, before: u64) {
         let old: Vec<(ClientId, Digest)> =
             self.entries.iter().filter(|(_, h)| h.since < before).map(|(k, _)| *k).collect();
         for k in old {
@@ -170,10 +188,17 @@ impl<S: Service> Replica<S> {
         self.endorse_row.iter().map(|k| k.mac(&s)).collect()
     }
 
-    /// Whether node `node`'s endorsement MACs hold a valid entry for this node.
+    /// Whether node `node`'s endorsement MACs hold a valid entry for this node. Only the
+    /// endorsing stage's nodes count: the RQ nodes when they run apart, else the members.
     fn endorsed_for_me(&self, node: NodeId, statement: &Digest, macs: &[Mac]) -> bool {
         let s = endorse_statement(node, statement);
-        match (self.endorse_row.get(node as usize), macs.get(self.id as usize)) {
+        let key = if self.cfg.rq_separated() {
+            let endorsers = self.cfg.endorsers();
+            endorsers.contains(&node).then(|| self.rq_row.get((node - endorsers.start) as usize)).flatten()
+        } else {
+            self.endorse_row.get(node as usize)
+        };
+        match (key, macs.get(self.id as usize)) {
             (Some(key), Some(mac)) => key.verify(&s, mac),
             _ => false,
         }
@@ -211,12 +236,16 @@ impl<S: Service> Replica<S> {
                     pending.endorsers.entry(node).or_insert(macs);
                 }
             }
-            let mine = self.endorsement(&statement);
-            pending.endorsers.insert(self.id, mine);
+            if !self.cfg.rq_separated() {
+                let mine = self.endorsement(&statement);
+                pending.endorsers.insert(self.id, mine);
+            }
             self.hearsay.forget(client, pending.req.seq);
         }
         self.pending.insert(client, pending);
-        if self.cfg.auth == Auth::RqMac {
+        if self.cfg.auth == Auth::RqMac && self.cfg.rq_separated() {
+            self.fill_parked(client, out);
+        } else if self.cfg.auth == Auth::RqMac {
             self.send_endorsement(client, to_all, out);
             self.fill_parked(client, out);
         }
@@ -230,6 +259,12 @@ impl<S: Service> Replica<S> {
     /// recipients, and a node that missed one (its endorser moved on to the client's next
     /// request) can still count it.
     pub(super) fn send_endorsement(&mut self, client: ClientId, to_all: bool, out: &mut Outputs) {
+        if self.cfg.rq_separated() {
+            if to_all {
+                self.relay_endorsements(client, out);
+            }
+            return;
+        }
         let Some(p) = self.pending.get(&client) else {
             return;
         };
@@ -290,6 +325,60 @@ impl<S: Service> Replica<S> {
                 valid.insert(e.node, e.macs);
             }
         }
+        self.take_endorsed(from, request, statement, valid, out)
+    }
+
+    /// With RQ nodes of their own, an order node's request timer (or its client's repeat)
+    /// relays the RQ endorsements it holds of `client`'s pending request to every order
+    /// node, so the primary (and each backup) can count them: an order node has no
+    /// endorsement of its own to give (UpRight §4.1: order nodes judge requests by RQ
+    /// nodes' word only).
+    fn relay_endorsements(&mut self, client: ClientId, out: &mut Outputs) {
+        let Some(p) = self.pending.get_mut(&client) else {
+            return;
+        };
+        p.broadcast_at = self.now;
+        let endorsements = p.endorsers.iter().map(|(&node, macs)| Endorsement { node, macs: macs.clone() }).collect();
+        let msg = Message::Forward(Request { auth: Vec::new(), endorsements, ..p.req.clone() });
+        self.broadcast(msg, out);
+    }
+
+    /// Order node `from` relays RQ endorsements of a client request (with RQ nodes of
+    /// their own): each counts if valid for this node, whoever relayed it, and the first
+    /// valid endorser is charged for what this node holds on its word.
+    pub(super) fn on_relayed(&mut self, from: NodeId, mut request: Request, out: &mut Outputs) -> Result<(), Reject> {
+        if !self.cfg.rq_separated() {
+            return Err(Reject::WrongPeer);
+        }
+        self.check_session(Peer::Node(from), request.client)?;
+        if request.seq <= self.exec.last_seq(request.client) {
+            return Ok(());
+        }
+        let statement = request.statement();
+        let mut valid = BTreeMap::new();
+        for e in std::mem::take(&mut request.endorsements).into_iter().take(self.cfg.endorsers().len()) {
+            if !valid.contains_key(&e.node) && self.endorsed_for_me(e.node, &statement, &e.macs) {
+                valid.insert(e.node, e.macs);
+            }
+        }
+        let Some(&charged) = valid.keys().next() else {
+            return Err(Reject::BadEndorsement { node: from });
+        };
+        self.take_endorsed(charged, request, statement, valid, out)
+    }
+
+    /// Counts endorsements `valid` (each checked for this node) of `request`: toward the
+    /// request this node holds, or else, with this node's own entry of the client's
+    /// authenticator valid, the request is admitted; failing that, `r + 1` endorsers'
+    /// word admits it (hearsay charged to `charged` until then).
+    fn take_endorsed(
+        &mut self,
+        charged: NodeId,
+        request: Request,
+        statement: Digest,
+        valid: BTreeMap<NodeId, Vec<Mac>>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         if let Some(p) = self.pending.get_mut(&request.client) {
             if p.req.seq > request.seq {
                 return Ok(());
@@ -301,13 +390,14 @@ impl<S: Service> Replica<S> {
             }
         }
         // Not held yet: this node's own entry of the client's authenticator decides, or
-        // failing that, r + 1 nodes' word.
-        if self.check_mac(&request).is_ok() {
+        // failing that, r + 1 nodes' word. Order nodes of a separate RQ stage take only
+        // the word of RQ nodes (the client sends them no requests).
+        if !self.cfg.rq_separated() && self.check_mac(&request).is_ok() {
             return self.admit(request, valid, true, out);
         }
         let key = (request.client, statement);
         let head = (request.client, request.seq, statement);
-        match self.hearsay.add(from, head, Some(request), valid, self.now, self.hearsay_share()) {
+        match self.hearsay.add(charged, head, Some(request), valid, self.now, self.hearsay_share()) {
             None => Err(Reject::Busy("endorsements held for this node")),
             Some(count) if count >= self.cfg.quorums.endorse_amplify() => match self.hearsay.take(&key) {
                 Some(Heard { request: Some(request), endorsers, .. }) => self.admit(request, endorsers, true, out),
@@ -317,9 +407,25 @@ impl<S: Service> Replica<S> {
         }
     }
 
+    /// Whether `node` is a request-quorum node of a separate RQ stage.
+    pub(super) fn is_rq_peer(&self, node: NodeId) -> bool {
+        self.cfg.rq_separated() && self.cfg.endorsers().contains(&node)
+    }
+
+    /// What an RQ node of a separate RQ stage may send an order node: endorsements, and
+    /// the operations a FETCH-BODIES asked it for.
+    pub(super) fn on_rq_message(&mut self, from: NodeId, msg: Message, out: &mut Outputs) -> Result<(), Reject> {
+        match msg {
+            Message::Endorse { request, macs } => self.on_endorse(from, request, macs, out),
+            Message::EndorseDigest { client, seq, op, macs } => self.on_endorse_digest(from, client, seq, op, macs, out),
+            Message::Bodies { seq, ops } => self.on_bodies(from, seq, ops, out),
+            _ => Err(Reject::WrongPeer),
+        }
+    }
+
     /// Entries one node's endorsements may make this node hold on hearsay.
     fn hearsay_share(&self) -> usize {
-        (self.cfg.options.clients_max / self.cfg.n()).max(1)
+        (self.cfg.options.clients_max / self.cfg.endorsers().len().max(1)).max(1)
     }
 
     /// Node `from` endorses a client request without its bytes (request digests; sent to
@@ -412,7 +518,9 @@ impl<S: Service> Replica<S> {
         self.pending.get(&client).is_some_and(|p| {
             p.req.seq == seq
                 && p.req.statement() == *statement
-                && (self.cfg.auth != Auth::RqMac || p.endorsers.contains_key(&self.id))
+                && (self.cfg.auth != Auth::RqMac
+                    || p.endorsers.contains_key(&self.id)
+                    || self.cfg.rq_separated() && p.endorsers.len() >= self.cfg.quorums.endorse_accept())
         })
     }
 
@@ -421,7 +529,7 @@ impl<S: Service> Replica<S> {
         if self.holds_verified_statement(r.client(), r.seq(), &statement) {
             return Ok(());
         }
-        let mut seen = vec![false; self.cfg.n()];
+        let mut seen = [false; crate::quorum::NODES_MAX];
         let mut valid = 0;
         for e in r.endorsements() {
             let Some(s) = seen.get_mut(e.node as usize) else {

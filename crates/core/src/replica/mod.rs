@@ -28,6 +28,7 @@ mod bodies;
 mod catch_up;
 mod checkpoint;
 mod endorse;
+pub(crate) use endorse::Hearsay;
 mod epoch;
 mod leadership;
 mod normal;
@@ -272,6 +273,23 @@ pub enum Reject {
     Late { seq: Seq, stable: Seq },
 }
 
+/// A client connection may speak only for its own sessions, and only for the first
+/// `SESSIONS_MAX` of them; identities reserved for nodes speak for no one.
+pub(crate) fn check_session(from: Peer, client: ClientId) -> Result<(), Reject> {
+    if let Peer::Client(c) = from {
+        if crate::message::owner_of(client) != c {
+            return Err(Reject::WrongPeer);
+        }
+    }
+    if crate::message::owner_of(client) >= ENDORSER_OWNER_BASE {
+        return Err(Reject::WrongPeer);
+    }
+    if crate::message::session_of(client) >= crate::message::SESSIONS_MAX {
+        return Err(Reject::Busy("session number above SESSIONS_MAX"));
+    }
+    Ok(())
+}
+
 /// Secrets of one node.
 #[derive(Clone)]
 pub struct NodeSecrets {
@@ -292,15 +310,16 @@ pub const ENDORSER_OWNER_BASE: ClientId = (1 << crate::message::SESSION_SHIFT) -
 
 /// `auth = rq-mac`: the key the holder of `signing` shares with each member of
 /// `membership` (index order) for endorsements: the same key MACs its endorsements for
-/// that member and checks that member's for it ([`SigningKey::shared_key`]). A member
-/// whose key is unusable gets a key nobody can produce a MAC for.
+/// that member and checks that member's for it ([`endorse_key`]).
 pub fn endorse_keys(signing: &SigningKey, membership: &crate::membership::Membership) -> Vec<MacKey> {
-    let blank = || MacKey(*blake3::hash(&signing.public().0).as_bytes());
-    membership
-        .members
-        .iter()
-        .map(|m| signing.shared_key(&m.key, "keel 2026 endorsement").unwrap_or_else(blank))
-        .collect()
+    membership.members.iter().map(|m| endorse_key(signing, &m.key)).collect()
+}
+
+/// The endorsement key the holder of `signing` shares with the holder of `peer`
+/// ([`SigningKey::shared_key`]). A peer whose key is unusable gets a key derived from
+/// this node's own secret, which nobody else can produce a MAC with.
+pub fn endorse_key(signing: &SigningKey, peer: &crate::crypto::PublicKey) -> MacKey {
+    signing.shared_key(peer, "keel 2026 endorsement").unwrap_or_else(|| signing.private_key("keel 2026 no endorsement"))
 }
 
 /// The MAC key client `client` shares with the node holding `mac_secret`. A session's
@@ -525,6 +544,9 @@ pub struct Replica<S> {
     /// `auth = rq-mac`: per node, the key this node shares with it for endorsements (both
     /// directions; [`endorse_keys`]).
     endorse_row: Vec<MacKey>,
+    /// With RQ nodes of their own: per RQ node (in order), the key its endorsements for
+    /// this node are MACed with.
+    rq_row: Vec<MacKey>,
     /// The previous epoch's keys and quorum, which proved this epoch's base checkpoint.
     prev_keys: Option<(NodeKeys, usize)>,
     /// This node's stable id (its index is `id`; membership.rs).
@@ -588,6 +610,8 @@ impl<S: Service> Replica<S> {
         assert_eq!(ids.len(), n, "the membership names every node");
         let workers = cfg.options.exec_workers;
         let endorse_row = endorse_keys(&secrets.signing, &cfg.membership);
+        let hearsay = endorse::Hearsay::new(cfg.endorsers());
+        let rq_row = cfg.stages.rq.iter().map(|k| endorse_key(&secrets.signing, k)).collect();
         let prev_keys = cfg.membership.previous.as_ref().and_then(|p| {
             let q = p.quorums().ok()?.with_mutation(cfg.quorums.mutation()).order_quorum();
             Some((NodeKeys::new(&p.keys()), q))
@@ -638,8 +662,9 @@ impl<S: Service> Replica<S> {
             checkpoint_votes: BTreeMap::new(),
             pending: BTreeMap::new(),
             pending_order: 0,
-            hearsay: endorse::Hearsay::new(n),
+            hearsay,
             endorse_row,
+            rq_row,
             prev_keys,
             stable_id: ids[id as usize],
             epoch_certs: Vec::new(),
@@ -785,6 +810,10 @@ impl<S: Service> Replica<S> {
                 })
             }
             (Peer::Node(n), msg) if self.is_exec_peer(n) => self.on_exec_message(n, msg, out),
+            (Peer::Node(n), msg) if self.is_rq_peer(n) => self.on_rq_message(n, msg, out),
+            (Peer::Node(n), Message::Forward(req)) if self.cfg.rq_separated() && (n as usize) < self.cfg.n() => {
+                self.on_relayed(n, req, out)
+            }
             (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => {
                 Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
             }
@@ -850,6 +879,13 @@ impl<S: Service> Replica<S> {
         if self.now >= self.next_status {
             self.next_status = self.now + self.cfg.options.status_ms;
             let status = Message::Status { view: self.view, executed: self.exec.executed(), stable: self.stable.seq };
+            if self.cfg.rq_separated() {
+                // RQ nodes learn the view from it: their first copy of a request goes to
+                // the primary only (rq_node.rs).
+                for rq in self.cfg.endorsers() {
+                    out.send.push((Peer::Node(rq), status.clone()));
+                }
+            }
             self.broadcast(status, out);
         }
     }
@@ -947,18 +983,7 @@ impl<S: Service> Replica<S> {
     /// A client connection may speak only for its own sessions, and only for the first
     /// `SESSIONS_MAX` of them.
     fn check_session(&self, from: Peer, client: ClientId) -> Result<(), Reject> {
-        if let Peer::Client(c) = from {
-            if crate::message::owner_of(client) != c {
-                return Err(Reject::WrongPeer);
-            }
-        }
-        if crate::message::owner_of(client) >= ENDORSER_OWNER_BASE {
-            return Err(Reject::WrongPeer);
-        }
-        if crate::message::session_of(client) >= crate::message::SESSIONS_MAX {
-            return Err(Reject::Busy("session number above SESSIONS_MAX"));
-        }
-        Ok(())
+        check_session(from, client)
     }
 
     /// A result as this node sends it: small ones in full from everyone (no wait on a

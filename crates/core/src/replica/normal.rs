@@ -83,6 +83,11 @@ impl<S: Service> Replica<S> {
             }
             return Ok(());
         }
+        if self.cfg.rq_separated() {
+            // Clients reach the order stage through the RQ nodes (rq_node.rs); here they
+            // are answered from the reply cache only.
+            return Ok(());
+        }
         if let Some(p) = self.pending.get(&req.client) {
             let repeat = p.req.seq == req.seq && p.req.statement() == req.statement();
             let held = p.req.seq >= req.seq;

@@ -1,0 +1,724 @@
+//! A request-quorum (RQ) node of a separate RQ stage (UpRight §4.1, §4.3; ARCHITECTURE
+//! §2, §4): it turns a client's MAC authenticator into a matrix signature the order
+//! nodes can all check.
+//!
+//! ```text
+//!   client ──Request, MAC per node──► u + r + 1 RQ nodes (all of them on a retransmission)
+//!   RQ node, own entry valid: hold it, endorse it (MAC per order node and RQ peer)
+//!            ──Endorse──► primary (first receipt) or all order nodes and RQ peers (a repeat)
+//!   RQ node, own entry invalid: r + 1 peers' endorsements ──► endorses too, to all
+//!   order node: holds a request on r + 1 endorsements; the primary proposes it with
+//!               u + r + 1, a backup accepts it on u + 1 (replica/endorse.rs)
+//!   order node ──FETCH-BODIES──► an endorser, for operations proposed by digest
+//! ```
+//!
+//! `2u + r + 1` RQ nodes: with `u` of them faulty, `u + r + 1` correct ones endorse a
+//! correct client's request, as many as the primary needs.
+//!
+//! Why an RQ node keeps nothing on disk (UpRight logs requests at the RQ): order nodes
+//! hold every byte of a value before they vote for it (replica/bodies.rs), so a decision
+//! never depends on an RQ node's memory, and a restarted RQ node starts clean, as the
+//! paper's hot spares do. A request that was endorsed but not ordered when RQ nodes
+//! crash is retransmitted by its client.
+//!
+//! Bounds. One request per client is held (the newest, plus the one before it, whose
+//! bytes order nodes may still fetch), for at most `clients_max` clients; a client's
+//! next request replaces its last (a client has one operation in flight per session).
+//! Endorsements of requests this node could not check itself wait in [`Hearsay`], each
+//! peer filling only its share. Entries nobody touched for four request timeouts go.
+
+use crate::config::ClusterConfig;
+use crate::crypto::{Digest, Mac, MacKey, SigningKey};
+use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Payload, Request, Seq, View};
+use crate::replica::Hearsay;
+use crate::replica::{check_session, client_mac_key, endorse_key, Event, Input, Outputs, Peer, Reject};
+use std::collections::BTreeMap;
+
+/// A client request this node endorsed.
+struct Held {
+    req: Request,
+    /// Endorsements valid for this node, its own among them.
+    endorsers: BTreeMap<NodeId, Vec<Mac>>,
+    /// When this node last sent its endorsement to every node.
+    broadcast_at: u64,
+    /// When the client (or a peer) last spoke of it.
+    touched: u64,
+}
+
+/// Operation bytes one order node may fetch per retry period, in batches' worth.
+const BODY_BUDGET_BATCHES: usize = 4;
+
+pub struct RqNode {
+    cfg: ClusterConfig,
+    id: NodeId,
+    mac_secret: [u8; 32],
+    /// Per order node (by id) and then per RQ node (in order): the key this node's
+    /// endorsements for it are MACed with, and its endorsements for this node checked.
+    row: Vec<MacKey>,
+    /// The view each order node last reported (STATUS).
+    views: Vec<View>,
+    held: BTreeMap<ClientId, Held>,
+    /// Each client's request before the held one: order nodes may still fetch its bytes.
+    previous: BTreeMap<ClientId, Request>,
+    hearsay: Hearsay,
+    /// Per order node: (period start, bytes of operations sent it this period).
+    body_budget: Vec<(u64, usize)>,
+    now: u64,
+}
+
+impl RqNode {
+    /// RQ node `id` of `cfg` (one of [`ClusterConfig::endorsers`]), with its signing key
+    /// and the secret its clients' MAC keys derive from.
+    ///
+    /// # Panics
+    /// If `id` is not an RQ node of `cfg` or `signing` is not its key (a configuration
+    /// error, caught at start-up).
+    pub fn new(cfg: ClusterConfig, id: NodeId, signing: SigningKey, mac_secret: [u8; 32]) -> RqNode {
+        let endorsers = cfg.endorsers();
+        assert!(cfg.rq_separated() && endorsers.contains(&id), "node {id} is not an RQ node");
+        assert_eq!(cfg.stages.rq[(id - endorsers.start) as usize], signing.public(), "signing key mismatch");
+        let row = cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(&signing, k)).collect();
+        let n = cfg.n();
+        RqNode {
+            hearsay: Hearsay::new(endorsers),
+            views: vec![0; n],
+            body_budget: vec![(0, 0); n],
+            held: BTreeMap::new(),
+            previous: BTreeMap::new(),
+            row,
+            cfg,
+            id,
+            mac_secret,
+            now: 0,
+        }
+    }
+
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Requests held (endorsed by this node), for metrics and tests.
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+
+    /// The view this node believes current: the highest that `r + 1` order nodes reported
+    /// (so `r` liars cannot move it), 0 before anyone spoke.
+    pub fn view(&self) -> View {
+        let mut views = self.views.clone();
+        views.sort_unstable_by(|a, b| b.cmp(a));
+        views.get(self.cfg.quorums.r() as usize).copied().unwrap_or(0)
+    }
+
+    pub fn status_line(&self) -> String {
+        format!("rq view={} held={} hearsay={}", self.view(), self.held.len(), self.hearsay.len())
+    }
+
+    pub fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
+        self.now = self.now.max(now);
+        match input {
+            Input::Tick => self.on_tick(),
+            Input::Message { from, msg } => self.on_message(from, msg, out),
+            Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, out),
+            Input::CheckpointReady(_) => {}
+        }
+        self.invariants();
+    }
+
+    fn is_peer(&self, node: NodeId) -> bool {
+        node != self.id && self.cfg.endorsers().contains(&node)
+    }
+
+    fn on_message(&mut self, from: Peer, msg: Message, out: &mut Outputs) {
+        let kind = msg.kind();
+        let n = self.cfg.n();
+        let result = match (from, msg) {
+            (Peer::Client(c), Message::Request(req)) => self.on_request(c, req, out),
+            (Peer::Node(o), Message::Status { view, .. }) if (o as usize) < n => {
+                self.views[o as usize] = view;
+                Ok(())
+            }
+            (Peer::Node(o), Message::FetchBodies { seq, wanted }) if (o as usize) < n => {
+                self.on_fetch_bodies(o, seq, wanted, out)
+            }
+            (Peer::Node(p), Message::Endorse { request, macs }) if self.is_peer(p) => {
+                self.on_endorse(p, request, macs, out)
+            }
+            (Peer::Node(_), _) | (Peer::Client(_), _) => Err(Reject::WrongPeer),
+        };
+        if let Err(reason) = result {
+            out.events.push(Event::Rejected { from, kind, reason });
+        }
+    }
+
+    fn on_tick(&mut self) {
+        // A client retransmits every few hundred ms while its request is unordered, and
+        // order nodes fetch bytes right after a proposal: four request timeouts untouched
+        // means the request was ordered (and its client moved on) or abandoned.
+        let before = self.now.saturating_sub(4 * self.cfg.options.request_timeout_ms);
+        self.hearsay.expire(before);
+        let stale: Vec<ClientId> = self.held.iter().filter(|(_, h)| h.touched < before).map(|(c, _)| *c).collect();
+        for c in stale {
+            self.held.remove(&c);
+            self.previous.remove(&c);
+        }
+    }
+
+    /// A client's request: endorsed if this node's entry of its authenticator is valid.
+    fn on_request(&mut self, from: ClientId, req: Request, out: &mut Outputs) -> Result<(), Reject> {
+        check_session(Peer::Client(from), req.client)?;
+        let statement = req.statement();
+        let key = client_mac_key(&self.mac_secret, req.client);
+        if !req.auth.get(self.id as usize).is_some_and(|mac| key.verify(&statement, mac)) {
+            return Err(Reject::BadMac { client: req.client });
+        }
+        if let Some(h) = self.held.get_mut(&req.client) {
+            if h.req.seq > req.seq || h.req.seq == req.seq && h.req.statement() != statement {
+                // An older request, or another under a sequence number already endorsed:
+                // a correct client sends neither.
+                return Ok(());
+            }
+            if h.req.seq == req.seq {
+                // The client retransmitted: the primary may not have received enough, so
+                // every node hears it now (UpRight §4.3), at most once per period.
+                h.touched = self.now;
+                if self.now >= h.broadcast_at + self.cfg.options.retransmit_ms {
+                    self.broadcast_endorsement(req.client, out);
+                }
+                return Ok(());
+            }
+        }
+        self.endorse(req, BTreeMap::new(), false, out)
+    }
+
+    /// Holds `req` (authenticated by its client's MAC or by `r + 1` peers), endorses it,
+    /// and sends the endorsement to the primary, or to everyone when `to_all`.
+    fn endorse(
+        &mut self,
+        req: Request,
+        mut endorsers: BTreeMap<NodeId, Vec<Mac>>,
+        to_all: bool,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
+        let client = req.client;
+        if !self.held.contains_key(&client) && self.held.len() >= self.cfg.options.clients_max {
+            return Err(Reject::Busy("requests held by this RQ node"));
+        }
+        let statement = req.statement();
+        if let Some(h) = self.hearsay.take(&(client, statement)) {
+            for (node, macs) in h.endorsers {
+                endorsers.entry(node).or_insert(macs);
+            }
+        }
+        self.hearsay.forget(client, req.seq);
+        endorsers.insert(self.id, self.endorsement(&statement));
+        let held = Held { req, endorsers, broadcast_at: 0, touched: self.now };
+        if let Some(old) = self.held.insert(client, held) {
+            self.previous.insert(client, old.req);
+        }
+        if to_all {
+            self.broadcast_endorsement(client, out);
+        } else if let Some(h) = self.held.get(&client) {
+            let primary = self.cfg.primary(self.view());
+            let msg = Message::Endorse { request: Self::for_order(&h.req), macs: h.endorsers[&self.id].clone() };
+            out.send.push((Peer::Node(primary), msg));
+        }
+        Ok(())
+    }
+
+    /// `req` as order nodes get it: without the client's authenticator, which they
+    /// cannot check (the client MACs its request for the RQ nodes).
+    fn for_order(req: &Request) -> Request {
+        Request { auth: Vec::new(), endorsements: Vec::new(), ..req.clone() }
+    }
+
+    /// This node's endorsement of the request with `statement`: one MAC per order node,
+    /// then one per RQ node.
+    fn endorsement(&self, statement: &Digest) -> Vec<Mac> {
+        let s = endorse_statement(self.id, statement);
+        self.row.iter().map(|k| k.mac(&s)).collect()
+    }
+
+    /// Sends this node's endorsement of `client`'s held request, with the peers'
+    /// endorsements it holds, to every order node and RQ peer. Peers get the client's
+    /// authenticator too, so one whose entry is valid endorses at once.
+    fn broadcast_endorsement(&mut self, client: ClientId, out: &mut Outputs) {
+        let Some(h) = self.held.get_mut(&client) else {
+            return;
+        };
+        h.broadcast_at = self.now;
+        let relayed: Vec<Endorsement> = h
+            .endorsers
+            .iter()
+            .filter(|(n, _)| **n != self.id)
+            .map(|(&node, macs)| Endorsement { node, macs: macs.clone() })
+            .collect();
+        let macs = h.endorsers[&self.id].clone();
+        let to_order = Message::Endorse {
+            request: Request { endorsements: relayed.clone(), ..Self::for_order(&h.req) },
+            macs: macs.clone(),
+        };
+        let to_peers = Message::Endorse { request: Request { endorsements: relayed, ..h.req.clone() }, macs };
+        for o in 0..self.cfg.n() as NodeId {
+            out.send.push((Peer::Node(o), to_order.clone()));
+        }
+        for p in self.cfg.endorsers().filter(|&p| p != self.id) {
+            out.send.push((Peer::Node(p), to_peers.clone()));
+        }
+    }
+
+    /// Whether node `node`'s endorsement MACs hold a valid entry for this node.
+    fn endorsed_for_me(&self, node: NodeId, statement: &Digest, macs: &[Mac]) -> bool {
+        let (Some(mine), Some(theirs)) = (self.cfg.rq_entry(self.id), self.cfg.rq_entry(node)) else {
+            return false;
+        };
+        let s = endorse_statement(node, statement);
+        match (self.row.get(theirs), macs.get(mine)) {
+            (Some(key), Some(mac)) => key.verify(&s, mac),
+            _ => false,
+        }
+    }
+
+    /// RQ peer `from` endorses a request (after its client's retransmission, or on
+    /// `r + 1` others' word). This node endorses it too if the client's entry for it is
+    /// valid, or once `r + 1` peers vouch: then, once `r + 1` correct RQ nodes endorse a
+    /// request, every correct one does, and a correct primary gets its `u + r + 1`.
+    fn on_endorse(&mut self, from: NodeId, mut request: Request, macs: Vec<Mac>, out: &mut Outputs) -> Result<(), Reject> {
+        check_session(Peer::Node(from), request.client)?;
+        let statement = request.statement();
+        if !self.endorsed_for_me(from, &statement, &macs) {
+            return Err(Reject::BadEndorsement { node: from });
+        }
+        let mut valid = BTreeMap::from([(from, macs)]);
+        for e in std::mem::take(&mut request.endorsements).into_iter().take(self.cfg.endorsers().len()) {
+            if e.node != self.id && !valid.contains_key(&e.node) && self.endorsed_for_me(e.node, &statement, &e.macs) {
+                valid.insert(e.node, e.macs);
+            }
+        }
+        if let Some(h) = self.held.get_mut(&request.client) {
+            if h.req.seq > request.seq {
+                return Ok(());
+            }
+            if h.req.seq == request.seq && h.req.statement() == statement {
+                h.endorsers.extend(valid);
+                h.touched = self.now;
+                return Ok(());
+            }
+        }
+        let key = client_mac_key(&self.mac_secret, request.client);
+        if request.auth.get(self.id as usize).is_some_and(|mac| key.verify(&statement, mac)) {
+            return self.endorse(request, valid, true, out);
+        }
+        let share = (self.cfg.options.clients_max / self.cfg.endorsers().len().max(1)).max(1);
+        let head = (request.client, request.seq, statement);
+        match self.hearsay.add(from, head, Some(request), valid, self.now, share) {
+            None => Err(Reject::Busy("endorsements held for this node")),
+            Some(count) if count >= self.cfg.quorums.endorse_amplify() => {
+                match self.hearsay.take(&(head.0, statement)) {
+                    Some(h) => match h.request {
+                        Some(request) => self.endorse(request, h.endorsers, true, out),
+                        None => Ok(()),
+                    },
+                    None => Ok(()),
+                }
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// An order node asks for operations a PROPOSE named by digest: answered from the
+    /// requests held (and the one before each), within a budget per retry period.
+    fn on_fetch_bodies(
+        &mut self,
+        from: NodeId,
+        seq: Seq,
+        mut wanted: Vec<(ClientId, Digest)>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
+        if wanted.len() > self.cfg.options.batch_count_max {
+            return Err(Reject::BadBatch("more operations asked for than a batch holds"));
+        }
+        let period = (self.cfg.options.retransmit_ms / 5).max(1);
+        let batch = self.cfg.options.batch_bytes_max + crate::codec::OP_BYTES_MAX;
+        let (since, spent) = &mut self.body_budget[from as usize];
+        if self.now >= *since + period {
+            (*since, *spent) = (self.now, 0);
+        }
+        let mut budget = (BODY_BUDGET_BATCHES * batch).saturating_sub(*spent).min(batch);
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut ops: Vec<Payload> = Vec::new();
+        for (client, op) in wanted {
+            let Some(body) = self.body(client, &op) else {
+                continue;
+            };
+            if body.len() > budget {
+                break;
+            }
+            budget -= body.len();
+            ops.push(body);
+        }
+        if ops.is_empty() {
+            return Ok(());
+        }
+        self.body_budget[from as usize].1 += ops.iter().map(|o| o.len()).sum::<usize>();
+        out.send.push((Peer::Node(from), Message::Bodies { seq, ops }));
+        Ok(())
+    }
+
+    /// The bytes of `client`'s operation with digest `op`, if this node holds them.
+    fn body(&self, client: ClientId, op: &Digest) -> Option<Payload> {
+        let held = self.held.get(&client).map(|h| &h.req);
+        held.into_iter()
+            .chain(self.previous.get(&client))
+            .map(|r| &r.op)
+            .find(|o| o.digest() == *op)
+            .cloned()
+            .or_else(|| self.hearsay.body(client, op))
+    }
+
+    fn invariants(&self) {
+        assert!(self.held.len() <= self.cfg.options.clients_max, "held requests are bounded");
+        assert!(self.previous.len() <= self.held.len(), "a previous request only beside a held one");
+        assert!(self.hearsay.len() <= self.cfg.options.clients_max, "hearsay is bounded");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Client;
+    use crate::config::Options;
+    use crate::crypto::PublicKey;
+    use crate::message::{Proposed, Reply};
+    use crate::quorum::{Mutation, Quorums};
+    use crate::replica::tests::{secrets, Log};
+    use crate::replica::Replica;
+    use std::collections::VecDeque;
+
+    /// u = r = 1: order nodes 0..4 (executing), RQ nodes 4..8.
+    fn config(mutation: Option<Mutation>) -> ClusterConfig {
+        let q = Quorums::new(1, 1).expect("valid").with_mutation(mutation);
+        let keys: Vec<PublicKey> = (0..4).map(|i| secrets(i).signing.public()).collect();
+        let rq_keys: Vec<PublicKey> = (4..8).map(|i| secrets(i).signing.public()).collect();
+        let options = Options { background_checkpoints: false, ..Options::test_min() };
+        ClusterConfig::new(q, keys, options).expect("valid").with_rq_nodes(rq_keys).expect("2u + r + 1 RQ nodes")
+    }
+
+    fn client(cfg: &ClusterConfig, id: u64) -> Client {
+        let keys = (0..8).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
+        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.endorsers())
+    }
+
+    /// A lossless network of order and RQ nodes; persistence is instant.
+    struct Net {
+        order: Vec<Replica<Log>>,
+        rq: Vec<RqNode>,
+        down: Vec<bool>,
+        queue: VecDeque<(Peer, Peer, Message)>,
+        replies: Vec<(NodeId, Reply)>,
+        events: Vec<(NodeId, Event)>,
+        /// Every message delivered, as (from, to, kind).
+        seen: Vec<(Peer, NodeId, &'static str)>,
+        /// The requests of every PROPOSE delivered, as proposed.
+        proposed: Vec<Proposed>,
+    }
+
+    impl Net {
+        fn new(cfg: &ClusterConfig) -> Net {
+            Net {
+                order: (0..4).map(|i| Replica::new(cfg.clone(), i, secrets(i), Log::default())).collect(),
+                rq: (4..8).map(|i| RqNode::new(cfg.clone(), i, secrets(i).signing, secrets(i).mac_secret)).collect(),
+                down: vec![false; 8],
+                queue: VecDeque::new(),
+                replies: Vec::new(),
+                events: Vec::new(),
+                seen: Vec::new(),
+                proposed: Vec::new(),
+            }
+        }
+
+        fn step(&mut self, n: NodeId, now: u64, input: Input) {
+            if self.down[n as usize] {
+                return;
+            }
+            let mut out = Outputs::default();
+            match n {
+                0..4 => self.order[n as usize].step(now, input, &mut out),
+                _ => self.rq[n as usize - 4].step(now, input, &mut out),
+            }
+            for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
+                self.queue.push_back((Peer::Node(n), to, m));
+            }
+            self.events.extend(out.events.into_iter().map(|e| (n, e)));
+        }
+
+        fn run(&mut self, now: u64) {
+            while let Some((from, to, msg)) = self.queue.pop_front() {
+                match to {
+                    Peer::Node(n) => {
+                        self.seen.push((from, n, msg.kind()));
+                        if let Message::Propose { value, .. } = &msg {
+                            self.proposed.extend(value.requests.iter().cloned());
+                        }
+                        self.step(n, now, Input::Message { from, msg });
+                    }
+                    Peer::Client(_) => {
+                        if let (Peer::Node(n), Message::Reply(r)) = (from, msg) {
+                            self.replies.push((n, r));
+                        }
+                    }
+                }
+            }
+        }
+
+        fn tick(&mut self, now: u64) {
+            for n in 0..8 {
+                self.step(n, now, Input::Tick);
+            }
+            self.run(now);
+        }
+
+        fn send(&mut self, from: ClientId, msgs: Vec<(NodeId, Message)>, now: u64) {
+            for (n, m) in msgs {
+                self.queue.push_back((Peer::Client(from), Peer::Node(n), m));
+            }
+            self.run(now);
+        }
+
+        /// Invokes `op`, ticking until its result arrives; the result and the client ticks
+        /// that retransmitted.
+        fn call(&mut self, c: &mut Client, now: &mut u64, op: &[u8]) -> (Vec<u8>, usize) {
+            let msgs = c.invoke(*now, op.to_vec()).expect("idle");
+            self.send(c.id(), msgs, *now);
+            let mut retransmissions = 0;
+            for _ in 0..400 {
+                for (n, r) in std::mem::take(&mut self.replies) {
+                    if let Some(result) = c.on_reply(n, r) {
+                        return (result, retransmissions);
+                    }
+                }
+                *now += 10;
+                let msgs = c.on_tick(*now);
+                retransmissions += usize::from(!msgs.is_empty());
+                self.send(c.id(), msgs, *now);
+                self.tick(*now);
+            }
+            panic!("no result for {op:?}; {}", self.status());
+        }
+
+        fn status(&self) -> String {
+            let order = self.order.iter().map(Replica::status_line);
+            let rq = self.rq.iter().map(RqNode::status_line);
+            order.chain(rq).collect::<Vec<_>>().join("\n")
+        }
+
+        fn rejected(&self) -> Vec<(NodeId, Reject)> {
+            self.events
+                .iter()
+                .filter_map(|(n, e)| match e {
+                    Event::Rejected { reason, .. } => Some((*n, reason.clone())),
+                    _ => None,
+                })
+                .collect()
+        }
+
+        fn views(&self) -> Vec<u64> {
+            self.order.iter().map(Replica::view).collect()
+        }
+    }
+
+    #[test]
+    fn a_request_reaches_the_order_stage_through_rq_endorsements_only() {
+        let cfg = config(None);
+        let mut net = Net::new(&cfg);
+        let mut c = client(&cfg, 7);
+        let mut now = 0;
+        // The order nodes learn nothing from the client: it sends only to RQ nodes.
+        let first = c.invoke(now, b"a".to_vec()).expect("idle");
+        assert!(first.iter().all(|(n, _)| cfg.endorsers().contains(n)), "{first:?}");
+        assert_eq!(first.len(), cfg.quorums.endorse_propose());
+        net.send(7, first, now);
+        for _ in 0..20 {
+            net.tick(now);
+            now += 10;
+        }
+        let replies: Vec<(NodeId, Reply)> = std::mem::take(&mut net.replies);
+        let result = replies.into_iter().find_map(|(n, r)| c.on_reply(n, r));
+        assert_eq!(result, Some(vec![1]));
+        assert_eq!(c.reads_ordered, 0);
+        // The proposal carries RQ endorsements, u + r + 1 of them, and no client MACs.
+        let requests = net.proposed.clone();
+        assert!(!requests.is_empty());
+        for r in requests {
+            let nodes: Vec<NodeId> = r.endorsements().iter().map(|e| e.node).collect();
+            assert_eq!(nodes.len(), cfg.quorums.endorse_propose());
+            assert!(nodes.iter().all(|n| cfg.endorsers().contains(n)), "{nodes:?}");
+        }
+        assert!(net.rejected().is_empty(), "{:?}", net.rejected());
+        // A second operation, and each RQ node holds the client's latest request only.
+        assert_eq!(net.call(&mut c, &mut now, b"b").0, vec![2]);
+        assert!(net.rq.iter().all(|q| q.held() <= 1));
+    }
+
+    #[test]
+    fn with_an_rq_node_down_one_retransmission_then_requests_go_to_every_rq_node() {
+        let cfg = config(None);
+        let mut net = Net::new(&cfg);
+        let mut c = client(&cfg, 4); // starts at RQ position 4 % 4 = 0: node 4
+        net.down[4] = true;
+        let mut now = 0;
+        let (result, retransmissions) = net.call(&mut c, &mut now, b"a");
+        assert_eq!((result, retransmissions), (vec![1], 1));
+        for i in 2..6u8 {
+            let (result, retransmissions) = net.call(&mut c, &mut now, b"x");
+            assert_eq!((result, retransmissions), (vec![i], 0), "later requests go to every RQ node at once");
+        }
+        assert_eq!(net.views(), vec![0; 4], "no view change");
+    }
+
+    /// A request whose MACs are valid at RQ nodes `valid` only (the faulty client of
+    /// UpRight §4.1), sent to every RQ node.
+    fn inconsistent(cfg: &ClusterConfig, id: u64, seq: u64, valid: &[NodeId]) -> Vec<(NodeId, Message)> {
+        let mut c = client(cfg, id);
+        let mut req = Request::new(id, seq, b"faulty".to_vec().into());
+        let statement = req.statement();
+        req.auth = (0..8)
+            .map(|i| {
+                let key = client_mac_key(&secrets(i).mac_secret, id);
+                if valid.contains(&i) {
+                    key.mac(&statement)
+                } else {
+                    [0; 16]
+                }
+            })
+            .collect();
+        let _ = c.invoke(0, Vec::new());
+        cfg.endorsers().map(|n| (n, Message::Request(req.clone()))).collect()
+    }
+
+    #[test]
+    fn inconsistent_macs_at_r_plus_one_rq_nodes_are_amplified_and_fewer_change_no_view() {
+        let cfg = config(None);
+        let mut net = Net::new(&cfg);
+        let mut now = 0;
+        // Valid at r + 1 = 2 RQ nodes: they endorse to all, the others follow on their
+        // word, and the request executes.
+        net.send(9, inconsistent(&cfg, 9, 1, &[4, 5]), now);
+        now += cfg.options.retransmit_ms;
+        net.send(9, inconsistent(&cfg, 9, 1, &[4, 5]), now);
+        for _ in 0..50 {
+            now += 10;
+            net.tick(now);
+        }
+        assert!(net.rq.iter().all(|q| q.held() == 1), "every RQ node endorsed it: {}", net.status());
+        assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        // Valid at one RQ node only: nobody else endorses, nothing executes, and no order
+        // node suspects the primary over it, however long it waits.
+        net.replies.clear();
+        for round in 0..10 {
+            net.send(10, inconsistent(&cfg, 10, 1, &[6]), now);
+            for _ in 0..30 {
+                now += 10;
+                net.tick(now);
+            }
+            assert!(net.replies.iter().all(|(_, r)| r.client != 10), "round {round}");
+        }
+        assert_eq!(net.views(), vec![0; 4], "no view change over a faulty client");
+        let mut ok = client(&cfg, 11);
+        assert_eq!(net.call(&mut ok, &mut now, b"ok").0, vec![2], "others are served");
+    }
+
+    #[test]
+    fn order_nodes_take_endorsements_only_from_rq_nodes_and_only_valid_ones() {
+        let cfg = config(None);
+        let mut primary = Replica::new(cfg.clone(), 0, secrets(0), Log::default());
+        let req = Request::new(7, 1, b"a".to_vec().into());
+        let statement = req.statement();
+        let macs_of = |i: NodeId| -> Vec<Mac> {
+            let s = endorse_statement(i, &statement);
+            cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(&secrets(i).signing, k).mac(&s)).collect()
+        };
+        let mut out = Outputs::default();
+        // An order node's "endorsement" (co-located style) is no RQ endorsement.
+        let from_order = Message::Endorse { request: req.clone(), macs: macs_of(1) };
+        primary.step(0, Input::Message { from: Peer::Node(1), msg: from_order }, &mut out);
+        // An RQ node's endorsement that another RQ node's key MACed.
+        let forged = Message::Endorse { request: req.clone(), macs: macs_of(5) };
+        primary.step(0, Input::Message { from: Peer::Node(4), msg: forged }, &mut out);
+        // A client request straight to an order node is not admitted.
+        let mut c = client(&cfg, 7);
+        let direct = c.invoke(0, b"a".to_vec()).expect("idle").remove(0).1;
+        primary.step(0, Input::Message { from: Peer::Client(7), msg: direct }, &mut out);
+        let rejected: Vec<Reject> = out
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Rejected { reason, .. } => Some(reason.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(rejected, vec![Reject::BadEndorsement { node: 1 }, Reject::BadEndorsement { node: 4 }]);
+        assert!(out.send.iter().all(|(_, m)| !matches!(m, Message::Propose { .. })));
+        // u + r + 1 genuine RQ endorsements: proposed.
+        for i in 4..7 {
+            let msg = Message::Endorse { request: req.clone(), macs: macs_of(i) };
+            primary.step(0, Input::Message { from: Peer::Node(i), msg }, &mut out);
+        }
+        assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
+    }
+
+    #[test]
+    fn large_operations_travel_by_digest_and_backups_fetch_them_from_rq_nodes() {
+        let cfg = config(None);
+        assert!(cfg.request_digests);
+        let mut net = Net::new(&cfg);
+        let mut c = client(&cfg, 7);
+        let mut now = 0;
+        let big = vec![7u8; 4096];
+        assert_eq!(net.call(&mut c, &mut now, &big).0, vec![1]);
+        assert!(net.proposed.clone().iter().any(|r| matches!(r, Proposed::Digest(_))), "proposed by digest");
+        let fetched_from_rq = net.seen.iter().any(|(from, _, kind)| {
+            *kind == "bodies" && matches!(from, Peer::Node(n) if cfg.endorsers().contains(n))
+        });
+        assert!(fetched_from_rq, "backups fetched the bytes from RQ nodes");
+        for r in &net.order {
+            assert_eq!(r.service().0, vec![big.clone()], "node {} executed the whole operation", r.id());
+        }
+    }
+
+    #[test]
+    fn an_rq_node_holds_one_request_per_client_within_clients_max() {
+        let mut cfg = config(None);
+        cfg.options.clients_max = 3;
+        let mut rq = RqNode::new(cfg.clone(), 4, secrets(4).signing, secrets(4).mac_secret);
+        let mut out = Outputs::default();
+        for id in 1..=5u64 {
+            let mut c = client(&cfg, id);
+            for seq in 1..=3u64 {
+                let (_, m) = c.invoke(seq, vec![seq as u8]).expect("idle").remove(0);
+                c.abandon();
+                // Its authenticator has an entry for every RQ node: delivered to node 4.
+                rq.step(seq, Input::Message { from: Peer::Client(id), msg: m }, &mut out);
+            }
+        }
+        assert_eq!(rq.held(), 3);
+        let busy = out.events.iter().filter(|e| matches!(e, Event::Rejected { reason: Reject::Busy(_), .. })).count();
+        assert!(busy > 0, "clients beyond clients_max are refused");
+        // Untouched for four request timeouts: dropped, and room for others again.
+        rq.step(10 * cfg.options.request_timeout_ms, Input::Tick, &mut out);
+        assert_eq!(rq.held(), 0);
+    }
+
+    #[test]
+    fn an_rq_node_believes_a_view_only_r_plus_one_order_nodes_report() {
+        let cfg = config(None);
+        let mut rq = RqNode::new(cfg.clone(), 5, secrets(5).signing, secrets(5).mac_secret);
+        let mut out = Outputs::default();
+        let status = |view| Message::Status { view, executed: 0, stable: 0 };
+        rq.step(0, Input::Message { from: Peer::Node(3), msg: status(1_000) }, &mut out);
+        assert_eq!(rq.view(), 0, "one liar cannot move it");
+        rq.step(0, Input::Message { from: Peer::Node(1), msg: status(2) }, &mut out);
+        assert_eq!(rq.view(), 2);
+    }
+}
