@@ -50,10 +50,24 @@ pub struct InitArgs {
     /// kv | null (the microbenchmark service).
     #[arg(long, default_value = "kv")]
     service: String,
-    /// Stage placement: co-located (every node orders and executes) or separated (u + r
-    /// + 1 execution nodes besides the 2u + r + 1 order nodes; UpRight §4.2).
-    #[arg(long, default_value = "co-located", value_parser = ["co-located", "separated"])]
+    /// Stage placement (UpRight §4): co-located (every node runs RQ, order and
+    /// execution), separated (2u + r + 1 RQ nodes and u + r + 1 execution nodes besides the
+    /// 2u + r + 1 order nodes), or one stage apart: separated-exec, separated-rq.
+    #[arg(long, default_value = "co-located", value_parser = LAYOUTS)]
     layout: String,
+}
+
+/// The stage placements `--layout` names.
+pub const LAYOUTS: [&str; 4] = ["co-located", "separated", "separated-exec", "separated-rq"];
+
+/// Whether a layout puts (execution, RQ) on nodes of their own.
+pub fn layout_stages(layout: &str) -> (bool, bool) {
+    match layout {
+        "separated" => (true, true),
+        "separated-exec" => (true, false),
+        "separated-rq" => (false, true),
+        _ => (false, false),
+    }
 }
 
 fn parse_on_off(s: &str) -> Result<bool, String> {
@@ -85,7 +99,11 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         eprintln!("error: --fsync must be batch, always or never");
         return ExitCode::from(2);
     };
-    let separated = a.layout == "separated";
+    let (separated, rq_separated) = layout_stages(&a.layout);
+    if rq_separated {
+        eprintln!("error: --layout {}: the runtime does not run RQ nodes of their own yet", a.layout);
+        return ExitCode::from(2);
+    }
     let order = 2 * a.u as usize + a.r as usize + 1;
     let n = order + if separated { a.u as usize + a.r as usize + 1 } else { 0 };
     // Node ports, then as many metrics ports.

@@ -53,9 +53,10 @@ pub struct SimArgs {
     /// An administrator adds and removes nodes while the faults run (two spare nodes).
     #[arg(long)]
     reconfig: bool,
-    /// Stage placement: co-located (every node orders and executes) or separated
-    /// (u + r + 1 execution nodes besides the order nodes; UpRight §4.2).
-    #[arg(long, default_value = "co-located", value_parser = ["co-located", "separated"])]
+    /// Stage placement (UpRight §4): co-located (every node runs RQ, order and
+    /// execution), separated (2u + r + 1 RQ nodes and u + r + 1 execution nodes besides
+    /// the order nodes), or one stage apart: separated-exec, separated-rq.
+    #[arg(long, default_value = "co-located", value_parser = crate::cluster::LAYOUTS)]
     layout: String,
 }
 
@@ -78,11 +79,16 @@ pub fn run(args: SimArgs) -> ExitCode {
         }
     };
     let auth = args.auth;
-    let separated = args.layout == "separated";
-    if separated && args.reconfig {
-        eprintln!("error: --reconfig is not supported with --layout separated yet");
+    let (separated, rq_separated) = crate::cluster::layout_stages(&args.layout);
+    if (separated || rq_separated) && args.reconfig {
+        eprintln!("error: --reconfig is not supported with --layout {} yet", args.layout);
         return ExitCode::from(2);
     }
+    if rq_separated && auth.is_some_and(|a| a != keel_core::config::Auth::RqMac) {
+        eprintln!("error: --layout {} needs --auth rq-mac (RQ nodes endorse requests)", args.layout);
+        return ExitCode::from(2);
+    }
+
     let first = args.seed.unwrap_or(1);
     let seeds: Vec<u64> = (first..first + args.seeds).collect();
     let next = AtomicU64::new(0);
@@ -94,6 +100,7 @@ pub fn run(args: SimArgs) -> ExitCode {
         auth,
         reconfig: args.reconfig,
         separated,
+        rq_separated,
         options: Options { exec_workers: args.exec_workers, ..Options::test_min() },
         ..SimOptions::new(seed, args.u, args.r, faults)
     };
@@ -191,7 +198,7 @@ pub fn run(args: SimArgs) -> ExitCode {
             args.mutate.as_ref().map(|m| format!(" --mutate {m}")).unwrap_or_default()
                 + &args.auth.map(|a| format!(" --auth {}", a.name())).unwrap_or_default()
                 + if args.reconfig { " --reconfig" } else { "" }
-                + if separated { " --layout separated" } else { "" }
+                + &if args.layout == "co-located" { String::new() } else { format!(" --layout {}", args.layout) }
                 + &if args.exec_workers == 1 {
                     String::new()
                 } else {
@@ -201,12 +208,12 @@ pub fn run(args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} inconsistent_macs={} exec_lies={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} inconsistent_macs={} exec_lies={} rq_lies={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
         totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, totals.admin_ops, totals.epochs, totals.epoch_switch_crashes,
         l.equivocations, l.corruptions,
         l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals,
-        l.forged_endorsements, l.forged_epoch_certs, l.withheld_bodies, totals.inconsistent_macs, totals.exec_lies
+        l.forged_endorsements, l.forged_epoch_certs, l.withheld_bodies, totals.inconsistent_macs, totals.exec_lies, totals.rq_lies
     );
     println!(
         "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} transfer_chunks={transfer_chunks} transfer_chunks_held={transfer_reused} background_checkpoints={checkpoints_background} (lost to crashes {checkpoints_lost}) ops_by_digest={ops_by_digest} ops_fetched={ops_fetched} rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} elapsed={:.1}s (u={}, r={}, faults={}, options={})",

@@ -1,5 +1,5 @@
 //! Multi-process tests of separated execution (UpRight §4.2, `keel init --layout
-//! separated`): real `keel node` processes on loopback, four order nodes and three
+//! separated-exec`): real `keel node` processes on loopback, four order nodes and three
 //! execution nodes at u = r = 1, kill -9. Every node is a child the test holds and kills
 //! by handle.
 

@@ -144,6 +144,7 @@ impl RqNode {
             (Peer::Node(p), Message::Endorse { request, macs }) if self.is_peer(p) => {
                 self.on_endorse(p, request, macs, out)
             }
+            (Peer::Node(o), Message::Forward(request)) if (o as usize) < n => self.on_relayed(o, request, out),
             (Peer::Node(_), _) | (Peer::Client(_), _) => Err(Reject::WrongPeer),
         };
         if let Err(reason) = result {
@@ -283,18 +284,59 @@ impl RqNode {
     /// `r + 1` others' word). This node endorses it too if the client's entry for it is
     /// valid, or once `r + 1` peers vouch: then, once `r + 1` correct RQ nodes endorse a
     /// request, every correct one does, and a correct primary gets its `u + r + 1`.
-    fn on_endorse(&mut self, from: NodeId, mut request: Request, macs: Vec<Mac>, out: &mut Outputs) -> Result<(), Reject> {
+    fn on_endorse(
+        &mut self,
+        from: NodeId,
+        mut request: Request,
+        macs: Vec<Mac>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         check_session(Peer::Node(from), request.client)?;
         let statement = request.statement();
         if !self.endorsed_for_me(from, &statement, &macs) {
             return Err(Reject::BadEndorsement { node: from });
         }
         let mut valid = BTreeMap::from([(from, macs)]);
+        self.take_valid(&mut request, &statement, &mut valid);
+        self.on_endorsements(from, request, statement, valid, out)
+    }
+
+    /// Moves the endorsements in `request` that are valid for this node into `valid`.
+    fn take_valid(&self, request: &mut Request, statement: &Digest, valid: &mut BTreeMap<NodeId, Vec<Mac>>) {
         for e in std::mem::take(&mut request.endorsements).into_iter().take(self.cfg.endorsers().len()) {
-            if e.node != self.id && !valid.contains_key(&e.node) && self.endorsed_for_me(e.node, &statement, &e.macs) {
+            if e.node != self.id && !valid.contains_key(&e.node) && self.endorsed_for_me(e.node, statement, &e.macs) {
                 valid.insert(e.node, e.macs);
             }
         }
+    }
+
+    /// An order node's request timer relays the RQ endorsements it holds of a request
+    /// (replica/endorse.rs): a request the primary could not propose (fewer than
+    /// `u + r + 1` endorsements reached it) is thus heard by every RQ node, and those
+    /// that could not check the client's entry endorse it on `r + 1` peers' word. Without
+    /// this, a client whose MACs are valid at exactly `2r + 1 .. u + r` RQ nodes (u > r)
+    /// would make backups suspect a correct primary.
+    fn on_relayed(&mut self, from: NodeId, mut request: Request, out: &mut Outputs) -> Result<(), Reject> {
+        check_session(Peer::Node(from), request.client)?;
+        let statement = request.statement();
+        let mut valid = BTreeMap::new();
+        self.take_valid(&mut request, &statement, &mut valid);
+        let Some(&charged) = valid.keys().next() else {
+            return Err(Reject::BadEndorsement { node: from });
+        };
+        self.on_endorsements(charged, request, statement, valid, out)
+    }
+
+    /// Counts endorsements `valid` (each checked for this node) of `request`; hearsay is
+    /// charged to `charged`, an RQ node among them.
+    fn on_endorsements(
+        &mut self,
+        charged: NodeId,
+        request: Request,
+        statement: Digest,
+        valid: BTreeMap<NodeId, Vec<Mac>>,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         if let Some(h) = self.held.get_mut(&request.client) {
             if h.req.seq > request.seq {
                 return Ok(());
@@ -311,7 +353,7 @@ impl RqNode {
         }
         let share = (self.cfg.options.clients_max / self.cfg.endorsers().len().max(1)).max(1);
         let head = (request.client, request.seq, statement);
-        match self.hearsay.add(from, head, Some(request), valid, self.now, share) {
+        match self.hearsay.add(charged, head, Some(request), valid, self.now, share) {
             None => Err(Reject::Busy("endorsements held for this node")),
             Some(count) if count >= self.cfg.quorums.endorse_amplify() => {
                 match self.hearsay.take(&(head.0, statement)) {
@@ -398,15 +440,21 @@ mod tests {
 
     /// u = r = 1: order nodes 0..4 (executing), RQ nodes 4..8.
     fn config(mutation: Option<Mutation>) -> ClusterConfig {
-        let q = Quorums::new(1, 1).expect("valid").with_mutation(mutation);
-        let keys: Vec<PublicKey> = (0..4).map(|i| secrets(i).signing.public()).collect();
-        let rq_keys: Vec<PublicKey> = (4..8).map(|i| secrets(i).signing.public()).collect();
+        config_ur(1, 1, mutation)
+    }
+
+    /// Order nodes 0..n (executing), RQ nodes n..2n.
+    fn config_ur(u: u32, r: u32, mutation: Option<Mutation>) -> ClusterConfig {
+        let q = Quorums::new(u, r).expect("valid").with_mutation(mutation);
+        let n = q.order_nodes() as u32;
+        let keys: Vec<PublicKey> = (0..n).map(|i| secrets(i).signing.public()).collect();
+        let rq_keys: Vec<PublicKey> = (n..n + q.rq_nodes_min() as u32).map(|i| secrets(i).signing.public()).collect();
         let options = Options { background_checkpoints: false, ..Options::test_min() };
         ClusterConfig::new(q, keys, options).expect("valid").with_rq_nodes(rq_keys).expect("2u + r + 1 RQ nodes")
     }
 
     fn client(cfg: &ClusterConfig, id: u64) -> Client {
-        let keys = (0..8).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
+        let keys = (0..cfg.endorsers().end).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
         Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.endorsers())
     }
 
@@ -427,9 +475,14 @@ mod tests {
     impl Net {
         fn new(cfg: &ClusterConfig) -> Net {
             Net {
-                order: (0..4).map(|i| Replica::new(cfg.clone(), i, secrets(i), Log::default())).collect(),
-                rq: (4..8).map(|i| RqNode::new(cfg.clone(), i, secrets(i).signing, secrets(i).mac_secret)).collect(),
-                down: vec![false; 8],
+                order: (0..cfg.n() as NodeId)
+                    .map(|i| Replica::new(cfg.clone(), i, secrets(i), Log::default()))
+                    .collect(),
+                rq: cfg
+                    .endorsers()
+                    .map(|i| RqNode::new(cfg.clone(), i, secrets(i).signing, secrets(i).mac_secret))
+                    .collect(),
+                down: vec![false; cfg.endorsers().end as usize],
                 queue: VecDeque::new(),
                 replies: Vec::new(),
                 events: Vec::new(),
@@ -444,8 +497,8 @@ mod tests {
             }
             let mut out = Outputs::default();
             match n {
-                0..4 => self.order[n as usize].step(now, input, &mut out),
-                _ => self.rq[n as usize - 4].step(now, input, &mut out),
+                _ if (n as usize) < self.order.len() => self.order[n as usize].step(now, input, &mut out),
+                _ => self.rq[n as usize - self.order.len()].step(now, input, &mut out),
             }
             for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
                 self.queue.push_back((Peer::Node(n), to, m));
@@ -473,7 +526,7 @@ mod tests {
         }
 
         fn tick(&mut self, now: u64) {
-            for n in 0..8 {
+            for n in 0..self.down.len() as NodeId {
                 self.step(n, now, Input::Tick);
             }
             self.run(now);
@@ -583,7 +636,7 @@ mod tests {
         let mut c = client(cfg, id);
         let mut req = Request::new(id, seq, b"faulty".to_vec().into());
         let statement = req.statement();
-        req.auth = (0..8)
+        req.auth = (0..cfg.endorsers().end)
             .map(|i| {
                 let key = client_mac_key(&secrets(i).mac_secret, id);
                 if valid.contains(&i) {
@@ -627,6 +680,26 @@ mod tests {
         assert_eq!(net.views(), vec![0; 4], "no view change over a faulty client");
         let mut ok = client(&cfg, 11);
         assert_eq!(net.call(&mut ok, &mut now, b"ok").0, vec![2], "others are served");
+    }
+
+    #[test]
+    fn with_u_above_r_rq_nodes_amplify_what_order_nodes_relay_so_no_correct_primary_is_replaced() {
+        // u = 2, r = 1: the primary proposes on 4 endorsements, a backup suspects it once
+        // it holds 3. A request valid at exactly 3 RQ nodes, sent once: the primary gets 3,
+        // cannot propose, and relays them on its request timer; RQ nodes that could not
+        // check the client's entry endorse on r + 1 = 2 peers' word, so the primary gets
+        // enough before any backup's timer runs out twice.
+        let cfg = config_ur(2, 1, None);
+        let mut net = Net::new(&cfg);
+        let mut now = 0;
+        let rq: Vec<NodeId> = cfg.endorsers().collect();
+        net.send(9, inconsistent(&cfg, 9, 1, &rq[..3]), now);
+        for _ in 0..300 {
+            now += 10;
+            net.tick(now);
+        }
+        assert_eq!(net.views(), vec![0; cfg.n()], "no view change: {}", net.status());
+        assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
     }
 
     #[test]
@@ -678,9 +751,10 @@ mod tests {
         let big = vec![7u8; 4096];
         assert_eq!(net.call(&mut c, &mut now, &big).0, vec![1]);
         assert!(net.proposed.clone().iter().any(|r| matches!(r, Proposed::Digest(_))), "proposed by digest");
-        let fetched_from_rq = net.seen.iter().any(|(from, _, kind)| {
-            *kind == "bodies" && matches!(from, Peer::Node(n) if cfg.endorsers().contains(n))
-        });
+        let fetched_from_rq = net
+            .seen
+            .iter()
+            .any(|(from, _, kind)| *kind == "bodies" && matches!(from, Peer::Node(n) if cfg.endorsers().contains(n)));
         assert!(fetched_from_rq, "backups fetched the bytes from RQ nodes");
         for r in &net.order {
             assert_eq!(r.service().0, vec![big.clone()], "node {} executed the whole operation", r.id());

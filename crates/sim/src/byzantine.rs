@@ -187,6 +187,10 @@ pub struct Byzantine {
     /// (view, seq) → the proposal with a made-up request added, the same for every backup.
     fabricated: BTreeMap<(u64, u64), Proposal>,
     fabricated_seq: u64,
+    /// With a separate RQ stage, a Byzantine RQ node it colludes with: that node's id and
+    /// endorsement keys (per order node), which its made-up requests are endorsed with
+    /// (an order node's own endorsement counts for nothing there).
+    colluder: Option<(NodeId, Vec<MacKey>)>,
     /// The membership its replica runs (what forged certificates must seem to follow).
     membership: Option<Membership>,
     pub lies: LieCounts,
@@ -209,12 +213,18 @@ impl Byzantine {
             endorse_keys: Vec::new(),
             fabricated: BTreeMap::new(),
             fabricated_seq: 0,
+            colluder: None,
             membership: None,
             history: VecDeque::new(),
             alternatives: BTreeMap::new(),
             forged: VecDeque::new(),
             lies: LieCounts::default(),
         }
+    }
+
+    /// Colludes with Byzantine RQ node `node`, whose endorsement keys are `row`.
+    pub fn set_colluder(&mut self, node: NodeId, row: Vec<MacKey>) {
+        self.colluder = Some((node, row));
     }
 
     /// The membership its replica runs; with a new epoch, its index and the cluster size
@@ -367,10 +377,14 @@ impl Byzantine {
         Request::new(FABRICATED_CLIENT, self.fabricated_seq, b"made up".to_vec().into())
     }
 
-    /// Its own, valid endorsement of `request`.
+    /// Its own, valid endorsement of `request` (its colluding RQ node's, if any).
     fn endorse(&self, request: &Request) -> Vec<Mac> {
-        let s = endorse_statement(self.me, &request.statement());
-        self.endorse_keys.iter().take(self.n).map(|k| k.mac(&s)).collect()
+        let (me, keys) = match &self.colluder {
+            Some((id, row)) => (*id, row),
+            None => (self.me, &self.endorse_keys),
+        };
+        let s = endorse_statement(me, &request.statement());
+        keys.iter().take(self.n).map(|k| k.mac(&s)).collect()
     }
 
     fn random_sig(&self, rng: &mut ChaCha8Rng) -> Sig {
@@ -401,7 +415,7 @@ impl Byzantine {
                     None => {
                         // A made-up request that only this node vouches for.
                         let mut request = self.fabricate();
-                        let node = self.me;
+                        let node = self.colluder.as_ref().map_or(self.me, |(id, _)| *id);
                         request.endorsements = vec![Endorsement { node, macs: self.endorse(&request) }];
                         let mut v = value;
                         v.requests.push(Proposed::Full(request));
@@ -675,6 +689,129 @@ impl ExecByzantine {
                 other => other,
             };
             frames.push((to, keel_core::codec::encode(&msg)));
+        }
+        frames
+    }
+}
+
+/// A Byzantine RQ node of a separate RQ stage (rq_node.rs): the correct node runs
+/// underneath and its messages are rewritten. Whatever it does, order nodes must not
+/// order a request no client sent (they need `u + 1` valid endorsements, so at least one
+/// from a correct RQ node), vote for bytes that do not match a digest, nor stall.
+pub struct RqByzantine {
+    /// Endorsements with MAC entries spoiled for some recipients (valid for the others).
+    pub spoil_macs: bool,
+    /// Endorses made-up requests of real clients (validly MACed with its own keys) to
+    /// every order node and RQ peer.
+    pub made_up: bool,
+    /// Drops its endorsements to the primary (first receipts) and every BODIES answer.
+    pub withhold: bool,
+    /// Answers a FETCH-BODIES with bytes that match no digest.
+    pub wrong_bodies: bool,
+    me: NodeId,
+    /// Its endorsement keys: per order node, then per RQ node.
+    row: Vec<MacKey>,
+    /// Order node ids, RQ node ids, and the clients whose requests it makes up.
+    order: std::ops::Range<NodeId>,
+    rq: std::ops::Range<NodeId>,
+    clients: Vec<u64>,
+    /// Lies told.
+    pub lies: u64,
+}
+
+impl RqByzantine {
+    pub fn random(
+        rng: &mut ChaCha8Rng,
+        me: NodeId,
+        row: Vec<MacKey>,
+        (order, rq): (std::ops::Range<NodeId>, std::ops::Range<NodeId>),
+        clients: Vec<u64>,
+    ) -> RqByzantine {
+        loop {
+            let b = RqByzantine {
+                spoil_macs: rng.gen_bool(0.5),
+                made_up: rng.gen_bool(0.5),
+                withhold: rng.gen_bool(0.4),
+                wrong_bodies: rng.gen_bool(0.4),
+                me,
+                row: row.clone(),
+                order: order.clone(),
+                rq: rq.clone(),
+                clients: clients.clone(),
+                lies: 0,
+            };
+            if b.spoil_macs || b.made_up || b.withhold || b.wrong_bodies {
+                return b;
+            }
+        }
+    }
+
+    pub fn names(&self) -> Vec<&'static str> {
+        [
+            (self.spoil_macs, "spoil-macs"),
+            (self.made_up, "made-up-requests"),
+            (self.withhold, "withhold"),
+            (self.wrong_bodies, "wrong-bodies"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
+
+    fn endorse(&self, request: &Request) -> Vec<Mac> {
+        let s = endorse_statement(self.me, &request.statement());
+        self.row.iter().map(|k| k.mac(&s)).collect()
+    }
+
+    pub fn transform(&mut self, rng: &mut ChaCha8Rng, outgoing: Vec<(Peer, Message)>) -> Vec<Frame> {
+        let mut frames = Vec::new();
+        for (to, msg) in outgoing {
+            let msg = match msg {
+                Message::Endorse { request, .. } if self.withhold && request.endorsements.is_empty() => {
+                    // A first receipt (to the primary only): never sent.
+                    self.lies += 1;
+                    continue;
+                }
+                Message::Endorse { request, mut macs } if self.spoil_macs && !macs.is_empty() => {
+                    self.lies += 1;
+                    for _ in 0..rng.gen_range(1..=2) {
+                        let i = rng.gen_range(0..macs.len());
+                        macs[i][0] ^= 0x5a;
+                    }
+                    Message::Endorse { request, macs }
+                }
+                Message::Bodies { .. } if self.withhold => {
+                    self.lies += 1;
+                    continue;
+                }
+                Message::Bodies { seq, mut ops } if self.wrong_bodies => {
+                    self.lies += 1;
+                    ops = ops
+                        .into_iter()
+                        .map(|op| {
+                            let mut bytes = op.to_vec();
+                            bytes.push(0xee);
+                            bytes.into()
+                        })
+                        .collect();
+                    Message::Bodies { seq, ops }
+                }
+                other => other,
+            };
+            frames.push((to, keel_core::codec::encode(&msg)));
+        }
+        if self.made_up && !self.clients.is_empty() && rng.gen_bool(0.2) {
+            // A request its client never sent, under a sequence number it may use next.
+            self.lies += 1;
+            let client = self.clients[rng.gen_range(0..self.clients.len())];
+            let mut op = vec![0u8; rng.gen_range(1..200)];
+            rng.fill(&mut op[..]);
+            let request = Request::new(client, rng.gen_range(1..64), op.into());
+            let macs = self.endorse(&request);
+            let msg = keel_core::codec::encode(&Message::Endorse { request, macs });
+            for to in self.order.clone().chain(self.rq.clone()).filter(|&n| n != self.me) {
+                frames.push((Peer::Node(to), msg.clone()));
+            }
         }
         frames
     }

@@ -10,13 +10,13 @@
 //! Safety properties are checked online, on every event of every correct node; the
 //! history's linearizability at the end.
 
-use crate::byzantine::{Behaviours, Byzantine, ExecByzantine, LieCounts};
+use crate::byzantine::{Behaviours, Byzantine, ExecByzantine, LieCounts, RqByzantine};
 use crate::disk::SimDisk;
 use crate::workload::{HistoryEntry, Workload};
 use keel_core::client::{Client, Pushed};
 use keel_core::codec;
 use keel_core::config::{Auth, ClusterConfig, Options};
-use keel_core::crypto::{Digest, SigningKey};
+use keel_core::crypto::{Digest, MacKey, SigningKey};
 use keel_core::exec_node::ExecNode;
 use keel_core::membership::{AdminOp, Change, Member, Membership, ADMIN_CLIENT};
 use keel_core::message::{
@@ -24,8 +24,9 @@ use keel_core::message::{
 };
 use keel_core::quorum::{Mutation, Quorums};
 use keel_core::replica::{
-    client_mac_key, CheckpointJob, Durable, Event, Input, NextEpoch, NodeSecrets, Outputs, Peer, Replica,
+    client_mac_key, endorse_key, CheckpointJob, Durable, Event, Input, NextEpoch, NodeSecrets, Outputs, Peer, Replica,
 };
+use keel_core::rq_node::RqNode;
 use keel_core::service::{ReadCtx, Service};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -86,6 +87,10 @@ pub struct SimOptions {
     /// Separated execution (UpRight §4.2): `u + r + 1` execution nodes besides the order
     /// nodes (exec_node.rs); up to r of them Byzantine under Byzantine faults.
     pub separated: bool,
+    /// A separate request-quorum stage (UpRight §4.1): `2u + r + 1` RQ nodes besides the
+    /// order nodes (rq_node.rs); up to r of them Byzantine under Byzantine faults. Needs
+    /// `auth = rq-mac`.
+    pub rq_separated: bool,
 }
 
 impl SimOptions {
@@ -105,6 +110,7 @@ impl SimOptions {
             faulty_client: None,
             reconfig: false,
             separated: false,
+            rq_separated: false,
         }
     }
 }
@@ -141,6 +147,8 @@ pub struct FaultCounts {
     pub lies: LieCounts,
     /// Lies of Byzantine execution nodes (separated execution; `ExecByzantine`).
     pub exec_lies: u64,
+    /// Lies of Byzantine RQ nodes (a separate RQ stage; `RqByzantine`).
+    pub rq_lies: u64,
 }
 
 impl FaultCounts {
@@ -157,6 +165,7 @@ impl FaultCounts {
             + self.inconsistent_macs
             + l.total()
             + self.exec_lies
+            + self.rq_lies
     }
 
     pub fn add(&mut self, o: &FaultCounts) {
@@ -176,6 +185,7 @@ impl FaultCounts {
         self.epoch_switch_crashes += o.epoch_switch_crashes;
         self.lies.add(&o.lies);
         self.exec_lies += o.exec_lies;
+        self.rq_lies += o.rq_lies;
     }
 }
 
@@ -299,6 +309,11 @@ struct SimNode<S> {
     exec: Option<ExecNode<S>>,
     is_exec: bool,
     exec_byzantine: Option<ExecByzantine>,
+    /// A separate RQ stage: this node is an RQ node, running this core instead (nothing
+    /// on disk: a restart starts it afresh).
+    rq: Option<RqNode>,
+    is_rq: bool,
+    rq_byzantine: Option<RqByzantine>,
     role: Role,
     /// The membership its configuration file names (the admin's reply for a node added
     /// later), used when its disk names none.
@@ -317,13 +332,14 @@ struct SimNode<S> {
 
 impl<S: Service> SimNode<S> {
     fn up(&self) -> bool {
-        self.replica.is_some() || self.exec.is_some()
+        self.replica.is_some() || self.exec.is_some() || self.rq.is_some()
     }
 
     fn status_line(&self) -> String {
-        match (&self.replica, &self.exec) {
-            (Some(r), _) => r.status_line(),
-            (_, Some(e)) => e.status_line(),
+        match (&self.replica, &self.exec, &self.rq) {
+            (Some(r), _, _) => r.status_line(),
+            (_, Some(e), _) => e.status_line(),
+            (_, _, Some(q)) => q.status_line(),
             _ => "down".into(),
         }
     }
@@ -445,7 +461,22 @@ impl<W: Workload> World<W> {
         let cfg = if opts.reconfig { cfg.with_admin_key(admin_key.public()) } else { cfg };
         let cfg = match opts.auth {
             Some(auth) => cfg.with_auth(auth),
+            // RQ nodes of their own endorse requests: rq-mac, whatever (u, r).
+            None if opts.rq_separated => cfg.with_auth(Auth::RqMac),
             None => cfg,
+        };
+        // RQ nodes (a separate RQ stage): keyed from the seed like execution nodes, after
+        // them.
+        let rq_first = n + exec_count;
+        let rq_count = if opts.rq_separated { quorums.rq_nodes_min() } else { 0 };
+        let rq_secrets: Vec<NodeSecrets> = (rq_first..rq_first + rq_count)
+            .map(|i| NodeSecrets::new(SigningKey::from_seed(derived("rq-sign", i)), derived("rq-mac", i)))
+            .collect();
+        let cfg = if opts.rq_separated {
+            assert!(!opts.reconfig, "membership changes are not supported with a separate RQ stage");
+            cfg.with_rq_nodes(rq_secrets.iter().map(|s| s.signing.public()).collect()).expect("2u + r + 1, rq-mac")
+        } else {
+            cfg
         };
         // Client signing keys (auth = sig), derived from the seed without drawing from
         // the run's generator, so other auth modes replay as before.
@@ -504,6 +535,9 @@ impl<W: Workload> World<W> {
                     exec: None,
                     is_exec: false,
                     exec_byzantine: None,
+                    rq: None,
+                    is_rq: false,
+                    rq_byzantine: None,
                     role,
                     file_membership: None,
                     disk: SimDisk::default(),
@@ -519,11 +553,9 @@ impl<W: Workload> World<W> {
         // Byzantine execution nodes: up to r of them, chosen by a generator of their own so
         // runs without separated execution replay as before.
         let mut exec_rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x65786563);
-        let exec_liars = if opts.faults.byzantine && opts.r > 0 && exec_count > 0 {
-            exec_rng.gen_range(1..=opts.r as usize)
-        } else {
-            0
-        };
+        // A test that pins the Byzantine nodes pins them all (order nodes only).
+        let stage_liars = opts.faults.byzantine && opts.r > 0 && opts.byzantine.is_none();
+        let exec_liars = if stage_liars && exec_count > 0 { exec_rng.gen_range(1..=opts.r as usize) } else { 0 };
         for (i, s) in exec_secrets.into_iter().enumerate() {
             let id = (n + i) as NodeId;
             let exec = ExecNode::new(cfg.clone(), id, s.signing.clone(), workload.service());
@@ -535,6 +567,9 @@ impl<W: Workload> World<W> {
                 exec: Some(exec),
                 is_exec: true,
                 exec_byzantine,
+                rq: None,
+                is_rq: false,
+                rq_byzantine: None,
                 role: Role::Member,
                 file_membership: None,
                 disk: SimDisk::default(),
@@ -545,7 +580,47 @@ impl<W: Workload> World<W> {
                 stale_state: None,
             });
         }
-        let byzantine_count = byzantine_count + exec_liars;
+        // Byzantine RQ nodes: up to r, from a generator of their own (replays as before).
+        let mut rq_rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x7271);
+        let rq_liars = if stage_liars && rq_count > 0 { rq_rng.gen_range(1..=opts.r as usize) } else { 0 };
+        let sim_clients: Vec<ClientId> = (0..opts.clients).map(client_id).collect();
+        for (i, s) in rq_secrets.into_iter().enumerate() {
+            let id = (rq_first + i) as NodeId;
+            let rq = RqNode::new(cfg.clone(), id, s.signing.clone(), s.mac_secret);
+            let row: Vec<MacKey> =
+                cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(&s.signing, k)).collect();
+            if i == 0 && rq_liars > 0 {
+                // Faulty nodes collude: Byzantine order nodes endorse their made-up
+                // requests as this RQ node.
+                for node in nodes.iter_mut().take(n) {
+                    if let Some(b) = node.byzantine.as_mut() {
+                        b.set_colluder(id, row.clone());
+                    }
+                }
+            }
+            let rq_byzantine = (i < rq_liars).then(|| {
+                let ranges = (0..n as NodeId, cfg.endorsers());
+                RqByzantine::random(&mut rq_rng, id, row, ranges, sim_clients.clone())
+            });
+            nodes.push(SimNode {
+                replica: None,
+                exec: None,
+                is_exec: false,
+                exec_byzantine: None,
+                rq: Some(rq),
+                is_rq: true,
+                rq_byzantine,
+                role: Role::Member,
+                file_membership: None,
+                disk: SimDisk::default(),
+                epoch: 0,
+                secrets: s,
+                skew: 0,
+                byzantine: None,
+                stale_state: None,
+            });
+        }
+        let byzantine_count = byzantine_count + exec_liars + rq_liars;
         report.faults.byzantine_nodes = byzantine_count as u64;
         let clients = (0..opts.clients)
             .map(|i| {
@@ -556,6 +631,7 @@ impl<W: Workload> World<W> {
                     .with_signing_key(client_key(id))
                     .with_membership(cfg.membership.clone());
                 let core = if cfg.separated() { core.with_executors(cfg.executors()) } else { core };
+                let core = if cfg.rq_separated() { core.with_rq_nodes(cfg.endorsers()) } else { core };
                 SimClient { core, inflight: None, side: 0, push_next: 1 }
             })
             .collect();
@@ -581,7 +657,7 @@ impl<W: Workload> World<W> {
             now: 0,
             queue: BinaryHeap::new(),
             next_id: 0,
-            sides: vec![0; n + spares + exec_count],
+            sides: vec![0; n + spares + exec_count + rq_count],
             nodes,
             clients,
             lossy: opts.faults.network,
@@ -605,7 +681,7 @@ impl<W: Workload> World<W> {
             let at = w.rng.gen_range(0..NODE_TICK_MS);
             w.schedule(at, Ev::NodeTick(i as NodeId));
         }
-        for i in n..n + exec_count {
+        for i in n..n + exec_count + rq_count {
             // Offsets from the seed, not the run's generator (replays stay as they were).
             w.schedule(i as u64 % NODE_TICK_MS, Ev::NodeTick(i as NodeId));
         }
@@ -700,7 +776,8 @@ impl<W: Workload> World<W> {
     }
 
     fn is_correct(&self, n: NodeId) -> bool {
-        self.nodes[n as usize].byzantine.is_none() && self.nodes[n as usize].exec_byzantine.is_none()
+        let node = &self.nodes[n as usize];
+        node.byzantine.is_none() && node.exec_byzantine.is_none() && node.rq_byzantine.is_none()
     }
 
     /// Runs both phases and the final checks.
@@ -742,7 +819,7 @@ impl<W: Workload> World<W> {
                     .nodes
                     .iter()
                     .map(|n| {
-                        let liar = n.byzantine.is_some() || n.exec_byzantine.is_some();
+                        let liar = n.byzantine.is_some() || n.exec_byzantine.is_some() || n.rq_byzantine.is_some();
                         format!("{}{}", n.status_line(), if liar { " (byzantine)" } else { "" })
                     })
                     .collect();
@@ -769,6 +846,9 @@ impl<W: Workload> World<W> {
             }
             if let Some(b) = &n.exec_byzantine {
                 self.report.faults.exec_lies += b.lies;
+            }
+            if let Some(b) = &n.rq_byzantine {
+                self.report.faults.rq_lies += b.lies;
             }
             self.report.faults.torn_writes += n.disk.torn;
         }
@@ -867,6 +947,17 @@ impl<W: Workload> World<W> {
 
     fn step_node(&mut self, n: NodeId, input: Input) {
         let now = self.node_now(n);
+        if let Some(rq) = self.nodes[n as usize].rq.as_mut() {
+            let mut out = Outputs::default();
+            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rq.step(now, input, &mut out)));
+            if let Err(panic) = stepped {
+                self.nodes[n as usize].rq = None;
+                self.violation("invariant", format!("RQ node {n}: {}", crate::panic_message(panic)));
+                return;
+            }
+            self.process_outputs(n, out, 0);
+            return;
+        }
         if let Some(exec) = self.nodes[n as usize].exec.as_mut() {
             let mut out = Outputs::default();
             let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exec.step(now, input, &mut out)));
@@ -1041,11 +1132,13 @@ impl<W: Workload> World<W> {
             }
         }
         let node = &mut self.nodes[n as usize];
-        let frames: Vec<(Peer, Vec<u8>)> = match (node.byzantine.as_mut(), node.exec_byzantine.as_mut()) {
-            (Some(b), _) => b.transform(&mut self.rng, is_primary, msgs),
-            (_, Some(b)) => b.transform(&mut self.rng, msgs),
-            _ => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
-        };
+        let frames: Vec<(Peer, Vec<u8>)> =
+            match (node.byzantine.as_mut(), node.exec_byzantine.as_mut(), node.rq_byzantine.as_mut()) {
+                (Some(b), _, _) => b.transform(&mut self.rng, is_primary, msgs),
+                (_, Some(b), _) => b.transform(&mut self.rng, msgs),
+                (_, _, Some(b)) => b.transform(&mut self.rng, msgs),
+                _ => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
+            };
         for (to, frame) in frames {
             if let Some(to) = self.to_stable(epoch, to) {
                 self.transmit_after(from, to, frame, 0, epoch);
@@ -1056,8 +1149,8 @@ impl<W: Workload> World<W> {
     /// A node peer by index in `epoch` as the stable id the network routes by.
     fn to_stable(&self, epoch: u64, to: Peer) -> Option<Peer> {
         match to {
-            // Execution nodes are not members: their ids are their own.
-            Peer::Node(i) if self.is_exec_id(i) => Some(Peer::Node(i)),
+            // Execution and RQ nodes are not members: their ids are their own.
+            Peer::Node(i) if self.is_stage_id(i) => Some(Peer::Node(i)),
             Peer::Node(i) => self.stable_id(epoch, i).map(Peer::Node),
             client => Some(client),
         }
@@ -1065,6 +1158,11 @@ impl<W: Workload> World<W> {
 
     fn is_exec_id(&self, n: NodeId) -> bool {
         self.nodes.get(n as usize).is_some_and(|x| x.is_exec)
+    }
+
+    /// Whether `n` is a node of a separate execution or RQ stage (not a member).
+    fn is_stage_id(&self, n: NodeId) -> bool {
+        self.nodes.get(n as usize).is_some_and(|x| x.is_exec || x.is_rq)
     }
 
     fn side_of(&self, p: Peer) -> u8 {
@@ -1132,7 +1230,7 @@ impl<W: Workload> World<W> {
             Peer::Node(n) => {
                 // (A node id nobody has: a membership a test's deliberate bug accepted.)
                 let mine = match self.nodes.get(n as usize) {
-                    Some(x) if x.exec.is_some() => 0,
+                    Some(x) if x.exec.is_some() || x.rq.is_some() => 0,
                     Some(x) => match x.replica.as_ref() {
                         Some(r) => r.epoch(),
                         None => return,
@@ -1143,7 +1241,7 @@ impl<W: Workload> World<W> {
                 // epochs only certificates pass: a STATUS from an earlier epoch is answered
                 // with them, and they are taken from anyone.
                 let from = match from {
-                    Peer::Node(f) if self.is_exec_id(f) || self.is_exec_id(n) => Peer::Node(f),
+                    Peer::Node(f) if self.is_stage_id(f) || self.is_stage_id(n) => Peer::Node(f),
                     Peer::Node(f) if epoch == mine => {
                         match self.memberships.get(&mine).and_then(|ids| ids.iter().position(|i| *i == f)) {
                             Some(index) => Peer::Node(index as NodeId),
@@ -1500,6 +1598,7 @@ impl<W: Workload> World<W> {
         }
         node.replica = None;
         node.exec = None;
+        node.rq = None;
         node.epoch += 1;
         node.disk.crash(&mut self.rng, tear);
         self.report.faults.crashes += 1;
@@ -1509,6 +1608,14 @@ impl<W: Workload> World<W> {
     fn restart(&mut self, n: NodeId) {
         let now = self.node_now(n);
         let node = &mut self.nodes[n as usize];
+        if node.is_rq {
+            // Nothing on disk: it starts afresh (rq_node.rs).
+            let s = &node.secrets;
+            node.rq = Some(RqNode::new(self.cfg.clone(), n, s.signing.clone(), s.mac_secret));
+            self.report.faults.restarts += 1;
+            self.trace_line(format!("{} n{n} (RQ) restart", self.now));
+            return;
+        }
         let (snapshots, records) = node.disk.recover();
         if node.is_exec {
             let signing = node.secrets.signing.clone();

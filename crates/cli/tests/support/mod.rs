@@ -38,10 +38,10 @@ impl Cluster {
         Cluster::init_full(u, r, &[], cluster_extra, extra)
     }
 
-    /// A cluster with separated execution (`keel init --layout separated`): order
+    /// A cluster with separated execution (`keel init --layout separated-exec`): order
     /// nodes `0..2u + r + 1`, then `u + r + 1` execution nodes.
     pub fn init_separated(u: u32, r: u32) -> Cluster {
-        Cluster::init_full(u, r, &["--layout", "separated"], "", |_| None)
+        Cluster::init_full(u, r, &["--layout", "separated-exec"], "", |_| None)
     }
 
     /// A cluster whose requests are authenticated with `auth` (`keel init --auth`).

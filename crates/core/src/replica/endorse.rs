@@ -328,8 +328,8 @@ impl<S: Service> Replica<S> {
         self.take_endorsed(from, request, statement, valid, out)
     }
 
-    /// With RQ nodes of their own, an order node's request timer (or its client's repeat)
-    /// relays the RQ endorsements it holds of `client`'s pending request to every order
+    /// With RQ nodes of their own, an order node's request timer relays the RQ
+    /// endorsements it holds of `client`'s pending request to every order node and RQ
     /// node, so the primary (and each backup) can count them: an order node has no
     /// endorsement of its own to give (UpRight §4.1: order nodes judge requests by RQ
     /// nodes' word only).
@@ -340,6 +340,12 @@ impl<S: Service> Replica<S> {
         p.broadcast_at = self.now;
         let endorsements = p.endorsers.iter().map(|(&node, macs)| Endorsement { node, macs: macs.clone() }).collect();
         let msg = Message::Forward(Request { auth: Vec::new(), endorsements, ..p.req.clone() });
+        // RQ nodes too: those that could not check the client's entry endorse on r + 1
+        // peers' word (rq_node.rs), so the primary gets u + r + 1 once r + 1 correct RQ
+        // nodes vouch.
+        for rq in self.cfg.endorsers() {
+            out.send.push((Peer::Node(rq), msg.clone()));
+        }
         self.broadcast(msg, out);
     }
 
@@ -417,7 +423,9 @@ impl<S: Service> Replica<S> {
     pub(super) fn on_rq_message(&mut self, from: NodeId, msg: Message, out: &mut Outputs) -> Result<(), Reject> {
         match msg {
             Message::Endorse { request, macs } => self.on_endorse(from, request, macs, out),
-            Message::EndorseDigest { client, seq, op, macs } => self.on_endorse_digest(from, client, seq, op, macs, out),
+            Message::EndorseDigest { client, seq, op, macs } => {
+                self.on_endorse_digest(from, client, seq, op, macs, out)
+            }
             Message::Bodies { seq, ops } => self.on_bodies(from, seq, ops, out),
             _ => Err(Reject::WrongPeer),
         }
