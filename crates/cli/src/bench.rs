@@ -308,6 +308,7 @@ impl Baseline {
             request_digests: None,
             checkpoint_interval: None,
             separated: false,
+            rq_separated: false,
         };
         init(&dir, &o).map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -100,12 +100,10 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         return ExitCode::from(2);
     };
     let (separated, rq_separated) = layout_stages(&a.layout);
-    if rq_separated {
-        eprintln!("error: --layout {}: the runtime does not run RQ nodes of their own yet", a.layout);
-        return ExitCode::from(2);
-    }
     let order = 2 * a.u as usize + a.r as usize + 1;
-    let n = order + if separated { a.u as usize + a.r as usize + 1 } else { 0 };
+    let exec = if separated { a.u as usize + a.r as usize + 1 } else { 0 };
+    let rq = if rq_separated { order } else { 0 };
+    let n = order + exec + rq;
     // Node ports, then as many metrics ports.
     let Some(base_port) = a.base_port.or_else(|| free_ports(2 * n)) else {
         eprintln!("error: no free port range found; pass --base-port");
@@ -128,11 +126,21 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         request_digests: a.digests,
         checkpoint_interval: a.checkpoint_interval,
         separated,
+        rq_separated,
     };
     match init(&a.dir, &o) {
         Ok(()) => {
-            let layout =
-                if separated { format!(": {order} order nodes, {} execution nodes", n - order) } else { String::new() };
+            let mut stages = Vec::new();
+            if separated || rq_separated {
+                stages.push(format!("{order} order nodes"));
+            }
+            if separated {
+                stages.push(format!("{exec} execution nodes"));
+            }
+            if rq_separated {
+                stages.push(format!("{rq} RQ nodes"));
+            }
+            let layout = if stages.is_empty() { String::new() } else { format!(": {}", stages.join(", ")) };
             println!(
                 "initialized a cluster of {n} nodes (u = {}, r = {}){layout} in {}, ports {}..{}",
                 a.u,
@@ -321,13 +329,18 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
             Ok(why) => Err(why.trim().to_string()),
             Err(_) => keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2)),
         };
-        rows.push((setup.id, status));
+        rows.push((setup.id, setup.rq_only(), status));
     }
-    let max_executed = rows.iter().filter_map(|(_, r)| r.as_ref().ok().map(|s| s.executed)).max().unwrap_or(0);
+    let max_executed = rows.iter().filter_map(|(_, _, r)| r.as_ref().ok().map(|s| s.executed)).max().unwrap_or(0);
     println!("node\tepoch\tview\tprimary\texecuted\tstable\tlag\tpeers\tstate");
     let mut all_up = true;
-    for (id, r) in rows {
+    for (id, rq_only, r) in rows {
         match r {
+            Ok(s) if rq_only => {
+                // An RQ node executes nothing: it endorses requests for the order nodes.
+                let primary = s.members.get(s.primary as usize).copied().unwrap_or(s.primary);
+                println!("{id}	{}	{}	{primary}	-	-	-	{}/{}	RQ node", s.epoch, s.view, s.peers_connected, s.peers);
+            }
             Ok(s) => {
                 let state = match (s.view_change_to, s.transfer) {
                     (Some(t), _) => format!("changing to view {t}"),

@@ -157,12 +157,20 @@ pub struct Client {
     /// Operations still to send to every RQ node (after a retransmission) rather than to
     /// `u + r + 1` of them.
     rq_all_left: u32,
+    /// How many operations the next retransmission of one sent to `u + r + 1` RQ nodes
+    /// sends to all of them; and whether the in-flight one went to `u + r + 1` only.
+    rq_all_stretch: u32,
+    rq_subset: bool,
 }
 
-/// After a retransmission, this many operations go to every RQ node: RQ nodes never
-/// answer a client, so a client cannot tell which of them are down, and one down among
-/// its first `u + r + 1` would otherwise cost every request a retransmission timeout.
+/// After a retransmission of a request sent to `u + r + 1` RQ nodes, at least this many
+/// operations go to every RQ node, twice as many after each further such retransmission
+/// (up to [`RQ_ALL_OPS_MAX`]), back to this once one sent to `u + r + 1` completes
+/// without. RQ nodes never answer a client, so it cannot tell which of them are down, and
+/// one down among its first `u + r + 1` would otherwise cost every request a
+/// retransmission timeout; with it down for good, one operation in thousands does.
 const RQ_ALL_OPS: u32 = 64;
+const RQ_ALL_OPS_MAX: u32 = 8192;
 
 impl Client {
     /// `first_seq` lets a restarted client continue above sequence numbers it used before.
@@ -193,6 +201,8 @@ impl Client {
             executors: None,
             rq: None,
             rq_all_left: 0,
+            rq_all_stretch: RQ_ALL_OPS,
+            rq_subset: false,
         }
     }
 
@@ -206,6 +216,7 @@ impl Client {
 
     /// The RQ nodes a new request goes to first.
     fn rq_first(&mut self, rq: std::ops::Range<NodeId>) -> Vec<NodeId> {
+        self.rq_subset = self.rq_all_left == 0;
         if self.rq_all_left > 0 {
             self.rq_all_left -= 1;
             return rq.collect();
@@ -598,6 +609,10 @@ impl Client {
                     Kind::Ordered(req) => self.last_ordered = req.seq,
                     Kind::Read(_) => self.reads_answered += 1,
                 }
+                if std::mem::take(&mut self.rq_subset) {
+                    // u + r + 1 RQ nodes sufficed: they are up again (or always were).
+                    self.rq_all_stretch = RQ_ALL_OPS;
+                }
                 self.note_view(reply.view);
                 self.inflight = None;
                 return Some(result);
@@ -659,7 +674,10 @@ impl Client {
                 let m = Message::Request(request.clone());
                 if let Some(rq) = self.rq.clone() {
                     msgs.extend(rq.map(|n| (n, m.clone())));
-                    self.rq_all_left = RQ_ALL_OPS;
+                    if std::mem::take(&mut self.rq_subset) {
+                        self.rq_all_left = self.rq_all_stretch;
+                        self.rq_all_stretch = (self.rq_all_stretch * 2).min(RQ_ALL_OPS_MAX);
+                    }
                 }
                 // The order nodes answer from their reply caches (co-located execution),
                 // or take the request (no RQ stage of its own).

@@ -627,6 +627,15 @@ mod tests {
             let (result, retransmissions) = net.call(&mut c, &mut now, b"x");
             assert_eq!((result, retransmissions), (vec![i], 0), "later requests go to every RQ node at once");
         }
+        // Now and then it tries u + r + 1 again (and pays a retransmission while the node
+        // is down), less and less often: after 64, then 128, then 256 operations.
+        let mut slow = Vec::new();
+        for i in 6..300 {
+            if net.call(&mut c, &mut now, b"x").1 > 0 {
+                slow.push(i);
+            }
+        }
+        assert_eq!(slow, vec![66, 195], "retransmissions at the probes only");
         assert_eq!(net.views(), vec![0; 4], "no view change");
     }
 

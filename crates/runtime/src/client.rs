@@ -98,14 +98,15 @@ impl KeelClient {
         let (reply_tx, replies) = mpsc::channel::<(NodeId, Message)>(REPLY_QUEUE_MAX);
         let mut nodes = Nodes { by_id: BTreeMap::new(), connector, reply_tx, stats: stats.clone() };
         nodes.follow(&setup.membership);
-        // Separated execution: the execution nodes answer.
-        for (id, addr) in &setup.executors {
+        // Stages apart: the execution nodes answer, the RQ nodes take requests.
+        for (id, addr) in setup.executors.iter().chain(&setup.rq_nodes) {
             nodes.connect(*id, *addr);
         }
-        let executors = match (setup.executors.first(), setup.executors.last()) {
+        let range = |nodes: &[(NodeId, std::net::SocketAddr)]| match (nodes.first(), nodes.last()) {
             (Some((first, _)), Some((last, _))) => Some(*first..*last + 1),
             _ => None,
         };
+        let (executors, rq_nodes) = (range(&setup.executors), range(&setup.rq_nodes));
         // Sequence numbers continue above any this identity used before (a restarted
         // process): the executor ignores sequence numbers it has already passed.
         let first_seq = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_micros() as u64);
@@ -120,6 +121,10 @@ impl KeelClient {
                                 .with_membership(setup.membership.clone());
                         let core = match &executors {
                             Some(e) => core.with_executors(e.clone()),
+                            None => core,
+                        };
+                        let core = match &rq_nodes {
+                            Some(q) => core.with_rq_nodes(q.clone()),
                             None => core,
                         };
                         match &setup.signing {

@@ -102,6 +102,11 @@ pub struct ClusterFile {
     /// `admin_key` with them (membership changes are not supported separated yet).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub executors: Vec<NodeEntry>,
+    /// Stage placement (ARCHITECTURE §2, UpRight §4.1): empty (the default), the order
+    /// nodes endorse client requests; otherwise these nodes are the request quorum (ids
+    /// after the execution nodes', in order). At least 2u + r + 1; needs auth = rq-mac.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rq_nodes: Vec<NodeEntry>,
 }
 
 /// `[leadership]` in cluster.toml (Aardvark, UpRight §4.2). Unset fields keep the
@@ -202,12 +207,34 @@ impl ClusterFile {
             }
             cfg = cfg.with_executors(keys)?;
         }
+        if !self.rq_nodes.is_empty() {
+            let mut keys = Vec::with_capacity(self.rq_nodes.len());
+            for (i, q) in self.rq_nodes.iter().enumerate() {
+                let want = (self.nodes.len() + self.executors.len() + i) as NodeId;
+                if q.id != want {
+                    return Err(ConfigFileError::Invalid {
+                        path: path.into(),
+                        message: format!(
+                            "RQ node ids must follow the order and execution nodes' ({want}, ...); found {}",
+                            q.id
+                        ),
+                    });
+                }
+                keys.push(PublicKey(hex32(path, "rq_nodes.public_key", &q.public_key)?));
+            }
+            cfg = cfg.with_rq_nodes(keys)?;
+        }
         Ok(cfg)
     }
 
     /// The execution nodes' ids and addresses (empty: co-located).
     pub fn executor_addrs(&self) -> Vec<(NodeId, SocketAddr)> {
         self.executors.iter().map(|e| (e.id, e.addr)).collect()
+    }
+
+    /// The RQ nodes' ids and addresses (empty: the order nodes endorse).
+    pub fn rq_addrs(&self) -> Vec<(NodeId, SocketAddr)> {
+        self.rq_nodes.iter().map(|q| (q.id, q.addr)).collect()
     }
 }
 
@@ -325,12 +352,19 @@ pub struct NodeSetup {
     pub secrets: NodeSecrets,
     /// Separated execution: every execution node's id and address (empty: co-located).
     pub executors: Vec<(NodeId, SocketAddr)>,
+    /// A separate RQ stage: every RQ node's id and address (empty: the order nodes).
+    pub rq_nodes: Vec<(NodeId, SocketAddr)>,
 }
 
 impl NodeSetup {
     /// Whether this node is an execution node of a separated cluster.
     pub fn executes_only(&self) -> bool {
         self.cluster.separated() && self.cluster.executors().contains(&self.id)
+    }
+
+    /// Whether this node is an RQ node of a separate RQ stage.
+    pub fn rq_only(&self) -> bool {
+        self.cluster.rq_separated() && self.cluster.endorsers().contains(&self.id)
     }
 }
 
@@ -362,9 +396,11 @@ impl NodeFile {
             hex32(path, "mac_secret", &f.mac_secret)?,
         );
         let membership = joined.as_ref().unwrap_or(&cluster.membership);
-        let executors = cluster.executors();
+        let (executors, endorsers) = (cluster.executors(), cluster.endorsers());
         let listed = if cluster.separated() && executors.contains(&f.id) {
             cluster.stages.executors.get((f.id - executors.start) as usize).copied()
+        } else if cluster.rq_separated() && endorsers.contains(&f.id) {
+            cluster.stages.rq.get((f.id - endorsers.start) as usize).copied()
         } else {
             membership.index_of(f.id).map(|i| membership.members[i as usize].key)
         };
@@ -390,6 +426,7 @@ impl NodeFile {
             credentials: Credentials { cert_pem: read(&base.join(&f.cert))?, key_pem: read(&base.join(&f.key))? },
             secrets,
             executors: cluster_file.executor_addrs(),
+            rq_nodes: cluster_file.rq_addrs(),
         })
     }
 }
@@ -426,6 +463,9 @@ pub struct ClientSetup {
     /// Separated execution: the execution nodes' ids and addresses, which answer (empty:
     /// the order nodes answer).
     pub executors: Vec<(NodeId, SocketAddr)>,
+    /// A separate RQ stage: the RQ nodes' ids and addresses, which take requests (empty:
+    /// the order nodes take them).
+    pub rq_nodes: Vec<(NodeId, SocketAddr)>,
 }
 
 /// [`ClientSetup::retransmit_ms`] unless the application sets another.
@@ -465,6 +505,7 @@ impl ClientFile {
             signing,
             retransmit_ms: CLIENT_RETRANSMIT_MS,
             executors: cluster.executor_addrs(),
+            rq_nodes: cluster.rq_addrs(),
         })
     }
 }
@@ -490,6 +531,9 @@ pub struct InitOptions {
     /// Separated execution: u + r + 1 execution nodes besides the 2u + r + 1 order
     /// nodes (node ids after theirs), and no administrator key.
     pub separated: bool,
+    /// A separate RQ stage: 2u + r + 1 RQ nodes (ids after the execution nodes'),
+    /// auth = rq-mac, and no administrator key.
+    pub rq_separated: bool,
 }
 
 fn is_zero(v: &u64) -> bool {
@@ -510,7 +554,13 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     let n = quorums.order_nodes();
     // Execution nodes (separated): ids n..n + e, after the order nodes'.
     let e = if o.separated { quorums.execution_nodes_min() } else { 0 };
-    let total = n + e;
+    // RQ nodes (a separate RQ stage): after the execution nodes'.
+    let q = if o.rq_separated { quorums.rq_nodes_min() } else { 0 };
+    let total = n + e + q;
+    let auth = match (o.auth, o.rq_separated) {
+        (None, true) => Some(Auth::RqMac),
+        (auth, _) => auth,
+    };
     // The checks a node applies when it loads the cluster file, before anything is
     // written (keys do not matter to them).
     let options = Options {
@@ -518,14 +568,16 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         ..Options::production()
     };
     let checked = ClusterConfig::new(quorums, vec![PublicKey([0; 32]); n], options)?
-        .with_auth(o.auth.unwrap_or(Auth::default_for(&quorums)));
+        .with_auth(auth.unwrap_or(Auth::default_for(&quorums)));
     let checked = match o.request_digests {
         Some(on) => checked.with_request_digests(on)?,
         None => checked,
     };
-    if o.separated {
-        checked.with_executors(vec![PublicKey([0; 32]); e])?;
+    let checked = if o.separated { checked.with_executors(vec![PublicKey([0; 32]); e])? } else { checked };
+    if o.rq_separated {
+        checked.with_rq_nodes(vec![PublicKey([0; 32]); q])?;
     }
+    let apart = o.separated || o.rq_separated;
     fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?;
     let ca = generate_ca()?;
     write(&dir.join("ca.pem"), &ca.cert_pem)?;
@@ -546,19 +598,21 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         (0..o.clients).map(|c| (first_client_id() + c as ClientId, random_bytes())).collect();
     // The administrator's key stays in DIR (like ca.key): `keel admin` signs with it.
     let admin_seed: [u8; 32] = random_bytes();
-    if !o.separated {
+    if !apart {
         write(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
     }
+    let rq_nodes = nodes.split_off(n + e);
     let executors = nodes.split_off(n);
     let cluster = ClusterFile {
-        // Membership changes move order nodes only; not supported separated yet.
-        admin_key: (!o.separated).then(|| hex::encode(SigningKey::from_seed(admin_seed).public().0)),
+        // Membership changes move order nodes only; not supported with stages apart yet.
+        admin_key: (!apart).then(|| hex::encode(SigningKey::from_seed(admin_seed).public().0)),
         u: o.u,
         r: o.r,
         nodes: nodes.clone(),
         executors: executors.clone(),
+        rq_nodes: rq_nodes.clone(),
         leadership: LeadershipFile::default(),
-        auth: o.auth.map(|a| a.name().to_string()),
+        auth: auth.map(|a| a.name().to_string()),
         request_digests: o.request_digests,
         checkpoint_interval: o.checkpoint_interval,
         client_keys: client_seeds
@@ -572,7 +626,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         FsyncPolicy::Always => "always",
         FsyncPolicy::Never => "never",
     };
-    let all: Vec<NodeEntry> = nodes.iter().chain(&executors).cloned().collect();
+    let all: Vec<NodeEntry> = nodes.iter().chain(&executors).chain(&rq_nodes).cloned().collect();
     for (i, (seed, mac)) in seeds.iter().enumerate() {
         let ndir = dir.join(format!("node-{i}"));
         fs::create_dir_all(ndir.join("data")).map_err(|source| ConfigFileError::Io { path: ndir.clone(), source })?;
@@ -685,6 +739,7 @@ pub fn admin_setup(dir: &Path) -> Result<(ClientSetup, SigningKey), ConfigFileEr
         signing: Some(admin.clone()),
         retransmit_ms: CLIENT_RETRANSMIT_MS,
         executors: cluster.executor_addrs(),
+        rq_nodes: cluster.rq_addrs(),
     };
     Ok((setup, admin))
 }
@@ -786,6 +841,7 @@ mod tests {
             request_digests: None,
             checkpoint_interval: Some(4096),
             separated: false,
+            rq_separated: false,
         };
         assert!(init(&at, &o).is_err(), "a view change could not carry the log");
         assert!(!at.exists());
@@ -809,6 +865,7 @@ mod tests {
             request_digests: None,
             checkpoint_interval: None,
             separated: true,
+            rq_separated: false,
         };
         init(dir.path(), &o).expect("init");
         let mut listens = std::collections::BTreeSet::new();
@@ -836,6 +893,50 @@ mod tests {
     }
 
     #[test]
+    fn init_with_every_stage_apart_writes_order_execution_and_rq_nodes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let o = InitOptions {
+            service: "kv".into(),
+            u: 1,
+            r: 0,
+            host: "127.0.0.1".into(),
+            base_port: 41000,
+            clients: 1,
+            fsync: FsyncPolicy::Batch,
+            auth: None,
+            request_digests: None,
+            checkpoint_interval: None,
+            separated: true,
+            rq_separated: true,
+        };
+        init(dir.path(), &o).expect("init");
+        // (1, 0): 3 order nodes 0..3, 2 execution nodes 3..5, 3 RQ nodes 5..8.
+        for i in 0..8 {
+            let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");
+            assert_eq!(setup.cluster.auth, Auth::RqMac, "an RQ stage apart needs rq-mac, also with r = 0");
+            assert_eq!((setup.cluster.executors(), setup.cluster.endorsers()), (3..5, 5..8));
+            assert_eq!((setup.executes_only(), setup.rq_only()), ((3..5).contains(&i), i >= 5));
+            assert_eq!(setup.rq_nodes.len(), 3);
+            assert!(setup.cluster.admin_key.is_none());
+        }
+        assert!(!dir.path().join(ADMIN_KEY_FILE).exists());
+        let c = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client loads");
+        assert_eq!(c.rq_nodes.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![5, 6, 7]);
+        assert_eq!(c.mac_keys.len(), 8, "a MAC key for every node, RQ nodes included");
+        // Too few RQ nodes, or another auth mode, are refused when the file is loaded.
+        let cluster = dir.path().join("cluster.toml");
+        let text = std::fs::read_to_string(&cluster).expect("cluster file");
+        let mut f: ClusterFile = toml::from_str(&text).expect("parses");
+        f.auth = Some("mac".into());
+        assert!(f.cluster_config(&cluster, Options::production()).is_err(), "rq-mac only");
+        f.auth = None;
+        f.rq_nodes.pop();
+        assert!(f.cluster_config(&cluster, Options::production()).is_err(), "2u + r + 1 RQ nodes");
+        let o = InitOptions { auth: Some(Auth::Sig), ..o };
+        assert!(init(&dir.path().join("sig"), &o).is_err(), "sig with an RQ stage apart");
+    }
+
+    #[test]
     fn init_writes_a_loadable_cluster() {
         let dir = tempfile::tempdir().expect("tempdir");
         init(
@@ -852,6 +953,7 @@ mod tests {
                 request_digests: Some(false),
                 checkpoint_interval: Some(1024),
                 separated: false,
+                rq_separated: false,
             },
         )
         .expect("init");

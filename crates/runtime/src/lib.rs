@@ -8,6 +8,7 @@ pub mod execution;
 pub mod inbound;
 pub mod metrics;
 pub mod node;
+pub mod rq;
 pub mod snapshots;
 pub mod storage;
 pub mod tls;

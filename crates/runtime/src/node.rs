@@ -85,6 +85,9 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
     if setup.executes_only() {
         return crate::execution::run_execution_node(setup, make()).await;
     }
+    if setup.rq_only() {
+        return crate::rq::run_rq_node(setup).await;
+    }
     if setup.cluster.separated() {
         // An order node of a separated cluster keeps the order state only.
         return run_replica(setup, || keel_core::service::OrderState).await;
@@ -241,8 +244,8 @@ pub(crate) async fn announce(setup: &NodeSetup) -> Result<(Arc<TransportStats>, 
     Ok((stats, m, shared))
 }
 
-/// Outgoing connections to every other member of `membership`, and (separated) to the
-/// execution nodes, whose ids are their own rather than members'.
+/// Outgoing connections to every other member of `membership`, and (stages apart) to the
+/// execution and RQ nodes, whose ids are their own rather than members'.
 pub(crate) fn dial_peers(
     setup: &NodeSetup,
     membership: &Membership,
@@ -251,7 +254,10 @@ pub(crate) fn dial_peers(
     let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
     let mut peers = Peers::new(setup.id, connector, stats.clone());
     peers.follow(membership);
-    for (id, addr) in &setup.executors {
+    // Execution and RQ nodes never speak to each other (the bytes come with the commits).
+    let executors = if setup.rq_only() { &[][..] } else { &setup.executors[..] };
+    let rq_nodes = if setup.executes_only() { &[][..] } else { &setup.rq_nodes[..] };
+    for (id, addr) in executors.iter().chain(rq_nodes) {
         peers.add_fixed(*id, *addr);
     }
     Ok(peers)
@@ -501,9 +507,10 @@ fn publish<S: Service>(
             executed: replica.executed(),
             stable: replica.stable_seq(),
             peers_connected: connected,
-            // Separated: the execution nodes are peers too.
+            // Stages apart: the execution and RQ nodes are peers too.
             peers: (replica.config().n() - 1
-                + if replica.config().separated() { replica.config().executors().len() } else { 0 })
+                + if replica.config().separated() { replica.config().executors().len() } else { 0 }
+                + if replica.config().rq_separated() { replica.config().endorsers().len() } else { 0 })
                 as u64,
             transfer,
             epoch: replica.epoch(),
@@ -525,8 +532,10 @@ fn handle<S: Service>(
         Inbound::Node { from, epoch, msg, checked } => {
             let mine = replica.epoch();
             let cfg = replica.config();
-            if cfg.separated() && cfg.executors().contains(&from) {
-                // An execution node: named by its id (no membership changes separated).
+            let apart = cfg.separated() && cfg.executors().contains(&from)
+                || cfg.rq_separated() && cfg.endorsers().contains(&from);
+            if apart {
+                // An execution or RQ node: named by its id (no membership changes then).
                 replica.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out);
             } else if epoch == mine {
                 // Counted by the sender's index in this epoch; a stranger is dropped.
@@ -566,7 +575,6 @@ pub(crate) fn flush(
     if out.is_empty() {
         return Ok(false);
     }
-    let mut ended = false;
     let epoch = peers.epoch;
     // The queue, and for a node the epoch its frame is tagged with.
     let route = |to: Peer| -> Option<(&mpsc::Sender<Vec<u8>>, Option<u64>)> {
@@ -597,6 +605,12 @@ pub(crate) fn flush(
             .collect();
         committer.submit(std::mem::take(&mut out.persist), std::mem::take(&mut out.persist_lazy), gated)?;
     }
+    Ok(record_events(out, clients, m))
+}
+
+/// Counts and logs the step(s)' events; whether the membership epoch ended.
+pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metrics) -> bool {
+    let mut ended = false;
     for e in out.events.drain(..) {
         match e {
             Event::Rejected { from, kind, reason } => {
@@ -655,7 +669,7 @@ pub(crate) fn flush(
             Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
     }
-    Ok(ended)
+    ended
 }
 
 /// Reads frames from one accepted connection; for clients, also writes replies back.

@@ -44,6 +44,12 @@ impl Cluster {
         Cluster::init_full(u, r, &["--layout", "separated-exec"], "", |_| None)
     }
 
+    /// A cluster with every stage apart (`keel init --layout separated`): order nodes
+    /// `0..2u + r + 1`, then `u + r + 1` execution nodes, then `2u + r + 1` RQ nodes.
+    pub fn init_stages_apart(u: u32, r: u32) -> Cluster {
+        Cluster::init_full(u, r, &["--layout", "separated"], "", |_| None)
+    }
+
     /// A cluster whose requests are authenticated with `auth` (`keel init --auth`).
     pub fn init_auth(u: u32, r: u32, auth: &str) -> Cluster {
         Cluster::init_full(u, r, &["--auth", auth], "", |_| None)

@@ -1,0 +1,110 @@
+//! An RQ node process of a cluster with a separate request-quorum stage (UpRight §4.1):
+//! the transport and the sans-IO RQ node ([`keel_core::rq_node::RqNode`]).
+//!
+//! ```text
+//!  TLS readers ──► inbound queue ──► protocol task: step the RQ node
+//!      ──► endorsements to the order nodes and RQ peers, operation bytes on request
+//! ```
+//!
+//! Nothing goes to disk: order nodes hold every byte of a value before they vote for it,
+//! so an RQ node restarts empty (rq_node.rs explains why that is safe).
+
+use crate::clients::Clients;
+use crate::config::NodeSetup;
+use crate::inbound::{self, Inbound};
+use crate::metrics::Status;
+use crate::node::{announce, dial_peers, listen, now_ms, record_events, NodeError, Peers, INBOUND_QUEUE_MAX};
+use crate::transport::{node_frame, offer, TransportStats};
+use keel_core::codec;
+use keel_core::message::owner_of;
+use keel_core::replica::{Input, Outputs, Peer};
+use keel_core::rq_node::RqNode;
+use std::time::Duration;
+
+/// How often the RQ node's timers are checked.
+const TICK: Duration = Duration::from_millis(5);
+/// Inputs stepped before the outputs are flushed.
+const STEP_BATCH_MAX: usize = 1024;
+
+/// Runs an RQ node until the process ends.
+///
+/// # Errors
+/// Failures to bind or configure TLS.
+pub async fn run_rq_node(setup: NodeSetup) -> Result<(), NodeError> {
+    let cfg = setup.cluster.clone();
+    let mut rq = RqNode::new(cfg.clone(), setup.id, setup.secrets.signing.clone(), setup.secrets.mac_secret);
+    tracing::info!(node = setup.id, "RQ node started");
+    let (stats, m, shared) = announce(&setup).await?;
+    let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
+    // The order nodes (members) and the other RQ nodes.
+    let peers = dial_peers(&setup, &cfg.membership, &stats)?;
+    let bans = listen(&setup, &in_tx, None, &stats).await?;
+    let mut clients = Clients::new(bans);
+    let mut out = Outputs::default();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        send(&mut out, &peers, &mut clients, &stats);
+        record_events(&mut out, &mut clients, &m);
+        tokio::select! {
+            ev = in_rx.recv() => {
+                let Some(ev) = ev else { return Ok(()) };
+                handle(&mut rq, ev, &mut clients, &mut out);
+                for _ in 0..STEP_BATCH_MAX {
+                    match in_rx.try_recv() {
+                        Some(ev) => handle(&mut rq, ev, &mut clients, &mut out),
+                        None => break,
+                    }
+                }
+            }
+            _ = tick.tick() => {
+                rq.step(now_ms(), Input::Tick, &mut out);
+                m.inbound_queue.set(in_rx.len() as i64);
+                if let Ok(mut s) = shared.status.lock() {
+                    *s = Status {
+                        node: rq.id(),
+                        view: rq.view(),
+                        primary: cfg.primary(rq.view()),
+                        view_change_to: None,
+                        executed: 0,
+                        stable: 0,
+                        peers_connected: peers.connected(),
+                        peers: (cfg.n() + cfg.endorsers().len() - 1) as u64,
+                        transfer: None,
+                        epoch: cfg.epoch(),
+                        members: cfg.membership.members.iter().map(|x| x.id).collect(),
+                    };
+                }
+            }
+        }
+    }
+}
+
+fn handle(rq: &mut RqNode, ev: Inbound, clients: &mut Clients, out: &mut Outputs) {
+    match ev {
+        Inbound::Input(input) => rq.step(now_ms(), input, out),
+        // No membership changes with a separate RQ stage: node ids are their own.
+        Inbound::Node { from, msg, .. } => rq.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out),
+        Inbound::ClientUp { id, conn, tx, close } => clients.up(id, conn, tx, close),
+        Inbound::ClientDown { id, conn } => clients.down(id, conn),
+    }
+}
+
+/// Sends what the step(s) produced: an RQ node persists nothing, so nothing waits.
+fn send(out: &mut Outputs, peers: &Peers, clients: &mut Clients, stats: &TransportStats) {
+    let gated = std::mem::take(&mut out.send_after_persist);
+    for (to, msg) in out.send.drain(..).chain(gated) {
+        match to {
+            Peer::Node(j) => {
+                if let Some(tx) = peers.route(j) {
+                    offer(tx, node_frame(0, &msg), stats);
+                }
+            }
+            Peer::Client(c) => {
+                if let Some(tx) = clients.route(owner_of(c)) {
+                    offer(tx, codec::encode(&msg), stats);
+                }
+            }
+        }
+    }
+}
