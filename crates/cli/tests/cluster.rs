@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 mod support;
-use support::{get, metric, put, start_writers, Cluster, OP_TIMEOUT};
+use support::{get, metric, put, read_only, start_writers, Cluster, OP_TIMEOUT};
 
 async fn check_all(cluster: &Cluster, acked: &[(String, String)]) {
     let c = cluster.client(1007);
@@ -274,15 +274,6 @@ async fn one_client_identity_keeps_many_operations_in_flight_over_sessions() {
     assert!(KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), 0).is_err());
     let too_many = 1 + keel_core::message::SESSIONS_MAX as usize;
     assert!(KeelClient::connect_sessions(ClientFile::load(&file).expect("client file"), too_many).is_err());
-}
-
-async fn read_only(c: &KeelClient, k: &str, consistency: ReadConsistency) -> Option<String> {
-    let op = KvRequest::Get { key: k.into() }.encode();
-    let bytes = c.invoke_read_only(op, consistency, OP_TIMEOUT).await.expect("read answers");
-    match KvResponse::decode(&bytes).expect("decodes") {
-        KvResponse::Value(v) => v.map(|v| String::from_utf8_lossy(&v).to_string()),
-        other => panic!("unexpected get result {other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{get, put, start_writers, Cluster};
+use support::{get, metric, put, read_only, start_writers, Cluster};
 
 /// Order nodes are 0..4, execution nodes 4..7 at u = r = 1.
 const ORDER: usize = 4;
@@ -121,4 +121,87 @@ async fn with_separated_execution_and_an_order_backup_down_requests_do_not_wait_
     let (p50, p99) = (lat[lat.len() / 2], lat[lat.len() * 99 / 100]);
     eprintln!("put p50/p99 with order node 2 down: {p50:?}/{p99:?}");
     assert!(p99 < Duration::from_millis(400), "puts waited for retransmissions: p99 {p99:?}");
+}
+
+/// Read-only reads with execution apart (ARCHITECTURE §7): answered by execution nodes
+/// without ordering; a linearizable read or a read index waits for an index from a
+/// quorum of order nodes, a serializable one for the reader's last write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_separated_execution_read_only_reads_are_answered_by_execution_nodes_without_ordering() {
+    use keel_core::message::ReadConsistency::{Index, Linearizable, Serializable};
+    let mut cluster = Cluster::init_separated(1, 1);
+    let writer = cluster.client(1000);
+    // Answers that do not come within 5 s would be ordered instead (a loaded host).
+    let reader = cluster.client_retransmitting_after(1001, 5_000);
+    put(&writer, "k", "v1").await.expect("put");
+    assert_eq!(read_only(&reader, "k", Linearizable).await.as_deref(), Some("v1"));
+    put(&writer, "k", "v2").await.expect("put");
+    assert_eq!(read_only(&writer, "k", Serializable).await.as_deref(), Some("v2"), "reads its own write");
+    let big = "b".repeat(1000);
+    put(&writer, "big", &big).await.expect("put");
+    // Every execution node executed the three puts (a put completes at r + 1 = 2).
+    let executed = |c: &Cluster| {
+        (ORDER..ORDER + 3).map(|i| metric(&c.metrics(i), "keel_executed_requests_total")).collect::<Vec<_>>()
+    };
+    let started = Instant::now();
+    while executed(&cluster) != [3; 3] && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = executed(&cluster);
+    assert_eq!(before, [3; 3]);
+    for _ in 0..30 {
+        assert_eq!(read_only(&reader, "k", Linearizable).await.as_deref(), Some("v2"));
+        assert_eq!(read_only(&reader, "k", Serializable).await.as_deref(), Some("v2"));
+        assert_eq!(read_only(&reader, "k", Index).await.as_deref(), Some("v2"));
+        assert_eq!(read_only(&reader, "big", Linearizable).await.as_deref(), Some(big.as_str()));
+        assert_eq!(read_only(&reader, "big", Index).await.as_deref(), Some(big.as_str()));
+    }
+    assert_eq!(executed(&cluster), before, "read-only reads were ordered");
+    let answered = |cluster: &Cluster, kind: &str| -> u64 {
+        let name = format!("keel_reads_answered_total{{kind=\"{kind}\"}}");
+        (ORDER..ORDER + 3).filter_map(|i| cluster.status(i).map(|_| metric(&cluster.metrics(i), &name))).sum()
+    };
+    // A read index goes to r + 1 = 2 execution nodes; the others go to all three, of
+    // which r + 1 suffice.
+    assert!(answered(&cluster, "index") >= 120, "read-index answers: {}", answered(&cluster, "index"));
+    assert!(answered(&cluster, "linearizable") >= 120, "linearizable answers: {}", answered(&cluster, "linearizable"));
+    assert!(answered(&cluster, "serializable") >= 60, "serializable answers: {}", answered(&cluster, "serializable"));
+
+    // Under concurrent writes, a linearizable read never returns a value older than the
+    // last write acknowledged before it began (values are increasing counters).
+    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let w = {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        let c = cluster.client(1002);
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                n += 1;
+                put(&c, "ctr", &n.to_string()).await.expect("put");
+                acked.store(n, std::sync::atomic::Ordering::SeqCst);
+            }
+            n
+        })
+    };
+    let mut checked = 0;
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let floor = acked.load(std::sync::atomic::Ordering::SeqCst);
+        let got = read_only(&reader, "ctr", Linearizable).await.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        assert!(got >= floor, "linearizable read returned {got}, but {floor} was acknowledged before it began");
+        checked += 1;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let writes = w.await.expect("writer");
+    eprintln!("{checked} linearizable reads under {writes} concurrent writes");
+    assert!(checked > 20 && writes > 20, "{checked} reads, {writes} writes");
+
+    // With an execution node down, r + 1 = 2 still answer a linearizable read.
+    cluster.kill(ORDER + 2);
+    let before = answered(&cluster, "linearizable");
+    for _ in 0..10 {
+        assert!(read_only(&reader, "k", Linearizable).await.is_some());
+    }
+    assert!(answered(&cluster, "linearizable") >= before + 20, "answered without the node down");
 }

@@ -227,8 +227,8 @@ impl Client {
     }
 
     /// Separated execution: replies come from the execution nodes `executors`
-    /// ([`crate::config::ClusterConfig::executors`]). Reads are ordered (an execution
-    /// node takes part in no agreement, so the read-only quorums do not apply to it).
+    /// ([`crate::config::ClusterConfig::executors`]), and so do answers to read-only
+    /// operations (see [`Client::read_quorum`]).
     pub fn with_executors(mut self, executors: std::ops::Range<NodeId>) -> Client {
         self.executors = Some(executors);
         self
@@ -345,11 +345,6 @@ impl Client {
         consistency: ReadConsistency,
     ) -> Result<Vec<(NodeId, Message)>, ClientError> {
         self.check_idle(op.len())?;
-        if self.executors.is_some() {
-            self.reads_ordered += 1;
-            self.start_ordered(now, op.into());
-            return Ok(self.poll_send());
-        }
         self.next_seq();
         let mut read = Read {
             client: self.id,
@@ -365,9 +360,13 @@ impl Client {
         Ok(msgs)
     }
 
-    /// The nodes a read goes to: all, or for read index the r + 1 from `index_first` on.
+    /// The nodes a read goes to: all, or for read index the r + 1 from `index_first` on;
+    /// the execution nodes when execution is apart.
     fn read_targets(&self, consistency: ReadConsistency) -> Vec<NodeId> {
-        let members = self.members();
+        let members = match &self.executors {
+            Some(e) => e.clone().collect(),
+            None => self.members(),
+        };
         let n = members.len() as NodeId;
         match consistency {
             ReadConsistency::Index => (0..self.quorums.reply_quorum() as NodeId)
@@ -597,7 +596,7 @@ impl Client {
         inflight.replies.insert(from, (digest, full));
         let need = match &inflight.kind {
             Kind::Ordered(_) => self.quorums.reply_quorum(),
-            Kind::Read(read) => self.quorums.read_quorum(read.consistency),
+            Kind::Read(read) => read_quorum(self.quorums, self.executors.is_some(), read.consistency),
         };
         let refused = ReplyBody::NotReadOnly.result_digest();
         let agreeing = inflight.replies.values().filter(|(d, _)| *d == digest).count();
@@ -639,7 +638,8 @@ impl Client {
         self.reads_ordered += 1;
         if let Some(Inflight { kind: Kind::Read(read), .. }) = &self.inflight {
             if read.consistency == ReadConsistency::Index {
-                self.index_first = (self.index_first + 1) % self.membership.n() as NodeId;
+                let n = self.executors.as_ref().map_or(self.membership.n(), |e| e.len());
+                self.index_first = (self.index_first + 1) % n.max(1) as NodeId;
             }
         }
         self.inflight = None;
@@ -700,6 +700,18 @@ impl Client {
             msgs.extend(self.to_all(query));
         }
         msgs
+    }
+}
+
+/// Matching answers a read needs: [`Quorums::read_quorum`]; with execution apart,
+/// `r + 1` for every consistency, since an execution node answers a linearizable read
+/// only at a read index it got from a quorum of order nodes (exec_node.rs), which is what
+/// the order quorum of matching answers stands for when nodes vote.
+fn read_quorum(quorums: Quorums, execution_apart: bool, consistency: ReadConsistency) -> usize {
+    if execution_apart {
+        quorums.reply_quorum()
+    } else {
+        quorums.read_quorum(consistency)
     }
 }
 

@@ -122,6 +122,20 @@ pub enum ConfigError {
     RqNeedsRqMac,
 }
 
+/// Endorsements of requests a node cannot check itself are held in shares of
+/// `clients_max`, one per node that may be charged (replica/endorse.rs `Hearsay`): at
+/// least one entry each.
+fn clients_for(options: &Options, nodes: usize) -> Result<(), ConfigError> {
+    if options.clients_max < nodes {
+        return Err(ConfigError::Option {
+            name: "clients_max",
+            value: options.clients_max as u64,
+            why: "fewer than the nodes that endorse requests",
+        });
+    }
+    Ok(())
+}
+
 /// The encoded size of a prepared certificate's proof at most, with `q` signatures: view,
 /// seq, digest, and (node, signature) pairs, with room for varint lengths.
 fn cert_proof_bytes_max(q: u64) -> u64 {
@@ -134,6 +148,7 @@ impl ClusterConfig {
             return Err(ConfigError::NodeCount { expected: quorums.order_nodes(), got: node_keys.len() });
         }
         options.validate()?;
+        clients_for(&options, quorums.order_nodes())?;
         let q = quorums.order_quorum() as u64;
         if q * options.log_max() * cert_proof_bytes_max(q) > crate::codec::FRAME_MAX as u64 {
             // A NEW-VIEW holds Q view changes of up to log_max certificates each.
@@ -223,6 +238,7 @@ impl ClusterConfig {
         if self.auth != Auth::RqMac {
             return Err(ConfigError::RqNeedsRqMac);
         }
+        clients_for(&self.options, self.n() + keys.len())?;
         let (order, exec) = (self.n(), self.stages.executors.len());
         if order + exec + keys.len() > crate::quorum::NODES_MAX {
             return Err(ConfigError::TooManyNodes { order, exec: exec + keys.len(), max: crate::quorum::NODES_MAX });

@@ -23,11 +23,13 @@ use crate::config::ClusterConfig;
 use crate::crypto::{Digest, NodeKeys, SigningKey};
 use crate::exec::{Chunked, Executor};
 use crate::message::{
-    checkpoint_statement, owner_of, CheckpointVote, ClientId, Message, NodeId, Reply, ReplyBody, Request, Seq,
-    StableProof, Value,
+    checkpoint_statement, owner_of, CheckpointVote, ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody,
+    Request, Seq, StableProof, Value,
 };
+use crate::quorum::Mutation;
+use crate::read_wait::{ReadWaits, Until};
 use crate::replica::{Event, ExecutedRequest, Input, Outputs, Peer, Persist, PushQueues, Reject};
-use crate::service::{RestoreError, Service};
+use crate::service::{ReadCtx, RestoreError, Service};
 use crate::transfer::Transfer;
 use std::collections::BTreeMap;
 
@@ -84,6 +86,8 @@ pub struct ExecNode<S> {
     executed_at_status: Seq,
     next_status: u64,
     next_retransmit: u64,
+    /// Read-only operations waiting, and read-index probe rounds to the order nodes.
+    reads: ReadWaits,
 }
 
 /// Own checkpoints kept above the certified one. The gate keeps execution within two
@@ -117,6 +121,7 @@ impl<S: Service> ExecNode<S> {
             transfer: None,
             pushes: PushQueues::default(),
             executed_at_status: 0,
+            reads: ReadWaits::default(),
             next_status: 0,
             next_retransmit: 0,
         }
@@ -214,6 +219,12 @@ impl<S: Service> ExecNode<S> {
         let kind = msg.kind();
         let result = match (from, msg) {
             (Peer::Client(c), Message::Request(req)) => self.on_request(c, req, out),
+            (Peer::Client(c), Message::Read(read)) => self.on_read(c, read, out),
+            (Peer::Node(n), Message::IndexAck { round, accepted }) if self.is_order_node(n) => {
+                self.reads.ack(n, round, accepted);
+                self.finish_index_rounds(out);
+                Ok(())
+            }
             (Peer::Client(c), Message::PushAck { client, upto }) => {
                 if owner_of(client) == c {
                     self.pushes.ack(client, upto);
@@ -334,6 +345,7 @@ impl<S: Service> ExecNode<S> {
                 self.take_checkpoint(seq, out);
             }
         }
+        self.answer_reads(out);
     }
 
     /// Large results in full from one designated execution node, a digest from the others
@@ -524,6 +536,12 @@ impl<S: Service> ExecNode<S> {
         if self.cfg.options.transfer_rate_bytes > 0 {
             self.request_chunks(out);
         }
+        self.reads.expire(self.now, self.cfg.options.request_timeout_ms);
+        if let Some((round, answered)) = self.reads.round_to_resend(self.now, self.cfg.options.retransmit_ms) {
+            for node in (0..self.cfg.n() as NodeId).filter(|n| !answered.contains(n)) {
+                out.send.push((Peer::Node(node), Message::IndexProbe { round }));
+            }
+        }
         if self.now >= self.next_retransmit {
             self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
             self.pushes.resend(&mut out.send);
@@ -558,8 +576,95 @@ impl<S: Service> ExecNode<S> {
         }
     }
 
+    /// A read-only operation (ARCHITECTURE §7). Execution nodes vote in no agreement, so
+    /// where an order node answers a linearizable read once it executed all it voted to
+    /// accept (replica/read.rs), an execution node first asks a quorum of order nodes how
+    /// far they voted (a read index, the same probe round), and answers once it executed
+    /// that far: a completed write was accepted by `u + 1` correct order nodes, any quorum
+    /// includes one, so the index is at or past it, and `r + 1` matching answers include
+    /// a correct node's. A read index is the same, sent to `r + 1` execution nodes only.
+    /// A serializable read waits for the reader's last ordered request. The client's
+    /// own connection authenticates it (as for requests here: an execution node checks
+    /// no client MACs).
+    fn on_read(&mut self, from: ClientId, read: Read, out: &mut Outputs) -> Result<(), Reject> {
+        crate::replica::check_session(Peer::Client(from), read.client)?;
+        if !self.reads.is_new(&read, self.cfg.options.clients_max)? {
+            return Ok(());
+        }
+        let mutation = self.cfg.quorums.mutation();
+        let until = match read.consistency {
+            ReadConsistency::Serializable if mutation == Some(Mutation::SerializableWithoutWait) => {
+                Until::ClientExecuted(0)
+            }
+            ReadConsistency::Serializable => Until::ClientExecuted(read.after),
+            ReadConsistency::Linearizable if mutation == Some(Mutation::ReadWithoutWait) => Until::Executed(0),
+            ReadConsistency::Linearizable | ReadConsistency::Index => {
+                let (until, started) = self.reads.index_wait(self.now, None);
+                if let Some(round) = started {
+                    self.probe(round, out);
+                }
+                until
+            }
+        };
+        if self.ready_for(read.client, until) {
+            self.answer(read, out);
+        } else {
+            self.reads.wait(read, until, self.now);
+        }
+        Ok(())
+    }
+
+    fn probe(&self, round: u64, out: &mut Outputs) {
+        for node in 0..self.cfg.n() as NodeId {
+            out.send.push((Peer::Node(node), Message::IndexProbe { round }));
+        }
+    }
+
+    fn finish_index_rounds(&mut self, out: &mut Outputs) {
+        let (completed, started) = self.reads.finish_rounds(self.cfg.quorums.index_quorum(), self.now, None);
+        for round in started {
+            self.probe(round, out);
+        }
+        if completed {
+            self.answer_reads(out);
+        }
+    }
+
+    fn ready_for(&self, client: ClientId, until: Until) -> bool {
+        self.transfer.is_none()
+            && match until {
+                Until::ClientExecuted(seq) => self.exec.last_seq(client) >= seq,
+                Until::Executed(seq) => self.exec.executed() >= seq,
+                Until::Round(_) | Until::NextRound => false,
+            }
+    }
+
+    fn answer_reads(&mut self, out: &mut Outputs) {
+        let mut reads = std::mem::take(&mut self.reads);
+        let ready = reads.take_ready(|client, until| self.ready_for(client, until));
+        self.reads = reads;
+        for read in ready {
+            self.answer(read, out);
+        }
+    }
+
+    fn answer(&self, read: Read, out: &mut Outputs) {
+        out.events.push(Event::ReadAnswered { consistency: read.consistency });
+        let ctx = ReadCtx { client: read.client, executed: self.exec.executed(), time: self.exec.time() };
+        let body = match self.exec.service().execute_read_only(&read.op, &ctx) {
+            None => ReplyBody::NotReadOnly,
+            // Only the r + 1 nodes asked answer a read index, all needed: each in full.
+            Some(result) if read.consistency == ReadConsistency::Index => ReplyBody::Full(result),
+            Some(result) => self.reply_body(read.client, read.seq, result),
+        };
+        let reply = Reply { client: read.client, view: 0, seq: read.seq, body, epoch: self.cfg.epoch() };
+        // As ordered replies: what it executed was decided and durable at the order nodes.
+        out.send.push((Peer::Client(read.client), Message::Reply(reply)));
+    }
+
     /// Checked after every step; cheap.
     pub fn invariants(&self) {
+        assert!(self.reads.len() <= self.cfg.options.clients_max, "waiting reads are bounded");
         let executed = self.exec.executed();
         let (_, high) = self.notice_window();
         assert!(

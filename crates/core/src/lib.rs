@@ -21,6 +21,7 @@ pub mod membership;
 pub mod message;
 pub mod parallel;
 pub mod quorum;
+pub(crate) mod read_wait;
 pub mod replica;
 pub mod rq_node;
 pub mod service;

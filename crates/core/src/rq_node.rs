@@ -30,8 +30,8 @@
 use crate::config::ClusterConfig;
 use crate::crypto::{Digest, Mac, MacKey, SigningKey};
 use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Payload, Request, Seq, View};
-use crate::replica::Hearsay;
 use crate::replica::{check_session, client_mac_key, endorse_key, Event, Input, Outputs, Peer, Reject};
+use crate::replica::{hearsay_chargeable, hearsay_share, Hearsay};
 use std::collections::BTreeMap;
 
 /// A client request this node endorsed.
@@ -48,6 +48,10 @@ struct Held {
 /// Operation bytes one order node may fetch per retry period, in batches' worth.
 const BODY_BUDGET_BATCHES: usize = 4;
 
+/// Operation bytes of the requests held (and the ones before them) at most: a client
+/// may send operations of up to `OP_BYTES_MAX` from each of its sessions.
+pub const HELD_BYTES_MAX: usize = 256 << 20;
+
 pub struct RqNode {
     cfg: ClusterConfig,
     id: NodeId,
@@ -60,6 +64,8 @@ pub struct RqNode {
     held: BTreeMap<ClientId, Held>,
     /// Each client's request before the held one: order nodes may still fetch its bytes.
     previous: BTreeMap<ClientId, Request>,
+    /// Operation bytes in `held` and `previous`.
+    held_bytes: usize,
     hearsay: Hearsay,
     /// Per order node: (period start, bytes of operations sent it this period).
     body_budget: Vec<(u64, usize)>,
@@ -80,11 +86,12 @@ impl RqNode {
         let row = cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(&signing, k)).collect();
         let n = cfg.n();
         RqNode {
-            hearsay: Hearsay::new(endorsers),
+            hearsay: Hearsay::new(hearsay_chargeable(&cfg)),
             views: vec![0; n],
             body_budget: vec![(0, 0); n],
             held: BTreeMap::new(),
             previous: BTreeMap::new(),
+            held_bytes: 0,
             row,
             cfg,
             id,
@@ -160,9 +167,19 @@ impl RqNode {
         self.hearsay.expire(before);
         let stale: Vec<ClientId> = self.held.iter().filter(|(_, h)| h.touched < before).map(|(c, _)| *c).collect();
         for c in stale {
-            self.held.remove(&c);
-            self.previous.remove(&c);
+            self.drop_client(c);
         }
+    }
+
+    fn drop_client(&mut self, client: ClientId) {
+        let held = self.held.remove(&client).map_or(0, |h| h.req.op.len());
+        self.held_bytes -= held + self.drop_previous(client);
+    }
+
+    /// Forgets `client`'s request before the held one; its bytes, which the caller
+    /// takes off `held_bytes`.
+    fn drop_previous(&mut self, client: ClientId) -> usize {
+        self.previous.remove(&client).map_or(0, |r| r.op.len())
     }
 
     /// A client's request: endorsed if this node's entry of its authenticator is valid.
@@ -205,6 +222,17 @@ impl RqNode {
         if !self.held.contains_key(&client) && self.held.len() >= self.cfg.options.clients_max {
             return Err(Reject::Busy("requests held by this RQ node"));
         }
+        let size = req.op.len();
+        if self.held_bytes + size > HELD_BYTES_MAX {
+            // Requests before the held ones go first (wanted only by a late fetch).
+            let clients: Vec<ClientId> = self.previous.keys().copied().collect();
+            for c in clients {
+                self.held_bytes -= self.drop_previous(c);
+            }
+            if self.held_bytes + size > HELD_BYTES_MAX {
+                return Err(Reject::Busy("request bytes held by this RQ node"));
+            }
+        }
         let statement = req.statement();
         if let Some(h) = self.hearsay.take(&(client, statement)) {
             for (node, macs) in h.endorsers {
@@ -214,7 +242,9 @@ impl RqNode {
         self.hearsay.forget(client, req.seq);
         endorsers.insert(self.id, self.endorsement(&statement));
         let held = Held { req, endorsers, broadcast_at: 0, touched: self.now };
+        self.held_bytes += size;
         if let Some(old) = self.held.insert(client, held) {
+            self.held_bytes -= self.drop_previous(client);
             self.previous.insert(client, old.req);
         }
         if to_all {
@@ -321,14 +351,17 @@ impl RqNode {
         let statement = request.statement();
         let mut valid = BTreeMap::new();
         self.take_valid(&mut request, &statement, &mut valid);
-        let Some(&charged) = valid.keys().next() else {
+        if valid.is_empty() {
             return Err(Reject::BadEndorsement { node: from });
-        };
-        self.on_endorsements(charged, request, statement, valid, out)
+        }
+        // Charged to the relaying order node: charging an endorser would let a lying
+        // relayer fill a correct endorser's share, or a lying endorser (whose share is
+        // full) block the relay.
+        self.on_endorsements(from, request, statement, valid, out)
     }
 
     /// Counts endorsements `valid` (each checked for this node) of `request`; hearsay is
-    /// charged to `charged`, an RQ node among them.
+    /// charged to `charged` (the peer that sent them, or the order node that relayed).
     fn on_endorsements(
         &mut self,
         charged: NodeId,
@@ -338,12 +371,15 @@ impl RqNode {
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         if let Some(h) = self.held.get_mut(&request.client) {
-            if h.req.seq > request.seq {
+            if h.req.seq == request.seq && h.req.statement() == statement {
+                // Not `touched`: only its client keeps a held request alive (a lying peer
+                // or primary could otherwise keep every entry from expiring).
+                h.endorsers.extend(valid);
                 return Ok(());
             }
-            if h.req.seq == request.seq && h.req.statement() == statement {
-                h.endorsers.extend(valid);
-                h.touched = self.now;
+            if h.req.seq >= request.seq {
+                // Older, or another request under a sequence number this node endorsed
+                // already (a faulty client's): as `on_request`.
                 return Ok(());
             }
         }
@@ -351,7 +387,7 @@ impl RqNode {
         if request.auth.get(self.id as usize).is_some_and(|mac| key.verify(&statement, mac)) {
             return self.endorse(request, valid, true, out);
         }
-        let share = (self.cfg.options.clients_max / self.cfg.endorsers().len().max(1)).max(1);
+        let share = hearsay_share(&self.cfg);
         let head = (request.client, request.seq, statement);
         match self.hearsay.add(charged, head, Some(request), valid, self.now, share) {
             None => Err(Reject::Busy("endorsements held for this node")),
@@ -422,6 +458,7 @@ impl RqNode {
     fn invariants(&self) {
         assert!(self.held.len() <= self.cfg.options.clients_max, "held requests are bounded");
         assert!(self.previous.len() <= self.held.len(), "a previous request only beside a held one");
+        assert!(self.held_bytes <= HELD_BYTES_MAX, "held request bytes are bounded");
         assert!(self.hearsay.len() <= self.cfg.options.clients_max, "hearsay is bounded");
     }
 }
@@ -712,6 +749,48 @@ mod tests {
     }
 
     #[test]
+    fn a_lying_rq_node_whose_hearsay_share_is_full_cannot_block_a_relay() {
+        // As above, but the third endorsement is the lying RQ node 6's (the lowest RQ id),
+        // which first filled its hearsay share at every correct RQ node with made-up
+        // requests. The primary relays {6, 7, 8}; charged to an endorser (6, full) the
+        // relay was refused and backups suspected the correct primary. Charged to the
+        // relaying order node, it is taken and amplified.
+        let cfg = config_ur(2, 1, None);
+        let mut net = Net::new(&cfg);
+        net.down[6] = true; // the liar speaks through the test
+        let liar = |request: &Request| -> Message {
+            let s = endorse_statement(6, &request.statement());
+            let row = cfg.node_keys.iter().chain(&cfg.stages.rq);
+            Message::Endorse {
+                request: request.clone(),
+                macs: row.map(|k| endorse_key(&secrets(6).signing, k).mac(&s)).collect(),
+            }
+        };
+        let share = hearsay_share(&cfg);
+        let mut now = 0;
+        for i in 0..share as u64 {
+            let made_up = Request::new(500 + i, 1, b"made up".to_vec().into());
+            for to in 7..12 {
+                net.queue.push_back((Peer::Node(6), Peer::Node(to), liar(&made_up)));
+            }
+        }
+        net.run(now);
+        let msgs = inconsistent(&cfg, 9, 1, &[7, 8]);
+        let Message::Request(faulty) = &msgs[0].1 else { panic!("a request") };
+        let endorsed = liar(&Request { auth: Vec::new(), ..faulty.clone() });
+        for to in (0..6).chain(7..12) {
+            net.queue.push_back((Peer::Node(6), Peer::Node(to), endorsed.clone()));
+        }
+        net.send(9, msgs, now);
+        for _ in 0..300 {
+            now += 10;
+            net.tick(now);
+        }
+        assert_eq!(net.views(), vec![0; cfg.n()], "no view change: {}", net.status());
+        assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+    }
+
+    #[test]
     fn order_nodes_take_endorsements_only_from_rq_nodes_and_only_valid_ones() {
         let cfg = config(None);
         let mut primary = Replica::new(cfg.clone(), 0, secrets(0), Log::default());
@@ -742,6 +821,13 @@ mod tests {
             .collect();
         assert_eq!(rejected, vec![Reject::BadEndorsement { node: 1 }, Reject::BadEndorsement { node: 4 }]);
         assert!(out.send.iter().all(|(_, m)| !matches!(m, Message::Propose { .. })));
+        assert!(primary.status_line().contains("pending 0"), "nothing held: {}", primary.status_line());
+        // One RQ node's endorsement, relayed three times over, counts once.
+        let mut thrice = req.clone();
+        thrice.endorsements = (0..3).map(|_| Endorsement { node: 4, macs: macs_of(4) }).collect();
+        primary.step(0, Input::Message { from: Peer::Node(2), msg: Message::Forward(thrice) }, &mut out);
+        assert!(out.send.iter().all(|(_, m)| !matches!(m, Message::Propose { .. })));
+        assert!(primary.status_line().contains("pending 0"), "one endorser is not r + 1: {}", primary.status_line());
         // u + r + 1 genuine RQ endorsements: proposed.
         for i in 4..7 {
             let msg = Message::Endorse { request: req.clone(), macs: macs_of(i) };
@@ -773,10 +859,10 @@ mod tests {
     #[test]
     fn an_rq_node_holds_one_request_per_client_within_clients_max() {
         let mut cfg = config(None);
-        cfg.options.clients_max = 3;
+        cfg.options.clients_max = 8;
         let mut rq = RqNode::new(cfg.clone(), 4, secrets(4).signing, secrets(4).mac_secret);
         let mut out = Outputs::default();
-        for id in 1..=5u64 {
+        for id in 1..=10u64 {
             let mut c = client(&cfg, id);
             for seq in 1..=3u64 {
                 let (_, m) = c.invoke(seq, vec![seq as u8]).expect("idle").remove(0);
@@ -785,7 +871,7 @@ mod tests {
                 rq.step(seq, Input::Message { from: Peer::Client(id), msg: m }, &mut out);
             }
         }
-        assert_eq!(rq.held(), 3);
+        assert_eq!(rq.held(), 8);
         let busy = out.events.iter().filter(|e| matches!(e, Event::Rejected { reason: Reject::Busy(_), .. })).count();
         assert!(busy > 0, "clients beyond clients_max are refused");
         // Untouched for four request timeouts: dropped, and room for others again.

@@ -929,7 +929,8 @@ mod tests {
         let mut f: ClusterFile = toml::from_str(&text).expect("parses");
         f.auth = Some("mac".into());
         assert!(f.cluster_config(&cluster, Options::production()).is_err(), "rq-mac only");
-        f.auth = None;
+        f.auth = Some("rq-mac".into());
+        assert!(f.cluster_config(&cluster, Options::production()).is_ok());
         f.rq_nodes.pop();
         assert!(f.cluster_config(&cluster, Options::production()).is_err(), "2u + r + 1 RQ nodes");
         let o = InitOptions { auth: Some(Auth::Sig), ..o };

@@ -274,3 +274,14 @@ pub async fn get(c: &KeelClient, k: &str) -> Option<String> {
         other => panic!("unexpected get result {other:?}"),
     }
 }
+
+/// A read-only get with `consistency` (not ordered unless its answers disagree or none
+/// come in time).
+pub async fn read_only(c: &KeelClient, k: &str, consistency: keel_core::message::ReadConsistency) -> Option<String> {
+    let op = KvRequest::Get { key: k.into() }.encode();
+    let bytes = c.invoke_read_only(op, consistency, OP_TIMEOUT).await.expect("read answers");
+    match KvResponse::decode(&bytes).expect("decodes") {
+        KvResponse::Value(v) => v.map(|v| String::from_utf8_lossy(&v).to_string()),
+        other => panic!("unexpected get result {other:?}"),
+    }
+}

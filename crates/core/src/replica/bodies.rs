@@ -107,14 +107,10 @@ impl<S: Service> Replica<S> {
         if !proposal.has_digests() {
             return Ok(proposal.expand(&[]));
         }
-        let Some(first) = proposal.requests.iter().find(|p| matches!(p, Proposed::Digest(_))) else {
-            return Ok(proposal.expand(&[]));
-        };
         if proposal.requests.iter().any(|p| matches!(p, Proposed::Digest(_)) && p.endorsements().is_empty()) {
             return Err(Reject::BadBatch("an operation by digest that nobody endorsed"));
         }
-        let order = self.fetch_order(view, seq, first);
-        let bodies = proposal
+        let bodies: Vec<Option<Payload>> = proposal
             .requests
             .iter()
             .map(|p| match p {
@@ -122,6 +118,13 @@ impl<S: Service> Replica<S> {
                 Proposed::Digest(d) => self.held_body(seq, d.client, &d.op),
             })
             .collect();
+        let missing = proposal
+            .requests
+            .iter()
+            .zip(&bodies)
+            .filter(|(p, b)| matches!(p, Proposed::Digest(_)) && b.is_none())
+            .map(|(p, _)| p);
+        let order = self.fetch_order(view, seq, missing);
         let parked = Parked { view, digest, proposal, bodies, order, asked: 0, asked_node: None, asked_at: self.now };
         if parked.complete() {
             return parked.proposal.expand(&parked.bodies).map(Some).ok_or(Reject::BadBatch("unexpandable"));
@@ -131,14 +134,14 @@ impl<S: Service> Replica<S> {
         Ok(None)
     }
 
-    /// Whom a node asks for the operations of instance `seq`: the endorsers of the first
-    /// one sent by digest (they hold it), other than the primary, starting at one that
-    /// depends on the node and the instance (so one endorser does not serve every
-    /// fetching node); then the primary (which holds them all, but is the node digests
-    /// spare); then everyone else.
-    fn fetch_order(&self, view: View, seq: Seq, first: &Proposed) -> Vec<NodeId> {
+    /// Whom a node asks for the operations of instance `seq` it lacks: their endorsers
+    /// (they hold them), other than the primary, starting at one that depends on the node
+    /// and the instance (so one endorser does not serve every fetching node); then the
+    /// primary (which holds them all, but is the node digests spare); then every other
+    /// endorsing node; then everyone else.
+    fn fetch_order<'a>(&self, view: View, seq: Seq, missing: impl Iterator<Item = &'a Proposed>) -> Vec<NodeId> {
         let (me, n, primary) = (self.id, self.cfg.n() as NodeId, self.cfg.primary(view));
-        let mut order: Vec<NodeId> = first.endorsements().iter().map(|e| e.node).collect();
+        let mut order: Vec<NodeId> = missing.flat_map(|p| p.endorsements().iter().map(|e| e.node)).collect();
         // Endorsers hold the bytes: order nodes when co-located, else the RQ nodes.
         let endorsers = self.cfg.endorsers();
         order.retain(|&x| x != me && x != primary && endorsers.contains(&x));
@@ -149,8 +152,9 @@ impl<S: Service> Replica<S> {
         if primary != me {
             order.push(primary);
         }
-        let rest: Vec<NodeId> = (0..n).filter(|x| *x != me && !order.contains(x)).collect();
+        let rest: Vec<NodeId> = endorsers.chain(0..n).filter(|x| *x != me && !order.contains(x)).collect();
         order.extend(rest);
+        order.dedup();
         order
     }
 
@@ -297,11 +301,15 @@ impl<S: Service> Replica<S> {
                 None => stray = true,
             }
         }
-        let blame = stray && p.asked_node == Some(from);
+        let asked = p.asked_node == Some(from);
+        let blame = stray && asked;
         if count > 0 {
             out.events.push(super::Event::OperationsFetched { seq, count });
         }
-        if !self.complete_or_reject(seq, out) && blame {
+        // The node asked answered and something is still missing: it holds no more (or
+        // lied), so the next one is asked now rather than after a retry period. With RQ
+        // nodes apart each holds only its clients' operations of a batch.
+        if !self.complete_or_reject(seq, out) && asked {
             self.fetch_bodies(seq, out);
         }
         if blame {

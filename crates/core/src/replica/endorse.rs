@@ -75,6 +75,26 @@ pub(crate) struct Heard {
     since: u64,
 }
 
+/// The nodes that may be charged for hearsay: the endorsers, and with RQ nodes apart the
+/// order nodes too (their relays), by node id (execution node ids in between are never
+/// charged: they send no endorsements).
+pub(crate) fn hearsay_chargeable(cfg: &crate::config::ClusterConfig) -> std::ops::Range<NodeId> {
+    let endorsers = cfg.endorsers();
+    if cfg.rq_separated() {
+        0..endorsers.end
+    } else {
+        endorsers
+    }
+}
+
+/// Entries one node's endorsements (or relays) may make a node hold on hearsay: its
+/// share of `clients_max` among the nodes that may be charged (at least one, so
+/// `clients_max` is at least the number of endorsers: `ClusterConfig` checks).
+pub(crate) fn hearsay_share(cfg: &crate::config::ClusterConfig) -> usize {
+    let chargeable = cfg.endorsers().len() + if cfg.rq_separated() { cfg.n() } else { 0 };
+    (cfg.options.clients_max / chargeable.max(1)).max(1)
+}
+
 fn charged_slot(charged: &mut [(usize, usize)], first: NodeId, node: NodeId) -> Option<&mut (usize, usize)> {
     charged.get_mut(node.checked_sub(first)? as usize)
 }
@@ -320,7 +340,7 @@ impl<S: Service> Replica<S> {
             return Ok(());
         }
         let mut valid = BTreeMap::from([(from, macs)]);
-        for e in std::mem::take(&mut request.endorsements) {
+        for e in std::mem::take(&mut request.endorsements).into_iter().take(self.cfg.endorsers().len()) {
             if e.node != self.id && !valid.contains_key(&e.node) && self.endorsed_for_me(e.node, &statement, &e.macs) {
                 valid.insert(e.node, e.macs);
             }
@@ -350,8 +370,10 @@ impl<S: Service> Replica<S> {
     }
 
     /// Order node `from` relays RQ endorsements of a client request (with RQ nodes of
-    /// their own): each counts if valid for this node, whoever relayed it, and the first
-    /// valid endorser is charged for what this node holds on its word.
+    /// their own): each counts if valid for this node, whoever relayed it, and the
+    /// relaying node is charged for what this node holds on its word (charging an
+    /// endorser would let a lying relayer fill a correct endorser's share with its old
+    /// endorsements, or a lying endorser block the relay by filling its own).
     pub(super) fn on_relayed(&mut self, from: NodeId, mut request: Request, out: &mut Outputs) -> Result<(), Reject> {
         if !self.cfg.rq_separated() {
             return Err(Reject::WrongPeer);
@@ -367,10 +389,10 @@ impl<S: Service> Replica<S> {
                 valid.insert(e.node, e.macs);
             }
         }
-        let Some(&charged) = valid.keys().next() else {
+        if valid.is_empty() {
             return Err(Reject::BadEndorsement { node: from });
-        };
-        self.take_endorsed(charged, request, statement, valid, out)
+        }
+        self.take_endorsed(from, request, statement, valid, out)
     }
 
     /// Counts endorsements `valid` (each checked for this node) of `request`: toward the
@@ -431,9 +453,9 @@ impl<S: Service> Replica<S> {
         }
     }
 
-    /// Entries one node's endorsements may make this node hold on hearsay.
+    /// Entries one node's endorsements (or relays) may make this node hold on hearsay.
     fn hearsay_share(&self) -> usize {
-        (self.cfg.options.clients_max / self.cfg.endorsers().len().max(1)).max(1)
+        hearsay_share(&self.cfg)
     }
 
     /// Node `from` endorses a client request without its bytes (request digests; sent to

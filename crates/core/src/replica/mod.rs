@@ -28,7 +28,7 @@ mod bodies;
 mod catch_up;
 mod checkpoint;
 mod endorse;
-pub(crate) use endorse::Hearsay;
+pub(crate) use endorse::{hearsay_chargeable, hearsay_share, Hearsay};
 mod epoch;
 mod leadership;
 mod normal;
@@ -569,9 +569,8 @@ pub struct Replica<S> {
     /// together at its end (normal.rs).
     unsigned: Vec<(Peer, Request)>,
     /// Read-only requests waiting for execution to get far enough (read.rs).
-    reads: BTreeMap<ClientId, read::WaitingRead>,
-    /// Read-index probe rounds (read.rs).
-    index: read::IndexRounds,
+    /// Read-only operations waiting, and read-index probe rounds (read.rs).
+    reads: crate::read_wait::ReadWaits,
     /// The primary's throughput, for robust leadership (leadership.rs).
     monitor: leadership::Monitor,
     /// Push events not yet acknowledged (push.rs).
@@ -610,7 +609,7 @@ impl<S: Service> Replica<S> {
         assert_eq!(ids.len(), n, "the membership names every node");
         let workers = cfg.options.exec_workers;
         let endorse_row = endorse_keys(&secrets.signing, &cfg.membership);
-        let hearsay = endorse::Hearsay::new(cfg.endorsers());
+        let hearsay = endorse::Hearsay::new(endorse::hearsay_chargeable(&cfg));
         let rq_row = cfg.stages.rq.iter().map(|k| endorse_key(&secrets.signing, k)).collect();
         let prev_keys = cfg.membership.previous.as_ref().and_then(|p| {
             let q = p.quorums().ok()?.with_mutation(cfg.quorums.mutation()).order_quorum();
@@ -674,8 +673,7 @@ impl<S: Service> Replica<S> {
             retired: false,
             client_keys,
             unsigned: Vec::new(),
-            reads: BTreeMap::new(),
-            index: read::IndexRounds::default(),
+            reads: crate::read_wait::ReadWaits::default(),
             monitor: leadership::Monitor::default(),
             pushes: push::PushQueues::default(),
             transfer: None,

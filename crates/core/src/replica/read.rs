@@ -27,74 +27,29 @@
 //!   high: the read then waits until its client gives up and orders it (liveness, not
 //!   safety; the highest is needed, since the one correct voter may be alone).
 //!
-//! A read waits here at most until it is answered, replaced by the session's next read,
-//! or `request_timeout_ms` passed (its client orders it by then); at most one per
-//! session and `clients_max` in all, so a client cannot make a node hold more.
+//! The waiting itself (one read per session, probe rounds) is crate::read_wait's, shared
+//! with execution nodes.
 
 use super::{Outputs, Peer, Reject, Replica};
 use crate::message::{ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody, Seq};
 use crate::quorum::Mutation;
+use crate::read_wait::Until;
 use crate::service::{ReadCtx, Service};
-use std::collections::BTreeMap;
-
-/// A read waiting for this node's execution to get far enough.
-#[derive(Clone, Debug)]
-pub(super) struct WaitingRead {
-    read: Read,
-    until: Until,
-    since: u64,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Until {
-    /// The session's ordered request with this number has executed.
-    ClientExecuted(u64),
-    /// Execution reached this instance.
-    Executed(Seq),
-    /// The index probe round with this number has its quorum (then `Executed(index)`).
-    Round(u64),
-    /// The round after the one in flight, which leaves when that one completes (a round
-    /// must leave after the reads it serves arrived).
-    NextRound,
-}
-
-/// Read-index probe rounds at this node: at most one in flight.
-#[derive(Clone, Debug, Default)]
-pub(super) struct IndexRounds {
-    current: Option<Round>,
-    /// No round number below this is used again. Seeded from the clock when a round
-    /// starts, so a restarted node does not reuse the number of a round it probed before
-    /// the crash (an answer to that older probe could predate the read).
-    next: u64,
-}
-
-#[derive(Clone, Debug)]
-struct Round {
-    id: u64,
-    sent_at: u64,
-    acks: BTreeMap<NodeId, Seq>,
-}
-
-/// Round numbers per millisecond the clock seeding leaves room for.
-const ROUNDS_PER_MS: u64 = 1 << 20;
 
 impl<S: Service> Replica<S> {
     pub(super) fn on_read(&mut self, from: Peer, read: Read, out: &mut Outputs) -> Result<(), Reject> {
         // Reads come from their client only (nodes forward requests, never reads).
         // With separated execution this node holds no service state: reads go to the
-        // execution nodes.
+        // execution nodes (which ask this node for a read index: `on_index_probe`).
         if !matches!(from, Peer::Client(_)) || self.cfg.separated() {
             return Err(Reject::WrongPeer);
         }
         self.check_session(from, read.client)?;
         self.check_authenticator(read.client, &read.statement(), &read.auth)?;
-        if self.reads.get(&read.client).is_some_and(|w| w.read.seq >= read.seq) {
+        if !self.reads.is_new(&read, self.cfg.options.clients_max)? {
             // A retransmission of the read already waiting (or an older one): it is
             // answered when ready.
             return Ok(());
-        }
-        if !self.reads.contains_key(&read.client) && self.reads.len() >= self.cfg.options.clients_max {
-            return Err(Reject::Busy("waiting reads"));
         }
         let until = match read.consistency {
             ReadConsistency::Serializable if self.cfg.quorums.mutation() == Some(Mutation::SerializableWithoutWait) => {
@@ -105,27 +60,27 @@ impl<S: Service> Replica<S> {
                 Until::Executed(0)
             }
             ReadConsistency::Linearizable => Until::Executed(self.accepted_high()),
-            ReadConsistency::Index if self.index.current.is_some() => Until::NextRound,
-            ReadConsistency::Index => Until::Round(self.start_index_round(out)),
+            ReadConsistency::Index => {
+                let (until, started) = self.reads.index_wait(self.now, Some(self.own_index()));
+                if let Some(round) = started {
+                    self.broadcast(Message::IndexProbe { round }, out);
+                }
+                until
+            }
         };
-        let waiting = WaitingRead { read, until, since: self.now };
-        if self.ready_for(waiting.read.client, until) {
-            self.answer(waiting.read, out);
+        if self.ready_for(read.client, until) {
+            self.answer(read, out);
         } else {
-            self.reads.insert(waiting.read.client, waiting);
+            self.reads.wait(read, until, self.now);
         }
         // With an index quorum of one the round completed as it started.
         self.finish_index_round(out);
         Ok(())
     }
 
-    fn start_index_round(&mut self, out: &mut Outputs) -> u64 {
-        let id = self.index.next.max(self.now.saturating_mul(ROUNDS_PER_MS));
-        self.index.next = id + 1;
-        let acks = BTreeMap::from([(self.id, self.accepted_high())]);
-        self.index.current = Some(Round { id, sent_at: self.now, acks });
-        self.broadcast(Message::IndexProbe { round: id }, out);
-        id
+    /// This node's own answer to its probe rounds.
+    fn own_index(&self) -> (NodeId, Seq) {
+        (self.id, self.accepted_high())
     }
 
     /// A peer asks how far this node voted to accept. Answered at once: what it reports
@@ -144,50 +99,32 @@ impl<S: Service> Replica<S> {
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         // An answer to a round that completed or was dropped changes nothing.
-        if let Some(r) = self.index.current.as_mut().filter(|r| r.id == round) {
-            r.acks.insert(from, accepted);
-            self.finish_index_round(out);
-        }
+        self.reads.ack(from, round, accepted);
+        self.finish_index_round(out);
         Ok(())
     }
 
     /// Completes the round in flight once a quorum answered: its reads wait for the
     /// highest answer; then starts the next round if reads wait for it.
     fn finish_index_round(&mut self, out: &mut Outputs) {
-        let Some(round) = &self.index.current else { return };
-        if round.acks.len() < self.cfg.quorums.index_quorum() {
-            return;
+        let own = self.own_index();
+        let (completed, started) = self.reads.finish_rounds(self.cfg.quorums.index_quorum(), self.now, Some(own));
+        for round in started {
+            self.broadcast(Message::IndexProbe { round }, out);
         }
-        let (id, index) = (round.id, round.acks.values().copied().max().unwrap_or(0));
-        self.index.current = None;
-        for w in self.reads.values_mut() {
-            if w.until == Until::Round(id) {
-                w.until = Until::Executed(index);
-            }
+        if completed {
+            self.answer_reads(out);
         }
-        if self.reads.values().any(|w| w.until == Until::NextRound) {
-            let next = self.start_index_round(out);
-            for w in self.reads.values_mut().filter(|w| w.until == Until::NextRound) {
-                w.until = Until::Round(next);
-            }
-            self.finish_index_round(out);
-        }
-        self.answer_reads(out);
     }
 
     /// Re-sends the probe of a round still short of its quorum to the nodes that did not
     /// answer; drops it once no read waits for it any more.
     pub(super) fn retransmit_index_probe(&mut self, out: &mut Outputs) {
-        let Some(id) = self.index.current.as_ref().map(|r| r.id) else { return };
-        if !self.reads.values().any(|w| w.until == Until::Round(id) || w.until == Until::NextRound) {
-            self.index.current = None;
+        let Some((round, answered)) = self.reads.round_to_resend(self.now, self.cfg.options.retransmit_ms) else {
             return;
-        }
-        let (now, n, every) = (self.now, self.cfg.n() as NodeId, self.cfg.options.retransmit_ms);
-        let Some(round) = self.index.current.as_mut().filter(|r| now >= r.sent_at + every) else { return };
-        round.sent_at = now;
-        for node in (0..n).filter(|node| !round.acks.contains_key(node)) {
-            out.send.push((Peer::Node(node), Message::IndexProbe { round: id }));
+        };
+        for node in (0..self.cfg.n() as NodeId).filter(|node| !answered.contains(node)) {
+            out.send.push((Peer::Node(node), Message::IndexProbe { round }));
         }
     }
 
@@ -217,28 +154,18 @@ impl<S: Service> Replica<S> {
 
     /// Answers every waiting read whose condition now holds. Called after execution.
     pub(super) fn answer_reads(&mut self, out: &mut Outputs) {
-        if self.reads.is_empty() {
-            return;
-        }
-        let ready: Vec<ClientId> = self
-            .reads
-            .iter()
-            .filter(|(client, w)| self.ready_for(**client, w.until))
-            .map(|(client, _)| *client)
-            .collect();
-        for client in ready {
-            if let Some(w) = self.reads.remove(&client) {
-                self.answer(w.read, out);
-            }
+        let mut reads = std::mem::take(&mut self.reads);
+        let ready = reads.take_ready(|client, until| self.ready_for(client, until));
+        self.reads = reads;
+        for read in ready {
+            self.answer(read, out);
         }
     }
 
     /// Drops reads that waited longer than a request timeout: their clients have ordered
     /// them by now.
     pub(super) fn expire_reads(&mut self) {
-        let timeout = self.cfg.options.request_timeout_ms;
-        let now = self.now;
-        self.reads.retain(|_, w| now < w.since + timeout);
+        self.reads.expire(self.now, self.cfg.options.request_timeout_ms);
     }
 
     fn answer(&self, read: Read, out: &mut Outputs) {

@@ -141,6 +141,8 @@ impl<S: Service> Replica<S> {
                 self.help_executor(from, executed, stable, out);
                 Ok(())
             }
+            // An execution node's read index (exec_node.rs `on_read`).
+            Message::IndexProbe { round } => self.on_index_probe(from, round, out),
             _ => Err(Reject::WrongPeer),
         }
     }
