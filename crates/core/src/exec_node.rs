@@ -545,6 +545,13 @@ impl<S: Service> ExecNode<S> {
         if self.now >= self.next_retransmit {
             self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
             self.pushes.resend(&mut out.send);
+            if self.stable.seq > 0 {
+                // For an order node that missed the votes (replica/separated.rs
+                // `on_exec_stable_cert`).
+                for node in 0..self.cfg.n() as NodeId {
+                    out.send.push((Peer::Node(node), Message::StableCert(self.stable.clone())));
+                }
+            }
             for vote in self.votes.values() {
                 for node in 0..self.cfg.n() as NodeId {
                     // Gated: a vote whose snapshot is still being written waits for it.
@@ -827,6 +834,30 @@ mod tests {
 
     fn executed_events(out: &Outputs) -> usize {
         out.events.iter().filter(|e| matches!(e, Event::Executed { .. })).count()
+    }
+
+    #[test]
+    fn an_order_node_that_missed_the_votes_learns_the_certificate_from_an_execution_node() {
+        let cfg = config(None);
+        let interval = cfg.options.checkpoint_interval;
+        let mut order = Replica::new(cfg.clone(), 1, secrets(1), OrderState);
+        let (root, membership) = (Digest([7; 32]), Digest([8; 32]));
+        let sign = |node: NodeId| {
+            let statement = checkpoint_statement(interval, &root, &membership, node);
+            (node, secrets(node).signing.sign(&statement))
+        };
+        let cert = |sigs: Vec<(NodeId, crate::crypto::Sig)>| {
+            Message::StableCert(StableProof { seq: interval, root, membership, sigs })
+        };
+        let mut out = Outputs::default();
+        // r = 1: one execution node's signature is no certificate, nor are order nodes'.
+        for bad in [vec![sign(4)], vec![sign(4), sign(0)], vec![sign(4), sign(4)]] {
+            order.step(0, Input::Message { from: Peer::Node(5), msg: cert(bad) }, &mut out);
+            assert_eq!(order.exec_stable_seq(), 0);
+        }
+        order.step(0, Input::Message { from: Peer::Node(5), msg: cert(vec![sign(4), sign(6)]) }, &mut out);
+        assert_eq!(order.exec_stable_seq(), interval, "r + 1 execution nodes signed it");
+        assert!(out.persist_lazy.iter().any(|r| matches!(r, crate::wal::Record::ExecStable(p) if p.seq == interval)));
     }
 
     #[test]

@@ -137,7 +137,8 @@ pub struct FaultCounts {
     pub delayed: u64,
     pub skewed_clocks: u64,
     pub byzantine_nodes: u64,
-    /// Requests of a faulty client whose MACs were valid for some nodes only.
+    /// Requests (and retransmissions) of a faulty client whose MACs were valid for some
+    /// nodes only.
     pub inconsistent_macs: u64,
     /// Membership changes the administrator asked for, and those applied.
     pub admin_ops: u64,
@@ -393,6 +394,8 @@ pub struct World<W: Workload> {
     pushes: BTreeMap<(ClientId, u64), Digest>,
     /// The faulty client's last sequence number, and its signing key (auth = sig).
     faulty_seq: u64,
+    /// The faulty client's current request, and how many more times it resends it.
+    faulty_repeat: Option<(Vec<u8>, u32)>,
     faulty_key: SigningKey,
     history: Vec<HistoryEntry>,
     /// (client, seq) → op digest, for validity.
@@ -663,6 +666,7 @@ impl<W: Workload> World<W> {
             lossy: opts.faults.network,
             issuing: true,
             faulty_seq: 0,
+            faulty_repeat: None,
             pushes: BTreeMap::new(),
             faulty_key: client_key(FAULTY_CLIENT),
             history: Vec::new(),
@@ -720,13 +724,26 @@ impl<W: Workload> World<W> {
         }
         let next = self.now + self.rng.gen_range(20..80);
         self.schedule(next, Ev::FaultyClient);
+        let n = self.nodes.len();
+        if let Some((frame, left)) = self.faulty_repeat.as_mut().filter(|(_, left)| *left > 0) {
+            // It retransmits, as a client does, for long enough (often well over two
+            // request timeouts) that nodes' request timers run out on the request: then
+            // order nodes relay what endorsements they hold, and must still not suspect
+            // a correct primary over it.
+            *left -= 1;
+            let frame = frame.clone();
+            self.report.faults.inconsistent_macs += 1;
+            for to in 0..n as NodeId {
+                self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(to), frame.clone());
+            }
+            return;
+        }
         let Some(op) = self.workload.unobserved_op() else {
             return;
         };
         self.faulty_seq += 1;
         let mut req = Request::new(FAULTY_CLIENT, self.faulty_seq, op.into());
         let statement = req.statement();
-        let n = self.nodes.len();
         let valid: Vec<bool> = (0..n).map(|_| self.rng.gen_bool(0.5)).collect();
         req.auth = self
             .nodes
@@ -752,6 +769,9 @@ impl<W: Workload> World<W> {
         for to in 0..n as NodeId {
             self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(to), frame.clone());
         }
+        // A quarter of its requests it retransmits for a while; the rest it abandons.
+        let repeats = if self.rng.gen_bool(0.25) { self.rng.gen_range(10..40) } else { 0 };
+        self.faulty_repeat = Some((frame, repeats));
     }
 
     fn schedule(&mut self, at: u64, ev: Ev) {

@@ -121,8 +121,9 @@ fn linearizable_reads_answered_before_executing_what_was_accepted_are_caught() {
 fn a_read_index_taken_from_the_answering_node_alone_is_caught() {
     // The one node asked lags behind a completed write; without the quorum's highest vote
     // it answers stale.
-    // Caught in about 1 seed of 20 (seeds 31, 34 and 51 here).
-    let found = violations_under(Mutation::IndexWithoutQuorum, 60, |_| {});
+    // Rare: seeds 31, 34 and 51 until session 14; since the faulty client retransmits
+    // some requests (which changed every run), 6 of 300 (94 the first).
+    let found = violations_under(Mutation::IndexWithoutQuorum, 100, |_| {});
     assert!(found.iter().any(|v| v.property == "linearizability"), "got {found:?}");
 }
 
@@ -280,6 +281,7 @@ fn a_primary_that_turns_slow_within_its_timers_is_replaced_and_throughput_recove
 #[test]
 fn a_client_with_inconsistent_macs_neither_stalls_others_nor_replaces_the_primary() {
     // Faults "byzantine" with no Byzantine node: only the faulty client misbehaves.
+    let mut mac_views = 0;
     for seed in 1..=3 {
         let mut o = SimOptions::new(seed, 1, 1, faults("byzantine"));
         o.byzantine = Some((vec![], Behaviours::default()));
@@ -303,8 +305,11 @@ fn a_client_with_inconsistent_macs_neither_stalls_others_nor_replaces_the_primar
         o.auth = Some(keel_core::config::Auth::Mac);
         o.faulty_client = Some(true);
         let r = run_kv_seed(&o);
-        assert!(!r.views_installed.is_empty(), "seed {seed}: auth = mac replaced no primary");
+        mac_views += r.views_installed.len();
     }
+    // (Per seed until session 14; since the faulty client retransmits each request for a
+    // while, it sends fewer distinct ones and not every short run splits the backups.)
+    assert!(mac_views > 0, "auth = mac replaced no primary in any seed");
 }
 
 /// Membership changes under every fault class: the administrator's changes take effect

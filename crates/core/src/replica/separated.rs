@@ -141,6 +141,7 @@ impl<S: Service> Replica<S> {
                 self.help_executor(from, executed, stable, out);
                 Ok(())
             }
+            Message::StableCert(proof) => self.on_exec_stable_cert(proof, out),
             // An execution node's read index (exec_node.rs `on_read`).
             Message::IndexProbe { round } => self.on_index_probe(from, round, out),
             _ => Err(Reject::WrongPeer),
@@ -189,10 +190,40 @@ impl<S: Service> Replica<S> {
         for node in self.cfg.executors() {
             out.send.push((Peer::Node(node), Message::StableCert(proof.clone())));
         }
+        self.adopt_exec_stable(proof, out);
+        Ok(())
+    }
+
+    /// An execution node passes on the certificate of the newest certified execution
+    /// checkpoint (every retransmission period). An order node that missed the votes
+    /// (down, or the votes lost while the execution nodes moved on by a state transfer,
+    /// which leaves them no vote of their own to resend) learns it so; without it, it
+    /// never votes for its order checkpoints again and, once enough order nodes are in
+    /// that state, ordering stops at the window's end (the simulator found this at
+    /// (2, 1)). `r + 1` execution nodes' signatures make it as good as votes counted here.
+    fn on_exec_stable_cert(&mut self, proof: StableProof, out: &mut Outputs) -> Result<(), Reject> {
+        if proof.seq <= self.exec_stage.stable_seq() {
+            return Ok(());
+        }
+        if !proof.seq.is_multiple_of(self.cfg.options.checkpoint_interval) {
+            return Err(Reject::BadProof("an execution checkpoint off the interval"));
+        }
+        let quorum = self.cfg.quorums.exec_checkpoint_quorum();
+        if !exec_proof_valid(&self.cfg, &self.exec_stage.keys, quorum, &proof) {
+            return Err(Reject::BadProof("execution checkpoint certificate"));
+        }
+        self.adopt_exec_stable(proof, out);
+        Ok(())
+    }
+
+    /// `proof` certifies an execution checkpoint past the one this node knew: kept (on
+    /// disk too), and this node's order checkpoint votes held back until execution got
+    /// that far go out.
+    fn adopt_exec_stable(&mut self, proof: StableProof, out: &mut Outputs) {
         out.persist_lazy.push(crate::wal::Record::ExecStable(proof.clone()));
         let previous = self.exec_stage.stable_seq();
+        let seq = proof.seq;
         self.exec_stage.stable = Some(proof);
-        let seq = vote.seq;
         self.exec_stage.votes.retain(|s, _| *s > seq);
         // This node's order checkpoint votes held back until now go out, and order
         // checkpoints up to here may become stable: the newest with a quorum.
@@ -209,7 +240,6 @@ impl<S: Service> Replica<S> {
                 break;
             }
         }
-        Ok(())
     }
 
     /// What an order node keeps across a restart for the execution stage: the certified
