@@ -30,8 +30,8 @@
 use crate::config::ClusterConfig;
 use crate::crypto::{Digest, Mac, MacKey, SigningKey};
 use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Payload, Request, Seq, View};
+use crate::replica::{budgeted_bodies, hearsay_chargeable, hearsay_share, take_valid, Hearsay};
 use crate::replica::{check_session, client_mac_key, endorse_key, Event, Input, Outputs, Peer, Reject};
-use crate::replica::{hearsay_chargeable, hearsay_share, Hearsay};
 use std::collections::BTreeMap;
 
 /// A client request this node endorsed.
@@ -44,9 +44,6 @@ struct Held {
     /// When the client (or a peer) last spoke of it.
     touched: u64,
 }
-
-/// Operation bytes one order node may fetch per retry period, in batches' worth.
-const BODY_BUDGET_BATCHES: usize = 4;
 
 /// Operation bytes of the requests held (and the ones before them) at most: a client
 /// may send operations of up to `OP_BYTES_MAX` from each of its sessions.
@@ -333,11 +330,8 @@ impl RqNode {
 
     /// Moves the endorsements in `request` that are valid for this node into `valid`.
     fn take_valid(&self, request: &mut Request, statement: &Digest, valid: &mut BTreeMap<NodeId, Vec<Mac>>) {
-        for e in std::mem::take(&mut request.endorsements).into_iter().take(self.cfg.endorsers().len()) {
-            if e.node != self.id && !valid.contains_key(&e.node) && self.endorsed_for_me(e.node, statement, &e.macs) {
-                valid.insert(e.node, e.macs);
-            }
-        }
+        let check = |node, macs: &[Mac]| self.endorsed_for_me(node, statement, macs);
+        take_valid(request, (self.id, self.cfg.endorsers().len()), valid, check);
     }
 
     /// An order node's request timer relays the RQ endorsements it holds of a request
@@ -410,36 +404,20 @@ impl RqNode {
         &mut self,
         from: NodeId,
         seq: Seq,
-        mut wanted: Vec<(ClientId, Digest)>,
+        wanted: Vec<(ClientId, Digest)>,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         if wanted.len() > self.cfg.options.batch_count_max {
             return Err(Reject::BadBatch("more operations asked for than a batch holds"));
         }
         let period = (self.cfg.options.retransmit_ms / 5).max(1);
-        let batch = self.cfg.options.batch_bytes_max + crate::codec::OP_BYTES_MAX;
-        let (since, spent) = &mut self.body_budget[from as usize];
-        if self.now >= *since + period {
-            (*since, *spent) = (self.now, 0);
-        }
-        let mut budget = (BODY_BUDGET_BATCHES * batch).saturating_sub(*spent).min(batch);
-        wanted.sort_unstable();
-        wanted.dedup();
-        let mut ops: Vec<Payload> = Vec::new();
-        for (client, op) in wanted {
-            let Some(body) = self.body(client, &op) else {
-                continue;
-            };
-            if body.len() > budget {
-                break;
-            }
-            budget -= body.len();
-            ops.push(body);
-        }
+        let mut budget = self.body_budget[from as usize];
+        let lookup = |client, op: &Digest| self.body(client, op);
+        let ops = budgeted_bodies(&self.cfg.options, &mut budget, (self.now, period), wanted, lookup);
+        self.body_budget[from as usize] = budget;
         if ops.is_empty() {
             return Ok(());
         }
-        self.body_budget[from as usize].1 += ops.iter().map(|o| o.len()).sum::<usize>();
         out.send.push((Peer::Node(from), Message::Bodies { seq, ops }));
         Ok(())
     }

@@ -332,6 +332,28 @@ struct SimNode<S> {
 }
 
 impl<S: Service> SimNode<S> {
+    /// A node of a stage apart (execution or RQ) before its core is set: a member from
+    /// the start (membership changes never move it), its clock exact.
+    fn apart(secrets: NodeSecrets) -> SimNode<S> {
+        SimNode {
+            replica: None,
+            exec: None,
+            is_exec: false,
+            exec_byzantine: None,
+            rq: None,
+            is_rq: false,
+            rq_byzantine: None,
+            role: Role::Member,
+            file_membership: None,
+            disk: SimDisk::default(),
+            epoch: 0,
+            secrets,
+            skew: 0,
+            byzantine: None,
+            stale_state: None,
+        }
+    }
+
     fn up(&self) -> bool {
         self.replica.is_some() || self.exec.is_some() || self.rq.is_some()
     }
@@ -565,23 +587,7 @@ impl<W: Workload> World<W> {
             let interval = opts.options.checkpoint_interval;
             let exec_byzantine =
                 (i < exec_liars).then(|| ExecByzantine::random(&mut exec_rng, id, s.signing.clone(), interval));
-            nodes.push(SimNode {
-                replica: None,
-                exec: Some(exec),
-                is_exec: true,
-                exec_byzantine,
-                rq: None,
-                is_rq: false,
-                rq_byzantine: None,
-                role: Role::Member,
-                file_membership: None,
-                disk: SimDisk::default(),
-                epoch: 0,
-                secrets: s,
-                skew: 0,
-                byzantine: None,
-                stale_state: None,
-            });
+            nodes.push(SimNode { exec: Some(exec), is_exec: true, exec_byzantine, ..SimNode::apart(s) });
         }
         // Byzantine RQ nodes: up to r, from a generator of their own (replays as before).
         let mut rq_rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x7271);
@@ -605,23 +611,7 @@ impl<W: Workload> World<W> {
                 let ranges = (0..n as NodeId, cfg.endorsers());
                 RqByzantine::random(&mut rq_rng, id, row, ranges, sim_clients.clone())
             });
-            nodes.push(SimNode {
-                replica: None,
-                exec: None,
-                is_exec: false,
-                exec_byzantine: None,
-                rq: Some(rq),
-                is_rq: true,
-                rq_byzantine,
-                role: Role::Member,
-                file_membership: None,
-                disk: SimDisk::default(),
-                epoch: 0,
-                secrets: s,
-                skew: 0,
-                byzantine: None,
-                stale_state: None,
-            });
+            nodes.push(SimNode { rq: Some(rq), is_rq: true, rq_byzantine, ..SimNode::apart(s) });
         }
         let byzantine_count = byzantine_count + exec_liars + rq_liars;
         report.faults.byzantine_nodes = byzantine_count as u64;
@@ -967,26 +957,23 @@ impl<W: Workload> World<W> {
 
     fn step_node(&mut self, n: NodeId, input: Input) {
         let now = self.node_now(n);
-        if let Some(rq) = self.nodes[n as usize].rq.as_mut() {
+        // A node of a stage apart (RQ or execution): no epochs; a failed invariant stops
+        // it and is reported with the trace.
+        let node = &mut self.nodes[n as usize];
+        if node.rq.is_some() || node.exec.is_some() {
             let mut out = Outputs::default();
-            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rq.step(now, input, &mut out)));
-            if let Err(panic) = stepped {
-                self.nodes[n as usize].rq = None;
-                self.violation("invariant", format!("RQ node {n}: {}", crate::panic_message(panic)));
-                return;
+            let (what, stepped) = match (node.rq.as_mut(), node.exec.as_mut()) {
+                (Some(rq), _) => ("RQ node", catch_step(|| rq.step(now, input, &mut out))),
+                (_, Some(exec)) => ("execution node", catch_step(|| exec.step(now, input, &mut out))),
+                (None, None) => return,
+            };
+            match stepped {
+                Ok(()) => self.process_outputs(n, out, 0),
+                Err(panic) => {
+                    (node.rq, node.exec) = (None, None);
+                    self.violation("invariant", format!("{what} {n}: {panic}"));
+                }
             }
-            self.process_outputs(n, out, 0);
-            return;
-        }
-        if let Some(exec) = self.nodes[n as usize].exec.as_mut() {
-            let mut out = Outputs::default();
-            let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| exec.step(now, input, &mut out)));
-            if let Err(panic) = stepped {
-                self.nodes[n as usize].exec = None;
-                self.violation("invariant", format!("execution node {n}: {}", crate::panic_message(panic)));
-                return;
-            }
-            self.process_outputs(n, out, 0);
             return;
         }
         let Some(replica) = self.nodes[n as usize].replica.as_mut() else {
@@ -996,10 +983,9 @@ impl<W: Workload> World<W> {
         let epoch = replica.epoch();
         // A failed invariant is reported with the trace that led to it (a panic that
         // unwound the whole world would lose the trace).
-        let stepped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replica.step(now, input, &mut out)));
-        if let Err(panic) = stepped {
+        if let Err(panic) = catch_step(|| replica.step(now, input, &mut out)) {
             self.nodes[n as usize].replica = None;
-            self.violation("invariant", format!("node {n}: {}", crate::panic_message(panic)));
+            self.violation("invariant", format!("node {n}: {panic}"));
             return;
         }
         self.process_outputs(n, out, epoch);
@@ -1833,4 +1819,9 @@ impl<W: Workload> World<W> {
             _ => {}
         }
     }
+}
+
+/// Runs one step of a node, catching a failed invariant (a panic) as its message.
+fn catch_step(step: impl FnOnce()) -> Result<(), String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).map_err(crate::panic_message)
 }

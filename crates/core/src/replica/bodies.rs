@@ -52,6 +52,39 @@ const RETRY_DOUBLINGS_MAX: u32 = 4;
 /// Operation bytes one peer may pull per retry period, in batches' worth.
 const BODY_BUDGET_BATCHES: usize = 4;
 
+/// The operations of `wanted` that `lookup` finds, within one peer's byte budget
+/// (`budget`: when its period began, bytes sent it since): a batch at most per answer,
+/// [`BODY_BUDGET_BATCHES`] per retry period `period`. Shared by order nodes and RQ nodes
+/// (rq_node.rs), which answer FETCH-BODIES alike.
+pub(crate) fn budgeted_bodies(
+    options: &crate::config::Options,
+    budget: &mut (u64, usize),
+    (now, period): (u64, u64),
+    mut wanted: Vec<(ClientId, Digest)>,
+    lookup: impl Fn(ClientId, &Digest) -> Option<Payload>,
+) -> Vec<Payload> {
+    let batch = options.batch_bytes_max + crate::codec::OP_BYTES_MAX;
+    let (since, spent) = budget;
+    if now >= *since + period {
+        (*since, *spent) = (now, 0);
+    }
+    let mut left = (BODY_BUDGET_BATCHES * batch).saturating_sub(*spent).min(batch);
+    wanted.sort_unstable();
+    wanted.dedup();
+    let mut ops = Vec::new();
+    for (client, op) in wanted {
+        if let Some(body) = lookup(client, &op) {
+            if body.len() > left {
+                break;
+            }
+            left -= body.len();
+            *spent += body.len();
+            ops.push(body);
+        }
+    }
+    ops
+}
+
 impl Parked {
     fn missing(&self) -> impl Iterator<Item = (usize, &crate::message::RequestDigest)> {
         self.proposal.requests.iter().enumerate().filter_map(|(i, p)| match p {
@@ -233,7 +266,7 @@ impl<S: Service> Replica<S> {
         &mut self,
         from: NodeId,
         seq: Seq,
-        mut wanted: Vec<(ClientId, Digest)>,
+        wanted: Vec<(ClientId, Digest)>,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         if self.cfg.auth != Auth::RqMac {
@@ -253,25 +286,10 @@ impl<S: Service> Replica<S> {
             return Err(Reject::Busy("operations fetched again within a retry period"));
         }
         self.body_answers[from as usize].insert(seq, self.now);
-        let batch = self.cfg.options.batch_bytes_max + crate::codec::OP_BYTES_MAX;
-        let (since, spent) = &mut self.body_budget[from as usize];
-        if self.now >= *since + period {
-            (*since, *spent) = (self.now, 0);
-        }
-        let mut budget = (BODY_BUDGET_BATCHES * batch).saturating_sub(*spent).min(batch);
-        wanted.sort_unstable();
-        wanted.dedup();
-        let mut ops = Vec::new();
-        for (client, op) in wanted {
-            if let Some(body) = self.held_body(seq, client, &op) {
-                if body.len() > budget {
-                    break;
-                }
-                budget -= body.len();
-                self.body_budget[from as usize].1 += body.len();
-                ops.push(body);
-            }
-        }
+        let mut budget = self.body_budget[from as usize];
+        let lookup = |client, op: &Digest| self.held_body(seq, client, op);
+        let ops = budgeted_bodies(&self.cfg.options, &mut budget, (self.now, period), wanted, lookup);
+        self.body_budget[from as usize] = budget;
         if !ops.is_empty() {
             out.send.push((Peer::Node(from), Message::Bodies { seq, ops }));
         }

@@ -95,6 +95,22 @@ pub(crate) fn hearsay_share(cfg: &crate::config::ClusterConfig) -> usize {
     (cfg.options.clients_max / chargeable.max(1)).max(1)
 }
 
+/// Moves the endorsements `request` carries that `valid_for_me` accepts into `valid`:
+/// none of node `me`'s own, each endorser once, and no more entries looked at than
+/// there are endorsers (`cap`; each costs a MAC check).
+pub(crate) fn take_valid(
+    request: &mut Request,
+    (me, cap): (NodeId, usize),
+    valid: &mut BTreeMap<NodeId, Vec<Mac>>,
+    valid_for_me: impl Fn(NodeId, &[Mac]) -> bool,
+) {
+    for e in std::mem::take(&mut request.endorsements).into_iter().take(cap) {
+        if e.node != me && !valid.contains_key(&e.node) && valid_for_me(e.node, &e.macs) {
+            valid.insert(e.node, e.macs);
+        }
+    }
+}
+
 fn charged_slot(charged: &mut [(usize, usize)], first: NodeId, node: NodeId) -> Option<&mut (usize, usize)> {
     charged.get_mut(node.checked_sub(first)? as usize)
 }
@@ -340,11 +356,8 @@ impl<S: Service> Replica<S> {
             return Ok(());
         }
         let mut valid = BTreeMap::from([(from, macs)]);
-        for e in std::mem::take(&mut request.endorsements).into_iter().take(self.cfg.endorsers().len()) {
-            if e.node != self.id && !valid.contains_key(&e.node) && self.endorsed_for_me(e.node, &statement, &e.macs) {
-                valid.insert(e.node, e.macs);
-            }
-        }
+        let check = |node, macs: &[Mac]| self.endorsed_for_me(node, &statement, macs);
+        take_valid(&mut request, (self.id, self.cfg.endorsers().len()), &mut valid, check);
         self.take_endorsed(from, request, statement, valid, out)
     }
 
@@ -384,11 +397,8 @@ impl<S: Service> Replica<S> {
         }
         let statement = request.statement();
         let mut valid = BTreeMap::new();
-        for e in std::mem::take(&mut request.endorsements).into_iter().take(self.cfg.endorsers().len()) {
-            if !valid.contains_key(&e.node) && self.endorsed_for_me(e.node, &statement, &e.macs) {
-                valid.insert(e.node, e.macs);
-            }
-        }
+        let check = |node, macs: &[Mac]| self.endorsed_for_me(node, &statement, macs);
+        take_valid(&mut request, (self.id, self.cfg.endorsers().len()), &mut valid, check);
         if valid.is_empty() {
             return Err(Reject::BadEndorsement { node: from });
         }
