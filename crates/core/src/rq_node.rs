@@ -61,8 +61,9 @@ pub struct RqNode {
     held: BTreeMap<ClientId, Held>,
     /// Each client's request before the held one: order nodes may still fetch its bytes.
     previous: BTreeMap<ClientId, Request>,
-    /// Operation bytes in `held` and `previous`.
+    /// Operation bytes in `held` and `previous`, and their bound ([`HELD_BYTES_MAX`]).
     held_bytes: usize,
+    held_bytes_max: usize,
     hearsay: Hearsay,
     /// Per order node: (period start, bytes of operations sent it this period).
     body_budget: Vec<(u64, usize)>,
@@ -89,6 +90,7 @@ impl RqNode {
             held: BTreeMap::new(),
             previous: BTreeMap::new(),
             held_bytes: 0,
+            held_bytes_max: HELD_BYTES_MAX,
             row,
             cfg,
             id,
@@ -220,13 +222,13 @@ impl RqNode {
             return Err(Reject::Busy("requests held by this RQ node"));
         }
         let size = req.op.len();
-        if self.held_bytes + size > HELD_BYTES_MAX {
+        if self.held_bytes + size > self.held_bytes_max {
             // Requests before the held ones go first (wanted only by a late fetch).
             let clients: Vec<ClientId> = self.previous.keys().copied().collect();
             for c in clients {
                 self.held_bytes -= self.drop_previous(c);
             }
-            if self.held_bytes + size > HELD_BYTES_MAX {
+            if self.held_bytes + size > self.held_bytes_max {
                 return Err(Reject::Busy("request bytes held by this RQ node"));
             }
         }
@@ -436,7 +438,7 @@ impl RqNode {
     fn invariants(&self) {
         assert!(self.held.len() <= self.cfg.options.clients_max, "held requests are bounded");
         assert!(self.previous.len() <= self.held.len(), "a previous request only beside a held one");
-        assert!(self.held_bytes <= HELD_BYTES_MAX, "held request bytes are bounded");
+        assert!(self.held_bytes <= self.held_bytes_max, "held request bytes are bounded");
         assert!(self.hearsay.len() <= self.cfg.options.clients_max, "hearsay is bounded");
     }
 }
@@ -855,6 +857,33 @@ mod tests {
         // Untouched for four request timeouts: dropped, and room for others again.
         rq.step(10 * cfg.options.request_timeout_ms, Input::Tick, &mut out);
         assert_eq!(rq.held(), 0);
+    }
+
+    #[test]
+    fn an_rq_node_holds_request_bytes_within_its_bound_dropping_earlier_requests_first() {
+        let cfg = config(None);
+        let mut rq = RqNode::new(cfg.clone(), 4, secrets(4).signing, secrets(4).mac_secret);
+        rq.held_bytes_max = 1000;
+        let mut clients: Vec<Client> = (1..=3).map(|id| client(&cfg, id)).collect();
+        let send = |rq: &mut RqNode, c: &mut Client, len: usize, now: u64| {
+            let (_, m) = c.invoke(now, vec![7; len]).expect("idle").remove(0);
+            c.abandon();
+            let mut out = Outputs::default();
+            rq.step(now, Input::Message { from: Peer::Client(c.id()), msg: m }, &mut out);
+            out.events.iter().any(|e| matches!(e, Event::Rejected { reason: Reject::Busy(_), .. }))
+        };
+        assert!(!send(&mut rq, &mut clients[0], 400, 1));
+        // The client's next request: its first stays as the previous one (fetchable).
+        assert!(!send(&mut rq, &mut clients[0], 400, 2));
+        assert_eq!((rq.held(), rq.held_bytes), (1, 800));
+        // Another client's 400 bytes fit once the previous request is dropped.
+        assert!(!send(&mut rq, &mut clients[1], 400, 3));
+        assert_eq!((rq.held(), rq.held_bytes), (2, 800), "the previous request went first");
+        // 500 more do not fit at all: refused, and nothing else is dropped.
+        assert!(send(&mut rq, &mut clients[2], 500, 4), "refused");
+        assert_eq!((rq.held(), rq.held_bytes), (2, 800));
+        assert!(!send(&mut rq, &mut clients[2], 200, 5));
+        assert_eq!((rq.held(), rq.held_bytes), (3, 1000));
     }
 
     #[test]
