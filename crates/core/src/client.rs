@@ -228,7 +228,7 @@ impl Client {
 
     /// Separated execution: replies come from the execution nodes `executors`
     /// ([`crate::config::ClusterConfig::executors`]), and so do answers to read-only
-    /// operations (see [`Client::read_quorum`]).
+    /// operations (see `read_quorum` below).
     pub fn with_executors(mut self, executors: std::ops::Range<NodeId>) -> Client {
         self.executors = Some(executors);
         self
