@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 mod support;
-use support::{get, metric, put, read_only, start_writers, Cluster, OP_TIMEOUT};
+use support::{get, metric, put, read_only, reads_never_stale_under_writes, start_writers, Cluster, OP_TIMEOUT};
 
 async fn check_all(cluster: &Cluster, acked: &[(String, String)]) {
     let c = cluster.client(1007);
@@ -323,33 +323,8 @@ async fn read_only_reads_skip_ordering_and_see_every_completed_write() {
     assert!(answered("linearizable") >= 300, "linearizable answers: {}", answered("linearizable"));
 
     // Under concurrent writes, a linearizable read never returns a value older than the
-    // last write acknowledged before it began (values are increasing counters).
-    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let w = {
-        let (acked, stop) = (acked.clone(), stop.clone());
-        let c = cluster.client(1002);
-        tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                n += 1;
-                put(&c, "ctr", &n.to_string()).await.expect("put");
-                acked.store(n, std::sync::atomic::Ordering::SeqCst);
-            }
-            n
-        })
-    };
-    let started = Instant::now();
-    let mut reads = 0;
-    while started.elapsed() < Duration::from_secs(4) {
-        let how = if reads % 2 == 0 { Linearizable } else { Index };
-        let floor = acked.load(std::sync::atomic::Ordering::SeqCst);
-        let got: u64 = read_only(&reader, "ctr", how).await.map_or(0, |v| v.parse().expect("counter"));
-        assert!(got >= floor, "stale {how:?} read: {got} after {floor} was acknowledged");
-        reads += 1;
-    }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let writes = w.await.expect("writer");
+    // last write acknowledged before it began.
+    let (reads, writes) = reads_never_stale_under_writes(&cluster, &reader, 1002, Duration::from_secs(4)).await;
     eprintln!("{reads} linearizable and read-index reads beside {writes} writes");
 
     // With one node down, Q answers remain: reads still complete (a read index whose r + 1

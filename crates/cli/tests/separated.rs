@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{get, metric, put, read_only, start_writers, Cluster};
+use support::{get, metric, put, read_only, reads_never_stale_under_writes, start_writers, Cluster};
 
 /// Order nodes are 0..4, execution nodes 4..7 at u = r = 1.
 const ORDER: usize = 4;
@@ -167,34 +167,10 @@ async fn with_separated_execution_read_only_reads_are_answered_by_execution_node
     assert!(answered(&cluster, "linearizable") >= 120, "linearizable answers: {}", answered(&cluster, "linearizable"));
     assert!(answered(&cluster, "serializable") >= 60, "serializable answers: {}", answered(&cluster, "serializable"));
 
-    // Under concurrent writes, a linearizable read never returns a value older than the
-    // last write acknowledged before it began (values are increasing counters).
-    let acked = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let w = {
-        let (acked, stop) = (acked.clone(), stop.clone());
-        let c = cluster.client(1002);
-        tokio::spawn(async move {
-            let mut n = 0u64;
-            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                n += 1;
-                put(&c, "ctr", &n.to_string()).await.expect("put");
-                acked.store(n, std::sync::atomic::Ordering::SeqCst);
-            }
-            n
-        })
-    };
-    let mut checked = 0;
-    let until = Instant::now() + Duration::from_secs(3);
-    while Instant::now() < until {
-        let floor = acked.load(std::sync::atomic::Ordering::SeqCst);
-        let got = read_only(&reader, "ctr", Linearizable).await.and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        assert!(got >= floor, "linearizable read returned {got}, but {floor} was acknowledged before it began");
-        checked += 1;
-    }
-    stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let writes = w.await.expect("writer");
-    eprintln!("{checked} linearizable reads under {writes} concurrent writes");
+    // Under concurrent writes, a linearizable read (or read index) never returns a value
+    // older than the last write acknowledged before it began.
+    let (checked, writes) = reads_never_stale_under_writes(&cluster, &reader, 1002, Duration::from_secs(3)).await;
+    eprintln!("{checked} linearizable and read-index reads under {writes} concurrent writes");
     assert!(checked > 20 && writes > 20, "{checked} reads, {writes} writes");
 
     // With an execution node down, r + 1 = 2 still answer a linearizable read.

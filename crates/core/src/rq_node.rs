@@ -56,8 +56,10 @@ pub struct RqNode {
     /// Per order node (by id) and then per RQ node (in order): the key this node's
     /// endorsements for it are MACed with, and its endorsements for this node checked.
     row: Vec<MacKey>,
-    /// The view each order node last reported (STATUS).
+    /// The view each order node last reported (STATUS), and the one believed from them
+    /// (worked out per STATUS, not per request).
     views: Vec<View>,
+    view: View,
     held: BTreeMap<ClientId, Held>,
     /// Each client's request before the held one: order nodes may still fetch its bytes.
     previous: BTreeMap<ClientId, Request>,
@@ -86,6 +88,7 @@ impl RqNode {
         RqNode {
             hearsay: Hearsay::new(hearsay_chargeable(&cfg)),
             views: vec![0; n],
+            view: 0,
             body_budget: vec![(0, 0); n],
             held: BTreeMap::new(),
             previous: BTreeMap::new(),
@@ -111,9 +114,7 @@ impl RqNode {
     /// The view this node believes current: the highest that `r + 1` order nodes reported
     /// (so `r` liars cannot move it), 0 before anyone spoke.
     pub fn view(&self) -> View {
-        let mut views = self.views.clone();
-        views.sort_unstable_by(|a, b| b.cmp(a));
-        views.get(self.cfg.quorums.r() as usize).copied().unwrap_or(0)
+        self.view
     }
 
     pub fn status_line(&self) -> String {
@@ -142,6 +143,9 @@ impl RqNode {
             (Peer::Client(c), Message::Request(req)) => self.on_request(c, req, out),
             (Peer::Node(o), Message::Status { view, .. }) if (o as usize) < n => {
                 self.views[o as usize] = view;
+                let mut views = self.views.clone();
+                views.sort_unstable_by(|a, b| b.cmp(a));
+                self.view = views.get(self.cfg.quorums.r() as usize).copied().unwrap_or(0);
                 Ok(())
             }
             (Peer::Node(o), Message::FetchBodies { seq, wanted }) if (o as usize) < n => {
@@ -171,14 +175,13 @@ impl RqNode {
     }
 
     fn drop_client(&mut self, client: ClientId) {
-        let held = self.held.remove(&client).map_or(0, |h| h.req.op.len());
-        self.held_bytes -= held + self.drop_previous(client);
+        self.held_bytes -= self.held.remove(&client).map_or(0, |h| h.req.op.len());
+        self.drop_previous(client);
     }
 
-    /// Forgets `client`'s request before the held one; its bytes, which the caller
-    /// takes off `held_bytes`.
-    fn drop_previous(&mut self, client: ClientId) -> usize {
-        self.previous.remove(&client).map_or(0, |r| r.op.len())
+    /// Forgets `client`'s request before the held one (and its bytes).
+    fn drop_previous(&mut self, client: ClientId) {
+        self.held_bytes -= self.previous.remove(&client).map_or(0, |r| r.op.len());
     }
 
     /// A client's request: endorsed if this node's entry of its authenticator is valid.
@@ -226,7 +229,7 @@ impl RqNode {
             // Requests before the held ones go first (wanted only by a late fetch).
             let clients: Vec<ClientId> = self.previous.keys().copied().collect();
             for c in clients {
-                self.held_bytes -= self.drop_previous(c);
+                self.drop_previous(c);
             }
             if self.held_bytes + size > self.held_bytes_max {
                 return Err(Reject::Busy("request bytes held by this RQ node"));
@@ -243,7 +246,7 @@ impl RqNode {
         let held = Held { req, endorsers, broadcast_at: 0, touched: self.now };
         self.held_bytes += size;
         if let Some(old) = self.held.insert(client, held) {
-            self.held_bytes -= self.drop_previous(client);
+            self.drop_previous(client);
             self.previous.insert(client, old.req);
         }
         if to_all {

@@ -829,20 +829,7 @@ mod tests {
     fn init_refuses_a_checkpoint_interval_nodes_would_refuse_and_writes_nothing() {
         let dir = tempfile::tempdir().expect("tempdir");
         let at = dir.path().join("c");
-        let o = InitOptions {
-            service: "kv".into(),
-            u: 1,
-            r: 1,
-            host: "127.0.0.1".into(),
-            base_port: 41000,
-            clients: 1,
-            fsync: FsyncPolicy::Batch,
-            auth: None,
-            request_digests: None,
-            checkpoint_interval: Some(4096),
-            separated: false,
-            rq_separated: false,
-        };
+        let o = InitOptions { checkpoint_interval: Some(4096), ..init_options(1, 1) };
         assert!(init(&at, &o).is_err(), "a view change could not carry the log");
         assert!(!at.exists());
         let o = InitOptions { checkpoint_interval: None, auth: Some(Auth::Mac), request_digests: Some(true), ..o };
@@ -850,13 +837,12 @@ mod tests {
         assert!(!at.exists());
     }
 
-    #[test]
-    fn init_separated_writes_order_and_execution_nodes() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let o = InitOptions {
+    /// A KV cluster of one client on loopback with every default.
+    fn init_options(u: u32, r: u32) -> InitOptions {
+        InitOptions {
             service: "kv".into(),
-            u: 1,
-            r: 1,
+            u,
+            r,
             host: "127.0.0.1".into(),
             base_port: 41000,
             clients: 1,
@@ -864,9 +850,15 @@ mod tests {
             auth: None,
             request_digests: None,
             checkpoint_interval: None,
-            separated: true,
+            separated: false,
             rq_separated: false,
-        };
+        }
+    }
+
+    #[test]
+    fn init_separated_writes_order_and_execution_nodes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let o = InitOptions { separated: true, ..init_options(1, 1) };
         init(dir.path(), &o).expect("init");
         let mut listens = std::collections::BTreeSet::new();
         for i in 0..7 {
@@ -895,20 +887,7 @@ mod tests {
     #[test]
     fn init_with_every_stage_apart_writes_order_execution_and_rq_nodes() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let o = InitOptions {
-            service: "kv".into(),
-            u: 1,
-            r: 0,
-            host: "127.0.0.1".into(),
-            base_port: 41000,
-            clients: 1,
-            fsync: FsyncPolicy::Batch,
-            auth: None,
-            request_digests: None,
-            checkpoint_interval: None,
-            separated: true,
-            rq_separated: true,
-        };
+        let o = InitOptions { separated: true, rq_separated: true, ..init_options(1, 0) };
         init(dir.path(), &o).expect("init");
         // (1, 0): 3 order nodes 0..3, 2 execution nodes 3..5, 3 RQ nodes 5..8.
         for i in 0..8 {
@@ -943,18 +922,10 @@ mod tests {
         init(
             dir.path(),
             &InitOptions {
-                service: "kv".into(),
-                u: 1,
-                r: 1,
-                host: "127.0.0.1".into(),
-                base_port: 41000,
                 clients: 2,
-                fsync: FsyncPolicy::Batch,
-                auth: None,
                 request_digests: Some(false),
                 checkpoint_interval: Some(1024),
-                separated: false,
-                rq_separated: false,
+                ..init_options(1, 1)
             },
         )
         .expect("init");

@@ -332,9 +332,10 @@ struct SimNode<S> {
 }
 
 impl<S: Service> SimNode<S> {
-    /// A node of a stage apart (execution or RQ) before its core is set: a member from
-    /// the start (membership changes never move it), its clock exact.
-    fn apart(secrets: NodeSecrets) -> SimNode<S> {
+    /// A node before its core is set: a member from the start, its clock exact, honest,
+    /// its disk empty. Order nodes set their replica, role, skew and Byzantine behaviour;
+    /// execution and RQ nodes their core (membership changes never move them).
+    fn blank(secrets: NodeSecrets) -> SimNode<S> {
         SimNode {
             replica: None,
             exec: None,
@@ -555,23 +556,7 @@ impl<W: Workload> World<W> {
                 } else {
                     (None, Role::Spare)
                 };
-                SimNode {
-                    replica,
-                    exec: None,
-                    is_exec: false,
-                    exec_byzantine: None,
-                    rq: None,
-                    is_rq: false,
-                    rq_byzantine: None,
-                    role,
-                    file_membership: None,
-                    disk: SimDisk::default(),
-                    epoch: 0,
-                    secrets: s,
-                    skew,
-                    byzantine,
-                    stale_state: None,
-                }
+                SimNode { replica, role, skew, byzantine, ..SimNode::blank(s) }
             })
             .collect::<Vec<_>>();
         let mut nodes = nodes;
@@ -587,7 +572,7 @@ impl<W: Workload> World<W> {
             let interval = opts.options.checkpoint_interval;
             let exec_byzantine =
                 (i < exec_liars).then(|| ExecByzantine::random(&mut exec_rng, id, s.signing.clone(), interval));
-            nodes.push(SimNode { exec: Some(exec), is_exec: true, exec_byzantine, ..SimNode::apart(s) });
+            nodes.push(SimNode { exec: Some(exec), is_exec: true, exec_byzantine, ..SimNode::blank(s) });
         }
         // Byzantine RQ nodes: up to r, from a generator of their own (replays as before).
         let mut rq_rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x7271);
@@ -611,7 +596,7 @@ impl<W: Workload> World<W> {
                 let ranges = (0..n as NodeId, cfg.endorsers());
                 RqByzantine::random(&mut rq_rng, id, row, ranges, sim_clients.clone())
             });
-            nodes.push(SimNode { rq: Some(rq), is_rq: true, rq_byzantine, ..SimNode::apart(s) });
+            nodes.push(SimNode { rq: Some(rq), is_rq: true, rq_byzantine, ..SimNode::blank(s) });
         }
         let byzantine_count = byzantine_count + exec_liars + rq_liars;
         report.faults.byzantine_nodes = byzantine_count as u64;

@@ -285,3 +285,43 @@ pub async fn read_only(c: &KeelClient, k: &str, consistency: keel_core::message:
         other => panic!("unexpected get result {other:?}"),
     }
 }
+
+/// Reads "ctr" for `duration`, alternately linearizable and by read index, while client
+/// `writer` writes increasing counters to it, asserting that no read returns a value
+/// older than the last write acknowledged before the read began. Returns the reads and
+/// writes done.
+pub async fn reads_never_stale_under_writes(
+    cluster: &Cluster,
+    reader: &KeelClient,
+    writer: u64,
+    duration: Duration,
+) -> (u64, u64) {
+    use keel_core::message::ReadConsistency::{Index, Linearizable};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+    let acked = std::sync::Arc::new(AtomicU64::new(0));
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let w = {
+        let (acked, stop) = (acked.clone(), stop.clone());
+        let c = cluster.client(writer);
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(SeqCst) {
+                n += 1;
+                put(&c, "ctr", &n.to_string()).await.expect("put");
+                acked.store(n, SeqCst);
+            }
+            n
+        })
+    };
+    let started = std::time::Instant::now();
+    let mut reads = 0;
+    while started.elapsed() < duration {
+        let how = if reads % 2 == 0 { Linearizable } else { Index };
+        let floor = acked.load(SeqCst);
+        let got: u64 = read_only(reader, "ctr", how).await.map_or(0, |v| v.parse().expect("counter"));
+        assert!(got >= floor, "stale {how:?} read: {got} after {floor} was acknowledged");
+        reads += 1;
+    }
+    stop.store(true, SeqCst);
+    (reads, w.await.expect("writer"))
+}
