@@ -33,7 +33,8 @@ pub struct SimArgs {
     /// Switch on a deliberate bug to show the checkers catch it:
     /// quorum-minus-one | skip-write | unverified-view-change-proof | read-without-wait |
     /// index-without-quorum | serializable-without-wait | one-endorsement | one-push-copy |
-    /// unverified-epoch-certs | unfrozen-checkpoint | unchecked-body | one-commit-notice.
+    /// unverified-epoch-certs | unfrozen-checkpoint | unchecked-body | one-commit-notice |
+    /// one-exec-hash | one-reply | no-epoch-end-checkpoint | rq-stays-in-epoch.
     #[arg(long)]
     mutate: Option<String>,
     /// Request authentication: rq-mac | mac | sig | none (default: rq-mac when r > 0,
@@ -80,10 +81,6 @@ pub fn run(args: SimArgs) -> ExitCode {
     };
     let auth = args.auth;
     let (separated, rq_separated) = crate::cluster::layout_stages(&args.layout);
-    if (separated || rq_separated) && args.reconfig {
-        eprintln!("error: --reconfig is not supported with --layout {} yet", args.layout);
-        return ExitCode::from(2);
-    }
     if rq_separated && auth.is_some_and(|a| a != keel_core::config::Auth::RqMac) {
         eprintln!("error: --layout {} needs --auth rq-mac (RQ nodes endorse requests)", args.layout);
         return ExitCode::from(2);

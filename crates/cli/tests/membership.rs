@@ -1,5 +1,5 @@
-//! Membership changes across real processes (issue #5 item 2): `keel admin add-node` and
-//! `remove-node` against a cluster under load, with the primary crashed while a change
+//! Membership changes across real processes (issue #5 item 2; with stages apart, #4):
+//! `keel admin add-node` and `remove-node` against a cluster under load, with the primary crashed while a change
 //! is being ordered. No acknowledged write may be lost, every live node must end in the
 //! same epoch with the same members, and clients must keep working.
 
@@ -29,6 +29,20 @@ async fn wait_for_epoch(cluster: &Cluster, live: &[usize], epoch: u64, members: 
             "nodes {live:?} did not reach epoch {epoch} with {members:?}: {:?}",
             statuses.iter().map(|s| s.as_ref().map(|s| (s.epoch, s.members.clone(), s.executed))).collect::<Vec<_>>()
         );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the RQ nodes `rq` (which execute nothing) endorse for epoch `epoch` with
+/// `members`.
+async fn wait_for_rq_nodes(cluster: &Cluster, rq: &[usize], epoch: u64, members: &[u32]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let statuses: Vec<_> = rq.iter().map(|&i| cluster.status(i).map(|s| (s.epoch, s.members))).collect();
+        if statuses.iter().all(|s| s.as_ref().is_some_and(|(e, m)| *e == epoch && m == members)) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "RQ nodes {rq:?} did not follow epoch {epoch}: {statuses:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -141,4 +155,82 @@ async fn nodes_are_added_and_removed_under_load_and_no_acknowledged_write_is_los
         assert_eq!(get(&reader, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
     }
     println!("{} writes acknowledged across two membership changes, all read back", acked.len());
+}
+
+/// Membership changes with every stage apart (`keel init --layout separated`, u = r = 1:
+/// order nodes 0..4, execution nodes 4..7, RQ nodes 7..11). Order nodes are added and
+/// removed; execution nodes follow by executing the change, RQ nodes by asking the order
+/// nodes for epoch certificates. An execution node killed -9 during the removal restarts
+/// into the epoch its snapshot names. No acknowledged write may be lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_stages_apart_order_nodes_are_added_and_removed_and_the_stages_follow() {
+    const EXEC: [usize; 3] = [4, 5, 6];
+    const RQ: [usize; 4] = [7, 8, 9, 10];
+    let mut cluster = Cluster::init_stages_apart(1, 1);
+    let stop = Arc::new(AtomicBool::new(false));
+    let acked: Arc<Mutex<Acked>> = Arc::new(Mutex::new(Vec::new()));
+    let phase: Arc<Mutex<&'static str>> = Arc::new(Mutex::new("before"));
+    let mut writers = Vec::new();
+    for w in 0..3u64 {
+        let client = cluster.client(1000 + w);
+        let (stop, acked, phase) = (stop.clone(), acked.clone(), phase.clone());
+        writers.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let (k, v) = (format!("w{w}/{i}"), format!("v{i}"));
+                if put(&client, &k, &v).await.is_ok() {
+                    let p = *phase.lock().expect("phase");
+                    acked.lock().expect("acked").push((k, v, p));
+                }
+            }
+        }));
+    }
+    run_phase(&phase, &acked, "before").await;
+
+    // Add an order node: it gets the first id above every stage node's.
+    *phase.lock().expect("phase") = "adding";
+    let said = cluster.admin(&["add-node"]).expect("add-node");
+    assert!(said.contains("node 11 added: epoch 1 with nodes [0, 1, 2, 3, 11]"), "{said}");
+    cluster.add_slot(11);
+    cluster.start(11);
+    let executing: Vec<usize> = [0, 1, 2, 3, 11].into_iter().chain(EXEC).collect();
+    wait_for_epoch(&cluster, &executing, 1, &[0, 1, 2, 3, 11]).await;
+    wait_for_rq_nodes(&cluster, &RQ, 1, &[0, 1, 2, 3, 11]).await;
+    run_phase(&phase, &acked, "epoch 1").await;
+
+    // Remove node 1, which moves the indices of nodes 2, 3 and 11 (RQ nodes' endorsements
+    // name order nodes by index), with execution node 4 killed -9 meanwhile.
+    *phase.lock().expect("phase") = "removing";
+    cluster.kill(4);
+    let said = cluster.admin(&["remove-node", "1"]).expect("remove-node");
+    assert!(said.contains("node 1 removed: epoch 2 with nodes [0, 2, 3, 11]"), "{said}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cluster.exited(1).is_none() {
+        assert!(Instant::now() < deadline, "node 1 did not stop after its removal");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cluster.start(4);
+    let executing: Vec<usize> = [0, 2, 3, 11].into_iter().chain(EXEC).collect();
+    wait_for_epoch(&cluster, &executing, 2, &[0, 2, 3, 11]).await;
+    wait_for_rq_nodes(&cluster, &RQ, 2, &[0, 2, 3, 11]).await;
+    run_phase(&phase, &acked, "epoch 2").await;
+
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let acked = acked.lock().expect("acked").clone();
+    let per_phase: Vec<(&str, usize)> = ["before", "adding", "epoch 1", "removing", "epoch 2"]
+        .into_iter()
+        .map(|p| (p, acked.iter().filter(|(_, _, q)| *q == p).count()))
+        .collect();
+    println!("writes acknowledged per phase: {per_phase:?}");
+    let rq_log = cluster.log(7);
+    assert!(rq_log.contains("RQ node follows a new membership epoch"), "RQ node 7 never followed");
+    let reader = cluster.client(1004);
+    for (k, v, _) in &acked {
+        assert_eq!(get(&reader, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
+    }
+    println!("{} writes acknowledged across two membership changes with stages apart, all read back", acked.len());
 }

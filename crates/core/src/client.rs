@@ -207,7 +207,7 @@ impl Client {
     }
 
     /// A separate request-quorum stage: requests go to the RQ nodes `rq`
-    /// ([`crate::config::ClusterConfig::endorsers`]), `u + r + 1` of them first (from a
+    /// (stable ids: [`crate::config::ClusterConfig::rq_ids`]), `u + r + 1` of them first (from a
     /// position fixed per client) and all of them on a retransmission.
     pub fn with_rq_nodes(mut self, rq: std::ops::Range<NodeId>) -> Client {
         self.rq = Some(rq);
@@ -227,7 +227,7 @@ impl Client {
     }
 
     /// Separated execution: replies come from the execution nodes `executors`
-    /// ([`crate::config::ClusterConfig::executors`]), and so do answers to read-only
+    /// (stable ids: [`crate::config::ClusterConfig::exec_ids`]), and so do answers to read-only
     /// operations (see `read_quorum` below).
     pub fn with_executors(mut self, executors: std::ops::Range<NodeId>) -> Client {
         self.executors = Some(executors);
@@ -568,9 +568,16 @@ impl Client {
     /// for ordered operations, [`Quorums::read_quorum`] for reads.
     pub fn on_reply(&mut self, from: NodeId, reply: Reply) -> Option<Vec<u8>> {
         if reply.epoch > self.membership.epoch && reply.epoch > self.epoch_asked {
-            // The membership changed: ask (the node that knows) how.
+            // The membership changed: ask (the node that knows) how; execution nodes hold
+            // no certificates, the order nodes do.
             self.epoch_asked = reply.epoch;
-            self.outbox.push((from, Message::EpochQuery { client: self.id, epoch: self.membership.epoch }));
+            let query = Message::EpochQuery { client: self.id, epoch: self.membership.epoch };
+            if self.executors.is_some() {
+                let all = self.to_all(query);
+                self.outbox.extend(all);
+            } else {
+                self.outbox.push((from, query));
+            }
         }
         if !self.is_replier(from) {
             return None;

@@ -3,7 +3,7 @@
 //! Every bound a Byzantine peer could otherwise push on is named here with a `_max`
 //! suffix and checked before anything is buffered.
 
-use crate::crypto::PublicKey;
+use crate::crypto::{NodeKeys, PublicKey};
 use crate::membership::Membership;
 use crate::message::{ClientId, NodeId};
 use crate::quorum::{QuorumError, Quorums};
@@ -34,21 +34,41 @@ pub struct ClusterConfig {
     pub stages: Stages,
 }
 
-/// Where the execution and request-quorum stages run. Order nodes are the members, node
-/// ids `0..n`; separate execution nodes follow (`n..n + e`), then separate RQ nodes
-/// (`n + e..n + e + q`).
+/// The protocol cores' name for a node of a stage apart (an execution or RQ node of its
+/// own): `STAGE_BASE` plus its stable id. An order node calls its peers by their index in
+/// the epoch (membership.rs), always below [`crate::quorum::NODES_MAX`], and execution and
+/// RQ nodes call order nodes by their stable ids, also below it: stage nodes stay apart
+/// from both whatever a membership change does to indices.
+pub const STAGE_BASE: NodeId = 1 << 16;
+
+/// The core name of the stage node with stable id `id`.
+pub fn stage_node(id: u32) -> NodeId {
+    STAGE_BASE + id
+}
+
+/// The stable id of stage node `node`, or `None` if `node` names an order node.
+pub fn stage_id(node: NodeId) -> Option<u32> {
+    node.checked_sub(STAGE_BASE)
+}
+
+/// Where the execution and request-quorum stages run. Order nodes are the members;
+/// separate execution nodes have the stable ids after the genesis members', then separate
+/// RQ nodes after those (`keel init` numbers them so). Membership changes add order
+/// nodes with ids above all of them and never move a stage node.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Stages {
     /// Empty: every order node also executes (co-located, the default). Otherwise the
-    /// public keys of separate execution nodes, whose node ids follow the order nodes':
-    /// `n, n + 1, ...` (exec_node.rs). Order nodes then keep only the order state and send
-    /// each decided value to them (UpRight §4.2).
+    /// public keys of separate execution nodes, stable ids `exec_first..` (exec_node.rs).
+    /// Order nodes then keep only the order state and send each decided value to them
+    /// (UpRight §4.2).
     pub executors: Vec<PublicKey>,
+    pub exec_first: u32,
     /// Empty: every order node is also an RQ node (`auth = rq-mac` co-located,
     /// replica/endorse.rs). Otherwise the public keys of separate request-quorum nodes
-    /// (rq_node.rs), whose ids follow the execution nodes': clients send them their
-    /// requests, and order nodes take a request only on their endorsements (UpRight §4.1).
+    /// (rq_node.rs), stable ids `rq_first..`: clients send them their requests, and order
+    /// nodes take a request only on their endorsements (UpRight §4.1).
     pub rq: Vec<PublicKey>,
+    pub rq_first: u32,
 }
 
 /// Request authentication (ARCHITECTURE §4, UpRight §4.1).
@@ -114,8 +134,6 @@ pub enum ConfigError {
     ExecutionNodes { min: usize, got: usize },
     #[error("{order} order and {exec} execution nodes exceed the {max} node ids supported")]
     TooManyNodes { order: usize, exec: usize, max: usize },
-    #[error("separated execution does not support membership changes yet (no admin key may be set)")]
-    SeparatedReconfiguration,
     #[error("{got} request-quorum nodes, but (u, r) needs at least {min} (2u + r + 1)")]
     RqNodes { min: usize, got: usize },
     #[error("request-quorum nodes of their own need auth = rq-mac (they endorse requests for the order nodes)")]
@@ -200,36 +218,42 @@ impl ClusterConfig {
         self
     }
 
-    /// Separates execution: `keys` are the execution nodes' (node ids `n..n + len`).
+    /// Separates execution: `keys` are the execution nodes', with the stable ids after the
+    /// highest given out so far (the genesis members'), which the membership then counts
+    /// as given out: an administrator can never add an order node under one of them.
     ///
     /// # Errors
-    /// Fewer than `u + r + 1` of them, more node ids than supported, or an admin key set
-    /// (membership changes move order nodes only and are not supported with this yet).
+    /// Fewer than `u + r + 1` of them, or more node ids than supported.
     pub fn with_executors(mut self, keys: Vec<PublicKey>) -> Result<ClusterConfig, ConfigError> {
         let min = self.quorums.execution_nodes_min();
         if keys.len() < min {
             return Err(ConfigError::ExecutionNodes { min, got: keys.len() });
         }
-        if self.n() + keys.len() > crate::quorum::NODES_MAX {
+        if self.membership.highest_id as usize + 1 + keys.len() > crate::quorum::NODES_MAX {
             return Err(ConfigError::TooManyNodes { order: self.n(), exec: keys.len(), max: crate::quorum::NODES_MAX });
-        }
-        if self.admin_key.is_some() {
-            return Err(ConfigError::SeparatedReconfiguration);
         }
         if self.rq_separated() {
             // RQ node ids follow the execution nodes': set those first.
             return Err(ConfigError::Option { name: "executors", value: 0, why: "must be set before the RQ nodes" });
         }
+        self.stages.exec_first = self.take_ids(keys.len());
         self.stages.executors = keys;
         Ok(self)
     }
 
-    /// Separates the request-quorum stage: `keys` are the RQ nodes' (node ids after the
+    /// The next `count` stable ids, counted as given out from now on.
+    fn take_ids(&mut self, count: usize) -> u32 {
+        let first = self.membership.highest_id + 1;
+        self.membership.highest_id += count as u32;
+        first
+    }
+
+    /// Separates the request-quorum stage: `keys` are the RQ nodes' (stable ids after the
     /// execution nodes'). Set it after the authentication mode and the executors.
     ///
     /// # Errors
-    /// Fewer than `2u + r + 1` of them, an auth mode other than rq-mac, more node ids than
-    /// supported, or an admin key set (membership changes do not move RQ nodes).
+    /// Fewer than `2u + r + 1` of them, an auth mode other than rq-mac, or more node ids
+    /// than supported.
     pub fn with_rq_nodes(mut self, keys: Vec<PublicKey>) -> Result<ClusterConfig, ConfigError> {
         let min = self.quorums.rq_nodes_min();
         if keys.len() < min {
@@ -240,12 +264,10 @@ impl ClusterConfig {
         }
         clients_for(&self.options, self.n() + keys.len())?;
         let (order, exec) = (self.n(), self.stages.executors.len());
-        if order + exec + keys.len() > crate::quorum::NODES_MAX {
+        if self.membership.highest_id as usize + 1 + keys.len() > crate::quorum::NODES_MAX {
             return Err(ConfigError::TooManyNodes { order, exec: exec + keys.len(), max: crate::quorum::NODES_MAX });
         }
-        if self.admin_key.is_some() {
-            return Err(ConfigError::SeparatedReconfiguration);
-        }
+        self.stages.rq_first = self.take_ids(keys.len());
         self.stages.rq = keys;
         Ok(self)
     }
@@ -264,11 +286,22 @@ impl ClusterConfig {
     /// separated, the order nodes otherwise.
     pub fn endorsers(&self) -> std::ops::Range<NodeId> {
         if self.rq_separated() {
-            let first = (self.n() + self.stages.executors.len()) as NodeId;
+            let first = stage_node(self.stages.rq_first);
             first..first + self.stages.rq.len() as NodeId
         } else {
             0..self.n() as NodeId
         }
+    }
+
+    /// The stable ids of the RQ nodes (what clients and the network call them); empty
+    /// when the order nodes endorse.
+    pub fn rq_ids(&self) -> std::ops::Range<u32> {
+        self.stages.rq_first..self.stages.rq_first + self.stages.rq.len() as u32
+    }
+
+    /// The stable ids of the execution nodes; empty when the order nodes execute.
+    pub fn exec_ids(&self) -> std::ops::Range<u32> {
+        self.stages.exec_first..self.stages.exec_first + self.stages.executors.len() as u32
     }
 
     /// Entries of an endorsement's MAC authenticator: one per order node (by id), then,
@@ -287,18 +320,17 @@ impl ClusterConfig {
     /// The nodes that execute and answer clients: the execution nodes when separated,
     /// the order nodes otherwise.
     pub fn executors(&self) -> std::ops::Range<NodeId> {
-        let n = self.n() as NodeId;
         if self.separated() {
-            n..n + self.stages.executors.len() as NodeId
+            let first = stage_node(self.stages.exec_first);
+            first..first + self.stages.executors.len() as NodeId
         } else {
-            0..n
+            0..self.n() as NodeId
         }
     }
 
-    /// Public keys of every node id, order nodes then execution nodes, for checking
-    /// signatures of either.
-    pub fn all_keys(&self) -> Vec<PublicKey> {
-        self.node_keys.iter().chain(&self.stages.executors).copied().collect()
+    /// The execution nodes' keys, for checking their checkpoint votes and certificates.
+    pub fn exec_keys(&self) -> NodeKeys {
+        NodeKeys::starting_at(self.executors().start, &self.stages.executors)
     }
 
     /// Node addresses for the genesis membership (index order), which members gossip.

@@ -148,17 +148,27 @@ impl PublicKey {
 /// The cluster's node keys, decompressed once: parsing a key is a point decompression,
 /// a sizeable part of each verification when done per call.
 #[derive(Clone, Debug)]
-pub struct NodeKeys(Vec<Option<ed25519_dalek::VerifyingKey>>);
+pub struct NodeKeys {
+    /// The node id of the first key.
+    first: u32,
+    keys: Vec<Option<ed25519_dalek::VerifyingKey>>,
+}
 
 impl NodeKeys {
+    /// Keys of nodes `0..keys.len()`.
     pub fn new(keys: &[PublicKey]) -> NodeKeys {
-        NodeKeys(keys.iter().map(|k| ed25519_dalek::VerifyingKey::from_bytes(&k.0).ok()).collect())
+        NodeKeys::starting_at(0, keys)
+    }
+
+    /// Keys of nodes `first..first + keys.len()`.
+    pub fn starting_at(first: u32, keys: &[PublicKey]) -> NodeKeys {
+        NodeKeys { first, keys: keys.iter().map(|k| ed25519_dalek::VerifyingKey::from_bytes(&k.0).ok()).collect() }
     }
 
     /// Checks node `node`'s `sig` over `statement`; an unknown node, a malformed key or a
     /// malformed signature is just "invalid".
     pub fn verify(&self, node: u32, statement: &Digest, sig: &Sig) -> bool {
-        let Some(Some(key)) = self.0.get(node as usize) else {
+        let Some(Some(key)) = node.checked_sub(self.first).and_then(|i| self.keys.get(i as usize)) else {
             return false;
         };
         key.verify(&statement.0, &ed25519_dalek::Signature::from_bytes(&sig.0)).is_ok()

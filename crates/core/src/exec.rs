@@ -97,6 +97,9 @@ pub struct Executor<S> {
     membership: Membership,
     /// Who may sign administrative operations (configuration, not state).
     admin: Option<PublicKey>,
+    /// Execution and RQ nodes of their own (0: co-located): a change of (u, r) they cannot
+    /// serve is refused.
+    stages: (usize, usize),
     schedule: Schedule,
     /// `Schedule::Pool`: started by the first call that has a concurrent handle, so a
     /// service that never opts in never starts a thread.
@@ -193,6 +196,7 @@ impl<S: Service> Executor<S> {
             push_seqs: BTreeMap::new(),
             membership: Membership::default(),
             admin: None,
+            stages: (0, 0),
             schedule,
             pool: None,
             shuffle: SplitMix::new(seed),
@@ -236,6 +240,12 @@ impl<S: Service> Executor<S> {
     pub fn set_membership(&mut self, membership: Membership, admin: Option<PublicKey>) {
         self.membership = membership;
         self.admin = admin;
+    }
+
+    /// How many execution and RQ nodes run apart (0: co-located): a membership must
+    /// tolerate no more than they can (`u + r + 1` and `2u + r + 1` of them).
+    pub fn set_stages(&mut self, exec: usize, rq: usize) {
+        self.stages = (exec, rq);
     }
 
     /// The client's last executed sequence number.
@@ -319,6 +329,17 @@ impl<S: Service> Executor<S> {
             return Err(AdminError::ChangeInProgress);
         }
         let next = self.membership.apply(&op, &admin, seq)?;
+        let quorums = next.quorums().map_err(|e| AdminError::Quorums(e.to_string()))?;
+        let (exec, rq) = self.stages;
+        if exec > 0 && exec < quorums.execution_nodes_min() || rq > 0 && rq < quorums.rq_nodes_min() {
+            return Err(AdminError::Quorums(format!(
+                "(u, r) = ({}, {}) needs {} execution and {} RQ nodes; the cluster has {exec} and {rq} apart",
+                next.u,
+                next.r,
+                quorums.execution_nodes_min(),
+                quorums.rq_nodes_min()
+            )));
+        }
         self.membership = next.clone();
         Ok(next)
     }

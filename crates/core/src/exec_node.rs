@@ -17,9 +17,18 @@
 //! order far past it (replica/separated.rs). A node whose own checkpoint differs from a
 //! certified one has diverged and fetches the certified state from its peers.
 //!
-//! Node ids: order nodes are `0..n`, execution nodes `n..n + e` ([`ClusterConfig::executors`]).
+//! Node ids: order nodes by their stable ids, execution nodes by
+//! [`crate::config::stage_node`] of theirs ([`ClusterConfig::executors`]).
+//!
+//! Membership changes: an execution node executes the administrator's operation at the
+//! same instance as the order nodes, so it knows each instance's epoch. It takes commit
+//! notices from the members of the epoch of the instance it executes next, follows the
+//! executed membership (its quorums too), and checkpoints where an epoch ends: the order
+//! nodes end an epoch only once execution is certified that far (replica/separated.rs).
+//! Its votes go to the members of the epoch and of the one before, whose removed members
+//! may still be needed to end it.
 
-use crate::config::ClusterConfig;
+use crate::config::{stage_id, ClusterConfig};
 use crate::crypto::{Digest, NodeKeys, SigningKey};
 use crate::exec::{Chunked, Executor};
 use crate::message::{
@@ -60,7 +69,7 @@ pub struct ExecNode<S> {
     cfg: ClusterConfig,
     id: NodeId,
     signing: SigningKey,
-    /// Keys of every node id (order and execution).
+    /// The execution nodes' keys (certificates of execution checkpoints).
     keys: NodeKeys,
     now: u64,
     exec: Executor<S>,
@@ -106,8 +115,9 @@ impl<S: Service> ExecNode<S> {
         assert_eq!(cfg.stages.executors[index], signing.public(), "signing key does not match the configuration");
         let mut exec = Executor::with_workers(service, cfg.options.exec_workers);
         exec.set_membership(cfg.membership.clone(), cfg.admin_key);
+        exec.set_stages(cfg.stages.executors.len(), cfg.stages.rq.len());
         ExecNode {
-            keys: NodeKeys::new(&cfg.all_keys()),
+            keys: cfg.exec_keys(),
             cfg,
             id,
             signing,
@@ -146,6 +156,7 @@ impl<S: Service> ExecNode<S> {
             if executed != *seq {
                 return Err(RestoreError(format!("snapshot filed under {seq} holds the state at {executed}")));
             }
+            node.follow_membership();
         }
         // Every snapshot kept (the disk holds those at or above the certified checkpoint
         // this node knew), with a vote for each: after a restart the certified one may be
@@ -184,7 +195,7 @@ impl<S: Service> ExecNode<S> {
     pub fn status_line(&self) -> String {
         format!(
             "e{} exec {} stable {} notices {:?}..{:?} own {:?}{}",
-            self.id,
+            stage_id(self.id).unwrap_or(self.id),
             self.exec.executed(),
             self.stable.seq,
             self.notices.keys().next(),
@@ -207,8 +218,53 @@ impl<S: Service> ExecNode<S> {
         self.invariants();
     }
 
+    /// Whether `node` is an order node of this node's epoch (by stable id).
     fn is_order_node(&self, node: NodeId) -> bool {
-        (node as usize) < self.cfg.n()
+        self.cfg.membership.index_of(node).is_some()
+    }
+
+    /// Whether `node` is an order node of this epoch or of the one before, which may still
+    /// be ending (a removed member among them).
+    fn is_recent_order_node(&self, node: NodeId) -> bool {
+        self.is_order_node(node) || self.cfg.membership.previous.as_ref().is_some_and(|p| p.index_of(node).is_some())
+    }
+
+    /// The order nodes of this epoch, by stable id.
+    fn order_nodes(&self) -> Vec<NodeId> {
+        self.cfg.membership.members.iter().map(|m| m.id).collect()
+    }
+
+    /// The order nodes of this epoch and of the one before: where checkpoint votes,
+    /// certificates and STATUS go. The previous epoch's members end it only once they
+    /// saw execution certified at its last instance, the removed ones included.
+    fn recent_order_nodes(&self) -> Vec<NodeId> {
+        let mut ids = self.order_nodes();
+        if let Some(p) = &self.cfg.membership.previous {
+            let gone: Vec<NodeId> = p.members.iter().map(|m| m.id).filter(|id| !ids.contains(id)).collect();
+            ids.extend(gone);
+        }
+        ids
+    }
+
+    /// After executing (or restoring) a state of a later epoch: that epoch's membership
+    /// and quorums from now on, and commit notices only from its members.
+    fn follow_membership(&mut self) {
+        let next = self.exec.membership();
+        if next.epoch == self.cfg.epoch() {
+            return;
+        }
+        match self.cfg.next_epoch(next.clone()) {
+            Ok(cfg) => self.cfg = cfg,
+            // The executor applies only memberships with valid quorums.
+            Err(e) => panic!("executed membership without valid quorums: {e}"),
+        }
+        let members = &self.cfg.membership;
+        for notices in self.notices.values_mut() {
+            notices.by_node.retain(|n, _| members.index_of(*n).is_some());
+            let named: std::collections::BTreeSet<Digest> = notices.by_node.values().copied().collect();
+            notices.bodies.retain(|d, _| named.contains(d));
+        }
+        self.reads = ReadWaits::default();
     }
 
     fn is_peer(&self, node: NodeId) -> bool {
@@ -236,7 +292,10 @@ impl<S: Service> ExecNode<S> {
             (Peer::Node(n), Message::Decided { seq, value }) if self.is_order_node(n) => {
                 self.on_commit(n, seq, value, out)
             }
-            (Peer::Node(n), Message::StableCert(proof)) if self.is_order_node(n) || self.is_peer(n) => {
+            // A member of the next epoch this node has not executed into yet (order nodes
+            // resend what it misses on its STATUS), or of the last one ending.
+            (Peer::Node(n), Message::Decided { .. }) if stage_id(n).is_none() => Ok(()),
+            (Peer::Node(n), Message::StableCert(proof)) if self.is_recent_order_node(n) || self.is_peer(n) => {
                 self.on_stable_cert(proof, out)
             }
             (Peer::Node(n), Message::FetchManifest { seq }) if self.is_peer(n) => self.on_fetch_manifest(n, seq, out),
@@ -314,9 +373,10 @@ impl<S: Service> ExecNode<S> {
         if self.transfer.is_some() {
             return;
         }
-        let need = self.cfg.quorums.commit_quorum();
         let interval = self.cfg.options.checkpoint_interval;
         loop {
+            // This epoch's: notices come from its members only (`follow_membership`).
+            let need = self.cfg.quorums.commit_quorum();
             let seq = self.exec.executed() + 1;
             let Some(digest) = self.notices.get(&seq).and_then(|n| n.decided(need)) else {
                 break;
@@ -341,7 +401,12 @@ impl<S: Service> ExecNode<S> {
                 self.pushes.push(&o.pushes, &mut out.send, &mut out.events);
             }
             out.events.push(Event::Executed { seq, requests: executed });
-            if seq.is_multiple_of(interval) {
+            let epoch_ended = self.exec.membership().epoch > self.cfg.epoch();
+            if epoch_ended {
+                self.follow_membership();
+            }
+            let at_epoch_end = epoch_ended && self.cfg.quorums.mutation() != Some(Mutation::NoEpochEndCheckpoint);
+            if seq.is_multiple_of(interval) || at_epoch_end {
                 self.take_checkpoint(seq, out);
             }
         }
@@ -368,7 +433,7 @@ impl<S: Service> ExecNode<S> {
         out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
         out.events.push(Event::Checkpoint { seq, root });
         let vote = self.vote_with(seq, root, membership);
-        for node in 0..self.cfg.n() as NodeId {
+        for node in self.recent_order_nodes() {
             out.send_after_persist.push((Peer::Node(node), Message::Checkpoint(vote.clone())));
         }
         if seq == self.stable.seq {
@@ -520,6 +585,7 @@ impl<S: Service> ExecNode<S> {
         let seq = t.seq();
         // r + 1 execution nodes signed the root (a correct one among them).
         self.stable_chunks = Some(t.install(&mut self.exec, out));
+        self.follow_membership();
         self.own.retain(|s, _| *s > seq);
         self.notices.retain(|s, _| *s > seq);
         self.collect_snapshots(out);
@@ -538,7 +604,7 @@ impl<S: Service> ExecNode<S> {
         }
         self.reads.expire(self.now, self.cfg.options.request_timeout_ms);
         if let Some((round, answered)) = self.reads.round_to_resend(self.now, self.cfg.options.retransmit_ms) {
-            for node in (0..self.cfg.n() as NodeId).filter(|n| !answered.contains(n)) {
+            for node in self.order_nodes().into_iter().filter(|n| !answered.contains(n)) {
                 out.send.push((Peer::Node(node), Message::IndexProbe { round }));
             }
         }
@@ -547,13 +613,16 @@ impl<S: Service> ExecNode<S> {
             self.pushes.resend(&mut out.send);
             if self.stable.seq > 0 {
                 // For an order node that missed the votes (replica/separated.rs
-                // `on_exec_stable_cert`).
-                for node in 0..self.cfg.n() as NodeId {
+                // `on_exec_stable_cert`), and for a peer that restarted empty after
+                // every order node it knows of was removed: it fetches this state from
+                // the peers and learns the membership from it.
+                for node in self.recent_order_nodes().into_iter().chain(self.peers()) {
                     out.send.push((Peer::Node(node), Message::StableCert(self.stable.clone())));
                 }
             }
+            let recent = self.recent_order_nodes();
             for vote in self.votes.values() {
-                for node in 0..self.cfg.n() as NodeId {
+                for &node in &recent {
                     // Gated: a vote whose snapshot is still being written waits for it.
                     out.send_after_persist.push((Peer::Node(node), Message::Checkpoint(vote.clone())));
                 }
@@ -577,7 +646,7 @@ impl<S: Service> ExecNode<S> {
             }
             self.executed_at_status = executed;
             let status = Message::Status { view: 0, executed: self.exec.executed(), stable: self.stable.seq };
-            for node in 0..self.cfg.n() as NodeId {
+            for node in self.recent_order_nodes() {
                 out.send.push((Peer::Node(node), status.clone()));
             }
         }
@@ -622,7 +691,7 @@ impl<S: Service> ExecNode<S> {
     }
 
     fn probe(&self, round: u64, out: &mut Outputs) {
-        for node in 0..self.cfg.n() as NodeId {
+        for node in self.order_nodes() {
             out.send.push((Peer::Node(node), Message::IndexProbe { round }));
         }
     }
@@ -696,7 +765,7 @@ impl<S: Service> ExecNode<S> {
 mod tests {
     use super::*;
     use crate::client::Client;
-    use crate::config::{Auth, Options};
+    use crate::config::{stage_node, Auth, Options};
     use crate::crypto::PublicKey;
     use crate::quorum::{Mutation, Quorums};
     use crate::replica::{client_mac_key, Replica};
@@ -720,10 +789,11 @@ mod tests {
 
     fn client(cfg: &ClusterConfig, id: u64) -> Client {
         let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.executors())
+        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.exec_ids())
     }
 
-    /// A lossless network of order and execution nodes; persistence is instant.
+    /// A lossless network of order and execution nodes (stable ids 0..4 and 4..7, as the
+    /// network names them); persistence is instant.
     struct Net {
         order: Vec<Replica<OrderState>>,
         exec: Vec<ExecNode<Log>>,
@@ -737,7 +807,9 @@ mod tests {
         fn new(cfg: &ClusterConfig) -> Net {
             Net {
                 order: (0..4).map(|i| Replica::new(cfg.clone(), i, secrets(i), OrderState)).collect(),
-                exec: (4..7).map(|i| ExecNode::new(cfg.clone(), i, secrets(i).signing, Log::default())).collect(),
+                exec: (4..7)
+                    .map(|i| ExecNode::new(cfg.clone(), stage_node(i), secrets(i).signing, Log::default()))
+                    .collect(),
                 down: vec![false; 7],
                 queue: VecDeque::new(),
                 replies: Vec::new(),
@@ -745,8 +817,14 @@ mod tests {
             }
         }
 
+        /// `from`'s outputs, their recipients by stable id (order nodes' indices are their
+        /// stable ids in epoch 0).
         fn absorb(&mut self, from: NodeId, out: Outputs) {
             for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
+                let to = match to {
+                    Peer::Node(n) => Peer::Node(stage_id(n).unwrap_or(n)),
+                    client => client,
+                };
                 self.queue.push_back((Peer::Node(from), to, m));
             }
             self.events.extend(out.events.into_iter().map(|e| (from, e)));
@@ -767,7 +845,14 @@ mod tests {
         fn run(&mut self, now: u64) {
             while let Some((from, to, msg)) = self.queue.pop_front() {
                 match to {
-                    Peer::Node(n) => self.step(n, now, Input::Message { from, msg }),
+                    Peer::Node(n) => {
+                        // Cores call execution nodes by their stage names.
+                        let from = match from {
+                            Peer::Node(f) if f >= 4 => Peer::Node(stage_node(f)),
+                            other => other,
+                        };
+                        self.step(n, now, Input::Message { from, msg })
+                    }
                     Peer::Client(_) => {
                         if let (Peer::Node(n), Message::Reply(r)) = (from, msg) {
                             self.replies.push((n, r));
@@ -842,9 +927,11 @@ mod tests {
         let interval = cfg.options.checkpoint_interval;
         let mut order = Replica::new(cfg.clone(), 1, secrets(1), OrderState);
         let (root, membership) = (Digest([7; 32]), Digest([8; 32]));
+        // Execution node `node` (stable id) signs under its stage name; order node 0 too.
         let sign = |node: NodeId| {
-            let statement = checkpoint_statement(interval, &root, &membership, node);
-            (node, secrets(node).signing.sign(&statement))
+            let name = if node >= 4 { stage_node(node) } else { node };
+            let statement = checkpoint_statement(interval, &root, &membership, name);
+            (name, secrets(node).signing.sign(&statement))
         };
         let cert = |sigs: Vec<(NodeId, crate::crypto::Sig)>| {
             Message::StableCert(StableProof { seq: interval, root, membership, sigs })
@@ -852,10 +939,11 @@ mod tests {
         let mut out = Outputs::default();
         // r = 1: one execution node's signature is no certificate, nor are order nodes'.
         for bad in [vec![sign(4)], vec![sign(4), sign(0)], vec![sign(4), sign(4)]] {
-            order.step(0, Input::Message { from: Peer::Node(5), msg: cert(bad) }, &mut out);
+            order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg: cert(bad) }, &mut out);
             assert_eq!(order.exec_stable_seq(), 0);
         }
-        order.step(0, Input::Message { from: Peer::Node(5), msg: cert(vec![sign(4), sign(6)]) }, &mut out);
+        let msg = cert(vec![sign(4), sign(6)]);
+        order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg }, &mut out);
         assert_eq!(order.exec_stable_seq(), interval, "r + 1 execution nodes signed it");
         assert!(out.persist_lazy.iter().any(|r| matches!(r, crate::wal::Record::ExecStable(p) if p.seq == interval)));
     }
@@ -886,7 +974,7 @@ mod tests {
     #[test]
     fn a_value_executes_on_r_plus_one_matching_commit_notices_only() {
         let cfg = config(None);
-        let mut e = ExecNode::new(cfg.clone(), 4, secrets(4).signing, Log::default());
+        let mut e = ExecNode::new(cfg.clone(), stage_node(4), secrets(4).signing, Log::default());
         let (a, b) = (value(&[b"a"]), value(&[b"b"]));
         let commit = |e: &mut ExecNode<Log>, from: NodeId, v: &Value| {
             let mut out = Outputs::default();
@@ -898,9 +986,11 @@ mod tests {
         assert_eq!(executed_events(&commit(&mut e, 1, &b)), 0, "two notices that differ decide nothing");
         assert_eq!(executed_events(&commit(&mut e, 0, &b)), 0, "an order node's first notice counts");
         // Not an order node: an execution peer cannot vouch for a decision.
-        let out = commit(&mut e, 5, &a);
+        let out = commit(&mut e, stage_node(5), &a);
         assert_eq!(executed_events(&out), 0);
         assert!(out.events.iter().any(|ev| matches!(ev, Event::Rejected { reason: Reject::WrongPeer, .. })));
+        // Nor a node that is no member of this epoch (one a later epoch may add).
+        assert_eq!(executed_events(&commit(&mut e, 9, &a)), 0);
         let out = commit(&mut e, 2, &a);
         assert_eq!(executed_events(&out), 1, "r + 1 = 2 matching");
         assert_eq!(e.service().0, vec![b"a".to_vec()]);
@@ -909,7 +999,7 @@ mod tests {
 
         // The mutation that believes one notice executes a lie at once.
         let cfg = config(Some(Mutation::OneCommitNotice));
-        let mut e = ExecNode::new(cfg, 4, secrets(4).signing, Log::default());
+        let mut e = ExecNode::new(cfg, stage_node(4), secrets(4).signing, Log::default());
         assert_eq!(executed_events(&commit(&mut e, 0, &b)), 1);
     }
 
@@ -984,18 +1074,115 @@ mod tests {
         assert_eq!(net.exec[2].executed(), net.exec[0].executed());
     }
 
+    /// A value holding an administrator's operation, signed with the test admin key.
+    fn admin_value(change: crate::membership::Change, seq: u64) -> Value {
+        let admin = crate::crypto::SigningKey::from_seed([99; 32]);
+        let op = crate::membership::AdminOp::sign(&admin, 0, change);
+        let req = Request::new(crate::membership::ADMIN_CLIENT, seq, op.encode().into());
+        Value { time: 1, requests: vec![req] }
+    }
+
+    #[test]
+    fn an_execution_node_follows_a_membership_change_it_executes_and_checkpoints_where_the_epoch_ends() {
+        use crate::membership::{Change, Member};
+        let admin = crate::crypto::SigningKey::from_seed([99; 32]);
+        let cfg = config(None).with_admin_key(admin.public());
+        assert_eq!(cfg.membership.highest_id, 6, "the execution nodes' ids are given out");
+        let mut e = ExecNode::new(cfg.clone(), stage_node(4), secrets(4).signing, Log::default());
+        let commit = |e: &mut ExecNode<Log>, from: NodeId, seq: Seq, v: &Value| {
+            let mut out = Outputs::default();
+            e.step(
+                1,
+                Input::Message { from: Peer::Node(from), msg: Message::Decided { seq, value: v.clone() } },
+                &mut out,
+            );
+            out
+        };
+        // Instance 3 (off the checkpoint interval) adds order node 9 and removes nothing.
+        let (a, b) = (value(&[b"a"]), value(&[b"b"]));
+        commit(&mut e, 0, 1, &a);
+        commit(&mut e, 1, 1, &a);
+        commit(&mut e, 0, 2, &b);
+        commit(&mut e, 1, 2, &b);
+        let add = admin_value(Change::Add(Member { id: 9, key: secrets(9).signing.public(), addr: String::new() }), 1);
+        commit(&mut e, 0, 3, &add);
+        let out = commit(&mut e, 2, 3, &add);
+        assert_eq!(e.executed(), 3);
+        assert_eq!(e.config().epoch(), 1, "it follows the membership it executed");
+        assert_eq!(e.config().n(), 5);
+        assert!(out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { seq: 3, .. })), "checkpoint at the end");
+        let voted: Vec<NodeId> = out
+            .send_after_persist
+            .iter()
+            .filter_map(|(to, m)| match (to, m) {
+                (Peer::Node(n), Message::Checkpoint(v)) if v.seq == 3 => Some(*n),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(voted, vec![0, 1, 2, 3, 9], "its vote goes to the members of both epochs");
+        // The new member's notice counts now; one notice alone still decides nothing.
+        let c = value(&[b"c"]);
+        assert_eq!(executed_events(&commit(&mut e, 9, 4, &c)), 0);
+        assert_eq!(executed_events(&commit(&mut e, 3, 4, &c)), 1, "r + 1 members of epoch 1");
+
+        // The mutation that checkpoints only every interval leaves the epoch's end bare.
+        let cfg = config(Some(Mutation::NoEpochEndCheckpoint)).with_admin_key(admin.public());
+        let mut e = ExecNode::new(cfg, stage_node(4), secrets(4).signing, Log::default());
+        commit(&mut e, 0, 1, &add);
+        let out = commit(&mut e, 1, 1, &add);
+        assert_eq!(e.config().epoch(), 1);
+        assert!(!out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { .. })));
+    }
+
+    #[test]
+    fn a_change_of_faults_that_the_stages_apart_cannot_serve_is_refused() {
+        use crate::membership::{decode_result, AdminError, Change};
+        let admin = crate::crypto::SigningKey::from_seed([99; 32]);
+        // Six order nodes at (1, 1), which could run (2, 1), and three execution nodes.
+        let q = Quorums::with_nodes(1, 1, 6).expect("valid");
+        let keys: Vec<PublicKey> = (0..6).map(|i| secrets(i).signing.public()).collect();
+        let exec_keys: Vec<PublicKey> = (6..9).map(|i| secrets(i).signing.public()).collect();
+        let cfg = ClusterConfig::new(q, keys, Options { background_checkpoints: false, ..Options::test_min() })
+            .expect("valid")
+            .with_auth(Auth::Mac)
+            .with_executors(exec_keys)
+            .expect("u + r + 1 execution nodes")
+            .with_admin_key(admin.public());
+        let mut e = ExecNode::new(cfg, stage_node(6), secrets(6).signing, Log::default());
+        // (2, 1) needs u + r + 1 = 4 execution nodes; the cluster has 3.
+        let v = admin_value(Change::Faults { u: 2, r: 1 }, 1);
+        let mut out = Outputs::default();
+        for from in [0, 1] {
+            e.step(
+                1,
+                Input::Message { from: Peer::Node(from), msg: Message::Decided { seq: 1, value: v.clone() } },
+                &mut out,
+            );
+        }
+        assert_eq!(e.executed(), 1);
+        assert_eq!(e.config().epoch(), 0, "no new epoch");
+        let reply = out.send.iter().find_map(|(_, m)| match m {
+            Message::Reply(r) => match &r.body {
+                ReplyBody::Full(bytes) => decode_result(bytes),
+                _ => None,
+            },
+            _ => None,
+        });
+        assert!(matches!(&reply, Some(Err(AdminError::Quorums(why))) if why.contains("execution")), "{reply:?}");
+    }
+
     #[test]
     fn one_lying_execution_node_cannot_certify_a_checkpoint() {
         let cfg = config(None);
         let mut o = Replica::new(cfg.clone(), 0, secrets(0), OrderState);
         let vote = |node: u32, root: Digest| {
             let membership = cfg.membership.digest();
-            let sig = secrets(node).signing.sign(&checkpoint_statement(8, &root, &membership, node));
+            let sig = secrets(node).signing.sign(&checkpoint_statement(8, &root, &membership, stage_node(node)));
             Message::Checkpoint(CheckpointVote { seq: 8, root, membership, sig })
         };
         let step = |o: &mut Replica<OrderState>, from: NodeId, msg: Message| {
             let mut out = Outputs::default();
-            o.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
+            o.step(1, Input::Message { from: Peer::Node(stage_node(from)), msg }, &mut out);
             out
         };
         let (good, bad) = (Digest::of(b"good"), Digest::of(b"bad"));

@@ -63,10 +63,17 @@ pub enum Mutation {
     OneExecHash,
     /// The client accepts a result on one reply.
     OneReply,
+    /// Separated execution: execution nodes checkpoint only every interval, not where a
+    /// membership epoch ends, so order nodes wait for an execution checkpoint there that
+    /// never comes (exec_node.rs).
+    NoEpochEndCheckpoint,
+    /// RQ nodes apart: they never ask order nodes for a newer epoch, and keep endorsing
+    /// for the members of the first (rq_node.rs).
+    RqStaysInEpoch,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 14] = [
+    pub const ALL: [Mutation; 16] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -81,6 +88,8 @@ impl Mutation {
         Mutation::OneCommitNotice,
         Mutation::OneExecHash,
         Mutation::OneReply,
+        Mutation::NoEpochEndCheckpoint,
+        Mutation::RqStaysInEpoch,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +108,8 @@ impl Mutation {
             Mutation::OneCommitNotice => "one-commit-notice",
             Mutation::OneExecHash => "one-exec-hash",
             Mutation::OneReply => "one-reply",
+            Mutation::NoEpochEndCheckpoint => "no-epoch-end-checkpoint",
+            Mutation::RqStaysInEpoch => "rq-stays-in-epoch",
         }
     }
 

@@ -21,13 +21,20 @@
 //! paper's hot spares do. A request that was endorsed but not ordered when RQ nodes
 //! crash is retransmitted by its client.
 //!
+//! Names: order nodes by their stable ids, RQ peers by [`crate::config::stage_node`] of
+//! theirs. Membership changes: an RQ node asks the order nodes every STATUS period
+//! whether their epoch is newer than its own (EPOCH-QUERY) and follows the epoch
+//! certificates they answer with, as a client does; its endorsements carry one MAC per
+//! order node of its epoch, so until it follows, nodes of the next epoch find them
+//! invalid and the client's retransmission reaches them again.
+//!
 //! Bounds. One request per client is held (the newest, plus the one before it, whose
 //! bytes order nodes may still fetch), for at most `clients_max` clients; a client's
 //! next request replaces its last (a client has one operation in flight per session).
 //! Endorsements of requests this node could not check itself wait in [`Hearsay`], each
 //! peer filling only its share. Entries nobody touched for four request timeouts go.
 
-use crate::config::ClusterConfig;
+use crate::config::{stage_id, ClusterConfig};
 use crate::crypto::{Digest, Mac, MacKey, SigningKey};
 use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Payload, Request, Seq, View};
 use crate::replica::{budgeted_bodies, hearsay_chargeable, hearsay_share, take_valid, Hearsay};
@@ -52,14 +59,21 @@ pub const HELD_BYTES_MAX: usize = 256 << 20;
 pub struct RqNode {
     cfg: ClusterConfig,
     id: NodeId,
+    signing: SigningKey,
     mac_secret: [u8; 32],
-    /// Per order node (by id) and then per RQ node (in order): the key this node's
-    /// endorsements for it are MACed with, and its endorsements for this node checked.
+    /// Per order node (in index order) and then per RQ node (in order): the key this
+    /// node's endorsements for it are MACed with, and its endorsements for this node
+    /// checked.
     row: Vec<MacKey>,
-    /// The view each order node last reported (STATUS), and the one believed from them
-    /// (worked out per STATUS, not per request).
-    views: Vec<View>,
+    /// The view each order node (by stable id) last reported (STATUS), and the one
+    /// believed from them (worked out per STATUS, not per request).
+    views: BTreeMap<NodeId, View>,
     view: View,
+    next_query: u64,
+    /// The epoch certificates this node followed from epoch 0 (the newest
+    /// [`crate::codec::EPOCH_CERTS_MAX`]), for an RQ peer that restarted empty after
+    /// every order node it knows of was removed.
+    epoch_certs: Vec<crate::message::EpochCert>,
     held: BTreeMap<ClientId, Held>,
     /// Each client's request before the held one: order nodes may still fetch its bytes.
     previous: BTreeMap<ClientId, Request>,
@@ -67,8 +81,9 @@ pub struct RqNode {
     held_bytes: usize,
     held_bytes_max: usize,
     hearsay: Hearsay,
-    /// Per order node: (period start, bytes of operations sent it this period).
-    body_budget: Vec<(u64, usize)>,
+    /// Per order node (by stable id): (period start, bytes of operations sent it this
+    /// period).
+    body_budget: BTreeMap<NodeId, (u64, usize)>,
     now: u64,
 }
 
@@ -83,20 +98,21 @@ impl RqNode {
         let endorsers = cfg.endorsers();
         assert!(cfg.rq_separated() && endorsers.contains(&id), "node {id} is not an RQ node");
         assert_eq!(cfg.stages.rq[(id - endorsers.start) as usize], signing.public(), "signing key mismatch");
-        let row = cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(&signing, k)).collect();
-        let n = cfg.n();
         RqNode {
-            hearsay: Hearsay::new(hearsay_chargeable(&cfg)),
-            views: vec![0; n],
+            hearsay: Hearsay::new(hearsay_chargeable(&cfg, order_ids(&cfg))),
+            row: endorse_row(&cfg, &signing),
+            views: BTreeMap::new(),
             view: 0,
-            body_budget: vec![(0, 0); n],
+            next_query: 0,
+            epoch_certs: Vec::new(),
+            body_budget: BTreeMap::new(),
             held: BTreeMap::new(),
             previous: BTreeMap::new(),
             held_bytes: 0,
             held_bytes_max: HELD_BYTES_MAX,
-            row,
             cfg,
             id,
+            signing,
             mac_secret,
             now: 0,
         }
@@ -121,10 +137,19 @@ impl RqNode {
         format!("rq view={} held={} hearsay={}", self.view(), self.held.len(), self.hearsay.len())
     }
 
+    /// The membership epoch this node endorses for.
+    pub fn epoch(&self) -> u64 {
+        self.cfg.epoch()
+    }
+
+    pub fn config(&self) -> &ClusterConfig {
+        &self.cfg
+    }
+
     pub fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
         self.now = self.now.max(now);
         match input {
-            Input::Tick => self.on_tick(),
+            Input::Tick => self.on_tick(out),
             Input::Message { from, msg } => self.on_message(from, msg, out),
             Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, out),
             Input::CheckpointReady(_) => {}
@@ -136,25 +161,40 @@ impl RqNode {
         node != self.id && self.cfg.endorsers().contains(&node)
     }
 
+    /// Whether `node` is an order node of this node's epoch (by stable id).
+    fn is_order_node(&self, node: NodeId) -> bool {
+        self.cfg.membership.index_of(node).is_some()
+    }
+
     fn on_message(&mut self, from: Peer, msg: Message, out: &mut Outputs) {
         let kind = msg.kind();
-        let n = self.cfg.n();
         let result = match (from, msg) {
             (Peer::Client(c), Message::Request(req)) => self.on_request(c, req, out),
-            (Peer::Node(o), Message::Status { view, .. }) if (o as usize) < n => {
-                self.views[o as usize] = view;
-                let mut views = self.views.clone();
+            (Peer::Node(o), Message::Status { view, .. }) if self.is_order_node(o) => {
+                self.views.insert(o, view);
+                let mut views: Vec<View> = self.views.values().copied().collect();
                 views.sort_unstable_by(|a, b| b.cmp(a));
                 self.view = views.get(self.cfg.quorums.r() as usize).copied().unwrap_or(0);
                 Ok(())
             }
-            (Peer::Node(o), Message::FetchBodies { seq, wanted }) if (o as usize) < n => {
+            (Peer::Node(o), Message::FetchBodies { seq, wanted }) if self.is_order_node(o) => {
                 self.on_fetch_bodies(o, seq, wanted, out)
             }
             (Peer::Node(p), Message::Endorse { request, macs }) if self.is_peer(p) => {
                 self.on_endorse(p, request, macs, out)
             }
-            (Peer::Node(o), Message::Forward(request)) if (o as usize) < n => self.on_relayed(o, request, out),
+            (Peer::Node(o), Message::Forward(request)) if self.is_order_node(o) => self.on_relayed(o, request, out),
+            // Self-certifying, from whichever order node or RQ peer answered (membership.rs).
+            (Peer::Node(o), Message::EpochCerts(certs)) if stage_id(o).is_none() || self.is_peer(o) => {
+                self.on_epoch_certs(certs)
+            }
+            (Peer::Node(p), Message::EpochQuery { epoch, .. }) if self.is_peer(p) => {
+                let certs: Vec<_> = self.epoch_certs.iter().filter(|c| c.next.epoch > epoch).cloned().collect();
+                if !certs.is_empty() {
+                    out.send.push((Peer::Node(p), Message::EpochCerts(certs)));
+                }
+                Ok(())
+            }
             (Peer::Node(_), _) | (Peer::Client(_), _) => Err(Reject::WrongPeer),
         };
         if let Err(reason) = result {
@@ -162,7 +202,16 @@ impl RqNode {
         }
     }
 
-    fn on_tick(&mut self) {
+    fn on_tick(&mut self, out: &mut Outputs) {
+        let stays = self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::RqStaysInEpoch);
+        if self.now >= self.next_query && !stays {
+            self.next_query = self.now + self.cfg.options.status_ms;
+            let query = Message::EpochQuery { client: 0, epoch: self.cfg.epoch() };
+            let peers: Vec<NodeId> = self.cfg.endorsers().filter(|&p| p != self.id).collect();
+            for to in order_ids(&self.cfg).chain(peers) {
+                out.send.push((Peer::Node(to), query.clone()));
+            }
+        }
         // A client retransmits every few hundred ms while its request is unordered, and
         // order nodes fetch bytes right after a proposal: four request timeouts untouched
         // means the request was ordered (and its client moved on) or abandoned.
@@ -172,6 +221,36 @@ impl RqNode {
         for c in stale {
             self.drop_client(c);
         }
+    }
+
+    /// Certificates of later epochs (from an order node, or an RQ peer that followed
+    /// them): this node endorses for the newest from now on.
+    /// Endorsements it holds were made for the old members: its own are made again, its
+    /// peers' are dropped (they send new ones once they follow too).
+    fn on_epoch_certs(&mut self, certs: Vec<crate::message::EpochCert>) -> Result<(), Reject> {
+        let (at, chain) = crate::membership::follow_certs(&self.cfg.membership, certs, self.cfg.quorums.mutation())
+            .map_err(|_| Reject::BadProof("epoch certificates do not follow this node's membership"))?;
+        if chain.is_empty() {
+            return Ok(());
+        }
+        self.cfg = self.cfg.next_epoch(at).map_err(|_| Reject::BadProof("membership without valid quorums"))?;
+        self.epoch_certs.extend(chain);
+        let excess = self.epoch_certs.len().saturating_sub(crate::codec::EPOCH_CERTS_MAX);
+        self.epoch_certs.drain(..excess);
+        self.row = endorse_row(&self.cfg, &self.signing);
+        self.views.clear();
+        self.view = 0;
+        self.body_budget.clear();
+        self.hearsay.set_chargeable(hearsay_chargeable(&self.cfg, order_ids(&self.cfg)));
+        let clients: Vec<ClientId> = self.held.keys().copied().collect();
+        for c in clients {
+            let statement = self.held[&c].req.statement();
+            let mine = self.endorsement(&statement);
+            if let Some(h) = self.held.get_mut(&c) {
+                h.endorsers = BTreeMap::from([(self.id, mine)]);
+            }
+        }
+        Ok(())
     }
 
     fn drop_client(&mut self, client: ClientId) {
@@ -188,8 +267,7 @@ impl RqNode {
     fn on_request(&mut self, from: ClientId, req: Request, out: &mut Outputs) -> Result<(), Reject> {
         check_session(Peer::Client(from), req.client)?;
         let statement = req.statement();
-        let key = client_mac_key(&self.mac_secret, req.client);
-        if !req.auth.get(self.id as usize).is_some_and(|mac| key.verify(&statement, mac)) {
+        if !self.client_entry_valid(&req, &statement) {
             return Err(Reject::BadMac { client: req.client });
         }
         if let Some(h) = self.held.get_mut(&req.client) {
@@ -252,9 +330,9 @@ impl RqNode {
         if to_all {
             self.broadcast_endorsement(client, out);
         } else if let Some(h) = self.held.get(&client) {
-            let primary = self.cfg.primary(self.view());
+            let primary = self.cfg.membership.id_of(self.cfg.primary(self.view()));
             let msg = Message::Endorse { request: Self::for_order(&h.req), macs: h.endorsers[&self.id].clone() };
-            out.send.push((Peer::Node(primary), msg));
+            out.send.extend(primary.map(|p| (Peer::Node(p), msg)));
         }
         Ok(())
     }
@@ -292,7 +370,7 @@ impl RqNode {
             macs: macs.clone(),
         };
         let to_peers = Message::Endorse { request: Request { endorsements: relayed, ..h.req.clone() }, macs };
-        for o in 0..self.cfg.n() as NodeId {
+        for o in order_ids(&self.cfg) {
             out.send.push((Peer::Node(o), to_order.clone()));
         }
         for p in self.cfg.endorsers().filter(|&p| p != self.id) {
@@ -382,8 +460,7 @@ impl RqNode {
                 return Ok(());
             }
         }
-        let key = client_mac_key(&self.mac_secret, request.client);
-        if request.auth.get(self.id as usize).is_some_and(|mac| key.verify(&statement, mac)) {
+        if self.client_entry_valid(&request, &statement) {
             return self.endorse(request, valid, true, out);
         }
         let share = hearsay_share(&self.cfg);
@@ -416,15 +493,23 @@ impl RqNode {
             return Err(Reject::BadBatch("more operations asked for than a batch holds"));
         }
         let period = (self.cfg.options.retransmit_ms / 5).max(1);
-        let mut budget = self.body_budget[from as usize];
+        let mut budget = self.body_budget.get(&from).copied().unwrap_or_default();
         let lookup = |client, op: &Digest| self.body(client, op);
         let ops = budgeted_bodies(&self.cfg.options, &mut budget, (self.now, period), wanted, lookup);
-        self.body_budget[from as usize] = budget;
+        self.body_budget.insert(from, budget);
         if ops.is_empty() {
             return Ok(());
         }
         out.send.push((Peer::Node(from), Message::Bodies { seq, ops }));
         Ok(())
+    }
+
+    /// Whether the client's MAC authenticator holds a valid entry for this node (at its
+    /// stable id, as clients number their entries).
+    fn client_entry_valid(&self, req: &Request, statement: &Digest) -> bool {
+        let key = client_mac_key(&self.mac_secret, req.client);
+        let entry = stage_id(self.id).and_then(|id| req.auth.get(id as usize));
+        entry.is_some_and(|mac| key.verify(statement, mac))
     }
 
     /// The bytes of `client`'s operation with digest `op`, if this node holds them.
@@ -443,14 +528,26 @@ impl RqNode {
         assert!(self.previous.len() <= self.held.len(), "a previous request only beside a held one");
         assert!(self.held_bytes <= self.held_bytes_max, "held request bytes are bounded");
         assert!(self.hearsay.len() <= self.cfg.options.clients_max, "hearsay is bounded");
+        assert!(self.views.len() <= self.cfg.n() && self.body_budget.len() <= self.cfg.n(), "per order node");
     }
+}
+
+/// The order nodes of `cfg`'s epoch, by stable id.
+fn order_ids(cfg: &ClusterConfig) -> impl Iterator<Item = NodeId> + '_ {
+    cfg.membership.members.iter().map(|m| m.id)
+}
+
+/// The keys an RQ node's endorsements are MACed with: one per order node of the epoch
+/// (in index order), then one per RQ node.
+fn endorse_row(cfg: &ClusterConfig, signing: &SigningKey) -> Vec<MacKey> {
+    cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(signing, k)).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::client::Client;
-    use crate::config::Options;
+    use crate::config::{stage_node, Options};
     use crate::crypto::PublicKey;
     use crate::message::{Proposed, Reply};
     use crate::quorum::{Mutation, Quorums};
@@ -474,11 +571,12 @@ mod tests {
     }
 
     fn client(cfg: &ClusterConfig, id: u64) -> Client {
-        let keys = (0..cfg.endorsers().end).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.endorsers())
+        let keys = (0..cfg.rq_ids().end).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
+        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.rq_ids())
     }
 
-    /// A lossless network of order and RQ nodes; persistence is instant.
+    /// A lossless network of order and RQ nodes, named by stable id (order nodes' indices
+    /// are their stable ids in epoch 0); persistence is instant.
     struct Net {
         order: Vec<Replica<Log>>,
         rq: Vec<RqNode>,
@@ -499,10 +597,10 @@ mod tests {
                     .map(|i| Replica::new(cfg.clone(), i, secrets(i), Log::default()))
                     .collect(),
                 rq: cfg
-                    .endorsers()
-                    .map(|i| RqNode::new(cfg.clone(), i, secrets(i).signing, secrets(i).mac_secret))
+                    .rq_ids()
+                    .map(|i| RqNode::new(cfg.clone(), stage_node(i), secrets(i).signing, secrets(i).mac_secret))
                     .collect(),
-                down: vec![false; cfg.endorsers().end as usize],
+                down: vec![false; cfg.rq_ids().end as usize],
                 queue: VecDeque::new(),
                 replies: Vec::new(),
                 events: Vec::new(),
@@ -521,6 +619,10 @@ mod tests {
                 _ => self.rq[n as usize - self.order.len()].step(now, input, &mut out),
             }
             for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
+                let to = match to {
+                    Peer::Node(t) => Peer::Node(stage_id(t).unwrap_or(t)),
+                    client => client,
+                };
                 self.queue.push_back((Peer::Node(n), to, m));
             }
             self.events.extend(out.events.into_iter().map(|e| (n, e)));
@@ -534,6 +636,11 @@ mod tests {
                         if let Message::Propose { value, .. } = &msg {
                             self.proposed.extend(value.requests.iter().cloned());
                         }
+                        // Cores call RQ nodes by their stage names.
+                        let from = match from {
+                            Peer::Node(f) if f as usize >= self.order.len() => Peer::Node(stage_node(f)),
+                            other => other,
+                        };
                         self.step(n, now, Input::Message { from, msg });
                     }
                     Peer::Client(_) => {
@@ -609,7 +716,7 @@ mod tests {
         let mut now = 0;
         // The order nodes learn nothing from the client: it sends only to RQ nodes.
         let first = c.invoke(now, b"a".to_vec()).expect("idle");
-        assert!(first.iter().all(|(n, _)| cfg.endorsers().contains(n)), "{first:?}");
+        assert!(first.iter().all(|(n, _)| cfg.rq_ids().contains(n)), "{first:?}");
         assert_eq!(first.len(), cfg.quorums.endorse_propose());
         net.send(7, first, now);
         for _ in 0..20 {
@@ -665,7 +772,7 @@ mod tests {
         let mut c = client(cfg, id);
         let mut req = Request::new(id, seq, b"faulty".to_vec().into());
         let statement = req.statement();
-        req.auth = (0..cfg.endorsers().end)
+        req.auth = (0..cfg.rq_ids().end)
             .map(|i| {
                 let key = client_mac_key(&secrets(i).mac_secret, id);
                 if valid.contains(&i) {
@@ -676,7 +783,7 @@ mod tests {
             })
             .collect();
         let _ = c.invoke(0, Vec::new());
-        cfg.endorsers().map(|n| (n, Message::Request(req.clone()))).collect()
+        cfg.rq_ids().map(|n| (n, Message::Request(req.clone()))).collect()
     }
 
     #[test]
@@ -721,7 +828,7 @@ mod tests {
         let cfg = config_ur(2, 1, None);
         let mut net = Net::new(&cfg);
         let mut now = 0;
-        let rq: Vec<NodeId> = cfg.endorsers().collect();
+        let rq: Vec<NodeId> = cfg.rq_ids().collect();
         net.send(9, inconsistent(&cfg, 9, 1, &rq[..3]), now);
         for _ in 0..300 {
             now += 10;
@@ -742,7 +849,7 @@ mod tests {
         let mut net = Net::new(&cfg);
         net.down[6] = true; // the liar speaks through the test
         let liar = |request: &Request| -> Message {
-            let s = endorse_statement(6, &request.statement());
+            let s = endorse_statement(stage_node(6), &request.statement());
             let row = cfg.node_keys.iter().chain(&cfg.stages.rq);
             Message::Endorse {
                 request: request.clone(),
@@ -779,8 +886,10 @@ mod tests {
         let mut primary = Replica::new(cfg.clone(), 0, secrets(0), Log::default());
         let req = Request::new(7, 1, b"a".to_vec().into());
         let statement = req.statement();
+        // Node `i`'s endorsement (stable id; RQ nodes sign under their stage names).
         let macs_of = |i: NodeId| -> Vec<Mac> {
-            let s = endorse_statement(i, &statement);
+            let name = if i >= 4 { stage_node(i) } else { i };
+            let s = endorse_statement(name, &statement);
             cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(&secrets(i).signing, k).mac(&s)).collect()
         };
         let mut out = Outputs::default();
@@ -789,7 +898,7 @@ mod tests {
         primary.step(0, Input::Message { from: Peer::Node(1), msg: from_order }, &mut out);
         // An RQ node's endorsement that another RQ node's key MACed.
         let forged = Message::Endorse { request: req.clone(), macs: macs_of(5) };
-        primary.step(0, Input::Message { from: Peer::Node(4), msg: forged }, &mut out);
+        primary.step(0, Input::Message { from: Peer::Node(stage_node(4)), msg: forged }, &mut out);
         // A client request straight to an order node is not admitted.
         let mut c = client(&cfg, 7);
         let direct = c.invoke(0, b"a".to_vec()).expect("idle").remove(0).1;
@@ -802,19 +911,19 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(rejected, vec![Reject::BadEndorsement { node: 1 }, Reject::BadEndorsement { node: 4 }]);
+        assert_eq!(rejected, vec![Reject::BadEndorsement { node: 1 }, Reject::BadEndorsement { node: stage_node(4) }]);
         assert!(out.send.iter().all(|(_, m)| !matches!(m, Message::Propose { .. })));
         assert!(primary.status_line().contains("pending 0"), "nothing held: {}", primary.status_line());
         // One RQ node's endorsement, relayed three times over, counts once.
         let mut thrice = req.clone();
-        thrice.endorsements = (0..3).map(|_| Endorsement { node: 4, macs: macs_of(4) }).collect();
+        thrice.endorsements = (0..3).map(|_| Endorsement { node: stage_node(4), macs: macs_of(4) }).collect();
         primary.step(0, Input::Message { from: Peer::Node(2), msg: Message::Forward(thrice) }, &mut out);
         assert!(out.send.iter().all(|(_, m)| !matches!(m, Message::Propose { .. })));
         assert!(primary.status_line().contains("pending 0"), "one endorser is not r + 1: {}", primary.status_line());
         // u + r + 1 genuine RQ endorsements: proposed.
         for i in 4..7 {
             let msg = Message::Endorse { request: req.clone(), macs: macs_of(i) };
-            primary.step(0, Input::Message { from: Peer::Node(i), msg }, &mut out);
+            primary.step(0, Input::Message { from: Peer::Node(stage_node(i)), msg }, &mut out);
         }
         assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
     }
@@ -832,7 +941,7 @@ mod tests {
         let fetched_from_rq = net
             .seen
             .iter()
-            .any(|(from, _, kind)| *kind == "bodies" && matches!(from, Peer::Node(n) if cfg.endorsers().contains(n)));
+            .any(|(from, _, kind)| *kind == "bodies" && matches!(from, Peer::Node(n) if cfg.rq_ids().contains(n)));
         assert!(fetched_from_rq, "backups fetched the bytes from RQ nodes");
         for r in &net.order {
             assert_eq!(r.service().0, vec![big.clone()], "node {} executed the whole operation", r.id());
@@ -843,7 +952,7 @@ mod tests {
     fn an_rq_node_holds_one_request_per_client_within_clients_max() {
         let mut cfg = config(None);
         cfg.options.clients_max = 8;
-        let mut rq = RqNode::new(cfg.clone(), 4, secrets(4).signing, secrets(4).mac_secret);
+        let mut rq = RqNode::new(cfg.clone(), stage_node(4), secrets(4).signing, secrets(4).mac_secret);
         let mut out = Outputs::default();
         for id in 1..=10u64 {
             let mut c = client(&cfg, id);
@@ -865,7 +974,7 @@ mod tests {
     #[test]
     fn an_rq_node_holds_request_bytes_within_its_bound_dropping_earlier_requests_first() {
         let cfg = config(None);
-        let mut rq = RqNode::new(cfg.clone(), 4, secrets(4).signing, secrets(4).mac_secret);
+        let mut rq = RqNode::new(cfg.clone(), stage_node(4), secrets(4).signing, secrets(4).mac_secret);
         rq.held_bytes_max = 1000;
         let mut clients: Vec<Client> = (1..=3).map(|id| client(&cfg, id)).collect();
         let send = |rq: &mut RqNode, c: &mut Client, len: usize, now: u64| {
@@ -892,12 +1001,76 @@ mod tests {
     #[test]
     fn an_rq_node_believes_a_view_only_r_plus_one_order_nodes_report() {
         let cfg = config(None);
-        let mut rq = RqNode::new(cfg.clone(), 5, secrets(5).signing, secrets(5).mac_secret);
+        let mut rq = RqNode::new(cfg.clone(), stage_node(5), secrets(5).signing, secrets(5).mac_secret);
         let mut out = Outputs::default();
         let status = |view| Message::Status { view, executed: 0, stable: 0 };
         rq.step(0, Input::Message { from: Peer::Node(3), msg: status(1_000) }, &mut out);
         assert_eq!(rq.view(), 0, "one liar cannot move it");
         rq.step(0, Input::Message { from: Peer::Node(1), msg: status(2) }, &mut out);
         assert_eq!(rq.view(), 2);
+    }
+
+    #[test]
+    fn an_rq_node_asks_for_newer_epochs_and_endorses_for_the_members_of_the_one_it_follows() {
+        use crate::membership::{AdminOp, Change, Member};
+        use crate::message::{checkpoint_statement, EpochCert, StableProof};
+        let admin = SigningKey::from_seed([99; 32]);
+        let cfg = config(None).with_admin_key(admin.public());
+        let me = stage_node(4);
+        let mut rq = RqNode::new(cfg.clone(), me, secrets(4).signing, secrets(4).mac_secret);
+        let mut out = Outputs::default();
+        rq.step(0, Input::Tick, &mut out);
+        let asked: Vec<NodeId> = out
+            .send
+            .iter()
+            .filter_map(|(to, m)| match (to, m) {
+                (Peer::Node(n), Message::EpochQuery { epoch: 0, .. }) => Some(*n),
+                _ => None,
+            })
+            .collect();
+        let peers = (5..8).map(stage_node);
+        assert_eq!(asked, (0..4).chain(peers).collect::<Vec<_>>(), "every STATUS period it asks everyone");
+        // A request held before the change.
+        let mut c = client(&cfg, 7);
+        let (_, request) = c.invoke(0, b"a".to_vec()).expect("idle").remove(0);
+        let Message::Request(req) = &request else { panic!("a request") };
+        let statement = req.statement();
+        rq.step(1, Input::Message { from: Peer::Client(7), msg: request.clone() }, &mut out);
+        assert_eq!(rq.held(), 1);
+        // Epoch 1 adds order node 12, proven by the stable checkpoint of epoch 0's members.
+        let member = Member { id: 12, key: secrets(12).signing.public(), addr: String::new() };
+        let next =
+            cfg.membership.apply(&AdminOp::sign(&admin, 0, Change::Add(member)), &admin.public(), 5).expect("ok");
+        let root = Digest([1; 32]);
+        let sigs = (0..4).map(|i| (i, secrets(i).signing.sign(&checkpoint_statement(5, &root, &next.digest(), i))));
+        let proof = StableProof { seq: 5, root, membership: next.digest(), sigs: sigs.collect() };
+        let mut forged = proof.clone();
+        forged.sigs.truncate(1);
+        let certs = |proof: StableProof| Message::EpochCerts(vec![EpochCert { proof, next: next.clone() }]);
+        let mut out = Outputs::default();
+        rq.step(2, Input::Message { from: Peer::Node(1), msg: certs(forged) }, &mut out);
+        assert_eq!(rq.epoch(), 0, "one signature proves nothing");
+        rq.step(2, Input::Message { from: Peer::Node(1), msg: certs(proof) }, &mut out);
+        assert_eq!(rq.epoch(), 1);
+        // The client retransmits: the held request's endorsement goes to every member of
+        // epoch 1, with a MAC the new member (index 4) checks.
+        let mut out = Outputs::default();
+        rq.step(1_000, Input::Message { from: Peer::Client(7), msg: request }, &mut out);
+        let to_new = out.send.iter().find_map(|(to, m)| match (to, m) {
+            (Peer::Node(12), Message::Endorse { macs, .. }) => Some(macs.clone()),
+            _ => None,
+        });
+        let macs = to_new.expect("endorsed to the new member");
+        assert_eq!(macs.len(), 5 + 4, "a MAC per order node of epoch 1, then per RQ node");
+        let key = endorse_key(&secrets(12).signing, &secrets(4).signing.public());
+        assert!(key.verify(&endorse_statement(me, &statement), &macs[4]));
+        // An RQ peer that restarted empty learns the epoch from this node as well.
+        let mut fresh = RqNode::new(cfg.clone(), stage_node(5), secrets(5).signing, secrets(5).mac_secret);
+        let mut out = Outputs::default();
+        let query = Message::EpochQuery { client: 0, epoch: 0 };
+        rq.step(1_001, Input::Message { from: Peer::Node(stage_node(5)), msg: query }, &mut out);
+        let (_, answer) = out.send.pop().expect("answered");
+        fresh.step(1_001, Input::Message { from: Peer::Node(me), msg: answer }, &mut out);
+        assert_eq!(fresh.epoch(), 1);
     }
 }

@@ -98,8 +98,8 @@ pub struct ClusterFile {
     pub checkpoint_interval: Option<u64>,
     /// Stage placement (ARCHITECTURE §2, UpRight §4.2): empty (the default), every node
     /// in `nodes` orders and executes; otherwise these nodes execute and the others only
-    /// order (their ids follow the order nodes', in order). At least u + r + 1; no
-    /// `admin_key` with them (membership changes are not supported separated yet).
+    /// order (their ids follow the order nodes', in order). At least u + r + 1. Membership
+    /// changes move order nodes only; execution nodes follow them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub executors: Vec<NodeEntry>,
     /// Stage placement (ARCHITECTURE §2, UpRight §4.1): empty (the default), the order
@@ -359,12 +359,12 @@ pub struct NodeSetup {
 impl NodeSetup {
     /// Whether this node is an execution node of a separated cluster.
     pub fn executes_only(&self) -> bool {
-        self.cluster.separated() && self.cluster.executors().contains(&self.id)
+        self.cluster.exec_ids().contains(&self.id)
     }
 
     /// Whether this node is an RQ node of a separate RQ stage.
     pub fn rq_only(&self) -> bool {
-        self.cluster.rq_separated() && self.cluster.endorsers().contains(&self.id)
+        self.cluster.rq_ids().contains(&self.id)
     }
 }
 
@@ -396,11 +396,11 @@ impl NodeFile {
             hex32(path, "mac_secret", &f.mac_secret)?,
         );
         let membership = joined.as_ref().unwrap_or(&cluster.membership);
-        let (executors, endorsers) = (cluster.executors(), cluster.endorsers());
-        let listed = if cluster.separated() && executors.contains(&f.id) {
+        let (executors, rq_nodes) = (cluster.exec_ids(), cluster.rq_ids());
+        let listed = if executors.contains(&f.id) {
             cluster.stages.executors.get((f.id - executors.start) as usize).copied()
-        } else if cluster.rq_separated() && endorsers.contains(&f.id) {
-            cluster.stages.rq.get((f.id - endorsers.start) as usize).copied()
+        } else if rq_nodes.contains(&f.id) {
+            cluster.stages.rq.get((f.id - rq_nodes.start) as usize).copied()
         } else {
             membership.index_of(f.id).map(|i| membership.members[i as usize].key)
         };
@@ -577,7 +577,6 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     if o.rq_separated {
         checked.with_rq_nodes(vec![PublicKey([0; 32]); q])?;
     }
-    let apart = o.separated || o.rq_separated;
     fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?;
     let ca = generate_ca()?;
     write(&dir.join("ca.pem"), &ca.cert_pem)?;
@@ -598,14 +597,11 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         (0..o.clients).map(|c| (first_client_id() + c as ClientId, random_bytes())).collect();
     // The administrator's key stays in DIR (like ca.key): `keel admin` signs with it.
     let admin_seed: [u8; 32] = random_bytes();
-    if !apart {
-        write(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
-    }
+    write(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
     let rq_nodes = nodes.split_off(n + e);
     let executors = nodes.split_off(n);
     let cluster = ClusterFile {
-        // Membership changes move order nodes only; not supported with stages apart yet.
-        admin_key: (!apart).then(|| hex::encode(SigningKey::from_seed(admin_seed).public().0)),
+        admin_key: Some(hex::encode(SigningKey::from_seed(admin_seed).public().0)),
         u: o.u,
         r: o.r,
         nodes: nodes.clone(),
@@ -864,22 +860,20 @@ mod tests {
         for i in 0..7 {
             let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");
             assert_eq!(setup.cluster.n(), 4, "four order nodes");
-            assert_eq!(setup.cluster.executors(), 4..7);
+            assert_eq!(setup.cluster.exec_ids(), 4..7);
             assert_eq!(setup.executes_only(), i >= 4);
             assert_eq!(setup.executors.len(), 3);
-            assert!(setup.cluster.admin_key.is_none());
+            assert!(setup.cluster.admin_key.is_some(), "membership changes work with stages apart");
+            assert_eq!(setup.cluster.membership.highest_id, 6, "no order node can be added as 4, 5 or 6");
             assert!(listens.insert(setup.listen) && listens.insert(setup.metrics), "ports are distinct");
         }
         let c = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client loads");
         assert_eq!(c.executors.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![4, 5, 6]);
-        // An execution node whose key is not the cluster file's is refused, and so is an
-        // admin key (membership changes are not supported separated).
+        // Too few execution nodes are refused.
         let cluster = dir.path().join("cluster.toml");
         let text = std::fs::read_to_string(&cluster).expect("cluster file");
         let mut f: ClusterFile = toml::from_str(&text).expect("parses");
-        f.admin_key = Some(hex::encode([7u8; 32]));
-        assert!(f.cluster_config(&cluster, Options::production()).is_err());
-        f.admin_key = None;
+        assert!(f.cluster_config(&cluster, Options::production()).is_ok());
         f.executors.pop();
         assert!(f.cluster_config(&cluster, Options::production()).is_err(), "u + r + 1 execution nodes");
     }
@@ -893,12 +887,12 @@ mod tests {
         for i in 0..8 {
             let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");
             assert_eq!(setup.cluster.auth, Auth::RqMac, "an RQ stage apart needs rq-mac, also with r = 0");
-            assert_eq!((setup.cluster.executors(), setup.cluster.endorsers()), (3..5, 5..8));
+            assert_eq!((setup.cluster.exec_ids(), setup.cluster.rq_ids()), (3..5, 5..8));
             assert_eq!((setup.executes_only(), setup.rq_only()), ((3..5).contains(&i), i >= 5));
             assert_eq!(setup.rq_nodes.len(), 3);
-            assert!(setup.cluster.admin_key.is_none());
+            assert!(setup.cluster.admin_key.is_some());
         }
-        assert!(!dir.path().join(ADMIN_KEY_FILE).exists());
+        assert!(dir.path().join(ADMIN_KEY_FILE).exists());
         let c = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client loads");
         assert_eq!(c.rq_nodes.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![5, 6, 7]);
         assert_eq!(c.mac_keys.len(), 8, "a MAC key for every node, RQ nodes included");

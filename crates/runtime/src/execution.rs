@@ -18,7 +18,9 @@ use crate::inbound::{self, Inbound};
 use crate::metrics::Status;
 use crate::node::{announce, dial_peers, flush, listen, now_ms, NodeError, INBOUND_QUEUE_MAX};
 use crate::storage::{Storage, StorageError};
+use keel_core::config::stage_node;
 use keel_core::exec_node::ExecNode;
+use keel_core::message::Message;
 use keel_core::replica::{Input, Outputs, Peer};
 use keel_core::service::Service;
 use std::time::Duration;
@@ -37,17 +39,19 @@ pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, s
     let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
     let cfg = setup.cluster.clone();
     let signing = setup.secrets.signing.clone();
+    let me = stage_node(setup.id);
     let mut exec = if durable.snapshots.is_empty() {
-        ExecNode::new(cfg, setup.id, signing, service)
+        ExecNode::new(cfg, me, signing, service)
     } else {
-        ExecNode::recover(cfg, setup.id, signing, service, durable.snapshots)?
+        ExecNode::recover(cfg, me, signing, service, durable.snapshots)?
     };
     tracing::info!(node = setup.id, executed = exec.executed(), "execution node started");
     let (stats, m, shared) = announce(&setup).await?;
     let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
 
     // The order nodes (members) and the other execution nodes; no verify stage.
-    let peers = dial_peers(&setup, &exec.config().membership, &stats)?;
+    let mut peers = dial_peers(&setup, &exec.config().membership, &stats)?;
+    peers.follow_stage(&exec.config().membership);
     let bans = listen(&setup, &in_tx, None, &stats).await?;
 
     let mut clients = Clients::new(bans);
@@ -58,6 +62,11 @@ pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, s
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
+        if exec.config().epoch() != peers.epoch() {
+            // It executed into a new membership epoch: its order nodes from now on.
+            peers.follow_stage(&exec.config().membership);
+            tracing::info!(epoch = exec.config().epoch(), "execution node follows a new membership epoch");
+        }
         flush(&mut committer, &mut out, &peers, &mut clients, &stats, &m)?;
         tokio::select! {
             e = committer.failed() => return Err(e.into()),
@@ -81,14 +90,14 @@ pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, s
                 if let Ok(mut s) = shared.status.lock() {
                     let cfg = exec.config();
                     *s = Status {
-                        node: exec.id(),
+                        node: setup.id,
                         view: 0,
                         primary: cfg.primary(0),
                         view_change_to: None,
                         executed: exec.executed(),
                         stable: exec.stable_seq(),
                         peers_connected: peers.connected(),
-                        peers: (cfg.n() + cfg.executors().len() - 1) as u64,
+                        peers: (cfg.n() + cfg.exec_ids().len() - 1) as u64,
                         transfer,
                         epoch: cfg.epoch(),
                         members: cfg.membership.members.iter().map(|x| x.id).collect(),
@@ -102,8 +111,15 @@ pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, s
 fn handle<S: Service>(exec: &mut ExecNode<S>, ev: Inbound, clients: &mut Clients, out: &mut Outputs) {
     match ev {
         Inbound::Input(input) => exec.step(now_ms(), input, out),
-        // No membership changes with separated execution: node ids are their own.
-        Inbound::Node { from, msg, .. } => exec.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out),
+        Inbound::Node { from, epoch, msg, .. } => {
+            let cfg = exec.config();
+            if matches!(msg, Message::IndexAck { .. }) && epoch != cfg.epoch() {
+                // A read index counts only within the epoch whose quorum it is from.
+                return;
+            }
+            let from = if cfg.exec_ids().contains(&from) { stage_node(from) } else { from };
+            exec.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out)
+        }
         Inbound::ClientUp { id, conn, tx, close } => clients.up(id, conn, tx, close),
         Inbound::ClientDown { id, conn } => clients.down(id, conn),
     }

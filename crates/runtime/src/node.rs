@@ -23,6 +23,7 @@ use crate::transport::{
     SEND_QUEUE_MAX,
 };
 use keel_core::codec;
+use keel_core::config::{stage_id, stage_node};
 use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
 use keel_core::replica::{
@@ -342,11 +343,13 @@ async fn drain(committer: &mut Committer) -> Result<(), NodeError> {
 }
 
 /// The connections to the other members, by stable id, and the current epoch's
-/// index → stable id map (membership.rs: the core speaks indices, the network ids).
-/// Separated execution adds fixed peers (execution nodes) that are no members: the core
-/// names them by their ids.
+/// index → stable id map (membership.rs: an order node's core speaks indices, the network
+/// ids). Stages apart add fixed peers (execution and RQ nodes) that are no members: cores
+/// name them by [`keel_core::config::stage_node`] of their ids. The cores of execution
+/// and RQ nodes name order nodes by stable id (`stage`).
 pub(crate) struct Peers {
     me: u32,
+    stage: bool,
     by_id: BTreeMap<u32, PeerLink>,
     ids: Vec<u32>,
     fixed: std::collections::BTreeSet<u32>,
@@ -366,6 +369,7 @@ impl Peers {
     pub(crate) fn new(me: u32, connector: TlsConnector, stats: Arc<TransportStats>) -> Peers {
         Peers {
             me,
+            stage: false,
             by_id: BTreeMap::new(),
             ids: Vec::new(),
             fixed: std::collections::BTreeSet::new(),
@@ -404,6 +408,24 @@ impl Peers {
     pub(crate) fn follow(&mut self, m: &Membership) {
         self.ids = m.members.iter().map(|x| x.id).collect();
         self.epoch = m.epoch;
+        self.dial_only(m.members.iter().collect());
+    }
+
+    /// For an execution or RQ node, whose core names order nodes by stable id: dials
+    /// the members of `m` and of the epoch before it (whose removed members an execution
+    /// node's checkpoint votes still reach while they end it), and tags frames with
+    /// `m`'s epoch.
+    pub(crate) fn follow_stage(&mut self, m: &Membership) {
+        self.stage = true;
+        self.epoch = m.epoch;
+        let previous = m.previous.iter().flat_map(|p| p.members.iter());
+        let members: Vec<&keel_core::membership::Member> = m.members.iter().chain(previous).collect();
+        self.ids = members.iter().map(|x| x.id).collect();
+        self.dial_only(members);
+    }
+
+    /// Dials `members` not dialled yet and stops dialling other members.
+    fn dial_only(&mut self, members: Vec<&keel_core::membership::Member>) {
         let gone: Vec<u32> =
             self.by_id.keys().copied().filter(|id| !self.ids.contains(id) && !self.fixed.contains(id)).collect();
         for id in gone {
@@ -412,7 +434,7 @@ impl Peers {
             }
         }
         let new: Vec<&keel_core::membership::Member> =
-            m.members.iter().filter(|x| x.id != self.me && !self.by_id.contains_key(&x.id)).collect();
+            members.into_iter().filter(|x| x.id != self.me && !self.by_id.contains_key(&x.id)).collect();
         let new: Vec<(u32, String)> = new.into_iter().map(|m| (m.id, m.addr.clone())).collect();
         for (id, addr) in new {
             let Ok(addr) = addr.parse::<std::net::SocketAddr>() else {
@@ -423,19 +445,25 @@ impl Peers {
         }
     }
 
-    /// The queue to the member with index `index` in the current epoch, or to the fixed
-    /// peer with that id.
-    pub(crate) fn route(&self, index: NodeId) -> Option<&mpsc::Sender<Vec<u8>>> {
-        match self.ids.get(index as usize) {
-            Some(id) => self.by_id.get(id).map(|l| &l.tx),
-            None if self.fixed.contains(&index) => self.by_id.get(&index).map(|l| &l.tx),
-            None => None,
-        }
+    /// The queue to the node the core calls `node`: a stage node by its stage name, an
+    /// order node by its index in the current epoch (by its stable id at a stage node).
+    pub(crate) fn route(&self, node: NodeId) -> Option<&mpsc::Sender<Vec<u8>>> {
+        let id = match stage_id(node) {
+            Some(id) => id,
+            None if self.stage => node,
+            None => *self.ids.get(node as usize)?,
+        };
+        self.by_id.get(&id).map(|l| &l.tx)
     }
 
     /// The queue to the member with stable id `id`.
     fn by_id(&self, id: u32) -> Option<&mpsc::Sender<Vec<u8>>> {
         self.by_id.get(&id).map(|l| &l.tx)
+    }
+
+    /// The membership epoch frames are tagged with.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch
     }
 
     pub(crate) fn connected(&self) -> u64 {
@@ -508,9 +536,7 @@ fn publish<S: Service>(
             stable: replica.stable_seq(),
             peers_connected: connected,
             // Stages apart: the execution and RQ nodes are peers too.
-            peers: (replica.config().n() - 1
-                + if replica.config().separated() { replica.config().executors().len() } else { 0 }
-                + if replica.config().rq_separated() { replica.config().endorsers().len() } else { 0 })
+            peers: (replica.config().n() - 1 + replica.config().exec_ids().len() + replica.config().rq_ids().len())
                 as u64,
             transfer,
             epoch: replica.epoch(),
@@ -532,11 +558,9 @@ fn handle<S: Service>(
         Inbound::Node { from, epoch, msg, checked } => {
             let mine = replica.epoch();
             let cfg = replica.config();
-            let apart = cfg.separated() && cfg.executors().contains(&from)
-                || cfg.rq_separated() && cfg.endorsers().contains(&from);
-            if apart {
-                // An execution or RQ node: named by its id (no membership changes then).
-                replica.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out);
+            if cfg.exec_ids().contains(&from) || cfg.rq_ids().contains(&from) {
+                // An execution or RQ node: by its stage name, whatever its epoch.
+                replica.step(now_ms(), Input::Message { from: Peer::Node(stage_node(from)), msg }, out);
             } else if epoch == mine {
                 // Counted by the sender's index in this epoch; a stranger is dropped.
                 let Some(index) = replica.config().membership.index_of(from) else { return };

@@ -16,6 +16,7 @@ use crate::metrics::Status;
 use crate::node::{announce, dial_peers, listen, now_ms, record_events, NodeError, Peers, INBOUND_QUEUE_MAX};
 use crate::transport::{node_frame, offer, TransportStats};
 use keel_core::codec;
+use keel_core::config::stage_node;
 use keel_core::message::owner_of;
 use keel_core::replica::{Input, Outputs, Peer};
 use keel_core::rq_node::RqNode;
@@ -32,18 +33,25 @@ const STEP_BATCH_MAX: usize = 1024;
 /// Failures to bind or configure TLS.
 pub async fn run_rq_node(setup: NodeSetup) -> Result<(), NodeError> {
     let cfg = setup.cluster.clone();
-    let mut rq = RqNode::new(cfg.clone(), setup.id, setup.secrets.signing.clone(), setup.secrets.mac_secret);
+    let mut rq =
+        RqNode::new(cfg.clone(), stage_node(setup.id), setup.secrets.signing.clone(), setup.secrets.mac_secret);
     tracing::info!(node = setup.id, "RQ node started");
     let (stats, m, shared) = announce(&setup).await?;
     let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
     // The order nodes (members) and the other RQ nodes.
-    let peers = dial_peers(&setup, &cfg.membership, &stats)?;
+    let mut peers = dial_peers(&setup, &cfg.membership, &stats)?;
+    peers.follow_stage(&cfg.membership);
     let bans = listen(&setup, &in_tx, None, &stats).await?;
     let mut clients = Clients::new(bans);
     let mut out = Outputs::default();
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
+        if rq.epoch() != peers.epoch() {
+            // It followed the order nodes' epoch certificates: their members from now on.
+            peers.follow_stage(&rq.config().membership);
+            tracing::info!(epoch = rq.epoch(), "RQ node follows a new membership epoch");
+        }
         send(&mut out, &peers, &mut clients, &stats);
         record_events(&mut out, &mut clients, &m);
         tokio::select! {
@@ -61,15 +69,16 @@ pub async fn run_rq_node(setup: NodeSetup) -> Result<(), NodeError> {
                 rq.step(now_ms(), Input::Tick, &mut out);
                 m.inbound_queue.set(in_rx.len() as i64);
                 if let Ok(mut s) = shared.status.lock() {
+                    let cfg = rq.config();
                     *s = Status {
-                        node: rq.id(),
+                        node: setup.id,
                         view: rq.view(),
                         primary: cfg.primary(rq.view()),
                         view_change_to: None,
                         executed: 0,
                         stable: 0,
                         peers_connected: peers.connected(),
-                        peers: (cfg.n() + cfg.endorsers().len() - 1) as u64,
+                        peers: (cfg.n() + cfg.rq_ids().len() - 1) as u64,
                         transfer: None,
                         epoch: cfg.epoch(),
                         members: cfg.membership.members.iter().map(|x| x.id).collect(),
@@ -83,8 +92,10 @@ pub async fn run_rq_node(setup: NodeSetup) -> Result<(), NodeError> {
 fn handle(rq: &mut RqNode, ev: Inbound, clients: &mut Clients, out: &mut Outputs) {
     match ev {
         Inbound::Input(input) => rq.step(now_ms(), input, out),
-        // No membership changes with a separate RQ stage: node ids are their own.
-        Inbound::Node { from, msg, .. } => rq.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out),
+        Inbound::Node { from, msg, .. } => {
+            let from = if rq.config().rq_ids().contains(&from) { stage_node(from) } else { from };
+            rq.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out)
+        }
         Inbound::ClientUp { id, conn, tx, close } => clients.up(id, conn, tx, close),
         Inbound::ClientDown { id, conn } => clients.down(id, conn),
     }
@@ -97,7 +108,7 @@ fn send(out: &mut Outputs, peers: &Peers, clients: &mut Clients, stats: &Transpo
         match to {
             Peer::Node(j) => {
                 if let Some(tx) = peers.route(j) {
-                    offer(tx, node_frame(0, &msg), stats);
+                    offer(tx, node_frame(peers.epoch(), &msg), stats);
                 }
             }
             Peer::Client(c) => {

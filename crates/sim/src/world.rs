@@ -15,7 +15,7 @@ use crate::disk::SimDisk;
 use crate::workload::{HistoryEntry, Workload};
 use keel_core::client::{Client, Pushed};
 use keel_core::codec;
-use keel_core::config::{Auth, ClusterConfig, Options};
+use keel_core::config::{stage_id, stage_node, Auth, ClusterConfig, Options};
 use keel_core::crypto::{Digest, MacKey, SigningKey};
 use keel_core::exec_node::ExecNode;
 use keel_core::membership::{AdminOp, Change, Member, Membership, ADMIN_CLIENT};
@@ -335,6 +335,15 @@ impl<S: Service> SimNode<S> {
     /// A node before its core is set: a member from the start, its clock exact, honest,
     /// its disk empty. Order nodes set their replica, role, skew and Byzantine behaviour;
     /// execution and RQ nodes their core (membership changes never move them).
+    /// The membership epoch an execution or RQ node runs.
+    fn stage_epoch(&self) -> u64 {
+        match (&self.exec, &self.rq) {
+            (Some(e), _) => e.config().epoch(),
+            (_, Some(q)) => q.epoch(),
+            _ => 0,
+        }
+    }
+
     fn blank(secrets: NodeSecrets) -> SimNode<S> {
         SimNode {
             replica: None,
@@ -472,8 +481,9 @@ impl<W: Workload> World<W> {
             .collect();
         let keys = secrets.iter().take(n).map(|s| s.signing.public()).collect();
         let cfg = ClusterConfig::new(quorums, keys, opts.options.clone()).expect("valid config");
-        // Execution nodes (separated): keyed from the seed like spares, after them.
-        assert!(!(opts.separated && opts.reconfig), "membership changes are not supported with separated execution");
+        // Execution nodes (separated): keyed from the seed like spares. Stable ids: order
+        // nodes, execution nodes, RQ nodes, then the spares (ids above every stage node's,
+        // as `keel admin add-node` gives them).
         let exec_count = if opts.separated { quorums.execution_nodes_min() } else { 0 };
         let exec_secrets: Vec<NodeSecrets> = (n..n + exec_count)
             .map(|i| NodeSecrets::new(SigningKey::from_seed(derived("exec-sign", i)), derived("exec-mac", i)))
@@ -499,7 +509,6 @@ impl<W: Workload> World<W> {
             .map(|i| NodeSecrets::new(SigningKey::from_seed(derived("rq-sign", i)), derived("rq-mac", i)))
             .collect();
         let cfg = if opts.rq_separated {
-            assert!(!opts.reconfig, "membership changes are not supported with a separate RQ stage");
             cfg.with_rq_nodes(rq_secrets.iter().map(|s| s.signing.public()).collect()).expect("2u + r + 1, rq-mac")
         } else {
             cfg
@@ -560,6 +569,7 @@ impl<W: Workload> World<W> {
             })
             .collect::<Vec<_>>();
         let mut nodes = nodes;
+        let spare_nodes = nodes.split_off(n);
         // Byzantine execution nodes: up to r of them, chosen by a generator of their own so
         // runs without separated execution replay as before.
         let mut exec_rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x65786563);
@@ -567,7 +577,7 @@ impl<W: Workload> World<W> {
         let stage_liars = opts.faults.byzantine && opts.r > 0 && opts.byzantine.is_none();
         let exec_liars = if stage_liars && exec_count > 0 { exec_rng.gen_range(1..=opts.r as usize) } else { 0 };
         for (i, s) in exec_secrets.into_iter().enumerate() {
-            let id = (n + i) as NodeId;
+            let id = stage_node(cfg.stages.exec_first + i as u32);
             let exec = ExecNode::new(cfg.clone(), id, s.signing.clone(), workload.service());
             let interval = opts.options.checkpoint_interval;
             let exec_byzantine =
@@ -579,7 +589,7 @@ impl<W: Workload> World<W> {
         let rq_liars = if stage_liars && rq_count > 0 { rq_rng.gen_range(1..=opts.r as usize) } else { 0 };
         let sim_clients: Vec<ClientId> = (0..opts.clients).map(client_id).collect();
         for (i, s) in rq_secrets.into_iter().enumerate() {
-            let id = (rq_first + i) as NodeId;
+            let id = stage_node(cfg.stages.rq_first + i as u32);
             let rq = RqNode::new(cfg.clone(), id, s.signing.clone(), s.mac_secret);
             let row: Vec<MacKey> =
                 cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(&s.signing, k)).collect();
@@ -598,18 +608,17 @@ impl<W: Workload> World<W> {
             });
             nodes.push(SimNode { rq: Some(rq), is_rq: true, rq_byzantine, ..SimNode::blank(s) });
         }
+        debug_assert_eq!(nodes.len(), n + exec_count + rq_count, "stage nodes at their stable ids");
+        nodes.extend(spare_nodes);
         let byzantine_count = byzantine_count + exec_liars + rq_liars;
         report.faults.byzantine_nodes = byzantine_count as u64;
         let clients = (0..opts.clients)
             .map(|i| {
                 let id = client_id(i);
                 let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
-                let core = Client::new(id, quorums, keys, 300, 1)
-                    .with_auth(cfg.auth)
+                let core = with_stages(Client::new(id, quorums, keys, 300, 1), &cfg)
                     .with_signing_key(client_key(id))
                     .with_membership(cfg.membership.clone());
-                let core = if cfg.separated() { core.with_executors(cfg.executors()) } else { core };
-                let core = if cfg.rq_separated() { core.with_rq_nodes(cfg.endorsers()) } else { core };
                 SimClient { core, inflight: None, side: 0, push_next: 1 }
             })
             .collect();
@@ -618,8 +627,7 @@ impl<W: Workload> World<W> {
             .map(|s| {
                 let id = session_id(ADMIN_CLIENT, s);
                 let keys = nodes.iter().map(|n| client_mac_key(&n.secrets.mac_secret, id)).collect();
-                let core = Client::new(id, quorums, keys, 300, 1)
-                    .with_auth(cfg.auth)
+                let core = with_stages(Client::new(id, quorums, keys, 300, 1), &cfg)
                     .with_signing_key(admin_key.clone())
                     .with_membership(cfg.membership.clone());
                 (core, None)
@@ -952,8 +960,9 @@ impl<W: Workload> World<W> {
                 (_, Some(exec)) => ("execution node", catch_step(|| exec.step(now, input, &mut out))),
                 (None, None) => return,
             };
+            let epoch = node.stage_epoch();
             match stepped {
-                Ok(()) => self.process_outputs(n, out, 0),
+                Ok(()) => self.process_outputs(n, out, epoch),
                 Err(panic) => {
                     (node.rq, node.exec) = (None, None);
                     self.violation("invariant", format!("{what} {n}: {panic}"));
@@ -1117,7 +1126,7 @@ impl<W: Workload> World<W> {
                 if let Some(b) = self.nodes[n as usize].byzantine.as_mut() {
                     b.lies.slowed_proposals += 1;
                 }
-                if let Some(to) = self.to_stable(epoch, to) {
+                if let Some(to) = self.to_stable(n, epoch, to) {
                     self.transmit_after(from, to, codec::encode(&m), hold, epoch);
                 }
             }
@@ -1131,18 +1140,22 @@ impl<W: Workload> World<W> {
                 _ => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
             };
         for (to, frame) in frames {
-            if let Some(to) = self.to_stable(epoch, to) {
+            if let Some(to) = self.to_stable(n, epoch, to) {
                 self.transmit_after(from, to, frame, 0, epoch);
             }
         }
     }
 
-    /// A node peer by index in `epoch` as the stable id the network routes by.
-    fn to_stable(&self, epoch: u64, to: Peer) -> Option<Peer> {
+    /// A node peer, as node `from` in membership epoch `epoch` names it, as the stable id
+    /// the network routes by: stage nodes by their stage names; order nodes by index
+    /// in `epoch` when an order node names them, by stable id when a stage node does.
+    fn to_stable(&self, from: NodeId, epoch: u64, to: Peer) -> Option<Peer> {
         match to {
-            // Execution and RQ nodes are not members: their ids are their own.
-            Peer::Node(i) if self.is_stage_id(i) => Some(Peer::Node(i)),
-            Peer::Node(i) => self.stable_id(epoch, i).map(Peer::Node),
+            Peer::Node(i) => match stage_id(i) {
+                Some(id) => Some(Peer::Node(id)),
+                None if self.is_stage_id(from) => Some(Peer::Node(i)),
+                None => self.stable_id(epoch, i).map(Peer::Node),
+            },
             client => Some(client),
         }
     }
@@ -1221,7 +1234,7 @@ impl<W: Workload> World<W> {
             Peer::Node(n) => {
                 // (A node id nobody has: a membership a test's deliberate bug accepted.)
                 let mine = match self.nodes.get(n as usize) {
-                    Some(x) if x.exec.is_some() || x.rq.is_some() => 0,
+                    Some(x) if x.exec.is_some() || x.rq.is_some() => x.stage_epoch(),
                     Some(x) => match x.replica.as_ref() {
                         Some(r) => r.epoch(),
                         None => return,
@@ -1232,7 +1245,15 @@ impl<W: Workload> World<W> {
                 // epochs only certificates pass: a STATUS from an earlier epoch is answered
                 // with them, and they are taken from anyone.
                 let from = match from {
-                    Peer::Node(f) if self.is_stage_id(f) || self.is_stage_id(n) => Peer::Node(f),
+                    // Stage nodes by their stage names, order nodes by stable id at a
+                    // stage node (a read-index answer only from its epoch's members).
+                    Peer::Node(f) if self.is_stage_id(f) => Peer::Node(stage_node(f)),
+                    Peer::Node(_)
+                        if self.is_stage_id(n) && matches!(msg, Message::IndexAck { .. }) && epoch != mine =>
+                    {
+                        return
+                    }
+                    Peer::Node(f) if self.is_stage_id(n) => Peer::Node(f),
                     Peer::Node(f) if epoch == mine => {
                         match self.memberships.get(&mine).and_then(|ids| ids.iter().position(|i| *i == f)) {
                             Some(index) => Peer::Node(index as NodeId),
@@ -1258,7 +1279,7 @@ impl<W: Workload> World<W> {
                     None => Vec::new(),
                 };
                 for (answer_to, frame) in answers {
-                    if let Some(answer_to) = self.to_stable(mine, answer_to) {
+                    if let Some(answer_to) = self.to_stable(n, mine, answer_to) {
                         self.transmit_after(to, answer_to, frame, 0, mine);
                     }
                 }
@@ -1602,7 +1623,7 @@ impl<W: Workload> World<W> {
         if node.is_rq {
             // Nothing on disk: it starts afresh (rq_node.rs).
             let s = &node.secrets;
-            node.rq = Some(RqNode::new(self.cfg.clone(), n, s.signing.clone(), s.mac_secret));
+            node.rq = Some(RqNode::new(self.cfg.clone(), stage_node(n), s.signing.clone(), s.mac_secret));
             self.report.faults.restarts += 1;
             self.trace_line(format!("{} n{n} (RQ) restart", self.now));
             return;
@@ -1610,7 +1631,7 @@ impl<W: Workload> World<W> {
         let (snapshots, records) = node.disk.recover();
         if node.is_exec {
             let signing = node.secrets.signing.clone();
-            match ExecNode::recover(self.cfg.clone(), n, signing, self.workload.service(), snapshots) {
+            match ExecNode::recover(self.cfg.clone(), stage_node(n), signing, self.workload.service(), snapshots) {
                 Ok(e) => node.exec = Some(e),
                 Err(e) => {
                     self.violation("recovery", format!("execution node {n} cannot recover: {e}"));
@@ -1807,6 +1828,17 @@ impl<W: Workload> World<W> {
 }
 
 /// Runs one step of a node, catching a failed invariant (a panic) as its message.
+/// A client core of `cfg`'s cluster: its auth mode, and where its stages run.
+fn with_stages(core: Client, cfg: &ClusterConfig) -> Client {
+    let core = core.with_auth(cfg.auth);
+    let core = if cfg.separated() { core.with_executors(cfg.exec_ids()) } else { core };
+    if cfg.rq_separated() {
+        core.with_rq_nodes(cfg.rq_ids())
+    } else {
+        core
+    }
+}
+
 fn catch_step(step: impl FnOnce()) -> Result<(), String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).map_err(crate::panic_message)
 }

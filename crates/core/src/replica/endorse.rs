@@ -48,10 +48,8 @@ use std::collections::BTreeMap;
 /// own share, never a correct node's.
 pub(crate) struct Hearsay {
     entries: BTreeMap<(ClientId, Digest), Heard>,
-    /// Per first endorser (from the first endorser id on): entries and request bytes
-    /// charged to it.
-    charged: Vec<(usize, usize)>,
-    first_endorser: NodeId,
+    /// Per node that may be charged: entries and request bytes charged to it.
+    charged: BTreeMap<NodeId, (usize, usize)>,
 }
 
 /// Bytes of requests held on hearsay, all endorsers together.
@@ -76,15 +74,14 @@ pub(crate) struct Heard {
 }
 
 /// The nodes that may be charged for hearsay: the endorsers, and with RQ nodes apart the
-/// order nodes too (their relays), by node id (execution node ids in between are never
-/// charged: they send no endorsements).
-pub(crate) fn hearsay_chargeable(cfg: &crate::config::ClusterConfig) -> std::ops::Range<NodeId> {
-    let endorsers = cfg.endorsers();
-    if cfg.rq_separated() {
-        0..endorsers.end
-    } else {
-        endorsers
-    }
+/// order nodes too (their relays), named by `order` (indices at an order node, stable ids
+/// at an RQ node).
+pub(crate) fn hearsay_chargeable(
+    cfg: &crate::config::ClusterConfig,
+    order: impl Iterator<Item = NodeId>,
+) -> Vec<NodeId> {
+    let relays: Vec<NodeId> = if cfg.rq_separated() { order.collect() } else { Vec::new() };
+    relays.into_iter().chain(cfg.endorsers()).collect()
 }
 
 /// Entries one node's endorsements (or relays) may make a node hold on hearsay: its
@@ -111,19 +108,26 @@ pub(crate) fn take_valid(
     }
 }
 
-fn charged_slot(charged: &mut [(usize, usize)], first: NodeId, node: NodeId) -> Option<&mut (usize, usize)> {
-    charged.get_mut(node.checked_sub(first)? as usize)
-}
-
 impl Hearsay {
-    /// Hearsay from the nodes `endorsers` (the only ones charged).
-    pub(crate) fn new(endorsers: std::ops::Range<NodeId>) -> Hearsay {
-        let count = endorsers.len().max(1);
-        Hearsay { entries: BTreeMap::new(), charged: vec![(0, 0); count], first_endorser: endorsers.start }
+    /// Hearsay from the nodes `chargeable` (the only ones charged).
+    pub(crate) fn new(chargeable: Vec<NodeId>) -> Hearsay {
+        Hearsay { entries: BTreeMap::new(), charged: chargeable.into_iter().map(|n| (n, (0, 0))).collect() }
+    }
+
+    /// After a membership change: `chargeable` from now on. What others were charged is
+    /// forgotten (their entries free no share when taken); the rest keep their counts.
+    pub(crate) fn set_chargeable(&mut self, chargeable: Vec<NodeId>) {
+        let mut charged: BTreeMap<NodeId, (usize, usize)> = chargeable.into_iter().map(|n| (n, (0, 0))).collect();
+        for (node, c) in charged.iter_mut() {
+            if let Some(old) = self.charged.get(node) {
+                *c = *old;
+            }
+        }
+        self.charged = charged;
     }
 
     fn charged_to(&mut self, node: NodeId) -> Option<&mut (usize, usize)> {
-        charged_slot(&mut self.charged, self.first_endorser, node)
+        self.charged.get_mut(&node)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -142,12 +146,12 @@ impl Hearsay {
         now: u64,
         share: usize,
     ) -> Option<usize> {
-        let byte_share = HEARSAY_BYTES_MAX / self.charged.len();
+        let byte_share = HEARSAY_BYTES_MAX / self.charged.len().max(1);
         if let Some(h) = self.entries.get_mut(&(client, statement)) {
             if let (None, Some(r)) = (&h.request, request) {
                 // The bytes, late: charged to whoever brought them.
                 let more = r.size();
-                let Some((_, bytes)) = charged_slot(&mut self.charged, self.first_endorser, from) else {
+                let Some((_, bytes)) = self.charged.get_mut(&from) else {
                     return Some(h.endorsers.len());
                 };
                 if *bytes + more <= byte_share {
@@ -450,8 +454,8 @@ impl<S: Service> Replica<S> {
         self.cfg.rq_separated() && self.cfg.endorsers().contains(&node)
     }
 
-    /// What an RQ node of a separate RQ stage may send an order node: endorsements, and
-    /// the operations a FETCH-BODIES asked it for.
+    /// What an RQ node of a separate RQ stage may send an order node: endorsements, the
+    /// operations a FETCH-BODIES asked it for, and EPOCH-QUERY.
     pub(super) fn on_rq_message(&mut self, from: NodeId, msg: Message, out: &mut Outputs) -> Result<(), Reject> {
         match msg {
             Message::Endorse { request, macs } => self.on_endorse(from, request, macs, out),
@@ -459,6 +463,14 @@ impl<S: Service> Replica<S> {
                 self.on_endorse_digest(from, client, seq, op, macs, out)
             }
             Message::Bodies { seq, ops } => self.on_bodies(from, seq, ops, out),
+            // It follows membership changes as clients do (rq_node.rs).
+            Message::EpochQuery { epoch, .. } => {
+                let certs = self.epoch_certs_after(epoch);
+                if !certs.is_empty() {
+                    out.send.push((Peer::Node(from), Message::EpochCerts(certs)));
+                }
+                Ok(())
+            }
             _ => Err(Reject::WrongPeer),
         }
     }
@@ -569,14 +581,12 @@ impl<S: Service> Replica<S> {
         if self.holds_verified_statement(r.client(), r.seq(), &statement) {
             return Ok(());
         }
-        let mut seen = [false; crate::quorum::NODES_MAX];
+        let mut seen = std::collections::BTreeSet::new();
         let mut valid = 0;
-        for e in r.endorsements() {
-            let Some(s) = seen.get_mut(e.node as usize) else {
-                continue;
-            };
-            if !*s && self.endorsed_for_me(e.node, &statement, &e.macs) {
-                *s = true;
+        // Each endorser once, and no more looked at than there are (each costs a MAC).
+        for e in r.endorsements().iter().take(crate::quorum::NODES_MAX) {
+            if !seen.contains(&e.node) && self.endorsed_for_me(e.node, &statement, &e.macs) {
+                seen.insert(e.node);
                 valid += 1;
             }
         }

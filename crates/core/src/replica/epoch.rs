@@ -193,6 +193,11 @@ impl<S: Service> Replica<S> {
         let mut r = Replica::new(cfg, index, self.secrets.clone(), service);
         r.now = self.now;
         r.epoch_certs = certs;
+        // Separated execution: how far execution is certified carries over (execution
+        // nodes serve that state to laggards, and the new order window starts from it).
+        if let Some(proof) = self.exec_stable() {
+            r.recover_exec_stable(proof);
+        }
         if let Some(chunks) = base {
             match r.exec.restore(&chunks.to_bytes()) {
                 Ok(executed) if executed == since => {}

@@ -610,7 +610,7 @@ impl<S: Service> Replica<S> {
         assert_eq!(ids.len(), n, "the membership names every node");
         let workers = cfg.options.exec_workers;
         let endorse_row = endorse_keys(&secrets.signing, &cfg.membership);
-        let hearsay = endorse::Hearsay::new(endorse::hearsay_chargeable(&cfg));
+        let hearsay = endorse::Hearsay::new(endorse::hearsay_chargeable(&cfg, 0..cfg.n() as NodeId));
         let rq_row = cfg.stages.rq.iter().map(|k| endorse_key(&secrets.signing, k)).collect();
         let prev_keys = cfg.membership.previous.as_ref().and_then(|p| {
             let q = p.quorums().ok()?.with_mutation(cfg.quorums.mutation()).order_quorum();
@@ -623,6 +623,7 @@ impl<S: Service> Replica<S> {
         let client_keys = crate::crypto::ClientKeys::new(&key_map);
         let mut exec = Executor::with_workers(service, workers);
         exec.set_membership(cfg.membership.clone(), cfg.admin_key);
+        exec.set_stages(cfg.stages.executors.len(), cfg.stages.rq.len());
         let exec_stage = separated::ExecStage::new(&cfg);
         Replica {
             keys: NodeKeys::new(&cfg.node_keys),

@@ -39,21 +39,16 @@ pub(super) struct ExecStage {
     pub(super) stable: Option<StableProof>,
     /// Per execution node (index from the first execution id): when it was last helped.
     helped_at: Vec<u64>,
-    /// Keys of every node id, to check execution nodes' signatures. Apart from the
-    /// replica's own (order nodes only), so an execution node's signature can never
-    /// count toward an order proof.
+    /// The execution nodes' keys, to check their signatures. Apart from the replica's own
+    /// (order nodes only), so an execution node's signature can never count toward an
+    /// order proof.
     keys: NodeKeys,
 }
 
 impl ExecStage {
     pub(super) fn new(cfg: &crate::config::ClusterConfig) -> ExecStage {
         let executors = if cfg.separated() { cfg.executors().len() } else { 0 };
-        ExecStage {
-            votes: BTreeMap::new(),
-            stable: None,
-            helped_at: vec![0; executors],
-            keys: NodeKeys::new(&cfg.all_keys()),
-        }
+        ExecStage { votes: BTreeMap::new(), stable: None, helped_at: vec![0; executors], keys: cfg.exec_keys() }
     }
 
     pub(super) fn stable_seq(&self) -> Seq {
@@ -116,6 +111,23 @@ impl<S: Service> Replica<S> {
     // certified execution checkpoint (one interval looser than the paper's rule, which
     // leaves execution a whole interval to checkpoint in without stalling ordering).
 
+    /// Whether execution nodes checkpoint at `seq`: every interval, and where an epoch
+    /// ends (this one's end once executed, or the instance it started after). The order
+    /// checkpoint there ends the epoch, and no order node votes for it before execution is
+    /// certified that far (`exec_certified`): execution nodes that checkpointed only
+    /// every interval would wait for instances the epoch never orders.
+    fn exec_checkpoint_at(&self, seq: Seq) -> bool {
+        seq.is_multiple_of(self.cfg.options.checkpoint_interval)
+            || self.epoch_end() == Some(seq)
+            || seq == self.cfg.membership.since
+    }
+
+    /// The certified execution checkpoint the next epoch's node starts with: at or past
+    /// this epoch's end, since this node voted for the order checkpoint there.
+    pub(super) fn exec_stable(&self) -> Option<StableProof> {
+        self.exec_stage.stable.clone()
+    }
+
     /// Whether this node may vote for (and install from its own votes) an order
     /// checkpoint at `seq`: when separated, only once execution is certified that far.
     /// Always when co-located.
@@ -149,7 +161,6 @@ impl<S: Service> Replica<S> {
     }
 
     fn on_exec_checkpoint(&mut self, from: NodeId, vote: CheckpointVote, out: &mut Outputs) -> Result<(), Reject> {
-        let interval = self.cfg.options.checkpoint_interval;
         let stable = self.exec_stage.stable_seq();
         if vote.seq <= stable {
             return Err(Reject::Late { seq: vote.seq, stable });
@@ -161,7 +172,7 @@ impl<S: Service> Replica<S> {
         let log_max = self.cfg.options.log_max();
         let executed = self.exec.executed();
         let (low, high) = (stable.max(executed.saturating_sub(log_max)), executed.max(stable) + log_max);
-        if !vote.seq.is_multiple_of(interval) || vote.seq <= low || vote.seq > high {
+        if !self.exec_checkpoint_at(vote.seq) || vote.seq <= low || vote.seq > high {
             return Err(Reject::OutOfWindow { seq: vote.seq, low, high });
         }
         self.exec_stage.votes.retain(|s, _| *s > low);
@@ -205,7 +216,7 @@ impl<S: Service> Replica<S> {
         if proof.seq <= self.exec_stage.stable_seq() {
             return Ok(());
         }
-        if !proof.seq.is_multiple_of(self.cfg.options.checkpoint_interval) {
+        if !self.exec_checkpoint_at(proof.seq) {
             return Err(Reject::BadProof("an execution checkpoint off the interval"));
         }
         let quorum = self.cfg.quorums.exec_checkpoint_quorum();
