@@ -47,6 +47,20 @@ async fn wait_for_rq_nodes(cluster: &Cluster, rq: &[usize], epoch: u64, members:
     }
 }
 
+/// `log` without the terminal colour sequences tracing writes (`ESC [ ... m`).
+fn plain(log: &str) -> String {
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(|&c| c == 'm');
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Lets the writers run in `phase` until more than [`PHASE_WRITES`] of their writes were
 /// acknowledged in it, for at least a second. Clients keep working if that happens within
 /// [`PHASE_TIMEOUT`]: progress, not a rate (an epoch that opens with a view change, for
@@ -161,7 +175,8 @@ async fn nodes_are_added_and_removed_under_load_and_no_acknowledged_write_is_los
 /// order nodes 0..4, execution nodes 4..7, RQ nodes 7..11). Order nodes are added and
 /// removed; execution nodes follow by executing the change, RQ nodes by asking the order
 /// nodes for epoch certificates. An execution node killed -9 during the removal restarts
-/// into the epoch its snapshot names. No acknowledged write may be lost.
+/// from its snapshot and follows; an RQ node restarted after the changes keeps its epoch.
+/// No acknowledged write may be lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_stages_apart_order_nodes_are_added_and_removed_and_the_stages_follow() {
     const EXEC: [usize; 3] = [4, 5, 6];
@@ -214,6 +229,17 @@ async fn with_stages_apart_order_nodes_are_added_and_removed_and_the_stages_foll
     let executing: Vec<usize> = [0, 2, 3, 11].into_iter().chain(EXEC).collect();
     wait_for_epoch(&cluster, &executing, 2, &[0, 2, 3, 11]).await;
     wait_for_rq_nodes(&cluster, &RQ, 2, &[0, 2, 3, 11]).await;
+    // The execution node restarted from a snapshot (its state, and the membership in it).
+    let restarted = plain(&cluster.log(4)).lines().rfind(|l| l.contains("execution node started")).map(String::from);
+    let from_snapshot = restarted.as_deref().and_then(|l| l.split("executed=").nth(1)).map(|v| v.trim() != "0");
+    assert_eq!(from_snapshot, Some(true), "{restarted:?}");
+    // An RQ node keeps the certificates it followed, and restarts in their epoch.
+    assert!(cluster.path().join("node-8/data/epochs").exists(), "RQ node 8 kept no epoch certificates");
+    cluster.kill(8);
+    cluster.start(8);
+    wait_for_rq_nodes(&cluster, &[8], 2, &[0, 2, 3, 11]).await;
+    let started = plain(&cluster.log(8)).lines().rfind(|l| l.contains("RQ node started")).map(String::from);
+    assert!(started.as_deref().is_some_and(|l| l.contains("epoch=2")), "{started:?}");
     run_phase(&phase, &acked, "epoch 2").await;
 
     stop.store(true, Ordering::Relaxed);

@@ -303,7 +303,12 @@ impl Client {
         self.membership = at;
         self.index_first %= self.membership.n() as NodeId;
         if let Some(Inflight { kind: Kind::Ordered(request), .. }) = &self.inflight {
-            let resend = self.to_all(Message::Request(request.clone()));
+            let msg = Message::Request(request.clone());
+            let resend = match &self.rq {
+                // RQ nodes apart take requests; order nodes would answer from their cache only.
+                Some(rq) => rq.clone().map(|n| (n, msg.clone())).collect(),
+                None => self.to_all(msg),
+            };
             self.outbox.extend(resend);
         }
         true

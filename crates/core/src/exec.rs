@@ -331,6 +331,15 @@ impl<S: Service> Executor<S> {
         let next = self.membership.apply(&op, &admin, seq)?;
         let quorums = next.quorums().map_err(|e| AdminError::Quorums(e.to_string()))?;
         let (exec, rq) = self.stages;
+        if (exec > 0 || rq > 0) && next.r > self.membership.r {
+            // Execution and RQ nodes still in the old epoch would believe r_old + 1 of
+            // their peers (checkpoint certificates, amplified endorsements), which the
+            // new r no longer makes safe: they learn the change only after the fact.
+            return Err(AdminError::Quorums(format!(
+                "r cannot grow from {} to {} while execution or RQ nodes run apart",
+                self.membership.r, next.r
+            )));
+        }
         if exec > 0 && exec < quorums.execution_nodes_min() || rq > 0 && rq < quorums.rq_nodes_min() {
             return Err(AdminError::Quorums(format!(
                 "(u, r) = ({}, {}) needs {} execution and {} RQ nodes; the cluster has {exec} and {rq} apart",

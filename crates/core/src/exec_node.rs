@@ -1075,9 +1075,9 @@ mod tests {
     }
 
     /// A value holding an administrator's operation, signed with the test admin key.
-    fn admin_value(change: crate::membership::Change, seq: u64) -> Value {
+    fn admin_value(epoch: u64, change: crate::membership::Change, seq: u64) -> Value {
         let admin = crate::crypto::SigningKey::from_seed([99; 32]);
-        let op = crate::membership::AdminOp::sign(&admin, 0, change);
+        let op = crate::membership::AdminOp::sign(&admin, epoch, change);
         let req = Request::new(crate::membership::ADMIN_CLIENT, seq, op.encode().into());
         Value { time: 1, requests: vec![req] }
     }
@@ -1104,7 +1104,8 @@ mod tests {
         commit(&mut e, 1, 1, &a);
         commit(&mut e, 0, 2, &b);
         commit(&mut e, 1, 2, &b);
-        let add = admin_value(Change::Add(Member { id: 9, key: secrets(9).signing.public(), addr: String::new() }), 1);
+        let add =
+            admin_value(0, Change::Add(Member { id: 9, key: secrets(9).signing.public(), addr: String::new() }), 1);
         commit(&mut e, 0, 3, &add);
         let out = commit(&mut e, 2, 3, &add);
         assert_eq!(e.executed(), 3);
@@ -1124,6 +1125,26 @@ mod tests {
         let c = value(&[b"c"]);
         assert_eq!(executed_events(&commit(&mut e, 9, 4, &c)), 0);
         assert_eq!(executed_events(&commit(&mut e, 3, 4, &c)), 1, "r + 1 members of epoch 1");
+        // Instance 5 removes node 1, whose notice for instance 6 came first: dropped at the
+        // switch, so node 0's alone decides nothing. The vote at 5 still reaches node 1.
+        let remove = admin_value(1, Change::Remove(1), 2);
+        let d = value(&[b"d"]);
+        commit(&mut e, 1, 6, &d);
+        commit(&mut e, 0, 5, &remove);
+        let out = commit(&mut e, 9, 5, &remove);
+        assert_eq!((e.executed(), e.config().epoch()), (5, 2));
+        let voted: Vec<NodeId> = out
+            .send_after_persist
+            .iter()
+            .filter_map(|(to, m)| match (to, m) {
+                (Peer::Node(n), Message::Checkpoint(v)) if v.seq == 5 => Some(*n),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(voted, vec![0, 2, 3, 9, 1], "the removed member ends epoch 1 too: it gets the vote");
+        assert_eq!(executed_events(&commit(&mut e, 0, 6, &d)), 0, "a removed node's notice no longer counts");
+        assert_eq!(executed_events(&commit(&mut e, 1, 6, &d)), 0, "nor one it sends now");
+        assert_eq!(executed_events(&commit(&mut e, 2, 6, &d)), 1);
 
         // The mutation that checkpoints only every interval leaves the epoch's end bare.
         let cfg = config(Some(Mutation::NoEpochEndCheckpoint)).with_admin_key(admin.public());
@@ -1150,7 +1171,7 @@ mod tests {
             .with_admin_key(admin.public());
         let mut e = ExecNode::new(cfg, stage_node(6), secrets(6).signing, Log::default());
         // (2, 1) needs u + r + 1 = 4 execution nodes; the cluster has 3.
-        let v = admin_value(Change::Faults { u: 2, r: 1 }, 1);
+        let v = admin_value(0, Change::Faults { u: 2, r: 1 }, 1);
         let mut out = Outputs::default();
         for from in [0, 1] {
             e.step(
@@ -1169,6 +1190,34 @@ mod tests {
             _ => None,
         });
         assert!(matches!(&reply, Some(Err(AdminError::Quorums(why))) if why.contains("execution")), "{reply:?}");
+
+        // Seven order nodes and five execution nodes at (2, 1) could run (2, 2), but r may
+        // not grow while stages run apart: a node that has not executed the change would
+        // still believe r_old + 1 peers.
+        let q = Quorums::with_nodes(2, 1, 7).expect("valid");
+        let keys: Vec<PublicKey> = (0..7).map(|i| secrets(i).signing.public()).collect();
+        let exec_keys: Vec<PublicKey> = (7..12).map(|i| secrets(i).signing.public()).collect();
+        let cfg = ClusterConfig::new(q, keys, Options { background_checkpoints: false, ..Options::test_min() })
+            .expect("valid")
+            .with_auth(Auth::Mac)
+            .with_executors(exec_keys)
+            .expect("u + r + 1 execution nodes")
+            .with_admin_key(admin.public());
+        // The node that sends the (long) answer in full: `(client + seq) mod e`.
+        let id = 7 + ((crate::membership::ADMIN_CLIENT + 1) % 5) as u32;
+        let mut e = ExecNode::new(cfg, stage_node(id), secrets(id).signing, Log::default());
+        let v = admin_value(0, Change::Faults { u: 2, r: 2 }, 1);
+        let mut out = Outputs::default();
+        for from in [0, 1] {
+            let msg = Message::Decided { seq: 1, value: v.clone() };
+            e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
+        }
+        assert_eq!((e.executed(), e.config().epoch()), (1, 0), "refused");
+        let refused = out.send.iter().any(|(_, m)| {
+            matches!(m, Message::Reply(r) if matches!(&r.body, ReplyBody::Full(b)
+                if matches!(decode_result(b), Some(Err(AdminError::Quorums(why))) if why.contains("r cannot grow"))))
+        });
+        assert!(refused, "the administrator is told why");
     }
 
     #[test]

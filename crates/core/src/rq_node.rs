@@ -15,7 +15,8 @@
 //! `2u + r + 1` RQ nodes: with `u` of them faulty, `u + r + 1` correct ones endorse a
 //! correct client's request, as many as the primary needs.
 //!
-//! Why an RQ node keeps nothing on disk (UpRight logs requests at the RQ): order nodes
+//! Why an RQ node keeps nothing on disk but the epoch certificates it followed (UpRight
+//! logs requests at the RQ): order nodes
 //! hold every byte of a value before they vote for it (replica/bodies.rs), so a decision
 //! never depends on an RQ node's memory, and a restarted RQ node starts clean, as the
 //! paper's hot spares do. A request that was endorsed but not ordered when RQ nodes
@@ -142,6 +143,21 @@ impl RqNode {
         self.cfg.epoch()
     }
 
+    /// The epoch certificates this node followed (oldest first), which its driver keeps
+    /// across a restart: RQ nodes hold no other state, but one that restarted in epoch 0
+    /// after every order node of epoch 0 was removed would have nobody to ask.
+    pub fn epoch_certs(&self) -> &[crate::message::EpochCert] {
+        &self.epoch_certs
+    }
+
+    /// Follows `certs` (as kept from [`RqNode::epoch_certs`] before a restart).
+    ///
+    /// # Errors
+    /// If they do not follow this node's membership.
+    pub fn follow(&mut self, certs: Vec<crate::message::EpochCert>) -> Result<(), Reject> {
+        self.on_epoch_certs(certs)
+    }
+
     pub fn config(&self) -> &ClusterConfig {
         &self.cfg
     }
@@ -241,7 +257,8 @@ impl RqNode {
         self.views.clear();
         self.view = 0;
         self.body_budget.clear();
-        self.hearsay.set_chargeable(hearsay_chargeable(&self.cfg, order_ids(&self.cfg)));
+        let share = hearsay_share(&self.cfg);
+        self.hearsay.set_chargeable(hearsay_chargeable(&self.cfg, order_ids(&self.cfg)), share);
         let clients: Vec<ClientId> = self.held.keys().copied().collect();
         for c in clients {
             let statement = self.held[&c].req.statement();

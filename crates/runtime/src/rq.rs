@@ -6,8 +6,9 @@
 //!      ──► endorsements to the order nodes and RQ peers, operation bytes on request
 //! ```
 //!
-//! Nothing goes to disk: order nodes hold every byte of a value before they vote for it,
-//! so an RQ node restarts empty (rq_node.rs explains why that is safe).
+//! Nothing goes to disk but the epoch certificates it followed: order nodes hold every
+//! byte of a value before they vote for it, so an RQ node restarts without requests
+//! (rq_node.rs explains why that is safe), in the newest epoch it knew.
 
 use crate::clients::Clients;
 use crate::config::NodeSetup;
@@ -22,6 +23,20 @@ use keel_core::replica::{Input, Outputs, Peer};
 use keel_core::rq_node::RqNode;
 use std::time::Duration;
 
+/// The epoch certificates an RQ node followed (the one thing it keeps on disk), as the
+/// EPOCH-CERTS message that carried them, so decoding applies the wire's bounds.
+const EPOCHS_FILE: &str = "epochs";
+
+/// The certificates kept in `dir`, if any (a file that does not decode is ignored: the
+/// node asks the order nodes again).
+fn load_epochs(dir: &std::path::Path) -> Option<Vec<keel_core::message::EpochCert>> {
+    let bytes = std::fs::read(dir.join(EPOCHS_FILE)).ok()?;
+    match codec::decode(&bytes) {
+        Ok(keel_core::message::Message::EpochCerts(certs)) => Some(certs),
+        _ => None,
+    }
+}
+
 /// How often the RQ node's timers are checked.
 const TICK: Duration = Duration::from_millis(5);
 /// Inputs stepped before the outputs are flushed.
@@ -35,7 +50,12 @@ pub async fn run_rq_node(setup: NodeSetup) -> Result<(), NodeError> {
     let cfg = setup.cluster.clone();
     let mut rq =
         RqNode::new(cfg.clone(), stage_node(setup.id), setup.secrets.signing.clone(), setup.secrets.mac_secret);
-    tracing::info!(node = setup.id, "RQ node started");
+    if let Some(certs) = load_epochs(&setup.data_dir) {
+        if let Err(e) = rq.follow(certs) {
+            tracing::warn!(error = %e, "the kept epoch certificates do not follow the cluster file; asking the nodes");
+        }
+    }
+    tracing::info!(node = setup.id, epoch = rq.epoch(), "RQ node started");
     let (stats, m, shared) = announce(&setup).await?;
     let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
     // The order nodes (members) and the other RQ nodes.
@@ -51,6 +71,10 @@ pub async fn run_rq_node(setup: NodeSetup) -> Result<(), NodeError> {
             // It followed the order nodes' epoch certificates: their members from now on.
             peers.follow_stage(&rq.config().membership);
             tracing::info!(epoch = rq.epoch(), "RQ node follows a new membership epoch");
+            // Kept across a restart (before it endorses for the new members: a node that
+            // restarts follows at least as far).
+            let frame = codec::encode(&keel_core::message::Message::EpochCerts(rq.epoch_certs().to_vec()));
+            crate::storage::write_atomic(&setup.data_dir, EPOCHS_FILE, &frame)?;
         }
         send(&mut out, &peers, &mut clients, &stats);
         record_events(&mut out, &mut clients, &m);

@@ -227,6 +227,14 @@ impl Byzantine {
         self.colluder = Some((node, row));
     }
 
+    /// The RQ node it colludes with endorses for new members now, with keys `row`.
+    pub fn colluder_follows(&mut self, node: NodeId, row: &[MacKey]) {
+        if let Some((id, keys)) = self.colluder.as_mut().filter(|(id, _)| *id == node) {
+            debug_assert_eq!(*id, node);
+            *keys = row.to_vec();
+        }
+    }
+
     /// The membership its replica runs; with a new epoch, its index and the cluster size
     /// change too.
     pub fn set_membership(&mut self, me: NodeId, quorum: usize, membership: Membership) {
@@ -709,10 +717,12 @@ pub struct RqByzantine {
     /// Answers a FETCH-BODIES with bytes that match no digest.
     pub wrong_bodies: bool,
     me: NodeId,
-    /// Its endorsement keys: per order node, then per RQ node.
+    /// Its endorsement keys: per order node, then per RQ node (of the epoch its core
+    /// follows, `follow`).
     row: Vec<MacKey>,
-    /// Order node ids, RQ node ids, and the clients whose requests it makes up.
-    order: std::ops::Range<NodeId>,
+    epoch: u64,
+    /// Order node ids (stable), RQ node ids, and the clients whose requests it makes up.
+    order: Vec<NodeId>,
     rq: std::ops::Range<NodeId>,
     clients: Vec<u64>,
     /// Lies told.
@@ -735,7 +745,8 @@ impl RqByzantine {
                 wrong_bodies: rng.gen_bool(0.4),
                 me,
                 row: row.clone(),
-                order: order.clone(),
+                epoch: 0,
+                order: order.clone().collect(),
                 rq: rq.clone(),
                 clients: clients.clone(),
                 lies: 0,
@@ -744,6 +755,16 @@ impl RqByzantine {
                 return b;
             }
         }
+    }
+
+    /// The epoch its lies are made for.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The epoch its core follows now: its lies are made for that epoch's members.
+    pub fn follow(&mut self, epoch: u64, row: Vec<MacKey>, order: Vec<NodeId>) {
+        (self.epoch, self.row, self.order) = (epoch, row, order);
     }
 
     pub fn names(&self) -> Vec<&'static str> {
@@ -809,7 +830,7 @@ impl RqByzantine {
             let request = Request::new(client, rng.gen_range(1..64), op.into());
             let macs = self.endorse(&request);
             let msg = keel_core::codec::encode(&Message::Endorse { request, macs });
-            for to in self.order.clone().chain(self.rq.clone()).filter(|&n| n != self.me) {
+            for to in self.order.iter().copied().chain(self.rq.clone()).filter(|&n| n != self.me) {
                 frames.push((Peer::Node(to), msg.clone()));
             }
         }

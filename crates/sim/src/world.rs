@@ -310,10 +310,12 @@ struct SimNode<S> {
     exec: Option<ExecNode<S>>,
     is_exec: bool,
     exec_byzantine: Option<ExecByzantine>,
-    /// A separate RQ stage: this node is an RQ node, running this core instead (nothing
-    /// on disk: a restart starts it afresh).
+    /// A separate RQ stage: this node is an RQ node, running this core instead (on disk
+    /// only the epoch certificates it followed: a restart starts it afresh in that epoch).
     rq: Option<RqNode>,
     is_rq: bool,
+    /// The epoch certificates an RQ node followed: what its driver keeps on disk.
+    rq_certs: Vec<keel_core::message::EpochCert>,
     rq_byzantine: Option<RqByzantine>,
     role: Role,
     /// The membership its configuration file names (the admin's reply for a node added
@@ -352,6 +354,7 @@ impl<S: Service> SimNode<S> {
             exec_byzantine: None,
             rq: None,
             is_rq: false,
+            rq_certs: Vec::new(),
             rq_byzantine: None,
             role: Role::Member,
             file_membership: None,
@@ -962,7 +965,10 @@ impl<W: Workload> World<W> {
             };
             let epoch = node.stage_epoch();
             match stepped {
-                Ok(()) => self.process_outputs(n, out, epoch),
+                Ok(()) => {
+                    self.rq_liar_follows(n);
+                    self.process_outputs(n, out, epoch)
+                }
                 Err(panic) => {
                     (node.rq, node.exec) = (None, None);
                     self.violation("invariant", format!("{what} {n}: {panic}"));
@@ -983,6 +989,25 @@ impl<W: Workload> World<W> {
             return;
         }
         self.process_outputs(n, out, epoch);
+    }
+
+    /// A lying RQ node whose core followed a new epoch makes its lies for the new members
+    /// from now on, and so do the Byzantine order nodes that collude with it.
+    fn rq_liar_follows(&mut self, n: NodeId) {
+        let node = &mut self.nodes[n as usize];
+        let (Some(rq), Some(liar)) = (node.rq.as_ref(), node.rq_byzantine.as_mut()) else {
+            return;
+        };
+        if rq.epoch() == liar.epoch() {
+            return;
+        }
+        let cfg = rq.config();
+        let signing = &node.secrets.signing;
+        let row: Vec<MacKey> = cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(signing, k)).collect();
+        liar.follow(cfg.epoch(), row.clone(), cfg.membership.members.iter().map(|m| m.id).collect());
+        for b in self.nodes.iter_mut().filter_map(|x| x.byzantine.as_mut()) {
+            b.colluder_follows(stage_node(n), &row);
+        }
     }
 
     /// Carries out what node `n` (stable id), running membership epoch `epoch`, asked for.
@@ -1610,7 +1635,9 @@ impl<W: Workload> World<W> {
         }
         node.replica = None;
         node.exec = None;
-        node.rq = None;
+        if let Some(rq) = node.rq.take() {
+            node.rq_certs = rq.epoch_certs().to_vec();
+        }
         node.epoch += 1;
         node.disk.crash(&mut self.rng, tear);
         self.report.faults.crashes += 1;
@@ -1621,9 +1648,15 @@ impl<W: Workload> World<W> {
         let now = self.node_now(n);
         let node = &mut self.nodes[n as usize];
         if node.is_rq {
-            // Nothing on disk: it starts afresh (rq_node.rs).
+            // Nothing on disk but the epoch certificates it followed (rq_node.rs).
             let s = &node.secrets;
-            node.rq = Some(RqNode::new(self.cfg.clone(), stage_node(n), s.signing.clone(), s.mac_secret));
+            let mut rq = RqNode::new(self.cfg.clone(), stage_node(n), s.signing.clone(), s.mac_secret);
+            let followed = rq.follow(node.rq_certs.clone());
+            node.rq = Some(rq);
+            if let Err(e) = followed {
+                self.violation("recovery", format!("RQ node {n} cannot follow its own certificates: {e}"));
+                return;
+            }
             self.report.faults.restarts += 1;
             self.trace_line(format!("{} n{n} (RQ) restart", self.now));
             return;

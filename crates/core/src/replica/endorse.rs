@@ -114,16 +114,27 @@ impl Hearsay {
         Hearsay { entries: BTreeMap::new(), charged: chargeable.into_iter().map(|n| (n, (0, 0))).collect() }
     }
 
-    /// After a membership change: `chargeable` from now on. What others were charged is
-    /// forgotten (their entries free no share when taken); the rest keep their counts.
-    pub(crate) fn set_chargeable(&mut self, chargeable: Vec<NodeId>) {
-        let mut charged: BTreeMap<NodeId, (usize, usize)> = chargeable.into_iter().map(|n| (n, (0, 0))).collect();
-        for (node, c) in charged.iter_mut() {
-            if let Some(old) = self.charged.get(node) {
-                *c = *old;
+    /// After a membership change: `chargeable` from now on, each within `share` entries
+    /// (and its share of the bytes). Entries charged to nodes no longer chargeable go, and
+    /// so do the oldest of a node over its new share: a share shrinks when nodes are
+    /// added, and the bound on all entries together must hold at once.
+    pub(crate) fn set_chargeable(&mut self, chargeable: Vec<NodeId>, share: usize) {
+        let gone: Vec<(ClientId, Digest)> =
+            self.entries.iter().filter(|(_, h)| !chargeable.contains(&h.first)).map(|(k, _)| *k).collect();
+        for k in gone {
+            self.take(&k);
+        }
+        let byte_share = HEARSAY_BYTES_MAX / chargeable.len().max(1);
+        self.charged = chargeable.into_iter().map(|n| (n, self.charged.get(&n).copied().unwrap_or((0, 0)))).collect();
+        let mut oldest: Vec<(u64, NodeId, (ClientId, Digest))> =
+            self.entries.iter().map(|(k, h)| (h.since, h.first, *k)).collect();
+        oldest.sort_unstable();
+        for (_, node, key) in oldest {
+            let over = self.charged.get(&node).is_some_and(|(e, b)| *e > share || *b > byte_share);
+            if over {
+                self.take(&key);
             }
         }
-        self.charged = charged;
     }
 
     fn charged_to(&mut self, node: NodeId) -> Option<&mut (usize, usize)> {
@@ -602,5 +613,36 @@ impl<S: Service> Replica<S> {
     pub(super) fn expire_hearsay(&mut self) {
         let keep = 4 * self.cfg.options.request_timeout_ms;
         self.hearsay.expire(self.now.saturating_sub(keep));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(h: &mut Hearsay, from: NodeId, client: ClientId, share: usize) -> Option<usize> {
+        let statement = Digest::of(&client.to_le_bytes());
+        h.add(from, (client, 1, statement), None, BTreeMap::from([(from, Vec::new())]), client, share)
+    }
+
+    #[test]
+    fn a_membership_change_trims_hearsay_to_the_new_shares() {
+        // Three chargeable nodes with shares of 4: node 1 fills its share, node 2 holds 2.
+        let mut h = Hearsay::new(vec![0, 1, 2]);
+        for c in 0..4 {
+            assert_eq!(entry(&mut h, 1, c, 4), Some(1));
+        }
+        assert_eq!(entry(&mut h, 1, 4, 4), None, "its share is full");
+        entry(&mut h, 2, 10, 4);
+        entry(&mut h, 2, 11, 4);
+        assert_eq!(h.len(), 6);
+        // Node 2 leaves and node 3 joins, and shares shrink to 3: node 2's entries go, and
+        // node 1's oldest beyond 3.
+        h.set_chargeable(vec![0, 1, 3], 3);
+        assert_eq!(h.len(), 3);
+        assert!(h.entries.keys().all(|(c, _)| (1..4).contains(c)), "the newest of node 1's stay");
+        assert_eq!(entry(&mut h, 1, 20, 3), None, "still at its share");
+        assert_eq!(entry(&mut h, 3, 21, 3), Some(1), "the new node has a share");
+        assert_eq!(entry(&mut h, 2, 22, 3), None, "a node no longer chargeable has none");
     }
 }
