@@ -67,8 +67,9 @@ pub enum Mutation {
     /// membership epoch ends, so order nodes wait for an execution checkpoint there that
     /// never comes (exec_node.rs).
     NoEpochEndCheckpoint,
-    /// RQ nodes apart: they never ask order nodes for a newer epoch, and keep endorsing
-    /// for the members of the first (rq_node.rs).
+    /// RQ nodes apart: they never follow a newer epoch (neither ask for one nor take the
+    /// certificates they are sent), and keep endorsing for the members of the first
+    /// (rq_node.rs).
     RqStaysInEpoch,
 }
 

@@ -155,7 +155,7 @@ impl RqNode {
     /// # Errors
     /// If they do not follow this node's membership.
     pub fn follow(&mut self, certs: Vec<crate::message::EpochCert>) -> Result<(), Reject> {
-        self.on_epoch_certs(certs)
+        self.on_epoch_certs(certs, &mut Outputs::default())
     }
 
     pub fn config(&self) -> &ClusterConfig {
@@ -202,7 +202,7 @@ impl RqNode {
             (Peer::Node(o), Message::Forward(request)) if self.is_order_node(o) => self.on_relayed(o, request, out),
             // Self-certifying, from whichever order node or RQ peer answered (membership.rs).
             (Peer::Node(o), Message::EpochCerts(certs)) if stage_id(o).is_none() || self.is_peer(o) => {
-                self.on_epoch_certs(certs)
+                self.on_epoch_certs(certs, out)
             }
             (Peer::Node(p), Message::EpochQuery { epoch, .. }) if self.is_peer(p) => {
                 let certs: Vec<_> = self.epoch_certs.iter().filter(|c| c.next.epoch > epoch).cloned().collect();
@@ -219,8 +219,7 @@ impl RqNode {
     }
 
     fn on_tick(&mut self, out: &mut Outputs) {
-        let stays = self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::RqStaysInEpoch);
-        if self.now >= self.next_query && !stays {
+        if self.now >= self.next_query && !self.stays_in_epoch() {
             self.next_query = self.now + self.cfg.options.status_ms;
             let query = Message::EpochQuery { client: 0, epoch: self.cfg.epoch() };
             let peers: Vec<NodeId> = self.cfg.endorsers().filter(|&p| p != self.id).collect();
@@ -243,7 +242,15 @@ impl RqNode {
     /// them): this node endorses for the newest from now on.
     /// Endorsements it holds were made for the old members: its own are made again, its
     /// peers' are dropped (they send new ones once they follow too).
-    fn on_epoch_certs(&mut self, certs: Vec<crate::message::EpochCert>) -> Result<(), Reject> {
+    /// The deliberate bug `rq-stays-in-epoch`: it never follows a membership change.
+    fn stays_in_epoch(&self) -> bool {
+        self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::RqStaysInEpoch)
+    }
+
+    fn on_epoch_certs(&mut self, certs: Vec<crate::message::EpochCert>, out: &mut Outputs) -> Result<(), Reject> {
+        if self.stays_in_epoch() {
+            return Ok(());
+        }
         let (at, chain) = crate::membership::follow_certs(&self.cfg.membership, certs, self.cfg.quorums.mutation())
             .map_err(|_| Reject::BadProof("epoch certificates do not follow this node's membership"))?;
         if chain.is_empty() {
@@ -265,6 +272,12 @@ impl RqNode {
             let mine = self.endorsement(&statement);
             if let Some(h) = self.held.get_mut(&c) {
                 h.endorsers = BTreeMap::from([(self.id, mine)]);
+                // Its client spoke lately, so it may still be waiting: the new members
+                // hear of the request now rather than at its retransmission.
+                h.broadcast_at = 0;
+                if h.touched + self.cfg.options.retransmit_ms >= self.now {
+                    self.broadcast_endorsement(c, out);
+                }
             }
         }
         Ok(())
@@ -1067,17 +1080,22 @@ mod tests {
         let mut out = Outputs::default();
         rq.step(2, Input::Message { from: Peer::Node(1), msg: certs(forged) }, &mut out);
         assert_eq!(rq.epoch(), 0, "one signature proves nothing");
+        let mut out = Outputs::default();
         rq.step(2, Input::Message { from: Peer::Node(1), msg: certs(proof) }, &mut out);
         assert_eq!(rq.epoch(), 1);
+        // Its client spoke lately: the new members hear of the held request at once.
+        let to_new = |out: &Outputs| {
+            out.send.iter().find_map(|(to, m)| match (to, m) {
+                (Peer::Node(12), Message::Endorse { macs, .. }) => Some(macs.clone()),
+                _ => None,
+            })
+        };
+        assert!(to_new(&out).is_some(), "re-endorsed for epoch 1 when it followed");
         // The client retransmits: the held request's endorsement goes to every member of
         // epoch 1, with a MAC the new member (index 4) checks.
         let mut out = Outputs::default();
         rq.step(1_000, Input::Message { from: Peer::Client(7), msg: request }, &mut out);
-        let to_new = out.send.iter().find_map(|(to, m)| match (to, m) {
-            (Peer::Node(12), Message::Endorse { macs, .. }) => Some(macs.clone()),
-            _ => None,
-        });
-        let macs = to_new.expect("endorsed to the new member");
+        let macs = to_new(&out).expect("endorsed to the new member");
         assert_eq!(macs.len(), 5 + 4, "a MAC per order node of epoch 1, then per RQ node");
         let key = endorse_key(&secrets(12).signing, &secrets(4).signing.public());
         assert!(key.verify(&endorse_statement(me, &statement), &macs[4]));

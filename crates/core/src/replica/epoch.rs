@@ -146,10 +146,41 @@ impl<S: Service> Replica<S> {
         };
     }
 
+    /// The certificate of the epoch this node just started, to every RQ node: they
+    /// endorse for its members once they follow it (rq_node.rs).
+    pub(super) fn announce_epoch_to_rq_nodes(&mut self, out: &mut Outputs) {
+        let certs = self.epoch_certs_after(self.epoch().saturating_sub(1));
+        if certs.is_empty() {
+            return;
+        }
+        for rq in self.cfg.endorsers() {
+            out.send.push((super::Peer::Node(rq), crate::message::Message::EpochCerts(certs.clone())));
+        }
+    }
+
+    /// A pending request as the next epoch's node takes it over: with RQ nodes apart,
+    /// with the RQ endorsements it was admitted on (order nodes cannot check a client's
+    /// MACs then, so the request alone would wait for its client to retransmit).
+    fn carry(&self, p: &super::Pending) -> crate::message::Request {
+        let mut req = p.req.clone();
+        if self.cfg.rq_separated() {
+            let endorsements =
+                p.endorsers.iter().map(|(&node, macs)| crate::message::Endorsement { node, macs: macs.clone() });
+            req.endorsements = endorsements.collect();
+        }
+        req
+    }
+
     /// Admits the requests carried over from the previous epoch, as if their clients had
-    /// sent them again (each is checked again: MAC, session, freshness).
+    /// sent them again (each is checked again: MAC, session, freshness; with RQ nodes
+    /// apart, each RQ endorsement, which stays valid for a node whose index did not move).
     pub(super) fn readmit_carried(&mut self, out: &mut Outputs) {
         for req in std::mem::take(&mut self.carried) {
+            if self.cfg.rq_separated() {
+                // As if this node relayed them to itself: charged to it.
+                let _ = self.on_relayed(self.id, req, out);
+                continue;
+            }
             // Only what this node can authenticate itself (a request it held on others'
             // endorsements comes back with them, from its client): a failed check would
             // count against an honest client.
@@ -212,8 +243,9 @@ impl<S: Service> Replica<S> {
         // end, or not proposed): admitted again, so the new primary can order them without
         // waiting for their clients to retransmit.
         if r.has_base() {
-            r.carried = self.pending.values().map(|p| p.req.clone()).collect();
+            r.carried = self.pending.values().map(|p| self.carry(p)).collect();
         }
+        r.announce_epoch = r.cfg.rq_separated();
         // A jumping node keeps no snapshot: all it has is older than the new epoch.
         let snapshots_from = if r.stable_chunks.is_some() { since } else { Seq::MAX };
         let persist = vec![Persist::Compact { records: r.durable_records(), snapshots_from }];

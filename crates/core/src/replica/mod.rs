@@ -562,6 +562,9 @@ pub struct Replica<S> {
     /// Client requests the previous epoch left unexecuted, admitted again at this node's
     /// first step (epoch.rs).
     carried: Vec<Request>,
+    /// RQ nodes apart: tell them of this epoch at the first step (epoch.rs), rather than
+    /// have them wait for their next EPOCH-QUERY while clients' requests pend.
+    announce_epoch: bool,
     /// Removed by a membership change: it only helps its epoch's members end it (epoch.rs).
     retired: bool,
     /// `auth = sig`: `cfg.client_keys`, parsed once.
@@ -672,6 +675,7 @@ impl<S: Service> Replica<S> {
             epoch_reported: false,
             jump: None,
             carried: Vec::new(),
+            announce_epoch: false,
             retired: false,
             client_keys,
             unsigned: Vec::new(),
@@ -744,6 +748,9 @@ impl<S: Service> Replica<S> {
         if self.epoch_reported {
             // Over: the driver replaces this node by `next_epoch`.
             return;
+        }
+        if std::mem::take(&mut self.announce_epoch) {
+            self.announce_epoch_to_rq_nodes(out);
         }
         if !self.carried.is_empty() {
             self.readmit_carried(out);
