@@ -61,24 +61,78 @@ fn plain(log: &str) -> String {
     out
 }
 
-/// Lets the writers run in `phase` until more than [`PHASE_WRITES`] of their writes were
-/// acknowledged in it, for at least a second. Clients keep working if that happens within
-/// [`PHASE_TIMEOUT`]: progress, not a rate (an epoch that opens with a view change, for
-/// one, pauses writes for a retransmission period or two).
-async fn run_phase(phase: &Mutex<&'static str>, acked: &Mutex<Acked>, name: &'static str) {
-    *phase.lock().expect("phase") = name;
-    let started = Instant::now();
-    loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let count = acked.lock().expect("acked").iter().filter(|(_, _, p)| *p == name).count();
-        if count > PHASE_WRITES && started.elapsed() >= Duration::from_secs(1) {
-            println!("phase {name:?}: {count} writes acknowledged in {:?}", started.elapsed());
-            return;
+/// Writers putting keys under load, each acknowledged write recorded with the phase
+/// of the test it was acknowledged in.
+struct Writers {
+    stop: Arc<AtomicBool>,
+    acked: Arc<Mutex<Acked>>,
+    phase: Arc<Mutex<&'static str>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Writers {
+    fn start(cluster: &Cluster, count: u64) -> Writers {
+        let (stop, acked, phase) = (Arc::new(AtomicBool::new(false)), Arc::default(), Arc::new(Mutex::new("before")));
+        let tasks = (0..count)
+            .map(|w| {
+                let client = cluster.client(1000 + w);
+                let (stop, acked, phase): (Arc<AtomicBool>, Arc<Mutex<Acked>>, _) =
+                    (Arc::clone(&stop), Arc::clone(&acked), Arc::clone(&phase));
+                tokio::spawn(async move {
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        i += 1;
+                        let (k, v) = (format!("w{w}/{i}"), format!("v{i}"));
+                        // A write that fails (timeout) may or may not have happened: not counted.
+                        if put(&client, &k, &v).await.is_ok() {
+                            let p = *phase.lock().expect("phase");
+                            acked.lock().expect("acked").push((k, v, p));
+                        }
+                    }
+                })
+            })
+            .collect();
+        Writers { stop, acked, phase, tasks }
+    }
+
+    fn enter(&self, name: &'static str) {
+        *self.phase.lock().expect("phase") = name;
+    }
+
+    /// Lets the writers run in phase `name` until more than [`PHASE_WRITES`] of their
+    /// writes were acknowledged in it, for at least a second. Clients keep working if that
+    /// happens within [`PHASE_TIMEOUT`]: progress, not a rate (an epoch that opens with a
+    /// view change, for one, pauses writes for a retransmission period or two).
+    async fn run(&self, name: &'static str) {
+        self.enter(name);
+        let started = Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let count = self.acked.lock().expect("acked").iter().filter(|(_, _, p)| *p == name).count();
+            if count > PHASE_WRITES && started.elapsed() >= Duration::from_secs(1) {
+                println!("phase {name:?}: {count} writes acknowledged in {:?}", started.elapsed());
+                return;
+            }
+            assert!(
+                started.elapsed() < PHASE_TIMEOUT,
+                "only {count} writes acknowledged in phase {name:?} in {PHASE_TIMEOUT:?}: clients stopped working"
+            );
         }
-        assert!(
-            started.elapsed() < PHASE_TIMEOUT,
-            "only {count} writes acknowledged in phase {name:?} in {PHASE_TIMEOUT:?}: clients stopped working"
-        );
+    }
+
+    /// Stops the writers; every write acknowledged.
+    async fn finish(self) -> Acked {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.tasks {
+            t.await.expect("writer");
+        }
+        let acked = self.acked.lock().expect("acked").clone();
+        let per_phase: Vec<(&str, usize)> = ["before", "adding", "epoch 1", "removing", "epoch 2"]
+            .into_iter()
+            .map(|p| (p, acked.iter().filter(|(_, _, q)| *q == p).count()))
+            .collect();
+        println!("writes acknowledged per phase: {per_phase:?}");
+        acked
     }
 }
 
@@ -91,30 +145,11 @@ type Acked = Vec<(String, String, &'static str)>;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nodes_are_added_and_removed_under_load_and_no_acknowledged_write_is_lost() {
     let mut cluster = Cluster::init(1, 1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked: Arc<Mutex<Acked>> = Arc::new(Mutex::new(Vec::new()));
-    let phase: Arc<Mutex<&'static str>> = Arc::new(Mutex::new("before"));
-    let mut writers = Vec::new();
-    for w in 0..4u64 {
-        let client = cluster.client(1000 + w);
-        let (stop, acked, phase) = (stop.clone(), acked.clone(), phase.clone());
-        writers.push(tokio::spawn(async move {
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                i += 1;
-                let (k, v) = (format!("w{w}/{i}"), format!("v{i}"));
-                // A write that fails (timeout) may or may not have happened: not counted.
-                if put(&client, &k, &v).await.is_ok() {
-                    let p = *phase.lock().expect("phase");
-                    acked.lock().expect("acked").push((k, v, p));
-                }
-            }
-        }));
-    }
-    run_phase(&phase, &acked, "before").await;
+    let load = Writers::start(&cluster, 4);
+    load.run("before").await;
 
     // Add node 4 while the primary (node 0) crashes during the change.
-    *phase.lock().expect("phase") = "adding";
+    load.enter("adding");
     let dir = cluster.path().to_path_buf();
     let adder = tokio::task::spawn_blocking(move || {
         std::process::Command::new(support::KEEL)
@@ -134,10 +169,10 @@ async fn nodes_are_added_and_removed_under_load_and_no_acknowledged_write_is_los
     cluster.start(0);
     wait_for_epoch(&cluster, &[0, 1, 2, 3, 4], 1, &[0, 1, 2, 3, 4]).await;
     assert!(cluster.status(4).is_some_and(|s| s.executed > 0), "the new node executes");
-    run_phase(&phase, &acked, "epoch 1").await;
+    load.run("epoch 1").await;
 
     // Remove node 1 under load: it stops by itself.
-    *phase.lock().expect("phase") = "removing";
+    load.enter("removing");
     let said = cluster.admin(&["remove-node", "1"]).expect("remove-node");
     assert!(said.contains("node 1 removed: epoch 2 with nodes [0, 2, 3, 4]"), "{said}");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -152,17 +187,8 @@ async fn nodes_are_added_and_removed_under_load_and_no_acknowledged_write_is_los
     assert!(cluster.log(1).contains("removed from the cluster"));
     wait_for_epoch(&cluster, &[0, 2, 3, 4], 2, &[0, 2, 3, 4]).await;
 
-    run_phase(&phase, &acked, "epoch 2").await;
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.await.expect("writer");
-    }
-    let acked = acked.lock().expect("acked").clone();
-    let per_phase: Vec<(&str, usize)> = ["before", "adding", "epoch 1", "removing", "epoch 2"]
-        .into_iter()
-        .map(|p| (p, acked.iter().filter(|(_, _, q)| *q == p).count()))
-        .collect();
-    println!("writes acknowledged per phase: {per_phase:?}");
+    load.run("epoch 2").await;
+    let acked = load.finish().await;
     // Every acknowledged write reads back, through a client that knows only epoch 0.
     let reader = cluster.client(1004);
     for (k, v, _) in &acked {
@@ -182,29 +208,11 @@ async fn with_stages_apart_order_nodes_are_added_and_removed_and_the_stages_foll
     const EXEC: [usize; 3] = [4, 5, 6];
     const RQ: [usize; 4] = [7, 8, 9, 10];
     let mut cluster = Cluster::init_stages_apart(1, 1);
-    let stop = Arc::new(AtomicBool::new(false));
-    let acked: Arc<Mutex<Acked>> = Arc::new(Mutex::new(Vec::new()));
-    let phase: Arc<Mutex<&'static str>> = Arc::new(Mutex::new("before"));
-    let mut writers = Vec::new();
-    for w in 0..3u64 {
-        let client = cluster.client(1000 + w);
-        let (stop, acked, phase) = (stop.clone(), acked.clone(), phase.clone());
-        writers.push(tokio::spawn(async move {
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                i += 1;
-                let (k, v) = (format!("w{w}/{i}"), format!("v{i}"));
-                if put(&client, &k, &v).await.is_ok() {
-                    let p = *phase.lock().expect("phase");
-                    acked.lock().expect("acked").push((k, v, p));
-                }
-            }
-        }));
-    }
-    run_phase(&phase, &acked, "before").await;
+    let load = Writers::start(&cluster, 3);
+    load.run("before").await;
 
     // Add an order node: it gets the first id above every stage node's.
-    *phase.lock().expect("phase") = "adding";
+    load.enter("adding");
     let said = cluster.admin(&["add-node"]).expect("add-node");
     assert!(said.contains("node 11 added: epoch 1 with nodes [0, 1, 2, 3, 11]"), "{said}");
     cluster.add_slot(11);
@@ -212,11 +220,11 @@ async fn with_stages_apart_order_nodes_are_added_and_removed_and_the_stages_foll
     let executing: Vec<usize> = [0, 1, 2, 3, 11].into_iter().chain(EXEC).collect();
     wait_for_epoch(&cluster, &executing, 1, &[0, 1, 2, 3, 11]).await;
     wait_for_rq_nodes(&cluster, &RQ, 1, &[0, 1, 2, 3, 11]).await;
-    run_phase(&phase, &acked, "epoch 1").await;
+    load.run("epoch 1").await;
 
     // Remove node 1, which moves the indices of nodes 2, 3 and 11 (RQ nodes' endorsements
     // name order nodes by index), with execution node 4 killed -9 meanwhile.
-    *phase.lock().expect("phase") = "removing";
+    load.enter("removing");
     cluster.kill(4);
     let said = cluster.admin(&["remove-node", "1"]).expect("remove-node");
     assert!(said.contains("node 1 removed: epoch 2 with nodes [0, 2, 3, 11]"), "{said}");
@@ -240,18 +248,9 @@ async fn with_stages_apart_order_nodes_are_added_and_removed_and_the_stages_foll
     wait_for_rq_nodes(&cluster, &[8], 2, &[0, 2, 3, 11]).await;
     let started = plain(&cluster.log(8)).lines().rfind(|l| l.contains("RQ node started")).map(String::from);
     assert!(started.as_deref().is_some_and(|l| l.contains("epoch=2")), "{started:?}");
-    run_phase(&phase, &acked, "epoch 2").await;
+    load.run("epoch 2").await;
 
-    stop.store(true, Ordering::Relaxed);
-    for w in writers {
-        w.await.expect("writer");
-    }
-    let acked = acked.lock().expect("acked").clone();
-    let per_phase: Vec<(&str, usize)> = ["before", "adding", "epoch 1", "removing", "epoch 2"]
-        .into_iter()
-        .map(|p| (p, acked.iter().filter(|(_, _, q)| *q == p).count()))
-        .collect();
-    println!("writes acknowledged per phase: {per_phase:?}");
+    let acked = load.finish().await;
     let rq_log = cluster.log(7);
     assert!(rq_log.contains("RQ node follows a new membership epoch"), "RQ node 7 never followed");
     let reader = cluster.client(1004);

@@ -1082,6 +1082,15 @@ mod tests {
         Value { time: 1, requests: vec![req] }
     }
 
+    /// Where this step sent its checkpoint vote for instance `seq`.
+    fn voted_at(out: &Outputs, seq: Seq) -> Vec<NodeId> {
+        let votes = out.send_after_persist.iter().filter_map(|(to, m)| match (to, m) {
+            (Peer::Node(n), Message::Checkpoint(v)) if v.seq == seq => Some(*n),
+            _ => None,
+        });
+        votes.collect()
+    }
+
     #[test]
     fn an_execution_node_follows_a_membership_change_it_executes_and_checkpoints_where_the_epoch_ends() {
         use crate::membership::{Change, Member};
@@ -1112,15 +1121,7 @@ mod tests {
         assert_eq!(e.config().epoch(), 1, "it follows the membership it executed");
         assert_eq!(e.config().n(), 5);
         assert!(out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { seq: 3, .. })), "checkpoint at the end");
-        let voted: Vec<NodeId> = out
-            .send_after_persist
-            .iter()
-            .filter_map(|(to, m)| match (to, m) {
-                (Peer::Node(n), Message::Checkpoint(v)) if v.seq == 3 => Some(*n),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(voted, vec![0, 1, 2, 3, 9], "its vote goes to the members of both epochs");
+        assert_eq!(voted_at(&out, 3), vec![0, 1, 2, 3, 9], "its vote goes to the members of both epochs");
         // The new member's notice counts now; one notice alone still decides nothing.
         let c = value(&[b"c"]);
         assert_eq!(executed_events(&commit(&mut e, 9, 4, &c)), 0);
@@ -1133,15 +1134,7 @@ mod tests {
         commit(&mut e, 0, 5, &remove);
         let out = commit(&mut e, 9, 5, &remove);
         assert_eq!((e.executed(), e.config().epoch()), (5, 2));
-        let voted: Vec<NodeId> = out
-            .send_after_persist
-            .iter()
-            .filter_map(|(to, m)| match (to, m) {
-                (Peer::Node(n), Message::Checkpoint(v)) if v.seq == 5 => Some(*n),
-                _ => None,
-            })
-            .collect();
-        assert_eq!(voted, vec![0, 2, 3, 9, 1], "the removed member ends epoch 1 too: it gets the vote");
+        assert_eq!(voted_at(&out, 5), vec![0, 2, 3, 9, 1], "the removed member ends epoch 1 too: it gets the vote");
         assert_eq!(executed_events(&commit(&mut e, 0, 6, &d)), 0, "a removed node's notice no longer counts");
         assert_eq!(executed_events(&commit(&mut e, 1, 6, &d)), 0, "nor one it sends now");
         assert_eq!(executed_events(&commit(&mut e, 2, 6, &d)), 1);
