@@ -156,7 +156,7 @@ impl<S: Service> ExecNode<S> {
             if executed != *seq {
                 return Err(RestoreError(format!("snapshot filed under {seq} holds the state at {executed}")));
             }
-            node.follow_membership();
+            node.follow_membership()?;
         }
         // Every snapshot kept (the disk holds those at or above the certified checkpoint
         // this node knew), with a vote for each: after a restart the certified one may be
@@ -248,16 +248,17 @@ impl<S: Service> ExecNode<S> {
 
     /// After executing (or restoring) a state of a later epoch: that epoch's membership
     /// and quorums from now on, and commit notices only from its members.
-    fn follow_membership(&mut self) {
+    ///
+    /// # Errors
+    /// If that membership tolerates no (u, r): never one the executor applied (it checks),
+    /// so only a snapshot from this node's disk that is not what it wrote.
+    fn follow_membership(&mut self) -> Result<(), RestoreError> {
         let next = self.exec.membership();
         if next.epoch == self.cfg.epoch() {
-            return;
+            return Ok(());
         }
-        match self.cfg.next_epoch(next.clone()) {
-            Ok(cfg) => self.cfg = cfg,
-            // The executor applies only memberships with valid quorums.
-            Err(e) => panic!("executed membership without valid quorums: {e}"),
-        }
+        self.cfg =
+            self.cfg.next_epoch(next.clone()).map_err(|e| RestoreError(format!("snapshot's membership: {e}")))?;
         let members = &self.cfg.membership;
         for notices in self.notices.values_mut() {
             notices.by_node.retain(|n, _| members.index_of(*n).is_some());
@@ -265,6 +266,7 @@ impl<S: Service> ExecNode<S> {
             notices.bodies.retain(|d, _| named.contains(d));
         }
         self.reads = ReadWaits::default();
+        Ok(())
     }
 
     fn is_peer(&self, node: NodeId) -> bool {
@@ -403,7 +405,8 @@ impl<S: Service> ExecNode<S> {
             out.events.push(Event::Executed { seq, requests: executed });
             let epoch_ended = self.exec.membership().epoch > self.cfg.epoch();
             if epoch_ended {
-                self.follow_membership();
+                // The executor applied it, so it has valid quorums.
+                self.follow_membership().unwrap_or_else(|e| unreachable!("{e}"));
             }
             let at_epoch_end = epoch_ended && self.cfg.quorums.mutation() != Some(Mutation::NoEpochEndCheckpoint);
             if seq.is_multiple_of(interval) || at_epoch_end {
@@ -585,7 +588,9 @@ impl<S: Service> ExecNode<S> {
         let seq = t.seq();
         // r + 1 execution nodes signed the root (a correct one among them).
         self.stable_chunks = Some(t.install(&mut self.exec, out));
-        self.follow_membership();
+        // A state r + 1 execution nodes certified, one correct among them: as `install`,
+        // which panics on a certified state that does not restore.
+        self.follow_membership().unwrap_or_else(|e| unreachable!("certified state: {e}"));
         self.own.retain(|s, _| *s > seq);
         self.notices.retain(|s, _| *s > seq);
         self.collect_snapshots(out);

@@ -232,6 +232,12 @@ impl Membership {
     }
 }
 
+/// The certificates of `chain` (oldest first) that a node of `epoch` needs to reach its
+/// end.
+pub fn certs_after(chain: &[crate::message::EpochCert], epoch: u64) -> Vec<crate::message::EpochCert> {
+    chain.iter().filter(|c| c.next.epoch > epoch).cloned().collect()
+}
+
 /// Why a chain of epoch certificates was not followed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CertError {

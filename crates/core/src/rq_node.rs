@@ -205,7 +205,7 @@ impl RqNode {
                 self.on_epoch_certs(certs, out)
             }
             (Peer::Node(p), Message::EpochQuery { epoch, .. }) if self.is_peer(p) => {
-                let certs: Vec<_> = self.epoch_certs.iter().filter(|c| c.next.epoch > epoch).cloned().collect();
+                let certs = crate::membership::certs_after(&self.epoch_certs, epoch);
                 if !certs.is_empty() {
                     out.send.push((Peer::Node(p), Message::EpochCerts(certs)));
                 }

@@ -592,12 +592,17 @@ impl<S: Service> Replica<S> {
         if self.holds_verified_statement(r.client(), r.seq(), &statement) {
             return Ok(());
         }
-        let mut seen = std::collections::BTreeSet::new();
+        // Each endorser once, by its position among the endorsers (a contiguous range of
+        // at most NODES_MAX names); anything else is no endorser.
+        let endorsers = self.cfg.endorsers();
+        let mut seen = [false; crate::quorum::NODES_MAX];
         let mut valid = 0;
-        // Each endorser once, and no more looked at than there are (each costs a MAC).
-        for e in r.endorsements().iter().take(crate::quorum::NODES_MAX) {
-            if !seen.contains(&e.node) && self.endorsed_for_me(e.node, &statement, &e.macs) {
-                seen.insert(e.node);
+        for e in r.endorsements() {
+            let Some(s) = e.node.checked_sub(endorsers.start).and_then(|i| seen.get_mut(i as usize)) else {
+                continue;
+            };
+            if !*s && self.endorsed_for_me(e.node, &statement, &e.macs) {
+                *s = true;
                 valid += 1;
             }
         }

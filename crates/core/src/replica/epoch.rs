@@ -65,7 +65,7 @@ impl<S: Service> Replica<S> {
 
     /// The certificates a node of `epoch` needs to reach this node's epoch.
     pub fn epoch_certs_after(&self, epoch: u64) -> Vec<EpochCert> {
-        self.epoch_certs.iter().filter(|c| c.next.epoch > epoch).cloned().collect()
+        crate::membership::certs_after(&self.epoch_certs, epoch)
     }
 
     /// Reports, once, that this epoch is over for this node: the checkpoint at its last
