@@ -55,7 +55,7 @@ fn request_decided(s: &mut Script, client: u64, seq: u64) {
 }
 
 fn sign_vc(vc: &mut ViewChange) {
-    vc.sig = secrets()[vc.from as usize].signing.sign(&vc.statement());
+    vc.sig = secrets()[vc.from as usize].signing.sign(&vc.statement(&membership()));
 }
 
 fn genesis() -> StableProof {
@@ -133,7 +133,7 @@ fn view_change_to_backup() -> Script {
         vcs.push(vc);
     }
     let mut nv = NewView { view: 1, view_changes: vcs, sig: Sig([0; 64]) };
-    nv.sig = secrets()[1].signing.sign(&nv.statement());
+    nv.sig = secrets()[1].signing.sign(&nv.statement(&membership()));
     s.send(1, 1, &Message::NewView(nv));
     assert_eq!(s.h.replica.view(), 1, "view 1 installed");
     agree(&mut s);
@@ -168,7 +168,7 @@ fn view_change_to_self() -> Script {
             let value = value.clone();
             let digest = value.digest();
             let writes =
-                (1..=3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(0, 2, &digest, n)))).collect();
+                (1..=3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(&membership(), 0, 2, &digest, n)))).collect();
             vec![Cert { view: 0, seq: 2, value, writes }.proof()]
         } else {
             vec![]
@@ -256,7 +256,7 @@ fn catch_up() -> Script {
     let d2 = v2.digest();
     let keys = secrets();
     for from in [1u32, 2, 3] {
-        let sig = keys[from as usize].signing.sign(&write_statement(0, 2, &d2, from));
+        let sig = keys[from as usize].signing.sign(&write_statement(&membership(), 0, 2, &d2, from));
         s.send(from as u8, 0, &Message::Write(Write { view: 0, seq: 2, digest: d2, sig }));
         s.send(from as u8, 0, &Message::Accept { view: 0, seq: 2, digest: d2 });
     }
@@ -279,7 +279,7 @@ fn sample_messages() -> Vec<Message> {
         view: 1,
         seq: 3,
         value: value.clone(),
-        writes: (0..3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(1, 3, &digest, n)))).collect(),
+        writes: (0..3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(&membership(), 1, 3, &digest, n)))).collect(),
     };
     let mut vc = ViewChange {
         view: 2,
@@ -290,7 +290,7 @@ fn sample_messages() -> Vec<Message> {
     };
     sign_vc(&mut vc);
     let mut nv = NewView { view: 2, view_changes: vec![vc.clone()], sig: Sig([0; 64]) };
-    nv.sig = keys[2].signing.sign(&nv.statement());
+    nv.sig = keys[2].signing.sign(&nv.statement(&membership()));
     vec![
         Message::Request(req.clone()),
         Message::Forward(req),
@@ -307,7 +307,7 @@ fn sample_messages() -> Vec<Message> {
             view: 1,
             seq: 3,
             digest,
-            sig: keys[1].signing.sign(&write_statement(1, 3, &digest, 1)),
+            sig: keys[1].signing.sign(&write_statement(&membership(), 1, 3, &digest, 1)),
         }),
         Message::Accept { view: 1, seq: 3, digest },
         Message::Checkpoint(CheckpointVote {

@@ -315,7 +315,7 @@ impl Harness {
     fn reattribute(&self, msg: Message, node: NodeId) -> Message {
         match msg {
             Message::Write(mut w) => {
-                w.sig = self.key(node).sign(&write_statement(w.view, w.seq, &w.digest, node));
+                w.sig = self.key(node).sign(&write_statement(&self.cfg.membership.digest(), w.view, w.seq, &w.digest, node));
                 Message::Write(w)
             }
             Message::Checkpoint(mut v) => {
@@ -324,7 +324,7 @@ impl Harness {
             }
             Message::ViewChange(mut vc) => {
                 vc.from = node;
-                vc.sig = self.key(node).sign(&vc.statement());
+                vc.sig = self.key(node).sign(&vc.statement(&self.cfg.membership.digest()));
                 Message::ViewChange(vc)
             }
             other => other,
@@ -378,12 +378,12 @@ impl Harness {
             let digest = cert.digest;
             for (node, sig) in &mut cert.writes {
                 if Self::forgeable(*node) {
-                    *sig = self.key(*node).sign(&write_statement(cert.view, cert.seq, &digest, *node));
+                    *sig = self.key(*node).sign(&write_statement(&self.cfg.membership.digest(), cert.view, cert.seq, &digest, *node));
                 }
             }
         }
         if Self::forgeable(vc.from) {
-            vc.sig = self.key(vc.from).sign(&vc.statement());
+            vc.sig = self.key(vc.from).sign(&vc.statement(&self.cfg.membership.digest()));
         }
     }
 
@@ -411,7 +411,7 @@ impl Harness {
             Message::Write(mut w) => {
                 w.digest = self.subst(w.digest, None);
                 if Self::forgeable(sender) {
-                    w.sig = self.key(sender).sign(&write_statement(w.view, w.seq, &w.digest, sender));
+                    w.sig = self.key(sender).sign(&write_statement(&self.cfg.membership.digest(), w.view, w.seq, &w.digest, sender));
                 }
                 Message::Write(w)
             }
@@ -436,7 +436,7 @@ impl Harness {
                 }
                 let primary = self.cfg.primary(nv.view);
                 if Self::forgeable(primary) {
-                    nv.sig = self.key(primary).sign(&nv.statement());
+                    nv.sig = self.key(primary).sign(&nv.statement(&self.cfg.membership.digest()));
                 }
                 Message::NewView(nv)
             }

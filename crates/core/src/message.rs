@@ -499,8 +499,14 @@ pub struct Write {
     pub sig: Sig,
 }
 
-pub fn write_statement(view: View, seq: Seq, digest: &Digest, node: NodeId) -> Digest {
-    Hasher::new("keel/write").u64(view).u64(seq).digest(digest).u64(node as u64).finish()
+/// `epoch` is the digest of the membership the vote is cast in ([`Membership::digest`],
+/// which covers the epoch number): every signed statement of the order protocol names its
+/// epoch, so a member cannot replay one from an earlier epoch whose signers kept their
+/// index and key (issue #21, defect 1; each epoch restarts at view 0).
+///
+/// [`Membership::digest`]: crate::membership::Membership::digest
+pub fn write_statement(epoch: &Digest, view: View, seq: Seq, digest: &Digest, node: NodeId) -> Digest {
+    Hasher::new("keel/write").digest(epoch).u64(view).u64(seq).digest(digest).u64(node as u64).finish()
 }
 
 /// A checkpoint vote: "after executing `seq`, my state's Merkle root is `root`, and
@@ -610,10 +616,12 @@ pub struct ViewChange {
 }
 
 impl ViewChange {
-    pub fn statement(&self) -> Digest {
+    /// What the sender signs in the membership with digest `epoch` (see
+    /// [`write_statement`]).
+    pub fn statement(&self, epoch: &Digest) -> Digest {
         // The signature covers a canonical encoding of every other field.
         let body = postcard::to_allocvec(&(self.view, self.from, &self.stable, &self.certs)).unwrap_or_default();
-        Hasher::new("keel/view-change").bytes(&body).finish()
+        Hasher::new("keel/view-change").digest(epoch).bytes(&body).finish()
     }
 }
 
@@ -628,10 +636,12 @@ pub struct NewView {
 }
 
 impl NewView {
-    pub fn statement(&self) -> Digest {
-        let mut h = Hasher::new("keel/new-view").u64(self.view).u64(self.view_changes.len() as u64);
+    /// What the primary signs in the membership with digest `epoch` (see
+    /// [`write_statement`]).
+    pub fn statement(&self, epoch: &Digest) -> Digest {
+        let mut h = Hasher::new("keel/new-view").digest(epoch).u64(self.view).u64(self.view_changes.len() as u64);
         for vc in &self.view_changes {
-            h = h.digest(&vc.statement());
+            h = h.digest(&vc.statement(epoch));
         }
         h.finish()
     }

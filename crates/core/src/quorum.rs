@@ -71,10 +71,13 @@ pub enum Mutation {
     /// certificates they are sent), and keep endorsing for the members of the first
     /// (rq_node.rs).
     RqStaysInEpoch,
+    /// A new primary sends its PROPOSEs before its record of the view is durable (issue
+    /// #21 defect 2): after a crash in that window it can lead the view twice.
+    ProposeBeforeViewDurable,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 16] = [
+    pub const ALL: [Mutation; 17] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -91,6 +94,7 @@ impl Mutation {
         Mutation::OneReply,
         Mutation::NoEpochEndCheckpoint,
         Mutation::RqStaysInEpoch,
+        Mutation::ProposeBeforeViewDurable,
     ];
 
     pub fn name(self) -> &'static str {
@@ -111,6 +115,7 @@ impl Mutation {
             Mutation::OneReply => "one-reply",
             Mutation::NoEpochEndCheckpoint => "no-epoch-end-checkpoint",
             Mutation::RqStaysInEpoch => "rq-stays-in-epoch",
+            Mutation::ProposeBeforeViewDurable => "propose-before-view-durable",
         }
     }
 

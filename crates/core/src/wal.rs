@@ -61,7 +61,7 @@ impl Record {
 /// change to them: a node refuses a data directory of another version instead of
 /// misreading it (session 3 changed request digests without one, and recovered nodes
 /// silently dropped decisions whose digests no longer matched).
-pub const STORAGE_FORMAT: u32 = 8;
+pub const STORAGE_FORMAT: u32 = 9;
 
 const HEADER: usize = 8;
 /// A record larger than this is corruption, not data (it would not fit a frame either).

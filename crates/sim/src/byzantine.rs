@@ -245,6 +245,11 @@ impl Byzantine {
         self.membership = Some(membership);
     }
 
+    /// The digest of the membership its replica runs, which signed statements name.
+    fn epoch_tag(&self) -> Digest {
+        self.membership.as_ref().map(Membership::digest).unwrap_or_default()
+    }
+
     /// A certificate for a next epoch of this node's making: itself and three nodes whose
     /// keys it made up, tolerating nothing, so whoever followed it would trust this node
     /// alone. It can sign only as itself: the other signatures are made up too.
@@ -457,7 +462,8 @@ impl Byzantine {
                 match self.alternatives.get(&(w.view, w.seq)) {
                     Some(alt) => {
                         let digest = alt.digest();
-                        let sig = self.signing.sign(&write_statement(w.view, w.seq, &digest, self.me));
+                        let sig =
+                            self.signing.sign(&write_statement(&self.epoch_tag(), w.view, w.seq, &digest, self.me));
                         Message::Write(Write { view: w.view, seq: w.seq, digest, sig })
                     }
                     None => Message::Write(w),
@@ -508,7 +514,7 @@ impl Byzantine {
             vc.stable = StableProof { seq: base + 1_000 * 8, root: Digest([7; 32]), membership: Digest([7; 32]), sigs };
             vc.certs.clear();
         }
-        vc.sig = self.signing.sign(&vc.statement());
+        vc.sig = self.signing.sign(&vc.statement(&self.epoch_tag()));
         vc
     }
 }

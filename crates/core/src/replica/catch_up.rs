@@ -32,7 +32,9 @@ impl<S: Service> Replica<S> {
         let mut helped = false;
         if view < self.view {
             if let Some(nv) = &self.new_view {
-                out.send.push((peer, Message::NewView(nv.clone())));
+                // Gated: the primary of that view relays its own NEW-VIEW only once its
+                // record of the view is durable (see `view_record_durable`).
+                out.send_after_persist.push((peer, Message::NewView(nv.clone())));
                 helped = true;
             }
         }

@@ -29,6 +29,9 @@ struct EpochNet {
     to_clients: VecDeque<(ClientId, u32, Message)>,
     /// What the client cores completed: (client, seq) → result.
     completed: BTreeMap<(ClientId, u64), Vec<u8>>,
+    /// Every signed statement sent (NEW-VIEW, VIEW-CHANGE, WRITE), with its sender's
+    /// stable id and epoch: what a Byzantine member could replay later.
+    signed: Vec<(u32, u64, Message)>,
     now: u64,
 }
 
@@ -47,6 +50,7 @@ impl EpochNet {
             clients: BTreeMap::new(),
             to_clients: VecDeque::new(),
             completed: BTreeMap::new(),
+            signed: Vec::new(),
             now: 10,
         }
     }
@@ -62,6 +66,9 @@ impl EpochNet {
             }
         }
         for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
+            if matches!(m, Message::NewView(_) | Message::ViewChange(_) | Message::Write(_)) {
+                self.signed.push((id, epoch, m.clone()));
+            }
             match to {
                 Peer::Node(index) => {
                     let to = membership.id_of(index).expect("a member");
@@ -450,4 +457,57 @@ fn a_node_restarting_between_epochs_recovers_in_the_right_one() {
     let after = Durable { snapshots: vec![snapshot], records: node.durable_records() };
     assert_eq!(after.membership().map(|m| m.epoch), Some(1));
     assert_eq!(Durable::default().membership(), None);
+}
+
+/// Issue #21 defect 1: a NEW-VIEW signed in an earlier epoch must not install in a later
+/// one, even when the change kept every signer's index and key (a `set-faults` change).
+/// On ce084db statements named no epoch: node 2 installed view 1 from epoch 0's NEW-VIEW
+/// replayed byte for byte by node 1 (view 1's primary), with epoch 0's floor.
+#[test]
+fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_change() {
+    let admin = SigningKey::from_seed([77; 32]);
+    let cfg = config_rq(1, 1).with_admin_key(admin.public());
+    let mut net = EpochNet::new(&cfg);
+    net.puts(1..=2, "before the view change");
+    // Node 0 (view 0's primary) is cut off: the others move to view 1.
+    net.cut.insert(0);
+    net.submit(7, 3, vec![3]);
+    net.run(3_000);
+    assert!(net.nodes[&1].view() >= 1, "a view change in epoch 0");
+    net.cut.clear();
+    net.run(1_000);
+    let m1 = net.admin(&admin, 1, 0, Change::Faults { u: 1, r: 1 }).expect("accepted");
+    net.run(500);
+    net.retransmit_behind_admin(1);
+    assert_eq!(m1.epoch, 1);
+    assert!(net.nodes.values().all(|n| n.epoch() == 1 && n.view() == 0), "epoch 1 starts at view 0");
+    let old: Vec<(u32, Message)> =
+        net.signed.iter().filter(|(_, epoch, _)| *epoch == 0).map(|(f, _, m)| (*f, m.clone())).collect();
+    let new_view = old.iter().find(|(_, m)| matches!(m, Message::NewView(nv) if nv.view >= 1)).cloned();
+    let (from, new_view) = new_view.expect("epoch 0 had a NEW-VIEW");
+    // The primary of that view replays it in epoch 1 (same index, same key).
+    let mut out = Outputs::default();
+    let target = net.nodes.get_mut(&2).expect("node 2");
+    target.step(net.now, Input::Message { from: Peer::Node(from), msg: new_view }, &mut out);
+    assert_eq!(target.view(), 0, "an old epoch's NEW-VIEW installed a view");
+    assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { kind: "new-view", .. })), "{:?}", out.events);
+    // No WRITE of epoch 0 carries a valid signature in epoch 1, whatever its instance:
+    // none can count towards a certificate of the new epoch (the verify stage and the
+    // protocol task make the same check, `verify::write_signed`).
+    let checker = net.nodes[&2].verifier();
+    let writes: Vec<(u32, Message)> =
+        old.into_iter().filter(|(f, m)| *f != 2 && matches!(m, Message::Write(_))).collect();
+    assert!(!writes.is_empty(), "epoch 0 had WRITEs");
+    for (from, m) in writes {
+        assert!(!checker.check(from, &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
+    }
+    // While the same WRITEs were valid in epoch 0 (the check can pass).
+    let (from, m) = net
+        .signed
+        .iter()
+        .find(|(f, e, m)| *f != 2 && *e == 0 && matches!(m, Message::Write(_)))
+        .map(|(f, _, m)| (*f, m.clone()))
+        .expect("a write");
+    let epoch0 = Replica::new(cfg.clone(), 2, secrets(2), Log::default());
+    assert!(epoch0.verifier().check(from, &m));
 }

@@ -467,6 +467,9 @@ struct Pending {
 }
 
 pub struct Replica<S> {
+    /// The digest of `cfg.membership`, which every signed statement of this epoch names
+    /// (`message::write_statement`): computed once, it is hashed into every vote.
+    epoch_tag: Digest,
     cfg: ClusterConfig,
     /// `cfg.node_keys`, parsed once.
     keys: NodeKeys,
@@ -509,6 +512,15 @@ pub struct Replica<S> {
     /// in that view and may have sent proposals it no longer remembers (PROPOSE goes out
     /// before its record is durable). It asks to leave the view instead.
     proposals_closed: Option<View>,
+    /// Whether this node knows its own record of `view` is durable. False from installing
+    /// a view as its primary until a peer votes in it: a peer can vote in view `t` only
+    /// after our NEW-VIEW(t), which left gated behind the `View { t }` record. Until
+    /// then PROPOSEs are gated too (issue #21, defect 2): a primary that crashed before
+    /// that record was durable recovers below `t`, may lead `t` again, and must not have
+    /// proposals of its first try at `t` out, or a backup keeping one as an early
+    /// proposal votes for it under the second NEW-VIEW(t). True at view 0 and after a
+    /// restart (the view recovered into came from its record).
+    view_record_durable: bool,
     /// Set while the driver steps a burst of queued inputs (`hold_proposals`): the
     /// primary proposes once at its end, so the burst's requests share one batch.
     proposals_held: bool,
@@ -630,6 +642,7 @@ impl<S: Service> Replica<S> {
         let exec_stage = separated::ExecStage::new(&cfg);
         Replica {
             keys: NodeKeys::new(&cfg.node_keys),
+            epoch_tag: cfg.membership.digest(),
             cfg,
             id,
             secrets,
@@ -651,6 +664,7 @@ impl<S: Service> Replica<S> {
             next_propose: 1,
             time_proposed: 0,
             proposals_closed: None,
+            view_record_durable: true,
             proposals_held: false,
             early_proposals: BTreeMap::new(),
             parked: BTreeMap::new(),
@@ -716,7 +730,7 @@ impl<S: Service> Replica<S> {
     }
     /// The signature checks a driver may run before the protocol task (`Input::Checked`).
     pub fn verifier(&self) -> Verifier {
-        Verifier::new(self.id, self.keys.clone(), self.cfg.auth, self.client_keys.clone())
+        Verifier::new(self.id, self.keys.clone(), self.epoch_tag, self.cfg.auth, self.client_keys.clone())
     }
 
     pub fn config(&self) -> &ClusterConfig {
@@ -1129,5 +1143,7 @@ impl<S: Service> Replica<S> {
 
 #[cfg(test)]
 mod epoch_tests;
+#[cfg(test)]
+mod safety_tests;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -167,9 +167,19 @@ impl<S: Service> Replica<S> {
     /// primary's own vote waits for its Accepted record like everyone's. A primary that
     /// crashes may thus have proposed what it no longer remembers, so a recovered
     /// primary never proposes in that view again (`proposals_closed`, recovery.rs).
+    ///
+    /// That rule needs the view itself on disk: no PROPOSE of a view leaves before this
+    /// node's record of the view is durable (`view_record_durable`), or a primary that
+    /// crashed while installing it would recover below it and lead it a second time.
     fn propose(&mut self, view: View, seq: Seq, value: Value, out: &mut Outputs) {
         debug_assert_ne!(self.proposals_closed, Some(view), "no fresh proposals in a view we may have forgotten");
-        self.broadcast(Message::Propose { view, seq, value: proposal_form(&self.cfg, &value) }, out);
+        let propose = Message::Propose { view, seq, value: proposal_form(&self.cfg, &value) };
+        let mutated = self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::ProposeBeforeViewDurable);
+        if self.view_record_durable || mutated {
+            self.broadcast(propose, out);
+        } else {
+            self.broadcast_durable(propose, out);
+        }
         self.accept_proposal(seq, value, out);
     }
 
@@ -330,7 +340,7 @@ impl<S: Service> Replica<S> {
         }
         self.persist(Record::Accepted { view, seq, value: value.clone() }, out);
         if byzantine {
-            let sig = self.secrets.signing.sign(&write_statement(view, seq, &digest, self.id));
+            let sig = self.secrets.signing.sign(&write_statement(&self.epoch_tag, view, seq, &digest, self.id));
             let slot = self.log.entry(seq).or_default();
             slot.writes.insert(self.id, (digest, sig));
             self.broadcast_durable(Message::Write(Write { view, seq, digest, sig }), out);
@@ -350,13 +360,14 @@ impl<S: Service> Replica<S> {
         }
         self.check_current_view(w.view)?;
         self.in_window(w.seq)?;
+        self.view_record_durable |= from != self.id;
         if self.log.get(&w.seq).is_some_and(|slot| slot.write_unneeded(w.view, &w.digest)) {
             // Nothing to check it for: a signature check is the largest CPU cost of a
             // backup under light load, and one of the Q-1 peer WRITEs per instance would
             // otherwise be checked after the certificate is complete.
             return Ok(());
         }
-        if !checked && !super::verify::write_signed(&self.keys, from, &w) {
+        if !checked && !super::verify::write_signed(&self.keys, &self.epoch_tag, from, &w) {
             return Err(Reject::BadSignature { signer: from });
         }
         let slot = self.log.entry(w.seq).or_default();
@@ -412,6 +423,7 @@ impl<S: Service> Replica<S> {
     ) -> Result<(), Reject> {
         self.check_current_view(view)?;
         self.in_window(seq)?;
+        self.view_record_durable |= from != self.id;
         let slot = self.log.entry(seq).or_default();
         slot.enter_view(view);
         slot.accepts.entry(from).or_insert(digest);

@@ -46,13 +46,18 @@ impl Frozen for Log {
     }
 }
 
+/// The digest of `config(1, 1)`'s membership, which the statements of its nodes name.
+fn tag() -> crate::crypto::Digest {
+    config(1, 1).membership.digest()
+}
+
 pub(crate) fn secrets(i: u32) -> NodeSecrets {
     NodeSecrets::new(SigningKey::from_seed([i as u8 + 1; 32]), [i as u8 + 100; 32])
 }
 
 /// `auth = mac`: the client's request goes straight into proposals, which most tests
 /// here are about. `auth = rq-mac` has its own tests (`config_rq`).
-fn config(u: u32, r: u32) -> ClusterConfig {
+pub(super) fn config(u: u32, r: u32) -> ClusterConfig {
     config_rq(u, r).with_auth(Auth::Mac)
 }
 
@@ -65,16 +70,16 @@ pub(super) fn config_rq(u: u32, r: u32) -> ClusterConfig {
     ClusterConfig::new(q, keys, options).expect("valid")
 }
 
-fn node(cfg: &ClusterConfig, i: u32) -> Replica<Log> {
+pub(super) fn node(cfg: &ClusterConfig, i: u32) -> Replica<Log> {
     Replica::new(cfg.clone(), i, secrets(i), Log::default())
 }
 
-fn client(cfg: &ClusterConfig, id: u64) -> Client {
+pub(super) fn client(cfg: &ClusterConfig, id: u64) -> Client {
     let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
     Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth)
 }
 
-fn request(cfg: &ClusterConfig, id: u64, op: &[u8]) -> Request {
+pub(super) fn request(cfg: &ClusterConfig, id: u64, op: &[u8]) -> Request {
     let mut c = client(cfg, id);
     match c.invoke(0, op.to_vec()).expect("idle").remove(0).1 {
         Message::Request(r) => r,
@@ -82,19 +87,19 @@ fn request(cfg: &ClusterConfig, id: u64, op: &[u8]) -> Request {
     }
 }
 
-fn step_tick(r: &mut Replica<Log>, now: u64) -> Outputs {
+pub(super) fn step_tick(r: &mut Replica<Log>, now: u64) -> Outputs {
     let mut out = Outputs::default();
     r.step(now, Input::Tick, &mut out);
     out
 }
 
-fn step(r: &mut Replica<Log>, now: u64, from: Peer, msg: Message) -> Outputs {
+pub(super) fn step(r: &mut Replica<Log>, now: u64, from: Peer, msg: Message) -> Outputs {
     let mut out = Outputs::default();
     r.step(now, Input::Message { from, msg }, &mut out);
     out
 }
 
-fn rejected(out: &Outputs) -> Vec<Reject> {
+pub(super) fn rejected(out: &Outputs) -> Vec<Reject> {
     out.events
         .iter()
         .filter_map(|e| match e {
@@ -121,7 +126,7 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     assert_eq!(writes.len(), 3);
     let Message::Write(w) = &writes[0].1 else { unreachable!() };
     assert_eq!((w.view, w.seq, w.digest), (0, 1, value.digest()));
-    assert!(cfg.node_keys[0].verify(&write_statement(0, 1, &value.digest(), 0), &w.sig));
+    assert!(cfg.node_keys[0].verify(&write_statement(&tag(), 0, 1, &value.digest(), 0), &w.sig));
 }
 
 #[test]
@@ -160,7 +165,7 @@ fn writes_with_bad_signatures_do_not_count() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
     let d = Value::null().digest();
-    let sig = secrets(3).signing.sign(&write_statement(0, 1, &d, 3));
+    let sig = secrets(3).signing.sign(&write_statement(&tag(), 0, 1, &d, 3));
     // Node 2 presents node 3's signature: bound to the signer, so rejected.
     let out = step(&mut b, 0, Peer::Node(2), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 2 }]);
@@ -175,7 +180,7 @@ fn writes_a_node_no_longer_needs_are_not_checked() {
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     let d = value.digest();
     let write = |from: u32, digest: Digest| {
-        let sig = secrets(from).signing.sign(&write_statement(0, 1, &digest, from));
+        let sig = secrets(from).signing.sign(&write_statement(&tag(), 0, 1, &digest, from));
         Message::Write(Write { view: 0, seq: 1, digest, sig })
     };
     let bad = |digest: Digest| Message::Write(Write { view: 0, seq: 1, digest, sig: Sig([0; 64]) });
@@ -233,7 +238,7 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     let d = value.digest();
     step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
     for n in [0, 2] {
-        let sig = secrets(n).signing.sign(&write_statement(0, 1, &d, n));
+        let sig = secrets(n).signing.sign(&write_statement(&tag(), 0, 1, &d, n));
         step(&mut b, 10, Peer::Node(n), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
     }
     // Prepared (it sent ACCEPT for instance 1), not decided: a linearizable read waits...
@@ -638,7 +643,7 @@ fn forged_view_change_certificates_are_rejected() {
     };
     let mut vc =
         ViewChange { view: 1, from: 2, stable: StableProof::genesis(), certs: vec![forged], sig: Sig([0; 64]) };
-    vc.sig = secrets(2).signing.sign(&vc.statement());
+    vc.sig = secrets(2).signing.sign(&vc.statement(&tag()));
     let out = step(&mut p, 0, Peer::Node(2), Message::ViewChange(vc));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 0 }]);
 }
@@ -818,7 +823,7 @@ fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
             view: 0,
             seq,
             digest: d,
-            sig: secrets(signer).signing.sign(&write_statement(0, seq, &d, signer)),
+            sig: secrets(signer).signing.sign(&write_statement(&tag(), 0, seq, &d, signer)),
         })
     };
     assert!(v.check(3, &write(3, 1)));
@@ -859,7 +864,7 @@ fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
                 view: 0,
                 seq: 1,
                 digest: d,
-                sig: secrets(signer).signing.sign(&write_statement(0, 1, &d, signer)),
+                sig: secrets(signer).signing.sign(&write_statement(&tag(), 0, 1, &d, signer)),
             });
             let input = if checked {
                 Input::Checked { from: signer, msg }
@@ -908,19 +913,19 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
 fn new_view_naming(value: &Value) -> NewView {
     let d = value.digest();
     let writes: Vec<(NodeId, Sig)> =
-        (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(0, 1, &d, n)))).collect();
+        (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), 0, 1, &d, n)))).collect();
     let cert = CertProof { view: 0, seq: 1, digest: d, writes };
     let stable = StableProof::genesis();
     let view_changes = (0..3u32)
         .map(|from| {
             let mut vc =
                 ViewChange { view: 1, from, stable: stable.clone(), certs: vec![cert.clone()], sig: Sig([0; 64]) };
-            vc.sig = secrets(from).signing.sign(&vc.statement());
+            vc.sig = secrets(from).signing.sign(&vc.statement(&tag()));
             vc
         })
         .collect();
     let mut nv = NewView { view: 1, view_changes, sig: Sig([0; 64]) };
-    nv.sig = secrets(1).signing.sign(&nv.statement());
+    nv.sig = secrets(1).signing.sign(&nv.statement(&tag()));
     nv
 }
 
@@ -1008,20 +1013,21 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
         let certs: Vec<CertProof> = certs
             .iter()
             .map(|&(seq, digest)| {
-                let writes =
-                    (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(0, seq, &digest, n)))).collect();
+                let writes = (0..3)
+                    .map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), 0, seq, &digest, n))))
+                    .collect();
                 CertProof { view: 0, seq, digest, writes }
             })
             .collect();
         let view_changes = (0..3u32)
             .map(|from| {
                 let mut vc = ViewChange { view, from, stable: stable.clone(), certs: certs.clone(), sig: Sig([0; 64]) };
-                vc.sig = secrets(from).signing.sign(&vc.statement());
+                vc.sig = secrets(from).signing.sign(&vc.statement(&tag()));
                 vc
             })
             .collect();
         let mut nv = NewView { view, view_changes, sig: Sig([0; 64]) };
-        nv.sig = secrets(cfg.primary(view)).signing.sign(&nv.statement());
+        nv.sig = secrets(cfg.primary(view)).signing.sign(&nv.statement(&tag()));
         Message::NewView(nv)
     };
     let mut b = node(&cfg, 3);

@@ -10,15 +10,15 @@
 //! here is the one the protocol task makes, with the same statement and key.
 
 use crate::config::Auth;
-use crate::crypto::{ClientKeys, NodeKeys};
+use crate::crypto::{ClientKeys, Digest, NodeKeys};
 use crate::message::{
     checkpoint_statement, owner_of, write_statement, CheckpointVote, Message, NodeId, Proposed, Request, Write,
 };
 
 /// Node `from`'s signature on its WRITE vote. The one check, for the stage and the
 /// protocol task alike.
-pub(super) fn write_signed(keys: &NodeKeys, from: NodeId, w: &Write) -> bool {
-    keys.verify(from, &write_statement(w.view, w.seq, &w.digest, from), &w.sig)
+pub(super) fn write_signed(keys: &NodeKeys, epoch: &Digest, from: NodeId, w: &Write) -> bool {
+    keys.verify(from, &write_statement(epoch, w.view, w.seq, &w.digest, from), &w.sig)
 }
 
 /// Node `from`'s signature on its checkpoint vote.
@@ -44,13 +44,15 @@ pub struct Verifier {
     /// The node this verifier works for: its own messages never arrive from the network.
     id: NodeId,
     keys: NodeKeys,
+    /// The digest of the membership the node runs (statements name it).
+    epoch: Digest,
     auth: Auth,
     client_keys: ClientKeys,
 }
 
 impl Verifier {
-    pub(super) fn new(id: NodeId, keys: NodeKeys, auth: Auth, client_keys: ClientKeys) -> Verifier {
-        Verifier { id, keys, auth, client_keys }
+    pub(super) fn new(id: NodeId, keys: NodeKeys, epoch: Digest, auth: Auth, client_keys: ClientKeys) -> Verifier {
+        Verifier { id, keys, epoch, auth, client_keys }
     }
 
     /// Whether `msg` from node `from` carries a valid signature of a kind the protocol
@@ -60,7 +62,7 @@ impl Verifier {
             return false;
         }
         match msg {
-            Message::Write(w) => write_signed(&self.keys, from, w),
+            Message::Write(w) => write_signed(&self.keys, &self.epoch, from, w),
             Message::Checkpoint(v) => checkpoint_signed(&self.keys, from, v),
             Message::Propose { value, .. } if self.auth == Auth::Sig => {
                 let full: Option<Vec<&Request>> = value.requests.iter().map(Proposed::full).collect();

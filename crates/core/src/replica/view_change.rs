@@ -154,7 +154,7 @@ impl<S: Service> Replica<S> {
             .filter_map(|(_, slot)| slot.cert.as_ref().map(|c| c.proof()))
             .collect();
         let mut vc = ViewChange { view: t, from: self.id, stable: self.stable.clone(), certs, sig: Sig([0; 64]) };
-        vc.sig = self.secrets.signing.sign(&vc.statement());
+        vc.sig = self.secrets.signing.sign(&vc.statement(&self.epoch_tag));
         self.own_view_change = Some(vc.clone());
         vc
     }
@@ -214,7 +214,7 @@ impl<S: Service> Replica<S> {
             return;
         }
         let mut nv = NewView { view: t, view_changes: vcs, sig: Sig([0; 64]) };
-        nv.sig = self.secrets.signing.sign(&nv.statement());
+        nv.sig = self.secrets.signing.sign(&nv.statement(&self.epoch_tag));
         let decision = match self.check_new_view(&nv) {
             Ok(d) => d,
             // Our own collection must check out; if not, this is a bug, not peer input.
@@ -239,7 +239,7 @@ impl<S: Service> Replica<S> {
     /// Validates a NEW-VIEW completely and computes what it re-proposes (rule 3).
     pub(crate) fn check_new_view(&self, nv: &NewView) -> Result<Decision, Reject> {
         let primary = self.cfg.primary(nv.view);
-        if !self.keys.verify(primary, &nv.statement(), &nv.sig) {
+        if !self.keys.verify(primary, &nv.statement(&self.epoch_tag), &nv.sig) {
             return Err(Reject::BadSignature { signer: primary });
         }
         let mut senders = BTreeSet::new();
@@ -263,7 +263,7 @@ impl<S: Service> Replica<S> {
         if vc.view != view {
             return Err(Reject::StaleView { current: view, got: vc.view });
         }
-        if !self.keys.verify(vc.from, &vc.statement(), &vc.sig) {
+        if !self.keys.verify(vc.from, &vc.statement(&self.epoch_tag), &vc.sig) {
             return Err(Reject::BadSignature { signer: vc.from });
         }
         self.validate_stable_proof(&vc.stable)?;
@@ -288,7 +288,8 @@ impl<S: Service> Replica<S> {
                 if *node as usize >= self.cfg.n() {
                     return Err(Reject::UnknownNode(*node));
                 }
-                if !self.keys.verify(*node, &write_statement(cert.view, cert.seq, &cert.digest, *node), sig) {
+                let statement = write_statement(&self.epoch_tag, cert.view, cert.seq, &cert.digest, *node);
+                if !self.keys.verify(*node, &statement, sig) {
                     return Err(Reject::BadSignature { signer: *node });
                 }
                 writers.insert(*node);
@@ -302,6 +303,12 @@ impl<S: Service> Replica<S> {
 
     /// A stable checkpoint is proven by Q signed votes for the same (seq, root).
     pub(super) fn validate_stable_proof(&self, p: &StableProof) -> Result<(), Reject> {
+        // Every correct node of this epoch holds the checkpoint the epoch started from:
+        // a proof below it belongs to an earlier membership, whose signers may have kept
+        // their keys, and is not this epoch's to judge (issue #21, defect 1).
+        if p.seq < self.cfg.membership.since {
+            return Err(Reject::BadProof("stable checkpoint from before this epoch"));
+        }
         if p.seq == 0 {
             return if p.sigs.is_empty() && p.root == Default::default() {
                 Ok(())
@@ -341,6 +348,7 @@ impl<S: Service> Replica<S> {
         self.new_view = Some(nv);
         self.view_changes.retain(|_, v| v.view > t);
         self.persist(Record::View { view: t, floor }, out);
+        self.view_record_durable = self.cfg.primary(t) != self.id;
         out.events.push(Event::ViewInstalled { view: t });
         if decision.stable.seq > self.stable.seq {
             self.install_stable(decision.stable, out);
