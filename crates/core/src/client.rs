@@ -302,6 +302,14 @@ impl Client {
         self.quorums = quorums.with_mutation(self.quorums.mutation());
         self.membership = at;
         self.index_first %= self.membership.n() as NodeId;
+        // Answers of nodes that are no longer repliers (removed members) stop counting.
+        let keep: Vec<NodeId> = match &self.inflight {
+            Some(i) => i.replies.keys().copied().filter(|&n| self.is_replier(n)).collect(),
+            None => Vec::new(),
+        };
+        if let Some(i) = self.inflight.as_mut() {
+            i.replies.retain(|n, _| keep.contains(n));
+        }
         if let Some(Inflight { kind: Kind::Ordered(request), .. }) = &self.inflight {
             let msg = Message::Request(request.clone());
             let resend = match &self.rq {
@@ -584,6 +592,14 @@ impl Client {
                 self.outbox.push((from, query));
             }
         }
+        if reply.epoch > self.membership.epoch {
+            // An answer from an epoch this client has not verified counts for nothing:
+            // that epoch's quorums may be larger than ours (r raised), and one lying
+            // node's word must not complete an operation (issue #21, defect 3). Once the
+            // certificates asked for above are followed, the request is resent and the
+            // nodes answer again in the epoch we know.
+            return None;
+        }
         if !self.is_replier(from) {
             return None;
         }
@@ -780,6 +796,40 @@ mod tests {
         assert_eq!(c.on_reply(2, reply(1, ReplyBody::Hash(h))), None, "two hashes but no body");
         assert_eq!(c.on_reply(3, reply(1, ReplyBody::Full(b"ok".to_vec()))), Some(b"ok".to_vec()));
         assert!(!c.busy());
+    }
+
+    /// Issue #21 defect 3: r goes 0 → 1 at n = 4. A client still in epoch 0 (r = 0, one
+    /// reply suffices) must not take one lying reply tagged with epoch 1 for the result;
+    /// on ce084db it did. Once it follows epoch 1's certificate it needs r + 1 = 2.
+    #[test]
+    fn a_reply_from_an_epoch_the_client_has_not_verified_counts_for_nothing() {
+        use crate::crypto::SigningKey;
+        use crate::membership::{AdminOp, Change};
+        use crate::message::{checkpoint_statement, EpochCert, StableProof};
+        let signing: Vec<SigningKey> = (0..4).map(|i| SigningKey::from_seed([i as u8 + 1; 32])).collect();
+        let keys: Vec<_> = signing.iter().map(SigningKey::public).collect();
+        let admin = SigningKey::from_seed([99; 32]);
+        let genesis = Membership::genesis(1, 0, &keys, &[]);
+        let q = genesis.quorums().expect("valid");
+        let mut c =
+            Client::new(9, q, (0..4).map(|i| MacKey([i as u8; 32])).collect(), 100, 1).with_membership(genesis.clone());
+        c.invoke(0, b"op".to_vec()).expect("idle");
+        let lie = Reply { epoch: 1, ..reply(1, ReplyBody::Full(b"lie".to_vec())) };
+        assert_eq!(c.on_reply(0, lie.clone()), None, "one reply of an unverified epoch completed the operation");
+        assert!(c.poll_send().iter().any(|(_, m)| matches!(m, Message::EpochQuery { epoch: 0, .. })), "asks how");
+        // Epoch 1 tolerates a Byzantine node: proven by epoch 0's quorum.
+        let next = genesis.apply(&AdminOp::sign(&admin, 0, Change::Faults { u: 1, r: 1 }), &admin.public(), 5);
+        let next = next.expect("accepted");
+        let root = Digest([1; 32]);
+        let sigs = (0..3u32).map(|i| (i, signing[i as usize].sign(&checkpoint_statement(5, &root, &next.digest(), i))));
+        let proof = StableProof { seq: 5, root, membership: next.digest(), sigs: sigs.collect() };
+        assert!(c.on_epoch_certs(vec![EpochCert { proof, next }]));
+        assert_eq!(c.on_reply(0, lie), None, "r + 1 = 2 in epoch 1");
+        let truth = |n| (n, Reply { epoch: 1, ..reply(1, ReplyBody::Full(b"ok".to_vec())) });
+        let (n, r) = truth(1);
+        assert_eq!(c.on_reply(n, r), None);
+        let (n, r) = truth(2);
+        assert_eq!(c.on_reply(n, r), Some(b"ok".to_vec()));
     }
 
     #[test]
