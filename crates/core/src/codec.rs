@@ -180,7 +180,9 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         | Message::FetchManifest { .. }
         | Message::FetchChunk { .. }
         | Message::FetchValue { .. }
-        | Message::EpochQuery { .. } => Ok(()),
+        | Message::EpochQuery { .. }
+        | Message::Rejoin
+        | Message::RejoinInfo { .. } => Ok(()),
     }
 }
 

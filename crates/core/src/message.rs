@@ -785,6 +785,14 @@ pub enum Message {
         op: Digest,
         macs: Vec<Mac>,
     },
+    /// Node → all: "I lost my disk; how far did you get?" (replica/rejoin.rs).
+    Rejoin,
+    /// The answer: the highest view the sender installed or committed to, and the
+    /// highest instance it executed.
+    RejoinInfo {
+        committed: View,
+        executed: Seq,
+    },
 }
 
 impl Message {
@@ -821,6 +829,8 @@ impl Message {
             Message::FetchBodies { .. } => "fetch-bodies",
             Message::Bodies { .. } => "bodies",
             Message::EndorseDigest { .. } => "endorse-digest",
+            Message::Rejoin => "rejoin",
+            Message::RejoinInfo { .. } => "rejoin-info",
         }
     }
 }

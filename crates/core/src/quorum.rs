@@ -74,10 +74,13 @@ pub enum Mutation {
     /// A new primary sends its PROPOSEs before its record of the view is durable (issue
     /// #21 defect 2): after a crash in that window it can lead the view twice.
     ProposeBeforeViewDurable,
+    /// A node that lost its disk votes at once, as if the cluster were new (issue #21
+    /// defect 4): it may vote twice in one (view, instance).
+    WipedNodeVotes,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 17] = [
+    pub const ALL: [Mutation; 18] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -95,6 +98,7 @@ impl Mutation {
         Mutation::NoEpochEndCheckpoint,
         Mutation::RqStaysInEpoch,
         Mutation::ProposeBeforeViewDurable,
+        Mutation::WipedNodeVotes,
     ];
 
     pub fn name(self) -> &'static str {
@@ -116,6 +120,7 @@ impl Mutation {
             Mutation::NoEpochEndCheckpoint => "no-epoch-end-checkpoint",
             Mutation::RqStaysInEpoch => "rq-stays-in-epoch",
             Mutation::ProposeBeforeViewDurable => "propose-before-view-durable",
+            Mutation::WipedNodeVotes => "wiped-node-votes",
         }
     }
 

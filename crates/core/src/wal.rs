@@ -39,6 +39,12 @@ pub enum Record {
     /// execution nodes (replica/separated.rs). Kept so that after a restart of every
     /// node the order nodes still know which state the execution nodes agreed on.
     ExecStable(StableProof),
+    /// The node lost its disk and rejoins (replica/rejoin.rs): it casts no vote until it
+    /// passes `bounds` (the view it waits for, the executed instance its stable
+    /// checkpoint must pass by `log_max`), unknown until Q others answered.
+    Rejoining { bounds: Option<(View, Seq)> },
+    /// Rejoining is over: the node votes again.
+    Rejoined,
 }
 
 impl Record {
@@ -51,7 +57,9 @@ impl Record {
             | Record::ViewChangeSent { .. }
             | Record::Stable(_)
             | Record::Epoch(_)
-            | Record::ExecStable(_) => None,
+            | Record::ExecStable(_)
+            | Record::Rejoining { .. }
+            | Record::Rejoined => None,
         }
     }
 }

@@ -666,6 +666,10 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 tracing::info!(view, "view change started");
             }
             Event::ViewInstalled { view } => tracing::info!(view, "view installed"),
+            Event::RejoinBounds { view, executed } => {
+                tracing::warn!(view, executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
+            }
+            Event::Rejoined { view, stable } => tracing::warn!(view, stable, "rejoined: voting again"),
             Event::StateTransferStarted { seq } => {
                 m.state_transfers.inc();
                 tracing::info!(seq, "state transfer started");

@@ -145,6 +145,12 @@ pub struct FaultCounts {
     pub epochs: u64,
     /// Crashes of a node as its epoch ended.
     pub epoch_switch_crashes: u64,
+    /// Nodes whose disk was wiped at a crash (they restart empty and rejoin), and
+    /// rejoinings completed.
+    pub wipes: u64,
+    pub rejoined: u64,
+    /// Crashes right after a step whose messages left before its records were durable.
+    pub crashes_before_sync: u64,
     pub lies: LieCounts,
     /// Lies of Byzantine execution nodes (separated execution; `ExecByzantine`).
     pub exec_lies: u64,
@@ -163,6 +169,7 @@ impl FaultCounts {
             + self.duplicated
             + self.delayed
             + self.skewed_clocks
+            + self.wipes
             + self.inconsistent_macs
             + l.total()
             + self.exec_lies
@@ -184,6 +191,9 @@ impl FaultCounts {
         self.admin_ops += o.admin_ops;
         self.epochs += o.epochs;
         self.epoch_switch_crashes += o.epoch_switch_crashes;
+        self.wipes += o.wipes;
+        self.crashes_before_sync += o.crashes_before_sync;
+        self.rejoined += o.rejoined;
         self.lies.add(&o.lies);
         self.exec_lies += o.exec_lies;
         self.rq_lies += o.rq_lies;
@@ -322,6 +332,9 @@ struct SimNode<S> {
     /// later), used when its disk names none.
     file_membership: Option<Membership>,
     disk: SimDisk,
+    /// Its disk was wiped, and it has not rejoined since: it restarts as a rejoining
+    /// node while its disk is empty, and counts against the faults budget until then.
+    wiped: bool,
     /// Bumped at every crash so syncs issued before it are void.
     epoch: u64,
     secrets: NodeSecrets,
@@ -359,6 +372,7 @@ impl<S: Service> SimNode<S> {
             role: Role::Member,
             file_membership: None,
             disk: SimDisk::default(),
+            wiped: false,
             epoch: 0,
             secrets,
             skew: 0,
@@ -438,6 +452,9 @@ pub struct World<W: Workload> {
     // Online checkers' state.
     /// Decisions per (epoch, instance): one above an epoch's end is forgotten with the
     /// epoch (never executed), and the next epoch may decide the instance anew.
+    /// What each correct node said it votes for (or, as a primary, proposes) per
+    /// (membership epoch, view, instance, kind), across its crashes: rule 1 says once.
+    said: BTreeMap<(NodeId, u64, View, Seq, &'static str), Digest>,
     decided: BTreeMap<(u64, Seq), Digest>,
     executed_at: BTreeMap<Seq, Vec<(ClientId, u64, Digest)>>,
     fresh_at: BTreeMap<(ClientId, u64), Seq>,
@@ -657,6 +674,7 @@ impl<W: Workload> World<W> {
             faulty_key: client_key(FAULTY_CLIENT),
             history: Vec::new(),
             submitted: BTreeMap::new(),
+            said: BTreeMap::new(),
             decided: BTreeMap::new(),
             executed_at: BTreeMap::new(),
             fresh_at: BTreeMap::new(),
@@ -1025,6 +1043,7 @@ impl<W: Workload> World<W> {
             self.schedule(self.now + delay, Ev::CheckpointDone { node: n, epoch, job });
         }
         let ended = events.iter().any(|e| matches!(e, Event::EpochEnded { .. }));
+        let installed = events.iter().any(|e| matches!(e, Event::ViewInstalled { .. }));
         // Decisions, executions and checkpoints are facts only once the step's records
         // are durable: a node that crashes before that never made them (nothing it said
         // depended on them: replies and votes are gated the same way).
@@ -1059,7 +1078,11 @@ impl<W: Workload> World<W> {
             }
             self.transmit_from_node(n, send_after_persist, epoch);
         }
+        let sent_now = !send.is_empty();
         self.transmit_from_node(n, send, epoch);
+        if !ended && wrote && sent_now {
+            self.maybe_crash_before_sync(n, installed);
+        }
         if ended {
             // Crashes at the switch (the window the simulator found two bugs in): before
             // the new epoch's log is written, or right after the new node started.
@@ -1076,6 +1099,52 @@ impl<W: Workload> World<W> {
                 self.schedule(at, Ev::Crash(n));
             }
         }
+    }
+
+    /// Rule 1, checked on the wire: a correct node proposes (as primary) and votes
+    /// (WRITE, ACCEPT) at most one value per (epoch, view, instance), whatever crashes or
+    /// lost disks it went through. Resending the same one is fine.
+    fn check_said_once(&mut self, n: NodeId, epoch: u64, m: &Message) {
+        let (view, seq, digest) = match m {
+            Message::Propose { view, seq, value } => (*view, *seq, value.digest()),
+            Message::Write(w) => (w.view, w.seq, w.digest),
+            Message::Accept { view, seq, digest } => (*view, *seq, *digest),
+            _ => return,
+        };
+        let key = (n, epoch, view, seq, m.kind());
+        match self.said.get(&key) {
+            Some(d) if *d != digest => {
+                let kind = m.kind();
+                self.violation(
+                    "vote-once",
+                    format!("node {n} sent {kind} for {digest:?} and earlier {d:?} (epoch {epoch}, view {view}, instance {seq})"),
+                );
+            }
+            Some(_) => {}
+            None => {
+                self.said.insert(key, digest);
+            }
+        }
+    }
+
+    /// Node `n`'s step sent messages at once and wrote records not yet durable: the one
+    /// window where a crash makes a node forget what it said. Crashes it there, now and
+    /// then at any such step, and often where it installed a view as that view's primary
+    /// (issue #21 defect 2: its PROPOSEs must not leave before its record of the view).
+    fn maybe_crash_before_sync(&mut self, n: NodeId, installed: bool) {
+        if !self.opts.faults.crash || !self.issuing {
+            return;
+        }
+        let primary = self.nodes[n as usize].replica.as_ref().is_some_and(|r| r.is_primary());
+        let p = if installed && primary { 0.3 } else { 0.002 };
+        if !self.rng.gen_bool(p) {
+            return;
+        }
+        self.report.faults.crashes_before_sync += 1;
+        self.trace_line(format!("{} n{n} crash before its records are durable", self.now));
+        self.crash(n);
+        let back = self.now + self.rng.gen_range(20..600);
+        self.schedule(back, Ev::Restart(n));
     }
 
     /// Node `n`'s epoch ended: it continues in the next one, or stops if removed.
@@ -1132,6 +1201,7 @@ impl<W: Workload> World<W> {
                 if let Message::Push { client, seq, event } = m {
                     self.check_push(n, *client, *seq, Digest::of(event));
                 }
+                self.check_said_once(n, epoch, m);
             }
         }
         let from = Peer::Node(n);
@@ -1599,6 +1669,16 @@ impl<W: Workload> World<W> {
                 }
                 self.trace_line(format!("{} n{n} primary of view {view} slow: {rate} vs {best}", self.now))
             }
+            Event::RejoinBounds { view, executed } => {
+                self.trace_line(format!("{} n{n} rejoining: waits for view {view}, executed {executed}", self.now));
+            }
+            Event::Rejoined { view, stable } => {
+                self.report.faults.rejoined += 1;
+                if let Some(node) = self.nodes.get_mut(n as usize) {
+                    node.wiped = false;
+                }
+                self.trace_line(format!("{} n{n} rejoined at view {view}, stable {stable}", self.now));
+            }
             Event::StateTransferStarted { seq } => {
                 self.report.state_transfers += 1;
                 self.trace_line(format!("{} n{n} state transfer to {seq}", self.now));
@@ -1675,6 +1755,7 @@ impl<W: Workload> World<W> {
             self.trace_line(format!("{} n{n} (execution) restart", self.now));
             return;
         }
+        let wiped = node.wiped && snapshots.is_empty() && records.is_empty();
         let durable = Durable { snapshots, records };
         let mut out = Outputs::default();
         let service = self.workload.service();
@@ -1693,7 +1774,12 @@ impl<W: Workload> World<W> {
         };
         let epoch = cfg.epoch();
         let cfg = node_options(cfg, n);
-        match Replica::recover(cfg, index, node.secrets.clone(), service, durable, now, &mut out) {
+        let started = if wiped {
+            Replica::rejoin(cfg, index, node.secrets.clone(), service, now, &mut out)
+        } else {
+            Replica::recover(cfg, index, node.secrets.clone(), service, durable, now, &mut out)
+        };
+        match started {
             Ok(r) => node.replica = Some(r),
             Err(e) => {
                 self.violation("recovery", format!("node {n} cannot recover: {e}"));
@@ -1701,7 +1787,8 @@ impl<W: Workload> World<W> {
             }
         }
         self.report.faults.restarts += 1;
-        self.trace_line(format!("{} n{n} restart in epoch {epoch}", self.now));
+        let how = if wiped { " with a wiped disk" } else { "" };
+        self.trace_line(format!("{} n{n} restart in epoch {epoch}{how}", self.now));
         self.process_outputs(n, out, epoch);
     }
 
@@ -1816,7 +1903,7 @@ impl<W: Workload> World<W> {
             (0..self.nodes.len() as NodeId).filter(|i| self.nodes[*i as usize].role == Role::Member).collect();
         let mut kinds = Vec::new();
         if self.opts.faults.crash {
-            kinds.extend(["crash", "crash", "outage"]);
+            kinds.extend(["crash", "crash", "outage", "wipe"]);
         }
         if self.opts.faults.network {
             kinds.extend(["partition", "heal"]);
@@ -1828,6 +1915,30 @@ impl<W: Workload> World<W> {
                 self.crash(victim);
                 let back = self.now + self.rng.gen_range(50..1500);
                 self.schedule(back, Ev::Restart(victim));
+            }
+            "wipe" => {
+                // A node loses its disk (UpRight §3.2) and restarts empty: it rejoins
+                // without voting until it caught up (replica/rejoin.rs). It is down
+                // until then, so only while the faults budget u has room for it.
+                let byzantine = self.nodes.iter().filter(|n| n.byzantine.is_some()).count();
+                let rejoining = self.nodes.iter().filter(|n| n.wiped).count();
+                let honest_order = |v: &NodeId| {
+                    let node = &self.nodes[*v as usize];
+                    !node.is_exec && !node.is_rq && node.byzantine.is_none()
+                };
+                let order: Vec<NodeId> = members.iter().copied().filter(honest_order).collect();
+                if byzantine + rejoining < self.opts.u as usize && !order.is_empty() {
+                    let victim = order[self.rng.gen_range(0..order.len())];
+                    if self.nodes[victim as usize].up() {
+                        self.crash(victim);
+                        self.nodes[victim as usize].disk = SimDisk::default();
+                        self.nodes[victim as usize].wiped = true;
+                        self.report.faults.wipes += 1;
+                        self.trace_line(format!("{} n{victim} disk wiped", self.now));
+                        let back = self.now + self.rng.gen_range(50..1500);
+                        self.schedule(back, Ev::Restart(victim));
+                    }
+                }
             }
             "outage" if self.rng.gen_bool(0.3) => {
                 // Every node at once (UpRight §4.2): nothing acknowledged may be lost.

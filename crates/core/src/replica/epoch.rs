@@ -223,6 +223,11 @@ impl<S: Service> Replica<S> {
         let cfg = self.cfg.next_epoch(next).expect("memberships from the executor or certificates have valid quorums");
         let mut r = Replica::new(cfg, index, self.secrets.clone(), service);
         r.now = self.now;
+        if self.rejoin.is_some() {
+            // Views restart at 0 in the new epoch, and this node may have voted in it
+            // before losing its disk: it asks for the new epoch's bounds again.
+            r.rejoin = Some(super::rejoin::Rejoin::default());
+        }
         r.epoch_certs = certs;
         // Separated execution: how far execution is certified carries over (execution
         // nodes serve that state to laggards, and the new order window starts from it).

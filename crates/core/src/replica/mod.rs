@@ -36,6 +36,7 @@ mod normal;
 mod push;
 mod read;
 mod recovery;
+mod rejoin;
 mod separated;
 mod verify;
 mod view_change;
@@ -181,6 +182,17 @@ pub enum Event {
     Executed {
         seq: Seq,
         requests: Vec<ExecutedRequest>,
+    },
+    /// Rejoining after a lost disk: Q others answered; the node waits for `view` and for
+    /// its stable checkpoint to pass `executed` by `log_max` (replica/rejoin.rs).
+    RejoinBounds {
+        view: View,
+        executed: Seq,
+    },
+    /// Rejoining is over: the node votes again.
+    Rejoined {
+        view: View,
+        stable: Seq,
     },
     ViewInstalled {
         view: View,
@@ -521,6 +533,8 @@ pub struct Replica<S> {
     /// proposal votes for it under the second NEW-VIEW(t). True at view 0 and after a
     /// restart (the view recovered into came from its record).
     view_record_durable: bool,
+    /// Set while this node rejoins after losing its disk: it casts no vote (rejoin.rs).
+    rejoin: Option<rejoin::Rejoin>,
     /// Set while the driver steps a burst of queued inputs (`hold_proposals`): the
     /// primary proposes once at its end, so the burst's requests share one batch.
     proposals_held: bool,
@@ -665,6 +679,7 @@ impl<S: Service> Replica<S> {
             time_proposed: 0,
             proposals_closed: None,
             view_record_durable: true,
+            rejoin: None,
             proposals_held: false,
             early_proposals: BTreeMap::new(),
             parked: BTreeMap::new(),
@@ -780,6 +795,7 @@ impl<S: Service> Replica<S> {
         }
         self.release_ahead(out);
         self.check_epoch_end(out);
+        self.rejoin_filter(out);
         self.invariants();
     }
 
@@ -802,6 +818,7 @@ impl<S: Service> Replica<S> {
         self.proposals_held = false;
         self.check_signed_requests(out);
         self.maybe_propose(out);
+        self.rejoin_filter(out);
         self.invariants();
     }
 
@@ -816,6 +833,11 @@ impl<S: Service> Replica<S> {
         };
         let kind = msg.kind();
         let result = match (from, msg) {
+            // A read answer or a read index vouches for what this node accepted, which a
+            // rejoining node has forgotten (rejoin.rs): the client asks others.
+            (_, Message::Read(_) | Message::IndexProbe { .. }) if self.rejoin.is_some() => {
+                Err(Reject::Busy("rejoining after a lost disk"))
+            }
             (Peer::Client(c), Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
             (Peer::Client(c), Message::Read(read)) => self.on_read(Peer::Client(c), read, out),
             (Peer::Client(c), Message::PushAck { client, upto }) => self.on_push_ack(Peer::Client(c), client, upto),
@@ -867,6 +889,10 @@ impl<S: Service> Replica<S> {
             }
             (Peer::Node(n), Message::FetchBodies { seq, wanted }) => self.on_fetch_bodies(n, seq, wanted, out),
             (Peer::Node(n), Message::Bodies { seq, ops }) => self.on_bodies(n, seq, ops, out),
+            (Peer::Node(n), Message::Rejoin) => self.on_rejoin(n, out),
+            (Peer::Node(n), Message::RejoinInfo { committed, executed }) => {
+                self.on_rejoin_info(n, committed, executed, out)
+            }
             (_, _) => Err(Reject::WrongPeer),
         };
         match result {
@@ -896,6 +922,7 @@ impl<S: Service> Replica<S> {
             self.on_transfer_timeout(out);
             self.expire_hearsay();
             self.resend_pushes(out);
+            self.ask_rejoin(out);
         }
         if self.now >= self.next_status {
             self.next_status = self.now + self.cfg.options.status_ms;
@@ -1026,6 +1053,9 @@ impl<S: Service> Replica<S> {
             records.push(Record::Epoch(self.epoch_certs.clone()));
         }
         records.push(Record::Stable(self.stable.clone()));
+        if let Some(r) = &self.rejoin {
+            records.push(Record::Rejoining { bounds: r.bounds });
+        }
         records.push(Record::View { view: self.view, floor: self.floor });
         if let Some(t) = self.vc_target {
             records.push(Record::ViewChangeSent { view: t });

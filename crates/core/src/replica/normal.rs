@@ -114,6 +114,7 @@ impl<S: Service> Replica<S> {
             || !self.has_base()
             || self.proposals_closed == Some(self.view)
             || self.proposals_held
+            || self.rejoin.is_some()
         {
             return;
         }
@@ -328,6 +329,13 @@ impl<S: Service> Replica<S> {
         let byzantine = self.byzantine_mode();
         let slot = self.log.entry(seq).or_default();
         slot.enter_view(view);
+        if self.rejoin.is_some() {
+            // Rejoining after a lost disk (rejoin.rs): it may have voted otherwise here
+            // before, so it does not vote, not even in its own count: a decision needs
+            // Q others. The body stays, for a decision or a later NEW-VIEW naming it.
+            slot.keep_earlier(view, value, digest);
+            return;
+        }
         assert!(slot.value.is_none(), "one vote per (view, seq)");
         slot.value = Some((value.clone(), digest));
         slot.voted_at = self.now;
@@ -457,7 +465,7 @@ impl<S: Service> Replica<S> {
         let Some((digest, _)) = counts.into_iter().find(|(_, c)| *c >= q) else {
             return;
         };
-        let value = slot.value.as_ref().filter(|(_, d)| *d == digest).map(|(v, _)| v.clone());
+        let value = slot.body(&digest).cloned();
         self.decide(seq, digest, value, out);
     }
 

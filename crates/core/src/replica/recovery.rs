@@ -73,6 +73,8 @@ impl<S: Service> Replica<S> {
                 Record::ViewChangeSent { view } if r.vc_target.is_none_or(|t| *view > t) => r.vc_target = Some(*view),
                 Record::Stable(p) if p.seq > r.stable.seq => r.stable = p.clone(),
                 Record::Epoch(certs) => r.epoch_certs = certs.clone(),
+                Record::Rejoining { bounds } => r.rejoin = Some(super::rejoin::Rejoin::with_bounds(*bounds)),
+                Record::Rejoined => r.rejoin = None,
                 _ => {}
             }
         }

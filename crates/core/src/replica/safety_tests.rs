@@ -176,3 +176,91 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     assert_eq!(n0.view(), 2);
     assert_eq!(n0.log.get(&1).and_then(|s| s.decided), Some(first), "node 0 learns the value that was decided");
 }
+
+/// Defect 4: a node whose disk was wiped must not vote as if new. CFT, n = 3: X is decided
+/// by nodes 0 and 1 (node 2 missed it) and acknowledged; node 1 loses its disk and
+/// restarts; node 0 goes down. On ce084db node 1 voted at once: nodes 1 and 2 changed
+/// view without X and decided another value for instance 1. Rejoining, node 1 casts no
+/// vote until node 0 is back and it caught up past everything it may have voted for.
+#[test]
+fn a_wiped_node_rejoins_without_voting_until_it_caught_up() {
+    wiped_node_scenario(config(1, 0));
+}
+
+#[test]
+#[should_panic(expected = "decided another value for instance 1")]
+fn a_wiped_node_that_votes_at_once_loses_an_acknowledged_write() {
+    let mut cfg = config(1, 0);
+    cfg.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::WipedNodeVotes));
+    wiped_node_scenario(cfg);
+}
+
+fn wiped_node_scenario(cfg: ClusterConfig) {
+    use super::tests::{client, Net};
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    net.down[2] = true;
+    net.submit(&mut c, 10, b"x");
+    assert!(net.result(&mut c).is_some(), "X acknowledged");
+    let x = net.nodes[0].log.get(&1).and_then(|s| s.decided).expect("decided at node 0");
+    // Node 1 loses its disk and restarts; node 0 goes down; node 2 is back.
+    net.down[2] = false;
+    net.down[0] = true;
+    let mut out = Outputs::default();
+    net.nodes[1] = Replica::rejoin(cfg.clone(), 1, tests::secrets(1), Log::default(), 20, &mut out).expect("empty");
+    net.absorb(1, out);
+    let check = |net: &Net| {
+        for (n, e) in &net.events {
+            if let Event::Decided { seq: 1, digest } = e {
+                assert_eq!(*digest, x, "node {n} decided another value for instance 1");
+            }
+        }
+    };
+    let mut other = client(&cfg, 8);
+    let timeout = cfg.options.request_timeout_ms;
+    let mut now = 20;
+    net.submit(&mut other, now, b"y");
+    while now < 20 + 20 * timeout {
+        now += 5;
+        net.tick(now);
+        check(&net);
+    }
+    assert!(net.nodes[1].rejoining(), "no bounds without node 0: Q others must answer");
+    // Node 0 is back: the cluster runs, node 1 learns its bounds, catches up and rejoins.
+    net.down[0] = false;
+    let mut k = 0u8;
+    let mut done = false;
+    while (net.nodes[1].rejoining() || !done) && now < 20 + 400 * timeout {
+        now += 5;
+        net.tick(now);
+        check(&net);
+        for (n, to, reply) in std::mem::take(&mut net.replies) {
+            if to == c.id() {
+                c.on_reply(n, reply);
+            } else if to == other.id() {
+                done |= other.on_reply(n, reply).is_some();
+            }
+        }
+        for cl in [&mut c, &mut other] {
+            for (n, m) in cl.on_tick(now) {
+                net.queue.push_back((Peer::Client(cl.id()), Peer::Node(n), m));
+            }
+        }
+        if !c.busy() {
+            k = k.wrapping_add(1);
+            net.submit(&mut c, now, &[k]);
+        }
+    }
+    let state = |n: &Replica<Log>| (n.view(), n.executed(), n.stable.seq, n.rejoin_bounds());
+    let states: Vec<_> = net.nodes.iter().map(state).collect();
+    assert!(!net.nodes[1].rejoining(), "node 1 rejoined: (view, executed, stable, bounds) {states:?}");
+    assert!(net.events.iter().any(|(n, e)| *n == 1 && matches!(e, Event::Rejoined { .. })));
+    let log = |n: usize| net.nodes[n].service().0.clone();
+    assert_eq!(log(1).first().map(Vec::as_slice), Some(&b"x"[..]), "X is the first operation everywhere");
+    // Every node executed the same operations, in the same order, as far as it got.
+    let common = (0..3).map(|n| log(n).len()).min().unwrap_or(0);
+    assert!(common > 1, "the cluster went on");
+    for n in 0..3 {
+        assert_eq!(log(n)[..common], log(0)[..common], "node {n}");
+    }
+}

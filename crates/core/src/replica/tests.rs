@@ -374,22 +374,22 @@ fn messages_from_unknown_nodes_and_wrong_peers_are_rejected() {
 }
 
 /// A lossless cluster: every output is delivered at once (persistence assumed instant).
-struct Net {
-    nodes: Vec<Replica<Log>>,
-    queue: VecDeque<(Peer, Peer, Message)>,
-    replies: Vec<(NodeId, u64, Reply)>,
-    events: Vec<(NodeId, Event)>,
-    down: Vec<bool>,
+pub(super) struct Net {
+    pub(super) nodes: Vec<Replica<Log>>,
+    pub(super) queue: VecDeque<(Peer, Peer, Message)>,
+    pub(super) replies: Vec<(NodeId, u64, Reply)>,
+    pub(super) events: Vec<(NodeId, Event)>,
+    pub(super) down: Vec<bool>,
     /// What each step asked to persist, for tests of the persistence rules.
-    steps: Vec<StepRecord>,
+    pub(super) steps: Vec<StepRecord>,
     /// The largest encoded VIEW-CHANGE or NEW-VIEW sent.
-    view_change_bytes: usize,
+    pub(super) view_change_bytes: usize,
     /// Background checkpoints to run once the message queue is empty.
-    jobs: VecDeque<(NodeId, CheckpointJob)>,
+    pub(super) jobs: VecDeque<(NodeId, CheckpointJob)>,
     /// Nodes whose background checkpoints are held back (not run) for now.
-    jobs_held: Vec<bool>,
+    pub(super) jobs_held: Vec<bool>,
     /// Encoded bytes sent, by sender and message kind.
-    sent_bytes: BTreeMap<(NodeId, &'static str), usize>,
+    pub(super) sent_bytes: BTreeMap<(NodeId, &'static str), usize>,
 }
 
 struct StepRecord {
@@ -401,7 +401,7 @@ struct StepRecord {
 }
 
 impl Net {
-    fn new(cfg: &ClusterConfig) -> Net {
+    pub(super) fn new(cfg: &ClusterConfig) -> Net {
         let n = cfg.n();
         Net {
             nodes: (0..n as u32).map(|i| node(cfg, i)).collect(),
@@ -417,7 +417,7 @@ impl Net {
         }
     }
 
-    fn absorb(&mut self, from: NodeId, out: Outputs) {
+    pub(super) fn absorb(&mut self, from: NodeId, out: Outputs) {
         self.steps.push(StepRecord {
             node: from,
             decided: out.events.iter().any(|e| matches!(e, Event::Decided { .. })),
@@ -438,7 +438,7 @@ impl Net {
     }
 
     /// Delivers every queued message, then the checkpoints not held back, until quiet.
-    fn run(&mut self, now: u64) {
+    pub(super) fn run(&mut self, now: u64) {
         loop {
             self.deliver_all(now);
             let Some(i) = self.jobs.iter().position(|(n, _)| !self.jobs_held[*n as usize]) else { return };
@@ -450,7 +450,7 @@ impl Net {
     }
 
     /// Runs node `n`'s first held checkpoint at `seq`, then delivers what follows.
-    fn release(&mut self, n: NodeId, seq: Seq, now: u64) {
+    pub(super) fn release(&mut self, n: NodeId, seq: Seq, now: u64) {
         let i = self.jobs.iter().position(|(m, j)| *m == n && j.seq() == seq).expect("a held checkpoint");
         let Some((_, job)) = self.jobs.remove(i) else { return };
         let mut out = Outputs::default();
@@ -459,7 +459,7 @@ impl Net {
         self.run(now);
     }
 
-    fn deliver_all(&mut self, now: u64) {
+    pub(super) fn deliver_all(&mut self, now: u64) {
         while let Some((from, to, msg)) = self.queue.pop_front() {
             match to {
                 Peer::Node(n) if !self.down[n as usize] => {
@@ -477,7 +477,7 @@ impl Net {
         }
     }
 
-    fn tick(&mut self, now: u64) {
+    pub(super) fn tick(&mut self, now: u64) {
         for n in 0..self.nodes.len() {
             if !self.down[n] {
                 let mut out = Outputs::default();
@@ -488,14 +488,14 @@ impl Net {
         self.run(now);
     }
 
-    fn submit(&mut self, client: &mut Client, now: u64, op: &[u8]) {
+    pub(super) fn submit(&mut self, client: &mut Client, now: u64, op: &[u8]) {
         for (n, m) in client.invoke(now, op.to_vec()).expect("idle") {
             self.queue.push_back((Peer::Client(client.id()), Peer::Node(n), m));
         }
         self.run(now);
     }
 
-    fn result(&mut self, client: &mut Client) -> Option<Vec<u8>> {
+    pub(super) fn result(&mut self, client: &mut Client) -> Option<Vec<u8>> {
         let mut result = None;
         for (n, c, r) in std::mem::take(&mut self.replies) {
             if c == client.id() {

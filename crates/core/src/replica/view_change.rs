@@ -206,7 +206,7 @@ impl<S: Service> Replica<S> {
     /// New primary: Q valid VIEW-CHANGEs for the view we committed to → NEW-VIEW.
     fn maybe_new_view(&mut self, out: &mut Outputs) {
         let Some(t) = self.vc_target else { return };
-        if self.cfg.primary(t) != self.id {
+        if self.cfg.primary(t) != self.id || self.rejoin.is_some() {
             return;
         }
         let vcs: Vec<ViewChange> = self.view_changes.values().filter(|v| v.view == t).cloned().collect();
