@@ -625,7 +625,13 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     let all: Vec<NodeEntry> = nodes.iter().chain(&executors).chain(&rq_nodes).cloned().collect();
     for (i, (seed, mac)) in seeds.iter().enumerate() {
         let ndir = dir.join(format!("node-{i}"));
-        fs::create_dir_all(ndir.join("data")).map_err(|source| ConfigFileError::Io { path: ndir.clone(), source })?;
+        if i < all.len() - rq_nodes.len() {
+            provision_data(&ndir)?;
+        } else {
+            // RQ nodes keep nothing on disk but the epoch certificates they followed.
+            fs::create_dir_all(ndir.join("data"))
+                .map_err(|source| ConfigFileError::Io { path: ndir.clone(), source })?;
+        }
         let creds = issue(&ca, PeerId::Node(i as NodeId))?;
         write(&ndir.join("node.pem"), &creds.cert_pem)?;
         write(&ndir.join("node.key"), &creds.key_pem)?;
@@ -740,6 +746,14 @@ pub fn admin_setup(dir: &Path) -> Result<(ClientSetup, SigningKey), ConfigFileEr
     Ok((setup, admin))
 }
 
+/// Creates and stamps `ndir/data` for a node that never ran (crate::storage::provision):
+/// only such a directory lets a node vote from its first step.
+fn provision_data(ndir: &Path) -> Result<(), ConfigFileError> {
+    let data = ndir.join("data");
+    crate::storage::provision(&data)
+        .map_err(|e| ConfigFileError::Invalid { path: data.clone(), message: format!("provisioning: {e}") })
+}
+
 /// Creates `node-<id>` in a `keel init` directory for a node the administrator adds:
 /// keys, TLS certificate, and a node.toml like node-0's (service, fsync) listening on
 /// `listen`. Returns its directory and the member to name in the admin operation; the
@@ -760,7 +774,7 @@ pub fn new_node_dir(
     if ndir.exists() {
         return Err(ConfigFileError::Invalid { path: ndir, message: "exists already".into() });
     }
-    fs::create_dir_all(ndir.join("data")).map_err(|source| ConfigFileError::Io { path: ndir.clone(), source })?;
+    provision_data(&ndir)?;
     let ca = Credentials { cert_pem: read(&dir.join("ca.pem"))?, key_pem: read(&dir.join("ca.key"))? };
     let creds = issue(&ca, PeerId::Node(id))?;
     write(&ndir.join("node.pem"), &creds.cert_pem)?;

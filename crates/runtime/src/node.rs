@@ -123,7 +123,22 @@ async fn run_replica<S: Service + Send + 'static>(setup: NodeSetup, make: impl F
         )));
     };
     let fresh = durable.records.is_empty() && durable.snapshots.is_empty();
-    let mut replica = if fresh {
+    let mut replica = if fresh && storage.unprovisioned() {
+        // The data directory is gone (deleted, or a new disk): whatever this node voted
+        // for before, others still count. It rejoins without voting until it caught up
+        // past all of it (keel_core replica/rejoin.rs).
+        tracing::warn!(
+            node = setup.id,
+            dir = %setup.data_dir.display(),
+            "data directory not provisioned by keel init: rejoining as a node that lost its disk (no votes until caught up)"
+        );
+        eprintln!(
+            "node {}: {} holds no data and was not provisioned by keel init; rejoining without voting until caught up",
+            setup.id,
+            setup.data_dir.display()
+        );
+        Replica::rejoin(cfg, index, setup.secrets.clone(), make(), now_ms(), &mut out)?
+    } else if fresh {
         Replica::new(cfg, index, setup.secrets.clone(), make())
     } else {
         Replica::recover(cfg, index, setup.secrets.clone(), make(), durable, now_ms(), &mut out)?

@@ -72,7 +72,8 @@ pub enum StorageError {
     Stopped,
     #[error(
         "{path}: storage format {found}, this build reads format {expected}; move the data directory aside \
-         (the node then rejoins by state transfer) or start a new cluster with keel init"
+         (the node then rejoins: it fetches the state and votes again once it caught up) or start a new \
+         cluster with keel init"
     )]
     Format { path: PathBuf, found: String, expected: u32 },
 }
@@ -80,15 +81,15 @@ pub enum StorageError {
 /// The file in a data directory that names its storage format.
 const FORMAT_FILE: &str = "FORMAT";
 
-/// Checks the data directory's format, or stamps a fresh directory with ours. A directory
-/// holding data but no format file predates format versions and is refused like any
-/// other version.
-fn check_format(dir: &Path, wal_dir: &Path, snap_dir: &Path) -> Result<(), StorageError> {
+/// Checks the data directory's format, or stamps a fresh directory with ours; true if it
+/// stamped it now. A directory holding data but no format file predates format versions
+/// and is refused like any other version.
+fn check_format(dir: &Path, wal_dir: &Path, snap_dir: &Path) -> Result<bool, StorageError> {
     let path = dir.join(FORMAT_FILE);
     let expected = keel_core::wal::STORAGE_FORMAT;
     let stamp = format!("keel-storage-format {expected}\n");
     match fs::read_to_string(&path) {
-        Ok(text) if text == stamp => Ok(()),
+        Ok(text) if text == stamp => Ok(false),
         Ok(text) => Err(StorageError::Format { path, found: format!("{:?}", text.trim()), expected }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let holds_data = |d: &Path| -> Result<bool, StorageError> {
@@ -101,7 +102,8 @@ fn check_format(dir: &Path, wal_dir: &Path, snap_dir: &Path) -> Result<(), Stora
                     expected,
                 });
             }
-            write_atomic(dir, FORMAT_FILE, stamp.as_bytes())
+            write_atomic(dir, FORMAT_FILE, stamp.as_bytes())?;
+            Ok(true)
         }
         Err(e) => Err(io_err("read", &path)(e)),
     }
@@ -137,6 +139,27 @@ pub struct Storage {
     dirty: bool,
     pub stats: StorageStats,
     reaper: Option<Reaper>,
+    /// The directory had no format stamp and held nothing: `keel init` or `keel admin
+    /// add-node` did not provision it (see [`provision`]), so it is a lost or replaced
+    /// disk of a node that may have run before.
+    unprovisioned: bool,
+}
+
+/// Makes `dir` the data directory of a node that never ran: stamped with the storage
+/// format, empty. A node that finds its data directory so starts as a new member; one
+/// that finds no stamp (the directory was deleted, or the disk replaced) must assume it
+/// voted before and forgot, and rejoins without voting until it caught up
+/// (keel_core::replica::Replica::rejoin).
+///
+/// # Errors
+/// I/O failures, or a directory that already holds data of another format.
+pub fn provision(dir: &Path) -> Result<(), StorageError> {
+    let wal_dir = dir.join("wal");
+    let snap_dir = dir.join("snap");
+    for d in [dir, &wal_dir, &snap_dir] {
+        fs::create_dir_all(d).map_err(io_err("create directory", d))?;
+    }
+    check_format(dir, &wal_dir, &snap_dir).map(|_| ())
 }
 
 fn spare_path(wal_dir: &Path, k: u64) -> PathBuf {
@@ -286,7 +309,7 @@ impl Storage {
         for d in [dir, &wal_dir, &snap_dir] {
             fs::create_dir_all(d).map_err(io_err("create directory", d))?;
         }
-        check_format(dir, &wal_dir, &snap_dir)?;
+        let unprovisioned = check_format(dir, &wal_dir, &snap_dir)?;
         let mut stats = StorageStats::default();
 
         // Segments older than the newest base segment were compacted away.
@@ -334,8 +357,15 @@ impl Storage {
             dirty: false,
             stats,
             reaper: Reaper::start(),
+            unprovisioned,
         };
         Ok((storage, Durable { snapshots, records }))
+    }
+
+    /// Whether the data directory was found unprovisioned (see [`provision`]): the node
+    /// lost its disk and must rejoin.
+    pub fn unprovisioned(&self) -> bool {
+        self.unprovisioned
     }
 
     pub fn policy(&self) -> FsyncPolicy {

@@ -417,6 +417,10 @@ const NODE_TICK_MS: u64 = 5;
 const SPARES: usize = 2;
 const CLIENT_TICK_MS: u64 = 10;
 const TRACE_TAIL_MAX: usize = 40;
+/// `KEEL_SIM_TRACE_TAIL=N` keeps the last N trace lines instead (debugging a seed).
+fn trace_tail_max() -> usize {
+    std::env::var("KEEL_SIM_TRACE_TAIL").ok().and_then(|v| v.parse().ok()).unwrap_or(TRACE_TAIL_MAX)
+}
 
 pub struct World<W: Workload> {
     opts: SimOptions,
@@ -785,7 +789,7 @@ impl<W: Workload> World<W> {
 
     fn trace_line(&mut self, line: String) {
         self.trace.update(line.as_bytes());
-        if self.trace_tail.len() == TRACE_TAIL_MAX {
+        if self.trace_tail.len() >= trace_tail_max() {
             self.trace_tail.pop_front();
         }
         self.trace_tail.push_back(line);
@@ -1810,7 +1814,10 @@ impl<W: Workload> World<W> {
         for session in 0..sessions {
             let spare = self.nodes.iter().position(|x| x.role == Role::Spare);
             let min = 2 * m.u as usize + m.r as usize + 1;
-            let change = if m.n() > min && (spare.is_none() || session == 1 || self.rng.gen_bool(0.5)) {
+            let faults = if session == 0 && self.rng.gen_bool(0.25) { self.faults_change(&m) } else { None };
+            let change = if let Some(change) = faults {
+                change
+            } else if m.n() > min && (spare.is_none() || session == 1 || self.rng.gen_bool(0.5)) {
                 Change::Remove(m.members[self.rng.gen_range(0..m.n())].id)
             } else if let (Some(s), 0) = (spare, session) {
                 Change::Add(Member { id: s as u32, key: self.nodes[s].secrets.signing.public(), addr: String::new() })
@@ -1828,6 +1835,33 @@ impl<W: Workload> World<W> {
         }
         let at = self.now + CLIENT_TICK_MS;
         self.schedule(at, Ev::AdminTick);
+    }
+
+    /// A `set-faults` change the model allows on membership `m`: the same (u, r) (an epoch
+    /// change that keeps every member's index and key: what a replay of an earlier epoch's
+    /// statements needs, issue #21 defect 1), or r moved within what the Byzantine members
+    /// and the nodes allow, never raised while a stage runs apart (a node of it that has
+    /// not seen the change would still believe r + 1 peers).
+    fn faults_change(&mut self, m: &Membership) -> Option<Change> {
+        // Lying nodes of any stage: r bounds each stage's liars.
+        let byzantine = self
+            .nodes
+            .iter()
+            .filter(|n| n.byzantine.is_some() || n.exec_byzantine.is_some() || n.rq_byzantine.is_some())
+            .count();
+        let apart = self.nodes.iter().any(|n| n.is_exec || n.is_rq);
+        // With auth = mac (the default of a crash-tolerant cluster) a client whose MACs
+        // fail at some nodes stalls a Byzantine-tolerant one until a view change (PBFT's
+        // known weakness, which rq-mac removes): raising r there trades liveness under
+        // the simulator's faulty client, so r grows only under rq-mac or sig.
+        let weak_auth = self.cfg.auth == keel_core::config::Auth::Mac;
+        let r_max = if apart || weak_auth { m.r } else { m.u.min((m.n() as u32).saturating_sub(2 * m.u + 1)) };
+        let r_min = byzantine as u32;
+        if r_min > r_max {
+            return None;
+        }
+        let r = self.rng.gen_range(r_min..=r_max);
+        Some(Change::Faults { u: m.u, r })
     }
 
     fn admin_send(&mut self, from: ClientId, msgs: Vec<(NodeId, Message)>) {

@@ -303,18 +303,19 @@ impl<S: Service> Replica<S> {
 
     /// A stable checkpoint is proven by Q signed votes for the same (seq, root).
     pub(super) fn validate_stable_proof(&self, p: &StableProof) -> Result<(), Reject> {
-        // Every correct node of this epoch holds the checkpoint the epoch started from:
-        // a proof below it belongs to an earlier membership, whose signers may have kept
-        // their keys, and is not this epoch's to judge (issue #21, defect 1).
-        if p.seq < self.cfg.membership.since {
-            return Err(Reject::BadProof("stable checkpoint from before this epoch"));
-        }
         if p.seq == 0 {
             return if p.sigs.is_empty() && p.root == Default::default() {
                 Ok(())
             } else {
                 Err(Reject::BadProof("genesis checkpoint with signatures"))
             };
+        }
+        // A proof between genesis and the checkpoint this epoch started from belongs to an
+        // earlier membership, whose signers may have kept their keys: not this epoch's to
+        // judge (issue #21, defect 1). A node that joined the epoch without its base state
+        // (it jumped by certificates) still claims only genesis, above.
+        if p.seq < self.cfg.membership.since {
+            return Err(Reject::BadProof("stable checkpoint from before this epoch"));
         }
         // The checkpoint this epoch started from was proven by the previous membership,
         // and names this one.
