@@ -151,6 +151,8 @@ pub struct FaultCounts {
     pub rejoined: u64,
     /// Crashes right after a step whose messages left before its records were durable.
     pub crashes_before_sync: u64,
+    /// Nodes crashed for good (never restarted).
+    pub gone: u64,
     pub lies: LieCounts,
     /// Lies of Byzantine execution nodes (separated execution; `ExecByzantine`).
     pub exec_lies: u64,
@@ -193,6 +195,7 @@ impl FaultCounts {
         self.epoch_switch_crashes += o.epoch_switch_crashes;
         self.wipes += o.wipes;
         self.crashes_before_sync += o.crashes_before_sync;
+        self.gone += o.gone;
         self.rejoined += o.rejoined;
         self.lies.add(&o.lies);
         self.exec_lies += o.exec_lies;
@@ -335,6 +338,8 @@ struct SimNode<S> {
     /// Its disk was wiped, and it has not rejoined since: it restarts as a rejoining
     /// node while its disk is empty, and counts against the faults budget until then.
     wiped: bool,
+    /// Crashed for good: never restarted, not even to heal (it counts against u).
+    gone: bool,
     /// Bumped at every crash so syncs issued before it are void.
     epoch: u64,
     secrets: NodeSecrets,
@@ -373,6 +378,7 @@ impl<S: Service> SimNode<S> {
             file_membership: None,
             disk: SimDisk::default(),
             wiped: false,
+            gone: false,
             epoch: 0,
             secrets,
             skew: 0,
@@ -822,7 +828,7 @@ impl<W: Workload> World<W> {
         self.sides.iter_mut().for_each(|s| *s = 0);
         self.clients.iter_mut().for_each(|c| c.side = 0);
         for n in 0..self.nodes.len() {
-            if !self.nodes[n].up() && self.nodes[n].role == Role::Member {
+            if !self.nodes[n].up() && self.nodes[n].role == Role::Member && !self.nodes[n].gone {
                 self.restart(n as NodeId);
             }
         }
@@ -942,7 +948,8 @@ impl<W: Workload> World<W> {
                 }
             }
             Ev::Restart(n) => {
-                if !self.nodes[n as usize].up() && self.nodes[n as usize].role == Role::Member {
+                let node = &self.nodes[n as usize];
+                if !node.up() && node.role == Role::Member && !node.gone {
                     self.restart(n);
                 }
             }
@@ -1937,7 +1944,7 @@ impl<W: Workload> World<W> {
             (0..self.nodes.len() as NodeId).filter(|i| self.nodes[*i as usize].role == Role::Member).collect();
         let mut kinds = Vec::new();
         if self.opts.faults.crash {
-            kinds.extend(["crash", "crash", "outage", "wipe"]);
+            kinds.extend(["crash", "crash", "outage", "wipe", "gone"]);
         }
         if self.opts.faults.network {
             kinds.extend(["partition", "heal"]);
@@ -1950,18 +1957,29 @@ impl<W: Workload> World<W> {
                 let back = self.now + self.rng.gen_range(50..1500);
                 self.schedule(back, Ev::Restart(victim));
             }
-            "wipe" => {
+            "wipe" | "gone" if self.rng.gen_bool(0.5) => {
                 // A node loses its disk (UpRight §3.2) and restarts empty: it rejoins
-                // without voting until it caught up (replica/rejoin.rs). It is down
-                // until then, so only while the faults budget u has room for it.
+                // without voting until it caught up (replica/rejoin.rs); or it is gone
+                // for good and liveness is checked without it. Either counts against u
+                // until it is back, so only while the faults budget has room for it.
                 let byzantine = self.nodes.iter().filter(|n| n.byzantine.is_some()).count();
-                let rejoining = self.nodes.iter().filter(|n| n.wiped).count();
+                let out = self.nodes.iter().filter(|n| n.wiped || n.gone).count();
                 let honest_order = |v: &NodeId| {
                     let node = &self.nodes[*v as usize];
-                    !node.is_exec && !node.is_rq && node.byzantine.is_none()
+                    !node.is_exec && !node.is_rq && node.byzantine.is_none() && !node.gone
                 };
                 let order: Vec<NodeId> = members.iter().copied().filter(honest_order).collect();
-                if byzantine + rejoining < self.opts.u as usize && !order.is_empty() {
+                // Not with membership changes: a removed node that crashes at its epoch's
+                // end stays down too (it is no member to restart), which with a node gone
+                // for good leaves that epoch's end short of a quorum (beyond u).
+                let room = byzantine + out < self.opts.u as usize && !order.is_empty();
+                if room && kind == "gone" && !self.opts.reconfig {
+                    let victim = order[self.rng.gen_range(0..order.len())];
+                    self.crash(victim);
+                    self.nodes[victim as usize].gone = true;
+                    self.report.faults.gone += 1;
+                    self.trace_line(format!("{} n{victim} down for good", self.now));
+                } else if room && kind == "wipe" {
                     let victim = order[self.rng.gen_range(0..order.len())];
                     if self.nodes[victim as usize].up() {
                         self.crash(victim);

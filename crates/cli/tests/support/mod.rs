@@ -187,7 +187,18 @@ impl Cluster {
         let text = std::fs::read_to_string(self.path().join(format!("node-{i}/node.toml"))).expect("node file");
         let line = text.lines().find(|l| l.starts_with("metrics")).expect("metrics address");
         let addr = line.split('"').nth(1).expect("quoted");
-        let mut s = std::net::TcpStream::connect(addr).expect("metrics endpoint");
+        // A node just (re)started may not listen yet, more so on a loaded host.
+        let started = std::time::Instant::now();
+        let mut s = loop {
+            match std::net::TcpStream::connect(addr) {
+                Ok(s) => break s,
+                Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                    eprintln!("metrics endpoint {addr}: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(e) => panic!("metrics endpoint {addr}: {e}"),
+            }
+        };
         s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").expect("request");
         let mut body = String::new();
         s.read_to_string(&mut body).expect("response");

@@ -392,7 +392,7 @@ pub(super) struct Net {
     pub(super) sent_bytes: BTreeMap<(NodeId, &'static str), usize>,
 }
 
-struct StepRecord {
+pub(super) struct StepRecord {
     node: NodeId,
     decided: bool,
     persist: Vec<Persist>,
