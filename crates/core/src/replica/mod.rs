@@ -1184,6 +1184,8 @@ impl<S: Service> Replica<S> {
 #[cfg(test)]
 mod epoch_tests;
 #[cfg(test)]
+mod relay_tests;
+#[cfg(test)]
 mod safety_tests;
 #[cfg(test)]
 pub(crate) mod tests;
