@@ -334,6 +334,7 @@ fn sample_messages() -> Vec<Message> {
 fn sample_records() -> Vec<Record> {
     let value = Value { time: 42, requests: vec![put(1, 1)] };
     vec![
+        Record::NewView(NewView { view: 3, view_changes: Vec::new(), sig: Sig([0; 64]) }),
         Record::View { view: 3, floor: 2 },
         Record::ViewChangeSent { view: 4 },
         Record::Accepted { view: 3, seq: 9, value: value.clone() },

@@ -13,7 +13,7 @@
 //! so that a recycled segment file's old records fail it and read as the end of the log.
 
 use crate::crypto::Digest;
-use crate::message::{Cert, EpochCert, Seq, StableProof, Value, View};
+use crate::message::{Cert, EpochCert, NewView, Seq, StableProof, Value, View};
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +45,14 @@ pub enum Record {
     Rejoining { bounds: Option<(View, Seq)> },
     /// Rejoining is over: the node votes again.
     Rejoined,
+    /// The NEW-VIEW that installed the view of the `View` record that follows: the node's
+    /// proof of its view, which it relays to peers in lower views (replica/catch_up.rs),
+    /// after a restart too. Written just before that record, in the same batch, so that
+    /// a durable `View` record has its proof durable (a log is read up to its first torn
+    /// record), and kept by every compaction. Bounded like the NEW-VIEW frame it was
+    /// sent in: `ClusterConfig` validation keeps Q view changes of `log_max` certificates
+    /// within `FRAME_MAX` (= [`RECORD_BYTES_MAX`]).
+    NewView(NewView),
 }
 
 impl Record {
@@ -59,7 +67,8 @@ impl Record {
             | Record::Epoch(_)
             | Record::ExecStable(_)
             | Record::Rejoining { .. }
-            | Record::Rejoined => None,
+            | Record::Rejoined
+            | Record::NewView(_) => None,
         }
     }
 }
@@ -175,6 +184,15 @@ mod tests {
         assert_eq!(d.records, sample());
         assert_eq!(d.valid_len, bytes.len());
         assert_eq!(d.tail, None);
+    }
+
+    #[test]
+    fn a_view_record_with_its_new_view_round_trips() {
+        let proof = NewView { view: 3, view_changes: Vec::new(), sig: crate::crypto::Sig([7; 64]) };
+        let records = vec![Record::NewView(proof), Record::View { view: 3, floor: 0 }];
+        let bytes: Vec<u8> = records.iter().flat_map(encode_record).collect();
+        assert_eq!(decode_log(&bytes).records, records);
+        assert_eq!(records[0].seq(), None, "not garbage-collected with the instances");
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Bringing a lagging node back: STATUS gossip, NEW-VIEW relay, decided values, and state
-//! transfer of a stable checkpoint (BFT-SMaRt §II-C2).
+//! transfer of a stable checkpoint (BFT-SMaRt §II-C2). The state carries no view: a
+//! laggard learns the current one from the NEW-VIEW that peers in a higher view relay
+//! when its STATUS reports a lower one, and installs it during or after the transfer.
 //!
 //! A laggard learns nothing on one peer's word: a NEW-VIEW proves itself, a stable
 //! checkpoint carries Q signatures, a chunk must match the Merkle root, and a decided value
@@ -31,6 +33,10 @@ impl<S: Service> Replica<S> {
         let peer = Peer::Node(from);
         let mut helped = false;
         if view < self.view {
+            // A peer in a lower view gets the proof of ours, beside whatever else it needs:
+            // catching up by decided values or by state transfer, it ends in our view
+            // without another view change. Every view above 0 has its NEW-VIEW here, a
+            // restarted node's included (`Record::NewView`).
             if let Some(nv) = &self.new_view {
                 // Gated: the primary of that view relays its own NEW-VIEW only once its
                 // record of the view is durable (see `view_record_durable`).

@@ -494,7 +494,10 @@ pub struct Replica<S> {
     view: View,
     /// Instances up to here were settled by the NEW-VIEW of `view`: no fresh proposals.
     floor: Seq,
-    /// The NEW-VIEW that installed `view`, kept to relay to laggards.
+    /// The NEW-VIEW that installed `view`, kept to relay to laggards (None at view 0,
+    /// which needs no proof). Persisted with the view (`Record::NewView`, just before
+    /// `Record::View`) and restored by `recover`: a node relays it after a restart too.
+    /// Changed only where `view` is: `install_new_view` and `recover`.
     new_view: Option<NewView>,
     /// Set once this node sent VIEW-CHANGE(t): it will never act in a view below t.
     vc_target: Option<View>,
@@ -1056,6 +1059,10 @@ impl<S: Service> Replica<S> {
         if let Some(r) = &self.rejoin {
             records.push(Record::Rejoining { bounds: r.bounds });
         }
+        if let Some(nv) = &self.new_view {
+            // Before the View record, as `install_new_view` writes them.
+            records.push(Record::NewView(nv.clone()));
+        }
         records.push(Record::View { view: self.view, floor: self.floor });
         if let Some(t) = self.vc_target {
             records.push(Record::ViewChangeSent { view: t });
@@ -1124,6 +1131,9 @@ impl<S: Service> Replica<S> {
         if let Some(t) = self.vc_target {
             assert!(t > self.view, "a view-change target is above the installed view");
         }
+        if let Some(nv) = &self.new_view {
+            assert_eq!(nv.view, self.view, "the NEW-VIEW kept is the installed view's");
+        }
         if let Some((&first, _)) = self.log.iter().next() {
             assert!(first > self.stable.seq, "the log holds only instances above the stable checkpoint");
         }
@@ -1173,6 +1183,8 @@ impl<S: Service> Replica<S> {
 
 #[cfg(test)]
 mod epoch_tests;
+#[cfg(test)]
+mod relay_tests;
 #[cfg(test)]
 mod safety_tests;
 #[cfg(test)]

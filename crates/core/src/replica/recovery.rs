@@ -3,7 +3,8 @@
 //! The rebuilt node keeps every promise it made before the crash: it re-enters the highest
 //! view it installed (or the view change it committed to), remembers the proposal it
 //! accepted for each instance of that view and every prepared certificate, and re-executes
-//! the decided values above its snapshot. Whatever it misses it learns from peers.
+//! the decided values above its snapshot. Whatever it misses it learns from peers. It
+//! keeps the NEW-VIEW of its view too: the proof it relays to peers in lower views.
 
 use super::{NodeSecrets, Outputs, Replica};
 use crate::config::ClusterConfig;
@@ -64,8 +65,10 @@ impl<S: Service> Replica<S> {
             }
         }
         // Pass 1: positions that later records are interpreted against.
+        let mut proof: Option<&crate::message::NewView> = None;
         for rec in &records {
             match rec {
+                Record::NewView(nv) if proof.is_none_or(|p| nv.view >= p.view) => proof = Some(nv),
                 Record::View { view, floor } if *view >= r.view => {
                     r.view = *view;
                     r.floor = *floor;
@@ -78,6 +81,10 @@ impl<S: Service> Replica<S> {
                 _ => {}
             }
         }
+        // The proof of the view recovered into, to relay to laggards (catch_up.rs). Written
+        // before its View record, so it is here whenever that record is; from our own
+        // disk, so not checked again.
+        r.new_view = proof.filter(|nv| nv.view == r.view).cloned();
         if r.vc_target.is_some_and(|t| t <= r.view) {
             r.vc_target = None;
         }

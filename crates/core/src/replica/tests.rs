@@ -495,6 +495,37 @@ impl Net {
         self.run(now);
     }
 
+    /// What node `n` holds on disk: every record and snapshot its steps asked to persist,
+    /// all of it durable (the harness syncs at once), as compactions left it.
+    pub(super) fn durable(&self, n: NodeId) -> Durable {
+        let mut d = Durable::default();
+        for s in self.steps.iter().filter(|s| s.node == n) {
+            for p in &s.persist {
+                match p {
+                    Persist::Record(r) => d.records.push(r.clone()),
+                    Persist::Snapshot { seq, chunked } => d.snapshots.push((*seq, chunked.clone())),
+                    Persist::Compact { records, snapshots_from } => {
+                        d.records = records.clone();
+                        d.snapshots.retain(|(seq, _)| seq >= snapshots_from);
+                    }
+                }
+            }
+            d.records.extend(s.lazy.iter().cloned());
+        }
+        d
+    }
+
+    /// Crashes node `n` (its memory and undelivered messages to it are lost) and restarts
+    /// it from [`Net::durable`].
+    pub(super) fn restart(&mut self, n: NodeId, now: u64) {
+        let cfg = self.nodes[n as usize].config().clone();
+        self.queue.retain(|(_, to, _)| *to != Peer::Node(n));
+        let mut out = Outputs::default();
+        self.nodes[n as usize] = Replica::recover(cfg, n, secrets(n), Log::default(), self.durable(n), now, &mut out)
+            .expect("recovers from its own disk");
+        self.absorb(n, out);
+    }
+
     pub(super) fn result(&mut self, client: &mut Client) -> Option<Vec<u8>> {
         let mut result = None;
         for (n, c, r) in std::mem::take(&mut self.replies) {

@@ -346,8 +346,11 @@ impl<S: Service> Replica<S> {
         self.own_view_change = None;
         self.awaiting.clear();
         self.prune_bodies();
-        self.new_view = Some(nv);
         self.view_changes.retain(|_, v| v.view > t);
+        // The proof goes first: once the View record is durable, so is the NEW-VIEW this
+        // node relays to laggards, after a restart too (issue #21, defect 7).
+        self.persist(Record::NewView(nv.clone()), out);
+        self.new_view = Some(nv);
         self.persist(Record::View { view: t, floor }, out);
         self.view_record_durable = self.cfg.primary(t) != self.id;
         out.events.push(Event::ViewInstalled { view: t });
