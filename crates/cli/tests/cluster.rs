@@ -13,14 +13,9 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 mod support;
-use support::{get, metric, put, read_only, reads_never_stale_under_writes, start_writers, Cluster, OP_TIMEOUT};
-
-async fn check_all(cluster: &Cluster, acked: &[(String, String)]) {
-    let c = cluster.client(1007);
-    for (k, v) in acked {
-        assert_eq!(get(&c, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
-    }
-}
+use support::{
+    check_all, get, metric, put, read_only, reads_never_stale_under_writes, start_writers, Cluster, OP_TIMEOUT,
+};
 
 async fn progress_during(cluster: &Cluster, what: &str) {
     let c = cluster.client(1006);

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 mod support;
-use support::{get, put, start_writers, Cluster};
+use support::{check_all, put, start_writers, Cluster};
 
 async fn wait_for_log(cluster: &Cluster, i: usize, needle: &str, limit: Duration) -> bool {
     let started = Instant::now();
@@ -61,9 +61,7 @@ async fn wiped_disk_under_load(u: u32, r: u32) {
     cluster.kill(0);
     let c = cluster.client(1006);
     put(&c, "after", "x").await.expect("progress with the rejoined node in the quorum");
-    for (k, v) in &acked {
-        assert_eq!(get(&c, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
-    }
+    check_all(&cluster, &acked).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

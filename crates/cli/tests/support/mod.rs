@@ -270,6 +270,14 @@ pub fn start_writers(
         .collect()
 }
 
+/// Reads every acknowledged write back (client 1007), failing on the first one lost.
+pub async fn check_all(cluster: &Cluster, acked: &[(String, String)]) {
+    let c = cluster.client(1007);
+    for (k, v) in acked {
+        assert_eq!(get(&c, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
+    }
+}
+
 pub async fn put(c: &KeelClient, k: &str, v: &str) -> Result<(), String> {
     let req = KvRequest::Put { key: k.into(), value: v.into() };
     match c.invoke(req.encode(), OP_TIMEOUT).await.map_err(|e| e.to_string())? {
