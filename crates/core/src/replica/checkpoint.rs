@@ -250,7 +250,11 @@ impl<S: Service> Replica<S> {
             }
             if let Some((root, membership, sig)) = votes.get(&self.id) {
                 let vote = CheckpointVote { seq, root: *root, membership: *membership, sig: *sig };
-                self.broadcast(Message::Checkpoint(vote), out);
+                // Gated like the first sending: the snapshot written a step ago may not be
+                // durable yet, and a vote whose snapshot a crash loses can make a stable
+                // checkpoint nobody holds (the simulator's crashes before a sync found it:
+                // every node then waited for a state transfer no one could serve).
+                self.broadcast_durable(Message::Checkpoint(vote), out);
             }
         }
     }

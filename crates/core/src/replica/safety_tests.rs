@@ -264,3 +264,21 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
         assert_eq!(log(n)[..common], log(0)[..common], "node {n}");
     }
 }
+
+/// Found by the simulator's crashes before a sync (seed 101 at (1, 0)): a retransmitted
+/// checkpoint vote left at once, before the snapshot it vouches for was durable; a crash
+/// then lost the snapshot while the vote made the checkpoint stable, and no node could
+/// serve the state. Retransmissions are gated like the first sending.
+#[test]
+fn a_retransmitted_checkpoint_vote_waits_for_its_snapshot_to_be_durable() {
+    let cfg = config(1, 1);
+    let mut n = node(&cfg, 0);
+    let (root, membership) = (Digest([1; 32]), cfg.membership.digest());
+    let sig = tests::secrets(0).signing.sign(&crate::message::checkpoint_statement(8, &root, &membership, 0));
+    n.checkpoint_votes.entry(8).or_default().insert(0, (root, membership, sig));
+    let mut out = Outputs::default();
+    n.retransmit_checkpoint_votes(&mut out);
+    let votes = |q: &Vec<(Peer, Message)>| q.iter().filter(|(_, m)| matches!(m, Message::Checkpoint(_))).count();
+    assert_eq!(votes(&out.send), 0, "a vote left before its snapshot was durable");
+    assert_eq!(votes(&out.send_after_persist), 3);
+}
