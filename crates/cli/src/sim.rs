@@ -205,9 +205,9 @@ pub fn run(args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} wipes={} rejoined={} crashes_before_sync={} gone={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} inconsistent_macs={} exec_lies={} rq_lies={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} wipes={} rejoined={} crashes_before_sync={} gone={} clock_jumps={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} inconsistent_macs={} exec_lies={} rq_lies={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
-        totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, totals.admin_ops, totals.epochs, totals.epoch_switch_crashes, totals.wipes, totals.rejoined, totals.crashes_before_sync, totals.gone,
+        totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, totals.admin_ops, totals.epochs, totals.epoch_switch_crashes, totals.wipes, totals.rejoined, totals.crashes_before_sync, totals.gone, totals.clock_jumps,
         l.equivocations, l.corruptions,
         l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals,
         l.forged_endorsements, l.forged_epoch_certs, l.withheld_bodies, totals.inconsistent_macs, totals.exec_lies, totals.rq_lies

@@ -153,6 +153,8 @@ pub struct FaultCounts {
     pub crashes_before_sync: u64,
     /// Nodes crashed for good (never restarted).
     pub gone: u64,
+    /// Clocks stepped forward or back during a run.
+    pub clock_jumps: u64,
     pub lies: LieCounts,
     /// Lies of Byzantine execution nodes (separated execution; `ExecByzantine`).
     pub exec_lies: u64,
@@ -172,6 +174,7 @@ impl FaultCounts {
             + self.delayed
             + self.skewed_clocks
             + self.wipes
+            + self.clock_jumps
             + self.inconsistent_macs
             + l.total()
             + self.exec_lies
@@ -196,6 +199,7 @@ impl FaultCounts {
         self.wipes += o.wipes;
         self.crashes_before_sync += o.crashes_before_sync;
         self.gone += o.gone;
+        self.clock_jumps += o.clock_jumps;
         self.rejoined += o.rejoined;
         self.lies.add(&o.lies);
         self.exec_lies += o.exec_lies;
@@ -827,6 +831,9 @@ impl<W: Workload> World<W> {
         self.lossy = false;
         self.sides.iter_mut().for_each(|s| *s = 0);
         self.clients.iter_mut().for_each(|c| c.side = 0);
+        // Clocks synchronized again: within a quarter of the tolerance, as at the start.
+        let synced = self.opts.options.clock_tolerance_ms as i64 / 4;
+        self.nodes.iter_mut().for_each(|n| n.skew = n.skew.clamp(-synced, synced));
         for n in 0..self.nodes.len() {
             if !self.nodes[n].up() && self.nodes[n].role == Role::Member && !self.nodes[n].gone {
                 self.restart(n as NodeId);
@@ -1947,7 +1954,7 @@ impl<W: Workload> World<W> {
             kinds.extend(["crash", "crash", "outage", "wipe", "gone"]);
         }
         if self.opts.faults.network {
-            kinds.extend(["partition", "heal"]);
+            kinds.extend(["partition", "heal", "clock"]);
         }
         let kind = kinds[self.rng.gen_range(0..kinds.len())];
         match kind {
@@ -2017,6 +2024,18 @@ impl<W: Workload> World<W> {
             "heal" => {
                 self.sides.iter_mut().for_each(|s| *s = 0);
                 self.clients.iter_mut().for_each(|c| c.side = 0);
+            }
+            "clock" => {
+                // A node's clock jumps, forward or back, by up to twice the proposal-time
+                // tolerance (NTP stepping a clock, a VM resumed): cores see time only
+                // through `now`, never going back inside a node, and agreed time comes
+                // from the primary's proposals, checked against each backup's clock.
+                let victim = members[self.rng.gen_range(0..members.len())];
+                let tolerance = self.opts.options.clock_tolerance_ms as i64;
+                let jump = self.rng.gen_range(-2 * tolerance..=2 * tolerance);
+                self.nodes[victim as usize].skew += jump;
+                self.report.faults.clock_jumps += 1;
+                self.trace_line(format!("{} n{victim} clock jumps by {jump} ms", self.now));
             }
             _ => {}
         }
