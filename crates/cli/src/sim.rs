@@ -1,10 +1,12 @@
 //! `keel sim`: many seeds of the simulator, a summary line, and a replay hint for any
 //! seed that breaks a property.
 
+mod attacks;
+
 use clap::Args;
 use keel_core::config::{Auth, Options};
 use keel_core::quorum::{Mutation, Quorums};
-use keel_sim::{run_kv_seed, FaultCounts, FaultSet, SeedReport, SimOptions};
+use keel_sim::{run_kv_seed, Behaviours, FaultCounts, FaultSet, SeedReport, SimOptions};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -24,9 +26,11 @@ pub struct SimArgs {
     /// none | crash | network | byzantine | all (or a comma list).
     #[arg(long, default_value = "all")]
     faults: String,
-    /// Events in each seed's fault phase.
-    #[arg(long, default_value_t = 20_000)]
-    steps: u64,
+    /// Events in each seed's fault phase (default 20000; 40000 with --report attacks,
+    /// where a Byzantine primary's one view change would otherwise weigh as much as the
+    /// throughput after it).
+    #[arg(long)]
+    steps: Option<u64>,
     /// Simulated clients.
     #[arg(long, default_value_t = 4)]
     clients: usize,
@@ -59,9 +63,86 @@ pub struct SimArgs {
     /// the order nodes), or one stage apart: separated-exec, separated-rq.
     #[arg(long, default_value = "co-located", value_parser = crate::cluster::LAYOUTS)]
     layout: String,
+    /// Pin the Byzantine order node and what it does, instead of the seed choosing:
+    /// NODE:BEHAVIOUR[+BEHAVIOUR...] (e.g. 1:forge-endorsements), or `none` for no
+    /// Byzantine node (a faulty client still runs under --faults byzantine). Behaviours:
+    /// equivocate, corrupt, replay, forge-view-change, silent-primary, junk, rush-reads,
+    /// slow-primary, forge-endorsements, forge-epoch-certs, withhold-bodies.
+    #[arg(long, value_parser = parse_pin)]
+    byzantine: Option<Pin>,
+    /// `attacks`: throughput under attack (Aardvark). For each Byzantine behaviour, every
+    /// seed runs with one order node doing only that, at each position in turn, and
+    /// once with no Byzantine node; Byzantine faults only (--faults is ignored). Prints
+    /// operations completed with and without per behaviour, and fails if any run
+    /// completed fewer than half of its seed's run without.
+    #[arg(long, value_parser = ["attacks"])]
+    report: Option<String>,
 }
 
-pub fn run(args: SimArgs) -> ExitCode {
+/// `--byzantine`: which order nodes lie, and how.
+#[derive(Clone, Debug)]
+pub struct Pin {
+    nodes: Vec<keel_core::message::NodeId>,
+    behaviours: Behaviours,
+    /// As given, for the replay line.
+    text: String,
+}
+
+fn parse_pin(text: &str) -> Result<Pin, String> {
+    if text == "none" {
+        return Ok(Pin { nodes: Vec::new(), behaviours: Behaviours::default(), text: text.into() });
+    }
+    let (node, names) = text.split_once(':').ok_or("expected NODE:BEHAVIOUR[+BEHAVIOUR...] or none")?;
+    let node = node.parse().map_err(|_| format!("{node:?} is not a node index"))?;
+    let mut behaviours = Behaviours::default();
+    for name in names.split('+') {
+        let one = Behaviours::only(name)
+            .ok_or_else(|| format!("unknown behaviour {name:?}; known: {}", Behaviours::NAMES.join(", ")))?;
+        behaviours = merge(behaviours, one);
+    }
+    Ok(Pin { nodes: vec![node], behaviours, text: text.into() })
+}
+
+fn merge(a: Behaviours, b: Behaviours) -> Behaviours {
+    Behaviours {
+        equivocate: a.equivocate || b.equivocate,
+        corrupt: a.corrupt || b.corrupt,
+        replay: a.replay || b.replay,
+        forge_view_change: a.forge_view_change || b.forge_view_change,
+        silent_primary: a.silent_primary || b.silent_primary,
+        junk: a.junk || b.junk,
+        slow_primary: a.slow_primary || b.slow_primary,
+        rush_reads: a.rush_reads || b.rush_reads,
+        forge_endorsements: a.forge_endorsements || b.forge_endorsements,
+        forge_epoch_certs: a.forge_epoch_certs || b.forge_epoch_certs,
+        withhold_bodies: a.withhold_bodies || b.withhold_bodies,
+    }
+}
+
+/// Runs `jobs` on `threads` workers; reports come back in job order. `done` sees each
+/// as it finishes.
+fn run_jobs(jobs: &[SimOptions], threads: usize, done: impl Fn(&SeedReport) + Sync) -> Vec<SeedReport> {
+    let next = AtomicU64::new(0);
+    let reports: Mutex<Vec<(usize, SeedReport)>> = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                let Some(job) = jobs.get(i) else { break };
+                let report = run_kv_seed(job);
+                done(&report);
+                reports.lock().unwrap_or_else(|p| p.into_inner()).push((i, report));
+            });
+        }
+    });
+    let mut reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
+    reports.sort_by_key(|(i, _)| *i);
+    reports.into_iter().map(|(_, r)| r).collect()
+}
+
+pub fn run(mut args: SimArgs) -> ExitCode {
+    args.steps = args.steps.or(Some(if args.report.is_some() { 40_000 } else { 20_000 }));
+    let steps = args.steps.unwrap_or_default();
     let Some(faults) = FaultSet::parse(&args.faults) else {
         eprintln!("error: --faults must be none, crash, network, byzantine or all (got {:?})", args.faults);
         return ExitCode::from(2);
@@ -88,16 +169,15 @@ pub fn run(args: SimArgs) -> ExitCode {
 
     let first = args.seed.unwrap_or(1);
     let seeds: Vec<u64> = (first..first + args.seeds).collect();
-    let next = AtomicU64::new(0);
-    let reports: Mutex<Vec<SeedReport>> = Mutex::new(Vec::new());
     let make = |seed| SimOptions {
-        steps: args.steps,
+        steps,
         clients: args.clients,
         mutation,
         auth,
         reconfig: args.reconfig,
         separated,
         rq_separated,
+        byzantine: args.byzantine.as_ref().map(|p| (p.nodes.clone(), p.behaviours.clone())),
         options: Options { exec_workers: args.exec_workers, ..Options::test_min() },
         ..SimOptions::new(seed, args.u, args.r, faults)
     };
@@ -105,30 +185,31 @@ pub fn run(args: SimArgs) -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
+    let n = Quorums::new(args.u, args.r).map_or(0, |q| q.order_nodes());
+    if let Some(pin) = args.byzantine.as_ref().filter(|p| p.nodes.iter().any(|&i| i as usize >= n)) {
+        eprintln!("error: --byzantine {}: there are {n} order nodes (0..{n})", pin.text);
+        return ExitCode::from(2);
+    }
+    if args.report.is_some() {
+        return attacks::run(&args, &seeds, make);
+    }
     let started = std::time::Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..args.threads.max(1) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                let Some(&seed) = seeds.get(i) else { break };
-                let report = run_kv_seed(&make(seed));
-                if args.verbose {
-                    eprintln!(
-                        "seed {seed}: steps {} ops {} view-changes {} transfers {} executed {} {}",
-                        report.steps,
-                        report.ops_completed,
-                        report.view_changes,
-                        report.state_transfers,
-                        report.max_executed,
-                        if report.violations.is_empty() { "ok" } else { "VIOLATION" }
-                    );
-                }
-                reports.lock().unwrap_or_else(|p| p.into_inner()).push(report);
-            });
+    let jobs: Vec<SimOptions> = seeds.iter().map(|&seed| make(seed)).collect();
+    let reports = run_jobs(&jobs, args.threads, |report| {
+        if args.verbose {
+            eprintln!(
+                "seed {}: steps {} ops {} ({} simulated ms) view-changes {} transfers {} executed {} {}",
+                report.seed,
+                report.steps,
+                report.ops_completed,
+                report.fault_phase_ms,
+                report.view_changes,
+                report.state_transfers,
+                report.max_executed,
+                if report.violations.is_empty() { "ok" } else { "VIOLATION" }
+            );
         }
     });
-    let mut reports = reports.into_inner().unwrap_or_else(|p| p.into_inner());
-    reports.sort_by_key(|r| r.seed);
 
     let mut totals = FaultCounts::default();
     let (mut steps, mut ops, mut vcs, mut transfers, mut rejected) = (0, 0, 0, 0, 0);
@@ -190,11 +271,12 @@ pub fn run(args: SimArgs) -> ExitCode {
             args.u,
             args.r,
             args.faults,
-            args.steps,
+            steps,
             args.clients,
             args.mutate.as_ref().map(|m| format!(" --mutate {m}")).unwrap_or_default()
                 + &args.auth.map(|a| format!(" --auth {}", a.name())).unwrap_or_default()
                 + if args.reconfig { " --reconfig" } else { "" }
+                + &args.byzantine.as_ref().map(|p| format!(" --byzantine {}", p.text)).unwrap_or_default()
                 + &if args.layout == "co-located" { String::new() } else { format!(" --layout {}", args.layout) }
                 + &if args.exec_workers == 1 {
                     String::new()

@@ -22,6 +22,16 @@
 //! authenticator has one entry per stable id, so a node keeps verifying it whatever the
 //! membership around it.
 //!
+//! With `auth = rq-mac` an ordered request goes first to `u + r + 1` nodes only, as many
+//! endorsements as the primary needs (UpRight §4.3), so one of them that withholds or
+//! spoils its endorsement costs the operation a retransmission timeout. The client
+//! cannot see endorsements, but it sees which first transmissions needed a
+//! retransmission: each node they went to takes the blame ([`Client::rq_targets`]), and
+//! the next one goes to the primary and the least blamed others. A node that failed
+//! stays out while the nodes that took its place work (issue #21 defect 5, Aardvark's
+//! throughput under attack); one that crashed is passed over as soon as it misses
+//! replies.
+//!
 //! A read-index operation ([`ReadConsistency::Index`]) goes to r + 1 consecutive nodes
 //! only and needs all of them to match. The window stays put while it works (their
 //! caches stay warm) and moves on by one node whenever a read there had to be ordered, so
@@ -56,6 +66,10 @@ struct Inflight {
     sent_at: u64,
     /// Per node: the result digest it vouched for, and the full result if it sent one.
     replies: BTreeMap<NodeId, (Digest, Option<Vec<u8>>)>,
+    /// `auth = rq-mac`, order nodes taking requests: the `u + r + 1` nodes the request went
+    /// to first, until it completes or is retransmitted to all (which settles their blame,
+    /// [`Client::rq_settle`]); empty when it went to all.
+    first: Vec<NodeId>,
 }
 
 #[derive(Debug)]
@@ -126,6 +140,11 @@ pub struct Client {
     heard: BTreeMap<NodeId, u64>,
     /// The last operation had to be retransmitted: someone it went to did not answer.
     retransmitted: bool,
+    /// `auth = rq-mac`: per order node, how much the first transmissions it was among
+    /// went wrong lately: [`RQ_BLAME_FAILED`] for each one that needed a retransmission,
+    /// less one for each that did not. Members only; every value at most
+    /// [`RQ_BLAME_MAX`]. Changed by [`Client::rq_settle`].
+    blame: BTreeMap<NodeId, u32>,
     /// Last sequence number used (ordered requests and reads share the sequence).
     seq: u64,
     /// The sequence numbers of the last few operations started, oldest first: a node is
@@ -172,6 +191,15 @@ pub struct Client {
 const RQ_ALL_OPS: u32 = 64;
 const RQ_ALL_OPS_MAX: u32 = 8192;
 
+/// Blame each of the `u + r + 1` nodes a request first went to takes when it needed a
+/// retransmission; one that did not takes one off each. A node failing one operation in
+/// [`RQ_BLAME_FAILED`] + 1 it is asked for keeps its blame (a node that spoils its
+/// endorsement now and then costs its operations a whole timeout each).
+const RQ_BLAME_FAILED: u32 = 4;
+/// Bound on a node's blame: reaching it halves every node's, which keeps their order.
+const RQ_BLAME_MAX: u32 = 256;
+const _: () = assert!(RQ_BLAME_MAX >= 2 * RQ_BLAME_FAILED);
+
 impl Client {
     /// `first_seq` lets a restarted client continue above sequence numbers it used before.
     pub fn new(id: ClientId, quorums: Quorums, keys: Vec<MacKey>, retransmit_ms: u64, first_seq: u64) -> Client {
@@ -184,6 +212,7 @@ impl Client {
             quorums,
             heard: BTreeMap::new(),
             retransmitted: false,
+            blame: BTreeMap::new(),
             keys,
             auth: Auth::Mac,
             signing: None,
@@ -309,7 +338,11 @@ impl Client {
         };
         if let Some(i) = self.inflight.as_mut() {
             i.replies.retain(|n, _| keep.contains(n));
+            // It goes to all now: its first recipients are neither blamed nor credited.
+            i.first.clear();
         }
+        let members = self.members();
+        self.blame.retain(|n, _| members.contains(n));
         if let Some(Inflight { kind: Kind::Ordered(request), .. }) = &self.inflight {
             let msg = Message::Request(request.clone());
             let resend = match &self.rq {
@@ -369,7 +402,8 @@ impl Client {
         };
         read.auth = self.authenticator(&read.statement());
         let msgs = self.read_targets(consistency).into_iter().map(|n| (n, Message::Read(read.clone()))).collect();
-        self.inflight = Some(Inflight { kind: Kind::Read(read), sent_at: now, replies: BTreeMap::new() });
+        self.inflight =
+            Some(Inflight { kind: Kind::Read(read), sent_at: now, replies: BTreeMap::new(), first: Vec::new() });
         Ok(msgs)
     }
 
@@ -423,40 +457,81 @@ impl Client {
             request.sig = self.signing.as_ref().map(|k| k.sign(&request.statement()));
         }
         let msg = Message::Request(request.clone());
+        let mut blamed = Vec::new();
         let first: Vec<(NodeId, Message)> = match (self.auth, self.rq.clone()) {
             (Auth::RqMac, Some(rq)) => self.rq_first(rq).into_iter().map(|n| (n, msg.clone())).collect(),
             // Separated execution: order nodes never reply, so the client cannot tell
             // which of them are up to pick u + r + 1 (`rq_targets`): it sends to all.
             (Auth::RqMac, None) if self.executors.is_none() => {
-                self.rq_targets(retransmitted).into_iter().map(|n| (n, msg.clone())).collect()
+                blamed = self.rq_targets(retransmitted);
+                blamed.iter().map(|&n| (n, msg.clone())).collect()
             }
             _ => self.to_all(msg),
         };
         self.outbox.extend(first);
-        self.inflight = Some(Inflight { kind: Kind::Ordered(request), sent_at: now, replies: BTreeMap::new() });
+        let inflight = Inflight { kind: Kind::Ordered(request), sent_at: now, replies: BTreeMap::new(), first: blamed };
+        self.inflight = Some(inflight);
     }
 
     /// `auth = rq-mac` (UpRight §4.3, "RQ overheads"): a request goes first to `u + r + 1`
     /// nodes, as many endorsements as the primary needs, and to all only on a
-    /// retransmission. Starting at the primary of the latest known view, nodes that
-    /// replied to neither of the last two operations are passed over while enough others
-    /// remain, so a crashed node does not cost every request a retransmission timeout.
+    /// retransmission. The primary of the latest known view goes first unless it stopped
+    /// answering; then the least blamed (`blame`), a node that replied to neither of the
+    /// last two operations counting as blamed once more, so a crashed node does not cost
+    /// every request a retransmission timeout. Ties go in ring order from the primary:
+    /// with nothing gone wrong, the primary and the nodes after it.
+    ///
+    /// Why blame rather than replies: a node that withholds or spoils its endorsement
+    /// still replies (every node executes the operation once it is ordered, and answers),
+    /// so it looks live, and with it among the first `u + r + 1` the primary lacks an
+    /// endorsement until the retransmission brings the request to everyone. The client
+    /// cannot tell which of them failed; blaming all of them, and crediting those of a
+    /// first transmission that worked, soon leaves the liar the most blamed, and out.
     fn rq_targets(&self, retransmitted: bool) -> Vec<NodeId> {
         let members = self.members();
         let n = members.len();
         let want = self.quorums.endorse_propose();
         let primary = (self.view % n as u64) as usize;
-        let ring: Vec<NodeId> = (0..n).map(|i| members[(primary + i) % n]).collect();
+        let mut ring: Vec<NodeId> = (0..n).map(|i| members[(primary + i) % n]).collect();
         let memory = if retransmitted { 1 } else { 2 };
         let heard = |node: &NodeId| self.heard.get(node).copied().unwrap_or(0);
         let floor = self.started_ago(memory);
-        let live = |node: &NodeId| heard(node) >= floor;
-        let mut targets: Vec<NodeId> = ring.iter().copied().filter(live).take(want).collect();
-        // Short of live nodes: the most recently heard from first (ring order on ties).
-        let mut rest: Vec<NodeId> = ring.into_iter().filter(|n| !targets.contains(n)).collect();
-        rest.sort_by_key(|n| std::cmp::Reverse(heard(n)));
-        targets.extend(rest.into_iter().take(want - targets.len()));
-        targets
+        // The primary first while it answers: it proposes the request whatever the others
+        // say, and with request digests it gets a large operation's bytes from the client
+        // only (endorsers send it digests). Then the least blamed, a quiet node counting
+        // as blamed for one failed transmission more (a crashed node is left out at
+        // once, a slow one sooner than a liar that keeps failing); among quiet nodes the
+        // most recently heard from first. Stable: ring order on ties, so with nothing
+        // gone wrong the live nodes from the primary on.
+        let leader = ring[0];
+        ring.sort_by_key(|node| {
+            let blame = self.blame.get(node).copied().unwrap_or(0);
+            match heard(node) >= floor {
+                true if *node == leader => (false, 0, 0),
+                true => (true, blame, 0),
+                false => (true, blame + RQ_BLAME_FAILED, u64::MAX - heard(node)),
+            }
+        });
+        ring.truncate(want);
+        ring
+    }
+
+    /// The in-flight request's first transmission to `first` ended: it needed a
+    /// retransmission (`failed`), or the operation completed without one. Each of them
+    /// takes [`RQ_BLAME_FAILED`] blame, or one off.
+    fn rq_settle(&mut self, first: &[NodeId], failed: bool) {
+        for node in first {
+            let blame = self.blame.entry(*node).or_insert(0);
+            *blame = if failed { *blame + RQ_BLAME_FAILED } else { blame.saturating_sub(1) };
+        }
+        if self.blame.values().any(|&b| b > RQ_BLAME_MAX) {
+            for b in self.blame.values_mut() {
+                *b /= 2;
+            }
+        }
+        self.blame.retain(|_, b| *b > 0);
+        assert!(self.blame.values().all(|&b| b <= RQ_BLAME_MAX));
+        assert!(self.blame.len() <= self.membership.members.len());
     }
 
     /// The sequence number of the operation `k` operations before the newest one started
@@ -636,6 +711,8 @@ impl Client {
                     Kind::Ordered(req) => self.last_ordered = req.seq,
                     Kind::Read(_) => self.reads_answered += 1,
                 }
+                let first = std::mem::take(&mut inflight.first);
+                self.rq_settle(&first, false);
                 if std::mem::take(&mut self.rq_subset) {
                     // u + r + 1 RQ nodes sufficed: they are up again (or always were).
                     self.rq_all_stretch = RQ_ALL_OPS;
@@ -697,6 +774,11 @@ impl Client {
         }
         inflight.sent_at = now;
         self.retransmitted = true;
+        let first = std::mem::take(&mut inflight.first);
+        self.rq_settle(&first, true);
+        let Some(inflight) = &self.inflight else {
+            return msgs;
+        };
         match &inflight.kind {
             Kind::Ordered(request) => {
                 let m = Message::Request(request.clone());
@@ -1059,5 +1141,135 @@ mod tests {
         assert_eq!(targets(&sent), vec![0, 1, 3]);
         // All of them on a retransmission.
         assert_eq!(c.on_tick(100).len(), 4);
+    }
+
+    /// Runs `ops` ordered operations of an `auth = rq-mac` client against four nodes that
+    /// all answer. An operation needs the retransmission when `fails` says so of its
+    /// first recipients (a node among them withheld or spoiled its endorsement). Returns
+    /// the first recipients of each operation.
+    fn rq_mac_run(c: &mut Client, ops: usize, mut fails: impl FnMut(usize, &[NodeId]) -> bool) -> Vec<Vec<NodeId>> {
+        let mut now = 0;
+        let mut sent = Vec::new();
+        for i in 0..ops {
+            let first: Vec<NodeId> = c.invoke(now, vec![i as u8]).expect("idle").iter().map(|(n, _)| *n).collect();
+            let seq = c.inflight_seq().expect("in flight");
+            if fails(i, &first) {
+                now += 100;
+                assert_eq!(c.on_tick(now).len(), 4, "retransmitted to all");
+            }
+            let mut done = None;
+            for n in 0..4 {
+                done = done.or(c.on_reply(n, reply(seq, ReplyBody::Full(vec![i as u8]))));
+            }
+            assert!(done.is_some(), "operation {i} completed");
+            now += 1;
+            sent.push(first);
+        }
+        sent
+    }
+
+    /// Issue #21 defect 5: node 2 replies to everything but spoils its endorsement, so
+    /// every operation first sent to it waits for a retransmission. On c58fe33 the
+    /// client kept sending to the primary and the two nodes after it: 40 of 40
+    /// operations paid the timeout.
+    #[test]
+    fn rq_mac_routes_around_a_node_whose_first_transmissions_needed_retransmission() {
+        let mut c = client(1, 1).with_auth(Auth::RqMac);
+        let sent = rq_mac_run(&mut c, 40, |_, first| first.contains(&2));
+        let failed = sent.iter().filter(|first| first.contains(&2)).count();
+        assert!(failed <= 2, "{failed} of 40 operations waited for a retransmission: {sent:?}");
+        assert!(sent.iter().all(|first| first.len() == 3), "u + r + 1 first, always");
+        assert_eq!(sent.last(), Some(&vec![0, 1, 3]), "the primary first, then the ring without node 2");
+    }
+
+    /// A node that spoils only some of its endorsements (one in three) still ends up out.
+    #[test]
+    fn rq_mac_routes_around_a_node_that_fails_now_and_then() {
+        let mut c = client(1, 1).with_auth(Auth::RqMac);
+        let mut spoiled = 0;
+        let sent = rq_mac_run(&mut c, 200, |_, first| {
+            if !first.contains(&1) {
+                return false;
+            }
+            spoiled += 1;
+            spoiled % 3 == 0
+        });
+        let late = sent[100..].iter().filter(|first| first.contains(&1)).count();
+        assert_eq!(late, 0, "node 1 still asked first in the second half ({} failures): {sent:?}", spoiled / 3);
+        assert!(spoiled / 3 <= 4, "{} operations waited for a retransmission", spoiled / 3);
+    }
+
+    /// Blame is relative: a node left out once comes back when another turns bad (here
+    /// node 2 fails first, then recovers and node 1 fails instead), and stays bounded when
+    /// everything fails.
+    #[test]
+    fn rq_mac_blame_moves_to_whichever_node_fails_and_stays_bounded() {
+        let mut c = client(1, 1).with_auth(Auth::RqMac);
+        rq_mac_run(&mut c, 20, |_, first| first.contains(&2));
+        let sent = rq_mac_run(&mut c, 40, |_, first| first.contains(&1));
+        let failed = sent.iter().filter(|first| first.contains(&1)).count();
+        assert!(failed <= 4, "{failed} of 40 failed after node 1 turned bad: {sent:?}");
+        assert_eq!(sent.last(), Some(&vec![0, 2, 3]));
+        // Nothing works: every node is blamed alike, within the bound, and the client
+        // still sends to u + r + 1 first and to all on the retransmission.
+        let sent = rq_mac_run(&mut c, 500, |_, _| true);
+        assert!(sent.iter().all(|first| first.len() == 3));
+        assert!(c.blame.values().all(|&b| b <= RQ_BLAME_MAX), "{:?}", c.blame);
+        assert!(c.blame.len() <= 4);
+    }
+
+    /// With nothing going wrong, nobody is blamed and the first targets are what they
+    /// were: the primary and the two nodes after it.
+    #[test]
+    fn rq_mac_without_failures_sends_to_the_primary_and_the_nodes_after_it() {
+        let mut c = client(1, 1).with_auth(Auth::RqMac);
+        let sent = rq_mac_run(&mut c, 10, |_, _| false);
+        assert!(sent.iter().all(|first| *first == vec![0, 1, 2]), "{sent:?}");
+        assert!(c.blame.is_empty());
+    }
+
+    /// A node that answers late (three operations behind) is a better first recipient
+    /// than one that answers at once but fails every first transmission it is in. Seen in
+    /// the simulator: preferring any node that answered lately, the client kept sending
+    /// to a liar while a correct node lagged.
+    #[test]
+    fn rq_mac_prefers_a_slow_node_to_one_that_keeps_failing() {
+        let mut c = client(1, 1).with_auth(Auth::RqMac);
+        let (mut now, mut seqs, mut failed) = (0, Vec::new(), 0);
+        for i in 0..30u8 {
+            let first: Vec<NodeId> = c.invoke(now, vec![i]).expect("idle").iter().map(|(n, _)| *n).collect();
+            let seq = c.inflight_seq().expect("in flight");
+            seqs.push(seq);
+            if first.contains(&2) {
+                failed += 1;
+                now += 100;
+                c.on_tick(now);
+            }
+            if let Some(late) = seqs.len().checked_sub(4).map(|k| seqs[k]) {
+                c.on_reply(3, reply(late, ReplyBody::Full(vec![i - 3])));
+            }
+            let mut done = None;
+            for n in 0..3 {
+                done = done.or(c.on_reply(n, reply(seq, ReplyBody::Full(vec![i]))));
+            }
+            assert!(done.is_some());
+            now += 1;
+        }
+        assert!(failed <= 4, "{failed} of 30 operations first went to node 2");
+    }
+
+    /// The primary (node 1 in view 1) stays a first recipient while it answers, however
+    /// much it was blamed: it proposes the request whoever endorses it, and only the
+    /// client sends it a large operation's bytes (endorsers send digests).
+    #[test]
+    fn rq_mac_sends_first_to_the_primary_while_it_answers() {
+        let mut c = client(1, 1).with_auth(Auth::RqMac);
+        rq_mac_run(&mut c, 10, |_, first| first.contains(&1));
+        let first: Vec<NodeId> = c.invoke(0, vec![0]).expect("idle").iter().map(|(n, _)| *n).collect();
+        assert!(!first.contains(&1), "node 1 failed the client as a backup: {first:?}");
+        c.abandon();
+        c.note_view(1);
+        let first: Vec<NodeId> = c.invoke(0, vec![0]).expect("idle").iter().map(|(n, _)| *n).collect();
+        assert_eq!(first[0], 1, "the primary of view 1 first: {first:?}");
     }
 }

@@ -58,6 +58,42 @@ pub struct Behaviours {
 }
 
 impl Behaviours {
+    /// Every behaviour's name, as `names` gives them and [`Behaviours::only`] takes them.
+    pub const NAMES: [&'static str; 11] = [
+        "equivocate",
+        "corrupt",
+        "replay",
+        "forge-view-change",
+        "silent-primary",
+        "junk",
+        "rush-reads",
+        "slow-primary",
+        "forge-endorsements",
+        "forge-epoch-certs",
+        "withhold-bodies",
+    ];
+
+    /// The behaviour named `name` alone (one of [`Behaviours::NAMES`]).
+    pub fn only(name: &str) -> Option<Behaviours> {
+        let mut b = Behaviours::default();
+        let on = match name {
+            "equivocate" => &mut b.equivocate,
+            "corrupt" => &mut b.corrupt,
+            "replay" => &mut b.replay,
+            "forge-view-change" => &mut b.forge_view_change,
+            "silent-primary" => &mut b.silent_primary,
+            "junk" => &mut b.junk,
+            "rush-reads" => &mut b.rush_reads,
+            "slow-primary" => &mut b.slow_primary,
+            "forge-endorsements" => &mut b.forge_endorsements,
+            "forge-epoch-certs" => &mut b.forge_epoch_certs,
+            "withhold-bodies" => &mut b.withhold_bodies,
+            _ => return None,
+        };
+        *on = true;
+        Some(b)
+    }
+
     pub fn random(rng: &mut ChaCha8Rng) -> Behaviours {
         loop {
             let b = Behaviours {
@@ -841,5 +877,27 @@ impl RqByzantine {
             }
         }
         frames
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_behaviour_can_be_pinned_alone_by_its_name() {
+        for name in Behaviours::NAMES {
+            let b = Behaviours::only(name).expect("a known name");
+            assert_eq!(b.names(), vec![name]);
+        }
+        assert!(Behaviours::only("lie").is_none());
+        // NAMES lists them all: every field set names every name.
+        let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(1);
+        let mut seen: Vec<&str> = (0..200).flat_map(|_| Behaviours::random(&mut rng).names()).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        let mut all = Behaviours::NAMES.to_vec();
+        all.sort_unstable();
+        assert_eq!(seen, all);
     }
 }

@@ -237,6 +237,8 @@ pub struct SeedReport {
     pub max_executed: Seq,
     /// Simulated times at which client operations completed (throughput over time).
     pub completed_at: Vec<u64>,
+    /// Simulated ms the fault phase lasted (its `steps` events; then the run heals).
+    pub fault_phase_ms: u64,
     /// When each view was first installed by a correct node.
     pub views_installed: BTreeMap<View, u64>,
     /// Times correct nodes asked to replace a primary for being slow (leadership.rs).
@@ -840,6 +842,7 @@ impl<W: Workload> World<W> {
             }
         }
         let heal_at = self.now;
+        self.report.fault_phase_ms = heal_at;
         self.trace_line(format!("{heal_at} heal"));
         // Liveness phase: every outstanding operation completes within the bound.
         let admin_busy = |w: &World<W>| w.admin.iter().any(|(_, c)| c.is_some());
