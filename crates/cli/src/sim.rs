@@ -38,7 +38,8 @@ pub struct SimArgs {
     /// quorum-minus-one | skip-write | unverified-view-change-proof | read-without-wait |
     /// index-without-quorum | serializable-without-wait | one-endorsement | one-push-copy |
     /// unverified-epoch-certs | unfrozen-checkpoint | unchecked-body | one-commit-notice |
-    /// one-exec-hash | one-reply | no-epoch-end-checkpoint | rq-stays-in-epoch.
+    /// one-exec-hash | one-reply | no-epoch-end-checkpoint | rq-stays-in-epoch | propose-before-view-durable |
+    /// wiped-node-votes.
     #[arg(long)]
     mutate: Option<String>,
     /// Request authentication: rq-mac | mac | sig | none (default: rq-mac when r > 0,
