@@ -73,8 +73,9 @@ pub struct SimArgs {
     /// `attacks`: throughput under attack (Aardvark). For each Byzantine behaviour, every
     /// seed runs with one order node doing only that, at each position in turn, and
     /// once with no Byzantine node; Byzantine faults only (--faults is ignored). Prints
-    /// operations completed with and without per behaviour, and fails if any run
-    /// completed fewer than half of its seed's run without.
+    /// operations and operations per simulated second with and without per behaviour,
+    /// and fails if any run keeps less than half of either against its seed's run
+    /// without.
     #[arg(long, value_parser = ["attacks"])]
     report: Option<String>,
 }
