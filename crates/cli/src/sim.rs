@@ -26,9 +26,9 @@ pub struct SimArgs {
     /// none | crash | network | byzantine | all (or a comma list).
     #[arg(long, default_value = "all")]
     faults: String,
-    /// Events in each seed's fault phase (default 20000; 40000 with --report attacks,
-    /// where a Byzantine primary's one view change would otherwise weigh as much as the
-    /// throughput after it).
+    /// Events in each seed's fault phase (default 20000; with --report attacks 10000 per
+    /// order node, where a Byzantine primary's one view change would otherwise weigh as
+    /// much as the throughput after it).
     #[arg(long)]
     steps: Option<u64>,
     /// Simulated clients.
@@ -74,8 +74,9 @@ pub struct SimArgs {
     /// `attacks`: throughput under attack (Aardvark). For each Byzantine behaviour, every
     /// seed runs with one order node doing only that, at each position in turn, and
     /// once with no Byzantine node; Byzantine faults only (--faults is ignored). Prints
-    /// operations completed with and without per behaviour, and fails if any run
-    /// completed fewer than half of its seed's run without.
+    /// operations and operations per simulated second with and without per behaviour,
+    /// and fails if any run keeps less than half of either against its seed's run
+    /// without.
     #[arg(long, value_parser = ["attacks"])]
     report: Option<String>,
 }
@@ -142,7 +143,8 @@ fn run_jobs(jobs: &[SimOptions], threads: usize, done: impl Fn(&SeedReport) + Sy
 }
 
 pub fn run(mut args: SimArgs) -> ExitCode {
-    args.steps = args.steps.or(Some(if args.report.is_some() { 40_000 } else { 20_000 }));
+    let order_nodes = Quorums::new(args.u, args.r).map_or(0, |q| q.order_nodes() as u64);
+    args.steps = args.steps.or(Some(if args.report.is_some() { 10_000 * order_nodes } else { 20_000 }));
     let steps = args.steps.unwrap_or_default();
     let Some(faults) = FaultSet::parse(&args.faults) else {
         eprintln!("error: --faults must be none, crash, network, byzantine or all (got {:?})", args.faults);

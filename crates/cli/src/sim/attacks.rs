@@ -15,10 +15,11 @@
 //! of issue #21 defect 5 completed 0.6 of the operations at 0.15 of the rate), while a
 //! liar's extra messages use up events and cost operations at the same rate.
 //!
-//! Runs are 40000 events unless `--steps` says otherwise, about 2.6 simulated seconds:
-//! a lying primary costs one view change (most of a second at `test_min`), and in the
-//! default 1.3 s of a plain `keel sim` seed that one transient would weigh about as
-//! much as all the throughput after it.
+//! Runs are 10000 events per order node unless `--steps` says otherwise (an operation
+//! takes more events with more nodes), about 2.6 simulated seconds: a lying primary
+//! costs one view change (most of a second at `test_min`), and in the 1.3 s of a
+//! default `keel sim` seed at (1, 1) that one transient would weigh about as much as
+//! all the throughput after it.
 
 use super::{run_jobs, SimArgs};
 use keel_core::message::NodeId;
