@@ -122,8 +122,10 @@ fn a_read_index_taken_from_the_answering_node_alone_is_caught() {
     // The one node asked lags behind a completed write; without the quorum's highest vote
     // it answers stale.
     // Rare: seeds 31, 34 and 51 until session 14; since the faulty client retransmits
-    // some requests (which changed every run), 6 of 300 (94 the first).
-    let found = violations_under(Mutation::IndexWithoutQuorum, 100, |_| {});
+    // some requests (which changed every run), 6 of 300 (94 the first); since session 16
+    // added wipes, nodes down for good, crashes before a sync and clock jumps, 12 of 400
+    // (108 and 132 the first).
+    let found = violations_under(Mutation::IndexWithoutQuorum, 150, |_| {});
     assert!(found.iter().any(|v| v.property == "linearizability"), "got {found:?}");
 }
 
