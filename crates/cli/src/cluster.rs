@@ -51,7 +51,7 @@ pub struct InitArgs {
     #[arg(long, default_value = "kv")]
     service: String,
     /// Stage placement (UpRight §4): co-located (every node runs RQ, order and
-    /// execution), separated (2u + r + 1 RQ nodes and u + r + 1 execution nodes besides the
+    /// execution), separated (2u + r + 1 RQ nodes and 2u + 1 execution nodes besides the
     /// 2u + r + 1 order nodes), or one stage apart: separated-exec, separated-rq.
     #[arg(long, default_value = "co-located", value_parser = LAYOUTS)]
     layout: String,

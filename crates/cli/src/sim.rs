@@ -60,7 +60,7 @@ pub struct SimArgs {
     #[arg(long)]
     reconfig: bool,
     /// Stage placement (UpRight §4): co-located (every node runs RQ, order and
-    /// execution), separated (2u + r + 1 RQ nodes and u + r + 1 execution nodes besides
+    /// execution), separated (2u + r + 1 RQ nodes and 2u + 1 execution nodes besides
     /// the order nodes), or one stage apart: separated-exec, separated-rq.
     #[arg(long, default_value = "co-located", value_parser = crate::cluster::LAYOUTS)]
     layout: String,

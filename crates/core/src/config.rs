@@ -130,7 +130,7 @@ pub enum ConfigError {
     NodeCount { expected: usize, got: usize },
     #[error("option {name} = {value} is invalid: {why}")]
     Option { name: &'static str, value: u64, why: &'static str },
-    #[error("{got} execution nodes, but (u, r) needs at least {min} (u + r + 1)")]
+    #[error("{got} execution nodes, but (u, r) needs at least {min} (2u + 1)")]
     ExecutionNodes { min: usize, got: usize },
     #[error("{order} order and {exec} execution nodes exceed the {max} node ids supported")]
     TooManyNodes { order: usize, exec: usize, max: usize },
@@ -223,7 +223,7 @@ impl ClusterConfig {
     /// as given out: an administrator can never add an order node under one of them.
     ///
     /// # Errors
-    /// Fewer than `u + r + 1` of them, or more node ids than supported.
+    /// Fewer than `2u + 1` of them, or more node ids than supported.
     pub fn with_executors(mut self, keys: Vec<PublicKey>) -> Result<ClusterConfig, ConfigError> {
         let min = self.quorums.execution_nodes_min();
         if keys.len() < min {

@@ -243,7 +243,7 @@ impl<S: Service> Executor<S> {
     }
 
     /// How many execution and RQ nodes run apart (0: co-located): a membership must
-    /// tolerate no more than they can (`u + r + 1` and `2u + r + 1` of them).
+    /// tolerate no more than they can (`2u + 1` and `2u + r + 1` of them).
     pub fn set_stages(&mut self, exec: usize, rq: usize) {
         self.stages = (exec, rq);
     }

@@ -474,7 +474,7 @@ impl<S: Service> ExecNode<S> {
         }
         let quorum = self.cfg.quorums.exec_checkpoint_quorum();
         if !crate::replica::exec_proof_valid(&self.cfg, &self.keys, quorum, &proof) {
-            return Err(Reject::BadProof("execution checkpoint not certified by r + 1 execution nodes"));
+            return Err(Reject::BadProof("execution checkpoint not certified by u + 1 execution nodes"));
         }
         self.stable = proof;
         self.stable_chunks = None;
@@ -586,9 +586,9 @@ impl<S: Service> ExecNode<S> {
         }
         let Some(t) = self.transfer.take() else { return };
         let seq = t.seq();
-        // r + 1 execution nodes signed the root (a correct one among them).
+        // u + 1 execution nodes signed the root (a correct one among them).
         self.stable_chunks = Some(t.install(&mut self.exec, out));
-        // A state r + 1 execution nodes certified, one correct among them: as `install`,
+        // A state u + 1 execution nodes certified, one correct among them: as `install`,
         // which panics on a certified state that does not restore.
         self.follow_membership().unwrap_or_else(|e| unreachable!("certified state: {e}"));
         self.own.retain(|s, _| *s > seq);
@@ -789,7 +789,7 @@ mod tests {
             .expect("valid")
             .with_auth(Auth::Mac)
             .with_executors(exec_keys)
-            .expect("u + r + 1 execution nodes")
+            .expect("2u + 1 execution nodes")
     }
 
     fn client(cfg: &ClusterConfig, id: u64) -> Client {
@@ -797,8 +797,17 @@ mod tests {
         Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.exec_ids())
     }
 
-    /// A lossless network of order and execution nodes (stable ids 0..4 and 4..7, as the
-    /// network names them); persistence is instant.
+    /// (u, r) = (1, 0): order nodes 0..3, execution nodes 3..6.
+    fn config_cft() -> ClusterConfig {
+        let q = Quorums::new(1, 0).expect("valid");
+        let keys: Vec<PublicKey> = (0..3).map(|i| secrets(i).signing.public()).collect();
+        let exec_keys: Vec<PublicKey> = (3..6).map(|i| secrets(i).signing.public()).collect();
+        let options = Options { background_checkpoints: false, ..Options::test_min() };
+        ClusterConfig::new(q, keys, options).expect("valid").with_executors(exec_keys).expect("2u + 1 execution nodes")
+    }
+
+    /// A lossless network of order and execution nodes (stable ids 0..n and n..n + e, as
+    /// the network names them; `config` gives 0..4 and 4..7); persistence is instant.
     struct Net {
         order: Vec<Replica<OrderState>>,
         exec: Vec<ExecNode<Log>>,
@@ -810,12 +819,14 @@ mod tests {
 
     impl Net {
         fn new(cfg: &ClusterConfig) -> Net {
+            let n = cfg.n() as u32;
+            let all = n + cfg.stages.executors.len() as u32;
             Net {
-                order: (0..4).map(|i| Replica::new(cfg.clone(), i, secrets(i), OrderState)).collect(),
-                exec: (4..7)
+                order: (0..n).map(|i| Replica::new(cfg.clone(), i, secrets(i), OrderState)).collect(),
+                exec: (n..all)
                     .map(|i| ExecNode::new(cfg.clone(), stage_node(i), secrets(i).signing, Log::default()))
                     .collect(),
-                down: vec![false; 7],
+                down: vec![false; all as usize],
                 queue: VecDeque::new(),
                 replies: Vec::new(),
                 events: Vec::new(),
@@ -840,9 +851,10 @@ mod tests {
                 return;
             }
             let mut out = Outputs::default();
-            match n {
-                0..4 => self.order[n as usize].step(now, input, &mut out),
-                _ => self.exec[n as usize - 4].step(now, input, &mut out),
+            let order = self.order.len();
+            match n as usize {
+                i if i < order => self.order[i].step(now, input, &mut out),
+                i => self.exec[i - order].step(now, input, &mut out),
             }
             self.absorb(n, out);
         }
@@ -853,7 +865,7 @@ mod tests {
                     Peer::Node(n) => {
                         // Cores call execution nodes by their stage names.
                         let from = match from {
-                            Peer::Node(f) if f >= 4 => Peer::Node(stage_node(f)),
+                            Peer::Node(f) if f as usize >= self.order.len() => Peer::Node(stage_node(f)),
                             other => other,
                         };
                         self.step(n, now, Input::Message { from, msg })
@@ -868,7 +880,7 @@ mod tests {
         }
 
         fn tick(&mut self, now: u64) {
-            for n in 0..7 {
+            for n in 0..self.down.len() as NodeId {
                 self.step(n, now, Input::Tick);
             }
             self.run(now);
@@ -949,7 +961,7 @@ mod tests {
         }
         let msg = cert(vec![sign(4), sign(6)]);
         order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg }, &mut out);
-        assert_eq!(order.exec_stable_seq(), interval, "r + 1 execution nodes signed it");
+        assert_eq!(order.exec_stable_seq(), interval, "u + 1 execution nodes signed it");
         assert!(out.persist_lazy.iter().any(|r| matches!(r, crate::wal::Record::ExecStable(p) if p.seq == interval)));
     }
 
@@ -1079,6 +1091,51 @@ mod tests {
         assert_eq!(net.exec[2].executed(), net.exec[0].executed());
     }
 
+    /// Issue #21 defect 6, at (u, r) = (1, 0): two execution nodes are down for a while,
+    /// the third executes alone; then it is lost for good (one fault, within u) and the
+    /// two come back. They must find either the commits they missed or a certified state
+    /// someone still holds. With `r + 1 = 1` hash certifying (the paper's quorum, and
+    /// Keel's before), the lone node's checkpoints were certified, the order nodes
+    /// collected their logs, and the two were stuck for good: this test then ends in
+    /// "no result". With `u + 1 = 2`, ordering waits two intervals in for a second
+    /// holder, keeping the commits, and the two catch up from them.
+    #[test]
+    fn a_certified_execution_checkpoint_stays_fetchable_when_one_of_its_signers_is_lost() {
+        let cfg = config_cft();
+        let mut net = Net::new(&cfg);
+        let mut c = client(&cfg, 7);
+        let mut now = 10;
+        net.down[4] = true;
+        net.down[5] = true;
+        for i in 1..=40u8 {
+            let msgs = c.invoke(now, vec![i]).expect("idle");
+            net.send(&c, msgs, now);
+            for _ in 0..4 {
+                now += 50;
+                net.tick(now);
+            }
+            for (n, r) in std::mem::take(&mut net.replies) {
+                c.on_reply(n, r);
+            }
+            c.abandon();
+        }
+        let ordered = net.order[0].executed();
+        assert!(ordered >= cfg.options.log_max(), "ordering ran while one execution node executed: {}", net.status());
+        assert_eq!(net.exec[0].executed(), ordered, "{}", net.status());
+        // The lone executor is lost; the other two are back.
+        net.down[3] = true;
+        net.down[4] = false;
+        net.down[5] = false;
+        for _ in 0..60 {
+            now += 50;
+            net.tick(now);
+        }
+        let result = net.call(&mut c, &mut now, b"after");
+        assert_eq!(result, vec![net.exec[1].service().0.len() as u8], "{}", net.status());
+        assert_eq!(net.exec[1].service().0, net.exec[2].service().0, "{}", net.status());
+        assert!(net.exec[1].executed() > ordered, "{}", net.status());
+    }
+
     /// A value holding an administrator's operation, signed with the test admin key.
     fn admin_value(epoch: u64, change: crate::membership::Change, seq: u64) -> Value {
         let admin = crate::crypto::SigningKey::from_seed([99; 32]);
@@ -1167,7 +1224,7 @@ mod tests {
             .expect("valid")
             .with_auth(Auth::Mac)
             .with_executors(exec_keys)
-            .expect("u + r + 1 execution nodes")
+            .expect("2u + 1 execution nodes")
             .with_admin_key(admin.public());
         // The node that sends the (long) answer in full: `(client + seq) mod e`.
         let id = order + ((crate::membership::ADMIN_CLIENT + 1) % exec as u64) as u32;
@@ -1193,7 +1250,7 @@ mod tests {
         use crate::membership::{AdminError, Change};
         let refused = |answer: &Option<crate::membership::AdminResult>, why: &str| matches!(answer, Some(Err(AdminError::Quorums(w))) if w.contains(why));
         // Six order nodes at (1, 1), which could run (2, 1), and three execution nodes:
-        // (2, 1) needs u + r + 1 = 4 of them.
+        // (2, 1) needs 2u + 1 = 5 of them.
         let q = Quorums::with_nodes(1, 1, 6).expect("valid");
         let answer = admin_answer(q, (6, 3), Change::Faults { u: 2, r: 1 });
         assert!(refused(&answer, "execution"), "{answer:?}");
@@ -1231,7 +1288,7 @@ mod tests {
         assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { reason: Reject::BadSignature { .. }, .. })));
         assert_eq!(o.exec_stable_seq(), 0);
         let out = step(&mut o, 6, vote(6, good));
-        assert_eq!(o.exec_stable_seq(), 8, "r + 1 = 2 matching");
+        assert_eq!(o.exec_stable_seq(), 8, "u + 1 = 2 matching");
         // Every execution node hears of it.
         let certs = out.send.iter().filter(|(_, m)| matches!(m, Message::StableCert(p) if p.root == good)).count();
         assert_eq!(certs, 3);

@@ -77,10 +77,14 @@ pub enum Mutation {
     /// A node that lost its disk votes at once, as if the cluster were new (issue #21
     /// defect 4): it may vote twice in one (view, instance).
     WipedNodeVotes,
+    /// Separated execution: order nodes certify an execution checkpoint on `r + 1`
+    /// matching hashes (the paper's quorum; issue #21 defect 6): when `r < u`, losing
+    /// the one correct signer leaves lagging execution nodes neither state nor commits.
+    ExecCheckpointOnRPlusOne,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 18] = [
+    pub const ALL: [Mutation; 19] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -99,6 +103,7 @@ impl Mutation {
         Mutation::RqStaysInEpoch,
         Mutation::ProposeBeforeViewDurable,
         Mutation::WipedNodeVotes,
+        Mutation::ExecCheckpointOnRPlusOne,
     ];
 
     pub fn name(self) -> &'static str {
@@ -121,6 +126,7 @@ impl Mutation {
             Mutation::RqStaysInEpoch => "rq-stays-in-epoch",
             Mutation::ProposeBeforeViewDurable => "propose-before-view-durable",
             Mutation::WipedNodeVotes => "wiped-node-votes",
+            Mutation::ExecCheckpointOnRPlusOne => "exec-checkpoint-on-r-plus-one",
         }
     }
 
@@ -293,11 +299,13 @@ impl Quorums {
         2 * self.r as usize + 1
     }
 
-    /// Execution nodes the paper requires when execution is separated: `u + r + 1`
-    /// (UpRight §4.3): with `u` of them down, `r + 1` remain to answer a client.
-    /// Keel co-locates execution on all order nodes by default.
+    /// Execution nodes when execution is separated: `2u + 1` (issue #21 defect 6; the
+    /// paper's `u + r + 1`, UpRight §4.3, is the same when `r = u` and one or more
+    /// fewer otherwise). With `u` of them down the other `u + 1` still certify a
+    /// checkpoint ([`Quorums::exec_checkpoint_quorum`]) and `r + 1` of them answer a
+    /// client. Keel co-locates execution on all order nodes by default.
     pub fn execution_nodes_min(&self) -> usize {
-        self.u as usize + self.r as usize + 1
+        2 * self.u as usize + 1
     }
 
     /// Request-quorum nodes when RQ is its own stage: `2u + r + 1` (UpRight §4.3), so
@@ -316,13 +324,20 @@ impl Quorums {
         }
     }
 
-    /// Matching execution checkpoint hashes that certify an execution checkpoint: `r + 1`
-    /// (UpRight §4.2), so one correct execution node computed that state. With `u` of
-    /// `u + r + 1` execution nodes down, the other `r + 1` still certify.
+    /// Matching execution checkpoint hashes that certify an execution checkpoint: `u + 1`
+    /// (issue #21 defect 6). Once one is certified, order nodes collect the commits
+    /// below it, so a lagging execution node can only fetch the state from a node that
+    /// holds it. Of any `u + 1` signers at most `u` are faulty — lying (at most `r <= u`,
+    /// so one correct node computed that state) or down for good — so one correct
+    /// holder stays to serve it whatever the faults within `u`. The paper's `r + 1`
+    /// ("a quorum of matching hashes", UpRight §4.2) is enough for the hash to be right
+    /// but, when `r < u`, not for it to stay fetchable: the one correct signer may be
+    /// the node that is lost.
     pub fn exec_checkpoint_quorum(&self) -> usize {
         match self.mutation {
             Some(Mutation::OneExecHash) => 1,
-            _ => self.r as usize + 1,
+            Some(Mutation::ExecCheckpointOnRPlusOne) => self.r as usize + 1,
+            _ => self.u as usize + 1,
         }
     }
 }
@@ -364,23 +379,26 @@ mod tests {
         assert_eq!(t.order_nodes(), 6);
         assert_eq!(t.order_quorum(), 4);
         assert_eq!(t.weak_quorum(), 2);
-        assert_eq!(t.execution_nodes_min(), 4);
+        assert_eq!(t.execution_nodes_min(), 5);
         assert_eq!(t.rq_nodes_min(), 6);
-        assert_eq!((t.commit_quorum(), t.exec_checkpoint_quorum()), (2, 2));
+        assert_eq!((t.commit_quorum(), t.exec_checkpoint_quorum()), (2, 3));
     }
 
-    /// Separated execution: `u + r + 1` execution nodes stay live with `u` down (`r + 1`
-    /// left to certify and answer) and right with `r` lying (`r + 1` matching include a
-    /// correct one).
+    /// Separated execution: `2u + 1` execution nodes stay live with `u` down (`u + 1`
+    /// left to certify, `r + 1` of them to answer), right with `r` lying (`r + 1`
+    /// matching include a correct one), and a certified checkpoint keeps a correct,
+    /// live holder whatever `u` faults (lying or down) strike its signers.
     #[test]
     fn execution_stage_is_live_and_right() {
         for u in 0..=10u32 {
             for r in 0..=u {
                 let t = q(u, r);
                 let ne = t.execution_nodes_min();
+                assert!(ne >= (u + r + 1) as usize, "at least the paper's");
                 assert!(ne - u as usize >= t.exec_checkpoint_quorum());
                 assert!(ne - u as usize >= t.reply_quorum());
                 assert!(t.commit_quorum() > r as usize && t.exec_checkpoint_quorum() > r as usize);
+                assert!(t.exec_checkpoint_quorum() > u as usize, "one signer neither lying nor down");
                 // Order nodes that stay up can always send r + 1 commit notices.
                 assert!(t.order_nodes() - u as usize >= t.commit_quorum());
             }

@@ -528,7 +528,7 @@ pub struct InitOptions {
     pub checkpoint_interval: Option<u64>,
     /// Written into cluster.toml when set; unset leaves the default (on with rq-mac).
     pub request_digests: Option<bool>,
-    /// Separated execution: u + r + 1 execution nodes besides the 2u + r + 1 order
+    /// Separated execution: 2u + 1 execution nodes besides the 2u + r + 1 order
     /// nodes (node ids after theirs), and no administrator key.
     pub separated: bool,
     /// A separate RQ stage: 2u + r + 1 RQ nodes (ids after the execution nodes'),
@@ -889,7 +889,7 @@ mod tests {
         let mut f: ClusterFile = toml::from_str(&text).expect("parses");
         assert!(f.cluster_config(&cluster, Options::production()).is_ok());
         f.executors.pop();
-        assert!(f.cluster_config(&cluster, Options::production()).is_err(), "u + r + 1 execution nodes");
+        assert!(f.cluster_config(&cluster, Options::production()).is_err(), "2u + 1 execution nodes");
     }
 
     #[test]
@@ -897,19 +897,19 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let o = InitOptions { separated: true, rq_separated: true, ..init_options(1, 0) };
         init(dir.path(), &o).expect("init");
-        // (1, 0): 3 order nodes 0..3, 2 execution nodes 3..5, 3 RQ nodes 5..8.
-        for i in 0..8 {
+        // (1, 0): 3 order nodes 0..3, 3 execution nodes 3..6 (2u + 1), 3 RQ nodes 6..9.
+        for i in 0..9 {
             let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");
             assert_eq!(setup.cluster.auth, Auth::RqMac, "an RQ stage apart needs rq-mac, also with r = 0");
-            assert_eq!((setup.cluster.exec_ids(), setup.cluster.rq_ids()), (3..5, 5..8));
-            assert_eq!((setup.executes_only(), setup.rq_only()), ((3..5).contains(&i), i >= 5));
+            assert_eq!((setup.cluster.exec_ids(), setup.cluster.rq_ids()), (3..6, 6..9));
+            assert_eq!((setup.executes_only(), setup.rq_only()), ((3..6).contains(&i), i >= 6));
             assert_eq!(setup.rq_nodes.len(), 3);
             assert!(setup.cluster.admin_key.is_some());
         }
         assert!(dir.path().join(ADMIN_KEY_FILE).exists());
         let c = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client loads");
-        assert_eq!(c.rq_nodes.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![5, 6, 7]);
-        assert_eq!(c.mac_keys.len(), 8, "a MAC key for every node, RQ nodes included");
+        assert_eq!(c.rq_nodes.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![6, 7, 8]);
+        assert_eq!(c.mac_keys.len(), 9, "a MAC key for every node, RQ nodes included");
         // Too few RQ nodes, or another auth mode, are refused when the file is loaded.
         let cluster = dir.path().join("cluster.toml");
         let text = std::fs::read_to_string(&cluster).expect("cluster file");

@@ -622,7 +622,7 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
 /// A Byzantine execution node of a separated cluster (exec_node.rs): the correct node runs
 /// underneath and its messages are rewritten. Whatever it does, a client must not accept
 /// a wrong result (it needs r + 1 matching replies), order nodes must not certify a
-/// wrong checkpoint (r + 1 matching hashes), crash, hold more than their bounds, nor
+/// wrong checkpoint (u + 1 matching hashes), crash, hold more than their bounds, nor
 /// stall.
 pub struct ExecByzantine {
     /// Replies with a wrong result (or a wrong digest of one).

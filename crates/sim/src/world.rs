@@ -84,7 +84,7 @@ pub struct SimOptions {
     pub faulty_client: Option<bool>,
     /// An administrator adds and removes nodes during the fault phase (membership.rs).
     pub reconfig: bool,
-    /// Separated execution (UpRight §4.2): `u + r + 1` execution nodes besides the order
+    /// Separated execution (UpRight §4.2): `2u + 1` execution nodes besides the order
     /// nodes (exec_node.rs); up to r of them Byzantine under Byzantine faults.
     pub separated: bool,
     /// A separate request-quorum stage (UpRight §4.1): `2u + r + 1` RQ nodes besides the
@@ -525,7 +525,7 @@ impl<W: Workload> World<W> {
             .map(|i| NodeSecrets::new(SigningKey::from_seed(derived("exec-sign", i)), derived("exec-mac", i)))
             .collect();
         let cfg = if opts.separated {
-            cfg.with_executors(exec_secrets.iter().map(|s| s.signing.public()).collect()).expect("u + r + 1")
+            cfg.with_executors(exec_secrets.iter().map(|s| s.signing.public()).collect()).expect("2u + 1")
         } else {
             cfg
         };
@@ -1983,7 +1983,30 @@ impl<W: Workload> World<W> {
                 // end stays down too (it is no member to restart), which with a node gone
                 // for good leaves that epoch's end short of a quorum (beyond u).
                 let room = byzantine + out < self.opts.u as usize && !order.is_empty();
-                if room && kind == "gone" && !self.opts.reconfig {
+                // With execution apart, the node gone for good may be an execution node,
+                // within that stage's own u (issue #21 defect 6: a certified execution
+                // checkpoint must stay fetchable without it). Drawn only when there are
+                // execution nodes, so co-located runs replay as before.
+                let executors: Vec<NodeId> =
+                    (0..self.nodes.len() as NodeId).filter(|v| self.nodes[*v as usize].is_exec).collect();
+                if kind == "gone" && !self.opts.reconfig && !executors.is_empty() && self.rng.gen_bool(0.5) {
+                    let faulty = executors
+                        .iter()
+                        .filter(|v| self.nodes[**v as usize].exec_byzantine.is_some() || self.nodes[**v as usize].gone)
+                        .count();
+                    let honest: Vec<NodeId> = executors
+                        .iter()
+                        .copied()
+                        .filter(|v| self.nodes[*v as usize].exec_byzantine.is_none() && !self.nodes[*v as usize].gone)
+                        .collect();
+                    if faulty < self.opts.u as usize && !honest.is_empty() {
+                        let victim = honest[self.rng.gen_range(0..honest.len())];
+                        self.crash(victim);
+                        self.nodes[victim as usize].gone = true;
+                        self.report.faults.gone += 1;
+                        self.trace_line(format!("{} execution node n{victim} down for good", self.now));
+                    }
+                } else if room && kind == "gone" && !self.opts.reconfig {
                     let victim = order[self.rng.gen_range(0..order.len())];
                     self.crash(victim);
                     self.nodes[victim as usize].gone = true;

@@ -39,13 +39,13 @@ impl Cluster {
     }
 
     /// A cluster with separated execution (`keel init --layout separated-exec`): order
-    /// nodes `0..2u + r + 1`, then `u + r + 1` execution nodes.
+    /// nodes `0..2u + r + 1`, then `2u + 1` execution nodes.
     pub fn init_separated(u: u32, r: u32) -> Cluster {
         Cluster::init_full(u, r, &["--layout", "separated-exec"], "", |_| None)
     }
 
     /// A cluster with every stage apart (`keel init --layout separated`): order nodes
-    /// `0..2u + r + 1`, then `u + r + 1` execution nodes, then `2u + r + 1` RQ nodes.
+    /// `0..2u + r + 1`, then `2u + 1` execution nodes, then `2u + r + 1` RQ nodes.
     pub fn init_stages_apart(u: u32, r: u32) -> Cluster {
         Cluster::init_full(u, r, &["--layout", "separated"], "", |_| None)
     }

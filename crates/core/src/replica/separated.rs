@@ -3,7 +3,7 @@
 //! ```text
 //!   order node ── decided value, in order (commit notice) ──► execution nodes (r + 1 matching)
 //!   execution node ── signed checkpoint hash every CP_INTERVAL ──► order nodes
-//!   order node: votes for its order checkpoint at k·CP only once r + 1 matching hashes
+//!   order node: votes for its order checkpoint at k·CP only once u + 1 matching hashes
 //!               certified execution at or past k·CP, so its window (stable + 2·CP)
 //!               never runs more than two intervals past certified execution
 //!   lagging execution node ── STATUS ──► order node ── certified checkpoint + commits since
@@ -13,8 +13,9 @@
 //! each client and the membership: UpRight's small order checkpoint), so its own
 //! checkpoints never mention the service. Execution nodes cannot agree on their
 //! checkpoints among themselves; the order nodes do it for them by refusing to run more
-//! than two intervals ahead of the newest execution checkpoint that `r + 1` execution
-//! nodes vouch for. And an order node votes for its order checkpoint (so that it can
+//! than two intervals ahead of the newest execution checkpoint that `u + 1` execution
+//! nodes vouch for (one correct among them computed it, and one correct among them stays
+//! up to serve it: `Quorums::exec_checkpoint_quorum`). And an order node votes for its order checkpoint (so that it can
 //! become stable, its log be collected and lagging order nodes be sent to it) only once
 //! the execution checkpoint at or above it is certified (UpRight's garbage-collection
 //! rule). A stable order proof then carries `Q` votes, at least one from a correct node
@@ -211,7 +212,7 @@ impl<S: Service> Replica<S> {
     /// which leaves them no vote of their own to resend) learns it so; without it, it
     /// never votes for its order checkpoints again and, once enough order nodes are in
     /// that state, ordering stops at the window's end (the simulator found this at
-    /// (2, 1)). `r + 1` execution nodes' signatures make it as good as votes counted here.
+    /// (2, 1)). `u + 1` execution nodes' signatures make it as good as votes counted here.
     fn on_exec_stable_cert(&mut self, proof: StableProof, out: &mut Outputs) -> Result<(), Reject> {
         if proof.seq <= self.exec_stage.stable_seq() {
             return Ok(());
