@@ -39,7 +39,7 @@ pub struct SimArgs {
     /// index-without-quorum | serializable-without-wait | one-endorsement | one-push-copy |
     /// unverified-epoch-certs | unfrozen-checkpoint | unchecked-body | one-commit-notice |
     /// one-exec-hash | one-reply | no-epoch-end-checkpoint | rq-stays-in-epoch | propose-before-view-durable |
-    /// wiped-node-votes.
+    /// wiped-node-votes | exec-checkpoint-on-r-plus-one.
     #[arg(long)]
     mutate: Option<String>,
     /// Request authentication: rq-mac | mac | sig | none (default: rq-mac when r > 0,
