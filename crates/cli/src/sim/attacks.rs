@@ -84,7 +84,7 @@ pub fn run(args: &SimArgs, seeds: &[u64], make: impl Fn(u64) -> SimOptions) -> E
             args.u,
             args.r,
             args.steps.unwrap_or_default(),
-            args.clients
+            args.clients.unwrap_or_default()
         );
         if let Some(a) = args.auth {
             line += &format!(" --auth {}", a.name());
