@@ -296,13 +296,13 @@ pub fn run(mut args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} wipes={} rejoined={} crashes_before_sync={} gone={} clock_jumps={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} conflicting_votes={} hidden_certs={} picked_new_views={} wrong_checkpoint_votes={} false_transfers={} censored={} old_epoch_replays={} inconsistent_macs={} exec_lies={} rq_lies={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} wipes={} rejoined={} crashes_before_sync={} gone={} clock_jumps={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} conflicting_votes={} hidden_certs={} picked_new_views={} short_new_views={} wrong_checkpoint_votes={} false_transfers={} censored={} old_epoch_replays={} inconsistent_macs={} exec_lies={} rq_lies={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
         totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, totals.admin_ops, totals.epochs, totals.epoch_switch_crashes, totals.wipes, totals.rejoined, totals.crashes_before_sync, totals.gone, totals.clock_jumps,
         l.equivocations, l.corruptions,
         l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals,
         l.forged_endorsements, l.forged_epoch_certs, l.withheld_bodies, l.conflicting_votes, l.hidden_certs,
-        l.picked_new_views, l.wrong_checkpoint_votes, l.false_transfers, l.censored, l.old_epoch_replays,
+        l.picked_new_views, l.short_new_views, l.wrong_checkpoint_votes, l.false_transfers, l.censored, l.old_epoch_replays,
         totals.inconsistent_macs, totals.exec_lies, totals.rq_lies
     );
     println!(

@@ -4,6 +4,7 @@
 //! to lie about) and rewrites what it sends. It holds its own signing key, so it can sign
 //! any lie; it cannot sign for others or impersonate another peer on the channel.
 
+use keel_core::chunk::leaf_digest;
 use keel_core::crypto::{Digest, Hasher, Mac, MacKey, NodeKeys, Sig, SigningKey};
 use keel_core::membership::{Member, Membership};
 use keel_core::message::{
@@ -32,6 +33,8 @@ const INSTANCES_KEPT_MAX: usize = 512;
 const VIEWS_KEPT_MAX: usize = 4;
 /// Stable checkpoint proofs kept to claim an older one.
 const STABLES_KEPT_MAX: usize = 16;
+/// Chunks of its making it keeps to serve (those its false manifests name).
+const FALSE_CHUNKS_MAX: usize = 64;
 /// Forged values a Byzantine node keeps so it can serve them when asked.
 const FORGED_KEPT_MAX: usize = 64;
 
@@ -82,7 +85,8 @@ pub struct Behaviours {
     pub hide_certs: bool,
     /// As new primary: NEW-VIEWs from the view changes of its choosing (the quorum naming
     /// the fewest prepared values, or a random one; its own with every certificate
-    /// hidden), validly signed, chosen anew for each node.
+    /// hidden; now and then one short of a quorum), validly signed, chosen anew for each
+    /// node.
     pub pick_new_view: bool,
     /// Validly signed checkpoint votes for a root (or membership) it does not hold, and
     /// false manifests and chunks when asked for state.
@@ -237,6 +241,8 @@ pub struct LieCounts {
     pub hidden_certs: u64,
     /// Validly signed NEW-VIEWs that differ from the one its replica built.
     pub picked_new_views: u64,
+    /// Of those, NEW-VIEWs with one view change fewer than a quorum.
+    pub short_new_views: u64,
     /// Validly signed checkpoint votes for a root or membership it does not hold.
     pub wrong_checkpoint_votes: u64,
     /// Manifests and chunks that do not match the checkpoint asked for.
@@ -265,6 +271,7 @@ impl LieCounts {
         self.conflicting_votes += o.conflicting_votes;
         self.hidden_certs += o.hidden_certs;
         self.picked_new_views += o.picked_new_views;
+        self.short_new_views += o.short_new_views;
         self.wrong_checkpoint_votes += o.wrong_checkpoint_votes;
         self.false_transfers += o.false_transfers;
         self.censored += o.censored;
@@ -341,6 +348,11 @@ pub struct Byzantine {
     own_certs: BTreeMap<Seq, Vec<CertProof>>,
     /// Valid VIEW-CHANGEs it received, by view then sender (`pick_new_view`).
     view_changes: BTreeMap<View, BTreeMap<NodeId, ViewChange>>,
+    /// (seq, index) → a chunk of its making that its false manifests name by digest
+    /// (`wrong_checkpoints`): manifest and chunks agree, and only the root gives them away.
+    false_chunks: BTreeMap<(Seq, u32), Vec<u8>>,
+    /// View → the NEW-VIEW of its choosing it sends most nodes (`pick_new_view`).
+    picked: BTreeMap<View, NewView>,
     pub lies: LieCounts,
 }
 
@@ -375,6 +387,8 @@ impl Byzantine {
             stables: Vec::new(),
             own_certs: BTreeMap::new(),
             view_changes: BTreeMap::new(),
+            false_chunks: BTreeMap::new(),
+            picked: BTreeMap::new(),
             lies: LieCounts::default(),
         }
     }
@@ -413,6 +427,7 @@ impl Byzantine {
             self.stables.clear();
             self.own_certs.clear();
             self.view_changes.clear();
+            self.picked.clear();
             self.proposed_alt.clear();
             self.told.clear();
             self.alternatives.clear();
@@ -515,21 +530,41 @@ impl Byzantine {
             }
             Message::StableCert(proof) if self.behaviours.hide_certs => self.note_stable(proof),
             Message::FetchManifest { seq } if self.behaviours.wrong_checkpoints && rng.gen_bool(0.5) => {
-                // A manifest of its making, first: it cannot hash to the certified root.
+                // A state of its making, first: a manifest of chunks it serves, which
+                // cannot hash to the certified root.
                 self.lies.false_transfers += 1;
-                let chunks = (0..rng.gen_range(1..4)).map(|_| Digest(rng.gen())).collect();
-                let manifest = Message::Manifest { seq: *seq, len: rng.gen_range(1..1 << 16), chunks };
+                let mut chunks = Vec::new();
+                let mut len = 0;
+                for index in 0..rng.gen_range(1..4u32) {
+                    let data: Vec<u8> = (0..rng.gen_range(1..512)).map(|_| rng.gen()).collect();
+                    len += data.len() as u64;
+                    chunks.push(leaf_digest(&data));
+                    self.keep_false_chunk(*seq, index, data);
+                }
+                let manifest = Message::Manifest { seq: *seq, len, chunks };
                 return vec![(from, keel_core::codec::encode(&manifest))];
             }
-            Message::FetchChunk { seq, index } if self.behaviours.wrong_checkpoints && rng.gen_bool(0.5) => {
+            Message::FetchChunk { seq, index } if self.behaviours.wrong_checkpoints => {
+                // A chunk its false manifest named, else (half the time) random bytes.
+                let data = match self.false_chunks.get(&(*seq, *index)) {
+                    Some(data) => data.clone(),
+                    None if rng.gen_bool(0.5) => (0..rng.gen_range(1..512)).map(|_| rng.gen()).collect(),
+                    None => return Vec::new(),
+                };
                 self.lies.false_transfers += 1;
-                let data: Vec<u8> = (0..rng.gen_range(1..512)).map(|_| rng.gen()).collect();
                 let chunk = Message::Chunk { seq: *seq, index: *index, data };
                 return vec![(from, keel_core::codec::encode(&chunk))];
             }
             _ => {}
         }
         Vec::new()
+    }
+
+    fn keep_false_chunk(&mut self, seq: Seq, index: u32, data: Vec<u8>) {
+        if self.false_chunks.len() >= FALSE_CHUNKS_MAX {
+            self.false_chunks.pop_first();
+        }
+        self.false_chunks.insert((seq, index), data);
     }
 
     /// Keeps `proof` if it is of this epoch and not kept yet (as a stable checkpoint to
@@ -783,22 +818,49 @@ impl Byzantine {
         for vc in &nv.view_changes {
             pool.insert(vc.from, vc.clone());
         }
-        if rng.gen_bool(0.5) {
-            // Its own view change with every certificate hidden: one it may send.
-            if let Some(own) = pool.get_mut(&self.me).filter(|v| !v.certs.is_empty()) {
+        // Its own view change (always in): as its replica made it, with every certificate
+        // hidden, or with the lower ones hidden and the highest kept, so that the instances
+        // below it are re-proposed as null unless another view change names them. Each is
+        // one it may sign.
+        let mut own = pool.remove(&self.me);
+        let mut hidden = BTreeSet::new();
+        if let Some(own) = own.as_mut().filter(|v| !v.certs.is_empty()) {
+            let before = own.certs.len();
+            if rng.gen_bool(0.5) {
                 own.certs.clear();
+            } else if rng.gen_bool(0.5) {
+                let top = own.certs.iter().map(|c| c.seq).max().unwrap_or(0);
+                let seqs: Vec<Seq> = own.certs.iter().map(|c| c.seq).filter(|s| *s < top).collect();
+                let cut = seqs.choose(rng).copied().unwrap_or(0);
+                own.certs.retain(|c| c.seq > cut);
+            }
+            if own.certs.len() != before {
                 own.sig = self.signing.sign(&own.statement(&tag));
             }
+            let kept: BTreeSet<Seq> = own.certs.iter().map(|c| c.seq).collect();
+            hidden = nv
+                .view_changes
+                .iter()
+                .filter(|v| v.from == self.me)
+                .flat_map(|v| v.certs.iter().map(|c| c.seq))
+                .filter(|s| !kept.contains(s))
+                .collect();
         }
         let mut vcs: Vec<ViewChange> = pool.into_values().collect();
         vcs.shuffle(rng);
         if rng.gen_bool(0.5) {
-            // The quorum naming the fewest prepared values: it omits a prepared value
-            // wherever a quorum of view changes without it exists.
-            vcs.sort_by_key(|v| v.certs.len());
+            // The others naming the fewest of the prepared values it hid, then the fewest
+            // prepared values at all: it omits a prepared value wherever a quorum of view
+            // changes without it exists.
+            vcs.sort_by_key(|v| (v.certs.iter().filter(|c| hidden.contains(&c.seq)).count(), v.certs.len()));
         }
-        vcs.truncate(self.quorum);
-        if vcs.len() < self.quorum {
+        // Now and then one view change short of a quorum: a NEW-VIEW that only the count
+        // of its senders stops (all it carries is valid and signed).
+        let short = self.quorum > 1 && rng.gen_bool(0.15);
+        let take = self.quorum - short as usize;
+        let mut vcs: Vec<ViewChange> = own.into_iter().chain(vcs).collect();
+        vcs.truncate(take);
+        if vcs.len() < take {
             return nv;
         }
         vcs.sort_by_key(|v| v.from);
@@ -809,7 +871,6 @@ impl Byzantine {
         }
         let mut picked = NewView { view: nv.view, view_changes: vcs, sig: Sig([0; 64]) };
         picked.sig = self.signing.sign(&picked.statement(&tag));
-        self.lies.picked_new_views += 1;
         picked
     }
 
@@ -983,7 +1044,27 @@ impl Byzantine {
                 Message::ViewChange(self.forge_view_change(rng, vc))
             }
             Message::NewView(nv) if self.behaviours.pick_new_view && self.primary(nv.view) == self.me => {
-                Message::NewView(self.pick_new_view(rng, nv))
+                // One NEW-VIEW of its choosing for the view, the same to every node (so
+                // that a quorum may install it), except that one side of a split gets
+                // another, picked anew each time, half the time.
+                let (view, honest) = (nv.view, nv.clone());
+                let picked = if self.lied_to(view, Seq::MAX, to) && rng.gen_bool(0.5) {
+                    self.pick_new_view(rng, nv)
+                } else if let Some(p) = self.picked.get(&view) {
+                    p.clone()
+                } else {
+                    let p = self.pick_new_view(rng, nv);
+                    if self.picked.len() >= VIEWS_KEPT_MAX {
+                        self.picked.pop_first();
+                    }
+                    self.picked.insert(view, p.clone());
+                    p
+                };
+                if picked != honest {
+                    self.lies.picked_new_views += 1;
+                    self.lies.short_new_views += (picked.view_changes.len() < self.quorum) as u64;
+                }
+                Message::NewView(picked)
             }
             Message::Checkpoint(vote) if self.behaviours.wrong_checkpoints && rng.gen_bool(0.7) => {
                 // A state it does not have, signed as its own: mostly another root,
@@ -999,7 +1080,14 @@ impl Byzantine {
                 self.lies.false_transfers += 1;
                 match chunks.len() {
                     0 => len += 1,
-                    k => chunks[rng.gen_range(0..k)].0[0] ^= 1,
+                    k => {
+                        // One chunk replaced by one of its making, named by its digest,
+                        // which it serves when asked.
+                        let index = rng.gen_range(0..k);
+                        let data = [&chunks[index].0[..], b"made up"].concat();
+                        chunks[index] = leaf_digest(&data);
+                        self.keep_false_chunk(seq, index as u32, data);
+                    }
                 }
                 Message::Manifest { seq, len, chunks }
             }
