@@ -750,7 +750,7 @@ impl Byzantine {
         if !self.stable_valid(&vc.stable) {
             return false;
         }
-        let high = vc.stable.seq + self.log_max;
+        let high = vc.stable.seq.saturating_add(self.log_max);
         let mut seqs = BTreeSet::new();
         vc.certs.iter().all(|c| {
             let mut writers = BTreeSet::new();
