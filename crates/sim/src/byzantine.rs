@@ -1488,4 +1488,88 @@ mod tests {
         all.sort_unstable();
         assert_eq!(seen, all);
     }
+
+    fn liar(me: NodeId, n: usize, behaviours: Behaviours) -> Byzantine {
+        let keys: Vec<SigningKey> = (0..n as u8).map(|i| SigningKey::from_seed([i + 1; 32])).collect();
+        let publics: Vec<_> = keys.iter().map(SigningKey::public).collect();
+        let membership = Membership::genesis(1, 1, &publics, &[]);
+        let mut b = Byzantine::new(behaviours, me, n, 3, keys[me as usize].clone()).seeded(7, &[1000, 1001], 16);
+        b.set_membership(me, 3, membership);
+        b
+    }
+
+    #[test]
+    fn splits_vary_per_instance_and_leave_another_node_on_each_side() {
+        let b = liar(2, 5, Behaviours::only("equivocate").expect("a known name"));
+        let mut splits = BTreeSet::new();
+        for view in 0..4 {
+            for seq in 1..50 {
+                let side: Vec<bool> = (0..5).map(|n| b.lied_to(view, seq, Peer::Node(n))).collect();
+                assert!(!side[2], "never itself");
+                let told = side.iter().filter(|s| **s).count();
+                assert!(told >= 1 && told <= 3, "{side:?}: another node on each side");
+                splits.insert(side);
+            }
+        }
+        // Not one fixed split (odd/even before): most of the 14 possible ones occur.
+        assert!(splits.len() >= 10, "{} splits", splits.len());
+        assert!(!b.lied_to(0, 1, Peer::Client(1000)));
+    }
+
+    #[test]
+    fn replays_reach_back_to_every_sampled_epoch_within_bounds() {
+        let mut b = liar(0, 4, Behaviours::only("replay").expect("a known name"));
+        let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(3);
+        let base = b.membership.clone().expect("set");
+        for epoch in 0..30u64 {
+            b.set_membership(0, 3, Membership { epoch, ..base.clone() });
+            for i in 0..500 {
+                b.remember(&mut rng, Message::Stop { view: epoch * 1_000 + i });
+            }
+        }
+        assert!(b.epoch_samples.len() <= EPOCHS_SAMPLED_MAX);
+        assert!(b.epoch_samples.values().all(|(_, s)| s.len() <= EPOCH_SAMPLE_MAX));
+        // The first epoch and the latest stay; a reservoir holds messages from all over
+        // its epoch, not only its last ones.
+        assert!(b.epoch_samples.contains_key(&0) && b.epoch_samples.contains_key(&29));
+        let first = &b.epoch_samples[&0].1;
+        assert!(first.iter().any(|m| matches!(m, Message::Stop { view } if *view < 250)));
+        let mut old = 0;
+        for _ in 0..200 {
+            if let Some(Message::Stop { view }) = b.replay_pick(&mut rng) {
+                old += (view / 1_000 < 29) as u64;
+            }
+        }
+        assert!(old > 50 && b.lies.old_epoch_replays == old, "{old} replays from earlier epochs");
+    }
+
+    #[test]
+    fn conflicting_votes_and_wrong_checkpoints_are_validly_signed() {
+        let b = Behaviours { conflicting_votes: true, wrong_checkpoints: true, ..Behaviours::default() };
+        let mut b = liar(1, 4, b);
+        let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
+        let m = b.membership.clone().expect("set");
+        let keys = NodeKeys::new(&m.keys());
+        let tag = m.digest();
+        let honest = Digest([9; 32]);
+        let sig = b.signing.sign(&write_statement(&tag, 0, 4, &honest, 1));
+        let mut digests = BTreeSet::new();
+        for to in [0, 2, 3] {
+            let w = Message::Write(Write { view: 0, seq: 4, digest: honest, sig });
+            let Message::Write(w) = b.lie_in_votes(Peer::Node(to), false, w) else { panic!("a write") };
+            assert!(keys.verify(1, &write_statement(&tag, 0, 4, &w.digest, 1), &w.sig));
+            digests.insert(w.digest);
+        }
+        assert_eq!(digests.len(), 2, "two values for one (view, instance)");
+        let told = [0, 2, 3].iter().filter(|&&n| b.lied_to(0, 4, Peer::Node(n))).count();
+        assert_eq!(b.lies.conflicting_votes, told as u64, "counted once per vote changed");
+        let sig = b.signing.sign(&checkpoint_statement(8, &honest, &tag, 1));
+        let vote = CheckpointVote { seq: 8, root: honest, membership: tag, sig };
+        for _ in 0..20 {
+            if let Message::Checkpoint(v) = b.rewrite(&mut rng, Peer::Node(0), Message::Checkpoint(vote.clone())) {
+                assert!(keys.verify(1, &checkpoint_statement(v.seq, &v.root, &v.membership, 1), &v.sig));
+            }
+        }
+        assert!(b.lies.wrong_checkpoint_votes > 0);
+    }
 }
