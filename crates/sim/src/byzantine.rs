@@ -4,19 +4,37 @@
 //! to lie about) and rewrites what it sends. It holds its own signing key, so it can sign
 //! any lie; it cannot sign for others or impersonate another peer on the channel.
 
-use keel_core::crypto::{Digest, Mac, MacKey, Sig, SigningKey};
+use keel_core::chunk::leaf_digest;
+use keel_core::crypto::{Digest, Hasher, Mac, MacKey, NodeKeys, Sig, SigningKey};
 use keel_core::membership::{Member, Membership};
 use keel_core::message::{
-    checkpoint_statement, endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, EpochCert,
-    Message, NewView, NodeId, Proposal, Proposed, Reply, ReplyBody, Request, StableProof, Value, ViewChange, Write,
+    checkpoint_statement, endorse_statement, owner_of, proof_signed, write_statement, CertProof, CheckpointVote,
+    ClientId, Endorsement, EpochCert, Message, NewView, NodeId, Proposal, Proposed, Reply, ReplyBody, Request, Seq,
+    StableProof, Value, View, ViewChange, Write,
 };
 use keel_core::replica::Peer;
+use rand::seq::SliceRandom;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-/// Messages a Byzantine node remembers for replays.
+/// Messages a Byzantine node remembers for replays (the most recent ones).
 const REPLAY_BUFFER_MAX: usize = 128;
+/// Besides the most recent: a uniform sample (reservoir) of the messages of each
+/// membership epoch, so that replays reach back to any earlier epoch, not only as far as
+/// the last `REPLAY_BUFFER_MAX` messages do.
+const EPOCH_SAMPLE_MAX: usize = 32;
+/// Epochs sampled; past that the oldest after the first is dropped (the first epoch and
+/// the most recent ones stay).
+const EPOCHS_SAMPLED_MAX: usize = 16;
+/// Instances whose proposals (conflicting votes) or own re-written proposals it keeps.
+const INSTANCES_KEPT_MAX: usize = 512;
+/// Views whose VIEW-CHANGEs a Byzantine new primary keeps to pick from.
+const VIEWS_KEPT_MAX: usize = 4;
+/// Stable checkpoint proofs kept to claim an older one.
+const STABLES_KEPT_MAX: usize = 16;
+/// Chunks of its making it keeps to serve (those its false manifests name).
+const FALSE_CHUNKS_MAX: usize = 64;
 /// Forged values a Byzantine node keeps so it can serve them when asked.
 const FORGED_KEPT_MAX: usize = 64;
 
@@ -25,7 +43,9 @@ pub const SLOW_FROM_MS: u64 = 800;
 
 #[derive(Debug, Clone, Default)]
 pub struct Behaviours {
-    /// As primary, propose a different value to odd-numbered nodes and vote for both.
+    /// As primary, propose a different value to one side of a split of the nodes, drawn
+    /// anew per instance from the node's seed (any split with another node on each side),
+    /// and vote for both, each side its own, validly signed.
     pub equivocate: bool,
     /// Corrupt digests, signatures, roots and replies at random.
     pub corrupt: bool,
@@ -55,11 +75,30 @@ pub struct Behaviours {
     /// Request digests: asked for the operations of a proposal, answer nothing or
     /// operations altered by one byte.
     pub withhold_bodies: bool,
+    /// As a backup, WRITEs and ACCEPTs for another value than the one proposed (the value
+    /// an equivocating primary would tell the other side, else the null value) to one
+    /// side of a per-instance split: two votes for one (view, instance), each validly
+    /// signed with its own key.
+    pub conflicting_votes: bool,
+    /// VIEW-CHANGEs, validly re-signed, that omit prepared certificates, replace some by
+    /// older ones of its own, and claim an older stable checkpoint.
+    pub hide_certs: bool,
+    /// As new primary: NEW-VIEWs from the view changes of its choosing (the quorum naming
+    /// the fewest prepared values, or a random one; its own with every certificate
+    /// hidden; now and then one short of a quorum), validly signed, chosen anew for each
+    /// node.
+    pub pick_new_view: bool,
+    /// Validly signed checkpoint votes for a root (or membership) it does not hold, and
+    /// false manifests and chunks when asked for state.
+    pub wrong_checkpoints: bool,
+    /// Censors one client (chosen by the seed): as primary never proposes its requests,
+    /// as any node drops its replies, pushes, endorsements and forwards.
+    pub censor_client: bool,
 }
 
 impl Behaviours {
     /// Every behaviour's name, as `names` gives them and [`Behaviours::only`] takes them.
-    pub const NAMES: [&'static str; 11] = [
+    pub const NAMES: [&'static str; 16] = [
         "equivocate",
         "corrupt",
         "replay",
@@ -71,6 +110,11 @@ impl Behaviours {
         "forge-endorsements",
         "forge-epoch-certs",
         "withhold-bodies",
+        "conflicting-votes",
+        "hide-certs",
+        "pick-new-view",
+        "wrong-checkpoints",
+        "censor-client",
     ];
 
     /// The behaviour named `name` alone (one of [`Behaviours::NAMES`]).
@@ -88,6 +132,11 @@ impl Behaviours {
             "forge-endorsements" => &mut b.forge_endorsements,
             "forge-epoch-certs" => &mut b.forge_epoch_certs,
             "withhold-bodies" => &mut b.withhold_bodies,
+            "conflicting-votes" => &mut b.conflicting_votes,
+            "hide-certs" => &mut b.hide_certs,
+            "pick-new-view" => &mut b.pick_new_view,
+            "wrong-checkpoints" => &mut b.wrong_checkpoints,
+            "censor-client" => &mut b.censor_client,
             _ => return None,
         };
         *on = true;
@@ -108,6 +157,11 @@ impl Behaviours {
                 forge_endorsements: rng.gen_bool(0.5),
                 forge_epoch_certs: rng.gen_bool(0.5),
                 withhold_bodies: rng.gen_bool(0.5),
+                conflicting_votes: rng.gen_bool(0.5),
+                hide_certs: rng.gen_bool(0.5),
+                pick_new_view: rng.gen_bool(0.5),
+                wrong_checkpoints: rng.gen_bool(0.5),
+                censor_client: rng.gen_bool(0.3),
             };
             if b.equivocate
                 || b.corrupt
@@ -120,6 +174,11 @@ impl Behaviours {
                 || b.forge_endorsements
                 || b.forge_epoch_certs
                 || b.withhold_bodies
+                || b.conflicting_votes
+                || b.hide_certs
+                || b.pick_new_view
+                || b.wrong_checkpoints
+                || b.censor_client
             {
                 return b;
             }
@@ -140,6 +199,11 @@ impl Behaviours {
             (self.forge_endorsements, "forge-endorsements"),
             (self.forge_epoch_certs, "forge-epoch-certs"),
             (self.withhold_bodies, "withhold-bodies"),
+            (self.conflicting_votes, "conflicting-votes"),
+            (self.hide_certs, "hide-certs"),
+            (self.pick_new_view, "pick-new-view"),
+            (self.wrong_checkpoints, "wrong-checkpoints"),
+            (self.censor_client, "censor-client"),
         ] {
             if on {
                 v.push(name);
@@ -170,6 +234,24 @@ pub struct LieCounts {
     pub forged_epoch_certs: u64,
     /// Operations asked for and withheld or altered.
     pub withheld_bodies: u64,
+    /// Validly signed WRITEs and ACCEPTs for a value other than the one it voted for.
+    pub conflicting_votes: u64,
+    /// Validly signed VIEW-CHANGEs that differ from its replica's: certificates omitted
+    /// or older, or an older stable checkpoint.
+    pub hidden_certs: u64,
+    /// Validly signed NEW-VIEWs that differ from the one its replica built.
+    pub picked_new_views: u64,
+    /// Of those, NEW-VIEWs with one view change fewer than a quorum.
+    pub short_new_views: u64,
+    /// Validly signed checkpoint votes for a root or membership it does not hold.
+    pub wrong_checkpoint_votes: u64,
+    /// Manifests and chunks that do not match the checkpoint asked for.
+    pub false_transfers: u64,
+    /// Proposals stripped of the censored client's requests (or not sent), and its
+    /// replies, pushes, endorsements and forwards dropped.
+    pub censored: u64,
+    /// Replays of a message from an earlier membership epoch.
+    pub old_epoch_replays: u64,
 }
 
 impl LieCounts {
@@ -186,6 +268,14 @@ impl LieCounts {
         self.forged_endorsements += o.forged_endorsements;
         self.forged_epoch_certs += o.forged_epoch_certs;
         self.withheld_bodies += o.withheld_bodies;
+        self.conflicting_votes += o.conflicting_votes;
+        self.hidden_certs += o.hidden_certs;
+        self.picked_new_views += o.picked_new_views;
+        self.short_new_views += o.short_new_views;
+        self.wrong_checkpoint_votes += o.wrong_checkpoint_votes;
+        self.false_transfers += o.false_transfers;
+        self.censored += o.censored;
+        self.old_epoch_replays += o.old_epoch_replays;
     }
 
     pub fn total(&self) -> u64 {
@@ -201,6 +291,13 @@ impl LieCounts {
             + self.forged_endorsements
             + self.forged_epoch_certs
             + self.withheld_bodies
+            + self.conflicting_votes
+            + self.hidden_certs
+            + self.picked_new_views
+            + self.wrong_checkpoint_votes
+            + self.false_transfers
+            + self.censored
+            + self.old_epoch_replays
     }
 }
 
@@ -229,6 +326,33 @@ pub struct Byzantine {
     colluder: Option<(NodeId, Vec<MacKey>)>,
     /// The membership its replica runs (what forged certificates must seem to follow).
     membership: Option<Membership>,
+    /// Seeds the per-instance splits of the nodes (equivocation, conflicting votes).
+    split_seed: u64,
+    /// The client it censors (`censor_client`), by owner.
+    censored: Option<ClientId>,
+    /// The instances' size bound above a stable checkpoint (`Options::log_max`): the
+    /// window a view change's certificates must lie in.
+    log_max: u64,
+    /// (view, seq) → the digest of the value an equivocating primary would tell the other
+    /// side, for the proposals it received (`conflicting_votes`).
+    proposed_alt: BTreeMap<(View, Seq), Digest>,
+    /// (view, seq) → what it proposed to the nodes it did not equivocate to, where that is
+    /// not its replica's proposal (censoring): it votes for that to them.
+    told: BTreeMap<(View, Seq), Proposal>,
+    /// Per membership epoch: messages seen, and a uniform sample of them (replays).
+    epoch_samples: BTreeMap<u64, (u64, Vec<Message>)>,
+    /// Stable checkpoint proofs of its epoch it saw (`hide_certs` claims older ones).
+    stables: Vec<StableProof>,
+    /// The certificates of its own earlier view changes, by instance (`hide_certs`
+    /// replaces newer ones by these).
+    own_certs: BTreeMap<Seq, Vec<CertProof>>,
+    /// Valid VIEW-CHANGEs it received, by view then sender (`pick_new_view`).
+    view_changes: BTreeMap<View, BTreeMap<NodeId, ViewChange>>,
+    /// (seq, index) → a chunk of its making that its false manifests name by digest
+    /// (`wrong_checkpoints`): manifest and chunks agree, and only the root gives them away.
+    false_chunks: BTreeMap<(Seq, u32), Vec<u8>>,
+    /// View → the NEW-VIEW of its choosing it sends most nodes (`pick_new_view`).
+    picked: BTreeMap<View, NewView>,
     pub lies: LieCounts,
 }
 
@@ -254,8 +378,31 @@ impl Byzantine {
             history: VecDeque::new(),
             alternatives: BTreeMap::new(),
             forged: VecDeque::new(),
+            split_seed: 0,
+            censored: None,
+            log_max: 0,
+            proposed_alt: BTreeMap::new(),
+            told: BTreeMap::new(),
+            epoch_samples: BTreeMap::new(),
+            stables: Vec::new(),
+            own_certs: BTreeMap::new(),
+            view_changes: BTreeMap::new(),
+            false_chunks: BTreeMap::new(),
+            picked: BTreeMap::new(),
             lies: LieCounts::default(),
         }
+    }
+
+    /// What its lies are made from: `seed` (from the run's seed) draws the splits of
+    /// the nodes and the client it censors among `clients`; `log_max` is the window of a
+    /// view change's certificates above its stable checkpoint.
+    pub fn seeded(mut self, seed: u64, clients: &[ClientId], log_max: u64) -> Byzantine {
+        self.split_seed = seed;
+        self.log_max = log_max;
+        if !clients.is_empty() {
+            self.censored = Some(owner_of(clients[(seed % clients.len() as u64) as usize]));
+        }
+        self
     }
 
     /// Colludes with Byzantine RQ node `node`, whose endorsement keys are `row`.
@@ -274,6 +421,17 @@ impl Byzantine {
     /// The membership its replica runs; with a new epoch, its index and the cluster size
     /// change too.
     pub fn set_membership(&mut self, me: NodeId, quorum: usize, membership: Membership) {
+        if self.membership.as_ref().is_some_and(|m| m.epoch != membership.epoch) {
+            // Proofs, certificates and view changes are signed for one epoch (its tag)
+            // and name nodes by their index there: lies made of them are this epoch's.
+            self.stables.clear();
+            self.own_certs.clear();
+            self.view_changes.clear();
+            self.picked.clear();
+            self.proposed_alt.clear();
+            self.told.clear();
+            self.alternatives.clear();
+        }
         self.me = me;
         self.n = membership.n();
         self.quorum = quorum;
@@ -316,31 +474,404 @@ impl Byzantine {
         Some(EpochCert { proof: StableProof { seq: since, root, membership, sigs }, next })
     }
 
+    /// The membership epoch its replica runs.
+    fn epoch(&self) -> u64 {
+        self.membership.as_ref().map_or(0, |m| m.epoch)
+    }
+
+    /// The primary of `view` in its membership.
+    fn primary(&self, view: View) -> NodeId {
+        (view % self.n.max(1) as u64) as NodeId
+    }
+
     /// Remembers a message the node received, for later replay, and answers a request
     /// for the body of a value it forged (the honest replica underneath never saw it).
-    pub fn observe(&mut self, from: Peer, msg: &Message) -> Vec<Frame> {
+    /// Also notes what its lies are made of: proposals, view changes, stable proofs; and
+    /// answers a request for state with a made-up manifest or chunk.
+    pub fn observe(&mut self, rng: &mut ChaCha8Rng, from: Peer, msg: &Message) -> Vec<Frame> {
         if self.behaviours.replay {
-            self.remember(msg.clone());
+            self.remember(rng, msg.clone());
         }
-        if let Message::FetchValue { seq, digest } = msg {
-            if let Some((_, _, value)) = self.forged.iter().find(|(s, d, _)| s == seq && d == digest) {
-                self.lies.forged_view_changes += 1;
-                let body = Message::ValueBody { seq: *seq, value: value.clone() };
-                return vec![(from, keel_core::codec::encode(&body))];
+        let sender = match from {
+            Peer::Node(n) => Some(n),
+            Peer::Client(_) => None,
+        };
+        match msg {
+            Message::FetchValue { seq, digest } => {
+                if let Some((_, _, value)) = self.forged.iter().find(|(s, d, _)| s == seq && d == digest) {
+                    self.lies.forged_view_changes += 1;
+                    let body = Message::ValueBody { seq: *seq, value: value.clone() };
+                    return vec![(from, keel_core::codec::encode(&body))];
+                }
             }
+            Message::Propose { view, seq, value }
+                if self.behaviours.conflicting_votes && sender == Some(self.primary(*view)) =>
+            {
+                if self.proposed_alt.len() >= INSTANCES_KEPT_MAX {
+                    self.proposed_alt.pop_first();
+                }
+                self.proposed_alt.insert((*view, *seq), alternative(value).digest());
+            }
+            Message::ViewChange(vc) => {
+                if self.behaviours.hide_certs {
+                    self.note_stable(&vc.stable);
+                }
+                if self.behaviours.pick_new_view && self.primary(vc.view) == self.me && self.view_change_valid(vc) {
+                    self.view_changes.entry(vc.view).or_default().insert(vc.from, vc.clone());
+                    while self.view_changes.len() > VIEWS_KEPT_MAX {
+                        self.view_changes.pop_first();
+                    }
+                }
+            }
+            Message::NewView(nv) if self.behaviours.hide_certs => {
+                for vc in &nv.view_changes {
+                    self.note_stable(&vc.stable);
+                }
+            }
+            Message::StableCert(proof) if self.behaviours.hide_certs => self.note_stable(proof),
+            Message::FetchManifest { seq } if self.behaviours.wrong_checkpoints && rng.gen_bool(0.5) => {
+                // A state of its making, first: a manifest of chunks it serves, which
+                // cannot hash to the certified root.
+                self.lies.false_transfers += 1;
+                let mut chunks = Vec::new();
+                let mut len = 0;
+                for index in 0..rng.gen_range(1..4u32) {
+                    let data: Vec<u8> = (0..rng.gen_range(1..512)).map(|_| rng.gen()).collect();
+                    len += data.len() as u64;
+                    chunks.push(leaf_digest(&data));
+                    self.keep_false_chunk(*seq, index, data);
+                }
+                let manifest = Message::Manifest { seq: *seq, len, chunks };
+                return vec![(from, keel_core::codec::encode(&manifest))];
+            }
+            Message::FetchChunk { seq, index } if self.behaviours.wrong_checkpoints => {
+                // A chunk its false manifest named, else (half the time) random bytes.
+                let data = match self.false_chunks.get(&(*seq, *index)) {
+                    Some(data) => data.clone(),
+                    None if rng.gen_bool(0.5) => (0..rng.gen_range(1..512)).map(|_| rng.gen()).collect(),
+                    None => return Vec::new(),
+                };
+                self.lies.false_transfers += 1;
+                let chunk = Message::Chunk { seq: *seq, index: *index, data };
+                return vec![(from, keel_core::codec::encode(&chunk))];
+            }
+            _ => {}
         }
         Vec::new()
     }
 
-    fn remember(&mut self, msg: Message) {
+    fn keep_false_chunk(&mut self, seq: Seq, index: u32, data: Vec<u8>) {
+        if self.false_chunks.len() >= FALSE_CHUNKS_MAX {
+            self.false_chunks.pop_first();
+        }
+        self.false_chunks.insert((seq, index), data);
+    }
+
+    /// Keeps `proof` if it is of this epoch and not kept yet (as a stable checkpoint to
+    /// claim later, once a newer one exists). Only proofs that hold in this epoch are
+    /// kept, so that a VIEW-CHANGE claiming one stays valid.
+    fn note_stable(&mut self, proof: &StableProof) {
+        if self.stables.iter().any(|s| s.seq == proof.seq) || !self.stable_valid(proof) {
+            return;
+        }
+        if self.stables.len() >= STABLES_KEPT_MAX {
+            self.stables.remove(0);
+        }
+        self.stables.push(proof.clone());
+    }
+
+    fn remember(&mut self, rng: &mut ChaCha8Rng, msg: Message) {
         if self.history.len() == REPLAY_BUFFER_MAX {
             self.history.pop_front();
         }
-        self.history.push_back(msg);
+        self.history.push_back(msg.clone());
+        // Reservoir sampling: each message of the epoch stays in its sample with the same
+        // chance, however long the epoch ran.
+        let epoch = self.epoch();
+        let (seen, sample) = self.epoch_samples.entry(epoch).or_default();
+        *seen += 1;
+        if sample.len() < EPOCH_SAMPLE_MAX {
+            sample.push(msg);
+        } else {
+            let j = rng.gen_range(0..*seen) as usize;
+            if j < EPOCH_SAMPLE_MAX {
+                sample[j] = msg;
+            }
+        }
+        if self.epoch_samples.len() > EPOCHS_SAMPLED_MAX {
+            let second = self.epoch_samples.keys().nth(1).copied();
+            if let Some(e) = second {
+                self.epoch_samples.remove(&e);
+            }
+        }
     }
 
-    fn lied_to(to: Peer) -> bool {
-        matches!(to, Peer::Node(n) if n % 2 == 1)
+    /// A message to replay: half the time (if there was an earlier epoch) one sampled
+    /// from a random earlier epoch, else one of the most recent.
+    fn replay_pick(&mut self, rng: &mut ChaCha8Rng) -> Option<Message> {
+        let current = self.epoch();
+        let earlier: Vec<u64> =
+            self.epoch_samples.iter().filter(|(e, (_, s))| **e < current && !s.is_empty()).map(|(e, _)| *e).collect();
+        if !earlier.is_empty() && rng.gen_bool(0.5) {
+            let sample = &self.epoch_samples.get(&earlier[rng.gen_range(0..earlier.len())])?.1;
+            self.lies.old_epoch_replays += 1;
+            return sample.get(rng.gen_range(0..sample.len())).cloned();
+        }
+        if self.history.is_empty() {
+            return None;
+        }
+        self.history.get(rng.gen_range(0..self.history.len())).cloned()
+    }
+
+    /// Whether node `to` is on the side told the other value in instance (view, seq): a
+    /// split of the nodes drawn from the node's seed anew for each instance, with at least
+    /// one node other than this one on each side.
+    fn lied_to(&self, view: View, seq: Seq, to: Peer) -> bool {
+        let Peer::Node(to) = to else { return false };
+        if to >= 64 {
+            return false;
+        }
+        let n = self.n.min(64) as u32;
+        let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+        let others = all & !1u64.checked_shl(self.me).unwrap_or(0);
+        let h = Hasher::new("keel-sim/split").u64(self.split_seed).u64(view).u64(seq).finish().prefix_u64();
+        let mut side = h & others;
+        if side == 0 || side == others {
+            // Everyone on one side: move the lowest other node over.
+            side ^= others & others.wrapping_neg();
+        }
+        side >> to & 1 == 1
+    }
+
+    /// The digest this node votes for to `to` in (view, seq) where that is not its
+    /// replica's vote, and whether it is a conflicting vote (counted as one).
+    fn vote_lie(&self, view: View, seq: Seq, to: Peer, is_primary: bool) -> Option<(Digest, bool)> {
+        if self.behaviours.equivocate && self.lied_to(view, seq, to) {
+            if let Some(alt) = self.alternatives.get(&(view, seq)) {
+                return Some((alt.digest(), false));
+            }
+        }
+        if let Some(p) = self.told.get(&(view, seq)) {
+            // It proposed this to everyone else (censoring): its votes follow.
+            return Some((p.digest(), false));
+        }
+        if self.behaviours.conflicting_votes && !is_primary && self.lied_to(view, seq, to) {
+            // The value a colluding equivocating primary told the other side, else the
+            // null value a new view might fill the instance with.
+            let alt = self.proposed_alt.get(&(view, seq)).copied().unwrap_or_else(|| Value::null().digest());
+            return Some((alt, true));
+        }
+        None
+    }
+
+    /// Its WRITE or ACCEPT to `to` as the lies it tells need: for another value, validly
+    /// signed with its own key (the channel authenticates an ACCEPT).
+    fn lie_in_votes(&mut self, to: Peer, is_primary: bool, msg: Message) -> Message {
+        match msg {
+            Message::Write(w) => match self.vote_lie(w.view, w.seq, to, is_primary) {
+                Some((digest, conflicting)) if digest != w.digest => {
+                    self.lies.conflicting_votes += conflicting as u64;
+                    let sig = self.signing.sign(&write_statement(&self.epoch_tag(), w.view, w.seq, &digest, self.me));
+                    Message::Write(Write { view: w.view, seq: w.seq, digest, sig })
+                }
+                _ => Message::Write(w),
+            },
+            Message::Accept { view, seq, digest } => match self.vote_lie(view, seq, to, is_primary) {
+                Some((lie, conflicting)) if lie != digest => {
+                    self.lies.conflicting_votes += conflicting as u64;
+                    Message::Accept { view, seq, digest: lie }
+                }
+                _ => Message::Accept { view, seq, digest },
+            },
+            other => other,
+        }
+    }
+
+    /// Censoring: what it sends instead of `msg` (None: nothing).
+    fn censor(&mut self, msg: Message) -> Option<Message> {
+        let Some(victim) = self.censored else { return Some(msg) };
+        let theirs = |c: ClientId| owner_of(c) == victim;
+        let dropped = match &msg {
+            Message::Propose { view, seq, value } if value.requests.iter().any(|r| theirs(r.client())) => {
+                self.lies.censored += 1;
+                let mut kept = value.clone();
+                kept.requests.retain(|r| !theirs(r.client()));
+                if kept.requests.is_empty() {
+                    // Nothing else to propose here: it proposes nothing (the backups'
+                    // request timers are what reveal it).
+                    return None;
+                }
+                if self.told.len() >= INSTANCES_KEPT_MAX {
+                    self.told.pop_first();
+                }
+                self.told.insert((*view, *seq), kept.clone());
+                return Some(Message::Propose { view: *view, seq: *seq, value: kept });
+            }
+            Message::Reply(r) => theirs(r.client),
+            Message::Push { client, .. } | Message::EndorseDigest { client, .. } => theirs(*client),
+            Message::Endorse { request, .. } | Message::Forward(request) => theirs(request.client),
+            _ => false,
+        };
+        if dropped {
+            self.lies.censored += 1;
+            return None;
+        }
+        Some(msg)
+    }
+
+    /// Whether `proof` holds in its epoch, as a correct node judges it
+    /// (`Replica::validate_stable_proof`).
+    fn stable_valid(&self, p: &StableProof) -> bool {
+        let Some(m) = &self.membership else { return false };
+        if p.seq == 0 {
+            return p.sigs.is_empty() && p.root == Digest::default();
+        }
+        if p.seq < m.since {
+            return false;
+        }
+        if p.seq == m.since {
+            if let Some(prev) = &m.previous {
+                let q = prev.quorums().map(|q| q.order_quorum());
+                return p.membership == m.digest() && q.is_ok_and(|q| proof_signed(&NodeKeys::new(&prev.keys()), q, p));
+            }
+        }
+        proof_signed(&NodeKeys::new(&m.keys()), self.quorum, p)
+    }
+
+    /// Whether `vc` holds in its epoch, as a correct node judges it
+    /// (`Replica::validate_view_change`): only valid ones go into its NEW-VIEWs, so that
+    /// those reach the nodes' decision rule instead of dying at a check.
+    fn view_change_valid(&self, vc: &ViewChange) -> bool {
+        let Some(m) = &self.membership else { return false };
+        let (keys, tag) = (NodeKeys::new(&m.keys()), m.digest());
+        if vc.from as usize >= m.n() || !keys.verify(vc.from, &vc.statement(&tag), &vc.sig) {
+            return false;
+        }
+        if !self.stable_valid(&vc.stable) {
+            return false;
+        }
+        let high = vc.stable.seq.saturating_add(self.log_max);
+        let mut seqs = BTreeSet::new();
+        vc.certs.iter().all(|c| {
+            let mut writers = BTreeSet::new();
+            let signed = c.writes.iter().all(|(node, sig)| {
+                writers.insert(*node);
+                keys.verify(*node, &write_statement(&tag, c.view, c.seq, &c.digest, *node), sig)
+            });
+            c.seq > vc.stable.seq
+                && c.seq <= high
+                && seqs.insert(c.seq)
+                && c.view < vc.view
+                && signed
+                && writers.len() >= self.quorum
+        })
+    }
+
+    /// Its replica's VIEW-CHANGE with what it prepared hidden, validly re-signed: an older
+    /// stable checkpoint it saw in this epoch, some certificates replaced by ones of its
+    /// own earlier view changes, some or all omitted.
+    fn hide_certs(&mut self, rng: &mut ChaCha8Rng, vc: ViewChange) -> ViewChange {
+        self.note_stable(&vc.stable);
+        for c in &vc.certs {
+            let kept = self.own_certs.entry(c.seq).or_default();
+            if !kept.contains(c) {
+                kept.push(c.clone());
+            }
+        }
+        self.own_certs = self.own_certs.split_off(&(vc.stable.seq + 1));
+        let mut lie = vc.clone();
+        let older: Vec<&StableProof> = self.stables.iter().filter(|s| s.seq < vc.stable.seq).collect();
+        if !older.is_empty() && rng.gen_bool(0.5) {
+            let old = older[rng.gen_range(0..older.len())].clone();
+            // Certificates above the claimed checkpoint's window would make it invalid.
+            let high = old.seq + self.log_max;
+            lie.certs.retain(|c| c.seq <= high);
+            lie.stable = old;
+        }
+        for cert in lie.certs.iter_mut() {
+            let earlier = self
+                .own_certs
+                .get(&cert.seq)
+                .and_then(|cs| cs.iter().filter(|c| c.view < cert.view).min_by_key(|c| c.view));
+            if let Some(earlier) = earlier.filter(|_| rng.gen_bool(0.5)) {
+                *cert = earlier.clone();
+            }
+        }
+        if rng.gen_bool(0.3) {
+            lie.certs.clear();
+        } else {
+            lie.certs.retain(|_| rng.gen_bool(0.5));
+        }
+        if lie == vc {
+            return vc;
+        }
+        self.lies.hidden_certs += 1;
+        lie.sig = self.signing.sign(&lie.statement(&self.epoch_tag()));
+        lie
+    }
+
+    /// As the primary of `nv.view`: a NEW-VIEW of valid VIEW-CHANGEs of its choosing,
+    /// validly signed, instead of its replica's (the first Q that arrived).
+    fn pick_new_view(&mut self, rng: &mut ChaCha8Rng, nv: NewView) -> NewView {
+        let tag = self.epoch_tag();
+        let mut pool = self.view_changes.get(&nv.view).cloned().unwrap_or_default();
+        for vc in &nv.view_changes {
+            pool.insert(vc.from, vc.clone());
+        }
+        // Its own view change (always in): as its replica made it, with every certificate
+        // hidden, or with the lower ones hidden and the highest kept, so that the instances
+        // below it are re-proposed as null unless another view change names them. Each is
+        // one it may sign.
+        let mut own = pool.remove(&self.me);
+        let mut hidden = BTreeSet::new();
+        if let Some(own) = own.as_mut().filter(|v| !v.certs.is_empty()) {
+            let before = own.certs.len();
+            if rng.gen_bool(0.5) {
+                own.certs.clear();
+            } else if rng.gen_bool(0.5) {
+                let top = own.certs.iter().map(|c| c.seq).max().unwrap_or(0);
+                let seqs: Vec<Seq> = own.certs.iter().map(|c| c.seq).filter(|s| *s < top).collect();
+                let cut = seqs.choose(rng).copied().unwrap_or(0);
+                own.certs.retain(|c| c.seq > cut);
+            }
+            if own.certs.len() != before {
+                own.sig = self.signing.sign(&own.statement(&tag));
+            }
+            let kept: BTreeSet<Seq> = own.certs.iter().map(|c| c.seq).collect();
+            hidden = nv
+                .view_changes
+                .iter()
+                .filter(|v| v.from == self.me)
+                .flat_map(|v| v.certs.iter().map(|c| c.seq))
+                .filter(|s| !kept.contains(s))
+                .collect();
+        }
+        let mut vcs: Vec<ViewChange> = pool.into_values().collect();
+        vcs.shuffle(rng);
+        if rng.gen_bool(0.5) {
+            // The others naming the fewest of the prepared values it hid, then the fewest
+            // prepared values at all: it omits a prepared value wherever a quorum of view
+            // changes without it exists.
+            vcs.sort_by_key(|v| (v.certs.iter().filter(|c| hidden.contains(&c.seq)).count(), v.certs.len()));
+        }
+        // Now and then one view change short of a quorum: a NEW-VIEW that only the count
+        // of its senders stops (all it carries is valid and signed).
+        let short = self.quorum > 1 && rng.gen_bool(0.15);
+        let take = self.quorum - short as usize;
+        let mut vcs: Vec<ViewChange> = own.into_iter().chain(vcs).collect();
+        vcs.truncate(take);
+        if vcs.len() < take {
+            return nv;
+        }
+        vcs.sort_by_key(|v| v.from);
+        let mut honest = nv.view_changes.clone();
+        honest.sort_by_key(|v| v.from);
+        if vcs == honest {
+            return nv;
+        }
+        let mut picked = NewView { view: nv.view, view_changes: vcs, sig: Sig([0; 64]) };
+        picked.sig = self.signing.sign(&picked.statement(&tag));
+        picked
     }
 
     /// Rewrites what the honest replica wanted to send.
@@ -352,7 +883,7 @@ impl Byzantine {
         }
         for (to, msg) in outgoing {
             if self.behaviours.replay {
-                self.remember(msg.clone());
+                self.remember(rng, msg.clone());
             }
             let msg = match msg {
                 Message::Bodies { seq, ops } if self.behaviours.withhold_bodies => {
@@ -363,16 +894,22 @@ impl Byzantine {
                     let ops = ops.iter().map(|op| [&op[..], &[0xee]].concat().into()).collect();
                     Message::Bodies { seq, ops }
                 }
+                msg if self.behaviours.censor_client => match self.censor(msg) {
+                    Some(msg) => msg,
+                    None => continue,
+                },
                 msg => msg,
             };
+            let msg = self.lie_in_votes(to, is_primary, msg);
             let msg = self.rewrite(rng, to, msg);
             frames.push((to, keel_core::codec::encode(&msg)));
         }
         if self.behaviours.replay && !self.history.is_empty() && rng.gen_bool(0.2) {
-            let i = rng.gen_range(0..self.history.len());
-            let to = Peer::Node(rng.gen_range(0..self.n as NodeId));
-            self.lies.replays += 1;
-            frames.push((to, keel_core::codec::encode(&self.history[i])));
+            if let Some(msg) = self.replay_pick(rng) {
+                let to = Peer::Node(rng.gen_range(0..self.n as NodeId));
+                self.lies.replays += 1;
+                frames.push((to, keel_core::codec::encode(&msg)));
+            }
         }
         if self.behaviours.junk && rng.gen_bool(0.1) {
             let len = rng.gen_range(0..300);
@@ -444,14 +981,11 @@ impl Byzantine {
 
     fn rewrite(&mut self, rng: &mut ChaCha8Rng, to: Peer, msg: Message) -> Message {
         match msg {
-            Message::Propose { view, seq, value } if self.behaviours.equivocate && Self::lied_to(to) => {
-                let alt = self.alternatives.entry((view, seq)).or_insert_with(|| {
-                    // Same requests (their MACs stay valid), other order and time: a
-                    // different digest that backups accept on its own.
-                    let mut requests = value.requests.clone();
-                    requests.reverse();
-                    Proposal { time: value.time + 1, requests }
-                });
+            Message::Propose { view, seq, value } if self.behaviours.equivocate && self.lied_to(view, seq, to) => {
+                if self.alternatives.len() >= INSTANCES_KEPT_MAX && !self.alternatives.contains_key(&(view, seq)) {
+                    self.alternatives.pop_first();
+                }
+                let alt = self.alternatives.entry((view, seq)).or_insert_with(|| alternative(&value));
                 self.lies.equivocations += 1;
                 Message::Propose { view, seq, value: alt.clone() }
             }
@@ -494,21 +1028,6 @@ impl Byzantine {
                 self.lies.forged_endorsements += 1;
                 Message::EndorseDigest { client, seq, op, macs }
             }
-            Message::Write(w) if self.behaviours.equivocate && Self::lied_to(to) => {
-                match self.alternatives.get(&(w.view, w.seq)) {
-                    Some(alt) => {
-                        let digest = alt.digest();
-                        let sig =
-                            self.signing.sign(&write_statement(&self.epoch_tag(), w.view, w.seq, &digest, self.me));
-                        Message::Write(Write { view: w.view, seq: w.seq, digest, sig })
-                    }
-                    None => Message::Write(w),
-                }
-            }
-            Message::Accept { view, seq, digest } if self.behaviours.equivocate && Self::lied_to(to) => {
-                let digest = self.alternatives.get(&(view, seq)).map_or(digest, Proposal::digest);
-                Message::Accept { view, seq, digest }
-            }
             // Index answers too low would make reads stale if a node trusted fewer than a
             // quorum's highest; too high, they stall reads until their clients order them.
             Message::IndexAck { round, accepted } if self.behaviours.rush_reads => {
@@ -516,9 +1035,69 @@ impl Byzantine {
                 let accepted = if rng.gen_bool(0.8) { 0 } else { accepted + 1_000 };
                 Message::IndexAck { round, accepted }
             }
-            Message::ViewChange(vc) if self.behaviours.forge_view_change => {
+            Message::ViewChange(vc) if self.behaviours.forge_view_change || self.behaviours.hide_certs => {
+                let vc = if self.behaviours.hide_certs { self.hide_certs(rng, vc) } else { vc };
+                if !self.behaviours.forge_view_change {
+                    return Message::ViewChange(vc);
+                }
                 self.lies.forged_view_changes += 1;
                 Message::ViewChange(self.forge_view_change(rng, vc))
+            }
+            Message::NewView(nv) if self.behaviours.pick_new_view && self.primary(nv.view) == self.me => {
+                // One NEW-VIEW of its choosing for the view, the same to every node (so
+                // that a quorum may install it), except that one side of a split gets
+                // another, picked anew each time, half the time.
+                let (view, honest) = (nv.view, nv.clone());
+                let picked = if self.lied_to(view, Seq::MAX, to) && rng.gen_bool(0.5) {
+                    self.pick_new_view(rng, nv)
+                } else if let Some(p) = self.picked.get(&view) {
+                    p.clone()
+                } else {
+                    let p = self.pick_new_view(rng, nv);
+                    if self.picked.len() >= VIEWS_KEPT_MAX {
+                        self.picked.pop_first();
+                    }
+                    self.picked.insert(view, p.clone());
+                    p
+                };
+                if picked != honest {
+                    self.lies.picked_new_views += 1;
+                    self.lies.short_new_views += (picked.view_changes.len() < self.quorum) as u64;
+                }
+                Message::NewView(picked)
+            }
+            Message::Checkpoint(vote) if self.behaviours.wrong_checkpoints && rng.gen_bool(0.7) => {
+                // A state it does not have, signed as its own: mostly another root,
+                // sometimes another membership.
+                let (mut root, mut membership) = (vote.root, vote.membership);
+                let flipped = if rng.gen_bool(0.8) { &mut root } else { &mut membership };
+                flipped.0[rng.gen_range(0..32)] ^= 1 << rng.gen_range(0..8);
+                self.lies.wrong_checkpoint_votes += 1;
+                let sig = self.signing.sign(&checkpoint_statement(vote.seq, &root, &membership, self.me));
+                Message::Checkpoint(CheckpointVote { seq: vote.seq, root, membership, sig })
+            }
+            Message::Manifest { seq, mut len, mut chunks } if self.behaviours.wrong_checkpoints => {
+                self.lies.false_transfers += 1;
+                match chunks.len() {
+                    0 => len += 1,
+                    k => {
+                        // One chunk replaced by one of its making, named by its digest,
+                        // which it serves when asked.
+                        let index = rng.gen_range(0..k);
+                        let data = [&chunks[index].0[..], b"made up"].concat();
+                        chunks[index] = leaf_digest(&data);
+                        self.keep_false_chunk(seq, index as u32, data);
+                    }
+                }
+                Message::Manifest { seq, len, chunks }
+            }
+            Message::Chunk { seq, index, mut data } if self.behaviours.wrong_checkpoints => {
+                self.lies.false_transfers += 1;
+                match data.len() {
+                    0 => data.push(rng.gen()),
+                    k => data[rng.gen_range(0..k)] ^= 1 << rng.gen_range(0..8),
+                }
+                Message::Chunk { seq, index, data }
             }
             msg if self.behaviours.corrupt && rng.gen_bool(0.2) => {
                 self.lies.corruptions += 1;
@@ -553,6 +1132,15 @@ impl Byzantine {
         vc.sig = self.signing.sign(&vc.statement(&self.epoch_tag()));
         vc
     }
+}
+
+/// The value an equivocating primary tells the other side: the same requests (their
+/// MACs stay valid) in another order, one ms later: a different digest that backups
+/// accept on its own.
+fn alternative(value: &Proposal) -> Proposal {
+    let mut requests = value.requests.clone();
+    requests.reverse();
+    Proposal { time: value.time + 1, requests }
 }
 
 fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
@@ -899,5 +1487,89 @@ mod tests {
         let mut all = Behaviours::NAMES.to_vec();
         all.sort_unstable();
         assert_eq!(seen, all);
+    }
+
+    fn liar(me: NodeId, n: usize, behaviours: Behaviours) -> Byzantine {
+        let keys: Vec<SigningKey> = (0..n as u8).map(|i| SigningKey::from_seed([i + 1; 32])).collect();
+        let publics: Vec<_> = keys.iter().map(SigningKey::public).collect();
+        let membership = Membership::genesis(1, 1, &publics, &[]);
+        let mut b = Byzantine::new(behaviours, me, n, 3, keys[me as usize].clone()).seeded(7, &[1000, 1001], 16);
+        b.set_membership(me, 3, membership);
+        b
+    }
+
+    #[test]
+    fn splits_vary_per_instance_and_leave_another_node_on_each_side() {
+        let b = liar(2, 5, Behaviours::only("equivocate").expect("a known name"));
+        let mut splits = BTreeSet::new();
+        for view in 0..4 {
+            for seq in 1..50 {
+                let side: Vec<bool> = (0..5).map(|n| b.lied_to(view, seq, Peer::Node(n))).collect();
+                assert!(!side[2], "never itself");
+                let told = side.iter().filter(|s| **s).count();
+                assert!(told >= 1 && told <= 3, "{side:?}: another node on each side");
+                splits.insert(side);
+            }
+        }
+        // Not one fixed split (odd/even before): most of the 14 possible ones occur.
+        assert!(splits.len() >= 10, "{} splits", splits.len());
+        assert!(!b.lied_to(0, 1, Peer::Client(1000)));
+    }
+
+    #[test]
+    fn replays_reach_back_to_every_sampled_epoch_within_bounds() {
+        let mut b = liar(0, 4, Behaviours::only("replay").expect("a known name"));
+        let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(3);
+        let base = b.membership.clone().expect("set");
+        for epoch in 0..30u64 {
+            b.set_membership(0, 3, Membership { epoch, ..base.clone() });
+            for i in 0..500 {
+                b.remember(&mut rng, Message::Stop { view: epoch * 1_000 + i });
+            }
+        }
+        assert!(b.epoch_samples.len() <= EPOCHS_SAMPLED_MAX);
+        assert!(b.epoch_samples.values().all(|(_, s)| s.len() <= EPOCH_SAMPLE_MAX));
+        // The first epoch and the latest stay; a reservoir holds messages from all over
+        // its epoch, not only its last ones.
+        assert!(b.epoch_samples.contains_key(&0) && b.epoch_samples.contains_key(&29));
+        let first = &b.epoch_samples[&0].1;
+        assert!(first.iter().any(|m| matches!(m, Message::Stop { view } if *view < 250)));
+        let mut old = 0;
+        for _ in 0..200 {
+            if let Some(Message::Stop { view }) = b.replay_pick(&mut rng) {
+                old += (view / 1_000 < 29) as u64;
+            }
+        }
+        assert!(old > 50 && b.lies.old_epoch_replays == old, "{old} replays from earlier epochs");
+    }
+
+    #[test]
+    fn conflicting_votes_and_wrong_checkpoints_are_validly_signed() {
+        let b = Behaviours { conflicting_votes: true, wrong_checkpoints: true, ..Behaviours::default() };
+        let mut b = liar(1, 4, b);
+        let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
+        let m = b.membership.clone().expect("set");
+        let keys = NodeKeys::new(&m.keys());
+        let tag = m.digest();
+        let honest = Digest([9; 32]);
+        let sig = b.signing.sign(&write_statement(&tag, 0, 4, &honest, 1));
+        let mut digests = BTreeSet::new();
+        for to in [0, 2, 3] {
+            let w = Message::Write(Write { view: 0, seq: 4, digest: honest, sig });
+            let Message::Write(w) = b.lie_in_votes(Peer::Node(to), false, w) else { panic!("a write") };
+            assert!(keys.verify(1, &write_statement(&tag, 0, 4, &w.digest, 1), &w.sig));
+            digests.insert(w.digest);
+        }
+        assert_eq!(digests.len(), 2, "two values for one (view, instance)");
+        let told = [0, 2, 3].iter().filter(|&&n| b.lied_to(0, 4, Peer::Node(n))).count();
+        assert_eq!(b.lies.conflicting_votes, told as u64, "counted once per vote changed");
+        let sig = b.signing.sign(&checkpoint_statement(8, &honest, &tag, 1));
+        let vote = CheckpointVote { seq: 8, root: honest, membership: tag, sig };
+        for _ in 0..20 {
+            if let Message::Checkpoint(v) = b.rewrite(&mut rng, Peer::Node(0), Message::Checkpoint(vote.clone())) {
+                assert!(keys.verify(1, &checkpoint_statement(v.seq, &v.root, &v.membership, 1), &v.sig));
+            }
+        }
+        assert!(b.lies.wrong_checkpoint_votes > 0);
     }
 }

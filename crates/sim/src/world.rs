@@ -584,7 +584,11 @@ impl<W: Workload> World<W> {
                 }
                 let byzantine = byz_ids.contains(&i).then(|| {
                     let behaviours = pinned.clone().unwrap_or_else(|| Behaviours::random(&mut rng));
-                    let mut b = Byzantine::new(behaviours, i as NodeId, n, quorums.order_quorum(), s.signing.clone());
+                    // Seeded from the run's seed without drawing from its generator.
+                    let seed = u64::from_le_bytes(derived("byzantine", i)[..8].try_into().expect("8 bytes"));
+                    let clients: Vec<ClientId> = (0..opts.clients).map(client_id).collect();
+                    let mut b = Byzantine::new(behaviours, i as NodeId, n, quorums.order_quorum(), s.signing.clone())
+                        .seeded(seed, &clients, opts.options.log_max());
                     b.set_membership(i as NodeId, quorums.order_quorum(), cfg.membership.clone());
                     b
                 });
@@ -1391,7 +1395,7 @@ impl<W: Workload> World<W> {
                     client => client,
                 };
                 let answers = match self.nodes[n as usize].byzantine.as_mut() {
-                    Some(b) => b.observe(from, &msg),
+                    Some(b) => b.observe(&mut self.rng, from, &msg),
                     None => Vec::new(),
                 };
                 for (answer_to, frame) in answers {

@@ -463,13 +463,15 @@ fn with_rq_nodes_apart_a_client_with_inconsistent_macs_neither_stalls_others_nor
 #[test]
 fn with_rq_nodes_apart_backups_that_accept_one_endorsement_are_caught() {
     // A Byzantine primary proposes a made-up request that a colluding Byzantine RQ node
-    // endorsed; with one endorsement enough, backups accept and execute it.
-    for seed in 1..=10 {
+    // endorsed; with one endorsement enough, backups accept and execute it. Rare: 9 of
+    // seeds 1-200 since the signed-lie behaviours (issue #21) changed every run, the
+    // first at 74 (it was 6).
+    for seed in 1..=100 {
         let r = run_kv_seed(&SimOptions { mutation: Some(Mutation::OneEndorsement), ..rq_apart(seed, 1, 1, "all") });
         if !r.violations.is_empty() {
             assert!(properties(&r).contains(&"validity"), "got {:?}", properties(&r));
             return;
         }
     }
-    panic!("one-endorsement not caught in 10 seeds");
+    panic!("one-endorsement not caught in 100 seeds");
 }
