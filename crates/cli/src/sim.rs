@@ -39,7 +39,8 @@ pub struct SimArgs {
     /// index-without-quorum | serializable-without-wait | one-endorsement | one-push-copy |
     /// unverified-epoch-certs | unfrozen-checkpoint | unchecked-body | one-commit-notice |
     /// one-exec-hash | one-reply | no-epoch-end-checkpoint | rq-stays-in-epoch | propose-before-view-durable |
-    /// wiped-node-votes.
+    /// wiped-node-votes | epochless-statements | unverified-epoch-replies | blind-endorser-routing
+    /// (a throughput bug: --report attacks catches it).
     #[arg(long)]
     mutate: Option<String>,
     /// Request authentication: rq-mac | mac | sig | none (default: rq-mac when r > 0,
@@ -68,7 +69,8 @@ pub struct SimArgs {
     /// NODE:BEHAVIOUR[+BEHAVIOUR...] (e.g. 1:forge-endorsements), or `none` for no
     /// Byzantine node (a faulty client still runs under --faults byzantine). Behaviours:
     /// equivocate, corrupt, replay, forge-view-change, silent-primary, junk, rush-reads,
-    /// slow-primary, forge-endorsements, forge-epoch-certs, withhold-bodies.
+    /// slow-primary, forge-endorsements, forge-epoch-certs, withhold-bodies. With
+    /// --report attacks: only that behaviour, only at that node.
     #[arg(long, value_parser = parse_pin)]
     byzantine: Option<Pin>,
     /// `attacks`: throughput under attack (Aardvark). For each Byzantine behaviour, every
@@ -76,7 +78,7 @@ pub struct SimArgs {
     /// once with no Byzantine node; Byzantine faults only (--faults is ignored). Prints
     /// operations and operations per simulated second with and without per behaviour,
     /// and fails if any run keeps less than half of either against its seed's run
-    /// without.
+    /// without. --mutate applies to both runs of a seed.
     #[arg(long, value_parser = ["attacks"])]
     report: Option<String>,
 }
