@@ -42,7 +42,8 @@ pub struct SimArgs {
     /// index-without-quorum | serializable-without-wait | one-endorsement | one-push-copy |
     /// unverified-epoch-certs | unfrozen-checkpoint | unchecked-body | one-commit-notice |
     /// one-exec-hash | one-reply | no-epoch-end-checkpoint | rq-stays-in-epoch | propose-before-view-durable |
-    /// wiped-node-votes | exec-checkpoint-on-r-plus-one.
+    /// wiped-node-votes | exec-checkpoint-on-r-plus-one | epochless-statements | unverified-epoch-replies |
+    /// blind-endorser-routing (a throughput bug: --report attacks catches it).
     #[arg(long)]
     mutate: Option<String>,
     /// Request authentication: rq-mac | mac | sig | none (default: rq-mac when r > 0,
@@ -72,7 +73,8 @@ pub struct SimArgs {
     /// Byzantine node (a faulty client still runs under --faults byzantine). Behaviours:
     /// equivocate, corrupt, replay, forge-view-change, silent-primary, junk, rush-reads,
     /// slow-primary, forge-endorsements, forge-epoch-certs, withhold-bodies,
-    /// conflicting-votes, hide-certs, pick-new-view, wrong-checkpoints, censor-client.
+    /// conflicting-votes, hide-certs, pick-new-view, wrong-checkpoints, censor-client. With
+    /// --report attacks: only that behaviour, only at that node.
     #[arg(long, value_parser = parse_pin)]
     byzantine: Option<Pin>,
     /// `attacks`: throughput under attack (Aardvark). For each Byzantine behaviour, every
@@ -80,7 +82,7 @@ pub struct SimArgs {
     /// once with no Byzantine node; Byzantine faults only (--faults is ignored). Prints
     /// operations and operations per simulated second with and without per behaviour,
     /// and fails if any run keeps less than half of either against its seed's run
-    /// without.
+    /// without. --mutate applies to both runs of a seed.
     #[arg(long, value_parser = ["attacks"])]
     report: Option<String>,
 }

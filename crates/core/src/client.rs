@@ -41,7 +41,7 @@ use crate::config::Auth;
 use crate::crypto::{Digest, MacKey};
 use crate::membership::Membership;
 use crate::message::{ClientId, Message, NodeId, Payload, Read, ReadConsistency, Reply, ReplyBody, Request, View};
-use crate::quorum::Quorums;
+use crate::quorum::{Mutation, Quorums};
 use std::collections::BTreeMap;
 
 /// Sequence numbers a client looks through for a live designated replier: at most three
@@ -331,9 +331,11 @@ impl Client {
         self.quorums = quorums.with_mutation(self.quorums.mutation());
         self.membership = at;
         self.index_first %= self.membership.n() as NodeId;
-        // Answers of nodes that are no longer repliers (removed members) stop counting.
+        // Answers of nodes that are no longer repliers (removed members) stop counting
+        // (all of them still count with the mutation, as before issue #21 defect 3).
+        let old_rules = self.quorums.mutation() == Some(Mutation::UnverifiedEpochReplies);
         let keep: Vec<NodeId> = match &self.inflight {
-            Some(i) => i.replies.keys().copied().filter(|&n| self.is_replier(n)).collect(),
+            Some(i) => i.replies.keys().copied().filter(|&n| old_rules || self.is_replier(n)).collect(),
             None => Vec::new(),
         };
         if let Some(i) = self.inflight.as_mut() {
@@ -496,6 +498,17 @@ impl Client {
         let memory = if retransmitted { 1 } else { 2 };
         let heard = |node: &NodeId| self.heard.get(node).copied().unwrap_or(0);
         let floor = self.started_ago(memory);
+        if self.quorums.mutation() == Some(Mutation::BlindEndorserRouting) {
+            // Before issue #21 defect 5: from the primary on, the nodes that replied to
+            // either of the last two operations, blame unseen; short of those, the most
+            // recently heard from.
+            let live = |node: &NodeId| heard(node) >= floor;
+            let mut targets: Vec<NodeId> = ring.iter().copied().filter(live).take(want).collect();
+            let mut rest: Vec<NodeId> = ring.into_iter().filter(|n| !targets.contains(n)).collect();
+            rest.sort_by_key(|n| std::cmp::Reverse(heard(n)));
+            targets.extend(rest.into_iter().take(want - targets.len()));
+            return targets;
+        }
         // The primary first while it answers: it proposes the request whatever the others
         // say, and with request digests it gets a large operation's bytes from the client
         // only (endorsers send it digests). Then the least blamed, a quiet node counting
@@ -667,7 +680,8 @@ impl Client {
                 self.outbox.push((from, query));
             }
         }
-        if reply.epoch > self.membership.epoch {
+        let old_rules = self.quorums.mutation() == Some(Mutation::UnverifiedEpochReplies);
+        if reply.epoch > self.membership.epoch && !old_rules {
             // An answer from an epoch this client has not verified counts for nothing:
             // that epoch's quorums may be larger than ours (r raised), and one lying
             // node's word must not complete an operation (issue #21, defect 3). Once the

@@ -77,6 +77,20 @@ pub enum Mutation {
     /// A node that lost its disk votes at once, as if the cluster were new (issue #21
     /// defect 4): it may vote twice in one (view, instance).
     WipedNodeVotes,
+    /// Signed order statements (WRITE, VIEW-CHANGE, NEW-VIEW) name no epoch (every epoch
+    /// hashes the same all-zero tag), and stable proofs from before the epoch's base
+    /// checkpoint are judged like this epoch's (issue #21 defect 1): a member can replay
+    /// an earlier epoch's statements after a change that kept signers' indices and keys.
+    EpochlessStatements,
+    /// The client counts replies tagged with an epoch it has not verified, with the
+    /// quorums of the epoch it knows, and keeps counting removed members' replies (issue
+    /// #21 defect 3): after r is raised, one lying node's reply can complete an operation.
+    UnverifiedEpochReplies,
+    /// `auth = rq-mac`: the client ignores blame and sends first transmissions from the
+    /// primary on to the first `u + r + 1` nodes that replied lately (issue #21 defect 5):
+    /// a node that replies but spoils its endorsements costs every operation it is sent
+    /// a retransmission timeout. Caught by `keel sim --report attacks`, not a checker.
+    BlindEndorserRouting,
     /// Separated execution: order nodes certify an execution checkpoint on `r + 1`
     /// matching hashes (the paper's quorum; issue #21 defect 6): when `r < u`, losing
     /// the one correct signer leaves lagging execution nodes neither state nor commits.
@@ -84,7 +98,7 @@ pub enum Mutation {
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 19] = [
+    pub const ALL: [Mutation; 22] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -103,6 +117,9 @@ impl Mutation {
         Mutation::RqStaysInEpoch,
         Mutation::ProposeBeforeViewDurable,
         Mutation::WipedNodeVotes,
+        Mutation::EpochlessStatements,
+        Mutation::UnverifiedEpochReplies,
+        Mutation::BlindEndorserRouting,
         Mutation::ExecCheckpointOnRPlusOne,
     ];
 
@@ -126,6 +143,9 @@ impl Mutation {
             Mutation::RqStaysInEpoch => "rq-stays-in-epoch",
             Mutation::ProposeBeforeViewDurable => "propose-before-view-durable",
             Mutation::WipedNodeVotes => "wiped-node-votes",
+            Mutation::EpochlessStatements => "epochless-statements",
+            Mutation::UnverifiedEpochReplies => "unverified-epoch-replies",
+            Mutation::BlindEndorserRouting => "blind-endorser-routing",
             Mutation::ExecCheckpointOnRPlusOne => "exec-checkpoint-on-r-plus-one",
         }
     }

@@ -35,6 +35,12 @@ const VIEWS_KEPT_MAX: usize = 4;
 const STABLES_KEPT_MAX: usize = 16;
 /// Chunks of its making it keeps to serve (those its false manifests name).
 const FALSE_CHUNKS_MAX: usize = 64;
+/// Replays right after an epoch change that pick a message of an earlier epoch.
+const EARLIER_REPLAYS: u32 = 64;
+/// Instances the new epoch votes on before a node replays what it held of the earlier one.
+const EARLIER_AFTER: u64 = 2;
+/// VIEW-CHANGEs and NEW-VIEWs of the current epoch kept apart from the replay buffer.
+const VIEW_STATEMENTS_MAX: usize = 16;
 /// Forged values a Byzantine node keeps so it can serve them when asked.
 const FORGED_KEPT_MAX: usize = 64;
 
@@ -353,7 +359,75 @@ pub struct Byzantine {
     false_chunks: BTreeMap<(Seq, u32), Vec<u8>>,
     /// View → the NEW-VIEW of its choosing it sends most nodes (`pick_new_view`).
     picked: BTreeMap<View, NewView>,
+    /// Messages of earlier epochs, replayed once the next epoch got going.
+    earlier: EarlierEpochs,
     pub lies: LieCounts,
+}
+
+/// A replaying node's memory across epoch changes (issue #21 defect 1): signed statements
+/// of an earlier epoch are what a change that keeps indices and keys must not let
+/// through. The replay buffer alone rarely holds one when the epoch changes (it keeps the
+/// last 128 messages, VIEW-CHANGEs and NEW-VIEWs are rare, and it fills with the new
+/// epoch's traffic within a few hundred simulated ms), so the node keeps the view-change
+/// statements of its epoch apart. What it held when the epoch changed it replays once the
+/// new epoch has voted on [`EARLIER_AFTER`] instances: a NEW-VIEW replayed at once only
+/// moves the new epoch to another view before it ordered anything (harmless), while one
+/// replayed later re-opens instances the new epoch already decided. The next
+/// [`EARLIER_REPLAYS`] replays then pick from it, half of them view-change statements.
+#[derive(Default)]
+struct EarlierEpochs {
+    /// The current epoch's latest VIEW-CHANGEs and NEW-VIEWs, at most [`VIEW_STATEMENTS_MAX`].
+    views: VecDeque<Message>,
+    /// What the node held when its epoch last changed: replay buffer and view statements.
+    held: Vec<Message>,
+    held_views: Vec<Message>,
+    /// The instance the current epoch started after (`Membership::since`).
+    since: u64,
+    /// Replays still to pick from `held` once the new epoch votes above `since + EARLIER_AFTER`.
+    left: u32,
+    armed: bool,
+}
+
+impl EarlierEpochs {
+    /// A message the node sent or received.
+    fn remember(&mut self, msg: &Message) {
+        match msg {
+            Message::ViewChange(_) | Message::NewView(_) => {
+                if self.views.len() == VIEW_STATEMENTS_MAX {
+                    self.views.pop_front();
+                }
+                self.views.push_back(msg.clone());
+            }
+            Message::Write(Write { seq, .. }) | Message::Accept { seq, .. } => {
+                self.armed |= *seq > self.since + EARLIER_AFTER;
+            }
+            _ => {}
+        }
+    }
+
+    /// The node's epoch changed to one starting after instance `since`; `history` is its
+    /// replay buffer.
+    fn epoch_changed(&mut self, history: &VecDeque<Message>, since: u64) {
+        self.held = history.iter().cloned().collect();
+        self.held_views = self.views.drain(..).collect();
+        self.since = since;
+        self.left = EARLIER_REPLAYS;
+        self.armed = false;
+    }
+
+    /// A message of an earlier epoch to replay, while the node prefers them.
+    fn pick(&mut self, rng: &mut ChaCha8Rng) -> Option<Message> {
+        if !self.armed || self.left == 0 || (self.held.is_empty() && self.held_views.is_empty()) {
+            return None;
+        }
+        self.left -= 1;
+        let pool = if self.held.is_empty() || (!self.held_views.is_empty() && rng.gen_bool(0.5)) {
+            &self.held_views
+        } else {
+            &self.held
+        };
+        Some(pool[rng.gen_range(0..pool.len())].clone())
+    }
 }
 
 /// The client id of requests a Byzantine node makes up: no client sends them.
@@ -375,6 +449,7 @@ impl Byzantine {
             fabricated_seq: 0,
             colluder: None,
             membership: None,
+            earlier: EarlierEpochs::default(),
             history: VecDeque::new(),
             alternatives: BTreeMap::new(),
             forged: VecDeque::new(),
@@ -436,6 +511,9 @@ impl Byzantine {
         self.n = membership.n();
         self.quorum = quorum;
         self.endorse_keys = keel_core::replica::endorse_keys(&self.signing, &membership);
+        if self.behaviours.replay && self.membership.as_ref().is_some_and(|m| m.epoch != membership.epoch) {
+            self.earlier.epoch_changed(&self.history, membership.since);
+        }
         self.membership = Some(membership);
     }
 
@@ -581,6 +659,7 @@ impl Byzantine {
     }
 
     fn remember(&mut self, rng: &mut ChaCha8Rng, msg: Message) {
+        self.earlier.remember(&msg);
         if self.history.len() == REPLAY_BUFFER_MAX {
             self.history.pop_front();
         }
@@ -905,7 +984,15 @@ impl Byzantine {
             frames.push((to, keel_core::codec::encode(&msg)));
         }
         if self.behaviours.replay && !self.history.is_empty() && rng.gen_bool(0.2) {
-            if let Some(msg) = self.replay_pick(rng) {
+            if let Some(msg) = self.earlier.pick(rng) {
+                // What it held when its epoch changed, once the new epoch got going
+                // (`EarlierEpochs`), to every node: a NEW-VIEW that moves only some of them
+                // leaves the rest ordering in the view they are in.
+                self.lies.replays += 1;
+                self.lies.old_epoch_replays += 1;
+                let frame = keel_core::codec::encode(&msg);
+                frames.extend((0..self.n as NodeId).map(|n| (Peer::Node(n), frame.clone())));
+            } else if let Some(msg) = self.replay_pick(rng) {
                 let to = Peer::Node(rng.gen_range(0..self.n as NodeId));
                 self.lies.replays += 1;
                 frames.push((to, keel_core::codec::encode(&msg)));

@@ -31,7 +31,7 @@ use keel_core::service::{ReadCtx, Service};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 
 /// Which faults the nemesis injects.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -472,6 +472,10 @@ pub struct World<W: Workload> {
     /// (membership epoch, view, instance, kind), across its crashes: rule 1 says once.
     said: BTreeMap<(NodeId, u64, View, Seq, &'static str), Digest>,
     decided: BTreeMap<(u64, Seq), Digest>,
+    /// Correct nodes that sent ACCEPT per (epoch, instance, view, value), and per (epoch,
+    /// instance) the lowest view where `Q - r` of them accepted one value (`check_locked`).
+    accepted: BTreeMap<(u64, Seq, View, Digest), BTreeSet<NodeId>>,
+    locked: BTreeMap<(u64, Seq), (View, Digest)>,
     executed_at: BTreeMap<Seq, Vec<(ClientId, u64, Digest)>>,
     fresh_at: BTreeMap<(ClientId, u64), Seq>,
     roots: BTreeMap<Seq, Digest>,
@@ -696,6 +700,8 @@ impl<W: Workload> World<W> {
             submitted: BTreeMap::new(),
             said: BTreeMap::new(),
             decided: BTreeMap::new(),
+            accepted: BTreeMap::new(),
+            locked: BTreeMap::new(),
             executed_at: BTreeMap::new(),
             fresh_at: BTreeMap::new(),
             roots: BTreeMap::new(),
@@ -1152,6 +1158,48 @@ impl<W: Workload> World<W> {
         }
     }
 
+    /// View-change safety (rule 3), checked on the wire: once `Q - r` correct nodes
+    /// ACCEPTed a value in view v of an epoch, every quorum of VIEW-CHANGEs holds one of
+    /// them (`2Q - r - N >= 1`), so every later view of the epoch keeps that value at that
+    /// instance, or a stable checkpoint above it: no correct node proposes or votes for
+    /// another value there in a view above v. Agreement sees such a re-opened instance
+    /// only if a node that had not decided it yet decides it anew (the nodes that did
+    /// decide vote again without deciding twice); this sees the votes. Counted from the
+    /// quorums as they are without a mutation.
+    fn check_locked(&mut self, n: NodeId, epoch: u64, m: &Message) {
+        let (view, seq, digest) = match m {
+            Message::Propose { view, seq, value } => (*view, *seq, value.digest()),
+            Message::Write(w) => (w.view, w.seq, w.digest),
+            Message::Accept { view, seq, digest } => (*view, *seq, *digest),
+            _ => return,
+        };
+        if let Some(&(at, locked)) = self.locked.get(&(epoch, seq)) {
+            if view > at && digest != locked {
+                let kind = m.kind();
+                self.violation(
+                    "view-change-safety",
+                    format!(
+                        "node {n} sent {kind} for {digest:?} in view {view}, instance {seq} (epoch {epoch}), where view {at} had {locked:?} accepted by a quorum's correct nodes"
+                    ),
+                );
+            }
+        }
+        let Message::Accept { .. } = m else { return };
+        let Some(q) = self.nodes[n as usize].replica.as_ref().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
+        else {
+            return;
+        };
+        let Ok(q) = Quorums::with_nodes(q.u(), q.r(), q.order_nodes()) else { return };
+        let acceptors = self.accepted.entry((epoch, seq, view, digest)).or_default();
+        acceptors.insert(n);
+        if acceptors.len() >= q.order_quorum() - q.r() as usize {
+            let lock = self.locked.entry((epoch, seq)).or_insert((view, digest));
+            if view < lock.0 {
+                *lock = (view, digest);
+            }
+        }
+    }
+
     /// Node `n`'s step sent messages at once and wrote records not yet durable: the one
     /// window where a crash makes a node forget what it said. Crashes it there, now and
     /// then at any such step, and often where it installed a view as that view's primary
@@ -1227,6 +1275,7 @@ impl<W: Workload> World<W> {
                     self.check_push(n, *client, *seq, Digest::of(event));
                 }
                 self.check_said_once(n, epoch, m);
+                self.check_locked(n, epoch, m);
             }
         }
         let from = Peer::Node(n);

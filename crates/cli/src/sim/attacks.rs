@@ -48,16 +48,30 @@ pub fn run(args: &SimArgs, seeds: &[u64], make: impl Fn(u64) -> SimOptions) -> E
         eprintln!("error: --report attacks needs r > 0 (a Byzantine node to tolerate)");
         return ExitCode::from(2);
     };
+    // `--byzantine NODE:BEHAVIOUR`: that row only, with the liar at that node only (a
+    // mutation's check in scripts/test needs one behaviour, not the whole table).
+    let names: Vec<&'static str> = match &args.byzantine {
+        Some(pin) => Behaviours::NAMES.into_iter().filter(|name| pin.behaviours.names().contains(name)).collect(),
+        None => Behaviours::NAMES.to_vec(),
+    };
+    let positions: Vec<NodeId> = match &args.byzantine {
+        Some(pin) => pin.nodes.clone(),
+        None => (0..n as NodeId).collect(),
+    };
+    if names.is_empty() || positions.is_empty() {
+        eprintln!("error: --report attacks --byzantine needs NODE:BEHAVIOUR (none has nothing to compare)");
+        return ExitCode::from(2);
+    }
     let byzantine = FaultSet { byzantine: true, ..FaultSet::default() };
     let base = |seed| SimOptions { faults: byzantine, ..make(seed) };
     let mut jobs: Vec<SimOptions> = seeds
         .iter()
         .map(|&seed| SimOptions { byzantine: Some((Vec::new(), Behaviours::default())), ..base(seed) })
         .collect();
-    for name in Behaviours::NAMES {
+    for &name in &names {
         let behaviours = Behaviours::only(name).expect("NAMES are known");
         for &seed in seeds {
-            for node in 0..n as NodeId {
+            for &node in &positions {
                 jobs.push(SimOptions { byzantine: Some((vec![node], behaviours.clone())), ..base(seed) });
             }
         }
@@ -68,10 +82,10 @@ pub fn run(args: &SimArgs, seeds: &[u64], make: impl Fn(u64) -> SimOptions) -> E
     let without = |seed: u64| &quiet[seeds.iter().position(|s| *s == seed).expect("a seed run")];
     let mut rows = Vec::new();
     let mut attacked = attacked.iter();
-    for name in Behaviours::NAMES {
+    for &name in &names {
         let mut runs = Vec::new();
         for &seed in seeds {
-            for node in 0..n as NodeId {
+            for &node in &positions {
                 runs.push((seed, node, attacked.next().expect("one report per job")));
             }
         }
@@ -92,14 +106,24 @@ pub fn run(args: &SimArgs, seeds: &[u64], make: impl Fn(u64) -> SimOptions) -> E
         if args.layout != "co-located" {
             line += &format!(" --layout {}", args.layout);
         }
+        if let Some(m) = &args.mutate {
+            line += &format!(" --mutate {m}");
+        }
         line
     };
     let mut failed = Vec::new();
+    // What was violated, for the mutation line: checkers' properties and throughput.
+    let mut violated = std::collections::BTreeSet::new();
     for r in quiet.iter().filter(|r| !r.violations.is_empty()) {
         failed.push(format!("{}: {:?}", replay(r.seed, "none"), r.violations));
+        violated.extend(r.violations.iter().map(|v| v.property));
     }
+    let at = match &args.byzantine {
+        Some(pin) => format!("at node {}", pin.text.split(':').next().unwrap_or_default()),
+        None => format!("at each of the {n} order nodes"),
+    };
     println!(
-        "throughput under attack: u={} r={} seeds={}..={} steps={}; each behaviour alone at each of the {n} order nodes, against no Byzantine node (faults=byzantine)",
+        "throughput under attack: u={} r={} seeds={}..={} steps={}; each behaviour alone {at}, against no Byzantine node (faults=byzantine)",
         args.u,
         args.r,
         seeds.first().copied().unwrap_or(0),
@@ -110,9 +134,9 @@ pub fn run(args: &SimArgs, seeds: &[u64], make: impl Fn(u64) -> SimOptions) -> E
         "{:<20} {:>8} {:>8} {:>5} {:>5}   {:>6} {:>6} {:>5} {:>5}   worst run: seed node, ops and ops/s with/without",
         "behaviour", "ops", "without", "ratio", "worst", "ops/s", "w/out", "ratio", "worst"
     );
-    let quiet_ops: u64 = quiet.iter().map(|r| r.ops_completed).sum::<u64>() * n as u64;
-    let quiet_rate: f64 = quiet.iter().map(rate).sum::<f64>() * n as f64;
-    let runs = (seeds.len() * n).max(1) as f64;
+    let quiet_ops: u64 = quiet.iter().map(|r| r.ops_completed).sum::<u64>() * positions.len() as u64;
+    let quiet_rate: f64 = quiet.iter().map(rate).sum::<f64>() * positions.len() as f64;
+    let runs = (seeds.len() * positions.len()).max(1) as f64;
     for row in &rows {
         let with: u64 = row.runs.iter().map(|(_, _, r)| r.ops_completed).sum();
         let with_rate: f64 = row.runs.iter().map(|(_, _, r)| rate(r)).sum();
@@ -152,7 +176,9 @@ pub fn run(args: &SimArgs, seeds: &[u64], make: impl Fn(u64) -> SimOptions) -> E
             let min = OPS_MIN_PCT as f64 / 100.0;
             if !r.violations.is_empty() {
                 failed.push(format!("{}: {:?}", replay(*seed, &pin), r.violations));
+                violated.extend(r.violations.iter().map(|v| v.property));
             } else if ops < min || per_s < min {
+                violated.insert("throughput-under-attack");
                 failed.push(format!(
                     "{}: throughput-under-attack: {} ops ({ops:.2} of {}), {:.0} ops/s ({per_s:.2} of {:.0}); \
                      needs {min:.2} of both",
@@ -167,6 +193,13 @@ pub fn run(args: &SimArgs, seeds: &[u64], make: impl Fn(u64) -> SimOptions) -> E
     }
     for f in &failed {
         println!("VIOLATION {f}");
+    }
+    if let Some(m) = args.mutate.as_deref() {
+        // As `keel sim` says it, for scripts/test; here the property is throughput.
+        match failed.is_empty() {
+            true => println!("mutation {m} was NOT caught"),
+            false => println!("mutation {m} caught: violated {}", violated.into_iter().collect::<Vec<_>>().join(", ")),
+        }
     }
     println!(
         "attacks: behaviours={} runs={} violations={} elapsed={:.1}s",

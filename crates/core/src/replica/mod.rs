@@ -659,7 +659,11 @@ impl<S: Service> Replica<S> {
         let exec_stage = separated::ExecStage::new(&cfg);
         Replica {
             keys: NodeKeys::new(&cfg.node_keys),
-            epoch_tag: cfg.membership.digest(),
+            epoch_tag: match cfg.quorums.mutation() {
+                // The old statements named no epoch: one tag for all of them.
+                Some(crate::quorum::Mutation::EpochlessStatements) => Digest::default(),
+                _ => cfg.membership.digest(),
+            },
             cfg,
             id,
             secrets,
