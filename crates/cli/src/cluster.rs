@@ -78,11 +78,19 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-/// A run of `n` consecutive ports that are free right now.
+/// A run of `n` consecutive ports that are free right now, below Linux's default
+/// ephemeral range (32768-60999): a port there that is free at `keel init` may be taken by
+/// any outgoing connection before the node binds it (a test once lost an added node's
+/// port 32978 that way).
 pub fn free_ports(n: usize) -> Option<u16> {
-    let start = (std::process::id() as u64 * 7919 + n as u64) % 20_000;
+    const LOW: u64 = 20_000;
+    const SPAN: u64 = 12_000;
+    let start = (std::process::id() as u64 * 7919 + n as u64) % SPAN;
     for k in 0..200u64 {
-        let base = 20_000 + ((start + k * 97) % 30_000) as u16;
+        let base = (LOW + (start + k * 97) % SPAN) as u16;
+        if base as usize + n > 32_768 {
+            continue;
+        }
         if (0..n as u16).all(|i| TcpListener::bind((Ipv4Addr::LOCALHOST, base + i)).is_ok()) {
             return Some(base);
         }
@@ -100,9 +108,16 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         return ExitCode::from(2);
     };
     let (separated, rq_separated) = layout_stages(&a.layout);
-    let order = 2 * a.u as usize + a.r as usize + 1;
-    let exec = if separated { a.u as usize + a.r as usize + 1 } else { 0 };
-    let rq = if rq_separated { order } else { 0 };
+    let quorums = match keel_core::quorum::Quorums::new(a.u, a.r) {
+        Ok(q) => q,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let order = quorums.order_nodes();
+    let exec = if separated { quorums.execution_nodes_min() } else { 0 };
+    let rq = if rq_separated { quorums.rq_nodes_min() } else { 0 };
     let n = order + exec + rq;
     // Node ports, then as many metrics ports.
     let Some(base_port) = a.base_port.or_else(|| free_ports(2 * n)) else {
