@@ -962,7 +962,10 @@ mod tests {
         let msg = cert(vec![sign(4), sign(6)]);
         order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg }, &mut out);
         assert_eq!(order.exec_stable_seq(), interval, "u + 1 execution nodes signed it");
-        assert!(out.persist_lazy.iter().any(|r| matches!(r, crate::wal::Record::ExecStable(p) if p.seq == interval)));
+        let durable = |p: &crate::replica::Persist| {
+            matches!(p, crate::replica::Persist::Record(crate::wal::Record::ExecStable(p)) if p.seq == interval)
+        };
+        assert!(out.persist.iter().any(durable), "kept durably, before execution nodes hear of it");
     }
 
     #[test]
@@ -1289,8 +1292,9 @@ mod tests {
         assert_eq!(o.exec_stable_seq(), 0);
         let out = step(&mut o, 6, vote(6, good));
         assert_eq!(o.exec_stable_seq(), 8, "u + 1 = 2 matching");
-        // Every execution node hears of it.
-        let certs = out.send.iter().filter(|(_, m)| matches!(m, Message::StableCert(p) if p.root == good)).count();
-        assert_eq!(certs, 3);
+        // Every execution node hears of it, once the record of it is durable (an execution
+        // node collects older snapshots on it).
+        let certs = |q: &[(Peer, Message)]| q.iter().filter(|(_, m)| matches!(m, Message::StableCert(p) if p.root == good)).count();
+        assert_eq!((certs(&out.send), certs(&out.send_after_persist)), (0, 3));
     }
 }
