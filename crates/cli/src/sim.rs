@@ -73,7 +73,7 @@ pub struct SimArgs {
     /// Byzantine node (a faulty client still runs under --faults byzantine). Behaviours:
     /// equivocate, corrupt, replay, forge-view-change, silent-primary, junk, rush-reads,
     /// slow-primary, forge-endorsements, forge-epoch-certs, withhold-bodies,
-    /// conflicting-votes, hide-certs, pick-new-view, wrong-checkpoints, censor-client. With
+    /// conflicting-votes, hide-certs, pick-new-view, wrong-checkpoints, censor-client, wrong-replies. With
     /// --report attacks: only that behaviour, only at that node.
     #[arg(long, value_parser = parse_pin)]
     byzantine: Option<Pin>,
@@ -104,32 +104,11 @@ fn parse_pin(text: &str) -> Result<Pin, String> {
     let node = node.parse().map_err(|_| format!("{node:?} is not a node index"))?;
     let mut behaviours = Behaviours::default();
     for name in names.split('+') {
-        let one = Behaviours::only(name)
+        behaviours = behaviours
+            .with(name)
             .ok_or_else(|| format!("unknown behaviour {name:?}; known: {}", Behaviours::NAMES.join(", ")))?;
-        behaviours = merge(behaviours, one);
     }
     Ok(Pin { nodes: vec![node], behaviours, text: text.into() })
-}
-
-fn merge(a: Behaviours, b: Behaviours) -> Behaviours {
-    Behaviours {
-        equivocate: a.equivocate || b.equivocate,
-        corrupt: a.corrupt || b.corrupt,
-        replay: a.replay || b.replay,
-        forge_view_change: a.forge_view_change || b.forge_view_change,
-        silent_primary: a.silent_primary || b.silent_primary,
-        junk: a.junk || b.junk,
-        slow_primary: a.slow_primary || b.slow_primary,
-        rush_reads: a.rush_reads || b.rush_reads,
-        forge_endorsements: a.forge_endorsements || b.forge_endorsements,
-        forge_epoch_certs: a.forge_epoch_certs || b.forge_epoch_certs,
-        withhold_bodies: a.withhold_bodies || b.withhold_bodies,
-        conflicting_votes: a.conflicting_votes || b.conflicting_votes,
-        hide_certs: a.hide_certs || b.hide_certs,
-        pick_new_view: a.pick_new_view || b.pick_new_view,
-        wrong_checkpoints: a.wrong_checkpoints || b.wrong_checkpoints,
-        censor_client: a.censor_client || b.censor_client,
-    }
 }
 
 /// Runs `jobs` on `threads` workers; reports come back in job order. `done` sees each
@@ -303,14 +282,14 @@ pub fn run(mut args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} wipes={} rejoined={} crashes_before_sync={} gone={} clock_jumps={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} conflicting_votes={} hidden_certs={} picked_new_views={} short_new_views={} wrong_checkpoint_votes={} false_transfers={} censored={} old_epoch_replays={} inconsistent_macs={} exec_lies={} rq_lies={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} wipes={} rejoined={} crashes_before_sync={} gone={} clock_jumps={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} conflicting_votes={} hidden_certs={} picked_new_views={} short_new_views={} wrong_checkpoint_votes={} false_transfers={} censored={} old_epoch_replays={} wrong_replies={} latent_turned={} inconsistent_macs={} exec_lies={} rq_lies={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
         totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, totals.admin_ops, totals.epochs, totals.epoch_switch_crashes, totals.wipes, totals.rejoined, totals.crashes_before_sync, totals.gone, totals.clock_jumps,
         l.equivocations, l.corruptions,
         l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals,
         l.forged_endorsements, l.forged_epoch_certs, l.withheld_bodies, l.conflicting_votes, l.hidden_certs,
         l.picked_new_views, l.short_new_views, l.wrong_checkpoint_votes, l.false_transfers, l.censored, l.old_epoch_replays,
-        totals.inconsistent_macs, totals.exec_lies, totals.rq_lies
+        l.wrong_replies, totals.latent_turned, totals.inconsistent_macs, totals.exec_lies, totals.rq_lies
     );
     println!(
         "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} transfer_chunks={transfer_chunks} transfer_chunks_held={transfer_reused} background_checkpoints={checkpoints_background} (lost to crashes {checkpoints_lost}) ops_by_digest={ops_by_digest} ops_fetched={ops_fetched} rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} elapsed={:.1}s (u={}, r={}, faults={}, options={})",

@@ -580,10 +580,35 @@ impl Client {
         self.membership.index_of(node).is_some()
     }
 
-    /// A push event from node `from`. Returns what is now deliverable, in order; the
-    /// acknowledgements to send wait in [`Client::poll_send`].
-    pub fn on_push(&mut self, now: u64, from: NodeId, seq: u64, event: Vec<u8>) -> Vec<Pushed> {
-        if !self.is_replier(from) {
+    /// Whether an answer node `from` tagged with membership `epoch` may count: not if the
+    /// epoch is later than the one this client verified. That epoch's quorums may be
+    /// larger than ours (r raised), and one lying node's word must not complete an
+    /// operation or deliver an event (issue #21, defect 3). Such an answer makes the
+    /// client ask (the node that knows) how the membership changed; execution nodes hold
+    /// no certificates, the order nodes do.
+    fn verified_epoch(&mut self, from: NodeId, epoch: u64) -> bool {
+        if epoch <= self.membership.epoch {
+            return true;
+        }
+        if epoch > self.epoch_asked {
+            self.epoch_asked = epoch;
+            let query = Message::EpochQuery { client: self.id, epoch: self.membership.epoch };
+            if self.executors.is_some() {
+                let all = self.to_all(query);
+                self.outbox.extend(all);
+            } else {
+                self.outbox.push((from, query));
+            }
+        }
+        self.quorums.mutation() == Some(Mutation::UnverifiedEpochReplies)
+    }
+
+    /// A push event from node `from`, sent in its membership `epoch`. Returns what is now
+    /// deliverable, in order; the acknowledgements to send wait in [`Client::poll_send`].
+    /// An event of an epoch this client has not verified waits for the node's resend
+    /// (events are resent until acknowledged) once the client followed the change.
+    pub fn on_push(&mut self, now: u64, from: NodeId, epoch: u64, seq: u64, event: Vec<u8>) -> Vec<Pushed> {
+        if !self.verified_epoch(from, epoch) || !self.is_replier(from) {
             return Vec::new();
         }
         let inbox = &mut self.pushes;
@@ -668,24 +693,8 @@ impl Client {
     /// A reply from node `from`. Returns the result once enough nodes agree on it: r + 1
     /// for ordered operations, [`Quorums::read_quorum`] for reads.
     pub fn on_reply(&mut self, from: NodeId, reply: Reply) -> Option<Vec<u8>> {
-        if reply.epoch > self.membership.epoch && reply.epoch > self.epoch_asked {
-            // The membership changed: ask (the node that knows) how; execution nodes hold
-            // no certificates, the order nodes do.
-            self.epoch_asked = reply.epoch;
-            let query = Message::EpochQuery { client: self.id, epoch: self.membership.epoch };
-            if self.executors.is_some() {
-                let all = self.to_all(query);
-                self.outbox.extend(all);
-            } else {
-                self.outbox.push((from, query));
-            }
-        }
-        let old_rules = self.quorums.mutation() == Some(Mutation::UnverifiedEpochReplies);
-        if reply.epoch > self.membership.epoch && !old_rules {
-            // An answer from an epoch this client has not verified counts for nothing:
-            // that epoch's quorums may be larger than ours (r raised), and one lying
-            // node's word must not complete an operation (issue #21, defect 3). Once the
-            // certificates asked for above are followed, the request is resent and the
+        if !self.verified_epoch(from, reply.epoch) {
+            // Once the certificates asked for are followed, the request is resent and the
             // nodes answer again in the epoch we know.
             return None;
         }
@@ -898,7 +907,7 @@ mod tests {
     /// reply suffices) must not take one lying reply tagged with epoch 1 for the result;
     /// on ce084db it did. Once it follows epoch 1's certificate it needs r + 1 = 2.
     #[test]
-    fn a_reply_from_an_epoch_the_client_has_not_verified_counts_for_nothing() {
+    fn a_reply_or_push_from_an_epoch_the_client_has_not_verified_counts_for_nothing() {
         use crate::crypto::SigningKey;
         use crate::membership::{AdminOp, Change};
         use crate::message::{checkpoint_statement, EpochCert, StableProof};
@@ -913,6 +922,9 @@ mod tests {
         let lie = Reply { epoch: 1, ..reply(1, ReplyBody::Full(b"lie".to_vec())) };
         assert_eq!(c.on_reply(0, lie.clone()), None, "one reply of an unverified epoch completed the operation");
         assert!(c.poll_send().iter().any(|(_, m)| matches!(m, Message::EpochQuery { epoch: 0, .. })), "asks how");
+        // A push event of epoch 1: under epoch 0's r = 0 one copy would deliver it.
+        assert!(c.on_push(0, 0, 1, 1, b"lie".to_vec()).is_empty(), "one push of an unverified epoch was delivered");
+        assert!(c.on_push(0, 1, 0, 1, b"ok".to_vec()).len() == 1, "a push of the verified epoch counts");
         // Epoch 1 tolerates a Byzantine node: proven by epoch 0's quorum.
         let next = genesis.apply(&AdminOp::sign(&admin, 0, Change::Faults { u: 1, r: 1 }), &admin.public(), 5);
         let next = next.expect("accepted");
@@ -1078,15 +1090,15 @@ mod tests {
         let mut c = client(1, 1);
         let ev = |s: u64| Pushed::Event { seq: s, event: vec![s as u8] };
         // Event 2 first, confirmed: held back for 1.
-        assert!(c.on_push(0, 0, 2, vec![2]).is_empty());
-        assert!(c.on_push(0, 1, 2, vec![2]).is_empty(), "event 1 is due first");
+        assert!(c.on_push(0, 0, 0, 2, vec![2]).is_empty());
+        assert!(c.on_push(0, 1, 0, 2, vec![2]).is_empty(), "event 1 is due first");
         // A lying node's version of event 1 alone does nothing.
-        assert!(c.on_push(0, 3, 1, vec![66]).is_empty());
-        assert!(c.on_push(0, 0, 1, vec![1]).is_empty(), "one copy is not enough");
-        assert_eq!(c.on_push(0, 2, 1, vec![1]), vec![ev(1), ev(2)]);
+        assert!(c.on_push(0, 3, 0, 1, vec![66]).is_empty());
+        assert!(c.on_push(0, 0, 0, 1, vec![1]).is_empty(), "one copy is not enough");
+        assert_eq!(c.on_push(0, 2, 0, 1, vec![1]), vec![ev(1), ev(2)]);
         assert_eq!(acks(&c.poll_send()), vec![2], "acknowledged up to 2");
         // Old events resent by a node that missed the ack: acknowledged again on the tick.
-        assert!(c.on_push(0, 1, 1, vec![1]).is_empty());
+        assert!(c.on_push(0, 1, 0, 1, vec![1]).is_empty());
         assert!(c.on_push_tick(10).is_empty());
         assert_eq!(acks(&c.poll_send()), vec![2]);
     }
@@ -1094,15 +1106,15 @@ mod tests {
     #[test]
     fn events_nobody_delivers_become_a_gap_after_a_while() {
         let mut c = client(1, 1);
-        c.on_push(0, 0, 5, vec![5]);
-        c.on_push(0, 1, 5, vec![5]);
+        c.on_push(0, 0, 0, 5, vec![5]);
+        c.on_push(0, 1, 0, 5, vec![5]);
         assert!(c.on_push_tick(100).is_empty(), "events 1 to 4 may still come");
         assert_eq!(
             c.on_push_tick(2 * 100 + 1),
             vec![Pushed::Gap { first: 1, last: 4 }, Pushed::Event { seq: 5, event: vec![5] }]
         );
         // A lying node claiming a far later event cannot force a gap on its own.
-        c.on_push(300, 3, 9, vec![9]);
+        c.on_push(300, 3, 0, 9, vec![9]);
         assert!(c.on_push_tick(10_000).is_empty());
         assert!(c.pushes.bytes <= 1, "delivered bodies are freed");
     }

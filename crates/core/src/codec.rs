@@ -10,7 +10,7 @@ use crate::message::{CertProof, Message, NewView, Proposal, Proposed, Read, Requ
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 11;
+pub const WIRE_VERSION: u8 = 12;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
@@ -253,11 +253,8 @@ mod tests {
             arb_request().prop_map(Message::Forward),
             (arb_request(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
                 .prop_map(|(request, macs)| Message::Endorse { request, macs }),
-            (any::<u64>(), any::<u64>(), arb_bytes(64)).prop_map(|(client, seq, event)| Message::Push {
-                client,
-                seq,
-                event
-            }),
+            (any::<u64>(), any::<u64>(), any::<u64>(), arb_bytes(64))
+                .prop_map(|(client, seq, epoch, event)| { Message::Push { client, seq, epoch, event } }),
             (any::<u64>(), any::<u64>()).prop_map(|(client, upto)| Message::PushAck { client, upto }),
             (arb_request(), 0..3u8, any::<u64>()).prop_map(|(r, c, after)| Message::Read(Read {
                 client: r.client,

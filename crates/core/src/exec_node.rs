@@ -400,7 +400,7 @@ impl<S: Service> ExecNode<S> {
                 out.send.push((Peer::Client(o.client), Message::Reply(reply)));
                 // Nothing to wait for: a restarted execution node executes the same
                 // decided values again and numbers the same events alike.
-                self.pushes.push(&o.pushes, &mut out.send, &mut out.events);
+                self.pushes.push(&o.pushes, self.cfg.epoch(), &mut out.send, &mut out.events);
             }
             out.events.push(Event::Executed { seq, requests: executed });
             let epoch_ended = self.exec.membership().epoch > self.cfg.epoch();
@@ -615,7 +615,7 @@ impl<S: Service> ExecNode<S> {
         }
         if self.now >= self.next_retransmit {
             self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
-            self.pushes.resend(&mut out.send);
+            self.pushes.resend(self.cfg.epoch(), &mut out.send);
             if self.stable.seq > 0 {
                 // For an order node that missed the votes (replica/separated.rs
                 // `on_exec_stable_cert`), and for a peer that restarted empty after
@@ -962,9 +962,7 @@ mod tests {
         let msg = cert(vec![sign(4), sign(6)]);
         order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg }, &mut out);
         assert_eq!(order.exec_stable_seq(), interval, "u + 1 execution nodes signed it");
-        let durable = |p: &crate::replica::Persist| {
-            matches!(p, crate::replica::Persist::Record(crate::wal::Record::ExecStable(p)) if p.seq == interval)
-        };
+        let durable = |p: &crate::replica::Persist| matches!(p, crate::replica::Persist::Record(crate::wal::Record::ExecStable(p)) if p.seq == interval);
         assert!(out.persist.iter().any(durable), "kept durably, before execution nodes hear of it");
     }
 
@@ -1294,7 +1292,9 @@ mod tests {
         assert_eq!(o.exec_stable_seq(), 8, "u + 1 = 2 matching");
         // Every execution node hears of it, once the record of it is durable (an execution
         // node collects older snapshots on it).
-        let certs = |q: &[(Peer, Message)]| q.iter().filter(|(_, m)| matches!(m, Message::StableCert(p) if p.root == good)).count();
+        let certs = |q: &[(Peer, Message)]| {
+            q.iter().filter(|(_, m)| matches!(m, Message::StableCert(p) if p.root == good)).count()
+        };
         assert_eq!((certs(&out.send), certs(&out.send_after_persist)), (0, 3));
     }
 }

@@ -745,9 +745,13 @@ pub enum Message {
         macs: Vec<Mac>,
     },
     /// Node → client: push event `seq` for `client` (UpRight §3.1), resent until acked.
+    /// `epoch` is the sender's membership epoch when it sent (or resent) the event: a
+    /// client counts an event only from an epoch it has verified, as it does replies
+    /// (issue #21 defect 3: a later epoch may tolerate more liars than the client's).
     Push {
         client: ClientId,
         seq: u64,
+        epoch: u64,
         #[serde(with = "serde_bytes")]
         event: Vec<u8>,
     },

@@ -349,12 +349,12 @@ impl Dispatcher {
                     send(&self.nodes, self.sessions[i].core.poll_send(), &self.stats);
                 }
             }
-            Message::Push { client, seq, event } => {
+            Message::Push { client, seq, epoch, event } => {
                 let i = session_of(client) as usize;
                 let Some(session) = self.sessions.get_mut(i).filter(|s| s.core.id() == client) else {
                     return;
                 };
-                let delivered = session.core.on_push(now_ms(), from, seq, event);
+                let delivered = session.core.on_push(now_ms(), from, epoch, seq, event);
                 send(&self.nodes, session.core.poll_send(), &self.stats);
                 self.hand_over(client, delivered);
             }

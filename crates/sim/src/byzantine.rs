@@ -100,11 +100,14 @@ pub struct Behaviours {
     /// Censors one client (chosen by the seed): as primary never proposes its requests,
     /// as any node drops its replies, pushes, endorsements and forwards.
     pub censor_client: bool,
+    /// Every reply and push event it sends names another result (or event) than its
+    /// replica's, tagged with the epoch it runs: what r + 1 matching answers are for.
+    pub wrong_replies: bool,
 }
 
 impl Behaviours {
     /// Every behaviour's name, as `names` gives them and [`Behaviours::only`] takes them.
-    pub const NAMES: [&'static str; 16] = [
+    pub const NAMES: [&'static str; 17] = [
         "equivocate",
         "corrupt",
         "replay",
@@ -121,11 +124,17 @@ impl Behaviours {
         "pick-new-view",
         "wrong-checkpoints",
         "censor-client",
+        "wrong-replies",
     ];
 
     /// The behaviour named `name` alone (one of [`Behaviours::NAMES`]).
     pub fn only(name: &str) -> Option<Behaviours> {
-        let mut b = Behaviours::default();
+        Behaviours::default().with(name)
+    }
+
+    /// These behaviours and the one named `name` (one of [`Behaviours::NAMES`]).
+    pub fn with(self, name: &str) -> Option<Behaviours> {
+        let mut b = self;
         let on = match name {
             "equivocate" => &mut b.equivocate,
             "corrupt" => &mut b.corrupt,
@@ -138,6 +147,7 @@ impl Behaviours {
             "forge-endorsements" => &mut b.forge_endorsements,
             "forge-epoch-certs" => &mut b.forge_epoch_certs,
             "withhold-bodies" => &mut b.withhold_bodies,
+            "wrong-replies" => &mut b.wrong_replies,
             "conflicting-votes" => &mut b.conflicting_votes,
             "hide-certs" => &mut b.hide_certs,
             "pick-new-view" => &mut b.pick_new_view,
@@ -168,6 +178,7 @@ impl Behaviours {
                 pick_new_view: rng.gen_bool(0.5),
                 wrong_checkpoints: rng.gen_bool(0.5),
                 censor_client: rng.gen_bool(0.3),
+                wrong_replies: rng.gen_bool(0.4),
             };
             if b.equivocate
                 || b.corrupt
@@ -185,6 +196,7 @@ impl Behaviours {
                 || b.pick_new_view
                 || b.wrong_checkpoints
                 || b.censor_client
+                || b.wrong_replies
             {
                 return b;
             }
@@ -210,6 +222,7 @@ impl Behaviours {
             (self.pick_new_view, "pick-new-view"),
             (self.wrong_checkpoints, "wrong-checkpoints"),
             (self.censor_client, "censor-client"),
+            (self.wrong_replies, "wrong-replies"),
         ] {
             if on {
                 v.push(name);
@@ -258,6 +271,8 @@ pub struct LieCounts {
     pub censored: u64,
     /// Replays of a message from an earlier membership epoch.
     pub old_epoch_replays: u64,
+    /// Replies and push events sent with another result or event than its replica's.
+    pub wrong_replies: u64,
 }
 
 impl LieCounts {
@@ -282,6 +297,7 @@ impl LieCounts {
         self.false_transfers += o.false_transfers;
         self.censored += o.censored;
         self.old_epoch_replays += o.old_epoch_replays;
+        self.wrong_replies += o.wrong_replies;
     }
 
     pub fn total(&self) -> u64 {
@@ -304,6 +320,7 @@ impl LieCounts {
             + self.false_transfers
             + self.censored
             + self.old_epoch_replays
+            + self.wrong_replies
     }
 }
 
@@ -361,6 +378,10 @@ pub struct Byzantine {
     picked: BTreeMap<View, NewView>,
     /// Messages of earlier epochs, replayed once the next epoch got going.
     earlier: EarlierEpochs,
+    /// `wrong_replies` lies only in answers tagged with this epoch or a later one: a node
+    /// that turned Byzantine when its epoch raised r (world.rs `turn_byzantine`) must
+    /// not lie as a node of an epoch that tolerated no more liars (no client could tell).
+    lies_from_epoch: u64,
     pub lies: LieCounts,
 }
 
@@ -464,8 +485,14 @@ impl Byzantine {
             view_changes: BTreeMap::new(),
             false_chunks: BTreeMap::new(),
             picked: BTreeMap::new(),
+            lies_from_epoch: 0,
             lies: LieCounts::default(),
         }
+    }
+
+    /// From now on, lie in answers of `epoch` and later only (`lies_from_epoch`).
+    pub fn lie_from_epoch(&mut self, epoch: u64) {
+        self.lies_from_epoch = epoch;
     }
 
     /// What its lies are made from: `seed` (from the run's seed) draws the splits of
@@ -965,6 +992,18 @@ impl Byzantine {
                 self.remember(rng, msg.clone());
             }
             let msg = match msg {
+                Message::Reply(mut reply) if self.behaviours.wrong_replies && reply.epoch >= self.lies_from_epoch => {
+                    self.lies.wrong_replies += 1;
+                    reply.body = wrong_result(rng, reply.body);
+                    Message::Reply(reply)
+                }
+                Message::Push { client, seq, epoch, mut event }
+                    if self.behaviours.wrong_replies && epoch >= self.lies_from_epoch =>
+                {
+                    self.lies.wrong_replies += 1;
+                    event.push(0xee);
+                    Message::Push { client, seq, epoch, event }
+                }
                 Message::Bodies { seq, ops } if self.behaviours.withhold_bodies => {
                     self.lies.withheld_bodies += 1;
                     if rng.gen_bool(0.5) {
@@ -1230,6 +1269,25 @@ fn alternative(value: &Proposal) -> Proposal {
     Proposal { time: value.time + 1, requests }
 }
 
+/// Another result than `body`'s, in the same form: one bit of a full result flipped (not
+/// trailing bytes, which a decoder might ignore), or another hash.
+fn wrong_result(rng: &mut ChaCha8Rng, body: ReplyBody) -> ReplyBody {
+    match body {
+        ReplyBody::Full(mut bytes) => {
+            match bytes.len() {
+                0 => bytes.push(rng.gen()),
+                len => bytes[rng.gen_range(0..len)] ^= 1 << rng.gen_range(0..8),
+            }
+            ReplyBody::Full(bytes)
+        }
+        ReplyBody::Hash(mut d) => {
+            d.0[0] ^= 1;
+            ReplyBody::Hash(d)
+        }
+        other => other,
+    }
+}
+
 fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
     let flip = |rng: &mut ChaCha8Rng, d: &mut Digest| d.0[rng.gen_range(0..32)] ^= 1 << rng.gen_range(0..8);
     match msg {
@@ -1249,9 +1307,9 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
             flip(rng, &mut c.root);
             Message::Checkpoint(CheckpointVote { seq: c.seq, root: c.root, membership: c.membership, sig: c.sig })
         }
-        Message::Push { client, seq, mut event } => {
+        Message::Push { client, seq, epoch, mut event } => {
             event.push(0xee);
-            Message::Push { client, seq, event }
+            Message::Push { client, seq, epoch, event }
         }
         Message::Reply(Reply { client, view, seq, body, epoch }) => {
             let body = match body {
@@ -1363,21 +1421,7 @@ impl ExecByzantine {
             let msg = match msg {
                 Message::Reply(mut reply) if self.wrong_replies => {
                     self.lies += 1;
-                    reply.body = match reply.body {
-                        ReplyBody::Full(mut bytes) => {
-                            // A different result (trailing bytes a decoder might ignore).
-                            match bytes.len() {
-                                0 => bytes.push(rng.gen()),
-                                len => bytes[rng.gen_range(0..len)] ^= 1 << rng.gen_range(0..8),
-                            }
-                            ReplyBody::Full(bytes)
-                        }
-                        ReplyBody::Hash(mut d) => {
-                            d.0[0] ^= 1;
-                            ReplyBody::Hash(d)
-                        }
-                        other => other,
-                    };
+                    reply.body = wrong_result(rng, reply.body);
                     Message::Reply(reply)
                 }
                 Message::Checkpoint(vote) if self.wrong_checkpoints || self.flood_votes => {
@@ -1594,7 +1638,7 @@ mod tests {
                 let side: Vec<bool> = (0..5).map(|n| b.lied_to(view, seq, Peer::Node(n))).collect();
                 assert!(!side[2], "never itself");
                 let told = side.iter().filter(|s| **s).count();
-                assert!(told >= 1 && told <= 3, "{side:?}: another node on each side");
+                assert!((1..=3).contains(&told), "{side:?}: another node on each side");
                 splits.insert(side);
             }
         }

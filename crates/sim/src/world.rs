@@ -155,6 +155,8 @@ pub struct FaultCounts {
     pub gone: u64,
     /// Clocks stepped forward or back during a run.
     pub clock_jumps: u64,
+    /// Honest nodes that turned Byzantine once their epoch's r left room for them.
+    pub latent_turned: u64,
     pub lies: LieCounts,
     /// Lies of Byzantine execution nodes (separated execution; `ExecByzantine`).
     pub exec_lies: u64,
@@ -197,6 +199,7 @@ impl FaultCounts {
         self.epochs += o.epochs;
         self.epoch_switch_crashes += o.epoch_switch_crashes;
         self.wipes += o.wipes;
+        self.latent_turned += o.latent_turned;
         self.crashes_before_sync += o.crashes_before_sync;
         self.gone += o.gone;
         self.clock_jumps += o.clock_jumps;
@@ -352,6 +355,11 @@ struct SimNode<S> {
     /// This node's clock minus the true time (ms).
     skew: i64,
     byzantine: Option<Byzantine>,
+    /// Honest while its epoch tolerates no more Byzantine nodes than already lie; turns
+    /// Byzantine with these behaviours once it runs an epoch whose r leaves room for it
+    /// (`turn_byzantine`): what a raised r is for, and what clients that have not
+    /// followed the change yet must not believe (issue #21 defect 3).
+    latent: Option<Behaviours>,
     /// A Byzantine node that rushes reads answers from this older state of its own:
     /// (executed, snapshot), refreshed once it is `STALE_READ_LAG` instances behind.
     stale_state: Option<(Seq, Vec<u8>)>,
@@ -389,6 +397,7 @@ impl<S: Service> SimNode<S> {
             secrets,
             skew: 0,
             byzantine: None,
+            latent: None,
             stale_state: None,
         }
     }
@@ -613,6 +622,23 @@ impl<W: Workload> World<W> {
             })
             .collect::<Vec<_>>();
         let mut nodes = nodes;
+        // A node that turns Byzantine once r is raised (issue #21 defect 3): wherever the
+        // simulator raises r (membership changes, r < u, rq-mac or sig, stages together)
+        // and the seed picks no Byzantine nodes itself; chosen by a generator of its own so
+        // other runs replay as before. Once turned it answers every client wrongly, tagged
+        // with the epoch it runs: a client that has not followed the change to that epoch
+        // must not count the answer with its old quorums.
+        let mut latent_rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x6c6174);
+        let raises_r = opts.reconfig
+            && opts.r < opts.u
+            && !opts.separated
+            && !opts.rq_separated
+            && opts.auth.unwrap_or(if opts.r > 0 { Auth::RqMac } else { Auth::Mac }) != Auth::Mac;
+        if opts.faults.byzantine && opts.byzantine.is_none() && raises_r {
+            let honest: Vec<usize> = (0..n).filter(|i| !byz_ids.contains(i)).collect();
+            let i = honest[latent_rng.gen_range(0..honest.len())];
+            nodes[i].latent = Behaviours::only("wrong-replies");
+        }
         let spare_nodes = nodes.split_off(n);
         // Byzantine execution nodes: up to r of them, chosen by a generator of their own so
         // runs without separated execution replay as before.
@@ -1185,7 +1211,8 @@ impl<W: Workload> World<W> {
             }
         }
         let Message::Accept { .. } = m else { return };
-        let Some(q) = self.nodes[n as usize].replica.as_ref().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
+        let Some(q) =
+            self.nodes[n as usize].replica.as_ref().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
         else {
             return;
         };
@@ -1242,6 +1269,7 @@ impl<W: Workload> World<W> {
                 let line = format!("{} n{n} epoch {epoch} as index {}", self.now, next.id());
                 node.replica = Some(*next);
                 self.trace_line(line);
+                self.turn_byzantine(n);
                 self.memberships.entry(epoch).or_insert(ids);
                 self.report.faults.epochs = self.report.faults.epochs.max(epoch);
             }
@@ -1253,6 +1281,37 @@ impl<W: Workload> World<W> {
                 self.trace_line(format!("{} n{n} removed", self.now));
             }
         }
+    }
+
+    /// A latent liar (`SimNode::latent`) turns Byzantine if the epoch its replica runs
+    /// tolerates one more Byzantine node than already lie, and the faults budget has room
+    /// for it beside the nodes out (wiped). From then on `faults_change` keeps r up. It
+    /// lies only in answers of the epoch it turned in and later: answers it tagged with
+    /// an epoch of r = 0 would fool a client of that epoch whatever the client checks
+    /// (what raising r cannot promise; README).
+    fn turn_byzantine(&mut self, n: NodeId) {
+        let liars = self.nodes.iter().filter(|x| x.byzantine.is_some()).count();
+        let out = self.nodes.iter().filter(|x| x.wiped || x.gone).count();
+        let node = &self.nodes[n as usize];
+        let (Some(behaviours), Some(replica)) = (node.latent.as_ref(), node.replica.as_ref()) else { return };
+        let q = replica.config().quorums;
+        if node.byzantine.is_some() || q.r() as usize <= liars || liars + out >= q.u() as usize {
+            return;
+        }
+        let mut b = Byzantine::new(
+            behaviours.clone(),
+            replica.id(),
+            q.order_nodes(),
+            q.order_quorum(),
+            node.secrets.signing.clone(),
+        );
+        b.set_membership(replica.id(), q.order_quorum(), replica.config().membership.clone());
+        let epoch = replica.epoch();
+        b.lie_from_epoch(epoch);
+        self.nodes[n as usize].byzantine = Some(b);
+        self.report.faults.byzantine_nodes += 1;
+        self.report.faults.latent_turned += 1;
+        self.trace_line(format!("{} n{n} turns byzantine in epoch {epoch} (r = {})", self.now, q.r()));
     }
 
     /// The stable id of index `index` in membership epoch `epoch`.
@@ -1271,7 +1330,7 @@ impl<W: Workload> World<W> {
                     let by_digest = value.requests.iter().filter(|p| p.full().is_none()).count();
                     self.report.ops_by_digest += by_digest as u64;
                 }
-                if let Message::Push { client, seq, event } = m {
+                if let Message::Push { client, seq, event, .. } = m {
                     self.check_push(n, *client, *seq, Digest::of(event));
                 }
                 self.check_said_once(n, epoch, m);
@@ -1496,9 +1555,9 @@ impl<W: Workload> World<W> {
         let Some(idx) = c.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else {
             return;
         };
-        if let (Peer::Node(node), Message::Push { client, seq, event }) = (from, &msg) {
+        if let (Peer::Node(node), Message::Push { client, seq, epoch, event }) = (from, &msg) {
             if *client == c {
-                let delivered = self.clients[idx].core.on_push(self.now, node, *seq, event.clone());
+                let delivered = self.clients[idx].core.on_push(self.now, node, *epoch, *seq, event.clone());
                 self.delivered_pushes(idx, delivered);
             }
             return;
@@ -1926,11 +1985,15 @@ impl<W: Workload> World<W> {
         // the simulator's faulty client, so r grows only under rq-mac or sig.
         let weak_auth = self.cfg.auth == keel_core::config::Auth::Mac;
         let r_max = if apart || weak_auth { m.r } else { m.u.min((m.n() as u32).saturating_sub(2 * m.u + 1)) };
-        let r_min = byzantine as u32;
+        // A latent liar may have turned in any epoch that had room for it: r stays up.
+        let latent = self.nodes.iter().filter(|n| n.latent.is_some() && n.byzantine.is_none()).count();
+        let r_min = (byzantine + if m.r as usize > byzantine { latent } else { 0 }) as u32;
         if r_min > r_max {
             return None;
         }
         let r = self.rng.gen_range(r_min..=r_max);
+        // With a latent liar, raise r whenever it may: the liar turns in that epoch.
+        let r = if latent > 0 { r_max } else { r };
         Some(Change::Faults { u: m.u, r })
     }
 

@@ -92,7 +92,8 @@ fn unverified_view_change_proofs_are_caught() {
     let p = first_violation(Mutation::UnverifiedViewChangeProof, 60);
     // view-change-safety sees the forged certificate's value voted for in the new view
     // before any node decides it.
-    let caught = |p: &&str| matches!(*p, "agreement" | "validity" | "exactly-once" | "invariant" | "view-change-safety");
+    let caught =
+        |p: &&str| matches!(*p, "agreement" | "validity" | "exactly-once" | "invariant" | "view-change-safety");
     assert!(p.iter().any(caught), "got {p:?}");
 }
 

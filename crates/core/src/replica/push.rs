@@ -49,23 +49,31 @@ impl PushQueues {
     }
 
     /// Queues what one executed request pushed and adds its messages to `send` (the
-    /// caller decides whether they wait for persistence), reporting drops in `events`.
-    pub(crate) fn push(&mut self, pushed: &[PushEvent], send: &mut Vec<(Peer, Message)>, events: &mut Vec<Event>) {
+    /// caller decides whether they wait for persistence), tagged with the sender's
+    /// membership `epoch`, reporting drops in `events`.
+    pub(crate) fn push(
+        &mut self,
+        pushed: &[PushEvent],
+        epoch: u64,
+        send: &mut Vec<(Peer, Message)>,
+        events: &mut Vec<Event>,
+    ) {
         for e in pushed {
             let dropped = self.keep(e);
             if dropped > 0 {
                 events.push(Event::PushDropped { client: e.client, count: dropped });
             }
-            let msg = Message::Push { client: e.client, seq: e.seq, event: e.event.clone() };
+            let msg = Message::Push { client: e.client, seq: e.seq, epoch, event: e.event.clone() };
             send.push((Peer::Client(e.client), msg));
         }
     }
 
-    /// The oldest unacknowledged events of every client, again.
-    pub(crate) fn resend(&self, send: &mut Vec<(Peer, Message)>) {
+    /// The oldest unacknowledged events of every client, again, tagged with the epoch
+    /// the sender runs now.
+    pub(crate) fn resend(&self, epoch: u64, send: &mut Vec<(Peer, Message)>) {
         for (&client, q) in &self.queues {
             for (seq, event) in q.iter().take(RESEND_PER_CLIENT) {
-                let msg = Message::Push { client, seq: *seq, event: event.clone() };
+                let msg = Message::Push { client, seq: *seq, epoch, event: event.clone() };
                 send.push((Peer::Client(client), msg));
             }
         }
@@ -117,7 +125,7 @@ impl<S: Service> Replica<S> {
     /// Queues and sends what one executed request pushed; sent once the decision is
     /// durable, like the reply.
     pub(super) fn push_events(&mut self, events: &[PushEvent], out: &mut Outputs) {
-        self.pushes.push(events, &mut out.send_after_persist, &mut out.events);
+        self.pushes.push(events, self.epoch(), &mut out.send_after_persist, &mut out.events);
     }
 
     /// A client acknowledges its events up to `upto`.
@@ -132,7 +140,7 @@ impl<S: Service> Replica<S> {
     /// is durable, and a node that crashed then could number a different event alike
     /// (the simulator caught it at u = r = 0, seed 68).
     pub(super) fn resend_pushes(&self, out: &mut Outputs) {
-        self.pushes.resend(&mut out.send_after_persist);
+        self.pushes.resend(self.epoch(), &mut out.send_after_persist);
     }
 }
 

@@ -44,11 +44,11 @@ fn feed(node: &mut Replica<Log>, now: u64, from: NodeId, msgs: Vec<Message>, out
 ///
 /// CFT, n = 3, Q = 2. Node 1 becomes primary of view 1 and proposes X for instance 1.
 /// It crashes before its View record is durable; only messages that left before the
-/// fsync are out. Recovered, it builds another NEW-VIEW(1) and proposes Y for instance
-/// 1. On ce084db the PROPOSE of X left at once, node 0 kept it as an early proposal and
-/// voted for it once the second NEW-VIEW(1) arrived, nodes 1 and 2 decided Y, and the
-/// view change to view 2 (two same-view certificates, the tie going to the lower id)
-/// re-proposed X: node 0 decided X where the others had decided Y.
+/// fsync are out. Recovered, it builds another NEW-VIEW(1) and proposes Y for the same
+/// instance. On ce084db the PROPOSE of X left at once, node 0 kept it as an early
+/// proposal and voted for it once the second NEW-VIEW(1) arrived, nodes 1 and 2 decided
+/// Y, and the view change to view 2 (two same-view certificates, the tie going to the
+/// lower id) re-proposed X: node 0 decided X where the others had decided Y.
 #[test]
 fn a_primary_that_crashes_while_installing_its_view_cannot_lead_it_twice() {
     crash_while_installing_a_view(config(1, 0));
