@@ -26,9 +26,8 @@ pub struct SimArgs {
     /// none | crash | network | byzantine | all (or a comma list).
     #[arg(long, default_value = "all")]
     faults: String,
-    /// Events in each seed's fault phase (default 60000; with --report attacks 10000 per
-    /// order node, where a Byzantine primary's one view change would otherwise weigh as
-    /// much as the throughput after it).
+    /// Events in each seed's fault phase (default 60000; with --report attacks 20000 per
+    /// order node, long enough for every node to lead once under its leader rotation).
     #[arg(long)]
     steps: Option<u64>,
     /// Simulated clients (default 16; with --report attacks 4). Sixteen clients over
@@ -63,6 +62,11 @@ pub struct SimArgs {
     /// An administrator adds and removes nodes while the faults run (two spare nodes).
     #[arg(long)]
     reconfig: bool,
+    /// Rotate the primary after this long (simulated ms) in a view, whatever its speed
+    /// (Options::leader_rotate_ms, Aardvark's regular view changes). Default 0 (off);
+    /// with --report attacks 400, so that every node leads and view changes happen.
+    #[arg(long)]
+    rotate_leader_ms: Option<u64>,
     /// Stage placement (UpRight §4): co-located (every node runs RQ, order and
     /// execution), separated (2u + r + 1 RQ nodes and 2u + 1 execution nodes besides
     /// the order nodes), or one stage apart: separated-exec, separated-rq.
@@ -134,8 +138,9 @@ fn run_jobs(jobs: &[SimOptions], threads: usize, done: impl Fn(&SeedReport) + Sy
 
 pub fn run(mut args: SimArgs) -> ExitCode {
     let order_nodes = Quorums::new(args.u, args.r).map_or(0, |q| q.order_nodes() as u64);
-    args.steps = args.steps.or(Some(if args.report.is_some() { 10_000 * order_nodes } else { 60_000 }));
+    args.steps = args.steps.or(Some(if args.report.is_some() { 20_000 * order_nodes } else { 60_000 }));
     args.clients = args.clients.or(Some(if args.report.is_some() { 4 } else { 16 }));
+    args.rotate_leader_ms = args.rotate_leader_ms.or(Some(if args.report.is_some() { attacks::ROTATE_MS } else { 0 }));
     let clients = args.clients.unwrap_or_default();
     let steps = args.steps.unwrap_or_default();
     let Some(faults) = FaultSet::parse(&args.faults) else {
@@ -173,7 +178,11 @@ pub fn run(mut args: SimArgs) -> ExitCode {
         separated,
         rq_separated,
         byzantine: args.byzantine.as_ref().map(|p| (p.nodes.clone(), p.behaviours.clone())),
-        options: Options { exec_workers: args.exec_workers, ..Options::test_min() },
+        options: Options {
+            exec_workers: args.exec_workers,
+            leader_rotate_ms: args.rotate_leader_ms.unwrap_or_default(),
+            ..Options::test_min()
+        },
         ..SimOptions::new(seed, args.u, args.r, faults)
     };
     if let Err(e) = make(0).options.validate() {
@@ -277,6 +286,10 @@ pub fn run(mut args: SimArgs) -> ExitCode {
                     String::new()
                 } else {
                     format!(" --exec-workers {}", args.exec_workers)
+                }
+                + &match args.rotate_leader_ms {
+                    Some(ms) if ms > 0 => format!(" --rotate-leader-ms {ms}"),
+                    _ => String::new(),
                 }
         );
     }
