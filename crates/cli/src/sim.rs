@@ -216,7 +216,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
     });
 
     let mut totals = FaultCounts::default();
-    let (mut steps, mut ops, mut vcs, mut transfers, mut rejected) = (0, 0, 0, 0, 0);
+    let (mut total_steps, mut ops, mut vcs, mut transfers, mut rejected) = (0, 0, 0, 0, 0);
     let (mut reads_unordered, mut reads_ordered, mut slow_primary) = (0, 0, 0);
     let (mut pushes, mut push_gaps) = (0, 0);
     let (mut transfer_chunks, mut transfer_reused) = (0, 0);
@@ -226,7 +226,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
     let mut failed = Vec::new();
     for r in &reports {
         totals.add(&r.faults);
-        steps += r.steps;
+        total_steps += r.steps;
         ops += r.ops_completed;
         reads_unordered += r.reads_unordered;
         slow_primary += r.slow_primary_suspicions;
@@ -295,9 +295,9 @@ pub fn run(mut args: SimArgs) -> ExitCode {
     }
     let l = &totals.lies;
     println!(
-        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} wipes={} rejoined={} crashes_before_sync={} gone={} clock_jumps={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} conflicting_votes={} hidden_certs={} picked_new_views={} short_new_views={} wrong_checkpoint_votes={} false_transfers={} censored={} old_epoch_replays={} wrong_replies={} latent_turned={} inconsistent_macs={} exec_lies={} rq_lies={}",
+        "faults: crashes={} total_outages={} restarts={} torn_writes={} partitions={} dropped={} duplicated={} delayed={} skewed_clocks={} byzantine_nodes={} admin_ops={} epochs={} epoch_switch_crashes={} wipes={} rejoined={} crashes_before_sync={} gone={} clock_jumps={} stragglers={} crashes_during_rejoin={} equivocations={} corruptions={} replays={} forged_view_changes={} silenced={} junk_frames={} rushed_reads={} index_lies={} slowed_proposals={} forged_endorsements={} forged_epoch_certs={} withheld_bodies={} conflicting_votes={} hidden_certs={} picked_new_views={} short_new_views={} wrong_checkpoint_votes={} false_transfers={} censored={} old_epoch_replays={} wrong_replies={} latent_turned={} inconsistent_macs={} exec_lies={} rq_lies={}",
         totals.crashes, totals.total_outages, totals.restarts, totals.torn_writes, totals.partitions, totals.dropped,
-        totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, totals.admin_ops, totals.epochs, totals.epoch_switch_crashes, totals.wipes, totals.rejoined, totals.crashes_before_sync, totals.gone, totals.clock_jumps,
+        totals.duplicated, totals.delayed, totals.skewed_clocks, totals.byzantine_nodes, totals.admin_ops, totals.epochs, totals.epoch_switch_crashes, totals.wipes, totals.rejoined, totals.crashes_before_sync, totals.gone, totals.clock_jumps, totals.stragglers, totals.crashes_during_rejoin,
         l.equivocations, l.corruptions,
         l.replays, l.forged_view_changes, l.silenced, l.junk_frames, l.rushed_reads, l.index_lies, l.slowed_proposals,
         l.forged_endorsements, l.forged_epoch_certs, l.withheld_bodies, l.conflicting_votes, l.hidden_certs,
@@ -333,7 +333,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
         "seeds={} violations={} steps={} faults_injected={} trace_hash={}",
         reports.len(),
         failed.len(),
-        steps,
+        total_steps,
         totals.total(),
         &h.to_hex()[..16]
     );

@@ -138,7 +138,9 @@ impl<S: Service> ExecNode<S> {
     }
 
     /// Restarts from the newest of the snapshots this node persisted; the rest it learns
-    /// from order nodes (commits) and peers (state transfer).
+    /// from order nodes (commits) and peers (state transfer). `records` holds the
+    /// certificate of the checkpoint it last collected its older snapshots on
+    /// (`collect_snapshots`).
     ///
     /// # Errors
     /// If the snapshot does not restore.
@@ -148,6 +150,7 @@ impl<S: Service> ExecNode<S> {
         signing: SigningKey,
         service: S,
         mut snapshots: Vec<(Seq, Chunked)>,
+        records: &[crate::wal::Record],
     ) -> Result<ExecNode<S>, RestoreError> {
         let mut node = ExecNode::new(cfg, id, signing, service);
         snapshots.sort_by_key(|(seq, _)| *seq);
@@ -165,6 +168,23 @@ impl<S: Service> ExecNode<S> {
         for (seq, chunked) in snapshots.into_iter().skip(first) {
             node.vote(seq, &chunked);
             node.own.insert(seq, chunked);
+        }
+        // The certificate it collected its older snapshots on, if it still holds that
+        // state: it serves it and tells order nodes and peers of it again (on_tick), so
+        // a lagging peer is not pointed at an older checkpoint nobody holds after the
+        // order nodes that kept the certificate are gone (issue #21, defect 6). Its own
+        // durable record, so not checked again (the membership may have moved since).
+        let cert = records.iter().rev().find_map(|r| match r {
+            crate::wal::Record::ExecStable(proof) => Some(proof),
+            _ => None,
+        });
+        if let Some(proof) = cert {
+            if let Some(chunked) = node.own.get(&proof.seq).filter(|c| c.root == proof.root) {
+                node.stable_chunks = Some(chunked.clone());
+                node.stable = proof.clone();
+                node.own.retain(|s, _| *s > proof.seq);
+                node.votes.retain(|s, _| *s >= proof.seq);
+            }
         }
         Ok(node)
     }
@@ -598,9 +618,11 @@ impl<S: Service> ExecNode<S> {
     }
 
     /// Snapshots below the certified checkpoint are never needed again: this node
-    /// restarts from the certified one or a later one of its own.
+    /// restarts from the certified one or a later one of its own, and keeps the
+    /// certificate with them (`recover`).
     fn collect_snapshots(&self, out: &mut Outputs) {
-        out.persist.push(Persist::Compact { records: Vec::new(), snapshots_from: self.stable.seq });
+        let records = vec![crate::wal::Record::ExecStable(self.stable.clone())];
+        out.persist.push(Persist::Compact { records, snapshots_from: self.stable.seq });
     }
 
     fn on_tick(&mut self, out: &mut Outputs) {
@@ -1264,6 +1286,66 @@ mod tests {
         // Fewer faults are fine.
         let answer = admin_answer(q, (7, 5), Change::Faults { u: 2, r: 0 });
         assert!(matches!(answer, Some(Ok(ref m)) if m.r == 0 && m.epoch == 1), "{answer:?}");
+    }
+
+    #[test]
+    fn a_restarted_execution_node_keeps_the_certificate_it_collected_its_snapshots_on() {
+        let cfg = config(None);
+        let interval = cfg.options.checkpoint_interval;
+        let mut e = ExecNode::new(cfg.clone(), stage_node(4), secrets(4).signing, Log::default());
+        let mut out = Outputs::default();
+        for seq in 1..=interval {
+            let v = value(&[&[seq as u8]]);
+            for from in [0, 1] {
+                let msg = Message::Decided { seq, value: v.clone() };
+                e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
+            }
+        }
+        assert_eq!(e.executed(), interval);
+        let snapshots: Vec<(Seq, Chunked)> = out
+            .persist
+            .iter()
+            .filter_map(|p| match p {
+                Persist::Snapshot { seq, chunked } => Some((*seq, chunked.clone())),
+                _ => None,
+            })
+            .collect();
+        let root = snapshots.iter().find(|(s, _)| *s == interval).map(|(_, c)| c.root).expect("a snapshot");
+        let membership = cfg.membership.digest();
+        let sign = |node: NodeId| {
+            let statement = checkpoint_statement(interval, &root, &membership, stage_node(node));
+            (stage_node(node), secrets(node).signing.sign(&statement))
+        };
+        let proof = StableProof { seq: interval, root, membership, sigs: vec![sign(5), sign(6)] };
+        let mut out = Outputs::default();
+        e.step(2, Input::Message { from: Peer::Node(0), msg: Message::StableCert(proof) }, &mut out);
+        assert_eq!(e.stable_seq(), interval);
+        // It collects its older snapshots on the certificate, and keeps the certificate.
+        let records = out
+            .persist
+            .iter()
+            .find_map(|p| match p {
+                Persist::Compact { records, snapshots_from } if *snapshots_from == interval => Some(records.clone()),
+                _ => None,
+            })
+            .expect("older snapshots collected");
+        assert!(matches!(&records[..], [crate::wal::Record::ExecStable(p)] if p.seq == interval), "{records:?}");
+        // Restarted, it knows the certificate again without an order node telling it, and
+        // tells the order nodes and its peers.
+        let mut e = ExecNode::recover(cfg, stage_node(4), secrets(4).signing, Log::default(), snapshots, &records)
+            .expect("recovers");
+        assert_eq!(e.stable_seq(), interval, "the certificate was lost in the restart");
+        let mut out = Outputs::default();
+        e.step(10_000, Input::Tick, &mut out);
+        let told: Vec<NodeId> = out
+            .send
+            .iter()
+            .filter_map(|(to, m)| match (to, m) {
+                (Peer::Node(n), Message::StableCert(p)) if p.seq == interval => Some(*n),
+                _ => None,
+            })
+            .collect();
+        assert!(told.contains(&0) && told.contains(&stage_node(5)), "{told:?}");
     }
 
     #[test]

@@ -43,7 +43,7 @@ pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, s
     let mut exec = if durable.snapshots.is_empty() {
         ExecNode::new(cfg, me, signing, service)
     } else {
-        ExecNode::recover(cfg, me, signing, service, durable.snapshots)?
+        ExecNode::recover(cfg, me, signing, service, durable.snapshots, &durable.records)?
     };
     tracing::info!(node = setup.id, executed = exec.executed(), "execution node started");
     let (stats, m, shared) = announce(&setup).await?;

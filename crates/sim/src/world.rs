@@ -155,6 +155,11 @@ pub struct FaultCounts {
     pub gone: u64,
     /// Clocks stepped forward or back during a run.
     pub clock_jumps: u64,
+    /// Nodes made stragglers for a while (every message to or from them held longer).
+    pub stragglers: u64,
+    /// Honest order nodes crashed while a wiped node rejoined (the multi-process test's
+    /// kill -9 during recovery).
+    pub crashes_during_rejoin: u64,
     /// Honest nodes that turned Byzantine once their epoch's r left room for them.
     pub latent_turned: u64,
     pub lies: LieCounts,
@@ -200,6 +205,8 @@ impl FaultCounts {
         self.epoch_switch_crashes += o.epoch_switch_crashes;
         self.wipes += o.wipes;
         self.latent_turned += o.latent_turned;
+        self.stragglers += o.stragglers;
+        self.crashes_during_rejoin += o.crashes_during_rejoin;
         self.crashes_before_sync += o.crashes_before_sync;
         self.gone += o.gone;
         self.clock_jumps += o.clock_jumps;
@@ -283,6 +290,8 @@ enum Ev {
     Restart(NodeId),
     /// A crash the nemesis scheduled (at an epoch switch); a restart follows.
     Crash(NodeId),
+    /// A crash of an order node while a wiped node rejoins; a restart follows.
+    CrashDuringRejoin(NodeId),
     /// A checkpoint the node froze is serialized (only now, so a freeze that is not a
     /// true copy shows later writes) and handed back, unless the node crashed since.
     CheckpointDone {
@@ -463,6 +472,10 @@ pub struct World<W: Workload> {
     /// Partition side of each node (all equal: no partition).
     sides: Vec<u8>,
     lossy: bool,
+    /// A straggler: a node every message to or from which is held longer, until the
+    /// given time (a GC pause, a slow disk, a congested link). It lags behind without
+    /// being cut off, the window in which a read answered from its own state goes stale.
+    straggler: Option<(Peer, u64)>,
     issuing: bool,
     /// Push events as correct nodes sent them: (client, number) → digest.
     pushes: BTreeMap<(ClientId, u64), Digest>,
@@ -717,6 +730,7 @@ impl<W: Workload> World<W> {
             nodes,
             clients,
             lossy: opts.faults.network,
+            straggler: None,
             issuing: true,
             faulty_seq: 0,
             faulty_repeat: None,
@@ -867,6 +881,7 @@ impl<W: Workload> World<W> {
         // Heal.
         self.issuing = false;
         self.lossy = false;
+        self.straggler = None;
         self.sides.iter_mut().for_each(|s| *s = 0);
         self.clients.iter_mut().for_each(|c| c.side = 0);
         // Clocks synchronized again: within a quarter of the tolerance, as at the start.
@@ -1005,6 +1020,16 @@ impl<W: Workload> World<W> {
                     self.trace_line(format!("{} n{n} crash at an epoch switch", self.now));
                     self.crash(n);
                     let back = self.now + self.rng.gen_range(20..600);
+                    self.schedule(back, Ev::Restart(n));
+                }
+            }
+            Ev::CrashDuringRejoin(n) => {
+                let node = &self.nodes[n as usize];
+                if self.issuing && node.up() && node.role == Role::Member && !node.gone && !node.wiped {
+                    self.report.faults.crashes_during_rejoin += 1;
+                    self.trace_line(format!("{} n{n} crashes while a wiped node rejoins", self.now));
+                    self.crash(n);
+                    let back = self.now + self.rng.gen_range(50..1500);
                     self.schedule(back, Ev::Restart(n));
                 }
             }
@@ -1433,6 +1458,12 @@ impl<W: Workload> World<W> {
             if self.rng.gen_bool(0.2) {
                 self.report.faults.delayed += 1;
                 delay = self.rng.gen_range(5..80);
+            }
+        }
+        if let Some((slow, until)) = self.straggler {
+            if self.now < until && (from == slow || to == slow) {
+                self.report.faults.delayed += 1;
+                delay += self.rng.gen_range(20..150);
             }
         }
         for i in 0..copies {
@@ -1877,7 +1908,14 @@ impl<W: Workload> World<W> {
         let (snapshots, records) = node.disk.recover();
         if node.is_exec {
             let signing = node.secrets.signing.clone();
-            match ExecNode::recover(self.cfg.clone(), stage_node(n), signing, self.workload.service(), snapshots) {
+            match ExecNode::recover(
+                self.cfg.clone(),
+                stage_node(n),
+                signing,
+                self.workload.service(),
+                snapshots,
+                &records,
+            ) {
                 Ok(e) => node.exec = Some(e),
                 Err(e) => {
                     self.violation("recovery", format!("execution node {n} cannot recover: {e}"));
@@ -2073,7 +2111,7 @@ impl<W: Workload> World<W> {
             kinds.extend(["crash", "crash", "outage", "wipe", "gone"]);
         }
         if self.opts.faults.network {
-            kinds.extend(["partition", "heal", "clock"]);
+            kinds.extend(["partition", "heal", "clock", "straggler"]);
         }
         let kind = kinds[self.rng.gen_range(0..kinds.len())];
         match kind {
@@ -2138,6 +2176,15 @@ impl<W: Workload> World<W> {
                         self.trace_line(format!("{} n{victim} disk wiped", self.now));
                         let back = self.now + self.rng.gen_range(50..1500);
                         self.schedule(back, Ev::Restart(victim));
+                        // Half the time another order node crashes while this one rejoins
+                        // (as in crates/cli/tests/wiped.rs): the quorum it must not
+                        // complete with its empty state is then the one left.
+                        let others: Vec<NodeId> = order.iter().copied().filter(|v| *v != victim).collect();
+                        if !others.is_empty() && self.rng.gen_bool(0.5) {
+                            let other = others[self.rng.gen_range(0..others.len())];
+                            let at = back + self.rng.gen_range(0..800);
+                            self.schedule(at, Ev::CrashDuringRejoin(other));
+                        }
                     }
                 }
             }
@@ -2166,6 +2213,13 @@ impl<W: Workload> World<W> {
             "heal" => {
                 self.sides.iter_mut().for_each(|s| *s = 0);
                 self.clients.iter_mut().for_each(|c| c.side = 0);
+            }
+            "straggler" => {
+                let victim = members[self.rng.gen_range(0..members.len())];
+                let until = self.now + self.rng.gen_range(300..3000);
+                self.straggler = Some((Peer::Node(victim), until));
+                self.report.faults.stragglers += 1;
+                self.trace_line(format!("{} n{victim} straggles until {until}", self.now));
             }
             "clock" => {
                 // A node's clock jumps, forward or back, by up to twice the proposal-time
