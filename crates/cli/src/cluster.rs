@@ -47,7 +47,7 @@ pub struct InitArgs {
     /// Overwrite an existing cluster directory.
     #[arg(long)]
     force: bool,
-    /// kv | null (the microbenchmark service).
+    /// kv (the replicated key-value store) | null (the microbenchmark service).
     #[arg(long, default_value = "kv")]
     service: String,
     /// Stage placement (UpRight §4): co-located (every node runs RQ, order and
@@ -124,8 +124,8 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         eprintln!("error: no free port range found; pass --base-port");
         return ExitCode::FAILURE;
     };
-    if !matches!(a.service.as_str(), "kv" | "null") {
-        eprintln!("error: --service must be kv or null");
+    if !crate::services::known(&a.service) {
+        eprintln!("error: unknown --service {:?}; this binary runs: {}", a.service, crate::services::names());
         return ExitCode::from(2);
     }
     let auth = a.auth;
@@ -188,6 +188,15 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if !crate::services::known(&setup.service) {
+        eprintln!(
+            "error: {}: unknown service {:?}; this binary runs: {}",
+            a.config.display(),
+            setup.service,
+            crate::services::names()
+        );
+        return ExitCode::from(2);
+    }
     let built = match setup.threads {
         0 => tokio::runtime::Builder::new_current_thread().enable_all().build(),
         n => tokio::runtime::Builder::new_multi_thread().worker_threads(n).enable_all().build(),
@@ -199,13 +208,7 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let run = async move {
-        match setup.service.as_str() {
-            "null" => keel_runtime::node::run_node(setup, || keel_kv::Null).await,
-            _ => keel_runtime::node::run_node(setup, keel_kv::Kv::new).await,
-        }
-    };
-    match runtime.block_on(run) {
+    match runtime.block_on(crate::services::run(setup)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

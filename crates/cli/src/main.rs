@@ -4,6 +4,7 @@ mod admin;
 mod bench;
 mod cluster;
 mod kv;
+mod services;
 mod sim;
 
 use clap::{Parser, Subcommand};

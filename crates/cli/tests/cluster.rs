@@ -682,3 +682,40 @@ async fn large_requests_are_ordered_by_digest_and_every_node_gets_their_bytes() 
         assert_eq!(metric(&m, "keel_view_changes_total"), 0, "node {i}: fetching cost a view change");
     }
 }
+
+/// A service name the binary does not run is refused, by `keel init` and by `keel node`
+/// (which used to run KV for any unknown name), before anything starts.
+#[test]
+fn an_unknown_service_is_refused_by_init_and_by_node() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let refused = std::process::Command::new(support::KEEL)
+        .args(["init", "--dir"])
+        .arg(dir.path().join("zk"))
+        .args(["--service", "zookeeper"])
+        .output()
+        .expect("keel init runs");
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr)
+        .contains("unknown --service \"zookeeper\"; this binary runs: kv, null"));
+    assert!(!dir.path().join("zk").exists(), "nothing was written");
+
+    let made = std::process::Command::new(support::KEEL)
+        .args(["init", "--dir"])
+        .arg(dir.path().join("c"))
+        .output()
+        .expect("keel init runs");
+    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    let node = dir.path().join("c/node-0/node.toml");
+    let text = std::fs::read_to_string(&node).expect("node file");
+    assert!(text.contains("service = \"kv\""), "{text}");
+    std::fs::write(&node, text.replace("service = \"kv\"", "service = \"zookeeper\"")).expect("written");
+    let out = std::process::Command::new(support::KEEL)
+        .args(["node", "--config"])
+        .arg(&node)
+        .output()
+        .expect("keel node runs");
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown service \"zookeeper\""));
+    let wal = std::fs::read_dir(dir.path().join("c/node-0/data/wal")).expect("provisioned by init").count();
+    assert_eq!(wal, 0, "the node opened nothing");
+}

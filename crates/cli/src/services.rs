@@ -1,0 +1,48 @@
+//! The services this binary runs, by the name `keel init --service` writes into
+//! cluster.toml and `keel node` reads back. One table: a name that is not in it is an
+//! error wherever it appears (issue #22: `keel node` used to run KV for any unknown name).
+
+use keel_runtime::config::NodeSetup;
+use keel_runtime::node::NodeError;
+
+/// (name, what it is), in the order `--help` and errors list them.
+pub const SERVICES: [(&str, &str); 2] =
+    [("kv", "the replicated key-value store (keel kv)"), ("null", "empty requests: the microbenchmark service")];
+
+/// The names, for messages: "kv, null".
+pub fn names() -> String {
+    SERVICES.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+}
+
+/// Whether `name` is a service this binary can run.
+pub fn known(name: &str) -> bool {
+    SERVICES.iter().any(|(n, _)| *n == name)
+}
+
+/// Runs the node `setup` describes with its service; an unknown name is an error before
+/// anything starts.
+pub async fn run(setup: NodeSetup) -> Result<(), String> {
+    let result: Result<(), NodeError> = match setup.service.as_str() {
+        "kv" => keel_runtime::node::run_node(setup, keel_kv::Kv::new).await,
+        "null" => keel_runtime::node::run_node(setup, || keel_kv::Null).await,
+        other => {
+            return Err(format!(
+                "unknown service {other:?} in the cluster configuration; this binary runs: {}",
+                names()
+            ))
+        }
+    };
+    result.map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_service_is_known_and_nothing_else() {
+        assert!(known("kv") && known("null"));
+        assert!(!known("zookeeper") && !known("") && !known("KV"));
+        assert_eq!(names(), "kv, null");
+    }
+}
