@@ -11,7 +11,8 @@
 
 use clap::Args;
 use keel_core::message::ReadConsistency;
-use keel_kv::{KvRequest, Null};
+use keel_kv::KvRequest;
+use keel_null::Null;
 use keel_runtime::client::KeelClient;
 use keel_runtime::config::{first_client_id, init, ClientFile, InitOptions, NodeFile};
 use keel_runtime::storage::FsyncPolicy;

@@ -24,7 +24,7 @@ pub fn known(name: &str) -> bool {
 pub async fn run(setup: NodeSetup) -> Result<(), String> {
     let result: Result<(), NodeError> = match setup.service.as_str() {
         "kv" => keel_runtime::node::run_node(setup, keel_kv::Kv::new).await,
-        "null" => keel_runtime::node::run_node(setup, || keel_kv::Null).await,
+        "null" => keel_runtime::node::run_node(setup, || keel_null::Null).await,
         other => {
             return Err(format!(
                 "unknown service {other:?} in the cluster configuration; this binary runs: {}",
