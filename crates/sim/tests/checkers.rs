@@ -78,7 +78,10 @@ fn first_violation(mutation: Mutation, seeds: u64) -> Vec<&'static str> {
 #[test]
 fn quorum_minus_one_breaks_agreement() {
     let p = first_violation(Mutation::QuorumMinusOne, 60);
-    assert!(p.iter().any(|p| matches!(*p, "agreement" | "exactly-once" | "checkpoint-roots")), "got {p:?}");
+    // view-change-safety sees a later view vote for another value before two nodes
+    // decide differently (since issue #21 it is often the first to fire).
+    let caught = |p: &&str| matches!(*p, "agreement" | "exactly-once" | "checkpoint-roots" | "view-change-safety");
+    assert!(p.iter().any(caught), "got {p:?}");
 }
 
 #[test]
