@@ -17,7 +17,7 @@
 //!
 //! Nodes are named by their stable ids (membership.rs). The client follows membership
 //! changes: a reply from a later epoch makes it ask that node for the epoch certificates,
-//! which it checks against the membership it knows ([`crate::membership::follow_certs`])
+//! which it checks against the membership it knows ([`crate::epoch_cert::follow_certs`])
 //! before it sends to the new members and counts with the new quorums. Its MAC
 //! authenticator has one entry per stable id, so a node keeps verifying it whatever the
 //! membership around it.
@@ -26,7 +26,7 @@
 //! endorsements as the primary needs (UpRight §4.3), so one of them that withholds or
 //! spoils its endorsement costs the operation a retransmission timeout. The client
 //! cannot see endorsements, but it sees which first transmissions needed a
-//! retransmission: each node they went to takes the blame ([`Client::rq_targets`]), and
+//! retransmission: each node they went to takes the blame (`Client::rq_targets`), and
 //! the next one goes to the primary and the least blamed others. A node that failed
 //! stays out while the nodes that took its place work (issue #21 defect 5, Aardvark's
 //! throughput under attack); one that crashed is passed over as soon as it misses
@@ -320,7 +320,7 @@ impl Client {
     /// client to the newest membership; the in-flight request goes to its members.
     /// Returns whether the membership changed.
     pub fn on_epoch_certs(&mut self, certs: Vec<crate::message::EpochCert>) -> bool {
-        let Ok((at, chain)) = crate::membership::follow_certs(&self.membership, certs, self.quorums.mutation()) else {
+        let Ok((at, chain)) = crate::epoch_cert::follow_certs(&self.membership, certs, self.quorums.mutation()) else {
             return false;
         };
         // follow_certs admits only memberships with valid quorums.

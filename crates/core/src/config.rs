@@ -517,7 +517,7 @@ impl Options {
         if self.request_timeout_ms == 0 || self.view_change_timeout_ms == 0 {
             return err("request_timeout_ms", self.request_timeout_ms, "timeouts must be positive");
         }
-        if !(crate::exec::CHUNK_AVG_MIN..=crate::exec::CHUNK_AVG_MAX).contains(&self.chunk_bytes) {
+        if !(crate::chunk::CHUNK_AVG_MIN..=crate::chunk::CHUNK_AVG_MAX).contains(&self.chunk_bytes) {
             return err("chunk_bytes", self.chunk_bytes as u64, "must be 256..=256 KiB (chunks reach four times it)");
         }
         if self.batch_bytes_max + 64 * 1024 > crate::codec::FRAME_MAX / 4 {

@@ -461,7 +461,7 @@ impl<S: Service> Executor<S> {
     }
 
     /// The same state as [`Executor::snapshot`], copied cheaply now and serialized by
-    /// [`FrozenExecutor::snapshot`] later, on any thread; None if the service cannot
+    /// [`FrozenExecutor::pieces`] later, on any thread; None if the service cannot
     /// freeze ([`Service::freeze`]).
     pub fn freeze(&self) -> Option<FrozenExecutor> {
         let service = self.service.freeze()?;

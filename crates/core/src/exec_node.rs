@@ -37,8 +37,9 @@ use crate::message::{
 };
 use crate::quorum::Mutation;
 use crate::read_wait::{ReadWaits, Until};
-use crate::replica::{Event, ExecutedRequest, Input, Outputs, Peer, Persist, PushQueues, Reject};
+use crate::replica::PushQueues;
 use crate::service::{ReadCtx, RestoreError, Service};
+use crate::step::{check_session, Event, ExecutedRequest, Input, Outputs, Peer, Persist, Reject};
 use crate::transfer::Transfer;
 use std::collections::BTreeMap;
 
@@ -690,7 +691,7 @@ impl<S: Service> ExecNode<S> {
     /// own connection authenticates it (as for requests here: an execution node checks
     /// no client MACs).
     fn on_read(&mut self, from: ClientId, read: Read, out: &mut Outputs) -> Result<(), Reject> {
-        crate::replica::check_session(Peer::Client(from), read.client)?;
+        check_session(Peer::Client(from), read.client)?;
         if !self.reads.is_new(&read, self.cfg.options.clients_max)? {
             return Ok(());
         }

@@ -14,8 +14,8 @@
 //! `NodeId` the protocol core uses. Removing a node shifts the indices of those after
 //! it; stable ids never change.
 
-use crate::crypto::{Digest, Hasher, PublicKey, Sig, SigningKey};
-use crate::message::{ClientId, NodeId, Seq};
+use crate::crypto::{Digest, Hasher, MacKey, PublicKey, Sig, SigningKey};
+use crate::ids::{ClientId, NodeId, Seq};
 use crate::quorum::{QuorumError, Quorums, NODES_MAX};
 use serde::{Deserialize, Serialize};
 
@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 /// reserved for endorsements, so no `keel init` client gets it; its MAC keys derive like
 /// any client's (the admin tool holds the node secrets), and with `auth = sig` its key is
 /// the admin key.
-pub const ADMIN_CLIENT: ClientId = crate::replica::ENDORSER_OWNER_BASE - 1;
+pub const ADMIN_CLIENT: ClientId = crate::ids::ENDORSER_OWNER_BASE - 1;
 
 /// Longest address a member may carry (it is gossiped in every membership).
 pub const ADDR_MAX: usize = 256;
@@ -162,7 +162,7 @@ impl Membership {
         self.members.len()
     }
 
-    /// What checkpoint votes sign about the membership ([`crate::message::checkpoint_statement`]).
+    /// What checkpoint votes sign about the membership (`message::checkpoint_statement`).
     pub fn digest(&self) -> Digest {
         Hasher::new("keel/membership").bytes(&postcard::to_allocvec(self).unwrap_or_default()).finish()
     }
@@ -232,65 +232,11 @@ impl Membership {
     }
 }
 
-/// The certificates of `chain` (oldest first) that a node of `epoch` needs to reach its
-/// end.
-pub fn certs_after(chain: &[crate::message::EpochCert], epoch: u64) -> Vec<crate::message::EpochCert> {
-    chain.iter().filter(|c| c.next.epoch > epoch).cloned().collect()
-}
-
-/// Why a chain of epoch certificates was not followed.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CertError {
-    #[error("certificate for epoch {got} does not follow epoch {current}")]
-    Gap { current: u64, got: u64 },
-    #[error("certificate names another previous membership or instance")]
-    NotFollowing,
-    #[error("certificate's proof signs another membership")]
-    OtherMembership,
-    #[error("certificate's proof lacks a quorum of valid signatures")]
-    Unproven,
-}
-
-/// Walks certificates from `current` (oldest first; older ones are skipped): each must be
-/// proven by the quorum of the membership before it. Returns the newest membership
-/// reached and the certificates that led there (empty: no newer epoch), or the first
-/// problem. `mutation` keeps a simulator's deliberate bug in the quorum sizes.
-pub fn follow_certs(
-    current: &Membership,
-    certs: Vec<crate::message::EpochCert>,
-    mutation: Option<crate::quorum::Mutation>,
-) -> Result<(Membership, Vec<crate::message::EpochCert>), CertError> {
-    let mut at = current.clone();
-    let mut chain = Vec::new();
-    for cert in certs {
-        if cert.next.epoch <= at.epoch {
-            continue;
-        }
-        if cert.next.epoch != at.epoch + 1 {
-            return Err(CertError::Gap { current: at.epoch, got: cert.next.epoch });
-        }
-        let plain = Membership { previous: None, ..at.clone() };
-        let previous = cert.next.previous.as_deref().map(Membership::digest);
-        if previous != Some(plain.digest()) || cert.proof.seq != cert.next.since {
-            return Err(CertError::NotFollowing);
-        }
-        if cert.proof.membership != cert.next.digest() {
-            return Err(CertError::OtherMembership);
-        }
-        // Correct nodes only ever sign memberships the executor produced, which tolerate
-        // their (u, r); checked anyway, so nothing downstream meets one that does not.
-        if cert.next.quorums().is_err() || cert.next.members.len() > NODES_MAX {
-            return Err(CertError::Unproven);
-        }
-        let quorum = at.quorums().map_err(|_| CertError::Unproven)?.with_mutation(mutation).order_quorum();
-        let unchecked = mutation == Some(crate::quorum::Mutation::UnverifiedEpochCerts);
-        if !unchecked && !crate::message::proof_signed(&crate::crypto::NodeKeys::new(&at.keys()), quorum, &cert.proof) {
-            return Err(CertError::Unproven);
-        }
-        at = cert.next.clone();
-        chain.push(cert);
-    }
-    Ok((at, chain))
+/// `auth = rq-mac`: the key the holder of `signing` shares with each member of
+/// `membership` (index order) for endorsements: the same key MACs its endorsements for
+/// that member and checks that member's for it ([`crate::keys::endorse_key`]).
+pub fn endorse_keys(signing: &SigningKey, membership: &Membership) -> Vec<MacKey> {
+    membership.members.iter().map(|m| crate::keys::endorse_key(signing, &m.key)).collect()
 }
 
 #[cfg(test)]

@@ -10,38 +10,7 @@ use crate::crypto::{Digest, Hasher, Mac, Sig};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, OnceLock};
 
-/// Index of an order node, `0..N`.
-pub type NodeId = u32;
-/// A protocol client: its own sequence numbers, one request in flight, one reply-cache
-/// entry. The transport authenticates the *owner* (certificate `client-N`); an owner may
-/// run up to [`SESSIONS_MAX`] sessions over the same connections so that one process can
-/// keep many requests in flight (the frames of all of them share syscalls). Session `s`
-/// of owner `N` is `N | s << SESSION_SHIFT`; session 0 is `N` itself.
-pub type ClientId = u64;
-
-pub const SESSION_SHIFT: u32 = 40;
-/// Sessions per client identity. Bounds what one authenticated client can make a node
-/// keep (reply-cache entries, pending requests are bounded separately by `clients_max`).
-pub const SESSIONS_MAX: u64 = 1024;
-
-/// Session `session` of the client identity `owner`.
-pub fn session_id(owner: ClientId, session: u64) -> ClientId {
-    owner | (session << SESSION_SHIFT)
-}
-
-/// The client identity (certificate) a session belongs to.
-pub fn owner_of(client: ClientId) -> ClientId {
-    client & ((1 << SESSION_SHIFT) - 1)
-}
-
-/// The session number within its owner.
-pub fn session_of(client: ClientId) -> u64 {
-    client >> SESSION_SHIFT
-}
-/// A view number; the primary of view `v` is `v mod N`.
-pub type View = u64;
-/// A consensus instance (sequence number); each decides one [`Value`].
-pub type Seq = u64;
+pub use crate::ids::{owner_of, session_id, session_of, ClientId, NodeId, Seq, View, SESSIONS_MAX, SESSION_SHIFT};
 
 /// The operation bytes of a request, with their digest computed at most once.
 ///
@@ -187,24 +156,7 @@ impl Request {
     }
 }
 
-/// How strong a read-only answer must be (ARCHITECTURE §7).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ReadConsistency {
-    /// r + 1 matching answers from nodes that executed the session's last ordered request:
-    /// the state of some prefix of the decided sequence that includes the reader's own
-    /// writes, possibly missing writes of others that already completed.
-    Serializable,
-    /// Q matching answers, each from a node that first executed every instance it had
-    /// voted to accept when the read arrived: reflects every write completed before the
-    /// read began (see `replica::read`).
-    Linearizable,
-    /// Read index (Gaios, ARCHITECTURE §7): sent to r + 1 chosen nodes only. Each asks
-    /// every node how far it has voted to accept, takes the highest of a quorum's
-    /// answers as the index, and answers once it executed that far; r + 1 matching
-    /// answers are linearizable (see `replica::read`). Last, so the earlier variants
-    /// keep their tags.
-    Index,
-}
+pub use crate::quorum::ReadConsistency;
 
 impl ReadConsistency {
     /// Stable numbers for statements and names (the wire uses the variant index).

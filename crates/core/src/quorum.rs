@@ -267,12 +267,10 @@ impl Quorums {
     /// those (`Q + u + 1 - N = 1`), so Q matching answers reflect the write.
     /// Read index: `r + 1` (one correct node among them waited for the index, see
     /// [`Quorums::index_quorum`]).
-    pub fn read_quorum(&self, consistency: crate::message::ReadConsistency) -> usize {
+    pub fn read_quorum(&self, consistency: ReadConsistency) -> usize {
         match consistency {
-            crate::message::ReadConsistency::Serializable | crate::message::ReadConsistency::Index => {
-                self.reply_quorum()
-            }
-            crate::message::ReadConsistency::Linearizable => self.order_quorum(),
+            ReadConsistency::Serializable | ReadConsistency::Index => self.reply_quorum(),
+            ReadConsistency::Linearizable => self.order_quorum(),
         }
     }
 
@@ -360,6 +358,25 @@ impl Quorums {
             _ => self.u as usize + 1,
         }
     }
+}
+
+/// How strong a read-only answer must be (ARCHITECTURE §7).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadConsistency {
+    /// r + 1 matching answers from nodes that executed the session's last ordered request:
+    /// the state of some prefix of the decided sequence that includes the reader's own
+    /// writes, possibly missing writes of others that already completed.
+    Serializable,
+    /// Q matching answers, each from a node that first executed every instance it had
+    /// voted to accept when the read arrived: reflects every write completed before the
+    /// read began (see `replica::read`).
+    Linearizable,
+    /// Read index (Gaios, ARCHITECTURE §7): sent to r + 1 chosen nodes only. Each asks
+    /// every node how far it has voted to accept, takes the highest of a quorum's
+    /// answers as the index, and answers once it executed that far; r + 1 matching
+    /// answers are linearizable (see `replica::read`). Last, so the earlier variants
+    /// keep their tags.
+    Index,
 }
 
 #[cfg(test)]

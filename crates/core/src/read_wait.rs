@@ -8,7 +8,7 @@
 //! and `clients_max` in all, so a client cannot make a node hold more.
 
 use crate::message::{ClientId, NodeId, Read, Seq};
-use crate::replica::Reject;
+use crate::step::Reject;
 use std::collections::BTreeMap;
 
 /// What a read waits for.

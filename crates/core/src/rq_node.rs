@@ -32,14 +32,15 @@
 //! Bounds. One request per client is held (the newest, plus the one before it, whose
 //! bytes order nodes may still fetch), for at most `clients_max` clients; a client's
 //! next request replaces its last (a client has one operation in flight per session).
-//! Endorsements of requests this node could not check itself wait in [`Hearsay`], each
+//! Endorsements of requests this node could not check itself wait in `Hearsay` (replica/endorse.rs), each
 //! peer filling only its share. Entries nobody touched for four request timeouts go.
 
 use crate::config::{stage_id, ClusterConfig};
 use crate::crypto::{Digest, Mac, MacKey, SigningKey};
+use crate::keys::{client_mac_key, endorse_key};
 use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Payload, Request, Seq, View};
 use crate::replica::{budgeted_bodies, hearsay_chargeable, hearsay_share, take_valid, Hearsay};
-use crate::replica::{check_session, client_mac_key, endorse_key, Event, Input, Outputs, Peer, Reject};
+use crate::step::{check_session, Event, Input, Outputs, Peer, Reject};
 use std::collections::BTreeMap;
 
 /// A client request this node endorsed.
@@ -205,7 +206,7 @@ impl RqNode {
                 self.on_epoch_certs(certs, out)
             }
             (Peer::Node(p), Message::EpochQuery { epoch, .. }) if self.is_peer(p) => {
-                let certs = crate::membership::certs_after(&self.epoch_certs, epoch);
+                let certs = crate::epoch_cert::certs_after(&self.epoch_certs, epoch);
                 if !certs.is_empty() {
                     out.send.push((Peer::Node(p), Message::EpochCerts(certs)));
                 }
@@ -251,7 +252,7 @@ impl RqNode {
         if self.stays_in_epoch() {
             return Ok(());
         }
-        let (at, chain) = crate::membership::follow_certs(&self.cfg.membership, certs, self.cfg.quorums.mutation())
+        let (at, chain) = crate::epoch_cert::follow_certs(&self.cfg.membership, certs, self.cfg.quorums.mutation())
             .map_err(|_| Reject::BadProof("epoch certificates do not follow this node's membership"))?;
         if chain.is_empty() {
             return Ok(());

@@ -9,8 +9,8 @@
 use crate::crypto::Digest;
 use crate::exec::{leaf_digest, merkle_root, Chunked, Executor};
 use crate::message::{Message, NodeId, Seq, StableProof};
-use crate::replica::{Event, Outputs, Peer, Persist, Reject};
 use crate::service::Service;
+use crate::step::{Event, Outputs, Peer, Persist, Reject};
 use std::collections::BTreeMap;
 
 /// Chunk requests outstanding at once during a state transfer.

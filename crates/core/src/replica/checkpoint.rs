@@ -4,9 +4,9 @@
 //! transfer carry. A node whose own root differs from the stable one has diverged (a disk
 //! or memory fault, or a bug): it says so and repairs itself by state transfer.
 
-use super::{Event, Outputs, Persist, Reject, Replica};
+use super::{CheckpointJob, CheckpointReady, Event, Outputs, Persist, Reject, Replica};
 use crate::crypto::Digest;
-use crate::exec::{Chunked, FrozenExecutor};
+use crate::exec::Chunked;
 use crate::message::{checkpoint_statement, CheckpointVote, Message, NodeId, Seq, StableProof};
 use crate::service::Service;
 use crate::wal::Record;
@@ -14,49 +14,6 @@ use crate::wal::Record;
 /// Checkpoints a node may have out for serialization at once; execution waits at the
 /// next checkpoint instance past that.
 pub(super) const PENDING_CHECKPOINTS_MAX: usize = 2;
-
-/// A checkpoint to serialize, chunk and hash off the protocol thread: the state as it
-/// was at `seq`, frozen copy-on-write ([`Service::freeze`]), so the node executes on
-/// meanwhile (UpRight §3.2).
-pub struct CheckpointJob {
-    seq: Seq,
-    epoch: u64,
-    generation: u64,
-    state: FrozenExecutor,
-    chunk_bytes: usize,
-}
-
-impl CheckpointJob {
-    pub fn seq(&self) -> Seq {
-        self.seq
-    }
-
-    /// The expensive part: serialize the frozen state, cut it into chunks, hash them.
-    pub fn run(self) -> CheckpointReady {
-        let chunked = Chunked::from_pieces(self.state.pieces(), self.chunk_bytes);
-        CheckpointReady { seq: self.seq, epoch: self.epoch, generation: self.generation, chunked }
-    }
-}
-
-impl std::fmt::Debug for CheckpointJob {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CheckpointJob").field("seq", &self.seq).field("epoch", &self.epoch).finish_non_exhaustive()
-    }
-}
-
-/// A [`CheckpointJob`]'s result, for [`super::Input::CheckpointReady`].
-pub struct CheckpointReady {
-    seq: Seq,
-    epoch: u64,
-    generation: u64,
-    chunked: Chunked,
-}
-
-impl CheckpointReady {
-    pub fn seq(&self) -> Seq {
-        self.seq
-    }
-}
 
 impl<S: Service> Replica<S> {
     pub(super) fn take_checkpoint(&mut self, seq: Seq, out: &mut Outputs) {

@@ -65,7 +65,7 @@ impl<S: Service> Replica<S> {
 
     /// The certificates a node of `epoch` needs to reach this node's epoch.
     pub fn epoch_certs_after(&self, epoch: u64) -> Vec<EpochCert> {
-        crate::membership::certs_after(&self.epoch_certs, epoch)
+        crate::epoch_cert::certs_after(&self.epoch_certs, epoch)
     }
 
     /// Reports, once, that this epoch is over for this node: the checkpoint at its last
@@ -86,10 +86,10 @@ impl<S: Service> Replica<S> {
         out.events.push(Event::EpochEnded { epoch: self.exec.membership().epoch, seq: end });
     }
 
-    /// Certificates of later epochs ([`crate::membership::follow_certs`]): valid ones
+    /// Certificates of later epochs ([`crate::epoch_cert::follow_certs`]): valid ones
     /// make this node leave its epoch, to join the newest as a node without state.
     pub(super) fn on_epoch_certs(&mut self, certs: Vec<EpochCert>, out: &mut Outputs) -> Result<(), super::Reject> {
-        let (at, chain) = crate::membership::follow_certs(&self.cfg.membership, certs, self.cfg.quorums.mutation())
+        let (at, chain) = crate::epoch_cert::follow_certs(&self.cfg.membership, certs, self.cfg.quorums.mutation())
             .map_err(|_| super::Reject::BadProof("epoch certificates do not follow this node's membership"))?;
         if chain.is_empty() || self.epoch_reported {
             return Ok(());

@@ -4,7 +4,7 @@
 use super::*;
 use crate::client::Client;
 use crate::config::{Auth, Options};
-use crate::crypto::{PublicKey, Sig};
+use crate::crypto::{PublicKey, Sig, SigningKey};
 use crate::message::{
     checkpoint_statement, endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, Proposed, Read,
     ReadConsistency, Reply, ReplyBody, Write,
