@@ -482,3 +482,20 @@ fn with_rq_nodes_apart_backups_that_accept_one_endorsement_are_caught() {
     }
     panic!("one-endorsement not caught in 100 seeds");
 }
+
+/// A regression seed (session 18's 1000-seed sweep of `keel sim --layout separated --u 1
+/// --r 0`): a new primary whose own stable checkpoint lagged the NEW-VIEW's installed
+/// that checkpoint, which ran execution and proposed, and then handed out the same
+/// instance number again: "one vote per (view, seq)" failed (the node panicked). The
+/// install now holds proposals from its first step (replica/view_change.rs).
+#[test]
+fn a_new_primary_behind_the_new_views_checkpoint_proposes_each_instance_once() {
+    let o = SimOptions {
+        steps: 60_000,
+        clients: 16,
+        separated: true,
+        rq_separated: true,
+        ..SimOptions::new(227, 1, 0, faults("all"))
+    };
+    assert_clean(&run_kv_seed(&o));
+}

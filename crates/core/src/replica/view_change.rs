@@ -355,6 +355,12 @@ impl<S: Service> Replica<S> {
         self.persist(Record::View { view: t, floor }, out);
         self.view_record_durable = self.cfg.primary(t) != self.id;
         out.events.push(Event::ViewInstalled { view: t });
+        // Installing the stable checkpoint or accepting a re-proposal can run execution,
+        // which ends by proposing; a fresh proposal from inside this install would take
+        // a number that `next_propose` below hands out again (a new primary proposed
+        // instance 193 twice: separated (1, 0) seed 227, whose stable checkpoint was
+        // below the NEW-VIEW's while it had executed up to the floor). Hold them.
+        let held = std::mem::replace(&mut self.proposals_held, true);
         if decision.stable.seq > self.stable.seq {
             self.install_stable(decision.stable, out);
         }
@@ -373,10 +379,6 @@ impl<S: Service> Replica<S> {
                 self.send_endorsement(client, false, out);
             }
         }
-        // Accepting a re-proposal can complete a decision (ACCEPTs that came first) and
-        // run execution, which ends by proposing; a fresh proposal from inside this loop
-        // would take a number that `next_propose` below hands out again. Hold them.
-        let held = std::mem::replace(&mut self.proposals_held, true);
         let null = Value::null().digest();
         for (seq, choice) in decision.values {
             if seq <= self.stable.seq {
