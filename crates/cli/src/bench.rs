@@ -296,7 +296,7 @@ impl Baseline {
     fn start(service: &str, fsync: FsyncPolicy, clients: usize) -> Result<Baseline, String> {
         let dir = std::env::temp_dir().join(format!("keel-bench-baseline-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let port = crate::cluster::free_ports(2).ok_or("no free port for the baseline")?;
+        let port = keel_runtime::config::free_ports(2).ok_or("no free port for the baseline")?;
         let o = InitOptions {
             service: service.into(),
             u: 0,
@@ -308,6 +308,7 @@ impl Baseline {
             auth: None,
             request_digests: None,
             checkpoint_interval: None,
+            tick_ms: None,
             separated: false,
             rq_separated: false,
         };

@@ -4,7 +4,6 @@ use clap::Args;
 use keel_core::config::Auth;
 use keel_runtime::config::{init, InitOptions, NodeFile};
 use keel_runtime::storage::FsyncPolicy;
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::Duration;
@@ -40,6 +39,10 @@ pub struct InitArgs {
     /// of many hundreds of MB.
     #[arg(long)]
     checkpoint_interval: Option<u64>,
+    /// Agreed-time ticks every this many ms, 0 for none (default: the service's; kv ticks
+    /// every 1000 ms to drop ended watch leases). Written to cluster.toml.
+    #[arg(long)]
+    tick_ms: Option<u64>,
     /// on | off: with rq-mac, operations over 64 bytes are proposed by digest and fetched
     /// from the nodes that endorsed them (UpRight §4.1; default on with rq-mac).
     #[arg(long, value_parser = parse_on_off)]
@@ -78,26 +81,6 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-/// A run of `n` consecutive ports that are free right now, below Linux's default
-/// ephemeral range (32768-60999): a port there that is free at `keel init` may be taken by
-/// any outgoing connection before the node binds it (a test once lost an added node's
-/// port 32978 that way).
-pub fn free_ports(n: usize) -> Option<u16> {
-    const LOW: u64 = 20_000;
-    const SPAN: u64 = 12_000;
-    let start = (std::process::id() as u64 * 7919 + n as u64) % SPAN;
-    for k in 0..200u64 {
-        let base = (LOW + (start + k * 97) % SPAN) as u16;
-        if base as usize + n > 32_768 {
-            continue;
-        }
-        if (0..n as u16).all(|i| TcpListener::bind((Ipv4Addr::LOCALHOST, base + i)).is_ok()) {
-            return Some(base);
-        }
-    }
-    None
-}
-
 pub fn run_init(a: InitArgs) -> ExitCode {
     if a.dir.join("cluster.toml").exists() && !a.force {
         eprintln!("error: {} already holds a cluster (use --force to overwrite)", a.dir.display());
@@ -120,7 +103,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
     let rq = if rq_separated { quorums.rq_nodes_min() } else { 0 };
     let n = order + exec + rq;
     // Node ports, then as many metrics ports.
-    let Some(base_port) = a.base_port.or_else(|| free_ports(2 * n)) else {
+    let Some(base_port) = a.base_port.or_else(|| keel_runtime::config::free_ports(2 * n)) else {
         eprintln!("error: no free port range found; pass --base-port");
         return ExitCode::FAILURE;
     };
@@ -129,6 +112,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let auth = a.auth;
+    let tick_ms = a.tick_ms.or(crate::services::tick_ms(&a.service));
     let o = InitOptions {
         service: a.service,
         u: a.u,
@@ -140,6 +124,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         auth,
         request_digests: a.digests,
         checkpoint_interval: a.checkpoint_interval,
+        tick_ms,
         separated,
         rq_separated,
     };

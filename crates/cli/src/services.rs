@@ -5,18 +5,35 @@
 use keel_runtime::config::NodeSetup;
 use keel_runtime::node::NodeError;
 
-/// (name, what it is), in the order `--help` and errors list them.
-pub const SERVICES: [(&str, &str); 2] =
-    [("kv", "the replicated key-value store (keel kv)"), ("null", "empty requests: the microbenchmark service")];
+/// A service this binary runs.
+pub struct ServiceInfo {
+    pub name: &'static str,
+    /// The agreed-time tick `keel init` configures for it (`Service::on_tick`).
+    pub tick_ms: Option<u64>,
+}
+
+/// In the order `--help` and errors list them.
+pub const SERVICES: [ServiceInfo; 2] = [
+    // The replicated key-value store (`keel kv`). Watch leases end at the next tick, also
+    // while no client writes.
+    ServiceInfo { name: "kv", tick_ms: Some(1_000) },
+    // Empty requests: the microbenchmark service.
+    ServiceInfo { name: "null", tick_ms: None },
+];
 
 /// The names, for messages: "kv, null".
 pub fn names() -> String {
-    SERVICES.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+    SERVICES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
 }
 
 /// Whether `name` is a service this binary can run.
 pub fn known(name: &str) -> bool {
-    SERVICES.iter().any(|(n, _)| *n == name)
+    SERVICES.iter().any(|s| s.name == name)
+}
+
+/// The tick service `name` asks for.
+pub fn tick_ms(name: &str) -> Option<u64> {
+    SERVICES.iter().find(|s| s.name == name).and_then(|s| s.tick_ms)
 }
 
 /// Runs the node `setup` describes with its service; an unknown name is an error before

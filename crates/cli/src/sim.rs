@@ -42,6 +42,7 @@ pub struct SimArgs {
     /// unverified-epoch-certs | unfrozen-checkpoint | unchecked-body | one-commit-notice |
     /// one-exec-hash | one-reply | no-epoch-end-checkpoint | rq-stays-in-epoch | propose-before-view-durable |
     /// wiped-node-votes | exec-checkpoint-on-r-plus-one | epochless-statements | unverified-epoch-replies |
+    /// restore-without-time (with --tick-ms) |
     /// blind-endorser-routing (a throughput bug: --report attacks catches it).
     #[arg(long)]
     mutate: Option<String>,
@@ -67,6 +68,11 @@ pub struct SimArgs {
     /// with --report attacks 400, so that every node leads and view changes happen.
     #[arg(long)]
     rotate_leader_ms: Option<u64>,
+    /// Agreed-time ticks every this many simulated ms (Options::tick_ms; 0: off): idle
+    /// primaries propose empty instances, KV drops watch leases (of three ticks) at
+    /// ticks, and checkpoint agreement checks every node ticked alike.
+    #[arg(long, default_value_t = 0)]
+    tick_ms: u64,
     /// Stage placement (UpRight §4): co-located (every node runs RQ, order and
     /// execution), separated (2u + r + 1 RQ nodes and 2u + 1 execution nodes besides
     /// the order nodes), or one stage apart: separated-exec, separated-rq.
@@ -181,6 +187,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
         options: Options {
             exec_workers: args.exec_workers,
             leader_rotate_ms: args.rotate_leader_ms.unwrap_or_default(),
+            tick_ms: args.tick_ms,
             ..Options::test_min()
         },
         ..SimOptions::new(seed, args.u, args.r, faults)
@@ -218,7 +225,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
     let mut totals = FaultCounts::default();
     let (mut total_steps, mut ops, mut vcs, mut transfers, mut rejected) = (0, 0, 0, 0, 0);
     let (mut reads_unordered, mut reads_ordered, mut slow_primary) = (0, 0, 0);
-    let (mut pushes, mut push_gaps) = (0, 0);
+    let (mut pushes, mut push_gaps, mut ticks) = (0, 0, 0);
     let (mut transfer_chunks, mut transfer_reused) = (0, 0);
     let (mut checkpoints_background, mut checkpoints_lost) = (0, 0);
     let (mut ops_by_digest, mut ops_fetched) = (0, 0);
@@ -232,6 +239,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
         slow_primary += r.slow_primary_suspicions;
         pushes += r.pushes_delivered;
         push_gaps += r.push_gaps;
+        ticks += r.ticks;
         reads_ordered += r.reads_ordered;
         vcs += r.view_changes;
         transfers += r.state_transfers;
@@ -291,6 +299,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
                     Some(ms) if ms > 0 => format!(" --rotate-leader-ms {ms}"),
                     _ => String::new(),
                 }
+                + &if args.tick_ms > 0 { format!(" --tick-ms {}", args.tick_ms) } else { String::new() }
         );
     }
     let l = &totals.lies;
@@ -305,7 +314,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
         l.wrong_replies, totals.latent_turned, totals.inconsistent_macs, totals.exec_lies, totals.rq_lies
     );
     println!(
-        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} transfer_chunks={transfer_chunks} transfer_chunks_held={transfer_reused} background_checkpoints={checkpoints_background} (lost to crashes {checkpoints_lost}) ops_by_digest={ops_by_digest} ops_fetched={ops_fetched} rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
+        "work: ops_completed={ops} reads_unordered={reads_unordered} reads_ordered={reads_ordered} view_changes={vcs} slow_primary_suspicions={slow_primary} state_transfers={transfers} transfer_chunks={transfer_chunks} transfer_chunks_held={transfer_reused} background_checkpoints={checkpoints_background} (lost to crashes {checkpoints_lost}) ops_by_digest={ops_by_digest} ops_fetched={ops_fetched} rejected_inputs={rejected} pushes={pushes} push_gaps={push_gaps} ticks={ticks} elapsed={:.1}s (u={}, r={}, faults={}, options={})",
         started.elapsed().as_secs_f64(),
         args.u,
         args.r,
@@ -314,6 +323,9 @@ pub fn run(mut args: SimArgs) -> ExitCode {
             o if o == Options::test_min() => "test_min".to_string(),
             o if o == (Options { exec_workers: o.exec_workers, ..Options::test_min() }) => {
                 format!("test_min+exec_workers={}", o.exec_workers)
+            }
+            o if o == (Options { tick_ms: o.tick_ms, ..Options::test_min() }) => {
+                format!("test_min+tick_ms={}", o.tick_ms)
             }
             _ => "custom".to_string(),
         }

@@ -685,6 +685,30 @@ async fn large_requests_are_ordered_by_digest_and_every_node_gets_their_bytes() 
 
 /// A service name the binary does not run is refused, by `keel init` and by `keel node`
 /// (which used to run KV for any unknown name), before anything starts.
+/// Agreed-time ticks (kv asks `keel init` for one a second): an idle cluster keeps
+/// deciding empty instances and every node runs the ticks, co-located and with the
+/// stages apart (order nodes tick their order state, execution nodes the service).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_kv_cluster_ticks_on_every_node() {
+    for cluster in [Cluster::init(1, 1), Cluster::init_stages_apart(1, 1)] {
+        let text = std::fs::read_to_string(cluster.path().join("cluster.toml")).expect("cluster file");
+        assert!(text.contains("tick_ms = 1000"), "{text}");
+        // RQ nodes execute nothing: the order (0-3) and execution (4-6) nodes tick.
+        let ticking = if cluster.n() > 4 { 7 } else { 4 };
+        let started = std::time::Instant::now();
+        for i in 0..ticking {
+            loop {
+                let ticks = metric(&cluster.metrics(i), "keel_ticks_total");
+                if ticks >= 3 {
+                    break;
+                }
+                assert!(started.elapsed() < Duration::from_secs(20), "node {i} ran {ticks} ticks in 20 s");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 #[test]
 fn an_unknown_service_is_refused_by_init_and_by_node() {
     let dir = tempfile::tempdir().expect("tempdir");

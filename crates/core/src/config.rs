@@ -430,10 +430,20 @@ pub struct Options {
     /// it (DESIGN-NOTES, "Copy-on-write checkpoints"); it is for hosts with a core to
     /// spare. The simulator runs half its nodes each way.
     pub background_checkpoints: bool,
+    /// Agreed-time ticks (0: off). When no request came for this long, the primary
+    /// proposes an empty value at agreed time, so agreed time advances without clients;
+    /// every node runs [`crate::service::Service::on_tick`] where agreed time crosses a
+    /// multiple of it (session expiry, leases). Part of the cluster's configuration: every
+    /// node must agree on it, as on the service.
+    pub tick_ms: u64,
 }
 
 /// Most execution threads per node.
 pub const EXEC_WORKERS_MAX: usize = 256;
+/// Bounds of [`Options::tick_ms`]: below the floor, empty tick instances would crowd out
+/// requests (each costs a consensus round); above it, a tick an hour is no clock.
+pub const TICK_MS_MIN: u64 = 10;
+pub const TICK_MS_MAX: u64 = 3_600_000;
 
 impl Options {
     /// Settings for real deployments.
@@ -461,6 +471,7 @@ impl Options {
             leader_rotate_ms: 0,
             transfer_rate_bytes: 0,
             background_checkpoints: false,
+            tick_ms: 0,
         }
     }
 
@@ -490,6 +501,7 @@ impl Options {
             leader_rotate_ms: 0,
             transfer_rate_bytes: 0,
             background_checkpoints: true,
+            tick_ms: 0,
         }
     }
 
@@ -531,6 +543,9 @@ impl Options {
         }
         if self.exec_workers == 0 || self.exec_workers > EXEC_WORKERS_MAX {
             return err("exec_workers", self.exec_workers as u64, "must be 1..=256");
+        }
+        if self.tick_ms > 0 && (self.tick_ms < TICK_MS_MIN || self.tick_ms > TICK_MS_MAX) {
+            return err("tick_ms", self.tick_ms, "must be 0 (off) or 10..=3600000");
         }
         Ok(())
     }

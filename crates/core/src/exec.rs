@@ -45,6 +45,15 @@ pub struct Outcome {
     pub pushes: Vec<PushEvent>,
 }
 
+/// An agreed-time tick the service ran ([`Service::on_tick`]) before instance `seq`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tick {
+    pub seq: Seq,
+    /// Agreed time: the instance's, the first to reach a multiple of `tick_ms`.
+    pub time: u64,
+    pub pushes: Vec<PushEvent>,
+}
+
 /// A push event with the number every node gives it: a client's events are numbered
 /// 1, 2, ... in the order execution produced them (UpRight §3.1).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,6 +115,12 @@ pub struct Executor<S> {
     pool: Option<Pool>,
     /// `Schedule::Shuffled`: picks among ready jobs; advances across calls.
     shuffle: SplitMix,
+    /// Agreed-time ticks ([`crate::config::Options::tick_ms`]; 0: off).
+    tick_ms: u64,
+    /// Ticks run since the caller last took them ([`Executor::take_ticks`]).
+    ticks: Vec<Tick>,
+    /// `Mutation::RestoreWithoutTime`: a checker test's deliberate bug.
+    restore_without_time: bool,
 }
 
 /// An executor's state at a checkpoint, frozen ([`Executor::freeze`]).
@@ -200,6 +215,46 @@ impl<S: Service> Executor<S> {
             schedule,
             pool: None,
             shuffle: SplitMix::new(seed),
+            tick_ms: 0,
+            ticks: Vec::new(),
+            restore_without_time: false,
+        }
+    }
+
+    /// Runs [`Service::on_tick`] where agreed time crosses a multiple of `tick_ms` (0:
+    /// never). Configuration, like the membership: set before executing anything.
+    pub fn set_tick_ms(&mut self, tick_ms: u64) {
+        self.tick_ms = tick_ms;
+    }
+
+    /// Switches on the checker mutation that concerns the executor, if `mutation` is it.
+    pub fn set_mutation(&mut self, mutation: Option<crate::quorum::Mutation>) {
+        self.restore_without_time = mutation == Some(crate::quorum::Mutation::RestoreWithoutTime);
+    }
+
+    /// The ticks run since the last call, with their push events numbered like a
+    /// request's.
+    pub fn take_ticks(&mut self) -> Vec<Tick> {
+        std::mem::take(&mut self.ticks)
+    }
+
+    /// Whether an instance of agreed time `time` ticks after one of time `before`: time
+    /// crossed a multiple of `tick_ms`. A function of decided values only, so every node
+    /// ticks at the same instance (the snapshot carries `time`, so a node that restored
+    /// one does too).
+    fn ticks(&self, before: u64, time: u64) -> bool {
+        self.tick_ms > 0 && time / self.tick_ms > before / self.tick_ms
+    }
+
+    /// Advances agreed time to `value`'s and runs the tick it crosses, if any.
+    fn advance_time(&mut self, seq: Seq, value: &Value) {
+        let before = self.time;
+        self.time = self.time.max(value.time);
+        if self.ticks(before, self.time) {
+            let ctx = ExecCtx::new(seq, self.time, value.seed(seq), crate::ids::TICK_CLIENT);
+            self.service.on_tick(&ctx);
+            let pushes = self.number(ctx.take_pushes());
+            self.ticks.push(Tick { seq, time: self.time, pushes });
         }
     }
 
@@ -276,8 +331,15 @@ impl<S: Service> Executor<S> {
         // An administrative operation changes the membership between two requests: a
         // barrier, so such runs go one request after another.
         let admin = values.iter().any(|v| v.requests.iter().any(|r| owner_of(r.client) == ADMIN_CLIENT));
+        // A tick runs through `&mut self` between two instances: a barrier too.
+        let mut time = self.time;
+        let tick = values.iter().any(|v| {
+            let before = time;
+            time = time.max(v.time);
+            self.ticks(before, time)
+        });
         let handle = match self.schedule {
-            _ if admin => None,
+            _ if admin || tick => None,
             Schedule::Sequential => None,
             Schedule::Pool { .. } | Schedule::Shuffled { .. } => self.service.concurrent(),
         };
@@ -290,7 +352,7 @@ impl<S: Service> Executor<S> {
     }
 
     fn execute_sequential(&mut self, seq: Seq, value: &Value) -> Vec<Outcome> {
-        self.time = self.time.max(value.time);
+        self.advance_time(seq, value);
         let seed = value.seed(seq);
         let mut out = Vec::with_capacity(value.requests.len());
         for (index, req) in value.requests.iter().enumerate() {
@@ -382,6 +444,7 @@ impl<S: Service> Executor<S> {
         let mut plan: Vec<Vec<Answer>> = Vec::with_capacity(values.len());
         let mut sinks: Vec<ExecCtx> = Vec::new();
         for (value, seq) in values.iter().zip(first..) {
+            // No tick falls in a run that takes this path (`execute_many`).
             self.time = self.time.max(value.time);
             let seed = value.seed(seq);
             let mut answers = Vec::with_capacity(value.requests.len());
@@ -490,7 +553,7 @@ impl<S: Service> Executor<S> {
         self.service.restore(body.service)?;
         let SnapshotHead { executed, time, clients, push_seqs, membership } = body.head;
         self.executed = executed;
-        self.time = time;
+        self.time = if self.restore_without_time { 0 } else { time };
         self.clients = clients;
         self.push_seqs = push_seqs;
         self.membership = membership;
@@ -659,6 +722,10 @@ mod tests {
         fn concurrent(&self) -> Option<Arc<dyn ConcurrentService>> {
             Some(self.0.clone())
         }
+        /// A tick writes key 0, so it must fall between the same requests on every path.
+        fn on_tick(&mut self, ctx: &ExecCtx) {
+            self.0.logs.lock().expect("lock").entry(0).or_default().push(format!("tick {}", ctx.time).into_bytes());
+        }
         fn snapshot(&self) -> Vec<u8> {
             postcard::to_allocvec(&*self.0.logs.lock().expect("lock")).unwrap_or_default()
         }
@@ -712,6 +779,78 @@ mod tests {
                 assert_eq!(e.service().0.overlaps.load(Ordering::Relaxed), 0, "conflicting requests overlapped");
             }
         }
+    }
+
+    #[test]
+    fn ticks_fall_between_the_same_requests_on_every_schedule() {
+        // Agreed time 0, 30, 60, ...: ticks every 50 ms fall inside runs of values (60
+        // crosses 50, 120 crosses 100, 150 reaches 150).
+        let values: Vec<Value> =
+            cells_workload().into_iter().zip(0..).map(|(v, i)| Value { time: i * 30, ..v }).collect();
+        let ticking = |schedule| {
+            let mut e = Executor::with_schedule(Cells::default(), schedule);
+            e.set_tick_ms(50);
+            e
+        };
+        let mut seq = ticking(Schedule::Sequential);
+        let expected = run_all(&mut seq, &values, 1);
+        let key0 = seq.service().0.logs.lock().expect("lock").get(&0).cloned().unwrap_or_default();
+        let ticks: Vec<&[u8]> = key0.iter().map(Vec::as_slice).filter(|e| e.starts_with(b"tick")).collect();
+        assert_eq!(ticks, vec![&b"tick 60"[..], b"tick 120", b"tick 150"], "times 0, 30, ..., 150 cross 50, 100, 150");
+        for schedule in [Schedule::Pool { workers: 4 }, Schedule::Shuffled { seed: 3 }] {
+            for per_call in [2, 6] {
+                let mut e = ticking(schedule);
+                assert_eq!(run_all(&mut e, &values, per_call), expected, "{schedule:?}, {per_call} values per call");
+                assert_eq!(e.snapshot(), seq.snapshot(), "{schedule:?}, {per_call} values per call");
+            }
+        }
+    }
+
+    /// Counts ticks and pushes an event to client 9 at each.
+    #[derive(Default)]
+    struct Ticker(Vec<Vec<u8>>);
+    impl Service for Ticker {
+        fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+            self.0.push(request.to_vec());
+            Vec::new()
+        }
+        fn on_tick(&mut self, ctx: &ExecCtx) {
+            assert_eq!(ctx.client, crate::ids::TICK_CLIENT);
+            self.0.push(format!("tick {}", ctx.time).into_bytes());
+            ctx.push(9, b"ticked".to_vec());
+        }
+        fn snapshot(&self) -> Vec<u8> {
+            postcard::to_allocvec(&self.0).unwrap_or_default()
+        }
+        fn restore(&mut self, s: &[u8]) -> Result<(), RestoreError> {
+            self.0 = postcard::from_bytes(s).map_err(|e| RestoreError(e.to_string()))?;
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_tick_runs_once_per_crossing_before_the_instances_requests_and_its_pushes_are_numbered() {
+        let mut e = Executor::new(Ticker::default());
+        e.set_tick_ms(50);
+        for (seq, time) in [(1, 5), (2, 40), (3, 170), (4, 180), (5, 0), (6, 200)] {
+            e.execute(seq, &Value { time, requests: vec![req(1, seq, format!("op{seq}").as_bytes())] });
+        }
+        let log: Vec<String> = e.service().0.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+        // 40 -> 170 skips two multiples: one tick. Time 0 (a null value's) keeps 180.
+        assert_eq!(log, ["op1", "op2", "tick 170", "op3", "op4", "op5", "tick 200", "op6"]);
+        let ticks = e.take_ticks();
+        assert_eq!(ticks.iter().map(|t| (t.seq, t.time)).collect::<Vec<_>>(), vec![(3, 170), (6, 200)]);
+        let pushes: Vec<(u64, u64)> = ticks.iter().flat_map(|t| t.pushes.iter().map(|p| (p.client, p.seq))).collect();
+        assert_eq!(pushes, vec![(9, 1), (9, 2)]);
+        assert!(e.take_ticks().is_empty(), "taken once");
+        // A restored executor keeps the agreed time, so it ticks where the others do.
+        let mut b = Executor::new(Ticker::default());
+        b.set_tick_ms(50);
+        b.restore(&e.snapshot()).expect("restore");
+        e.execute(7, &Value { time: 240, requests: Vec::new() });
+        b.execute(7, &Value { time: 240, requests: Vec::new() });
+        assert_eq!(b.snapshot(), e.snapshot());
+        assert_eq!(e.service().0.len(), 8, "200 -> 240 crosses nothing");
     }
 
     /// Requests that rendezvous: each waits (up to 10 s) until both arrived. Only truly

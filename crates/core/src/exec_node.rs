@@ -117,6 +117,8 @@ impl<S: Service> ExecNode<S> {
         let mut exec = Executor::with_workers(service, cfg.options.exec_workers);
         exec.set_membership(cfg.membership.clone(), cfg.admin_key);
         exec.set_stages(cfg.stages.executors.len(), cfg.stages.rq.len());
+        exec.set_tick_ms(cfg.options.tick_ms);
+        exec.set_mutation(cfg.quorums.mutation());
         ExecNode {
             keys: cfg.exec_keys(),
             cfg,
@@ -422,6 +424,10 @@ impl<S: Service> ExecNode<S> {
                 // Nothing to wait for: a restarted execution node executes the same
                 // decided values again and numbers the same events alike.
                 self.pushes.push(&o.pushes, self.cfg.epoch(), &mut out.send, &mut out.events);
+            }
+            for tick in self.exec.take_ticks() {
+                self.pushes.push(&tick.pushes, self.cfg.epoch(), &mut out.send, &mut out.events);
+                out.events.push(Event::Ticked { seq: tick.seq, time: tick.time });
             }
             out.events.push(Event::Executed { seq, requests: executed });
             let epoch_ended = self.exec.membership().epoch > self.cfg.epoch();

@@ -38,3 +38,7 @@ pub type Seq = u64;
 /// Client identities from here up are reserved for nodes (and, just below,
 /// the administrator's `membership::ADMIN_CLIENT`); no client may claim them.
 pub const ENDORSER_OWNER_BASE: ClientId = (1 << SESSION_SHIFT) - crate::quorum::NODES_MAX as u64;
+
+/// The client an agreed-time tick runs as (`Service::on_tick`'s `ctx.client`): no
+/// client holds its keys, so no request claims it.
+pub const TICK_CLIENT: ClientId = ENDORSER_OWNER_BASE - 2;

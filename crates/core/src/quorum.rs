@@ -95,10 +95,14 @@ pub enum Mutation {
     /// matching hashes (the paper's quorum; issue #21 defect 6): when `r < u`, losing
     /// the one correct signer leaves lagging execution nodes neither state nor commits.
     ExecCheckpointOnRPlusOne,
+    /// An executor that restores a snapshot (state transfer, recovery) starts agreed time
+    /// over instead of taking the snapshot's: its next instance runs an agreed-time tick
+    /// the other nodes do not run (`Options::tick_ms`).
+    RestoreWithoutTime,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 22] = [
+    pub const ALL: [Mutation; 23] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -121,6 +125,7 @@ impl Mutation {
         Mutation::UnverifiedEpochReplies,
         Mutation::BlindEndorserRouting,
         Mutation::ExecCheckpointOnRPlusOne,
+        Mutation::RestoreWithoutTime,
     ];
 
     pub fn name(self) -> &'static str {
@@ -147,6 +152,7 @@ impl Mutation {
             Mutation::UnverifiedEpochReplies => "unverified-epoch-replies",
             Mutation::BlindEndorserRouting => "blind-endorser-routing",
             Mutation::ExecCheckpointOnRPlusOne => "exec-checkpoint-on-r-plus-one",
+            Mutation::RestoreWithoutTime => "restore-without-time",
         }
     }
 

@@ -218,6 +218,16 @@ pub trait Service {
         None
     }
 
+    /// Runs at an agreed-time tick (the cluster option `tick_ms`, 0 by default): on every
+    /// node at the same point of the decided sequence, before the requests of the instance
+    /// whose agreed time `ctx.time` first reached a multiple of `tick_ms` (the primary
+    /// proposes an empty instance when no request came for `tick_ms`, so ticks come
+    /// without clients). One call per crossing, however many multiples the time skipped:
+    /// judge elapsed time by `ctx.time`, never by counting calls. `ctx.client` is
+    /// [`crate::ids::TICK_CLIENT`]; events pushed here reach their clients as a request's
+    /// do. Deterministic like [`Service::execute`]. Default: nothing.
+    fn on_tick(&mut self, _ctx: &ExecCtx) {}
+
     /// A deterministic serialization of the whole state: equal states give equal bytes.
     fn snapshot(&self) -> Vec<u8>;
 

@@ -126,6 +126,12 @@ pub enum Event {
     ReadAnswered {
         consistency: crate::message::ReadConsistency,
     },
+    /// The service ran an agreed-time tick (`Service::on_tick`) at agreed time `time`,
+    /// before instance `seq`'s requests.
+    Ticked {
+        seq: Seq,
+        time: u64,
+    },
     /// Instance `seq` ran; `requests` lists those executed for the first time.
     Executed {
         seq: Seq,

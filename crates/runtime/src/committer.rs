@@ -48,6 +48,7 @@ pub struct Committer {
     done: Arc<AtomicU64>,
     /// Set by the thread when storage failed; the node must stop.
     failed: mpsc::Receiver<StorageError>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Committer {
@@ -60,12 +61,23 @@ impl Committer {
         let done = Arc::new(AtomicU64::new(0));
         let (fail_tx, failed) = mpsc::channel(1);
         let thread_done = done.clone();
-        std::thread::Builder::new().name("keel-wal".into()).spawn(move || {
+        let thread = std::thread::Builder::new().name("keel-wal".into()).spawn(move || {
             if let Err(e) = run(storage, rx, &thread_done, &stats, &metrics) {
                 let _ = fail_tx.try_send(e);
             }
         })?;
-        Ok(Committer { jobs, submitted: 0, done, failed })
+        Ok(Committer { jobs, submitted: 0, done, failed, thread: Some(thread) })
+    }
+
+    /// Ends the WAL thread once it has written every job handed over, and waits for it:
+    /// afterwards nothing of this node holds its log open (a node stopped in a process
+    /// that goes on may be started again from the same directory).
+    pub fn close(mut self) {
+        let thread = self.thread.take();
+        drop(self);
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
     }
 
     /// Whether every job handed over so far is durable and released.
@@ -151,6 +163,8 @@ fn run(
         }
         done.fetch_add(count, Ordering::Release);
     }
+    // The protocol task let go (a node stopping): lazy records too are durable now.
+    storage.sync()?;
     Ok(())
 }
 
@@ -187,7 +201,9 @@ mod tests {
         while !c.idle() {
             tokio::task::yield_now().await;
         }
-        // Released means written (and, for the eager record, synced) first.
+        // Released means written (and, for the eager record, synced) first. Closed, the
+        // WAL thread lets go of the directory.
+        c.close();
         let (_, durable) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
         assert_eq!(views(&durable), vec![1, 2], "eager and lazy records both written, in order");
     }

@@ -18,7 +18,7 @@ use keel_core::replica::{client_mac_key, NodeSecrets};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -96,6 +96,12 @@ pub struct ClusterFile {
     /// checkpoint holds up to twice this many instances.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint_interval: Option<u64>,
+    /// Agreed-time ticks every this many ms (unset or 0: none): the service's `on_tick`
+    /// runs at agreed time even when no client sends anything (session expiry, leases),
+    /// and an idle primary proposes an empty instance to keep time going. Every node of a
+    /// cluster must use the same value; `keel init` writes the service's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tick_ms: Option<u64>,
     /// Stage placement (ARCHITECTURE §2, UpRight §4.2): empty (the default), every node
     /// in `nodes` orders and executes; otherwise these nodes execute and the others only
     /// order (their ids follow the order nodes', in order). At least u + r + 1. Membership
@@ -156,6 +162,7 @@ impl ClusterFile {
         options.leader_window_ms = l.window_ms.unwrap_or(options.leader_window_ms);
         options.leader_rotate_ms = l.rotate_ms.unwrap_or(options.leader_rotate_ms);
         options.checkpoint_interval = self.checkpoint_interval.unwrap_or(options.checkpoint_interval);
+        options.tick_ms = self.tick_ms.unwrap_or(options.tick_ms);
         let quorums = Quorums::new(self.u, self.r)?;
         let mut keys = Vec::with_capacity(self.nodes.len());
         for (i, n) in self.nodes.iter().enumerate() {
@@ -332,6 +339,7 @@ impl FaultsFile {
 pub const VERIFY_THREADS_MAX: usize = 64;
 
 /// Everything a node process needs, loaded and checked.
+#[derive(Clone)]
 pub struct NodeSetup {
     pub id: NodeId,
     pub listen: SocketAddr,
@@ -446,6 +454,7 @@ pub struct ClientFile {
     pub signing_seed: Option<String>,
 }
 
+#[derive(Clone)]
 pub struct ClientSetup {
     pub id: ClientId,
     pub quorums: Quorums,
@@ -526,6 +535,8 @@ pub struct InitOptions {
     pub auth: Option<Auth>,
     /// Written into cluster.toml when set; unset leaves the default (256).
     pub checkpoint_interval: Option<u64>,
+    /// Agreed-time ticks (ms; written into cluster.toml when set, 0 or unset: none).
+    pub tick_ms: Option<u64>,
     /// Written into cluster.toml when set; unset leaves the default (on with rq-mac).
     pub request_digests: Option<bool>,
     /// Separated execution: 2u + 1 execution nodes besides the 2u + r + 1 order
@@ -548,6 +559,29 @@ pub fn first_client_id() -> ClientId {
     1000
 }
 
+/// A run of `n` consecutive ports that are free right now, below Linux's default
+/// ephemeral range (32768-60999): a port there that is free at `keel init` may be taken by
+/// any outgoing connection before the node binds it (a test once lost an added node's
+/// port 32978 that way). Successive calls in one process start elsewhere, so clusters
+/// provisioned one after the other before any of them binds get different ranges.
+pub fn free_ports(n: usize) -> Option<u16> {
+    const LOW: u64 = 20_000;
+    const SPAN: u64 = 12_000;
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let start = (std::process::id() as u64 * 7919 + n as u64 + call * 1009) % SPAN;
+    for k in 0..200u64 {
+        let base = (LOW + (start + k * 97) % SPAN) as u16;
+        if base as usize + n > 32_768 {
+            continue;
+        }
+        if (0..n as u16).all(|i| TcpListener::bind((Ipv4Addr::LOCALHOST, base + i)).is_ok()) {
+            return Some(base);
+        }
+    }
+    None
+}
+
 /// Writes configs, keys and certificates for a local cluster into `dir`.
 pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     let quorums = Quorums::new(o.u, o.r)?;
@@ -565,6 +599,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     // written (keys do not matter to them).
     let options = Options {
         checkpoint_interval: o.checkpoint_interval.unwrap_or(Options::production().checkpoint_interval),
+        tick_ms: o.tick_ms.unwrap_or_default(),
         ..Options::production()
     };
     let checked = ClusterConfig::new(quorums, vec![PublicKey([0; 32]); n], options)?
@@ -611,6 +646,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         auth: auth.map(|a| a.name().to_string()),
         request_digests: o.request_digests,
         checkpoint_interval: o.checkpoint_interval,
+        tick_ms: o.tick_ms.filter(|&t| t > 0),
         client_keys: client_seeds
             .iter()
             .map(|(id, seed)| (id.to_string(), hex::encode(SigningKey::from_seed(*seed).public().0)))
@@ -845,6 +881,9 @@ mod tests {
         let o = InitOptions { checkpoint_interval: None, auth: Some(Auth::Mac), request_digests: Some(true), ..o };
         assert!(init(&at, &o).is_err(), "request digests need rq-mac");
         assert!(!at.exists());
+        let o = InitOptions { tick_ms: Some(1), ..init_options(1, 1) };
+        assert!(init(&at, &o).is_err(), "ticks faster than 10 ms");
+        assert!(!at.exists());
     }
 
     /// A KV cluster of one client on loopback with every default.
@@ -860,6 +899,7 @@ mod tests {
             auth: None,
             request_digests: None,
             checkpoint_interval: None,
+            tick_ms: None,
             separated: false,
             rq_separated: false,
         }
@@ -933,6 +973,7 @@ mod tests {
                 clients: 2,
                 request_digests: Some(false),
                 checkpoint_interval: Some(1024),
+                tick_ms: Some(250),
                 ..init_options(1, 1)
             },
         )
@@ -942,14 +983,15 @@ mod tests {
             assert_eq!(setup.id, i);
             assert_eq!(setup.cluster.n(), 4);
             assert_eq!(setup.cluster.options.checkpoint_interval, 1024);
+            assert_eq!(setup.cluster.options.tick_ms, 250);
             assert!(!setup.cluster.request_digests, "cluster.toml turned them off");
         }
         let c = ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
         assert_eq!(c.mac_keys.len(), 4);
         assert_eq!(c.id, 1001);
-        // Production settings unless cluster.toml says otherwise (here the interval).
+        // Production settings unless cluster.toml says otherwise (here the interval and ticks).
         let setup = NodeFile::load(&dir.path().join("node-0/node.toml")).expect("node loads");
-        assert_eq!(setup.cluster.options, Options { checkpoint_interval: 1024, ..Options::production() });
+        assert_eq!(setup.cluster.options, Options { checkpoint_interval: 1024, tick_ms: 250, ..Options::production() });
         assert!(setup.faults.is_empty());
 
         let cluster = dir.path().join("cluster.toml");

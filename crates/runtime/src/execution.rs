@@ -14,9 +14,10 @@
 use crate::clients::Clients;
 use crate::committer::Committer;
 use crate::config::NodeSetup;
+use crate::embed::Control;
 use crate::inbound::{self, Inbound};
 use crate::metrics::Status;
-use crate::node::{announce, dial_peers, flush, listen, now_ms, NodeError, INBOUND_QUEUE_MAX};
+use crate::node::{announce, dial_peers, drain, flush, listen, now_ms, NodeError, INBOUND_QUEUE_MAX};
 use crate::storage::{Storage, StorageError};
 use keel_core::config::stage_node;
 use keel_core::exec_node::ExecNode;
@@ -35,7 +36,11 @@ const STEP_BATCH_MAX: usize = 1024;
 /// # Errors
 /// Failures to open storage, restore the newest snapshot, bind or configure TLS; and a
 /// storage failure while running.
-pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, service: S) -> Result<(), NodeError> {
+pub async fn run_execution_node<S: Service + Send + 'static>(
+    setup: NodeSetup,
+    service: S,
+    mut control: Control,
+) -> Result<(), NodeError> {
     let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
     let cfg = setup.cluster.clone();
     let signing = setup.secrets.signing.clone();
@@ -53,6 +58,7 @@ pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, s
     let mut peers = dial_peers(&setup, &exec.config().membership, &stats)?;
     peers.follow_stage(&exec.config().membership);
     let bans = listen(&setup, &in_tx, None, &stats).await?;
+    control.started(&shared, &m);
 
     let mut clients = Clients::new(bans);
     let mut committer = Committer::start(storage, stats.clone(), m.clone()).map_err(|source| {
@@ -104,8 +110,13 @@ pub async fn run_execution_node<S: Service + Send + 'static>(setup: NodeSetup, s
                     };
                 }
             }
+            _ = control.stopped() => break,
         }
     }
+    drain(&mut committer).await?;
+    committer.close();
+    tracing::info!(node = setup.id, "execution node stopped");
+    Ok(())
 }
 
 fn handle<S: Service>(exec: &mut ExecNode<S>, ev: Inbound, clients: &mut Clients, out: &mut Outputs) {

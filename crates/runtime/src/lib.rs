@@ -4,6 +4,7 @@ pub mod client;
 pub mod clients;
 pub mod committer;
 pub mod config;
+pub mod embed;
 pub mod execution;
 pub mod inbound;
 pub mod metrics;

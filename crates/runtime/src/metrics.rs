@@ -26,6 +26,7 @@ pub struct KindLabels {
 #[derive(Clone)]
 pub struct Metrics {
     pub decided: Counter,
+    pub ticks: Counter,
     pub executed_requests: Counter,
     pub view_changes: Counter,
     pub state_transfers: Counter,
@@ -59,6 +60,8 @@ pub struct Metrics {
     pub transfer_permille: Gauge,
     /// Membership epoch (membership changes done).
     pub epoch: Gauge,
+    /// What happened to the node, for a program that embeds it (`NodeHandle::events`).
+    pub events: tokio::sync::broadcast::Sender<crate::embed::NodeEvent>,
 }
 
 /// What `/status` (and `keel status`) shows.
@@ -91,7 +94,9 @@ impl Metrics {
     pub fn new() -> (Metrics, Registry) {
         let mut r = Registry::with_prefix("keel");
         let m = Metrics {
+            events: tokio::sync::broadcast::channel(crate::embed::EVENTS_QUEUE).0,
             decided: Counter::default(),
+            ticks: Counter::default(),
             executed_requests: Counter::default(),
             view_changes: Counter::default(),
             state_transfers: Counter::default(),
@@ -118,6 +123,7 @@ impl Metrics {
             epoch: Gauge::default(),
         };
         r.register("decided", "Consensus instances decided", m.decided.clone());
+        r.register("ticks", "Agreed-time ticks the service ran (tick_ms)", m.ticks.clone());
         r.register("executed_requests", "Client requests executed", m.executed_requests.clone());
         r.register("view_changes", "View changes started", m.view_changes.clone());
         r.register("state_transfers", "State transfers started", m.state_transfers.clone());

@@ -14,6 +14,7 @@
 use crate::clients::{Bans, Clients};
 use crate::committer::{Committer, Gated};
 use crate::config::{FaultsFile, NodeSetup};
+use crate::embed::{Control, NodeEvent};
 use crate::inbound::{self, ClientQuota, Inbound, InboundTx};
 use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
@@ -67,6 +68,10 @@ pub enum NodeError {
     Membership(String),
     #[error("checkpoint thread: {0}")]
     Checkpoint(String),
+    #[error("runtime: {0}")]
+    Runtime(String),
+    #[error("the node's client identity: {0}")]
+    Client(String),
 }
 
 /// Wall-clock milliseconds: nodes' clocks must roughly agree (agreed time, UpRight §3.1).
@@ -83,21 +88,34 @@ pub fn now_ms() -> u64 {
 /// Failures to open storage, recover, bind or configure TLS; and a storage failure while
 /// running (a node that cannot persist must stop rather than answer).
 pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl Fn() -> S) -> Result<(), NodeError> {
+    run_controlled(setup, make, Control::none()).await
+}
+
+/// [`run_node`] until `control` says stop (`embed.rs`: a node a program started).
+pub(crate) async fn run_controlled<S: Service + Send + 'static>(
+    setup: NodeSetup,
+    make: impl Fn() -> S,
+    control: Control,
+) -> Result<(), NodeError> {
     if setup.executes_only() {
-        return crate::execution::run_execution_node(setup, make()).await;
+        return crate::execution::run_execution_node(setup, make(), control).await;
     }
     if setup.rq_only() {
-        return crate::rq::run_rq_node(setup).await;
+        return crate::rq::run_rq_node(setup, control).await;
     }
     if setup.cluster.separated() {
         // An order node of a separated cluster keeps the order state only.
-        return run_replica(setup, || keel_core::service::OrderState).await;
+        return run_replica(setup, || keel_core::service::OrderState, control).await;
     }
-    run_replica(setup, make).await
+    run_replica(setup, make, control).await
 }
 
 /// [`run_node`] for an order (and, co-located, execution) node.
-async fn run_replica<S: Service + Send + 'static>(setup: NodeSetup, make: impl Fn() -> S) -> Result<(), NodeError> {
+async fn run_replica<S: Service + Send + 'static>(
+    setup: NodeSetup,
+    make: impl Fn() -> S,
+    mut control: Control,
+) -> Result<(), NodeError> {
     if let Ok(why) = std::fs::read_to_string(setup.data_dir.join(REMOVED_FILE)) {
         return Err(NodeError::Membership(format!("node {} {}", setup.id, why.trim())));
     }
@@ -158,6 +176,7 @@ async fn run_replica<S: Service + Send + 'static>(setup: NodeSetup, make: impl F
     let verifier = Arc::new(RwLock::new(EpochVerifier::of(&replica)));
     let verify = start_verify_stage(setup.verify_threads, &verifier, &in_tx, &stats);
     let bans = listen(&setup, &in_tx, verify, &stats).await?;
+    control.started(&shared, &m);
 
     let mut clients = Clients::new(bans);
     // Last state-transfer progress logged, in tenths.
@@ -238,14 +257,20 @@ async fn run_replica<S: Service + Send + 'static>(setup: NodeSetup, make: impl F
             }
             _ = tick.tick() => {
                 if leaving_at.is_some_and(|t| now_ms() >= t) {
-                    drain(&mut committer).await?;
-                    return Ok(());
+                    break;
                 }
                 replica.step(now_ms(), Input::Tick, &mut out);
                 publish(&replica, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }
+            // Steps happen in the arms above and their outputs were flushed at the top of
+            // the loop: nothing is pending here.
+            _ = control.stopped() => break,
         }
     }
+    drain(&mut committer).await?;
+    committer.close();
+    tracing::info!(node = setup.id, "node stopped");
+    Ok(())
 }
 
 /// What every node process does first: writes its pid (for `keel bench`'s CPU per node,
@@ -347,7 +372,7 @@ impl Checkpointer {
 }
 
 /// Waits until every job handed to the WAL thread is durable and its messages are out.
-async fn drain(committer: &mut Committer) -> Result<(), NodeError> {
+pub(crate) async fn drain(committer: &mut Committer) -> Result<(), NodeError> {
     while !committer.idle() {
         tokio::select! {
             e = committer.failed() => return Err(e.into()),
@@ -665,6 +690,10 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             Event::Decided { .. } => {
                 m.decided.inc();
             }
+            Event::Ticked { seq, time } => {
+                m.ticks.inc();
+                let _ = m.events.send(NodeEvent::Ticked { seq, time });
+            }
             Event::SlowPrimary { view, rate, best } => {
                 m.slow_primary.inc();
                 tracing::warn!(view, rate, best, "primary too slow: asking for the next view");
@@ -680,7 +709,10 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 m.view_changes.inc();
                 tracing::info!(view, "view change started");
             }
-            Event::ViewInstalled { view } => tracing::info!(view, "view installed"),
+            Event::ViewInstalled { view } => {
+                let _ = m.events.send(NodeEvent::ViewInstalled { view });
+                tracing::info!(view, "view installed")
+            }
             Event::RejoinBounds { view, executed } => {
                 tracing::warn!(view, executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
             }
@@ -690,6 +722,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 tracing::info!(seq, "state transfer started");
             }
             Event::StateTransferDone { seq, chunks, reused } => {
+                let _ = m.events.send(NodeEvent::StateTransferDone { seq });
                 m.transfer_chunks.inc_by(chunks as u64);
                 m.transfer_chunks_reused.inc_by(reused as u64);
                 tracing::info!(seq, chunks, reused, "state transfer done");
@@ -703,6 +736,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 tracing::debug!(client, count, "push events dropped: queue full");
             }
             Event::EpochEnded { epoch, seq } => {
+                let _ = m.events.send(NodeEvent::EpochEnded { next: epoch, seq });
                 tracing::info!(next = epoch, seq, "membership epoch ended");
                 ended = true;
             }

@@ -12,6 +12,7 @@
 
 use crate::clients::Clients;
 use crate::config::NodeSetup;
+use crate::embed::Control;
 use crate::inbound::{self, Inbound};
 use crate::metrics::Status;
 use crate::node::{announce, dial_peers, listen, now_ms, record_events, NodeError, Peers, INBOUND_QUEUE_MAX};
@@ -46,7 +47,7 @@ const STEP_BATCH_MAX: usize = 1024;
 ///
 /// # Errors
 /// Failures to bind or configure TLS.
-pub async fn run_rq_node(setup: NodeSetup) -> Result<(), NodeError> {
+pub async fn run_rq_node(setup: NodeSetup, mut control: Control) -> Result<(), NodeError> {
     let cfg = setup.cluster.clone();
     let mut rq =
         RqNode::new(cfg.clone(), stage_node(setup.id), setup.secrets.signing.clone(), setup.secrets.mac_secret);
@@ -62,6 +63,7 @@ pub async fn run_rq_node(setup: NodeSetup) -> Result<(), NodeError> {
     let mut peers = dial_peers(&setup, &cfg.membership, &stats)?;
     peers.follow_stage(&cfg.membership);
     let bans = listen(&setup, &in_tx, None, &stats).await?;
+    control.started(&shared, &m);
     let mut clients = Clients::new(bans);
     let mut out = Outputs::default();
     let mut tick = tokio::time::interval(TICK);
@@ -108,6 +110,10 @@ pub async fn run_rq_node(setup: NodeSetup) -> Result<(), NodeError> {
                         members: cfg.membership.members.iter().map(|x| x.id).collect(),
                     };
                 }
+            }
+            _ = control.stopped() => {
+                tracing::info!(node = setup.id, "RQ node stopped");
+                return Ok(());
             }
         }
     }

@@ -76,6 +76,28 @@ pub enum StorageError {
          cluster with keel init"
     )]
     Format { path: PathBuf, found: String, expected: u32 },
+    #[error(
+        "{path} is in use by another node (a second `keel node` of the same configuration, or one started \
+         twice in this process): a data directory has one owner"
+    )]
+    Locked { path: PathBuf },
+}
+
+/// The file a node locks in its data directory while it owns it.
+const LOCK_FILE: &str = "LOCK";
+
+/// Takes the data directory's lock, before anything in it is read or written: a second
+/// node on one directory (`keel node` started twice) would otherwise cut the live WAL's
+/// tail as torn. An advisory lock the kernel releases when the holder exits, however.
+fn lock(dir: &Path) -> Result<File, StorageError> {
+    let path = dir.join(LOCK_FILE);
+    let file =
+        OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_err("open", &path))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(fs::TryLockError::WouldBlock) => Err(StorageError::Locked { path }),
+        Err(fs::TryLockError::Error(e)) => Err(StorageError::Io { what: "lock", path, source: e }),
+    }
 }
 
 /// The file in a data directory that names its storage format.
@@ -143,6 +165,8 @@ pub struct Storage {
     /// add-node` did not provision it (see [`provision`]), so it is a lost or replaced
     /// disk of a node that may have run before.
     unprovisioned: bool,
+    /// Held while this node owns the directory ([`lock`]).
+    _lock: File,
 }
 
 /// Makes `dir` the data directory of a node that never ran: stamped with the storage
@@ -306,7 +330,9 @@ impl Storage {
     pub fn open(dir: &Path, policy: FsyncPolicy) -> Result<(Storage, Durable), StorageError> {
         let wal_dir = dir.join("wal");
         let snap_dir = dir.join("snap");
-        for d in [dir, &wal_dir, &snap_dir] {
+        fs::create_dir_all(dir).map_err(io_err("create directory", dir))?;
+        let lock = lock(dir)?;
+        for d in [&wal_dir, &snap_dir] {
             fs::create_dir_all(d).map_err(io_err("create directory", d))?;
         }
         let unprovisioned = check_format(dir, &wal_dir, &snap_dir)?;
@@ -358,6 +384,7 @@ impl Storage {
             stats,
             reaper: Reaper::start(),
             unprovisioned,
+            _lock: lock,
         };
         Ok((storage, Durable { snapshots, records }))
     }
@@ -520,8 +547,32 @@ mod tests {
         assert_eq!(views(&d), vec![1, 2]);
         s.write(&[view(3)]).expect("write");
         s.sync().expect("sync");
+        drop(s);
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
         assert_eq!(views(&d), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_data_directory_in_use_is_refused_and_left_untouched() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
+        s.write(&[view(1)]).expect("write");
+        s.sync().expect("sync");
+        let seg = dir.path().join("wal").join(segment_name(1, false));
+        // A partial record at the tail, as a write in progress leaves it: a second opener
+        // that got past the lock would cut it as torn.
+        let mut f = OpenOptions::new().append(true).open(&seg).expect("open segment");
+        std::io::Write::write_all(&mut f, &[7; 5]).expect("append");
+        let len = fs::metadata(&seg).expect("segment").len();
+        match Storage::open(dir.path(), FsyncPolicy::Batch) {
+            Err(StorageError::Locked { path }) => assert_eq!(path, dir.path().join(LOCK_FILE)),
+            Err(e) => panic!("expected Locked, got {e}"),
+            Ok(_) => panic!("a second owner opened the directory"),
+        }
+        assert_eq!(fs::metadata(&seg).expect("segment").len(), len, "nothing cut");
+        drop(s);
+        let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("free again");
+        assert_eq!(views(&d), vec![1]);
     }
 
     #[test]
@@ -539,6 +590,7 @@ mod tests {
         assert_eq!(views(&d), vec![1]);
         assert_eq!(s.stats.torn_tail_bytes, torn.len() as u64 - 3);
         s.write(&[view(3)]).expect("write");
+        drop(s);
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Always).expect("reopen");
         assert_eq!(views(&d), vec![1, 3]);
     }
@@ -616,6 +668,7 @@ mod tests {
         assert!(s.stats.torn_tail_bytes > 0, "the old records were cut at open");
         s.write(&[view(5)]).expect("write");
         s.sync().expect("sync");
+        drop(s);
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
         assert_eq!(views(&d), vec![2, 3, 4, 5]);
     }
@@ -682,6 +735,7 @@ mod tests {
         s.write(&[view(1)]).expect("write");
         s.sync().expect("sync");
         assert_eq!(s.stats.syncs, 0);
+        drop(s);
         let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         s.write(&[view(1), view(2)]).expect("write");
         s.sync().expect("sync");

@@ -44,7 +44,8 @@ pub(crate) fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
         .unwrap_or_else(|| "unknown panic".into())
 }
 
-/// Runs the KV workload for one seed.
+/// Runs the KV workload for one seed; with agreed-time ticks on, its watches lease
+/// for three ticks, so ticks end them.
 pub fn run_kv_seed(opts: &SimOptions) -> SeedReport {
-    run_seed(opts, KvWorkload::new(3))
+    run_seed(opts, KvWorkload::new(3).with_lease_ms(3 * opts.options.tick_ms))
 }

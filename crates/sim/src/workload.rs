@@ -62,6 +62,8 @@ pub struct KvWorkload {
     recent: Vec<Vec<Vec<u8>>>,
     /// Cold keys written so far (each once, never again).
     cold_written: u32,
+    /// The lease watches ask for (0: the KV default of a minute, longer than a run).
+    lease_ms: u64,
 }
 
 /// Cold keys and their value size: written once early, they make a snapshot span tens
@@ -73,7 +75,14 @@ const COLD_VALUE_BYTES: usize = 400;
 impl KvWorkload {
     pub fn new(keys: u8) -> KvWorkload {
         let keys = keys.max(1);
-        KvWorkload { keys, counter: 0, recent: vec![Vec::new(); keys as usize], cold_written: 0 }
+        KvWorkload { keys, counter: 0, recent: vec![Vec::new(); keys as usize], cold_written: 0, lease_ms: 0 }
+    }
+
+    /// Watches with leases of `lease_ms`, short enough to end within a run: with
+    /// agreed-time ticks on, nodes then drop them at ticks (`Kv::on_tick`), a change of
+    /// replicated state no request makes, which checkpoint agreement checks.
+    pub fn with_lease_ms(self, lease_ms: u64) -> KvWorkload {
+        KvWorkload { lease_ms, ..self }
     }
 }
 
@@ -108,7 +117,8 @@ impl Workload for KvWorkload {
         if rng.gen_ratio(1, 50) {
             // Watches make the nodes push events, which the world checks (agreement,
             // order, gaps reported rather than skipped).
-            return KvRequest::Watch { prefix: vec![b'k', rng.gen_range(0..self.keys)], lease_ms: 0 }.encode();
+            return KvRequest::Watch { prefix: vec![b'k', rng.gen_range(0..self.keys)], lease_ms: self.lease_ms }
+                .encode();
         }
         let k = rng.gen_range(0..self.keys);
         let key = vec![b'k', k];

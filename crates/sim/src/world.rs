@@ -256,6 +256,8 @@ pub struct SeedReport {
     /// Push events clients accepted, and gaps they were told of.
     pub pushes_delivered: u64,
     pub push_gaps: u64,
+    /// Instances at which the service ran an agreed-time tick (`Options::tick_ms`).
+    pub ticks: u64,
     /// The last trace lines, printed when the run failed.
     pub trace_tail: Vec<String>,
 }
@@ -494,6 +496,11 @@ pub struct World<W: Workload> {
     /// (membership epoch, view, instance, kind), across its crashes: rule 1 says once.
     said: BTreeMap<(NodeId, u64, View, Seq, &'static str), Digest>,
     decided: BTreeMap<(u64, Seq), Digest>,
+    /// Per instance a correct node executed: the agreed time of the tick it ran before
+    /// it, or None; every correct node that executes it must say the same.
+    ticked_at: BTreeMap<Seq, Option<u64>>,
+    /// Ticks correct nodes reported whose instance's Executed event is still to come.
+    ticks_pending: BTreeMap<(NodeId, Seq), u64>,
     /// Correct nodes that sent ACCEPT per (epoch, instance, view, value), and per (epoch,
     /// instance) the lowest view where `Q - r` of them accepted one value (`check_locked`).
     accepted: BTreeMap<(u64, Seq, View, Digest), BTreeSet<NodeId>>,
@@ -740,6 +747,8 @@ impl<W: Workload> World<W> {
             submitted: BTreeMap::new(),
             said: BTreeMap::new(),
             decided: BTreeMap::new(),
+            ticked_at: BTreeMap::new(),
+            ticks_pending: BTreeMap::new(),
             accepted: BTreeMap::new(),
             locked: BTreeMap::new(),
             executed_at: BTreeMap::new(),
@@ -1736,9 +1745,29 @@ impl<W: Workload> World<W> {
             Event::EpochEnded { epoch: next, seq } => {
                 self.trace_line(format!("{} n{n} epoch {epoch} ended at {seq}, next {next}", self.now));
             }
+            Event::Ticked { seq, time } => {
+                if correct {
+                    self.ticks_pending.insert((n, seq), time);
+                }
+            }
             Event::Executed { seq, requests } => {
                 if !correct {
                     return;
+                }
+                let tick = self.ticks_pending.remove(&(n, seq));
+                match self.ticked_at.get(&seq) {
+                    Some(t) if *t != tick => {
+                        let t = *t;
+                        self.violation(
+                            "tick-agreement",
+                            format!("node {n} ticked at {tick:?} before instance {seq}, another correct node at {t:?}"),
+                        );
+                    }
+                    Some(_) => {}
+                    None => {
+                        self.report.ticks += u64::from(tick.is_some());
+                        self.ticked_at.insert(seq, tick);
+                    }
                 }
                 let list: Vec<(ClientId, u64, Digest)> = requests.iter().map(|r| (r.client, r.seq, r.op)).collect();
                 for (client, cseq, op) in &list {

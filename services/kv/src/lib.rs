@@ -430,7 +430,7 @@ impl Store {
 }
 
 /// Drops watches whose lease ended by agreed time `now` (only where a request that runs
-/// alone, a watch or unwatch, holds the registry: the same on every node).
+/// alone, a watch or unwatch, or a tick holds the registry: the same on every node).
 fn expire(w: &mut Watches, now: u64) {
     w.retain(|_, clients| {
         clients.retain(|_, until| *until > now);
@@ -585,6 +585,12 @@ impl ConcurrentService for Store {
 impl Service for Kv {
     fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
         self.store.execute_shared(request, ctx)
+    }
+
+    /// With agreed-time ticks on, ended leases leave the registry at the next tick, not
+    /// only when a watch or unwatch runs: a client that went away stops taking room.
+    fn on_tick(&mut self, ctx: &ExecCtx) {
+        expire(&mut self.store.watches.write().unwrap_or_else(PoisonError::into_inner), ctx.time);
     }
 
     fn conflicts(&self, request: &[u8]) -> Conflicts {
@@ -858,6 +864,12 @@ mod tests {
         // next watch or unwatch.
         leased.execute(&KvRequest::Unwatch { prefix: b"x".to_vec() }.encode(), &ExecCtx::new(1, 9_000, 0, 1));
         assert!(leased.store.watches().is_empty());
+        // ...or after the next agreed-time tick, with no request at all.
+        leased.execute(&watch, &ExecCtx::new(1, 10_000, 0, 8));
+        leased.on_tick(&ExecCtx::new(2, 10_400, 0, keel_core::ids::TICK_CLIENT));
+        assert!(!leased.store.watches().is_empty(), "within the lease");
+        leased.on_tick(&ExecCtx::new(3, 10_500, 0, keel_core::ids::TICK_CLIENT));
+        assert!(leased.store.watches().is_empty(), "a tick ended the lease");
         let plain = Kv::new();
         plain.apply(put(b"k", b"v"));
         let map: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::from([(b"k".to_vec(), b"v".to_vec())]);

@@ -369,6 +369,8 @@ impl<S: Service> Replica<S> {
         let mut exec = Executor::with_workers(service, workers);
         exec.set_membership(cfg.membership.clone(), cfg.admin_key);
         exec.set_stages(cfg.stages.executors.len(), cfg.stages.rq.len());
+        exec.set_tick_ms(cfg.options.tick_ms);
+        exec.set_mutation(cfg.quorums.mutation());
         let exec_stage = separated::ExecStage::new(&cfg);
         Replica {
             keys: NodeKeys::new(&cfg.node_keys),

@@ -130,6 +130,10 @@ impl<S: Service> Replica<S> {
             let mut candidates: Vec<&Pending> =
                 self.pending.values().filter(|p| !p.in_flight && self.proposable(p)).collect();
             if candidates.is_empty() {
+                if self.tick_due(in_flight) {
+                    self.propose_tick(out);
+                    continue;
+                }
                 return;
             }
             candidates.sort_by_key(|p| p.order);
@@ -161,6 +165,24 @@ impl<S: Service> Replica<S> {
             let view = self.view;
             self.propose(view, seq, value, out);
         }
+    }
+
+    /// Whether the primary, with nothing to propose, owes the cluster a tick: ticks are on,
+    /// nothing is in flight, and agreed time has stood still for `tick_ms`.
+    fn tick_due(&self, in_flight: u64) -> bool {
+        let tick_ms = self.cfg.options.tick_ms;
+        tick_ms > 0 && in_flight == 0 && self.now >= self.exec.time().max(self.time_proposed) + tick_ms
+    }
+
+    /// Primary: proposes an empty value at agreed time, so that time advances (and
+    /// services tick) while no client sends anything.
+    fn propose_tick(&mut self, out: &mut Outputs) {
+        self.time_proposed = self.time_proposed.max(self.now);
+        let value = Value { time: self.time_proposed, requests: Vec::new() };
+        let seq = self.next_propose;
+        self.next_propose += 1;
+        let view = self.view;
+        self.propose(view, seq, value, out);
     }
 
     /// Primary: send PROPOSE at once and vote for it. The PROPOSE is not a vote, so it
@@ -257,10 +279,26 @@ impl<S: Service> Replica<S> {
         }
     }
 
+    /// An empty proposal is a tick (`propose_tick`): only with ticks on, and, where this
+    /// node knows the previous instance's value, not before `tick_ms` after it, so a
+    /// faulty primary cannot fill instances with empty values faster than the ticks the
+    /// configuration asked for. (Its time is checked below like any value's.)
+    fn check_tick(&self, seq: Seq, value: &Proposal) -> Result<(), Reject> {
+        let tick_ms = self.cfg.options.tick_ms;
+        if tick_ms == 0 {
+            return Err(Reject::BadBatch("empty batch"));
+        }
+        let prev = self.log.get(&(seq - 1)).and_then(|s| s.value.as_ref()).map(|v| v.0.time);
+        if prev.is_some_and(|prev| prev != 0 && value.time < prev + tick_ms) {
+            return Err(Reject::BadBatch("a tick sooner than tick_ms after the previous instance"));
+        }
+        Ok(())
+    }
+
     fn check_batch(&mut self, seq: Seq, value: &Proposal, sigs_checked: bool) -> Result<(), Reject> {
         let opts = &self.cfg.options;
         if value.requests.is_empty() {
-            return Err(Reject::BadBatch("empty batch"));
+            self.check_tick(seq, value)?;
         }
         if value.requests.len() > opts.batch_count_max {
             return Err(Reject::BadBatch("too many requests"));
@@ -530,6 +568,12 @@ impl<S: Service> Replica<S> {
                 })
                 .collect();
             let outcomes = self.exec.execute_many(first, &values);
+            // Each before its instance's Executed event. Separated, the order state's
+            // ticks change nothing and push nothing.
+            for tick in self.exec.take_ticks() {
+                self.push_events(&tick.pushes, out);
+                out.events.push(Event::Ticked { seq: tick.seq, time: tick.time });
+            }
             for ((seq, (ops, bytes)), outcomes) in (first..).zip(shapes).zip(outcomes) {
                 let mut executed = Vec::new();
                 for (o, op) in outcomes.iter().zip(ops) {

@@ -27,6 +27,10 @@ impl Service for Log {
     fn execute_read_only(&self, request: &[u8], _ctx: &crate::service::ReadCtx) -> Option<Vec<u8>> {
         (request == b"count").then(|| vec![self.0.len() as u8])
     }
+    /// With ticks on (`Options::tick_ms`), each tick appends `tick <agreed time>`.
+    fn on_tick(&mut self, ctx: &ExecCtx) {
+        self.0.push(format!("tick {}", ctx.time).into_bytes());
+    }
     fn snapshot(&self) -> Vec<u8> {
         postcard::to_allocvec(&self.0).unwrap_or_default()
     }
@@ -158,6 +162,61 @@ fn backup_rejects_bad_proposals_and_votes_once() {
     let out = step(&mut b, 10, Peer::Node(0), propose(&other));
     assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
     assert!(out.send_after_persist.is_empty());
+}
+
+fn with_ticks(mut cfg: ClusterConfig, tick_ms: u64) -> ClusterConfig {
+    cfg.options.tick_ms = tick_ms;
+    cfg
+}
+
+#[test]
+fn an_idle_cluster_ticks_at_agreed_time_on_every_node_alike() {
+    let cfg = with_ticks(config(1, 1), 50);
+    let mut net = Net::new(&cfg);
+    for now in (0..=1_000).step_by(5) {
+        net.tick(now);
+    }
+    let log = |net: &Net, n: usize| net.nodes[n].exec.service().0.clone();
+    let ticks: Vec<u64> = log(&net, 0)
+        .iter()
+        .map(|e| String::from_utf8_lossy(e).strip_prefix("tick ").and_then(|t| t.parse().ok()).expect("only ticks"))
+        .collect();
+    // One tick per 50 ms of agreed time, each a new multiple of tick_ms.
+    assert!(ticks.len() >= 18, "{ticks:?}");
+    assert!(ticks.windows(2).all(|w| w[1] / 50 > w[0] / 50), "{ticks:?}");
+    for n in 1..4 {
+        assert_eq!(log(&net, n), log(&net, 0), "node {n} ticked at other points");
+    }
+    // A request still goes through between ticks, and lands after them.
+    let mut c = client(&cfg, 7);
+    net.submit(&mut c, 1_001, b"op");
+    assert_eq!(log(&net, 0).last().map(Vec::as_slice), Some(&b"op"[..]));
+    assert_eq!(log(&net, 3), log(&net, 0));
+}
+
+#[test]
+fn without_ticks_an_idle_cluster_decides_nothing_and_an_empty_proposal_is_refused() {
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    for now in (0..=500).step_by(5) {
+        net.tick(now);
+    }
+    assert_eq!(net.nodes[0].exec.executed(), 0);
+    let mut b = node(&cfg, 1);
+    let tick = Message::Propose { view: 0, seq: 1, value: Value { time: 10, requests: Vec::new() }.into() };
+    let out = step(&mut b, 10, Peer::Node(0), tick);
+    assert_eq!(rejected(&out), vec![Reject::BadBatch("empty batch")]);
+}
+
+#[test]
+fn a_backup_refuses_a_tick_sooner_than_tick_ms_after_the_previous_instance() {
+    let cfg = with_ticks(config(1, 1), 50);
+    let mut b = node(&cfg, 1);
+    let propose = |seq, time| Message::Propose { view: 0, seq, value: Value { time, requests: Vec::new() }.into() };
+    assert!(rejected(&step(&mut b, 100, Peer::Node(0), propose(1, 100))).is_empty());
+    let out = step(&mut b, 120, Peer::Node(0), propose(2, 120));
+    assert_eq!(rejected(&out), vec![Reject::BadBatch("a tick sooner than tick_ms after the previous instance")]);
+    assert!(rejected(&step(&mut b, 150, Peer::Node(0), propose(2, 150))).is_empty());
 }
 
 #[test]
