@@ -10,11 +10,13 @@ use crate::message::{CertProof, Message, NewView, Proposal, Proposed, Read, Requ
 use crate::quorum::NODES_MAX;
 
 /// The current wire format. A node drops frames of any other version.
-pub const WIRE_VERSION: u8 = 12;
+pub const WIRE_VERSION: u8 = 13;
 /// The largest frame any node or client accepts.
 pub const FRAME_MAX: usize = 16 << 20;
 /// The largest operation (and result) a client may send.
 pub const OP_BYTES_MAX: usize = 1 << 20;
+/// Largest node-plane message ([`crate::message::Message::Plane`]).
+pub const PLANE_BYTES_MAX: usize = 4 << 20;
 /// The most requests one value (batch) may hold.
 pub const REQUESTS_PER_VALUE_MAX: usize = 4096;
 /// The most prepared certificates one view change may carry: one per instance of the
@@ -169,6 +171,7 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         Message::Manifest { chunks, .. } => bound("manifest.chunks", chunks.len(), CHUNKS_MAX),
         Message::Push { event, .. } => bound("push.event", event.len(), OP_BYTES_MAX),
         Message::Chunk { data, .. } => bound("chunk.data", data.len(), CHUNK_BYTES_MAX),
+        Message::Plane { payload } => bound("plane.payload", payload.len(), PLANE_BYTES_MAX),
         Message::Write(_)
         | Message::Accept { .. }
         | Message::Checkpoint(_)
@@ -326,6 +329,7 @@ mod tests {
             (any::<u64>(), arb_value()).prop_map(|(seq, value)| Message::ValueBody { seq, value }),
             any::<u64>().prop_map(|round| Message::IndexProbe { round }),
             (any::<u64>(), any::<u64>()).prop_map(|(round, accepted)| Message::IndexAck { round, accepted }),
+            arb_bytes(256).prop_map(|payload| Message::Plane { payload }),
         ]
     }
 
@@ -385,6 +389,9 @@ mod tests {
         let wanted = vec![(1, Digest::default()); REQUESTS_PER_VALUE_MAX + 1];
         let bytes = encode(&Message::FetchBodies { seq: 1, wanted });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "fetch_bodies.wanted", .. })));
+        let bytes = encode(&Message::Plane { payload: vec![0; PLANE_BYTES_MAX + 1] });
+        assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "plane.payload", .. })));
+        assert!(decode(&encode(&Message::Plane { payload: vec![0; PLANE_BYTES_MAX] })).is_ok());
     }
 
     #[test]

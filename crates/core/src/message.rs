@@ -749,6 +749,14 @@ pub enum Message {
         committed: View,
         executed: Seq,
     },
+    /// Service node → service node, unordered (the node plane, ARCHITECTURE §9): bytes a
+    /// service's nodes exchange beside the protocol (Gnothi's block data, a storage
+    /// ring). The drivers hand it to the service's plane, never to a protocol core; the
+    /// transport authenticated the sender, the receiving service checks the bytes.
+    Plane {
+        #[serde(with = "serde_bytes")]
+        payload: Vec<u8>,
+    },
 }
 
 impl Message {
@@ -780,6 +788,7 @@ impl Message {
             Message::Endorse { .. } => "endorse",
             Message::EpochCerts(_) => "epoch-certs",
             Message::EpochQuery { .. } => "epoch-query",
+            Message::Plane { .. } => "plane",
             Message::Push { .. } => "push",
             Message::PushAck { .. } => "push-ack",
             Message::FetchBodies { .. } => "fetch-bodies",

@@ -17,6 +17,10 @@
 //!        .start().await ──► NodeHandle { status(), events(), client(), shutdown() }
 //! ```
 //!
+//! A service's nodes may also talk beside the protocol, unordered, over the nodes' TLS
+//! connections ([`NodeBuilder::node_plane`], [`NodePlane`]): only peers of the node's
+//! epoch are heard, and only what the service's check accepts reaches it.
+//!
 //! Beyond request and reply, a service may ask for agreed-time ticks
 //! ([`Service::on_tick`], `InitOptions::tick_ms`): every node runs them at the same
 //! point of the decided sequence, so leases and session expiry need no client. It may
@@ -36,7 +40,9 @@ pub use keel_core::quorum::{Quorums, ReadConsistency};
 pub use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Frozen, Item, ReadCtx, RestoreError, Service};
 pub use keel_runtime::client::{BlockingClient, InvokeError, KeelClient, PushReceiver};
 pub use keel_runtime::config::{free_ports, ClientFile, ClientSetup, InitOptions, NodeFile, NodeSetup};
-pub use keel_runtime::embed::{load, provision, FrontEnd, NodeBuilder, NodeEvent, NodeHandle, Provisioned};
+pub use keel_runtime::embed::{
+    load, provision, FrontEnd, NodeBuilder, NodeEvent, NodeHandle, NodePlane, PlaneError, PlaneSender, Provisioned,
+};
 pub use keel_runtime::metrics::Status;
 pub use keel_runtime::node::NodeError;
 pub use keel_runtime::storage::FsyncPolicy;

@@ -29,7 +29,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
-use tokio::sync::{broadcast, oneshot, watch};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 /// Events kept for a subscriber that is behind; it then loses the oldest
 /// ([`broadcast::error::RecvError::Lagged`]).
@@ -53,7 +53,141 @@ pub enum NodeEvent {
 pub struct Control {
     stop: Option<watch::Receiver<bool>>,
     serving: Option<oneshot::Sender<Serving>>,
+    plane: Option<PlaneWire>,
 }
+
+/// Node-plane messages queued each way: a service that does not keep up with its peers
+/// loses the newest (counted), it does not make its node buffer without bound.
+pub const PLANE_QUEUE: usize = 1024;
+
+/// Why a node-plane message was not queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlaneError {
+    #[error("the node's plane queue is full")]
+    Full,
+    #[error("{len} bytes: a node-plane message holds at most {max}")]
+    TooLarge { len: usize, max: usize },
+    #[error("the node stopped")]
+    Stopped,
+}
+
+/// A service's end of its node's plane: unordered messages to and from the service's
+/// other nodes, by stable id, over the nodes' authenticated TLS connections. Nothing here
+/// is agreed: what a peer sends is what one node claims, to be checked by the service
+/// (against a digest the cluster ordered, say) before it is believed.
+pub struct NodePlane {
+    node: NodeId,
+    out: mpsc::Sender<(NodeId, Vec<u8>)>,
+    inbox: mpsc::Receiver<(NodeId, Vec<u8>)>,
+}
+
+impl NodePlane {
+    /// This node's stable id.
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    /// Queues `payload` for node `to` ([`PlaneSender::send`]).
+    ///
+    /// # Errors
+    /// As [`PlaneSender::send`].
+    pub fn send(&self, to: NodeId, payload: Vec<u8>) -> Result<(), PlaneError> {
+        self.sender().send(to, payload)
+    }
+
+    /// A handle that sends on this plane from another task.
+    pub fn sender(&self) -> PlaneSender {
+        PlaneSender { out: self.out.clone() }
+    }
+
+    /// The next message a trusted peer sent and the service's check accepted: (from,
+    /// payload). None once the node stopped.
+    pub async fn recv(&mut self) -> Option<(NodeId, Vec<u8>)> {
+        self.inbox.recv().await
+    }
+}
+
+/// Sends on a node's plane ([`NodePlane::sender`]); clones share the queue.
+#[derive(Clone)]
+pub struct PlaneSender {
+    out: mpsc::Sender<(NodeId, Vec<u8>)>,
+}
+
+impl PlaneSender {
+    /// Queues `payload` for node `to`. Best effort: a message to a node that is down or
+    /// not a peer is dropped (and counted by the sender, `keel_plane_rejected_total`).
+    ///
+    /// # Errors
+    /// A full queue, a payload over [`keel_core::codec::PLANE_BYTES_MAX`], or a node that
+    /// stopped.
+    pub fn send(&self, to: NodeId, payload: Vec<u8>) -> Result<(), PlaneError> {
+        let max = keel_core::codec::PLANE_BYTES_MAX;
+        if payload.len() > max {
+            return Err(PlaneError::TooLarge { len: payload.len(), max });
+        }
+        self.out.try_send((to, payload)).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => PlaneError::Full,
+            mpsc::error::TrySendError::Closed(_) => PlaneError::Stopped,
+        })
+    }
+}
+
+/// The driver's end of a node's plane.
+struct PlaneWire {
+    inbox: mpsc::Sender<(NodeId, Vec<u8>)>,
+    out: mpsc::Receiver<(NodeId, Vec<u8>)>,
+    check: PlaneCheck,
+}
+
+/// The driver's inbound end of a node's plane ([`Control::take_plane`]).
+pub(crate) struct PlaneIn(Option<(PlaneQueue, PlaneCheck)>);
+
+/// A node plane's queue of (peer, payload): to the service inbound, from it outbound.
+type PlaneQueue = mpsc::Sender<(NodeId, Vec<u8>)>;
+
+impl PlaneIn {
+    /// Takes a node-plane message from `from`, which the transport authenticated as that
+    /// node: delivered to the service's plane only if `from` is a peer this node trusts
+    /// now (`trusted`: a member of its epoch, or a stage node of the cluster) and the
+    /// service's own check accepts the bytes. Everything else is dropped and counted by
+    /// why (`keel_plane_rejected_total`).
+    pub(crate) fn deliver(&self, from: NodeId, trusted: bool, payload: Vec<u8>, m: &Metrics) {
+        let reason = match &self.0 {
+            None => "no-plane",
+            Some(_) if !trusted => "untrusted",
+            Some((_, check)) if !check(from, &payload) => "refused",
+            Some((inbox, _)) => match inbox.try_send((from, payload)) {
+                Ok(()) => {
+                    m.plane_delivered.inc();
+                    return;
+                }
+                Err(_) => "full",
+            },
+        };
+        tracing::debug!(from, reason, "node-plane message rejected");
+        m.plane_rejected.get_or_create(&crate::metrics::KindLabels { kind: reason.into() }).inc();
+    }
+}
+
+/// The driver's outbound end of a node's plane ([`Control::take_plane`]).
+pub(crate) struct PlaneOut(Option<mpsc::Receiver<(NodeId, Vec<u8>)>>);
+
+impl PlaneOut {
+    /// The next message the service asked to send: (to, payload). Pending forever for a
+    /// node without a plane, or once the service let go of it.
+    pub(crate) async fn next(&mut self) -> (NodeId, Vec<u8>) {
+        if let Some(out) = self.0.as_mut() {
+            if let Some(msg) = out.recv().await {
+                return msg;
+            }
+            self.0 = None;
+        }
+        std::future::pending().await
+    }
+}
+
+/// The service's check of a node-plane message: (from, payload) -> accept.
+type PlaneCheck = Box<dyn Fn(NodeId, &[u8]) -> bool + Send + Sync>;
 
 /// What the driver hands to the handle once it serves.
 struct Serving {
@@ -64,13 +198,22 @@ struct Serving {
 impl Control {
     /// Never stops, tells no one.
     pub fn none() -> Control {
-        Control { stop: None, serving: None }
+        Control { stop: None, serving: None, plane: None }
     }
 
     /// The node listens and has recovered: its status and events go to the handle.
     pub(crate) fn started(&mut self, shared: &Arc<Shared>, m: &Metrics) {
         if let Some(tx) = self.serving.take() {
             let _ = tx.send(Serving { shared: shared.clone(), events: m.events.clone() });
+        }
+    }
+
+    /// The node plane's two ends for the driver's loop: what arrives (checked and queued
+    /// while a step runs) and what the service sends (an arm of the loop's select).
+    pub(crate) fn take_plane(&mut self) -> (PlaneIn, PlaneOut) {
+        match self.plane.take() {
+            Some(PlaneWire { inbox, out, check }) => (PlaneIn(Some((inbox, check))), PlaneOut(Some(out))),
+            None => (PlaneIn(None), PlaneOut(None)),
         }
     }
 
@@ -98,9 +241,15 @@ pub struct FrontEnd {
     pub data_dir: PathBuf,
     client: Option<KeelClient>,
     stop: watch::Receiver<bool>,
+    plane: Arc<std::sync::Mutex<Option<NodePlane>>>,
 }
 
 impl FrontEnd {
+    /// The node's plane ([`NodeBuilder::node_plane`]), to the first task that asks.
+    pub fn take_plane(&self) -> Option<NodePlane> {
+        self.plane.lock().ok().and_then(|mut p| p.take())
+    }
+
     /// The node's client identity ([`NodeBuilder::client`]); None if it has none.
     pub fn client(&self) -> Option<&KeelClient> {
         self.client.as_ref()
@@ -128,13 +277,14 @@ pub struct NodeBuilder<S> {
     make: Box<dyn Fn() -> S + Send>,
     client: Option<ClientSetup>,
     front_ends: Vec<FrontEndTask>,
+    plane: Option<PlaneCheck>,
 }
 
 impl<S: Service + Send + 'static> NodeBuilder<S> {
     /// A node as `setup` describes it; `make` builds an empty service (at the start, and
     /// again for each membership epoch, which restores it from a checkpoint).
     pub fn new(setup: NodeSetup, make: impl Fn() -> S + Send + 'static) -> NodeBuilder<S> {
-        NodeBuilder { setup, make: Box::new(make), client: None, front_ends: Vec::new() }
+        NodeBuilder { setup, make: Box::new(make), client: None, front_ends: Vec::new(), plane: None }
     }
 
     /// The node `node.toml` at `path` describes (as `keel node --config` runs it).
@@ -150,6 +300,14 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
     /// other's sequence numbers.
     pub fn client(mut self, setup: ClientSetup) -> NodeBuilder<S> {
         self.client = Some(setup);
+        self
+    }
+
+    /// Opens the node plane ([`NodePlane`], [`FrontEnd::take_plane`]): node-plane
+    /// messages from a trusted peer reach the service if `check(from, payload)` accepts
+    /// them. Without a plane every such message is dropped (and counted).
+    pub fn node_plane(mut self, check: impl Fn(NodeId, &[u8]) -> bool + Send + Sync + 'static) -> NodeBuilder<S> {
+        self.plane = Some(Box::new(check));
         self
     }
 
@@ -170,15 +328,25 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
     /// What `keel node` would fail with: storage, recovery, TLS, a port in use, a node
     /// that is no longer a member; and a client identity whose files are wrong.
     pub async fn start(self) -> Result<NodeHandle, NodeError> {
-        let NodeBuilder { setup, make, client, front_ends } = self;
+        let NodeBuilder { setup, make, client, front_ends, plane } = self;
         let id = setup.id;
+        let (wire, plane) = match plane {
+            Some(check) => {
+                let (in_tx, in_rx) = mpsc::channel(PLANE_QUEUE);
+                let (out_tx, out_rx) = mpsc::channel(PLANE_QUEUE);
+                let wire = PlaneWire { inbox: in_tx, out: out_rx, check };
+                (Some(wire), Some(NodePlane { node: id, out: out_tx, inbox: in_rx }))
+            }
+            None => (None, None),
+        };
+        let plane = Arc::new(std::sync::Mutex::new(plane));
         let (stop_tx, stop_rx) = watch::channel(false);
         let (serving_tx, serving_rx) = oneshot::channel::<Serving>();
         let (ready_tx, ready_rx) = oneshot::channel::<Result<Ready, NodeError>>();
         let (done_tx, done_rx) = oneshot::channel();
         let threads = setup.threads;
         let data_dir = setup.data_dir.clone();
-        let control = Control { stop: Some(stop_rx.clone()), serving: Some(serving_tx) };
+        let control = Control { stop: Some(stop_rx.clone()), serving: Some(serving_tx), plane: wire };
         let thread = std::thread::Builder::new()
             .name(format!("keel-node-{id}"))
             .spawn(move || {
@@ -209,6 +377,7 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
                             data_dir: data_dir.clone(),
                             client: client.clone(),
                             stop: stop_rx.clone(),
+                            plane: plane.clone(),
                         };
                         tokio::spawn(task(fe));
                     }
@@ -268,6 +437,11 @@ impl NodeHandle {
     /// What `/status` shows: view, executed and stable instances, peers, epoch.
     pub fn status(&self) -> Status {
         self.ready.as_ref().and_then(|r| r.serving.shared.status.lock().ok().map(|s| s.clone())).unwrap_or_default()
+    }
+
+    /// The node's Prometheus text, as its `/metrics` endpoint serves it.
+    pub fn metrics(&self) -> String {
+        self.ready.as_ref().map(|r| crate::metrics::render(&r.serving.shared)).unwrap_or_default()
     }
 
     /// Events from now on.

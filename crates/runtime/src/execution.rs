@@ -14,10 +14,11 @@
 use crate::clients::Clients;
 use crate::committer::Committer;
 use crate::config::NodeSetup;
-use crate::embed::Control;
+use crate::embed::{Control, PlaneIn};
 use crate::inbound::{self, Inbound};
+use crate::metrics::Metrics;
 use crate::metrics::Status;
-use crate::node::{announce, dial_peers, drain, flush, listen, now_ms, NodeError, INBOUND_QUEUE_MAX};
+use crate::node::{announce, dial_peers, drain, flush, listen, now_ms, NodeError, Peers, INBOUND_QUEUE_MAX};
 use crate::storage::{Storage, StorageError};
 use keel_core::config::stage_node;
 use keel_core::exec_node::ExecNode;
@@ -59,6 +60,7 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
     peers.follow_stage(&exec.config().membership);
     let bans = listen(&setup, &in_tx, None, &stats).await?;
     control.started(&shared, &m);
+    let (plane_in, mut plane_out) = control.take_plane();
 
     let mut clients = Clients::new(bans);
     let mut committer = Committer::start(storage, stats.clone(), m.clone()).map_err(|source| {
@@ -78,10 +80,10 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
             e = committer.failed() => return Err(e.into()),
             ev = in_rx.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
-                handle(&mut exec, ev, &mut clients, &mut out);
+                handle(&mut exec, ev, &mut clients, &mut out, (&plane_in, &peers, &m));
                 for _ in 0..STEP_BATCH_MAX {
                     match in_rx.try_recv() {
-                        Some(ev) => handle(&mut exec, ev, &mut clients, &mut out),
+                        Some(ev) => handle(&mut exec, ev, &mut clients, &mut out, (&plane_in, &peers, &m)),
                         None => break,
                     }
                 }
@@ -110,6 +112,7 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
                     };
                 }
             }
+            (to, payload) = plane_out.next() => peers.send_plane(to, payload, &m),
             _ = control.stopped() => break,
         }
     }
@@ -119,9 +122,18 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
     Ok(())
 }
 
-fn handle<S: Service>(exec: &mut ExecNode<S>, ev: Inbound, clients: &mut Clients, out: &mut Outputs) {
+fn handle<S: Service>(
+    exec: &mut ExecNode<S>,
+    ev: Inbound,
+    clients: &mut Clients,
+    out: &mut Outputs,
+    (plane, peers, m): (&PlaneIn, &Peers, &Metrics),
+) {
     match ev {
         Inbound::Input(input) => exec.step(now_ms(), input, out),
+        Inbound::Node { from, msg: Message::Plane { payload }, .. } => {
+            plane.deliver(from, peers.trusts(from), payload, m)
+        }
         Inbound::Node { from, epoch, msg, .. } => {
             let cfg = exec.config();
             if matches!(msg, Message::IndexAck { .. }) && epoch != cfg.epoch() {

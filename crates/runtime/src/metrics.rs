@@ -27,6 +27,9 @@ pub struct KindLabels {
 pub struct Metrics {
     pub decided: Counter,
     pub ticks: Counter,
+    /// Node-plane messages handed to the service, and those dropped, by why.
+    pub plane_delivered: Counter,
+    pub plane_rejected: Family<KindLabels, Counter>,
     pub executed_requests: Counter,
     pub view_changes: Counter,
     pub state_transfers: Counter,
@@ -97,6 +100,8 @@ impl Metrics {
             events: tokio::sync::broadcast::channel(crate::embed::EVENTS_QUEUE).0,
             decided: Counter::default(),
             ticks: Counter::default(),
+            plane_delivered: Counter::default(),
+            plane_rejected: Family::default(),
             executed_requests: Counter::default(),
             view_changes: Counter::default(),
             state_transfers: Counter::default(),
@@ -124,6 +129,12 @@ impl Metrics {
         };
         r.register("decided", "Consensus instances decided", m.decided.clone());
         r.register("ticks", "Agreed-time ticks the service ran (tick_ms)", m.ticks.clone());
+        r.register("plane_delivered", "Node-plane messages handed to the service", m.plane_delivered.clone());
+        r.register(
+            "plane_rejected",
+            "Node-plane messages dropped: untrusted sender, refused by the service, full queue, no plane, unknown peer",
+            m.plane_rejected.clone(),
+        );
         r.register("executed_requests", "Client requests executed", m.executed_requests.clone());
         r.register("view_changes", "View changes started", m.view_changes.clone());
         r.register("state_transfers", "State transfers started", m.state_transfers.clone());
@@ -193,7 +204,7 @@ impl Metrics {
     }
 }
 
-fn render(shared: &Shared) -> String {
+pub(crate) fn render(shared: &Shared) -> String {
     let mut text = String::new();
     let _ = encode(&mut text, &shared.registry);
     // Transport counters live in plain atomics shared by many tasks; render them here.

@@ -14,7 +14,7 @@
 use crate::clients::{Bans, Clients};
 use crate::committer::{Committer, Gated};
 use crate::config::{FaultsFile, NodeSetup};
-use crate::embed::{Control, NodeEvent};
+use crate::embed::{Control, NodeEvent, PlaneIn};
 use crate::inbound::{self, ClientQuota, Inbound, InboundTx};
 use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
@@ -177,6 +177,7 @@ async fn run_replica<S: Service + Send + 'static>(
     let verify = start_verify_stage(setup.verify_threads, &verifier, &in_tx, &stats);
     let bans = listen(&setup, &in_tx, verify, &stats).await?;
     control.started(&shared, &m);
+    let (plane_in, mut plane_out) = control.take_plane();
 
     let mut clients = Clients::new(bans);
     // Last state-transfer progress logged, in tenths.
@@ -239,10 +240,10 @@ async fn run_replica<S: Service + Send + 'static>(
             ev = in_rx.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
                 replica.hold_proposals();
-                handle(&mut replica, ev, &mut clients, &mut out, &peers, &stats);
+                handle(&mut replica, ev, &mut clients, &mut out, &peers, &stats, (&plane_in, &m));
                 for _ in 0..STEP_BATCH_MAX {
                     match in_rx.try_recv() {
-                        Some(ev) => handle(&mut replica, ev, &mut clients, &mut out, &peers, &stats),
+                        Some(ev) => handle(&mut replica, ev, &mut clients, &mut out, &peers, &stats, (&plane_in, &m)),
                         None => break,
                     }
                 }
@@ -262,6 +263,7 @@ async fn run_replica<S: Service + Send + 'static>(
                 replica.step(now_ms(), Input::Tick, &mut out);
                 publish(&replica, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }
+            (to, payload) = plane_out.next() => peers.send_plane(to, payload, &m),
             // Steps happen in the arms above and their outputs were flushed at the top of
             // the loop: nothing is pending here.
             _ = control.stopped() => break,
@@ -501,6 +503,21 @@ impl Peers {
         self.by_id.get(&id).map(|l| &l.tx)
     }
 
+    /// Whether node `id` is a peer now: a member of this node's epoch, or a stage node.
+    pub(crate) fn trusts(&self, id: u32) -> bool {
+        self.by_id.contains_key(&id)
+    }
+
+    /// Sends a node-plane message to peer `to`; false (and counted) if `to` is none.
+    pub(crate) fn send_plane(&self, to: u32, payload: Vec<u8>, m: &Metrics) {
+        match self.by_id(to) {
+            Some(tx) => offer(tx, node_frame(self.epoch, &Message::Plane { payload }), &self.stats),
+            None => {
+                m.plane_rejected.get_or_create(&KindLabels { kind: "unknown-peer".into() }).inc();
+            }
+        }
+    }
+
     /// The membership epoch frames are tagged with.
     pub(crate) fn epoch(&self) -> u64 {
         self.epoch
@@ -592,9 +609,14 @@ fn handle<S: Service>(
     out: &mut Outputs,
     peers: &Peers,
     stats: &TransportStats,
+    (plane, m): (&PlaneIn, &Metrics),
 ) {
     match ev {
         Inbound::Input(input) => replica.step(now_ms(), input, out),
+        // The service's, not the protocol's: whoever sent it, in whatever epoch.
+        Inbound::Node { from, msg: Message::Plane { payload }, .. } => {
+            plane.deliver(from, peers.trusts(from), payload, m)
+        }
         Inbound::Node { from, epoch, msg, checked } => {
             let mine = replica.epoch();
             let cfg = replica.config();

@@ -1,11 +1,13 @@
 //! Keel embedded in one process: two BFT clusters of four nodes side by side, each with
 //! a service written here, serving clients, stopping, and starting again from their data.
 
+use keel_core::message::Message;
 use keel_core::service::{ExecCtx, RestoreError, Service};
 use keel_runtime::config::{free_ports, InitOptions};
 use keel_runtime::embed::{load, provision, NodeBuilder, NodeEvent, NodeHandle, Provisioned};
 use keel_runtime::node::NodeError;
 use keel_runtime::storage::{FsyncPolicy, StorageError};
+use keel_runtime::tls::Credentials;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -153,4 +155,87 @@ async fn a_node_started_twice_is_refused_without_touching_the_first_and_can_star
     // Released (directory and port): it starts again in this process.
     let again = NodeBuilder::new(cluster.nodes[0].clone(), Registers::default).start().await.expect("starts again");
     again.shutdown().await.expect("a clean shutdown");
+}
+
+/// The value of the sample `name` (with its labels) in Prometheus text, 0 if absent.
+fn metric(text: &str, name: &str) -> u64 {
+    text.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0)
+}
+
+/// Sends one node-plane message to `to` over a TLS connection of its own, as the node
+/// whose certificate `creds` holds (issued by the cluster's CA, `ca_pem`).
+async fn send_plane_as(ca_pem: &str, creds: &Credentials, to: std::net::SocketAddr, payload: &[u8]) {
+    use keel_runtime::tls::{client_config, PeerId};
+    use tokio::io::AsyncWriteExt;
+    let connector = tokio_rustls::TlsConnector::from(client_config(ca_pem, creds).expect("tls"));
+    let tcp = tokio::net::TcpStream::connect(to).await.expect("connect");
+    let mut tls = connector.connect(PeerId::Node(1).server_name(), tcp).await.expect("handshake");
+    let frame = keel_runtime::transport::node_frame(0, &Message::Plane { payload: payload.to_vec() });
+    tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
+    tls.write_all(&frame).await.expect("write");
+    tls.flush().await.expect("flush");
+    // Held open until the node read it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_plane_messages_reach_the_service_only_from_trusted_peers_and_past_its_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cluster = provisioned(dir.path());
+    // What each node's service took off its plane.
+    let (got_tx, mut got) = tokio::sync::mpsc::unbounded_channel::<(u32, u32, Vec<u8>)>();
+    let mut nodes = Vec::new();
+    let mut planes = Vec::new();
+    for setup in &cluster.nodes {
+        let got_tx = got_tx.clone();
+        let (plane_tx, plane_rx) = tokio::sync::oneshot::channel();
+        let node = NodeBuilder::new(setup.clone(), Registers::default)
+            // The service's check: it believes only what is signed "ok:".
+            .node_plane(|_from, payload| payload.starts_with(b"ok:"))
+            .front_end(move |fe| async move {
+                let mut plane = fe.take_plane().expect("the plane");
+                let _ = plane_tx.send(plane.sender());
+                while let Some((from, payload)) = plane.recv().await {
+                    let _ = got_tx.send((plane.node(), from, payload));
+                }
+            })
+            .start()
+            .await
+            .expect("node starts");
+        planes.push(plane_rx.await.expect("a sender"));
+        nodes.push(node);
+    }
+    planes[0].send(1, b"ok:hello".to_vec()).expect("queued");
+    planes[0].send(1, b"forged".to_vec()).expect("queued");
+    planes[2].send(1, b"ok:from two".to_vec()).expect("queued");
+    let mut at_1 = Vec::new();
+    while at_1.len() < 2 {
+        let (node, from, payload) = tokio::time::timeout(TIMEOUT, got.recv()).await.expect("in time").expect("open");
+        assert_eq!(node, 1);
+        at_1.push((from, payload));
+    }
+    at_1.sort();
+    assert_eq!(at_1, vec![(0, b"ok:hello".to_vec()), (2, b"ok:from two".to_vec())]);
+
+    // A node the CA certified but that is no member of the cluster's epoch.
+    let stranger_dir = keel_runtime::config::new_node_dir(
+        dir.path(),
+        9,
+        "127.0.0.1:1".parse().expect("addr"),
+        "127.0.0.1:2".parse().expect("addr"),
+    )
+    .expect("provisioned")
+    .0;
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).expect("readable");
+    let creds =
+        Credentials { cert_pem: read(stranger_dir.join("node.pem")), key_pem: read(stranger_dir.join("node.key")) };
+    send_plane_as(&cluster.nodes[1].ca_pem, &creds, cluster.nodes[1].listen, b"ok:let me in").await;
+    let m = nodes[1].metrics();
+    assert_eq!(metric(&m, "keel_plane_rejected_total{kind=\"untrusted\"}"), 1, "{m}");
+    assert_eq!(metric(&m, "keel_plane_rejected_total{kind=\"refused\"}"), 1, "{m}");
+    assert_eq!(metric(&m, "keel_plane_delivered_total"), 2, "{m}");
+    assert!(got.try_recv().is_err(), "nothing else reached a service");
+    for node in nodes {
+        node.shutdown().await.expect("a clean shutdown");
+    }
 }
