@@ -166,6 +166,14 @@ pub fn run(mut args: SimArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if mutation.is_some() && !cfg!(feature = "mutations") {
+        // A production build has no mutations (keel-core's `mutations` feature).
+        eprintln!(
+            "error: --mutate: this keel was built without the checker mutations; build it with \
+             `cargo build --release -p keel-cli --features mutations` (scripts/test does)"
+        );
+        return ExitCode::from(2);
+    }
     let auth = args.auth;
     let (separated, rq_separated) = crate::cluster::layout_stages(&args.layout);
     if rq_separated && auth.is_some_and(|a| a != keel_core::config::Auth::RqMac) {

@@ -963,6 +963,7 @@ mod tests {
         Value { time: 1, requests }
     }
 
+    #[cfg(feature = "mutations")] // used by mutation tests only
     fn executed_events(out: &Outputs) -> usize {
         out.events.iter().filter(|e| matches!(e, Event::Executed { .. })).count()
     }
@@ -1018,6 +1019,7 @@ mod tests {
         assert!(net.order.iter().all(|o| o.exec_stable_seq() >= 8), "{}", net.status());
     }
 
+    #[cfg(feature = "mutations")]
     #[test]
     fn a_value_executes_on_r_plus_one_matching_commit_notices_only() {
         let cfg = config(None);
@@ -1174,6 +1176,7 @@ mod tests {
         Value { time: 1, requests: vec![req] }
     }
 
+    #[cfg(feature = "mutations")] // used by mutation tests only
     /// Where this step sent its checkpoint vote for instance `seq`.
     fn voted_at(out: &Outputs, seq: Seq) -> Vec<NodeId> {
         let votes = out.send_after_persist.iter().filter_map(|(to, m)| match (to, m) {
@@ -1183,6 +1186,7 @@ mod tests {
         votes.collect()
     }
 
+    #[cfg(feature = "mutations")]
     #[test]
     fn an_execution_node_follows_a_membership_change_it_executes_and_checkpoints_where_the_epoch_ends() {
         use crate::membership::{Change, Member};

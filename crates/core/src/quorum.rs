@@ -178,6 +178,10 @@ pub struct Quorums {
     r: u32,
     /// Order nodes; `2u + r + 1` unless a reconfiguration added more.
     n: u32,
+    /// Always None in a build without the `mutations` feature (the checker mutations
+    /// exist only for the simulator and tests); kept in every build so the encoding
+    /// does not depend on the feature.
+    #[cfg_attr(not(feature = "mutations"), allow(dead_code))]
     mutation: Option<Mutation>,
 }
 
@@ -204,14 +208,25 @@ impl Quorums {
         Ok(Quorums { u, r, n: n as u32, mutation: None })
     }
 
-    /// The same thresholds with a deliberate bug switched on (simulator only).
+    /// The same thresholds with a deliberate bug switched on (the simulator's and the
+    /// tests' checker mutations). Only a build with the `mutations` feature has them: in
+    /// any other (a production build) this keeps None, [`Quorums::mutation`] is None
+    /// whatever was asked, and the compiler removes every mutated branch.
     pub fn with_mutation(mut self, mutation: Option<Mutation>) -> Quorums {
-        self.mutation = mutation;
+        if cfg!(feature = "mutations") {
+            self.mutation = mutation;
+        }
         self
     }
 
+    /// The deliberate bug switched on, if any: always None without the `mutations`
+    /// feature.
+    #[inline]
     pub fn mutation(&self) -> Option<Mutation> {
-        self.mutation
+        #[cfg(feature = "mutations")]
+        return self.mutation;
+        #[cfg(not(feature = "mutations"))]
+        None
     }
 
     pub fn u(&self) -> u32 {
@@ -237,7 +252,7 @@ impl Quorums {
     /// `ceil((N + r + 1) / 2)`, which is `u + r + 1` for `N = 2u + r + 1`.
     pub fn order_quorum(&self) -> usize {
         let q = (self.n as usize + self.r as usize + 2) / 2;
-        match self.mutation {
+        match self.mutation() {
             Some(Mutation::QuorumMinusOne) => q.saturating_sub(1).max(1),
             _ => q,
         }
@@ -251,7 +266,7 @@ impl Quorums {
 
     /// Matching replies a client needs: `r + 1`.
     pub fn reply_quorum(&self) -> usize {
-        match self.mutation {
+        match self.mutation() {
             Some(Mutation::OneReply) => 1,
             _ => self.r as usize + 1,
         }
@@ -259,7 +274,7 @@ impl Quorums {
 
     /// Matching copies of a push event a client needs: `r + 1`, as for replies.
     pub fn push_quorum(&self) -> usize {
-        match self.mutation {
+        match self.mutation() {
             Some(Mutation::OnePushCopy) => 1,
             _ => self.r as usize + 1,
         }
@@ -286,7 +301,7 @@ impl Quorums {
     /// read arrived, so the highest is at or past that write. Fewer (say, its own vote
     /// alone) can all come from nodes that never saw it.
     pub fn index_quorum(&self) -> usize {
-        match self.mutation {
+        match self.mutation() {
             Some(Mutation::IndexWithoutQuorum) => 1,
             _ => self.order_quorum(),
         }
@@ -303,7 +318,7 @@ impl Quorums {
     /// (at least one from a correct node, since `u >= r`; the primary's `u + r + 1`
     /// guarantee that many).
     pub fn endorse_accept(&self) -> usize {
-        match self.mutation {
+        match self.mutation() {
             Some(Mutation::OneEndorsement) => 1,
             _ => self.u as usize + 1,
         }
@@ -342,7 +357,7 @@ impl Quorums {
     /// value (UpRight §4.2): `r + 1`, one of them from a correct order node, which sends
     /// only what its order quorum decided.
     pub fn commit_quorum(&self) -> usize {
-        match self.mutation {
+        match self.mutation() {
             Some(Mutation::OneCommitNotice) => 1,
             _ => self.r as usize + 1,
         }
@@ -358,7 +373,7 @@ impl Quorums {
     /// but, when `r < u`, not for it to stay fetchable: the one correct signer may be
     /// the node that is lost.
     pub fn exec_checkpoint_quorum(&self) -> usize {
-        match self.mutation {
+        match self.mutation() {
             Some(Mutation::OneExecHash) => 1,
             Some(Mutation::ExecCheckpointOnRPlusOne) => self.r as usize + 1,
             _ => self.u as usize + 1,
@@ -499,6 +514,7 @@ mod tests {
         assert!(matches!(Quorums::new(40, 0), Err(QuorumError::TooManyNodes { .. })));
     }
 
+    #[cfg(feature = "mutations")]
     #[test]
     fn mutation_weakens_only_the_order_quorum() {
         let t = q(1, 1).with_mutation(Some(Mutation::QuorumMinusOne));

@@ -1,5 +1,7 @@
 //! The simulator's checkers, each shown able to fail on a deliberately broken variant,
 //! and the correct protocol shown to pass the same runs.
+// Every checker is shown able to fail by a mutation: only in a build that has them.
+#![cfg(feature = "mutations")]
 
 use keel_core::quorum::Mutation;
 use keel_core::service::{ExecCtx, RestoreError, Service};

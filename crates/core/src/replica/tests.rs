@@ -266,6 +266,7 @@ fn read(cfg: &ClusterConfig, id: u64, op: &[u8], consistency: ReadConsistency) -
     }
 }
 
+#[cfg(feature = "mutations")] // used by mutation tests only
 /// The bodies of the durability-gated replies to `client` (ordered replies and read
 /// answers both wait for the step's records).
 fn replies_to(out: &Outputs, client: u64) -> Vec<ReplyBody> {
@@ -289,6 +290,7 @@ fn read_replies(out: &Outputs) -> Vec<ReplyBody> {
         .collect()
 }
 
+#[cfg(feature = "mutations")]
 #[test]
 fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     let cfg = config(1, 1);
@@ -357,6 +359,7 @@ fn a_serializable_read_waits_for_the_sessions_last_write_and_bad_reads_are_rejec
     assert_eq!(rejected(&step(&mut p, 10, Peer::Client(9), Message::Read(forged))), vec![Reject::BadMac { client: 9 }]);
 }
 
+#[cfg(feature = "mutations")] // used by mutation tests only
 fn probes(out: &Outputs) -> Vec<(Peer, u64)> {
     out.send
         .iter()
@@ -367,6 +370,7 @@ fn probes(out: &Outputs) -> Vec<(Peer, u64)> {
         .collect()
 }
 
+#[cfg(feature = "mutations")]
 #[test]
 fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     let cfg = config(1, 0);
