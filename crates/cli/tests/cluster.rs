@@ -709,6 +709,33 @@ async fn an_idle_kv_cluster_ticks_on_every_node() {
     }
 }
 
+/// `keel node` started twice with one configuration (issue #25: it used to cut the
+/// live WAL's tail before its port bind failed): the second is refused before it reads
+/// the data directory, and the first keeps serving with its log intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_twice_is_refused_and_the_first_keeps_serving() {
+    let cluster = Cluster::init(1, 1);
+    let c = cluster.client(1000);
+    put(&c, "k", "before").await.expect("put");
+    let wal = cluster.path().join("node-0/data/wal");
+    let size = |dir: &std::path::Path| -> u64 {
+        std::fs::read_dir(dir).expect("wal").flatten().map(|e| e.metadata().map_or(0, |m| m.len())).sum()
+    };
+    let before = size(&wal);
+    let second = std::process::Command::new(support::KEEL)
+        .args(["node", "--config"])
+        .arg(cluster.path().join("node-0/node.toml"))
+        .output()
+        .expect("keel node runs");
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains("in use by another node"), "{err}");
+    assert!(size(&wal) >= before, "the second node cut the live WAL");
+    put(&c, "k", "after").await.expect("put");
+    assert_eq!(get(&c, "k").await.as_deref(), Some("after"));
+    assert!(cluster.status(0).is_some_and(|s| s.executed >= 2), "node 0 still executes");
+}
+
 #[test]
 fn an_unknown_service_is_refused_by_init_and_by_node() {
     let dir = tempfile::tempdir().expect("tempdir");
