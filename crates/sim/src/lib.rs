@@ -8,12 +8,11 @@
 pub mod byzantine;
 pub mod disk;
 pub mod linearizability;
-pub mod serializable;
 pub mod workload;
 pub mod world;
 
 pub use byzantine::Behaviours;
-pub use workload::{HistoryEntry, KvWorkload, Workload};
+pub use workload::{HistoryEntry, Workload};
 pub use world::{FaultCounts, FaultSet, SeedReport, SimOptions, Violation};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -42,10 +41,4 @@ pub(crate) fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
         .cloned()
         .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
         .unwrap_or_else(|| "unknown panic".into())
-}
-
-/// Runs the KV workload for one seed; with agreed-time ticks on, its watches lease
-/// for three ticks, so ticks end them.
-pub fn run_kv_seed(opts: &SimOptions) -> SeedReport {
-    run_seed(opts, KvWorkload::new(3).with_lease_ms(3 * opts.options.tick_ms))
 }

@@ -16,9 +16,9 @@
 //! fails on exactly the bug that matters: a node answering before it executed the
 //! reader's own writes.
 
-use crate::workload::HistoryEntry;
 use keel_core::message::ReadConsistency;
 use keel_kv::{KvRequest, KvResponse};
+use keel_sim::HistoryEntry;
 use std::collections::HashMap;
 
 /// When the operation that wrote a value was invoked, and when it returned (None: never

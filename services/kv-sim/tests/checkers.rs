@@ -6,9 +6,8 @@
 use keel_core::quorum::Mutation;
 use keel_core::service::{ExecCtx, RestoreError, Service};
 use keel_kv::{KvRequest, KvResponse};
-use keel_sim::{
-    run_kv_seed, run_seed, Behaviours, FaultSet, HistoryEntry, KvWorkload, SeedReport, SimOptions, Violation, Workload,
-};
+use keel_kv_sim::{run_kv_seed, KvWorkload};
+use keel_sim::{run_seed, Behaviours, FaultSet, HistoryEntry, SeedReport, SimOptions, Violation, Workload};
 use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
