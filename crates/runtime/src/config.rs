@@ -45,6 +45,20 @@ fn write(path: &Path, text: &str) -> Result<(), ConfigFileError> {
     fs::write(path, text).map_err(|source| ConfigFileError::Io { path: path.to_path_buf(), source })
 }
 
+/// Writes a file only its owner may read (0600): private keys, and the node and client
+/// files that hold signing seeds and MAC keys. Created so from the start, never world-
+/// readable in between.
+fn write_secret(path: &Path, text: &str) -> Result<(), ConfigFileError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let io = |source| ConfigFileError::Io { path: path.to_path_buf(), source };
+    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).map_err(io)?;
+    // An existing file keeps its mode when opened: set it.
+    use std::os::unix::fs::PermissionsExt as _;
+    f.set_permissions(fs::Permissions::from_mode(0o600)).map_err(io)?;
+    f.write_all(text.as_bytes()).map_err(io)
+}
+
 fn parse<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ConfigFileError> {
     toml::from_str(&read(path)?)
         .map_err(|e| ConfigFileError::Parse { path: path.to_path_buf(), message: e.to_string() })
@@ -59,6 +73,7 @@ fn hex32(path: &Path, field: &str, s: &str) -> Result<[u8; 32], ConfigFileError>
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodeEntry {
     pub id: NodeId,
     pub addr: SocketAddr,
@@ -68,6 +83,7 @@ pub struct NodeEntry {
 
 /// What every node and client of one cluster shares.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClusterFile {
     pub u: u32,
     pub r: u32,
@@ -267,6 +283,7 @@ pub fn write_join_file(node_dir: &Path, membership: &Membership) -> Result<(), C
 
 /// One node's own file.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct NodeFile {
     pub id: NodeId,
     pub listen: SocketAddr,
@@ -441,6 +458,7 @@ impl NodeFile {
 
 /// A client's file.
 #[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ClientFile {
     pub id: ClientId,
     pub cluster: PathBuf,
@@ -612,10 +630,27 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     if o.rq_separated {
         checked.with_rq_nodes(vec![PublicKey([0; 32]); q])?;
     }
+    // Every node's port and metrics port, checked before anything is written.
+    if o.base_port == 0 || o.base_port as usize + 2 * total > u16::MAX as usize + 1 {
+        return Err(ConfigFileError::Invalid {
+            path: dir.into(),
+            message: format!(
+                "base port {}: {total} nodes need {} ports (each node's and its metrics port), 1..=65535",
+                o.base_port,
+                2 * total
+            ),
+        });
+    }
+    if format!("{}:{}", o.host, o.base_port).parse::<SocketAddr>().is_err() {
+        return Err(ConfigFileError::Invalid {
+            path: dir.into(),
+            message: format!("host {:?} is not an IP address", o.host),
+        });
+    }
     fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?;
     let ca = generate_ca()?;
     write(&dir.join("ca.pem"), &ca.cert_pem)?;
-    write(&dir.join("ca.key"), &ca.key_pem)?;
+    write_secret(&dir.join("ca.key"), &ca.key_pem)?;
     let mut seeds = Vec::new();
     let mut nodes = Vec::new();
     for i in 0..total as NodeId {
@@ -632,7 +667,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         (0..o.clients).map(|c| (first_client_id() + c as ClientId, random_bytes())).collect();
     // The administrator's key stays in DIR (like ca.key): `keel admin` signs with it.
     let admin_seed: [u8; 32] = random_bytes();
-    write(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
+    write_secret(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
     let rq_nodes = nodes.split_off(n + e);
     let executors = nodes.split_off(n);
     let cluster = ClusterFile {
@@ -670,7 +705,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         }
         let creds = issue(&ca, PeerId::Node(i as NodeId))?;
         write(&ndir.join("node.pem"), &creds.cert_pem)?;
-        write(&ndir.join("node.key"), &creds.key_pem)?;
+        write_secret(&ndir.join("node.key"), &creds.key_pem)?;
         let metrics: SocketAddr = format!("{}:{}", o.host, o.base_port as usize + total + i)
             .parse()
             .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
@@ -693,14 +728,14 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             signing_seed: hex::encode(seed),
             mac_secret: hex::encode(mac),
         };
-        write(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
+        write_secret(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }
     for (id, seed) in client_seeds {
         let cdir = dir.join(format!("client-{id}"));
         fs::create_dir_all(&cdir).map_err(|source| ConfigFileError::Io { path: cdir.clone(), source })?;
         let creds = issue(&ca, PeerId::Client(id))?;
         write(&cdir.join("client.pem"), &creds.cert_pem)?;
-        write(&cdir.join("client.key"), &creds.key_pem)?;
+        write_secret(&cdir.join("client.key"), &creds.key_pem)?;
         let file = ClientFile {
             id,
             cluster: "../cluster.toml".into(),
@@ -710,7 +745,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             mac_keys: seeds.iter().map(|(_, mac)| hex::encode(client_mac_key(mac, id).0)).collect(),
             signing_seed: Some(hex::encode(seed)),
         };
-        write(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
+        write_secret(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }
     Ok(())
 }
@@ -746,7 +781,7 @@ pub fn admin_setup(dir: &Path) -> Result<(ClientSetup, SigningKey), ConfigFileEr
         let ca = Credentials { cert_pem: read(&dir.join("ca.pem"))?, key_pem: read(&dir.join("ca.key"))? };
         let creds = issue(&ca, PeerId::Client(ADMIN_CLIENT))?;
         write(&adir.join("client.pem"), &creds.cert_pem)?;
-        write(&adir.join("client.key"), &creds.key_pem)?;
+        write_secret(&adir.join("client.key"), &creds.key_pem)?;
     }
     // One key per stable id; ids without a node directory get a blank one.
     let dirs = node_dirs(dir);
@@ -814,7 +849,7 @@ pub fn new_node_dir(
     let ca = Credentials { cert_pem: read(&dir.join("ca.pem"))?, key_pem: read(&dir.join("ca.key"))? };
     let creds = issue(&ca, PeerId::Node(id))?;
     write(&ndir.join("node.pem"), &creds.cert_pem)?;
-    write(&ndir.join("node.key"), &creds.key_pem)?;
+    write_secret(&ndir.join("node.key"), &creds.key_pem)?;
     let (seed, mac): ([u8; 32], [u8; 32]) = (random_bytes(), random_bytes());
     let file = NodeFile {
         id,
@@ -825,7 +860,7 @@ pub fn new_node_dir(
         faults: FaultsFile::default(),
         ..template
     };
-    write(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
+    write_secret(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
     let member =
         keel_core::membership::Member { id, key: SigningKey::from_seed(seed).public(), addr: listen.to_string() };
     Ok((ndir, member))
@@ -851,7 +886,7 @@ pub fn provision_clients(dir: &Path, id: NodeId) -> Result<usize, ConfigFileErro
             f.mac_keys.push(hex::encode([0u8; 32]));
         }
         f.mac_keys[id as usize] = hex::encode(client_mac_key(&mac, f.id).0);
-        write(&path, &toml::to_string(&f).unwrap_or_default())?;
+        write_secret(&path, &toml::to_string(&f).unwrap_or_default())?;
         count += 1;
     }
     Ok(count)
@@ -883,6 +918,12 @@ mod tests {
         assert!(!at.exists());
         let o = InitOptions { tick_ms: Some(1), ..init_options(1, 1) };
         assert!(init(&at, &o).is_err(), "ticks faster than 10 ms");
+        assert!(!at.exists());
+        let o = InitOptions { base_port: 65533, ..init_options(1, 1) };
+        assert!(init(&at, &o).is_err(), "ports past 65535");
+        assert!(!at.exists());
+        let o = InitOptions { host: "not-an-ip".into(), ..init_options(1, 1) };
+        assert!(init(&at, &o).is_err(), "a host that is no address");
         assert!(!at.exists());
     }
 
@@ -986,6 +1027,21 @@ mod tests {
             assert_eq!(setup.cluster.options.tick_ms, 250);
             assert!(!setup.cluster.request_digests, "cluster.toml turned them off");
         }
+        // Keys and the files holding seeds and MAC keys: the owner's alone.
+        use std::os::unix::fs::PermissionsExt as _;
+        for secret in
+            ["ca.key", "node-0/node.key", "node-0/node.toml", "client-1001/client.key", "client-1001/client.toml"]
+        {
+            let mode = fs::metadata(dir.path().join(secret)).expect("written").permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{secret}");
+        }
+        // A misspelt field is an error, not a silent default.
+        let node_toml = dir.path().join("node-1/node.toml");
+        let text = fs::read_to_string(&node_toml).expect("node file");
+        fs::write(&node_toml, format!("{text}verify_thread = 4\n")).expect("written");
+        let err = NodeFile::load(&node_toml).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("unknown field") && err.contains("verify_thread"), "{err}");
+        fs::write(&node_toml, text).expect("restored");
         let c = ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
         assert_eq!(c.mac_keys.len(), 4);
         assert_eq!(c.id, 1001);

@@ -77,10 +77,10 @@ pub enum StorageError {
     )]
     Format { path: PathBuf, found: String, expected: u32 },
     #[error(
-        "{path} is in use by another node (a second `keel node` of the same configuration, or one started \
-         twice in this process): a data directory has one owner"
+        "{path} is in use by another node ({holder}): a second `keel node` of the same configuration, or one \
+         started twice in one process; a data directory has one owner"
     )]
-    Locked { path: PathBuf },
+    Locked { path: PathBuf, holder: String },
 }
 
 /// The file a node locks in its data directory while it owns it.
@@ -91,11 +91,25 @@ const LOCK_FILE: &str = "LOCK";
 /// tail as torn. An advisory lock the kernel releases when the holder exits, however.
 fn lock(dir: &Path) -> Result<File, StorageError> {
     let path = dir.join(LOCK_FILE);
-    let file =
-        OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_err("open", &path))?;
+    let mut file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_err("open", &path))?;
     match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(fs::TryLockError::WouldBlock) => Err(StorageError::Locked { path }),
+        Ok(()) => {
+            // Who holds it, for the next one that tries (a process may hold several).
+            file.set_len(0).map_err(io_err("truncate", &path))?;
+            write!(file, "pid {}", std::process::id()).map_err(io_err("write", &path))?;
+            Ok(file)
+        }
+        Err(fs::TryLockError::WouldBlock) => {
+            let holder = fs::read_to_string(&path).unwrap_or_default();
+            let holder = if holder.is_empty() { "pid unknown".into() } else { holder };
+            Err(StorageError::Locked { path, holder })
+        }
         Err(fs::TryLockError::Error(e)) => Err(StorageError::Io { what: "lock", path, source: e }),
     }
 }
@@ -354,11 +368,25 @@ impl Storage {
                 if i != last {
                     return Err(StorageError::Corrupt { path: path.clone(), offset: decoded.valid_len });
                 }
-                // Torn last write: cut it so new records follow whole ones.
+                // Torn last write: cut it so new records follow whole ones. Said aloud: a
+                // torn write cuts a few bytes, garbage in the middle of the segment cuts
+                // everything after it (whatever follows cannot be told from garbage).
                 let f = OpenOptions::new().write(true).open(path).map_err(io_err("open", path))?;
                 f.set_len(decoded.valid_len as u64).map_err(io_err("truncate", path))?;
                 f.sync_all().map_err(io_err("fsync", path))?;
-                stats.torn_tail_bytes += (bytes.len() - decoded.valid_len) as u64;
+                let cut = (bytes.len() - decoded.valid_len) as u64;
+                tracing::warn!(
+                    path = %path.display(),
+                    kept = decoded.valid_len,
+                    cut,
+                    "the WAL's last segment ends in bytes that are no whole record: cut"
+                );
+                eprintln!(
+                    "WARNING: {}: cut {cut} bytes after the last whole record at byte {} (a torn write, or damage)",
+                    path.display(),
+                    decoded.valid_len
+                );
+                stats.torn_tail_bytes += cut;
             }
             records.extend(decoded.records);
         }
@@ -565,7 +593,10 @@ mod tests {
         std::io::Write::write_all(&mut f, &[7; 5]).expect("append");
         let len = fs::metadata(&seg).expect("segment").len();
         match Storage::open(dir.path(), FsyncPolicy::Batch) {
-            Err(StorageError::Locked { path }) => assert_eq!(path, dir.path().join(LOCK_FILE)),
+            Err(StorageError::Locked { path, holder }) => {
+                assert_eq!(path, dir.path().join(LOCK_FILE));
+                assert_eq!(holder, format!("pid {}", std::process::id()), "names the holder");
+            }
             Err(e) => panic!("expected Locked, got {e}"),
             Ok(_) => panic!("a second owner opened the directory"),
         }
