@@ -193,7 +193,25 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(crate::services::run(setup)) {
+    // SIGTERM (`keel up`, systemd) or Ctrl-C: stop stepping, make what the node handed
+    // to its log durable, then exit 0.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let id = setup.id;
+    runtime.spawn(async move {
+        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+            return;
+        };
+        let which = tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+        };
+        tracing::info!(node = id, signal = which, "stopping: making the log durable");
+        eprintln!("node {id}: {which}: stopping once its log is durable");
+        let _ = stop_tx.send(true);
+        // Kept alive so the node sees true, not a dropped sender.
+        std::future::pending::<()>().await;
+    });
+    match runtime.block_on(crate::services::run(setup, keel_runtime::embed::Control::stop_on(stop_rx))) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -229,7 +247,7 @@ fn spawn_node(exe: &Path, node_dir: &Path) -> std::io::Result<Child> {
 
 pub fn run_up(a: UpArgs) -> ExitCode {
     // Nodes a membership change removed stay stopped.
-    let mut dirs: Vec<PathBuf> = node_dirs(&a.dir)
+    let dirs: Vec<PathBuf> = node_dirs(&a.dir)
         .into_iter()
         .filter(|d| !d.join("data").join(keel_runtime::node::REMOVED_FILE).exists())
         .collect();
@@ -263,16 +281,24 @@ pub fn run_up(a: UpArgs) -> ExitCode {
         a.dir.display()
     );
     println!("try:  keel kv --dir {} put a 1   then   keel kv --dir {} get a", a.dir.display(), a.dir.display());
-    println!("Ctrl-C stops every node.");
+    println!("Ctrl-C (or SIGTERM) stops every node gracefully; a node that dies is reported and the others run on.");
     let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = interrupted.clone();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let _signals = runtime.as_ref().ok().map(|rt| {
         rt.spawn(async move {
-            let _ = tokio::signal::ctrl_c().await;
+            let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         })
     });
+    // (directory, child) of the nodes still running.
+    let mut running: Vec<(PathBuf, Child)> = dirs.into_iter().zip(children).collect();
     let status = loop {
         if let Ok(rt) = &runtime {
             rt.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
@@ -280,20 +306,30 @@ pub fn run_up(a: UpArgs) -> ExitCode {
         if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
             break ExitCode::SUCCESS;
         }
-        if let Some((i, code)) =
-            children.iter_mut().enumerate().find_map(|(i, c)| c.try_wait().ok().flatten().map(|s| (i, s)))
-        {
-            if code.success() && dirs[i].join("data").join(keel_runtime::node::REMOVED_FILE).exists() {
-                // A membership change removed it: the others carry on.
-                println!("keel: {} was removed from the cluster and stopped", dirs[i].display());
-                let _ = children.remove(i).wait(); // already exited: reaps nothing new
-                dirs.remove(i);
-                continue;
-            }
-            eprintln!("keel: {} exited ({code}); see {}", dirs[i].display(), dirs[i].join("node.log").display());
+        let Some((i, code)) =
+            running.iter_mut().enumerate().find_map(|(i, (_, c))| c.try_wait().ok().flatten().map(|s| (i, s)))
+        else {
+            continue;
+        };
+        let (dir, _) = running.remove(i);
+        if code.success() && dir.join("data").join(keel_runtime::node::REMOVED_FILE).exists() {
+            // A membership change removed it: the others carry on.
+            println!("keel: {} was removed from the cluster and stopped", dir.display());
+        } else {
+            // The cluster tolerates u failures: the others run on, and say so.
+            eprintln!(
+                "keel: {} exited ({code}); {} nodes still running; see {}",
+                dir.display(),
+                running.len(),
+                dir.join("node.log").display()
+            );
+        }
+        if running.is_empty() {
+            eprintln!("keel: every node has stopped");
             break ExitCode::FAILURE;
         }
     };
+    let mut children: Vec<Child> = running.into_iter().map(|(_, c)| c).collect();
     stop(&mut children);
     println!("keel: stopped");
     status
@@ -381,12 +417,34 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
 }
 
 /// Stops the nodes this process started, by their handles (never by name).
+/// How long a node may take to make its log durable and exit after SIGTERM.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Stops the nodes gracefully: SIGTERM to each (a node makes its log durable and exits),
+/// then SIGKILL to any still running after [`STOP_GRACE`].
 fn stop(children: &mut [Child]) {
     for c in children.iter_mut() {
-        let _ = c.kill();
+        if let Ok(pid) = i32::try_from(c.id()) {
+            // SAFETY: kill(2) on a child we spawned and have not reaped (its pid is ours).
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
     }
+    let deadline = std::time::Instant::now() + STOP_GRACE;
     for c in children.iter_mut() {
-        let _ = c.wait();
+        loop {
+            match c.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if std::time::Instant::now() >= deadline => {
+                    eprintln!("keel: node (pid {}) still running {STOP_GRACE:?} after SIGTERM: killing it", c.id());
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! error wherever it appears (issue #22: `keel node` used to run KV for any unknown name).
 
 use keel_runtime::config::NodeSetup;
+use keel_runtime::embed::Control;
 use keel_runtime::node::NodeError;
 
 /// A service this binary runs.
@@ -36,12 +37,12 @@ pub fn tick_ms(name: &str) -> Option<u64> {
     SERVICES.iter().find(|s| s.name == name).and_then(|s| s.tick_ms)
 }
 
-/// Runs the node `setup` describes with its service; an unknown name is an error before
-/// anything starts.
-pub async fn run(setup: NodeSetup) -> Result<(), String> {
+/// Runs the node `setup` describes with its service until `control` stops it; an unknown
+/// name is an error before anything starts.
+pub async fn run(setup: NodeSetup, control: Control) -> Result<(), String> {
     let result: Result<(), NodeError> = match setup.service.as_str() {
-        "kv" => keel_runtime::node::run_node(setup, keel_kv::Kv::new).await,
-        "null" => keel_runtime::node::run_node(setup, || keel_null::Null).await,
+        "kv" => keel_runtime::node::run_controlled(setup, keel_kv::Kv::new, control).await,
+        "null" => keel_runtime::node::run_controlled(setup, || keel_null::Null, control).await,
         other => {
             return Err(format!(
                 "unknown service {other:?} in the cluster configuration; this binary runs: {}",

@@ -775,6 +775,68 @@ async fn a_wal_cut_at_damage_is_logged_with_its_byte_counts() {
     assert!(cluster.exited(3).is_none(), "node 3 runs on");
 }
 
+/// `keel up` supervises (issue #25: one node's death used to stop the whole cluster): a
+/// node killed with SIGKILL is reported and the others keep serving; SIGTERM to `keel
+/// up` stops every node gracefully (each makes its log durable and says so) and it
+/// exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keel_up_reports_a_dead_node_keeps_the_others_and_stops_them_gracefully() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let init = Command::new(support::KEEL)
+        .args(["init", "--u", "1", "--r", "1", "--clients", "2", "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .status()
+        .expect("keel init");
+    assert!(init.success());
+    let up_log = dir.path().join("up.log");
+    let log = std::fs::File::create(&up_log).expect("log");
+    let mut up = Command::new(support::KEEL)
+        .args(["up", "--dir"])
+        .arg(dir.path())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("keel up");
+    let client_setup = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client");
+    let c = KeelClient::connect(client_setup).expect("client");
+    put(&c, "a", "1").await.expect("put with every node up");
+    let pid_of = |i: usize| -> i32 {
+        let text = std::fs::read_to_string(dir.path().join(format!("node-{i}/data/node.pid"))).expect("pid file");
+        text.trim().parse().expect("a pid")
+    };
+    // SAFETY: kill(2) on a process this test started (through keel up).
+    unsafe {
+        libc::kill(pid_of(2), libc::SIGKILL);
+    }
+    put(&c, "b", "2").await.expect("put with node 2 dead");
+    assert_eq!(get(&c, "b").await.as_deref(), Some("2"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(up.try_wait().expect("keel up").is_none(), "keel up runs on");
+    let said = std::fs::read_to_string(&up_log).unwrap_or_default();
+    assert!(said.contains("node-2 exited") && said.contains("3 nodes still running"), "{said}");
+
+    // SAFETY: as above, keel up itself.
+    unsafe {
+        libc::kill(up.id() as i32, libc::SIGTERM);
+    }
+    let started = Instant::now();
+    let code = loop {
+        if let Some(code) = up.try_wait().expect("keel up") {
+            break code;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "keel up did not stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(code.success(), "{code}");
+    for i in [0, 1, 3] {
+        let log = std::fs::read_to_string(dir.path().join(format!("node-{i}/node.log"))).unwrap_or_default();
+        assert!(log.contains("SIGTERM: stopping once its log is durable"), "node {i}:\n{log}");
+        assert!(log.contains("node stopped"), "node {i} did not stop gracefully:\n{log}");
+    }
+}
+
 #[test]
 fn an_unknown_service_is_refused_by_init_and_by_node() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -201,6 +201,12 @@ impl Control {
         Control { stop: None, serving: None, plane: None }
     }
 
+    /// Stops (gracefully: what it handed to its log made durable) once `stop` turns true
+    /// or its sender is dropped: how `keel node` answers SIGTERM.
+    pub fn stop_on(stop: watch::Receiver<bool>) -> Control {
+        Control { stop: Some(stop), serving: None, plane: None }
+    }
+
     /// The node listens and has recovered: its status and events go to the handle.
     pub(crate) fn started(&mut self, shared: &Arc<Shared>, m: &Metrics) {
         if let Some(tx) = self.serving.take() {

@@ -91,8 +91,12 @@ pub async fn run_node<S: Service + Send + 'static>(setup: NodeSetup, make: impl 
     run_controlled(setup, make, Control::none()).await
 }
 
-/// [`run_node`] until `control` says stop (`embed.rs`: a node a program started).
-pub(crate) async fn run_controlled<S: Service + Send + 'static>(
+/// [`run_node`] until `control` says stop ([`Control::stop_on`]; `embed.rs` for a node a
+/// program started), then returns once what the node handed to its log is durable.
+///
+/// # Errors
+/// As [`run_node`].
+pub async fn run_controlled<S: Service + Send + 'static>(
     setup: NodeSetup,
     make: impl Fn() -> S,
     control: Control,
