@@ -18,8 +18,8 @@ pub struct KvArgs {
     /// Which client identity to use (a client-<ID> directory).
     #[arg(long)]
     client: Option<u64>,
-    /// Give up after this many seconds.
-    #[arg(long, default_value_t = 10)]
+    /// Give up after this many seconds (1 to 86400).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     timeout: u64,
     #[command(subcommand)]
     op: KvOp,

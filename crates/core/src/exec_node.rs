@@ -104,6 +104,32 @@ pub struct ExecNode<S> {
 /// intervals of it; one more covers a certificate still on its way.
 const OWN_KEPT: usize = 3;
 
+impl<S: Service> crate::node::Node for ExecNode<S> {
+    fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
+        ExecNode::step(self, now, input, out)
+    }
+
+    fn config(&self) -> &ClusterConfig {
+        ExecNode::config(self)
+    }
+
+    fn status(&self) -> crate::node::NodeStatus {
+        let cfg = self.config();
+        crate::node::NodeStatus {
+            view: 0,
+            view_change_to: None,
+            executed: self.executed(),
+            stable: self.stable_seq(),
+            transfer: self.transfer_progress(),
+            peers: cfg.n() + cfg.exec_ids().len() - 1,
+        }
+    }
+
+    fn admit(&self, from: NodeId, epoch: u64, msg: Message, _checked: bool) -> crate::node::Admit {
+        crate::node::admit_at_stage_node(self.config(), from, epoch, msg)
+    }
+}
+
 impl<S: Service> ExecNode<S> {
     /// A fresh execution node `id` (one of [`ClusterConfig::executors`]) with an empty state.
     ///

@@ -22,6 +22,7 @@ pub mod ids;
 pub mod keys;
 pub mod membership;
 pub mod message;
+pub mod node;
 pub mod parallel;
 pub mod quorum;
 pub(crate) mod read_wait;

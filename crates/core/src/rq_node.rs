@@ -89,6 +89,32 @@ pub struct RqNode {
     now: u64,
 }
 
+impl crate::node::Node for RqNode {
+    fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
+        RqNode::step(self, now, input, out)
+    }
+
+    fn config(&self) -> &ClusterConfig {
+        RqNode::config(self)
+    }
+
+    fn status(&self) -> crate::node::NodeStatus {
+        let cfg = self.config();
+        crate::node::NodeStatus {
+            view: self.view(),
+            view_change_to: None,
+            executed: 0,
+            stable: 0,
+            transfer: None,
+            peers: cfg.n() + cfg.rq_ids().len() - 1,
+        }
+    }
+
+    fn admit(&self, from: NodeId, epoch: u64, msg: Message, _checked: bool) -> crate::node::Admit {
+        crate::node::admit_at_stage_node(self.config(), from, epoch, msg)
+    }
+}
+
 impl RqNode {
     /// RQ node `id` of `cfg` (one of [`ClusterConfig::endorsers`]), with its signing key
     /// and the secret its clients' MAC keys derive from.

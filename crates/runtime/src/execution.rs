@@ -14,16 +14,15 @@
 use crate::clients::Clients;
 use crate::committer::Committer;
 use crate::config::NodeSetup;
-use crate::embed::{Control, PlaneIn};
-use crate::inbound::{self, Inbound};
-use crate::metrics::Metrics;
-use crate::metrics::Status;
-use crate::node::{announce, dial_peers, drain, flush, listen, now_ms, NodeError, Peers, INBOUND_QUEUE_MAX};
+use crate::embed::Control;
+use crate::inbound;
+use crate::node::{
+    announce, dial_peers, drain, flush, handle, listen, now_ms, publish, Link, NodeError, INBOUND_QUEUE_MAX,
+};
 use crate::storage::{Storage, StorageError};
 use keel_core::config::stage_node;
 use keel_core::exec_node::ExecNode;
-use keel_core::message::Message;
-use keel_core::replica::{Input, Outputs, Peer};
+use keel_core::replica::{Input, Outputs};
 use keel_core::service::Service;
 use std::time::Duration;
 
@@ -68,6 +67,8 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
     })?;
     let mut out = Outputs::default();
     let mut tick = tokio::time::interval(TICK);
+    // Last state-transfer progress logged, in tenths.
+    let mut transfer_logged = u64::MAX;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         if exec.config().epoch() != peers.epoch() {
@@ -80,37 +81,18 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
             e = committer.failed() => return Err(e.into()),
             ev = in_rx.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
-                handle(&mut exec, ev, &mut clients, &mut out, (&plane_in, &peers, &m));
+                let link = Link { peers: &peers, stats: &stats, plane: &plane_in, m: &m };
+                handle(&mut exec, ev, &mut clients, &mut out, &link);
                 for _ in 0..STEP_BATCH_MAX {
                     match in_rx.try_recv() {
-                        Some(ev) => handle(&mut exec, ev, &mut clients, &mut out, (&plane_in, &peers, &m)),
+                        Some(ev) => handle(&mut exec, ev, &mut clients, &mut out, &link),
                         None => break,
                     }
                 }
             }
             _ = tick.tick() => {
                 exec.step(now_ms(), Input::Tick, &mut out);
-                m.executed.set(exec.executed() as i64);
-                m.stable.set(exec.stable_seq() as i64);
-                m.inbound_queue.set(in_rx.len() as i64);
-                let transfer = exec.transfer_progress();
-                m.transfer_permille.set(transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
-                if let Ok(mut s) = shared.status.lock() {
-                    let cfg = exec.config();
-                    *s = Status {
-                        node: setup.id,
-                        view: 0,
-                        primary: cfg.primary(0),
-                        view_change_to: None,
-                        executed: exec.executed(),
-                        stable: exec.stable_seq(),
-                        peers_connected: peers.connected(),
-                        peers: (cfg.n() + cfg.exec_ids().len() - 1) as u64,
-                        transfer,
-                        epoch: cfg.epoch(),
-                        members: cfg.membership.members.iter().map(|x| x.id).collect(),
-                    };
-                }
+                publish(&exec, setup.id, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }
             (to, payload) = plane_out.next() => peers.send_plane(to, payload, &m),
             _ = control.stopped() => break,
@@ -120,30 +102,4 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
     committer.close();
     tracing::info!(node = setup.id, "execution node stopped");
     Ok(())
-}
-
-fn handle<S: Service>(
-    exec: &mut ExecNode<S>,
-    ev: Inbound,
-    clients: &mut Clients,
-    out: &mut Outputs,
-    (plane, peers, m): (&PlaneIn, &Peers, &Metrics),
-) {
-    match ev {
-        Inbound::Input(input) => exec.step(now_ms(), input, out),
-        Inbound::Node { from, msg: Message::Plane { payload }, .. } => {
-            plane.deliver(from, peers.trusts(from), payload, m)
-        }
-        Inbound::Node { from, epoch, msg, .. } => {
-            let cfg = exec.config();
-            if matches!(msg, Message::IndexAck { .. }) && epoch != cfg.epoch() {
-                // A read index counts only within the epoch whose quorum it is from.
-                return;
-            }
-            let from = if cfg.exec_ids().contains(&from) { stage_node(from) } else { from };
-            exec.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out)
-        }
-        Inbound::ClientUp { id, conn, tx, close } => clients.up(id, conn, tx, close),
-        Inbound::ClientDown { id, conn } => clients.down(id, conn),
-    }
 }

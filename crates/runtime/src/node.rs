@@ -24,9 +24,10 @@ use crate::transport::{
     SEND_QUEUE_MAX,
 };
 use keel_core::codec;
-use keel_core::config::{stage_id, stage_node};
+use keel_core::config::stage_id;
 use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
+use keel_core::node::{Admit, Node};
 use keel_core::replica::{
     CheckpointJob, CheckpointReady, Event, Input, NextEpoch, Outputs, Peer, Reject, Replica, Verifier,
 };
@@ -244,10 +245,11 @@ async fn run_replica<S: Service + Send + 'static>(
             ev = in_rx.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
                 replica.hold_proposals();
-                handle(&mut replica, ev, &mut clients, &mut out, &peers, &stats, (&plane_in, &m));
+                let link = Link { peers: &peers, stats: &stats, plane: &plane_in, m: &m };
+                handle(&mut replica, ev, &mut clients, &mut out, &link);
                 for _ in 0..STEP_BATCH_MAX {
                     match in_rx.try_recv() {
-                        Some(ev) => handle(&mut replica, ev, &mut clients, &mut out, &peers, &stats, (&plane_in, &m)),
+                        Some(ev) => handle(&mut replica, ev, &mut clients, &mut out, &link),
                         None => break,
                     }
                 }
@@ -265,7 +267,7 @@ async fn run_replica<S: Service + Send + 'static>(
                     break;
                 }
                 replica.step(now_ms(), Input::Tick, &mut out);
-                publish(&replica, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
+                publish(&replica, setup.id, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }
             (to, payload) = plane_out.next() => peers.send_plane(to, payload, &m),
             // Steps happen in the arms above and their outputs were flushed at the top of
@@ -503,7 +505,7 @@ impl Peers {
     }
 
     /// The queue to the member with stable id `id`.
-    fn by_id(&self, id: u32) -> Option<&mpsc::Sender<Vec<u8>>> {
+    pub(crate) fn by_id(&self, id: u32) -> Option<&mpsc::Sender<Vec<u8>>> {
         self.by_id.get(&id).map(|l| &l.tx)
     }
 
@@ -561,23 +563,26 @@ fn hold_back_proposals(
     }
 }
 
-/// Updates the gauges and the `/status` snapshot (every tick: cheap, no locks held long).
-fn publish<S: Service>(
-    replica: &Replica<S>,
+/// Updates the gauges and the `/status` snapshot of any node (every tick: cheap, no
+/// locks held long).
+pub(crate) fn publish<N: Node>(
+    node: &N,
+    id: NodeId,
     m: &Metrics,
     shared: &Shared,
     inbound: usize,
     connected: u64,
     logged: &mut u64,
 ) {
-    m.view.set(replica.view() as i64);
-    m.epoch.set(replica.epoch() as i64);
-    m.executed.set(replica.executed() as i64);
-    m.stable.set(replica.stable_seq() as i64);
+    let st = node.status();
+    let cfg = node.config();
+    m.view.set(st.view as i64);
+    m.epoch.set(cfg.epoch() as i64);
+    m.executed.set(st.executed as i64);
+    m.stable.set(st.stable as i64);
     m.inbound_queue.set(inbound as i64);
-    let transfer = replica.transfer_progress();
-    m.transfer_permille.set(transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
-    match transfer {
+    m.transfer_permille.set(st.transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
+    match st.transfer {
         Some((have, total)) if total > 0 => {
             let tenth = (have * 10 / total) as u64;
             if tenth != *logged {
@@ -589,64 +594,48 @@ fn publish<S: Service>(
     }
     if let Ok(mut s) = shared.status.lock() {
         *s = Status {
-            node: replica.id(),
-            view: replica.view(),
-            primary: replica.config().primary(replica.view()),
-            view_change_to: replica.in_view_change(),
-            executed: replica.executed(),
-            stable: replica.stable_seq(),
+            node: id,
+            view: st.view,
+            primary: cfg.primary(st.view),
+            view_change_to: st.view_change_to,
+            executed: st.executed,
+            stable: st.stable,
             peers_connected: connected,
-            // Stages apart: the execution and RQ nodes are peers too.
-            peers: (replica.config().n() - 1 + replica.config().exec_ids().len() + replica.config().rq_ids().len())
-                as u64,
-            transfer,
-            epoch: replica.epoch(),
-            members: replica.config().membership.members.iter().map(|x| x.id).collect(),
+            peers: st.peers as u64,
+            transfer: st.transfer,
+            epoch: cfg.epoch(),
+            members: cfg.membership.members.iter().map(|x| x.id).collect(),
         };
     }
 }
 
-fn handle<S: Service>(
-    replica: &mut Replica<S>,
-    ev: Inbound,
-    clients: &mut Clients,
-    out: &mut Outputs,
-    peers: &Peers,
-    stats: &TransportStats,
-    (plane, m): (&PlaneIn, &Metrics),
-) {
+/// What handling an input needs besides the node: where answers go and what is counted.
+pub(crate) struct Link<'a> {
+    pub(crate) peers: &'a Peers,
+    pub(crate) stats: &'a TransportStats,
+    pub(crate) plane: &'a PlaneIn,
+    pub(crate) m: &'a Metrics,
+}
+
+/// Steps any node with one inbound event: node messages as the node admits them
+/// ([`Node::admit`]: the one place stable ids become the names a core counts by), the
+/// node plane's to the service, client connections to the client table.
+pub(crate) fn handle<N: Node>(node: &mut N, ev: Inbound, clients: &mut Clients, out: &mut Outputs, link: &Link) {
     match ev {
-        Inbound::Input(input) => replica.step(now_ms(), input, out),
+        Inbound::Input(input) => node.step(now_ms(), input, out),
         // The service's, not the protocol's: whoever sent it, in whatever epoch.
         Inbound::Node { from, msg: Message::Plane { payload }, .. } => {
-            plane.deliver(from, peers.trusts(from), payload, m)
+            link.plane.deliver(from, link.peers.trusts(from), payload, link.m)
         }
-        Inbound::Node { from, epoch, msg, checked } => {
-            let mine = replica.epoch();
-            let cfg = replica.config();
-            if cfg.exec_ids().contains(&from) || cfg.rq_ids().contains(&from) {
-                // An execution or RQ node: by its stage name, whatever its epoch.
-                replica.step(now_ms(), Input::Message { from: Peer::Node(stage_node(from)), msg }, out);
-            } else if epoch == mine {
-                // Counted by the sender's index in this epoch; a stranger is dropped.
-                let Some(index) = replica.config().membership.index_of(from) else { return };
-                let input = if checked {
-                    Input::Checked { from: index, msg }
-                } else {
-                    Input::Message { from: Peer::Node(index), msg }
-                };
-                replica.step(now_ms(), input, out);
-            } else if matches!(msg, Message::EpochCerts(_)) {
-                // Self-certifying: from whoever sends them (replica/epoch.rs).
-                replica.step(now_ms(), Input::Message { from: Peer::Node(0), msg }, out);
-            } else if epoch < mine && matches!(msg, Message::Status { .. }) {
-                // A member still in an earlier epoch: how the membership changed since.
-                let certs = replica.epoch_certs_after(epoch);
-                if let (false, Some(tx)) = (certs.is_empty(), peers.by_id(from)) {
-                    offer(tx, node_frame(mine, &Message::EpochCerts(certs)), stats);
+        Inbound::Node { from, epoch, msg, checked } => match node.admit(from, epoch, msg, checked) {
+            Admit::Step(input) => node.step(now_ms(), input, out),
+            Admit::Answer(answer) => {
+                if let Some(tx) = link.peers.by_id(from) {
+                    offer(tx, node_frame(link.peers.epoch, &answer), link.stats);
                 }
             }
-        }
+            Admit::Drop => {}
+        },
         Inbound::ClientUp { id, conn, tx, close } => clients.up(id, conn, tx, close),
         Inbound::ClientDown { id, conn } => clients.down(id, conn),
     }

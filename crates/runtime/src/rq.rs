@@ -13,9 +13,10 @@
 use crate::clients::Clients;
 use crate::config::NodeSetup;
 use crate::embed::Control;
-use crate::inbound::{self, Inbound};
-use crate::metrics::Status;
-use crate::node::{announce, dial_peers, listen, now_ms, record_events, NodeError, Peers, INBOUND_QUEUE_MAX};
+use crate::inbound;
+use crate::node::{
+    announce, dial_peers, handle, listen, now_ms, publish, record_events, Link, NodeError, Peers, INBOUND_QUEUE_MAX,
+};
 use crate::transport::{node_frame, offer, TransportStats};
 use keel_core::codec;
 use keel_core::config::stage_node;
@@ -64,9 +65,12 @@ pub async fn run_rq_node(setup: NodeSetup, mut control: Control) -> Result<(), N
     peers.follow_stage(&cfg.membership);
     let bans = listen(&setup, &in_tx, None, &stats).await?;
     control.started(&shared, &m);
+    let (plane_in, mut plane_out) = control.take_plane();
     let mut clients = Clients::new(bans);
     let mut out = Outputs::default();
     let mut tick = tokio::time::interval(TICK);
+    // Last state-transfer progress logged (an RQ node transfers none): publish's.
+    let mut transfer_logged = u64::MAX;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         if rq.epoch() != peers.epoch() {
@@ -83,51 +87,25 @@ pub async fn run_rq_node(setup: NodeSetup, mut control: Control) -> Result<(), N
         tokio::select! {
             ev = in_rx.recv() => {
                 let Some(ev) = ev else { return Ok(()) };
-                handle(&mut rq, ev, &mut clients, &mut out);
+                let link = Link { peers: &peers, stats: &stats, plane: &plane_in, m: &m };
+                handle(&mut rq, ev, &mut clients, &mut out, &link);
                 for _ in 0..STEP_BATCH_MAX {
                     match in_rx.try_recv() {
-                        Some(ev) => handle(&mut rq, ev, &mut clients, &mut out),
+                        Some(ev) => handle(&mut rq, ev, &mut clients, &mut out, &link),
                         None => break,
                     }
                 }
             }
             _ = tick.tick() => {
                 rq.step(now_ms(), Input::Tick, &mut out);
-                m.inbound_queue.set(in_rx.len() as i64);
-                if let Ok(mut s) = shared.status.lock() {
-                    let cfg = rq.config();
-                    *s = Status {
-                        node: setup.id,
-                        view: rq.view(),
-                        primary: cfg.primary(rq.view()),
-                        view_change_to: None,
-                        executed: 0,
-                        stable: 0,
-                        peers_connected: peers.connected(),
-                        peers: (cfg.n() + cfg.rq_ids().len() - 1) as u64,
-                        transfer: None,
-                        epoch: cfg.epoch(),
-                        members: cfg.membership.members.iter().map(|x| x.id).collect(),
-                    };
-                }
+                publish(&rq, setup.id, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }
+            (to, payload) = plane_out.next() => peers.send_plane(to, payload, &m),
             _ = control.stopped() => {
                 tracing::info!(node = setup.id, "RQ node stopped");
                 return Ok(());
             }
         }
-    }
-}
-
-fn handle(rq: &mut RqNode, ev: Inbound, clients: &mut Clients, out: &mut Outputs) {
-    match ev {
-        Inbound::Input(input) => rq.step(now_ms(), input, out),
-        Inbound::Node { from, msg, .. } => {
-            let from = if rq.config().rq_ids().contains(&from) { stage_node(from) } else { from };
-            rq.step(now_ms(), Input::Message { from: Peer::Node(from), msg }, out)
-        }
-        Inbound::ClientUp { id, conn, tx, close } => clients.up(id, conn, tx, close),
-        Inbound::ClientDown { id, conn } => clients.down(id, conn),
     }
 }
 

@@ -22,6 +22,7 @@ use keel_core::membership::{AdminOp, Change, Member, Membership, ADMIN_CLIENT};
 use keel_core::message::{
     owner_of, session_id, session_of, ClientId, Message, NodeId, Read, Reply, ReplyBody, Request, Seq, View,
 };
+use keel_core::node::{Admit, Node};
 use keel_core::quorum::{Mutation, Quorums};
 use keel_core::replica::{
     client_mac_key, endorse_key, CheckpointJob, Durable, Event, Input, NextEpoch, NodeSecrets, Outputs, Peer, Replica,
@@ -381,6 +382,26 @@ impl<S: Service> SimNode<S> {
     /// its disk empty. Order nodes set their replica, role, skew and Byzantine behaviour;
     /// execution and RQ nodes their core (membership changes never move them).
     /// The membership epoch an execution or RQ node runs.
+    /// The core this node runs, whichever it is, to step.
+    fn core_mut(&mut self) -> Option<&mut dyn Node> {
+        match (&mut self.replica, &mut self.exec, &mut self.rq) {
+            (Some(r), _, _) => Some(r),
+            (_, Some(e), _) => Some(e),
+            (_, _, Some(q)) => Some(q),
+            _ => None,
+        }
+    }
+
+    /// The core this node runs, whichever it is.
+    fn core(&self) -> Option<&dyn Node> {
+        match (&self.replica, &self.exec, &self.rq) {
+            (Some(r), _, _) => Some(r),
+            (_, Some(e), _) => Some(e),
+            (_, _, Some(q)) => Some(q),
+            _ => None,
+        }
+    }
+
     fn stage_epoch(&self) -> u64 {
         match (&self.exec, &self.rq) {
             (Some(e), _) => e.config().epoch(),
@@ -1062,42 +1083,34 @@ impl<W: Workload> World<W> {
 
     fn step_node(&mut self, n: NodeId, input: Input) {
         let now = self.node_now(n);
-        // A node of a stage apart (RQ or execution): no epochs; a failed invariant stops
-        // it and is reported with the trace.
         let node = &mut self.nodes[n as usize];
-        if node.rq.is_some() || node.exec.is_some() {
-            let mut out = Outputs::default();
-            let (what, stepped) = match (node.rq.as_mut(), node.exec.as_mut()) {
-                (Some(rq), _) => ("RQ node", catch_step(|| rq.step(now, input, &mut out))),
-                (_, Some(exec)) => ("execution node", catch_step(|| exec.step(now, input, &mut out))),
-                (None, None) => return,
-            };
-            let epoch = node.stage_epoch();
-            match stepped {
-                Ok(()) => {
-                    self.rq_liar_follows(n);
-                    self.process_outputs(n, out, epoch)
-                }
-                Err(panic) => {
-                    (node.rq, node.exec) = (None, None);
-                    self.violation("invariant", format!("{what} {n}: {panic}"));
-                }
-            }
-            return;
-        }
-        let Some(replica) = self.nodes[n as usize].replica.as_mut() else {
-            return;
+        let stage = node.rq.is_some() || node.exec.is_some();
+        let what = if node.rq.is_some() {
+            "RQ node"
+        } else if node.exec.is_some() {
+            "execution node"
+        } else {
+            "node"
         };
+        let Some(core) = node.core_mut() else { return };
+        let before = core.config().epoch();
         let mut out = Outputs::default();
-        let epoch = replica.epoch();
         // A failed invariant is reported with the trace that led to it (a panic that
-        // unwound the whole world would lose the trace).
-        if let Err(panic) = catch_step(|| replica.step(now, input, &mut out)) {
-            self.nodes[n as usize].replica = None;
-            self.violation("invariant", format!("node {n}: {panic}"));
+        // unwound the whole world would lose the trace), and stops the node.
+        if let Err(panic) = catch_step(|| core.step(now, input, &mut out)) {
+            (node.replica, node.exec, node.rq) = (None, None, None);
+            self.violation("invariant", format!("{what} {n}: {panic}"));
             return;
         }
-        self.process_outputs(n, out, epoch);
+        if stage {
+            // A stage node follows epochs inside its step: its outputs are the new one's.
+            let epoch = node.stage_epoch();
+            self.rq_liar_follows(n);
+            self.process_outputs(n, out, epoch);
+        } else {
+            // An order node's epoch ends after its step's outputs (the driver switches).
+            self.process_outputs(n, out, before);
+        }
     }
 
     /// A lying RQ node whose core followed a new epoch makes its lies for the new members
@@ -1509,38 +1522,23 @@ impl<W: Workload> World<W> {
                     },
                     None => return,
                 };
-                // Node messages count only within one epoch, by index there. Across
-                // epochs only certificates pass: a STATUS from an earlier epoch is answered
-                // with them, and they are taken from anyone.
-                let from = match from {
-                    // Stage nodes by their stage names, order nodes by stable id at a
-                    // stage node (a read-index answer only from its epoch's members).
-                    Peer::Node(f) if self.is_stage_id(f) => Peer::Node(stage_node(f)),
-                    Peer::Node(_)
-                        if self.is_stage_id(n) && matches!(msg, Message::IndexAck { .. }) && epoch != mine =>
-                    {
-                        return
-                    }
-                    Peer::Node(f) if self.is_stage_id(n) => Peer::Node(f),
-                    Peer::Node(f) if epoch == mine => {
-                        match self.memberships.get(&mine).and_then(|ids| ids.iter().position(|i| *i == f)) {
-                            Some(index) => Peer::Node(index as NodeId),
-                            None => return,
-                        }
-                    }
-                    Peer::Node(f) => match &msg {
-                        Message::Status { .. } if epoch < mine => {
-                            let certs = self.nodes[n as usize].replica.as_ref().map(|r| r.epoch_certs_after(epoch));
-                            if let Some(certs) = certs.filter(|c| !c.is_empty()) {
-                                let frame = codec::encode(&Message::EpochCerts(certs));
-                                self.transmit_after(to, Peer::Node(f), frame, 0, mine);
+                // How the receiving core admits it (keel_core::node::Node::admit, as the
+                // runtime does): within one epoch by index, stage nodes by stage names,
+                // across epochs only certificates.
+                let (from, msg) = match from {
+                    Peer::Node(f) => {
+                        let Some(core) = self.nodes[n as usize].core() else { return };
+                        match core.admit(f, epoch, msg, false) {
+                            Admit::Step(Input::Message { from, msg }) => (from, msg),
+                            // Only the runtime's verify stage marks messages checked.
+                            Admit::Step(_) | Admit::Drop => return,
+                            Admit::Answer(answer) => {
+                                self.transmit_after(to, Peer::Node(f), codec::encode(&answer), 0, mine);
+                                return;
                             }
-                            return;
                         }
-                        Message::EpochCerts(_) => Peer::Node(0),
-                        _ => return,
-                    },
-                    client => client,
+                    }
+                    client => (client, msg),
                 };
                 let answers = match self.nodes[n as usize].byzantine.as_mut() {
                     Some(b) => b.observe(&mut self.rng, from, &msg),

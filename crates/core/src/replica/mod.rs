@@ -341,6 +341,62 @@ pub struct Replica<S> {
     next_retransmit: u64,
 }
 
+impl<S: Service> crate::node::Node for Replica<S> {
+    fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
+        Replica::step(self, now, input, out)
+    }
+
+    fn config(&self) -> &ClusterConfig {
+        Replica::config(self)
+    }
+
+    fn status(&self) -> crate::node::NodeStatus {
+        let cfg = self.config();
+        crate::node::NodeStatus {
+            view: self.view(),
+            view_change_to: self.in_view_change(),
+            executed: self.executed(),
+            stable: self.stable_seq(),
+            transfer: self.transfer_progress(),
+            // Stages apart: the execution and RQ nodes are peers too.
+            peers: cfg.n() - 1 + cfg.exec_ids().len() + cfg.rq_ids().len(),
+        }
+    }
+
+    /// Order nodes count votes by index within the epoch: a member's message is admitted
+    /// only in the epoch both are in, by its index there; stage nodes by their stage
+    /// names whatever their epoch. Across epochs only certificates pass: taken from anyone
+    /// (they prove themselves, epoch.rs), and a STATUS from an earlier epoch is answered
+    /// with the certificates since.
+    fn admit(&self, from: NodeId, epoch: u64, msg: Message, checked: bool) -> crate::node::Admit {
+        use crate::node::Admit;
+        let cfg = self.config();
+        if crate::node::is_stage_id(cfg, from) {
+            return Admit::Step(Input::Message { from: Peer::Node(crate::config::stage_node(from)), msg });
+        }
+        let mine = self.epoch();
+        if epoch == mine {
+            return match cfg.membership.index_of(from) {
+                Some(index) if checked => Admit::Step(Input::Checked { from: index, msg }),
+                Some(index) => Admit::Step(Input::Message { from: Peer::Node(index), msg }),
+                None => Admit::Drop,
+            };
+        }
+        match msg {
+            Message::EpochCerts(_) => Admit::Step(Input::Message { from: Peer::Node(0), msg }),
+            Message::Status { .. } if epoch < mine => {
+                let certs = self.epoch_certs_after(epoch);
+                if certs.is_empty() {
+                    Admit::Drop
+                } else {
+                    Admit::Answer(Message::EpochCerts(certs))
+                }
+            }
+            _ => Admit::Drop,
+        }
+    }
+}
+
 impl<S: Service> Replica<S> {
     /// A fresh node at view 0 with an empty state.
     pub fn new(cfg: ClusterConfig, id: NodeId, secrets: NodeSecrets, service: S) -> Replica<S> {
