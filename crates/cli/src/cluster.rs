@@ -163,11 +163,16 @@ pub struct NodeArgs {
     /// The node's node.toml.
     #[arg(long)]
     config: PathBuf,
+    /// This node lost its disk: start from a data directory `keel init` did not
+    /// provision (missing or empty), rejoining the cluster: it fetches the state and
+    /// votes again only once caught up. Without it such a directory is refused.
+    #[arg(long)]
+    rejoin: bool,
 }
 
 pub fn run_node(a: NodeArgs) -> ExitCode {
     let setup = match NodeFile::load(&a.config) {
-        Ok(s) => s,
+        Ok(s) => keel_runtime::config::NodeSetup { rejoin: a.rejoin, ..s },
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);

@@ -32,7 +32,18 @@ async fn wiped_disk_under_load(u: u32, r: u32) {
     cluster.kill(1);
     let data = cluster.path().join("node-1/data");
     std::fs::remove_dir_all(&data).expect("delete the data directory");
-    cluster.start(1);
+    // Without --rejoin the node refuses the directory (it could be a missing mount), and
+    // leaves it as it found it: unprovisioned.
+    let refused = std::process::Command::new(support::KEEL)
+        .args(["node", "--config"])
+        .arg(cluster.path().join("node-1/node.toml"))
+        .output()
+        .expect("keel node runs");
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("was not provisioned by keel init") && err.contains("--rejoin"), "{err}");
+    assert!(!data.join("FORMAT").exists(), "a refused start must not stamp the directory");
+    cluster.start_with(1, &["--rejoin"]);
     assert!(
         wait_for_log(&cluster, 1, "rejoining", Duration::from_secs(10)).await,
         "node 1 did not start as a rejoining node"

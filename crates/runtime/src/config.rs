@@ -379,6 +379,10 @@ pub struct NodeSetup {
     pub executors: Vec<(NodeId, SocketAddr)>,
     /// A separate RQ stage: every RQ node's id and address (empty: the order nodes).
     pub rq_nodes: Vec<(NodeId, SocketAddr)>,
+    /// The operator said this node lost its disk (`keel node --rejoin`): a data
+    /// directory that `keel init` did not provision is then rejoined from; without it,
+    /// such a directory is refused (it may be a typo in `data_dir`, or a mount missing).
+    pub rejoin: bool,
 }
 
 impl NodeSetup {
@@ -452,6 +456,7 @@ impl NodeFile {
             secrets,
             executors: cluster_file.executor_addrs(),
             rq_nodes: cluster_file.rq_addrs(),
+            rejoin: false,
         })
     }
 }

@@ -69,6 +69,13 @@ pub enum NodeError {
     Membership(String),
     #[error("checkpoint thread: {0}")]
     Checkpoint(String),
+    #[error(
+        "node {node}: {} holds no data and was not provisioned by keel init. If this node lost its disk, start \
+         it with --rejoin: it then fetches the state and votes again only once caught up. Otherwise check \
+         data_dir in node.toml (or a disk that is not mounted)",
+        dir.display()
+    )]
+    Unprovisioned { node: NodeId, dir: std::path::PathBuf },
     #[error("runtime: {0}")]
     Runtime(String),
     #[error("the node's client identity: {0}")]
@@ -146,6 +153,10 @@ async fn run_replica<S: Service + Send + 'static>(
         )));
     };
     let fresh = durable.records.is_empty() && durable.snapshots.is_empty();
+    if fresh && storage.unprovisioned() && !setup.rejoin {
+        storage.refuse_unprovisioned()?;
+        return Err(NodeError::Unprovisioned { node: setup.id, dir: setup.data_dir.clone() });
+    }
     let mut replica = if fresh && storage.unprovisioned() {
         // The data directory is gone (deleted, or a new disk): whatever this node voted
         // for before, others still count. It rejoins without voting until it caught up

@@ -423,6 +423,33 @@ impl Storage {
         self.unprovisioned
     }
 
+    /// Closes an unprovisioned directory the node will not run from (the operator did
+    /// not say `--rejoin`) as this open found it: the format stamp it wrote and the empty
+    /// log and snapshot directories it created are taken back (the format check found
+    /// them empty or absent before stamping), so the next start finds it unprovisioned
+    /// again; stamped, it would start as a new member and vote at once (issue #21 defect
+    /// 4). The lock is held until they are gone.
+    ///
+    /// # Errors
+    /// If they cannot be removed.
+    pub fn refuse_unprovisioned(self) -> Result<(), StorageError> {
+        if !self.unprovisioned {
+            return Ok(());
+        }
+        let Storage { wal_dir, snapshots, segment, reaper, _lock, .. } = self;
+        // Nothing of ours may hold a file in them while they go.
+        drop((snapshots, segment, reaper));
+        let dir = wal_dir.parent().map(Path::to_path_buf).unwrap_or_default();
+        let stamp = dir.join(FORMAT_FILE);
+        fs::remove_file(&stamp).map_err(io_err("remove", &stamp))?;
+        for sub in [wal_dir, dir.join("snap")] {
+            fs::remove_dir_all(&sub).map_err(io_err("remove", &sub))?;
+        }
+        fsync_dir(&dir)?;
+        drop(_lock);
+        Ok(())
+    }
+
     pub fn policy(&self) -> FsyncPolicy {
         self.policy
     }
@@ -578,6 +605,25 @@ mod tests {
         drop(s);
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
         assert_eq!(views(&d), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_refused_unprovisioned_directory_is_left_unprovisioned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let (s, _) = Storage::open(&data, FsyncPolicy::Batch).expect("open");
+        assert!(s.unprovisioned());
+        s.refuse_unprovisioned().expect("refused");
+        // Twice: each start without --rejoin finds it as the first did.
+        for _ in 0..2 {
+            let (s, _) = Storage::open(&data, FsyncPolicy::Batch).expect("open again");
+            assert!(s.unprovisioned(), "a refused start must not provision the directory");
+            s.refuse_unprovisioned().expect("refused");
+        }
+        let (s, _) = Storage::open(&data, FsyncPolicy::Batch).expect("open");
+        drop(s);
+        let (s, _) = Storage::open(&data, FsyncPolicy::Batch).expect("open");
+        assert!(!s.unprovisioned(), "a start that went on stamped it");
     }
 
     #[test]

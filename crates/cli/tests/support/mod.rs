@@ -130,12 +130,18 @@ impl Cluster {
     }
 
     pub fn start(&mut self, i: usize) {
+        self.start_with(i, &[]);
+    }
+
+    /// Starts node `i` with extra `keel node` arguments (`--rejoin`).
+    pub fn start_with(&mut self, i: usize, args: &[&str]) {
         assert!(self.nodes[i].is_none());
         let ndir = self.path().join(format!("node-{i}"));
         let log = std::fs::OpenOptions::new().create(true).append(true).open(ndir.join("node.log")).expect("log");
         let child = Command::new(KEEL)
             .args(["node", "--config"])
             .arg(ndir.join("node.toml"))
+            .args(args)
             .env("RUST_LOG", "info")
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
