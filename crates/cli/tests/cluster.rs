@@ -837,6 +837,51 @@ async fn keel_up_reports_a_dead_node_keeps_the_others_and_stops_them_gracefully(
     }
 }
 
+/// Concurrent `keel kv` processes (issue #25: 6 of 100 puts from 4 parallel loops failed,
+/// all sharing the default identity): each process claims a free identity, so every put
+/// succeeds; an identity asked for by name while in use is refused with who holds it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_keel_kv_processes_each_claim_a_free_identity() {
+    let cluster = Cluster::init(1, 1);
+    let dir = cluster.path().to_path_buf();
+    let kv = move |args: Vec<String>| {
+        std::process::Command::new(support::KEEL).arg("kv").arg("--dir").arg(&dir).args(args).output().expect("keel kv")
+    };
+    let loops: Vec<_> = (0..4)
+        .map(|l| {
+            let kv = kv.clone();
+            std::thread::spawn(move || {
+                (0..25).filter(|i| kv(vec!["put".into(), format!("l{l}/{i}"), i.to_string()]).status.success()).count()
+            })
+        })
+        .collect();
+    let ok: usize = loops.into_iter().map(|l| l.join().expect("loop")).sum();
+    assert_eq!(ok, 100, "every put of four concurrent loops succeeds");
+    let got = kv(vec!["get".into(), "l3/24".into()]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "24");
+    // Identity 1007 held by a watcher: asked for by name, it is refused, and says why.
+    let mut watcher = std::process::Command::new(support::KEEL)
+        .args(["kv", "--client", "1007", "--dir"])
+        .arg(cluster.path())
+        .args(["watch", "x"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("watcher");
+    let lock = cluster.path().join("client-1007/LOCK");
+    let started = Instant::now();
+    while std::fs::read_to_string(&lock).map_or(true, |t| !t.contains(&watcher.id().to_string())) {
+        assert!(started.elapsed() < Duration::from_secs(10), "the watcher never took its identity");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let refused = kv(vec!["--client".into(), "1007".into(), "get".into(), "x".into()]);
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    assert_eq!(refused.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("client identity 1007 is in use by another process (pid "), "{err}");
+}
+
 #[test]
 fn an_unknown_service_is_refused_by_init_and_by_node() {
     let dir = tempfile::tempdir().expect("tempdir");

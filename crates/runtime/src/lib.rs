@@ -7,6 +7,7 @@ pub mod config;
 pub mod embed;
 pub mod execution;
 pub mod inbound;
+pub mod lockfile;
 pub mod metrics;
 pub mod node;
 pub mod rq;

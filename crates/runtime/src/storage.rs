@@ -91,26 +91,10 @@ const LOCK_FILE: &str = "LOCK";
 /// tail as torn. An advisory lock the kernel releases when the holder exits, however.
 fn lock(dir: &Path) -> Result<File, StorageError> {
     let path = dir.join(LOCK_FILE);
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .map_err(io_err("open", &path))?;
-    match file.try_lock() {
-        Ok(()) => {
-            // Who holds it, for the next one that tries (a process may hold several).
-            file.set_len(0).map_err(io_err("truncate", &path))?;
-            write!(file, "pid {}", std::process::id()).map_err(io_err("write", &path))?;
-            Ok(file)
-        }
-        Err(fs::TryLockError::WouldBlock) => {
-            let holder = fs::read_to_string(&path).unwrap_or_default();
-            let holder = if holder.is_empty() { "pid unknown".into() } else { holder };
-            Err(StorageError::Locked { path, holder })
-        }
-        Err(fs::TryLockError::Error(e)) => Err(StorageError::Io { what: "lock", path, source: e }),
+    match crate::lockfile::try_lock(&path) {
+        Ok(file) => Ok(file),
+        Err(crate::lockfile::LockError::Held { holder }) => Err(StorageError::Locked { path, holder }),
+        Err(crate::lockfile::LockError::Io(e)) => Err(StorageError::Io { what: "lock", path, source: e }),
     }
 }
 
