@@ -15,8 +15,8 @@
 //! ```
 
 use keel::{
-    free_ports, provision, ExecCtx, FrontEnd, FsyncPolicy, InitOptions, NodeBuilder, NodeHandle, Provisioned, ReadCtx,
-    RestoreError, Service,
+    free_ports, provision, ExecCtx, FrontEnd, InitOptions, NodeBuilder, NodeHandle, Provisioned, ReadCtx, RestoreError,
+    Service,
 };
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -132,24 +132,9 @@ async fn ask(port: u16, line: &str) -> Result<String, Box<dyn std::error::Error>
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let n = 4;
-    let cluster = provision(
-        dir.path(),
-        &InitOptions {
-            service: "presence".into(),
-            u: 1,
-            r: 1,
-            host: "127.0.0.1".into(),
-            base_port: free_ports(2 * n).ok_or("no free ports")?,
-            clients: n,
-            fsync: FsyncPolicy::Batch,
-            auth: None,
-            checkpoint_interval: None,
-            tick_ms: Some(100),
-            request_digests: None,
-            separated: false,
-            rq_separated: false,
-        },
-    )?;
+    // Four nodes (u = 1, r = 1) on this machine, ticking every 100 ms.
+    let options = InitOptions { tick_ms: Some(100), ..InitOptions::local("presence", 1, 1)? };
+    let cluster = provision(dir.path(), &options)?;
     let front = free_ports(n).ok_or("no free ports")?;
     let ports: Vec<u16> = (0..n as u16).map(|i| front + i).collect();
     println!("a 4-node cluster (u = 1, r = 1) in {}, front ends on ports {ports:?}", dir.path().display());

@@ -570,6 +570,37 @@ pub struct InitOptions {
     pub rq_separated: bool,
 }
 
+impl InitOptions {
+    /// A cluster of `service` on this machine (127.0.0.1, ports free now), as a test or
+    /// an embedding program wants it: one client identity per node and one more, fsync
+    /// batch, every other setting the default. Set fields on the result for the rest.
+    ///
+    /// # Errors
+    /// Invalid (u, r), or no free port range.
+    pub fn local(service: &str, u: u32, r: u32) -> Result<InitOptions, ConfigFileError> {
+        let n = Quorums::new(u, r)?.order_nodes();
+        let base_port = free_ports(2 * n).ok_or_else(|| ConfigFileError::Invalid {
+            path: PathBuf::from("127.0.0.1"),
+            message: format!("no {} consecutive free ports", 2 * n),
+        })?;
+        Ok(InitOptions {
+            service: service.into(),
+            u,
+            r,
+            host: "127.0.0.1".into(),
+            base_port,
+            clients: n + 1,
+            fsync: FsyncPolicy::Batch,
+            auth: None,
+            checkpoint_interval: None,
+            tick_ms: None,
+            request_digests: None,
+            separated: false,
+            rq_separated: false,
+        })
+    }
+}
+
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }

@@ -3,10 +3,10 @@
 
 use keel_core::message::Message;
 use keel_core::service::{ExecCtx, RestoreError, Service};
-use keel_runtime::config::{free_ports, InitOptions};
+use keel_runtime::config::InitOptions;
 use keel_runtime::embed::{load, provision, NodeBuilder, NodeEvent, NodeHandle, Provisioned};
 use keel_runtime::node::NodeError;
-use keel_runtime::storage::{FsyncPolicy, StorageError};
+use keel_runtime::storage::StorageError;
 use keel_runtime::tls::Credentials;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -52,22 +52,7 @@ impl Service for Registers {
 
 /// A (1, 1) cluster of four nodes and five client identities (one per node, one spare).
 fn provisioned(dir: &Path) -> Provisioned {
-    let n = 4;
-    let options = InitOptions {
-        service: "registers".into(),
-        u: 1,
-        r: 1,
-        host: "127.0.0.1".into(),
-        base_port: free_ports(2 * n).expect("free ports"),
-        clients: n + 1,
-        fsync: FsyncPolicy::Batch,
-        auth: None,
-        checkpoint_interval: None,
-        tick_ms: Some(100),
-        request_digests: None,
-        separated: false,
-        rq_separated: false,
-    };
+    let options = InitOptions { tick_ms: Some(100), ..InitOptions::local("registers", 1, 1).expect("options") };
     provision(dir, &options).expect("provision")
 }
 
