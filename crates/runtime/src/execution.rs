@@ -60,6 +60,10 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
     let bans = listen(&setup, &in_tx, None, &stats).await?;
     control.started(&shared, &m);
     let (plane_in, mut plane_out) = control.take_plane();
+    // One future for the whole run, not one per turn of the loop: a fresh watch
+    // subscription per turn costs a waiter registration on every wake-up.
+    let stopped = control.stopped();
+    tokio::pin!(stopped);
 
     let mut clients = Clients::new(bans);
     let mut committer = Committer::start(storage, stats.clone(), m.clone()).map_err(|source| {
@@ -95,7 +99,7 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
                 publish(&exec, setup.id, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }
             (to, payload) = plane_out.next() => peers.send_plane(to, payload, &m),
-            _ = control.stopped() => break,
+            _ = &mut stopped => break,
         }
     }
     drain(&mut committer).await?;

@@ -194,6 +194,10 @@ async fn run_replica<S: Service + Send + 'static>(
     let bans = listen(&setup, &in_tx, verify, &stats).await?;
     control.started(&shared, &m);
     let (plane_in, mut plane_out) = control.take_plane();
+    // One future for the whole run, not one per turn of the loop: a fresh watch
+    // subscription per turn costs a waiter registration on every wake-up.
+    let stopped = control.stopped();
+    tokio::pin!(stopped);
 
     let mut clients = Clients::new(bans);
     // Last state-transfer progress logged, in tenths.
@@ -283,7 +287,7 @@ async fn run_replica<S: Service + Send + 'static>(
             (to, payload) = plane_out.next() => peers.send_plane(to, payload, &m),
             // Steps happen in the arms above and their outputs were flushed at the top of
             // the loop: nothing is pending here.
-            _ = control.stopped() => break,
+            _ = &mut stopped => break,
         }
     }
     drain(&mut committer).await?;

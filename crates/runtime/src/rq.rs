@@ -66,6 +66,10 @@ pub async fn run_rq_node(setup: NodeSetup, mut control: Control) -> Result<(), N
     let bans = listen(&setup, &in_tx, None, &stats).await?;
     control.started(&shared, &m);
     let (plane_in, mut plane_out) = control.take_plane();
+    // One future for the whole run, not one per turn of the loop: a fresh watch
+    // subscription per turn costs a waiter registration on every wake-up.
+    let stopped = control.stopped();
+    tokio::pin!(stopped);
     let mut clients = Clients::new(bans);
     let mut out = Outputs::default();
     let mut tick = tokio::time::interval(TICK);
@@ -101,7 +105,7 @@ pub async fn run_rq_node(setup: NodeSetup, mut control: Control) -> Result<(), N
                 publish(&rq, setup.id, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
             }
             (to, payload) = plane_out.next() => peers.send_plane(to, payload, &m),
-            _ = control.stopped() => {
+            _ = &mut stopped => {
                 tracing::info!(node = setup.id, "RQ node stopped");
                 return Ok(());
             }
