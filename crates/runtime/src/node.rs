@@ -529,7 +529,8 @@ impl Peers {
         self.by_id.contains_key(&id)
     }
 
-    /// Sends a node-plane message to peer `to`; false (and counted) if `to` is none.
+    /// Sends a node-plane message to peer `to`; one to a node that is no peer now is
+    /// dropped and counted (`keel_plane_rejected_total{kind="unknown-peer"}`).
     pub(crate) fn send_plane(&self, to: u32, payload: Vec<u8>, m: &Metrics) {
         match self.by_id(to) {
             Some(tx) => offer(tx, node_frame(self.epoch, &Message::Plane { payload }), &self.stats),
