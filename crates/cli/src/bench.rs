@@ -311,6 +311,7 @@ impl Baseline {
             tick_ms: None,
             separated: false,
             rq_separated: false,
+            front_ends: false,
         };
         init(&dir, &o).map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;

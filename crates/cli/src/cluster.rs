@@ -102,8 +102,10 @@ pub fn run_init(a: InitArgs) -> ExitCode {
     let exec = if separated { quorums.execution_nodes_min() } else { 0 };
     let rq = if rq_separated { quorums.rq_nodes_min() } else { 0 };
     let n = order + exec + rq;
-    // Node ports, then as many metrics ports.
-    let Some(base_port) = a.base_port.or_else(|| keel_runtime::config::free_ports(2 * n)) else {
+    // Node ports, then as many metrics ports, then the front ends' if the service has one.
+    let front_ends = crate::services::front_end(&a.service);
+    let per_node = if front_ends { 3 } else { 2 };
+    let Some(base_port) = a.base_port.or_else(|| keel_runtime::config::free_ports(per_node * n)) else {
         eprintln!("error: no free port range found; pass --base-port");
         return ExitCode::FAILURE;
     };
@@ -127,6 +129,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         tick_ms,
         separated,
         rq_separated,
+        front_ends,
     };
     match init(&a.dir, &o) {
         Ok(()) => {
@@ -149,6 +152,16 @@ pub fn run_init(a: InitArgs) -> ExitCode {
                 base_port,
                 base_port as usize + n - 1
             );
+            if front_ends {
+                let executing = if separated { order..order + exec } else { 0..order };
+                let first = base_port as usize + 2 * n + executing.start;
+                println!(
+                    "the {} front ends (its clients' port) listen on {}..{}",
+                    o.service,
+                    first,
+                    first + executing.len() - 1
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {
@@ -216,7 +229,7 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
         // Kept alive so the node sees true, not a dropped sender.
         std::future::pending::<()>().await;
     });
-    match runtime.block_on(crate::services::run(setup, keel_runtime::embed::Control::stop_on(stop_rx))) {
+    match runtime.block_on(crate::services::run(setup, stop_rx)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");

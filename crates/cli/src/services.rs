@@ -3,26 +3,32 @@
 //! error wherever it appears (issue #22: `keel node` used to run KV for any unknown name).
 
 use keel_runtime::config::NodeSetup;
-use keel_runtime::embed::Control;
+use keel_runtime::embed::{Control, NodeBuilder};
 use keel_runtime::node::NodeError;
+use tokio::sync::watch;
 
 /// A service this binary runs.
 pub struct ServiceInfo {
     pub name: &'static str,
     /// The agreed-time tick `keel init` configures for it (`Service::on_tick`).
     pub tick_ms: Option<u64>,
+    /// Whether its nodes open a port of the service's own protocol (`[front_end]`).
+    pub front_end: bool,
 }
 
 /// In the order `--help` and errors list them.
-pub const SERVICES: [ServiceInfo; 2] = [
+pub const SERVICES: [ServiceInfo; 3] = [
     // The replicated key-value store (`keel kv`). Watch leases end at the next tick, also
     // while no client writes.
-    ServiceInfo { name: "kv", tick_ms: Some(1_000) },
+    ServiceInfo { name: "kv", tick_ms: Some(1_000), front_end: false },
     // Empty requests: the microbenchmark service.
-    ServiceInfo { name: "null", tick_ms: None },
+    ServiceInfo { name: "null", tick_ms: None, front_end: false },
+    // ZooKeeper-compatible coordination: sessions expire at ticks (half a second of
+    // granularity against timeouts of 4 to 40 s); each node serves ZooKeeper clients.
+    ServiceInfo { name: "coord", tick_ms: Some(500), front_end: true },
 ];
 
-/// The names, for messages: "kv, null".
+/// The names, for messages: "kv, null, coord".
 pub fn names() -> String {
     SERVICES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
 }
@@ -37,12 +43,18 @@ pub fn tick_ms(name: &str) -> Option<u64> {
     SERVICES.iter().find(|s| s.name == name).and_then(|s| s.tick_ms)
 }
 
-/// Runs the node `setup` describes with its service until `control` stops it; an unknown
-/// name is an error before anything starts.
-pub async fn run(setup: NodeSetup, control: Control) -> Result<(), String> {
+/// Whether service `name` opens a front end on its nodes.
+pub fn front_end(name: &str) -> bool {
+    SERVICES.iter().any(|s| s.name == name && s.front_end)
+}
+
+/// Runs the node `setup` describes with its service until `stop` turns true (or its
+/// sender goes); an unknown name is an error before anything starts.
+pub async fn run(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), String> {
     let result: Result<(), NodeError> = match setup.service.as_str() {
-        "kv" => keel_runtime::node::run_controlled(setup, keel_kv::Kv::new, control).await,
-        "null" => keel_runtime::node::run_controlled(setup, || keel_null::Null, control).await,
+        "kv" => keel_runtime::node::run_controlled(setup, keel_kv::Kv::new, Control::stop_on(stop)).await,
+        "null" => keel_runtime::node::run_controlled(setup, || keel_null::Null, Control::stop_on(stop)).await,
+        "coord" => run_coord(setup, stop).await,
         other => {
             return Err(format!(
                 "unknown service {other:?} in the cluster configuration; this binary runs: {}",
@@ -53,14 +65,43 @@ pub async fn run(setup: NodeSetup, control: Control) -> Result<(), String> {
     result.map_err(|e| e.to_string())
 }
 
+/// coord: the node with its ZooKeeper port, where the node's `[front_end]` says. A node
+/// without one (an order node when stages run apart) runs the service alone.
+async fn run_coord(setup: NodeSetup, mut stop: watch::Receiver<bool>) -> Result<(), NodeError> {
+    let Some(fe) = setup.front_end.clone() else {
+        return keel_runtime::node::run_controlled(setup, keel_coord::Coord::new, Control::stop_on(stop)).await;
+    };
+    let id = setup.id;
+    let listener = tokio::net::TcpListener::bind(fe.listen)
+        .await
+        .map_err(|e| NodeError::Runtime(format!("ZooKeeper port {}: {e}", fe.listen)))?;
+    let node = NodeBuilder::new(setup, keel_coord::Coord::new)
+        .client(fe.client)
+        .client_sessions(keel_coord::front::CLIENT_SESSIONS)
+        .front_end(move |front| keel_coord::front::serve(front, listener, keel_coord::front::Options::default()))
+        .start()
+        .await?;
+    tracing::info!(node = id, zookeeper = %fe.listen, "serving ZooKeeper clients");
+    eprintln!("node {id}: ZooKeeper clients on {}", fe.listen);
+    node.run_until(async move {
+        while !*stop.borrow_and_update() {
+            if stop.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_listed_service_is_known_and_nothing_else() {
-        assert!(known("kv") && known("null"));
+        assert!(known("kv") && known("null") && known("coord"));
         assert!(!known("zookeeper") && !known("") && !known("KV"));
-        assert_eq!(names(), "kv, null");
+        assert_eq!(names(), "kv, null, coord");
+        assert!(front_end("coord") && !front_end("kv") && !front_end("nope"));
     }
 }

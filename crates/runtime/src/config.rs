@@ -330,6 +330,27 @@ pub struct NodeFile {
     /// Fault injection for tests; never set in a deployment.
     #[serde(default, skip_serializing_if = "FaultsFile::is_empty")]
     pub faults: FaultsFile,
+    /// The service's own client port on this node (coord's ZooKeeper port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub front_end: Option<FrontEndFile>,
+}
+
+/// `[front_end]` in node.toml: a port the service answers its own protocol on, and the
+/// client identity it reaches the cluster with (a directory of its own: two front ends
+/// sharing an identity would reuse each other's sequence numbers).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontEndFile {
+    pub listen: SocketAddr,
+    /// The front end's client file, relative to the node file's directory.
+    pub client: PathBuf,
+}
+
+/// A node's front end, loaded: where it listens and who it is to the cluster.
+#[derive(Clone)]
+pub struct FrontEndSetup {
+    pub listen: SocketAddr,
+    pub client: ClientSetup,
 }
 
 /// `[faults]` in node.toml: makes this node misbehave in ways a test needs and a
@@ -383,6 +404,8 @@ pub struct NodeSetup {
     /// directory that `keel init` did not provision is then rejoined from; without it,
     /// such a directory is refused (it may be a typo in `data_dir`, or a mount missing).
     pub rejoin: bool,
+    /// The service's own client port and identity (`[front_end]`), if it has one.
+    pub front_end: Option<FrontEndSetup>,
 }
 
 impl NodeSetup {
@@ -439,7 +462,12 @@ impl NodeFile {
                 message: format!("signing key does not match node {} in the cluster (or join) file", f.id),
             });
         }
+        let front_end = match &f.front_end {
+            Some(fe) => Some(FrontEndSetup { listen: fe.listen, client: ClientFile::load(&base.join(&fe.client))? }),
+            None => None,
+        };
         Ok(NodeSetup {
+            front_end,
             id: f.id,
             listen: f.listen,
             metrics: f.metrics,
@@ -568,6 +596,9 @@ pub struct InitOptions {
     /// A separate RQ stage: 2u + r + 1 RQ nodes (ids after the execution nodes'),
     /// auth = rq-mac, and no administrator key.
     pub rq_separated: bool,
+    /// A front end on every node that executes: its port (after every node's listen
+    /// and metrics ports) and a client identity of its own (`node-N/front-end/`).
+    pub front_ends: bool,
 }
 
 impl InitOptions {
@@ -579,9 +610,10 @@ impl InitOptions {
     /// Invalid (u, r), or no free port range.
     pub fn local(service: &str, u: u32, r: u32) -> Result<InitOptions, ConfigFileError> {
         let n = Quorums::new(u, r)?.order_nodes();
-        let base_port = free_ports(2 * n).ok_or_else(|| ConfigFileError::Invalid {
+        // Room for a front end per node, whether or not the caller asks for them.
+        let base_port = free_ports(3 * n).ok_or_else(|| ConfigFileError::Invalid {
             path: PathBuf::from("127.0.0.1"),
-            message: format!("no {} consecutive free ports", 2 * n),
+            message: format!("no {} consecutive free ports", 3 * n),
         })?;
         Ok(InitOptions {
             service: service.into(),
@@ -597,6 +629,7 @@ impl InitOptions {
             request_digests: None,
             separated: false,
             rq_separated: false,
+            front_ends: false,
         })
     }
 }
@@ -667,16 +700,20 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         checked.with_rq_nodes(vec![PublicKey([0; 32]); q])?;
     }
     // Every node's port and metrics port, checked before anything is written.
-    if o.base_port == 0 || o.base_port as usize + 2 * total > u16::MAX as usize + 1 {
+    let per_node = if o.front_ends { 3 } else { 2 };
+    if o.base_port == 0 || o.base_port as usize + per_node * total > u16::MAX as usize + 1 {
         return Err(ConfigFileError::Invalid {
             path: dir.into(),
             message: format!(
-                "base port {}: {total} nodes need {} ports (each node's and its metrics port), 1..=65535",
+                "base port {}: {total} nodes need {} ports (each node's, its metrics port{}), 1..=65535",
                 o.base_port,
-                2 * total
+                per_node * total,
+                if o.front_ends { " and its front end's" } else { "" }
             ),
         });
     }
+    // The nodes that execute: the order nodes, or the execution nodes when apart.
+    let executing = if o.separated { n..n + e } else { 0..n };
     if format!("{}:{}", o.host, o.base_port).parse::<SocketAddr>().is_err() {
         return Err(ConfigFileError::Invalid {
             path: dir.into(),
@@ -701,6 +738,12 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     }
     let client_seeds: Vec<(ClientId, [u8; 32])> =
         (0..o.clients).map(|c| (first_client_id() + c as ClientId, random_bytes())).collect();
+    // Front ends' identities follow the clients', one per executing node.
+    let front_seeds: Vec<(ClientId, [u8; 32])> = if o.front_ends {
+        executing.clone().map(|i| (first_client_id() + (o.clients + i) as ClientId, random_bytes())).collect()
+    } else {
+        Vec::new()
+    };
     // The administrator's key stays in DIR (like ca.key): `keel admin` signs with it.
     let admin_seed: [u8; 32] = random_bytes();
     write_secret(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
@@ -720,6 +763,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         tick_ms: o.tick_ms.filter(|&t| t > 0),
         client_keys: client_seeds
             .iter()
+            .chain(&front_seeds)
             .map(|(id, seed)| (id.to_string(), hex::encode(SigningKey::from_seed(*seed).public().0)))
             .collect(),
     };
@@ -763,19 +807,32 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             key: "node.key".into(),
             signing_seed: hex::encode(seed),
             mac_secret: hex::encode(mac),
+            front_end: match executing.contains(&i) && o.front_ends {
+                true => Some(FrontEndFile {
+                    listen: format!("{}:{}", o.host, o.base_port as usize + 2 * total + i)
+                        .parse()
+                        .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?,
+                    client: PathBuf::from("front-end").join("client.toml"),
+                }),
+                false => None,
+            },
         };
         write_secret(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
     }
-    for (id, seed) in client_seeds {
-        let cdir = dir.join(format!("client-{id}"));
+    let client_dirs = client_seeds.into_iter().map(|(id, seed)| (dir.join(format!("client-{id}")), "..", id, seed));
+    let front_dirs = front_seeds
+        .into_iter()
+        .zip(executing)
+        .map(|((id, seed), i)| (dir.join(format!("node-{i}")).join("front-end"), "../..", id, seed));
+    for (cdir, up, id, seed) in client_dirs.chain(front_dirs) {
         fs::create_dir_all(&cdir).map_err(|source| ConfigFileError::Io { path: cdir.clone(), source })?;
         let creds = issue(&ca, PeerId::Client(id))?;
         write(&cdir.join("client.pem"), &creds.cert_pem)?;
         write_secret(&cdir.join("client.key"), &creds.key_pem)?;
         let file = ClientFile {
             id,
-            cluster: "../cluster.toml".into(),
-            ca: "../ca.pem".into(),
+            cluster: Path::new(up).join("cluster.toml"),
+            ca: Path::new(up).join("ca.pem"),
             cert: "client.pem".into(),
             key: "client.key".into(),
             mac_keys: seeds.iter().map(|(_, mac)| hex::encode(client_mac_key(mac, id).0)).collect(),
@@ -894,6 +951,9 @@ pub fn new_node_dir(
         signing_seed: hex::encode(seed),
         mac_secret: hex::encode(mac),
         faults: FaultsFile::default(),
+        // A front end needs a port and a client identity of its own: not yet provisioned
+        // for added nodes (their template's would clash).
+        front_end: None,
         ..template
     };
     write_secret(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
@@ -979,6 +1039,7 @@ mod tests {
             tick_ms: None,
             separated: false,
             rq_separated: false,
+            front_ends: false,
         }
     }
 

@@ -282,6 +282,7 @@ pub struct NodeBuilder<S> {
     setup: NodeSetup,
     make: Box<dyn Fn() -> S + Send>,
     client: Option<ClientSetup>,
+    client_sessions: usize,
     front_ends: Vec<FrontEndTask>,
     plane: Option<PlaneCheck>,
 }
@@ -290,7 +291,14 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
     /// A node as `setup` describes it; `make` builds an empty service (at the start, and
     /// again for each membership epoch, which restores it from a checkpoint).
     pub fn new(setup: NodeSetup, make: impl Fn() -> S + Send + 'static) -> NodeBuilder<S> {
-        NodeBuilder { setup, make: Box::new(make), client: None, front_ends: Vec::new(), plane: None }
+        NodeBuilder {
+            setup,
+            make: Box::new(make),
+            client: None,
+            client_sessions: 1,
+            front_ends: Vec::new(),
+            plane: None,
+        }
     }
 
     /// The node `node.toml` at `path` describes (as `keel node --config` runs it).
@@ -306,6 +314,13 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
     /// other's sequence numbers.
     pub fn client(mut self, setup: ClientSetup) -> NodeBuilder<S> {
         self.client = Some(setup);
+        self
+    }
+
+    /// How many operations the node's client may have in flight at once (its sessions;
+    /// 1 by default): a front end serving many connections wants more.
+    pub fn client_sessions(mut self, sessions: usize) -> NodeBuilder<S> {
+        self.client_sessions = sessions;
         self
     }
 
@@ -334,7 +349,7 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
     /// What `keel node` would fail with: storage, recovery, TLS, a port in use, a node
     /// that is no longer a member; and a client identity whose files are wrong.
     pub async fn start(self) -> Result<NodeHandle, NodeError> {
-        let NodeBuilder { setup, make, client, front_ends, plane } = self;
+        let NodeBuilder { setup, make, client, client_sessions, front_ends, plane } = self;
         let id = setup.id;
         let (wire, plane) = match plane {
             Some(check) => {
@@ -370,7 +385,7 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
                 let serve = async move {
                     // Once the node serves: its client, then the front ends.
                     let Ok(serving) = serving_rx.await else { return };
-                    let client = match client.map(KeelClient::connect).transpose() {
+                    let client = match client.map(|c| KeelClient::connect_sessions(c, client_sessions)).transpose() {
                         Ok(c) => c,
                         Err(e) => {
                             let _ = ready_tx.send(Err(NodeError::Client(e.to_string())));
@@ -481,6 +496,36 @@ impl NodeHandle {
     /// What stopped it.
     pub async fn stopped(mut self) -> Result<(), NodeError> {
         self.wait().await
+    }
+
+    /// Runs until `stop` resolves (then shuts down as [`NodeHandle::shutdown`] does) or
+    /// the node ends by itself, whichever comes first: how `keel node` hosts a service
+    /// with a front end.
+    ///
+    /// # Errors
+    /// What stopped the node, or a storage failure while draining its log.
+    pub async fn run_until(mut self, stop: impl Future<Output = ()>) -> Result<(), NodeError> {
+        let mut stop = std::pin::pin!(stop);
+        let ended = match self.done.as_mut() {
+            Some(done) => tokio::select! {
+                result = done => Some(result),
+                () = &mut stop => None,
+            },
+            None => None,
+        };
+        match ended {
+            Some(result) => {
+                self.done = None;
+                if let Some(thread) = self.thread.take() {
+                    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+                }
+                result.unwrap_or_else(|_| Err(NodeError::Runtime("the node's thread panicked".into())))
+            }
+            None => {
+                let _ = self.stop.send(true);
+                self.wait().await
+            }
+        }
     }
 
     async fn wait(&mut self) -> Result<(), NodeError> {

@@ -50,6 +50,11 @@ impl Cluster {
         Cluster::init_full(u, r, &["--layout", "separated"], "", |_| None)
     }
 
+    /// A cluster of service `service` (`keel init --service`).
+    pub fn init_service(service: &'static str, u: u32, r: u32) -> Cluster {
+        Cluster::init_full(u, r, &["--service", service], "", |_| None)
+    }
+
     /// A cluster whose requests are authenticated with `auth` (`keel init --auth`).
     pub fn init_auth(u: u32, r: u32, auth: &str) -> Cluster {
         Cluster::init_full(u, r, &["--auth", auth], "", |_| None)
@@ -87,7 +92,11 @@ impl Cluster {
                 let key = line.split('=').next().expect("key").trim();
                 let kept: Vec<&str> =
                     text.lines().filter(|l| l.split('=').next().map(str::trim) != Some(key)).collect();
-                std::fs::write(&file, format!("{}\n{line}\n", kept.join("\n"))).expect("node file written");
+                // Before the first table (`[front_end]`), or the line would belong to it.
+                let at = kept.iter().position(|l| l.starts_with('[')).unwrap_or(kept.len());
+                let (top, tables) = kept.split_at(at);
+                std::fs::write(&file, format!("{}\n{line}\n{}\n", top.join("\n"), tables.join("\n")))
+                    .expect("node file written");
             }
             c.start(i);
         }
@@ -148,6 +157,21 @@ impl Cluster {
             .spawn()
             .expect("node starts");
         self.nodes[i] = Some(child);
+    }
+
+    /// Node `i`'s process id (for a client-side test that kills it itself).
+    pub fn pid(&self, i: usize) -> u32 {
+        self.nodes[i].as_ref().expect("node runs").id()
+    }
+
+    /// Every node's front end address (`[front_end]` in its file), by node.
+    pub fn front_ends(&self) -> Vec<std::net::SocketAddr> {
+        (0..self.nodes.len())
+            .filter_map(|i| {
+                let setup = keel_runtime::config::NodeFile::load(&self.path().join(format!("node-{i}/node.toml")));
+                setup.expect("node file").front_end.map(|fe| fe.listen)
+            })
+            .collect()
     }
 
     /// Nodes in the cluster.

@@ -1,0 +1,371 @@
+//! coord with real ZooKeeper clients nobody here wrote: kazoo (PyPI) and the Apache
+//! ZooKeeper Java client and zkCli (Maven Central), against `keel node` processes.
+//! `scripts/install-test-clients` installs them (scripts/test runs it first); without
+//! them these tests fail and say so, they never skip.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use support::Cluster;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn clients_dir() -> PathBuf {
+    repo().join("services/coord/tests/clients")
+}
+
+fn classpath() -> String {
+    let file = repo().join("target/zk-clients/classpath.txt");
+    std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("{}: {e}; run scripts/install-test-clients first", file.display()))
+        .trim()
+        .to_string()
+}
+
+/// A four-letter word's answer from a front end.
+fn four_letter(addr: SocketAddr, word: &str) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(word.as_bytes()).ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// A coord cluster (u = r = 1) whose front ends all answer.
+fn coord_cluster() -> (Cluster, Vec<SocketAddr>) {
+    let c = Cluster::init_service("coord", 1, 1);
+    let fronts = c.front_ends();
+    assert_eq!(fronts.len(), 4, "a front end per node");
+    let started = Instant::now();
+    for addr in &fronts {
+        while four_letter(*addr, "ruok").as_deref() != Some("imok") {
+            assert!(started.elapsed() < Duration::from_secs(60), "front end {addr} never answered ruok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    (c, fronts)
+}
+
+fn hosts(fronts: &[SocketAddr]) -> String {
+    fronts.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(",")
+}
+
+fn run(cmd: &mut Command, what: &str, limit: Duration) -> String {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap_or_else(|e| panic!("{what}: {e}"));
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let mut out = String::new();
+            let mut err = String::new();
+            child.stdout.take().map(|mut o| o.read_to_string(&mut out));
+            child.stderr.take().map(|mut e| e.read_to_string(&mut err));
+            assert!(status.success(), "{what} failed ({status}):\n{out}\n{err}");
+            return out;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what} did not finish within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn kazoo_basics_watches_acls_and_recipes_survive_a_kill_of_the_clients_node() {
+    let (c, fronts) = coord_cluster();
+    let out = run(
+        Command::new("python3")
+            .arg(clients_dir().join("kazoo_scenarios.py"))
+            .arg(hosts(&fronts))
+            .arg(c.pid(0).to_string()),
+        "kazoo scenarios",
+        Duration::from_secs(240),
+    );
+    println!("{out}");
+    assert!(out.contains("recipes ok across a kill -9 of the client's node"), "{out}");
+    assert!(out.contains("all kazoo scenarios passed"), "{out}");
+}
+
+#[test]
+fn the_java_client_covers_every_operation_and_moves_its_session_and_watches() {
+    let (c, fronts) = coord_cluster();
+    let classes = tempfile::tempdir().expect("tempdir");
+    let cp = classpath();
+    run(
+        Command::new("javac")
+            .arg("-d")
+            .arg(classes.path())
+            .args(["-cp", &cp])
+            .arg(clients_dir().join("ZkScenarios.java")),
+        "javac",
+        Duration::from_secs(120),
+    );
+    let pids: Vec<String> = (0..4).map(|i| c.pid(i).to_string()).collect();
+    let out = run(
+        Command::new("java")
+            .args(["-cp", &format!("{}:{cp}", classes.path().display())])
+            .arg("ZkScenarios")
+            .arg(hosts(&fronts))
+            .arg(pids.join(",")),
+        "the Java client's scenarios",
+        Duration::from_secs(240),
+    );
+    println!("{out}");
+    assert!(out.contains("all Java client scenarios passed"), "{out}");
+}
+
+#[test]
+fn zkcli_runs_a_scripted_session() {
+    let (_c, fronts) = coord_cluster();
+    let script = "create /cli hello\ncreate -s /cli/s- x\ncreate -e /cli/e y\nls /cli\nset /cli world\nget /cli\n\
+                  addauth digest bob:pw\ncreate /cli/sec z auth:bob:pw:cdrwa\ngetAcl /cli/sec\ndelete /cli/nothere\n\
+                  getEphemerals /cli\nsync /cli\nwhoami\ndeleteall /cli\nls /\nquit\n";
+    let mut child = Command::new("java")
+        .args(["-cp", &classpath(), "org.apache.zookeeper.ZooKeeperMain", "-server", &fronts[2].to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("zkCli starts");
+    child.stdin.take().expect("stdin").write_all(script.as_bytes()).expect("script written");
+    let out = child.wait_with_output().expect("zkCli ends");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    // What zkCli printed (its answers go to stdout, "Created ..." and errors to stderr).
+    let expected = [
+        "Created /cli\n",
+        "Created /cli/s-0000000000",
+        "Created /cli/e",
+        "[e, s-0000000000]",
+        "world",
+        "Created /cli/sec",
+        "'digest,'bob:",
+        ": cdrwa",
+        "Node does not exist: /cli/nothere",
+        "[/cli/e]",
+        "Sync is OK",
+        "digest: bob",
+        "[zookeeper]",
+    ];
+    for want in expected {
+        assert!(text.contains(want), "zkCli did not print {want:?}; it printed:\n{text}");
+    }
+    assert!(out.status.success(), "zkCli exit status {}", out.status);
+}
+
+/// Frames with a length, for raw protocol checks.
+fn framed(body: &[u8]) -> Vec<u8> {
+    let mut f = (body.len() as u32).to_be_bytes().to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+fn connect_body() -> Vec<u8> {
+    let mut w = Vec::new();
+    w.extend_from_slice(&0i32.to_be_bytes()); // protocol version
+    w.extend_from_slice(&0i64.to_be_bytes()); // last zxid seen
+    w.extend_from_slice(&10_000i32.to_be_bytes()); // timeout
+    w.extend_from_slice(&0i64.to_be_bytes()); // session 0: a new one
+    w.extend_from_slice(&16i32.to_be_bytes());
+    w.extend_from_slice(&[0u8; 16]);
+    w
+}
+
+fn read_frame(s: &mut TcpStream) -> Vec<u8> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).expect("a frame length");
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).expect("a frame");
+    body
+}
+
+#[test]
+fn bad_input_gets_an_error_or_a_closed_connection_and_is_counted() {
+    let (_c, fronts) = coord_cluster();
+    let addr = fronts[1];
+    let closed = |mut s: TcpStream| {
+        s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+        let mut buf = [0u8; 64];
+        matches!(s.read(&mut buf), Ok(0) | Err(_))
+    };
+    // An oversized length: closed before anything is allocated.
+    let mut s = TcpStream::connect(addr).expect("connects");
+    s.write_all(&0x7fff_fff0u32.to_be_bytes()).expect("written");
+    assert!(closed(s), "an oversized frame closes the connection");
+    // A connect request cut short.
+    let mut s = TcpStream::connect(addr).expect("connects");
+    s.write_all(&framed(&[0, 0, 0, 0, 1])).expect("written");
+    assert!(closed(s), "a malformed handshake closes the connection");
+    // After a good handshake: an unknown opcode gets UNIMPLEMENTED and the connection
+    // stays; a malformed request closes it.
+    let mut s = TcpStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    s.write_all(&framed(&connect_body())).expect("written");
+    let response = read_frame(&mut s);
+    assert!(response.len() >= 4 + 4 + 8 + 4 + 16, "a ConnectResponse: {response:?}");
+    let mut unknown = 7i32.to_be_bytes().to_vec();
+    unknown.extend_from_slice(&16i32.to_be_bytes()); // reconfig: not implemented here
+    s.write_all(&framed(&unknown)).expect("written");
+    let reply = read_frame(&mut s);
+    assert_eq!(&reply[0..4], &7i32.to_be_bytes(), "the reply names the request's xid");
+    assert_eq!(&reply[12..16], &(-6i32).to_be_bytes(), "UNIMPLEMENTED");
+    let mut ping = (-2i32).to_be_bytes().to_vec();
+    ping.extend_from_slice(&11i32.to_be_bytes());
+    s.write_all(&framed(&ping)).expect("written");
+    assert_eq!(&read_frame(&mut s)[0..4], &(-2i32).to_be_bytes(), "the connection still answers");
+    let mut bad = 8i32.to_be_bytes().to_vec();
+    bad.extend_from_slice(&4i32.to_be_bytes()); // getData with a path length past the frame
+    bad.extend_from_slice(&1000i32.to_be_bytes());
+    s.write_all(&framed(&bad)).expect("written");
+    assert!(closed(s), "a malformed request closes the connection");
+    let mntr = four_letter(addr, "mntr").expect("mntr");
+    let dropped: u64 = mntr
+        .lines()
+        .find_map(|l| l.strip_prefix("zk_malformed_dropped\t"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("mntr: {mntr}"));
+    assert_eq!(dropped, 3, "each bad input counted: {mntr}");
+    // The other front ends and clients are undisturbed.
+    for a in &fronts {
+        assert_eq!(four_letter(*a, "ruok").as_deref(), Some("imok"));
+    }
+    let envi = four_letter(addr, "envi").expect("envi");
+    assert!(envi.contains("zookeeper.version=3.9.5"), "{envi}");
+}
+
+/// A ZooKeeper client made of bytes: the handshake and requests, one at a time.
+struct RawClient {
+    stream: TcpStream,
+    xid: i32,
+}
+
+impl RawClient {
+    fn connect(addr: SocketAddr, timeout_ms: i32) -> RawClient {
+        use keel_coord::jute::Writer;
+        let mut stream = TcpStream::connect(addr).expect("connects");
+        stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        let mut w = Writer::new();
+        w.int(0).long(0).int(timeout_ms).long(0).buffer(&[0; 16]).bool(false);
+        stream.write_all(&framed(&w.into_bytes())).expect("written");
+        let response = read_frame(&mut stream);
+        let negotiated = i32::from_be_bytes(response[4..8].try_into().expect("4 bytes"));
+        assert_eq!(negotiated, timeout_ms.max(4_000), "negotiated timeout");
+        RawClient { stream, xid: 0 }
+    }
+
+    /// Sends one request; its reply's error code and body (watch events skipped).
+    fn request(&mut self, opcode: i32, body: &[u8]) -> (i32, Vec<u8>) {
+        self.xid += 1;
+        let mut frame = self.xid.to_be_bytes().to_vec();
+        frame.extend_from_slice(&opcode.to_be_bytes());
+        frame.extend_from_slice(body);
+        self.stream.write_all(&framed(&frame)).expect("written");
+        loop {
+            let reply = read_frame(&mut self.stream);
+            let xid = i32::from_be_bytes(reply[0..4].try_into().expect("xid"));
+            if xid == -1 {
+                continue;
+            }
+            assert_eq!(xid, self.xid, "replies in request order");
+            return (i32::from_be_bytes(reply[12..16].try_into().expect("err")), reply[16..].to_vec());
+        }
+    }
+
+    fn create_ephemeral(&mut self, path: &str) -> i32 {
+        use keel_coord::jute::Writer;
+        use keel_coord::proto::Acl;
+        let mut w = Writer::new();
+        w.string(path).buffer(b"");
+        Acl::write_all(&Acl::open(), &mut w);
+        w.int(1);
+        self.request(1, &w.into_bytes()).0
+    }
+
+    fn exists(&mut self, path: &str) -> i32 {
+        use keel_coord::jute::Writer;
+        let mut w = Writer::new();
+        w.string(path).bool(false);
+        self.request(3, &w.into_bytes()).0
+    }
+
+    fn ping(&mut self) {
+        let mut frame = (-2i32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&11i32.to_be_bytes());
+        self.stream.write_all(&framed(&frame)).expect("written");
+        loop {
+            let reply = read_frame(&mut self.stream);
+            if i32::from_be_bytes(reply[0..4].try_into().expect("xid")) == -2 {
+                return;
+            }
+        }
+    }
+}
+
+#[test]
+fn a_silent_client_loses_its_session_and_ephemerals_at_agreed_time_a_pinging_one_keeps_them() {
+    let (_c, fronts) = coord_cluster();
+    let mut silent = RawClient::connect(fronts[0], 4_000);
+    let mut alive = RawClient::connect(fronts[3], 4_000);
+    assert_eq!(silent.create_ephemeral("/silent"), 0);
+    assert_eq!(alive.create_ephemeral("/alive"), 0);
+    // Three timeouts: the silent one is gone whatever the tick phase, the other pings.
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
+        alive.ping();
+        std::thread::sleep(Duration::from_millis(1_000));
+    }
+    assert_eq!(alive.exists("/silent"), -101, "the silent session's ephemeral is gone (NONODE)");
+    assert_eq!(alive.exists("/alive"), 0, "the pinging session keeps its ephemeral");
+    // The silent client's connection was closed for it.
+    silent.stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    let mut buf = [0u8; 16];
+    assert!(matches!(silent.stream.read(&mut buf), Ok(0) | Err(_)), "the expired session's connection is closed");
+}
+
+#[test]
+fn a_client_that_never_reads_its_replies_is_closed_and_counted_and_others_go_on() {
+    use keel_coord::jute::Writer;
+    use keel_coord::proto::Acl;
+    let (_c, fronts) = coord_cluster();
+    let addr = fronts[2];
+    let mut writer = RawClient::connect(addr, 4_000);
+    let mut w = Writer::new();
+    w.string("/big").buffer(&vec![7u8; 100 * 1024]);
+    Acl::write_all(&Acl::open(), &mut w);
+    w.int(0);
+    assert_eq!(writer.request(1, &w.into_bytes()).0, 0, "created /big");
+    // Asks for /big over and over and never reads an answer.
+    let mut deaf = RawClient::connect(addr, 4_000);
+    let mut get = Writer::new();
+    get.string("/big").bool(false);
+    let get = get.into_bytes();
+    deaf.stream.set_write_timeout(Some(Duration::from_secs(2))).expect("timeout");
+    for xid in 1..=400i32 {
+        let mut frame = xid.to_be_bytes().to_vec();
+        frame.extend_from_slice(&4i32.to_be_bytes());
+        frame.extend_from_slice(&get);
+        if deaf.stream.write_all(&framed(&frame)).is_err() {
+            break; // its own send buffer is full too: enough
+        }
+    }
+    let started = Instant::now();
+    loop {
+        let mntr = four_letter(addr, "mntr").expect("mntr");
+        let stalled = mntr.lines().find_map(|l| l.strip_prefix("zk_stalled_dropped\t")).map(str::trim);
+        if stalled == Some("1") {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the deaf client was never dropped:\n{mntr}");
+        // The other client on the same front end is served meanwhile.
+        writer.ping();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(writer.exists("/big"), 0, "the other client is still served");
+}

@@ -1,0 +1,980 @@
+//! The replicated coordination service: ZooKeeper's data tree, sessions and watches as a
+//! deterministic Keel service (UpRight §5).
+//!
+//! Every node runs the same decided commands, so every zxid, time, sequence number,
+//! session id and expiry is a function of the decided sequence: zxids count the
+//! transactions, times are agreed time, session ids come from the agreed seed, and
+//! sessions expire at agreed-time ticks. Watches are replicated too: a watch is
+//! registered by an ordered read, and a change fires it on every node at the same
+//! point, as a push event to the front end that holds the session (UpRight §3.1), which
+//! the front end forwards once r + 1 nodes sent it.
+
+use crate::jute::Writer;
+use crate::proto::{err, event, op, perm, Acl, Request, MAX_BUFFER};
+use crate::tree::{split, validate, Kind, Tree, ZNode};
+use keel_core::ids::{owner_of, ClientId};
+use keel_core::service::{ExecCtx, ReadCtx, RestoreError, Service};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Bounds on a session's timeout (ms): ZooKeeper's defaults for tickTime 2000
+/// (2 and 20 ticks).
+pub const SESSION_TIMEOUT_MIN: i32 = 4_000;
+pub const SESSION_TIMEOUT_MAX: i32 = 40_000;
+/// Most sessions the service keeps; a connect beyond it is refused.
+pub const SESSIONS_MAX: usize = 100_000;
+/// Most watches one session may hold (each registration is replicated state).
+pub const WATCHES_PER_SESSION_MAX: usize = 100_000;
+
+/// What a front end asks of the service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A new session for a client at `ip` asking for `timeout` ms.
+    Connect { timeout: i32, ip: String },
+    /// A client reconnecting (to this front end) with its session's id and password.
+    Attach { session: i64, password: Vec<u8>, timeout: i32, ip: String },
+    /// The sessions whose clients this front end heard from lately: they live on.
+    Touch { sessions: Vec<i64> },
+    /// closeSession.
+    Close { session: i64 },
+    /// An auth packet.
+    Auth { session: i64, scheme: String, auth: Vec<u8> },
+    /// Any other request of a session.
+    Op { session: i64, request: Request },
+}
+
+impl Command {
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+}
+
+/// What the service answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// A request's reply header fields and its response record (jute).
+    Op {
+        zxid: i64,
+        err: i32,
+        body: Vec<u8>,
+    },
+    /// A session the client may use (Connect, Attach).
+    Session {
+        id: i64,
+        password: Vec<u8>,
+        timeout: i32,
+        zxid: i64,
+    },
+    /// A command refused as a whole (the session is unknown, expired, moved).
+    Refused {
+        err: i32,
+    },
+    Done,
+}
+
+impl Reply {
+    pub fn decode(bytes: &[u8]) -> Option<Reply> {
+        postcard::from_bytes(bytes).ok()
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+}
+
+/// What the service pushes to a front end.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Push {
+    /// A watch of `session` fired.
+    Watch { session: i64, zxid: i64, kind: i32, path: String },
+    /// The session expired (or was closed elsewhere): its connection ends.
+    Expired { session: i64 },
+}
+
+impl Push {
+    pub fn decode(bytes: &[u8]) -> Option<Push> {
+        postcard::from_bytes(bytes).ok()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Session {
+    timeout: i32,
+    #[serde(with = "serde_bytes")]
+    password: Vec<u8>,
+    /// Agreed time past which the session expires at the next tick.
+    deadline: u64,
+    /// The front end holding it: its client identity, and where its pushes go.
+    owner: ClientId,
+    push_to: ClientId,
+    /// Authenticated ids: (scheme, id); the client's ip is always there.
+    auth: Vec<(String, String)>,
+    ephemerals: BTreeSet<String>,
+}
+
+/// Watches: path -> sessions.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Watches {
+    /// One-shot data and exist watches (ZooKeeper's server keeps both in one table).
+    data: BTreeMap<String, BTreeSet<i64>>,
+    /// One-shot child watches.
+    child: BTreeMap<String, BTreeSet<i64>>,
+    persistent: BTreeMap<String, BTreeSet<i64>>,
+    recursive: BTreeMap<String, BTreeSet<i64>>,
+}
+
+impl Watches {
+    fn add(table: &mut BTreeMap<String, BTreeSet<i64>>, path: &str, session: i64) {
+        table.entry(path.to_string()).or_default().insert(session);
+    }
+
+    fn take(table: &mut BTreeMap<String, BTreeSet<i64>>, path: &str) -> BTreeSet<i64> {
+        table.remove(path).unwrap_or_default()
+    }
+
+    fn peek(table: &BTreeMap<String, BTreeSet<i64>>, path: &str) -> BTreeSet<i64> {
+        table.get(path).cloned().unwrap_or_default()
+    }
+
+    fn count(&self, session: i64) -> usize {
+        [&self.data, &self.child, &self.persistent, &self.recursive]
+            .iter()
+            .map(|t| t.values().filter(|s| s.contains(&session)).count())
+            .sum()
+    }
+
+    fn drop_session(&mut self, session: i64) {
+        for t in [&mut self.data, &mut self.child, &mut self.persistent, &mut self.recursive] {
+            t.retain(|_, s| {
+                s.remove(&session);
+                !s.is_empty()
+            });
+        }
+    }
+}
+
+/// The coordination service's replicated state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Coord {
+    tree: Tree,
+    sessions: BTreeMap<i64, Session>,
+    watches: Watches,
+    /// The last transaction's id.
+    zxid: i64,
+    /// Containers and TTL nodes: what ticks look at.
+    expiring: BTreeSet<String>,
+    /// Pushes of the command running now (collected, then sent in order).
+    #[serde(skip)]
+    out: Vec<(ClientId, Push)>,
+}
+
+/// A write's outcome inside a transaction: the response record, or an error code.
+type OpResult = Result<Vec<u8>, i32>;
+
+/// One change, for the watches it fires.
+enum Change {
+    Created(String),
+    Deleted(String),
+    Data(String),
+}
+
+impl Coord {
+    pub fn new() -> Coord {
+        Coord::default()
+    }
+
+    /// The last transaction's id (for tests and status).
+    pub fn zxid(&self) -> i64 {
+        self.zxid
+    }
+
+    /// The number of live sessions.
+    pub fn sessions(&self) -> usize {
+        self.sessions.len()
+    }
+
+    /// A digest of the replicated state (for divergence checks and tests).
+    pub fn digest(&self) -> [u8; 32] {
+        *blake3::hash(&self.snapshot()).as_bytes()
+    }
+
+    fn session_for(&self, session: i64, client: ClientId) -> Result<&Session, i32> {
+        match self.sessions.get(&session) {
+            None => Err(err::SESSION_EXPIRED),
+            Some(s) if s.owner != owner_of(client) => Err(err::SESSION_MOVED),
+            Some(s) => Ok(s),
+        }
+    }
+
+    fn run(&mut self, command: Command, ctx: &ExecCtx) -> Reply {
+        match command {
+            Command::Connect { timeout, ip } => self.connect(timeout, ip, ctx),
+            Command::Attach { session, password, timeout, ip } => {
+                let Some(s) = self.sessions.get_mut(&session) else {
+                    return Reply::Refused { err: err::SESSION_EXPIRED };
+                };
+                if s.password != password {
+                    return Reply::Refused { err: err::SESSION_EXPIRED };
+                }
+                let old = s.push_to;
+                s.owner = owner_of(ctx.client);
+                s.push_to = ctx.client;
+                s.timeout = timeout.clamp(SESSION_TIMEOUT_MIN, SESSION_TIMEOUT_MAX);
+                s.deadline = ctx.time + s.timeout as u64;
+                if let Some(ip_auth) = s.auth.iter_mut().find(|(scheme, _)| scheme == "ip") {
+                    ip_auth.1 = ip;
+                }
+                let reply =
+                    Reply::Session { id: session, password: s.password.clone(), timeout: s.timeout, zxid: self.zxid };
+                // The front end that held it before lets its connection go.
+                if old != ctx.client {
+                    self.out.push((old, Push::Expired { session }));
+                }
+                reply
+            }
+            Command::Touch { sessions } => {
+                let owner = owner_of(ctx.client);
+                for id in sessions {
+                    if let Some(s) = self.sessions.get_mut(&id).filter(|s| s.owner == owner) {
+                        s.deadline = ctx.time + s.timeout as u64;
+                    }
+                }
+                Reply::Done
+            }
+            Command::Close { session } => match self.session_for(session, ctx.client) {
+                Err(e) => Reply::Refused { err: e },
+                Ok(_) => {
+                    self.zxid += 1;
+                    self.end_session(session, ctx);
+                    Reply::Op { zxid: self.zxid, err: err::OK, body: Vec::new() }
+                }
+            },
+            Command::Auth { session, scheme, auth } => {
+                if let Err(e) = self.session_for(session, ctx.client) {
+                    return Reply::Refused { err: e };
+                }
+                let id = match (scheme.as_str(), std::str::from_utf8(&auth)) {
+                    ("digest", Ok(text)) if text.contains(':') => digest_id(text),
+                    _ => return Reply::Op { zxid: 0, err: err::AUTH_FAILED, body: Vec::new() },
+                };
+                if let Some(s) = self.sessions.get_mut(&session) {
+                    if !s.auth.iter().any(|(sc, i)| sc == "digest" && *i == id) {
+                        s.auth.push(("digest".into(), id));
+                    }
+                }
+                Reply::Op { zxid: 0, err: err::OK, body: Vec::new() }
+            }
+            Command::Op { session, request } => {
+                if let Err(e) = self.session_for(session, ctx.client) {
+                    return Reply::Op { zxid: 0, err: e, body: Vec::new() };
+                }
+                self.op(session, request, ctx)
+            }
+        }
+    }
+
+    fn connect(&mut self, timeout: i32, ip: String, ctx: &ExecCtx) -> Reply {
+        if self.sessions.len() >= SESSIONS_MAX {
+            return Reply::Refused { err: err::SYSTEM_ERROR };
+        }
+        // From the agreed seed: every node derives the same id; positive and non-zero
+        // (0 asks for a new session on the wire).
+        let mut n = 0u64;
+        let id = loop {
+            let h = blake3::hash(&[ctx.seed.to_le_bytes(), n.to_le_bytes()].concat());
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&h.as_bytes()[..8]);
+            let id = (u64::from_le_bytes(b) >> 1) as i64;
+            if id != 0 && !self.sessions.contains_key(&id) {
+                break id;
+            }
+            n += 1;
+        };
+        let password =
+            blake3::hash(&[b"keel-coord password".as_slice(), &ctx.seed.to_le_bytes(), &id.to_le_bytes()].concat())
+                .as_bytes()[..16]
+                .to_vec();
+        let timeout = timeout.clamp(SESSION_TIMEOUT_MIN, SESSION_TIMEOUT_MAX);
+        self.zxid += 1;
+        self.sessions.insert(
+            id,
+            Session {
+                timeout,
+                password: password.clone(),
+                deadline: ctx.time + timeout as u64,
+                owner: owner_of(ctx.client),
+                push_to: ctx.client,
+                auth: vec![("ip".into(), ip)],
+                ephemerals: BTreeSet::new(),
+            },
+        );
+        Reply::Session { id, password, timeout, zxid: self.zxid }
+    }
+
+    /// Ends a session: its ephemerals go (their watches fire), its watches go, its front
+    /// end is told. Part of the current transaction (`self.zxid`).
+    fn end_session(&mut self, session: i64, ctx: &ExecCtx) {
+        let Some(s) = self.sessions.remove(&session) else { return };
+        self.watches.drop_session(session);
+        for path in s.ephemerals.iter().rev() {
+            if self.tree.remove(path, self.zxid).is_some() {
+                self.fire(Change::Deleted(path.clone()), ctx);
+            }
+        }
+        self.out.push((s.push_to, Push::Expired { session }));
+    }
+
+    fn op(&mut self, session: i64, request: Request, ctx: &ExecCtx) -> Reply {
+        match request {
+            Request::Multi(ops) => self.multi(session, ops, ctx),
+            Request::MultiRead(ops) => self.multi_read(session, ops),
+            Request::Exists { ref path, watch: true } | Request::GetData { ref path, watch: true } => {
+                let path = path.clone();
+                let answer = self.read(session, request.clone());
+                // exists registers on a missing node too; getData only on one that is.
+                let registers = matches!(request, Request::Exists { .. }) || answer.is_ok();
+                if registers && validate(&path, false).is_ok() && self.room(session) {
+                    Watches::add(&mut self.watches.data, &path, session);
+                }
+                read_reply(answer)
+            }
+            Request::GetChildren { ref path, watch: true, .. } => {
+                let path = path.clone();
+                let answer = self.read(session, request);
+                if answer.is_ok() && self.room(session) {
+                    Watches::add(&mut self.watches.child, &path, session);
+                }
+                read_reply(answer)
+            }
+            Request::Sync { path } => {
+                let mut w = Writer::new();
+                w.string(&path);
+                Reply::Op { zxid: self.zxid, err: err::OK, body: w.into_bytes() }
+            }
+            Request::SetWatches { relative_zxid, data, exist, child, persistent, recursive } => {
+                self.set_watches(session, relative_zxid, data, exist, child, persistent, recursive, ctx);
+                Reply::Op { zxid: self.zxid, err: err::OK, body: Vec::new() }
+            }
+            Request::AddWatch { path, mode } => {
+                if let Err(e) = validate(&path, false) {
+                    return Reply::Op { zxid: 0, err: e, body: Vec::new() };
+                }
+                let table = match mode {
+                    0 => &mut self.watches.persistent,
+                    1 => &mut self.watches.recursive,
+                    _ => return Reply::Op { zxid: 0, err: err::BAD_ARGUMENTS, body: Vec::new() },
+                };
+                Watches::add(table, &path, session);
+                // ZooKeeper answers addWatch with an ErrorResponse(0) record.
+                Reply::Op { zxid: self.zxid, err: err::OK, body: 0i32.to_be_bytes().to_vec() }
+            }
+            Request::RemoveWatches { path, kind } => {
+                let mut removed = false;
+                let mut remove = |t: &mut BTreeMap<String, BTreeSet<i64>>| {
+                    if let Some(s) = t.get_mut(&path) {
+                        removed |= s.remove(&session);
+                        if s.is_empty() {
+                            t.remove(&path);
+                        }
+                    }
+                };
+                match kind {
+                    1 => remove(&mut self.watches.child),
+                    2 => remove(&mut self.watches.data),
+                    3 => {
+                        remove(&mut self.watches.child);
+                        remove(&mut self.watches.data);
+                        remove(&mut self.watches.persistent);
+                        remove(&mut self.watches.recursive);
+                    }
+                    4 => remove(&mut self.watches.persistent),
+                    5 => remove(&mut self.watches.recursive),
+                    _ => return Reply::Op { zxid: 0, err: err::BAD_ARGUMENTS, body: Vec::new() },
+                }
+                let e = if removed { err::OK } else { err::NO_WATCHER };
+                Reply::Op { zxid: self.zxid, err: e, body: Vec::new() }
+            }
+            write @ (Request::Create { .. }
+            | Request::Delete { .. }
+            | Request::SetData { .. }
+            | Request::SetAcl { .. }
+            | Request::Check { .. }) => {
+                let zxid = self.zxid + 1;
+                let mut changes = Vec::new();
+                let result = self.write(session, &write, zxid, ctx.time as i64, &mut changes);
+                match result {
+                    Ok(body) => {
+                        if !changes.is_empty() || matches!(write, Request::SetAcl { .. }) {
+                            self.zxid = zxid;
+                        }
+                        for c in changes {
+                            self.fire(c, ctx);
+                        }
+                        Reply::Op { zxid: self.zxid, err: err::OK, body }
+                    }
+                    Err(e) => Reply::Op { zxid: self.zxid, err: e, body: Vec::new() },
+                }
+            }
+            read => read_reply(self.read(session, read)),
+        }
+    }
+
+    /// multiRead: each read answered on its own (no watches: a read with a watch inside
+    /// a multiRead is refused by the codec).
+    fn multi_read(&self, session: i64, ops: Vec<Request>) -> Reply {
+        let mut w = Writer::new();
+        for op in ops {
+            let kind = op.opcode();
+            match self.read(session, op) {
+                Ok(body) => {
+                    w.int(kind).bool(false).int(err::OK);
+                    w.0.extend(body);
+                }
+                Err(e) => {
+                    w.int(op::ERROR).bool(false).int(e).int(e);
+                }
+            }
+        }
+        w.int(-1).bool(true).int(-1);
+        Reply::Op { zxid: 0, err: err::OK, body: w.into_bytes() }
+    }
+
+    fn room(&self, session: i64) -> bool {
+        self.watches.count(session) < WATCHES_PER_SESSION_MAX
+    }
+
+    /// multi: all or nothing. On failure the ops before the failing one answer OK, the
+    /// failing one its error, the ones after RUNTIMEINCONSISTENCY, and nothing changed.
+    fn multi(&mut self, session: i64, ops: Vec<Request>, ctx: &ExecCtx) -> Reply {
+        let zxid = self.zxid + 1;
+        let saved = (self.tree.clone(), self.sessions.clone(), self.expiring.clone());
+        let mut changes = Vec::new();
+        let mut results: Vec<OpResult> = Vec::new();
+        let mut failed = None;
+        for (i, op) in ops.iter().enumerate() {
+            match self.write(session, op, zxid, ctx.time as i64, &mut changes) {
+                Ok(body) => results.push(Ok(body)),
+                Err(e) => {
+                    failed = Some((i, e));
+                    break;
+                }
+            }
+        }
+        let mut w = Writer::new();
+        match failed {
+            Some((at, e)) => {
+                (self.tree, self.sessions, self.expiring) = saved;
+                for i in 0..ops.len() {
+                    let code = match i.cmp(&at) {
+                        std::cmp::Ordering::Less => err::OK,
+                        std::cmp::Ordering::Equal => e,
+                        std::cmp::Ordering::Greater => err::RUNTIME_INCONSISTENCY,
+                    };
+                    w.int(op::ERROR).bool(false).int(code).int(code);
+                }
+            }
+            None => {
+                if !ops.is_empty() {
+                    self.zxid = zxid;
+                }
+                for (op, body) in ops.iter().zip(results) {
+                    w.int(op.opcode()).bool(false).int(err::OK);
+                    w.0.extend(body.unwrap_or_default());
+                }
+                for c in changes {
+                    self.fire(c, ctx);
+                }
+            }
+        }
+        w.int(-1).bool(true).int(-1);
+        Reply::Op { zxid: self.zxid, err: err::OK, body: w.into_bytes() }
+    }
+
+    /// Applies one write as part of transaction `zxid`; the changes it made go to
+    /// `changes` (watches fire once the transaction stands).
+    fn write(&mut self, session: i64, request: &Request, zxid: i64, time: i64, changes: &mut Vec<Change>) -> OpResult {
+        match request {
+            Request::Create { opcode, path, data, acl, flags, ttl } => {
+                let sequential = matches!(flags, 2 | 3 | 6);
+                validate(path, sequential)?;
+                if path == "/" {
+                    return Err(err::NODE_EXISTS);
+                }
+                if data.len() > MAX_BUFFER {
+                    return Err(err::BAD_ARGUMENTS);
+                }
+                let kind = match (flags, *opcode) {
+                    (0 | 2, op::CREATE | op::CREATE2) => Kind::Persistent,
+                    (1 | 3, op::CREATE | op::CREATE2) => Kind::Ephemeral,
+                    (4, op::CREATE_CONTAINER) => Kind::Container,
+                    (5 | 6, op::CREATE_TTL) if *ttl > 0 => Kind::Ttl(*ttl),
+                    _ => return Err(err::BAD_ARGUMENTS),
+                };
+                let (parent_path, _) = split(path);
+                let parent = self.tree.get(parent_path).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &parent.acl, perm::CREATE)?;
+                if parent.stat.ephemeral_owner != 0 {
+                    return Err(err::NO_CHILDREN_FOR_EPHEMERALS);
+                }
+                let acl = self.fix_acl(session, acl)?;
+                let path = if sequential { format!("{path}{:010}", parent.stat.cversion) } else { path.clone() };
+                if self.tree.get(&path).is_some() {
+                    return Err(err::NODE_EXISTS);
+                }
+                let owner = if kind == Kind::Ephemeral { session } else { 0 };
+                self.tree.insert(&path, ZNode::new(data.clone(), acl, kind, owner, zxid, time), zxid);
+                if kind == Kind::Ephemeral {
+                    if let Some(s) = self.sessions.get_mut(&session) {
+                        s.ephemerals.insert(path.clone());
+                    }
+                }
+                if matches!(kind, Kind::Container | Kind::Ttl(_)) {
+                    self.expiring.insert(path.clone());
+                }
+                let mut w = Writer::new();
+                w.string(&path);
+                if *opcode != op::CREATE {
+                    self.tree.get(&path).map(|n| n.stat).unwrap_or_default().write(&mut w);
+                }
+                changes.push(Change::Created(path));
+                Ok(w.into_bytes())
+            }
+            Request::Delete { path, version } => {
+                validate(path, false)?;
+                if path == "/" || path == "/zookeeper" || path.starts_with("/zookeeper/") {
+                    return Err(err::BAD_ARGUMENTS);
+                }
+                let node = self.tree.get(path).ok_or(err::NO_NODE)?;
+                let parent = self.tree.get(split(path).0).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &parent.acl, perm::DELETE)?;
+                if *version != -1 && *version != node.stat.version {
+                    return Err(err::BAD_VERSION);
+                }
+                if !node.children.is_empty() {
+                    return Err(err::NOT_EMPTY);
+                }
+                self.delete(path, zxid);
+                changes.push(Change::Deleted(path.clone()));
+                Ok(Vec::new())
+            }
+            Request::SetData { path, data, version } => {
+                validate(path, false)?;
+                if data.len() > MAX_BUFFER {
+                    return Err(err::BAD_ARGUMENTS);
+                }
+                let node = self.tree.get(path).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &node.acl, perm::WRITE)?;
+                if *version != -1 && *version != node.stat.version {
+                    return Err(err::BAD_VERSION);
+                }
+                let node = self.tree.get_mut(path).ok_or(err::NO_NODE)?;
+                node.data = data.clone();
+                node.stat.version += 1;
+                node.stat.mzxid = zxid;
+                node.stat.mtime = time;
+                node.stat.data_length = data.len() as i32;
+                let mut w = Writer::new();
+                node.stat.write(&mut w);
+                changes.push(Change::Data(path.clone()));
+                Ok(w.into_bytes())
+            }
+            Request::SetAcl { path, acl, version } => {
+                validate(path, false)?;
+                let node = self.tree.get(path).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &node.acl, perm::ADMIN)?;
+                if *version != -1 && *version != node.stat.aversion {
+                    return Err(err::BAD_VERSION);
+                }
+                let acl = self.fix_acl(session, acl)?;
+                let node = self.tree.get_mut(path).ok_or(err::NO_NODE)?;
+                node.acl = acl;
+                node.stat.aversion += 1;
+                let mut w = Writer::new();
+                node.stat.write(&mut w);
+                Ok(w.into_bytes())
+            }
+            Request::Check { path, version } => {
+                validate(path, false)?;
+                let node = self.tree.get(path).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &node.acl, perm::READ)?;
+                if *version != -1 && *version != node.stat.version {
+                    return Err(err::BAD_VERSION);
+                }
+                Ok(Vec::new())
+            }
+            _ => Err(err::BAD_ARGUMENTS),
+        }
+    }
+
+    fn delete(&mut self, path: &str, zxid: i64) {
+        if let Some(node) = self.tree.remove(path, zxid) {
+            if node.stat.ephemeral_owner != 0 {
+                if let Some(s) = self.sessions.get_mut(&node.stat.ephemeral_owner) {
+                    s.ephemerals.remove(path);
+                }
+            }
+            self.expiring.remove(path);
+        }
+    }
+
+    /// Answers a read from the state (no watch registered here).
+    fn read(&self, session: i64, request: Request) -> OpResult {
+        let mut w = Writer::new();
+        match request {
+            Request::Exists { path, .. } => {
+                validate(&path, false)?;
+                let node = self.tree.get(&path).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &node.acl, perm::READ)?;
+                node.stat.write(&mut w);
+            }
+            Request::GetData { path, .. } => {
+                validate(&path, false)?;
+                let node = self.tree.get(&path).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &node.acl, perm::READ)?;
+                w.buffer(&node.data);
+                node.stat.write(&mut w);
+            }
+            Request::GetChildren { path, two, .. } => {
+                validate(&path, false)?;
+                let node = self.tree.get(&path).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &node.acl, perm::READ)?;
+                let names: Vec<String> = node.children.iter().cloned().collect();
+                w.strings(&names);
+                if two {
+                    node.stat.write(&mut w);
+                }
+            }
+            Request::GetAcl { path } => {
+                validate(&path, false)?;
+                let node = self.tree.get(&path).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &node.acl, perm::READ | perm::ADMIN)?;
+                // Without ADMIN, digest ids are shown without their hash (as ZooKeeper).
+                if self.check_acl(session, &node.acl, perm::ADMIN).is_ok() {
+                    Acl::write_all(&node.acl, &mut w);
+                } else {
+                    let masked: Vec<Acl> = node
+                        .acl
+                        .iter()
+                        .map(|a| match a.scheme.as_str() {
+                            "digest" => {
+                                Acl { id: format!("{}:x", a.id.split(':').next().unwrap_or_default()), ..a.clone() }
+                            }
+                            _ => a.clone(),
+                        })
+                        .collect();
+                    Acl::write_all(&masked, &mut w);
+                }
+                node.stat.write(&mut w);
+            }
+            Request::GetAllChildrenNumber { path } => {
+                validate(&path, false)?;
+                let node = self.tree.get(&path).ok_or(err::NO_NODE)?;
+                self.check_acl(session, &node.acl, perm::READ)?;
+                w.int(self.tree.descendants(&path) as i32);
+            }
+            Request::GetEphemerals { prefix } => {
+                let mine: Vec<String> = self
+                    .sessions
+                    .get(&session)
+                    .map(|s| {
+                        // An empty prefix or "/" means all (ZooKeeper's rule).
+                        let all = prefix.trim().is_empty() || prefix.trim() == "/";
+                        s.ephemerals.iter().filter(|p| all || p.starts_with(&prefix)).cloned().collect()
+                    })
+                    .unwrap_or_default();
+                w.strings(&mine);
+            }
+            Request::CheckWatches { path, kind } => {
+                let has = |t: &BTreeMap<String, BTreeSet<i64>>| t.get(&path).is_some_and(|s| s.contains(&session));
+                let w = &self.watches;
+                let found = match kind {
+                    1 => has(&w.child),
+                    2 => has(&w.data),
+                    3 => has(&w.child) || has(&w.data) || has(&w.persistent) || has(&w.recursive),
+                    4 => has(&w.persistent),
+                    5 => has(&w.recursive),
+                    _ => return Err(err::BAD_ARGUMENTS),
+                };
+                if !found {
+                    return Err(err::NO_WATCHER);
+                }
+            }
+            Request::WhoAmI => {
+                let auth = self.sessions.get(&session).map(|s| s.auth.clone()).unwrap_or_default();
+                w.int(auth.len() as i32);
+                // ClientInfo: the scheme and the user's name (a digest id's user part).
+                for (scheme, id) in auth {
+                    let user = if scheme == "digest" { id.split(':').next().unwrap_or_default() } else { &id };
+                    w.string(&scheme).string(user);
+                }
+            }
+            _ => return Err(err::BAD_ARGUMENTS),
+        }
+        Ok(w.into_bytes())
+    }
+
+    /// Whether the session holds `wanted` (any of its bits) by `acl` (`checkACL`).
+    fn check_acl(&self, session: i64, acl: &[Acl], wanted: i32) -> Result<(), i32> {
+        if acl.is_empty() {
+            return Ok(());
+        }
+        let auth = self.sessions.get(&session).map(|s| s.auth.as_slice()).unwrap_or_default();
+        let allowed = acl.iter().filter(|a| a.perms & wanted != 0).any(|a| match a.scheme.as_str() {
+            "world" => a.id == "anyone",
+            "ip" => auth.iter().any(|(s, ip)| s == "ip" && ip_matches(&a.id, ip)),
+            scheme => auth.iter().any(|(s, id)| s == scheme && *id == a.id),
+        });
+        if allowed {
+            Ok(())
+        } else {
+            Err(err::NO_AUTH)
+        }
+    }
+
+    /// Checks an ACL a client gave and expands `auth` to the session's authenticated ids.
+    fn fix_acl(&self, session: i64, acl: &[Acl]) -> Result<Vec<Acl>, i32> {
+        if acl.is_empty() {
+            return Err(err::INVALID_ACL);
+        }
+        let mut out = Vec::new();
+        for a in acl {
+            if a.perms & !perm::ALL != 0 {
+                return Err(err::INVALID_ACL);
+            }
+            match a.scheme.as_str() {
+                "world" if a.id == "anyone" => out.push(a.clone()),
+                "digest" if a.id.split(':').count() == 2 => out.push(a.clone()),
+                "ip" if valid_ip_acl(&a.id) => out.push(a.clone()),
+                "auth" => {
+                    let ids: Vec<&(String, String)> = self
+                        .sessions
+                        .get(&session)
+                        .map(|s| s.auth.iter().filter(|(scheme, _)| scheme != "ip").collect())
+                        .unwrap_or_default();
+                    if ids.is_empty() {
+                        return Err(err::INVALID_ACL);
+                    }
+                    for (scheme, id) in ids {
+                        out.push(Acl { perms: a.perms, scheme: scheme.clone(), id: id.clone() });
+                    }
+                }
+                _ => return Err(err::INVALID_ACL),
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+
+    /// Fires the watches `change` triggers, as ZooKeeper's WatchManager does: one-shot
+    /// ones are consumed; each session hears of each event once.
+    fn fire(&mut self, change: Change, _ctx: &ExecCtx) {
+        let zxid = self.zxid;
+        let mut events: BTreeMap<(i64, i32, String), ()> = BTreeMap::new();
+        let mut add = |sessions: BTreeSet<i64>, kind: i32, path: &str| {
+            for s in sessions {
+                events.insert((s, kind, path.to_string()), ());
+            }
+        };
+        let (kind, path) = match &change {
+            Change::Created(p) => (event::NODE_CREATED, p.clone()),
+            Change::Deleted(p) => (event::NODE_DELETED, p.clone()),
+            Change::Data(p) => (event::NODE_DATA_CHANGED, p.clone()),
+        };
+        add(Watches::take(&mut self.watches.data, &path), kind, &path);
+        add(Watches::peek(&self.watches.persistent, &path), kind, &path);
+        let mut ancestor = path.clone();
+        loop {
+            add(Watches::peek(&self.watches.recursive, &ancestor), kind, &path);
+            if ancestor == "/" {
+                break;
+            }
+            ancestor = split(&ancestor).0.to_string();
+        }
+        if !matches!(change, Change::Data(_)) {
+            if matches!(change, Change::Deleted(_)) {
+                add(Watches::take(&mut self.watches.child, &path), event::NODE_DELETED, &path);
+            }
+            if path != "/" {
+                let parent = split(&path).0.to_string();
+                add(Watches::take(&mut self.watches.child, &parent), event::NODE_CHILDREN_CHANGED, &parent);
+                add(Watches::peek(&self.watches.persistent, &parent), event::NODE_CHILDREN_CHANGED, &parent);
+            }
+        }
+        for ((session, kind, path), ()) in events {
+            if let Some(s) = self.sessions.get(&session) {
+                self.out.push((s.push_to, Push::Watch { session, zxid, kind, path }));
+            }
+        }
+    }
+
+    /// setWatches after a reconnect: what changed since the client's last zxid fires
+    /// now, the rest is registered.
+    #[allow(clippy::too_many_arguments)]
+    fn set_watches(
+        &mut self,
+        session: i64,
+        rel: i64,
+        data: Vec<String>,
+        exist: Vec<String>,
+        child: Vec<String>,
+        persistent: Vec<String>,
+        recursive: Vec<String>,
+        _ctx: &ExecCtx,
+    ) {
+        let Some(push_to) = self.sessions.get(&session).map(|s| s.push_to) else { return };
+        let zxid = self.zxid;
+        let fire = |out: &mut Vec<(ClientId, Push)>, kind: i32, path: &str| {
+            out.push((push_to, Push::Watch { session, zxid, kind, path: path.to_string() }));
+        };
+        for path in data.into_iter().filter(|p| validate(p, false).is_ok()) {
+            match self.tree.get(&path) {
+                None => fire(&mut self.out, event::NODE_DELETED, &path),
+                Some(n) if n.stat.mzxid > rel => fire(&mut self.out, event::NODE_DATA_CHANGED, &path),
+                Some(_) => Watches::add(&mut self.watches.data, &path, session),
+            }
+        }
+        for path in exist.into_iter().filter(|p| validate(p, false).is_ok()) {
+            match self.tree.get(&path) {
+                Some(_) => fire(&mut self.out, event::NODE_CREATED, &path),
+                None => Watches::add(&mut self.watches.data, &path, session),
+            }
+        }
+        for path in child.into_iter().filter(|p| validate(p, false).is_ok()) {
+            match self.tree.get(&path) {
+                None => fire(&mut self.out, event::NODE_DELETED, &path),
+                Some(n) if n.stat.pzxid > rel => fire(&mut self.out, event::NODE_CHILDREN_CHANGED, &path),
+                Some(_) => Watches::add(&mut self.watches.child, &path, session),
+            }
+        }
+        for path in persistent.into_iter().filter(|p| validate(p, false).is_ok()) {
+            Watches::add(&mut self.watches.persistent, &path, session);
+        }
+        for path in recursive.into_iter().filter(|p| validate(p, false).is_ok()) {
+            Watches::add(&mut self.watches.recursive, &path, session);
+        }
+    }
+
+    /// At a tick: expired sessions end; empty containers and stale TTL nodes go.
+    fn expire(&mut self, ctx: &ExecCtx) {
+        let expired: Vec<i64> =
+            self.sessions.iter().filter(|(_, s)| s.deadline <= ctx.time).map(|(id, _)| *id).collect();
+        for session in expired {
+            self.zxid += 1;
+            self.end_session(session, ctx);
+        }
+        let gone: Vec<String> = self
+            .expiring
+            .iter()
+            .filter(|p| match self.tree.get(p.as_str()) {
+                None => true,
+                Some(n) if !n.children.is_empty() => false,
+                Some(n) => match n.kind {
+                    Kind::Container => n.stat.cversion > 0,
+                    Kind::Ttl(ttl) => n.stat.mtime.saturating_add(ttl) < ctx.time as i64,
+                    _ => true,
+                },
+            })
+            .cloned()
+            .collect();
+        for path in gone {
+            if self.tree.get(&path).is_some() {
+                self.zxid += 1;
+                self.delete(&path, self.zxid);
+                self.fire(Change::Deleted(path), ctx);
+            } else {
+                self.expiring.remove(&path);
+            }
+        }
+    }
+
+    fn flush(&mut self, ctx: &ExecCtx) {
+        for (to, push) in self.out.drain(..) {
+            ctx.push(to, postcard::to_allocvec(&push).unwrap_or_default());
+        }
+    }
+}
+
+fn read_reply(answer: OpResult) -> Reply {
+    match answer {
+        Ok(body) => Reply::Op { zxid: 0, err: err::OK, body },
+        Err(e) => Reply::Op { zxid: 0, err: e, body: Vec::new() },
+    }
+}
+
+/// The digest scheme's id for "user:password": "user:" + base64(sha1("user:password")).
+pub fn digest_id(user_password: &str) -> String {
+    use base64::Engine;
+    use sha1::Digest;
+    let user = user_password.split(':').next().unwrap_or_default();
+    let hash = sha1::Sha1::digest(user_password.as_bytes());
+    format!("{user}:{}", base64::engine::general_purpose::STANDARD.encode(hash))
+}
+
+/// An `ip` ACL id: an address, optionally with /bits.
+fn valid_ip_acl(id: &str) -> bool {
+    let (addr, bits) = id.split_once('/').map_or((id, None), |(a, b)| (a, Some(b)));
+    match addr.parse::<std::net::IpAddr>() {
+        Ok(a) => bits.is_none_or(|b| b.parse::<u8>().is_ok_and(|b| b <= if a.is_ipv4() { 32 } else { 128 })),
+        Err(_) => false,
+    }
+}
+
+/// Whether client address `ip` falls in the `ip` ACL id `acl` ("10.0.0.0/8" or exact).
+fn ip_matches(acl: &str, ip: &str) -> bool {
+    let (addr, bits) = acl.split_once('/').map_or((acl, None), |(a, b)| (a, b.parse::<u32>().ok()));
+    match (addr.parse::<std::net::IpAddr>(), ip.parse::<std::net::IpAddr>()) {
+        (Ok(std::net::IpAddr::V4(a)), Ok(std::net::IpAddr::V4(b))) => {
+            let bits = bits.unwrap_or(32).min(32);
+            let mask = if bits == 0 { 0 } else { u32::MAX << (32 - bits) };
+            u32::from(a) & mask == u32::from(b) & mask
+        }
+        (Ok(std::net::IpAddr::V6(a)), Ok(std::net::IpAddr::V6(b))) => {
+            let bits = bits.unwrap_or(128).min(128);
+            let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+            u128::from(a) & mask == u128::from(b) & mask
+        }
+        _ => false,
+    }
+}
+
+impl Service for Coord {
+    fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
+        let reply = match postcard::from_bytes::<Command>(request) {
+            Ok(command) => self.run(command, ctx),
+            Err(_) => Reply::Op { zxid: 0, err: err::MARSHALLING_ERROR, body: Vec::new() },
+        };
+        self.flush(ctx);
+        reply.encode()
+    }
+
+    /// Reads without a watch. `execute` answers them alike and changes nothing.
+    fn execute_read_only(&self, request: &[u8], ctx: &ReadCtx) -> Option<Vec<u8>> {
+        let Ok(Command::Op { session, request }) = postcard::from_bytes::<Command>(request) else { return None };
+        if request.writes() {
+            return None;
+        }
+        let reply = match self.session_for(session, ctx.client) {
+            Err(e) => Reply::Op { zxid: 0, err: e, body: Vec::new() },
+            Ok(_) => match request {
+                Request::MultiRead(ops) => self.multi_read(session, ops),
+                read => read_reply(self.read(session, read)),
+            },
+        };
+        Some(reply.encode())
+    }
+
+    fn on_tick(&mut self, ctx: &ExecCtx) {
+        self.expire(ctx);
+        self.flush(ctx);
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        *self = postcard::from_bytes(snapshot).map_err(|e| RestoreError(e.to_string()))?;
+        Ok(())
+    }
+}

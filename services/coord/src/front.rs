@@ -1,0 +1,482 @@
+//! The ZooKeeper front end: a node's client port, speaking ZooKeeper's wire protocol to
+//! unmodified clients and Keel's client protocol to the cluster.
+//!
+//! Each connection's requests run one after another, so replies leave in request order
+//! (the Java client drops a connection whose replies come out of order). Writes and
+//! reads that set a watch are ordered; other reads are answered by a linearizable
+//! read-only quorum (`Reads::Quorum`), so what a client reads is what Q nodes agree on.
+//! Watch events come as push events from the cluster, accepted once r + 1 nodes sent
+//! them alike; a gap in them drops the connections (the client reconnects and
+//! re-registers its watches with setWatches, which fires what it missed).
+//!
+//! Sessions live while their client is heard: every second the front end orders a
+//! `Touch` of the sessions it heard from within their timeout; the cluster expires the
+//! others at agreed-time ticks.
+
+use crate::coord::{Command, Push, Reply, SESSION_TIMEOUT_MAX, SESSION_TIMEOUT_MIN};
+use crate::jute::{Reader, Writer};
+use crate::proto::{self, err, op, xid, ConnectRequest, Request, MAX_BUFFER};
+use keel::{FrontEnd, KeelClient, Pushed, ReadConsistency};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+/// Keel client sessions a front end wants (`NodeBuilder::client_sessions`): operations
+/// of different connections in flight at once.
+pub const CLIENT_SESSIONS: usize = 64;
+/// Frames queued for one connection's writer (replies and watch events). A client that
+/// does not read them loses its connection once a write has waited a session timeout,
+/// not the node's memory.
+const OUTBOX: usize = 64;
+/// How often sessions heard from are touched (ordered): well inside the shortest
+/// session timeout.
+const TOUCH_EVERY: Duration = Duration::from_millis(1_000);
+
+/// How the front end answers reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reads {
+    /// A read-only quorum (Q matching answers from nodes that executed what they
+    /// accepted): never a lying node's answer.
+    Quorum,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub reads: Reads,
+    /// The longest an operation may wait for the cluster before the connection is
+    /// dropped (the client then reconnects, maybe elsewhere).
+    pub op_timeout: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { reads: Reads::Quorum, op_timeout: Duration::from_secs(10) }
+    }
+}
+
+/// Counters the four-letter words report.
+#[derive(Default)]
+struct Stats {
+    received: AtomicU64,
+    sent: AtomicU64,
+    /// Connections dropped for bad input (malformed or oversized frames).
+    malformed: AtomicU64,
+    /// Connections closed because their client stopped reading.
+    stalled: AtomicU64,
+    connections: AtomicU64,
+}
+
+enum Out {
+    Frame(Vec<u8>),
+    /// End the connection (session expired or moved, or a gap in events).
+    Close,
+}
+
+struct Conn {
+    peer: SocketAddr,
+    out: mpsc::Sender<Out>,
+    timeout: i32,
+}
+
+/// What every connection of one front end shares.
+struct Shared {
+    client: KeelClient,
+    options: Options,
+    node: keel::NodeId,
+    listen: SocketAddr,
+    /// Live connections by session.
+    conns: Mutex<HashMap<i64, Conn>>,
+    /// When each session's client was last heard (for touches).
+    heard: Mutex<HashMap<i64, (Instant, i32)>>,
+    /// The highest zxid this front end saw from the cluster.
+    zxid: AtomicI64,
+    stats: Stats,
+}
+
+impl Shared {
+    fn heard(&self, session: i64, timeout: i32) {
+        if let Ok(mut h) = self.heard.lock() {
+            h.insert(session, (Instant::now(), timeout));
+        }
+    }
+
+    fn saw(&self, zxid: i64) {
+        self.zxid.fetch_max(zxid, Ordering::Relaxed);
+    }
+
+    async fn call(&self, command: &Command, read: bool) -> Option<Reply> {
+        let bytes = command.encode();
+        let result = if read && self.options.reads == Reads::Quorum {
+            self.client.invoke_read_only(bytes, ReadConsistency::Linearizable, self.options.op_timeout).await
+        } else {
+            self.client.invoke(bytes, self.options.op_timeout).await
+        };
+        match result {
+            Ok(bytes) => Reply::decode(&bytes),
+            Err(e) => {
+                tracing::warn!(error = %e, "coord front end: the cluster did not answer");
+                None
+            }
+        }
+    }
+}
+
+/// Serves ZooKeeper clients on `listener` until the node stops.
+pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options) {
+    let Some(client) = fe.client().cloned() else {
+        tracing::error!(node = fe.node, "coord front end without a client identity: not serving");
+        return;
+    };
+    let listen = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let pushes = client.push_events();
+    let shared = Arc::new(Shared {
+        client,
+        options,
+        node: fe.node,
+        listen,
+        conns: Mutex::new(HashMap::new()),
+        heard: Mutex::new(HashMap::new()),
+        zxid: AtomicI64::new(0),
+        stats: Stats::default(),
+    });
+    if let Some(pushes) = pushes {
+        tokio::spawn(route_pushes(shared.clone(), pushes));
+    }
+    tokio::spawn(touch(shared.clone()));
+    loop {
+        let accepted = tokio::select! {
+            _ = fe.stopped() => return,
+            a = listener.accept() => a,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                shared.stats.connections.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(connection(shared.clone(), stream, peer));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "coord front end: accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Watch events and expiries from the cluster to the connections they are for.
+async fn route_pushes(shared: Arc<Shared>, mut pushes: keel::PushReceiver) {
+    while let Some((_, pushed)) = pushes.recv().await {
+        match pushed {
+            Pushed::Event { event, .. } => match Push::decode(&event) {
+                Some(Push::Watch { session, zxid, kind, path }) => {
+                    shared.saw(zxid);
+                    let out = shared.conns.lock().ok().and_then(|c| c.get(&session).map(|c| c.out.clone()));
+                    if let Some(out) = out {
+                        if out.try_send(Out::Frame(proto::notification(zxid, kind, &path))).is_err() {
+                            let _ = out.try_send(Out::Close);
+                        }
+                    }
+                }
+                Some(Push::Expired { session }) => {
+                    let conn = shared.conns.lock().ok().and_then(|mut c| c.remove(&session));
+                    if let Some(conn) = conn {
+                        let _ = conn.out.try_send(Out::Close);
+                    }
+                    if let Ok(mut h) = shared.heard.lock() {
+                        h.remove(&session);
+                    }
+                }
+                None => tracing::warn!("coord front end: an event it cannot read"),
+            },
+            // Events were lost: every client re-syncs (reconnect, setWatches).
+            Pushed::Gap { first, last } => {
+                tracing::warn!(first, last, "coord front end: watch events lost; dropping connections");
+                let conns: Vec<Conn> =
+                    shared.conns.lock().map(|mut c| c.drain().map(|(_, c)| c).collect()).unwrap_or_default();
+                for conn in conns {
+                    let _ = conn.out.try_send(Out::Close);
+                }
+            }
+        }
+    }
+}
+
+/// Orders a touch of the sessions heard from within their timeout, every second.
+async fn touch(shared: Arc<Shared>) {
+    let mut every = tokio::time::interval(TOUCH_EVERY);
+    loop {
+        every.tick().await;
+        let alive: Vec<i64> = match shared.heard.lock() {
+            Ok(mut h) => {
+                h.retain(|_, (at, timeout)| at.elapsed() < Duration::from_millis(*timeout as u64));
+                h.keys().copied().collect()
+            }
+            Err(_) => continue,
+        };
+        if !alive.is_empty() {
+            let _ = shared.call(&Command::Touch { sessions: alive }, false).await;
+        }
+    }
+}
+
+/// Reads one length-prefixed frame of at most `MAX_BUFFER` (plus a record's framing).
+async fn read_frame(stream: &mut tokio::net::tcp::OwnedReadHalf, len: Option<[u8; 4]>) -> Result<Vec<u8>, String> {
+    let header = match len {
+        Some(h) => h,
+        None => {
+            let mut h = [0u8; 4];
+            stream.read_exact(&mut h).await.map_err(|e| e.to_string())?;
+            h
+        }
+    };
+    let len = i32::from_be_bytes(header);
+    if len < 0 || len as usize > MAX_BUFFER + 1024 {
+        return Err(format!("frame length {len} outside 0..={}", MAX_BUFFER + 1024));
+    }
+    let mut body = vec![0u8; len as usize];
+    stream.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+    Ok(body)
+}
+
+fn frame(body: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(4 + body.len());
+    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    f.extend_from_slice(body);
+    f
+}
+
+/// One client connection: the handshake, then requests in order.
+async fn connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let (mut read, mut write) = stream.into_split();
+    let mut first = [0u8; 4];
+    if read.read_exact(&mut first).await.is_err() {
+        return;
+    }
+    if let Some(answer) = four_letter_word(&shared, &first) {
+        let _ = write.write_all(answer.as_bytes()).await;
+        let _ = write.shutdown().await;
+        return;
+    }
+    let connect = match read_frame(&mut read, Some(first)).await.map(|b| ConnectRequest::parse(&b)) {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return malformed(&shared, peer, &e.to_string()),
+        Err(e) => return malformed(&shared, peer, &e),
+    };
+    let timeout = connect.timeout.clamp(SESSION_TIMEOUT_MIN, SESSION_TIMEOUT_MAX);
+    let ip = peer.ip().to_string();
+    let command = if connect.session_id == 0 {
+        Command::Connect { timeout, ip }
+    } else {
+        Command::Attach { session: connect.session_id, password: connect.password.clone(), timeout, ip }
+    };
+    let (session, password, timeout, zxid) = match shared.call(&command, false).await {
+        Some(Reply::Session { id, password, timeout, zxid }) => (id, password, timeout, zxid),
+        Some(Reply::Refused { .. }) => {
+            // A timeout of 0 tells the client its session expired.
+            let _ = write.write_all(&frame(&proto::connect_response(0, 0, &[0; 16]))).await;
+            return;
+        }
+        _ => return, // the cluster did not answer: the client tries again, maybe elsewhere
+    };
+    shared.saw(zxid);
+    if connect.last_zxid_seen > shared.zxid.load(Ordering::Relaxed) {
+        // The client saw more than this front end knows of: ZooKeeper refuses it too.
+        tracing::info!(session, "client has seen a later zxid than this node; refusing");
+        return;
+    }
+    if write.write_all(&frame(&proto::connect_response(timeout, session, &password))).await.is_err() {
+        return;
+    }
+    let (out, mut outbox) = mpsc::channel::<Out>(OUTBOX);
+    if let Ok(mut conns) = shared.conns.lock() {
+        if let Some(old) = conns.insert(session, Conn { peer, out: out.clone(), timeout }) {
+            let _ = old.out.try_send(Out::Close);
+        }
+    }
+    shared.heard(session, timeout);
+    let writer_shared = shared.clone();
+    let stall = Duration::from_millis(timeout as u64);
+    let writer = tokio::spawn(async move {
+        while let Some(o) = outbox.recv().await {
+            match o {
+                Out::Frame(body) => match tokio::time::timeout(stall, write.write_all(&frame(&body))).await {
+                    Ok(Ok(())) => {
+                        writer_shared.stats.sent.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(Err(_)) => break,
+                    Err(_) => {
+                        writer_shared.stats.stalled.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(session, "ZooKeeper client does not read its replies; closing");
+                        break;
+                    }
+                },
+                Out::Close => break,
+            }
+        }
+        let _ = write.shutdown().await;
+    });
+    let reason = requests(&shared, &mut read, session, timeout, &out).await;
+    tracing::debug!(session, %peer, reason, "ZooKeeper connection ends");
+    let _ = out.send(Out::Close).await;
+    if let Ok(mut conns) = shared.conns.lock() {
+        if conns.get(&session).is_some_and(|c| c.out.same_channel(&out)) {
+            conns.remove(&session);
+        }
+    }
+    let _ = writer.await;
+}
+
+fn malformed(shared: &Shared, peer: SocketAddr, why: &str) {
+    shared.stats.malformed.fetch_add(1, Ordering::Relaxed);
+    tracing::info!(%peer, why, "ZooKeeper connection closed: malformed input");
+}
+
+/// Requests of one connection, one after another, until it ends; returns why.
+async fn requests(
+    shared: &Shared,
+    read: &mut tokio::net::tcp::OwnedReadHalf,
+    session: i64,
+    timeout: i32,
+    out: &mpsc::Sender<Out>,
+) -> &'static str {
+    // The client pings every third of the timeout; silence for a whole timeout ends
+    // the connection (ZooKeeper's server does the same).
+    let silence = Duration::from_millis(timeout as u64);
+    loop {
+        let body = match tokio::time::timeout(silence, read_frame(read, None)).await {
+            Err(_) => return "silent for a session timeout",
+            Ok(Err(e)) if e.contains("outside") => {
+                malformed(shared, "0.0.0.0:0".parse().unwrap_or(shared.listen), &e);
+                return "oversized frame";
+            }
+            Ok(Err(_)) => return "closed",
+            Ok(Ok(b)) => b,
+        };
+        shared.stats.received.fetch_add(1, Ordering::Relaxed);
+        shared.heard(session, timeout);
+        let mut r = Reader::new(&body);
+        let (Ok(xid), Ok(opcode)) = (r.int(), r.int()) else {
+            shared.stats.malformed.fetch_add(1, Ordering::Relaxed);
+            return "a frame without a request header";
+        };
+        let reply = match opcode {
+            op::PING => header(xid::PING, shared.zxid.load(Ordering::Relaxed), err::OK),
+            op::CLOSE_SESSION => {
+                let zxid = match shared.call(&Command::Close { session }, false).await {
+                    Some(Reply::Op { zxid, .. }) => zxid,
+                    _ => shared.zxid.load(Ordering::Relaxed),
+                };
+                shared.saw(zxid);
+                let _ = out.send(Out::Frame(header(xid, zxid, err::OK))).await;
+                return "closeSession";
+            }
+            op::AUTH => {
+                let (Ok(_type), Ok(scheme), Ok(auth)) = (r.int(), r.string(), r.buffer()) else {
+                    shared.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                    return "a malformed auth packet";
+                };
+                let e = match shared.call(&Command::Auth { session, scheme, auth }, false).await {
+                    Some(Reply::Op { err, .. }) => err,
+                    Some(Reply::Refused { err }) => err,
+                    _ => return "the cluster did not answer",
+                };
+                let _ = out.send(Out::Frame(header(xid::AUTH, shared.zxid.load(Ordering::Relaxed), e))).await;
+                if e != err::OK {
+                    return "authentication failed";
+                }
+                continue;
+            }
+            _ => match Request::parse(opcode, &mut r) {
+                Err(e) => {
+                    malformed(shared, shared.listen, &e.to_string());
+                    return "a malformed request";
+                }
+                Ok(None) => header(xid, shared.zxid.load(Ordering::Relaxed), err::UNIMPLEMENTED),
+                Ok(Some(request)) => {
+                    let read = !request.writes();
+                    match shared.call(&Command::Op { session, request }, read).await {
+                        Some(Reply::Op { zxid, err, body }) => {
+                            shared.saw(zxid);
+                            let zxid = if zxid > 0 { zxid } else { shared.zxid.load(Ordering::Relaxed) };
+                            let mut w = Writer::new();
+                            proto::reply_header(&mut w, xid, zxid, err);
+                            if err == err::OK {
+                                w.0.extend(body);
+                            }
+                            if err == err::SESSION_EXPIRED || err == err::SESSION_MOVED {
+                                let _ = out.send(Out::Frame(w.into_bytes())).await;
+                                return "session expired or moved";
+                            }
+                            w.into_bytes()
+                        }
+                        _ => return "the cluster did not answer",
+                    }
+                }
+            },
+        };
+        if out.send(Out::Frame(reply)).await.is_err() {
+            return "writer gone";
+        }
+    }
+}
+
+fn header(xid: i32, zxid: i64, e: i32) -> Vec<u8> {
+    let mut w = Writer::new();
+    proto::reply_header(&mut w, xid, zxid, e);
+    w.into_bytes()
+}
+
+/// ZooKeeper's four-letter words, sent instead of a frame length.
+fn four_letter_word(shared: &Shared, first: &[u8; 4]) -> Option<String> {
+    let word = std::str::from_utf8(first).ok()?;
+    let s = &shared.stats;
+    let conns = shared.conns.lock().map(|c| c.len()).unwrap_or(0);
+    let zxid = shared.zxid.load(Ordering::Relaxed);
+    let version = format!("{}-keel-{}", crate::ZOOKEEPER_VERSION, env!("CARGO_PKG_VERSION"));
+    let answer = match word {
+        "ruok" => "imok".to_string(),
+        "srvr" | "stat" => {
+            let mut text = format!(
+                "Zookeeper version: {version}\nLatency min/avg/max: 0/0/0\nReceived: {}\nSent: {}\nConnections: {conns}\nOutstanding: 0\nZxid: 0x{zxid:x}\nMode: keel (node {})\n",
+                s.received.load(Ordering::Relaxed),
+                s.sent.load(Ordering::Relaxed),
+                shared.node,
+            );
+            if word == "stat" {
+                text = format!("{text}Clients:\n{}", connection_list(shared));
+            }
+            text
+        }
+        "envi" => format!("Environment:\nzookeeper.version={version}\nhost.name={}\n", shared.listen.ip()),
+        "conf" => format!(
+            "clientPort={}\nclientPortAddress={}\nminSessionTimeout={SESSION_TIMEOUT_MIN}\nmaxSessionTimeout={SESSION_TIMEOUT_MAX}\nserverId={}\n",
+            shared.listen.port(),
+            shared.listen.ip(),
+            shared.node
+        ),
+        "mntr" => format!(
+            "zk_version\t{version}\nzk_server_state\tkeel\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_connections_accepted\t{}\nzk_malformed_dropped\t{}\nzk_stalled_dropped\t{}\nzk_last_zxid\t{zxid}\n",
+            s.received.load(Ordering::Relaxed),
+            s.sent.load(Ordering::Relaxed),
+            s.connections.load(Ordering::Relaxed),
+            s.malformed.load(Ordering::Relaxed),
+            s.stalled.load(Ordering::Relaxed),
+        ),
+        "cons" => connection_list(shared),
+        _ => return None,
+    };
+    Some(answer)
+}
+
+fn connection_list(shared: &Shared) -> String {
+    let conns = shared.conns.lock().map(|c| c.iter().map(|(s, c)| (*s, c.peer, c.timeout)).collect::<Vec<_>>());
+    conns
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(session, peer, timeout)| format!(" /{peer}[1](sid=0x{session:x},to={timeout})\n"))
+        .collect()
+}

@@ -1,0 +1,417 @@
+//! The coordination service driven directly (as every node's executor drives it):
+//! ZooKeeper's semantics for each operation, sessions, watches and ACLs.
+
+use keel_coord::coord::{digest_id, Command, Push, Reply};
+use keel_coord::jute::{Reader, Writer};
+use keel_coord::proto::{err, event, op, perm, Acl, Request, Stat};
+use keel_coord::Coord;
+use keel_core::service::{ExecCtx, ReadCtx, Service};
+
+/// Front end A's client (a session of identity 2000) and front end B's.
+const FE_A: u64 = 2000 << 10;
+const FE_B: u64 = 2001 << 10;
+
+struct World {
+    coord: Coord,
+    time: u64,
+    seq: u64,
+    pushes: Vec<(u64, Push)>,
+}
+
+impl World {
+    fn new() -> World {
+        World { coord: Coord::new(), time: 1_000, seq: 0, pushes: Vec::new() }
+    }
+
+    fn run(&mut self, from: u64, command: Command) -> Reply {
+        self.seq += 1;
+        let ctx = ExecCtx::new(self.seq, self.time, self.seq * 7919, from);
+        let reply = self.coord.execute(&command.encode(), &ctx);
+        for (to, bytes) in ctx.take_pushes() {
+            self.pushes.push((to, Push::decode(&bytes).expect("a push the service wrote")));
+        }
+        Reply::decode(&reply).expect("a reply the service wrote")
+    }
+
+    fn tick(&mut self, to: u64) {
+        self.time = to;
+        self.seq += 1;
+        let ctx = ExecCtx::new(self.seq, self.time, self.seq, keel_core::ids::TICK_CLIENT);
+        self.coord.on_tick(&ctx);
+        for (to, bytes) in ctx.take_pushes() {
+            self.pushes.push((to, Push::decode(&bytes).expect("a push")));
+        }
+    }
+
+    fn connect(&mut self, from: u64) -> i64 {
+        match self.run(from, Command::Connect { timeout: 6_000, ip: "127.0.0.1".into() }) {
+            Reply::Session { id, timeout, .. } => {
+                assert_eq!(timeout, 6_000);
+                id
+            }
+            other => panic!("no session: {other:?}"),
+        }
+    }
+
+    fn op(&mut self, session: i64, request: Request) -> (i32, Vec<u8>) {
+        match self.run(FE_A, Command::Op { session, request }) {
+            Reply::Op { err, body, .. } => (err, body),
+            other => panic!("not an op reply: {other:?}"),
+        }
+    }
+
+    fn create(&mut self, session: i64, path: &str, flags: i32) -> Result<String, i32> {
+        let request = Request::Create {
+            opcode: op::CREATE,
+            path: path.into(),
+            data: b"d".to_vec(),
+            acl: Acl::open(),
+            flags,
+            ttl: -1,
+        };
+        match self.op(session, request) {
+            (0, body) => Ok(Reader::new(&body).string().expect("a path")),
+            (e, _) => Err(e),
+        }
+    }
+
+    fn stat(&mut self, session: i64, path: &str) -> Option<Stat> {
+        match self.op(session, Request::Exists { path: path.into(), watch: false }) {
+            (0, body) => Some(Stat::read(&mut Reader::new(&body)).expect("a stat")),
+            (e, _) => {
+                assert_eq!(e, err::NO_NODE);
+                None
+            }
+        }
+    }
+
+    fn children(&mut self, session: i64, path: &str) -> Vec<String> {
+        let (e, body) = self.op(session, Request::GetChildren { path: path.into(), watch: false, two: false });
+        assert_eq!(e, err::OK);
+        Reader::new(&body).strings().expect("names")
+    }
+
+    fn watch_events(&mut self) -> Vec<(i64, i32, String)> {
+        std::mem::take(&mut self.pushes)
+            .into_iter()
+            .filter_map(|(_, p)| match p {
+                Push::Watch { session, kind, path, .. } => Some((session, kind, path)),
+                Push::Expired { .. } => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn create_get_set_delete_with_versions_and_stats() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    assert_eq!(w.create(s, "/app", 0), Ok("/app".into()));
+    assert_eq!(w.create(s, "/app", 0), Err(err::NODE_EXISTS));
+    assert_eq!(w.create(s, "/missing/child", 0), Err(err::NO_NODE));
+    assert_eq!(w.create(s, "bad", 0), Err(err::BAD_ARGUMENTS));
+    let created = w.stat(s, "/app").expect("exists");
+    assert_eq!((created.version, created.data_length, created.ctime), (0, 1, 1_000));
+    let set = |version| Request::SetData { path: "/app".into(), data: b"two".to_vec(), version };
+    assert_eq!(w.op(s, set(5)).0, err::BAD_VERSION);
+    assert_eq!(w.op(s, set(0)).0, err::OK);
+    let after = w.stat(s, "/app").expect("exists");
+    assert_eq!(after.version, 1);
+    assert!(after.mzxid > created.mzxid, "a write moves mzxid");
+    let (e, body) = w.op(s, Request::GetData { path: "/app".into(), watch: false });
+    assert_eq!(e, err::OK);
+    assert_eq!(Reader::new(&body).buffer().expect("data"), b"two");
+    w.create(s, "/app/x", 0).expect("child");
+    assert_eq!(w.op(s, Request::Delete { path: "/app".into(), version: -1 }).0, err::NOT_EMPTY);
+    assert_eq!(w.op(s, Request::Delete { path: "/app/x".into(), version: 3 }).0, err::BAD_VERSION);
+    assert_eq!(w.op(s, Request::Delete { path: "/app/x".into(), version: 0 }).0, err::OK);
+    assert_eq!(w.op(s, Request::Delete { path: "/zookeeper".into(), version: -1 }).0, err::BAD_ARGUMENTS);
+    assert_eq!(w.children(s, "/"), vec!["app".to_string(), "zookeeper".to_string()]);
+}
+
+#[test]
+fn sequential_names_come_from_the_parents_child_version() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    w.create(s, "/q", 0).expect("parent");
+    assert_eq!(w.create(s, "/q/item-", 2), Ok("/q/item-0000000000".into()));
+    assert_eq!(w.create(s, "/q/item-", 2), Ok("/q/item-0000000001".into()));
+    w.op(s, Request::Delete { path: "/q/item-0000000000".into(), version: -1 });
+    // Deleting a child moves cversion too: the next number is 3, not 2.
+    assert_eq!(w.create(s, "/q/item-", 3), Ok("/q/item-0000000003".into()));
+}
+
+#[test]
+fn ephemerals_go_with_their_session_on_close_and_on_expiry_and_watches_fire() {
+    let mut w = World::new();
+    let a = w.connect(FE_A);
+    let b = w.connect(FE_B);
+    w.create(a, "/locks", 0).expect("parent");
+    assert_eq!(w.create(a, "/locks/a", 1), Ok("/locks/a".into()));
+    assert_eq!(w.create(a, "/locks/a/child", 0), Err(err::NO_CHILDREN_FOR_EPHEMERALS));
+    // b watches the lock node and the parent's children.
+    match w.run(FE_B, Command::Op { session: b, request: Request::Exists { path: "/locks/a".into(), watch: true } }) {
+        Reply::Op { err: 0, .. } => {}
+        other => panic!("{other:?}"),
+    }
+    w.run(
+        FE_B,
+        Command::Op { session: b, request: Request::GetChildren { path: "/locks".into(), watch: true, two: false } },
+    );
+    w.watch_events();
+    assert!(matches!(w.run(FE_A, Command::Close { session: a }), Reply::Op { err: 0, .. }));
+    let reader = w.connect(FE_A);
+    assert_eq!(w.stat(reader, "/locks/a"), None, "the ephemeral went with its session");
+    let events = w.watch_events();
+    assert!(events.contains(&(b, event::NODE_DELETED, "/locks/a".into())), "{events:?}");
+    assert!(events.contains(&(b, event::NODE_CHILDREN_CHANGED, "/locks".into())), "{events:?}");
+    // One-shot: a second change fires nothing.
+    let c = w.connect(FE_A);
+    w.create(c, "/locks/c", 1).expect("ephemeral");
+    assert!(w.watch_events().is_empty());
+    // Expiry: c is not touched; b is.
+    w.time += 5_000;
+    w.run(FE_B, Command::Touch { sessions: vec![b] });
+    w.run(FE_A, Command::Touch { sessions: vec![reader] });
+    // A front end cannot keep another's session alive.
+    w.run(FE_B, Command::Touch { sessions: vec![c] });
+    w.tick(w.time + 1_500);
+    assert_eq!(w.coord.sessions(), 2, "c expired, b and reader live");
+    let expired: Vec<i64> =
+        w.pushes.iter().filter_map(|(_, p)| matches!(p, Push::Expired { .. }).then_some(0)).collect();
+    assert_eq!(expired.len(), 1);
+    assert!(matches!(
+        w.run(FE_A, Command::Op { session: c, request: Request::Sync { path: "/".into() } }),
+        Reply::Op { err: err::SESSION_EXPIRED, .. }
+    ));
+}
+
+#[test]
+fn a_failed_multi_changes_nothing_and_reports_each_op() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    let create = |path: &str| Request::Create {
+        opcode: op::CREATE,
+        path: path.into(),
+        data: Vec::new(),
+        acl: Acl::open(),
+        flags: 0,
+        ttl: -1,
+    };
+    let zxid = w.coord.zxid();
+    let (e, body) = w.op(
+        s,
+        Request::Multi(vec![create("/m1"), Request::Check { path: "/nope".into(), version: -1 }, create("/m2")]),
+    );
+    assert_eq!(e, err::OK);
+    let mut r = Reader::new(&body);
+    let mut codes = Vec::new();
+    loop {
+        let (kind, done, code) = (r.int().unwrap(), r.bool().unwrap(), r.int().unwrap());
+        if done {
+            break;
+        }
+        assert_eq!(kind, op::ERROR);
+        assert_eq!(r.int().unwrap(), code);
+        codes.push(code);
+    }
+    assert_eq!(codes, vec![err::OK, err::NO_NODE, err::RUNTIME_INCONSISTENCY]);
+    assert_eq!(w.stat(s, "/m1"), None, "nothing of a failed multi stays");
+    assert_eq!(w.coord.zxid(), zxid);
+    let (e, _) = w.op(s, Request::Multi(vec![create("/m1"), create("/m1/x")]));
+    assert_eq!(e, err::OK);
+    let (a, b) = (w.stat(s, "/m1").expect("m1"), w.stat(s, "/m1/x").expect("x"));
+    assert_eq!(a.czxid, b.czxid, "one transaction, one zxid");
+}
+
+#[test]
+fn digest_acls_are_enforced() {
+    let mut w = World::new();
+    let owner = w.connect(FE_A);
+    let other = w.connect(FE_A);
+    assert!(matches!(
+        w.run(FE_A, Command::Auth { session: owner, scheme: "digest".into(), auth: b"alice:secret".to_vec() }),
+        Reply::Op { err: 0, .. }
+    ));
+    let acl = vec![Acl { perms: perm::ALL, scheme: "auth".into(), id: String::new() }];
+    let request =
+        Request::Create { opcode: op::CREATE, path: "/private".into(), data: b"x".to_vec(), acl, flags: 0, ttl: -1 };
+    assert_eq!(w.op(owner, request).0, err::OK);
+    assert_eq!(w.op(owner, Request::GetData { path: "/private".into(), watch: false }).0, err::OK);
+    assert_eq!(w.op(other, Request::GetData { path: "/private".into(), watch: false }).0, err::NO_AUTH);
+    assert_eq!(
+        w.op(other, Request::SetData { path: "/private".into(), data: Vec::new(), version: -1 }).0,
+        err::NO_AUTH
+    );
+    // "auth" without an authenticated id is an invalid ACL.
+    let acl = vec![Acl { perms: perm::ALL, scheme: "auth".into(), id: String::new() }];
+    let request = Request::Create { opcode: op::CREATE, path: "/p2".into(), data: Vec::new(), acl, flags: 0, ttl: -1 };
+    assert_eq!(w.op(other, request).0, err::INVALID_ACL);
+    // ip ACLs match the session's address.
+    let acl = vec![Acl { perms: perm::READ, scheme: "ip".into(), id: "10.0.0.0/8".into() }];
+    let request = Request::Create { opcode: op::CREATE, path: "/ip".into(), data: Vec::new(), acl, flags: 0, ttl: -1 };
+    assert_eq!(w.op(other, request).0, err::OK);
+    assert_eq!(w.op(other, Request::GetData { path: "/ip".into(), watch: false }).0, err::NO_AUTH);
+}
+
+#[test]
+fn the_digest_scheme_matches_zookeepers_known_value() {
+    // ZooKeeper's DigestAuthenticationProvider.generateDigest("super:test").
+    assert_eq!(digest_id("super:test"), "super:D/InIHSb7yEEbrWz8b9l71RjZJU=");
+}
+
+#[test]
+fn reads_answered_without_ordering_equal_ordered_ones_and_sessions_are_owned() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    w.create(s, "/r", 0).expect("created");
+    let read = Command::Op { session: s, request: Request::GetData { path: "/r".into(), watch: false } };
+    let ctx = ReadCtx { client: FE_A, executed: 1, time: 0 };
+    let unordered = w.coord.execute_read_only(&read.encode(), &ctx).expect("read-only");
+    let ordered = match w.run(FE_A, read.clone()) {
+        r @ Reply::Op { .. } => r,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(Reply::decode(&unordered), Some(ordered));
+    // A watch is state: such a read is ordered.
+    let watched = Command::Op { session: s, request: Request::GetData { path: "/r".into(), watch: true } };
+    assert_eq!(w.coord.execute_read_only(&watched.encode(), &ctx), None);
+    // Another front end may not act for the session before it attaches.
+    assert!(matches!(
+        w.run(FE_B, Command::Op { session: s, request: Request::Sync { path: "/".into() } }),
+        Reply::Op { err: err::SESSION_MOVED, .. }
+    ));
+    let password = match w.run(FE_A, Command::Connect { timeout: 1, ip: "::1".into() }) {
+        Reply::Session { timeout, .. } => {
+            assert_eq!(timeout, 4_000, "clamped to the minimum");
+            Vec::<u8>::new()
+        }
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        w.run(FE_B, Command::Attach { session: s, password, timeout: 6_000, ip: "::1".into() }),
+        Reply::Refused { .. }
+    ));
+}
+
+#[test]
+fn set_watches_fires_what_changed_since_the_clients_zxid() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    w.create(s, "/a", 0).expect("a");
+    w.create(s, "/b", 0).expect("b");
+    let seen = w.coord.zxid();
+    w.op(s, Request::SetData { path: "/a".into(), data: b"new".to_vec(), version: -1 });
+    w.watch_events();
+    w.op(
+        s,
+        Request::SetWatches {
+            relative_zxid: seen,
+            data: vec!["/a".into(), "/b".into(), "/gone".into()],
+            exist: vec!["/b".into(), "/later".into()],
+            child: vec!["/".into()],
+            persistent: Vec::new(),
+            recursive: Vec::new(),
+        },
+    );
+    let events = w.watch_events();
+    assert!(events.contains(&(s, event::NODE_DATA_CHANGED, "/a".into())));
+    assert!(events.contains(&(s, event::NODE_DELETED, "/gone".into())));
+    assert!(events.contains(&(s, event::NODE_CREATED, "/b".into())));
+    assert!(!events.iter().any(|(_, _, p)| p == "/" || p == "/later"), "{events:?}");
+    // /later was registered: creating it fires.
+    w.create(s, "/later", 0).expect("later");
+    assert!(w.watch_events().contains(&(s, event::NODE_CREATED, "/later".into())));
+}
+
+#[test]
+fn persistent_recursive_watches_see_every_change_below() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    assert_eq!(w.op(s, Request::AddWatch { path: "/tree".into(), mode: 1 }).0, err::OK);
+    w.create(s, "/tree", 0).expect("tree");
+    w.create(s, "/tree/a", 0).expect("a");
+    w.op(s, Request::SetData { path: "/tree/a".into(), data: Vec::new(), version: -1 });
+    w.create(s, "/tree/a/b", 0).expect("b");
+    let events = w.watch_events();
+    assert_eq!(
+        events,
+        vec![
+            (s, event::NODE_CREATED, "/tree".into()),
+            (s, event::NODE_CREATED, "/tree/a".into()),
+            (s, event::NODE_DATA_CHANGED, "/tree/a".into()),
+            (s, event::NODE_CREATED, "/tree/a/b".into()),
+        ]
+    );
+    assert_eq!(w.op(s, Request::RemoveWatches { path: "/tree".into(), kind: 5 }).0, err::OK);
+    assert_eq!(w.op(s, Request::RemoveWatches { path: "/tree".into(), kind: 5 }).0, err::NO_WATCHER);
+    w.create(s, "/tree/c", 0).expect("c");
+    assert!(w.watch_events().is_empty());
+}
+
+#[test]
+fn containers_and_ttl_nodes_go_at_ticks() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    let container = Request::Create {
+        opcode: op::CREATE_CONTAINER,
+        path: "/c".into(),
+        data: Vec::new(),
+        acl: Acl::open(),
+        flags: 4,
+        ttl: -1,
+    };
+    assert_eq!(w.op(s, container).0, err::OK);
+    let ttl = Request::Create {
+        opcode: op::CREATE_TTL,
+        path: "/t".into(),
+        data: Vec::new(),
+        acl: Acl::open(),
+        flags: 5,
+        ttl: 2_000,
+    };
+    assert_eq!(w.op(s, ttl).0, err::OK);
+    let no_ttl = Request::Create {
+        opcode: op::CREATE_TTL,
+        path: "/t2".into(),
+        data: Vec::new(),
+        acl: Acl::open(),
+        flags: 5,
+        ttl: 0,
+    };
+    assert_eq!(w.op(s, no_ttl).0, err::BAD_ARGUMENTS);
+    w.run(FE_A, Command::Touch { sessions: vec![s] });
+    w.tick(1_500);
+    assert!(w.stat(s, "/c").is_some(), "a container that never had a child stays");
+    w.create(s, "/c/x", 0).expect("child");
+    w.op(s, Request::Delete { path: "/c/x".into(), version: -1 });
+    w.tick(2_000);
+    assert!(w.stat(s, "/c").is_none(), "an emptied container goes");
+    assert!(w.stat(s, "/t").is_some());
+    w.run(FE_A, Command::Touch { sessions: vec![s] });
+    w.tick(3_500);
+    assert!(w.stat(s, "/t").is_none(), "a TTL node not written for its TTL goes");
+}
+
+#[test]
+fn snapshots_restore_to_an_equal_state() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    w.create(s, "/x", 1).expect("ephemeral");
+    w.op(s, Request::AddWatch { path: "/".into(), mode: 1 });
+    let mut copy = Coord::new();
+    copy.restore(&w.coord.snapshot()).expect("restores");
+    assert_eq!(copy.snapshot(), w.coord.snapshot());
+    assert_eq!(copy.digest(), w.coord.digest());
+    let mut junk = Coord::new();
+    assert!(junk.restore(b"\xff\xff\xff").is_err());
+}
+
+#[test]
+fn garbage_commands_get_a_marshalling_error() {
+    let mut coord = Coord::new();
+    let ctx = ExecCtx::new(1, 1, 1, FE_A);
+    let reply = Reply::decode(&coord.execute(b"\xff\x00garbage", &ctx));
+    assert!(matches!(reply, Some(Reply::Op { err: err::MARSHALLING_ERROR, .. })));
+    let _ = Writer::new();
+}
