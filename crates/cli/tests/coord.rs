@@ -369,3 +369,77 @@ fn a_client_that_never_reads_its_replies_is_closed_and_counted_and_others_go_on(
     }
     assert_eq!(writer.exists("/big"), 0, "the other client is still served");
 }
+
+/// An Apache ZooKeeper server (standalone, fsync on), started by the test from the same
+/// Maven jar as the client, stopped by its handle.
+struct ZooKeeperServer {
+    child: std::process::Child,
+    addr: SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl ZooKeeperServer {
+    fn start() -> ZooKeeperServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = keel_runtime::config::free_ports(1).expect("a free port");
+        let config = dir.path().join("zoo.cfg");
+        std::fs::write(
+            &config,
+            format!(
+                "tickTime=2000\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+                 admin.enableServer=false\n4lw.commands.whitelist=*\nextendedTypesEnabled=true\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .expect("zoo.cfg");
+        let log = std::fs::File::create(dir.path().join("server.log")).expect("log");
+        let child = Command::new("java")
+            .args(["-cp", &classpath(), "org.apache.zookeeper.server.ZooKeeperServerMain"])
+            .arg(&config)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("ZooKeeper starts");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
+        let started = Instant::now();
+        while four_letter(addr, "ruok").as_deref() != Some("imok") {
+            assert!(started.elapsed() < Duration::from_secs(60), "ZooKeeper did not start");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        ZooKeeperServer { child, addr, _dir: dir }
+    }
+}
+
+impl Drop for ZooKeeperServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn differential(keel: &str, zk: SocketAddr, extra: &[&str]) -> std::process::Output {
+    Command::new("python3")
+        .arg(clients_dir().join("differential.py"))
+        .args([keel, &zk.to_string()])
+        .args(extra)
+        .output()
+        .expect("differential.py runs")
+}
+
+#[test]
+fn the_same_operations_give_the_same_results_and_events_as_apache_zookeeper() {
+    let zk = ZooKeeperServer::start();
+    let (_c, fronts) = coord_cluster();
+    let keel = format!("{},{}", fronts[0], fronts[1]);
+    for seed in ["11", "12"] {
+        let out = differential(&keel, zk.addr, &["--ops", "2500", "--seed", seed]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        println!("{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "seed {seed}: results differ from ZooKeeper's:\n{text}");
+        assert!(text.contains(": 0 mismatches"), "{text}");
+    }
+    // The comparison can fail: a result changed on purpose is caught.
+    let out = differential(&keel, zk.addr, &["--ops", "600", "--seed", "13", "--plant"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success() && text.contains("MISMATCH"), "a planted difference went unnoticed:\n{text}");
+}

@@ -534,7 +534,7 @@ impl Coord {
                 let mut w = Writer::new();
                 w.string(&path);
                 if *opcode != op::CREATE {
-                    self.tree.get(&path).map(|n| n.stat).unwrap_or_default().write(&mut w);
+                    self.tree.get(&path).map(ZNode::wire_stat).unwrap_or_default().write(&mut w);
                 }
                 changes.push(Change::Created(path));
                 Ok(w.into_bytes())
@@ -574,7 +574,7 @@ impl Coord {
                 node.stat.mtime = time;
                 node.stat.data_length = data.len() as i32;
                 let mut w = Writer::new();
-                node.stat.write(&mut w);
+                node.wire_stat().write(&mut w);
                 changes.push(Change::Data(path.clone()));
                 Ok(w.into_bytes())
             }
@@ -590,7 +590,7 @@ impl Coord {
                 node.acl = acl;
                 node.stat.aversion += 1;
                 let mut w = Writer::new();
-                node.stat.write(&mut w);
+                node.wire_stat().write(&mut w);
                 Ok(w.into_bytes())
             }
             Request::Check { path, version } => {
@@ -625,14 +625,14 @@ impl Coord {
                 validate(&path, false)?;
                 let node = self.tree.get(&path).ok_or(err::NO_NODE)?;
                 self.check_acl(session, &node.acl, perm::READ)?;
-                node.stat.write(&mut w);
+                node.wire_stat().write(&mut w);
             }
             Request::GetData { path, .. } => {
                 validate(&path, false)?;
                 let node = self.tree.get(&path).ok_or(err::NO_NODE)?;
                 self.check_acl(session, &node.acl, perm::READ)?;
                 w.buffer(&node.data);
-                node.stat.write(&mut w);
+                node.wire_stat().write(&mut w);
             }
             Request::GetChildren { path, two, .. } => {
                 validate(&path, false)?;
@@ -641,7 +641,7 @@ impl Coord {
                 let names: Vec<String> = node.children.iter().cloned().collect();
                 w.strings(&names);
                 if two {
-                    node.stat.write(&mut w);
+                    node.wire_stat().write(&mut w);
                 }
             }
             Request::GetAcl { path } => {
@@ -664,7 +664,7 @@ impl Coord {
                         .collect();
                     Acl::write_all(&masked, &mut w);
                 }
-                node.stat.write(&mut w);
+                node.wire_stat().write(&mut w);
             }
             Request::GetAllChildrenNumber { path } => {
                 validate(&path, false)?;

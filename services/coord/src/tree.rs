@@ -21,6 +21,8 @@ pub struct ZNode {
     #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
     pub acl: Vec<Acl>,
+    /// As ZooKeeper keeps it: `cversion` counts the children ever created (what a
+    /// sequential create numbers from); [`ZNode::wire_stat`] is what clients see.
     pub stat: Stat,
     pub kind: Kind,
     /// Child names (not paths), sorted: getChildren answers in this order.
@@ -28,6 +30,15 @@ pub struct ZNode {
 }
 
 impl ZNode {
+    /// The Stat a client sees. ZooKeeper stores creates in cversion and reports
+    /// changes: every create has had a delete except for the children still there
+    /// (`DataNode.copyStat`), so a delete moves the reported cversion but not the next
+    /// sequential number, and the root starts at -1 with `/zookeeper` under it.
+    pub fn wire_stat(&self) -> Stat {
+        let children = self.children.len() as i32;
+        Stat { cversion: self.stat.cversion * 2 - children, num_children: children, ..self.stat }
+    }
+
     pub fn new(data: Vec<u8>, acl: Vec<Acl>, kind: Kind, owner: i64, zxid: i64, time: i64) -> ZNode {
         ZNode {
             stat: Stat {
@@ -63,6 +74,15 @@ impl Default for Tree {
         for path in ["/zookeeper", "/zookeeper/quota", "/zookeeper/config"] {
             t.insert(path, ZNode::new(Vec::new(), Acl::open(), Kind::Persistent, 0, 0, 0), 0);
         }
+        // ZooKeeper builds these without counting them as creates (root: cversion -1).
+        for node in t.nodes.values_mut() {
+            node.stat.cversion = 0;
+        }
+        // The configuration node is read-only to clients, and its aversion starts at -1.
+        if let Some(config) = t.nodes.get_mut("/zookeeper/config") {
+            config.acl = vec![Acl { perms: crate::proto::perm::READ, scheme: "world".into(), id: "anyone".into() }];
+            config.stat.aversion = -1;
+        }
         t
     }
 }
@@ -95,7 +115,6 @@ impl Tree {
         let (parent, name) = split(path);
         if let Some(p) = self.nodes.get_mut(parent) {
             p.children.remove(name);
-            p.stat.cversion += 1;
             p.stat.num_children = p.children.len() as i32;
             p.stat.pzxid = zxid;
         }
@@ -174,14 +193,18 @@ mod tests {
     #[test]
     fn inserting_and_removing_moves_the_parents_bookkeeping() {
         let mut t = Tree::default();
+        // As a fresh ZooKeeper server reports them.
+        assert_eq!(t.get("/").expect("root").wire_stat().cversion, -1);
+        assert_eq!(t.get("/zookeeper").expect("zookeeper").wire_stat().cversion, -2);
         t.insert("/a", ZNode::new(b"x".to_vec(), Acl::open(), Kind::Persistent, 0, 7, 100), 7);
-        let root = &t.get("/").expect("root").stat;
-        assert_eq!((root.cversion, root.num_children, root.pzxid), (2, 2, 7));
+        let root = t.get("/").expect("root").wire_stat();
+        assert_eq!((root.cversion, root.num_children, root.pzxid), (0, 2, 7));
         t.insert("/a/b", ZNode::new(Vec::new(), Acl::open(), Kind::Persistent, 0, 8, 100), 8);
         assert_eq!(t.descendants("/a"), 1);
         assert_eq!(t.descendants("/"), 5);
         t.remove("/a/b", 9);
-        let a = &t.get("/a").expect("a").stat;
-        assert_eq!((a.cversion, a.num_children, a.pzxid), (2, 0, 9));
+        let a = t.get("/a").expect("a");
+        assert_eq!((a.wire_stat().cversion, a.wire_stat().num_children, a.stat.pzxid), (2, 0, 9));
+        assert_eq!(a.stat.cversion, 1, "a delete does not move the sequence counter");
     }
 }
