@@ -443,3 +443,42 @@ fn the_same_operations_give_the_same_results_and_events_as_apache_zookeeper() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success() && text.contains("MISMATCH"), "a planted difference went unnoticed:\n{text}");
 }
+
+#[test]
+fn a_pipelining_client_gets_replies_in_order_and_each_read_sees_the_writes_before_it() {
+    use keel_coord::jute::{Reader, Writer};
+    use keel_coord::proto::Acl;
+    let (_c, fronts) = coord_cluster();
+    let mut client = RawClient::connect(fronts[1], 10_000);
+    let mut requests = Vec::new();
+    // create /pipe; then 40 x (setData /pipe i; getData /pipe), all sent before any reply.
+    let mut w = Writer::new();
+    w.string("/pipe").buffer(b"start");
+    Acl::write_all(&Acl::open(), &mut w);
+    w.int(0);
+    requests.push((1i32, w.into_bytes()));
+    for i in 0..40 {
+        let mut set = Writer::new();
+        set.string("/pipe").buffer(format!("v{i}").as_bytes()).int(-1);
+        requests.push((5, set.into_bytes()));
+        let mut get = Writer::new();
+        get.string("/pipe").bool(false);
+        requests.push((4, get.into_bytes()));
+    }
+    for (i, (opcode, body)) in requests.iter().enumerate() {
+        let mut frame = (i as i32 + 1).to_be_bytes().to_vec();
+        frame.extend_from_slice(&opcode.to_be_bytes());
+        frame.extend_from_slice(body);
+        client.stream.write_all(&framed(&frame)).expect("written");
+    }
+    for (i, (opcode, _)) in requests.iter().enumerate() {
+        let reply = read_frame(&mut client.stream);
+        let xid = i32::from_be_bytes(reply[0..4].try_into().expect("xid"));
+        assert_eq!(xid, i as i32 + 1, "replies in request order");
+        assert_eq!(&reply[12..16], &0i32.to_be_bytes(), "request {xid} failed");
+        if *opcode == 4 {
+            let data = Reader::new(&reply[16..]).buffer().expect("data");
+            assert_eq!(data, format!("v{}", (i - 2) / 2).into_bytes(), "the read sees the write just before it");
+        }
+    }
+}

@@ -41,6 +41,9 @@ pub enum Command {
     Auth { session: i64, scheme: String, auth: Vec<u8> },
     /// Any other request of a session.
     Op { session: i64, request: Request },
+    /// Requests of one session in its order, executed one after another in one step
+    /// (a pipelining client's writes): one reply each, as if sent one by one.
+    Ops { session: i64, requests: Vec<Request> },
 }
 
 impl Command {
@@ -70,6 +73,8 @@ pub enum Reply {
         err: i32,
     },
     Done,
+    /// The replies of `Command::Ops`, in order (each a `Reply::Op`).
+    Ops(Vec<Reply>),
 }
 
 impl Reply {
@@ -269,6 +274,12 @@ impl Coord {
                     return Reply::Op { zxid: 0, err: e, body: Vec::new() };
                 }
                 self.op(session, request, ctx)
+            }
+            Command::Ops { session, requests } => {
+                if let Err(e) = self.session_for(session, ctx.client) {
+                    return Reply::Op { zxid: 0, err: e, body: Vec::new() };
+                }
+                Reply::Ops(requests.into_iter().map(|r| self.op(session, r, ctx)).collect())
             }
         }
     }

@@ -335,13 +335,165 @@ fn malformed(shared: &Shared, peer: SocketAddr, why: &str) {
     tracing::info!(%peer, why, "ZooKeeper connection closed: malformed input");
 }
 
-/// Requests of one connection, one after another, until it ends; returns why.
+/// What the reader hands the processor, in the connection's order.
+enum Item {
+    /// A request for the cluster: its xid, the request, its frame's size.
+    Op(i32, Request, usize),
+    /// A reply the front end gives by itself (an unimplemented opcode), in its turn.
+    Local(Vec<u8>),
+    Close(i32),
+    Auth(String, Vec<u8>),
+}
+
+/// Most requests of one connection read ahead of the one being answered.
+const READ_AHEAD: usize = 256;
+/// Most requests (and request bytes) in one ordered batch.
+const BATCH_MAX: usize = 64;
+const BATCH_BYTES_MAX: usize = 256 * 1024;
+
+/// A connection after its handshake: a reader that parses frames (and answers pings at
+/// once: their replies carry no order) and a processor that answers requests in order,
+/// pipelined: consecutive writes go to the cluster as one ordered batch, executed in
+/// order in one step; consecutive reads go out at once. A read waits for the writes
+/// before it and a write for the reads before it, so each sees exactly what ZooKeeper's
+/// in-order processing would show it.
 async fn requests(
+    shared: &Arc<Shared>,
+    read: &mut tokio::net::tcp::OwnedReadHalf,
+    session: i64,
+    timeout: i32,
+    out: &mpsc::Sender<Out>,
+) -> &'static str {
+    let (items, mut queue) = mpsc::channel::<Item>(READ_AHEAD);
+    let reader = read_requests(shared, read, session, timeout, out, items);
+    let processor = async {
+        let mut pending: std::collections::VecDeque<Item> = std::collections::VecDeque::new();
+        loop {
+            if pending.is_empty() {
+                match queue.recv().await {
+                    Some(item) => pending.push_back(item),
+                    None => return "reader ended",
+                }
+            }
+            while pending.len() < READ_AHEAD {
+                match queue.try_recv() {
+                    Ok(item) => pending.push_back(item),
+                    Err(_) => break,
+                }
+            }
+            let Some(item) = pending.pop_front() else { continue };
+            match item {
+                Item::Local(frame) => {
+                    if out.send(Out::Frame(frame)).await.is_err() {
+                        return "writer gone";
+                    }
+                }
+                Item::Close(xid) => {
+                    let zxid = match shared.call(&Command::Close { session }, false).await {
+                        Some(Reply::Op { zxid, .. }) => zxid,
+                        _ => shared.zxid.load(Ordering::Relaxed),
+                    };
+                    shared.saw(zxid);
+                    let _ = out.send(Out::Frame(header(xid, zxid, err::OK))).await;
+                    return "closeSession";
+                }
+                Item::Auth(scheme, auth) => {
+                    let e = match shared.call(&Command::Auth { session, scheme, auth }, false).await {
+                        Some(Reply::Op { err, .. }) | Some(Reply::Refused { err }) => err,
+                        _ => return "the cluster did not answer",
+                    };
+                    let _ = out.send(Out::Frame(header(xid::AUTH, shared.zxid.load(Ordering::Relaxed), e))).await;
+                    if e != err::OK {
+                        return "authentication failed";
+                    }
+                }
+                Item::Op(xid, request, size) => {
+                    let writes = request.writes();
+                    let mut run = vec![(xid, request)];
+                    let mut bytes = size;
+                    // The run of requests of the same kind that follows.
+                    while run.len() < BATCH_MAX {
+                        match pending.front() {
+                            Some(Item::Op(_, next, size))
+                                if next.writes() == writes && (!writes || bytes + size <= BATCH_BYTES_MAX) =>
+                            {
+                                bytes += size;
+                                if let Some(Item::Op(x, r, _)) = pending.pop_front() {
+                                    run.push((x, r));
+                                }
+                            }
+                            _ => break,
+                        }
+                    }
+                    let replies = if writes {
+                        write_batch(shared, session, run).await
+                    } else {
+                        reads(shared, session, run).await
+                    };
+                    let Some(replies) = replies else { return "the cluster did not answer" };
+                    for (xid, reply) in replies {
+                        let Reply::Op { zxid, err, body } = reply else { return "an answer it cannot read" };
+                        shared.saw(zxid);
+                        let zxid = if zxid > 0 { zxid } else { shared.zxid.load(Ordering::Relaxed) };
+                        let mut w = Writer::new();
+                        proto::reply_header(&mut w, xid, zxid, err);
+                        if err == err::OK {
+                            w.0.extend(body);
+                        }
+                        if out.send(Out::Frame(w.into_bytes())).await.is_err() {
+                            return "writer gone";
+                        }
+                        if err == err::SESSION_EXPIRED || err == err::SESSION_MOVED {
+                            return "session expired or moved";
+                        }
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        why = reader => why,
+        why = processor => why,
+    }
+}
+
+/// Writes (and watched reads) in order, as one ordered command.
+async fn write_batch(shared: &Shared, session: i64, run: Vec<(i32, Request)>) -> Option<Vec<(i32, Reply)>> {
+    let (xids, requests): (Vec<i32>, Vec<Request>) = run.into_iter().unzip();
+    match shared.call(&Command::Ops { session, requests }, false).await? {
+        Reply::Ops(replies) if replies.len() == xids.len() => Some(xids.into_iter().zip(replies).collect()),
+        Reply::Op { zxid, err, body } => {
+            // The batch as a whole was refused (session expired or moved).
+            Some(xids.into_iter().map(|x| (x, Reply::Op { zxid, err, body: body.clone() })).collect())
+        }
+        _ => None,
+    }
+}
+
+/// Reads, all at once; answers in their order.
+async fn reads(shared: &Arc<Shared>, session: i64, run: Vec<(i32, Request)>) -> Option<Vec<(i32, Reply)>> {
+    let calls: Vec<(i32, tokio::task::JoinHandle<Option<Reply>>)> = run
+        .into_iter()
+        .map(|(xid, request)| {
+            let shared = shared.clone();
+            (xid, tokio::spawn(async move { shared.call(&Command::Op { session, request }, true).await }))
+        })
+        .collect();
+    let mut replies = Vec::with_capacity(calls.len());
+    for (xid, call) in calls {
+        replies.push((xid, call.await.ok()??));
+    }
+    Some(replies)
+}
+
+/// Reads frames until the connection ends; returns why.
+async fn read_requests(
     shared: &Shared,
     read: &mut tokio::net::tcp::OwnedReadHalf,
     session: i64,
     timeout: i32,
     out: &mpsc::Sender<Out>,
+    items: mpsc::Sender<Item>,
 ) -> &'static str {
     // The client pings every third of the timeout; silence for a whole timeout ends
     // the connection (ZooKeeper's server does the same).
@@ -350,7 +502,7 @@ async fn requests(
         let body = match tokio::time::timeout(silence, read_frame(read, None)).await {
             Err(_) => return "silent for a session timeout",
             Ok(Err(e)) if e.contains("outside") => {
-                malformed(shared, "0.0.0.0:0".parse().unwrap_or(shared.listen), &e);
+                malformed(shared, shared.listen, &e);
                 return "oversized frame";
             }
             Ok(Err(_)) => return "closed",
@@ -363,63 +515,38 @@ async fn requests(
             shared.stats.malformed.fetch_add(1, Ordering::Relaxed);
             return "a frame without a request header";
         };
-        let reply = match opcode {
-            op::PING => header(xid::PING, shared.zxid.load(Ordering::Relaxed), err::OK),
-            op::CLOSE_SESSION => {
-                let zxid = match shared.call(&Command::Close { session }, false).await {
-                    Some(Reply::Op { zxid, .. }) => zxid,
-                    _ => shared.zxid.load(Ordering::Relaxed),
-                };
-                shared.saw(zxid);
-                let _ = out.send(Out::Frame(header(xid, zxid, err::OK))).await;
-                return "closeSession";
+        let item = match opcode {
+            op::PING => {
+                let pong = header(xid::PING, shared.zxid.load(Ordering::Relaxed), err::OK);
+                if out.send(Out::Frame(pong)).await.is_err() {
+                    return "writer gone";
+                }
+                continue;
             }
+            op::CLOSE_SESSION => Item::Close(xid),
             op::AUTH => {
                 let (Ok(_type), Ok(scheme), Ok(auth)) = (r.int(), r.string(), r.buffer()) else {
                     shared.stats.malformed.fetch_add(1, Ordering::Relaxed);
                     return "a malformed auth packet";
                 };
-                let e = match shared.call(&Command::Auth { session, scheme, auth }, false).await {
-                    Some(Reply::Op { err, .. }) => err,
-                    Some(Reply::Refused { err }) => err,
-                    _ => return "the cluster did not answer",
-                };
-                let _ = out.send(Out::Frame(header(xid::AUTH, shared.zxid.load(Ordering::Relaxed), e))).await;
-                if e != err::OK {
-                    return "authentication failed";
-                }
-                continue;
+                Item::Auth(scheme, auth)
             }
             _ => match Request::parse(opcode, &mut r) {
                 Err(e) => {
                     malformed(shared, shared.listen, &e.to_string());
                     return "a malformed request";
                 }
-                Ok(None) => header(xid, shared.zxid.load(Ordering::Relaxed), err::UNIMPLEMENTED),
-                Ok(Some(request)) => {
-                    let read = !request.writes();
-                    match shared.call(&Command::Op { session, request }, read).await {
-                        Some(Reply::Op { zxid, err, body }) => {
-                            shared.saw(zxid);
-                            let zxid = if zxid > 0 { zxid } else { shared.zxid.load(Ordering::Relaxed) };
-                            let mut w = Writer::new();
-                            proto::reply_header(&mut w, xid, zxid, err);
-                            if err == err::OK {
-                                w.0.extend(body);
-                            }
-                            if err == err::SESSION_EXPIRED || err == err::SESSION_MOVED {
-                                let _ = out.send(Out::Frame(w.into_bytes())).await;
-                                return "session expired or moved";
-                            }
-                            w.into_bytes()
-                        }
-                        _ => return "the cluster did not answer",
-                    }
-                }
+                Ok(None) => Item::Local(header(xid, shared.zxid.load(Ordering::Relaxed), err::UNIMPLEMENTED)),
+                Ok(Some(request)) => Item::Op(xid, request, body.len()),
             },
         };
-        if out.send(Out::Frame(reply)).await.is_err() {
-            return "writer gone";
+        let last = matches!(item, Item::Close(_));
+        if items.send(item).await.is_err() {
+            return "processor ended";
+        }
+        if last {
+            // Nothing after closeSession counts; the processor answers it and ends.
+            return std::future::pending().await;
         }
     }
 }
