@@ -474,6 +474,22 @@ fn main() {
         corpus.add("kv_request", &r.encode());
     }
 
+    // zk_request: an opcode pick, then records as a ZooKeeper client frames them.
+    {
+        use keel_coord::jute::Writer;
+        use keel_coord::proto::Acl;
+        let mut create = Writer::new();
+        create.string("/a").buffer(b"v");
+        Acl::write_all(&Acl::open(), &mut create);
+        create.int(0);
+        corpus.add("zk_request", &[&[0u8][..], &create.into_bytes()].concat()); // opcode 1: create
+        let mut get = Writer::new();
+        get.string("/a").bool(true);
+        corpus.add("zk_request", &[&[3u8][..], &get.into_bytes()].concat()); // opcode 4: getData
+        let mut multi = Writer::new();
+        multi.int(13).bool(false).int(-1).string("/a").int(0).int(-1).bool(true).int(-1);
+        corpus.add("zk_request", &[&[11u8][..], &multi.into_bytes()].concat()); // opcode 14: multi
+    }
     for (target, n) in &corpus.counts {
         eprintln!("{target}: {n} seeds in {}", corpus.root.join(target).display());
     }

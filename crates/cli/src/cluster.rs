@@ -372,6 +372,7 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let mut rows = Vec::new();
+    let mut front_ends = Vec::new();
     for d in &dirs {
         let path = d.join("node.toml");
         let setup = match NodeFile::load(&path) {
@@ -386,6 +387,9 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
             Ok(why) => Err(why.trim().to_string()),
             Err(_) => keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2)),
         };
+        if let Some(fe) = &setup.front_end {
+            front_ends.push(format!("node {} serves {} clients on {}", setup.id, setup.service, fe.listen));
+        }
         rows.push((setup.id, setup.rq_only(), status));
     }
     let max_executed = rows.iter().filter_map(|(_, _, r)| r.as_ref().ok().map(|s| s.executed)).max().unwrap_or(0);
@@ -423,6 +427,10 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
                 println!("{id}\t-\t-\t-\t-\t-\t-\t-\tdown ({e})");
             }
         }
+    }
+    // The service's own ports (coord: where ZooKeeper clients connect).
+    for line in &front_ends {
+        println!("{line}");
     }
     if a.follow {
         follow_transfers(&dirs);

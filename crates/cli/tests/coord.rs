@@ -124,7 +124,13 @@ fn the_java_client_covers_every_operation_and_moves_its_session_and_watches() {
 
 #[test]
 fn zkcli_runs_a_scripted_session() {
-    let (_c, fronts) = coord_cluster();
+    let (c, fronts) = coord_cluster();
+    // `keel status` says where clients connect.
+    let status = Command::new(support::KEEL).args(["status", "--dir"]).arg(c.path()).output().expect("keel status");
+    let status = String::from_utf8_lossy(&status.stdout);
+    for (i, addr) in fronts.iter().enumerate() {
+        assert!(status.contains(&format!("node {i} serves coord clients on {addr}")), "{status}");
+    }
     let script = "create /cli hello\ncreate -s /cli/s- x\ncreate -e /cli/e y\nls /cli\nset /cli world\nget /cli\n\
                   addauth digest bob:pw\ncreate /cli/sec z auth:bob:pw:cdrwa\ngetAcl /cli/sec\ndelete /cli/nothere\n\
                   getEphemerals /cli\nsync /cli\nwhoami\ndeleteall /cli\nls /\nquit\n";
