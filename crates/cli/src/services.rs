@@ -72,13 +72,16 @@ async fn run_coord(setup: NodeSetup, mut stop: watch::Receiver<bool>) -> Result<
         return keel_runtime::node::run_controlled(setup, keel_coord::Coord::new, Control::stop_on(stop)).await;
     };
     let id = setup.id;
+    let options = keel_coord::front::Options::from_settings(&fe.options).map_err(NodeError::Runtime)?;
+    let view = keel_coord::coord::LocalView::new();
     let listener = tokio::net::TcpListener::bind(fe.listen)
         .await
         .map_err(|e| NodeError::Runtime(format!("ZooKeeper port {}: {e}", fe.listen)))?;
-    let node = NodeBuilder::new(setup, keel_coord::Coord::new)
+    let local = view.clone();
+    let node = NodeBuilder::new(setup, move || view.service())
         .client(fe.client)
         .client_sessions(keel_coord::front::CLIENT_SESSIONS)
-        .front_end(move |front| keel_coord::front::serve(front, listener, keel_coord::front::Options::default()))
+        .front_end(move |front| keel_coord::front::serve(front, listener, options, local))
         .start()
         .await?;
     tracing::info!(node = id, zookeeper = %fe.listen, "serving ZooKeeper clients");

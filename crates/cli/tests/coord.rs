@@ -40,7 +40,15 @@ fn four_letter(addr: SocketAddr, word: &str) -> Option<String> {
 
 /// A coord cluster (u = r = 1) whose front ends all answer.
 fn coord_cluster() -> (Cluster, Vec<SocketAddr>) {
-    let c = Cluster::init_service("coord", 1, 1);
+    ready(Cluster::init_service("coord", 1, 1))
+}
+
+/// The same, with reads answered from each node's own state (`reads = "local"`).
+fn coord_cluster_local_reads() -> (Cluster, Vec<SocketAddr>) {
+    ready(Cluster::init_service_with("coord", 1, 1, "[front_end.options]\nreads = \"local\""))
+}
+
+fn ready(c: Cluster) -> (Cluster, Vec<SocketAddr>) {
     let fronts = c.front_ends();
     assert_eq!(fronts.len(), 4, "a front end per node");
     let started = Instant::now();
@@ -96,7 +104,15 @@ fn kazoo_basics_watches_acls_and_recipes_survive_a_kill_of_the_clients_node() {
 
 #[test]
 fn the_java_client_covers_every_operation_and_moves_its_session_and_watches() {
-    let (c, fronts) = coord_cluster();
+    java_scenarios(coord_cluster());
+}
+
+#[test]
+fn the_java_client_scenarios_pass_with_local_reads_too() {
+    java_scenarios(coord_cluster_local_reads());
+}
+
+fn java_scenarios((c, fronts): (Cluster, Vec<SocketAddr>)) {
     let classes = tempfile::tempdir().expect("tempdir");
     let cp = classpath();
     run(
@@ -452,9 +468,17 @@ fn the_same_operations_give_the_same_results_and_events_as_apache_zookeeper() {
 
 #[test]
 fn a_pipelining_client_gets_replies_in_order_and_each_read_sees_the_writes_before_it() {
+    pipelining(coord_cluster());
+}
+
+#[test]
+fn with_local_reads_a_pipelining_client_still_reads_its_own_writes() {
+    pipelining(coord_cluster_local_reads());
+}
+
+fn pipelining((_c, fronts): (Cluster, Vec<SocketAddr>)) {
     use keel_coord::jute::{Reader, Writer};
     use keel_coord::proto::Acl;
-    let (_c, fronts) = coord_cluster();
     let mut client = RawClient::connect(fronts[1], 10_000);
     let mut requests = Vec::new();
     // create /pipe; then 40 x (setData /pipe i; getData /pipe), all sent before any reply.

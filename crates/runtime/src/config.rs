@@ -344,6 +344,10 @@ pub struct FrontEndFile {
     pub listen: SocketAddr,
     /// The front end's client file, relative to the node file's directory.
     pub client: PathBuf,
+    /// Settings of the service's front end, which it checks (coord: `reads = "local"`
+    /// or `"quorum"`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
 }
 
 /// A node's front end, loaded: where it listens and who it is to the cluster.
@@ -351,6 +355,7 @@ pub struct FrontEndFile {
 pub struct FrontEndSetup {
     pub listen: SocketAddr,
     pub client: ClientSetup,
+    pub options: BTreeMap<String, String>,
 }
 
 /// `[faults]` in node.toml: makes this node misbehave in ways a test needs and a
@@ -463,7 +468,11 @@ impl NodeFile {
             });
         }
         let front_end = match &f.front_end {
-            Some(fe) => Some(FrontEndSetup { listen: fe.listen, client: ClientFile::load(&base.join(&fe.client))? }),
+            Some(fe) => Some(FrontEndSetup {
+                listen: fe.listen,
+                client: ClientFile::load(&base.join(&fe.client))?,
+                options: fe.options.clone(),
+            }),
             None => None,
         };
         Ok(NodeSetup {
@@ -813,6 +822,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
                         .parse()
                         .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?,
                     client: PathBuf::from("front-end").join("client.toml"),
+                    options: BTreeMap::new(),
                 }),
                 false => None,
             },

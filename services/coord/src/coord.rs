@@ -16,6 +16,8 @@ use keel_core::ids::{owner_of, ClientId};
 use keel_core::service::{ExecCtx, ReadCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
+use tokio::sync::watch;
 
 /// Bounds on a session's timeout (ms): ZooKeeper's defaults for tickTime 2000
 /// (2 and 20 ticks).
@@ -160,7 +162,7 @@ impl Watches {
 
 /// The coordination service's replicated state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Coord {
+struct State {
     tree: Tree,
     sessions: BTreeMap<i64, Session>,
     watches: Watches,
@@ -183,26 +185,7 @@ enum Change {
     Data(String),
 }
 
-impl Coord {
-    pub fn new() -> Coord {
-        Coord::default()
-    }
-
-    /// The last transaction's id (for tests and status).
-    pub fn zxid(&self) -> i64 {
-        self.zxid
-    }
-
-    /// The number of live sessions.
-    pub fn sessions(&self) -> usize {
-        self.sessions.len()
-    }
-
-    /// A digest of the replicated state (for divergence checks and tests).
-    pub fn digest(&self) -> [u8; 32] {
-        *blake3::hash(&self.snapshot()).as_bytes()
-    }
-
+impl State {
     fn session_for(&self, session: i64, client: ClientId) -> Result<&Session, i32> {
         match self.sessions.get(&session) {
             None => Err(err::SESSION_EXPIRED),
@@ -448,6 +431,20 @@ impl Coord {
         }
         w.int(-1).bool(true).int(-1);
         Reply::Op { zxid: 0, err: err::OK, body: w.into_bytes() }
+    }
+
+    /// A read without a watch, answered from this state without ordering.
+    fn read_only(&self, session: i64, client: ClientId, request: Request) -> Option<Reply> {
+        if request.writes() {
+            return None;
+        }
+        Some(match self.session_for(session, client) {
+            Err(e) => Reply::Op { zxid: 0, err: e, body: Vec::new() },
+            Ok(_) => match request {
+                Request::MultiRead(ops) => self.multi_read(session, ops),
+                read => read_reply(self.read(session, read)),
+            },
+        })
     }
 
     fn room(&self, session: i64) -> bool {
@@ -949,43 +946,156 @@ fn ip_matches(acl: &str, ip: &str) -> bool {
     }
 }
 
+/// The service: the replicated state behind a lock, so that the node's front end can
+/// read it in place ([`LocalView`], `reads = local`) while the executor runs commands.
+/// The executor is the only writer; a front end only reads.
+#[derive(Debug, Default)]
+pub struct Coord {
+    state: Arc<RwLock<State>>,
+    /// The last transaction the state holds, for readers waiting to see their writes.
+    zxid: Arc<watch::Sender<i64>>,
+}
+
+/// A deep copy: a clone does not share the state (tests compare before and after).
+impl Clone for Coord {
+    fn clone(&self) -> Coord {
+        let state = self.read().clone();
+        let zxid = state.zxid;
+        Coord { state: Arc::new(RwLock::new(state)), zxid: Arc::new(watch::Sender::new(zxid)) }
+    }
+}
+
+impl PartialEq for Coord {
+    fn eq(&self, other: &Coord) -> bool {
+        *self.read() == *other.read()
+    }
+}
+
+impl Eq for Coord {}
+
+impl Coord {
+    pub fn new() -> Coord {
+        Coord::default()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Tells waiting readers how far the state is.
+    fn published(&self) {
+        let zxid = self.read().zxid;
+        self.zxid.send_replace(zxid);
+    }
+
+    /// The last transaction's id (for tests and status).
+    pub fn zxid(&self) -> i64 {
+        self.read().zxid
+    }
+
+    /// The number of live sessions.
+    pub fn sessions(&self) -> usize {
+        self.read().sessions.len()
+    }
+
+    /// A digest of the replicated state (for divergence checks and tests).
+    pub fn digest(&self) -> [u8; 32] {
+        *blake3::hash(&self.snapshot()).as_bytes()
+    }
+}
+
+/// A node's own state, read in place by its front end (`reads = local`: ZooKeeper's
+/// sequentially consistent reads, answered by the node the client is connected to).
+#[derive(Debug, Default)]
+pub struct LocalView {
+    coord: Coord,
+}
+
+/// Clones share the state (unlike `Coord`'s clones, which copy it).
+impl Clone for LocalView {
+    fn clone(&self) -> LocalView {
+        LocalView { coord: self.service() }
+    }
+}
+
+impl LocalView {
+    pub fn new() -> LocalView {
+        LocalView::default()
+    }
+
+    /// A service over this view's state: what the node's service factory returns (the
+    /// node builds one at the start and one per membership epoch, each restored from a
+    /// checkpoint into the same state).
+    pub fn service(&self) -> Coord {
+        Coord { state: self.coord.state.clone(), zxid: self.coord.zxid.clone() }
+    }
+
+    /// Whether `coord` is a service over this view's state.
+    pub fn views(&self, coord: &Coord) -> bool {
+        Arc::ptr_eq(&self.coord.state, &coord.state)
+    }
+
+    /// Waits until the state holds transaction `zxid` (the client's own last write, or
+    /// the last zxid it saw before it reconnected); false if it did not come in time.
+    pub async fn wait_for(&self, zxid: i64, timeout: std::time::Duration) -> bool {
+        let mut seen = self.coord.zxid.subscribe();
+        tokio::time::timeout(timeout, seen.wait_for(|z| *z >= zxid)).await.is_ok_and(|r| r.is_ok())
+    }
+
+    /// The last transaction the state holds.
+    pub fn zxid(&self) -> i64 {
+        *self.coord.zxid.borrow()
+    }
+
+    /// Answers a read (without a watch) from the state as it is now, as the node would
+    /// answer it read-only; None for a request that is not such a read.
+    pub fn read(&self, session: i64, client: ClientId, request: Request) -> Option<Reply> {
+        self.coord.read().read_only(session, client, request)
+    }
+}
+
 impl Service for Coord {
     fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
-        let reply = match postcard::from_bytes::<Command>(request) {
-            Ok(command) => self.run(command, ctx),
-            Err(_) => Reply::Op { zxid: 0, err: err::MARSHALLING_ERROR, body: Vec::new() },
+        let reply = {
+            let mut state = self.write();
+            let reply = match postcard::from_bytes::<Command>(request) {
+                Ok(command) => state.run(command, ctx),
+                Err(_) => Reply::Op { zxid: 0, err: err::MARSHALLING_ERROR, body: Vec::new() },
+            };
+            state.flush(ctx);
+            reply
         };
-        self.flush(ctx);
+        self.published();
         reply.encode()
     }
 
     /// Reads without a watch. `execute` answers them alike and changes nothing.
     fn execute_read_only(&self, request: &[u8], ctx: &ReadCtx) -> Option<Vec<u8>> {
         let Ok(Command::Op { session, request }) = postcard::from_bytes::<Command>(request) else { return None };
-        if request.writes() {
-            return None;
-        }
-        let reply = match self.session_for(session, ctx.client) {
-            Err(e) => Reply::Op { zxid: 0, err: e, body: Vec::new() },
-            Ok(_) => match request {
-                Request::MultiRead(ops) => self.multi_read(session, ops),
-                read => read_reply(self.read(session, read)),
-            },
-        };
-        Some(reply.encode())
+        self.read().read_only(session, ctx.client, request).map(|r| r.encode())
     }
 
     fn on_tick(&mut self, ctx: &ExecCtx) {
-        self.expire(ctx);
-        self.flush(ctx);
+        {
+            let mut state = self.write();
+            state.expire(ctx);
+            state.flush(ctx);
+        }
+        self.published();
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        postcard::to_allocvec(self).unwrap_or_default()
+        postcard::to_allocvec(&*self.read()).unwrap_or_default()
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        *self = postcard::from_bytes(snapshot).map_err(|e| RestoreError(e.to_string()))?;
+        let restored: State = postcard::from_bytes(snapshot).map_err(|e| RestoreError(e.to_string()))?;
+        *self.write() = restored;
+        self.published();
         Ok(())
     }
 }

@@ -13,7 +13,7 @@
 //! `Touch` of the sessions it heard from within their timeout; the cluster expires the
 //! others at agreed-time ticks.
 
-use crate::coord::{Command, Push, Reply, SESSION_TIMEOUT_MAX, SESSION_TIMEOUT_MIN};
+use crate::coord::{Command, LocalView, Push, Reply, SESSION_TIMEOUT_MAX, SESSION_TIMEOUT_MIN};
 use crate::jute::{Reader, Writer};
 use crate::proto::{self, err, op, xid, ConnectRequest, Request, MAX_BUFFER};
 use keel::{FrontEnd, KeelClient, Pushed, ReadConsistency};
@@ -37,12 +37,16 @@ const OUTBOX: usize = 64;
 /// session timeout.
 const TOUCH_EVERY: Duration = Duration::from_millis(1_000);
 
-/// How the front end answers reads.
+/// How the front end answers reads without a watch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reads {
     /// A read-only quorum (Q matching answers from nodes that executed what they
-    /// accepted): never a lying node's answer.
+    /// accepted): linearizable, and never one lying node's answer.
     Quorum,
+    /// From this node's own state, once it holds the client's last write (and on
+    /// reconnect the last zxid the client saw): ZooKeeper's sequentially consistent
+    /// reads, at no cost to the cluster; the client trusts this node for them.
+    Local,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -56,6 +60,23 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Options {
         Options { reads: Reads::Quorum, op_timeout: Duration::from_secs(10) }
+    }
+}
+
+impl Options {
+    /// From `[front_end.options]` in node.toml: `reads = "quorum"` (the default) or
+    /// `"local"`. Anything else is an error, so a typo does not pass unnoticed.
+    pub fn from_settings(settings: &std::collections::BTreeMap<String, String>) -> Result<Options, String> {
+        let mut o = Options::default();
+        for (key, value) in settings {
+            match (key.as_str(), value.as_str()) {
+                ("reads", "quorum") => o.reads = Reads::Quorum,
+                ("reads", "local") => o.reads = Reads::Local,
+                ("reads", other) => return Err(format!("coord front end: reads = {other:?}: quorum or local")),
+                (other, _) => return Err(format!("coord front end: unknown option {other:?} (known: reads)")),
+            }
+        }
+        Ok(o)
     }
 }
 
@@ -86,6 +107,8 @@ struct Conn {
 /// What every connection of one front end shares.
 struct Shared {
     client: KeelClient,
+    /// This node's state, for `Reads::Local`.
+    local: LocalView,
     options: Options,
     node: keel::NodeId,
     listen: SocketAddr,
@@ -126,8 +149,9 @@ impl Shared {
     }
 }
 
-/// Serves ZooKeeper clients on `listener` until the node stops.
-pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options) {
+/// Serves ZooKeeper clients on `listener` until the node stops. `local` is the view of
+/// the node's own state its service was built over ([`LocalView::service`]).
+pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options, local: LocalView) {
     let Some(client) = fe.client().cloned() else {
         tracing::error!(node = fe.node, "coord front end without a client identity: not serving");
         return;
@@ -136,6 +160,7 @@ pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options) {
     let pushes = client.push_events();
     let shared = Arc::new(Shared {
         client,
+        local,
         options,
         node: fe.node,
         listen,
@@ -283,9 +308,12 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         _ => return, // the cluster did not answer: the client tries again, maybe elsewhere
     };
     shared.saw(zxid);
-    if connect.last_zxid_seen > shared.zxid.load(Ordering::Relaxed) {
-        // The client saw more than this front end knows of: ZooKeeper refuses it too.
-        tracing::info!(session, "client has seen a later zxid than this node; refusing");
+    // A client that saw more than this node holds reads from it only once it caught up
+    // (quorum reads always reflect every completed write: nothing to wait for).
+    if shared.options.reads == Reads::Local
+        && !shared.local.wait_for(connect.last_zxid_seen, shared.options.op_timeout).await
+    {
+        tracing::info!(session, seen = connect.last_zxid_seen, "client has seen a later zxid than this node holds");
         return;
     }
     if write.write_all(&frame(&proto::connect_response(timeout, session, &password))).await.is_err() {
@@ -319,7 +347,10 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         }
         let _ = write.shutdown().await;
     });
-    let reason = requests(&shared, &mut read, session, timeout, &out).await;
+    // Local reads see at least the session's creation (or its move here) and what the
+    // client saw before.
+    let floor = zxid.max(connect.last_zxid_seen);
+    let reason = requests(&shared, &mut read, session, timeout, floor, &out).await;
     tracing::debug!(session, %peer, reason, "ZooKeeper connection ends");
     let _ = out.send(Out::Close).await;
     if let Ok(mut conns) = shared.conns.lock() {
@@ -362,12 +393,15 @@ async fn requests(
     read: &mut tokio::net::tcp::OwnedReadHalf,
     session: i64,
     timeout: i32,
+    floor: i64,
     out: &mpsc::Sender<Out>,
 ) -> &'static str {
     let (items, mut queue) = mpsc::channel::<Item>(READ_AHEAD);
     let reader = read_requests(shared, read, session, timeout, out, items);
     let processor = async {
         let mut pending: std::collections::VecDeque<Item> = std::collections::VecDeque::new();
+        // The last transaction this connection's reads must see (its own last write).
+        let mut floor = floor;
         loop {
             if pending.is_empty() {
                 match queue.recv().await {
@@ -428,12 +462,13 @@ async fn requests(
                     let replies = if writes {
                         write_batch(shared, session, run).await
                     } else {
-                        reads(shared, session, run).await
+                        reads(shared, session, run, floor).await
                     };
                     let Some(replies) = replies else { return "the cluster did not answer" };
                     for (xid, reply) in replies {
                         let Reply::Op { zxid, err, body } = reply else { return "an answer it cannot read" };
                         shared.saw(zxid);
+                        floor = floor.max(zxid);
                         let zxid = if zxid > 0 { zxid } else { shared.zxid.load(Ordering::Relaxed) };
                         let mut w = Writer::new();
                         proto::reply_header(&mut w, xid, zxid, err);
@@ -470,8 +505,17 @@ async fn write_batch(shared: &Shared, session: i64, run: Vec<(i32, Request)>) ->
     }
 }
 
-/// Reads, all at once; answers in their order.
-async fn reads(shared: &Arc<Shared>, session: i64, run: Vec<(i32, Request)>) -> Option<Vec<(i32, Reply)>> {
+/// Reads, all at once; answers in their order. With local reads, from this node's
+/// state once it holds transaction `floor`.
+async fn reads(shared: &Arc<Shared>, session: i64, run: Vec<(i32, Request)>, floor: i64) -> Option<Vec<(i32, Reply)>> {
+    if shared.options.reads == Reads::Local {
+        if !shared.local.wait_for(floor, shared.options.op_timeout).await {
+            tracing::warn!(session, floor, "this node did not execute the client's last write in time");
+            return None;
+        }
+        let me = shared.client.id();
+        return run.into_iter().map(|(xid, request)| Some((xid, shared.local.read(session, me, request)?))).collect();
+    }
     let calls: Vec<(i32, tokio::task::JoinHandle<Option<Reply>>)> = run
         .into_iter()
         .map(|(xid, request)| {

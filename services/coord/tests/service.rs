@@ -417,3 +417,24 @@ fn garbage_commands_get_a_marshalling_error() {
     assert!(matches!(reply, Some(Reply::Op { err: err::MARSHALLING_ERROR, .. })));
     let _ = Writer::new();
 }
+
+#[test]
+fn a_local_view_reads_the_state_its_services_execute_and_clones_share_it() {
+    use keel_coord::coord::LocalView;
+    let view = LocalView::new();
+    let shared = view.clone();
+    let mut service = view.service();
+    assert!(shared.views(&service), "a clone of the view reads the service's state");
+    let ctx = ExecCtx::new(1, 1_000, 7, FE_A);
+    let session =
+        match Reply::decode(&service.execute(&Command::Connect { timeout: 5_000, ip: "::1".into() }.encode(), &ctx)) {
+            Some(Reply::Session { id, .. }) => id,
+            other => panic!("{other:?}"),
+        };
+    assert_eq!(shared.zxid(), 1, "the view sees the session's transaction");
+    let reply = shared.read(session, FE_A, Request::Exists { path: "/zookeeper".into(), watch: false });
+    assert!(matches!(reply, Some(Reply::Op { err: 0, .. })), "{reply:?}");
+    assert_eq!(shared.read(session, FE_A, Request::Sync { path: "/".into() }), None, "not a read");
+    // A deep copy of the service is not the view's.
+    assert!(!shared.views(&service.clone()));
+}

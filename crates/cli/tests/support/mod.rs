@@ -55,6 +55,12 @@ impl Cluster {
         Cluster::init_full(u, r, &["--service", service], "", |_| None)
     }
 
+    /// As [`Cluster::init_service`], with `tail` (TOML tables) appended to every node
+    /// file before the nodes start (`[front_end.options]`).
+    pub fn init_service_with(service: &'static str, u: u32, r: u32, tail: &'static str) -> Cluster {
+        Cluster::init_full(u, r, &["--service", service], "", move |_| Some(tail))
+    }
+
     /// A cluster whose requests are authenticated with `auth` (`keel init --auth`).
     pub fn init_auth(u: u32, r: u32, auth: &str) -> Cluster {
         Cluster::init_full(u, r, &["--auth", auth], "", |_| None)
@@ -85,7 +91,11 @@ impl Cluster {
         let n = keel_runtime::config::node_dirs(dir.path()).len();
         let mut c = Cluster { dir, nodes: (0..n).map(|_| None).collect() };
         for i in 0..n {
-            if let Some(line) = extra(i) {
+            if let Some(line) = extra(i).filter(|l| l.starts_with('[')) {
+                let file = c.path().join(format!("node-{i}/node.toml"));
+                let text = std::fs::read_to_string(&file).expect("node file");
+                std::fs::write(&file, format!("{text}\n{line}\n")).expect("node file written");
+            } else if let Some(line) = extra(i) {
                 let file = c.path().join(format!("node-{i}/node.toml"));
                 let text = std::fs::read_to_string(&file).expect("node file");
                 // Replaces the setting `keel init` wrote, if any.
