@@ -46,6 +46,10 @@ pub enum Command {
     /// Requests of one session in its order, executed one after another in one step
     /// (a pipelining client's writes): one reply each, as if sent one by one.
     Ops { session: i64, requests: Vec<Request> },
+    /// Commands of different sessions that a front end gathered while earlier ones were
+    /// in flight, executed in order in one step (group commit): one reply each. A batch
+    /// inside a batch is refused.
+    Batch(Vec<Command>),
 }
 
 impl Command {
@@ -77,6 +81,8 @@ pub enum Reply {
     Done,
     /// The replies of `Command::Ops`, in order (each a `Reply::Op`).
     Ops(Vec<Reply>),
+    /// The replies of `Command::Batch`, in order.
+    Batch(Vec<Reply>),
 }
 
 impl Reply {
@@ -258,6 +264,15 @@ impl State {
                 }
                 self.op(session, request, ctx)
             }
+            Command::Batch(commands) => Reply::Batch(
+                commands
+                    .into_iter()
+                    .map(|c| match c {
+                        Command::Batch(_) => Reply::Refused { err: err::BAD_ARGUMENTS },
+                        c => self.run(c, ctx),
+                    })
+                    .collect(),
+            ),
             Command::Ops { session, requests } => {
                 if let Err(e) = self.session_for(session, ctx.client) {
                     return Reply::Op { zxid: 0, err: e, body: Vec::new() };

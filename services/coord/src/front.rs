@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// Keel client sessions a front end wants (`NodeBuilder::client_sessions`): operations
 /// of different connections in flight at once.
@@ -89,6 +89,9 @@ struct Stats {
     malformed: AtomicU64,
     /// Connections closed because their client stopped reading.
     stalled: AtomicU64,
+    /// Ordered operations the group committer sent, and the commands in them.
+    commits: AtomicU64,
+    committed: AtomicU64,
     connections: AtomicU64,
 }
 
@@ -107,6 +110,8 @@ struct Conn {
 /// What every connection of one front end shares.
 struct Shared {
     client: KeelClient,
+    /// The group committer's queue.
+    commits: mpsc::Sender<Commit>,
     /// This node's state, for `Reads::Local`.
     local: LocalView,
     options: Options,
@@ -158,8 +163,10 @@ pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options, lo
     };
     let listen = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let pushes = client.push_events();
+    let (commits, commit_queue) = mpsc::channel(4096);
     let shared = Arc::new(Shared {
         client,
+        commits,
         local,
         options,
         node: fe.node,
@@ -173,6 +180,7 @@ pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options, lo
         tokio::spawn(route_pushes(shared.clone(), pushes));
     }
     tokio::spawn(touch(shared.clone()));
+    tokio::spawn(commit(shared.clone(), commit_queue));
     loop {
         let accepted = tokio::select! {
             _ = fe.stopped() => return,
@@ -445,11 +453,14 @@ async fn requests(
                     let writes = request.writes();
                     let mut run = vec![(xid, request)];
                     let mut bytes = size;
-                    // The run of requests of the same kind that follows.
-                    while run.len() < BATCH_MAX {
+                    // The run of requests of the same kind that follows (an ordered read
+                    // with a large reply goes alone).
+                    let alone = writes && run[0].1.large_reply();
+                    while run.len() < BATCH_MAX && !alone {
                         match pending.front() {
                             Some(Item::Op(_, next, size))
-                                if next.writes() == writes && (!writes || bytes + size <= BATCH_BYTES_MAX) =>
+                                if next.writes() == writes
+                                    && (!writes || (bytes + size <= BATCH_BYTES_MAX && !next.large_reply())) =>
                             {
                                 bytes += size;
                                 if let Some(Item::Op(x, r, _)) = pending.pop_front() {
@@ -492,16 +503,92 @@ async fn requests(
     }
 }
 
-/// Writes (and watched reads) in order, as one ordered command.
+/// Writes (and watched reads) in order, as one ordered command, through the group
+/// committer.
 async fn write_batch(shared: &Shared, session: i64, run: Vec<(i32, Request)>) -> Option<Vec<(i32, Reply)>> {
+    let alone = run.iter().any(|(_, r)| r.large_reply());
     let (xids, requests): (Vec<i32>, Vec<Request>) = run.into_iter().unzip();
-    match shared.call(&Command::Ops { session, requests }, false).await? {
+    let command = Command::Ops { session, requests };
+    let bytes = command.encode().len();
+    let (done, reply) = oneshot::channel();
+    shared.commits.send(Commit { command, bytes, alone, done }).await.ok()?;
+    match reply.await.ok()?? {
         Reply::Ops(replies) if replies.len() == xids.len() => Some(xids.into_iter().zip(replies).collect()),
         Reply::Op { zxid, err, body } => {
             // The batch as a whole was refused (session expired or moved).
             Some(xids.into_iter().map(|x| (x, Reply::Op { zxid, err, body: body.clone() })).collect())
         }
         _ => None,
+    }
+}
+
+/// A command for the group committer, and where its reply goes.
+struct Commit {
+    command: Command,
+    bytes: usize,
+    /// Sent as a command of its own (a large reply).
+    alone: bool,
+    done: oneshot::Sender<Option<Reply>>,
+}
+
+/// Batches of commands in flight at once.
+const COMMITS_IN_FLIGHT: usize = 4;
+
+/// Group commit: the ordered commands of all connections, gathered into one
+/// `Command::Batch` while earlier batches are in flight (at most `COMMITS_IN_FLIGHT`),
+/// so the cluster orders one operation for many writes. A connection sends its next
+/// command only after the reply of its last, so each session's order is kept.
+async fn commit(shared: Arc<Shared>, mut queue: mpsc::Receiver<Commit>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(COMMITS_IN_FLIGHT));
+    let mut carried: Option<Commit> = None;
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        let first = match carried.take() {
+            Some(c) => c,
+            None => match queue.recv().await {
+                Some(c) => c,
+                None => return,
+            },
+        };
+        let mut batch = vec![first];
+        let mut bytes = batch[0].bytes;
+        while !batch[0].alone && batch.len() < BATCH_MAX * 4 {
+            match queue.try_recv() {
+                Ok(c) if c.alone || bytes + c.bytes > BATCH_BYTES_MAX => {
+                    carried = Some(c);
+                    break;
+                }
+                Ok(c) => {
+                    bytes += c.bytes;
+                    batch.push(c);
+                }
+                Err(_) => break,
+            }
+        }
+        let shared = shared.clone();
+        shared.stats.commits.fetch_add(1, Ordering::Relaxed);
+        shared.stats.committed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let _permit = permit;
+            if batch.len() == 1 {
+                let Some(c) = batch.pop() else { return };
+                let _ = c.done.send(shared.call(&c.command, false).await);
+                return;
+            }
+            let (commands, dones): (Vec<Command>, Vec<_>) = batch.into_iter().map(|c| (c.command, c.done)).unzip();
+            match shared.call(&Command::Batch(commands), false).await {
+                Some(Reply::Batch(replies)) if replies.len() == dones.len() => {
+                    for (done, reply) in dones.into_iter().zip(replies) {
+                        let _ = done.send(Some(reply));
+                    }
+                }
+                _ => {
+                    for done in dones {
+                        let _ = done.send(None);
+                    }
+                }
+            }
+        });
     }
 }
 
@@ -630,12 +717,14 @@ fn four_letter_word(shared: &Shared, first: &[u8; 4]) -> Option<String> {
             shared.node
         ),
         "mntr" => format!(
-            "zk_version\t{version}\nzk_server_state\tkeel\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_connections_accepted\t{}\nzk_malformed_dropped\t{}\nzk_stalled_dropped\t{}\nzk_last_zxid\t{zxid}\n",
+            "zk_version\t{version}\nzk_server_state\tkeel\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_connections_accepted\t{}\nzk_malformed_dropped\t{}\nzk_stalled_dropped\t{}\nzk_ordered_operations\t{}\nzk_ordered_commands\t{}\nzk_last_zxid\t{zxid}\n",
             s.received.load(Ordering::Relaxed),
             s.sent.load(Ordering::Relaxed),
             s.connections.load(Ordering::Relaxed),
             s.malformed.load(Ordering::Relaxed),
             s.stalled.load(Ordering::Relaxed),
+            s.commits.load(Ordering::Relaxed),
+            s.committed.load(Ordering::Relaxed),
         ),
         "cons" => connection_list(shared),
         _ => return None,

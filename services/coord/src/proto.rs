@@ -328,6 +328,19 @@ impl Request {
         }
     }
 
+    /// Whether the reply may be large (node data, child lists): such a request is not
+    /// batched with others, so that one reply stays within an operation's size bound.
+    pub fn large_reply(&self) -> bool {
+        matches!(
+            self,
+            Request::GetData { .. }
+                | Request::GetChildren { .. }
+                | Request::MultiRead(_)
+                | Request::GetEphemerals { .. }
+                | Request::GetAcl { .. }
+        )
+    }
+
     /// The opcode a multi result names for this operation.
     pub fn opcode(&self) -> i32 {
         match self {

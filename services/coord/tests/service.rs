@@ -438,3 +438,41 @@ fn a_local_view_reads_the_state_its_services_execute_and_clones_share_it() {
     // A deep copy of the service is not the view's.
     assert!(!shared.views(&service.clone()));
 }
+
+#[test]
+fn a_batch_runs_each_sessions_commands_in_order_and_refuses_nesting() {
+    let mut w = World::new();
+    let a = w.connect(FE_A);
+    let b = w.connect(FE_A);
+    let create = |path: &str| Request::Create {
+        opcode: op::CREATE,
+        path: path.into(),
+        data: b"d".to_vec(),
+        acl: Acl::open(),
+        flags: 0,
+        ttl: -1,
+    };
+    let batch = Command::Batch(vec![
+        Command::Ops { session: a, requests: vec![create("/x"), Request::Exists { path: "/x".into(), watch: true }] },
+        Command::Op { session: b, request: create("/x") },
+        Command::Batch(Vec::new()),
+        Command::Op { session: 424242, request: create("/y") },
+    ]);
+    let replies = match w.run(FE_A, batch) {
+        Reply::Batch(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        matches!(&replies[0], Reply::Ops(r) if matches!(r[..], [Reply::Op { err: 0, .. }, Reply::Op { err: 0, .. }]))
+    );
+    assert!(matches!(replies[1], Reply::Op { err: err::NODE_EXISTS, .. }), "b's create comes after a's");
+    assert!(matches!(replies[2], Reply::Refused { err: err::BAD_ARGUMENTS }));
+    assert!(matches!(replies[3], Reply::Op { err: err::SESSION_EXPIRED, .. }));
+    w.watch_events();
+    w.op(b, Request::SetData { path: "/x".into(), data: Vec::new(), version: -1 });
+    assert_eq!(
+        w.watch_events(),
+        vec![(a, event::NODE_DATA_CHANGED, "/x".to_string())],
+        "the watch set inside the batch"
+    );
+}
