@@ -3,6 +3,8 @@
 mod admin;
 mod bench;
 mod cluster;
+mod coord_shim;
+mod identity;
 mod kv;
 mod services;
 mod sim;
@@ -29,6 +31,9 @@ enum Command {
     Status(cluster::StatusArgs),
     /// The KV service's client: put, get, del, cas, scan, watch.
     Kv(kv::KvArgs),
+    /// ZooKeeper's protocol on a local port for unmodified clients, with no single node
+    /// trusted (a coord cluster's BFT client).
+    CoordShim(coord_shim::CoordShimArgs),
     /// Closed-loop benchmark against a running cluster.
     Bench(bench::BenchArgs),
     /// Run the deterministic simulator over many seeds and check safety and liveness.
@@ -54,6 +59,7 @@ fn main() -> ExitCode {
         Command::Node(a) => cluster::run_node(a),
         Command::Status(a) => cluster::run_status(a),
         Command::Kv(a) => kv::run(a),
+        Command::CoordShim(a) => coord_shim::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Sim(args) => sim::run(args),
         Command::Admin(a) => admin::run(a),

@@ -512,3 +512,56 @@ fn pipelining((_c, fronts): (Cluster, Vec<SocketAddr>)) {
         }
     }
 }
+
+/// `keel coord-shim` on a free port for the cluster in `dir`, stopped with its handle.
+struct Shim {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl Shim {
+    fn start(dir: &std::path::Path) -> Shim {
+        let port = keel_runtime::config::free_ports(1).expect("a free port");
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
+        let child = Command::new(support::KEEL)
+            .args(["coord-shim", "--dir"])
+            .arg(dir)
+            .args(["--listen", &addr.to_string()])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("coord-shim starts");
+        let started = Instant::now();
+        while four_letter(addr, "ruok").as_deref() != Some("imok") {
+            assert!(started.elapsed() < Duration::from_secs(30), "coord-shim never answered");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Shim { child, addr }
+    }
+}
+
+impl Drop for Shim {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn through_coord_shim_kazoo_works_and_keeps_working_when_a_node_dies() {
+    let (mut c, _fronts) = coord_cluster();
+    let shim = Shim::start(c.path());
+    let kazoo = |what: &str| {
+        let out = run(
+            Command::new("python3").arg(clients_dir().join("kazoo_scenarios.py")).arg(shim.addr.to_string()),
+            what,
+            Duration::from_secs(240),
+        );
+        assert!(out.contains("all kazoo scenarios passed"), "{out}");
+    };
+    kazoo("kazoo through the shim");
+    let mntr = four_letter(shim.addr, "mntr").expect("mntr");
+    assert!(mntr.contains("zk_server_state\tkeel"), "{mntr}");
+    // A node (the first primary) dies: the shim's client needs only the others.
+    c.kill(0);
+    kazoo("kazoo through the shim with node 0 down");
+}

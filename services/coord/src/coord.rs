@@ -31,8 +31,10 @@ pub const WATCHES_PER_SESSION_MAX: usize = 100_000;
 /// What a front end asks of the service.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// A new session for a client at `ip` asking for `timeout` ms.
-    Connect { timeout: i32, ip: String },
+    /// A new session for a client at `ip` asking for `timeout` ms. A `pinned` session
+    /// stays with the client identity that made it (`keel coord-shim`): no other may
+    /// attach it, not even with its password, which every node knows.
+    Connect { timeout: i32, ip: String, pinned: bool },
     /// A client reconnecting (to this front end) with its session's id and password.
     Attach { session: i64, password: Vec<u8>, timeout: i32, ip: String },
     /// The sessions whose clients this front end heard from lately: they live on.
@@ -123,6 +125,8 @@ struct Session {
     /// Authenticated ids: (scheme, id); the client's ip is always there.
     auth: Vec<(String, String)>,
     ephemerals: BTreeSet<String>,
+    /// Only its creator's identity may hold it (`Command::Connect`).
+    pinned: bool,
 }
 
 /// Watches: path -> sessions.
@@ -202,13 +206,16 @@ impl State {
 
     fn run(&mut self, command: Command, ctx: &ExecCtx) -> Reply {
         match command {
-            Command::Connect { timeout, ip } => self.connect(timeout, ip, ctx),
+            Command::Connect { timeout, ip, pinned } => self.connect(timeout, ip, pinned, ctx),
             Command::Attach { session, password, timeout, ip } => {
                 let Some(s) = self.sessions.get_mut(&session) else {
                     return Reply::Refused { err: err::SESSION_EXPIRED };
                 };
                 if s.password != password {
                     return Reply::Refused { err: err::SESSION_EXPIRED };
+                }
+                if s.pinned && s.owner != owner_of(ctx.client) {
+                    return Reply::Refused { err: err::SESSION_MOVED };
                 }
                 let old = s.push_to;
                 s.owner = owner_of(ctx.client);
@@ -282,7 +289,7 @@ impl State {
         }
     }
 
-    fn connect(&mut self, timeout: i32, ip: String, ctx: &ExecCtx) -> Reply {
+    fn connect(&mut self, timeout: i32, ip: String, pinned: bool, ctx: &ExecCtx) -> Reply {
         if self.sessions.len() >= SESSIONS_MAX {
             return Reply::Refused { err: err::SYSTEM_ERROR };
         }
@@ -315,6 +322,7 @@ impl State {
                 push_to: ctx.client,
                 auth: vec![("ip".into(), ip)],
                 ephemerals: BTreeSet::new(),
+                pinned,
             },
         );
         Reply::Session { id, password, timeout, zxid: self.zxid }

@@ -112,10 +112,13 @@ struct Shared {
     client: KeelClient,
     /// The group committer's queue.
     commits: mpsc::Sender<Commit>,
-    /// This node's state, for `Reads::Local`.
-    local: LocalView,
+    /// This node's state, for `Reads::Local` (a shim has none).
+    local: Option<LocalView>,
     options: Options,
-    node: keel::NodeId,
+    /// "node N" or "shim", for the four-letter words.
+    label: String,
+    /// Sessions made here stay here (the shim's: see `Command::Connect`).
+    pinned: bool,
     listen: SocketAddr,
     /// Live connections by session.
     conns: Mutex<HashMap<i64, Conn>>,
@@ -161,6 +164,37 @@ pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options, lo
         tracing::error!(node = fe.node, "coord front end without a client identity: not serving");
         return;
     };
+    let role = Role::Node { id: fe.node, local };
+    serve_client(client, role, listener, options, async move { fe.stopped().await }).await
+}
+
+/// Where a front end runs.
+pub enum Role {
+    /// On node `id`, beside its state.
+    Node { id: keel::NodeId, local: LocalView },
+    /// In a process of the client's own (`keel coord-shim`): it holds no state, and a
+    /// reply counts only once r + 1 nodes sent it alike, so no single node is trusted.
+    Shim,
+}
+
+/// Serves ZooKeeper clients on `listener` through `client` until `stop` resolves: the
+/// node's front end, or the shim. With [`Role::Shim`], reads are always quorum reads.
+pub async fn serve_client(
+    client: KeelClient,
+    role: Role,
+    listener: TcpListener,
+    mut options: Options,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    let pinned = matches!(role, Role::Shim);
+    let (label, local) = match role {
+        Role::Node { id, local } => (format!("node {id}"), Some(local)),
+        Role::Shim => {
+            options.reads = Reads::Quorum;
+            ("shim".to_string(), None)
+        }
+    };
+    let mut stop = std::pin::pin!(stop);
     let listen = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let pushes = client.push_events();
     let (commits, commit_queue) = mpsc::channel(4096);
@@ -169,7 +203,8 @@ pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options, lo
         commits,
         local,
         options,
-        node: fe.node,
+        label,
+        pinned,
         listen,
         conns: Mutex::new(HashMap::new()),
         heard: Mutex::new(HashMap::new()),
@@ -183,7 +218,7 @@ pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options, lo
     tokio::spawn(commit(shared.clone(), commit_queue));
     loop {
         let accepted = tokio::select! {
-            _ = fe.stopped() => return,
+            () = &mut stop => return,
             a = listener.accept() => a,
         };
         match accepted {
@@ -302,7 +337,7 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let timeout = connect.timeout.clamp(SESSION_TIMEOUT_MIN, SESSION_TIMEOUT_MAX);
     let ip = peer.ip().to_string();
     let command = if connect.session_id == 0 {
-        Command::Connect { timeout, ip }
+        Command::Connect { timeout, ip, pinned: shared.pinned }
     } else {
         Command::Attach { session: connect.session_id, password: connect.password.clone(), timeout, ip }
     };
@@ -318,9 +353,11 @@ async fn connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     shared.saw(zxid);
     // A client that saw more than this node holds reads from it only once it caught up
     // (quorum reads always reflect every completed write: nothing to wait for).
-    if shared.options.reads == Reads::Local
-        && !shared.local.wait_for(connect.last_zxid_seen, shared.options.op_timeout).await
-    {
+    let caught_up = match (&shared.local, shared.options.reads) {
+        (Some(local), Reads::Local) => local.wait_for(connect.last_zxid_seen, shared.options.op_timeout).await,
+        _ => true,
+    };
+    if !caught_up {
         tracing::info!(session, seen = connect.last_zxid_seen, "client has seen a later zxid than this node holds");
         return;
     }
@@ -595,13 +632,13 @@ async fn commit(shared: Arc<Shared>, mut queue: mpsc::Receiver<Commit>) {
 /// Reads, all at once; answers in their order. With local reads, from this node's
 /// state once it holds transaction `floor`.
 async fn reads(shared: &Arc<Shared>, session: i64, run: Vec<(i32, Request)>, floor: i64) -> Option<Vec<(i32, Reply)>> {
-    if shared.options.reads == Reads::Local {
-        if !shared.local.wait_for(floor, shared.options.op_timeout).await {
+    if let (Some(local), Reads::Local) = (&shared.local, shared.options.reads) {
+        if !local.wait_for(floor, shared.options.op_timeout).await {
             tracing::warn!(session, floor, "this node did not execute the client's last write in time");
             return None;
         }
         let me = shared.client.id();
-        return run.into_iter().map(|(xid, request)| Some((xid, shared.local.read(session, me, request)?))).collect();
+        return run.into_iter().map(|(xid, request)| Some((xid, local.read(session, me, request)?))).collect();
     }
     let calls: Vec<(i32, tokio::task::JoinHandle<Option<Reply>>)> = run
         .into_iter()
@@ -699,10 +736,10 @@ fn four_letter_word(shared: &Shared, first: &[u8; 4]) -> Option<String> {
         "ruok" => "imok".to_string(),
         "srvr" | "stat" => {
             let mut text = format!(
-                "Zookeeper version: {version}\nLatency min/avg/max: 0/0/0\nReceived: {}\nSent: {}\nConnections: {conns}\nOutstanding: 0\nZxid: 0x{zxid:x}\nMode: keel (node {})\n",
+                "Zookeeper version: {version}\nLatency min/avg/max: 0/0/0\nReceived: {}\nSent: {}\nConnections: {conns}\nOutstanding: 0\nZxid: 0x{zxid:x}\nMode: keel ({})\n",
                 s.received.load(Ordering::Relaxed),
                 s.sent.load(Ordering::Relaxed),
-                shared.node,
+                shared.label,
             );
             if word == "stat" {
                 text = format!("{text}Clients:\n{}", connection_list(shared));
@@ -711,10 +748,10 @@ fn four_letter_word(shared: &Shared, first: &[u8; 4]) -> Option<String> {
         }
         "envi" => format!("Environment:\nzookeeper.version={version}\nhost.name={}\n", shared.listen.ip()),
         "conf" => format!(
-            "clientPort={}\nclientPortAddress={}\nminSessionTimeout={SESSION_TIMEOUT_MIN}\nmaxSessionTimeout={SESSION_TIMEOUT_MAX}\nserverId={}\n",
+            "clientPort={}\nclientPortAddress={}\nminSessionTimeout={SESSION_TIMEOUT_MIN}\nmaxSessionTimeout={SESSION_TIMEOUT_MAX}\nserver={}\n",
             shared.listen.port(),
             shared.listen.ip(),
-            shared.node
+            shared.label
         ),
         "mntr" => format!(
             "zk_version\t{version}\nzk_server_state\tkeel\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_connections_accepted\t{}\nzk_malformed_dropped\t{}\nzk_stalled_dropped\t{}\nzk_ordered_operations\t{}\nzk_ordered_commands\t{}\nzk_last_zxid\t{zxid}\n",

@@ -44,7 +44,7 @@ impl World {
     }
 
     fn connect(&mut self, from: u64) -> i64 {
-        match self.run(from, Command::Connect { timeout: 6_000, ip: "127.0.0.1".into() }) {
+        match self.run(from, Command::Connect { timeout: 6_000, ip: "127.0.0.1".into(), pinned: false }) {
             Reply::Session { id, timeout, .. } => {
                 assert_eq!(timeout, 6_000);
                 id
@@ -283,7 +283,7 @@ fn reads_answered_without_ordering_equal_ordered_ones_and_sessions_are_owned() {
         w.run(FE_B, Command::Op { session: s, request: Request::Sync { path: "/".into() } }),
         Reply::Op { err: err::SESSION_MOVED, .. }
     ));
-    let password = match w.run(FE_A, Command::Connect { timeout: 1, ip: "::1".into() }) {
+    let password = match w.run(FE_A, Command::Connect { timeout: 1, ip: "::1".into(), pinned: false }) {
         Reply::Session { timeout, .. } => {
             assert_eq!(timeout, 4_000, "clamped to the minimum");
             Vec::<u8>::new()
@@ -426,11 +426,12 @@ fn a_local_view_reads_the_state_its_services_execute_and_clones_share_it() {
     let mut service = view.service();
     assert!(shared.views(&service), "a clone of the view reads the service's state");
     let ctx = ExecCtx::new(1, 1_000, 7, FE_A);
-    let session =
-        match Reply::decode(&service.execute(&Command::Connect { timeout: 5_000, ip: "::1".into() }.encode(), &ctx)) {
-            Some(Reply::Session { id, .. }) => id,
-            other => panic!("{other:?}"),
-        };
+    let session = match Reply::decode(
+        &service.execute(&Command::Connect { timeout: 5_000, ip: "::1".into(), pinned: false }.encode(), &ctx),
+    ) {
+        Some(Reply::Session { id, .. }) => id,
+        other => panic!("{other:?}"),
+    };
     assert_eq!(shared.zxid(), 1, "the view sees the session's transaction");
     let reply = shared.read(session, FE_A, Request::Exists { path: "/zookeeper".into(), watch: false });
     assert!(matches!(reply, Some(Reply::Op { err: 0, .. })), "{reply:?}");
@@ -475,4 +476,27 @@ fn a_batch_runs_each_sessions_commands_in_order_and_refuses_nesting() {
         vec![(a, event::NODE_DATA_CHANGED, "/x".to_string())],
         "the watch set inside the batch"
     );
+}
+
+#[test]
+fn a_pinned_session_cannot_be_taken_over_with_its_password() {
+    let mut w = World::new();
+    let (session, password) = match w.run(FE_A, Command::Connect { timeout: 6_000, ip: "::1".into(), pinned: true }) {
+        Reply::Session { id, password, .. } => (id, password),
+        other => panic!("{other:?}"),
+    };
+    // Every node knows the password; a node's front end (FE_B) tries to take the session.
+    let taken = w.run(FE_B, Command::Attach { session, password: password.clone(), timeout: 6_000, ip: "::1".into() });
+    assert_eq!(taken, Reply::Refused { err: err::SESSION_MOVED });
+    assert!(matches!(w.run(FE_B, Command::Touch { sessions: vec![session] }), Reply::Done));
+    // Its creator may come back to it (a restarted shim of the same identity).
+    let back = w.run(FE_A | (3 << 40), Command::Attach { session, password, timeout: 6_000, ip: "::1".into() });
+    assert!(matches!(back, Reply::Session { id, .. } if id == session), "{back:?}");
+    // Unpinned sessions move between front ends, as ZooKeeper clients need.
+    let (free, password) = match w.run(FE_A, Command::Connect { timeout: 6_000, ip: "::1".into(), pinned: false }) {
+        Reply::Session { id, password, .. } => (id, password),
+        other => panic!("{other:?}"),
+    };
+    let moved = w.run(FE_B, Command::Attach { session: free, password, timeout: 6_000, ip: "::1".into() });
+    assert!(matches!(moved, Reply::Session { .. }), "{moved:?}");
 }
