@@ -266,20 +266,32 @@ fn bad_input_gets_an_error_or_a_closed_connection_and_is_counted() {
 struct RawClient {
     stream: TcpStream,
     xid: i32,
+    session: i64,
+    password: Vec<u8>,
 }
 
 impl RawClient {
     fn connect(addr: SocketAddr, timeout_ms: i32) -> RawClient {
-        use keel_coord::jute::Writer;
+        RawClient::attach(addr, timeout_ms, 0, &[0; 16]).expect("a session")
+    }
+
+    /// The handshake for session `session` (0: a new one); None if the session expired.
+    fn attach(addr: SocketAddr, timeout_ms: i32, session: i64, password: &[u8]) -> Option<RawClient> {
+        use keel_coord::jute::{Reader, Writer};
         let mut stream = TcpStream::connect(addr).expect("connects");
         stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
         let mut w = Writer::new();
-        w.int(0).long(0).int(timeout_ms).long(0).buffer(&[0; 16]).bool(false);
+        w.int(0).long(0).int(timeout_ms).long(session).buffer(password).bool(false);
         stream.write_all(&framed(&w.into_bytes())).expect("written");
         let response = read_frame(&mut stream);
-        let negotiated = i32::from_be_bytes(response[4..8].try_into().expect("4 bytes"));
+        let mut r = Reader::new(&response);
+        let (_version, negotiated, session) = (r.int().ok()?, r.int().ok()?, r.long().ok()?);
+        let password = r.buffer().ok()?;
+        if negotiated == 0 {
+            return None;
+        }
         assert_eq!(negotiated, timeout_ms.max(4_000), "negotiated timeout");
-        RawClient { stream, xid: 0 }
+        Some(RawClient { stream, xid: 0, session, password })
     }
 
     /// Sends one request; its reply's error code and body (watch events skipped).
@@ -564,4 +576,22 @@ fn through_coord_shim_kazoo_works_and_keeps_working_when_a_node_dies() {
     // A node (the first primary) dies: the shim's client needs only the others.
     c.kill(0);
     kazoo("kazoo through the shim with node 0 down");
+}
+
+#[test]
+fn a_total_outage_longer_than_the_session_timeout_loses_no_session_or_data() {
+    let (mut c, fronts) = coord_cluster();
+    let mut client = RawClient::connect(fronts[0], 6_000);
+    assert_eq!(client.create_ephemeral("/survivor"), 0);
+    let (session, password) = (client.session, client.password.clone());
+    drop(client);
+    // Every node killed at once, down for longer than the session's timeout.
+    c.kill_all();
+    std::thread::sleep(Duration::from_secs(9));
+    c.start_all();
+    let (_c, fronts) = ready(c);
+    // The client comes back within a timeout of the cluster's return: it keeps its session
+    // and its ephemeral (ZooKeeper gives sessions a new timeout when a leader is elected).
+    let mut back = RawClient::attach(fronts[2], 6_000, session, &password).expect("the session survived the outage");
+    assert_eq!(back.exists("/survivor"), 0, "its ephemeral is still there");
 }

@@ -25,6 +25,10 @@ pub const SESSION_TIMEOUT_MIN: i32 = 4_000;
 pub const SESSION_TIMEOUT_MAX: i32 = 40_000;
 /// Most sessions the service keeps; a connect beyond it is refused.
 pub const SESSIONS_MAX: usize = 100_000;
+/// A gap in agreed time this long between two steps means the cluster could not order
+/// anything (no quorum, a long view change): with ticks every 500 ms an idle cluster
+/// still orders one instance per tick.
+pub const OUTAGE_MS: u64 = 3_000;
 /// Most watches one session may hold (each registration is replicated state).
 pub const WATCHES_PER_SESSION_MAX: usize = 100_000;
 
@@ -180,6 +184,8 @@ struct State {
     zxid: i64,
     /// Containers and TTL nodes: what ticks look at.
     expiring: BTreeSet<String>,
+    /// Agreed time of the last command or tick (to see the cluster was down).
+    last_time: u64,
     /// Pushes of the command running now (collected, then sent in order).
     #[serde(skip)]
     out: Vec<(ClientId, Push)>,
@@ -204,7 +210,21 @@ impl State {
         }
     }
 
+    /// After an outage every session gets a whole timeout again, as ZooKeeper's do when
+    /// a leader is elected: clients could not reach the cluster to heartbeat, and
+    /// expiring them all at the first tick would delete every ephemeral (every lock
+    /// and leader) of clients that are alive. Depends on agreed times only.
+    fn resume(&mut self, ctx: &ExecCtx) {
+        if self.last_time > 0 && ctx.time.saturating_sub(self.last_time) >= OUTAGE_MS {
+            for s in self.sessions.values_mut() {
+                s.deadline = s.deadline.max(ctx.time + s.timeout as u64);
+            }
+        }
+        self.last_time = self.last_time.max(ctx.time);
+    }
+
     fn run(&mut self, command: Command, ctx: &ExecCtx) -> Reply {
+        self.resume(ctx);
         match command {
             Command::Connect { timeout, ip, pinned } => self.connect(timeout, ip, pinned, ctx),
             Command::Attach { session, password, timeout, ip } => {
@@ -888,6 +908,7 @@ impl State {
 
     /// At a tick: expired sessions end; empty containers and stale TTL nodes go.
     fn expire(&mut self, ctx: &ExecCtx) {
+        self.resume(ctx);
         let expired: Vec<i64> =
             self.sessions.iter().filter(|(_, s)| s.deadline <= ctx.time).map(|(id, _)| *id).collect();
         for session in expired {

@@ -171,13 +171,14 @@ fn ephemerals_go_with_their_session_on_close_and_on_expiry_and_watches_fire() {
     let c = w.connect(FE_A);
     w.create(c, "/locks/c", 1).expect("ephemeral");
     assert!(w.watch_events().is_empty());
-    // Expiry: c is not touched; b is.
-    w.time += 5_000;
-    w.run(FE_B, Command::Touch { sessions: vec![b] });
-    w.run(FE_A, Command::Touch { sessions: vec![reader] });
-    // A front end cannot keep another's session alive.
-    w.run(FE_B, Command::Touch { sessions: vec![c] });
-    w.tick(w.time + 1_500);
+    // Expiry: c is not touched; b is. Ticks every 500 ms for longer than the timeout.
+    for _ in 0..14 {
+        w.run(FE_B, Command::Touch { sessions: vec![b] });
+        w.run(FE_A, Command::Touch { sessions: vec![reader] });
+        // A front end cannot keep another's session alive.
+        w.run(FE_B, Command::Touch { sessions: vec![c] });
+        w.tick(w.time + 500);
+    }
     assert_eq!(w.coord.sessions(), 2, "c expired, b and reader live");
     let expired: Vec<i64> =
         w.pushes.iter().filter_map(|(_, p)| matches!(p, Push::Expired { .. }).then_some(0)).collect();
@@ -499,4 +500,29 @@ fn a_pinned_session_cannot_be_taken_over_with_its_password() {
     };
     let moved = w.run(FE_B, Command::Attach { session: free, password, timeout: 6_000, ip: "::1".into() });
     assert!(matches!(moved, Reply::Session { .. }), "{moved:?}");
+}
+
+#[test]
+fn after_an_outage_sessions_get_a_whole_timeout_again_instead_of_expiring_at_once() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    w.create(s, "/leader", 1).expect("ephemeral");
+    // Ticks every 500 ms while the cluster is up: the session is touched, it lives.
+    for t in [1_500, 2_000, 2_500] {
+        w.run(FE_A, Command::Touch { sessions: vec![s] });
+        w.tick(t);
+    }
+    // The cluster is down for a minute: no tick, no touch. The first tick after it must
+    // not expire a client that could not reach anyone.
+    w.tick(62_500);
+    assert_eq!(w.coord.sessions(), 1, "the session survived the outage");
+    assert!(w.stat(s, "/leader").is_some());
+    // But a client that does not come back within its timeout is expired as usual.
+    for _ in 0..11 {
+        w.tick(w.time + 500);
+    }
+    assert_eq!(w.coord.sessions(), 1, "not before its timeout");
+    w.tick(w.time + 500);
+    w.tick(w.time + 500);
+    assert_eq!(w.coord.sessions(), 0, "expired a timeout after the outage");
 }
