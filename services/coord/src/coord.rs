@@ -561,16 +561,18 @@ impl State {
                     (5 | 6, op::CREATE_TTL) if *ttl > 0 => Kind::Ttl(*ttl),
                     _ => return Err(err::BAD_ARGUMENTS),
                 };
+                // ZooKeeper's order of checks (PrepRequestProcessor): the ACL given, the
+                // parent, the right to create under it, the name, the parent's kind.
+                let acl = self.fix_acl(session, acl)?;
                 let (parent_path, _) = split(path);
                 let parent = self.tree.get(parent_path).ok_or(err::NO_NODE)?;
                 self.check_acl(session, &parent.acl, perm::CREATE)?;
-                if parent.stat.ephemeral_owner != 0 {
-                    return Err(err::NO_CHILDREN_FOR_EPHEMERALS);
-                }
-                let acl = self.fix_acl(session, acl)?;
                 let path = if sequential { format!("{path}{:010}", parent.stat.cversion) } else { path.clone() };
                 if self.tree.get(&path).is_some() {
                     return Err(err::NODE_EXISTS);
+                }
+                if parent.stat.ephemeral_owner != 0 {
+                    return Err(err::NO_CHILDREN_FOR_EPHEMERALS);
                 }
                 let owner = if kind == Kind::Ephemeral { session } else { 0 };
                 self.tree.insert(&path, ZNode::new(data.clone(), acl, kind, owner, zxid, time), zxid);
@@ -595,9 +597,11 @@ impl State {
                 if path == "/" || path == "/zookeeper" || path.starts_with("/zookeeper/") {
                     return Err(err::BAD_ARGUMENTS);
                 }
-                let node = self.tree.get(path).ok_or(err::NO_NODE)?;
+                // The right to delete under the parent is checked before the node is
+                // looked up, as ZooKeeper does.
                 let parent = self.tree.get(split(path).0).ok_or(err::NO_NODE)?;
                 self.check_acl(session, &parent.acl, perm::DELETE)?;
+                let node = self.tree.get(path).ok_or(err::NO_NODE)?;
                 if *version != -1 && *version != node.stat.version {
                     return Err(err::BAD_VERSION);
                 }
@@ -631,12 +635,12 @@ impl State {
             }
             Request::SetAcl { path, acl, version } => {
                 validate(path, false)?;
+                let acl = self.fix_acl(session, acl)?;
                 let node = self.tree.get(path).ok_or(err::NO_NODE)?;
                 self.check_acl(session, &node.acl, perm::ADMIN)?;
                 if *version != -1 && *version != node.stat.aversion {
                     return Err(err::BAD_VERSION);
                 }
-                let acl = self.fix_acl(session, acl)?;
                 let node = self.tree.get_mut(path).ok_or(err::NO_NODE)?;
                 node.acl = acl;
                 node.stat.aversion += 1;

@@ -10,15 +10,28 @@ usage: differential.py KEEL_HOSTS ZK_HOSTS [--ops N] [--seed S] [--plant]
 check is shown able to fail). Exit 0: no mismatch; 1: a mismatch, printed.
 """
 import argparse
+import os
 import random
 import sys
 import time
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
+from kazoo.security import OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_acl, make_digest_acl
 
-ROOT = "/d"
+ROOT = "/d"  # made unique per run in main()
 NAMES = ["a", "b", "c", "d", "e"]
+# ACLs the operations choose from: open, read-only, alice's alone, alice's plus read for all.
+ACLS = [
+    OPEN_ACL_UNSAFE,
+    READ_ACL_UNSAFE,
+    [make_digest_acl("alice", "secret", all=True)],
+    [make_digest_acl("alice", "secret", all=True), make_acl("world", "anyone", read=True)],
+]
+
+
+def masked_acls(acls):
+    return sorted((a.perms, a.id.scheme, a.id.id) for a in acls)
 
 
 def masked_stat(st):
@@ -43,12 +56,14 @@ class System:
         self.name = name
         self.hosts = hosts
         self.events = []
-        self.main = self.connect()
+        # The main client is alice (digest auth); the other one is nobody.
+        self.main = self.connect(auth=True)
         self.other = self.connect()
         self.generation = 0
 
-    def connect(self):
-        zk = KazooClient(hosts=self.hosts, timeout=10, randomize_hosts=False)
+    def connect(self, auth=False):
+        zk = KazooClient(hosts=self.hosts, timeout=10, randomize_hosts=False,
+                         auth_data=[("digest", "alice:secret")] if auth else None)
         zk.start(timeout=30)
         return zk
 
@@ -73,8 +88,10 @@ def operation(rng, step):
     """A random operation as a function of a System, returning a comparable result."""
     kind = rng.choices(
         ["create", "create_seq", "create_eph", "create_eph_seq", "set", "delete", "get", "exists", "children",
-         "multi", "get_watch", "children_watch", "exists_watch", "other_create_eph", "close_other"],
-        weights=[10, 4, 3, 2, 10, 8, 8, 5, 6, 6, 4, 4, 4, 3, 1])[0]
+         "multi", "get_watch", "children_watch", "exists_watch", "other_create_eph", "close_other",
+         "create_acl", "set_acl", "get_acl", "other_get", "other_set"],
+        weights=[10, 4, 3, 2, 10, 8, 8, 5, 6, 6, 4, 4, 4, 3, 1, 3, 3, 3, 4, 3])[0]
+    acl = ACLS[rng.randrange(len(ACLS))]
     path = random_path(rng)
     data = rng.choice([b"", b"x", b"yy", bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))])
     version = rng.choice([-1, -1, 0, 1, 2])
@@ -92,6 +109,16 @@ def operation(rng, step):
             return outcome(lambda: z.create(path + "-", data, ephemeral=True, sequence=True))
         if kind == "other_create_eph":
             return outcome(lambda: s.other.create(path, data, ephemeral=True))
+        if kind == "create_acl":
+            return outcome(lambda: z.create(path, data, acl=acl))
+        if kind == "set_acl":
+            return outcome(lambda: masked_stat(z.set_acls(path, acl, version=version)))
+        if kind == "get_acl":
+            return outcome(lambda: (lambda r: (masked_acls(r[0]), masked_stat(r[1])))(z.get_acls(path)))
+        if kind == "other_get":
+            return outcome(lambda: (lambda r: (r[0], masked_stat(r[1])))(s.other.get(path)))
+        if kind == "other_set":
+            return outcome(lambda: masked_stat(s.other.set(path, data, version=-1)))
         if kind == "close_other":
             s.replace_other()
             return ("ok", "replaced")
@@ -153,10 +180,11 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--plant", action="store_true")
     a = ap.parse_args()
+    # A root of this run's own (earlier runs may have left nodes only alice can delete).
+    global ROOT
+    ROOT = f"/d{a.seed}-{os.getpid()}-{int(time.time())}"
     keel, zk = System("keel", a.keel), System("zookeeper", a.zk)
     for s in (keel, zk):
-        if s.main.exists(ROOT):
-            s.main.delete(ROOT, recursive=True)
         s.main.create(ROOT, b"")
     rng = random.Random(a.seed)
     mismatches = 0
