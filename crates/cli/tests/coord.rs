@@ -260,6 +260,11 @@ fn bad_input_gets_an_error_or_a_closed_connection_and_is_counted() {
     }
     let envi = four_letter(addr, "envi").expect("envi");
     assert!(envi.contains("zookeeper.version=3.9.5"), "{envi}");
+    // A connection that never sends its handshake is closed after 10 s, and counted.
+    let silent = TcpStream::connect(addr).expect("connects");
+    assert!(closed(silent), "a connection without a handshake is closed");
+    let mntr = four_letter(addr, "mntr").expect("mntr");
+    assert!(mntr.contains("zk_refused_connections\t1\n"), "{mntr}");
 }
 
 /// A ZooKeeper client made of bytes: the handshake and requests, one at a time.

@@ -36,6 +36,11 @@ const OUTBOX: usize = 64;
 /// How often sessions heard from are touched (ordered): well inside the shortest
 /// session timeout.
 const TOUCH_EVERY: Duration = Duration::from_millis(1_000);
+/// Most client connections a front end keeps open at once (ZooKeeper bounds them per
+/// address, `maxClientCnxns`); more are closed at once and counted.
+pub const CONNECTIONS_MAX: usize = 4_096;
+/// How long a new connection may take to send its handshake.
+const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 
 /// How the front end answers reads without a watch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +94,11 @@ struct Stats {
     malformed: AtomicU64,
     /// Connections closed because their client stopped reading.
     stalled: AtomicU64,
+    /// Connections refused because `CONNECTIONS_MAX` were open, or closed because no
+    /// handshake came in time.
+    refused: AtomicU64,
+    /// Connections open now.
+    open: std::sync::atomic::AtomicUsize,
     /// Ordered operations the group committer sent, and the commands in them.
     commits: AtomicU64,
     committed: AtomicU64,
@@ -223,9 +233,19 @@ pub async fn serve_client(
         };
         match accepted {
             Ok((stream, peer)) => {
+                if shared.stats.open.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
+                    shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(%peer, "ZooKeeper connection refused: {CONNECTIONS_MAX} open already");
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 shared.stats.connections.fetch_add(1, Ordering::Relaxed);
-                tokio::spawn(connection(shared.clone(), stream, peer));
+                shared.stats.open.fetch_add(1, Ordering::Relaxed);
+                let shared = shared.clone();
+                tokio::spawn(async move {
+                    connection(&shared, stream, peer).await;
+                    shared.stats.open.fetch_sub(1, Ordering::Relaxed);
+                });
             }
             Err(e) => {
                 tracing::warn!(error = %e, "coord front end: accept failed");
@@ -318,21 +338,37 @@ fn frame(body: &[u8]) -> Vec<u8> {
 }
 
 /// One client connection: the handshake, then requests in order.
-async fn connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+async fn connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    let shared = shared.clone();
     let (mut read, mut write) = stream.into_split();
     let mut first = [0u8; 4];
-    if read.read_exact(&mut first).await.is_err() {
-        return;
-    }
-    if let Some(answer) = four_letter_word(&shared, &first) {
-        let _ = write.write_all(answer.as_bytes()).await;
-        let _ = write.shutdown().await;
-        return;
-    }
-    let connect = match read_frame(&mut read, Some(first)).await.map(|b| ConnectRequest::parse(&b)) {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return malformed(&shared, peer, &e.to_string()),
-        Err(e) => return malformed(&shared, peer, &e),
+    let handshake = async {
+        read.read_exact(&mut first).await.map_err(|e| e.to_string())?;
+        if four_letter_word(&shared, &first).is_some() {
+            return Ok(None);
+        }
+        read_frame(&mut read, Some(first)).await.map(Some)
+    };
+    let body = match tokio::time::timeout(HANDSHAKE_WITHIN, handshake).await {
+        Err(_) => {
+            shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(%peer, "ZooKeeper connection closed: no handshake within {HANDSHAKE_WITHIN:?}");
+            return;
+        }
+        Ok(Err(e)) if e.contains("outside") => return malformed(&shared, peer, &e),
+        Ok(Err(_)) => return,
+        Ok(Ok(None)) => {
+            if let Some(answer) = four_letter_word(&shared, &first) {
+                let _ = write.write_all(answer.as_bytes()).await;
+            }
+            let _ = write.shutdown().await;
+            return;
+        }
+        Ok(Ok(Some(body))) => body,
+    };
+    let connect = match ConnectRequest::parse(&body) {
+        Ok(c) => c,
+        Err(e) => return malformed(&shared, peer, &e.to_string()),
     };
     let timeout = connect.timeout.clamp(SESSION_TIMEOUT_MIN, SESSION_TIMEOUT_MAX);
     let ip = peer.ip().to_string();
@@ -754,12 +790,13 @@ fn four_letter_word(shared: &Shared, first: &[u8; 4]) -> Option<String> {
             shared.label
         ),
         "mntr" => format!(
-            "zk_version\t{version}\nzk_server_state\tkeel\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_connections_accepted\t{}\nzk_malformed_dropped\t{}\nzk_stalled_dropped\t{}\nzk_ordered_operations\t{}\nzk_ordered_commands\t{}\nzk_last_zxid\t{zxid}\n",
+            "zk_version\t{version}\nzk_server_state\tkeel\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_connections_accepted\t{}\nzk_malformed_dropped\t{}\nzk_stalled_dropped\t{}\nzk_refused_connections\t{}\nzk_ordered_operations\t{}\nzk_ordered_commands\t{}\nzk_last_zxid\t{zxid}\n",
             s.received.load(Ordering::Relaxed),
             s.sent.load(Ordering::Relaxed),
             s.connections.load(Ordering::Relaxed),
             s.malformed.load(Ordering::Relaxed),
             s.stalled.load(Ordering::Relaxed),
+            s.refused.load(Ordering::Relaxed),
             s.commits.load(Ordering::Relaxed),
             s.committed.load(Ordering::Relaxed),
         ),
