@@ -624,7 +624,9 @@ impl State {
                 }
                 let node = self.tree.get_mut(path).ok_or(err::NO_NODE)?;
                 node.data = data.clone();
-                node.stat.version += 1;
+                // Versions are Java ints: they wrap (a client's 2^31 writes must not
+                // panic a node built with overflow checks).
+                node.stat.version = node.stat.version.wrapping_add(1);
                 node.stat.mzxid = zxid;
                 node.stat.mtime = time;
                 node.stat.data_length = data.len() as i32;
@@ -643,7 +645,7 @@ impl State {
                 }
                 let node = self.tree.get_mut(path).ok_or(err::NO_NODE)?;
                 node.acl = acl;
-                node.stat.aversion += 1;
+                node.stat.aversion = node.stat.aversion.wrapping_add(1);
                 let mut w = Writer::new();
                 node.wire_stat().write(&mut w);
                 Ok(w.into_bytes())

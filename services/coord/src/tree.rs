@@ -36,7 +36,8 @@ impl ZNode {
     /// sequential number, and the root starts at -1 with `/zookeeper` under it.
     pub fn wire_stat(&self) -> Stat {
         let children = self.children.len() as i32;
-        Stat { cversion: self.stat.cversion * 2 - children, num_children: children, ..self.stat }
+        let cversion = self.stat.cversion.wrapping_mul(2).wrapping_sub(children);
+        Stat { cversion, num_children: children, ..self.stat }
     }
 
     pub fn new(data: Vec<u8>, acl: Vec<Acl>, kind: Kind, owner: i64, zxid: i64, time: i64) -> ZNode {
@@ -102,7 +103,7 @@ impl Tree {
         let (parent, name) = split(path);
         if let Some(p) = self.nodes.get_mut(parent) {
             p.children.insert(name.to_string());
-            p.stat.cversion += 1;
+            p.stat.cversion = p.stat.cversion.wrapping_add(1); // a Java int, as ZooKeeper's
             p.stat.num_children = p.children.len() as i32;
             p.stat.pzxid = zxid;
         }
@@ -206,5 +207,22 @@ mod tests {
         let a = t.get("/a").expect("a");
         assert_eq!((a.wire_stat().cversion, a.wire_stat().num_children, a.stat.pzxid), (2, 0, 9));
         assert_eq!(a.stat.cversion, 1, "a delete does not move the sequence counter");
+    }
+}
+
+#[cfg(test)]
+mod wrap_tests {
+    use super::*;
+
+    #[test]
+    fn counters_wrap_like_java_ints_instead_of_panicking() {
+        let mut t = Tree::default();
+        if let Some(root) = t.get_mut("/") {
+            root.stat.cversion = i32::MAX;
+        }
+        t.insert("/x", ZNode::new(Vec::new(), Acl::open(), Kind::Persistent, 0, 1, 1), 1);
+        let root = t.get("/").expect("root");
+        assert_eq!(root.stat.cversion, i32::MIN);
+        let _ = root.wire_stat();
     }
 }
