@@ -25,6 +25,32 @@ pub const SESSION_TIMEOUT_MIN: i32 = 4_000;
 pub const SESSION_TIMEOUT_MAX: i32 = 40_000;
 /// Most sessions the service keeps; a connect beyond it is refused.
 pub const SESSIONS_MAX: usize = 100_000;
+/// A batch's replies stop at this many bytes: a read past it is answered
+/// `Refused { err: RETRY_ALONE }` and sent again alone, so a batch's result stays within
+/// Keel's 1 MiB bound whatever the data read.
+pub const BATCH_REPLY_MAX: usize = 512 * 1024;
+/// Not a ZooKeeper code: "send this request again, alone" (see `BATCH_REPLY_MAX`).
+pub const RETRY_ALONE: i32 = i32::MIN + 1;
+
+/// The reply bytes a batch has used so far.
+#[derive(Default)]
+struct BatchRoom(usize);
+
+impl BatchRoom {
+    fn full(&self) -> bool {
+        self.0 >= BATCH_REPLY_MAX
+    }
+
+    fn count(&mut self, reply: Reply) -> Reply {
+        self.0 += match &reply {
+            Reply::Op { body, .. } => body.len() + 16,
+            Reply::Ops(r) => r.iter().map(|r| if let Reply::Op { body, .. } = r { body.len() + 16 } else { 16 }).sum(),
+            _ => 16,
+        };
+        reply
+    }
+}
+
 /// A gap in agreed time this long between two steps means the cluster could not order
 /// anything (no quorum, a long view change): with ticks every 500 ms an idle cluster
 /// still orders one instance per tick.
@@ -291,15 +317,23 @@ impl State {
                 }
                 self.op(session, request, ctx)
             }
-            Command::Batch(commands) => Reply::Batch(
-                commands
-                    .into_iter()
-                    .map(|c| match c {
-                        Command::Batch(_) => Reply::Refused { err: err::BAD_ARGUMENTS },
-                        c => self.run(c, ctx),
-                    })
-                    .collect(),
-            ),
+            Command::Batch(commands) => {
+                let mut room = BatchRoom::default();
+                Reply::Batch(
+                    commands
+                        .into_iter()
+                        .map(|c| match c {
+                            Command::Batch(_) => Reply::Refused { err: err::BAD_ARGUMENTS },
+                            // Past the reply budget a read is not answered here: the
+                            // front end sends it again alone (a write always runs).
+                            Command::Op { request, .. } if room.full() && !request.writes() => {
+                                Reply::Refused { err: RETRY_ALONE }
+                            }
+                            c => room.count(self.run(c, ctx)),
+                        })
+                        .collect(),
+                )
+            }
             Command::Ops { session, requests } => {
                 if let Err(e) = self.session_for(session, ctx.client) {
                     return Reply::Op { zxid: 0, err: e, body: Vec::new() };
@@ -1125,8 +1159,28 @@ impl Service for Coord {
 
     /// Reads without a watch. `execute` answers them alike and changes nothing.
     fn execute_read_only(&self, request: &[u8], ctx: &ReadCtx) -> Option<Vec<u8>> {
-        let Ok(Command::Op { session, request }) = postcard::from_bytes::<Command>(request) else { return None };
-        self.read().read_only(session, ctx.client, request).map(|r| r.encode())
+        let state = self.read();
+        match postcard::from_bytes::<Command>(request).ok()? {
+            Command::Op { session, request } => state.read_only(session, ctx.client, request).map(|r| r.encode()),
+            // Reads of several sessions gathered by a front end: answered here only if
+            // every one is a read, as `execute` would answer the same batch.
+            Command::Batch(commands) => {
+                let mut room = BatchRoom::default();
+                let mut replies = Vec::with_capacity(commands.len());
+                for c in commands {
+                    let Command::Op { session, request } = c else { return None };
+                    if request.writes() {
+                        return None;
+                    }
+                    replies.push(match room.full() {
+                        true => Reply::Refused { err: RETRY_ALONE },
+                        false => room.count(state.read_only(session, ctx.client, request)?),
+                    });
+                }
+                Some(Reply::Batch(replies).encode())
+            }
+            _ => None,
+        }
     }
 
     fn on_tick(&mut self, ctx: &ExecCtx) {

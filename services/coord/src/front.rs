@@ -120,6 +120,8 @@ struct Conn {
 /// What every connection of one front end shares.
 struct Shared {
     client: KeelClient,
+    /// The read batcher's queue (quorum reads).
+    reads: mpsc::Sender<ReadJob>,
     /// The group committer's queue.
     commits: mpsc::Sender<Commit>,
     /// This node's state, for `Reads::Local` (a shim has none).
@@ -208,8 +210,10 @@ pub async fn serve_client(
     let listen = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let pushes = client.push_events();
     let (commits, commit_queue) = mpsc::channel(4096);
+    let (reads, read_queue) = mpsc::channel(4096);
     let shared = Arc::new(Shared {
         client,
+        reads,
         commits,
         local,
         options,
@@ -226,6 +230,7 @@ pub async fn serve_client(
     }
     tokio::spawn(touch(shared.clone()));
     tokio::spawn(commit(shared.clone(), commit_queue));
+    tokio::spawn(batch_reads(shared.clone(), read_queue));
     loop {
         let accepted = tokio::select! {
             () = &mut stop => return,
@@ -676,18 +681,83 @@ async fn reads(shared: &Arc<Shared>, session: i64, run: Vec<(i32, Request)>, flo
         let me = shared.client.id();
         return run.into_iter().map(|(xid, request)| Some((xid, local.read(session, me, request)?))).collect();
     }
-    let calls: Vec<(i32, tokio::task::JoinHandle<Option<Reply>>)> = run
-        .into_iter()
-        .map(|(xid, request)| {
-            let shared = shared.clone();
-            (xid, tokio::spawn(async move { shared.call(&Command::Op { session, request }, true).await }))
-        })
-        .collect();
-    let mut replies = Vec::with_capacity(calls.len());
-    for (xid, call) in calls {
-        replies.push((xid, call.await.ok()??));
+    // Through the read batcher, all at once; each answer awaited in order.
+    let mut waiting = Vec::with_capacity(run.len());
+    for (xid, request) in run {
+        let (done, reply) = oneshot::channel();
+        shared.reads.send(ReadJob { session, request, done }).await.ok()?;
+        waiting.push((xid, reply));
+    }
+    let mut replies = Vec::with_capacity(waiting.len());
+    for (xid, reply) in waiting {
+        replies.push((xid, reply.await.ok()??));
     }
     Some(replies)
+}
+
+/// A quorum read for the read batcher, and where its reply goes.
+struct ReadJob {
+    session: i64,
+    request: Request,
+    done: oneshot::Sender<Option<Reply>>,
+}
+
+/// Read batches in flight at once.
+const READS_IN_FLIGHT: usize = 8;
+/// Most reads in one batch.
+const READ_BATCH_MAX: usize = 64;
+
+/// Quorum reads of all connections, gathered into one read-only `Command::Batch` while
+/// earlier batches are in flight: one read-only round of the cluster for many reads. A
+/// batch whose answers do not match is ordered whole by the client library (correct,
+/// slower). A read the batch had no room to answer (`RETRY_ALONE`) goes again alone.
+async fn batch_reads(shared: Arc<Shared>, mut queue: mpsc::Receiver<ReadJob>) {
+    let permits = Arc::new(tokio::sync::Semaphore::new(READS_IN_FLIGHT));
+    loop {
+        let Ok(permit) = permits.clone().acquire_owned().await else { return };
+        let Some(first) = queue.recv().await else { return };
+        let mut batch = vec![first];
+        while batch.len() < READ_BATCH_MAX {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            if batch.len() == 1 {
+                let Some(job) = batch.pop() else { return };
+                let reply = shared.call(&Command::Op { session: job.session, request: job.request }, true).await;
+                let _ = job.done.send(reply);
+                return;
+            }
+            let (commands, rest): (Vec<Command>, Vec<_>) = batch
+                .into_iter()
+                .map(|j| {
+                    (Command::Op { session: j.session, request: j.request.clone() }, (j.session, j.request, j.done))
+                })
+                .unzip();
+            let replies = match shared.call(&Command::Batch(commands), true).await {
+                Some(Reply::Batch(replies)) if replies.len() == rest.len() => replies,
+                _ => {
+                    for (_, _, done) in rest {
+                        let _ = done.send(None);
+                    }
+                    return;
+                }
+            };
+            for (reply, (session, request, done)) in replies.into_iter().zip(rest) {
+                let reply = match reply {
+                    Reply::Refused { err: crate::coord::RETRY_ALONE } => {
+                        shared.call(&Command::Op { session, request }, true).await
+                    }
+                    r => Some(r),
+                };
+                let _ = done.send(reply);
+            }
+        });
+    }
 }
 
 /// Reads frames until the connection ends; returns why.

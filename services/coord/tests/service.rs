@@ -526,3 +526,28 @@ fn after_an_outage_sessions_get_a_whole_timeout_again_instead_of_expiring_at_onc
     w.tick(w.time + 500);
     assert_eq!(w.coord.sessions(), 0, "expired a timeout after the outage");
 }
+
+#[test]
+fn batched_reads_are_answered_read_only_and_a_batch_stays_within_its_reply_budget() {
+    use keel_coord::coord::{BATCH_REPLY_MAX, RETRY_ALONE};
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    let big = vec![7u8; 200 * 1024];
+    let create =
+        Request::Create { opcode: op::CREATE, path: "/big".into(), data: big, acl: Acl::open(), flags: 0, ttl: -1 };
+    assert_eq!(w.op(s, create).0, err::OK);
+    let read = || Command::Op { session: s, request: Request::GetData { path: "/big".into(), watch: false } };
+    let batch = Command::Batch((0..5).map(|_| read()).collect());
+    let ctx = ReadCtx { client: FE_A, executed: 1, time: 0 };
+    let unordered = Reply::decode(&w.coord.execute_read_only(&batch.encode(), &ctx).expect("a read-only batch"));
+    let ordered = w.run(FE_A, batch);
+    assert_eq!(unordered.as_ref(), Some(&ordered), "read-only answers equal ordered ones");
+    let Reply::Batch(replies) = ordered else { panic!("{ordered:?}") };
+    // 200 KiB each: three fit in the 512 KiB budget, the rest are sent back to retry alone.
+    let answered = replies.iter().filter(|r| matches!(r, Reply::Op { err: 0, .. })).count();
+    assert_eq!(answered, BATCH_REPLY_MAX / (200 * 1024) + 1);
+    assert!(replies[answered..].iter().all(|r| *r == Reply::Refused { err: RETRY_ALONE }));
+    // A batch with a write in it is not read-only.
+    let mixed = Command::Batch(vec![read(), Command::Op { session: s, request: Request::Sync { path: "/".into() } }]);
+    assert_eq!(w.coord.execute_read_only(&mixed.encode(), &ctx), None);
+}
