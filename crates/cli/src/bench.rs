@@ -312,6 +312,7 @@ impl Baseline {
             separated: false,
             rq_separated: false,
             front_ends: false,
+            service_options: std::collections::BTreeMap::new(),
         };
         init(&dir, &o).map_err(|e| e.to_string())?;
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;

@@ -58,6 +58,57 @@ pub struct InitArgs {
     /// 2u + r + 1 order nodes), or one stage apart: separated-exec, separated-rq.
     #[arg(long, default_value = "co-located", value_parser = LAYOUTS)]
     layout: String,
+    /// block: the export's size (K, M, G, T: powers of 1024; default 1G).
+    #[arg(long, help_heading = "block service")]
+    size: Option<String>,
+    /// block: bytes per block, the unit of versions and placement (default 4K).
+    #[arg(long, help_heading = "block service")]
+    block_size: Option<String>,
+    /// block: gnothi (data on u + r + 1 nodes, off the ordering path; the default) or
+    /// full (data through agreement to every node: the paper's G').
+    #[arg(long, help_heading = "block service")]
+    mode: Option<String>,
+    /// block: percent of the export a node may hold outside its preferred slices while
+    /// others are down (Gnothi §3.5; default 10).
+    #[arg(long, help_heading = "block service")]
+    reserve: Option<String>,
+    /// block: recovery phase 2's throttle, MB/s of block data a recovering node fetches
+    /// (default 0: none).
+    #[arg(long, help_heading = "block service")]
+    recovery_mbps: Option<String>,
+}
+
+/// `[service_options]` from the service's own flags: the block store's, for `--service
+/// block`; those flags with any other service are an error.
+fn service_options(a: &InitArgs) -> Result<std::collections::BTreeMap<String, String>, String> {
+    let given = [
+        ("size", &a.size),
+        ("block_size", &a.block_size),
+        ("mode", &a.mode),
+        ("reserve_pct", &a.reserve),
+        ("recovery_mbps", &a.recovery_mbps),
+    ];
+    if a.service != "block" {
+        if let Some((name, _)) = given.iter().find(|(_, v)| v.is_some()) {
+            return Err(format!(
+                "--{} is a block service option (--service block)",
+                name.replace('_', "-").replace("-pct", "")
+            ));
+        }
+        return Ok(Default::default());
+    }
+    let mut map = keel_block::Settings::default().to_map();
+    for (name, value) in given {
+        if let Some(v) = value {
+            map.insert(name.into(), v.clone());
+        }
+    }
+    // Normalised and checked now, so a bad value fails here and not at `keel node`.
+    let settings = keel_block::Settings::from_map(&map)?;
+    let quorums = keel_core::quorum::Quorums::new(a.u, a.r).map_err(|e| e.to_string())?;
+    let nodes = quorums.order_nodes() as u32;
+    keel_block::Geometry::new(settings.size, settings.block_size, nodes, nodes).map_err(|e| e.to_string())?;
+    Ok(settings.to_map())
 }
 
 /// The stage placements `--layout` names.
@@ -113,6 +164,17 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         eprintln!("error: unknown --service {:?}; this binary runs: {}", a.service, crate::services::names());
         return ExitCode::from(2);
     }
+    let service_options = match service_options(&a) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if a.service == "block" && (separated || rq_separated) {
+        eprintln!("error: the block service runs on co-located clusters only (no --layout)");
+        return ExitCode::from(2);
+    }
     let auth = a.auth;
     let tick_ms = a.tick_ms.or(crate::services::tick_ms(&a.service));
     let o = InitOptions {
@@ -130,6 +192,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         separated,
         rq_separated,
         front_ends,
+        service_options,
     };
     match init(&a.dir, &o) {
         Ok(()) => {
@@ -161,6 +224,17 @@ pub fn run_init(a: InitArgs) -> ExitCode {
                     first,
                     first + executing.len() - 1
                 );
+                if o.service == "block" {
+                    let s = keel_block::Settings::from_map(&o.service_options).unwrap_or_default();
+                    println!(
+                        "block export: {} bytes in blocks of {}, mode {}; connect to any node: nbd://{}:{}",
+                        s.size,
+                        s.block_size,
+                        s.mode.name(),
+                        o.host,
+                        first
+                    );
+                }
             }
             ExitCode::SUCCESS
         }
@@ -393,6 +467,12 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
         rows.push((setup.id, setup.rq_only(), status));
     }
     let max_executed = rows.iter().filter_map(|(_, _, r)| r.as_ref().ok().map(|s| s.executed)).max().unwrap_or(0);
+    // What each service reports of itself (block: reserve, INCOMPLETE blocks, bad copies).
+    let service_lines: Vec<String> = rows
+        .iter()
+        .filter_map(|(id, _, r)| r.as_ref().ok().map(|s| (id, s)))
+        .flat_map(|(id, s)| s.service.iter().map(move |line| format!("node {id}: {line}")))
+        .collect();
     println!("node\tepoch\tview\tprimary\texecuted\tstable\tlag\tpeers\tstate");
     let mut all_up = true;
     for (id, rq_only, r) in rows {
@@ -429,7 +509,7 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
         }
     }
     // The service's own ports (coord: where ZooKeeper clients connect).
-    for line in &front_ends {
+    for line in front_ends.iter().chain(&service_lines) {
         println!("{line}");
     }
     if a.follow {

@@ -17,7 +17,7 @@ pub struct ServiceInfo {
 }
 
 /// In the order `--help` and errors list them.
-pub const SERVICES: [ServiceInfo; 3] = [
+pub const SERVICES: [ServiceInfo; 4] = [
     // The replicated key-value store (`keel kv`). Watch leases end at the next tick, also
     // while no client writes.
     ServiceInfo { name: "kv", tick_ms: Some(1_000), front_end: false },
@@ -26,9 +26,11 @@ pub const SERVICES: [ServiceInfo; 3] = [
     // ZooKeeper-compatible coordination: sessions expire at ticks (half a second of
     // granularity against timeouts of 4 to 40 s); each node serves ZooKeeper clients.
     ServiceInfo { name: "coord", tick_ms: Some(500), front_end: true },
+    // Gnothi's block store: each node serves the export over NBD.
+    ServiceInfo { name: "block", tick_ms: None, front_end: true },
 ];
 
-/// The names, for messages: "kv, null, coord".
+/// The names, for messages: "kv, null, coord, block".
 pub fn names() -> String {
     SERVICES.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
 }
@@ -55,6 +57,7 @@ pub async fn run(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), St
         "kv" => keel_runtime::node::run_controlled(setup, keel_kv::Kv::new, Control::stop_on(stop)).await,
         "null" => keel_runtime::node::run_controlled(setup, || keel_null::Null, Control::stop_on(stop)).await,
         "coord" => run_coord(setup, stop).await,
+        "block" => run_block(setup, stop).await,
         other => {
             return Err(format!(
                 "unknown service {other:?} in the cluster configuration; this binary runs: {}",
@@ -96,15 +99,84 @@ async fn run_coord(setup: NodeSetup, mut stop: watch::Receiver<bool>) -> Result<
     .await
 }
 
+/// block: the node with its NBD port. Its data lives under the node's data directory
+/// (`block/`), beside the WAL; its settings come from cluster.toml.
+async fn run_block(setup: NodeSetup, mut stop: watch::Receiver<bool>) -> Result<(), NodeError> {
+    use keel_block::front::{self, Mode};
+    use keel_block::local::Local;
+    use keel_block::meta::Meta;
+    use keel_block::{BlockService, Geometry, Settings};
+    use std::sync::{Arc, RwLock};
+    let settings = Settings::from_map(&setup.service_options).map_err(NodeError::Runtime)?;
+    if setup.executes_only() || setup.rq_only() || !setup.executors.is_empty() {
+        return Err(NodeError::Runtime("the block service runs on co-located clusters only (no --layout)".into()));
+    }
+    let Some(fe) = setup.front_end.clone() else {
+        return Err(NodeError::Runtime(
+            "a block node needs [front_end] in node.toml (keel init --service block writes it)".into(),
+        ));
+    };
+    let membership = setup.joined.clone().unwrap_or_else(|| setup.cluster.membership.clone());
+    let members: Vec<u32> = membership.members.iter().map(|m| m.id).collect();
+    let Some(index) = members.iter().position(|&m| m == setup.id) else {
+        return Err(NodeError::Runtime(format!("node {} is not a member", setup.id)));
+    };
+    let quorums = &setup.cluster.quorums;
+    let nodes = members.len() as u32;
+    let copies = match settings.mode {
+        Mode::Gnothi => (quorums.u() + quorums.r() + 1).min(nodes),
+        Mode::Full => nodes,
+    };
+    let geometry = Geometry::new(settings.size, settings.block_size, nodes, copies)
+        .map_err(|e| NodeError::Runtime(e.to_string()))?;
+    let sync = setup.fsync != keel_runtime::storage::FsyncPolicy::Never;
+    let local = Local::open(&setup.data_dir.join("block"), geometry, setup.id, index as u32, settings.reserve, sync)
+        .map_err(|e| NodeError::Runtime(format!("block data in {}: {e}", setup.data_dir.display())))?;
+    let local = Arc::new(local);
+    let meta = Arc::new(RwLock::new(Meta::new(geometry)));
+    let listener = tokio::net::TcpListener::bind(fe.listen)
+        .await
+        .map_err(|e| NodeError::Runtime(format!("NBD port {}: {e}", fe.listen)))?;
+    let id = setup.id;
+    let (service_meta, service_local) = (meta.clone(), local.clone());
+    let stats = Arc::new(front::FrontStats::default());
+    let recovery = keel_block::recovery::Recovery::new(settings.recovery_mbps);
+    let report = Arc::new(keel_block::report::BlockReport {
+        local: local.clone(),
+        front: stats.clone(),
+        recovery: recovery.clone(),
+    });
+    let node = NodeBuilder::new(setup, move || BlockService::with_local(service_meta.clone(), service_local.clone()))
+        .client(fe.client)
+        .client_sessions(front::CLIENT_SESSIONS)
+        .node_plane(|_, _| true)
+        .report(report)
+        .front_end(move |front_end| {
+            front::serve(front_end, listener, local, meta, members, settings.mode, stats, recovery)
+        })
+        .start()
+        .await?;
+    tracing::info!(node = id, nbd = %fe.listen, "serving NBD clients");
+    eprintln!("node {id}: NBD clients on nbd://{}", fe.listen);
+    node.run_until(async move {
+        while !*stop.borrow_and_update() {
+            if stop.changed().await.is_err() {
+                return;
+            }
+        }
+    })
+    .await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn every_listed_service_is_known_and_nothing_else() {
-        assert!(known("kv") && known("null") && known("coord"));
+        assert!(known("kv") && known("null") && known("coord") && known("block"));
         assert!(!known("zookeeper") && !known("") && !known("KV"));
-        assert_eq!(names(), "kv, null, coord");
+        assert_eq!(names(), "kv, null, coord, block");
         assert!(front_end("coord") && !front_end("kv") && !front_end("nope"));
     }
 }

@@ -43,7 +43,7 @@ pub use keel_runtime::config::{free_ports, ClientFile, ClientSetup, InitOptions,
 pub use keel_runtime::embed::{
     load, provision, FrontEnd, NodeBuilder, NodeEvent, NodeHandle, NodePlane, PlaneError, PlaneSender, Provisioned,
 };
-pub use keel_runtime::metrics::Status;
+pub use keel_runtime::metrics::{ServiceReport, Status};
 pub use keel_runtime::node::NodeError;
 pub use keel_runtime::storage::FsyncPolicy;
 

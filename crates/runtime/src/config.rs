@@ -129,6 +129,10 @@ pub struct ClusterFile {
     /// after the execution nodes', in order). At least 2u + r + 1; needs auth = rq-mac.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rq_nodes: Vec<NodeEntry>,
+    /// The service's own settings, which every node must share (a block store's size and
+    /// block size, say): given to the service as they are; `keel init` writes them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub service_options: BTreeMap<String, String>,
 }
 
 /// `[leadership]` in cluster.toml (Aardvark, UpRight §4.2). Unset fields keep the
@@ -411,6 +415,8 @@ pub struct NodeSetup {
     pub rejoin: bool,
     /// The service's own client port and identity (`[front_end]`), if it has one.
     pub front_end: Option<FrontEndSetup>,
+    /// cluster.toml's `[service_options]`: settings every node of the service shares.
+    pub service_options: BTreeMap<String, String>,
 }
 
 impl NodeSetup {
@@ -494,6 +500,7 @@ impl NodeFile {
             executors: cluster_file.executor_addrs(),
             rq_nodes: cluster_file.rq_addrs(),
             rejoin: false,
+            service_options: cluster_file.service_options.clone(),
         })
     }
 }
@@ -608,6 +615,8 @@ pub struct InitOptions {
     /// A front end on every node that executes: its port (after every node's listen
     /// and metrics ports) and a client identity of its own (`node-N/front-end/`).
     pub front_ends: bool,
+    /// Written into cluster.toml's `[service_options]` (settings of the service itself).
+    pub service_options: BTreeMap<String, String>,
 }
 
 impl InitOptions {
@@ -639,6 +648,7 @@ impl InitOptions {
             separated: false,
             rq_separated: false,
             front_ends: false,
+            service_options: BTreeMap::new(),
         })
     }
 }
@@ -770,6 +780,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         request_digests: o.request_digests,
         checkpoint_interval: o.checkpoint_interval,
         tick_ms: o.tick_ms.filter(|&t| t > 0),
+        service_options: o.service_options.clone(),
         client_keys: client_seeds
             .iter()
             .chain(&front_seeds)
@@ -1050,6 +1061,7 @@ mod tests {
             separated: false,
             rq_separated: false,
             front_ends: false,
+            service_options: BTreeMap::new(),
         }
     }
 

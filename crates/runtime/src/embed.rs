@@ -285,6 +285,7 @@ pub struct NodeBuilder<S> {
     client_sessions: usize,
     front_ends: Vec<FrontEndTask>,
     plane: Option<PlaneCheck>,
+    report: Option<Arc<dyn crate::metrics::ServiceReport>>,
 }
 
 impl<S: Service + Send + 'static> NodeBuilder<S> {
@@ -298,6 +299,7 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
             client_sessions: 1,
             front_ends: Vec::new(),
             plane: None,
+            report: None,
         }
     }
 
@@ -342,6 +344,12 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
         self
     }
 
+    /// The service's own figures, shown with the node's in `/metrics` and `/status`.
+    pub fn report(mut self, report: Arc<dyn crate::metrics::ServiceReport>) -> NodeBuilder<S> {
+        self.report = Some(report);
+        self
+    }
+
     /// Starts the node on a thread of its own and returns once it serves (it recovered
     /// from its data directory and listens).
     ///
@@ -349,7 +357,7 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
     /// What `keel node` would fail with: storage, recovery, TLS, a port in use, a node
     /// that is no longer a member; and a client identity whose files are wrong.
     pub async fn start(self) -> Result<NodeHandle, NodeError> {
-        let NodeBuilder { setup, make, client, client_sessions, front_ends, plane } = self;
+        let NodeBuilder { setup, make, client, client_sessions, front_ends, plane, report } = self;
         let id = setup.id;
         let (wire, plane) = match plane {
             Some(check) => {
@@ -385,6 +393,9 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
                 let serve = async move {
                     // Once the node serves: its client, then the front ends.
                     let Ok(serving) = serving_rx.await else { return };
+                    if let (Some(r), Ok(mut slot)) = (report, serving.shared.report.lock()) {
+                        *slot = Some(r);
+                    }
                     let client = match client.map(|c| KeelClient::connect_sessions(c, client_sessions)).transpose() {
                         Ok(c) => c,
                         Err(e) => {
@@ -457,7 +468,7 @@ impl NodeHandle {
 
     /// What `/status` shows: view, executed and stable instances, peers, epoch.
     pub fn status(&self) -> Status {
-        self.ready.as_ref().and_then(|r| r.serving.shared.status.lock().ok().map(|s| s.clone())).unwrap_or_default()
+        self.ready.as_ref().map(|r| r.serving.shared.full_status()).unwrap_or_default()
     }
 
     /// The node's Prometheus text, as its `/metrics` endpoint serves it.

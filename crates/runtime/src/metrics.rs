@@ -85,12 +85,40 @@ pub struct Status {
     pub epoch: u64,
     #[serde(default)]
     pub members: Vec<u32>,
+    /// What the service reports of itself (`ServiceReport::status`), one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service: Vec<String>,
+}
+
+/// A service's own figures, shown with the node's: appended to `/metrics` and to
+/// `/status` (`keel status`). Set with `NodeBuilder::report`.
+pub trait ServiceReport: Send + Sync {
+    /// Prometheus text: `# HELP`, `# TYPE` and samples, names prefixed `keel_`, no `# EOF`.
+    fn metrics(&self) -> String;
+    /// Short human lines for `keel status`.
+    fn status(&self) -> Vec<String>;
 }
 
 pub struct Shared {
     registry: Registry,
     pub status: Mutex<Status>,
     pub transport: Arc<TransportStats>,
+    pub(crate) report: Mutex<Option<Arc<dyn ServiceReport>>>,
+}
+
+impl Shared {
+    fn report(&self) -> Option<Arc<dyn ServiceReport>> {
+        self.report.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// The status with the service's lines.
+    pub fn full_status(&self) -> Status {
+        let mut st = self.status.lock().map(|g| g.clone()).unwrap_or_default();
+        if let Some(r) = self.report() {
+            st.service = r.status();
+        }
+        st
+    }
 }
 
 impl Metrics {
@@ -229,6 +257,14 @@ pub(crate) fn render(shared: &Shared) -> String {
             v.load(Ordering::Relaxed)
         );
     }
+    if let Some(r) = shared.report() {
+        let text = r.metrics();
+        let text = text.trim_end();
+        if !text.is_empty() {
+            out.push('\n');
+            out.push_str(text);
+        }
+    }
     out.push_str("\n# EOF\n");
     out
 }
@@ -242,17 +278,18 @@ pub async fn serve(
     registry: Registry,
     transport: Arc<TransportStats>,
 ) -> std::io::Result<Arc<Shared>> {
-    let shared = Arc::new(Shared { registry, status: Mutex::new(Status::default()), transport });
-    let app = Router::new()
-        .route("/metrics", get(|State(s): State<Arc<Shared>>| async move { render(&s) }))
-        .route(
-            "/status",
-            get(|State(s): State<Arc<Shared>>| async move {
-                let st = s.status.lock().map(|g| g.clone()).unwrap_or_default();
-                serde_json::to_string(&st).unwrap_or_default()
-            }),
-        )
-        .with_state(shared.clone());
+    let shared =
+        Arc::new(Shared { registry, status: Mutex::new(Status::default()), transport, report: Mutex::new(None) });
+    let app =
+        Router::new()
+            .route("/metrics", get(|State(s): State<Arc<Shared>>| async move { render(&s) }))
+            .route(
+                "/status",
+                get(|State(s): State<Arc<Shared>>| async move {
+                    serde_json::to_string(&s.full_status()).unwrap_or_default()
+                }),
+            )
+            .with_state(shared.clone());
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;

@@ -621,6 +621,7 @@ pub(crate) fn publish<N: Node>(
             transfer: st.transfer,
             epoch: cfg.epoch(),
             members: cfg.membership.members.iter().map(|x| x.id).collect(),
+            service: Vec::new(),
         };
     }
 }

@@ -61,6 +61,11 @@ impl Cluster {
         Cluster::init_full(u, r, &["--service", service], "", move |_| Some(tail))
     }
 
+    /// A cluster made by `keel init` with these arguments (`--service block --size 64M`).
+    pub fn init_args(u: u32, r: u32, args: &[&str]) -> Cluster {
+        Cluster::init_full(u, r, args, "", |_| None)
+    }
+
     /// A cluster whose requests are authenticated with `auth` (`keel init --auth`).
     pub fn init_auth(u: u32, r: u32, auth: &str) -> Cluster {
         Cluster::init_full(u, r, &["--auth", auth], "", |_| None)

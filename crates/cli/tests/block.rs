@@ -1,0 +1,589 @@
+//! block with real NBD clients nobody here wrote (qemu-io, qemu-img, nbdinfo, nbdcopy,
+//! nbdfuse, fio, mkfs.ext4, fuse2fs, e2fsck from Debian; `scripts/install-test-clients`
+//! installs them), against `keel node` processes. Without them these tests fail and say
+//! so; they never skip.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use support::{metric, Cluster};
+
+const SIZE: u64 = 64 << 20;
+
+fn tool(name: &str) -> Command {
+    let mut c = Command::new(name);
+    c.stdin(Stdio::null());
+    c
+}
+
+fn run(mut c: Command) -> Output {
+    let out =
+        c.output().unwrap_or_else(|e| panic!("{c:?}: {e} (scripts/install-test-clients installs the NBD clients)"));
+    out
+}
+
+fn ok(c: Command) -> String {
+    let desc = format!("{c:?}");
+    let out = run(c);
+    assert!(
+        out.status.success(),
+        "{desc} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn url(addr: SocketAddr) -> String {
+    format!("nbd://{addr}")
+}
+
+/// A block cluster (u = r = 1) of `SIZE` with these extra `keel init` arguments, once
+/// every node's NBD port answers a handshake.
+fn block_cluster(extra: &[&str]) -> (Cluster, Vec<SocketAddr>) {
+    let size = SIZE.to_string();
+    let mut args = vec!["--service", "block", "--size", &size];
+    args.extend_from_slice(extra);
+    let c = Cluster::init_args(1, 1, &args);
+    let fronts = c.front_ends();
+    assert_eq!(fronts.len(), 4, "an NBD port per node");
+    for addr in &fronts {
+        wait_ready(*addr);
+    }
+    (c, fronts)
+}
+
+/// Until `nbdinfo --size` answers (the front end serves once it has its epoch).
+fn wait_ready(addr: SocketAddr) {
+    let started = Instant::now();
+    loop {
+        let mut c = tool("nbdinfo");
+        c.args(["--size", &url(addr)]);
+        let out = run(c);
+        if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == SIZE.to_string() {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{addr} never served NBD: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// qemu-io's transcript of `script` against `target`, with the timing lines removed.
+fn qemu_io(target: &str, script: &[&str]) -> String {
+    let mut c = tool("qemu-io");
+    c.args(["-f", "raw", target]);
+    for line in script {
+        c.args(["-c", line]);
+    }
+    let out = run(c);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    text.lines().filter(|l| !l.contains(" ops; ")).collect::<Vec<_>>().join("\n")
+}
+
+/// The same script's transcript against Keel and against `nbdkit memory`, the reference.
+const SCRIPT: &[&str] = &[
+    "write -P 0xab 0 4096",
+    "read -P 0xab 0 4096",
+    "write -P 0xcd 1000 100",
+    "read -v 960 200",
+    "write -P 0x11 65536 1048576",
+    "read -P 0x11 65536 1048576",
+    "write -P 0x22 1048000 8192",
+    "read -v 1047990 40",
+    "read -v 1056180 40",
+    "discard 65536 8192",
+    "read -v 65530 16",
+    "write -z 131072 65536",
+    "read -P 0 131072 65536",
+    "write -z 200001 3000",
+    "read -v 199990 30",
+    "read -v 202990 30",
+    "write -P 0x33 67104768 4096",
+    "read -P 0x33 67104768 4096",
+    "write -P 0x44 67107864 1000",
+    "read -P 0x44 67107864 1000",
+    "read 67108000 1000",
+    "flush",
+    "write -f -P 0x55 300000 4096",
+    "read -P 0x55 300000 4096",
+    "write -P 0x66 4096 512",
+    "writev -P 0x77 8192 512 1024 2048",
+    "read -v 4090 12",
+    "read -v 8190 4",
+    "write -P 0x88 409600 4096",
+    "write -P 0x99 413696 4096",
+    "read -P 0x88 409600 4096",
+    "read -P 0x99 413696 4096",
+];
+
+#[test]
+fn nbdinfo_shows_the_export_and_qemu_io_gives_nbdkits_transcript() {
+    let (_c, fronts) = block_cluster(&[]);
+    let mut c = tool("nbdinfo");
+    c.args(["--json", &url(fronts[1])]);
+    let info = ok(c);
+    for want in [
+        format!("\"export-size\": {SIZE}"),
+        "\"can_flush\": true".into(),
+        "\"can_fua\": true".into(),
+        "\"can_multi_conn\": true".into(),
+        "\"can_trim\": true".into(),
+        "\"can_zero\": true".into(),
+        "\"is_read_only\": false".into(),
+        "\"block_size_preferred\": 4096".into(),
+    ] {
+        assert!(info.contains(&want), "nbdinfo lacks {want}:\n{info}");
+    }
+    // The reference: nbdkit's memory plugin of the same size, on a port of our choosing.
+    let port = keel_runtime::config::free_ports(1).expect("a free port");
+    let mut nbdkit = tool("nbdkit")
+        .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "memory", &SIZE.to_string()])
+        .spawn()
+        .expect("nbdkit starts");
+    let reference = format!("nbd://127.0.0.1:{port}");
+    let started = Instant::now();
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(10), "nbdkit never listened");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let want = qemu_io(&reference, SCRIPT);
+    assert!(!want.contains("Pattern verification"), "the reference run failed:\n{want}");
+    // Through one node; then the whole disk as another node reads it equals the reference's.
+    let got = qemu_io(&url(fronts[0]), SCRIPT);
+    let mut compare = tool("qemu-img");
+    compare.args(["compare", "-f", "raw", "-F", "raw", &reference, &url(fronts[2])]);
+    let same = run(compare);
+    let _ = nbdkit.kill();
+    let _ = nbdkit.wait();
+    assert_eq!(got, want, "qemu-io against Keel differs from nbdkit memory");
+    assert!(
+        same.status.success(),
+        "the disk as node 2 reads it differs from the reference: {}",
+        String::from_utf8_lossy(&same.stdout)
+    );
+}
+
+/// A file of `len` pseudo-random bytes.
+fn random_file(dir: &Path, name: &str, len: usize, seed: u64) -> PathBuf {
+    let mut bytes = vec![0u8; len];
+    blake3::Hasher::new().update(&seed.to_le_bytes()).finalize_xof().fill(&mut bytes);
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).expect("written");
+    path
+}
+
+fn round_trips(extra: &[&str]) {
+    let (c, fronts) = block_cluster(extra);
+    let img = random_file(c.path(), "random.img", SIZE as usize, 7);
+    let mut copy = tool("nbdcopy");
+    copy.arg(&img).arg(url(fronts[1]));
+    ok(copy);
+    let back = c.path().join("back.img");
+    let mut copy = tool("nbdcopy");
+    copy.arg(url(fronts[2])).arg(&back);
+    ok(copy);
+    assert!(std::fs::read(&img).expect("read") == std::fs::read(&back).expect("read"), "nbdcopy round trip differs");
+    let img2 = random_file(c.path(), "random2.img", SIZE as usize, 8);
+    let mut convert = tool("qemu-img");
+    convert.args(["convert", "-n", "-f", "raw", "-O", "raw"]).arg(&img2).arg(url(fronts[3]));
+    ok(convert);
+    let mut compare = tool("qemu-img");
+    compare.args(["compare", "-f", "raw", "-F", "raw"]).arg(&img2).arg(url(fronts[0]));
+    let out = ok(compare);
+    assert!(out.contains("Images are identical"), "{out}");
+}
+
+#[test]
+fn qemu_img_and_nbdcopy_round_trips_are_exact() {
+    round_trips(&[]);
+}
+
+#[test]
+fn full_replication_mode_round_trips_too() {
+    round_trips(&["--mode", "full"]);
+}
+
+/// A FUSE mount that is unmounted (and its process waited for) when dropped.
+struct Mount {
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Mount {
+    /// `nbdfuse DIR URL`: DIR/nbd is the export as a file.
+    fn nbdfuse(dir: &Path, uri: &str) -> Mount {
+        std::fs::create_dir_all(dir).expect("mountpoint");
+        let child = tool("nbdfuse").arg(dir).arg(uri).spawn().expect("nbdfuse starts");
+        let started = Instant::now();
+        while std::fs::metadata(dir.join("nbd")).map(|m| m.len()).unwrap_or(0) != SIZE {
+            assert!(started.elapsed() < Duration::from_secs(20), "nbdfuse never exposed {}", dir.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Mount { dir: dir.to_path_buf(), child: Some(child) }
+    }
+
+    /// `fuse2fs IMAGE DIR` (an ext4 file system without a kernel module).
+    fn fuse2fs(image: &Path, dir: &Path, read_only: bool) -> Mount {
+        std::fs::create_dir_all(dir).expect("mountpoint");
+        let mut c = tool("fuse2fs");
+        c.arg(image).arg(dir).args(["-o", if read_only { "fakeroot,ro" } else { "fakeroot" }]);
+        ok(c);
+        Mount { dir: dir.to_path_buf(), child: None }
+    }
+
+    fn unmount(&mut self) {
+        let mut c = tool("fusermount");
+        c.arg("-u").arg(&self.dir);
+        let _ = run(c);
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        self.unmount();
+    }
+}
+
+/// (relative path, BLAKE3 of the contents) of every file under `root`, sorted.
+fn tree_sums(root: &Path) -> Vec<(String, String)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, String)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else { return };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n == "lost+found") {
+                    continue;
+                }
+                walk(root, &p, out);
+            } else if let Ok(bytes) = std::fs::read(&p) {
+                let rel = p.strip_prefix(root).expect("under root").display().to_string();
+                out.push((rel, blake3::hash(&bytes).to_hex().to_string()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+fn e2fsck_clean(image: &Path) {
+    let mut c = tool("e2fsck");
+    c.arg("-fn").arg(image);
+    let out = run(c);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "e2fsck -fn found problems:\n{text}");
+}
+
+/// Waits until node `i` finished a scan of its preferred blocks and found none
+/// INCOMPLETE (recovery phase 2 done); returns the blocks it re-replicated.
+/// Node `i` must first have executed what node `other` had when this was called, and
+/// the scan must have begun after that.
+fn wait_phase2_done(c: &Cluster, i: usize, other: usize, within: Duration) -> u64 {
+    let started = Instant::now();
+    let target = c.status(other).expect("the other node answers").executed;
+    while c.status(i).is_none_or(|s| s.executed < target) {
+        assert!(started.elapsed() < within, "node {i} never caught up to instance {target}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let scans = metric(&c.metrics(i), "keel_block_recovery_scans_total");
+    loop {
+        let m = c.metrics(i);
+        if metric(&m, "keel_block_recovery_scans_total") >= scans + 2 && m.contains("keel_block_incomplete_blocks 0") {
+            return metric(&m, "keel_block_repaired_blocks_total");
+        }
+        assert!(
+            started.elapsed() < within,
+            "node {i} still has INCOMPLETE preferred blocks:\n{}",
+            m.lines().filter(|l| l.contains("keel_block")).collect::<Vec<_>>().join("\n")
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn ext4_over_nbdfuse_survives_a_replica_killed_mid_copy_and_a_cluster_restart() {
+    let (mut c, fronts) = block_cluster(&["--reserve", "50"]);
+    let nbd = c.path().join("nbd");
+    let fs = c.path().join("fs");
+    let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../services");
+    let want = tree_sums(&source);
+    assert!(want.len() > 20, "a tree worth copying");
+    {
+        let _export = Mount::nbdfuse(&nbd, &url(fronts[0]));
+        let mut mkfs = tool("mkfs.ext4");
+        mkfs.args(["-q", "-F", "-O", "^has_journal"]).arg(nbd.join("nbd"));
+        ok(mkfs);
+        let mut mounted = Mount::fuse2fs(&nbd.join("nbd"), &fs, false);
+        // Copy in the background; node 2 dies in the middle of it.
+        let (src, dst) = (source.clone(), fs.clone());
+        let copy = std::thread::spawn(move || {
+            let mut cp = tool("cp");
+            cp.arg("-r").arg(src).arg(dst);
+            run(cp)
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        c.kill(2);
+        let out = copy.join().expect("copy thread");
+        assert!(out.status.success(), "cp failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(tree_sums(&fs.join("services")), want, "the copied tree differs");
+        mounted.unmount();
+        e2fsck_clean(&nbd.join("nbd"));
+    }
+    // Node 2 comes back and re-replicates what it missed (phase 2).
+    c.start(2);
+    let repaired = wait_phase2_done(&c, 2, 0, Duration::from_secs(120));
+    assert!(repaired > 0, "node 2 missed writes while it was down; phase 2 re-replicated none");
+    // kill -9 of the whole cluster, then everything again from disk.
+    c.kill_all();
+    c.start_all();
+    for addr in &fronts {
+        wait_ready(*addr);
+    }
+    let _export = Mount::nbdfuse(&nbd, &url(fronts[2]));
+    e2fsck_clean(&nbd.join("nbd"));
+    let _mounted = Mount::fuse2fs(&nbd.join("nbd"), &fs, true);
+    assert_eq!(tree_sums(&fs.join("services")), want, "the tree differs after the restart");
+}
+
+#[test]
+fn fio_verifies_while_a_node_is_killed_and_restarted() {
+    let (mut c, fronts) = block_cluster(&["--reserve", "50"]);
+    let job = c.path().join("verify.fio");
+    std::fs::write(
+        &job,
+        format!(
+            "[global]\nioengine=nbd\nuri={}\nrw=randwrite\nbs=4k\nsize=8m\nverify=crc32c\nverify_fatal=1\niodepth=8\n\
+             [j1]\noffset=0\n[j2]\noffset=8m\n[j3]\noffset=16m\n[j4]\nbs=64k\noffset=24m\n",
+            url(fronts[0])
+        ),
+    )
+    .expect("job file");
+    let mut fio = tool("fio");
+    // fio leaves its verify state files in its working directory.
+    fio.current_dir(c.path()).arg(&job).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = fio.spawn().expect("fio starts");
+    std::thread::sleep(Duration::from_millis(500));
+    c.kill(3);
+    std::thread::sleep(Duration::from_secs(2));
+    c.start(3);
+    let out = child.wait_with_output().expect("fio ends");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "fio failed:\n{text}");
+    assert!(text.contains("err= 0") && !text.contains("verify:"), "fio reported errors:\n{text}");
+    let repaired = wait_phase2_done(&c, 3, 0, Duration::from_secs(120));
+    assert!(repaired > 0, "node 3 missed writes while it was down; phase 2 re-replicated none");
+    // A second pass reads everything back through another node.
+    let job2 = c.path().join("read.fio");
+    let text = std::fs::read_to_string(&job)
+        .expect("job")
+        .replace(&url(fronts[0]), &url(fronts[3]))
+        .replace("rw=randwrite", "rw=randwrite\nverify_only=1");
+    std::fs::write(&job2, text).expect("job file");
+    let mut fio = tool("fio");
+    fio.current_dir(c.path()).arg(&job2);
+    let out = ok(fio);
+    assert!(!out.contains("verify:"), "{out}");
+}
+
+#[test]
+fn flushed_writes_survive_kill_9_of_every_node() {
+    let (mut c, fronts) = block_cluster(&[]);
+    let script = ["write -P 0x5a 0 1048576", "write -f -P 0xa5 2097152 65536", "write -P 0x3c 4194000 5000", "flush"];
+    let out = qemu_io(&url(fronts[1]), &script);
+    assert!(!out.contains("failed"), "{out}");
+    c.kill_all();
+    c.start_all();
+    for addr in &fronts {
+        wait_ready(*addr);
+    }
+    let out = qemu_io(
+        &url(fronts[3]),
+        &[
+            "read -P 0x5a 0 1048576",
+            "read -P 0xa5 2097152 65536",
+            "read -P 0x3c 4194000 5000",
+            "read -P 0 4199000 1000",
+        ],
+    );
+    assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{out}");
+}
+
+#[test]
+fn a_node_serving_wrong_bytes_is_reported_and_routed_around() {
+    let (c, fronts) = block_cluster(&[]);
+    // Block 300 is in stripe 1, preferred on nodes 1, 2, 3: node 0 reads it from node 1
+    // first (the order of the preferred set).
+    let offset = 300 * 4096;
+    let out = qemu_io(&url(fronts[0]), &[&format!("write -P 0x42 {offset} 4096"), "flush"]);
+    assert!(!out.contains("failed"), "{out}");
+    // Node 1's disk lies: its copy of block 300 changes under it (same version held).
+    let data = c.path().join("node-1/data/block/data");
+    let started = Instant::now();
+    loop {
+        let f = std::fs::File::open(&data).expect("data file");
+        let mut block = vec![0u8; 4096];
+        use std::os::unix::fs::FileExt;
+        f.read_exact_at(&mut block, offset).expect("read");
+        if block.iter().all(|&b| b == 0x42) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "node 1 never stored block 300");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&data).expect("data file");
+        f.write_all_at(&[0x13; 64], offset + 100).expect("corrupted");
+    }
+    let out = qemu_io(&url(fronts[0]), &[&format!("read -P 0x42 {offset} 4096")]);
+    assert!(
+        !out.contains("failed") && !out.contains("Pattern verification"),
+        "the read was not routed around node 1:\n{out}"
+    );
+    let m = c.metrics(0);
+    assert!(m.contains("keel_block_bad_blocks_total{node=\"1\"} 1"), "node 0 did not report node 1:\n{m}");
+    let status = Command::new(support::KEEL).args(["status", "--dir"]).arg(c.path()).output().expect("keel status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("do not match the agreed hash (node 1: 1)"), "keel status does not say so:\n{text}");
+}
+
+#[test]
+fn a_full_reserve_gives_writers_enospc_and_loses_nothing() {
+    let (mut c, fronts) = block_cluster(&["--reserve", "0"]);
+    let out = qemu_io(&url(fronts[0]), &["write -P 0x21 0 4096"]);
+    assert!(!out.contains("failed"), "{out}");
+    // With node 3 down, a block of stripe 1 (nodes 1, 2, 3) needs node 0's reserve,
+    // which is 0 blocks.
+    c.kill(3);
+    let out = qemu_io(&url(fronts[0]), &[&format!("write -P 0x22 {} 4096", 300 * 4096)]);
+    assert!(out.contains("No space left on device"), "{out}");
+    // Stripe 0 (nodes 0, 1, 2) still takes writes, and what was written reads back.
+    let out = qemu_io(
+        &url(fronts[0]),
+        &[
+            "write -P 0x23 8192 4096",
+            "read -P 0x21 0 4096",
+            "read -P 0x23 8192 4096",
+            &format!("read -P 0 {} 4096", 300 * 4096),
+        ],
+    );
+    assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{out}");
+}
+
+/// Reads one NBD simple reply: (error, cookie).
+fn simple_reply(s: &mut TcpStream) -> (u32, u64) {
+    let mut b = [0u8; 16];
+    s.read_exact(&mut b).expect("reply");
+    assert_eq!(&b[0..4], &[0x67, 0x44, 0x66, 0x98], "simple reply magic");
+    (u32::from_be_bytes(b[4..8].try_into().expect("4")), u64::from_be_bytes(b[8..16].try_into().expect("8")))
+}
+
+/// A connection through the handshake (NBD_OPT_EXPORT_NAME, no zeroes).
+fn transmission(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).expect("greeting");
+    s.write_all(&3u32.to_be_bytes()).expect("client flags");
+    let mut opt = Vec::new();
+    opt.extend_from_slice(b"IHAVEOPT");
+    opt.extend_from_slice(&1u32.to_be_bytes());
+    opt.extend_from_slice(&0u32.to_be_bytes());
+    s.write_all(&opt).expect("export name");
+    let mut export = [0u8; 10];
+    s.read_exact(&mut export).expect("export");
+    s
+}
+
+fn request(cmd: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    b.extend_from_slice(&0u16.to_be_bytes());
+    b.extend_from_slice(&cmd.to_be_bytes());
+    b.extend_from_slice(&cookie.to_be_bytes());
+    b.extend_from_slice(&offset.to_be_bytes());
+    b.extend_from_slice(&length.to_be_bytes());
+    b
+}
+
+/// Whether the server closed the connection (EOF on read).
+fn closed(s: &mut TcpStream) -> bool {
+    let mut b = [0u8; 1];
+    matches!(s.read(&mut b), Ok(0) | Err(_))
+}
+
+#[test]
+fn malformed_nbd_input_gets_an_error_or_a_closed_connection_and_is_counted() {
+    let (c, fronts) = block_cluster(&[]);
+    let addr = fronts[1];
+    // Client flags without fixed newstyle.
+    let mut s = TcpStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).expect("greeting");
+    s.write_all(&0u32.to_be_bytes()).expect("flags");
+    assert!(closed(&mut s), "bad client flags must close the connection");
+    // An option claiming 1 GiB of data.
+    let mut s = TcpStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    s.read_exact(&mut greeting).expect("greeting");
+    s.write_all(&1u32.to_be_bytes()).expect("flags");
+    let mut opt = b"IHAVEOPT".to_vec();
+    opt.extend_from_slice(&7u32.to_be_bytes());
+    opt.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    s.write_all(&opt).expect("option");
+    assert!(closed(&mut s), "an oversized option must close the connection");
+    // Out of range: an error reply, and the connection stays usable.
+    let mut s = transmission(addr);
+    s.write_all(&request(0, 1, SIZE - 100, 4096)).expect("read past the end");
+    assert_eq!(simple_reply(&mut s), (22, 1), "EINVAL for a read past the end");
+    let mut w = request(1, 2, SIZE, 512);
+    w.extend_from_slice(&[1u8; 512]);
+    s.write_all(&w).expect("write past the end");
+    assert_eq!(simple_reply(&mut s), (28, 2), "ENOSPC for a write past the end");
+    s.write_all(&request(42, 3, 0, 0)).expect("unknown command");
+    assert_eq!(simple_reply(&mut s), (22, 3), "EINVAL for an unknown command");
+    s.write_all(&request(0, 4, 0, 16)).expect("read");
+    assert_eq!(simple_reply(&mut s), (0, 4));
+    let mut zeros = [1u8; 16];
+    s.read_exact(&mut zeros).expect("data");
+    assert_eq!(zeros, [0u8; 16]);
+    // A write larger than the protocol's maximum closes the connection.
+    s.write_all(&request(1, 5, 0, 64 << 20)).expect("huge write");
+    assert!(closed(&mut s), "an oversized write must close the connection");
+    // A bad magic closes it too.
+    let mut s = transmission(addr);
+    let mut bad = request(0, 6, 0, 512);
+    bad[0] ^= 0xff;
+    s.write_all(&bad).expect("bad magic");
+    assert!(closed(&mut s), "a bad request magic must close the connection");
+    // A client gone in the middle of a write's payload: none of it becomes visible.
+    let mut s = transmission(addr);
+    let mut w = request(1, 7, 1 << 20, 8192);
+    w.extend_from_slice(&[0xaa; 4096]);
+    s.write_all(&w).expect("half a write");
+    drop(s);
+    std::thread::sleep(Duration::from_millis(500));
+    let out = qemu_io(&url(fronts[2]), &[&format!("read -P 0 {} 8192", 1 << 20)]);
+    assert!(
+        !out.contains("Pattern verification") && !out.contains("failed"),
+        "a half-sent write became visible:\n{out}"
+    );
+    let m = c.metrics(1);
+    assert!(metric(&m, "keel_block_nbd_malformed_total") >= 5, "malformed input not counted:\n{m}");
+    // The node is still fine.
+    let out = qemu_io(&url(addr), &["write -P 0x61 0 4096", "read -P 0x61 0 4096"]);
+    assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{out}");
+}

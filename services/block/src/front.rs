@@ -1,0 +1,963 @@
+//! The NBD server a block node serves: fixed newstyle handshake, then READ, WRITE,
+//! FLUSH, TRIM, WRITE_ZEROES and DISC, with requests of a connection served
+//! concurrently and replied to as they finish (NBD matches replies by cookie).
+//!
+//! A write (Gnothi §3.2): the front end cuts it into whole blocks per stripe, sends the
+//! data as PrepareData to the blocks' u + r + 1 preferred nodes (itself directly when it
+//! is one), and once u + r + 1 nodes logged it durably orders a WriteData naming the
+//! blocks' hashes; in full mode (G') the data goes through agreement instead. A partial
+//! block is read, patched and written on the condition that nobody wrote it meanwhile.
+//! A read (Gaios, §3.3, made Byzantine-safe): the blocks' agreed versions and hashes
+//! come from a read-index quorum read, the data from this node where it holds that
+//! version and from a preferred peer otherwise, and every block is checked against its
+//! agreed hash: a peer whose bytes do not match is reported and another one asked.
+//!
+//! Every reply implies durability (PrepareData fsynced on u + r + 1 nodes and the
+//! WriteData in the WAL, by the node's fsync policy), so FLUSH and FUA wait for nothing
+//! and CAN_MULTI_CONN holds: what one connection's write completed, any connection on any
+//! node reads.
+
+use crate::local::{Local, Prepare};
+use crate::meta::{Command, Hash, Meta, Reply, META_BLOCKS_MAX};
+use crate::nbd::{self, Cmd};
+use crate::plane::{Peers, FETCH_BYTES_MAX};
+use keel::{FrontEnd, KeelClient, NodeId, ReadConsistency};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+
+/// How a cluster replicates block data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Gnothi: data to u + r + 1 preferred nodes off the ordering path.
+    Gnothi,
+    /// G': data through agreement to every node (the paper's full-replication baseline).
+    Full,
+}
+
+impl Mode {
+    pub fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "gnothi" => Some(Mode::Gnothi),
+            "full" => Some(Mode::Full),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Gnothi => "gnothi",
+            Mode::Full => "full",
+        }
+    }
+}
+
+/// Connections a node serves at once; more are closed and counted.
+pub const CONNECTIONS_MAX: usize = 256;
+/// Requests of one connection in flight at once (the reader waits beyond that).
+const IN_FLIGHT: usize = 64;
+/// Writes in flight across the node's connections: far fewer than the nodes' PrepareData
+/// window (`local::SEQ_WINDOW`), so no live write's PrepareData is collected.
+const WRITES_IN_FLIGHT: usize = 1024;
+/// Bytes of full-mode data one WriteData carries (a request is at most 1 MiB).
+const FULL_BYTES_MAX: u64 = 512 << 10;
+/// How long the preferred nodes get to acknowledge a PrepareData before the others are
+/// asked too (reserve storage).
+const PREFERRED_WAIT: Duration = Duration::from_secs(1);
+/// Once every node was asked, how long the write waits without any answer before it
+/// gives up (a node that is down never answers; one that is up answers within this).
+const SILENT_WAIT: Duration = Duration::from_secs(5);
+/// How long a peer gets to answer a fetch before the next one is asked.
+const FETCH_WAIT: Duration = Duration::from_secs(2);
+const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
+
+/// What went wrong with a block operation, as the NBD client sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpError {
+    /// EIO: the cluster did not answer, or no node holds the data.
+    Io(String),
+    /// ENOSPC: the reserve storage of the nodes that could take the data is full.
+    NoSpace(String),
+}
+
+impl OpError {
+    fn errno(&self) -> u32 {
+        match self {
+            OpError::Io(_) => nbd::EIO,
+            OpError::NoSpace(_) => nbd::ENOSPC,
+        }
+    }
+}
+
+/// Counters of the front end (`keel block status`, the node's log).
+#[derive(Default)]
+pub struct FrontStats {
+    pub connections: AtomicUsize,
+    pub refused_connections: AtomicU64,
+    pub malformed: AtomicU64,
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub errors: AtomicU64,
+    /// Blocks read from this node / fetched from a peer.
+    pub local_blocks: AtomicU64,
+    pub fetched_blocks: AtomicU64,
+    /// Blocks a peer sent that did not match the agreed hash at the version it claimed.
+    pub bad_blocks: AtomicU64,
+    /// Blocks this node held that did not match (a disk that lies, or a torn write).
+    pub bad_local_blocks: AtomicU64,
+    /// Bad blocks by the node that sent them.
+    pub bad_by_node: std::sync::Mutex<std::collections::BTreeMap<NodeId, u64>>,
+}
+
+impl FrontStats {
+    /// Node `node` sent block `block` with bytes that do not match version `version`'s
+    /// agreed hash: counted, logged, and the block is read elsewhere.
+    pub fn bad_block(&self, node: NodeId, block: u64, version: u64) {
+        self.bad_blocks.fetch_add(1, Ordering::Relaxed);
+        *self.bad_by_node.lock().unwrap_or_else(PoisonError::into_inner).entry(node).or_default() += 1;
+        tracing::warn!(
+            node,
+            block,
+            version,
+            "node sent block data that does not match its agreed hash; reading it elsewhere"
+        );
+    }
+}
+
+/// One node's block front end: the cluster client, the node's data, its peers.
+pub struct Blocks {
+    pub client: KeelClient,
+    pub local: Arc<Local>,
+    pub meta: Arc<RwLock<Meta>>,
+    pub peers: Arc<Peers>,
+    /// Member stable ids by index (slices are by index).
+    pub members: Vec<NodeId>,
+    pub mode: Mode,
+    pub op_timeout: Duration,
+    epoch: AtomicU64,
+    seq: AtomicU64,
+    /// Member indices that let a PrepareData or a fetch time out, and when: asked last
+    /// (fetches) or not waited for (PrepareData goes to a reserve node at once) until
+    /// they answer again, so a node that is down does not cost every request a timeout.
+    suspects: std::sync::Mutex<std::collections::HashMap<u32, std::time::Instant>>,
+    writes: Semaphore,
+    pub stats: Arc<FrontStats>,
+}
+
+impl Blocks {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: KeelClient,
+        local: Arc<Local>,
+        meta: Arc<RwLock<Meta>>,
+        peers: Arc<Peers>,
+        members: Vec<NodeId>,
+        mode: Mode,
+        stats: Arc<FrontStats>,
+    ) -> Arc<Blocks> {
+        Arc::new(Blocks {
+            client,
+            local,
+            meta,
+            peers,
+            members,
+            mode,
+            op_timeout: Duration::from_secs(30),
+            epoch: AtomicU64::new(0),
+            suspects: std::sync::Mutex::default(),
+            seq: AtomicU64::new(0),
+            writes: Semaphore::new(WRITES_IN_FLIGHT),
+            stats,
+        })
+    }
+
+    fn size(&self) -> u64 {
+        self.local.geometry().size()
+    }
+
+    fn suspect(&self, index: u32, now_suspect: bool) {
+        let mut s = self.suspects.lock().unwrap_or_else(PoisonError::into_inner);
+        if now_suspect {
+            s.insert(index, std::time::Instant::now());
+        } else {
+            s.remove(&index);
+        }
+    }
+
+    /// Whether member `index` timed out lately (within a minute; after that it gets the
+    /// benefit of the doubt again).
+    fn suspected(&self, index: u32) -> bool {
+        self.suspects
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&index)
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
+    }
+
+    /// Orders a new epoch for this front end (Gnothi's "new epoch"): PrepareData it left
+    /// behind before a restart is garbage everywhere from now on. Retries until the
+    /// cluster answers.
+    pub async fn begin(&self) {
+        let command = Command::NewEpoch { owner: self.local.node() }.encode();
+        loop {
+            match self.client.invoke(command.clone(), self.op_timeout).await.map(|r| Reply::decode(&r)) {
+                Ok(Ok(Reply::Epoch(e))) => {
+                    self.epoch.store(e, Ordering::Release);
+                    return;
+                }
+                other => {
+                    tracing::warn!(?other, "block front end: no new epoch yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+
+    async fn invoke(&self, command: &Command) -> Result<Reply, OpError> {
+        let bytes =
+            self.client.invoke(command.encode(), self.op_timeout).await.map_err(|e| OpError::Io(e.to_string()))?;
+        Reply::decode(&bytes).map_err(|e| OpError::Io(format!("bad reply: {e}")))
+    }
+
+    /// The agreed (version, hash) of `count` blocks from `first`, read at a read index.
+    async fn meta(&self, first: u64, count: u64) -> Result<Vec<(u64, Hash)>, OpError> {
+        let mut out = Vec::with_capacity(count as usize);
+        let mut b = first;
+        while b < first + count {
+            let n = (first + count - b).min(u64::from(META_BLOCKS_MAX)) as u32;
+            let op = Command::Meta { first: b, count: n }.encode();
+            let bytes = self
+                .client
+                .invoke_read_only(op, ReadConsistency::Index, self.op_timeout)
+                .await
+                .map_err(|e| OpError::Io(e.to_string()))?;
+            match Reply::decode(&bytes) {
+                Ok(Reply::Meta(m)) if m.len() == n as usize => out.extend(m),
+                other => return Err(OpError::Io(format!("metadata read: {other:?}"))),
+            }
+            b += u64::from(n);
+        }
+        Ok(out)
+    }
+
+    /// Reads `len` bytes at `offset` (in range).
+    pub async fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>, OpError> {
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let bs = u64::from(self.local.geometry().block_size);
+        let (first, end) = (offset / bs, (offset + len).div_ceil(bs));
+        let data = self.read_blocks(first, end - first).await?;
+        let skip = (offset - first * bs) as usize;
+        Ok(data[skip..skip + len as usize].to_vec())
+    }
+
+    /// Whole blocks, each checked against the agreed hash. A block whose holders all
+    /// have a newer version than the metadata read said is read again (a write
+    /// completed meanwhile); three rounds at most.
+    async fn read_blocks(&self, first: u64, count: u64) -> Result<Vec<u8>, OpError> {
+        let bs = self.local.geometry().bs();
+        let mut out = vec![0u8; count as usize * bs];
+        let mut todo: Vec<u64> = (first..first + count).collect();
+        for _round in 0..3 {
+            let meta = self.meta(first, count).await?;
+            let zero = self.meta.read().unwrap_or_else(PoisonError::into_inner).zero();
+            let want = |b: u64| meta[(b - first) as usize];
+            todo.retain(|&b| want(b).1 != zero);
+            for &b in &todo {
+                // Zeros where nothing is to be read; the rest is overwritten below.
+                out[(b - first) as usize * bs..][..bs].fill(0);
+            }
+            // This node first.
+            let mut missing = Vec::new();
+            for run in runs(&todo) {
+                let (data, held) = self.local.read(run.0, run.1).map_err(|e| OpError::Io(e.to_string()))?;
+                for k in 0..run.1 {
+                    let b = run.0 + k;
+                    let (v, h) = want(b);
+                    let d = &data[k as usize * bs..][..bs];
+                    if held[k as usize] == v && blake3::hash(d).as_bytes() == &h {
+                        out[(b - first) as usize * bs..][..bs].copy_from_slice(d);
+                        self.stats.local_blocks.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        if held[k as usize] == v {
+                            self.stats.bad_local_blocks.fetch_add(1, Ordering::Relaxed);
+                            tracing::warn!(
+                                block = b,
+                                version = v,
+                                "this node's copy of the block does not match its agreed hash"
+                            );
+                        }
+                        missing.push(b);
+                    }
+                }
+            }
+            // Then peers, preferred first.
+            let mut newer = Vec::new();
+            for run in runs(&missing) {
+                let got = self.fetch_run(run.0, run.1, &want).await;
+                for (k, result) in got.into_iter().enumerate() {
+                    let b = run.0 + k as u64;
+                    match result {
+                        Found::Data(d) => {
+                            out[(b - first) as usize * bs..][..bs].copy_from_slice(&d);
+                            self.stats.fetched_blocks.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Found::Newer => newer.push(b),
+                        Found::Nowhere => {
+                            return Err(OpError::Io(format!("no node holds block {b} at version {}", want(b).0)));
+                        }
+                    }
+                }
+            }
+            if newer.is_empty() {
+                return Ok(out);
+            }
+            todo = newer;
+        }
+        Err(OpError::Io(format!("blocks from {first} kept changing while read")))
+    }
+
+    /// Fetches blocks `first..first + count` from peers, preferred ones first, checking
+    /// each block; a block this node is preferred for is kept (read repair).
+    pub async fn fetch_run(&self, first: u64, count: u64, want: &impl Fn(u64) -> (u64, Hash)) -> Vec<Found> {
+        let g = self.local.geometry();
+        let bs = g.bs();
+        let mut found: Vec<Option<Found>> = vec![None; count as usize];
+        let mut newer = vec![false; count as usize];
+        let me = self.local.index();
+        let mut candidates: Vec<u32> = g
+            .preferred(first)
+            .chain((0..g.nodes).filter(|i| !g.is_preferred(first, *i)))
+            .filter(|&i| i != me && (i as usize) < self.members.len())
+            .collect();
+        // Nodes that timed out lately go last (stable: the preferred order otherwise).
+        candidates.sort_by_key(|&i| self.suspected(i));
+        let per_fetch = (FETCH_BYTES_MAX / u64::from(g.block_size)).max(1);
+        for index in candidates {
+            let node = self.members[index as usize];
+            let mut at = 0u64;
+            while at < count {
+                let n = (count - at).min(per_fetch);
+                if found[at as usize..(at + n) as usize].iter().all(Option::is_some) {
+                    at += n;
+                    continue;
+                }
+                let (id, rx) = self.peers.fetch(node, first + at, n as u32);
+                let answer = tokio::time::timeout(FETCH_WAIT, rx).await;
+                self.peers.forget_fetch(node, id);
+                let Ok(Ok((versions, data))) = answer else {
+                    self.suspect(index, true);
+                    break;
+                };
+                self.suspect(index, false);
+                if versions.len() as u64 != n || data.len() != n as usize * bs {
+                    break;
+                }
+                let mut keep = Vec::new();
+                for k in 0..n {
+                    let i = (at + k) as usize;
+                    if found[i].is_some() {
+                        continue;
+                    }
+                    let b = first + at + k;
+                    let (v, h) = want(b);
+                    let d = &data[k as usize * bs..][..bs];
+                    let held = versions[k as usize];
+                    if held == v {
+                        if blake3::hash(d).as_bytes() == &h {
+                            found[i] = Some(Found::Data(d.to_vec()));
+                            if g.is_preferred(b, me) {
+                                keep.push((b, v, d));
+                            }
+                        } else {
+                            self.stats.bad_block(node, b, v);
+                        }
+                    } else if held > v {
+                        newer[i] = true;
+                    }
+                }
+                for (b, v, d) in keep {
+                    let _ = self.local.store_fetched(b, &[v], d);
+                }
+                at += n;
+            }
+            if found.iter().all(Option::is_some) {
+                break;
+            }
+        }
+        found.into_iter().zip(newer).map(|(f, n)| f.unwrap_or(if n { Found::Newer } else { Found::Nowhere })).collect()
+    }
+
+    /// Writes `data` at `offset` (in range).
+    pub async fn write(&self, offset: u64, data: &[u8]) -> Result<(), OpError> {
+        let g = self.local.geometry();
+        let bs = u64::from(g.block_size);
+        let end = offset + data.len() as u64;
+        let mut pieces = Vec::new();
+        let mut at = offset;
+        while at < end {
+            let b = at / bs;
+            let in_block = at % bs;
+            if in_block != 0 || end - at < bs {
+                let n = (bs - in_block).min(end - at);
+                let slice = &data[(at - offset) as usize..][..n as usize];
+                pieces.push(Piece::Partial { block: b, at: in_block as usize, bytes: slice });
+                at += n;
+            } else {
+                let whole = (end - at) / bs;
+                let stop = g.stripe_end(b, b + whole);
+                let stop = if self.mode == Mode::Full { stop.min(b + (FULL_BYTES_MAX / bs).max(1)) } else { stop };
+                let n = (stop - b) * bs;
+                pieces.push(Piece::Whole { first: b, bytes: &data[(at - offset) as usize..][..n as usize] });
+                at += n;
+            }
+        }
+        let results = futures_join(pieces.into_iter().map(|p| self.write_piece(p))).await;
+        results.into_iter().collect()
+    }
+
+    async fn write_piece(&self, piece: Piece<'_>) -> Result<(), OpError> {
+        match piece {
+            Piece::Whole { first, bytes } => match self.write_blocks(first, bytes.to_vec(), None).await? {
+                Reply::Written { .. } => Ok(()),
+                other => Err(OpError::Io(format!("write: {other:?}"))),
+            },
+            Piece::Partial { block, at, bytes } => self.patch(block, at, bytes).await,
+        }
+    }
+
+    /// Read-modify-write of part of one block, retried if another write got there first.
+    async fn patch(&self, block: u64, at: usize, bytes: &[u8]) -> Result<(), OpError> {
+        for _ in 0..16 {
+            let (version, _) = self.meta(block, 1).await?[0];
+            let mut data = self.read_blocks(block, 1).await?;
+            data[at..at + bytes.len()].copy_from_slice(bytes);
+            match self.write_blocks(block, data, Some(version)).await? {
+                Reply::Written { .. } => return Ok(()),
+                Reply::Moved { .. } => continue,
+                other => return Err(OpError::Io(format!("write: {other:?}"))),
+            }
+        }
+        Err(OpError::Io(format!("block {block} kept changing under a partial write")))
+    }
+
+    /// Writes whole blocks from `first`, in one stripe.
+    async fn write_blocks(&self, first: u64, data: Vec<u8>, expect: Option<u64>) -> Result<Reply, OpError> {
+        let bs = self.local.geometry().bs();
+        let hashes: Vec<Hash> = data.chunks_exact(bs).map(|d| *blake3::hash(d).as_bytes()).collect();
+        let _permit = self.writes.acquire().await.map_err(|_| OpError::Io("stopping".into()))?;
+        let epoch = self.epoch.load(Ordering::Acquire);
+        let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
+        let owner = self.local.node();
+        let command = match self.mode {
+            Mode::Full => Command::Write { owner, epoch, seq, first, hashes, expect, data: Some(data) },
+            Mode::Gnothi => {
+                let prepare = Prepare { owner, epoch, seq, first, hashes: hashes.clone(), data };
+                self.prepare(&prepare).await?;
+                Command::Write { owner, epoch, seq, first, hashes, expect, data: None }
+            }
+        };
+        self.invoke(&command).await
+    }
+
+    /// Gnothi §3.2 steps 1-3: the PrepareData durably on u + r + 1 nodes, the blocks'
+    /// preferred nodes first and the others (reserve storage) once those are late.
+    async fn prepare(&self, prepare: &Prepare) -> Result<(), OpError> {
+        let g = self.local.geometry();
+        let need = g.copies as usize;
+        let me = self.local.index();
+        let preferred: Vec<u32> = g.preferred(prepare.first).collect();
+        let others: Vec<u32> = (0..g.nodes).filter(|i| !preferred.contains(i)).collect();
+        let (tx, mut rx) = mpsc::channel::<(u32, Result<(), String>)>(g.nodes as usize);
+        let mut asked = BTreeSet::new();
+        let ask = |index: u32, asked: &mut BTreeSet<u32>| {
+            asked.insert(index);
+            let tx = tx.clone();
+            if index == me {
+                let (local, p) = (self.local.clone(), prepare.clone());
+                tokio::spawn(async move {
+                    let r = local.prepare(p).await.map_err(|e| e.to_string());
+                    let _ = tx.send((index, r)).await;
+                });
+            } else if let Some(&node) = self.members.get(index as usize) {
+                let rx = self.peers.prepare(node, prepare);
+                tokio::spawn(async move {
+                    let r = rx.await.unwrap_or_else(|_| Err("not sent".into()));
+                    let _ = tx.send((index, r)).await;
+                });
+            }
+        };
+        // Every preferred node, and for each one that timed out lately a reserve node now.
+        let lately_down = preferred.iter().filter(|&&i| self.suspected(i)).count();
+        for &i in preferred.iter().chain(others.iter().filter(|&&i| !self.suspected(i)).take(lately_down)) {
+            ask(i, &mut asked);
+        }
+        let mut acked = 0usize;
+        let mut answered = 0usize;
+        let mut full = false;
+        let mut last_error = String::new();
+        let deadline = tokio::time::Instant::now() + self.op_timeout;
+        let widen_at = tokio::time::Instant::now() + PREFERRED_WAIT;
+        let mut widened = false;
+        let mut heard = tokio::time::Instant::now();
+        let mut heard_from = BTreeSet::new();
+        while acked < need {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let until = if widened { deadline.min(heard + SILENT_WAIT) } else { widen_at };
+            match tokio::time::timeout_at(until, rx.recv()).await {
+                Ok(Some((i, Ok(())))) => {
+                    acked += 1;
+                    answered += 1;
+                    heard_from.insert(i);
+                    heard = tokio::time::Instant::now();
+                    self.suspect(i, false);
+                }
+                Ok(Some((i, Err(e)))) => {
+                    answered += 1;
+                    heard_from.insert(i);
+                    heard = tokio::time::Instant::now();
+                    self.suspect(i, false);
+                    full |= e.contains("reserve");
+                    last_error = format!("node index {i}: {e}");
+                    if !widened {
+                        widened = true;
+                        for &o in &others {
+                            if !asked.contains(&o) {
+                                ask(o, &mut asked);
+                            }
+                        }
+                    }
+                }
+                Ok(None) => break,
+                Err(_) if !widened => {
+                    widened = true;
+                    heard = tokio::time::Instant::now();
+                    for &i in asked.iter().filter(|i| !heard_from.contains(i)) {
+                        self.suspect(i, true);
+                    }
+                    for &o in &others {
+                        if !asked.contains(&o) {
+                            ask(o, &mut asked);
+                        }
+                    }
+                }
+                Err(_) => break,
+            }
+            if widened && answered == asked.len() && acked < need {
+                break;
+            }
+        }
+        for i in asked {
+            if let Some(&node) = self.members.get(i as usize) {
+                self.peers.forget_prepare(node, prepare.epoch, prepare.seq);
+            }
+        }
+        if acked >= need {
+            Ok(())
+        } else if full {
+            Err(OpError::NoSpace(format!("PrepareData on {acked} of {need} nodes: {last_error}")))
+        } else {
+            Err(OpError::Io(format!("PrepareData on {acked} of {need} nodes: {last_error}")))
+        }
+    }
+
+    /// Zeros `len` bytes at `offset` (in range): whole blocks by one agreed command
+    /// without data, the partial ends by writes of zeros.
+    pub async fn zero(&self, offset: u64, len: u64) -> Result<(), OpError> {
+        let bs = u64::from(self.local.geometry().block_size);
+        let end = offset + len;
+        let (first_whole, end_whole) = (offset.div_ceil(bs), end / bs);
+        if first_whole >= end_whole {
+            return self.write(offset, &vec![0u8; len as usize]).await;
+        }
+        if offset < first_whole * bs {
+            self.write(offset, &vec![0u8; (first_whole * bs - offset) as usize]).await?;
+        }
+        match self.invoke(&Command::Zero { first: first_whole, count: end_whole - first_whole }).await? {
+            Reply::Written { .. } => {}
+            other => return Err(OpError::Io(format!("zero: {other:?}"))),
+        }
+        if end > end_whole * bs {
+            self.write(end_whole * bs, &vec![0u8; (end - end_whole * bs) as usize]).await?;
+        }
+        Ok(())
+    }
+}
+
+/// What a fetch found for one block.
+#[derive(Clone, Debug)]
+pub enum Found {
+    Data(Vec<u8>),
+    /// Every holder has a newer version: read the metadata again.
+    Newer,
+    Nowhere,
+}
+
+impl Found {
+    pub fn is_data(&self) -> bool {
+        matches!(self, Found::Data(_))
+    }
+
+    pub fn is_nowhere(&self) -> bool {
+        matches!(self, Found::Nowhere)
+    }
+}
+
+enum Piece<'a> {
+    Whole { first: u64, bytes: &'a [u8] },
+    Partial { block: u64, at: usize, bytes: &'a [u8] },
+}
+
+/// Runs of consecutive blocks: (first, count).
+fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &b in blocks {
+        match out.last_mut() {
+            Some((f, n)) if *f + *n == b => *n += 1,
+            _ => out.push((b, 1)),
+        }
+    }
+    out
+}
+
+/// Awaits every future, concurrently, in order of the results.
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output> {
+    let mut pinned: Vec<_> = futures.map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = (0..pinned.len()).map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in pinned.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}
+
+/// Keel client sessions a block front end wants: operations in flight at once.
+pub const CLIENT_SESSIONS: usize = 64;
+
+/// Serves NBD on `listener` until the node stops: the node's plane carries PrepareData
+/// and fetches, its client identity the agreed commands.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve(
+    mut front: FrontEnd,
+    listener: TcpListener,
+    local: Arc<Local>,
+    meta: Arc<RwLock<Meta>>,
+    members: Vec<NodeId>,
+    mode: Mode,
+    stats: Arc<FrontStats>,
+    recovery: Arc<crate::recovery::Recovery>,
+) {
+    let (Some(mut plane), Some(client)) = (front.take_plane(), front.client().cloned()) else {
+        tracing::error!("the block front end needs the node's plane and a client identity");
+        return;
+    };
+    let peers = Peers::new(local.node(), plane.sender());
+    let blocks = Blocks::new(client, local, meta, peers, members, mode, stats);
+    {
+        let (peers, local) = (blocks.peers.clone(), blocks.local.clone());
+        tokio::spawn(async move {
+            while let Some((from, bytes)) = plane.recv().await {
+                peers.handle(&local, from, &bytes);
+            }
+        });
+    }
+    tokio::spawn(recovery.run(blocks.clone()));
+    tokio::select! {
+        _ = front.stopped() => return,
+        _ = blocks.begin() => {}
+    }
+    tracing::info!(node = blocks.local.node(), mode = blocks.mode.name(), "block front end ready");
+    loop {
+        tokio::select! {
+            _ = front.stopped() => return,
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                if blocks.stats.connections.load(Ordering::Relaxed) >= CONNECTIONS_MAX {
+                    blocks.stats.refused_connections.fetch_add(1, Ordering::Relaxed);
+                    continue;
+                }
+                let _ = stream.set_nodelay(true);
+                let blocks = blocks.clone();
+                tokio::spawn(async move {
+                    blocks.stats.connections.fetch_add(1, Ordering::Relaxed);
+                    if let Err(e) = connection(stream, &blocks).await {
+                        tracing::debug!(error = %e, "NBD connection ended");
+                    }
+                    blocks.stats.connections.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Protocol(String),
+    #[error("the handshake took too long")]
+    Slow,
+}
+
+/// Flags of the export as the transmission phase offers it.
+fn transmission_flags() -> u16 {
+    nbd::TF_HAS_FLAGS
+        | nbd::TF_SEND_FLUSH
+        | nbd::TF_SEND_FUA
+        | nbd::TF_SEND_TRIM
+        | nbd::TF_SEND_WRITE_ZEROES
+        | nbd::TF_CAN_MULTI_CONN
+}
+
+/// The one export's name: the default (empty) name, and "keel" as an alias.
+fn known_export(name: &[u8]) -> bool {
+    name.is_empty() || name == b"keel"
+}
+
+async fn connection(mut stream: TcpStream, blocks: &Arc<Blocks>) -> Result<(), ConnError> {
+    let no_zeroes = match tokio::time::timeout(HANDSHAKE_WITHIN, handshake(&mut stream, blocks)).await {
+        Ok(Ok(Some(no_zeroes))) => no_zeroes,
+        Ok(Ok(None)) => return Ok(()),
+        Ok(Err(e)) => {
+            blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+        Err(_) => return Err(ConnError::Slow),
+    };
+    let _ = no_zeroes;
+    transmission(stream, blocks).await
+}
+
+/// Option haggling; Some(client asked for no zeroes) once the client chose the export
+/// and transmission begins, None if it aborted.
+async fn handshake(stream: &mut TcpStream, blocks: &Arc<Blocks>) -> Result<Option<bool>, ConnError> {
+    stream.write_all(&nbd::greeting()).await?;
+    let client_flags = stream.read_u32().await?;
+    if client_flags & !(nbd::CLIENT_FIXED_NEWSTYLE | nbd::CLIENT_NO_ZEROES) != 0
+        || client_flags & nbd::CLIENT_FIXED_NEWSTYLE == 0
+    {
+        return Err(ConnError::Protocol(format!("client flags {client_flags:#x}")));
+    }
+    let no_zeroes = client_flags & nbd::CLIENT_NO_ZEROES != 0;
+    let size = blocks.size();
+    let bs = blocks.local.geometry().block_size;
+    loop {
+        let mut header = [0u8; 16];
+        stream.read_exact(&mut header).await?;
+        let (option, len) = nbd::decode_option(&header).map_err(|e| ConnError::Protocol(e.to_string()))?;
+        if len > nbd::OPTION_DATA_MAX {
+            return Err(ConnError::Protocol(format!("option data of {len} bytes")));
+        }
+        let mut data = vec![0u8; len as usize];
+        stream.read_exact(&mut data).await?;
+        match option {
+            nbd::OPT_EXPORT_NAME => {
+                if !known_export(&data) {
+                    return Err(ConnError::Protocol("unknown export".into()));
+                }
+                stream.write_all(&size.to_be_bytes()).await?;
+                stream.write_all(&transmission_flags().to_be_bytes()).await?;
+                if !no_zeroes {
+                    stream.write_all(&[0u8; 124]).await?;
+                }
+                return Ok(Some(no_zeroes));
+            }
+            nbd::OPT_ABORT => {
+                let _ = stream.write_all(&nbd::option_reply(option, nbd::REP_ACK, &[])).await;
+                return Ok(None);
+            }
+            nbd::OPT_LIST => {
+                let reply = if data.is_empty() {
+                    let mut r = nbd::option_reply(option, nbd::REP_SERVER, &nbd::server_entry(""));
+                    r.extend(nbd::option_reply(option, nbd::REP_ACK, &[]));
+                    r
+                } else {
+                    nbd::option_reply(option, nbd::REP_ERR_INVALID, b"NBD_OPT_LIST takes no data")
+                };
+                stream.write_all(&reply).await?;
+            }
+            nbd::OPT_INFO | nbd::OPT_GO => {
+                let (reply, ok) = match nbd::decode_go(&data) {
+                    Err(e) => (nbd::option_reply(option, nbd::REP_ERR_INVALID, e.to_string().as_bytes()), false),
+                    Ok((name, _)) if !known_export(&name) => (
+                        nbd::option_reply(option, nbd::REP_ERR_UNKNOWN, b"this server has one export: the default one"),
+                        false,
+                    ),
+                    Ok((_, infos)) => {
+                        let mut r =
+                            nbd::option_reply(option, nbd::REP_INFO, &nbd::info_export(size, transmission_flags()));
+                        if infos.contains(&nbd::INFO_BLOCK_SIZE) {
+                            r.extend(nbd::option_reply(
+                                option,
+                                nbd::REP_INFO,
+                                &nbd::info_block_size(1, bs, nbd::PAYLOAD_MAX),
+                            ));
+                        }
+                        if infos.contains(&nbd::INFO_DESCRIPTION) {
+                            let text =
+                                format!("Keel block store ({}), node {}", blocks.mode.name(), blocks.local.node());
+                            r.extend(nbd::option_reply(
+                                option,
+                                nbd::REP_INFO,
+                                &nbd::info_text(nbd::INFO_DESCRIPTION, &text),
+                            ));
+                        }
+                        r.extend(nbd::option_reply(option, nbd::REP_ACK, &[]));
+                        (r, true)
+                    }
+                };
+                let go = option == nbd::OPT_GO && ok;
+                stream.write_all(&reply).await?;
+                if go {
+                    return Ok(Some(no_zeroes));
+                }
+            }
+            nbd::OPT_STARTTLS => {
+                stream
+                    .write_all(&nbd::option_reply(option, nbd::REP_ERR_POLICY, b"TLS is not offered on this port"))
+                    .await?;
+            }
+            other => {
+                stream.write_all(&nbd::option_reply(other, nbd::REP_ERR_UNSUP, &[])).await?;
+            }
+        }
+    }
+}
+
+/// The transmission phase: a reader that parses requests and runs each as a task, and
+/// a writer that sends the replies as they finish.
+async fn transmission(stream: TcpStream, blocks: &Arc<Blocks>) -> Result<(), ConnError> {
+    let (mut rd, mut wr) = stream.into_split();
+    let (reply_tx, mut reply_rx) = mpsc::channel::<Vec<u8>>(IN_FLIGHT);
+    let writer = tokio::spawn(async move {
+        while let Some(bytes) = reply_rx.recv().await {
+            if wr.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    let slots = Arc::new(Semaphore::new(IN_FLIGHT));
+    let size = blocks.size();
+    let result = loop {
+        let mut header = [0u8; nbd::REQUEST_LEN];
+        if let Err(e) = rd.read_exact(&mut header).await {
+            break if e.kind() == std::io::ErrorKind::UnexpectedEof { Ok(()) } else { Err(e.into()) };
+        }
+        let request = match nbd::decode_request(&header) {
+            Ok(r) => r,
+            Err(e) => {
+                blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                break Err(ConnError::Protocol(e.to_string()));
+            }
+        };
+        let mut payload = Vec::new();
+        if request.cmd == Cmd::Write {
+            if request.length > nbd::PAYLOAD_MAX {
+                blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
+                break Err(ConnError::Protocol(format!("a write of {} bytes", request.length)));
+            }
+            payload = vec![0u8; request.length as usize];
+            if let Err(e) = rd.read_exact(&mut payload).await {
+                // Disconnected mid-write: nothing of it was sent to the cluster.
+                break Err(e.into());
+            }
+        }
+        if request.cmd == Cmd::Disc {
+            break Ok(());
+        }
+        let Ok(permit) = slots.clone().acquire_owned().await else { break Ok(()) };
+        let (blocks, tx) = (blocks.clone(), reply_tx.clone());
+        tokio::spawn(async move {
+            let reply = run(&blocks, request, payload, size).await;
+            let _ = tx.send(reply).await;
+            drop(permit);
+        });
+    };
+    // Let the requests in flight finish and their replies go out (DISC, or EOF).
+    let _ = slots.acquire_many(IN_FLIGHT as u32).await;
+    drop(reply_tx);
+    let _ = writer.await;
+    result
+}
+
+/// Runs one request and returns its reply's bytes.
+async fn run(blocks: &Blocks, r: nbd::Request, payload: Vec<u8>, size: u64) -> Vec<u8> {
+    let in_range = r.offset.checked_add(u64::from(r.length)).is_some_and(|end| end <= size);
+    let outcome: Result<Option<Vec<u8>>, u32> = match r.cmd {
+        Cmd::Read if r.length > nbd::PAYLOAD_MAX || !in_range => Err(nbd::EINVAL),
+        Cmd::Write | Cmd::WriteZeroes | Cmd::Trim if !in_range => Err(nbd::ENOSPC),
+        Cmd::Read => {
+            blocks.stats.reads.fetch_add(1, Ordering::Relaxed);
+            blocks.read(r.offset, u64::from(r.length)).await.map(Some).map_err(|e| report(blocks, &r, &e))
+        }
+        Cmd::Write => {
+            blocks.stats.writes.fetch_add(1, Ordering::Relaxed);
+            blocks.write(r.offset, &payload).await.map(|()| None).map_err(|e| report(blocks, &r, &e))
+        }
+        Cmd::WriteZeroes | Cmd::Trim => {
+            if r.cmd == Cmd::WriteZeroes && r.flags & nbd::CMD_FLAG_FAST_ZERO != 0 {
+                // Not advertised; a client that sends it anyway gets the honest answer.
+                Err(nbd::ENOTSUP)
+            } else {
+                blocks.zero(r.offset, u64::from(r.length)).await.map(|()| None).map_err(|e| report(blocks, &r, &e))
+            }
+        }
+        // Every completed write is durable already.
+        Cmd::Flush => Ok(None),
+        Cmd::Disc => Ok(None),
+        Cmd::Cache | Cmd::Other(_) => {
+            blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
+            Err(nbd::EINVAL)
+        }
+    };
+    match outcome {
+        Ok(data) => {
+            let mut out = nbd::simple_reply(r.cookie, 0).to_vec();
+            if let Some(d) = data {
+                out.extend_from_slice(&d);
+            }
+            out
+        }
+        Err(errno) => nbd::simple_reply(r.cookie, errno).to_vec(),
+    }
+}
+
+fn report(blocks: &Blocks, r: &nbd::Request, e: &OpError) -> u32 {
+    blocks.stats.errors.fetch_add(1, Ordering::Relaxed);
+    tracing::warn!(cmd = ?r.cmd, offset = r.offset, length = r.length, error = ?e, "NBD request failed");
+    e.errno()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_join_consecutive_blocks() {
+        assert_eq!(runs(&[1, 2, 3, 7, 8, 10]), vec![(1, 3), (7, 2), (10, 1)]);
+        assert!(runs(&[]).is_empty());
+    }
+}

@@ -1,0 +1,570 @@
+//! One node's unreplicated side of the block store: its data (`store.rs`), the
+//! PrepareData it holds for writes not yet ordered (Gnothi §3.1's PrepareData buffer,
+//! logged in `prepare_log.rs`), and the accounting of reserve storage.
+//!
+//! The agreed metadata (`meta.rs`) calls in here when a write executes: the node stores
+//! the data if it has it (COMPLETE) and leaves the block INCOMPLETE otherwise.
+
+use crate::geometry::Geometry;
+use crate::meta::Hash;
+use crate::prepare_log::PrepareLog;
+use crate::store::Store;
+use keel::NodeId;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError, RwLock};
+
+/// PrepareData one front end may have buffered on a node (Gnothi bounds each client's
+/// outstanding PrepareData): more is refused until its writes are ordered.
+pub const PREPARED_BYTES_PER_OWNER: usize = 256 << 20;
+/// How far behind a front end's newest ordered write a PrepareData of its may be and
+/// still be waited for: the front end keeps fewer writes than this in flight, so an
+/// older one was lost (its WriteData never came) and is dropped.
+pub const SEQ_WINDOW: u64 = 4096;
+
+/// PrepareData as it travels and is logged: the data of blocks `first..` for the write
+/// `(owner, epoch, seq)` of front end `owner`, with the hash of each block.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Prepare {
+    pub owner: NodeId,
+    pub epoch: u64,
+    pub seq: u64,
+    pub first: u64,
+    pub hashes: Vec<Hash>,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+}
+
+/// Why a node did not take a PrepareData.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("malformed PrepareData: {0}")]
+    Malformed(String),
+    #[error("front end {0} has {PREPARED_BYTES_PER_OWNER} bytes of PrepareData waiting here already")]
+    Busy(NodeId),
+    #[error("the reserve storage is full ({0} blocks)")]
+    ReserveFull(u64),
+    #[error("a PrepareData of an epoch that ended")]
+    OldEpoch,
+    #[error("the PrepareData log failed: {0}")]
+    Log(String),
+}
+
+struct Held {
+    prepare: Prepare,
+    /// The log segment it is recorded in.
+    segment: u64,
+}
+
+#[derive(Default)]
+struct Prepares {
+    waiting: HashMap<(NodeId, u64, u64), Held>,
+    bytes: HashMap<NodeId, usize>,
+    /// Each front end's current epoch and newest ordered write seen.
+    epochs: HashMap<NodeId, u64>,
+    newest: HashMap<NodeId, (u64, u64)>,
+    /// Records still needed per log segment (waiting, or consumed but not yet covered by
+    /// a synced data file).
+    live: BTreeMap<u64, usize>,
+    /// Consumed records: (generation consumed in, segment).
+    consumed: Vec<(u64, u64)>,
+}
+
+impl Prepares {
+    fn release(&mut self, segment: u64) {
+        if let Some(n) = self.live.get_mut(&segment) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    fn remove(&mut self, key: &(NodeId, u64, u64)) -> Option<Held> {
+        let held = self.waiting.remove(key)?;
+        if let Some(b) = self.bytes.get_mut(&key.0) {
+            *b = b.saturating_sub(held.prepare.data.len());
+        }
+        Some(held)
+    }
+
+    /// Drops front end `owner`'s PrepareData that can no longer be ordered.
+    fn collect(&mut self, owner: NodeId) {
+        let epoch = self.epochs.get(&owner).copied().unwrap_or(0);
+        let (newest_epoch, newest) = self.newest.get(&owner).copied().unwrap_or((0, 0));
+        let dead: Vec<_> = self
+            .waiting
+            .keys()
+            .filter(|(o, e, s)| {
+                *o == owner && (*e < epoch.max(newest_epoch) || (*e == newest_epoch && s + SEQ_WINDOW < newest))
+            })
+            .copied()
+            .collect();
+        for key in dead {
+            if let Some(held) = self.remove(&key) {
+                self.release(held.segment);
+            }
+        }
+    }
+}
+
+/// Counters `keel status` and the metrics show.
+#[derive(Default)]
+pub struct Stats {
+    pub prepares: AtomicU64,
+    pub prepares_refused: AtomicU64,
+    pub writes_complete: AtomicU64,
+    pub writes_incomplete: AtomicU64,
+    pub store_errors: AtomicU64,
+}
+
+pub struct Local {
+    geometry: Geometry,
+    /// This node's stable id and its index among the members (slices are by index).
+    node: NodeId,
+    index: u32,
+    store: Store,
+    log: PrepareLog,
+    prepares: Mutex<Prepares>,
+    /// Checkpoints begun (freezes); the log segment new records go to.
+    generation: AtomicU64,
+    /// Blocks held outside their preferred set, and the most allowed.
+    reserved: AtomicU64,
+    reserve_max: u64,
+    /// Store writes exclude reads, so a block's data and held version are read as one
+    /// (a peer that sent a version with another version's bytes would look like a liar).
+    io: RwLock<()>,
+    pub stats: Stats,
+}
+
+impl Local {
+    /// Opens node `node`'s (member index `index`) data under `dir`, with the PrepareData
+    /// its log still holds. `reserve` is the fraction of the export a node may hold
+    /// outside its preferred slices; `sync` whether the log fsyncs (fsync = never: no).
+    ///
+    /// # Errors
+    /// The files cannot be opened.
+    pub fn open(
+        dir: &Path,
+        geometry: Geometry,
+        node: NodeId,
+        index: u32,
+        reserve: f64,
+        sync: bool,
+    ) -> io::Result<Local> {
+        let store = Store::open(dir, geometry.blocks, geometry.block_size)?;
+        let (log, records) = PrepareLog::open(&dir.join("prepare"), sync)?;
+        let mut prepares = Prepares::default();
+        let mut generation = 0;
+        for (segment, bytes) in records {
+            generation = generation.max(segment);
+            let Ok(prepare) = postcard::from_bytes::<Prepare>(&bytes) else { continue };
+            *prepares.live.entry(segment).or_default() += 1;
+            *prepares.bytes.entry(prepare.owner).or_default() += prepare.data.len();
+            prepares.waiting.insert((prepare.owner, prepare.epoch, prepare.seq), Held { prepare, segment });
+        }
+        let reserved = (0..geometry.blocks).filter(|&b| !geometry.is_preferred(b, index) && store.held(b) != 0).count();
+        let reserve_max = (geometry.blocks as f64 * reserve.clamp(0.0, 1.0)) as u64;
+        Ok(Local {
+            geometry,
+            node,
+            index,
+            store,
+            log,
+            prepares: Mutex::new(prepares),
+            generation: AtomicU64::new(generation + 1),
+            reserved: AtomicU64::new(reserved as u64),
+            reserve_max,
+            io: RwLock::new(()),
+            stats: Stats::default(),
+        })
+    }
+
+    pub fn node(&self) -> NodeId {
+        self.node
+    }
+
+    pub fn index(&self) -> u32 {
+        self.index
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Blocks held outside their preferred set now, and the most allowed.
+    pub fn reserve(&self) -> (u64, u64) {
+        (self.reserved.load(Ordering::Relaxed), self.reserve_max)
+    }
+
+    /// PrepareData bytes waiting for their WriteData.
+    pub fn prepared_bytes(&self) -> usize {
+        self.lock().bytes.values().sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Prepares> {
+        self.prepares.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The data of `count` blocks from `first` and the version held of each.
+    ///
+    /// # Errors
+    /// An I/O error.
+    pub fn read(&self, first: u64, count: u64) -> io::Result<(Vec<u8>, Vec<u64>)> {
+        let _shared = self.io.read().unwrap_or_else(PoisonError::into_inner);
+        self.store.read(first, count)
+    }
+
+    /// Takes a PrepareData (from this node's front end or a peer's, `owner` being the
+    /// sender the transport authenticated): checks it, logs it durably, buffers it.
+    /// Resolves once the node may acknowledge it.
+    ///
+    /// # Errors
+    /// What [`Refused`] lists; nothing is kept then.
+    pub async fn prepare(&self, prepare: Prepare) -> Result<(), Refused> {
+        let count = prepare.hashes.len() as u64;
+        let bs = self.geometry.bs();
+        if count == 0 || prepare.first.checked_add(count).is_none_or(|end| end > self.geometry.blocks) {
+            return Err(self.refuse(Refused::Malformed(format!("blocks {}+{count} out of range", prepare.first))));
+        }
+        if prepare.data.len() != count as usize * bs {
+            return Err(self.refuse(Refused::Malformed(format!("{} bytes for {count} blocks", prepare.data.len()))));
+        }
+        // The hashes are what the WriteData will name: data that does not match them
+        // could never be used, so it is refused here rather than stored.
+        if prepare.data.chunks_exact(bs).zip(&prepare.hashes).any(|(d, h)| blake3::hash(d).as_bytes() != h) {
+            return Err(self.refuse(Refused::Malformed("data does not match its hashes".into())));
+        }
+        let outside = (prepare.first..prepare.first + count)
+            .filter(|&b| !self.geometry.is_preferred(b, self.index))
+            .count() as u64;
+        if outside > 0 && self.reserved.load(Ordering::Relaxed) + outside > self.reserve_max {
+            return Err(self.refuse(Refused::ReserveFull(self.reserve_max)));
+        }
+        let segment;
+        {
+            let mut p = self.lock();
+            if prepare.epoch < p.epochs.get(&prepare.owner).copied().unwrap_or(0) {
+                return Err(self.refuse(Refused::OldEpoch));
+            }
+            let bytes = p.bytes.get(&prepare.owner).copied().unwrap_or(0);
+            if bytes + prepare.data.len() > PREPARED_BYTES_PER_OWNER {
+                return Err(self.refuse(Refused::Busy(prepare.owner)));
+            }
+            *p.bytes.entry(prepare.owner).or_default() += prepare.data.len();
+            segment = self.generation.load(Ordering::Acquire);
+            *p.live.entry(segment).or_default() += 1;
+        }
+        let record = postcard::to_allocvec(&prepare).unwrap_or_default();
+        let key = (prepare.owner, prepare.epoch, prepare.seq);
+        if let Err(e) = self.log.append(segment, record).await {
+            let mut p = self.lock();
+            if let Some(b) = p.bytes.get_mut(&prepare.owner) {
+                *b = b.saturating_sub(prepare.data.len());
+            }
+            p.release(segment);
+            return Err(self.refuse(Refused::Log(e.to_string())));
+        }
+        let mut p = self.lock();
+        if let Some(old) = p.waiting.insert(key, Held { prepare, segment }) {
+            // The same write prepared twice (a retry): one copy counts.
+            if let Some(b) = p.bytes.get_mut(&key.0) {
+                *b = b.saturating_sub(old.prepare.data.len());
+            }
+            p.release(old.segment);
+        }
+        self.stats.prepares.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn refuse(&self, why: Refused) -> Refused {
+        self.stats.prepares_refused.fetch_add(1, Ordering::Relaxed);
+        why
+    }
+
+    /// Whether this node holds the PrepareData of `(owner, epoch, seq)` (a retry of the
+    /// write may ask).
+    pub fn has_prepared(&self, owner: NodeId, epoch: u64, seq: u64) -> bool {
+        self.lock().waiting.contains_key(&(owner, epoch, seq))
+    }
+
+    /// A WriteData executed (Gnothi §3.2 step 5): store the data if this node has it, in
+    /// the command (full mode) or as PrepareData; otherwise the blocks stay INCOMPLETE here.
+    #[allow(clippy::too_many_arguments)]
+    pub fn executed_write(
+        &self,
+        owner: u32,
+        epoch: u64,
+        seq: u64,
+        first: u64,
+        hashes: &[Hash],
+        data: Option<Vec<u8>>,
+        version: u64,
+    ) {
+        let data = match data {
+            Some(d) => Some(d),
+            None => {
+                let mut p = self.lock();
+                let taken = p.remove(&(owner, epoch, seq));
+                if let Some(held) = &taken {
+                    let generation = self.generation.load(Ordering::Acquire);
+                    p.consumed.push((generation, held.segment));
+                }
+                let newest = p.newest.entry(owner).or_default();
+                *newest = (*newest).max((epoch, seq));
+                p.collect(owner);
+                taken.and_then(|h| (h.prepare.first == first && h.prepare.hashes == hashes).then_some(h.prepare.data))
+            }
+        };
+        let count = hashes.len() as u64;
+        match data {
+            Some(d) => match self.write_exclusive(first, &d, version) {
+                Ok(()) => {
+                    self.stats.writes_complete.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(first, count, error = %e, "block data write failed: the blocks stay INCOMPLETE here");
+                }
+            },
+            None => {
+                self.stats.writes_incomplete.fetch_add(1, Ordering::Relaxed);
+                // Reserve copies of the blocks are stale now: free them.
+                self.drop_reserve(first, count);
+            }
+        }
+    }
+
+    /// TRIM or WRITE_ZEROES executed: every node holds zeros without any data moving.
+    /// Blocks outside this node's preferred set hold nothing afterwards (held 0: zeros
+    /// are never fetched, so no copy is needed), which keeps the reserve count exact.
+    pub fn executed_zero(&self, first: u64, count: u64, version: u64) {
+        let _exclusive = self.io.write().unwrap_or_else(PoisonError::into_inner);
+        let end = first + count;
+        let mut b = first;
+        while b < end {
+            // A stripe is preferred here or not as a whole.
+            let stop = self.geometry.stripe_end(b, end);
+            let result = if self.geometry.is_preferred(b, self.index) {
+                self.store.zero(b, stop - b, version)
+            } else {
+                let had = (b..stop).filter(|&x| self.store.held(x) != 0).count() as u64;
+                self.unreserve(had);
+                self.store.drop_blocks(b, stop - b)
+            };
+            if let Err(e) = result {
+                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(first = b, count = stop - b, error = %e, "block zeroing failed");
+            }
+            b = stop;
+        }
+    }
+
+    fn unreserve(&self, blocks: u64) {
+        let _ = self.reserved.fetch_update(Ordering::AcqRel, Ordering::Acquire, |r| Some(r.saturating_sub(blocks)));
+    }
+
+    /// Stores a block this node re-replicated (recovery phase 2) or fetched, checked
+    /// against the agreed hash by the caller.
+    ///
+    /// # Errors
+    /// An I/O error.
+    /// Blocks that a newer write reached meanwhile are left alone.
+    pub fn store_fetched(&self, first: u64, versions: &[u64], data: &[u8]) -> io::Result<()> {
+        let bs = self.geometry.bs();
+        let _exclusive = self.io.write().unwrap_or_else(PoisonError::into_inner);
+        for (k, (v, d)) in versions.iter().zip(data.chunks_exact(bs)).enumerate() {
+            let b = first + k as u64;
+            if self.store.held(b) < *v {
+                self.write_counted(b, d, *v)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn write_exclusive(&self, first: u64, data: &[u8], version: u64) -> io::Result<()> {
+        let _exclusive = self.io.write().unwrap_or_else(PoisonError::into_inner);
+        self.write_counted(first, data, version)
+    }
+
+    /// Writes blocks and counts those that now take reserve storage.
+    fn write_counted(&self, first: u64, data: &[u8], version: u64) -> io::Result<()> {
+        let count = data.len() as u64 / u64::from(self.geometry.block_size);
+        let fresh = (first..first + count)
+            .filter(|&b| !self.geometry.is_preferred(b, self.index) && self.store.held(b) == 0)
+            .count() as u64;
+        self.store.write(first, data, version)?;
+        self.reserved.fetch_add(fresh, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Frees reserve copies of `first..first + count` (held outside their preferred set).
+    pub fn drop_reserve(&self, first: u64, count: u64) {
+        let _exclusive = self.io.write().unwrap_or_else(PoisonError::into_inner);
+        for b in first..first + count {
+            if !self.geometry.is_preferred(b, self.index)
+                && self.store.held(b) != 0
+                && self.store.drop_blocks(b, 1).is_ok()
+            {
+                self.unreserve(1);
+            }
+        }
+    }
+
+    /// The front end `owner` began epoch `epoch`: its earlier PrepareData is garbage.
+    pub fn new_epoch(&self, owner: NodeId, epoch: u64) {
+        let mut p = self.lock();
+        let e = p.epochs.entry(owner).or_default();
+        *e = (*e).max(epoch);
+        p.collect(owner);
+    }
+
+    /// The metadata was replaced by a snapshot (state transfer or restart): the data
+    /// files stay; reads check them against the new metadata.
+    pub fn restored(&self) {}
+
+    /// A checkpoint froze the metadata: returns its generation; PrepareData logged from
+    /// now on goes to a new segment.
+    pub fn freeze(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::AcqRel) + 1
+    }
+
+    /// The checkpoint of generation `generation` is being written: sync the data files
+    /// (they hold every write executed before its freeze), then let go of the logged
+    /// PrepareData consumed two generations before, whose writes a checkpoint the node
+    /// may restart from covers.
+    pub fn checkpoint(&self, generation: u64) {
+        if let Err(e) = self.store.sync() {
+            self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::error!(error = %e, "syncing the block data failed; PrepareData stays logged");
+            return;
+        }
+        let current = self.generation.load(Ordering::Acquire);
+        let mut p = self.lock();
+        let (done, keep): (Vec<_>, Vec<_>) = p.consumed.iter().partition(|(g, _)| *g + 2 <= generation);
+        p.consumed = keep;
+        for (_, segment) in done {
+            p.release(segment);
+        }
+        let dead: Vec<u64> = p.live.iter().filter(|(s, n)| **n == 0 && **s < current).map(|(s, _)| *s).collect();
+        for s in dead {
+            p.live.remove(&s);
+            self.log.delete(s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry() -> Geometry {
+        Geometry::new(4 << 20, 4096, 4, 3).expect("valid")
+    }
+
+    fn prepare(owner: NodeId, epoch: u64, seq: u64, first: u64, fill: u8, blocks: usize) -> Prepare {
+        let data = vec![fill; blocks * 4096];
+        let hashes = data.chunks_exact(4096).map(|d| *blake3::hash(d).as_bytes()).collect();
+        Prepare { owner, epoch, seq, first, hashes, data }
+    }
+
+    #[tokio::test]
+    async fn a_write_with_its_prepare_is_complete_and_without_it_incomplete() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
+        let p = prepare(2, 1, 1, 0, 7, 2);
+        local.prepare(p.clone()).await.expect("takes it");
+        local.executed_write(2, 1, 1, 0, &p.hashes, None, 1);
+        assert_eq!((local.store().held(0), local.store().held(1)), (1, 1));
+        let q = prepare(2, 1, 2, 5, 8, 1);
+        local.executed_write(2, 1, 2, 5, &q.hashes, None, 2);
+        assert_eq!(local.store().held(5), 0, "no PrepareData: INCOMPLETE");
+        assert_eq!(local.stats.writes_incomplete.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test]
+    async fn the_reserve_counts_blocks_held_outside_the_preferred_set_exactly() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // 4 MiB: stripes 0-3 of 256 blocks; member 0 is preferred for slices 0, 2, 3.
+        let local = Local::open(dir.path(), geometry(), 0, 0, 1.0, true).expect("opens");
+        let p = prepare(2, 1, 1, 256, 7, 2);
+        local.prepare(p.clone()).await.expect("takes it");
+        local.executed_write(2, 1, 1, 256, &p.hashes, None, 1);
+        assert_eq!(local.reserve().0, 2);
+        // Written again: still two blocks.
+        let q = prepare(2, 1, 2, 256, 8, 2);
+        local.prepare(q.clone()).await.expect("takes it");
+        local.executed_write(2, 1, 2, 256, &q.hashes, None, 2);
+        assert_eq!(local.reserve().0, 2);
+        // Zeroing the whole disk frees them and holds nothing outside the preferred set.
+        local.executed_zero(0, 1024, 3);
+        assert_eq!(local.reserve().0, 0);
+        assert_eq!((local.store().held(0), local.store().held(256)), (3, 0));
+        // An INCOMPLETE write elsewhere drops nothing it does not hold.
+        local.executed_write(2, 1, 3, 300, &q.hashes[..1], None, 4);
+        assert_eq!(local.reserve().0, 0);
+        drop(local);
+        let local = Local::open(dir.path(), geometry(), 0, 0, 1.0, true).expect("reopens");
+        assert_eq!(local.reserve().0, 0, "recounted at the start, the same");
+    }
+
+    #[tokio::test]
+    async fn bad_prepares_are_refused_and_counted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = Local::open(dir.path(), geometry(), 0, 0, 0.0, true).expect("opens");
+        let mut wrong = prepare(2, 1, 1, 0, 7, 1);
+        wrong.data[0] ^= 1;
+        assert!(matches!(local.prepare(wrong).await, Err(Refused::Malformed(_))));
+        assert!(matches!(local.prepare(prepare(2, 1, 1, 1023, 7, 2)).await, Err(Refused::Malformed(_))));
+        // Block 256 is in slice 1, preferred on members 1, 2, 3: reserve for member 0,
+        // which has none.
+        assert!(matches!(local.prepare(prepare(2, 1, 1, 256, 7, 1)).await, Err(Refused::ReserveFull(0))));
+        local.new_epoch(2, 3);
+        assert!(matches!(local.prepare(prepare(2, 2, 1, 0, 7, 1)).await, Err(Refused::OldEpoch)));
+        assert_eq!(local.stats.prepares_refused.load(Ordering::Relaxed), 4);
+        assert_eq!(local.prepared_bytes(), 0);
+    }
+
+    #[tokio::test]
+    async fn prepares_survive_a_restart_until_a_later_checkpoint_covers_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = prepare(2, 1, 1, 0, 7, 1);
+        {
+            let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
+            local.prepare(p.clone()).await.expect("takes it");
+        }
+        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("reopens");
+        assert!(local.has_prepared(2, 1, 1), "the log brought it back");
+        // Replayed WriteData finds it.
+        local.executed_write(2, 1, 1, 0, &p.hashes, None, 1);
+        assert_eq!(local.store().held(0), 1);
+        let g1 = local.freeze();
+        local.checkpoint(g1);
+        let g2 = local.freeze();
+        local.checkpoint(g2);
+        let g3 = local.freeze();
+        local.checkpoint(g3);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let logs = std::fs::read_dir(dir.path().join("prepare")).expect("reads").count();
+        assert_eq!(logs, 0, "the consumed record's segment is deleted");
+    }
+
+    #[tokio::test]
+    async fn old_epochs_and_lost_writes_are_collected() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
+        local.prepare(prepare(2, 1, 1, 0, 1, 1)).await.expect("takes it");
+        local.prepare(prepare(3, 1, 1, 0, 1, 1)).await.expect("takes it");
+        local.new_epoch(2, 2);
+        assert!(!local.has_prepared(2, 1, 1));
+        assert!(local.has_prepared(3, 1, 1));
+        let last = prepare(3, 1, SEQ_WINDOW + 2, 1, 1, 1);
+        local.executed_write(3, 1, SEQ_WINDOW + 2, 1, &last.hashes, None, 1);
+        assert!(!local.has_prepared(3, 1, 1), "a write far older than the newest is lost");
+        assert_eq!(local.prepared_bytes(), 0);
+    }
+}

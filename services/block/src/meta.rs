@@ -1,0 +1,503 @@
+//! The replicated state: Gnothi's metadata (§3.6), what every node agrees on. Per block
+//! a version (the agreed counter of writes when it was last written; 0: never written,
+//! all zeros) and the BLAKE3 hash of its data, so that data read from one node can be
+//! checked against what the cluster ordered (beyond Gnothi, which trusts its replicas).
+//! The data itself is node-local (`store.rs`): executing a write stores it where the
+//! node holds it (PrepareData arrived, or carried in the command in full mode) and
+//! leaves the block INCOMPLETE on that node otherwise.
+
+use crate::geometry::Geometry;
+use crate::local::Local;
+use keel::core::chunk::{self, Piece};
+use keel::{ExecCtx, Frozen, ReadCtx, RestoreError, Service};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+
+/// A block's data hash.
+pub type Hash = [u8; 32];
+
+/// Blocks per region: the unit of copy-on-write and of incremental checkpoints (a
+/// region's piece is serialized again only after a write into it).
+pub const REGION_BLOCKS: usize = 4096;
+/// Most blocks one metadata read may ask for (its reply stays far under a reply's bound).
+pub const META_BLOCKS_MAX: u32 = 8192;
+
+/// What the front ends send through agreement.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Gnothi's WriteData: blocks `first..first + hashes.len()` get one new version and
+    /// these hashes. The data is the PrepareData `(owner, epoch, seq)` where a node holds
+    /// it, or `data` (full mode, G'). With `expect`, only if block `first`'s version is
+    /// still that one (the read-modify-write of a partial block).
+    Write {
+        owner: u32,
+        epoch: u64,
+        seq: u64,
+        first: u64,
+        hashes: Vec<Hash>,
+        expect: Option<u64>,
+        #[serde(with = "serde_bytes")]
+        data: Option<Vec<u8>>,
+    },
+    /// TRIM and WRITE_ZEROES: the blocks read as zeros from now on; no data moves.
+    Zero { first: u64, count: u64 },
+    /// Gnothi's "new epoch": the front end `owner` (re)started, so every PrepareData of
+    /// its earlier epochs is garbage. Replies the new epoch.
+    NewEpoch { owner: u32 },
+    /// Read-only: the versions and hashes of `count` blocks from `first`.
+    Meta { first: u64, count: u32 },
+}
+
+impl Command {
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// The write took effect as this version.
+    Written {
+        version: u64,
+    },
+    /// `expect` did not hold: block `first` is at `version` now. Nothing changed.
+    Moved {
+        version: u64,
+    },
+    Epoch(u64),
+    Meta(Vec<(u64, Hash)>),
+    /// The command is malformed or out of range; nothing changed.
+    Invalid(String),
+}
+
+impl Reply {
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Reply, postcard::Error> {
+        postcard::from_bytes(bytes)
+    }
+}
+
+/// The hash of a block of `block_size` zero bytes: what a never-written or zeroed block
+/// holds.
+pub fn zero_hash(block_size: usize) -> Hash {
+    *blake3::hash(&vec![0u8; block_size]).as_bytes()
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Region {
+    versions: Vec<u64>,
+    hashes: Vec<Hash>,
+}
+
+impl Region {
+    fn new(len: usize, zero: Hash) -> Region {
+        Region { versions: vec![0; len], hashes: vec![zero; len] }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.versions.len() * 40);
+        for v in &self.versions {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for h in &self.hashes {
+            out.extend_from_slice(h);
+        }
+        out
+    }
+
+    fn decode(bytes: &[u8], len: usize) -> Option<Region> {
+        if bytes.len() != len * 40 {
+            return None;
+        }
+        let (vs, hs) = bytes.split_at(len * 8);
+        let versions = vs.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default())).collect();
+        let hashes = hs.chunks_exact(32).map(|c| c.try_into().unwrap_or_default()).collect();
+        Some(Region { versions, hashes })
+    }
+}
+
+/// The head of a snapshot (its first piece): everything but the regions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Head {
+    geometry: Geometry,
+    version: u64,
+    epochs: BTreeMap<u32, u64>,
+}
+
+/// The agreed metadata.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    head: Head,
+    zero: Hash,
+    regions: Vec<Arc<Region>>,
+}
+
+impl Meta {
+    pub fn new(geometry: Geometry) -> Meta {
+        let zero = zero_hash(geometry.bs());
+        let regions = (0..geometry.blocks.div_ceil(REGION_BLOCKS as u64))
+            .map(|i| {
+                let start = i * REGION_BLOCKS as u64;
+                let len = (geometry.blocks - start).min(REGION_BLOCKS as u64) as usize;
+                Arc::new(Region::new(len, zero))
+            })
+            .collect();
+        Meta { head: Head { geometry, version: 0, epochs: BTreeMap::new() }, zero, regions }
+    }
+
+    pub fn geometry(&self) -> Geometry {
+        self.head.geometry
+    }
+
+    pub fn zero(&self) -> Hash {
+        self.zero
+    }
+
+    /// The last version given out.
+    pub fn version(&self) -> u64 {
+        self.head.version
+    }
+
+    /// Block `b`'s (version, hash); `b` must be in range.
+    pub fn get(&self, b: u64) -> (u64, Hash) {
+        let r = &self.regions[(b / REGION_BLOCKS as u64) as usize];
+        let i = (b % REGION_BLOCKS as u64) as usize;
+        (r.versions[i], r.hashes[i])
+    }
+
+    fn set(&mut self, b: u64, version: u64, hash: Hash) {
+        let r = Arc::make_mut(&mut self.regions[(b / REGION_BLOCKS as u64) as usize]);
+        let i = (b % REGION_BLOCKS as u64) as usize;
+        r.versions[i] = version;
+        r.hashes[i] = hash;
+    }
+
+    fn in_range(&self, first: u64, count: u64) -> bool {
+        count > 0 && first.checked_add(count).is_some_and(|end| end <= self.head.geometry.blocks)
+    }
+
+    /// Runs `command` on the metadata and, with `local`, on this node's data.
+    fn apply(&mut self, command: Command, local: Option<&Local>) -> Reply {
+        match command {
+            Command::Write { owner, epoch, seq, first, hashes, expect, data } => {
+                let count = hashes.len() as u64;
+                if !self.in_range(first, count) {
+                    return Reply::Invalid(format!("blocks {first}+{count} outside 0..{}", self.head.geometry.blocks));
+                }
+                if data.as_ref().is_some_and(|d| d.len() as u64 != count * u64::from(self.head.geometry.block_size)) {
+                    return Reply::Invalid(format!("{} data bytes for {count} blocks", data.map_or(0, |d| d.len())));
+                }
+                if let Some(want) = expect {
+                    let (now, _) = self.get(first);
+                    if now != want {
+                        return Reply::Moved { version: now };
+                    }
+                }
+                self.head.version += 1;
+                let version = self.head.version;
+                for (k, h) in hashes.iter().enumerate() {
+                    self.set(first + k as u64, version, *h);
+                }
+                if let Some(local) = local {
+                    local.executed_write(owner, epoch, seq, first, &hashes, data, version);
+                }
+                Reply::Written { version }
+            }
+            Command::Zero { first, count } => {
+                if !self.in_range(first, count) {
+                    return Reply::Invalid(format!("blocks {first}+{count} outside 0..{}", self.head.geometry.blocks));
+                }
+                self.head.version += 1;
+                let version = self.head.version;
+                for b in first..first + count {
+                    self.set(b, version, self.zero);
+                }
+                if let Some(local) = local {
+                    local.executed_zero(first, count, version);
+                }
+                Reply::Written { version }
+            }
+            Command::NewEpoch { owner } => {
+                let e = self.head.epochs.entry(owner).or_insert(0);
+                *e += 1;
+                let epoch = *e;
+                if let Some(local) = local {
+                    local.new_epoch(owner, epoch);
+                }
+                Reply::Epoch(epoch)
+            }
+            Command::Meta { first, count } => self.read_meta(first, count),
+        }
+    }
+
+    fn read_meta(&self, first: u64, count: u32) -> Reply {
+        if count > META_BLOCKS_MAX || !self.in_range(first, u64::from(count)) {
+            return Reply::Invalid(format!("metadata of blocks {first}+{count}: at most {META_BLOCKS_MAX} in range"));
+        }
+        Reply::Meta((first..first + u64::from(count)).map(|b| self.get(b)).collect())
+    }
+
+    /// The epoch the cluster gave front end `owner` last (0: none yet).
+    pub fn epoch(&self, owner: u32) -> u64 {
+        self.head.epochs.get(&owner).copied().unwrap_or(0)
+    }
+}
+
+/// Serialized regions by index, kept while the region they were cut from lives: a
+/// checkpoint serializes only regions written since the last one.
+type PieceCache = Arc<Mutex<Vec<Option<(Weak<Region>, Arc<Piece>)>>>>;
+
+/// The block service one node runs. The metadata sits behind a lock shared with the
+/// node's front end and its re-replication task (`BlockService::view`), which read it
+/// between executions.
+pub struct BlockService {
+    meta: Arc<RwLock<Meta>>,
+    local: Option<Arc<Local>>,
+    cache: PieceCache,
+}
+
+impl BlockService {
+    /// Metadata only (tests, and nodes that hold no data).
+    pub fn new(geometry: Geometry) -> BlockService {
+        BlockService { meta: Arc::new(RwLock::new(Meta::new(geometry))), local: None, cache: Arc::default() }
+    }
+
+    /// A node's service: `meta` shared with its front end, data in `local`.
+    pub fn with_local(meta: Arc<RwLock<Meta>>, local: Arc<Local>) -> BlockService {
+        BlockService { meta, local: Some(local), cache: Arc::default() }
+    }
+
+    pub fn view(&self) -> Arc<RwLock<Meta>> {
+        self.meta.clone()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Meta> {
+        self.meta.read().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Service for BlockService {
+    fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+        let reply = match postcard::from_bytes::<Command>(request) {
+            Ok(command) => {
+                let mut meta = self.meta.write().unwrap_or_else(PoisonError::into_inner);
+                meta.apply(command, self.local.as_deref())
+            }
+            Err(e) => Reply::Invalid(format!("not a block command: {e}")),
+        };
+        reply.encode()
+    }
+
+    fn execute_read_only(&self, request: &[u8], _ctx: &ReadCtx) -> Option<Vec<u8>> {
+        match postcard::from_bytes::<Command>(request) {
+            Ok(Command::Meta { first, count }) => Some(self.read().read_meta(first, count).encode()),
+            _ => None,
+        }
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        chunk::join(&self.pieces())
+    }
+
+    fn pieces(&self) -> Vec<Arc<Piece>> {
+        self.frozen().into_pieces()
+    }
+
+    fn freeze(&self) -> Option<Box<dyn Frozen>> {
+        Some(Box::new(self.frozen()))
+    }
+
+    fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        let (head, mut rest) = postcard::take_from_bytes::<Head>(snapshot)
+            .map_err(|e| RestoreError(format!("block snapshot head: {e}")))?;
+        let mut fresh = Meta::new(head.geometry);
+        if head.geometry != self.read().geometry() {
+            return Err(RestoreError(format!(
+                "block snapshot of geometry {:?}; this node has {:?}",
+                head.geometry,
+                self.read().geometry()
+            )));
+        }
+        for region in fresh.regions.iter_mut() {
+            let len = region.versions.len();
+            if rest.len() < len * 40 {
+                return Err(RestoreError("block snapshot: regions cut short".into()));
+            }
+            let (bytes, tail) = rest.split_at(len * 40);
+            *region =
+                Arc::new(Region::decode(bytes, len).ok_or_else(|| RestoreError("block snapshot: bad region".into()))?);
+            rest = tail;
+        }
+        if !rest.is_empty() {
+            return Err(RestoreError(format!("block snapshot: {} bytes after the regions", rest.len())));
+        }
+        fresh.head = head;
+        *self.meta.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        if let Some(local) = &self.local {
+            local.restored();
+        }
+        Ok(())
+    }
+}
+
+impl BlockService {
+    fn frozen(&self) -> FrozenMeta {
+        let meta = self.read();
+        FrozenMeta {
+            head: meta.head.clone(),
+            regions: meta.regions.clone(),
+            cache: self.cache.clone(),
+            local: self.local.as_ref().map(|l| (l.clone(), l.freeze())),
+        }
+    }
+}
+
+/// A checkpoint's copy: the regions by reference (a write after the freeze copies the
+/// region it changes), serialized on the checkpoint thread.
+struct FrozenMeta {
+    head: Head,
+    regions: Vec<Arc<Region>>,
+    cache: PieceCache,
+    /// The node's data and the freeze generation: before the metadata of this checkpoint
+    /// is written, the data it describes is made durable (`Local::checkpoint`).
+    local: Option<(Arc<Local>, u64)>,
+}
+
+impl FrozenMeta {
+    fn into_pieces(self) -> Vec<Arc<Piece>> {
+        if let Some((local, generation)) = &self.local {
+            local.checkpoint(*generation);
+        }
+        let mut pieces = Vec::with_capacity(self.regions.len() + 1);
+        pieces.push(Piece::new(postcard::to_allocvec(&self.head).unwrap_or_default()));
+        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        cache.resize(self.regions.len(), None);
+        for (i, region) in self.regions.iter().enumerate() {
+            let cached = cache[i]
+                .as_ref()
+                .and_then(|(weak, piece)| weak.upgrade().filter(|r| Arc::ptr_eq(r, region)).map(|_| piece.clone()));
+            let piece = cached.unwrap_or_else(|| {
+                let piece = Piece::new(region.encode());
+                cache[i] = Some((Arc::downgrade(region), piece.clone()));
+                piece
+            });
+            pieces.push(piece);
+        }
+        pieces
+    }
+}
+
+impl Frozen for FrozenMeta {
+    fn snapshot(self: Box<Self>) -> Vec<u8> {
+        chunk::join(&self.into_pieces())
+    }
+
+    fn pieces(self: Box<Self>) -> Vec<Arc<Piece>> {
+        self.into_pieces()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(seq: u64) -> ExecCtx {
+        ExecCtx::new(seq, 1_000 + seq, 7, 1)
+    }
+
+    fn run(s: &mut BlockService, c: Command) -> Reply {
+        Reply::decode(&s.execute(&c.encode(), &ctx(1))).expect("reply")
+    }
+
+    fn write(first: u64, hashes: Vec<Hash>, expect: Option<u64>) -> Command {
+        Command::Write { owner: 1, epoch: 1, seq: 1, first, hashes, expect, data: None }
+    }
+
+    fn geometry() -> Geometry {
+        Geometry::new(40 << 20, 4096, 4, 3).expect("valid")
+    }
+
+    #[test]
+    fn writes_give_versions_and_hashes_and_zeros_reset_them() {
+        let mut s = BlockService::new(geometry());
+        assert_eq!(run(&mut s, write(10, vec![[1; 32], [2; 32]], None)), Reply::Written { version: 1 });
+        assert_eq!(
+            run(&mut s, Command::Meta { first: 9, count: 3 }),
+            Reply::Meta(vec![(0, s.read().zero()), (1, [1; 32]), (1, [2; 32])])
+        );
+        assert_eq!(run(&mut s, Command::Zero { first: 11, count: 5 }), Reply::Written { version: 2 });
+        let z = s.read().zero();
+        assert_eq!(run(&mut s, Command::Meta { first: 10, count: 2 }), Reply::Meta(vec![(1, [1; 32]), (2, z)]));
+    }
+
+    #[test]
+    fn a_conditional_write_applies_only_at_the_expected_version() {
+        let mut s = BlockService::new(geometry());
+        assert_eq!(run(&mut s, write(5, vec![[1; 32]], Some(0))), Reply::Written { version: 1 });
+        assert_eq!(run(&mut s, write(5, vec![[2; 32]], Some(0))), Reply::Moved { version: 1 });
+        assert_eq!(s.read().get(5), (1, [1; 32]));
+        assert_eq!(run(&mut s, write(5, vec![[2; 32]], Some(1))), Reply::Written { version: 2 });
+    }
+
+    #[test]
+    fn out_of_range_and_garbage_change_nothing() {
+        let mut s = BlockService::new(geometry());
+        let blocks = geometry().blocks;
+        assert!(matches!(run(&mut s, write(blocks - 1, vec![[1; 32], [1; 32]], None)), Reply::Invalid(_)));
+        assert!(matches!(run(&mut s, write(u64::MAX, vec![[1; 32]], None)), Reply::Invalid(_)));
+        assert!(matches!(run(&mut s, Command::Zero { first: 0, count: 0 }), Reply::Invalid(_)));
+        assert!(matches!(run(&mut s, Command::Meta { first: 0, count: META_BLOCKS_MAX + 1 }), Reply::Invalid(_)));
+        let bad = Command::Write {
+            owner: 1,
+            epoch: 1,
+            seq: 1,
+            first: 0,
+            hashes: vec![[1; 32]],
+            expect: None,
+            data: Some(vec![0; 10]),
+        };
+        assert!(matches!(run(&mut s, bad), Reply::Invalid(_)));
+        assert!(matches!(Reply::decode(&s.execute(b"\xff\xff\xff", &ctx(1))).expect("reply"), Reply::Invalid(_)));
+        assert_eq!(s.read().version(), 0);
+    }
+
+    #[test]
+    fn snapshots_restore_equal_and_reuse_unchanged_regions() {
+        let mut s = BlockService::new(geometry());
+        run(&mut s, write(3, vec![[9; 32]], None));
+        run(&mut s, Command::NewEpoch { owner: 2 });
+        let first = s.pieces();
+        run(&mut s, write(REGION_BLOCKS as u64 * 2, vec![[8; 32]], None));
+        let second = s.pieces();
+        assert_eq!(first.len(), second.len());
+        // Region 0 and 1 unchanged: the same pieces; region 2 and the head cut again.
+        assert!(Arc::ptr_eq(&first[1], &second[1]) && Arc::ptr_eq(&first[2], &second[2]));
+        assert!(!Arc::ptr_eq(&first[3], &second[3]));
+        let mut t = BlockService::new(geometry());
+        t.restore(&s.snapshot()).expect("restores");
+        assert_eq!(t.snapshot(), s.snapshot());
+        assert_eq!(t.read().get(REGION_BLOCKS as u64 * 2), (2, [8; 32]));
+        assert_eq!(t.read().epoch(2), 1);
+        let frozen = s.freeze().expect("freezes");
+        run(&mut s, write(3, vec![[7; 32]], None));
+        assert_eq!(frozen.snapshot(), t.snapshot(), "a freeze serializes the state it was taken in");
+    }
+
+    #[test]
+    fn a_snapshot_of_another_shape_or_cut_short_is_refused() {
+        let s = BlockService::new(geometry());
+        let mut other = BlockService::new(Geometry::new(8 << 20, 4096, 4, 3).expect("valid"));
+        assert!(other.restore(&s.snapshot()).is_err());
+        let mut same = BlockService::new(geometry());
+        let snap = s.snapshot();
+        assert!(same.restore(&snap[..snap.len() - 1]).is_err());
+        let mut longer = snap.clone();
+        longer.push(0);
+        assert!(same.restore(&longer).is_err());
+    }
+}

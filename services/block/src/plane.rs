@@ -1,0 +1,234 @@
+//! Data between a block cluster's nodes, off the ordering path, on the node plane:
+//! PrepareData and its acknowledgement (Gnothi §3.2 steps 1-3), and block fetches for
+//! reads of blocks this node does not hold and for re-replication (§3.3, §3.4.2).
+//!
+//! Nothing here is believed as sent: a PrepareData is checked against its hashes before
+//! it is logged, and fetched data against the agreed metadata by whoever asked for it.
+//! The sender of each message is the node the transport authenticated.
+
+use crate::local::{Local, Prepare};
+use keel::{NodeId, PlaneSender};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::oneshot;
+
+/// Most bytes of block data one fetch asks for (a reply stays inside a plane message).
+pub const FETCH_BYTES_MAX: u64 = 2 << 20;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// Store this PrepareData and acknowledge it.
+    Prepare(Prepare),
+    /// The answer to the sender's PrepareData `(epoch, seq)`: stored durably, or why not.
+    Prepared {
+        epoch: u64,
+        seq: u64,
+        refused: Option<String>,
+    },
+    /// Send me the blocks `first..first + count` you hold.
+    Fetch {
+        id: u64,
+        first: u64,
+        count: u32,
+    },
+    /// The blocks asked for by fetch `id`, each with the version the sender says it holds
+    /// (0: none). `data` is empty if the sender could not read them.
+    Blocks {
+        id: u64,
+        first: u64,
+        versions: Vec<u64>,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Which versions of blocks `first..first + count` do you hold? (reserve collection)
+    Held {
+        id: u64,
+        first: u64,
+        count: u32,
+    },
+    HeldVersions {
+        id: u64,
+        versions: Vec<u64>,
+    },
+}
+
+/// Most blocks one `Held` asks about.
+pub const HELD_BLOCKS_MAX: u32 = 65_536;
+
+impl Message {
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_allocvec(self).unwrap_or_default()
+    }
+}
+
+/// The answer to a PrepareData: stored, or refused with a reason.
+pub type PrepareAck = Result<(), String>;
+
+/// Blocks a peer sent: (versions, data).
+pub type Fetched = (Vec<u64>, Vec<u8>);
+
+/// Who waits for which answer of which peer: (peer, request id) to the waiter.
+type Waiters<T> = Mutex<HashMap<(NodeId, u64), oneshot::Sender<T>>>;
+
+/// A node's end of the plane for its front end and re-replication: sends, and routes
+/// the answers back to whoever waits for them.
+pub struct Peers {
+    me: NodeId,
+    send: PlaneSender,
+    acks: Mutex<HashMap<(NodeId, u64, u64), oneshot::Sender<PrepareAck>>>,
+    fetches: Waiters<Fetched>,
+    helds: Waiters<Vec<u64>>,
+    next_fetch: AtomicU64,
+    /// Messages peers sent that did not decode or answered nothing asked.
+    pub dropped: AtomicU64,
+}
+
+impl Peers {
+    pub fn new(me: NodeId, send: PlaneSender) -> Arc<Peers> {
+        Arc::new(Peers {
+            me,
+            send,
+            acks: Mutex::default(),
+            fetches: Mutex::default(),
+            helds: Mutex::default(),
+            next_fetch: AtomicU64::new(1),
+            dropped: AtomicU64::new(0),
+        })
+    }
+
+    pub fn me(&self) -> NodeId {
+        self.me
+    }
+
+    /// Sends `prepare` to node `to`; the receiver resolves with its answer (or is
+    /// dropped if the message could not be queued).
+    pub fn prepare(&self, to: NodeId, prepare: &Prepare) -> oneshot::Receiver<PrepareAck> {
+        let (tx, rx) = oneshot::channel();
+        let key = (to, prepare.epoch, prepare.seq);
+        self.acks.lock().unwrap_or_else(PoisonError::into_inner).insert(key, tx);
+        if self.send.send(to, Message::Prepare(prepare.clone()).encode()).is_err() {
+            self.acks.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        }
+        rx
+    }
+
+    /// Stops waiting for `to`'s answer to PrepareData `(epoch, seq)`.
+    pub fn forget_prepare(&self, to: NodeId, epoch: u64, seq: u64) {
+        self.acks.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, epoch, seq));
+    }
+
+    /// Asks node `to` for `count` blocks from `first`.
+    pub fn fetch(&self, to: NodeId, first: u64, count: u32) -> (u64, oneshot::Receiver<Fetched>) {
+        let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.fetches.lock().unwrap_or_else(PoisonError::into_inner).insert((to, id), tx);
+        if self.send.send(to, Message::Fetch { id, first, count }.encode()).is_err() {
+            self.fetches.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, id));
+        }
+        (id, rx)
+    }
+
+    /// Asks node `to` which versions of `count` blocks from `first` it holds.
+    pub fn held(&self, to: NodeId, first: u64, count: u32) -> (u64, oneshot::Receiver<Vec<u64>>) {
+        let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.helds.lock().unwrap_or_else(PoisonError::into_inner).insert((to, id), tx);
+        if self.send.send(to, Message::Held { id, first, count }.encode()).is_err() {
+            self.helds.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, id));
+        }
+        (id, rx)
+    }
+
+    pub fn forget_held(&self, to: NodeId, id: u64) {
+        self.helds.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, id));
+    }
+
+    pub fn forget_fetch(&self, to: NodeId, id: u64) {
+        self.fetches.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, id));
+    }
+
+    /// Handles one message from peer `from` (the plane task's loop body).
+    pub fn handle(self: &Arc<Self>, local: &Arc<Local>, from: NodeId, bytes: &[u8]) {
+        let Ok(message) = postcard::from_bytes::<Message>(bytes) else {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        match message {
+            Message::Prepare(mut prepare) => {
+                // The owner is whoever sent it, whatever the message says.
+                prepare.owner = from;
+                let (local, send) = (local.clone(), self.send.clone());
+                tokio::spawn(async move {
+                    let (epoch, seq) = (prepare.epoch, prepare.seq);
+                    let refused = local.prepare(prepare).await.err().map(|e| e.to_string());
+                    let _ = send.send(from, Message::Prepared { epoch, seq, refused }.encode());
+                });
+            }
+            Message::Prepared { epoch, seq, refused } => {
+                let waiter = self.acks.lock().unwrap_or_else(PoisonError::into_inner).remove(&(from, epoch, seq));
+                match waiter {
+                    Some(w) => {
+                        let _ = w.send(refused.map_or(Ok(()), Err));
+                    }
+                    None => {
+                        self.dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Message::Fetch { id, first, count } => {
+                let g = local.geometry();
+                let bytes = u64::from(count) * u64::from(g.block_size);
+                let reply = if count == 0
+                    || bytes > FETCH_BYTES_MAX
+                    || first.checked_add(u64::from(count)).is_none_or(|e| e > g.blocks)
+                {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    Message::Blocks { id, first, versions: Vec::new(), data: Vec::new() }
+                } else {
+                    match local.read(first, u64::from(count)) {
+                        Ok((data, versions)) => Message::Blocks { id, first, versions, data },
+                        Err(_) => Message::Blocks { id, first, versions: Vec::new(), data: Vec::new() },
+                    }
+                };
+                let _ = self.send.send(from, reply.encode());
+            }
+            Message::Held { id, first, count } => {
+                let blocks = local.geometry().blocks;
+                let versions = if count == 0
+                    || count > HELD_BLOCKS_MAX
+                    || first.checked_add(u64::from(count)).is_none_or(|e| e > blocks)
+                {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    Vec::new()
+                } else {
+                    (first..first + u64::from(count)).map(|b| local.store().held(b)).collect()
+                };
+                let _ = self.send.send(from, Message::HeldVersions { id, versions }.encode());
+            }
+            Message::HeldVersions { id, versions } => {
+                let waiter = self.helds.lock().unwrap_or_else(PoisonError::into_inner).remove(&(from, id));
+                match waiter {
+                    Some(w) => {
+                        let _ = w.send(versions);
+                    }
+                    None => {
+                        self.dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            Message::Blocks { id, versions, data, .. } => {
+                let waiter = self.fetches.lock().unwrap_or_else(PoisonError::into_inner).remove(&(from, id));
+                match waiter {
+                    Some(w) => {
+                        let _ = w.send((versions, data));
+                    }
+                    None => {
+                        self.dropped.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }
+    }
+}

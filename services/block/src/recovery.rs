@@ -1,0 +1,183 @@
+//! Gnothi's recovery phase 2 (§3.4.2) and reserve collection (§3.4), as a background
+//! task of every node's front end.
+//!
+//! Phase 1 (the metadata) is the platform's: a restarted node replays its WAL, and one
+//! that fell behind or lost its disk takes a checkpoint by state transfer; the node
+//! serves reads and writes as soon as that ends. Phase 2 then walks this node's
+//! preferred blocks and fetches those it does not hold at their agreed version from
+//! peers, each checked against the agreed hash (a peer that sends wrong bytes is
+//! reported and another one asked), throttled to `recovery_mbps`. A node whose disk was
+//! wiped rebuilds all its slices this way.
+//!
+//! Reserve collection: a block this node holds outside its preferred set is dropped
+//! once every preferred node says it holds the agreed version (at most r of them lie,
+//! so u + 1 correct copies remain).
+
+use crate::front::Blocks;
+use crate::meta::{Hash, REGION_BLOCKS};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+/// Blocks fetched per round trip.
+const RUN_BLOCKS: u64 = 256;
+/// Pause between scans when there is nothing to do.
+const IDLE: Duration = Duration::from_secs(1);
+
+/// Phase 2's progress, shown in `keel status` and the metrics.
+#[derive(Default)]
+pub struct Recovery {
+    /// The throttle (MB/s of block data fetched; 0: none).
+    pub mbps: u64,
+    /// Preferred blocks this node does not hold at their agreed version (last scan).
+    pub incomplete: AtomicU64,
+    /// Blocks re-replicated, and their bytes.
+    pub repaired: AtomicU64,
+    pub repaired_bytes: AtomicU64,
+    /// Blocks no peer could supply in the last scan (retried at the next).
+    pub unavailable: AtomicU64,
+    /// Reserve blocks dropped because their preferred nodes hold them.
+    pub reserve_collected: AtomicU64,
+    /// Whether the last scan found nothing to re-replicate.
+    pub complete: AtomicBool,
+    /// Scans finished (`incomplete` means something once there was one).
+    pub scans: AtomicU64,
+}
+
+impl Recovery {
+    pub fn new(mbps: u64) -> Arc<Recovery> {
+        Arc::new(Recovery { mbps, ..Recovery::default() })
+    }
+
+    /// Runs until the front end's runtime ends.
+    pub async fn run(self: Arc<Self>, blocks: Arc<Blocks>) {
+        let mut was_complete = true;
+        loop {
+            let started = Instant::now();
+            let fetched = self.phase2(&blocks).await;
+            let complete = self.incomplete.load(Ordering::Relaxed) == 0;
+            self.complete.store(complete, Ordering::Relaxed);
+            if complete && !was_complete {
+                tracing::info!(
+                    node = blocks.local.node(),
+                    "recovery phase 2 done: every preferred block held at its agreed version"
+                );
+            } else if !complete && was_complete {
+                tracing::info!(
+                    node = blocks.local.node(),
+                    incomplete = self.incomplete.load(Ordering::Relaxed),
+                    "recovery phase 2: re-replicating INCOMPLETE preferred blocks"
+                );
+            }
+            was_complete = complete;
+            self.collect_reserve(&blocks).await;
+            if fetched == 0 {
+                tokio::time::sleep(IDLE.saturating_sub(started.elapsed())).await;
+            }
+        }
+    }
+
+    /// One pass over the preferred blocks; returns the blocks fetched.
+    async fn phase2(&self, blocks: &Blocks) -> u64 {
+        let g = blocks.local.geometry();
+        let me = blocks.local.index();
+        let bs = u64::from(g.block_size);
+        let mut incomplete = 0u64;
+        let mut unavailable = 0u64;
+        let mut fetched = 0u64;
+        let throttle_start = Instant::now();
+        let mut region = 0u64;
+        while region < g.blocks {
+            let end = (region + REGION_BLOCKS as u64).min(g.blocks);
+            let (want, zero) = self.meta_of(blocks, region, end);
+            let missing: Vec<u64> = (region..end)
+                .filter(|&b| {
+                    let (v, h) = want[(b - region) as usize];
+                    g.is_preferred(b, me) && h != zero && blocks.local.store().held(b) != v
+                })
+                .collect();
+            incomplete += missing.len() as u64;
+            for (first, count) in runs(&missing, RUN_BLOCKS) {
+                let lookup = |b: u64| want[(b - region) as usize];
+                let found = blocks.fetch_run(first, count, &lookup).await;
+                let got = found.iter().filter(|f| f.is_data()).count() as u64;
+                unavailable += found.iter().filter(|f| f.is_nowhere()).count() as u64;
+                fetched += got;
+                incomplete -= got;
+                self.repaired.fetch_add(got, Ordering::Relaxed);
+                self.repaired_bytes.fetch_add(got * bs, Ordering::Relaxed);
+                if self.mbps > 0 {
+                    // Hold the average rate of this pass to the throttle.
+                    let due = Duration::from_secs_f64((fetched * bs) as f64 / (self.mbps as f64 * 1e6));
+                    if let Some(wait) = due.checked_sub(throttle_start.elapsed()) {
+                        tokio::time::sleep(wait).await;
+                    }
+                }
+            }
+            region = end;
+        }
+        self.incomplete.store(incomplete, Ordering::Relaxed);
+        self.unavailable.store(unavailable, Ordering::Relaxed);
+        self.scans.fetch_add(1, Ordering::Relaxed);
+        fetched
+    }
+
+    fn meta_of(&self, blocks: &Blocks, first: u64, end: u64) -> (Vec<(u64, Hash)>, Hash) {
+        let meta = blocks.meta.read().unwrap_or_else(PoisonError::into_inner);
+        ((first..end).map(|b| meta.get(b)).collect(), meta.zero())
+    }
+
+    /// Drops reserve blocks whose preferred nodes all hold the agreed version.
+    async fn collect_reserve(&self, blocks: &Blocks) {
+        let g = blocks.local.geometry();
+        let me = blocks.local.index();
+        if blocks.local.reserve().0 == 0 {
+            return;
+        }
+        let mut region = 0u64;
+        while region < g.blocks {
+            let end = (region + REGION_BLOCKS as u64).min(g.blocks);
+            let (want, _) = self.meta_of(blocks, region, end);
+            let held: Vec<u64> =
+                (region..end).filter(|&b| !g.is_preferred(b, me) && blocks.local.store().held(b) != 0).collect();
+            for (first, count) in runs(&held, RUN_BLOCKS) {
+                let mut confirmed = vec![0u32; count as usize];
+                for index in g.preferred(first) {
+                    let Some(&node) = blocks.members.get(index as usize) else { continue };
+                    let (id, rx) = blocks.peers.held(node, first, count as u32);
+                    let answer = tokio::time::timeout(Duration::from_secs(2), rx).await;
+                    blocks.peers.forget_held(node, id);
+                    let Ok(Ok(versions)) = answer else { continue };
+                    if versions.len() as u64 != count {
+                        continue;
+                    }
+                    for (k, v) in versions.iter().enumerate() {
+                        if *v == want[(first + k as u64 - region) as usize].0 {
+                            confirmed[k] += 1;
+                        }
+                    }
+                }
+                for (k, c) in confirmed.iter().enumerate() {
+                    let b = first + k as u64;
+                    if *c >= g.copies && blocks.local.store().held(b) == want[(b - region) as usize].0 {
+                        blocks.local.drop_reserve(b, 1);
+                        self.reserve_collected.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            region = end;
+        }
+    }
+}
+
+/// Runs of consecutive blocks, each at most `max` long: (first, count).
+fn runs(blocks: &[u64], max: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for &b in blocks {
+        match out.last_mut() {
+            Some((f, n)) if *f + *n == b && *n < max => *n += 1,
+            _ => out.push((b, 1)),
+        }
+    }
+    out
+}

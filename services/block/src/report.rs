@@ -1,0 +1,134 @@
+//! What a block node reports of itself: its metrics (appended to the node's `/metrics`)
+//! and its lines in `keel status`.
+
+use crate::front::FrontStats;
+use crate::local::Local;
+use crate::recovery::Recovery;
+use keel::ServiceReport;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError};
+
+pub struct BlockReport {
+    pub local: Arc<Local>,
+    pub front: Arc<FrontStats>,
+    pub recovery: Arc<Recovery>,
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: &AtomicU64) {
+    let _ = write!(
+        out,
+        "# HELP keel_block_{name} {help}.\n# TYPE keel_block_{name} counter\nkeel_block_{name}_total {}\n",
+        v.load(Ordering::Relaxed)
+    );
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
+    let _ = write!(out, "# HELP keel_block_{name} {help}.\n# TYPE keel_block_{name} gauge\nkeel_block_{name} {v}\n");
+}
+
+impl ServiceReport for BlockReport {
+    fn metrics(&self) -> String {
+        let mut out = String::new();
+        let l = &self.local.stats;
+        counter(&mut out, "prepares", "PrepareData logged and acknowledged", &l.prepares);
+        counter(
+            &mut out,
+            "prepares_refused",
+            "PrepareData refused (malformed, over a bound, reserve full, old epoch)",
+            &l.prepares_refused,
+        );
+        counter(&mut out, "writes_complete", "Writes executed with their data here (COMPLETE)", &l.writes_complete);
+        counter(
+            &mut out,
+            "writes_incomplete",
+            "Writes executed without their data here (INCOMPLETE)",
+            &l.writes_incomplete,
+        );
+        counter(&mut out, "store_errors", "I/O errors of the block data files", &l.store_errors);
+        let (reserved, limit) = self.local.reserve();
+        gauge(&mut out, "reserve_blocks", "Blocks held outside their preferred set", reserved);
+        gauge(&mut out, "reserve_limit_blocks", "Most blocks the reserve storage may hold", limit);
+        gauge(
+            &mut out,
+            "prepared_bytes",
+            "PrepareData bytes waiting for their WriteData",
+            self.local.prepared_bytes() as u64,
+        );
+        let f = &self.front;
+        gauge(&mut out, "nbd_connections", "NBD connections open", f.connections.load(Ordering::Relaxed) as u64);
+        counter(
+            &mut out,
+            "nbd_refused_connections",
+            "NBD connections closed at once (over the bound)",
+            &f.refused_connections,
+        );
+        counter(&mut out, "nbd_malformed", "Malformed NBD handshakes and requests", &f.malformed);
+        counter(&mut out, "nbd_reads", "NBD reads", &f.reads);
+        counter(&mut out, "nbd_writes", "NBD writes", &f.writes);
+        counter(&mut out, "nbd_errors", "NBD requests answered with an error", &f.errors);
+        counter(&mut out, "local_blocks", "Blocks read from this node's own copy", &f.local_blocks);
+        counter(&mut out, "fetched_blocks", "Blocks read from a peer", &f.fetched_blocks);
+        counter(
+            &mut out,
+            "bad_local_blocks",
+            "Blocks of this node whose bytes did not match their agreed hash",
+            &f.bad_local_blocks,
+        );
+        let _ = write!(
+            out,
+            "# HELP keel_block_bad_blocks Blocks a peer sent whose bytes did not match their agreed hash.\n# TYPE keel_block_bad_blocks counter\n"
+        );
+        for (node, n) in f.bad_by_node.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            let _ = writeln!(out, "keel_block_bad_blocks_total{{node=\"{node}\"}} {n}");
+        }
+        let r = &self.recovery;
+        gauge(
+            &mut out,
+            "incomplete_blocks",
+            "Preferred blocks not held at their agreed version (recovery phase 2 left)",
+            r.incomplete.load(Ordering::Relaxed),
+        );
+        counter(&mut out, "recovery_scans", "Passes of recovery phase 2 over the preferred blocks", &r.scans);
+        counter(&mut out, "repaired_blocks", "Blocks re-replicated by recovery phase 2", &r.repaired);
+        counter(&mut out, "repaired_bytes", "Bytes re-replicated by recovery phase 2", &r.repaired_bytes);
+        counter(
+            &mut out,
+            "reserve_collected",
+            "Reserve blocks dropped once their preferred nodes held them",
+            &r.reserve_collected,
+        );
+        out
+    }
+
+    fn status(&self) -> Vec<String> {
+        let r = &self.recovery;
+        let (reserved, limit) = self.local.reserve();
+        let incomplete = r.incomplete.load(Ordering::Relaxed);
+        let phase = match (r.scans.load(Ordering::Relaxed), incomplete) {
+            (0, _) => "phase 2 not scanned yet",
+            (_, 0) => "phase 2 done",
+            _ => "phase 2 running",
+        };
+        let mut lines = vec![format!(
+            "block: {} INCOMPLETE preferred blocks ({phase}), {} re-replicated; reserve {reserved}/{limit} blocks; {} NBD connections",
+            incomplete,
+            r.repaired.load(Ordering::Relaxed),
+            load(&self.front.connections),
+        )];
+        let bad = self.front.bad_by_node.lock().unwrap_or_else(PoisonError::into_inner);
+        if !bad.is_empty() {
+            let list: Vec<String> = bad.iter().map(|(n, c)| format!("node {n}: {c}")).collect();
+            lines.push(format!("block: peers sent blocks that do not match the agreed hash ({})", list.join(", ")));
+        }
+        let own = self.front.bad_local_blocks.load(Ordering::Relaxed);
+        if own > 0 {
+            lines.push(format!("block: {own} blocks of this node's own copy did not match the agreed hash"));
+        }
+        lines
+    }
+}
+
+fn load(v: &AtomicUsize) -> usize {
+    v.load(Ordering::Relaxed)
+}
