@@ -314,7 +314,7 @@ impl Service for BlockService {
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         let (head, mut rest) = postcard::take_from_bytes::<Head>(snapshot)
             .map_err(|e| RestoreError(format!("block snapshot head: {e}")))?;
-        let mut fresh = Meta::new(head.geometry);
+        // Checked before anything is allocated for it: a snapshot is bytes from elsewhere.
         if head.geometry != self.read().geometry() {
             return Err(RestoreError(format!(
                 "block snapshot of geometry {:?}; this node has {:?}",
@@ -322,6 +322,7 @@ impl Service for BlockService {
                 self.read().geometry()
             )));
         }
+        let mut fresh = Meta::new(head.geometry);
         for region in fresh.regions.iter_mut() {
             let len = region.versions.len();
             if rest.len() < len * 40 {
