@@ -49,11 +49,21 @@ pub(crate) fn parse_auth(name: &str) -> Result<keel_core::config::Auth, String> 
 }
 
 fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // Servers log what an operator needs (start-up, listening, view changes, catch-up)
+    // at INFO; one-shot commands only warnings, so their output stays theirs. RUST_LOG
+    // overrides both. Colour only on a terminal: node logs go to files.
+    let default = match cli.command {
+        Command::Node(_) | Command::Up(_) | Command::CoordShim(_) => "info",
+        _ => "warn",
+    };
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match Cli::parse().command {
+    match cli.command {
         Command::Init(a) => cluster::run_init(a),
         Command::Up(a) => cluster::run_up(a),
         Command::Node(a) => cluster::run_node(a),

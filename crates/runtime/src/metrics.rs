@@ -1,4 +1,6 @@
-//! Observability: Prometheus `/metrics` and a JSON `/status` per node, on a local port.
+//! Observability, on a local port per node: `/metrics` (OpenMetrics text, or the
+//! Prometheus text format when the client asks for `text/plain`), a JSON `/status`,
+//! `/health` (the process answers) and `/ready` (the node can take part in agreement).
 
 use crate::transport::TransportStats;
 use axum::extract::State;
@@ -85,6 +87,9 @@ pub struct Status {
     pub epoch: u64,
     #[serde(default)]
     pub members: Vec<u32>,
+    /// Order nodes that must take part for agreement to progress (0: not published yet).
+    #[serde(default)]
+    pub quorum: u64,
     /// What the service reports of itself (`ServiceReport::status`), one line each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub service: Vec<String>,
@@ -237,7 +242,9 @@ pub(crate) fn render(shared: &Shared) -> String {
     let _ = encode(&mut text, &shared.registry);
     // Transport counters live in plain atomics shared by many tasks; render them here.
     let t = &shared.transport;
-    let text = text.trim_end().trim_end_matches("# EOF").to_string();
+    // Without its "# EOF" and the line end before it: every family appended below starts
+    // with a line end of its own (a blank line is an error to OpenMetrics parsers).
+    let text = text.trim_end().trim_end_matches("# EOF").trim_end().to_string();
     let mut out = text;
     for (name, help, v) in [
         ("frames_in", "Frames received", &t.frames_in),
@@ -257,6 +264,7 @@ pub(crate) fn render(shared: &Shared) -> String {
             v.load(Ordering::Relaxed)
         );
     }
+    process_metrics(&mut out);
     if let Some(r) = shared.report() {
         let text = r.metrics();
         let text = text.trim_end();
@@ -269,7 +277,150 @@ pub(crate) fn render(shared: &Shared) -> String {
     out
 }
 
-/// Serves `/metrics` and `/status` on `addr` until the process ends.
+/// The process's own figures under the names every Prometheus client library uses
+/// (`process_*`), read from `/proc/self`; on a system without it, none.
+fn process_metrics(out: &mut String) {
+    // /proc reports CPU times in USER_HZ ticks, 100 a second on every Linux port.
+    const TICKS_PER_SECOND: f64 = 100.0;
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else { return };
+    // The fields after the command name, which may itself hold spaces and parentheses.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+    let mut family = |name: &str, kind: &str, help: &str, sample: String| {
+        let _ = write!(out, "\n# HELP {name} {help}.\n# TYPE {name} {kind}\n{sample}");
+    };
+    if let (Some(utime), Some(stime)) = (field(14), field(15)) {
+        let secs = (utime + stime) / TICKS_PER_SECOND;
+        family(
+            "process_cpu_seconds",
+            "counter",
+            "Total user and system CPU time spent in seconds",
+            format!("process_cpu_seconds_total {secs}"),
+        );
+    }
+    if let Some(vsize) = field(23) {
+        family(
+            "process_virtual_memory_bytes",
+            "gauge",
+            "Virtual memory size in bytes",
+            format!("process_virtual_memory_bytes {vsize}"),
+        );
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    if let Some(rss) = kib("VmRSS:") {
+        family(
+            "process_resident_memory_bytes",
+            "gauge",
+            "Resident memory size in bytes",
+            format!("process_resident_memory_bytes {}", rss * 1024),
+        );
+    }
+    if let Some(hwm) = kib("VmHWM:") {
+        family(
+            "process_resident_memory_max_bytes",
+            "gauge",
+            "Peak resident memory size in bytes",
+            format!("process_resident_memory_max_bytes {}", hwm * 1024),
+        );
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        family(
+            "process_open_fds",
+            "gauge",
+            "Number of open file descriptors",
+            format!("process_open_fds {}", fds.count()),
+        );
+    }
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    if let Some(max) = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        family("process_max_fds", "gauge", "Maximum number of open file descriptors", format!("process_max_fds {max}"));
+    }
+    let boot = std::fs::read_to_string("/proc/stat").ok().and_then(|s| {
+        s.lines().find(|l| l.starts_with("btime ")).and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+    });
+    if let (Some(boot), Some(start)) = (boot, field(22)) {
+        let at = boot + start / TICKS_PER_SECOND;
+        family(
+            "process_start_time_seconds",
+            "gauge",
+            "Start time of the process since the Unix epoch in seconds",
+            format!("process_start_time_seconds {at}"),
+        );
+    }
+}
+
+/// OpenMetrics text as the Prometheus text format (0.0.4): no `# EOF` or `# UNIT`
+/// lines, and a counter's metadata under its sample's name (`x_total`), as that format
+/// names counters.
+pub(crate) fn prometheus_text(open_metrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open_metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open_metrics.len());
+    for line in open_metrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let meta = line
+            .strip_prefix("# HELP ")
+            .map(|r| ("# HELP ", r))
+            .or_else(|| line.strip_prefix("# TYPE ").map(|r| ("# TYPE ", r)));
+        match meta {
+            Some((tag, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) {
+                    let _ = writeln!(out, "{tag}{name}_total {tail}");
+                } else {
+                    let _ = writeln!(out, "{line}");
+                }
+            }
+            None => {
+                let _ = writeln!(out, "{line}");
+            }
+        }
+    }
+    out
+}
+
+/// Whether the node can take part in agreement now: it published a status, is not in a
+/// view change or a state transfer, and is connected to enough nodes to form a quorum.
+fn readiness(st: &Status) -> Result<String, String> {
+    if st.quorum == 0 {
+        return Err("starting".into());
+    }
+    if let Some(v) = st.view_change_to {
+        return Err(format!("changing to view {v}"));
+    }
+    if let Some((have, total)) = st.transfer {
+        return Err(format!("state transfer: {have}/{total} chunks"));
+    }
+    if st.peers_connected + 1 < st.quorum {
+        return Err(format!(
+            "connected to {} of the {} other nodes a quorum of {} needs",
+            st.peers_connected,
+            st.quorum - 1,
+            st.quorum
+        ));
+    }
+    Ok(format!("ready: view {}, executed {}", st.view, st.executed))
+}
+
+/// Serves `/metrics`, `/status`, `/health` and `/ready` on `addr` until the process ends.
 ///
 /// # Errors
 /// If the address cannot be bound.
@@ -282,7 +433,37 @@ pub async fn serve(
         Arc::new(Shared { registry, status: Mutex::new(Status::default()), transport, report: Mutex::new(None) });
     let app =
         Router::new()
-            .route("/metrics", get(|State(s): State<Arc<Shared>>| async move { render(&s) }))
+            .route(
+                "/metrics",
+                get(|State(s): State<Arc<Shared>>, headers: axum::http::HeaderMap| async move {
+                    let accept = headers.get(axum::http::header::ACCEPT).and_then(|v| v.to_str().ok()).unwrap_or("");
+                    // OpenMetrics unless the client asks for the older text format only.
+                    if accept.contains("text/plain") && !accept.contains("application/openmetrics-text") {
+                        (
+                            [(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+                            prometheus_text(&render(&s)),
+                        )
+                    } else {
+                        (
+                            [(
+                                axum::http::header::CONTENT_TYPE,
+                                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                            )],
+                            render(&s),
+                        )
+                    }
+                }),
+            )
+            .route("/health", get(|| async { "ok\n" }))
+            .route(
+                "/ready",
+                get(|State(s): State<Arc<Shared>>| async move {
+                    match readiness(&s.full_status()) {
+                        Ok(why) => (axum::http::StatusCode::OK, format!("{why}\n")),
+                        Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")),
+                    }
+                }),
+            )
             .route(
                 "/status",
                 get(|State(s): State<Arc<Shared>>| async move {
@@ -310,4 +491,54 @@ pub fn fetch_status(addr: SocketAddr, timeout: std::time::Duration) -> Result<St
     s.read_to_string(&mut body).map_err(|e| e.to_string())?;
     let json = body.split("\r\n\r\n").nth(1).ok_or("no body")?;
     serde_json::from_str(json).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prometheus_variant_drops_eof_and_names_counters_by_their_samples() {
+        let om = "# HELP keel_x Things.\n# TYPE keel_x counter\nkeel_x_total 3\n# HELP keel_g A gauge.\n# TYPE keel_g gauge\nkeel_g 1\n# EOF\n";
+        let text = prometheus_text(om);
+        assert_eq!(text, "# HELP keel_x_total Things.\n# TYPE keel_x_total counter\nkeel_x_total 3\n# HELP keel_g A gauge.\n# TYPE keel_g gauge\nkeel_g 1\n");
+    }
+
+    #[test]
+    fn ready_only_with_a_quorum_and_no_view_change_or_transfer() {
+        let mut st = Status { quorum: 3, peers: 3, peers_connected: 2, ..Status::default() };
+        assert!(readiness(&st).is_ok());
+        st.peers_connected = 1;
+        assert!(readiness(&st).unwrap_err().contains("quorum of 3"));
+        st.peers_connected = 3;
+        st.view_change_to = Some(2);
+        assert!(readiness(&st).is_err());
+        st.view_change_to = None;
+        st.transfer = Some((1, 9));
+        assert!(readiness(&st).is_err());
+        assert!(readiness(&Status::default()).is_err(), "nothing published yet");
+    }
+
+    #[test]
+    fn process_metrics_are_read_from_proc() {
+        let mut out = String::new();
+        process_metrics(&mut out);
+        for name in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_max_fds ",
+            "process_start_time_seconds ",
+        ] {
+            let line = out.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name} missing:\n{out}"));
+            let value: f64 = line[name.len()..].parse().expect("a number");
+            assert!(value >= 0.0);
+        }
+        let rss: f64 = out
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .and_then(|v| v.parse().ok())
+            .expect("rss");
+        assert!(rss > 1e6, "a test process holds more than 1 MB: {rss}");
+    }
 }

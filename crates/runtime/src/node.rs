@@ -621,6 +621,7 @@ pub(crate) fn publish<N: Node>(
             transfer: st.transfer,
             epoch: cfg.epoch(),
             members: cfg.membership.members.iter().map(|x| x.id).collect(),
+            quorum: cfg.quorums.order_quorum() as u64,
             service: Vec::new(),
         };
     }

@@ -60,8 +60,7 @@ impl Mode {
 pub const CONNECTIONS_MAX: usize = 256;
 /// Requests of one connection in flight at once (the reader waits beyond that).
 const IN_FLIGHT: usize = 64;
-/// Writes in flight across the node's connections: far fewer than the nodes' PrepareData
-/// window (`local::SEQ_WINDOW`), so no live write's PrepareData is collected.
+/// Writes in flight across the node's connections.
 const WRITES_IN_FLIGHT: usize = 1024;
 /// Bytes of full-mode data one WriteData carries (a request is at most 1 MiB).
 const FULL_BYTES_MAX: u64 = 512 << 10;
@@ -140,6 +139,8 @@ pub struct Blocks {
     pub op_timeout: Duration,
     epoch: AtomicU64,
     seq: AtomicU64,
+    /// A write was given up on: the next one begins a new epoch first.
+    fence: std::sync::atomic::AtomicBool,
     /// Member indices that let a PrepareData or a fetch time out, and when: asked last
     /// (fetches) or not waited for (PrepareData goes to a reserve node at once) until
     /// they answer again, so a node that is down does not cost every request a timeout.
@@ -168,6 +169,7 @@ impl Blocks {
             mode,
             op_timeout: Duration::from_secs(30),
             epoch: AtomicU64::new(0),
+            fence: std::sync::atomic::AtomicBool::new(false),
             suspects: std::sync::Mutex::default(),
             seq: AtomicU64::new(0),
             writes: Semaphore::new(WRITES_IN_FLIGHT),
@@ -199,8 +201,9 @@ impl Blocks {
     }
 
     /// Orders a new epoch for this front end (Gnothi's "new epoch"): PrepareData it left
-    /// behind before a restart is garbage everywhere from now on. Retries until the
-    /// cluster answers.
+    /// behind before a restart or a failed write is garbage everywhere from now on, and
+    /// the older epochs' writes are refused if they are ordered later. Retries until
+    /// the cluster answers; writes wait for it.
     pub async fn begin(&self) {
         let command = Command::NewEpoch { owner: self.local.node() }.encode();
         loop {
@@ -451,6 +454,9 @@ impl Blocks {
         let bs = self.local.geometry().bs();
         let hashes: Vec<Hash> = data.chunks_exact(bs).map(|d| *blake3::hash(d).as_bytes()).collect();
         let _permit = self.writes.acquire().await.map_err(|_| OpError::Io("stopping".into()))?;
+        if self.fence.swap(false, Ordering::AcqRel) {
+            self.begin().await;
+        }
         let epoch = self.epoch.load(Ordering::Acquire);
         let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
         let owner = self.local.node();
@@ -462,7 +468,17 @@ impl Blocks {
                 Command::Write { owner, epoch, seq, first, hashes, expect, data: None }
             }
         };
-        self.invoke(&command).await
+        match self.invoke(&command).await {
+            Ok(Reply::Fenced) => Err(OpError::Io("the write's epoch ended before it was ordered".into())),
+            Ok(reply) => Ok(reply),
+            Err(e) => {
+                // Given up on, the write may still be ordered later. The next write first
+                // begins a new epoch, which fences it: ordered after the epoch it is
+                // refused, and the nodes drop its PrepareData.
+                self.fence.store(true, Ordering::Release);
+                Err(e)
+            }
+        }
     }
 
     /// Gnothi §3.2 steps 1-3: the PrepareData durably on u + r + 1 nodes, the blocks'

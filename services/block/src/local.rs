@@ -20,10 +20,6 @@ use std::sync::{Mutex, PoisonError, RwLock};
 /// PrepareData one front end may have buffered on a node (Gnothi bounds each client's
 /// outstanding PrepareData): more is refused until its writes are ordered.
 pub const PREPARED_BYTES_PER_OWNER: usize = 256 << 20;
-/// How far behind a front end's newest ordered write a PrepareData of its may be and
-/// still be waited for: the front end keeps fewer writes than this in flight, so an
-/// older one was lost (its WriteData never came) and is dropped.
-pub const SEQ_WINDOW: u64 = 4096;
 
 /// PrepareData as it travels and is logged: the data of blocks `first..` for the write
 /// `(owner, epoch, seq)` of front end `owner`, with the hash of each block.
@@ -63,9 +59,8 @@ struct Held {
 struct Prepares {
     waiting: HashMap<(NodeId, u64, u64), Held>,
     bytes: HashMap<NodeId, usize>,
-    /// Each front end's current epoch and newest ordered write seen.
+    /// Each front end's current epoch.
     epochs: HashMap<NodeId, u64>,
-    newest: HashMap<NodeId, (u64, u64)>,
     /// Records still needed per log segment (waiting, or consumed but not yet covered by
     /// a synced data file).
     live: BTreeMap<u64, usize>,
@@ -88,18 +83,13 @@ impl Prepares {
         Some(held)
     }
 
-    /// Drops front end `owner`'s PrepareData that can no longer be ordered.
+    /// Drops front end `owner`'s PrepareData of epochs that ended: the agreed metadata
+    /// refuses their WriteData from then on, so they can never be used. Nothing else is
+    /// dropped — not even a PrepareData whose front end gave up on the write, since its
+    /// WriteData may still be ordered later (the front end fences it with a new epoch).
     fn collect(&mut self, owner: NodeId) {
         let epoch = self.epochs.get(&owner).copied().unwrap_or(0);
-        let (newest_epoch, newest) = self.newest.get(&owner).copied().unwrap_or((0, 0));
-        let dead: Vec<_> = self
-            .waiting
-            .keys()
-            .filter(|(o, e, s)| {
-                *o == owner && (*e < epoch.max(newest_epoch) || (*e == newest_epoch && s + SEQ_WINDOW < newest))
-            })
-            .copied()
-            .collect();
+        let dead: Vec<_> = self.waiting.keys().filter(|(o, e, _)| *o == owner && *e < epoch).copied().collect();
         for key in dead {
             if let Some(held) = self.remove(&key) {
                 self.release(held.segment);
@@ -314,9 +304,6 @@ impl Local {
                     let generation = self.generation.load(Ordering::Acquire);
                     p.consumed.push((generation, held.segment));
                 }
-                let newest = p.newest.entry(owner).or_default();
-                *newest = (*newest).max((epoch, seq));
-                p.collect(owner);
                 taken.and_then(|h| (h.prepare.first == first && h.prepare.hashes == hashes).then_some(h.prepare.data))
             }
         };
@@ -554,7 +541,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn old_epochs_and_lost_writes_are_collected() {
+    async fn old_epochs_are_collected_and_nothing_else() {
         let dir = tempfile::tempdir().expect("tempdir");
         let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
         local.prepare(prepare(2, 1, 1, 0, 1, 1)).await.expect("takes it");
@@ -562,9 +549,13 @@ mod tests {
         local.new_epoch(2, 2);
         assert!(!local.has_prepared(2, 1, 1));
         assert!(local.has_prepared(3, 1, 1));
-        let last = prepare(3, 1, SEQ_WINDOW + 2, 1, 1, 1);
-        local.executed_write(3, 1, SEQ_WINDOW + 2, 1, &last.hashes, None, 1);
-        assert!(!local.has_prepared(3, 1, 1), "a write far older than the newest is lost");
+        // Many later writes of the same front end: the early one may still be ordered.
+        for seq in 2..10_000 {
+            local.executed_write(3, 1, seq, 1, &[[0; 32]], None, seq);
+        }
+        assert!(local.has_prepared(3, 1, 1), "a PrepareData whose WriteData may come is kept");
+        local.new_epoch(3, 2);
+        assert!(!local.has_prepared(3, 1, 1));
         assert_eq!(local.prepared_bytes(), 0);
     }
 }

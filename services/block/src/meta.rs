@@ -66,6 +66,8 @@ pub enum Reply {
         version: u64,
     },
     Epoch(u64),
+    /// The write's epoch ended (its front end began a newer one): nothing changed.
+    Fenced,
     Meta(Vec<(u64, Hash)>),
     /// The command is malformed or out of range; nothing changed.
     Invalid(String),
@@ -187,6 +189,10 @@ impl Meta {
                 let count = hashes.len() as u64;
                 if !self.in_range(first, count) {
                     return Reply::Invalid(format!("blocks {first}+{count} outside 0..{}", self.head.geometry.blocks));
+                }
+                // A new epoch fenced this front end's older writes (it gave up on them).
+                if epoch < self.epoch(owner) {
+                    return Reply::Fenced;
                 }
                 if data.as_ref().is_some_and(|d| d.len() as u64 != count * u64::from(self.head.geometry.block_size)) {
                     return Reply::Invalid(format!("{} data bytes for {count} blocks", data.map_or(0, |d| d.len())));
@@ -443,6 +449,19 @@ mod tests {
         assert_eq!(run(&mut s, write(5, vec![[2; 32]], Some(0))), Reply::Moved { version: 1 });
         assert_eq!(s.read().get(5), (1, [1; 32]));
         assert_eq!(run(&mut s, write(5, vec![[2; 32]], Some(1))), Reply::Written { version: 2 });
+    }
+
+    #[test]
+    fn a_new_epoch_fences_the_older_epochs_writes() {
+        let mut s = BlockService::new(geometry());
+        assert_eq!(run(&mut s, Command::NewEpoch { owner: 1 }), Reply::Epoch(1));
+        assert_eq!(run(&mut s, write(5, vec![[1; 32]], None)), Reply::Written { version: 1 });
+        assert_eq!(run(&mut s, Command::NewEpoch { owner: 1 }), Reply::Epoch(2));
+        assert_eq!(run(&mut s, write(5, vec![[2; 32]], None)), Reply::Fenced);
+        assert_eq!(s.read().get(5), (1, [1; 32]));
+        let newer =
+            Command::Write { owner: 1, epoch: 2, seq: 9, first: 5, hashes: vec![[3; 32]], expect: None, data: None };
+        assert_eq!(run(&mut s, newer), Reply::Written { version: 2 });
     }
 
     #[test]
