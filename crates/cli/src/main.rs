@@ -2,6 +2,7 @@
 
 mod admin;
 mod bench;
+mod block;
 mod cluster;
 mod coord_shim;
 mod identity;
@@ -31,6 +32,8 @@ enum Command {
     Status(cluster::StatusArgs),
     /// The KV service's client: put, get, del, cas, scan, watch.
     Kv(kv::KvArgs),
+    /// The block service: its export and each node's recovery, reserve and bad copies.
+    Block(block::BlockArgs),
     /// ZooKeeper's protocol on a local port for unmodified clients, with no single node
     /// trusted (a coord cluster's BFT client).
     CoordShim(coord_shim::CoordShimArgs),
@@ -70,6 +73,7 @@ fn main() -> ExitCode {
         Command::Status(a) => cluster::run_status(a),
         Command::Kv(a) => kv::run(a),
         Command::CoordShim(a) => coord_shim::run(a),
+        Command::Block(a) => block::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Sim(args) => sim::run(args),
         Command::Admin(a) => admin::run(a),

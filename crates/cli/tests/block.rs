@@ -211,10 +211,20 @@ fn full_replication_mode_round_trips_too() {
     round_trips(&["--mode", "full"]);
 }
 
-/// A FUSE mount that is unmounted (and its process waited for) when dropped.
+/// A FUSE mount whose daemon is a child of the test: unmounted, and the daemon waited
+/// for (killed if it lingers), when dropped. Never an unbounded wait.
 struct Mount {
     dir: PathBuf,
     child: Option<Child>,
+}
+
+/// Whether `dir` is a mount point now (/proc/mounts).
+fn mounted(dir: &Path) -> bool {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(dir.to_string_lossy().as_ref()))
 }
 
 impl Mount {
@@ -222,29 +232,58 @@ impl Mount {
     fn nbdfuse(dir: &Path, uri: &str) -> Mount {
         std::fs::create_dir_all(dir).expect("mountpoint");
         let child = tool("nbdfuse").arg(dir).arg(uri).spawn().expect("nbdfuse starts");
+        let m = Mount { dir: dir.to_path_buf(), child: Some(child) };
         let started = Instant::now();
         while std::fs::metadata(dir.join("nbd")).map(|m| m.len()).unwrap_or(0) != SIZE {
             assert!(started.elapsed() < Duration::from_secs(20), "nbdfuse never exposed {}", dir.display());
             std::thread::sleep(Duration::from_millis(50));
         }
-        Mount { dir: dir.to_path_buf(), child: Some(child) }
+        m
     }
 
-    /// `fuse2fs IMAGE DIR` (an ext4 file system without a kernel module).
+    /// `fuse2fs -f IMAGE DIR` (an ext4 file system without a kernel module), in the
+    /// foreground so the test holds its process.
     fn fuse2fs(image: &Path, dir: &Path, read_only: bool) -> Mount {
         std::fs::create_dir_all(dir).expect("mountpoint");
-        let mut c = tool("fuse2fs");
-        c.arg(image).arg(dir).args(["-o", if read_only { "fakeroot,ro" } else { "fakeroot" }]);
-        ok(c);
-        Mount { dir: dir.to_path_buf(), child: None }
+        let child = tool("fuse2fs")
+            .arg(image)
+            .arg(dir)
+            .args(["-f", "-o", if read_only { "fakeroot,ro" } else { "fakeroot" }])
+            .spawn()
+            .expect("fuse2fs starts");
+        let m = Mount { dir: dir.to_path_buf(), child: Some(child) };
+        let started = Instant::now();
+        while !mounted(dir) {
+            assert!(started.elapsed() < Duration::from_secs(20), "fuse2fs never mounted {}", dir.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        m
     }
 
+    /// Unmounts (retrying while the file system is busy, lazily at last) and reaps the
+    /// daemon within 20 s.
     fn unmount(&mut self) {
-        let mut c = tool("fusermount");
-        c.arg("-u").arg(&self.dir);
-        let _ = run(c);
+        let started = Instant::now();
+        while mounted(&self.dir) {
+            let lazy = started.elapsed() > Duration::from_secs(10);
+            let mut c = tool("fusermount");
+            c.arg(if lazy { "-uz" } else { "-u" }).arg(&self.dir);
+            let _ = run(c);
+            if started.elapsed() > Duration::from_secs(15) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         if let Some(mut child) = self.child.take() {
-            let _ = child.wait();
+            let started = Instant::now();
+            while child.try_wait().ok().flatten().is_none() {
+                if started.elapsed() > Duration::from_secs(20) {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     }
 }
@@ -325,7 +364,7 @@ fn ext4_over_nbdfuse_survives_a_replica_killed_mid_copy_and_a_cluster_restart() 
         let mut mkfs = tool("mkfs.ext4");
         mkfs.args(["-q", "-F", "-O", "^has_journal"]).arg(nbd.join("nbd"));
         ok(mkfs);
-        let mut mounted = Mount::fuse2fs(&nbd.join("nbd"), &fs, false);
+        let mut ext4 = Mount::fuse2fs(&nbd.join("nbd"), &fs, false);
         // Copy in the background; node 2 dies in the middle of it.
         let (src, dst) = (source.clone(), fs.clone());
         let copy = std::thread::spawn(move || {
@@ -338,7 +377,7 @@ fn ext4_over_nbdfuse_survives_a_replica_killed_mid_copy_and_a_cluster_restart() 
         let out = copy.join().expect("copy thread");
         assert!(out.status.success(), "cp failed: {}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(tree_sums(&fs.join("services")), want, "the copied tree differs");
-        mounted.unmount();
+        ext4.unmount();
         e2fsck_clean(&nbd.join("nbd"));
     }
     // Node 2 comes back and re-replicates what it missed (phase 2).
@@ -353,7 +392,7 @@ fn ext4_over_nbdfuse_survives_a_replica_killed_mid_copy_and_a_cluster_restart() 
     }
     let _export = Mount::nbdfuse(&nbd, &url(fronts[2]));
     e2fsck_clean(&nbd.join("nbd"));
-    let _mounted = Mount::fuse2fs(&nbd.join("nbd"), &fs, true);
+    let _ext4 = Mount::fuse2fs(&nbd.join("nbd"), &fs, true);
     assert_eq!(tree_sums(&fs.join("services")), want, "the tree differs after the restart");
 }
 
@@ -457,6 +496,16 @@ fn a_node_serving_wrong_bytes_is_reported_and_routed_around() {
     let status = Command::new(support::KEEL).args(["status", "--dir"]).arg(c.path()).output().expect("keel status");
     let text = String::from_utf8_lossy(&status.stdout);
     assert!(text.contains("do not match the agreed hash (node 1: 1)"), "keel status does not say so:\n{text}");
+    let block = Command::new(support::KEEL)
+        .args(["block", "status", "--dir"])
+        .arg(c.path())
+        .output()
+        .expect("keel block status");
+    let text = String::from_utf8_lossy(&block.stdout);
+    assert!(block.status.success(), "{text}{}", String::from_utf8_lossy(&block.stderr));
+    assert!(text.contains(&format!("export: {SIZE} bytes in blocks of 4096")), "{text}");
+    assert!(text.contains(&format!("node 0: nbd://{}", fronts[0])), "{text}");
+    assert!(text.contains("do not match the agreed hash (node 1: 1)"), "keel block status does not say so:\n{text}");
 }
 
 #[test]
