@@ -467,6 +467,16 @@ fn a_node_serving_wrong_bytes_is_reported_and_routed_around() {
     let offset = 300 * 4096;
     let out = qemu_io(&url(fronts[0]), &[&format!("write -P 0x42 {offset} 4096"), "flush"]);
     assert!(!out.contains("failed"), "{out}");
+    // Node 0 sent that write's data once, to node 1, which passed it on down the chain
+    // (chain replication); nodes 2 and 3 stored it too.
+    let m1 = c.metrics(1);
+    assert!(metric(&m1, "keel_block_prepares_forwarded_total") >= 1, "node 1 forwarded no PrepareData:\n{m1}");
+    assert_eq!(
+        metric(&c.metrics(3), "keel_block_prepares_forwarded_total"),
+        0,
+        "the chain's last node has nobody to pass it to"
+    );
+    assert!(metric(&c.metrics(3), "keel_block_prepares_total") >= 1);
     // Node 1's disk lies: its copy of block 300 changes under it (same version held).
     let data = c.path().join("node-1/data/block/data");
     let started = Instant::now();

@@ -508,10 +508,27 @@ impl Blocks {
                 });
             }
         };
-        // Every preferred node, and for each one that timed out lately a reserve node now.
+        // Every preferred node, and for each one that timed out lately a reserve node now:
+        // this node directly, the others down one chain (this node sends the data once).
         let lately_down = preferred.iter().filter(|&&i| self.suspected(i)).count();
-        for &i in preferred.iter().chain(others.iter().filter(|&&i| !self.suspected(i)).take(lately_down)) {
-            ask(i, &mut asked);
+        let first: Vec<u32> =
+            preferred.iter().chain(others.iter().filter(|&&i| !self.suspected(i)).take(lately_down)).copied().collect();
+        if first.contains(&me) {
+            ask(me, &mut asked);
+        }
+        // Nodes that timed out lately go last in the chain, so they cannot break it for
+        // the others.
+        let mut chain: Vec<u32> =
+            first.iter().copied().filter(|&i| i != me && (i as usize) < self.members.len()).collect();
+        chain.sort_by_key(|&i| self.suspected(i));
+        let chain_ids: Vec<NodeId> = chain.iter().map(|&i| self.members[i as usize]).collect();
+        for (&index, rx) in chain.iter().zip(self.peers.prepare_chain(&chain_ids, prepare)) {
+            asked.insert(index);
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let r = rx.await.unwrap_or_else(|_| Err("not sent".into()));
+                let _ = tx.send((index, r)).await;
+            });
         }
         let mut acked = 0usize;
         let mut answered = 0usize;
@@ -558,6 +575,10 @@ impl Blocks {
                     heard = tokio::time::Instant::now();
                     for &i in asked.iter().filter(|i| !heard_from.contains(i)) {
                         self.suspect(i, true);
+                        // The chain may have broken before it: straight to it now.
+                        if let Some(&node) = self.members.get(i as usize).filter(|_| i != me) {
+                            self.peers.resend(node, prepare);
+                        }
                     }
                     for &o in &others {
                         if !asked.contains(&o) {

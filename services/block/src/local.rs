@@ -102,6 +102,8 @@ impl Prepares {
 #[derive(Default)]
 pub struct Stats {
     pub prepares: AtomicU64,
+    /// PrepareData passed on down a chain.
+    pub prepares_forwarded: AtomicU64,
     pub prepares_refused: AtomicU64,
     pub writes_complete: AtomicU64,
     pub writes_incomplete: AtomicU64,

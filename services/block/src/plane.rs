@@ -14,13 +14,22 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::oneshot;
 
+/// Longest chain a PrepareData may still be passed along (more is refused: a peer
+/// cannot make the nodes forward one message without end).
+pub const CHAIN_MAX: usize = 16;
+
 /// Most bytes of block data one fetch asks for (a reply stays inside a plane message).
 pub const FETCH_BYTES_MAX: u64 = 2 << 20;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Message {
-    /// Store this PrepareData and acknowledge it.
-    Prepare(Prepare),
+    /// Store this PrepareData, acknowledge it to its owner, and pass it on to `then[0]`
+    /// with the rest of `then` (chain replication, Gnothi §3.2: the owner sends the data
+    /// once, each node of the chain to the next).
+    Prepare {
+        prepare: Prepare,
+        then: Vec<NodeId>,
+    },
     /// The answer to the sender's PrepareData `(epoch, seq)`: stored durably, or why not.
     Prepared {
         epoch: u64,
@@ -105,13 +114,38 @@ impl Peers {
     /// Sends `prepare` to node `to`; the receiver resolves with its answer (or is
     /// dropped if the message could not be queued).
     pub fn prepare(&self, to: NodeId, prepare: &Prepare) -> oneshot::Receiver<PrepareAck> {
-        let (tx, rx) = oneshot::channel();
-        let key = (to, prepare.epoch, prepare.seq);
-        self.acks.lock().unwrap_or_else(PoisonError::into_inner).insert(key, tx);
-        if self.send.send(to, Message::Prepare(prepare.clone()).encode()).is_err() {
-            self.acks.lock().unwrap_or_else(PoisonError::into_inner).remove(&key);
+        self.prepare_chain(&[to], prepare).pop().unwrap_or_else(|| oneshot::channel().1)
+    }
+
+    /// Sends `prepare` down `chain` (to the first node, which passes it on); each node
+    /// answers the owner directly. One receiver per node of the chain, in its order.
+    pub fn prepare_chain(&self, chain: &[NodeId], prepare: &Prepare) -> Vec<oneshot::Receiver<PrepareAck>> {
+        let mut receivers = Vec::with_capacity(chain.len());
+        {
+            let mut acks = self.acks.lock().unwrap_or_else(PoisonError::into_inner);
+            for &to in chain {
+                let (tx, rx) = oneshot::channel();
+                acks.insert((to, prepare.epoch, prepare.seq), tx);
+                receivers.push(rx);
+            }
         }
-        rx
+        if let Some((&first, rest)) = chain.split_first() {
+            let message = Message::Prepare { prepare: prepare.clone(), then: rest.to_vec() };
+            if self.send.send(first, message.encode()).is_err() {
+                // Not even queued: nobody down the chain will answer.
+                let mut acks = self.acks.lock().unwrap_or_else(PoisonError::into_inner);
+                for &to in chain {
+                    acks.remove(&(to, prepare.epoch, prepare.seq));
+                }
+            }
+        }
+        receivers
+    }
+
+    /// Sends `prepare` to `to` alone, again (a node of a chain that did not answer:
+    /// the chain may have broken before it); its answer goes to the waiter already there.
+    pub fn resend(&self, to: NodeId, prepare: &Prepare) {
+        let _ = self.send.send(to, Message::Prepare { prepare: prepare.clone(), then: Vec::new() }.encode());
     }
 
     /// Stops waiting for `to`'s answer to PrepareData `(epoch, seq)`.
@@ -156,14 +190,27 @@ impl Peers {
             return;
         };
         match message {
-            Message::Prepare(mut prepare) => {
-                // The owner is whoever sent it, whatever the message says.
-                prepare.owner = from;
+            Message::Prepare { prepare, then } => {
+                if then.len() > CHAIN_MAX {
+                    self.dropped.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                // Passed on first, so the chain's fsyncs overlap. The owner a forwarded
+                // PrepareData names is the forwarder's word: it only decides whose
+                // budget the bytes count against here, since the data is used only if
+                // it matches the hashes an ordered WriteData names.
+                if let Some((&next, rest)) = then.split_first() {
+                    let message = Message::Prepare { prepare: prepare.clone(), then: rest.to_vec() };
+                    if self.send.send(next, message.encode()).is_ok() {
+                        local.stats.prepares_forwarded.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                let owner = prepare.owner;
                 let (local, send) = (local.clone(), self.send.clone());
                 tokio::spawn(async move {
                     let (epoch, seq) = (prepare.epoch, prepare.seq);
                     let refused = local.prepare(prepare).await.err().map(|e| e.to_string());
-                    let _ = send.send(from, Message::Prepared { epoch, seq, refused }.encode());
+                    let _ = send.send(owner, Message::Prepared { epoch, seq, refused }.encode());
                 });
             }
             Message::Prepared { epoch, seq, refused } => {

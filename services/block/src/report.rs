@@ -34,6 +34,12 @@ impl ServiceReport for BlockReport {
         counter(&mut out, "prepares", "PrepareData logged and acknowledged", &l.prepares);
         counter(
             &mut out,
+            "prepares_forwarded",
+            "PrepareData passed on to the next node of its chain",
+            &l.prepares_forwarded,
+        );
+        counter(
+            &mut out,
             "prepares_refused",
             "PrepareData refused (malformed, over a bound, reserve full, old epoch)",
             &l.prepares_refused,
