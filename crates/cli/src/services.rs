@@ -68,9 +68,18 @@ pub async fn run(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), St
     result.map_err(|e| e.to_string())
 }
 
+/// Resolves once `stop` turns true or its sender goes.
+async fn stopped(mut stop: watch::Receiver<bool>) {
+    while !*stop.borrow_and_update() {
+        if stop.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
 /// coord: the node with its ZooKeeper port, where the node's `[front_end]` says. A node
 /// without one (an order node when stages run apart) runs the service alone.
-async fn run_coord(setup: NodeSetup, mut stop: watch::Receiver<bool>) -> Result<(), NodeError> {
+async fn run_coord(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), NodeError> {
     let Some(fe) = setup.front_end.clone() else {
         return keel_runtime::node::run_controlled(setup, keel_coord::Coord::new, Control::stop_on(stop)).await;
     };
@@ -89,19 +98,12 @@ async fn run_coord(setup: NodeSetup, mut stop: watch::Receiver<bool>) -> Result<
         .await?;
     tracing::info!(node = id, zookeeper = %fe.listen, "serving ZooKeeper clients");
     eprintln!("node {id}: ZooKeeper clients on {}", fe.listen);
-    node.run_until(async move {
-        while !*stop.borrow_and_update() {
-            if stop.changed().await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
+    node.run_until(stopped(stop)).await
 }
 
 /// block: the node with its NBD port. Its data lives under the node's data directory
 /// (`block/`), beside the WAL; its settings come from cluster.toml.
-async fn run_block(setup: NodeSetup, mut stop: watch::Receiver<bool>) -> Result<(), NodeError> {
+async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), NodeError> {
     use keel_block::front::{self, Mode};
     use keel_block::local::Local;
     use keel_block::meta::Meta;
@@ -158,14 +160,7 @@ async fn run_block(setup: NodeSetup, mut stop: watch::Receiver<bool>) -> Result<
         .await?;
     tracing::info!(node = id, nbd = %fe.listen, "serving NBD clients");
     eprintln!("node {id}: NBD clients on nbd://{}", fe.listen);
-    node.run_until(async move {
-        while !*stop.borrow_and_update() {
-            if stop.changed().await.is_err() {
-                return;
-            }
-        }
-    })
-    .await
+    node.run_until(stopped(stop)).await
 }
 
 #[cfg(test)]
