@@ -142,6 +142,15 @@ fn nbdinfo_shows_the_export_and_qemu_io_gives_nbdkits_transcript() {
     ] {
         assert!(info.contains(&want), "nbdinfo lacks {want}:\n{info}");
     }
+    // NBD_OPT_LIST (then NBD_OPT_ABORT): the one export, the default name.
+    let mut c = tool("nbdinfo");
+    c.args(["--list", "--json", &url(fronts[3])]);
+    let list = ok(c);
+    assert!(list.contains("\"export-name\": \"\"") && list.contains(&format!("\"export-size\": {SIZE}")), "{list}");
+    // An export name it does not serve is refused (NBD_REP_ERR_UNKNOWN).
+    let mut c = tool("nbdinfo");
+    c.arg(format!("{}/other", url(fronts[3])));
+    assert!(!run(c).status.success(), "an unknown export must be refused");
     // The reference: nbdkit's memory plugin of the same size, on a port of our choosing.
     let port = keel_runtime::config::free_ports(1).expect("a free port");
     let mut nbdkit = tool("nbdkit")
