@@ -537,6 +537,9 @@ fn a_full_reserve_gives_writers_enospc_and_loses_nothing() {
     c.kill(3);
     let out = qemu_io(&url(fronts[0]), &[&format!("write -P 0x22 {} 4096", 300 * 4096)]);
     assert!(out.contains("No space left on device"), "{out}");
+    // Membership changes would move every slice: refused, with the reason.
+    let err = c.admin(&["remove-node", "3"]).expect_err("refused");
+    assert!(err.contains("block service does not support membership changes"), "{err}");
     // Stripe 0 (nodes 0, 1, 2) still takes writes, and what was written reads back.
     let out = qemu_io(
         &url(fronts[0]),
