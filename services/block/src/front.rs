@@ -62,6 +62,10 @@ pub const CONNECTIONS_MAX: usize = 256;
 const IN_FLIGHT: usize = 64;
 /// Writes in flight across the node's connections.
 const WRITES_IN_FLIGHT: usize = 1024;
+/// KiB of READ and WRITE data a node holds for its NBD clients at once (payloads read,
+/// replies not yet sent): past it, the connections' readers wait, so what clients send
+/// cannot grow a node's memory beyond this (256 MiB).
+const BYTES_IN_FLIGHT_KIB: usize = 256 << 10;
 /// Bytes of full-mode data one WriteData carries (a request is at most 1 MiB).
 const FULL_BYTES_MAX: u64 = 512 << 10;
 /// How long the preferred nodes get to acknowledge a PrepareData before the others are
@@ -146,6 +150,8 @@ pub struct Blocks {
     /// they answer again, so a node that is down does not cost every request a timeout.
     suspects: std::sync::Mutex<std::collections::HashMap<u32, std::time::Instant>>,
     writes: Semaphore,
+    /// `BYTES_IN_FLIGHT_KIB` permits, one per KiB of request or reply data held.
+    bytes: Arc<Semaphore>,
     pub stats: Arc<FrontStats>,
 }
 
@@ -173,6 +179,7 @@ impl Blocks {
             suspects: std::sync::Mutex::default(),
             seq: AtomicU64::new(0),
             writes: Semaphore::new(WRITES_IN_FLIGHT),
+            bytes: Arc::new(Semaphore::new(BYTES_IN_FLIGHT_KIB)),
             stats,
         })
     }
@@ -887,10 +894,13 @@ async fn handshake(stream: &mut TcpStream, blocks: &Arc<Blocks>) -> Result<Optio
 /// a writer that sends the replies as they finish.
 async fn transmission(stream: TcpStream, blocks: &Arc<Blocks>) -> Result<(), ConnError> {
     let (mut rd, mut wr) = stream.into_split();
-    let (reply_tx, mut reply_rx) = mpsc::channel::<Vec<u8>>(IN_FLIGHT);
+    // Each reply travels with the byte budget its request took, released once written.
+    let (reply_tx, mut reply_rx) = mpsc::channel::<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>(IN_FLIGHT);
     let writer = tokio::spawn(async move {
-        while let Some(bytes) = reply_rx.recv().await {
-            if wr.write_all(&bytes).await.is_err() {
+        while let Some((bytes, budget)) = reply_rx.recv().await {
+            let written = wr.write_all(&bytes).await;
+            drop(budget);
+            if written.is_err() {
                 return;
             }
         }
@@ -911,11 +921,16 @@ async fn transmission(stream: TcpStream, blocks: &Arc<Blocks>) -> Result<(), Con
             }
         };
         let mut payload = Vec::new();
+        if request.cmd == Cmd::Write && request.length > nbd::PAYLOAD_MAX {
+            blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
+            break Err(ConnError::Protocol(format!("a write of {} bytes", request.length)));
+        }
+        // The data this request will hold (a write's payload, a read's reply), taken
+        // from the node's budget before any of it is read or allocated.
+        let holds = matches!(request.cmd, Cmd::Read | Cmd::Write) && request.length <= nbd::PAYLOAD_MAX;
+        let kib = if holds { (request.length as usize).div_ceil(1024).max(1) } else { 1 };
+        let Ok(budget) = blocks.bytes.clone().acquire_many_owned(kib as u32).await else { break Ok(()) };
         if request.cmd == Cmd::Write {
-            if request.length > nbd::PAYLOAD_MAX {
-                blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
-                break Err(ConnError::Protocol(format!("a write of {} bytes", request.length)));
-            }
             payload = vec![0u8; request.length as usize];
             if let Err(e) = rd.read_exact(&mut payload).await {
                 // Disconnected mid-write: nothing of it was sent to the cluster.
@@ -929,7 +944,7 @@ async fn transmission(stream: TcpStream, blocks: &Arc<Blocks>) -> Result<(), Con
         let (blocks, tx) = (blocks.clone(), reply_tx.clone());
         tokio::spawn(async move {
             let reply = run(&blocks, request, payload, size).await;
-            let _ = tx.send(reply).await;
+            let _ = tx.send((reply, budget)).await;
             drop(permit);
         });
     };
