@@ -55,6 +55,10 @@ pub enum ClientError {
     Busy,
     #[error("operation of {len} bytes exceeds the {max}-byte limit")]
     TooLarge { len: usize, max: usize },
+    /// r + 1 nodes agree the operation's result has `len` bytes, more than a reply may
+    /// carry: ask for less (a smaller scan, a page at a time).
+    #[error("the result has {len} bytes, more than the {max}-byte limit on a reply; ask for less")]
+    ResultTooLarge { len: u64, max: usize },
 }
 
 /// One in-flight operation.
@@ -159,6 +163,8 @@ pub struct Client {
     inflight: Option<Inflight>,
     /// Messages produced outside `invoke`/`on_tick` (a read switched to ordering).
     outbox: Vec<(NodeId, Message)>,
+    /// The operation that ended without a result (see [`Client::take_failed`]).
+    failed: Option<ClientError>,
     /// The position (in the membership) of the first of the r + 1 nodes read-index
     /// operations go to.
     index_first: NodeId,
@@ -223,6 +229,7 @@ impl Client {
             retransmit_ms,
             inflight: None,
             outbox: Vec::new(),
+            failed: None,
             index_first: (id % quorums.order_nodes() as u64) as NodeId,
             pushes: PushInbox { next: 1, ..PushInbox::default() },
             reads_answered: 0,
@@ -684,6 +691,12 @@ impl Client {
         self.outbox.extend(to);
     }
 
+    /// The error the in-flight operation ended with, if a reply ended it without a result
+    /// ([`ClientError::ResultTooLarge`]). Call after [`Client::on_reply`] returned None.
+    pub fn take_failed(&mut self) -> Option<ClientError> {
+        self.failed.take()
+    }
+
     /// Messages to send that handling replies produced (a read-only operation switched to
     /// ordering). Call after [`Client::on_reply`]; [`Client::on_tick`] also returns them.
     pub fn poll_send(&mut self) -> Vec<(NodeId, Message)> {
@@ -714,9 +727,13 @@ impl Client {
             return None;
         }
         let digest = reply.body.result_digest();
+        let too_large = match reply.body {
+            ReplyBody::TooLarge(len) => Some(len),
+            _ => None,
+        };
         let full = match reply.body {
             ReplyBody::Full(bytes) => Some(bytes),
-            ReplyBody::Hash(_) | ReplyBody::NotReadOnly => None,
+            ReplyBody::Hash(_) | ReplyBody::NotReadOnly | ReplyBody::TooLarge(_) => None,
         };
         // A node's latest reply replaces its earlier one (a full reply after a hash).
         inflight.replies.insert(from, (digest, full));
@@ -727,9 +744,17 @@ impl Client {
         let refused = ReplyBody::NotReadOnly.result_digest();
         let agreeing = inflight.replies.values().filter(|(d, _)| *d == digest).count();
         if agreeing >= need && digest != refused {
-            if let Some(result) =
-                inflight.replies.values().find(|(d, f)| *d == digest && f.is_some()).and_then(|(_, f)| f.clone())
-            {
+            // Too large for a reply: enough nodes say so, and the operation fails.
+            let outcome = match too_large {
+                Some(len) => Some(Err(ClientError::ResultTooLarge { len, max: crate::codec::OP_BYTES_MAX })),
+                None => inflight
+                    .replies
+                    .values()
+                    .find(|(d, f)| *d == digest && f.is_some())
+                    .and_then(|(_, f)| f.clone())
+                    .map(Ok),
+            };
+            if let Some(outcome) = outcome {
                 match &inflight.kind {
                     Kind::Ordered(req) => self.last_ordered = req.seq,
                     Kind::Read(_) => self.reads_answered += 1,
@@ -742,7 +767,13 @@ impl Client {
                 }
                 self.note_view(reply.view);
                 self.inflight = None;
-                return Some(result);
+                match outcome {
+                    Ok(result) => return Some(result),
+                    Err(e) => {
+                        self.failed = Some(e);
+                        return None;
+                    }
+                }
             }
         }
         if let Kind::Read(read) = &inflight.kind {
@@ -901,6 +932,27 @@ mod tests {
         assert_eq!(c.on_reply(2, reply(1, ReplyBody::Hash(h))), None, "two hashes but no body");
         assert_eq!(c.on_reply(3, reply(1, ReplyBody::Full(b"ok".to_vec()))), Some(b"ok".to_vec()));
         assert!(!c.busy());
+    }
+
+    /// A result too large for a reply fails the operation once r + 1 nodes say so; one
+    /// node saying it (a liar) does not.
+    #[test]
+    fn a_result_too_large_fails_once_r_plus_one_agree() {
+        let mut c = client(1, 1);
+        c.invoke(0, b"scan".to_vec()).expect("idle");
+        let big = crate::codec::OP_BYTES_MAX as u64 + 1;
+        assert_eq!(c.on_reply(0, reply(1, ReplyBody::TooLarge(big))), None);
+        assert!(c.take_failed().is_none() && c.busy(), "one node alone cannot fail it");
+        assert_eq!(c.on_reply(1, reply(1, ReplyBody::TooLarge(big + 1))), None);
+        assert!(c.take_failed().is_none() && c.busy(), "sizes must match");
+        assert_eq!(c.on_reply(2, reply(1, ReplyBody::TooLarge(big))), None);
+        let failed = c.take_failed();
+        assert!(matches!(failed, Some(ClientError::ResultTooLarge { len, .. }) if len == big), "{failed:?}");
+        assert!(!c.busy());
+        assert!(c.take_failed().is_none(), "reported once");
+        // Every node says so of a result over the bound; a small one goes in full.
+        assert_eq!(ReplyBody::for_result(vec![0; big as usize], true), ReplyBody::TooLarge(big));
+        assert_eq!(ReplyBody::for_result(b"ok".to_vec(), true), ReplyBody::Full(b"ok".to_vec()));
     }
 
     /// Issue #21 defect 3: r goes 0 → 1 at n = 4. A client still in epoch 0 (r = 0, one

@@ -148,7 +148,9 @@ pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
         Message::Read(r) => check_read(r),
         Message::Reply(r) => match &r.body {
             crate::message::ReplyBody::Full(b) => bound("reply.body", b.len(), OP_BYTES_MAX),
-            crate::message::ReplyBody::Hash(_) | crate::message::ReplyBody::NotReadOnly => Ok(()),
+            crate::message::ReplyBody::Hash(_)
+            | crate::message::ReplyBody::NotReadOnly
+            | crate::message::ReplyBody::TooLarge(_) => Ok(()),
         },
         Message::Propose { value, .. } => check_proposal(value),
         Message::Decided { value, .. } | Message::ValueBody { value, .. } => check_value(value),
@@ -278,7 +280,8 @@ mod tests {
                 prop_oneof![
                     arb_bytes(64).prop_map(ReplyBody::Full),
                     arb_digest().prop_map(ReplyBody::Hash),
-                    Just(ReplyBody::NotReadOnly)
+                    Just(ReplyBody::NotReadOnly),
+                    any::<u64>().prop_map(ReplyBody::TooLarge)
                 ]
             )
                 .prop_map(|(client, view, seq, body)| Message::Reply(Reply {

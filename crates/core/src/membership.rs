@@ -98,6 +98,8 @@ pub enum AdminError {
     AddrTooLong,
     #[error("{0}")]
     Quorums(String),
+    #[error("address {addr} is node {member}'s")]
+    AddrTaken { addr: String, member: u32 },
 }
 
 /// The admin's answer: the membership the change produced, or why there is none.
@@ -210,6 +212,10 @@ impl Membership {
                 if m.addr.len() > ADDR_MAX {
                     return Err(AdminError::AddrTooLong);
                 }
+                // Two members at one address: one of them would never be reached.
+                if let Some(x) = self.members.iter().find(|x| !m.addr.is_empty() && x.addr == m.addr) {
+                    return Err(AdminError::AddrTaken { addr: m.addr.clone(), member: x.id });
+                }
                 if next.members.len() >= NODES_MAX {
                     return Err(AdminError::Quorums(format!("at most {NODES_MAX} nodes")));
                 }
@@ -279,6 +285,21 @@ mod tests {
         assert_eq!(g.apply(&forged, &a.public(), 1), Err(AdminError::BadSignature));
         let stale = AdminOp::sign(&a, 5, Change::Remove(3));
         assert_eq!(g.apply(&stale, &a.public(), 1), Err(AdminError::WrongEpoch { current: 0, got: 5 }));
+        let mut twin = member(7);
+        twin.addr = "10.0.0.1:7000".into();
+        let g_addr = Membership {
+            members: {
+                let mut m = g.members.clone();
+                m[1].addr = twin.addr.clone();
+                m
+            },
+            ..g.clone()
+        };
+        let same_addr = AdminOp::sign(&a, 0, Change::Add(twin.clone()));
+        assert_eq!(
+            g_addr.apply(&same_addr, &a.public(), 1),
+            Err(AdminError::AddrTaken { addr: twin.addr.clone(), member: g.members[1].id })
+        );
         let reuse = AdminOp::sign(&a, 0, Change::Add(member(2)));
         assert_eq!(g.apply(&reuse, &a.public(), 1), Err(AdminError::IdTaken(2)));
         // An id once used and removed stays taken.

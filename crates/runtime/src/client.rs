@@ -18,7 +18,7 @@
 use crate::config::ClientSetup;
 use crate::node::now_ms;
 use crate::tls::{self, PeerId, TlsError};
-use crate::transport::{dial_loop, offer, TransportStats, SEND_QUEUE_MAX};
+use crate::transport::{dial_loop, offer, LinkState, TransportStats, SEND_QUEUE_MAX};
 use keel_core::client::{Client, ClientError, Pushed};
 use keel_core::codec;
 use keel_core::membership::Membership;
@@ -40,8 +40,11 @@ const PUSH_QUEUE_MAX: usize = 4096;
 
 #[derive(Debug, thiserror::Error)]
 pub enum InvokeError {
-    #[error("no result within {0:?}")]
-    Timeout(Duration),
+    /// No result in time; `unreachable` names each node the client had no connection to
+    /// at that moment and why ("node 2 (127.0.0.1:7102: Connection refused)"), `reached`
+    /// the nodes it was connected to.
+    #[error("no result within {after:?}; {}", reach_summary(unreachable, reached))]
+    Timeout { after: Duration, unreachable: Vec<String>, reached: Vec<NodeId> },
     #[error("{0}")]
     Client(#[from] ClientError),
     #[error("connection setup: {0}")]
@@ -50,6 +53,17 @@ pub enum InvokeError {
     Sessions(usize),
     #[error("the client is shut down")]
     Closed,
+}
+
+fn reach_summary(unreachable: &[String], reached: &[NodeId]) -> String {
+    let reached = reached.iter().map(|n| format!("node {n}")).collect::<Vec<_>>().join(", ");
+    match (unreachable.is_empty(), reached.is_empty()) {
+        (true, _) => {
+            format!("connected to every node ({reached}): they did not answer in time or not enough of them agreed")
+        }
+        (false, true) => format!("could not reach any node: {}", unreachable.join("; ")),
+        (false, false) => format!("could not reach {}; connected to {reached}", unreachable.join("; ")),
+    }
 }
 
 struct Call {
@@ -96,7 +110,8 @@ impl KeelClient {
         let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
         let stats = Arc::new(TransportStats::default());
         let (reply_tx, replies) = mpsc::channel::<(NodeId, Message)>(REPLY_QUEUE_MAX);
-        let mut nodes = Nodes { by_id: BTreeMap::new(), connector, reply_tx, stats: stats.clone() };
+        let mut nodes =
+            Nodes { by_id: BTreeMap::new(), links: BTreeMap::new(), connector, reply_tx, stats: stats.clone() };
         nodes.follow(&setup.membership);
         // Stages apart: the execution nodes answer, the RQ nodes take requests.
         for (id, addr) in setup.executors.iter().chain(&setup.rq_nodes) {
@@ -220,6 +235,8 @@ struct Session {
 /// (a membership change adds connections; membership.rs).
 struct Nodes {
     by_id: BTreeMap<NodeId, mpsc::Sender<Vec<u8>>>,
+    /// Each connection's state, for errors that name the nodes not reached.
+    links: BTreeMap<NodeId, Arc<LinkState>>,
     connector: TlsConnector,
     reply_tx: mpsc::Sender<(NodeId, Message)>,
     stats: Arc<TransportStats>,
@@ -240,6 +257,19 @@ impl Nodes {
         }
     }
 
+    /// The nodes not connected now, each with why, and the nodes connected.
+    fn reach(&self) -> (Vec<String>, Vec<NodeId>) {
+        let mut unreachable = Vec::new();
+        let mut reached = Vec::new();
+        for (id, link) in &self.links {
+            match link.trouble() {
+                None => reached.push(*id),
+                Some(why) => unreachable.push(format!("node {id} ({why})")),
+            }
+        }
+        (unreachable, reached)
+    }
+
     /// Connects (in the background, with retries) to node `j` at `addr`.
     fn connect(&mut self, j: NodeId, addr: std::net::SocketAddr) {
         if self.by_id.contains_key(&j) {
@@ -247,6 +277,8 @@ impl Nodes {
         }
         let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
         self.by_id.insert(j, tx);
+        let link = Arc::new(LinkState::new("client"));
+        self.links.insert(j, link.clone());
         let (reply_tx, counters) = (self.reply_tx.clone(), self.stats.clone());
         tokio::spawn(dial_loop(
             addr,
@@ -254,7 +286,7 @@ impl Nodes {
             self.connector.clone(),
             rx,
             self.stats.clone(),
-            Arc::new(std::sync::atomic::AtomicU64::new(0)),
+            link,
             move |frame| match codec::decode(&frame) {
                 Ok(m @ (Message::Reply(_) | Message::Push { .. } | Message::EpochCerts(_))) => {
                     if reply_tx.try_send((j, m)).is_err() {
@@ -388,11 +420,15 @@ impl Dispatcher {
         };
         // Late replies too: the core notes which nodes answer (auth = rq-mac sends a
         // request first to nodes that do), and ignores a reply for nothing in flight.
-        if let Some(result) = session.core.on_reply(from, reply) {
+        let outcome = match session.core.on_reply(from, reply) {
+            Some(result) => Some(Ok(result)),
+            None => session.core.take_failed().map(|e| Err(e.into())),
+        };
+        if let Some(outcome) = outcome {
             // A session is free once its call is done, and only then (a core result
             // without a call cannot happen: abandoning a call clears both).
             if let Some((done, _, _)) = session.call.take() {
-                let _ = done.send(Ok(result));
+                let _ = done.send(outcome);
                 self.free.push(i);
             }
         }
@@ -420,7 +456,8 @@ impl Dispatcher {
                 let timeout = *timeout;
                 session.core.abandon();
                 if let Some((done, _, _)) = session.call.take() {
-                    let _ = done.send(Err(InvokeError::Timeout(timeout)));
+                    let (unreachable, reached) = self.nodes.reach();
+                    let _ = done.send(Err(InvokeError::Timeout { after: timeout, unreachable, reached }));
                 }
                 self.free.push(i);
                 continue;

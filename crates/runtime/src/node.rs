@@ -20,8 +20,8 @@ use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
 use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{
-    accept_loop, dial_loop, node_frame, offer, read_frame, split_node_frame, write_frames, Accepted, TransportStats,
-    SEND_QUEUE_MAX,
+    accept_loop, dial_loop, node_frame, offer, read_frame, split_node_frame, write_frames, Accepted, LinkState,
+    TransportStats, SEND_QUEUE_MAX,
 };
 use keel_core::codec;
 use keel_core::config::stage_id;
@@ -425,7 +425,7 @@ pub(crate) struct Peers {
 struct PeerLink {
     tx: mpsc::Sender<Vec<u8>>,
     task: tokio::task::JoinHandle<()>,
-    connected: Arc<AtomicU64>,
+    link: Arc<LinkState>,
 }
 
 impl Peers {
@@ -454,17 +454,17 @@ impl Peers {
 
     fn dial(&mut self, id: u32, addr: std::net::SocketAddr) {
         let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
-        let connected = Arc::new(AtomicU64::new(0));
+        let link = Arc::new(LinkState::new("peer"));
         let task = tokio::spawn(dial_loop(
             addr,
             PeerId::Node(id),
             self.connector.clone(),
             rx,
             self.stats.clone(),
-            connected.clone(),
+            link.clone(),
             |_| {},
         ));
-        self.by_id.insert(id, PeerLink { tx, task, connected });
+        self.by_id.insert(id, PeerLink { tx, task, link });
     }
 
     /// Dials the members of `m` not dialled yet and stops dialling those it left out.
@@ -546,7 +546,7 @@ impl Peers {
     }
 
     pub(crate) fn connected(&self) -> u64 {
-        self.by_id.values().map(|l| l.connected.load(Ordering::Relaxed)).sum()
+        self.by_id.values().filter(|l| l.link.connected()).count() as u64
     }
 }
 

@@ -123,16 +123,58 @@ pub fn offer(tx: &mpsc::Sender<Vec<u8>>, frame: Vec<u8>, stats: &TransportStats)
     }
 }
 
+/// What a dialled connection is doing: up or not, and why not. A node reports its peers
+/// from it; a client names the nodes it could not reach when an operation times out.
+#[derive(Debug)]
+pub struct LinkState {
+    /// Who dials, for log lines: "peer" (a node's link to another) or "client".
+    role: &'static str,
+    connected: AtomicU64,
+    /// Why the last attempt failed or the last connection ended; None while up.
+    trouble: std::sync::Mutex<Option<String>>,
+}
+
+impl LinkState {
+    pub fn new(role: &'static str) -> LinkState {
+        LinkState {
+            role,
+            connected: AtomicU64::new(0),
+            trouble: std::sync::Mutex::new(Some("not connected yet".into())),
+        }
+    }
+
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Relaxed) > 0
+    }
+
+    /// Why the link is down (None while it is up).
+    pub fn trouble(&self) -> Option<String> {
+        if self.connected() {
+            return None;
+        }
+        self.trouble.lock().ok().and_then(|t| t.clone())
+    }
+
+    /// Records why the link is down; returns whether that is news (for one log line per
+    /// change rather than one per retry).
+    fn set_trouble(&self, why: String) -> bool {
+        let Ok(mut t) = self.trouble.lock() else { return false };
+        let news = t.as_deref() != Some(why.as_str());
+        *t = Some(why);
+        news
+    }
+}
+
 /// Keeps a connection to `addr` (expected to be `who`) up, writing the frames of `rx` to
 /// it and handing each frame read back to `on_frame`. Reconnects with backoff until `rx`
-/// closes.
+/// closes. `link` tells whether it is up and, if not, why.
 pub async fn dial_loop<F>(
     addr: SocketAddr,
     who: PeerId,
     connector: TlsConnector,
     mut rx: mpsc::Receiver<Vec<u8>>,
     stats: Arc<TransportStats>,
-    connected: Arc<AtomicU64>,
+    link: Arc<LinkState>,
     on_frame: F,
 ) where
     F: Fn(Vec<u8>) + Send + Sync + 'static,
@@ -145,7 +187,10 @@ pub async fn dial_loop<F>(
         }
         let stream = match connect(addr, who, &connector).await {
             Ok(s) => s,
-            Err(_) => {
+            Err(e) => {
+                if link.set_trouble(format!("{addr}: {e}")) {
+                    tracing::info!(role = link.role, peer = %who.name(), %addr, "cannot reach {}: {e} (retrying)", who.name());
+                }
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
@@ -153,7 +198,8 @@ pub async fn dial_loop<F>(
         };
         backoff = BACKOFF_MIN;
         TransportStats::bump(&stats.connects, 1);
-        connected.fetch_add(1, Ordering::Relaxed);
+        link.connected.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(role = link.role, peer = %who.name(), %addr, "connected to {}", who.name());
         let (mut r, w) = tokio::io::split(stream);
         let reader_stats = stats.clone();
         let cb = on_frame.clone();
@@ -168,10 +214,16 @@ pub async fn dial_loop<F>(
             r = write_frames(w, &mut rx, &stats) => r,
             _ = wait_for(reader) => Ok(()),
         };
-        connected.fetch_sub(1, Ordering::Relaxed);
+        let why = match &result {
+            Err(e) => format!("{addr}: connection lost: {e}"),
+            Ok(()) => format!("{addr}: connection closed by the peer"),
+        };
+        link.set_trouble(why.clone());
+        link.connected.fetch_sub(1, Ordering::Relaxed);
         if result.is_ok() && rx.is_closed() {
             return;
         }
+        tracing::info!(role = link.role, peer = %who.name(), "lost {}: {why}", who.name());
         tokio::time::sleep(BACKOFF_MIN).await;
     }
 }

@@ -1322,6 +1322,7 @@ fn corrupt(rng: &mut ChaCha8Rng, msg: Message) -> Message {
                     ReplyBody::Hash(d)
                 }
                 ReplyBody::NotReadOnly => ReplyBody::Full(vec![0xee]),
+                ReplyBody::TooLarge(len) => ReplyBody::TooLarge(len ^ 1),
             };
             Message::Reply(Reply { client, view, seq, body, epoch })
         }

@@ -1613,6 +1613,14 @@ impl<W: Workload> World<W> {
         let switched = self.clients[idx].core.poll_send();
         self.client_send(idx, switched);
         let Some(result) = result else {
+            // An operation that ended without a result (too large for a reply) stays in
+            // the history without a return: it may or may not have taken effect.
+            if self.clients[idx].core.take_failed().is_some() {
+                self.clients[idx].inflight = None;
+                if self.issuing {
+                    self.issue(idx);
+                }
+            }
             return;
         };
         if let Some(h) = self.clients[idx].inflight.take() {

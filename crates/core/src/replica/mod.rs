@@ -817,11 +817,8 @@ impl<S: Service> Replica<S> {
     /// send the digest (UpRight's designated replier).
     fn reply_body(&self, client: ClientId, seq: u64, result: Vec<u8>) -> crate::message::ReplyBody {
         let designated = (client.wrapping_add(seq) % self.cfg.n() as u64) as NodeId;
-        if designated == self.id || result.len() <= normal::REPLY_INLINE_MAX {
-            crate::message::ReplyBody::Full(result)
-        } else {
-            crate::message::ReplyBody::Hash(crate::message::result_digest(&result))
-        }
+        let full = designated == self.id || result.len() <= normal::REPLY_INLINE_MAX;
+        crate::message::ReplyBody::for_result(result, full)
     }
 
     /// The records that describe this node's durable state, for log compaction.

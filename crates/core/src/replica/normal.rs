@@ -77,7 +77,7 @@ impl<S: Service> Replica<S> {
             // the cache holds no results here, the execution nodes answer.
             let cached = self.exec.cached(req.client, req.seq).filter(|_| !self.cfg.separated());
             if let (Peer::Client(_), Some(result)) = (from, cached) {
-                let body = ReplyBody::Full(result.to_vec());
+                let body = ReplyBody::for_result(result.to_vec(), true);
                 let reply = Reply { client: req.client, view: self.view, seq: req.seq, body, epoch: self.epoch() };
                 out.send_after_persist.push((Peer::Client(req.client), Message::Reply(reply)));
             }
