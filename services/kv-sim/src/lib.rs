@@ -143,7 +143,9 @@ impl Workload for KvWorkload {
                 KvRequest::Put { key, value } => KvOp::Put { key, value },
                 KvRequest::Delete { key } => KvOp::Delete { key },
                 KvRequest::Cas { key, expected, new } => KvOp::Cas { key, expected, new },
-                KvRequest::Scan { .. } => return Err("the KV workload does not generate scans".into()),
+                KvRequest::Scan { .. } | KvRequest::ScanPage { .. } => {
+                    return Err("the KV workload does not generate scans".into())
+                }
                 // Watches change no key: nothing for the linearizability check.
                 KvRequest::Watch { .. } | KvRequest::Unwatch { .. } => continue,
             };
@@ -154,7 +156,9 @@ impl Workload for KvWorkload {
                         KvResponse::Value(v) => KvRet::Value(v),
                         KvResponse::Done => KvRet::Done,
                         KvResponse::Swapped(b) => KvRet::Swapped(b),
-                        KvResponse::Entries(_) => return Err("a scan result in a history without scans".into()),
+                        KvResponse::Entries(_) | KvResponse::Page { .. } => {
+                            return Err("a scan result in a history without scans".into())
+                        }
                         KvResponse::Error(e) => return Err(format!("service error in history: {e}")),
                     };
                     Some((*t, r))

@@ -119,7 +119,9 @@ fn req_key(req: &KvRequest) -> Option<&[u8]> {
         | KvRequest::Put { key, .. }
         | KvRequest::Delete { key }
         | KvRequest::Cas { key, .. } => Some(key),
-        KvRequest::Scan { .. } | KvRequest::Watch { .. } | KvRequest::Unwatch { .. } => None,
+        KvRequest::Scan { .. } | KvRequest::ScanPage { .. } | KvRequest::Watch { .. } | KvRequest::Unwatch { .. } => {
+            None
+        }
     }
 }
 

@@ -79,6 +79,18 @@ pub enum KvRequest {
         #[serde(with = "serde_bytes")]
         prefix: Vec<u8>,
     },
+    /// One page of a scan: entries whose key starts with `prefix` and comes after `after`
+    /// (from the first if None), in key order, at most `limit` of them and at most
+    /// [`SCAN_PAGE_BYTES`] of keys and values (always at least one entry if any is left).
+    /// Answered by [`KvResponse::Page`]; the next page starts after its last key. (Last
+    /// among the variants, so that older encodings keep their meaning.)
+    ScanPage {
+        #[serde(with = "serde_bytes")]
+        prefix: Vec<u8>,
+        #[serde(with = "serde_bytes")]
+        after: Option<Vec<u8>>,
+        limit: u32,
+    },
 }
 
 /// What a watcher is told of one write: the key and its new value (None: deleted).
@@ -110,6 +122,10 @@ pub const WATCHES_MAX: usize = 4096;
 
 /// The most entries one scan returns.
 pub const SCAN_LIMIT_MAX: u32 = 10_000;
+/// The most bytes of keys and values one [`KvRequest::ScanPage`] returns (beyond its first
+/// entry): well under the 1 MiB a reply may carry. A `Scan` has no such bound, and one
+/// whose result exceeds a reply fails with a "result too large" error.
+pub const SCAN_PAGE_BYTES: usize = 512 * 1024;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvResponse {
@@ -118,6 +134,11 @@ pub enum KvResponse {
     Swapped(bool),
     Entries(Vec<(Vec<u8>, Vec<u8>)>),
     Error(String),
+    /// A [`KvRequest::ScanPage`]'s entries; `more`: entries with the prefix follow.
+    Page {
+        entries: Vec<(Vec<u8>, Vec<u8>)>,
+        more: bool,
+    },
 }
 
 impl KvRequest {
@@ -135,7 +156,10 @@ impl KvRequest {
             | KvRequest::Put { key, .. }
             | KvRequest::Delete { key }
             | KvRequest::Cas { key, .. } => key,
-            KvRequest::Scan { prefix, .. } | KvRequest::Watch { prefix, .. } | KvRequest::Unwatch { prefix } => prefix,
+            KvRequest::Scan { prefix, .. }
+            | KvRequest::ScanPage { prefix, .. }
+            | KvRequest::Watch { prefix, .. }
+            | KvRequest::Unwatch { prefix } => prefix,
         }
     }
 }
@@ -425,6 +449,9 @@ impl Store {
             KvRequest::Scan { prefix, limit } => {
                 KvResponse::Entries(scan(&self.read_all(), &prefix, limit.min(SCAN_LIMIT_MAX) as usize))
             }
+            KvRequest::ScanPage { prefix, after, limit } => {
+                scan_page(&self.read_all(), &prefix, after.as_deref(), limit.min(SCAN_LIMIT_MAX) as usize)
+            }
         }
     }
 }
@@ -442,6 +469,28 @@ fn expire(w: &mut Watches, now: u64) {
 /// returned entries are copied.
 fn scan(shards: &[impl Deref<Target = Map>], prefix: &[u8], limit: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
     merged(shards, prefix).take(limit).map(|(k, v)| (k.to_vec(), v.to_vec())).collect()
+}
+
+/// A [`KvRequest::ScanPage`]: up to `limit` entries with `prefix` after `after`, cut at
+/// [`SCAN_PAGE_BYTES`] (but never empty while entries are left).
+fn scan_page(shards: &[impl Deref<Target = Map>], prefix: &[u8], after: Option<&[u8]>, limit: usize) -> KvResponse {
+    let lo = match after {
+        // Keys before the prefix would only be skipped; a key after it ends the scan.
+        Some(a) if a >= prefix => Bound::Excluded(a),
+        _ => Bound::Included(prefix),
+    };
+    let mut matching = merged_range(shards, lo, Bound::Unbounded).take_while(|(k, _)| k.starts_with(prefix)).peekable();
+    let mut entries = Vec::new();
+    let mut bytes = 0;
+    while let Some((k, v)) = matching.peek() {
+        if entries.len() >= limit || (!entries.is_empty() && bytes + k.len() + v.len() > SCAN_PAGE_BYTES) {
+            break;
+        }
+        bytes += k.len() + v.len();
+        entries.push((k.to_vec(), v.to_vec()));
+        matching.next();
+    }
+    KvResponse::Page { entries, more: matching.peek().is_some() }
 }
 
 /// Every entry with `prefix` across all shards, in key order, by reference: a k-way merge
@@ -530,7 +579,9 @@ impl Kv {
             KvRequest::Cas { key, .. } => {
                 Conflicts::Items { reads: vec![Item::Key(key.clone())], writes: vec![Item::Key(key.clone())] }
             }
-            KvRequest::Scan { prefix, .. } => Conflicts::read(Item::Prefix(prefix.clone())),
+            KvRequest::Scan { prefix, .. } | KvRequest::ScanPage { prefix, .. } => {
+                Conflicts::read(Item::Prefix(prefix.clone()))
+            }
             // Rare, and every write reads the registry: run alone.
             KvRequest::Watch { .. } | KvRequest::Unwatch { .. } => Conflicts::Everything,
         }
@@ -607,7 +658,9 @@ impl Service for Kv {
     /// `Get` and `Scan` change nothing: they answer read-only, exactly as ordered.
     fn execute_read_only(&self, request: &[u8], _ctx: &ReadCtx) -> Option<Vec<u8>> {
         match KvRequest::decode(request) {
-            Ok(req @ (KvRequest::Get { .. } | KvRequest::Scan { .. })) => Some(self.store.apply(req, None).encode()),
+            Ok(req @ (KvRequest::Get { .. } | KvRequest::Scan { .. } | KvRequest::ScanPage { .. })) => {
+                Some(self.store.apply(req, None).encode())
+            }
             _ => None,
         }
     }
@@ -769,6 +822,41 @@ mod tests {
         assert_eq!(r, KvResponse::Entries(vec![]));
     }
 
+    /// Pages cut at the byte bound (never empty), and paging from each page's last key
+    /// visits every entry once, in order; keys past the prefix end it.
+    #[test]
+    fn scan_pages_cover_a_prefix_within_the_byte_bound() {
+        let mut kv = Kv::new();
+        let big = vec![7u8; 200 * 1024];
+        for i in 0..10u8 {
+            kv.apply(KvRequest::Put { key: vec![b'p', b'0' + i], value: big.clone() });
+        }
+        kv.apply(KvRequest::Put { key: b"q".to_vec(), value: b"after".to_vec() });
+        kv.apply(KvRequest::Put { key: b"a".to_vec(), value: b"before".to_vec() });
+        let (mut after, mut seen, mut pages) = (None, Vec::new(), 0);
+        loop {
+            let r = run(&mut kv, KvRequest::ScanPage { prefix: b"p".to_vec(), after: after.clone(), limit: 100 });
+            let KvResponse::Page { entries, more } = r else { panic!("a page: {r:?}") };
+            assert!(!entries.is_empty(), "a page is never empty while entries are left");
+            assert!(entries.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() <= SCAN_PAGE_BYTES);
+            after = entries.last().map(|(k, _)| k.clone());
+            seen.extend(entries.into_iter().map(|(k, _)| k));
+            pages += 1;
+            if !more {
+                break;
+            }
+        }
+        assert_eq!(seen, (0..10u8).map(|i| vec![b'p', b'0' + i]).collect::<Vec<_>>());
+        assert_eq!(pages, 5, "two 200 KiB entries per 512 KiB page");
+        // One entry over the bound still comes, alone.
+        kv.apply(KvRequest::Put { key: b"r".to_vec(), value: vec![1; SCAN_PAGE_BYTES + 1] });
+        let r = run(&mut kv, KvRequest::ScanPage { prefix: b"r".to_vec(), after: None, limit: 5 });
+        assert!(matches!(&r, KvResponse::Page { entries, more: false } if entries.len() == 1));
+        // The limit cuts too, and says more follow.
+        let r = run(&mut kv, KvRequest::ScanPage { prefix: Vec::new(), after: Some(b"a".to_vec()), limit: 1 });
+        assert!(matches!(&r, KvResponse::Page { entries, more: true } if entries[0].0 == b"p0"), "{r:?}");
+    }
+
     #[test]
     fn garbage_gets_an_error_not_a_panic() {
         let mut kv = Kv::new();
@@ -803,6 +891,26 @@ mod tests {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
             ),
+            KvRequest::ScanPage { prefix, after, limit } => {
+                // Written plainly: every matching key after `after`, then cut.
+                let all: Vec<_> = map
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&prefix) && after.as_ref().is_none_or(|a| *k > a))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                let limit = limit.min(SCAN_LIMIT_MAX) as usize;
+                let mut n = 0;
+                let mut bytes = 0;
+                while n < all.len() && n < limit {
+                    let size = all[n].0.len() + all[n].1.len();
+                    if n > 0 && bytes + size > SCAN_PAGE_BYTES {
+                        break;
+                    }
+                    bytes += size;
+                    n += 1;
+                }
+                KvResponse::Page { more: n < all.len(), entries: all.into_iter().take(n).collect() }
+            }
             KvRequest::Watch { .. } => KvResponse::Error("a watch must be ordered".into()),
             KvRequest::Unwatch { .. } => KvResponse::Error("an unwatch must be ordered".into()),
         }
@@ -888,7 +996,12 @@ mod tests {
                 expected,
                 new
             }),
-            (key, 0u32..20).prop_map(|(prefix, limit)| KvRequest::Scan { prefix, limit }),
+            (key.clone(), 0u32..20).prop_map(|(prefix, limit)| KvRequest::Scan { prefix, limit }),
+            (key.clone(), proptest::option::of(key), 0u32..20).prop_map(|(prefix, after, limit)| KvRequest::ScanPage {
+                prefix,
+                after,
+                limit
+            }),
         ]
     }
 
@@ -920,7 +1033,9 @@ mod tests {
                 prop_assert_eq!(kv.snapshot(), before, "a read-only call changes nothing");
                 let ordered = kv.execute(&req.encode(), &ctx());
                 match req {
-                    KvRequest::Get { .. } | KvRequest::Scan { .. } => prop_assert_eq!(read_only, Some(ordered)),
+                    KvRequest::Get { .. } | KvRequest::Scan { .. } | KvRequest::ScanPage { .. } => {
+                        prop_assert_eq!(read_only, Some(ordered))
+                    }
                     _ => prop_assert_eq!(read_only, None),
                 }
             }
