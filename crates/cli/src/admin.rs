@@ -30,7 +30,7 @@ enum AdminCommand {
     /// Create a node directory and add the node to the running cluster.
     AddNode {
         /// The directory `keel init` wrote (holds admin.key and ca.key).
-        #[arg(long)]
+        #[arg(long, env = "KEEL_DIR")]
         dir: PathBuf,
         /// Where the new node listens (default: the port after the highest one in use).
         #[arg(long)]
@@ -41,13 +41,26 @@ enum AdminCommand {
     },
     /// Remove a node (by id) from the running cluster.
     RemoveNode {
-        #[arg(long)]
+        /// The directory `keel init` wrote (holds admin.key).
+        #[arg(long, env = "KEEL_DIR")]
         dir: PathBuf,
+        /// The node's stable id (its node-<ID> directory).
         id: u32,
+    },
+    /// The current membership as the running nodes report it: epoch, members (stable
+    /// ids), and per node directory its addresses and whether it answers.
+    Members {
+        /// The directory `keel init` wrote.
+        #[arg(long, env = "KEEL_DIR")]
+        dir: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Tolerate other faults with the same nodes (refused unless the node count allows).
     SetFaults {
-        #[arg(long)]
+        /// The directory `keel init` wrote (holds admin.key).
+        #[arg(long, env = "KEEL_DIR")]
         dir: PathBuf,
         /// Faults tolerated while staying up.
         #[arg(long)]
@@ -103,13 +116,32 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             // Ports after the highest any node uses.
             let mut top_port = 0;
             let mut host = std::net::IpAddr::from([127, 0, 0, 1]);
+            let in_use = addresses_in_use(&dir)?;
             for d in dirs.values() {
                 let s = NodeFile::load(&d.join("node.toml")).map_err(|e| e.to_string())?;
-                top_port = top_port.max(s.listen.port()).max(s.metrics.port());
                 host = s.listen.ip();
             }
-            let listen = listen.unwrap_or(SocketAddr::new(host, top_port + 1));
-            let metrics = metrics.unwrap_or(SocketAddr::new(host, top_port + 2));
+            for (addr, _) in &in_use {
+                top_port = top_port.max(addr.port());
+            }
+            let next =
+                |p: u16| p.checked_add(1).ok_or("no port left above the ones in use: give --listen and --metrics");
+            let listen = match listen {
+                Some(a) => a,
+                None => SocketAddr::new(host, next(top_port)?),
+            };
+            let metrics = match metrics {
+                Some(a) => a,
+                None => SocketAddr::new(host, next(listen.port().max(top_port + 1))?),
+            };
+            if listen == metrics {
+                return Err(format!("--listen and --metrics are both {listen}"));
+            }
+            for (flag, addr) in [("--listen", listen), ("--metrics", metrics)] {
+                if let Some((_, who)) = in_use.iter().find(|(a, _)| a.port() == addr.port() && same_host(*a, addr)) {
+                    return Err(format!("{flag} {addr} is already {who}"));
+                }
+            }
             let (ndir, member) = new_node_dir(&dir, id, listen, metrics).map_err(|e| e.to_string())?;
             let m = match submit(&dir, Change::Add(member)).await {
                 Ok(m) => m,
@@ -126,6 +158,7 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             println!("start it with: keel node --config {}", ndir.join("node.toml").display());
             Ok(())
         }
+        AdminCommand::Members { dir, json } => members(&dir, json),
         AdminCommand::SetFaults { dir, u, r } => {
             refuse_for_block(&dir)?;
             let m = submit(&dir, Change::Faults { u, r }).await?;
@@ -139,6 +172,86 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             Ok(())
         }
     }
+}
+
+/// Every address the nodes of `dir` use (listen, metrics, client port), with whose it
+/// is; a removed node's addresses are free again.
+fn addresses_in_use(dir: &std::path::Path) -> Result<Vec<(SocketAddr, String)>, String> {
+    let mut used = Vec::new();
+    for (id, d) in node_dirs(dir) {
+        let s = NodeFile::load(&d.join("node.toml")).map_err(|e| e.to_string())?;
+        if s.data_dir.join(keel_runtime::node::REMOVED_FILE).exists() {
+            continue;
+        }
+        used.push((s.listen, format!("node {id}'s listen address")));
+        used.push((s.metrics, format!("node {id}'s metrics address")));
+        if let Some(fe) = &s.front_end {
+            used.push((fe.listen, format!("node {id}'s client port")));
+        }
+    }
+    Ok(used)
+}
+
+/// Whether two listen addresses would clash: the same IP, or either the wildcard.
+fn same_host(a: SocketAddr, b: SocketAddr) -> bool {
+    a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified()
+}
+
+/// `keel admin members`: the membership the running nodes report (the highest epoch any
+/// of them is in), and what each node directory is.
+fn members(dir: &std::path::Path, json: bool) -> Result<(), String> {
+    let dirs = node_dirs(dir);
+    if dirs.is_empty() {
+        return Err(format!("{} holds no cluster", dir.display()));
+    }
+    let mut rows = Vec::new();
+    let mut current: Option<keel_runtime::metrics::Status> = None;
+    for (id, d) in &dirs {
+        let s = NodeFile::load(&d.join("node.toml")).map_err(|e| e.to_string())?;
+        let removed = std::fs::read_to_string(s.data_dir.join(keel_runtime::node::REMOVED_FILE)).ok();
+        let state = match removed {
+            Some(why) => format!("removed ({})", why.trim()),
+            None => match keel_runtime::metrics::fetch_status(s.metrics, Duration::from_secs(2)) {
+                Ok(st) => {
+                    let state = format!("up (epoch {}, view {})", st.epoch, st.view);
+                    if !s.rq_only() && current.as_ref().is_none_or(|c| st.epoch > c.epoch) {
+                        current = Some(st);
+                    }
+                    state
+                }
+                Err(e) => format!("down ({e})"),
+            },
+        };
+        rows.push((*id, s.listen, s.metrics, state));
+    }
+    let Some(current) = current else {
+        return Err("no node answered: the membership is unknown (is the cluster running?)".into());
+    };
+    if json {
+        let nodes: Vec<_> = rows
+            .iter()
+            .map(|(id, listen, metrics, state)| {
+                serde_json::json!({
+                    "node": id,
+                    "member": current.members.contains(id),
+                    "listen": listen.to_string(),
+                    "metrics": metrics.to_string(),
+                    "state": state,
+                })
+            })
+            .collect();
+        let out = serde_json::json!({ "epoch": current.epoch, "members": current.members, "nodes": nodes });
+        println!("{out}");
+        return Ok(());
+    }
+    let list = current.members.iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    println!("epoch {}: members {list} (quorum {})", current.epoch, current.quorum);
+    println!("node\tmember\tlisten\tmetrics\tstate");
+    for (id, listen, metrics, state) in rows {
+        let member = if current.members.contains(&id) { "yes" } else { "no" };
+        println!("{id}\t{member}\t{listen}\t{metrics}\t{state}");
+    }
+    Ok(())
 }
 
 fn ids(m: &Membership) -> Vec<u32> {

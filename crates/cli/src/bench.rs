@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 pub struct BenchArgs {
     /// A cluster directory made by `keel init` (with at least as many client identities
     /// as benchmark clients: `keel init --clients N`).
-    #[arg(long)]
+    #[arg(long, env = "KEEL_DIR")]
     dir: PathBuf,
     /// Request bytes (null service) or value bytes (kv service).
     #[arg(long, default_value_t = 0)]
@@ -66,8 +66,9 @@ pub struct BenchArgs {
     /// KV service: the operation, `put` or `get` (gets read keys the warm-up wrote).
     #[arg(long, default_value = "put", value_parser = ["put", "get"])]
     op: String,
-    /// How gets read: `ordered` like writes, read-only (`linearizable`, `serializable`),
-    /// or by read `index` (ARCHITECTURE §7).
+    /// How gets read: `ordered` like writes; read-only, answered by every node without
+    /// ordering (`linearizable`: a quorum of matching answers; `serializable`: r + 1);
+    /// or by read `index` (r + 1 nodes confirm how far a quorum accepted, then answer).
     #[arg(long, default_value = "ordered", value_parser = ["ordered", "linearizable", "serializable", "index"])]
     read: String,
 }

@@ -19,7 +19,7 @@ enum BlockCommand {
     /// any node whose block data did not match the agreed hash.
     Status {
         /// A directory made by `keel init --service block`.
-        #[arg(long)]
+        #[arg(long, env = "KEEL_DIR")]
         dir: PathBuf,
     },
 }

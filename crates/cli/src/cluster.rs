@@ -11,10 +11,13 @@ use std::time::Duration;
 #[derive(Args, Debug)]
 pub struct InitArgs {
     /// Directory to write the cluster into.
-    #[arg(long)]
+    #[arg(long, env = "KEEL_DIR")]
     dir: PathBuf,
+    /// Failures tolerated while staying up (nodes that crash or are cut off).
     #[arg(long, default_value_t = 1)]
     u: u32,
+    /// Of those, how many may be arbitrary (Byzantine: lying, corrupt) while the cluster
+    /// stays right; r = 0 is crash fault tolerance. Nodes: 2u + r + 1.
     #[arg(long, default_value_t = 1)]
     r: u32,
     /// Address the nodes listen on.
@@ -44,16 +47,19 @@ pub struct InitArgs {
     #[arg(long)]
     tick_ms: Option<u64>,
     /// on | off: with rq-mac, operations over 64 bytes are proposed by digest and fetched
-    /// from the nodes that endorsed them (UpRight §4.1; default on with rq-mac).
+    /// from the nodes that endorsed them, so big requests cross the network once (default
+    /// on with rq-mac).
     #[arg(long, value_parser = parse_on_off)]
     digests: Option<bool>,
     /// Overwrite an existing cluster directory.
     #[arg(long)]
     force: bool,
-    /// kv (the replicated key-value store) | null (the microbenchmark service).
+    /// kv (a replicated key-value store), coord (a ZooKeeper-compatible coordination
+    /// service), block (a replicated disk behind an NBD server), null (the
+    /// microbenchmark service).
     #[arg(long, default_value = "kv")]
     service: String,
-    /// Stage placement (UpRight §4): co-located (every node runs RQ, order and
+    /// Stage placement (UpRight's request quorum, order and execution stages): co-located (every node runs RQ, order and
     /// execution), separated (2u + r + 1 RQ nodes and 2u + 1 execution nodes besides the
     /// 2u + r + 1 order nodes), or one stage apart: separated-exec, separated-rq.
     #[arg(long, default_value = "co-located", value_parser = LAYOUTS)]
@@ -69,7 +75,7 @@ pub struct InitArgs {
     #[arg(long, help_heading = "block service")]
     mode: Option<String>,
     /// block: percent of the export a node may hold outside its preferred slices while
-    /// others are down (Gnothi §3.5; default 10).
+    /// others are down, so writes go on while a preferred node is away (default 10).
     #[arg(long, help_heading = "block service")]
     reserve: Option<String>,
     /// block: recovery phase 2's throttle, MB/s of block data a recovering node fetches
@@ -315,7 +321,7 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
 #[derive(Args, Debug)]
 pub struct UpArgs {
     /// A directory made by `keel init`.
-    #[arg(long)]
+    #[arg(long, env = "KEEL_DIR")]
     dir: PathBuf,
 }
 
@@ -430,12 +436,32 @@ pub fn run_up(a: UpArgs) -> ExitCode {
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// A directory made by `keel init`.
-    #[arg(long)]
+    #[arg(long, env = "KEEL_DIR")]
     dir: PathBuf,
     /// After the table, keep watching: a progress bar per node while it transfers state,
     /// until Ctrl-C.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "output")]
     follow: bool,
+    /// Output: a table (text), or one JSON object with a "nodes" array (each node's
+    /// /status fields and its "state": normal, view change, state transfer, RQ node,
+    /// down, removed), "front_ends" and "service" lines.
+    #[arg(short, long, value_enum)]
+    output: Option<StatusOutput>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatusOutput {
+    Text,
+    Json,
+}
+
+/// One node as `keel status` found it.
+enum Found {
+    Up(keel_runtime::metrics::Status),
+    /// Removed from the membership (the node wrote why when it stopped).
+    Removed(String),
+    /// No answer on its status port.
+    Down(String),
 }
 
 /// Per node: view, primary, last executed and stable sequence, lag, connected peers.
@@ -458,40 +484,71 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
         };
         let removed = std::fs::read_to_string(setup.data_dir.join(keel_runtime::node::REMOVED_FILE));
         let status = match removed {
-            Ok(why) => Err(why.trim().to_string()),
-            Err(_) => keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2)),
+            Ok(why) => Found::Removed(why.trim().to_string()),
+            Err(_) => match keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2)) {
+                Ok(s) => Found::Up(s),
+                Err(e) => Found::Down(e.to_string()),
+            },
         };
         if let Some(fe) = &setup.front_end {
             front_ends.push(format!("node {} serves {} clients on {}", setup.id, setup.service, fe.listen));
         }
         rows.push((setup.id, setup.rq_only(), status));
     }
-    let max_executed = rows.iter().filter_map(|(_, _, r)| r.as_ref().ok().map(|s| s.executed)).max().unwrap_or(0);
+    let up = |r: &Found| match r {
+        Found::Up(s) => Some(s.clone()),
+        _ => None,
+    };
+    let max_executed = rows.iter().filter_map(|(_, _, r)| up(r).map(|s| s.executed)).max().unwrap_or(0);
     // What each service reports of itself (block: reserve, INCOMPLETE blocks, bad copies).
     let service_lines: Vec<String> = rows
         .iter()
-        .filter_map(|(id, _, r)| r.as_ref().ok().map(|s| (id, s)))
-        .flat_map(|(id, s)| s.service.iter().map(move |line| format!("node {id}: {line}")))
+        .filter_map(|(id, _, r)| up(r).map(|s| (id, s)))
+        .flat_map(|(id, s)| s.service.into_iter().map(move |line| format!("node {id}: {line}")))
         .collect();
+    // A removed node is not a failure: only a node that should answer and does not is.
+    let all_up = rows.iter().all(|(_, _, r)| !matches!(r, Found::Down(_)));
+    let state = |rq_only: bool, s: &keel_runtime::metrics::Status| match (rq_only, s.view_change_to, s.transfer) {
+        (true, _, _) => "RQ node".to_string(),
+        (false, Some(t), _) => format!("changing to view {t}"),
+        (false, None, Some((have, total))) => format!("state transfer {have}/{total} chunks"),
+        (false, None, None) => "normal".into(),
+    };
+    if a.output == Some(StatusOutput::Json) {
+        let nodes: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(id, rq_only, r)| match r {
+                Found::Up(s) => {
+                    let mut v = serde_json::to_value(s).unwrap_or_default();
+                    if let Some(o) = v.as_object_mut() {
+                        o.insert("state".into(), state(*rq_only, s).into());
+                        o.insert("lag".into(), (max_executed - s.executed.min(max_executed)).into());
+                    }
+                    v
+                }
+                Found::Removed(why) => serde_json::json!({ "node": id, "state": "removed", "reason": why }),
+                Found::Down(e) => serde_json::json!({ "node": id, "state": "down", "error": e }),
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "nodes": nodes, "front_ends": front_ends, "service": service_lines }));
+        return if all_up { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
     println!("node\tepoch\tview\tprimary\texecuted\tstable\tlag\tpeers\tstate");
-    let mut all_up = true;
     for (id, rq_only, r) in rows {
         match r {
-            Ok(s) if rq_only => {
+            Found::Up(s) if rq_only => {
                 // An RQ node executes nothing: it endorses requests for the order nodes.
                 let primary = s.members.get(s.primary as usize).copied().unwrap_or(s.primary);
-                println!("{id}	{}	{}	{primary}	-	-	-	{}/{}	RQ node", s.epoch, s.view, s.peers_connected, s.peers);
+                println!(
+                    "{id}\t{}\t{}\t{primary}\t-\t-\t-\t{}/{}\tRQ node",
+                    s.epoch, s.view, s.peers_connected, s.peers
+                );
             }
-            Ok(s) => {
-                let state = match (s.view_change_to, s.transfer) {
-                    (Some(t), _) => format!("changing to view {t}"),
-                    (None, Some((have, total))) => format!("state transfer {have}/{total} chunks"),
-                    (None, None) => "normal".into(),
-                };
+            Found::Up(s) => {
                 // The primary by stable id (the index is the node's place in the epoch).
                 let primary = s.members.get(s.primary as usize).copied().unwrap_or(s.primary);
                 println!(
-                    "{id}\t{}\t{}\t{}\t{}\t{}\t{}\t{}/{}\t{state}",
+                    "{id}\t{}\t{}\t{}\t{}\t{}\t{}\t{}/{}\t{}",
                     s.epoch,
                     s.view,
                     primary,
@@ -499,13 +556,12 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
                     s.stable,
                     max_executed - s.executed,
                     s.peers_connected,
-                    s.peers
+                    s.peers,
+                    state(false, &s)
                 );
             }
-            Err(e) => {
-                all_up = false;
-                println!("{id}\t-\t-\t-\t-\t-\t-\t-\tdown ({e})");
-            }
+            Found::Removed(why) => println!("{id}\t-\t-\t-\t-\t-\t-\t-\tremoved ({why})"),
+            Found::Down(e) => println!("{id}\t-\t-\t-\t-\t-\t-\t-\tdown ({e})"),
         }
     }
     // The service's own ports (coord: where ZooKeeper clients connect).

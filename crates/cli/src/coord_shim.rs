@@ -18,7 +18,7 @@ use std::process::ExitCode;
 #[derive(Args)]
 pub struct CoordShimArgs {
     /// The cluster directory `keel init --service coord` wrote.
-    #[arg(long, default_value = ".keel/demo")]
+    #[arg(long, env = "KEEL_DIR", default_value = ".keel/demo")]
     dir: PathBuf,
     /// Where ZooKeeper clients connect.
     #[arg(long, default_value = "127.0.0.1:2181")]

@@ -79,3 +79,77 @@ fn main() -> ExitCode {
         Command::Admin(a) => admin::run(a),
     }
 }
+
+/// Every command and argument without help text, and every help text that points at
+/// files a user of the binary does not have (`../shared/`, ARCHITECTURE sections).
+#[cfg(test)]
+fn help_gaps(cmd: &clap::Command, path: &str, gaps: &mut Vec<String>) {
+    let here = if path.is_empty() { cmd.get_name().to_string() } else { format!("{path} {}", cmd.get_name()) };
+    let texts = |t: Option<&clap::builder::StyledStr>| t.map(|s| s.to_string());
+    match texts(cmd.get_about()).or_else(|| texts(cmd.get_long_about())) {
+        None => gaps.push(format!("`{here}` has no description")),
+        Some(t) => check_text(&here, &t, gaps),
+    }
+    for arg in cmd.get_arguments() {
+        let id = arg.get_id().as_str();
+        if id == "help" || id == "version" {
+            continue;
+        }
+        match texts(arg.get_help()).or_else(|| texts(arg.get_long_help())) {
+            None => gaps.push(format!("`{here}` argument {id} has no help")),
+            Some(t) => check_text(&format!("{here} {id}"), &t, gaps),
+        }
+    }
+    for sub in cmd.get_subcommands() {
+        if sub.get_name() != "help" {
+            help_gaps(sub, &here, gaps);
+        }
+    }
+}
+
+#[cfg(test)]
+fn check_text(at: &str, text: &str, gaps: &mut Vec<String>) {
+    for bad in ["../shared", "ARCHITECTURE §", "§"] {
+        if text.contains(bad) {
+            gaps.push(format!("`{at}` help points at {bad:?}, which a user of the binary does not have"));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    /// Issue #25: every `keel … --help` has text for every command and argument.
+    #[test]
+    fn every_command_and_argument_has_help() {
+        Cli::command().debug_assert();
+        let mut gaps = Vec::new();
+        help_gaps(&Cli::command(), "", &mut gaps);
+        assert!(gaps.is_empty(), "{} gaps:\n{}", gaps.len(), gaps.join("\n"));
+        // `init --service` names every service this binary runs.
+        let init = Cli::command().find_subcommand("init").cloned().expect("init");
+        let service = init.get_arguments().find(|a| a.get_id() == "service").and_then(|a| a.get_help().cloned());
+        let service = service.map(|h| h.to_string()).unwrap_or_default();
+        for s in services::SERVICES {
+            assert!(service.contains(s.name), "`init --service` help does not name {}: {service}", s.name);
+        }
+    }
+
+    /// The walk catches what it looks for: a command with an undocumented argument, a
+    /// subcommand without a description, and a help text that points at ../shared.
+    #[test]
+    fn the_help_walk_finds_gaps() {
+        let broken = clap::Command::new("broken")
+            .about("fine")
+            .arg(clap::Arg::new("bare").long("bare"))
+            .subcommand(clap::Command::new("silent"))
+            .subcommand(clap::Command::new("pointer").about("see ../shared/ARCHITECTURE.md"));
+        let mut gaps = Vec::new();
+        help_gaps(&broken, "", &mut gaps);
+        assert!(gaps.iter().any(|g| g.contains("argument bare has no help")), "{gaps:?}");
+        assert!(gaps.iter().any(|g| g.contains("`broken silent` has no description")), "{gaps:?}");
+        assert!(gaps.iter().any(|g| g.contains("points at \"../shared\"")), "{gaps:?}");
+    }
+}

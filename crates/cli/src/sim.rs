@@ -20,8 +20,10 @@ pub struct SimArgs {
     /// Run from this seed (with --seeds 1, exactly this seed, printing its trace).
     #[arg(long)]
     seed: Option<u64>,
+    /// Failures tolerated while staying up.
     #[arg(long, default_value_t = 1)]
     u: u32,
+    /// Of those, arbitrary (Byzantine) ones tolerated while staying right.
     #[arg(long, default_value_t = 1)]
     r: u32,
     /// none | crash | network | byzantine | all (or a comma list).
@@ -74,7 +76,7 @@ pub struct SimArgs {
     /// ticks, and checkpoint agreement checks every node ticked alike.
     #[arg(long, default_value_t = 0)]
     tick_ms: u64,
-    /// Stage placement (UpRight §4): co-located (every node runs RQ, order and
+    /// Stage placement (UpRight's request quorum, order and execution stages): co-located (every node runs RQ, order and
     /// execution), separated (2u + r + 1 RQ nodes and 2u + 1 execution nodes besides
     /// the order nodes), or one stage apart: separated-exec, separated-rq.
     #[arg(long, default_value = "co-located", value_parser = crate::cluster::LAYOUTS)]

@@ -186,6 +186,25 @@ async fn nodes_are_added_and_removed_under_load_and_no_acknowledged_write_is_los
     assert!(exit.success(), "a removed node stops cleanly: {exit:?}");
     assert!(cluster.log(1).contains("removed from the cluster"));
     wait_for_epoch(&cluster, &[0, 2, 3, 4], 2, &[0, 2, 3, 4]).await;
+    // Issue #25: `keel status` reports the removed node and does not fail for it, and
+    // `keel admin members` shows the membership the nodes are in.
+    let status = std::process::Command::new(support::KEEL).arg("status").env("KEEL_DIR", cluster.path()).output();
+    let status = status.expect("keel status runs");
+    let table = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(status.status.success(), "status fails after a removal:\n{table}");
+    assert!(
+        table.lines().any(|l| l.starts_with("1\t") && l.contains("removed (was removed from the cluster in epoch 2)")),
+        "{table}"
+    );
+    let members = cluster.admin(&["members"]).expect("admin members");
+    assert!(members.starts_with("epoch 2: members 0 2 3 4 (quorum "), "{members}");
+    assert!(members.lines().any(|l| l.starts_with("1\tno\t") && l.contains("removed")), "{members}");
+    // An address a member uses is refused before anything is written or asked.
+    let taken = cluster.path().join("node-0/node.toml");
+    let taken = keel_runtime::config::NodeFile::load(&taken).expect("node 0's file").listen.to_string();
+    let refused = cluster.admin(&["add-node", "--listen", &taken]).expect_err("node 0's address is refused");
+    assert!(refused.contains(&format!("--listen {taken} is already node 0's listen address")), "{refused}");
+    assert!(!cluster.path().join("node-5").exists(), "a refused add-node leaves no directory");
 
     load.run("epoch 2").await;
     let acked = load.finish().await;
