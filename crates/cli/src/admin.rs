@@ -13,7 +13,9 @@
 use clap::{Args, Subcommand};
 use keel_core::membership::{decode_result, AdminError, AdminOp, Change, Membership};
 use keel_runtime::client::KeelClient;
-use keel_runtime::config::{admin_setup, new_node_dir, node_dirs, provision_clients, write_join_file, NodeFile};
+use keel_runtime::config::{
+    admin_setup, new_node_dir, node_dirs, provision_clients, write_bundle, write_join_file, NodeFile,
+};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -155,7 +157,12 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             let clients = provision_clients(&dir, id).map_err(|e| e.to_string())?;
             println!("node {id} added: epoch {} with nodes {:?}", m.epoch, ids(&m));
             println!("{clients} client files now hold a key for node {id} (clients started from now on use it)");
+            let bundle = write_bundle(&dir, id, &listen.ip().to_string()).map_err(|e| e.to_string())?;
             println!("start it with: keel node --config {}", ndir.join("node.toml").display());
+            println!(
+                "on another machine: copy {} there and run keel node --config node-{id}/node.toml in it",
+                bundle.display()
+            );
             Ok(())
         }
         AdminCommand::Members { dir, json } => members(&dir, json),

@@ -303,6 +303,7 @@ impl Baseline {
             u: 0,
             r: 0,
             host: "127.0.0.1".into(),
+            hosts: Vec::new(),
             base_port: port,
             clients,
             fsync,

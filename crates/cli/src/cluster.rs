@@ -21,8 +21,14 @@ pub struct InitArgs {
     #[arg(long, default_value_t = 1)]
     r: u32,
     /// Address the nodes listen on.
-    #[arg(long, default_value = "127.0.0.1")]
+    #[arg(long, default_value = "127.0.0.1", conflicts_with = "hosts")]
     host: String,
+    /// Nodes on several machines: one IP address per node, comma-separated (order nodes
+    /// first, then execution and RQ nodes). Node i listens on the i-th; the ports are as
+    /// with --host (default base port 7100). Also writes DIR/hosts/<address>/ for each
+    /// machine: copy it there and run `keel node --config node-<i>/node.toml` in it.
+    #[arg(long, value_delimiter = ',')]
+    hosts: Vec<String>,
     /// First node port (node i listens on base + i). Default: a free range chosen at
     /// random, so two local clusters can coexist.
     #[arg(long)]
@@ -162,7 +168,9 @@ pub fn run_init(a: InitArgs) -> ExitCode {
     // Node ports, then as many metrics ports, then the front ends' if the service has one.
     let front_ends = crate::services::front_end(&a.service);
     let per_node = if front_ends { 3 } else { 2 };
-    let Some(base_port) = a.base_port.or_else(|| keel_runtime::config::free_ports(per_node * n)) else {
+    // Ports free here say nothing of other machines: a fixed default there.
+    let default_port = if a.hosts.is_empty() { keel_runtime::config::free_ports(per_node * n) } else { Some(7100) };
+    let Some(base_port) = a.base_port.or(default_port) else {
         eprintln!("error: no free port range found; pass --base-port");
         return ExitCode::FAILURE;
     };
@@ -188,6 +196,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         u: a.u,
         r: a.r,
         host: a.host,
+        hosts: a.hosts,
         base_port,
         clients: a.clients,
         fsync,
@@ -221,6 +230,13 @@ pub fn run_init(a: InitArgs) -> ExitCode {
                 base_port,
                 base_port as usize + n - 1
             );
+            if !o.hosts.is_empty() {
+                println!(
+                    "one bundle per machine in {}: copy hosts/<address>/ to that machine and run `keel node \
+                     --config node-<i>/node.toml` there (ca.key and admin.key stay here, with `keel admin`)",
+                    a.dir.display()
+                );
+            }
             if front_ends {
                 let executing = if separated { order..order + exec } else { 0..order };
                 let first = base_port as usize + 2 * n + executing.start;
@@ -237,7 +253,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
                         s.size,
                         s.block_size,
                         s.mode.name(),
-                        o.host,
+                        o.hosts.first().unwrap_or(&o.host),
                         first
                     );
                 }

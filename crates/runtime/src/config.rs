@@ -595,6 +595,11 @@ pub struct InitOptions {
     pub u: u32,
     pub r: u32,
     pub host: String,
+    /// One IP address per node (order nodes, then execution and RQ nodes), for nodes on
+    /// different machines: node i listens on `hosts[i]`. Empty: every node on `host`.
+    /// With it, `init` also writes a bundle per host (`hosts/<ip>/`: what that machine
+    /// needs, and nothing secret of the others).
+    pub hosts: Vec<String>,
     pub base_port: u16,
     pub clients: usize,
     pub fsync: FsyncPolicy,
@@ -638,6 +643,7 @@ impl InitOptions {
             u,
             r,
             host: "127.0.0.1".into(),
+            hosts: Vec::new(),
             base_port,
             clients: n + 1,
             fsync: FsyncPolicy::Batch,
@@ -733,11 +739,20 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     }
     // The nodes that execute: the order nodes, or the execution nodes when apart.
     let executing = if o.separated { n..n + e } else { 0..n };
-    if format!("{}:{}", o.host, o.base_port).parse::<SocketAddr>().is_err() {
+    if !o.hosts.is_empty() && o.hosts.len() != total {
         return Err(ConfigFileError::Invalid {
             path: dir.into(),
-            message: format!("host {:?} is not an IP address", o.host),
+            message: format!("{} hosts for {total} nodes: give one address per node", o.hosts.len()),
         });
+    }
+    let host_of = |i: usize| o.hosts.get(i).unwrap_or(&o.host).as_str();
+    for h in std::iter::once(&o.host).chain(&o.hosts) {
+        if h.parse::<std::net::IpAddr>().is_err() {
+            return Err(ConfigFileError::Invalid {
+                path: dir.into(),
+                message: format!("host {h:?} is not an IP address"),
+            });
+        }
     }
     fs::create_dir_all(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?;
     let ca = generate_ca()?;
@@ -749,7 +764,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         let seed: [u8; 32] = random_bytes();
         let mac: [u8; 32] = random_bytes();
         let key = SigningKey::from_seed(seed);
-        let addr: SocketAddr = format!("{}:{}", o.host, o.base_port + i as u16)
+        let addr: SocketAddr = format!("{}:{}", host_of(i as usize), o.base_port + i as u16)
             .parse()
             .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
         nodes.push(NodeEntry { id: i, addr, public_key: hex::encode(key.public().0) });
@@ -806,7 +821,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         let creds = issue(&ca, PeerId::Node(i as NodeId))?;
         write(&ndir.join("node.pem"), &creds.cert_pem)?;
         write_secret(&ndir.join("node.key"), &creds.key_pem)?;
-        let metrics: SocketAddr = format!("{}:{}", o.host, o.base_port as usize + total + i)
+        let metrics: SocketAddr = format!("{}:{}", host_of(i), o.base_port as usize + total + i)
             .parse()
             .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
         let file = NodeFile {
@@ -829,7 +844,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             mac_secret: hex::encode(mac),
             front_end: match executing.contains(&i) && o.front_ends {
                 true => Some(FrontEndFile {
-                    listen: format!("{}:{}", o.host, o.base_port as usize + 2 * total + i)
+                    listen: format!("{}:{}", host_of(i), o.base_port as usize + 2 * total + i)
                         .parse()
                         .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?,
                     client: PathBuf::from("front-end").join("client.toml"),
@@ -860,6 +875,51 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             signing_seed: Some(hex::encode(seed)),
         };
         write_secret(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
+    }
+    for (i, host) in o.hosts.iter().enumerate() {
+        write_bundle(dir, i as NodeId, host)?;
+    }
+    Ok(())
+}
+
+/// The directory `keel init` (with one address per node) and `keel admin add-node` write
+/// for the machine at `host`: everything its nodes need and nothing else (no CA key, no
+/// admin key, no other node's keys).
+pub fn bundle_dir(dir: &Path, host: &str) -> PathBuf {
+    dir.join("hosts").join(host)
+}
+
+/// Copies what node `id` needs on its machine into [`bundle_dir`]: `cluster.toml`,
+/// `ca.pem` and `node-<id>/` (its files name them by relative paths, so the bundle works
+/// wherever it is copied). Secrets keep their 0600 mode.
+///
+/// # Errors
+/// The files cannot be read or written.
+pub fn write_bundle(dir: &Path, id: NodeId, host: &str) -> Result<PathBuf, ConfigFileError> {
+    let to = bundle_dir(dir, host);
+    fs::create_dir_all(&to).map_err(|source| ConfigFileError::Io { path: to.clone(), source })?;
+    for f in ["cluster.toml", "ca.pem"] {
+        fs::copy(dir.join(f), to.join(f)).map_err(|source| ConfigFileError::Io { path: dir.join(f), source })?;
+    }
+    copy_tree(&dir.join(format!("node-{id}")), &to.join(format!("node-{id}")))?;
+    Ok(to)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<(), ConfigFileError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ConfigFileError::Io { path, source }
+    };
+    fs::create_dir_all(to).map_err(io(to))?;
+    for entry in fs::read_dir(from).map_err(io(from))? {
+        let entry = entry.map_err(io(from))?;
+        let target = to.join(entry.file_name());
+        if entry.file_type().map_err(io(&entry.path()))?.is_dir() {
+            copy_tree(&entry.path(), &target)?;
+        } else {
+            // fs::copy keeps the mode: keys stay 0600.
+            fs::copy(entry.path(), &target).map_err(io(&entry.path()))?;
+        }
     }
     Ok(())
 }
@@ -1041,7 +1101,43 @@ mod tests {
         assert!(!at.exists());
         let o = InitOptions { host: "not-an-ip".into(), ..init_options(1, 1) };
         assert!(init(&at, &o).is_err(), "a host that is no address");
+        let o = InitOptions { hosts: vec!["10.0.0.1".into(); 3], ..init_options(1, 1) };
+        assert!(init(&at, &o).is_err(), "three hosts for four nodes");
+        let o = InitOptions {
+            hosts: vec!["10.0.0.1".into(), "10.0.0.2".into(), "x".into(), "10.0.0.4".into()],
+            ..init_options(1, 1)
+        };
+        assert!(init(&at, &o).is_err(), "a host that is no address");
         assert!(!at.exists());
+    }
+
+    /// One address per node: each node listens on its own, and each host's bundle holds
+    /// its node with the shared public files and no secret of anyone else.
+    #[test]
+    fn nodes_on_several_hosts_get_their_addresses_and_bundles() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let at = tmp.path().join("c");
+        let hosts: Vec<String> = (1..=4).map(|i| format!("10.9.8.{i}")).collect();
+        init(&at, &InitOptions { hosts: hosts.clone(), ..init_options(1, 1) }).expect("init");
+        for (i, host) in hosts.iter().enumerate() {
+            let bundle = bundle_dir(&at, host);
+            let node =
+                NodeFile::load(&bundle.join(format!("node-{i}/node.toml"))).expect("the bundle's node file loads");
+            assert_eq!(node.listen.ip().to_string(), *host);
+            assert_eq!(node.metrics.ip().to_string(), *host);
+            assert_eq!(node.cluster.n(), 4, "the cluster file came along");
+            let names: Vec<String> = fs::read_dir(&bundle)
+                .expect("bundle")
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into())
+                .collect();
+            let mut names = names;
+            names.sort();
+            assert_eq!(names, vec!["ca.pem".to_string(), "cluster.toml".into(), format!("node-{i}")]);
+            use std::os::unix::fs::PermissionsExt;
+            let mode = fs::metadata(bundle.join(format!("node-{i}/node.key"))).expect("key").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "a copied key stays private");
+        }
     }
 
     /// A KV cluster of one client on loopback with every default.
@@ -1051,6 +1147,7 @@ mod tests {
             u,
             r,
             host: "127.0.0.1".into(),
+            hosts: Vec::new(),
             base_port: 41000,
             clients: 1,
             fsync: FsyncPolicy::Batch,
