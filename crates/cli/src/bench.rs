@@ -151,6 +151,13 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
             .map_err(|e| format!("{e} (this step needs {clients} client identities: keel init --clients {clients})"))?;
         conns.push(KeelClient::connect_sessions(setup, sessions).map_err(|e| e.to_string())?);
     }
+    // What the step is doing, on a terminal only (stdout keeps the table).
+    let bar = indicatif::ProgressBar::new(a.duration).with_style(
+        indicatif::ProgressStyle::with_template("{prefix} {msg} [{bar:30}] {pos}/{len} s")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    bar.set_prefix(format!("{target}, {clients} clients:"));
+    bar.set_message("warm-up");
     // Warm-up: connections and the first round trip of every session are not measured.
     // Gets read what the warm-up writes: every key once.
     let get = service == "kv" && a.op == "get";
@@ -210,6 +217,12 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
             (lat, errors, done_at)
         }));
     }
+    bar.set_message("measuring");
+    while Instant::now() < end {
+        bar.set_position(started.elapsed().as_secs().min(a.duration));
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bar.finish_and_clear();
     let mut all = Vec::new();
     let mut errors = 0;
     let mut completions = Vec::new();

@@ -16,8 +16,18 @@ use std::process::ExitCode;
 #[derive(Parser)]
 #[command(name = "keel", version, about = "Keel: Byzantine-fault-tolerant replication that stays up and right")]
 struct Cli {
+    /// Log lines as text, or as one JSON object per line (for log collectors). Logs go
+    /// to standard error; RUST_LOG sets the filter.
+    #[arg(long, global = true, value_enum, env = "KEEL_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -61,11 +71,16 @@ fn main() -> ExitCode {
         _ => "warn",
     };
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if cli.log_format == LogFormat::Json {
+        // The nodes `keel up` starts log the same way. Set before any thread exists.
+        std::env::set_var("KEEL_LOG_FORMAT", "json");
+    }
+    match cli.log_format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
     match cli.command {
         Command::Init(a) => cluster::run_init(a),
         Command::Up(a) => cluster::run_up(a),

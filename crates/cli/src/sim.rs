@@ -217,9 +217,20 @@ pub fn run(mut args: SimArgs) -> ExitCode {
     }
     let started = std::time::Instant::now();
     let jobs: Vec<SimOptions> = seeds.iter().map(|&seed| make(seed)).collect();
+    // Seeds done and violations so far, on a terminal only (stdout keeps the summary).
+    let bar = indicatif::ProgressBar::new(jobs.len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("seeds [{bar:30}] {pos}/{len} {msg} ({elapsed}, about {eta} left)")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let violated = AtomicU64::new(0);
     let reports = run_jobs(&jobs, args.threads, |report| {
+        if !report.violations.is_empty() {
+            let v = violated.fetch_add(1, Ordering::Relaxed) + 1;
+            bar.set_message(format!("{v} with violations"));
+        }
+        bar.inc(1);
         if args.verbose {
-            eprintln!(
+            let line = format!(
                 "seed {}: steps {} ops {} ({} simulated ms) view-changes {} transfers {} executed {} {}",
                 report.seed,
                 report.steps,
@@ -230,9 +241,12 @@ pub fn run(mut args: SimArgs) -> ExitCode {
                 report.max_executed,
                 if report.violations.is_empty() { "ok" } else { "VIOLATION" }
             );
+            // Above the bar on a terminal; a plain line otherwise.
+            bar.suspend(|| eprintln!("{line}"));
         }
     });
 
+    bar.finish_and_clear();
     let mut totals = FaultCounts::default();
     let (mut total_steps, mut ops, mut vcs, mut transfers, mut rejected) = (0, 0, 0, 0, 0);
     let (mut reads_unordered, mut reads_ordered, mut slow_primary) = (0, 0, 0);

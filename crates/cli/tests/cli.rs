@@ -151,6 +151,23 @@ fn a_cluster_that_is_down_is_named_in_the_error() {
         assert!(err.contains(&format!("node {i} (")), "node {i} not named: {err}");
     }
     assert!(err.to_lowercase().contains("connection refused"), "{err}");
+    // The same with JSON logs: every log line is one JSON object.
+    let out = Command::new(support::KEEL)
+        .args(["--log-format", "json", "kv", "--timeout", "1", "get", "x"])
+        .env("KEEL_DIR", cluster.path())
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("keel runs");
+    let logs: Vec<serde_json::Value> = stderr(&out)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("a JSON log line"))
+        .collect();
+    assert!(
+        logs.iter().any(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("cannot reach node-"))),
+        "{}",
+        stderr(&out)
+    );
 
     // Two of four up: too few for a result, and the error says who is missing.
     cluster.start(0);

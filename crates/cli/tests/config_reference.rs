@@ -42,10 +42,7 @@ fn documented(doc: &str, file: &str) -> BTreeSet<String> {
     let section = &section[..section.find("\n## ").unwrap_or(section.len())];
     // The section's own table, not its `###` subsections.
     let section = &section[..section.find("\n### ").unwrap_or(section.len())];
-    section
-        .lines()
-        .filter_map(|l| l.strip_prefix("| `")?.split_once("` |").map(|(k, _)| k.to_string()))
-        .collect()
+    section.lines().filter_map(|l| l.strip_prefix("| `")?.split_once("` |").map(|(k, _)| k.to_string())).collect()
 }
 
 /// What differs between the fields and the rows: missing rows, then rows for no field.

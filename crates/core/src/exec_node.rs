@@ -572,9 +572,10 @@ impl<S: Service> ExecNode<S> {
             return;
         }
         let previous = self.transfer.take();
+        let replacing = previous.as_ref().map(|t| t.seq());
         let first_peer = (self.id - self.cfg.executors().start) as usize;
         self.transfer = Some(Transfer::new(seq, self.stable.root, previous, held, self.now, first_peer));
-        out.events.push(Event::StateTransferStarted { seq });
+        out.events.push(Event::StateTransferStarted { seq, replacing });
         self.to_peers(Message::FetchManifest { seq }, out);
     }
 

@@ -174,8 +174,12 @@ pub enum Event {
         local: Digest,
         stable: Digest,
     },
+    /// A state transfer to the stable checkpoint at `seq`; `replacing`: the checkpoint an
+    /// unfinished transfer was fetching, given up because a newer one became stable (peers
+    /// serve only their newest; the chunks fetched are kept).
     StateTransferStarted {
         seq: Seq,
+        replacing: Option<Seq>,
     },
     /// This node's epoch is over: instance `seq` applied a membership change and the
     /// checkpoint there is stable. The driver retires this node and starts

@@ -750,9 +750,17 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 tracing::warn!(view, executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
             }
             Event::Rejoined { view, stable } => tracing::warn!(view, stable, "rejoined: voting again"),
-            Event::StateTransferStarted { seq } => {
+            Event::StateTransferStarted { seq, replacing } => {
                 m.state_transfers.inc();
-                tracing::info!(seq, "state transfer started");
+                match replacing {
+                    None => tracing::info!(seq, "state transfer started"),
+                    Some(old) => tracing::info!(
+                        seq,
+                        old,
+                        "state transfer moved on to the newer stable checkpoint {seq} (peers serve only their newest; \
+                         the chunks fetched for {old} are kept)"
+                    ),
+                }
             }
             Event::StateTransferDone { seq, chunks, reused } => {
                 let _ = m.events.send(NodeEvent::StateTransferDone { seq });

@@ -1878,7 +1878,7 @@ impl<W: Workload> World<W> {
                 }
                 self.trace_line(format!("{} n{n} rejoined at view {view}, stable {stable}", self.now));
             }
-            Event::StateTransferStarted { seq } => {
+            Event::StateTransferStarted { seq, .. } => {
                 self.report.state_transfers += 1;
                 self.trace_line(format!("{} n{n} state transfer to {seq}", self.now));
             }

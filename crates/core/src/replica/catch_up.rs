@@ -132,8 +132,9 @@ impl<S: Service> Replica<S> {
             return;
         }
         let previous = self.transfer.take();
+        let replacing = previous.as_ref().map(|t| t.seq());
         self.transfer = Some(Transfer::new(seq, self.stable.root, previous, held, self.now, self.id as usize));
-        out.events.push(Event::StateTransferStarted { seq });
+        out.events.push(Event::StateTransferStarted { seq, replacing });
         self.broadcast(Message::FetchManifest { seq }, out);
     }
 

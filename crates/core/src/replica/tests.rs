@@ -1522,7 +1522,7 @@ fn a_transfer_restarted_on_a_newer_checkpoint_keeps_the_chunks_it_fetched() {
         .events
         .iter()
         .filter_map(|(n, e)| match e {
-            Event::StateTransferStarted { seq } if *n == 3 => Some(*seq),
+            Event::StateTransferStarted { seq, .. } if *n == 3 => Some(*seq),
             _ => None,
         })
         .collect();
