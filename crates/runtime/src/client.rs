@@ -16,6 +16,7 @@
 //! write per node rather than one per request.
 
 use crate::config::ClientSetup;
+use crate::metrics::ClientMetrics;
 use crate::node::now_ms;
 use crate::tls::{self, PeerId, TlsError};
 use crate::transport::{dial_loop, offer, LinkState, TransportStats, SEND_QUEUE_MAX};
@@ -81,6 +82,7 @@ pub type PushReceiver = mpsc::Receiver<(ClientId, Pushed)>;
 #[derive(Clone)]
 pub struct KeelClient {
     id: ClientId,
+    metrics: Arc<ClientMetrics>,
     calls: mpsc::Sender<Call>,
     /// Push events for this identity's sessions, until someone takes them.
     pushes: Arc<std::sync::Mutex<Option<PushReceiver>>>,
@@ -148,12 +150,15 @@ impl KeelClient {
                         }
                     },
                     call: None,
+                    started: (Instant::now(), "ordered"),
                 }
             })
             .collect();
         let (calls, call_rx) = mpsc::channel(CALL_QUEUE_MAX);
         let (push_tx, push_rx) = mpsc::channel(PUSH_QUEUE_MAX);
+        let metrics = Arc::new(ClientMetrics::new());
         let dispatcher = Dispatcher {
+            metrics: metrics.clone(),
             free: (0..sessions.len()).rev().collect(),
             sessions,
             nodes,
@@ -166,11 +171,16 @@ impl KeelClient {
         };
         tokio::spawn(dispatcher.run(call_rx, replies));
         let pushes = Arc::new(std::sync::Mutex::new(Some(push_rx)));
-        Ok(KeelClient { id: setup.id, calls, pushes, stats })
+        Ok(KeelClient { id: setup.id, metrics, calls, pushes, stats })
     }
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// This client's latency histograms and failure counters (shared by every clone).
+    pub fn metrics(&self) -> Arc<ClientMetrics> {
+        self.metrics.clone()
     }
 
     /// The push events the service sends this identity's sessions (for KV: watch events),
@@ -229,6 +239,8 @@ struct Session {
     core: Client,
     /// The call in flight: where its result goes, its deadline, its timeout.
     call: Option<(Done, Instant, Duration)>,
+    /// When the call in flight started, and its kind for the latency histogram.
+    started: (Instant, &'static str),
 }
 
 /// Connections to the order nodes, by stable id: the members the sessions know of
@@ -300,6 +312,7 @@ impl Nodes {
 }
 
 struct Dispatcher {
+    metrics: Arc<ClientMetrics>,
     sessions: Vec<Session>,
     /// Indices of sessions without a call.
     free: Vec<usize>,
@@ -357,6 +370,7 @@ impl Dispatcher {
         };
         match started {
             Ok(msgs) => {
+                session.started = (Instant::now(), if call.read.is_some() { "read" } else { "ordered" });
                 session.call = Some((call.done, Instant::now() + call.timeout, call.timeout));
                 send(&self.nodes, msgs, &self.stats);
             }
@@ -428,6 +442,10 @@ impl Dispatcher {
             // A session is free once its call is done, and only then (a core result
             // without a call cannot happen: abandoning a call clears both).
             if let Some((done, _, _)) = session.call.take() {
+                match &outcome {
+                    Ok(_) => self.metrics.observe(session.started.1, session.started.0.elapsed().as_secs_f64()),
+                    Err(_) => self.metrics.failed("too_large"),
+                }
                 let _ = done.send(outcome);
                 self.free.push(i);
             }
@@ -456,6 +474,7 @@ impl Dispatcher {
                 let timeout = *timeout;
                 session.core.abandon();
                 if let Some((done, _, _)) = session.call.take() {
+                    self.metrics.failed(if closed { "abandoned" } else { "timeout" });
                     let (unreachable, reached) = self.nodes.reach();
                     let _ = done.send(Err(InvokeError::Timeout { after: timeout, unreachable, reached }));
                 }

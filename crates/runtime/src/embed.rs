@@ -403,6 +403,9 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
                             return;
                         }
                     };
+                    if let (Some(c), Ok(mut slot)) = (&client, serving.shared.client.lock()) {
+                        *slot = Some(c.metrics());
+                    }
                     for task in front_ends {
                         let fe = FrontEnd {
                             node: id,

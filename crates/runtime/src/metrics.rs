@@ -69,6 +69,52 @@ pub struct Metrics {
     pub events: tokio::sync::broadcast::Sender<crate::embed::NodeEvent>,
 }
 
+/// A client's own view of its operations (the library's, so every program using
+/// [`KeelClient`](crate::client::KeelClient) has it): latency from `invoke` to result, by
+/// kind (`ordered`, `read`), and failures by reason (`timeout`, `too_large`). A node that
+/// runs front ends appends its in-process client's to `/metrics`.
+pub struct ClientMetrics {
+    registry: Registry,
+    pub(crate) latency: Family<KindLabels, Histogram>,
+    pub(crate) failures: Family<KindLabels, Counter>,
+}
+
+impl ClientMetrics {
+    pub(crate) fn new() -> ClientMetrics {
+        let mut registry = Registry::with_prefix("keel_client");
+        // 100 µs to ~52 s, doubling.
+        let latency = Family::<KindLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.0001, 2.0, 20))
+        });
+        let failures = Family::<KindLabels, Counter>::default();
+        registry.register("invoke_seconds", "Operation latency seen by this client, invoke to result", latency.clone());
+        registry.register("invoke_failures", "Operations that ended without a result, by reason", failures.clone());
+        ClientMetrics { registry, latency, failures }
+    }
+
+    pub(crate) fn observe(&self, kind: &str, seconds: f64) {
+        self.latency.get_or_create(&KindLabels { kind: kind.into() }).observe(seconds);
+    }
+
+    pub(crate) fn failed(&self, reason: &str) {
+        self.failures.get_or_create(&KindLabels { kind: reason.into() }).inc();
+    }
+
+    /// Operations that completed with a result, of `kind` (`ordered` or `read`).
+    pub fn completed(&self, kind: &str) -> u64 {
+        let text = self.render();
+        let name = format!("keel_client_invoke_seconds_count{{kind=\"{kind}\"}} ");
+        text.lines().find_map(|l| l.strip_prefix(name.as_str())?.trim().parse().ok()).unwrap_or(0)
+    }
+
+    /// OpenMetrics text of these families, without the closing `# EOF`.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        let _ = encode(&mut text, &self.registry);
+        text.trim_end().trim_end_matches("# EOF").trim_end().to_string()
+    }
+}
+
 /// What `/status` (and `keel status`) shows.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Status {
@@ -109,6 +155,8 @@ pub struct Shared {
     pub status: Mutex<Status>,
     pub transport: Arc<TransportStats>,
     pub(crate) report: Mutex<Option<Arc<dyn ServiceReport>>>,
+    /// The node's in-process client's figures, once it has one (front ends).
+    pub(crate) client: Mutex<Option<Arc<ClientMetrics>>>,
 }
 
 impl Shared {
@@ -265,6 +313,13 @@ pub(crate) fn render(shared: &Shared) -> String {
         );
     }
     process_metrics(&mut out);
+    if let Some(c) = shared.client.lock().ok().and_then(|c| c.clone()) {
+        let text = c.render();
+        if !text.is_empty() {
+            out.push('\n');
+            out.push_str(&text);
+        }
+    }
     if let Some(r) = shared.report() {
         let text = r.metrics();
         let text = text.trim_end();
@@ -429,8 +484,13 @@ pub async fn serve(
     registry: Registry,
     transport: Arc<TransportStats>,
 ) -> std::io::Result<Arc<Shared>> {
-    let shared =
-        Arc::new(Shared { registry, status: Mutex::new(Status::default()), transport, report: Mutex::new(None) });
+    let shared = Arc::new(Shared {
+        registry,
+        status: Mutex::new(Status::default()),
+        transport,
+        report: Mutex::new(None),
+        client: Mutex::new(None),
+    });
     let app =
         Router::new()
             .route(

@@ -95,6 +95,15 @@ async fn two_clusters_run_in_one_process_and_restart_from_their_data() {
     assert_eq!(invoke(&nodes_a[3], "get x").await, "from-a");
     assert_eq!(invoke(&nodes_b[1], "get x").await, "from-b");
     assert!(nodes_a.iter().all(|n| n.status().executed >= 2), "every node executed both");
+    // The library's latency histogram saw node 0's operation, and none of node 1's.
+    let seen = nodes_a[0].client().expect("client").metrics();
+    assert_eq!(seen.completed("ordered"), 1, "{}", seen.render());
+    assert!(
+        seen.render().contains("keel_client_invoke_seconds_bucket{le=\"0.0002\",kind=\"ordered\"}"),
+        "{}",
+        seen.render()
+    );
+    assert_eq!(nodes_a[1].client().expect("client").metrics().completed("ordered"), 0);
 
     // Ticks every 100 ms while idle: node 1 runs them and says so.
     let ticked = tokio::time::timeout(TIMEOUT, async {
