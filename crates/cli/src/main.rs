@@ -63,6 +63,15 @@ pub(crate) fn parse_auth(name: &str) -> Result<keel_core::config::Auth, String> 
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // A one-shot command writing into a closed pipe (`keel kv scan p | head -1`) ends
+    // quietly, as other Unix tools do, instead of panicking in println!. Servers keep
+    // Rust's default (SIGPIPE ignored): a peer closing a socket must never kill a node.
+    if !matches!(cli.command, Command::Node(_) | Command::Up(_) | Command::CoordShim(_)) {
+        // SAFETY: restoring SIGPIPE's default disposition before any thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     // Servers log what an operator needs (start-up, listening, view changes, catch-up)
     // at INFO; one-shot commands only warnings, so their output stays theirs. RUST_LOG
     // overrides both. Colour only on a terminal: node logs go to files.

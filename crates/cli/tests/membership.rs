@@ -199,6 +199,16 @@ async fn nodes_are_added_and_removed_under_load_and_no_acknowledged_write_is_los
     let members = cluster.admin(&["members"]).expect("admin members");
     assert!(members.starts_with("epoch 2: members 0 2 3 4 (quorum "), "{members}");
     assert!(members.lines().any(|l| l.starts_with("1\tno\t") && l.contains("removed")), "{members}");
+    // Clients keep the certificates they followed beside the cluster file: a client
+    // started now begins in epoch 2 (its first request goes to the members, not to the
+    // removed node), one without the file in epoch 0.
+    assert!(cluster.path().join("epochs").exists(), "no epoch certificates kept");
+    assert_eq!(cluster.client(1005).epoch(), 2);
+    std::fs::rename(cluster.path().join("epochs"), cluster.path().join("epochs.aside")).expect("moved");
+    assert_eq!(cluster.client(1006).epoch(), 0);
+    std::fs::write(cluster.path().join("epochs"), b"garbage").expect("written");
+    assert_eq!(cluster.client(1006).epoch(), 0, "a file that does not decode is ignored");
+    std::fs::rename(cluster.path().join("epochs.aside"), cluster.path().join("epochs")).expect("moved back");
     // An address a member uses is refused before anything is written or asked.
     let taken = cluster.path().join("node-0/node.toml");
     let taken = keel_runtime::config::NodeFile::load(&taken).expect("node 0's file").listen.to_string();

@@ -165,6 +165,9 @@ pub struct Client {
     outbox: Vec<(NodeId, Message)>,
     /// The operation that ended without a result (see [`Client::take_failed`]).
     failed: Option<ClientError>,
+    /// The epoch certificates this client followed, oldest first (see
+    /// [`Client::epoch_chain`]).
+    chain: Vec<crate::message::EpochCert>,
     /// The position (in the membership) of the first of the r + 1 nodes read-index
     /// operations go to.
     index_first: NodeId,
@@ -230,6 +233,7 @@ impl Client {
             inflight: None,
             outbox: Vec::new(),
             failed: None,
+            chain: Vec::new(),
             index_first: (id % quorums.order_nodes() as u64) as NodeId,
             pushes: PushInbox { next: 1, ..PushInbox::default() },
             reads_answered: 0,
@@ -337,6 +341,7 @@ impl Client {
         }
         self.quorums = quorums.with_mutation(self.quorums.mutation());
         self.membership = at;
+        self.chain.extend(chain);
         self.index_first %= self.membership.n() as NodeId;
         // Answers of nodes that are no longer repliers (removed members) stop counting
         // (all of them still count with the mutation, as before issue #21 defect 3).
@@ -689,6 +694,13 @@ impl Client {
             None => self.to_all(ack),
         };
         self.outbox.extend(to);
+    }
+
+    /// The epoch certificates this client followed from the membership it started with,
+    /// oldest first: what another client starting from the same membership needs to
+    /// reach this one's epoch.
+    pub fn epoch_chain(&self) -> &[crate::message::EpochCert] {
+        &self.chain
     }
 
     /// The error the in-flight operation ended with, if a reply ended it without a result

@@ -82,6 +82,8 @@ pub type PushReceiver = mpsc::Receiver<(ClientId, Pushed)>;
 #[derive(Clone)]
 pub struct KeelClient {
     id: ClientId,
+    /// The membership epoch the client's sessions are in.
+    epoch: Arc<std::sync::atomic::AtomicU64>,
     metrics: Arc<ClientMetrics>,
     calls: mpsc::Sender<Call>,
     /// Push events for this identity's sessions, until someone takes them.
@@ -154,10 +156,29 @@ impl KeelClient {
                 }
             })
             .collect();
+        // Start in the newest epoch this cluster's clients followed (checked like any
+        // certificates from the network; what does not follow is ignored).
+        let mut sessions = sessions;
+        if let Some(certs) = setup.epochs_dir.as_deref().and_then(crate::epochs::load) {
+            // One at a time, oldest first: a bad one stops the walk there, and what came
+            // before it still counts.
+            for cert in certs {
+                for s in &mut sessions {
+                    s.core.on_epoch_certs(vec![cert.clone()]);
+                }
+            }
+            if let Some(s) = sessions.first() {
+                nodes.follow(s.core.membership());
+            }
+        }
+        let epoch =
+            Arc::new(std::sync::atomic::AtomicU64::new(sessions.first().map_or(0, |s| s.core.membership().epoch)));
         let (calls, call_rx) = mpsc::channel(CALL_QUEUE_MAX);
         let (push_tx, push_rx) = mpsc::channel(PUSH_QUEUE_MAX);
         let metrics = Arc::new(ClientMetrics::new());
         let dispatcher = Dispatcher {
+            epoch: epoch.clone(),
+            epochs_dir: setup.epochs_dir.clone(),
             metrics: metrics.clone(),
             free: (0..sessions.len()).rev().collect(),
             sessions,
@@ -171,11 +192,18 @@ impl KeelClient {
         };
         tokio::spawn(dispatcher.run(call_rx, replies));
         let pushes = Arc::new(std::sync::Mutex::new(Some(push_rx)));
-        Ok(KeelClient { id: setup.id, metrics, calls, pushes, stats })
+        Ok(KeelClient { id: setup.id, epoch, metrics, calls, pushes, stats })
     }
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The membership epoch this client is in: the cluster file's (0), or a later one it
+    /// followed, from the nodes or from what an earlier client kept beside the cluster
+    /// file.
+    pub fn epoch(&self) -> u64 {
+        self.epoch.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// This client's latency histograms and failure counters (shared by every clone).
@@ -312,6 +340,9 @@ impl Nodes {
 }
 
 struct Dispatcher {
+    epoch: Arc<std::sync::atomic::AtomicU64>,
+    /// Where followed epoch certificates are kept (ClientSetup::epochs_dir).
+    epochs_dir: Option<std::path::PathBuf>,
     metrics: Arc<ClientMetrics>,
     sessions: Vec<Session>,
     /// Indices of sessions without a call.
@@ -386,13 +417,25 @@ impl Dispatcher {
             Message::Reply(reply) => self.on_reply(from, reply),
             Message::EpochCerts(certs) => {
                 // For whichever sessions still know an older membership (each checks).
+                let mut followed = None;
                 for i in 0..self.sessions.len() {
                     if self.sessions[i].core.on_epoch_certs(certs.clone()) {
                         let membership = self.sessions[i].core.membership().clone();
                         tracing::info!(epoch = membership.epoch, members = ?self.sessions[i].core.members(), "membership changed");
                         self.nodes.follow(&membership);
+                        self.epoch.fetch_max(membership.epoch, std::sync::atomic::Ordering::Relaxed);
+                        followed = Some(i);
                     }
                     send(&self.nodes, self.sessions[i].core.poll_send(), &self.stats);
+                }
+                // Kept for the next process: only the chain the core followed, each
+                // certificate checked.
+                if let (Some(i), Some(dir)) = (followed, &self.epochs_dir) {
+                    let chain = self.sessions[i].core.epoch_chain().to_vec();
+                    let kept = crate::epochs::load(dir).unwrap_or_default();
+                    if let Err(e) = crate::epochs::store(dir, crate::epochs::merged(chain, kept)) {
+                        tracing::warn!(error = %e, dir = %dir.display(), "cannot keep the epoch certificates");
+                    }
                 }
             }
             Message::Push { client, seq, epoch, event } => {

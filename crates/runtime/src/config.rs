@@ -542,6 +542,10 @@ pub struct ClientSetup {
     /// A separate RQ stage: the RQ nodes' ids and addresses, which take requests (empty:
     /// the order nodes take them).
     pub rq_nodes: Vec<(NodeId, SocketAddr)>,
+    /// Where the client keeps the epoch certificates it followed (the cluster file's
+    /// directory), so the next process using it starts in the newest epoch; None: kept
+    /// nowhere.
+    pub epochs_dir: Option<PathBuf>,
 }
 
 /// [`ClientSetup::retransmit_ms`] unless the application sets another.
@@ -582,6 +586,7 @@ impl ClientFile {
             retransmit_ms: CLIENT_RETRANSMIT_MS,
             executors: cluster.executor_addrs(),
             rq_nodes: cluster.rq_addrs(),
+            epochs_dir: cluster_path.parent().map(Path::to_path_buf),
         })
     }
 }
@@ -987,6 +992,7 @@ pub fn admin_setup(dir: &Path) -> Result<(ClientSetup, SigningKey), ConfigFileEr
         retransmit_ms: CLIENT_RETRANSMIT_MS,
         executors: cluster.executor_addrs(),
         rq_nodes: cluster.rq_addrs(),
+        epochs_dir: Some(dir.to_path_buf()),
     };
     Ok((setup, admin))
 }

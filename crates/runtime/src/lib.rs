@@ -5,6 +5,7 @@ pub mod clients;
 pub mod committer;
 pub mod config;
 pub mod embed;
+mod epochs;
 pub mod execution;
 pub mod inbound;
 pub mod lockfile;

@@ -25,20 +25,6 @@ use keel_core::replica::{Input, Outputs, Peer};
 use keel_core::rq_node::RqNode;
 use std::time::Duration;
 
-/// The epoch certificates an RQ node followed (the one thing it keeps on disk), as the
-/// EPOCH-CERTS message that carried them, so decoding applies the wire's bounds.
-const EPOCHS_FILE: &str = "epochs";
-
-/// The certificates kept in `dir`, if any (a file that does not decode is ignored: the
-/// node asks the order nodes again).
-fn load_epochs(dir: &std::path::Path) -> Option<Vec<keel_core::message::EpochCert>> {
-    let bytes = std::fs::read(dir.join(EPOCHS_FILE)).ok()?;
-    match codec::decode(&bytes) {
-        Ok(keel_core::message::Message::EpochCerts(certs)) => Some(certs),
-        _ => None,
-    }
-}
-
 /// How often the RQ node's timers are checked.
 const TICK: Duration = Duration::from_millis(5);
 /// Inputs stepped before the outputs are flushed.
@@ -52,7 +38,7 @@ pub async fn run_rq_node(setup: NodeSetup, mut control: Control) -> Result<(), N
     let cfg = setup.cluster.clone();
     let mut rq =
         RqNode::new(cfg.clone(), stage_node(setup.id), setup.secrets.signing.clone(), setup.secrets.mac_secret);
-    if let Some(certs) = load_epochs(&setup.data_dir) {
+    if let Some(certs) = crate::epochs::load(&setup.data_dir) {
         if let Err(e) = rq.follow(certs) {
             tracing::warn!(error = %e, "the kept epoch certificates do not follow the cluster file; asking the nodes");
         }
@@ -84,7 +70,7 @@ pub async fn run_rq_node(setup: NodeSetup, mut control: Control) -> Result<(), N
             // Kept across a restart (before it endorses for the new members: a node that
             // restarts follows at least as far).
             let frame = codec::encode(&keel_core::message::Message::EpochCerts(rq.epoch_certs().to_vec()));
-            crate::storage::write_atomic(&setup.data_dir, EPOCHS_FILE, &frame)?;
+            crate::storage::write_atomic(&setup.data_dir, crate::epochs::FILE, &frame)?;
         }
         send(&mut out, &peers, &mut clients, &stats);
         record_events(&mut out, &mut clients, &m);
