@@ -339,6 +339,28 @@ pub struct UpArgs {
     /// A directory made by `keel init`.
     #[arg(long, env = "KEEL_DIR")]
     dir: PathBuf,
+    /// Start a node that exits with an error again, after 1 s, doubling up to 30 s while
+    /// it keeps failing within a minute of its start (a removed node, or one stopped
+    /// cleanly, stays stopped).
+    #[arg(long)]
+    restart: bool,
+}
+
+/// `keel up --restart`: the first wait before starting a failed node again, the longest,
+/// and how long a node must run for its next failure to count as a first one.
+const RESTART_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
+const RESTART_STABLE: Duration = Duration::from_secs(60);
+
+/// A node `keel up` runs: its directory, its process (None while it waits to restart),
+/// when it started, and its consecutive quick failures.
+struct Supervised {
+    dir: PathBuf,
+    child: Option<Child>,
+    started: std::time::Instant,
+    failures: u32,
+    /// When to start it again (`--restart`).
+    restart_at: Option<std::time::Instant>,
 }
 
 /// The node directories of a cluster, in id order.
@@ -411,8 +433,12 @@ pub fn run_up(a: UpArgs) -> ExitCode {
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         })
     });
-    // (directory, child) of the nodes still running.
-    let mut running: Vec<(PathBuf, Child)> = dirs.into_iter().zip(children).collect();
+    let now = std::time::Instant::now();
+    let mut nodes: Vec<Supervised> = dirs
+        .into_iter()
+        .zip(children)
+        .map(|(dir, c)| Supervised { dir, child: Some(c), started: now, failures: 0, restart_at: None })
+        .collect();
     let status = loop {
         if let Ok(rt) = &runtime {
             rt.block_on(async { tokio::time::sleep(Duration::from_millis(200)).await });
@@ -420,30 +446,56 @@ pub fn run_up(a: UpArgs) -> ExitCode {
         if interrupted.load(std::sync::atomic::Ordering::SeqCst) {
             break ExitCode::SUCCESS;
         }
-        let Some((i, code)) =
-            running.iter_mut().enumerate().find_map(|(i, (_, c))| c.try_wait().ok().flatten().map(|s| (i, s)))
-        else {
+        let now = std::time::Instant::now();
+        for node in nodes.iter_mut().filter(|n| n.restart_at.is_some_and(|t| t <= now)) {
+            node.restart_at = None;
+            match spawn_node(&exe, &node.dir) {
+                Ok(c) => {
+                    println!("keel: restarted {} (pid {}, attempt {})", node.dir.display(), c.id(), node.failures);
+                    node.child = Some(c);
+                    node.started = now;
+                }
+                Err(e) => eprintln!("keel: cannot restart {}: {e}", node.dir.display()),
+            }
+        }
+        let exited = nodes.iter_mut().enumerate().find_map(|(i, n)| {
+            let code = n.child.as_mut()?.try_wait().ok().flatten()?;
+            Some((i, code))
+        });
+        let Some((i, code)) = exited else {
             continue;
         };
-        let (dir, _) = running.remove(i);
-        if code.success() && dir.join("data").join(keel_runtime::node::REMOVED_FILE).exists() {
+        nodes[i].child = None;
+        let running = nodes.iter().filter(|n| n.child.is_some()).count();
+        let node = &mut nodes[i];
+        if code.success() && node.dir.join("data").join(keel_runtime::node::REMOVED_FILE).exists() {
             // A membership change removed it: the others carry on.
-            println!("keel: {} was removed from the cluster and stopped", dir.display());
+            println!("keel: {} was removed from the cluster and stopped", node.dir.display());
+        } else if a.restart && !code.success() {
+            // Quick failures back off; a node that ran a while starts over at the minimum.
+            node.failures = if node.started.elapsed() >= RESTART_STABLE { 1 } else { node.failures + 1 };
+            let wait = RESTART_BACKOFF_MIN.saturating_mul(1 << (node.failures - 1).min(5)).min(RESTART_BACKOFF_MAX);
+            node.restart_at = Some(now + wait);
+            eprintln!(
+                "keel: {} exited ({code}); restarting in {} s; {running} nodes running; see {}",
+                node.dir.display(),
+                wait.as_secs(),
+                node.dir.join("node.log").display()
+            );
         } else {
             // The cluster tolerates u failures: the others run on, and say so.
             eprintln!(
-                "keel: {} exited ({code}); {} nodes still running; see {}",
-                dir.display(),
-                running.len(),
-                dir.join("node.log").display()
+                "keel: {} exited ({code}); {running} nodes still running; see {}",
+                node.dir.display(),
+                node.dir.join("node.log").display()
             );
         }
-        if running.is_empty() {
+        if nodes.iter().all(|n| n.child.is_none() && n.restart_at.is_none()) {
             eprintln!("keel: every node has stopped");
             break ExitCode::FAILURE;
         }
     };
-    let mut children: Vec<Child> = running.into_iter().map(|(_, c)| c).collect();
+    let mut children: Vec<Child> = nodes.into_iter().filter_map(|n| n.child).collect();
     stop(&mut children);
     println!("keel: stopped");
     status

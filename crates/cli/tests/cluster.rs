@@ -837,6 +837,78 @@ async fn keel_up_reports_a_dead_node_keeps_the_others_and_stops_them_gracefully(
     }
 }
 
+/// `keel up --restart` starts a node that died again (after a second, backing off while
+/// it keeps failing), and the restarted node catches up and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keel_up_restart_brings_a_killed_node_back() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let init = Command::new(support::KEEL)
+        .args(["init", "--u", "1", "--r", "1", "--clients", "2", "--dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .status()
+        .expect("keel init");
+    assert!(init.success());
+    let up_log = dir.path().join("up.log");
+    let log = std::fs::File::create(&up_log).expect("log");
+    let mut up = Command::new(support::KEEL)
+        .args(["up", "--restart", "--dir"])
+        .arg(dir.path())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("keel up");
+    let client_setup = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client");
+    let c = KeelClient::connect(client_setup).expect("client");
+    put(&c, "a", "1").await.expect("put with every node up");
+    let pid_of = |i: usize| -> Option<i32> {
+        let text = std::fs::read_to_string(dir.path().join(format!("node-{i}/data/node.pid"))).ok()?;
+        text.trim().parse().ok()
+    };
+    let first = pid_of(2).expect("node 2's pid");
+    // SAFETY: kill(2) on a process this test started (through keel up).
+    unsafe {
+        libc::kill(first, libc::SIGKILL);
+    }
+    put(&c, "b", "2").await.expect("put with node 2 dead");
+    let started = Instant::now();
+    loop {
+        let said = std::fs::read_to_string(&up_log).unwrap_or_default();
+        if said.contains("restarted") && pid_of(2).is_some_and(|p| p != first) {
+            assert!(said.contains("node-2 exited") && said.contains("restarting in 1 s"), "{said}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "node 2 was not restarted:\n{said}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Back in the cluster: it executes what it missed.
+    let setup = keel_runtime::config::NodeFile::load(&dir.path().join("node-2/node.toml")).expect("node file");
+    let started = Instant::now();
+    loop {
+        put(&c, "c", "3").await.expect("put");
+        let status = keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(1));
+        if status.as_ref().is_ok_and(|s| s.executed >= 3) {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the restarted node did not catch up: {status:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // SAFETY: as above, keel up itself.
+    unsafe {
+        libc::kill(up.id() as i32, libc::SIGTERM);
+    }
+    let started = Instant::now();
+    let code = loop {
+        if let Some(code) = up.try_wait().expect("keel up") {
+            break code;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "keel up did not stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(code.success(), "{code}");
+}
+
 /// Concurrent `keel kv` processes (issue #25: 6 of 100 puts from 4 parallel loops failed,
 /// all sharing the default identity): each process claims a free identity, so every put
 /// succeeds; an identity asked for by name while in use is refused with who holds it.
