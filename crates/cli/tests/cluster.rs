@@ -775,12 +775,8 @@ async fn a_wal_cut_at_damage_is_logged_with_its_byte_counts() {
     assert!(cluster.exited(3).is_none(), "node 3 runs on");
 }
 
-/// `keel up` supervises (issue #25: one node's death used to stop the whole cluster): a
-/// node killed with SIGKILL is reported and the others keep serving; SIGTERM to `keel
-/// up` stops every node gracefully (each makes its log durable and says so) and it
-/// exits 0.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keel_up_reports_a_dead_node_keeps_the_others_and_stops_them_gracefully() {
+/// `keel init` (u = r = 1) and `keel up ARGS` on it, its output in `up.log`, and a client.
+fn keel_up(args: &[&str]) -> (tempfile::TempDir, std::process::Child, std::path::PathBuf, KeelClient) {
     use std::process::{Command, Stdio};
     let dir = tempfile::tempdir().expect("tempdir");
     let init = Command::new(support::KEEL)
@@ -792,8 +788,10 @@ async fn keel_up_reports_a_dead_node_keeps_the_others_and_stops_them_gracefully(
     assert!(init.success());
     let up_log = dir.path().join("up.log");
     let log = std::fs::File::create(&up_log).expect("log");
-    let mut up = Command::new(support::KEEL)
-        .args(["up", "--dir"])
+    let up = Command::new(support::KEEL)
+        .arg("up")
+        .args(args)
+        .arg("--dir")
         .arg(dir.path())
         .stdout(log.try_clone().expect("log"))
         .stderr(log)
@@ -801,6 +799,32 @@ async fn keel_up_reports_a_dead_node_keeps_the_others_and_stops_them_gracefully(
         .expect("keel up");
     let client_setup = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client");
     let c = KeelClient::connect(client_setup).expect("client");
+    (dir, up, up_log, c)
+}
+
+/// SIGTERM to `keel up`; its exit status once it stopped its nodes.
+async fn stop_keel_up(up: &mut std::process::Child) -> std::process::ExitStatus {
+    // SAFETY: kill(2) on the keel up process this test started.
+    unsafe {
+        libc::kill(up.id() as i32, libc::SIGTERM);
+    }
+    let started = Instant::now();
+    loop {
+        if let Some(code) = up.try_wait().expect("keel up") {
+            return code;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "keel up did not stop");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `keel up` supervises (issue #25: one node's death used to stop the whole cluster): a
+/// node killed with SIGKILL is reported and the others keep serving; SIGTERM to `keel
+/// up` stops every node gracefully (each makes its log durable and says so) and it
+/// exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keel_up_reports_a_dead_node_keeps_the_others_and_stops_them_gracefully() {
+    let (dir, mut up, up_log, c) = keel_up(&[]);
     put(&c, "a", "1").await.expect("put with every node up");
     let pid_of = |i: usize| -> i32 {
         let text = std::fs::read_to_string(dir.path().join(format!("node-{i}/data/node.pid"))).expect("pid file");
@@ -817,18 +841,7 @@ async fn keel_up_reports_a_dead_node_keeps_the_others_and_stops_them_gracefully(
     let said = std::fs::read_to_string(&up_log).unwrap_or_default();
     assert!(said.contains("node-2 exited") && said.contains("3 nodes still running"), "{said}");
 
-    // SAFETY: as above, keel up itself.
-    unsafe {
-        libc::kill(up.id() as i32, libc::SIGTERM);
-    }
-    let started = Instant::now();
-    let code = loop {
-        if let Some(code) = up.try_wait().expect("keel up") {
-            break code;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "keel up did not stop");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let code = stop_keel_up(&mut up).await;
     assert!(code.success(), "{code}");
     for i in [0, 1, 3] {
         let log = std::fs::read_to_string(dir.path().join(format!("node-{i}/node.log"))).unwrap_or_default();
@@ -841,26 +854,7 @@ async fn keel_up_reports_a_dead_node_keeps_the_others_and_stops_them_gracefully(
 /// it keeps failing), and the restarted node catches up and serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keel_up_restart_brings_a_killed_node_back() {
-    use std::process::{Command, Stdio};
-    let dir = tempfile::tempdir().expect("tempdir");
-    let init = Command::new(support::KEEL)
-        .args(["init", "--u", "1", "--r", "1", "--clients", "2", "--dir"])
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .status()
-        .expect("keel init");
-    assert!(init.success());
-    let up_log = dir.path().join("up.log");
-    let log = std::fs::File::create(&up_log).expect("log");
-    let mut up = Command::new(support::KEEL)
-        .args(["up", "--restart", "--dir"])
-        .arg(dir.path())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("keel up");
-    let client_setup = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client");
-    let c = KeelClient::connect(client_setup).expect("client");
+    let (dir, mut up, up_log, c) = keel_up(&["--restart"]);
     put(&c, "a", "1").await.expect("put with every node up");
     let pid_of = |i: usize| -> Option<i32> {
         let text = std::fs::read_to_string(dir.path().join(format!("node-{i}/data/node.pid"))).ok()?;
@@ -894,18 +888,7 @@ async fn keel_up_restart_brings_a_killed_node_back() {
         assert!(started.elapsed() < Duration::from_secs(30), "the restarted node did not catch up: {status:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // SAFETY: as above, keel up itself.
-    unsafe {
-        libc::kill(up.id() as i32, libc::SIGTERM);
-    }
-    let started = Instant::now();
-    let code = loop {
-        if let Some(code) = up.try_wait().expect("keel up") {
-            break code;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "keel up did not stop");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let code = stop_keel_up(&mut up).await;
     assert!(code.success(), "{code}");
 }
 
