@@ -208,6 +208,37 @@ fn read_frame(s: &mut TcpStream) -> Vec<u8> {
     body
 }
 
+/// `max_client_cnxns` (ZooKeeper's per-address limit): with 5, a sixth connection from
+/// the same address is closed at once and counted; once one of the five closes, a new
+/// one is kept again.
+#[test]
+fn connections_beyond_the_per_address_limit_are_refused() {
+    let (_c, fronts) =
+        ready(Cluster::init_service_with("coord", 1, 1, "[front_end.options]\nmax_client_cnxns = \"5\""));
+    let front = fronts[0];
+    // Open means: the server neither closed it nor sent anything within a moment.
+    let kept = |s: &mut TcpStream| {
+        s.set_read_timeout(Some(Duration::from_millis(500))).expect("timeout");
+        let mut b = [0u8; 1];
+        matches!(s.read(&mut b), Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut))
+    };
+    let mut open: Vec<TcpStream> = (0..5).map(|_| TcpStream::connect(front).expect("connect")).collect();
+    for s in &mut open {
+        assert!(kept(s), "one of the first five was closed");
+    }
+    let mut sixth = TcpStream::connect(front).expect("connect");
+    assert!(!kept(&mut sixth), "a sixth connection from one address is closed");
+    let stat = four_letter(fronts[1], "ruok");
+    assert_eq!(stat.as_deref(), Some("imok"), "other nodes are not affected");
+    drop(open.pop());
+    std::thread::sleep(Duration::from_millis(300));
+    // Four of five open: a four-letter word gets through, and counts the refusal.
+    let mntr = four_letter(front, "mntr").unwrap_or_default();
+    assert!(mntr.contains("zk_refused_connections\t1\n"), "{mntr}");
+    let mut again = TcpStream::connect(front).expect("connect");
+    assert!(kept(&mut again), "a connection is kept again once one closed");
+}
+
 #[test]
 fn bad_input_gets_an_error_or_a_closed_connection_and_is_counted() {
     let (_c, fronts) = coord_cluster();

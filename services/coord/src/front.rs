@@ -60,17 +60,29 @@ pub struct Options {
     /// The longest an operation may wait for the cluster before the connection is
     /// dropped (the client then reconnects, maybe elsewhere).
     pub op_timeout: Duration,
+    /// Connections one client address may hold open here (ZooKeeper's
+    /// `maxClientCnxns`, 60 by default there and here; 0: no limit), so one host cannot
+    /// take every connection.
+    pub max_client_cnxns: usize,
 }
+
+/// ZooKeeper's default `maxClientCnxns`.
+pub const MAX_CLIENT_CNXNS_DEFAULT: usize = 60;
 
 impl Default for Options {
     fn default() -> Options {
-        Options { reads: Reads::Quorum, op_timeout: Duration::from_secs(10) }
+        Options {
+            reads: Reads::Quorum,
+            op_timeout: Duration::from_secs(10),
+            max_client_cnxns: MAX_CLIENT_CNXNS_DEFAULT,
+        }
     }
 }
 
 impl Options {
     /// From `[front_end.options]` in node.toml: `reads = "quorum"` (the default) or
-    /// `"local"`. Anything else is an error, so a typo does not pass unnoticed.
+    /// `"local"`; `max_client_cnxns = N` (connections per client address, 0 for no
+    /// limit). Anything else is an error, so a typo does not pass unnoticed.
     pub fn from_settings(settings: &std::collections::BTreeMap<String, String>) -> Result<Options, String> {
         let mut o = Options::default();
         for (key, value) in settings {
@@ -78,7 +90,14 @@ impl Options {
                 ("reads", "quorum") => o.reads = Reads::Quorum,
                 ("reads", "local") => o.reads = Reads::Local,
                 ("reads", other) => return Err(format!("coord front end: reads = {other:?}: quorum or local")),
-                (other, _) => return Err(format!("coord front end: unknown option {other:?} (known: reads)")),
+                ("max_client_cnxns", n) => {
+                    o.max_client_cnxns = n.parse().map_err(|_| {
+                        format!("coord front end: max_client_cnxns = {n:?}: a number of connections, 0 for no limit")
+                    })?
+                }
+                (other, _) => {
+                    return Err(format!("coord front end: unknown option {other:?} (known: reads, max_client_cnxns)"))
+                }
             }
         }
         Ok(o)
@@ -134,6 +153,8 @@ struct Shared {
     listen: SocketAddr,
     /// Live connections by session.
     conns: Mutex<HashMap<i64, Conn>>,
+    /// Open connections by client address (`Options::max_client_cnxns`).
+    per_address: Mutex<HashMap<std::net::IpAddr, usize>>,
     /// When each session's client was last heard (for touches).
     heard: Mutex<HashMap<i64, (Instant, i32)>>,
     /// The highest zxid this front end saw from the cluster.
@@ -142,6 +163,31 @@ struct Shared {
 }
 
 impl Shared {
+    /// Counts a connection from `ip`, unless that address holds its limit already.
+    fn admit_address(&self, ip: std::net::IpAddr) -> bool {
+        let Ok(mut open) = self.per_address.lock() else { return true };
+        let n = open.entry(ip).or_insert(0);
+        if self.options.max_client_cnxns > 0 && *n >= self.options.max_client_cnxns {
+            if *n == 0 {
+                open.remove(&ip);
+            }
+            return false;
+        }
+        *n += 1;
+        true
+    }
+
+    fn release_address(&self, ip: std::net::IpAddr) {
+        if let Ok(mut open) = self.per_address.lock() {
+            if let Some(n) = open.get_mut(&ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    open.remove(&ip);
+                }
+            }
+        }
+    }
+
     fn heard(&self, session: i64, timeout: i32) {
         if let Ok(mut h) = self.heard.lock() {
             h.insert(session, (Instant::now(), timeout));
@@ -203,6 +249,8 @@ pub async fn serve_client(
         Role::Node { id, local } => (format!("node {id}"), Some(local)),
         Role::Shim => {
             options.reads = Reads::Quorum;
+            // A shim serves the applications of its own machine: all one address.
+            options.max_client_cnxns = 0;
             ("shim".to_string(), None)
         }
     };
@@ -221,6 +269,7 @@ pub async fn serve_client(
         pinned,
         listen,
         conns: Mutex::new(HashMap::new()),
+        per_address: Mutex::new(HashMap::new()),
         heard: Mutex::new(HashMap::new()),
         zxid: AtomicI64::new(0),
         stats: Stats::default(),
@@ -243,6 +292,15 @@ pub async fn serve_client(
                     tracing::warn!(%peer, "ZooKeeper connection refused: {CONNECTIONS_MAX} open already");
                     continue;
                 }
+                if !shared.admit_address(peer.ip()) {
+                    shared.stats.refused.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(
+                        %peer,
+                        "ZooKeeper connection refused: {} open from this address already (max_client_cnxns)",
+                        shared.options.max_client_cnxns
+                    );
+                    continue;
+                }
                 let _ = stream.set_nodelay(true);
                 shared.stats.connections.fetch_add(1, Ordering::Relaxed);
                 shared.stats.open.fetch_add(1, Ordering::Relaxed);
@@ -250,6 +308,7 @@ pub async fn serve_client(
                 tokio::spawn(async move {
                     connection(&shared, stream, peer).await;
                     shared.stats.open.fetch_sub(1, Ordering::Relaxed);
+                    shared.release_address(peer.ip());
                 });
             }
             Err(e) => {
@@ -883,4 +942,24 @@ fn connection_list(shared: &Shared) -> String {
         .into_iter()
         .map(|(session, peer, timeout)| format!(" /{peer}[1](sid=0x{session:x},to={timeout})\n"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn front_end_options_parse_and_refuse_what_they_do_not_know() {
+        let o = Options::from_settings(&settings(&[])).expect("defaults");
+        assert_eq!((o.reads, o.max_client_cnxns), (Reads::Quorum, MAX_CLIENT_CNXNS_DEFAULT));
+        let o = Options::from_settings(&settings(&[("reads", "local"), ("max_client_cnxns", "0")])).expect("ok");
+        assert_eq!((o.reads, o.max_client_cnxns), (Reads::Local, 0));
+        for bad in [[("reads", "fast")], [("max_client_cnxns", "-1")], [("maxClientCnxns", "5")]] {
+            assert!(Options::from_settings(&settings(&bad)).is_err(), "{bad:?} accepted");
+        }
+    }
 }
