@@ -963,8 +963,8 @@ mod tests {
         assert!(!c.busy());
         assert!(c.take_failed().is_none(), "reported once");
         // Every node says so of a result over the bound; a small one goes in full.
-        assert_eq!(ReplyBody::for_result(vec![0; big as usize], true), ReplyBody::TooLarge(big));
-        assert_eq!(ReplyBody::for_result(b"ok".to_vec(), true), ReplyBody::Full(b"ok".to_vec()));
+        assert_eq!(crate::codec::reply_body(vec![0; big as usize], true), ReplyBody::TooLarge(big));
+        assert_eq!(crate::codec::reply_body(b"ok".to_vec(), true), ReplyBody::Full(b"ok".to_vec()));
     }
 
     /// Issue #21 defect 3: r goes 0 → 1 at n = 4. A client still in epoch 0 (r = 0, one

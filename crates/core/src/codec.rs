@@ -137,6 +137,20 @@ fn check_new_view(nv: &NewView) -> Result<(), DecodeError> {
     nv.view_changes.iter().try_for_each(check_view_change)
 }
 
+/// What a node sends for `result`: the bytes if `full` (this node is the designated
+/// replier, or the result is small), else their digest; the size alone if the result
+/// exceeds [`OP_BYTES_MAX`], the bound on what a reply may carry.
+pub fn reply_body(result: Vec<u8>, full: bool) -> crate::message::ReplyBody {
+    use crate::message::ReplyBody;
+    if result.len() > OP_BYTES_MAX {
+        ReplyBody::TooLarge(result.len() as u64)
+    } else if full {
+        ReplyBody::Full(result)
+    } else {
+        ReplyBody::Hash(crate::message::result_digest(&result))
+    }
+}
+
 /// Bounds every count in a decoded message.
 pub fn check_shape(msg: &Message) -> Result<(), DecodeError> {
     match msg {

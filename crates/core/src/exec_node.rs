@@ -374,7 +374,7 @@ impl<S: Service> ExecNode<S> {
             return Err(Reject::WrongPeer);
         }
         if let Some(result) = self.exec.cached(req.client, req.seq) {
-            let body = ReplyBody::for_result(result.to_vec(), true);
+            let body = crate::codec::reply_body(result.to_vec(), true);
             let reply = Reply { client: req.client, view: 0, seq: req.seq, body, epoch: self.cfg.epoch() };
             out.send.push((Peer::Client(req.client), Message::Reply(reply)));
         }
@@ -475,7 +475,7 @@ impl<S: Service> ExecNode<S> {
         let executors = self.cfg.executors();
         let designated = executors.start + (client.wrapping_add(seq) % executors.len() as u64) as NodeId;
         let full = designated == self.id || result.len() <= REPLY_INLINE_MAX;
-        ReplyBody::for_result(result, full)
+        crate::codec::reply_body(result, full)
     }
 
     /// Snapshot (durable before the vote leaves), then a signed hash to every order node.
@@ -788,7 +788,7 @@ impl<S: Service> ExecNode<S> {
         let body = match self.exec.service().execute_read_only(&read.op, &ctx) {
             None => ReplyBody::NotReadOnly,
             // Only the r + 1 nodes asked answer a read index, all needed: each in full.
-            Some(result) if read.consistency == ReadConsistency::Index => ReplyBody::for_result(result, true),
+            Some(result) if read.consistency == ReadConsistency::Index => crate::codec::reply_body(result, true),
             Some(result) => self.reply_body(read.client, read.seq, result),
         };
         let reply = Reply { client: read.client, view: 0, seq: read.seq, body, epoch: self.cfg.epoch() };

@@ -425,26 +425,13 @@ pub enum ReplyBody {
     Hash(Digest),
     /// Answer to a [`Read`] the service cannot run without ordering: order it instead.
     NotReadOnly,
-    /// The result has this many bytes, more than [`crate::codec::OP_BYTES_MAX`]: no frame
+    /// The result has this many bytes, more than `codec::OP_BYTES_MAX`: no frame
     /// may carry it, so every node says so instead (the client fails the operation with a
     /// clear error once r + 1 agree, rather than waiting out its timeout).
     TooLarge(u64),
 }
 
 impl ReplyBody {
-    /// What a node sends for `result`: the bytes if `full` (this node is the designated
-    /// replier, or the result is small), else their digest; the size alone if the result
-    /// exceeds the bound on what a reply may carry.
-    pub fn for_result(result: Vec<u8>, full: bool) -> ReplyBody {
-        if result.len() > crate::codec::OP_BYTES_MAX {
-            ReplyBody::TooLarge(result.len() as u64)
-        } else if full {
-            ReplyBody::Full(result)
-        } else {
-            ReplyBody::Hash(result_digest(&result))
-        }
-    }
-
     pub fn result_digest(&self) -> Digest {
         match self {
             ReplyBody::Full(bytes) => result_digest(bytes),

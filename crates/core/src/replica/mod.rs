@@ -818,7 +818,7 @@ impl<S: Service> Replica<S> {
     fn reply_body(&self, client: ClientId, seq: u64, result: Vec<u8>) -> crate::message::ReplyBody {
         let designated = (client.wrapping_add(seq) % self.cfg.n() as u64) as NodeId;
         let full = designated == self.id || result.len() <= normal::REPLY_INLINE_MAX;
-        crate::message::ReplyBody::for_result(result, full)
+        crate::codec::reply_body(result, full)
     }
 
     /// The records that describe this node's durable state, for log compaction.

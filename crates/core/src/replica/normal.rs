@@ -7,8 +7,7 @@ use crate::config::Auth;
 use crate::crypto::Digest;
 use crate::membership::ADMIN_CLIENT;
 use crate::message::{
-    owner_of, write_statement, Cert, Message, NodeId, Proposal, Proposed, Reply, ReplyBody, Request, Seq, Value, View,
-    Write,
+    owner_of, write_statement, Cert, Message, NodeId, Proposal, Proposed, Reply, Request, Seq, Value, View, Write,
 };
 use crate::service::Service;
 use crate::wal::Record;
@@ -77,7 +76,7 @@ impl<S: Service> Replica<S> {
             // the cache holds no results here, the execution nodes answer.
             let cached = self.exec.cached(req.client, req.seq).filter(|_| !self.cfg.separated());
             if let (Peer::Client(_), Some(result)) = (from, cached) {
-                let body = ReplyBody::for_result(result.to_vec(), true);
+                let body = crate::codec::reply_body(result.to_vec(), true);
                 let reply = Reply { client: req.client, view: self.view, seq: req.seq, body, epoch: self.epoch() };
                 out.send_after_persist.push((Peer::Client(req.client), Message::Reply(reply)));
             }

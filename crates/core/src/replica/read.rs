@@ -174,7 +174,7 @@ impl<S: Service> Replica<S> {
         let body = match self.exec.service().execute_read_only(&read.op, &ctx) {
             None => ReplyBody::NotReadOnly,
             // Only the r + 1 nodes asked answer a read index, all needed: each in full.
-            Some(result) if read.consistency == ReadConsistency::Index => ReplyBody::for_result(result, true),
+            Some(result) if read.consistency == ReadConsistency::Index => crate::codec::reply_body(result, true),
             Some(result) => self.reply_body(read.client, read.seq, result),
         };
         let reply = Reply { client: read.client, view: self.view, seq: read.seq, body, epoch: self.epoch() };
