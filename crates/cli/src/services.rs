@@ -14,20 +14,23 @@ pub struct ServiceInfo {
     pub tick_ms: Option<u64>,
     /// Whether its nodes open a port of the service's own protocol (`[front_end]`).
     pub front_end: bool,
+    /// Its simulator model (`keel sim --service NAME`): a workload with its own
+    /// linearizability check, run for one seed. None: not modelled yet.
+    pub sim: Option<fn(&keel_sim::SimOptions) -> keel_sim::SeedReport>,
 }
 
 /// In the order `--help` and errors list them.
 pub const SERVICES: [ServiceInfo; 4] = [
     // The replicated key-value store (`keel kv`). Watch leases end at the next tick, also
     // while no client writes.
-    ServiceInfo { name: "kv", tick_ms: Some(1_000), front_end: false },
+    ServiceInfo { name: "kv", tick_ms: Some(1_000), front_end: false, sim: Some(keel_kv_sim::run_kv_seed) },
     // Empty requests: the microbenchmark service.
-    ServiceInfo { name: "null", tick_ms: None, front_end: false },
+    ServiceInfo { name: "null", tick_ms: None, front_end: false, sim: None },
     // ZooKeeper-compatible coordination: sessions expire at ticks (half a second of
     // granularity against timeouts of 4 to 40 s); each node serves ZooKeeper clients.
-    ServiceInfo { name: "coord", tick_ms: Some(500), front_end: true },
+    ServiceInfo { name: "coord", tick_ms: Some(500), front_end: true, sim: None },
     // Gnothi's block store: each node serves the export over NBD.
-    ServiceInfo { name: "block", tick_ms: None, front_end: true },
+    ServiceInfo { name: "block", tick_ms: None, front_end: true, sim: None },
 ];
 
 /// The names, for messages: "kv, null, coord, block".
@@ -43,6 +46,16 @@ pub fn known(name: &str) -> bool {
 /// The tick service `name` asks for.
 pub fn tick_ms(name: &str) -> Option<u64> {
     SERVICES.iter().find(|s| s.name == name).and_then(|s| s.tick_ms)
+}
+
+/// The simulator model of service `name`, or why there is none.
+pub fn sim_model(name: &str) -> Result<fn(&keel_sim::SimOptions) -> keel_sim::SeedReport, String> {
+    let modelled = || SERVICES.iter().filter(|s| s.sim.is_some()).map(|s| s.name).collect::<Vec<_>>().join(", ");
+    match SERVICES.iter().find(|s| s.name == name) {
+        None => Err(format!("unknown --service {name:?}; this binary runs: {}", names())),
+        Some(ServiceInfo { sim: Some(run), .. }) => Ok(*run),
+        Some(_) => Err(format!("the {name} service has no simulator model yet; modelled: {}", modelled())),
+    }
 }
 
 /// Whether service `name` opens a front end on its nodes.
@@ -166,6 +179,17 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `keel sim --service`: KV's model runs; a service without one, or an unknown name,
+    /// is an error that says which services are modelled or exist.
+    #[test]
+    fn the_simulator_finds_a_model_by_service_name() {
+        assert!(sim_model("kv").is_ok());
+        let none = sim_model("coord").err().unwrap_or_default();
+        assert_eq!(none, "the coord service has no simulator model yet; modelled: kv");
+        let unknown = sim_model("zookeeper").err().unwrap_or_default();
+        assert!(unknown.starts_with("unknown --service \"zookeeper\""), "{unknown}");
+    }
 
     #[test]
     fn every_listed_service_is_known_and_nothing_else() {

@@ -6,7 +6,6 @@ mod attacks;
 use clap::Args;
 use keel_core::config::{Auth, Options};
 use keel_core::quorum::{Mutation, Quorums};
-use keel_kv_sim::run_kv_seed;
 use keel_sim::{Behaviours, FaultCounts, FaultSet, SeedReport, SimOptions};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +13,10 @@ use std::sync::Mutex;
 
 #[derive(Args, Debug, Clone)]
 pub struct SimArgs {
+    /// The service whose simulator model runs: its workload and linearizability check
+    /// (kv; the others are not modelled yet).
+    #[arg(long, default_value = "kv")]
+    service: String,
     /// How many seeds to run (seeds 1..=N, or S..S+N with --seed).
     #[arg(long, default_value_t = 100)]
     seeds: u64,
@@ -126,7 +129,12 @@ fn parse_pin(text: &str) -> Result<Pin, String> {
 
 /// Runs `jobs` on `threads` workers; reports come back in job order. `done` sees each
 /// as it finishes.
-fn run_jobs(jobs: &[SimOptions], threads: usize, done: impl Fn(&SeedReport) + Sync) -> Vec<SeedReport> {
+fn run_jobs(
+    jobs: &[SimOptions],
+    threads: usize,
+    run_seed: fn(&SimOptions) -> SeedReport,
+    done: impl Fn(&SeedReport) + Sync,
+) -> Vec<SeedReport> {
     let next = AtomicU64::new(0);
     let reports: Mutex<Vec<(usize, SeedReport)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| {
@@ -134,7 +142,7 @@ fn run_jobs(jobs: &[SimOptions], threads: usize, done: impl Fn(&SeedReport) + Sy
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed) as usize;
                 let Some(job) = jobs.get(i) else { break };
-                let report = run_kv_seed(job);
+                let report = run_seed(job);
                 done(&report);
                 reports.lock().unwrap_or_else(|p| p.into_inner()).push((i, report));
             });
@@ -160,6 +168,13 @@ pub fn run(mut args: SimArgs) -> ExitCode {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
+    let model = match crate::services::sim_model(&args.service) {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mutation = match args.mutate.as_deref().map(|m| (m, Mutation::from_name(m))) {
         None => None,
         Some((_, Some(m))) => Some(m),
@@ -213,7 +228,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     if args.report.is_some() {
-        return attacks::run(&args, &seeds, make);
+        return attacks::run(&args, &seeds, make, model);
     }
     let started = std::time::Instant::now();
     let jobs: Vec<SimOptions> = seeds.iter().map(|&seed| make(seed)).collect();
@@ -223,7 +238,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let violated = AtomicU64::new(0);
-    let reports = run_jobs(&jobs, args.threads, |report| {
+    let reports = run_jobs(&jobs, args.threads, model, |report| {
         if !report.violations.is_empty() {
             let v = violated.fetch_add(1, Ordering::Relaxed) + 1;
             bar.set_message(format!("{v} with violations"));

@@ -53,7 +53,12 @@ struct Row<'a> {
     runs: Vec<(u64, NodeId, &'a SeedReport)>,
 }
 
-pub fn run(args: &SimArgs, seeds: &[u64], make: impl Fn(u64) -> SimOptions) -> ExitCode {
+pub fn run(
+    args: &SimArgs,
+    seeds: &[u64],
+    make: impl Fn(u64) -> SimOptions,
+    model: fn(&SimOptions) -> SeedReport,
+) -> ExitCode {
     let Some(n) = Quorums::new(args.u, args.r).ok().filter(|_| args.r > 0).map(|q| q.order_nodes()) else {
         eprintln!("error: --report attacks needs r > 0 (a Byzantine node to tolerate)");
         return ExitCode::from(2);
@@ -87,7 +92,7 @@ pub fn run(args: &SimArgs, seeds: &[u64], make: impl Fn(u64) -> SimOptions) -> E
         }
     }
     let started = std::time::Instant::now();
-    let reports = run_jobs(&jobs, args.threads, |_| {});
+    let reports = run_jobs(&jobs, args.threads, model, |_| {});
     let (quiet, attacked) = reports.split_at(seeds.len());
     let without = |seed: u64| &quiet[seeds.iter().position(|s| *s == seed).expect("a seed run")];
     let mut rows = Vec::new();
