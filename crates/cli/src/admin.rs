@@ -55,9 +55,9 @@ enum AdminCommand {
         /// The directory `keel init` wrote.
         #[arg(long, env = "KEEL_DIR")]
         dir: PathBuf,
-        /// Print one JSON object instead of text.
-        #[arg(long)]
-        json: bool,
+        /// Output: a table (text) or one JSON object (json).
+        #[arg(short, long, value_enum, default_value_t = crate::cluster::StatusOutput::Text)]
+        output: crate::cluster::StatusOutput,
     },
     /// Tolerate other faults with the same nodes (refused unless the node count allows).
     SetFaults {
@@ -165,7 +165,7 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             );
             Ok(())
         }
-        AdminCommand::Members { dir, json } => members(&dir, json),
+        AdminCommand::Members { dir, output } => members(&dir, output == crate::cluster::StatusOutput::Json),
         AdminCommand::SetFaults { dir, u, r } => {
             refuse_for_block(&dir)?;
             let m = submit(&dir, Change::Faults { u, r }).await?;
