@@ -14,7 +14,7 @@ use keel_core::message::ReadConsistency;
 use keel_kv::KvRequest;
 use keel_null::Null;
 use keel_runtime::client::KeelClient;
-use keel_runtime::config::{first_client_id, init, ClientFile, InitOptions, NodeFile};
+use keel_runtime::config::{init, ClientFile, InitOptions, NodeFile};
 use keel_runtime::storage::FsyncPolicy;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -144,11 +144,12 @@ async fn step(dir: &Path, target: &'static str, a: &BenchArgs, service: &str, cl
     // One client identity (one connection per node) per benchmark client; `outstanding`
     // sessions on it, each driven by its own task with one operation in flight.
     let sessions = a.outstanding.max(1);
+    // Identities no other process uses (a `keel kv` running beside the benchmark holds
+    // one): two users of one identity would reuse sequence numbers. Held for the step.
+    let identities = crate::identity::claim_many(dir, clients)?;
     let mut conns = Vec::with_capacity(clients);
-    for i in 0..clients {
-        let id = first_client_id() + i as u64;
-        let setup = ClientFile::load(&dir.join(format!("client-{id}/client.toml")))
-            .map_err(|e| format!("{e} (this step needs {clients} client identities: keel init --clients {clients})"))?;
+    for (id, _) in &identities {
+        let setup = ClientFile::load(&dir.join(format!("client-{id}/client.toml"))).map_err(|e| e.to_string())?;
         conns.push(KeelClient::connect_sessions(setup, sessions).map_err(|e| e.to_string())?);
     }
     // What the step is doing, on a terminal only (stdout keeps the table).

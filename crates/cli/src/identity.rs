@@ -18,6 +18,13 @@ pub fn claim(dir: &Path, wanted: Option<u64>) -> Result<(u64, std::fs::File), St
             Err(LockError::Io(e)) => Err(format!("client-{id}: {e}")),
         };
     }
+    claim_many(dir, 1)?.pop().ok_or_else(|| format!("{}: no client identity claimed", dir.display()))
+}
+
+/// `count` client identities no other process is using, the lowest first, each locked
+/// for as long as its file is kept (`keel bench`: one per benchmark client).
+pub fn claim_many(dir: &Path, count: usize) -> Result<Vec<(u64, std::fs::File)>, String> {
+    let lock = |id: u64| keel_runtime::lockfile::try_lock(&dir.join(format!("client-{id}")).join("LOCK"));
     let mut ids: Vec<u64> = std::fs::read_dir(dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
         .flatten()
@@ -27,14 +34,23 @@ pub fn claim(dir: &Path, wanted: Option<u64>) -> Result<(u64, std::fs::File), St
     if ids.is_empty() {
         return Err(format!("{} holds no client identity (client-*); keel init makes them", dir.display()));
     }
+    let mut claimed = Vec::with_capacity(count);
     for &id in &ids {
+        if claimed.len() == count {
+            break;
+        }
         if let Ok(f) = lock(id) {
-            return Ok((id, f));
+            claimed.push((id, f));
         }
     }
-    Err(format!(
-        "all {} client identities of {} are in use by other processes; wait, or make more with keel init --clients",
-        ids.len(),
-        dir.display()
-    ))
+    if claimed.len() < count {
+        return Err(format!(
+            "{count} client identities needed, {} of the {} in {} are free (the others are in use by other \
+             processes); wait, or make more with keel init --clients",
+            claimed.len(),
+            ids.len(),
+            dir.display()
+        ));
+    }
+    Ok(claimed)
 }

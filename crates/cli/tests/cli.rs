@@ -183,3 +183,33 @@ fn a_cluster_that_is_down_is_named_in_the_error() {
     assert!(err.contains("could not reach node 2 (") && err.contains("node 3 ("), "{err}");
     assert!(err.contains("connected to node 0, node 1"), "{err}");
 }
+
+/// `keel bench` takes identities no other process uses: beside a `keel kv watch` (which
+/// holds the first free one) it runs on others without a single error, and asked for
+/// more than are free it says so instead of sharing one.
+#[test]
+fn keel_bench_uses_only_free_client_identities() {
+    let cluster = Cluster::init(1, 1);
+    let mut watcher = Command::new(support::KEEL)
+        .args(["kv", "watch", "w"])
+        .env("KEEL_DIR", cluster.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("watcher");
+    let lock = cluster.path().join("client-1000/LOCK");
+    let started = Instant::now();
+    while std::fs::read_to_string(&lock).map_or(true, |t| !t.contains(&watcher.id().to_string())) {
+        assert!(started.elapsed() < Duration::from_secs(10), "the watcher never took identity 1000");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let bench = keel(&cluster, &["bench", "--clients", "3", "--duration", "1", "--no-baseline"]);
+    let row = stdout(&bench).lines().find(|l| l.starts_with("cluster\t3\t")).map(String::from);
+    let errors = row.as_deref().and_then(|r| r.split('\t').nth(6)).map(String::from);
+    assert_eq!(errors.as_deref(), Some("0"), "{}{}", stdout(&bench), stderr(&bench));
+    let refused = keel(&cluster, &["bench", "--clients", "8", "--duration", "1", "--no-baseline"]);
+    let _ = watcher.kill();
+    let _ = watcher.wait();
+    assert!(!refused.status.success());
+    assert!(stderr(&refused).contains("8 client identities needed, 7 of the 8"), "{}", stderr(&refused));
+}
