@@ -59,6 +59,45 @@ pub struct Control {
 /// Node-plane messages queued each way: a service that does not keep up with its peers
 /// loses the newest (counted), it does not make its node buffer without bound.
 pub const PLANE_QUEUE: usize = 1024;
+/// Bytes of inbound node-plane messages waiting for the service, from all peers together
+/// and from any one: a count bound alone would let peers pin 1024 messages of 4 MiB
+/// (4 GiB); the share per peer keeps one peer, a Byzantine one say, from filling the
+/// queue that correct peers need. Beyond either, a message is dropped ("full").
+pub const PLANE_INBOX_BYTES: usize = 256 << 20;
+pub const PLANE_PEER_BYTES: usize = 64 << 20;
+
+/// What waits in a plane's inbound queue, in bytes: in all, and by sender.
+#[derive(Default)]
+struct Backlog {
+    total: usize,
+    by_peer: std::collections::BTreeMap<NodeId, usize>,
+}
+
+impl Backlog {
+    /// Takes `len` bytes from `from` if both bounds allow.
+    fn admit(&mut self, from: NodeId, len: usize) -> bool {
+        let peer = self.by_peer.get(&from).copied().unwrap_or(0);
+        if self.total + len > PLANE_INBOX_BYTES || peer + len > PLANE_PEER_BYTES {
+            return false;
+        }
+        self.total += len;
+        self.by_peer.insert(from, peer + len);
+        true
+    }
+
+    /// The service took `len` bytes from `from` (or they were never queued).
+    fn release(&mut self, from: NodeId, len: usize) {
+        self.total = self.total.saturating_sub(len);
+        if let Some(peer) = self.by_peer.get_mut(&from) {
+            *peer = peer.saturating_sub(len);
+            if *peer == 0 {
+                self.by_peer.remove(&from);
+            }
+        }
+    }
+}
+
+type SharedBacklog = Arc<std::sync::Mutex<Backlog>>;
 
 /// Why a node-plane message was not queued.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -79,6 +118,7 @@ pub struct NodePlane {
     node: NodeId,
     out: mpsc::Sender<(NodeId, Vec<u8>)>,
     inbox: mpsc::Receiver<(NodeId, Vec<u8>)>,
+    backlog: SharedBacklog,
 }
 
 impl NodePlane {
@@ -103,7 +143,11 @@ impl NodePlane {
     /// The next message a trusted peer sent and the service's check accepted: (from,
     /// payload). None once the node stopped.
     pub async fn recv(&mut self) -> Option<(NodeId, Vec<u8>)> {
-        self.inbox.recv().await
+        let (from, payload) = self.inbox.recv().await?;
+        if let Ok(mut b) = self.backlog.lock() {
+            b.release(from, payload.len());
+        }
+        Some((from, payload))
     }
 }
 
@@ -137,10 +181,11 @@ struct PlaneWire {
     inbox: mpsc::Sender<(NodeId, Vec<u8>)>,
     out: mpsc::Receiver<(NodeId, Vec<u8>)>,
     check: PlaneCheck,
+    backlog: SharedBacklog,
 }
 
 /// The driver's inbound end of a node's plane ([`Control::take_plane`]).
-pub(crate) struct PlaneIn(Option<(PlaneQueue, PlaneCheck)>);
+pub(crate) struct PlaneIn(Option<(PlaneQueue, PlaneCheck, SharedBacklog)>);
 
 /// A node plane's queue of (peer, payload): to the service inbound, from it outbound.
 type PlaneQueue = mpsc::Sender<(NodeId, Vec<u8>)>;
@@ -155,14 +200,22 @@ impl PlaneIn {
         let reason = match &self.0 {
             None => "no-plane",
             Some(_) if !trusted => "untrusted",
-            Some((_, check)) if !check(from, &payload) => "refused",
-            Some((inbox, _)) => match inbox.try_send((from, payload)) {
-                Ok(()) => {
+            Some((_, check, _)) if !check(from, &payload) => "refused",
+            Some((inbox, _, backlog)) => {
+                let len = payload.len();
+                let admitted = backlog.lock().map(|mut b| b.admit(from, len)).unwrap_or(false);
+                if !admitted {
+                    "full"
+                } else if inbox.try_send((from, payload)).is_ok() {
                     m.plane_delivered.inc();
                     return;
+                } else {
+                    if let Ok(mut b) = backlog.lock() {
+                        b.release(from, len);
+                    }
+                    "full"
                 }
-                Err(_) => "full",
-            },
+            }
         };
         tracing::debug!(from, reason, "node-plane message rejected");
         m.plane_rejected.get_or_create(&crate::metrics::KindLabels { kind: reason.into() }).inc();
@@ -218,7 +271,9 @@ impl Control {
     /// while a step runs) and what the service sends (an arm of the loop's select).
     pub(crate) fn take_plane(&mut self) -> (PlaneIn, PlaneOut) {
         match self.plane.take() {
-            Some(PlaneWire { inbox, out, check }) => (PlaneIn(Some((inbox, check))), PlaneOut(Some(out))),
+            Some(PlaneWire { inbox, out, check, backlog }) => {
+                (PlaneIn(Some((inbox, check, backlog))), PlaneOut(Some(out)))
+            }
             None => (PlaneIn(None), PlaneOut(None)),
         }
     }
@@ -363,8 +418,9 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
             Some(check) => {
                 let (in_tx, in_rx) = mpsc::channel(PLANE_QUEUE);
                 let (out_tx, out_rx) = mpsc::channel(PLANE_QUEUE);
-                let wire = PlaneWire { inbox: in_tx, out: out_rx, check };
-                (Some(wire), Some(NodePlane { node: id, out: out_tx, inbox: in_rx }))
+                let backlog = SharedBacklog::default();
+                let wire = PlaneWire { inbox: in_tx, out: out_rx, check, backlog: backlog.clone() };
+                (Some(wire), Some(NodePlane { node: id, out: out_tx, inbox: in_rx, backlog }))
             }
             None => (None, None),
         };
@@ -600,4 +656,35 @@ pub fn load(dir: &Path) -> Result<Provisioned, ConfigFileError> {
         clients.push(ClientFile::load(&d.join("client.toml"))?);
     }
     Ok(Provisioned { dir: dir.into(), nodes, clients })
+}
+
+#[cfg(test)]
+mod backlog_tests {
+    use super::*;
+
+    /// One peer cannot take more than its share, all together not more than the total,
+    /// and what the service takes is free again.
+    #[test]
+    fn the_plane_backlog_bounds_bytes_per_peer_and_in_all() {
+        let mut b = Backlog::default();
+        let mib = 1 << 20;
+        for _ in 0..16 {
+            assert!(b.admit(1, 4 * mib));
+        }
+        assert!(!b.admit(1, 1), "peer 1 holds its 64 MiB share");
+        for peer in 2..5 {
+            for _ in 0..16 {
+                assert!(b.admit(peer, 4 * mib));
+            }
+        }
+        assert_eq!(b.total, PLANE_INBOX_BYTES);
+        assert!(!b.admit(5, 1), "256 MiB queued in all");
+        b.release(3, 4 * mib);
+        assert!(b.admit(5, 4 * mib), "room again once the service took a message");
+        assert!(!b.admit(1, 1));
+        for _ in 0..16 {
+            b.release(1, 4 * mib);
+        }
+        assert!(!b.by_peer.contains_key(&1), "a peer with nothing queued is forgotten");
+    }
 }

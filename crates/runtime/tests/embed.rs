@@ -233,3 +233,53 @@ async fn node_plane_messages_reach_the_service_only_from_trusted_peers_and_past_
         node.shutdown().await.expect("a clean shutdown");
     }
 }
+
+/// A service that does not read its plane cannot be made to buffer without bound: one
+/// peer's messages queue up to its share (64 MiB), the rest are dropped and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_cannot_fill_a_slow_services_plane_beyond_its_byte_share() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cluster = provisioned(dir.path());
+    let mut nodes = Vec::new();
+    let mut planes = Vec::new();
+    for setup in &cluster.nodes {
+        let (plane_tx, plane_rx) = tokio::sync::oneshot::channel();
+        let node = NodeBuilder::new(setup.clone(), Registers::default)
+            .node_plane(|_from, _payload| true)
+            .front_end(move |fe| async move {
+                // Holds its plane and never reads it.
+                let plane = fe.take_plane().expect("the plane");
+                let _ = plane_tx.send(plane.sender());
+                std::future::pending::<()>().await;
+                drop(plane);
+            })
+            .start()
+            .await
+            .expect("node starts");
+        planes.push(plane_rx.await.expect("a sender"));
+        nodes.push(node);
+    }
+    let max = keel_core::codec::PLANE_BYTES_MAX;
+    let share = keel_runtime::embed::PLANE_PEER_BYTES / max;
+    for _ in 0..share + 4 {
+        // The sender's own queue may refuse when full; the test waits for it to drain.
+        while planes[0].send(1, vec![7; max]).is_err() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let started = std::time::Instant::now();
+    loop {
+        let m = nodes[1].metrics();
+        let (delivered, full) =
+            (metric(&m, "keel_plane_delivered_total"), metric(&m, "keel_plane_rejected_total{kind=\"full\"}"));
+        if delivered + full == (share + 4) as u64 {
+            assert_eq!((delivered, full), (share as u64, 4), "{m}");
+            break;
+        }
+        assert!(started.elapsed() < TIMEOUT, "not all messages arrived: {delivered} delivered, {full} full");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for node in nodes {
+        node.shutdown().await.expect("a clean shutdown");
+    }
+}
