@@ -14,7 +14,7 @@ use clap::{Args, Subcommand};
 use keel_core::membership::{decode_result, AdminError, AdminOp, Change, Membership};
 use keel_runtime::client::KeelClient;
 use keel_runtime::config::{
-    admin_setup, new_node_dir, node_dirs, provision_clients, write_bundle, write_join_file, NodeFile,
+    admin_setup, new_node_dir_with, node_dirs, provision_clients, write_bundle, write_join_file, NodeFile,
 };
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,6 +40,10 @@ enum AdminCommand {
         /// Where it serves /metrics and /status (default: the port after that).
         #[arg(long)]
         metrics: Option<SocketAddr>,
+        /// Services with their own client port (coord, block): where the new node's
+        /// front end listens (default: the port after the metrics port).
+        #[arg(long)]
+        front_end: Option<SocketAddr>,
     },
     /// Remove a node (by id) from the running cluster.
     RemoveNode {
@@ -111,7 +115,7 @@ fn refuse_for_block(dir: &std::path::Path) -> Result<(), String> {
 
 async fn run_command(command: AdminCommand) -> Result<(), String> {
     match command {
-        AdminCommand::AddNode { dir, listen, metrics } => {
+        AdminCommand::AddNode { dir, listen, metrics, front_end } => {
             refuse_for_block(&dir)?;
             let dirs = node_dirs(&dir);
             let id = dirs.keys().next_back().map_or(0, |top| top + 1);
@@ -119,9 +123,11 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             let mut top_port = 0;
             let mut host = std::net::IpAddr::from([127, 0, 0, 1]);
             let in_use = addresses_in_use(&dir)?;
+            let mut has_front_end = false;
             for d in dirs.values() {
                 let s = NodeFile::load(&d.join("node.toml")).map_err(|e| e.to_string())?;
                 host = s.listen.ip();
+                has_front_end |= s.front_end.is_some();
             }
             for (addr, _) in &in_use {
                 top_port = top_port.max(addr.port());
@@ -136,15 +142,25 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
                 Some(a) => a,
                 None => SocketAddr::new(host, next(listen.port().max(top_port + 1))?),
             };
-            if listen == metrics {
-                return Err(format!("--listen and --metrics are both {listen}"));
+            // The service's client port, for services whose nodes have one.
+            let front_end = match (has_front_end, front_end) {
+                (false, Some(_)) => return Err("--front-end: this cluster's service has no client port".into()),
+                (false, None) => None,
+                (true, Some(a)) => Some(a),
+                (true, None) => Some(SocketAddr::new(host, next(metrics.port().max(top_port + 2))?)),
+            };
+            if listen == metrics || front_end.is_some_and(|f| f == listen || f == metrics) {
+                return Err(format!(
+                    "--listen, --metrics and --front-end must differ: {listen}, {metrics}, {front_end:?}"
+                ));
             }
-            for (flag, addr) in [("--listen", listen), ("--metrics", metrics)] {
+            for (flag, addr) in [("--listen", Some(listen)), ("--metrics", Some(metrics)), ("--front-end", front_end)] {
+                let Some(addr) = addr else { continue };
                 if let Some((_, who)) = in_use.iter().find(|(a, _)| a.port() == addr.port() && same_host(*a, addr)) {
                     return Err(format!("{flag} {addr} is already {who}"));
                 }
             }
-            let (ndir, member) = new_node_dir(&dir, id, listen, metrics).map_err(|e| e.to_string())?;
+            let (ndir, member) = new_node_dir_with(&dir, id, listen, metrics, front_end).map_err(|e| e.to_string())?;
             let m = match submit(&dir, Change::Add(member)).await {
                 Ok(m) => m,
                 Err(e) => {
@@ -158,6 +174,9 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             println!("node {id} added: epoch {} with nodes {:?}", m.epoch, ids(&m));
             println!("{clients} client files now hold a key for node {id} (clients started from now on use it)");
             let bundle = write_bundle(&dir, id, &listen.ip().to_string()).map_err(|e| e.to_string())?;
+            if let Some(f) = front_end {
+                println!("its clients' port (the service's front end): {f}");
+            }
             println!("start it with: keel node --config {}", ndir.join("node.toml").display());
             println!(
                 "on another machine: copy {} there and run keel node --config node-{id}/node.toml in it",

@@ -208,6 +208,33 @@ fn read_frame(s: &mut TcpStream) -> Vec<u8> {
     body
 }
 
+/// `keel admin add-node` on a coord cluster gives the new node a front end of its own
+/// (a port and a client identity): ZooKeeper clients connected to it create nodes the
+/// others see, and the other way round.
+#[test]
+fn an_added_node_serves_zookeeper_clients_on_a_front_end_of_its_own() {
+    let (mut c, fronts) = coord_cluster();
+    let said = c.admin(&["add-node"]).expect("add-node");
+    assert!(said.contains("its clients' port (the service's front end): "), "{said}");
+    c.add_slot(4);
+    c.start(4);
+    let all = c.front_ends();
+    assert_eq!(all.len(), 5, "the new node has a front end");
+    let added = all[4];
+    assert!(!fronts.contains(&added), "a port of its own");
+    let started = Instant::now();
+    while four_letter(added, "ruok").as_deref() != Some("imok") {
+        assert!(started.elapsed() < Duration::from_secs(60), "the added node's front end never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut on_new = RawClient::connect(added, 10_000);
+    assert_eq!(on_new.create_ephemeral("/from-the-new-node"), 0);
+    let mut on_old = RawClient::connect(fronts[1], 10_000);
+    assert_eq!(on_old.exists("/from-the-new-node"), 0, "seen from an old node");
+    assert_eq!(on_old.create_ephemeral("/from-an-old-node"), 0);
+    assert_eq!(on_new.exists("/from-an-old-node"), 0, "seen from the new node");
+}
+
 /// `max_client_cnxns` (ZooKeeper's per-address limit): with 5, a sixth connection from
 /// the same address is closed at once and counted; once one of the five closes, a new
 /// one is kept again.

@@ -1015,6 +1015,24 @@ pub fn new_node_dir(
     listen: SocketAddr,
     metrics: SocketAddr,
 ) -> Result<(PathBuf, keel_core::membership::Member), ConfigFileError> {
+    new_node_dir_with(dir, id, listen, metrics, None)
+}
+
+/// As [`new_node_dir`], and with `front_end` Some(address) the node also gets a front end
+/// there, like its template's (`[front_end.options]` included), with a client identity of
+/// its own (`node-<id>/front-end/`: the next unused client id, a certificate from the CA,
+/// a MAC key for every node). Under `auth = sig` that is refused: nodes check clients'
+/// signatures against the keys in cluster.toml, which cannot change while they run.
+///
+/// # Errors
+/// As [`new_node_dir`]; or `auth = sig` with a front end.
+pub fn new_node_dir_with(
+    dir: &Path,
+    id: NodeId,
+    listen: SocketAddr,
+    metrics: SocketAddr,
+    front_end: Option<SocketAddr>,
+) -> Result<(PathBuf, keel_core::membership::Member), ConfigFileError> {
     let dirs = node_dirs(dir);
     let template_path = dirs.values().next().map(|d| d.join("node.toml")).ok_or_else(|| ConfigFileError::Invalid {
         path: dir.into(),
@@ -1025,12 +1043,31 @@ pub fn new_node_dir(
     if ndir.exists() {
         return Err(ConfigFileError::Invalid { path: ndir, message: "exists already".into() });
     }
+    if front_end.is_some() {
+        let cluster_path = dir.join("cluster.toml");
+        if ClusterFile::load(&cluster_path)?.auth(&cluster_path)? == Auth::Sig {
+            return Err(ConfigFileError::Invalid {
+                path: cluster_path,
+                message: "auth = sig: a new front end's client key would have to be in cluster.toml, which the \
+                          running nodes read only at start"
+                    .into(),
+            });
+        }
+    }
     provision_data(&ndir)?;
     let ca = Credentials { cert_pem: read(&dir.join("ca.pem"))?, key_pem: read(&dir.join("ca.key"))? };
     let creds = issue(&ca, PeerId::Node(id))?;
     write(&ndir.join("node.pem"), &creds.cert_pem)?;
     write_secret(&ndir.join("node.key"), &creds.key_pem)?;
     let (seed, mac): ([u8; 32], [u8; 32]) = (random_bytes(), random_bytes());
+    let front = match front_end {
+        None => None,
+        Some(addr) => {
+            let client = provision_front_end(dir, &ndir, &ca, &mac)?;
+            let options = template.front_end.as_ref().map(|f| f.options.clone()).unwrap_or_default();
+            Some(FrontEndFile { listen: addr, client, options })
+        }
+    };
     let file = NodeFile {
         id,
         listen,
@@ -1038,15 +1075,74 @@ pub fn new_node_dir(
         signing_seed: hex::encode(seed),
         mac_secret: hex::encode(mac),
         faults: FaultsFile::default(),
-        // A front end needs a port and a client identity of its own: not yet provisioned
-        // for added nodes (their template's would clash).
-        front_end: None,
+        // Its own port and identity (the template's would clash), or none.
+        front_end: front,
         ..template
     };
     write_secret(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
     let member =
         keel_core::membership::Member { id, key: SigningKey::from_seed(seed).public(), addr: listen.to_string() };
     Ok((ndir, member))
+}
+
+/// A client identity for the front end of a node being added in `ndir`: the next client
+/// id no file of `dir` uses, its certificate from the CA, and MAC keys derived from every
+/// node's secret (the new node's is `new_mac`, its file not written yet). Returns the
+/// client file's path relative to `ndir`.
+fn provision_front_end(
+    dir: &Path,
+    ndir: &Path,
+    ca: &Credentials,
+    new_mac: &[u8; 32],
+) -> Result<PathBuf, ConfigFileError> {
+    let dirs = node_dirs(dir);
+    let new_id = ndir
+        .file_name()
+        .and_then(|n| n.to_string_lossy().strip_prefix("node-")?.parse::<NodeId>().ok())
+        .unwrap_or_default();
+    // Every client file: `client-*` and the nodes' front ends.
+    let mut files: Vec<PathBuf> = fs::read_dir(dir)
+        .map_err(|source| ConfigFileError::Io { path: dir.into(), source })?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("client-"))
+        .map(|e| e.path().join("client.toml"))
+        .collect();
+    files.extend(dirs.values().map(|d| d.join("front-end").join("client.toml")));
+    let mut top = first_client_id();
+    for f in files.iter().filter(|f| f.exists()) {
+        let c: ClientFile = parse(f)?;
+        top = top.max(c.id);
+    }
+    let id = top + 1;
+    let mut mac_keys = Vec::new();
+    for node in 0..=dirs.keys().next_back().copied().unwrap_or(0).max(new_id) {
+        let key = match dirs.get(&node) {
+            _ if node == new_id => client_mac_key(new_mac, id),
+            Some(d) => {
+                let path = d.join("node.toml");
+                let f: NodeFile = parse(&path)?;
+                client_mac_key(&hex32(&path, "mac_secret", &f.mac_secret)?, id)
+            }
+            None => MacKey([0; 32]),
+        };
+        mac_keys.push(hex::encode(key.0));
+    }
+    let cdir = ndir.join("front-end");
+    fs::create_dir_all(&cdir).map_err(|source| ConfigFileError::Io { path: cdir.clone(), source })?;
+    let creds = issue(ca, PeerId::Client(id))?;
+    write(&cdir.join("client.pem"), &creds.cert_pem)?;
+    write_secret(&cdir.join("client.key"), &creds.key_pem)?;
+    let file = ClientFile {
+        id,
+        cluster: Path::new("../..").join("cluster.toml"),
+        ca: Path::new("../..").join("ca.pem"),
+        cert: "client.pem".into(),
+        key: "client.key".into(),
+        mac_keys,
+        signing_seed: None,
+    };
+    write_secret(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
+    Ok(PathBuf::from("front-end").join("client.toml"))
 }
 
 /// Gives every client of a `keel init` directory its MAC key for node `id` (added by
