@@ -133,9 +133,8 @@ impl Peers {
             let message = Message::Prepare { prepare: prepare.clone(), then: rest.to_vec() };
             if self.send.send(first, message.encode()).is_err() {
                 // Not even queued: nobody down the chain will answer.
-                let mut acks = self.acks.lock().unwrap_or_else(PoisonError::into_inner);
                 for &to in chain {
-                    acks.remove(&(to, prepare.epoch, prepare.seq));
+                    forget(&self.acks, &(to, prepare.epoch, prepare.seq));
                 }
             }
         }
@@ -150,37 +149,55 @@ impl Peers {
 
     /// Stops waiting for `to`'s answer to PrepareData `(epoch, seq)`.
     pub fn forget_prepare(&self, to: NodeId, epoch: u64, seq: u64) {
-        self.acks.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, epoch, seq));
+        forget(&self.acks, &(to, epoch, seq));
     }
 
     /// Asks node `to` for `count` blocks from `first`.
     pub fn fetch(&self, to: NodeId, first: u64, count: u32) -> (u64, oneshot::Receiver<Fetched>) {
-        let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.fetches.lock().unwrap_or_else(PoisonError::into_inner).insert((to, id), tx);
-        if self.send.send(to, Message::Fetch { id, first, count }.encode()).is_err() {
-            self.fetches.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, id));
-        }
-        (id, rx)
+        self.ask(&self.fetches, to, |id| Message::Fetch { id, first, count })
     }
 
     /// Asks node `to` which versions of `count` blocks from `first` it holds.
     pub fn held(&self, to: NodeId, first: u64, count: u32) -> (u64, oneshot::Receiver<Vec<u64>>) {
+        self.ask(&self.helds, to, |id| Message::Held { id, first, count })
+    }
+
+    pub fn forget_held(&self, to: NodeId, id: u64) {
+        forget(&self.helds, &(to, id));
+    }
+
+    pub fn forget_fetch(&self, to: NodeId, id: u64) {
+        forget(&self.fetches, &(to, id));
+    }
+
+    /// Sends the request `message(id)` to `to` under a fresh id; the receiver resolves
+    /// with the answer (or is dropped if the request could not be queued).
+    fn ask<T>(
+        &self,
+        waiters: &Waiters<T>,
+        to: NodeId,
+        message: impl FnOnce(u64) -> Message,
+    ) -> (u64, oneshot::Receiver<T>) {
         let id = self.next_fetch.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.helds.lock().unwrap_or_else(PoisonError::into_inner).insert((to, id), tx);
-        if self.send.send(to, Message::Held { id, first, count }.encode()).is_err() {
-            self.helds.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, id));
+        waiters.lock().unwrap_or_else(PoisonError::into_inner).insert((to, id), tx);
+        if self.send.send(to, message(id).encode()).is_err() {
+            forget(waiters, &(to, id));
         }
         (id, rx)
     }
 
-    pub fn forget_held(&self, to: NodeId, id: u64) {
-        self.helds.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, id));
-    }
-
-    pub fn forget_fetch(&self, to: NodeId, id: u64) {
-        self.fetches.lock().unwrap_or_else(PoisonError::into_inner).remove(&(to, id));
+    /// Hands `answer` to whoever waits for it under `key`; one nobody asked for is
+    /// counted and dropped.
+    fn answer<K: std::hash::Hash + Eq, T>(&self, waiters: &Mutex<HashMap<K, oneshot::Sender<T>>>, key: K, answer: T) {
+        match waiters.lock().unwrap_or_else(PoisonError::into_inner).remove(&key) {
+            Some(w) => {
+                let _ = w.send(answer);
+            }
+            None => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Handles one message from peer `from` (the plane task's loop body).
@@ -214,15 +231,7 @@ impl Peers {
                 });
             }
             Message::Prepared { epoch, seq, refused } => {
-                let waiter = self.acks.lock().unwrap_or_else(PoisonError::into_inner).remove(&(from, epoch, seq));
-                match waiter {
-                    Some(w) => {
-                        let _ = w.send(refused.map_or(Ok(()), Err));
-                    }
-                    None => {
-                        self.dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+                self.answer(&self.acks, (from, epoch, seq), refused.map_or(Ok(()), Err));
             }
             Message::Fetch { id, first, count } => {
                 let g = local.geometry();
@@ -254,28 +263,13 @@ impl Peers {
                 };
                 let _ = self.send.send(from, Message::HeldVersions { id, versions }.encode());
             }
-            Message::HeldVersions { id, versions } => {
-                let waiter = self.helds.lock().unwrap_or_else(PoisonError::into_inner).remove(&(from, id));
-                match waiter {
-                    Some(w) => {
-                        let _ = w.send(versions);
-                    }
-                    None => {
-                        self.dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-            Message::Blocks { id, versions, data, .. } => {
-                let waiter = self.fetches.lock().unwrap_or_else(PoisonError::into_inner).remove(&(from, id));
-                match waiter {
-                    Some(w) => {
-                        let _ = w.send((versions, data));
-                    }
-                    None => {
-                        self.dropped.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
+            Message::HeldVersions { id, versions } => self.answer(&self.helds, (from, id), versions),
+            Message::Blocks { id, versions, data, .. } => self.answer(&self.fetches, (from, id), (versions, data)),
         }
     }
+}
+
+/// Stops waiting under `key`.
+fn forget<K: std::hash::Hash + Eq, T>(waiters: &Mutex<HashMap<K, oneshot::Sender<T>>>, key: &K) {
+    waiters.lock().unwrap_or_else(PoisonError::into_inner).remove(key);
 }
