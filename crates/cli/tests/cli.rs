@@ -190,19 +190,7 @@ fn a_cluster_that_is_down_is_named_in_the_error() {
 #[test]
 fn keel_bench_uses_only_free_client_identities() {
     let cluster = Cluster::init(1, 1);
-    let mut watcher = Command::new(support::KEEL)
-        .args(["kv", "watch", "w"])
-        .env("KEEL_DIR", cluster.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("watcher");
-    let lock = cluster.path().join("client-1000/LOCK");
-    let started = Instant::now();
-    while std::fs::read_to_string(&lock).map_or(true, |t| !t.contains(&watcher.id().to_string())) {
-        assert!(started.elapsed() < Duration::from_secs(10), "the watcher never took identity 1000");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut watcher = support::identity_holder(cluster.path(), 1000);
     let bench = keel(&cluster, &["bench", "--clients", "3", "--duration", "1", "--no-baseline"]);
     let row = stdout(&bench).lines().find(|l| l.starts_with("cluster\t3\t")).map(String::from);
     let errors = row.as_deref().and_then(|r| r.split('\t').nth(6)).map(String::from);

@@ -915,20 +915,7 @@ async fn concurrent_keel_kv_processes_each_claim_a_free_identity() {
     let got = kv(vec!["get".into(), "l3/24".into()]);
     assert_eq!(String::from_utf8_lossy(&got.stdout).trim(), "24");
     // Identity 1007 held by a watcher: asked for by name, it is refused, and says why.
-    let mut watcher = std::process::Command::new(support::KEEL)
-        .args(["kv", "--client", "1007", "--dir"])
-        .arg(cluster.path())
-        .args(["watch", "x"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("watcher");
-    let lock = cluster.path().join("client-1007/LOCK");
-    let started = Instant::now();
-    while std::fs::read_to_string(&lock).map_or(true, |t| !t.contains(&watcher.id().to_string())) {
-        assert!(started.elapsed() < Duration::from_secs(10), "the watcher never took its identity");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut watcher = support::identity_holder(cluster.path(), 1007);
     let refused = kv(vec!["--client".into(), "1007".into(), "get".into(), "x".into()]);
     let _ = watcher.kill();
     let _ = watcher.wait();

@@ -389,3 +389,23 @@ pub async fn reads_never_stale_under_writes(
     stop.store(true, SeqCst);
     (reads, w.await.expect("writer"))
 }
+
+/// A `keel kv watch` holding client identity `id` of the cluster in `dir`, once its lock
+/// names it (kill it by the handle when done).
+pub fn identity_holder(dir: &Path, id: u64) -> Child {
+    let holder = Command::new(KEEL)
+        .args(["kv", "--client", &id.to_string(), "--dir"])
+        .arg(dir)
+        .args(["watch", "held"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("keel kv watch starts");
+    let lock = dir.join(format!("client-{id}/LOCK"));
+    let started = std::time::Instant::now();
+    while std::fs::read_to_string(&lock).map_or(true, |t| !t.contains(&holder.id().to_string())) {
+        assert!(started.elapsed() < Duration::from_secs(10), "the watcher never took identity {id}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    holder
+}
