@@ -6,6 +6,7 @@
 //!       cluster to add it, writes its join file; then: keel node --config D/node-<id>/node.toml
 //!   keel admin remove-node --dir D ID                       the node stops by itself
 //!   keel admin set-faults --dir D --u U --r R               same nodes, other (u, r)
+//!   keel admin backup --dir D --out FILE                   the newest certified checkpoint
 //! ```
 //! The operation names the epoch it applies to. The tool starts from epoch 0 and, when
 //! the cluster answers that it is at another epoch, signs again for that one.
@@ -62,6 +63,21 @@ enum AdminCommand {
         /// Output: a table (text) or one JSON object (json).
         #[arg(short, long, value_enum, default_value_t = crate::cluster::StatusOutput::Text)]
         output: crate::cluster::StatusOutput,
+    },
+    /// Save the cluster's state to a file: the first certified checkpoint that holds
+    /// every write acknowledged before the command started (restore it into a new
+    /// cluster with `keel init --restore FILE`).
+    Backup {
+        /// The directory `keel init` wrote (holds ca.key, for the administrator's client
+        /// identity: nodes serve checkpoints to no one else).
+        #[arg(long, env = "KEEL_DIR")]
+        dir: PathBuf,
+        /// The file to write (replaced only once the new backup is complete and synced).
+        #[arg(long, short = 'o')]
+        out: PathBuf,
+        /// Give up after this many seconds without a complete checkpoint (1 to 86400).
+        #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+        timeout: u64,
     },
     /// Tolerate other faults with the same nodes (refused unless the node count allows).
     SetFaults {
@@ -184,6 +200,7 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             );
             Ok(())
         }
+        AdminCommand::Backup { dir, out, timeout } => backup(&dir, &out, Duration::from_secs(timeout)).await,
         AdminCommand::Members { dir, output } => members(&dir, output == crate::cluster::StatusOutput::Json),
         AdminCommand::SetFaults { dir, u, r } => {
             refuse_for_block(&dir)?;
@@ -277,6 +294,72 @@ fn members(dir: &std::path::Path, json: bool) -> Result<(), String> {
         let member = if current.members.contains(&id) { "yes" } else { "no" };
         println!("{id}\t{member}\t{listen}\t{metrics}\t{state}");
     }
+    Ok(())
+}
+
+/// `keel admin backup`: fetches the newest certified checkpoint (every chunk checked
+/// against the root its certificate signs) and writes it to `out`.
+async fn backup(dir: &std::path::Path, out: &std::path::Path, timeout: Duration) -> Result<(), String> {
+    let service = node_dirs(dir)
+        .values()
+        .find_map(|d| NodeFile::load(&d.join("node.toml")).ok())
+        .map(|s| s.service)
+        .ok_or_else(|| format!("{} holds no cluster", dir.display()))?;
+    if service == "block" {
+        // Gnothi keeps block data off the ordering path, in each node's own storage: a
+        // checkpoint holds the block map, not the blocks.
+        return Err("the block service's data is not in its checkpoints (Gnothi keeps blocks off the ordering \
+                    path): back the disk up through NBD instead, e.g. nbdcopy nbd://HOST:PORT disk.img"
+            .into());
+    }
+    let cluster_path = dir.join("cluster.toml");
+    let cluster = keel_runtime::config::ClusterFile::load(&cluster_path).map_err(|e| e.to_string())?;
+    let cfg =
+        cluster.cluster_config(&cluster_path, keel_core::config::Options::production()).map_err(|e| e.to_string())?;
+    let certifiers = match cfg.separated() {
+        true => keel_core::backup::Certifiers::Executors {
+            holders: cfg.exec_ids().collect(),
+            signers: cfg.executors(),
+            keys: cfg.stages.executors.clone(),
+            quorum: cfg.quorums.exec_checkpoint_quorum(),
+        },
+        false => keel_core::backup::Certifiers::Members,
+    };
+    let by_executors = cfg.separated();
+    let (setup, _) = admin_setup(dir).map_err(|e| e.to_string())?;
+    let (membership, epochs_dir) = (setup.membership.clone(), setup.epochs_dir.clone());
+    let client = KeelClient::connect(setup).map_err(|e| e.to_string())?;
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("checkpoint {prefix}: [{bar:30}] {pos}/{len} chunks")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let interval = Some(cfg.options.checkpoint_interval);
+    let fetched =
+        keel_runtime::backup::fetch(&client, membership, epochs_dir.as_deref(), certifiers, interval, timeout, |p| {
+            bar.set_prefix(p.seq.to_string());
+            bar.set_length(p.total as u64);
+            bar.set_position(p.held as u64);
+        })
+        .await;
+    bar.finish_and_clear();
+    let fetched = fetched.map_err(|e| e.to_string())?;
+    let header = keel_runtime::backup::write(out, &service, &fetched, by_executors).map_err(|e| e.to_string())?;
+    println!(
+        "backed up the {service} state after instance {} (epoch {}, {} bytes in {} chunks, certified by {} nodes) to {}",
+        header.proof.seq,
+        header.membership.epoch,
+        header.len,
+        header.chunks,
+        header.proof.sigs.len(),
+        out.display()
+    );
+    if fetched.refused > 0 {
+        println!("{} answers from nodes did not check out and were refused (a faulty node?)", fetched.refused);
+    }
+    println!(
+        "restore it into a new cluster with: keel init --service {service} --restore {} --dir NEW_DIR",
+        out.display()
+    );
     Ok(())
 }
 

@@ -328,6 +328,7 @@ impl Baseline {
             separated: false,
             rq_separated: false,
             front_ends: false,
+            genesis: None,
             service_options: std::collections::BTreeMap::new(),
         };
         init(&dir, &o).map_err(|e| e.to_string())?;

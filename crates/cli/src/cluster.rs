@@ -62,9 +62,15 @@ pub struct InitArgs {
     force: bool,
     /// kv (a replicated key-value store), coord (a ZooKeeper-compatible coordination
     /// service), block (a replicated disk behind an NBD server), null (the
-    /// microbenchmark service).
-    #[arg(long, default_value = "kv")]
-    service: String,
+    /// microbenchmark service). Default: kv, or the service of the --restore backup.
+    #[arg(long)]
+    service: Option<String>,
+    /// Start the new cluster from a backup's state (`keel admin backup`) instead of an
+    /// empty one. The file is checked (every chunk against its certified root) and its
+    /// service state copied beside cluster.toml; the old cluster's clients, keys and
+    /// membership are not carried over.
+    #[arg(long, value_name = "FILE")]
+    restore: Option<PathBuf>,
     /// Stage placement (UpRight's request quorum, order and execution stages): co-located (every node runs RQ, order and
     /// execution), separated (2u + r + 1 RQ nodes and 2u + 1 execution nodes besides the
     /// 2u + r + 1 order nodes), or one stage apart: separated-exec, separated-rq.
@@ -100,7 +106,7 @@ fn service_options(a: &InitArgs) -> Result<std::collections::BTreeMap<String, St
         ("reserve_pct", &a.reserve),
         ("recovery_mbps", &a.recovery_mbps),
     ];
-    if a.service != "block" {
+    if a.service.as_deref() != Some("block") {
         if let Some((name, _)) = given.iter().find(|(_, v)| v.is_some()) {
             return Err(format!(
                 "--{} is a block service option (--service block)",
@@ -144,11 +150,45 @@ fn parse_on_off(s: &str) -> Result<bool, String> {
     }
 }
 
-pub fn run_init(a: InitArgs) -> ExitCode {
+/// The service state in the backup `file` (checked whole), for `keel init --restore`:
+/// (service, its bytes, where they came from). `service`: what --service asked for.
+fn restored_state(file: &std::path::Path, service: Option<&str>) -> Result<(String, Vec<u8>, String), String> {
+    let backup = keel_runtime::backup::read(file).map_err(|e| format!("--restore {}: {e}", file.display()))?;
+    let h = &backup.header;
+    if let Some(asked) = service.filter(|s| *s != h.service) {
+        return Err(format!(
+            "--restore {}: the backup holds a {} state, not {asked}; pass --service {} (or leave it out)",
+            file.display(),
+            h.service,
+            h.service
+        ));
+    }
+    let (seq, state) = backup.service_state().map_err(|e| format!("--restore {}: {e}", file.display()))?;
+    crate::services::check_state(&h.service, &state).map_err(|e| format!("--restore {}: {e}", file.display()))?;
+    let origin =
+        format!("{} after instance {seq} of epoch {}, taken at {} ms", file.display(), h.membership.epoch, h.taken_ms);
+    Ok((h.service.clone(), state, origin))
+}
+
+pub fn run_init(mut a: InitArgs) -> ExitCode {
     if a.dir.join("cluster.toml").exists() && !a.force {
         eprintln!("error: {} already holds a cluster (use --force to overwrite)", a.dir.display());
         return ExitCode::from(2);
     }
+    let genesis = match &a.restore {
+        Some(file) => match restored_state(file, a.service.as_deref()) {
+            Ok((service, state, origin)) => {
+                a.service = Some(service);
+                Some((state, origin))
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        None => None,
+    };
+    let service = a.service.clone().unwrap_or_else(|| "kv".into());
     let Some(fsync) = FsyncPolicy::parse(&a.fsync) else {
         eprintln!("error: --fsync must be batch, always or never");
         return ExitCode::from(2);
@@ -166,7 +206,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
     let rq = if rq_separated { quorums.rq_nodes_min() } else { 0 };
     let n = order + exec + rq;
     // Node ports, then as many metrics ports, then the front ends' if the service has one.
-    let front_ends = crate::services::front_end(&a.service);
+    let front_ends = crate::services::front_end(&service);
     let per_node = if front_ends { 3 } else { 2 };
     // Ports free here say nothing of other machines: a fixed default there.
     let default_port = if a.hosts.is_empty() { keel_runtime::config::free_ports(per_node * n) } else { Some(7100) };
@@ -174,8 +214,8 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         eprintln!("error: no free port range found; pass --base-port");
         return ExitCode::FAILURE;
     };
-    if !crate::services::known(&a.service) {
-        eprintln!("error: unknown --service {:?}; this binary runs: {}", a.service, crate::services::names());
+    if !crate::services::known(&service) {
+        eprintln!("error: unknown --service {service:?}; this binary runs: {}", crate::services::names());
         return ExitCode::from(2);
     }
     let service_options = match service_options(&a) {
@@ -185,14 +225,14 @@ pub fn run_init(a: InitArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if a.service == "block" && (separated || rq_separated) {
+    if service == "block" && (separated || rq_separated) {
         eprintln!("error: the block service runs on co-located clusters only (no --layout)");
         return ExitCode::from(2);
     }
     let auth = a.auth;
-    let tick_ms = a.tick_ms.or(crate::services::tick_ms(&a.service));
+    let tick_ms = a.tick_ms.or(crate::services::tick_ms(&service));
     let o = InitOptions {
-        service: a.service,
+        service,
         u: a.u,
         r: a.r,
         host: a.host,
@@ -208,6 +248,7 @@ pub fn run_init(a: InitArgs) -> ExitCode {
         rq_separated,
         front_ends,
         service_options,
+        genesis,
     };
     match init(&a.dir, &o) {
         Ok(()) => {
@@ -230,6 +271,9 @@ pub fn run_init(a: InitArgs) -> ExitCode {
                 base_port,
                 base_port as usize + n - 1
             );
+            if let Some((state, origin)) = &o.genesis {
+                println!("its {} service starts from a backup's state ({} bytes): {origin}", o.service, state.len());
+            }
             if !o.hosts.is_empty() {
                 println!(
                     "one bundle per machine in {}: copy hosts/<address>/ to that machine and run `keel node \

@@ -2,6 +2,7 @@
 //! cluster.toml and `keel node` reads back. One table: a name that is not in it is an
 //! error wherever it appears (issue #22: `keel node` used to run KV for any unknown name).
 
+use keel_core::service::Service as _;
 use keel_runtime::config::NodeSetup;
 use keel_runtime::embed::{Control, NodeBuilder};
 use keel_runtime::node::NodeError;
@@ -17,20 +18,45 @@ pub struct ServiceInfo {
     /// Its simulator model (`keel sim --service NAME`): a workload with its own
     /// linearizability check, run for one seed. None: not modelled yet.
     pub sim: Option<fn(&keel_sim::SimOptions) -> keel_sim::SeedReport>,
+    /// Checks a state from a backup restores (`keel init --restore`). None: its
+    /// checkpoints do not hold its data, so a backup of it is not a backup.
+    pub check_state: Option<CheckState>,
 }
+
+/// Restores a state into an empty service, to see that it can.
+pub type CheckState = fn(&[u8]) -> Result<(), keel_core::service::RestoreError>;
 
 /// In the order `--help` and errors list them.
 pub const SERVICES: [ServiceInfo; 4] = [
     // The replicated key-value store (`keel kv`). Watch leases end at the next tick, also
     // while no client writes.
-    ServiceInfo { name: "kv", tick_ms: Some(1_000), front_end: false, sim: Some(keel_kv_sim::run_kv_seed) },
+    ServiceInfo {
+        name: "kv",
+        tick_ms: Some(1_000),
+        front_end: false,
+        sim: Some(keel_kv_sim::run_kv_seed),
+        check_state: Some(|s| keel_kv::Kv::new().restore(s)),
+    },
     // Empty requests: the microbenchmark service.
-    ServiceInfo { name: "null", tick_ms: None, front_end: false, sim: None },
+    ServiceInfo {
+        name: "null",
+        tick_ms: None,
+        front_end: false,
+        sim: None,
+        check_state: Some(|s| keel_null::Null.restore(s)),
+    },
     // ZooKeeper-compatible coordination: sessions expire at ticks (half a second of
     // granularity against timeouts of 4 to 40 s); each node serves ZooKeeper clients.
-    ServiceInfo { name: "coord", tick_ms: Some(500), front_end: true, sim: None },
+    ServiceInfo {
+        name: "coord",
+        tick_ms: Some(500),
+        front_end: true,
+        sim: None,
+        check_state: Some(|s| keel_coord::Coord::new().restore(s)),
+    },
     // Gnothi's block store: each node serves the export over NBD.
-    ServiceInfo { name: "block", tick_ms: None, front_end: true, sim: None },
+    // Its checkpoints hold the block map; the blocks live in each node's own storage.
+    ServiceInfo { name: "block", tick_ms: None, front_end: true, sim: None, check_state: None },
 ];
 
 /// The names, for messages: "kv, null, coord, block".
@@ -55,6 +81,22 @@ pub fn sim_model(name: &str) -> Result<fn(&keel_sim::SimOptions) -> keel_sim::Se
         None => Err(format!("unknown --service {name:?}; this binary runs: {}", names())),
         Some(ServiceInfo { sim: Some(run), .. }) => Ok(*run),
         Some(_) => Err(format!("the {name} service has no simulator model yet; modelled: {}", modelled())),
+    }
+}
+
+/// Whether `state` (from a backup) restores into service `name`.
+///
+/// # Errors
+/// It does not, or the service cannot be restored from a backup.
+pub fn check_state(name: &str, state: &[u8]) -> Result<(), String> {
+    match SERVICES.iter().find(|s| s.name == name) {
+        None => Err(format!("unknown service {name:?}; this binary runs: {}", names())),
+        Some(ServiceInfo { check_state: None, .. }) => {
+            Err(format!("the {name} service keeps its data outside its checkpoints: it cannot be restored from one"))
+        }
+        Some(ServiceInfo { check_state: Some(check), .. }) => {
+            check(state).map_err(|e| format!("the state does not restore into the {name} service: {}", e.0))
+        }
     }
 }
 

@@ -3,7 +3,9 @@
 //! field added to a struct stops this from compiling until it is set here too), turned
 //! into TOML, and their keys compared with the rows of the reference.
 
-use keel_runtime::config::{ClientFile, ClusterFile, FaultsFile, FrontEndFile, LeadershipFile, NodeEntry, NodeFile};
+use keel_runtime::config::{
+    ClientFile, ClusterFile, FaultsFile, FrontEndFile, GenesisFile, LeadershipFile, NodeEntry, NodeFile,
+};
 use std::collections::{BTreeMap, BTreeSet};
 
 const DOC: &str = include_str!("../../../docs/CONFIG.md");
@@ -72,6 +74,7 @@ fn files() -> (ClusterFile, NodeFile, ClientFile) {
         executors: vec![entry()],
         rq_nodes: vec![entry()],
         service_options: BTreeMap::from([("size".into(), "1G".into())]),
+        genesis: Some(GenesisFile { file: "genesis.state".into(), digest: "00".into(), origin: "backup".into() }),
     };
     let node = NodeFile {
         id: 0,

@@ -224,6 +224,20 @@ async fn nodes_are_added_and_removed_under_load_and_no_acknowledged_write_is_los
         assert_eq!(get(&reader, k).await.as_deref(), Some(v.as_str()), "acknowledged write {k} lost");
     }
     println!("{} writes acknowledged across two membership changes, all read back", acked.len());
+
+    // A backup by an administrator whose files know only epoch 0 (the followed
+    // certificates moved aside): it learns epochs 1 and 2 from the nodes, checks the
+    // checkpoint against epoch 2's members, and restores into a new cluster.
+    std::fs::rename(cluster.path().join("epochs"), cluster.path().join("epochs.aside")).expect("moved");
+    let file = cluster.path().join("after-two-changes.keel");
+    let said = cluster.admin(&["backup", "--out", file.to_str().expect("utf-8")]).expect("backup");
+    assert!(said.contains("(epoch 2,"), "{said}");
+    cluster.kill_all();
+    let restored = Cluster::init_args(1, 1, &["--restore", file.to_str().expect("utf-8")]);
+    let reader = restored.client(1004);
+    for (k, v, _) in &acked {
+        assert_eq!(get(&reader, k).await.as_deref(), Some(v.as_str()), "write {k} not in the restored cluster");
+    }
 }
 
 /// Membership changes with every stage apart (`keel init --layout separated`, u = r = 1:

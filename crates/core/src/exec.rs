@@ -561,10 +561,35 @@ impl<S: Service> Executor<S> {
     }
 }
 
+/// The service's own bytes in an executor snapshot, and the instance it was taken after.
+/// A backup restored into a new cluster (`keel init --restore`) keeps the service's
+/// state and nothing of the old cluster's: not its clients' reply cache (the new
+/// cluster's clients are others), its time or its membership.
+///
+/// # Errors
+/// If the bytes are not an executor snapshot.
+pub fn snapshot_service_state(bytes: &[u8]) -> Result<(Seq, &[u8]), RestoreError> {
+    let body: SnapshotBody =
+        postcard::from_bytes(bytes).map_err(|e| RestoreError(format!("executor snapshot: {e}")))?;
+    Ok((body.head.executed, body.service))
+}
+
 /// The membership recorded in an executor snapshot, read from the head alone: the
 /// chunks are joined only until the head decodes (a recovering node asks this of its
 /// checkpoints above the stable one, which may hold a large state).
 pub fn snapshot_membership(chunked: &Chunked) -> Option<Membership> {
+    snapshot_head(chunked).map(|head| head.membership)
+}
+
+/// The highest request sequence number of `client` (a session) an executor snapshot
+/// holds a reply for: whether the state includes that client's request. `keel admin
+/// backup` takes a checkpoint that includes the barrier it ordered (backup.rs).
+pub fn snapshot_client_seq(chunked: &Chunked, client: ClientId) -> Option<u64> {
+    snapshot_head(chunked).map(|head| head.clients.get(&client).map_or(0, |r| r.seq))
+}
+
+/// An executor snapshot's head, read alone.
+fn snapshot_head(chunked: &Chunked) -> Option<SnapshotHead> {
     let mut prefix = Vec::new();
     let mut next_try = 0;
     let count = chunked.leaves.len();
@@ -577,7 +602,7 @@ pub fn snapshot_membership(chunked: &Chunked) -> Option<Membership> {
         }
         next_try = prefix.len() * 2;
         match postcard::take_from_bytes::<SnapshotHead>(&prefix) {
-            Ok((head, _)) => return Some(head.membership),
+            Ok((head, _)) => return Some(head),
             Err(postcard::Error::DeserializeUnexpectedEnd) => continue,
             Err(_) => return None,
         }

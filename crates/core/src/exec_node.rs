@@ -349,9 +349,18 @@ impl<S: Service> ExecNode<S> {
             (Peer::Node(n), Message::StableCert(proof)) if self.is_recent_order_node(n) || self.is_peer(n) => {
                 self.on_stable_cert(proof, out)
             }
-            (Peer::Node(n), Message::FetchManifest { seq }) if self.is_peer(n) => self.on_fetch_manifest(n, seq, out),
+            (Peer::Node(n), Message::FetchManifest { seq }) if self.is_peer(n) => {
+                self.on_fetch_manifest(from, seq, out)
+            }
             (Peer::Node(n), Message::FetchChunk { seq, index }) if self.is_peer(n) => {
-                self.on_fetch_chunk(n, seq, index, out)
+                self.on_fetch_chunk(from, seq, index, out)
+            }
+            // The administrator's backup (backup.rs) fetches a checkpoint as a peer would.
+            (Peer::Client(c), Message::FetchManifest { seq }) if owner_of(c) == crate::membership::ADMIN_CLIENT => {
+                self.on_fetch_manifest(from, seq, out)
+            }
+            (Peer::Client(c), Message::FetchChunk { seq, index }) if owner_of(c) == crate::membership::ADMIN_CLIENT => {
+                self.on_fetch_chunk(from, seq, index, out)
             }
             (Peer::Node(n), Message::Manifest { seq, len, chunks }) if self.is_peer(n) => {
                 self.on_manifest(seq, len, chunks, out)
@@ -589,16 +598,16 @@ impl<S: Service> ExecNode<S> {
         }
     }
 
-    fn on_fetch_manifest(&mut self, from: NodeId, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
+    fn on_fetch_manifest(&mut self, from: Peer, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
         if let Some(answer) = crate::transfer::manifest_for(&self.stable, self.stable_chunks.as_ref(), seq) {
-            out.send.push((Peer::Node(from), answer));
+            out.send.push((from, answer));
         }
         Ok(())
     }
 
-    fn on_fetch_chunk(&mut self, from: NodeId, seq: Seq, index: u32, out: &mut Outputs) -> Result<(), Reject> {
+    fn on_fetch_chunk(&mut self, from: Peer, seq: Seq, index: u32, out: &mut Outputs) -> Result<(), Reject> {
         if let Some(answer) = crate::transfer::chunk_for(&self.stable, self.stable_chunks.as_ref(), seq, index) {
-            out.send.push((Peer::Node(from), answer));
+            out.send.push((from, answer));
         }
         Ok(())
     }

@@ -10,6 +10,7 @@
 //! cannot change an outcome: replies, contexts, the reply cache and snapshots equal those
 //! of sequential execution whichever thread runs what (tested in `services/kv`).
 
+pub mod backup;
 pub mod chunk;
 pub mod client;
 pub mod codec;

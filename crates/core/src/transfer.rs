@@ -217,16 +217,28 @@ impl Transfer {
     /// correct node, so a correct node produced these bytes: failing to restore them is a
     /// bug in the service's snapshot code.
     pub(crate) fn install<S: Service>(self, exec: &mut Executor<S>, out: &mut Outputs) -> Chunked {
-        assert!(self.complete(), "a transfer finishes once every chunk is here");
         let (seq, chunks, reused) = (self.seq, self.chunks.len(), self.reused);
-        let chunked = Chunked::from_chunks(self.chunks.into_iter().flatten().collect());
-        assert_eq!(chunked.root, self.root, "verified chunks reassemble to the root");
+        let chunked = self.into_chunked();
         match exec.restore(&chunked.to_bytes()) {
             Ok(executed) if executed == seq => {}
             other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
         }
         out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
         out.events.push(Event::StateTransferDone { seq, chunks, reused });
+        chunked
+    }
+}
+
+impl Transfer {
+    /// The fetched state, once complete, as its verified chunks.
+    ///
+    /// # Panics
+    /// If the transfer is not complete.
+    pub(crate) fn into_chunked(self) -> Chunked {
+        assert!(self.complete(), "a transfer finishes once every chunk is here");
+        let root = self.root;
+        let chunked = Chunked::from_chunks(self.chunks.into_iter().flatten().collect());
+        assert_eq!(chunked.root, root, "verified chunks reassemble to the root");
         chunked
     }
 }

@@ -89,7 +89,24 @@ pub struct KeelClient {
     /// Push events for this identity's sessions, until someone takes them.
     pushes: Arc<std::sync::Mutex<Option<PushReceiver>>>,
     pub stats: Arc<TransportStats>,
+    /// The sequence number this handle's sessions started from.
+    first_seq: u64,
+    /// Messages outside the request/reply exchange ([`KeelClient::side_channel`]).
+    side: Arc<std::sync::Mutex<Option<SideChannel>>>,
 }
+
+/// Messages to nodes by stable id, and what nodes send back outside replies and push
+/// events: checkpoint certificates, manifests and chunks (served to the administrator
+/// only: `keel admin backup`), and the epoch certificates this client follows. Over the
+/// client's own connections: nodes route by identity, so a second connection of the
+/// same identity would take the other's replies.
+pub struct SideChannel {
+    pub send: mpsc::Sender<(NodeId, Message)>,
+    pub receive: mpsc::Receiver<(NodeId, Message)>,
+}
+
+/// Side-channel messages either way that may wait (a chunk request window is 16).
+const SIDE_QUEUE_MAX: usize = 1024;
 
 impl KeelClient {
     /// Connects (in the background, with retries) to every node, with one session: one
@@ -114,8 +131,16 @@ impl KeelClient {
         let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
         let stats = Arc::new(TransportStats::default());
         let (reply_tx, replies) = mpsc::channel::<(NodeId, Message)>(REPLY_QUEUE_MAX);
-        let mut nodes =
-            Nodes { by_id: BTreeMap::new(), links: BTreeMap::new(), connector, reply_tx, stats: stats.clone() };
+        let (side_in_tx, side_in_rx) = mpsc::channel::<(NodeId, Message)>(SIDE_QUEUE_MAX);
+        let (side_out_tx, side_out_rx) = mpsc::channel::<(NodeId, Message)>(SIDE_QUEUE_MAX);
+        let mut nodes = Nodes {
+            by_id: BTreeMap::new(),
+            links: BTreeMap::new(),
+            connector,
+            reply_tx,
+            side_tx: side_in_tx,
+            stats: stats.clone(),
+        };
         nodes.follow(&setup.membership);
         // Stages apart: the execution nodes answer, the RQ nodes take requests.
         for (id, addr) in setup.executors.iter().chain(&setup.rq_nodes) {
@@ -190,13 +215,22 @@ impl KeelClient {
             // queries and push gaps are checked on ticks too).
             tick: Duration::from_millis((setup.retransmit_ms / 5).clamp(1, 100)),
         };
-        tokio::spawn(dispatcher.run(call_rx, replies));
+        tokio::spawn(dispatcher.run(call_rx, replies, side_out_rx));
         let pushes = Arc::new(std::sync::Mutex::new(Some(push_rx)));
-        Ok(KeelClient { id: setup.id, epoch, metrics, calls, pushes, stats })
+        let side = Arc::new(std::sync::Mutex::new(Some(SideChannel { send: side_out_tx, receive: side_in_rx })));
+        Ok(KeelClient { id: setup.id, epoch, metrics, calls, pushes, stats, first_seq, side })
     }
 
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The lowest sequence number this handle's operations carry (every session's start
+    /// above any number the identity used before): a state whose reply cache holds a
+    /// sequence number at least this high for one of its sessions has executed one of
+    /// its operations.
+    pub fn first_seq(&self) -> u64 {
+        self.first_seq
     }
 
     /// The membership epoch this client is in: the cluster file's (0), or a later one it
@@ -217,6 +251,11 @@ impl KeelClient {
     /// first call takes the receiver; later calls get None.
     pub fn push_events(&self) -> Option<PushReceiver> {
         self.pushes.lock().ok()?.take()
+    }
+
+    /// The [`SideChannel`]; the first call takes it, later calls get None.
+    pub fn side_channel(&self) -> Option<SideChannel> {
+        self.side.lock().ok()?.take()
     }
 
     /// Runs one operation through the replicated service.
@@ -279,6 +318,8 @@ struct Nodes {
     links: BTreeMap<NodeId, Arc<LinkState>>,
     connector: TlsConnector,
     reply_tx: mpsc::Sender<(NodeId, Message)>,
+    /// Where checkpoint messages go ([`SideChannel`]; dropped while nobody reads).
+    side_tx: mpsc::Sender<(NodeId, Message)>,
     stats: Arc<TransportStats>,
 }
 
@@ -319,7 +360,7 @@ impl Nodes {
         self.by_id.insert(j, tx);
         let link = Arc::new(LinkState::new("client"));
         self.links.insert(j, link.clone());
-        let (reply_tx, counters) = (self.reply_tx.clone(), self.stats.clone());
+        let (reply_tx, side_tx, counters) = (self.reply_tx.clone(), self.side_tx.clone(), self.stats.clone());
         tokio::spawn(dial_loop(
             addr,
             PeerId::Node(j),
@@ -330,6 +371,11 @@ impl Nodes {
             move |frame| match codec::decode(&frame) {
                 Ok(m @ (Message::Reply(_) | Message::Push { .. } | Message::EpochCerts(_))) => {
                     if reply_tx.try_send((j, m)).is_err() {
+                        TransportStats::bump(&counters.send_queue_full, 1);
+                    }
+                }
+                Ok(m @ (Message::StableCert(_) | Message::Manifest { .. } | Message::Chunk { .. })) => {
+                    if side_tx.try_send((j, m)).is_err() {
                         TransportStats::bump(&counters.send_queue_full, 1);
                     }
                 }
@@ -357,7 +403,12 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    async fn run(mut self, mut calls: mpsc::Receiver<Call>, mut replies: mpsc::Receiver<(NodeId, Message)>) {
+    async fn run(
+        mut self,
+        mut calls: mpsc::Receiver<Call>,
+        mut replies: mpsc::Receiver<(NodeId, Message)>,
+        mut side: mpsc::Receiver<(NodeId, Message)>,
+    ) {
         let mut tick = tokio::time::interval(self.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Calls that arrived while every session was busy.
@@ -379,6 +430,7 @@ impl Dispatcher {
                     }
                 }
                 _ = tick.tick() => self.on_tick(),
+                Some(out) = side.recv() => send(&self.nodes, vec![out], &self.stats),
             }
             while let Some(i) = self.free.last().copied() {
                 let Some(call) = waiting.pop_front() else {
@@ -416,6 +468,10 @@ impl Dispatcher {
         match msg {
             Message::Reply(reply) => self.on_reply(from, reply),
             Message::EpochCerts(certs) => {
+                // A fetch on the side channel follows the membership too.
+                if !self.nodes.side_tx.is_closed() {
+                    let _ = self.nodes.side_tx.try_send((from, Message::EpochCerts(certs.clone())));
+                }
                 // For whichever sessions still know an older membership (each checks).
                 let mut followed = None;
                 for i in 0..self.sessions.len() {

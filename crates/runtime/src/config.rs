@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigFileError {
@@ -48,7 +49,7 @@ fn write(path: &Path, text: &str) -> Result<(), ConfigFileError> {
 /// Writes a file only its owner may read (0600): private keys, and the node and client
 /// files that hold signing seeds and MAC keys. Created so from the start, never world-
 /// readable in between.
-fn write_secret(path: &Path, text: &str) -> Result<(), ConfigFileError> {
+fn write_secret(path: &Path, text: impl AsRef<[u8]>) -> Result<(), ConfigFileError> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let io = |source| ConfigFileError::Io { path: path.to_path_buf(), source };
@@ -56,7 +57,7 @@ fn write_secret(path: &Path, text: &str) -> Result<(), ConfigFileError> {
     // An existing file keeps its mode when opened: set it.
     use std::os::unix::fs::PermissionsExt as _;
     f.set_permissions(fs::Permissions::from_mode(0o600)).map_err(io)?;
-    f.write_all(text.as_bytes()).map_err(io)
+    f.write_all(text.as_ref()).map_err(io)
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, ConfigFileError> {
@@ -133,6 +134,55 @@ pub struct ClusterFile {
     /// block size, say): given to the service as they are; `keel init` writes them.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub service_options: BTreeMap<String, String>,
+    /// The service state the cluster started from instead of an empty one (`keel init
+    /// --restore`, from a `keel admin backup`). Unset: an empty service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub genesis: Option<GenesisFile>,
+}
+
+/// `[genesis]` in cluster.toml: a file beside it holding the service's state, and the
+/// state's digest. Every node must start from the same bytes (their checkpoints would
+/// disagree otherwise): a node whose copy does not match refuses to start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenesisFile {
+    /// The file, relative to cluster.toml's directory.
+    pub file: String,
+    /// [`genesis_digest`] of its bytes, hex.
+    pub digest: String,
+    /// Where the state came from (the backup's cluster and instance), for the operator.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub origin: String,
+}
+
+/// The file `keel init --restore` writes the service state to, beside cluster.toml.
+pub const GENESIS_STATE_FILE: &str = "genesis.state";
+
+/// The digest `[genesis]` records of a genesis state.
+pub fn genesis_digest(state: &[u8]) -> keel_core::crypto::Digest {
+    keel_core::crypto::Hasher::new("keel/genesis-state").bytes(state).finish()
+}
+
+impl ClusterFile {
+    /// The genesis state `[genesis]` names (cluster.toml at `path`), checked against its
+    /// digest; None for an empty one.
+    ///
+    /// # Errors
+    /// The file is missing or does not match the digest.
+    pub fn genesis_state(&self, path: &Path) -> Result<Option<Arc<[u8]>>, ConfigFileError> {
+        let Some(g) = &self.genesis else { return Ok(None) };
+        let file = path.parent().unwrap_or(Path::new(".")).join(&g.file);
+        let bytes = fs::read(&file).map_err(|source| ConfigFileError::Io { path: file.clone(), source })?;
+        let expected = hex32(path, "genesis.digest", &g.digest)?;
+        if genesis_digest(&bytes).0 != expected {
+            return Err(ConfigFileError::Invalid {
+                path: file,
+                message: "does not match [genesis] digest in cluster.toml: every node must start from the same state"
+                    .into(),
+            });
+        }
+        Ok(Some(bytes.into()))
+    }
 }
 
 /// `[leadership]` in cluster.toml (Aardvark, UpRight §4.2). Unset fields keep the
@@ -417,6 +467,9 @@ pub struct NodeSetup {
     pub front_end: Option<FrontEndSetup>,
     /// cluster.toml's `[service_options]`: settings every node of the service shares.
     pub service_options: BTreeMap<String, String>,
+    /// The state the service starts from (cluster.toml's `[genesis]`, checked against
+    /// its digest); None: an empty service.
+    pub genesis: Option<Arc<[u8]>>,
 }
 
 impl NodeSetup {
@@ -501,6 +554,7 @@ impl NodeFile {
             rq_nodes: cluster_file.rq_addrs(),
             rejoin: false,
             service_options: cluster_file.service_options.clone(),
+            genesis: cluster_file.genesis_state(&cluster_path)?,
         })
     }
 }
@@ -627,6 +681,10 @@ pub struct InitOptions {
     pub front_ends: bool,
     /// Written into cluster.toml's `[service_options]` (settings of the service itself).
     pub service_options: BTreeMap<String, String>,
+    /// The service state the cluster starts from and where it came from (`keel init
+    /// --restore`: the service's bytes from a backup), written beside cluster.toml;
+    /// None: an empty service.
+    pub genesis: Option<(Vec<u8>, String)>,
 }
 
 impl InitOptions {
@@ -660,6 +718,7 @@ impl InitOptions {
             rq_separated: false,
             front_ends: false,
             service_options: BTreeMap::new(),
+            genesis: None,
         })
     }
 }
@@ -785,7 +844,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     };
     // The administrator's key stays in DIR (like ca.key): `keel admin` signs with it.
     let admin_seed: [u8; 32] = random_bytes();
-    write_secret(&dir.join(ADMIN_KEY_FILE), &hex::encode(admin_seed))?;
+    write_secret(&dir.join(ADMIN_KEY_FILE), hex::encode(admin_seed))?;
     let rq_nodes = nodes.split_off(n + e);
     let executors = nodes.split_off(n);
     let cluster = ClusterFile {
@@ -801,6 +860,18 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         checkpoint_interval: o.checkpoint_interval,
         tick_ms: o.tick_ms.filter(|&t| t > 0),
         service_options: o.service_options.clone(),
+        genesis: match &o.genesis {
+            Some((state, origin)) => {
+                // The service's data: as private as the keys.
+                write_secret(&dir.join(GENESIS_STATE_FILE), state)?;
+                Some(GenesisFile {
+                    file: GENESIS_STATE_FILE.into(),
+                    digest: hex::encode(genesis_digest(state).0),
+                    origin: origin.clone(),
+                })
+            }
+            None => None,
+        },
         client_keys: client_seeds
             .iter()
             .chain(&front_seeds)
@@ -858,7 +929,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
                 false => None,
             },
         };
-        write_secret(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
+        write_secret(&ndir.join("node.toml"), toml::to_string(&file).unwrap_or_default())?;
     }
     let client_dirs = client_seeds.into_iter().map(|(id, seed)| (dir.join(format!("client-{id}")), "..", id, seed));
     let front_dirs = front_seeds
@@ -879,7 +950,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             mac_keys: seeds.iter().map(|(_, mac)| hex::encode(client_mac_key(mac, id).0)).collect(),
             signing_seed: Some(hex::encode(seed)),
         };
-        write_secret(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
+        write_secret(&cdir.join("client.toml"), toml::to_string(&file).unwrap_or_default())?;
     }
     for (i, host) in o.hosts.iter().enumerate() {
         write_bundle(dir, i as NodeId, host)?;
@@ -903,7 +974,10 @@ pub fn bundle_dir(dir: &Path, host: &str) -> PathBuf {
 pub fn write_bundle(dir: &Path, id: NodeId, host: &str) -> Result<PathBuf, ConfigFileError> {
     let to = bundle_dir(dir, host);
     fs::create_dir_all(&to).map_err(|source| ConfigFileError::Io { path: to.clone(), source })?;
-    for f in ["cluster.toml", "ca.pem"] {
+    for f in ["cluster.toml", "ca.pem", GENESIS_STATE_FILE] {
+        if f == GENESIS_STATE_FILE && !dir.join(f).exists() {
+            continue;
+        }
         fs::copy(dir.join(f), to.join(f)).map_err(|source| ConfigFileError::Io { path: dir.join(f), source })?;
     }
     copy_tree(&dir.join(format!("node-{id}")), &to.join(format!("node-{id}")))?;
@@ -1079,7 +1153,7 @@ pub fn new_node_dir_with(
         front_end: front,
         ..template
     };
-    write_secret(&ndir.join("node.toml"), &toml::to_string(&file).unwrap_or_default())?;
+    write_secret(&ndir.join("node.toml"), toml::to_string(&file).unwrap_or_default())?;
     let member =
         keel_core::membership::Member { id, key: SigningKey::from_seed(seed).public(), addr: listen.to_string() };
     Ok((ndir, member))
@@ -1141,7 +1215,7 @@ fn provision_front_end(
         mac_keys,
         signing_seed: None,
     };
-    write_secret(&cdir.join("client.toml"), &toml::to_string(&file).unwrap_or_default())?;
+    write_secret(&cdir.join("client.toml"), toml::to_string(&file).unwrap_or_default())?;
     Ok(PathBuf::from("front-end").join("client.toml"))
 }
 
@@ -1165,7 +1239,7 @@ pub fn provision_clients(dir: &Path, id: NodeId) -> Result<usize, ConfigFileErro
             f.mac_keys.push(hex::encode([0u8; 32]));
         }
         f.mac_keys[id as usize] = hex::encode(client_mac_key(&mac, f.id).0);
-        write_secret(&path, &toml::to_string(&f).unwrap_or_default())?;
+        write_secret(&path, toml::to_string(&f).unwrap_or_default())?;
         count += 1;
     }
     Ok(count)
@@ -1261,7 +1335,40 @@ mod tests {
             rq_separated: false,
             front_ends: false,
             service_options: BTreeMap::new(),
+            genesis: None,
         }
+    }
+
+    #[test]
+    fn a_genesis_state_is_written_private_checked_on_load_and_carried_in_bundles() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = b"the service's bytes".to_vec();
+        let o = InitOptions {
+            genesis: Some((state.clone(), "a test".into())),
+            hosts: vec!["127.0.0.1".into(); 4],
+            ..init_options(1, 1)
+        };
+        init(dir.path(), &o).expect("init");
+        let file = dir.path().join(GENESIS_STATE_FILE);
+        assert_eq!(fs::metadata(&file).expect("written").permissions().mode() & 0o777, 0o600);
+        let setup = NodeFile::load(&dir.path().join("node-2/node.toml")).expect("node file");
+        assert_eq!(setup.genesis.as_deref(), Some(&state[..]));
+        // The bundle for another machine carries it, and its nodes load it.
+        let bundle = bundle_dir(dir.path(), "127.0.0.1");
+        let there = NodeFile::load(&bundle.join("node-2/node.toml")).expect("bundled node file");
+        assert_eq!(there.genesis.as_deref(), Some(&state[..]));
+        // A copy that differs is refused, naming the file.
+        fs::write(&file, b"other bytes").expect("tampered");
+        let Err(err) = NodeFile::load(&dir.path().join("node-2/node.toml")) else { panic!("a differing copy loads") };
+        assert!(err.to_string().contains("does not match [genesis] digest"), "{err}");
+        fs::remove_file(&file).expect("removed");
+        assert!(NodeFile::load(&dir.path().join("node-2/node.toml")).is_err(), "a missing file is an error");
+        // Without a genesis state, nothing of it is written.
+        let plain = tempfile::tempdir().expect("tempdir");
+        init(plain.path(), &init_options(1, 1)).expect("init");
+        assert!(!plain.path().join(GENESIS_STATE_FILE).exists());
+        assert!(NodeFile::load(&plain.path().join("node-0/node.toml")).expect("node file").genesis.is_none());
     }
 
     #[test]

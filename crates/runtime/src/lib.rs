@@ -1,5 +1,6 @@
 //! Keel's runtime driver: real files, sockets and clocks around the sans-IO cores.
 
+pub mod backup;
 pub mod client;
 pub mod clients;
 pub mod committer;

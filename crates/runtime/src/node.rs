@@ -109,6 +109,29 @@ pub async fn run_controlled<S: Service + Send + 'static>(
     make: impl Fn() -> S,
     control: Control,
 ) -> Result<(), NodeError> {
+    // A cluster restored from a backup starts every node from the same service state
+    // (cluster.toml's `[genesis]`), as if it had executed the history that led there; a
+    // later checkpoint replaces it like any state. The service checks it on the way in.
+    if let Some(state) = setup.genesis.clone() {
+        let mut first = make();
+        first.restore(&state).map_err(|e| NodeError::Runtime(format!("the genesis state does not restore: {e}")))?;
+        let make = move || {
+            let mut service = make();
+            // Restored once above already: the same bytes into the same empty service.
+            let _ = service.restore(&state);
+            service
+        };
+        return run_stage(setup, make, control).await;
+    }
+    run_stage(setup, make, control).await
+}
+
+/// [`run_controlled`] once the service is settled: the stage `setup` names.
+async fn run_stage<S: Service + Send + 'static>(
+    setup: NodeSetup,
+    make: impl Fn() -> S,
+    control: Control,
+) -> Result<(), NodeError> {
     if setup.executes_only() {
         return crate::execution::run_execution_node(setup, make(), control).await;
     }

@@ -138,22 +138,16 @@ impl<S: Service> Replica<S> {
         self.broadcast(Message::FetchManifest { seq }, out);
     }
 
-    pub(super) fn on_fetch_manifest(&mut self, from: NodeId, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_fetch_manifest(&mut self, from: Peer, seq: Seq, out: &mut Outputs) -> Result<(), Reject> {
         if let Some(answer) = crate::transfer::manifest_for(&self.stable, self.stable_chunks.as_ref(), seq) {
-            out.send.push((Peer::Node(from), answer));
+            out.send.push((from, answer));
         }
         Ok(())
     }
 
-    pub(super) fn on_fetch_chunk(
-        &mut self,
-        from: NodeId,
-        seq: Seq,
-        index: u32,
-        out: &mut Outputs,
-    ) -> Result<(), Reject> {
+    pub(super) fn on_fetch_chunk(&mut self, from: Peer, seq: Seq, index: u32, out: &mut Outputs) -> Result<(), Reject> {
         if let Some(answer) = crate::transfer::chunk_for(&self.stable, self.stable_chunks.as_ref(), seq, index) {
-            out.send.push((Peer::Node(from), answer));
+            out.send.push((from, answer));
         }
         Ok(())
     }

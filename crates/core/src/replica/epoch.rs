@@ -28,7 +28,7 @@
 //! stable checkpoint of the new epoch, which peers offer it as they offer any laggard. A
 //! node the admin adds starts the same way, with the membership from the admin's reply.
 
-use super::{Event, Outputs, Persist, Replica};
+use super::{Event, Outputs, Peer, Persist, Replica};
 use crate::codec::EPOCH_CERTS_MAX;
 use crate::message::{EpochCert, Seq};
 use crate::service::Service;
@@ -140,8 +140,8 @@ impl<S: Service> Replica<S> {
         }
         let _ = match msg {
             Message::Status { view, executed, stable } => self.on_status(from, view, executed, stable, out),
-            Message::FetchManifest { seq } => self.on_fetch_manifest(from, seq, out),
-            Message::FetchChunk { seq, index } => self.on_fetch_chunk(from, seq, index, out),
+            Message::FetchManifest { seq } => self.on_fetch_manifest(Peer::Node(from), seq, out),
+            Message::FetchChunk { seq, index } => self.on_fetch_chunk(Peer::Node(from), seq, index, out),
             _ => Ok(()),
         };
     }

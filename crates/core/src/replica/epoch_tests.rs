@@ -511,3 +511,174 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
     let epoch0 = Replica::new(cfg.clone(), 2, secrets(2), Log::default());
     assert!(epoch0.verifier().check(from, &m));
 }
+
+/// `keel admin backup`'s fetch (backup.rs), served by the nodes to the administrator's
+/// session like a peer's state transfer.
+mod backup {
+    use super::*;
+    use crate::backup::{Certifiers, CheckpointFetch, Fetched};
+
+    const ADMIN: ClientId = ADMIN_CLIENT;
+
+    /// Runs `fetch` against the nodes until it finishes (or `ms` pass). `tamper`
+    /// rewrites what one node sends it (a lying node). Returns the checkpoint and the
+    /// answers the fetch refused.
+    fn run_fetch(
+        net: &mut EpochNet,
+        fetch: &mut CheckpointFetch,
+        ms: u64,
+        tamper: &mut dyn FnMut(u32, Message) -> Message,
+    ) -> Option<Fetched> {
+        let end = net.now + ms;
+        let mut outbox = fetch.on_tick(net.now);
+        while net.now < end {
+            let mut inbox = Vec::new();
+            for (to, msg) in std::mem::take(&mut outbox) {
+                let Some(node) = net.nodes.get_mut(&to) else { continue };
+                let mut out = Outputs::default();
+                node.step(net.now, Input::Message { from: Peer::Client(ADMIN), msg }, &mut out);
+                for (peer, m) in out.send.iter().chain(&out.send_after_persist) {
+                    if *peer == Peer::Client(ADMIN) {
+                        inbox.push((to, tamper(to, m.clone())));
+                    }
+                }
+            }
+            for (from, msg) in inbox {
+                outbox.extend(fetch.on_message(net.now, from, msg).unwrap_or_default());
+            }
+            if let Some(done) = fetch.finished() {
+                return Some(done);
+            }
+            if outbox.is_empty() {
+                net.tick();
+                outbox = fetch.on_tick(net.now);
+            }
+        }
+        None
+    }
+
+    /// The service state a node held after `seq`, as its own snapshot would give it.
+    fn log_after(state: &Fetched) -> Log {
+        let bytes = state.state.to_bytes();
+        let (seq, service) = crate::exec::snapshot_service_state(&bytes).expect("an executor snapshot");
+        assert_eq!(seq, state.proof.seq);
+        let mut log = Log::default();
+        log.restore(service).expect("the service's bytes");
+        log
+    }
+
+    #[test]
+    fn the_administrator_fetches_a_certified_checkpoint_and_a_lying_node_cannot_change_it() {
+        let admin = SigningKey::from_seed([77; 32]);
+        let cfg = config_rq(1, 1).with_admin_key(admin.public());
+        let mut net = EpochNet::new(&cfg);
+        let genesis = cfg.membership.clone();
+        let mut fetch = CheckpointFetch::new(ADMIN, genesis.clone(), Certifiers::Members, 20);
+        // No checkpoint yet: nothing to fetch, and no node sends anything made up.
+        assert!(run_fetch(&mut net, &mut fetch, 200, &mut |_, m| m).is_none());
+        assert!(fetch.progress().is_none());
+
+        net.puts(1..=20, "before the backup");
+        net.run(200);
+        let stable = net.nodes[&0].stable_seq();
+        assert!(stable >= 16, "two checkpoints taken: {stable}");
+        // Node 2 lies about every chunk, and forges a certificate for another root.
+        let mut lies = 0;
+        let mut liar = |from: u32, m: Message| match (from, m) {
+            (2, Message::Chunk { seq, index, mut data }) => {
+                lies += 1;
+                data.push(1);
+                Message::Chunk { seq, index, data }
+            }
+            (2, Message::StableCert(mut p)) => {
+                p.seq += 8;
+                p.root = Digest::default();
+                Message::StableCert(p)
+            }
+            (_, m) => m,
+        };
+        let got = run_fetch(&mut net, &mut fetch, 2_000, &mut liar).expect("the checkpoint arrived");
+        assert!(lies > 0, "node 2 was asked for chunks");
+        assert!(fetch.refused() > 0, "its chunks and certificate were refused");
+        assert_eq!(got.proof.seq, stable);
+        assert_eq!(got.state.root, got.proof.root);
+        assert_eq!(got.membership, genesis);
+        // What a correct node held at that instance: the first `stable` puts.
+        let log = log_after(&got);
+        assert_eq!(log.0.len() as u64, stable.min(20), "{:?}", log.0);
+        assert_eq!(log.0, net.nodes[&1].service().0[..log.0.len()].to_vec());
+    }
+
+    #[test]
+    fn a_fetch_with_a_barrier_passes_over_checkpoints_from_before_it() {
+        let cfg = config_rq(1, 1);
+        let mut net = EpochNet::new(&cfg);
+        net.puts(1..=20, "before the barrier");
+        net.run(200);
+        let stable = net.nodes[&0].stable_seq();
+        assert!(stable < 20, "the newest checkpoint ({stable}) is from before put 20");
+        // Client 7's put 20 is the barrier: the backup must hold it.
+        let mut fetch =
+            CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20).with_barrier(7, 20);
+        assert!(run_fetch(&mut net, &mut fetch, 500, &mut |_, m| m).is_none());
+        assert!(fetch.passed_over(), "the checkpoint at {stable} was fetched and found short");
+        net.puts(21..=30, "after the barrier");
+        net.run(200);
+        let got = run_fetch(&mut net, &mut fetch, 2_000, &mut |_, m| m).expect("a checkpoint past the barrier");
+        assert!(got.proof.seq > stable);
+        let log = log_after(&got);
+        assert!(log.0.contains(&vec![20]), "the state holds put 20: {:?}", log.0);
+        // Without the barrier the first one would have done.
+        let mut plain = CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20);
+        assert!(run_fetch(&mut net, &mut plain, 500, &mut |_, m| m).is_some());
+    }
+
+    #[test]
+    fn a_fetch_that_knows_an_older_membership_follows_the_epoch_certificates() {
+        let admin = SigningKey::from_seed([77; 32]);
+        let cfg = config_rq(1, 1).with_admin_key(admin.public());
+        let mut net = EpochNet::new(&cfg);
+        net.puts(1..=3, "epoch 0");
+        let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add");
+        net.nodes.insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default()));
+        net.run(1_000);
+        net.retransmit_behind_admin(1);
+        let m2 = net.admin(&admin, 2, 1, Change::Remove(0)).expect("remove");
+        net.run(1_000);
+        net.retransmit_behind_admin(2);
+        net.puts(4..=30, "epoch 2");
+        net.run(300);
+        let stable = net.nodes[&1].stable_seq();
+        assert!(stable > m2.since, "a checkpoint of epoch 2: {stable} > {}", m2.since);
+
+        // Knows epoch 0 only, whose members were 0..=3 (node 0 is gone now).
+        let mut fetch = CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20);
+        let got = run_fetch(&mut net, &mut fetch, 3_000, &mut |_, m| m).expect("the checkpoint arrived");
+        assert_eq!(fetch.membership().epoch, 2, "followed two epochs");
+        assert_eq!(got.membership.digest(), m2.digest());
+        assert!(got.proof.seq >= stable);
+        assert_eq!(got.state.root, got.proof.root);
+        assert_eq!(fetch.refused(), 0);
+    }
+
+    #[test]
+    fn a_certificate_without_a_quorum_is_refused() {
+        let cfg = config_rq(1, 1);
+        let mut net = EpochNet::new(&cfg);
+        net.puts(1..=10, "before");
+        net.run(200);
+        // Every node cuts its certificate to one signature short of the quorum.
+        let q = cfg.quorums.order_quorum();
+        let mut short = |_: u32, m: Message| match m {
+            Message::StableCert(mut p) => {
+                p.sigs.truncate(q - 1);
+                Message::StableCert(p)
+            }
+            m => m,
+        };
+        let mut fetch = CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20);
+        assert!(run_fetch(&mut net, &mut fetch, 500, &mut short).is_none());
+        assert!(fetch.progress().is_none(), "nothing adopted");
+        assert!(fetch.refused() > 0);
+    }
+}

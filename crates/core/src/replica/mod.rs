@@ -630,6 +630,17 @@ impl<S: Service> Replica<S> {
                     }
                 })
             }
+            // The administrator's backup (backup.rs) fetches a checkpoint as a peer would.
+            (Peer::Client(c), Message::FetchManifest { seq })
+                if crate::message::owner_of(c) == crate::membership::ADMIN_CLIENT =>
+            {
+                self.on_fetch_manifest(from, seq, out)
+            }
+            (Peer::Client(c), Message::FetchChunk { seq, index })
+                if crate::message::owner_of(c) == crate::membership::ADMIN_CLIENT =>
+            {
+                self.on_fetch_chunk(from, seq, index, out)
+            }
             (Peer::Node(n), msg) if self.is_exec_peer(n) => self.on_exec_message(n, msg, out),
             (Peer::Node(n), msg) if self.is_rq_peer(n) => self.on_rq_message(n, msg, out),
             (Peer::Node(n), Message::Forward(req)) if self.cfg.rq_separated() && (n as usize) < self.cfg.n() => {
@@ -653,9 +664,9 @@ impl<S: Service> Replica<S> {
             }
             (Peer::Node(n), Message::StableCert(proof)) => self.on_stable_cert(n, proof, out),
             (Peer::Node(n), Message::Decided { seq, value }) => self.on_decided(n, seq, value, out),
-            (Peer::Node(n), Message::FetchManifest { seq }) => self.on_fetch_manifest(n, seq, out),
+            (Peer::Node(n), Message::FetchManifest { seq }) => self.on_fetch_manifest(Peer::Node(n), seq, out),
             (Peer::Node(n), Message::Manifest { seq, len, chunks }) => self.on_manifest(n, seq, len, chunks, out),
-            (Peer::Node(n), Message::FetchChunk { seq, index }) => self.on_fetch_chunk(n, seq, index, out),
+            (Peer::Node(n), Message::FetchChunk { seq, index }) => self.on_fetch_chunk(Peer::Node(n), seq, index, out),
             (Peer::Node(n), Message::Chunk { seq, index, data }) => self.on_chunk(n, seq, index, data, out),
             (Peer::Node(n), Message::FetchValue { seq, digest }) => self.on_fetch_value(n, seq, digest, out),
             (Peer::Node(_), Message::ValueBody { seq, value }) => self.on_value_body(seq, value, out),
