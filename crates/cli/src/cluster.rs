@@ -620,11 +620,19 @@ pub fn run_status(a: StatusArgs) -> ExitCode {
         .collect();
     // A removed node is not a failure: only a node that should answer and does not is.
     let all_up = rows.iter().all(|(_, _, r)| !matches!(r, Found::Down(_)));
-    let state = |rq_only: bool, s: &keel_runtime::metrics::Status| match (rq_only, s.view_change_to, s.transfer) {
-        (true, _, _) => "RQ node".to_string(),
-        (false, Some(t), _) => format!("changing to view {t}"),
-        (false, None, Some((have, total))) => format!("state transfer {have}/{total} chunks"),
-        (false, None, None) => "normal".into(),
+    let state = |rq_only: bool, s: &keel_runtime::metrics::Status| {
+        let now = match (rq_only, s.view_change_to, s.transfer) {
+            (true, _, _) => "RQ node".to_string(),
+            (false, Some(t), _) => format!("changing to view {t}"),
+            (false, None, Some((have, total))) => format!("state transfer {have}/{total} chunks"),
+            (false, None, None) => "normal".into(),
+        };
+        // A node whose state went wrong (found at a checkpoint, repaired by transfer).
+        match (s.divergences, s.diverged_at) {
+            (0, _) | (_, None) => now,
+            (1, Some(at)) => format!("{now}; its state diverged at checkpoint {at} and was repaired"),
+            (n, Some(at)) => format!("{now}; its state diverged {n} times, last at checkpoint {at}, and was repaired"),
+        }
     };
     if a.output == Some(StatusOutput::Json) {
         let nodes: Vec<serde_json::Value> = rows

@@ -93,7 +93,7 @@ fn files() -> (ClusterFile, NodeFile, ClientFile) {
         key: "node.key".into(),
         signing_seed: "00".into(),
         mac_secret: "00".into(),
-        faults: FaultsFile { slow_propose_ms: 1, slow_after_ms: 1 },
+        faults: FaultsFile { slow_propose_ms: 1, slow_after_ms: 1, lose_request_after_ms: 1 },
         front_end: Some(FrontEndFile {
             listen: "127.0.0.1:7108".parse().expect("addr"),
             client: "front-end/client.toml".into(),

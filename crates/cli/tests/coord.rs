@@ -376,13 +376,22 @@ impl RawClient {
     }
 
     fn create_ephemeral(&mut self, path: &str) -> i32 {
+        self.create(path, 1).0
+    }
+
+    /// A persistent node: the error code and the reply body.
+    fn create_persistent(&mut self, path: &str) -> (i32, Vec<u8>) {
+        self.create(path, 0)
+    }
+
+    fn create(&mut self, path: &str, flags: i32) -> (i32, Vec<u8>) {
         use keel_coord::jute::Writer;
         use keel_coord::proto::Acl;
         let mut w = Writer::new();
         w.string(path).buffer(b"");
         Acl::write_all(&Acl::open(), &mut w);
-        w.int(1);
-        self.request(1, &w.into_bytes()).0
+        w.int(flags);
+        self.request(1, &w.into_bytes())
     }
 
     fn exists(&mut self, path: &str) -> i32 {
@@ -657,4 +666,66 @@ fn a_total_outage_longer_than_the_session_timeout_loses_no_session_or_data() {
     // and its ephemeral (ZooKeeper gives sessions a new timeout when a leader is elected).
     let mut back = RawClient::attach(fronts[2], 6_000, session, &password).expect("the session survived the outage");
     assert_eq!(back.exists("/survivor"), 0, "its ephemeral is still there");
+}
+
+/// A node whose data tree silently goes wrong (`[faults] lose_request_after_ms`: one
+/// request executed as if it were not there) is found out at the next checkpoint (its
+/// root differs from the certified one), says so in its log, its metrics and `keel
+/// status`, and repairs itself by state transfer; clients go on being served, and its
+/// later checkpoints agree again.
+#[test]
+fn a_node_whose_data_tree_goes_wrong_is_detected_and_repaired_by_state_transfer() {
+    let faulty = 2;
+    let c = Cluster::init_full(1, 1, &["--service", "coord", "--checkpoint-interval", "64"], "", |i| {
+        (i == faulty).then_some("[faults]\nlose_request_after_ms = 3000")
+    });
+    let (c, fronts) = ready(c);
+    let mut client = RawClient::connect(fronts[0], 10_000);
+    let divergences = |c: &Cluster| c.status(faulty).map_or(0, |s| s.divergences);
+    let started = Instant::now();
+    let mut created = 0;
+    // Writes until the lost one shows at a checkpoint (past 3 s, then up to 64 more
+    // instances).
+    while divergences(&c) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no divergence reported; node {faulty}:\n{}",
+            c.log(faulty)
+        );
+        let (err, _) = client.create_persistent(&format!("/d{created}"));
+        assert_eq!(err, 0, "create /d{created}");
+        created += 1;
+    }
+    let log = c.log(faulty);
+    assert!(log.contains("fault injection: this request is lost"), "{log}");
+    assert!(log.contains("this node's state diverged: its checkpoint"), "{log}");
+    // Repaired: it transfers the certified state, then checkpoints like the others.
+    let repaired = Instant::now();
+    while !c.log(faulty).contains("state transfer done") {
+        assert!(repaired.elapsed() < Duration::from_secs(30), "no repair; node {faulty}:\n{}", c.log(faulty));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let at = c.status(faulty).and_then(|s| s.diverged_at).expect("the checkpoint is reported");
+    for i in 0..200 {
+        assert_eq!(client.create_persistent(&format!("/after{i}")).0, 0);
+    }
+    let later = Instant::now();
+    while c.status(faulty).map_or(0, |s| s.stable) < at + 128 {
+        assert!(later.elapsed() < Duration::from_secs(30), "node {faulty} stopped checkpointing");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(divergences(&c), 1, "its checkpoints after the repair agree with the certified ones");
+    assert!(support::metric(&c.metrics(faulty), "keel_divergences_total") == 1);
+    let status = Command::new(support::KEEL).arg("status").env("KEEL_DIR", c.path()).output().expect("keel status");
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        table.lines().any(|l| l.starts_with(&format!("{faulty}\t"))
+            && l.contains(&format!("its state diverged at checkpoint {at} and was repaired"))),
+        "{table}"
+    );
+    // Every create is there, read through the faulty node's own front end.
+    let mut reader = RawClient::connect(fronts[faulty], 10_000);
+    for i in 0..created {
+        assert_eq!(reader.exists(&format!("/d{i}")), 0, "/d{i}");
+    }
 }

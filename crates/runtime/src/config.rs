@@ -424,6 +424,11 @@ pub struct FaultsFile {
     /// ...starting this long after the node started.
     #[serde(default)]
     pub slow_after_ms: u64,
+    /// This long after the node started, it loses one request from its state (executes
+    /// it as if it were not there): a silently corrupted state, which the next checkpoint
+    /// must reveal and state transfer repair (0: never). For tests.
+    #[serde(default)]
+    pub lose_request_after_ms: u64,
 }
 
 impl FaultsFile {

@@ -8,6 +8,7 @@ pub mod config;
 pub mod embed;
 mod epochs;
 pub mod execution;
+pub mod faults;
 pub mod inbound;
 pub mod lockfile;
 pub mod metrics;

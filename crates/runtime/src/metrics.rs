@@ -40,6 +40,8 @@ pub struct Metrics {
     pub transfer_chunks: Counter,
     pub transfer_chunks_reused: Counter,
     pub divergences: Counter,
+    /// The checkpoint of the latest divergence (0: none yet).
+    pub last_divergence: Gauge,
     pub slow_primary: Counter,
     pub banned_clients: Counter,
     /// Push events dropped from full queues.
@@ -139,6 +141,12 @@ pub struct Status {
     /// What the service reports of itself (`ServiceReport::status`), one line each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub service: Vec<String>,
+    /// Times this node's own checkpoint differed from the certified one (its state went
+    /// wrong and was repaired by state transfer), and the latest such checkpoint.
+    #[serde(default)]
+    pub divergences: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diverged_at: Option<u64>,
 }
 
 /// A service's own figures, shown with the node's: appended to `/metrics` and to
@@ -189,6 +197,7 @@ impl Metrics {
             transfer_chunks: Counter::default(),
             transfer_chunks_reused: Counter::default(),
             divergences: Counter::default(),
+            last_divergence: Gauge::default(),
             slow_primary: Counter::default(),
             banned_clients: Counter::default(),
             push_dropped: Counter::default(),
@@ -230,6 +239,11 @@ impl Metrics {
             m.transfer_chunks_reused.clone(),
         );
         r.register("divergences", "Local checkpoints that differed from the stable one", m.divergences.clone());
+        r.register(
+            "diverged_at_checkpoint",
+            "The checkpoint of the latest divergence (0: none)",
+            m.last_divergence.clone(),
+        );
         r.register(
             "slow_primary_suspicions",
             "Times this node asked to replace a primary that kept up with its timers but not with the recent best",

@@ -112,16 +112,29 @@ pub async fn run_controlled<S: Service + Send + 'static>(
     // A cluster restored from a backup starts every node from the same service state
     // (cluster.toml's `[genesis]`), as if it had executed the history that led there; a
     // later checkpoint replaces it like any state. The service checks it on the way in.
-    if let Some(state) = setup.genesis.clone() {
-        let mut first = make();
-        first.restore(&state).map_err(|e| NodeError::Runtime(format!("the genesis state does not restore: {e}")))?;
-        let make = move || {
-            let mut service = make();
-            // Restored once above already: the same bytes into the same empty service.
-            let _ = service.restore(&state);
-            service
-        };
-        return run_stage(setup, make, control).await;
+    let make: Box<dyn Fn() -> S> = match setup.genesis.clone() {
+        Some(state) => {
+            let mut first = make();
+            first
+                .restore(&state)
+                .map_err(|e| NodeError::Runtime(format!("the genesis state does not restore: {e}")))?;
+            Box::new(move || {
+                let mut service = make();
+                // Restored once above already: the same bytes into the same empty service.
+                let _ = service.restore(&state);
+                service
+            })
+        }
+        None => Box::new(make),
+    };
+    if setup.faults.lose_request_after_ms > 0 {
+        let at = std::time::Instant::now() + Duration::from_millis(setup.faults.lose_request_after_ms);
+        let spent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tracing::warn!(
+            after_ms = setup.faults.lose_request_after_ms,
+            "fault injection: a request will be lost from this node's state"
+        );
+        return run_stage(setup, move || crate::faults::LosesRequest::new(make(), at, spent.clone()), control).await;
     }
     run_stage(setup, make, control).await
 }
@@ -646,6 +659,11 @@ pub(crate) fn publish<N: Node>(
             members: cfg.membership.members.iter().map(|x| x.id).collect(),
             quorum: cfg.quorums.order_quorum() as u64,
             service: Vec::new(),
+            divergences: m.divergences.get(),
+            diverged_at: match m.last_divergence.get() {
+                seq if seq > 0 => Some(seq as u64),
+                _ => None,
+            },
         };
     }
 }
@@ -793,7 +811,14 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::Divergence { seq, local, stable } => {
                 m.divergences.inc();
-                tracing::error!(seq, ?local, ?stable, "local state diverged from the stable checkpoint; repairing")
+                m.last_divergence.set(seq as i64);
+                tracing::error!(
+                    seq,
+                    ?local,
+                    ?stable,
+                    "this node's state diverged: its checkpoint {seq} differs from the one a quorum certified; \
+                     repairing by state transfer (clients are served by the others meanwhile)"
+                )
             }
             Event::PushDropped { client, count } => {
                 m.push_dropped.inc_by(count);

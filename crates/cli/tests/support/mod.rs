@@ -71,7 +71,9 @@ impl Cluster {
         Cluster::init_full(u, r, &["--auth", auth], "", |_| None)
     }
 
-    fn init_full(
+    /// `keel init` with `init_args`, `cluster_extra` appended to cluster.toml, and
+    /// `extra(i)` (a `key = value` line, or tables) in node i's file; then every node.
+    pub fn init_full(
         u: u32,
         r: u32,
         init_args: &[&str],
