@@ -233,6 +233,54 @@ fn an_added_node_serves_zookeeper_clients_on_a_front_end_of_its_own() {
     assert_eq!(on_old.exists("/from-the-new-node"), 0, "seen from an old node");
     assert_eq!(on_old.create_ephemeral("/from-an-old-node"), 0);
     assert_eq!(on_new.exists("/from-an-old-node"), 0, "seen from the new node");
+    drop((on_new, on_old));
+
+    // /zookeeper/config lists the five client ports, as the Java client's own parser
+    // (ConfigUtils.getClientConfigStr, what updateServerList takes) reads it.
+    let expected = |fronts: &[SocketAddr]| fronts.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+    let mut watcher = RawClient::connect(fronts[1], 30_000);
+    let started = Instant::now();
+    while watcher.config_servers() != expected(&all) {
+        assert!(started.elapsed() < Duration::from_secs(20), "config: {:?}", watcher.config_servers());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let parsed = java_client_config(&fronts[2..3]);
+    for a in &all {
+        assert!(parsed.contains(&a.to_string()), "the Java client's parse lists {a}: {parsed}");
+    }
+    // Removed, node 4 stops announcing: it leaves the list.
+    let said = c.admin(&["remove-node", "4"]).expect("remove-node");
+    assert!(said.contains("node 4 removed"), "{said}");
+    let started = Instant::now();
+    while watcher.config_servers() != expected(&fronts) {
+        watcher.ping();
+        assert!(
+            started.elapsed() < Duration::from_secs(40),
+            "config after the removal: {:?}",
+            watcher.config_servers()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// `/zookeeper/config` as the Java client's ConfigUtils reads it ("version hosts").
+fn java_client_config(fronts: &[SocketAddr]) -> String {
+    let classes = tempfile::tempdir().expect("tempdir");
+    let cp = classpath();
+    run(
+        Command::new("javac").arg("-d").arg(classes.path()).args(["-cp", &cp]).arg(clients_dir().join("ZkConfig.java")),
+        "javac",
+        Duration::from_secs(120),
+    );
+    let out = run(
+        Command::new("java")
+            .args(["-cp", &format!("{}:{cp}", classes.path().display())])
+            .arg("ZkConfig")
+            .arg(hosts(fronts)),
+        "ZkConfig",
+        Duration::from_secs(60),
+    );
+    out.lines().find_map(|l| l.strip_prefix("client-config: ")).unwrap_or_else(|| panic!("{out}")).to_string()
 }
 
 /// `max_client_cnxns` (ZooKeeper's per-address limit): with 5, a sixth connection from
@@ -392,6 +440,22 @@ impl RawClient {
         Acl::write_all(&Acl::open(), &mut w);
         w.int(flags);
         self.request(1, &w.into_bytes())
+    }
+
+    /// The client addresses `/zookeeper/config` lists (the part after `;` of each
+    /// `server.N=` line), in its order.
+    fn config_servers(&mut self) -> Vec<String> {
+        use keel_coord::jute::{Reader, Writer};
+        let mut w = Writer::new();
+        w.string("/zookeeper/config").bool(false);
+        let (e, body) = self.request(4, &w.into_bytes());
+        assert_eq!(e, 0, "getData /zookeeper/config");
+        let data = Reader::new(&body).buffer().expect("data");
+        String::from_utf8_lossy(&data)
+            .lines()
+            .filter(|l| l.starts_with("server."))
+            .filter_map(|l| l.split_once(';').map(|(_, client)| client.to_string()))
+            .collect()
     }
 
     fn exists(&mut self, path: &str) -> i32 {

@@ -297,6 +297,10 @@ impl Control {
 /// What a front end gets: the node it runs on and a client into the cluster.
 pub struct FrontEnd {
     pub node: NodeId,
+    /// Where the node listens for its peers and clients, and serves `/metrics`: what a
+    /// front end may tell its own clients about the node (coord's `/zookeeper/config`).
+    pub listen: std::net::SocketAddr,
+    pub metrics: std::net::SocketAddr,
     /// The node's data directory: a front end may keep unreplicated, node-local data
     /// under it (in a directory of its own name; the node's files are `data/*`).
     pub data_dir: PathBuf,
@@ -431,6 +435,7 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
         let (done_tx, done_rx) = oneshot::channel();
         let threads = setup.threads;
         let data_dir = setup.data_dir.clone();
+        let node_addrs = (setup.listen, setup.metrics);
         let control = Control { stop: Some(stop_rx.clone()), serving: Some(serving_tx), plane: wire };
         let thread = std::thread::Builder::new()
             .name(format!("keel-node-{id}"))
@@ -465,6 +470,8 @@ impl<S: Service + Send + 'static> NodeBuilder<S> {
                     for task in front_ends {
                         let fe = FrontEnd {
                             node: id,
+                            listen: node_addrs.0,
+                            metrics: node_addrs.1,
                             data_dir: data_dir.clone(),
                             client: client.clone(),
                             stop: stop_rx.clone(),

@@ -55,6 +55,11 @@ impl BatchRoom {
 /// anything (no quorum, a long view change): with ticks every 500 ms an idle cluster
 /// still orders one instance per tick.
 pub const OUTAGE_MS: u64 = 3_000;
+/// A front end not heard from for this long (agreed time) leaves `/zookeeper/config`:
+/// its node was removed or is down. Front ends announce every 5 s.
+pub const SERVER_EXPIRE_MS: u64 = 20_000;
+/// The longest address a front end may announce.
+const SERVER_ADDR_MAX: usize = 64;
 /// Most watches one session may hold (each registration is replicated state).
 pub const WATCHES_PER_SESSION_MAX: usize = 100_000;
 
@@ -82,6 +87,11 @@ pub enum Command {
     /// in flight, executed in order in one step (group commit): one reply each. A batch
     /// inside a batch is refused.
     Batch(Vec<Command>),
+    /// A node's front end: "node `node`'s ZooKeeper clients connect to `addr`; the node
+    /// itself listens on `peer_port` and serves metrics on `metrics_port` (the same
+    /// host)" (sent every few seconds), listed in `/zookeeper/config` while the
+    /// announcements keep coming ([`SERVER_EXPIRE_MS`]).
+    Announce { node: u32, addr: String, peer_port: u16, metrics_port: u16 },
 }
 
 impl Command {
@@ -215,6 +225,25 @@ struct State {
     /// Pushes of the command running now (collected, then sent in order).
     #[serde(skip)]
     out: Vec<(ClientId, Push)>,
+    /// The front ends that announced themselves, by node: `/zookeeper/config`.
+    servers: BTreeMap<u32, Server>,
+}
+
+/// A node's ZooKeeper client port, as its front end announced it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Server {
+    addr: String,
+    /// ZooKeeper's quorum and election ports have no Keel counterpart; the node's own
+    /// peer and metrics ports stand in (clients read only the client address, but
+    /// ZooKeeper's parser wants two distinct ports there).
+    peer_port: u16,
+    metrics_port: u16,
+    /// The front end's client identity: only it may change the entry while it is
+    /// fresh, so one faulty node cannot replace another's address (it can only claim an
+    /// id no front end announces, which clients then fail to reach).
+    owner: ClientId,
+    /// Agreed time of its last announcement.
+    seen: u64,
 }
 
 /// A write's outcome inside a transaction: the response record, or an error code.
@@ -244,6 +273,10 @@ impl State {
         if self.last_time > 0 && ctx.time.saturating_sub(self.last_time) >= OUTAGE_MS {
             for s in self.sessions.values_mut() {
                 s.deadline = s.deadline.max(ctx.time + s.timeout as u64);
+            }
+            // Nor did front ends reach it: their entries start afresh too.
+            for s in self.servers.values_mut() {
+                s.seen = s.seen.max(ctx.time);
             }
         }
         self.last_time = self.last_time.max(ctx.time);
@@ -340,6 +373,68 @@ impl State {
                 }
                 Reply::Ops(requests.into_iter().map(|r| self.op(session, r, ctx)).collect())
             }
+            Command::Announce { node, addr, peer_port, metrics_port } => self.announce(
+                node,
+                Server { addr, peer_port, metrics_port, owner: owner_of(ctx.client), seen: ctx.time },
+                ctx,
+            ),
+        }
+    }
+
+    /// A front end's announcement ([`Command::Announce`]).
+    fn announce(&mut self, node: u32, server: Server, ctx: &ExecCtx) -> Reply {
+        let ports = [server.peer_port, server.metrics_port];
+        if server.addr.len() > SERVER_ADDR_MAX
+            || server.addr.parse::<std::net::SocketAddr>().is_err()
+            || ports.contains(&0)
+            || server.peer_port == server.metrics_port
+        {
+            return Reply::Refused { err: err::BAD_ARGUMENTS };
+        }
+        let changed = match self.servers.get_mut(&node) {
+            Some(s) if s.owner != server.owner && s.seen + SERVER_EXPIRE_MS > ctx.time => {
+                return Reply::Refused { err: err::NO_AUTH };
+            }
+            Some(s)
+                if s.owner == server.owner
+                    && (&s.addr, s.peer_port, s.metrics_port)
+                        == (&server.addr, server.peer_port, server.metrics_port) =>
+            {
+                s.seen = ctx.time;
+                false
+            }
+            _ => {
+                self.servers.insert(node, server);
+                true
+            }
+        };
+        if changed {
+            self.write_config(ctx);
+        }
+        Reply::Done
+    }
+
+    /// Rewrites `/zookeeper/config` from the announced front ends, as a ZooKeeper
+    /// ensemble's dynamic configuration: `server.<id>=<host>:<peer port>:<metrics
+    /// port>:participant;<client host>:<client port>` per node, then `version=<zxid,
+    /// hex>`. One transaction; its data watches fire.
+    fn write_config(&mut self, ctx: &ExecCtx) {
+        const CONFIG: &str = "/zookeeper/config";
+        self.zxid += 1;
+        let mut text = String::new();
+        for (node, s) in &self.servers {
+            let host = host_of(&s.addr);
+            text.push_str(&format!("server.{node}={host}:{}:{}:participant;{}\n", s.peer_port, s.metrics_port, s.addr));
+        }
+        text.push_str(&format!("version={:x}", self.zxid));
+        let zxid = self.zxid;
+        if let Some(node) = self.tree.get_mut(CONFIG) {
+            node.data = text.into_bytes();
+            node.stat.version = node.stat.version.wrapping_add(1);
+            node.stat.mzxid = zxid;
+            node.stat.mtime = ctx.time as i64;
+            node.stat.data_length = node.data.len() as i32;
+            self.fire(Change::Data(CONFIG.into()), ctx);
         }
     }
 
@@ -949,6 +1044,11 @@ impl State {
     /// At a tick: expired sessions end; empty containers and stale TTL nodes go.
     fn expire(&mut self, ctx: &ExecCtx) {
         self.resume(ctx);
+        let before = self.servers.len();
+        self.servers.retain(|_, s| s.seen + SERVER_EXPIRE_MS > ctx.time);
+        if self.servers.len() != before {
+            self.write_config(ctx);
+        }
         let expired: Vec<i64> =
             self.sessions.iter().filter(|(_, s)| s.deadline <= ctx.time).map(|(id, _)| *id).collect();
         for session in expired {
@@ -985,6 +1085,11 @@ impl State {
             ctx.push(to, postcard::to_allocvec(&push).unwrap_or_default());
         }
     }
+}
+
+/// `host` of `host:port` (IPv6 keeps its brackets); the address was parsed before.
+fn host_of(addr: &str) -> &str {
+    addr.rsplit_once(':').map_or(addr, |(h, _)| h)
 }
 
 fn read_reply(answer: OpResult) -> Reply {

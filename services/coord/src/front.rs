@@ -36,6 +36,9 @@ const OUTBOX: usize = 64;
 /// How often sessions heard from are touched (ordered): well inside the shortest
 /// session timeout.
 const TOUCH_EVERY: Duration = Duration::from_millis(1_000);
+/// How often a node's front end announces its address (`Command::Announce`); well
+/// within `coord::SERVER_EXPIRE_MS`.
+const ANNOUNCE_EVERY: Duration = Duration::from_secs(5);
 /// Most client connections a front end keeps open at once (ZooKeeper bounds them per
 /// address, `maxClientCnxns`); more are closed at once and counted.
 pub const CONNECTIONS_MAX: usize = 4_096;
@@ -222,14 +225,14 @@ pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options, lo
         tracing::error!(node = fe.node, "coord front end without a client identity: not serving");
         return;
     };
-    let role = Role::Node { id: fe.node, local };
+    let role = Role::Node { id: fe.node, local, ports: (fe.listen.port(), fe.metrics.port()) };
     serve_client(client, role, listener, options, async move { fe.stopped().await }).await
 }
 
 /// Where a front end runs.
 pub enum Role {
-    /// On node `id`, beside its state.
-    Node { id: keel::NodeId, local: LocalView },
+    /// On node `id`, beside its state; the node's peer and metrics ports.
+    Node { id: keel::NodeId, local: LocalView, ports: (u16, u16) },
     /// In a process of the client's own (`keel coord-shim`): it holds no state, and a
     /// reply counts only once r + 1 nodes sent it alike, so no single node is trusted.
     Shim,
@@ -245,8 +248,12 @@ pub async fn serve_client(
     stop: impl std::future::Future<Output = ()>,
 ) {
     let pinned = matches!(role, Role::Shim);
+    let node = match &role {
+        Role::Node { id, ports, .. } => Some((*id, *ports)),
+        Role::Shim => None,
+    };
     let (label, local) = match role {
-        Role::Node { id, local } => (format!("node {id}"), Some(local)),
+        Role::Node { id, local, .. } => (format!("node {id}"), Some(local)),
         Role::Shim => {
             options.reads = Reads::Quorum;
             // A shim serves the applications of its own machine: all one address.
@@ -278,6 +285,9 @@ pub async fn serve_client(
         tokio::spawn(route_pushes(shared.clone(), pushes));
     }
     tokio::spawn(touch(shared.clone()));
+    if let Some((node, ports)) = node {
+        tokio::spawn(announce(shared.clone(), node, listen, ports));
+    }
     tokio::spawn(commit(shared.clone(), commit_queue));
     tokio::spawn(batch_reads(shared.clone(), read_queue));
     loop {
@@ -372,6 +382,22 @@ async fn touch(shared: Arc<Shared>) {
         if !alive.is_empty() {
             let _ = shared.call(&Command::Touch { sessions: alive }, false).await;
         }
+    }
+}
+
+/// Tells the cluster where this node's ZooKeeper clients connect, at once and every
+/// [`ANNOUNCE_EVERY`], for `/zookeeper/config` (clients that follow it, such as
+/// Curator's ensemble tracker, find nodes added later and drop removed ones).
+async fn announce(shared: Arc<Shared>, node: keel::NodeId, listen: SocketAddr, (peer_port, metrics_port): (u16, u16)) {
+    if listen.ip().is_unspecified() {
+        tracing::warn!(%listen, "coord front end listens on every address: /zookeeper/config will not list it");
+        return;
+    }
+    let mut every = tokio::time::interval(ANNOUNCE_EVERY);
+    loop {
+        every.tick().await;
+        let announce = Command::Announce { node, addr: listen.to_string(), peer_port, metrics_port };
+        let _ = shared.call(&announce, false).await;
     }
 }
 

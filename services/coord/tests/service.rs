@@ -551,3 +551,61 @@ fn batched_reads_are_answered_read_only_and_a_batch_stays_within_its_reply_budge
     let mixed = Command::Batch(vec![read(), Command::Op { session: s, request: Request::Sync { path: "/".into() } }]);
     assert_eq!(w.coord.execute_read_only(&mixed.encode(), &ctx), None);
 }
+
+/// `/zookeeper/config` lists the front ends that announce themselves, as a ZooKeeper
+/// ensemble's dynamic configuration; it changes (and its data watch fires) when one
+/// comes or goes, and one front end cannot take another's entry while it is fresh.
+#[test]
+fn zookeeper_config_lists_the_announced_front_ends_and_follows_them() {
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    let config = |w: &mut World| match w.op(s, Request::GetData { path: "/zookeeper/config".into(), watch: true }) {
+        (0, body) => String::from_utf8(Reader::new(&body).buffer().expect("data")).expect("text"),
+        (e, _) => panic!("getData /zookeeper/config: {e}"),
+    };
+    assert_eq!(config(&mut w), "", "nothing announced yet");
+    assert_eq!(w.run(FE_A, announce(0, "127.0.0.1:2181")), Reply::Done);
+    assert_eq!(w.run(FE_B, announce(1, "10.0.0.2:2182")), Reply::Done);
+    let text = config(&mut w);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "server.0=127.0.0.1:7100:7104:participant;127.0.0.1:2181");
+    assert_eq!(lines[1], "server.1=10.0.0.2:7100:7104:participant;10.0.0.2:2182");
+    assert!(lines[2].starts_with("version="), "{text}");
+    let watched =
+        w.pushes.iter().filter(|(_, p)| matches!(p, Push::Watch { path, .. } if path == "/zookeeper/config")).count();
+    assert!(watched >= 1, "the data watch fired on the change: {:?}", w.pushes);
+    // A repeat changes nothing; another identity cannot take node 0 while it is fresh.
+    let before = w.stat(s, "/zookeeper/config").expect("stat").mzxid;
+    assert_eq!(w.run(FE_A, announce(0, "127.0.0.1:2181")), Reply::Done);
+    assert_eq!(w.stat(s, "/zookeeper/config").expect("stat").mzxid, before, "a repeat is not a change");
+    assert_eq!(w.run(FE_B, announce(0, "10.6.6.6:2181")), Reply::Refused { err: err::NO_AUTH });
+    assert_eq!(w.run(FE_A, announce(2, "not an address")), Reply::Refused { err: err::BAD_ARGUMENTS });
+    // Node 1 stops announcing (removed, or down): it leaves the list at a tick past the
+    // expiry; node 0 announces every 5 s. (Time moves by ticks: a jump would read as an
+    // outage, after which every entry starts afresh.)
+    let last = w.time;
+    let mut t = w.time;
+    while t < last + keel_coord::coord::SERVER_EXPIRE_MS {
+        assert!(config(&mut w).contains("server.1="), "node 1 listed until its entry expires (at {t})");
+        t += 1_000;
+        w.tick(t);
+        w.run(FE_A, Command::Touch { sessions: vec![s] });
+        if t % 5_000 == 0 {
+            assert_eq!(w.run(FE_A, announce(0, "127.0.0.1:2181")), Reply::Done);
+        }
+    }
+    let text = config(&mut w);
+    assert!(text.starts_with("server.0=127.0.0.1:7100:7104:participant;127.0.0.1:2181\nversion="), "{text}");
+    // Ports that ZooKeeper's own parser refuses are refused here.
+    let same = Command::Announce { node: 3, addr: "127.0.0.1:2181".into(), peer_port: 7100, metrics_port: 7100 };
+    assert_eq!(w.run(FE_A, same), Reply::Refused { err: err::BAD_ARGUMENTS });
+    // Clients cannot write it.
+    let set = Request::SetData { path: "/zookeeper/config".into(), data: b"x".to_vec(), version: -1 };
+    assert_eq!(w.op(s, set).0, err::NO_AUTH);
+}
+
+/// Node `node`'s front end announcing client address `addr` (peer port 7100, metrics
+/// 7104).
+fn announce(node: u32, addr: &str) -> Command {
+    Command::Announce { node, addr: addr.into(), peer_port: 7100, metrics_port: 7104 }
+}
