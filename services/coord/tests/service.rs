@@ -590,7 +590,7 @@ fn zookeeper_config_lists_the_announced_front_ends_and_follows_them() {
         t += 1_000;
         w.tick(t);
         w.run(FE_A, Command::Touch { sessions: vec![s] });
-        if t % 5_000 == 0 {
+        if t.is_multiple_of(5_000) {
             assert_eq!(w.run(FE_A, announce(0, "127.0.0.1:2181")), Reply::Done);
         }
     }
