@@ -51,7 +51,7 @@ pub const SERVICES: [ServiceInfo; 4] = [
         name: "coord",
         tick_ms: Some(500),
         front_end: true,
-        sim: None,
+        sim: Some(keel_coord_sim::run_coord_seed),
         check_state: Some(|s| keel_coord::Coord::new().restore(s)),
     },
     // Gnothi's block store: each node serves the export over NBD.

@@ -43,6 +43,11 @@ pub trait Workload {
         None
     }
 
+    /// Client `client`'s operation `op` returned `result` (a workload whose operations
+    /// depend on earlier answers learns them here: coord's session ids). Default:
+    /// nothing.
+    fn observe(&mut self, _client: u64, _op: &[u8], _result: &[u8]) {}
+
     /// Judges the complete history; `Err` names what is wrong. The default accepts any
     /// history (agreement, validity and exactly-once are still checked by the simulator).
     fn check_history(&self, _history: &[HistoryEntry]) -> Result<(), String> {

@@ -1624,6 +1624,8 @@ impl<W: Workload> World<W> {
             return;
         };
         if let Some(h) = self.clients[idx].inflight.take() {
+            let entry = &self.history[h];
+            self.workload.observe(entry.client, &entry.op, &result);
             self.history[h].ret = Some((self.now, result));
             self.report.ops_completed += 1;
             self.report.completed_at.push(self.now);

@@ -98,6 +98,12 @@ impl Command {
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).unwrap_or_default()
     }
+
+    /// # Errors
+    /// If the bytes are not a command.
+    pub fn decode(bytes: &[u8]) -> Result<Command, postcard::Error> {
+        postcard::from_bytes(bytes)
+    }
 }
 
 /// What the service answers.
@@ -132,7 +138,8 @@ impl Reply {
         postcard::from_bytes(bytes).ok()
     }
 
-    fn encode(&self) -> Vec<u8> {
+    /// The bytes the service answers with.
+    pub fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).unwrap_or_default()
     }
 }

@@ -1,0 +1,380 @@
+//! coord under Keel's simulator (issue #23): a ZooKeeper workload run by the simulator's
+//! clients against the coordination service on every simulated node, under every fault
+//! the simulator injects, and the checks its histories must pass.
+//!
+//! The workload: each client opens a session (`Connect`; the id comes back in the reply,
+//! which the workload observes), then creates, overwrites and reads a few persistent
+//! znodes, creates sequential znodes under one parent and ephemeral znodes of its own,
+//! reads other clients' ephemerals, and now and then closes its session. Sessions are
+//! never touched (no front end heartbeats here), so they also expire at agreed-time
+//! ticks, and their ephemerals go with them.
+//!
+//! The checks:
+//! - **Persistent znodes are linearizable registers.** A create is a compare-and-set
+//!   from absent (OK or NODEEXISTS), a setData (version -1, only on a znode known to
+//!   exist; nothing is deleted) a write, a getData a read (NONODE: absent); judged per
+//!   path by the simulator's Wing-Gong checker.
+//! - **Sequential names** are distinct and follow real time: a create that returned
+//!   before another was invoked has the smaller suffix.
+//! - **Ephemerals end with their session**: once a client learned its session ended (its
+//!   close answered, or a request refused with SESSION_EXPIRED), no read invoked later
+//!   finds that session's ephemerals.
+//!
+//! The simulator itself checks agreement, validity, exactly-once, checkpoint and push
+//! agreement; a node whose state diverged (a service that expires by local time, say)
+//! shows there.
+
+use keel_coord::coord::{Command, Reply};
+use keel_coord::jute::Reader;
+use keel_coord::proto::{err, op, Acl, Request};
+use keel_coord::Coord;
+use keel_core::message::ReadConsistency;
+use keel_sim::linearizability::{check_kv, KvOp, KvRet, Operation, Verdict};
+use keel_sim::{run_seed, HistoryEntry, SeedReport, SimOptions, Workload};
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+/// Runs the coord workload for one seed, with agreed-time ticks every 500 ms (coord's
+/// own setting) unless the options set others.
+pub fn run_coord_seed(opts: &SimOptions) -> SeedReport {
+    run_coord_seed_with_stats(opts).0
+}
+
+/// [`run_coord_seed`], with what the history held (so a test can see the run was not
+/// vacuous).
+pub fn run_coord_seed_with_stats(opts: &SimOptions) -> (SeedReport, Stats) {
+    let stats = Arc::new(Mutex::new(Stats::default()));
+    let workload = CoordWorkload { stats: stats.clone(), ..CoordWorkload::new() };
+    let report = run_seed(&with_ticks(opts), workload);
+    let stats = stats.lock().map(|s| s.clone()).unwrap_or_default();
+    (report, stats)
+}
+
+/// What a run's history held.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub sessions: u64,
+    /// Sessions whose client learned they expired, and ones it closed.
+    pub expired: u64,
+    pub closed: u64,
+    /// Persistent-znode operations judged for linearizability.
+    pub register_ops: u64,
+    pub sequential: u64,
+    pub ephemerals: u64,
+    /// Reads of an ephemeral invoked after its session's end was known.
+    pub reads_after_end: u64,
+}
+
+/// `opts` with coord's tick if it has none: sessions expire at ticks.
+pub fn with_ticks(opts: &SimOptions) -> SimOptions {
+    let mut o = opts.clone();
+    if o.options.tick_ms == 0 {
+        o.options.tick_ms = 500;
+    }
+    o
+}
+
+/// Persistent znodes: a few hot paths.
+const PATHS: u32 = 3;
+/// Session timeout asked for (agreed ms): several expire within a run.
+const SESSION_TIMEOUT: i32 = 6_000;
+/// State expansions the linearizability search may use per path.
+const LINEARIZABILITY_BUDGET: u64 = 5_000_000;
+
+const SEQUENTIAL: i32 = 2;
+const EPHEMERAL: i32 = 1;
+
+/// The workload ([`CoordWorkload::new`]).
+#[derive(Default)]
+pub struct CoordWorkload {
+    /// Each client's open session, as its `Connect` answered.
+    sessions: BTreeMap<u64, i64>,
+    /// Persistent paths known to exist (a create answered OK or NODEEXISTS).
+    created: BTreeSet<String>,
+    /// Ephemerals some client created, for others to read.
+    ephemerals: Vec<String>,
+    counter: u64,
+    /// Filled in by [`Workload::check_history`].
+    stats: Arc<Mutex<Stats>>,
+}
+
+impl CoordWorkload {
+    pub fn new() -> CoordWorkload {
+        CoordWorkload::default()
+    }
+
+    fn fresh(&mut self, client: u64) -> Vec<u8> {
+        self.counter += 1;
+        format!("{client}.{}", self.counter).into_bytes()
+    }
+}
+
+fn create(path: &str, data: Vec<u8>, flags: i32) -> Request {
+    Request::Create { opcode: op::CREATE, path: path.into(), data, acl: Acl::open(), flags, ttl: -1 }
+}
+
+impl Workload for CoordWorkload {
+    type Service = Coord;
+
+    fn service(&self) -> Coord {
+        Coord::new()
+    }
+
+    fn unobserved_op(&self) -> Option<Vec<u8>> {
+        // A session nobody uses: whether it opens changes no checked path.
+        Some(Command::Connect { timeout: SESSION_TIMEOUT, ip: "10.9.9.9".into(), pinned: false }.encode())
+    }
+
+    fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8> {
+        let Some(&session) = self.sessions.get(&client) else {
+            return Command::Connect {
+                timeout: SESSION_TIMEOUT,
+                ip: format!("10.0.0.{}", client % 250),
+                pinned: false,
+            }
+            .encode();
+        };
+        let path = format!("/p{}", rng.gen_range(0..PATHS));
+        let request = match rng.gen_range(0..100) {
+            0..=29 => Request::GetData { path, watch: false },
+            30..=44 => create(&path, self.fresh(client), 0),
+            45..=59 if self.created.contains(&path) => Request::SetData { path, data: self.fresh(client), version: -1 },
+            45..=59 => create(&path, self.fresh(client), 0),
+            60..=71 if self.created.contains("/q") => create("/q/n-", self.fresh(client), SEQUENTIAL),
+            60..=71 => create("/q", Vec::new(), 0),
+            72..=81 if self.created.contains("/e") => {
+                self.counter += 1;
+                create(&format!("/e/{client}-{}", self.counter), Vec::new(), EPHEMERAL)
+            }
+            72..=81 => create("/e", Vec::new(), 0),
+            82..=96 if !self.ephemerals.is_empty() => {
+                let path = self.ephemerals[rng.gen_range(0..self.ephemerals.len())].clone();
+                Request::Exists { path, watch: false }
+            }
+            82..=96 => Request::GetData { path, watch: false },
+            _ => return Command::Close { session }.encode(),
+        };
+        Command::Op { session, request }.encode()
+    }
+
+    /// getData and exists go ordered, read-only linearizable or by read index.
+    fn read_mode(&mut self, rng: &mut ChaCha8Rng, op: &[u8]) -> Option<ReadConsistency> {
+        let Ok(Command::Op { request: Request::GetData { .. } | Request::Exists { .. }, .. }) = Command::decode(op)
+        else {
+            return None;
+        };
+        match rng.gen_range(0..3) {
+            0 => None,
+            1 => Some(ReadConsistency::Linearizable),
+            _ => Some(ReadConsistency::Index),
+        }
+    }
+
+    fn observe(&mut self, client: u64, op: &[u8], result: &[u8]) {
+        let (Ok(command), Some(reply)) = (Command::decode(op), Reply::decode(result)) else { return };
+        match (command, reply) {
+            (Command::Connect { .. }, Reply::Session { id, .. }) => {
+                self.sessions.insert(client, id);
+            }
+            (Command::Close { .. }, _) => {
+                self.sessions.remove(&client);
+            }
+            (_, Reply::Refused { err: e } | Reply::Op { err: e, .. })
+                if e == err::SESSION_EXPIRED || e == err::SESSION_MOVED =>
+            {
+                self.sessions.remove(&client);
+            }
+            (Command::Op { request: Request::Create { path, flags, .. }, .. }, Reply::Op { err: e, body, .. }) => {
+                match (flags, e) {
+                    (0, err::OK | err::NODE_EXISTS) => {
+                        self.created.insert(path);
+                    }
+                    (EPHEMERAL, err::OK) => {
+                        if let Ok(name) = Reader::new(&body).string() {
+                            self.ephemerals.push(name);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn check_history(&self, history: &[HistoryEntry]) -> Result<(), String> {
+        let mut stats = Stats::default();
+        for h in history {
+            if let (Command::Connect { .. }, Some((_, Reply::Session { .. }))) = decoded(h)? {
+                stats.sessions += 1;
+            }
+        }
+        stats.register_ops = check_registers(history)?;
+        stats.sequential = check_sequential(history)?;
+        check_ephemerals(history, &mut stats)?;
+        if let Ok(mut s) = self.stats.lock() {
+            *s = stats;
+        }
+        Ok(())
+    }
+}
+
+/// What one history entry is, decoded.
+fn decoded(h: &HistoryEntry) -> Result<(Command, Option<(u64, Reply)>), String> {
+    let command = Command::decode(&h.op).map_err(|e| format!("history holds an undecodable command: {e}"))?;
+    let ret = match &h.ret {
+        None => None,
+        Some((t, bytes)) => Some((*t, Reply::decode(bytes).ok_or("history holds an undecodable reply")?)),
+    };
+    Ok((command, ret))
+}
+
+/// Persistent znodes as linearizable registers (see the module comment).
+fn check_registers(history: &[HistoryEntry]) -> Result<u64, String> {
+    let mut ops = Vec::new();
+    for h in history {
+        let (command, ret) = decoded(h)?;
+        let Command::Op { request, .. } = command else { continue };
+        let (path, kv) = match request {
+            Request::Create { path, data, flags: 0, .. } => {
+                (path.clone(), KvOp::Cas { key: path.into_bytes(), expected: None, new: data })
+            }
+            Request::SetData { path, data, .. } => (path.clone(), KvOp::Put { key: path.into_bytes(), value: data }),
+            Request::GetData { path, .. } => (path.clone(), KvOp::Get { key: path.into_bytes() }),
+            _ => continue,
+        };
+        let ret = match ret {
+            None => None,
+            Some((t, Reply::Op { err: e, body, .. })) => {
+                let r = match (&kv, e) {
+                    // Refused with its session gone: it did nothing.
+                    (_, err::SESSION_EXPIRED | err::SESSION_MOVED) => continue,
+                    (KvOp::Cas { .. }, err::OK) => KvRet::Swapped(true),
+                    (KvOp::Cas { .. }, err::NODE_EXISTS) => KvRet::Swapped(false),
+                    (KvOp::Put { .. }, err::OK) => KvRet::Done,
+                    (KvOp::Put { .. }, err::NO_NODE) => {
+                        return Err(format!("setData found no {path}, which was created before and never deleted"))
+                    }
+                    (KvOp::Get { .. }, err::OK) => {
+                        KvRet::Value(Some(Reader::new(&body).buffer().map_err(|e| format!("getData {path}: {e}"))?))
+                    }
+                    (KvOp::Get { .. }, err::NO_NODE) => KvRet::Value(None),
+                    (_, e) => return Err(format!("{path}: unexpected error {e}")),
+                };
+                Some((t, r))
+            }
+            Some((_, Reply::Refused { .. })) => continue,
+            Some((_, other)) => return Err(format!("{path}: not an op reply: {other:?}")),
+        };
+        ops.push(Operation { client: h.client, op: kv, invoke: h.invoke, ret });
+    }
+    match check_kv(&ops, LINEARIZABILITY_BUDGET) {
+        Verdict::Linearizable => Ok(ops.len() as u64),
+        Verdict::Violation { key, explanation } => {
+            Err(format!("znode {} has no linearization:\n{explanation}", String::from_utf8_lossy(&key)))
+        }
+        Verdict::Unknown { key } => {
+            Err(format!("linearizability search exceeded its budget on {}", String::from_utf8_lossy(&key)))
+        }
+    }
+}
+
+/// Sequential names are distinct and ordered as the creates were in real time.
+fn check_sequential(history: &[HistoryEntry]) -> Result<u64, String> {
+    // (invoked, returned, name)
+    let mut made: Vec<(u64, u64, String)> = Vec::new();
+    for h in history {
+        let (command, ret) = decoded(h)?;
+        let (
+            Command::Op { request: Request::Create { flags: SEQUENTIAL, .. }, .. },
+            Some((t, Reply::Op { err: err::OK, body, .. })),
+        ) = (command, ret)
+        else {
+            continue;
+        };
+        let name = Reader::new(&body).string().map_err(|e| format!("sequential create's name: {e}"))?;
+        made.push((h.invoke, t, name));
+    }
+    let mut names = BTreeSet::new();
+    for (_, _, name) in &made {
+        if !names.insert(name.clone()) {
+            return Err(format!("sequential name {name} given out twice"));
+        }
+    }
+    for a in &made {
+        for b in &made {
+            // Same width (%010d): names compare as their numbers do.
+            if a.1 < b.0 && a.2 >= b.2 {
+                return Err(format!("{} returned before {} was asked for, yet is not smaller", a.2, b.2));
+            }
+        }
+    }
+    Ok(made.len() as u64)
+}
+
+/// No read invoked after a client learned its session ended finds its ephemerals.
+fn check_ephemerals(history: &[HistoryEntry], stats: &mut Stats) -> Result<(), String> {
+    // Per client, in history order: (ephemeral names of its current session), and when
+    // each session's end became known.
+    let mut open: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    // Ephemeral name -> time its session's end was known.
+    let mut ended: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_client: BTreeMap<u64, Vec<&HistoryEntry>> = BTreeMap::new();
+    for h in history {
+        by_client.entry(h.client).or_default().push(h);
+    }
+    for (client, entries) in by_client {
+        for h in entries {
+            let (command, ret) = decoded(h)?;
+            let Some((t, reply)) = ret else { continue };
+            let session_over = match (&command, &reply) {
+                (Command::Close { .. }, Reply::Op { err: err::OK, .. }) => {
+                    stats.closed += 1;
+                    true
+                }
+                (_, Reply::Refused { err: e } | Reply::Op { err: e, .. }) if *e == err::SESSION_EXPIRED => {
+                    stats.expired += 1;
+                    true
+                }
+                _ => false,
+            };
+            if session_over {
+                for name in open.remove(&client).unwrap_or_default() {
+                    ended.insert(name, t);
+                }
+                continue;
+            }
+            if let (
+                Command::Op { request: Request::Create { flags: EPHEMERAL, .. }, .. },
+                Reply::Op { err: err::OK, body, .. },
+            ) = (&command, &reply)
+            {
+                if let Ok(name) = Reader::new(body).string() {
+                    stats.ephemerals += 1;
+                    open.entry(client).or_default().push(name);
+                }
+            }
+        }
+    }
+    for h in history {
+        let (command, ret) = decoded(h)?;
+        let (Command::Op { request: Request::Exists { path, .. }, .. }, Some((_, Reply::Op { err: e, .. }))) =
+            (command, ret)
+        else {
+            continue;
+        };
+        if let Some(&gone) = ended.get(&path) {
+            if h.invoke > gone {
+                stats.reads_after_end += 1;
+            }
+            if h.invoke > gone && e == err::OK {
+                return Err(format!(
+                    "{path} still existed for a read invoked at {} ms, after its session's end was known at {gone} ms",
+                    h.invoke
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,36 @@
+//! The protocol's deliberate bugs are caught under the coord workload too (not only
+//! under KV's): a quorum one short, and a read answered before the node executed what
+//! it accepted.
+// The mutations exist only in a build that has them.
+#![cfg(feature = "mutations")]
+
+use keel_coord_sim::run_coord_seed;
+use keel_core::quorum::Mutation;
+use keel_sim::{FaultSet, SimOptions};
+
+fn first_violation(mutation: Mutation, u: u32, r: u32, seeds: u64) -> Vec<&'static str> {
+    for seed in 1..=seeds {
+        let o = SimOptions {
+            mutation: Some(mutation),
+            ..SimOptions::new(seed, u, r, FaultSet::parse("all").expect("fault set"))
+        };
+        let report = run_coord_seed(&o);
+        if !report.violations.is_empty() {
+            return report.violations.iter().map(|v| v.property).collect();
+        }
+    }
+    Vec::new()
+}
+
+#[test]
+fn a_quorum_one_short_is_caught_under_the_coord_workload() {
+    let p = first_violation(Mutation::QuorumMinusOne, 1, 1, 60);
+    let caught = |p: &&str| matches!(*p, "agreement" | "exactly-once" | "checkpoint-roots" | "view-change-safety");
+    assert!(p.iter().any(caught), "got {p:?}");
+}
+
+#[test]
+fn reads_answered_before_executing_what_was_accepted_are_caught_under_the_coord_workload() {
+    let p = first_violation(Mutation::ReadWithoutWait, 1, 0, 40);
+    assert!(p.contains(&"linearizability"), "got {p:?}");
+}
