@@ -3,7 +3,7 @@
 //! the simulator injects, and the checks its histories must pass.
 //!
 //! The workload: each client opens a session (`Connect`; the id comes back in the reply,
-//! which the workload observes), then creates, overwrites and reads a few persistent
+//! which the workload observes), then creates, overwrites, deletes and reads a few persistent
 //! znodes, creates sequential znodes under one parent and ephemeral znodes of its own,
 //! reads other clients' ephemerals, and now and then closes its session. Sessions are
 //! never touched (no front end heartbeats here), so they also expire at agreed-time
@@ -11,9 +11,11 @@
 //!
 //! The checks:
 //! - **Persistent znodes are linearizable registers.** A create is a compare-and-set
-//!   from absent (OK or NODEEXISTS), a setData (version -1, only on a znode known to
-//!   exist; nothing is deleted) a write, a getData a read (NONODE: absent); judged per
-//!   path by the simulator's Wing-Gong checker.
+//!   from absent (OK or NODEEXISTS), a setData or delete (version -1) that succeeded a
+//!   write (of a value, or of absence), one that answered NONODE a read of absence, a
+//!   getData a read; judged per path by the simulator's Wing-Gong checker. (A successful
+//!   setData or delete is not also taken to assert the znode was there: weaker than
+//!   ZooKeeper's semantics, never a false alarm.)
 //! - **Sequential names** are distinct and follow real time: a create that returned
 //!   before another was invoked has the smaller suffix.
 //! - **Ephemerals end with their session**: once a client learned its session ended (its
@@ -91,7 +93,8 @@ const EPHEMERAL: i32 = 1;
 pub struct CoordWorkload {
     /// Each client's open session, as its `Connect` answered.
     sessions: BTreeMap<u64, i64>,
-    /// Persistent paths known to exist (a create answered OK or NODEEXISTS).
+    /// Parents known to exist (a create answered OK or NODEEXISTS): `/q` and `/e`
+    /// (never deleted) before their sequential and ephemeral children.
     created: BTreeSet<String>,
     /// Ephemerals some client created, for others to read.
     ephemerals: Vec<String>,
@@ -138,10 +141,10 @@ impl Workload for CoordWorkload {
         };
         let path = format!("/p{}", rng.gen_range(0..PATHS));
         let request = match rng.gen_range(0..100) {
-            0..=29 => Request::GetData { path, watch: false },
-            30..=44 => create(&path, self.fresh(client), 0),
-            45..=59 if self.created.contains(&path) => Request::SetData { path, data: self.fresh(client), version: -1 },
-            45..=59 => create(&path, self.fresh(client), 0),
+            0..=26 => Request::GetData { path, watch: false },
+            27..=41 => create(&path, self.fresh(client), 0),
+            42..=56 => Request::SetData { path, data: self.fresh(client), version: -1 },
+            57..=59 => Request::Delete { path, version: -1 },
             60..=71 if self.created.contains("/q") => create("/q/n-", self.fresh(client), SEQUENTIAL),
             60..=71 => create("/q", Vec::new(), 0),
             72..=81 if self.created.contains("/e") => {
@@ -242,6 +245,7 @@ fn check_registers(history: &[HistoryEntry]) -> Result<u64, String> {
             }
             Request::SetData { path, data, .. } => (path.clone(), KvOp::Put { key: path.into_bytes(), value: data }),
             Request::GetData { path, .. } => (path.clone(), KvOp::Get { key: path.into_bytes() }),
+            Request::Delete { path, .. } => (path.clone(), KvOp::Delete { key: path.into_bytes() }),
             _ => continue,
         };
         let ret = match ret {
@@ -252,9 +256,18 @@ fn check_registers(history: &[HistoryEntry]) -> Result<u64, String> {
                     (_, err::SESSION_EXPIRED | err::SESSION_MOVED) => continue,
                     (KvOp::Cas { .. }, err::OK) => KvRet::Swapped(true),
                     (KvOp::Cas { .. }, err::NODE_EXISTS) => KvRet::Swapped(false),
-                    (KvOp::Put { .. }, err::OK) => KvRet::Done,
-                    (KvOp::Put { .. }, err::NO_NODE) => {
-                        return Err(format!("setData found no {path}, which was created before and never deleted"))
+                    (KvOp::Put { .. } | KvOp::Delete { .. }, err::OK) => KvRet::Done,
+                    // A setData or delete that found no node observed it absent: a read.
+                    (KvOp::Put { .. } | KvOp::Delete { .. }, err::NO_NODE) => {
+                        let key = path.into_bytes();
+                        let op = Operation {
+                            client: h.client,
+                            op: KvOp::Get { key },
+                            invoke: h.invoke,
+                            ret: Some((t, KvRet::Value(None))),
+                        };
+                        ops.push(op);
+                        continue;
                     }
                     (KvOp::Get { .. }, err::OK) => {
                         KvRet::Value(Some(Reader::new(&body).buffer().map_err(|e| format!("getData {path}: {e}"))?))

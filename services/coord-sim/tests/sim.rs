@@ -68,6 +68,8 @@ mod broken {
     enum Bug {
         /// setData answers OK and changes nothing.
         LostSetData,
+        /// delete answers OK and changes nothing.
+        LostDelete,
         /// Every sequential create answers the same name.
         SameSequentialName,
         /// closeSession answers OK and keeps the session (and its ephemerals).
@@ -93,6 +95,9 @@ mod broken {
                     let mut w = Writer::new();
                     keel_coord::proto::Stat::default().write(&mut w);
                     return postcard_reply(Reply::Op { zxid: 0, err: err::OK, body: w.into_bytes() });
+                }
+                (Bug::LostDelete, Ok(Command::Op { request: Request::Delete { .. }, .. })) => {
+                    return postcard_reply(Reply::Op { zxid: 0, err: err::OK, body: Vec::new() });
                 }
                 (Bug::CloseKeepsSession, Ok(Command::Close { .. })) => {
                     return postcard_reply(Reply::Op { zxid: 0, err: err::OK, body: Vec::new() });
@@ -197,6 +202,12 @@ mod broken {
     #[test]
     fn a_lost_set_data_breaks_linearizability() {
         let found = caught(Bug::LostSetData, "none");
+        assert!(says(&found, "has no linearization"), "{found:?}");
+    }
+
+    #[test]
+    fn a_lost_delete_breaks_linearizability() {
+        let found = caught(Bug::LostDelete, "none");
         assert!(says(&found, "has no linearization"), "{found:?}");
     }
 
