@@ -188,7 +188,10 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
             write_join_file(&ndir, &m).map_err(|e| e.to_string())?;
             let clients = provision_clients(&dir, id).map_err(|e| e.to_string())?;
             println!("node {id} added: epoch {} with nodes {:?}", m.epoch, ids(&m));
-            println!("{clients} client files now hold a key for node {id} (clients started from now on use it)");
+            println!(
+                "{clients} client files (the nodes' front ends' included) now hold a key for node {id}: clients \
+                 started from now on use it, and a running front end once its node restarts"
+            );
             let bundle = write_bundle(&dir, id, &listen.ip().to_string()).map_err(|e| e.to_string())?;
             if let Some(f) = front_end {
                 println!("its clients' port (the service's front end): {f}");

@@ -1225,17 +1225,26 @@ fn provision_front_end(
 }
 
 /// Gives every client of a `keel init` directory its MAC key for node `id` (added by
-/// `keel admin add-node`), so that a client started afterwards authenticates to it too
-/// (one already running keeps its keys: the new node then relies on other nodes'
-/// endorsements, `auth = rq-mac`).
+/// `keel admin add-node`), the nodes' front ends included, so that a client started
+/// afterwards authenticates to it too (one already running keeps its keys: the new
+/// node then relies on other nodes' endorsements, `auth = rq-mac`, until the client,
+/// or the node whose front end it is, restarts). Returns how many files it updated.
 pub fn provision_clients(dir: &Path, id: NodeId) -> Result<usize, ConfigFileError> {
     let node_path = dir.join(format!("node-{id}/node.toml"));
     let node: NodeFile = parse(&node_path)?;
     let mac = hex32(&node_path, "mac_secret", &node.mac_secret)?;
     let mut count = 0;
+    // The client directories, and the front ends' identities in the node directories
+    // (a front end holding no key for a member sends it MACs that fail: the member
+    // cannot endorse its requests, and counts them against it).
     for e in fs::read_dir(dir).map_err(|source| ConfigFileError::Io { path: dir.into(), source })?.flatten() {
-        let path = e.path().join("client.toml");
-        if !e.file_name().to_string_lossy().starts_with("client-") || !path.exists() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = match name {
+            n if n.starts_with("client-") => e.path().join("client.toml"),
+            n if n.starts_with("node-") => e.path().join("front-end").join("client.toml"),
+            _ => continue,
+        };
+        if !path.exists() {
             continue;
         }
         let mut f: ClientFile = parse(&path)?;
@@ -1341,6 +1350,30 @@ mod tests {
             front_ends: false,
             service_options: BTreeMap::new(),
             genesis: None,
+        }
+    }
+
+    #[test]
+    fn an_added_nodes_mac_key_reaches_every_client_file_front_ends_included() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        init(dir.path(), &InitOptions { front_ends: true, clients: 2, ..init_options(1, 1) }).expect("init");
+        let (_, member) = new_node_dir_with(
+            dir.path(),
+            4,
+            "127.0.0.1:41100".parse().expect("addr"),
+            "127.0.0.1:41101".parse().expect("addr"),
+            Some("127.0.0.1:41102".parse().expect("addr")),
+        )
+        .expect("node directory");
+        assert_eq!(member.id, 4);
+        // Two client directories, and the front ends of nodes 0..=3 (node 4's has its key).
+        assert_eq!(provision_clients(dir.path(), 4).expect("provisioned"), 2 + 5);
+        let node4: NodeFile = parse(&dir.path().join("node-4/node.toml")).expect("node 4");
+        let mac = hex32(Path::new("node-4"), "mac_secret", &node4.mac_secret).expect("mac secret");
+        for file in ["client-1000/client.toml", "node-0/front-end/client.toml", "node-3/front-end/client.toml"] {
+            let f: ClientFile = parse(&dir.path().join(file)).expect("client file");
+            assert_eq!(f.mac_keys.len(), 5, "{file}");
+            assert_eq!(f.mac_keys[4], hex::encode(client_mac_key(&mac, f.id).0), "{file} holds node 4's key");
         }
     }
 
