@@ -793,3 +793,35 @@ fn a_node_whose_data_tree_goes_wrong_is_detected_and_repaired_by_state_transfer(
         assert_eq!(reader.exists(&format!("/d{i}")), 0, "/d{i}");
     }
 }
+
+/// A coord cluster backed up and restored into a new one (`keel admin backup`, `keel
+/// init --restore`): the znodes are there, read through the new cluster's front ends,
+/// and `/zookeeper/config` lists the new cluster's client ports.
+#[test]
+fn a_coord_backup_restores_into_a_new_cluster() {
+    let (mut old, fronts) = coord_cluster();
+    let mut client = RawClient::connect(fronts[0], 10_000);
+    for i in 0..20 {
+        assert_eq!(client.create_persistent(&format!("/kept{i}")).0, 0);
+    }
+    drop(client);
+    let files = tempfile::tempdir().expect("tempdir");
+    let file = files.path().join("coord.keel");
+    let said = old.admin(&["backup", "--out", file.to_str().expect("utf-8")]).expect("backup");
+    assert!(said.contains("backed up the coord state"), "{said}");
+    old.kill_all();
+    let (new, fronts) = ready(Cluster::init_args(1, 1, &["--restore", file.to_str().expect("utf-8")]));
+    let mut reader = RawClient::connect(fronts[3], 10_000);
+    for i in 0..20 {
+        assert_eq!(reader.exists(&format!("/kept{i}")), 0, "/kept{i} restored");
+    }
+    assert_eq!(reader.create_persistent("/new").0, 0, "the restored cluster takes writes");
+    let expected: Vec<String> = fronts.iter().map(|a| a.to_string()).collect();
+    let started = Instant::now();
+    while reader.config_servers() != expected {
+        reader.ping();
+        assert!(started.elapsed() < Duration::from_secs(40), "config: {:?}", reader.config_servers());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    drop(new);
+}
