@@ -263,6 +263,20 @@ pub struct SeedReport {
     pub trace_tail: Vec<String>,
 }
 
+impl SeedReport {
+    /// For tests: panics unless the run violated nothing, printing the violations and the
+    /// trace's tail (the seed replays with `keel sim --seeds 1 --seed N`).
+    pub fn assert_clean(&self) {
+        assert!(
+            self.violations.is_empty(),
+            "seed {} violated {:?}\ntrace:\n{}",
+            self.seed,
+            self.violations,
+            self.trace_tail.join("\n")
+        );
+    }
+}
+
 enum Ev {
     /// Node peers are stable ids; `epoch` is the sending node's (0 from clients).
     Deliver {

@@ -21,13 +21,7 @@ fn properties(r: &SeedReport) -> Vec<&'static str> {
 }
 
 fn assert_clean(r: &SeedReport) {
-    assert!(
-        r.violations.is_empty(),
-        "seed {} violated {:?}\ntrace:\n{}",
-        r.seed,
-        r.violations,
-        r.trace_tail.join("\n")
-    );
+    r.assert_clean();
 }
 
 #[test]
