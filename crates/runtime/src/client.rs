@@ -91,8 +91,11 @@ pub struct KeelClient {
     pub stats: Arc<TransportStats>,
     /// The sequence number this handle's sessions started from.
     first_seq: u64,
-    /// Messages outside the request/reply exchange ([`KeelClient::side_channel`]).
+    /// Messages outside the request/reply exchange ([`KeelClient::side_channel`]), and
+    /// whether someone took it (until then what would go there is dropped: a node
+    /// cannot fill an ordinary client's memory with chunks).
     side: Arc<std::sync::Mutex<Option<SideChannel>>>,
+    side_open: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Messages to nodes by stable id, and what nodes send back outside replies and push
@@ -105,8 +108,10 @@ pub struct SideChannel {
     pub receive: mpsc::Receiver<(NodeId, Message)>,
 }
 
-/// Side-channel messages either way that may wait (a chunk request window is 16).
-const SIDE_QUEUE_MAX: usize = 1024;
+/// Side-channel messages either way that may wait: a backup asks for 16 chunks at a
+/// time, and a node flooding chunks nobody asked for fills this and no more (the rest
+/// are dropped and counted; the fetch asks again elsewhere).
+const SIDE_QUEUE_MAX: usize = 64;
 
 impl KeelClient {
     /// Connects (in the background, with retries) to every node, with one session: one
@@ -133,12 +138,14 @@ impl KeelClient {
         let (reply_tx, replies) = mpsc::channel::<(NodeId, Message)>(REPLY_QUEUE_MAX);
         let (side_in_tx, side_in_rx) = mpsc::channel::<(NodeId, Message)>(SIDE_QUEUE_MAX);
         let (side_out_tx, side_out_rx) = mpsc::channel::<(NodeId, Message)>(SIDE_QUEUE_MAX);
+        let side_open = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut nodes = Nodes {
             by_id: BTreeMap::new(),
             links: BTreeMap::new(),
             connector,
             reply_tx,
             side_tx: side_in_tx,
+            side_open: side_open.clone(),
             stats: stats.clone(),
         };
         nodes.follow(&setup.membership);
@@ -218,7 +225,7 @@ impl KeelClient {
         tokio::spawn(dispatcher.run(call_rx, replies, side_out_rx));
         let pushes = Arc::new(std::sync::Mutex::new(Some(push_rx)));
         let side = Arc::new(std::sync::Mutex::new(Some(SideChannel { send: side_out_tx, receive: side_in_rx })));
-        Ok(KeelClient { id: setup.id, epoch, metrics, calls, pushes, stats, first_seq, side })
+        Ok(KeelClient { id: setup.id, epoch, metrics, calls, pushes, stats, first_seq, side, side_open })
     }
 
     pub fn id(&self) -> u64 {
@@ -255,7 +262,11 @@ impl KeelClient {
 
     /// The [`SideChannel`]; the first call takes it, later calls get None.
     pub fn side_channel(&self) -> Option<SideChannel> {
-        self.side.lock().ok()?.take()
+        let taken = self.side.lock().ok()?.take();
+        if taken.is_some() {
+            self.side_open.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        taken
     }
 
     /// Runs one operation through the replicated service.
@@ -318,8 +329,9 @@ struct Nodes {
     links: BTreeMap<NodeId, Arc<LinkState>>,
     connector: TlsConnector,
     reply_tx: mpsc::Sender<(NodeId, Message)>,
-    /// Where checkpoint messages go ([`SideChannel`]; dropped while nobody reads).
+    /// Where checkpoint messages go ([`SideChannel`]), once someone took it.
     side_tx: mpsc::Sender<(NodeId, Message)>,
+    side_open: Arc<std::sync::atomic::AtomicBool>,
     stats: Arc<TransportStats>,
 }
 
@@ -361,6 +373,7 @@ impl Nodes {
         let link = Arc::new(LinkState::new("client"));
         self.links.insert(j, link.clone());
         let (reply_tx, side_tx, counters) = (self.reply_tx.clone(), self.side_tx.clone(), self.stats.clone());
+        let side_open = self.side_open.clone();
         tokio::spawn(dial_loop(
             addr,
             PeerId::Node(j),
@@ -375,7 +388,10 @@ impl Nodes {
                     }
                 }
                 Ok(m @ (Message::StableCert(_) | Message::Manifest { .. } | Message::Chunk { .. })) => {
-                    if side_tx.try_send((j, m)).is_err() {
+                    if !side_open.load(std::sync::atomic::Ordering::Relaxed) {
+                        // Nobody asked: a node sending these to an ordinary client.
+                        TransportStats::bump(&counters.undecodable, 1);
+                    } else if side_tx.try_send((j, m)).is_err() {
                         TransportStats::bump(&counters.send_queue_full, 1);
                     }
                 }
@@ -469,7 +485,7 @@ impl Dispatcher {
             Message::Reply(reply) => self.on_reply(from, reply),
             Message::EpochCerts(certs) => {
                 // A fetch on the side channel follows the membership too.
-                if !self.nodes.side_tx.is_closed() {
+                if self.nodes.side_open.load(std::sync::atomic::Ordering::Relaxed) {
                     let _ = self.nodes.side_tx.try_send((from, Message::EpochCerts(certs.clone())));
                 }
                 // For whichever sessions still know an older membership (each checks).
