@@ -646,3 +646,50 @@ impl BlockingClient {
         self.runtime.block_on(self.inner.invoke_read_only(op, consistency, timeout))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{init, ClientFile, InitOptions, NodeFile};
+    use crate::transport::{accept_loop, Accepted};
+    use std::sync::atomic::Ordering;
+    use tokio::io::AsyncWriteExt;
+    use tokio_rustls::TlsAcceptor;
+
+    /// Checkpoint messages from a node (a stand-in for node 0, with its certificate)
+    /// are dropped and counted while nobody took the side channel, so a node cannot
+    /// fill an ordinary client's memory with chunks; once taken, they arrive.
+    #[tokio::test]
+    async fn checkpoint_messages_reach_only_a_taken_side_channel() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        init(dir.path(), &InitOptions::local("kv", 1, 1).expect("options")).expect("init");
+        let node0 = NodeFile::load(&dir.path().join("node-0/node.toml")).expect("node 0");
+        let acceptor = TlsAcceptor::from(tls::server_config(&node0.ca_pem, &node0.credentials).expect("tls"));
+        let listener = tokio::net::TcpListener::bind(node0.listen).await.expect("node 0's port");
+        let (conn_tx, mut conns) = mpsc::channel::<Accepted>(1);
+        tokio::spawn(accept_loop(listener, acceptor, Arc::new(TransportStats::default()), move |a| {
+            let _ = conn_tx.try_send(a);
+        }));
+        let setup = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client file");
+        let client = KeelClient::connect(setup).expect("client");
+        let conn = tokio::time::timeout(Duration::from_secs(10), conns.recv()).await.expect("dialled").expect("conn");
+        let (_read, mut write) = tokio::io::split(conn.stream);
+        let chunk = codec::encode(&Message::Chunk { seq: 5, index: 0, data: vec![7; 4096] });
+        let frame = [(chunk.len() as u32).to_be_bytes().as_slice(), &chunk].concat();
+        write.write_all(&frame).await.expect("sent");
+        write.flush().await.expect("flushed");
+        let counted = async {
+            while client.stats.undecodable.load(Ordering::Relaxed) == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), counted).await.expect("dropped and counted");
+        let mut side = client.side_channel().expect("the side channel");
+        assert!(client.side_channel().is_none(), "taken once");
+        assert!(side.receive.try_recv().is_err(), "nothing was kept for it");
+        write.write_all(&frame).await.expect("sent");
+        write.flush().await.expect("flushed");
+        let got = tokio::time::timeout(Duration::from_secs(10), side.receive.recv()).await.expect("arrived");
+        assert!(matches!(got, Some((0, Message::Chunk { seq: 5, .. }))), "{got:?}");
+    }
+}
