@@ -60,6 +60,10 @@ pub const OUTAGE_MS: u64 = 3_000;
 pub const SERVER_EXPIRE_MS: u64 = 20_000;
 /// The longest address a front end may announce.
 const SERVER_ADDR_MAX: usize = 64;
+/// Entries `/zookeeper/config` may hold: one per node a cluster can have. Any client
+/// identity can send `Announce`, so the list is bounded (a full list refuses new ids;
+/// its entries expire unless announced again).
+pub const SERVERS_MAX: usize = keel_core::quorum::NODES_MAX;
 /// Most watches one session may hold (each registration is replicated state).
 pub const WATCHES_PER_SESSION_MAX: usize = 100_000;
 
@@ -396,6 +400,9 @@ impl State {
             || ports.contains(&0)
             || server.peer_port == server.metrics_port
         {
+            return Reply::Refused { err: err::BAD_ARGUMENTS };
+        }
+        if !self.servers.contains_key(&node) && self.servers.len() >= SERVERS_MAX {
             return Reply::Refused { err: err::BAD_ARGUMENTS };
         }
         let changed = match self.servers.get_mut(&node) {

@@ -599,6 +599,13 @@ fn zookeeper_config_lists_the_announced_front_ends_and_follows_them() {
     // Ports that ZooKeeper's own parser refuses are refused here.
     let same = Command::Announce { node: 3, addr: "127.0.0.1:2181".into(), peer_port: 7100, metrics_port: 7100 };
     assert_eq!(w.run(FE_A, same), Reply::Refused { err: err::BAD_ARGUMENTS });
+    // Any identity may announce, so the list is bounded: past it, new ids are refused.
+    for node in 10..(10 + keel_coord::coord::SERVERS_MAX as u32) {
+        w.run(FE_B, announce(node, "10.0.0.9:2181"));
+    }
+    assert_eq!(w.run(FE_B, announce(100_000, "10.0.0.9:2181")), Reply::Refused { err: err::BAD_ARGUMENTS });
+    let listed = config(&mut w).lines().filter(|l| l.starts_with("server.")).count();
+    assert_eq!(listed, keel_coord::coord::SERVERS_MAX, "bounded");
     // Clients cannot write it.
     let set = Request::SetData { path: "/zookeeper/config".into(), data: b"x".to_vec(), version: -1 };
     assert_eq!(w.op(s, set).0, err::NO_AUTH);
