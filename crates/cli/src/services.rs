@@ -222,13 +222,13 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
 mod tests {
     use super::*;
 
-    /// `keel sim --service`: KV's model runs; a service without one, or an unknown name,
-    /// is an error that says which services are modelled or exist.
+    /// `keel sim --service`: KV's and coord's models run; a service without one, or an
+    /// unknown name, is an error that says which services are modelled or exist.
     #[test]
     fn the_simulator_finds_a_model_by_service_name() {
-        assert!(sim_model("kv").is_ok());
-        let none = sim_model("coord").err().unwrap_or_default();
-        assert_eq!(none, "the coord service has no simulator model yet; modelled: kv");
+        assert!(sim_model("kv").is_ok() && sim_model("coord").is_ok());
+        let none = sim_model("block").err().unwrap_or_default();
+        assert_eq!(none, "the block service has no simulator model yet; modelled: kv, coord");
         let unknown = sim_model("zookeeper").err().unwrap_or_default();
         assert!(unknown.starts_with("unknown --service \"zookeeper\""), "{unknown}");
     }
