@@ -16,6 +16,10 @@ fn first_violation(mutation: Mutation, u: u32, r: u32, seeds: u64) -> Vec<&'stat
         };
         let report = run_coord_seed(&o);
         if !report.violations.is_empty() {
+            eprintln!(
+                "{mutation:?}: seed {seed} violated {:?}",
+                report.violations.iter().map(|v| v.property).collect::<Vec<_>>()
+            );
             return report.violations.iter().map(|v| v.property).collect();
         }
     }
@@ -31,6 +35,6 @@ fn a_quorum_one_short_is_caught_under_the_coord_workload() {
 
 #[test]
 fn reads_answered_before_executing_what_was_accepted_are_caught_under_the_coord_workload() {
-    let p = first_violation(Mutation::ReadWithoutWait, 1, 0, 40);
+    let p = first_violation(Mutation::ReadWithoutWait, 1, 0, 200);
     assert!(p.contains(&"linearizability"), "got {p:?}");
 }
