@@ -164,24 +164,41 @@ pub fn genesis_digest(state: &[u8]) -> keel_core::crypto::Digest {
 }
 
 impl ClusterFile {
-    /// The genesis state `[genesis]` names (cluster.toml at `path`), checked against its
-    /// digest; None for an empty one.
+    /// Where the genesis state `[genesis]` names is (cluster.toml at `path`), and its
+    /// digest; None for an empty one. Nothing is read yet: tools that load every node's
+    /// files (`keel status`) need not read and hash a state of many MB each time.
+    ///
+    /// # Errors
+    /// The digest is not 64 hex digits.
+    pub fn genesis_state(&self, path: &Path) -> Result<Option<GenesisState>, ConfigFileError> {
+        let Some(g) = &self.genesis else { return Ok(None) };
+        let file = path.parent().unwrap_or(Path::new(".")).join(&g.file);
+        Ok(Some(GenesisState { file, digest: hex32(path, "genesis.digest", &g.digest)? }))
+    }
+}
+
+/// A genesis state on disk ([`ClusterFile::genesis_state`]), read by [`GenesisState::load`].
+#[derive(Clone, Debug)]
+pub struct GenesisState {
+    pub file: PathBuf,
+    digest: [u8; 32],
+}
+
+impl GenesisState {
+    /// The state's bytes, checked against the digest cluster.toml records.
     ///
     /// # Errors
     /// The file is missing or does not match the digest.
-    pub fn genesis_state(&self, path: &Path) -> Result<Option<Arc<[u8]>>, ConfigFileError> {
-        let Some(g) = &self.genesis else { return Ok(None) };
-        let file = path.parent().unwrap_or(Path::new(".")).join(&g.file);
-        let bytes = fs::read(&file).map_err(|source| ConfigFileError::Io { path: file.clone(), source })?;
-        let expected = hex32(path, "genesis.digest", &g.digest)?;
-        if genesis_digest(&bytes).0 != expected {
+    pub fn load(&self) -> Result<Arc<[u8]>, ConfigFileError> {
+        let bytes = fs::read(&self.file).map_err(|source| ConfigFileError::Io { path: self.file.clone(), source })?;
+        if genesis_digest(&bytes).0 != self.digest {
             return Err(ConfigFileError::Invalid {
-                path: file,
+                path: self.file.clone(),
                 message: "does not match [genesis] digest in cluster.toml: every node must start from the same state"
                     .into(),
             });
         }
-        Ok(Some(bytes.into()))
+        Ok(bytes.into())
     }
 }
 
@@ -472,9 +489,9 @@ pub struct NodeSetup {
     pub front_end: Option<FrontEndSetup>,
     /// cluster.toml's `[service_options]`: settings every node of the service shares.
     pub service_options: BTreeMap<String, String>,
-    /// The state the service starts from (cluster.toml's `[genesis]`, checked against
-    /// its digest); None: an empty service.
-    pub genesis: Option<Arc<[u8]>>,
+    /// The state the service starts from (cluster.toml's `[genesis]`, read and checked
+    /// against its digest when the node starts); None: an empty service.
+    pub genesis: Option<GenesisState>,
 }
 
 impl NodeSetup {
@@ -1390,18 +1407,21 @@ mod tests {
         init(dir.path(), &o).expect("init");
         let file = dir.path().join(GENESIS_STATE_FILE);
         assert_eq!(fs::metadata(&file).expect("written").permissions().mode() & 0o777, 0o600);
-        let setup = NodeFile::load(&dir.path().join("node-2/node.toml")).expect("node file");
-        assert_eq!(setup.genesis.as_deref(), Some(&state[..]));
+        let load = |node_toml: &Path| {
+            let setup = NodeFile::load(node_toml).expect("node file");
+            setup.genesis.expect("a genesis state").load()
+        };
+        let node2 = dir.path().join("node-2/node.toml");
+        assert_eq!(load(&node2).expect("loads").as_ref(), &state[..]);
         // The bundle for another machine carries it, and its nodes load it.
         let bundle = bundle_dir(dir.path(), "127.0.0.1");
-        let there = NodeFile::load(&bundle.join("node-2/node.toml")).expect("bundled node file");
-        assert_eq!(there.genesis.as_deref(), Some(&state[..]));
+        assert_eq!(load(&bundle.join("node-2/node.toml")).expect("loads").as_ref(), &state[..]);
         // A copy that differs is refused, naming the file.
         fs::write(&file, b"other bytes").expect("tampered");
-        let Err(err) = NodeFile::load(&dir.path().join("node-2/node.toml")) else { panic!("a differing copy loads") };
+        let err = load(&node2).expect_err("a differing copy is refused");
         assert!(err.to_string().contains("does not match [genesis] digest"), "{err}");
         fs::remove_file(&file).expect("removed");
-        assert!(NodeFile::load(&dir.path().join("node-2/node.toml")).is_err(), "a missing file is an error");
+        assert!(load(&node2).is_err(), "a missing file is an error");
         // Without a genesis state, nothing of it is written.
         let plain = tempfile::tempdir().expect("tempdir");
         init(plain.path(), &init_options(1, 1)).expect("init");

@@ -112,8 +112,9 @@ pub async fn run_controlled<S: Service + Send + 'static>(
     // A cluster restored from a backup starts every node from the same service state
     // (cluster.toml's `[genesis]`), as if it had executed the history that led there; a
     // later checkpoint replaces it like any state. The service checks it on the way in.
-    let make: Box<dyn Fn() -> S> = match setup.genesis.clone() {
-        Some(state) => {
+    let make: Box<dyn Fn() -> S> = match &setup.genesis {
+        Some(genesis) => {
+            let state = genesis.load().map_err(|e| NodeError::Runtime(format!("the genesis state: {e}")))?;
             let mut first = make();
             first
                 .restore(&state)
