@@ -1,7 +1,7 @@
 //! The client side of the protocol, sans-IO: request ids, MAC authenticators,
 //! retransmission, reply voting, view tracking and read-only operations.
 //!
-//! A request goes to every order node (`auth = mac`). The client accepts a result once
+//! A request goes to the order nodes (below: which). The client accepts a result once
 //! r + 1 nodes vouch for the same result digest and it holds the full result matching it:
 //! one designated node sends the full reply, the others only its digest. A retransmission
 //! makes every node answer in full from its reply cache. The client picks sequence
@@ -22,8 +22,10 @@
 //! authenticator has one entry per stable id, so a node keeps verifying it whatever the
 //! membership around it.
 //!
-//! With `auth = rq-mac` an ordered request goes first to `u + r + 1` nodes only, as many
-//! endorsements as the primary needs (UpRight §4.3), so one of them that withholds or
+//! With execution co-located, an ordered request goes first to `u + r + 1` nodes only,
+//! and only they reply: `u` of them may be down and `r` lie and `r + 1` still match. The
+//! others answer the retransmission, which goes to all. With `auth = rq-mac` they are
+//! also as many endorsements as the primary needs (UpRight §4.3), so one of them that withholds or
 //! spoils its endorsement costs the operation a retransmission timeout. The client
 //! cannot see endorsements, but it sees which first transmissions needed a
 //! retransmission: each node they went to takes the blame (`Client::rq_targets`), and
@@ -474,9 +476,13 @@ impl Client {
         let mut blamed = Vec::new();
         let first: Vec<(NodeId, Message)> = match (self.auth, self.rq.clone()) {
             (Auth::RqMac, Some(rq)) => self.rq_first(rq).into_iter().map(|n| (n, msg.clone())).collect(),
+            // Co-located, under every auth mode: u + r + 1 nodes, which are also the ones
+            // that reply (a node replies to what reached it from the client itself;
+            // `Replica::execute_decided`), so a node sends and the client reads one reply
+            // fewer per operation at n = 4, two fewer with r = 0 at n = 3.
             // Separated execution: order nodes never reply, so the client cannot tell
             // which of them are up to pick u + r + 1 (`rq_targets`): it sends to all.
-            (Auth::RqMac, None) if self.executors.is_none() => {
+            (_, None) if self.executors.is_none() => {
                 blamed = self.rq_targets(retransmitted);
                 blamed.iter().map(|&n| (n, msg.clone())).collect()
             }
@@ -936,7 +942,9 @@ mod tests {
     fn needs_r_plus_one_matching_with_one_full_body() {
         let mut c = client(1, 1);
         let msgs = c.invoke(0, b"op".to_vec()).expect("idle");
-        assert_eq!(msgs.len(), 4);
+        // To u + r + 1 nodes from the primary on (they are the ones that reply), with a
+        // MAC for every node (the others check theirs when the primary proposes it).
+        assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![0, 1, 2]);
         let Message::Request(req) = &msgs[0].1 else { panic!("request") };
         assert_eq!(req.auth.len(), 4);
         let h = result_digest(b"ok");
@@ -1072,7 +1080,7 @@ mod tests {
         assert!(c.poll_send().is_empty(), "still possible: two unheard nodes may match either");
         assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::Full(b"newer".to_vec()))), None);
         let ordered = c.poll_send();
-        assert_eq!(ordered.len(), 4, "ordered at every node");
+        assert_eq!(ordered.len(), 3, "ordered: sent to u + r + 1 nodes");
         let Message::Request(req) = &ordered[0].1 else { panic!("an ordered request") };
         assert_eq!(req.op.to_vec(), b"get".to_vec());
         assert!(req.seq > read.seq, "under a fresh sequence number");
@@ -1098,14 +1106,14 @@ mod tests {
         assert_eq!(c.on_reply(1, reply(read.seq, ReplyBody::Full(b"old".to_vec()))), None);
         // ...and a mismatch between the two orders the read (nobody else was asked)...
         assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
-        assert_eq!(c.poll_send().len(), 4, "ordered at every node");
+        assert_eq!(c.poll_send().len(), 3, "ordered: sent to u + r + 1 nodes");
         assert_eq!(c.reads_ordered, 1);
         c.abandon();
         // ...and moves the window on by one.
         let msgs = c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle");
         assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![2, 3]);
         // A silent node: ordered after the timeout, window moves again (wrapping).
-        assert_eq!(c.on_tick(100).len(), 4);
+        assert_eq!(c.on_tick(100).len(), 3, "ordered: sent to u + r + 1 nodes");
         c.abandon();
         let msgs = c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle");
         assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![3, 0]);
@@ -1121,14 +1129,16 @@ mod tests {
         // Two of three refused: the third alone can still make r + 1 = 1.
         assert!(c.poll_send().is_empty());
         assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::NotReadOnly)), None);
-        assert_eq!(c.poll_send().len(), 3, "every node refused: ordered");
+        assert_eq!(c.poll_send().len(), 2, "every node refused: ordered (sent to u + r + 1 nodes)");
 
         let mut c = client(1, 1);
         c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Linearizable).expect("idle");
         assert!(c.on_tick(50).is_empty());
         let msgs = c.on_tick(100);
-        assert_eq!(msgs.len(), 4);
+        assert_eq!(msgs.len(), 3, "to u + r + 1 nodes");
         assert!(msgs.iter().all(|(_, m)| matches!(m, Message::Request(_))), "ordered after the timeout");
+        // Its own retransmission goes to every node.
+        assert_eq!(c.on_tick(200).len(), 4);
     }
 
     #[test]

@@ -112,8 +112,10 @@ fn violations_under(mutation: Mutation, seeds: u64, check: impl Fn(&SeedReport))
 
 #[test]
 fn linearizable_reads_answered_before_executing_what_was_accepted_are_caught() {
-    // A lagging majority answers stale at once.
-    let found = violations_under(Mutation::ReadWithoutWait, 20, |r| {
+    // A lagging majority answers stale at once. Seeds 28, 34, 43 and 53 the first since
+    // session 24 (a client's first transmission goes to u + r + 1 = 2 of the 3 nodes, so
+    // the third lags more rarely); within the first 20 before.
+    let found = violations_under(Mutation::ReadWithoutWait, 40, |r| {
         assert!(r.reads_unordered > 0, "seed {}: no read was answered without ordering", r.seed)
     });
     assert!(found.iter().any(|v| v.property == "linearizability"), "got {found:?}");

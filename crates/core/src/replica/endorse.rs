@@ -258,11 +258,13 @@ impl<S: Service> Replica<S> {
     /// Holds an authenticated request (its client's MAC, or `r + 1` endorsements) as
     /// pending; with `auth = rq-mac` also endorses it and sends the endorsement to the
     /// primary, or to all when `to_all` (this node is late: others already spoke).
+    /// `direct`: the request came from its client, so this node will reply to it.
     pub(super) fn admit(
         &mut self,
         req: Request,
         endorsers: BTreeMap<NodeId, Vec<Mac>>,
         to_all: bool,
+        direct: bool,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         let client = req.client;
@@ -278,6 +280,7 @@ impl<S: Service> Replica<S> {
             in_flight: false,
             endorsers,
             broadcast_at: 0,
+            direct,
         };
         if self.cfg.auth == Auth::RqMac {
             let statement = pending.req.statement();
@@ -446,14 +449,14 @@ impl<S: Service> Replica<S> {
         // failing that, r + 1 nodes' word. Order nodes of a separate RQ stage take only
         // the word of RQ nodes (the client sends them no requests).
         if !self.cfg.rq_separated() && self.check_mac(&request).is_ok() {
-            return self.admit(request, valid, true, out);
+            return self.admit(request, valid, true, false, out);
         }
         let key = (request.client, statement);
         let head = (request.client, request.seq, statement);
         match self.hearsay.add(charged, head, Some(request), valid, self.now, self.hearsay_share()) {
             None => Err(Reject::Busy("endorsements held for this node")),
             Some(count) if count >= self.cfg.quorums.endorse_amplify() => match self.hearsay.take(&key) {
-                Some(Heard { request: Some(request), endorsers, .. }) => self.admit(request, endorsers, true, out),
+                Some(Heard { request: Some(request), endorsers, .. }) => self.admit(request, endorsers, true, false, out),
                 _ => Ok(()),
             },
             Some(_) => Ok(()),

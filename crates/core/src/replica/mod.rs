@@ -189,6 +189,11 @@ struct Pending {
     endorsers: BTreeMap<NodeId, Vec<crate::crypto::Mac>>,
     /// When this node last sent its endorsement to every node (0: never).
     broadcast_at: u64,
+    /// The client sent it to this node itself (not only others' endorsements or a
+    /// forward): this node replies once it executes it. Clients send first to `u + r + 1`
+    /// nodes, and to all on a retransmission, so the others send no reply nobody waits
+    /// for, and any node the client is still waiting on has it set.
+    direct: bool,
 }
 
 pub struct Replica<S> {

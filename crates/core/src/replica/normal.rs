@@ -87,9 +87,13 @@ impl<S: Service> Replica<S> {
             // are answered from the reply cache only.
             return Ok(());
         }
-        if let Some(p) = self.pending.get(&req.client) {
+        let direct = matches!(from, Peer::Client(_));
+        if let Some(p) = self.pending.get_mut(&req.client) {
             let repeat = p.req.seq == req.seq && p.req.statement() == req.statement();
             let held = p.req.seq >= req.seq;
+            // The client's own transmission (a retransmission, or the first one after
+            // others' endorsements admitted the request): this node answers it too.
+            p.direct |= repeat && direct;
             if repeat && self.cfg.auth == Auth::RqMac && self.now >= p.broadcast_at + self.cfg.options.retransmit_ms {
                 // The client retransmitted: the endorsement sent to the primary may not
                 // have done, so every node hears it now (UpRight §4.3); at most once per
@@ -100,7 +104,7 @@ impl<S: Service> Replica<S> {
                 return Ok(());
             }
         }
-        self.admit(req, BTreeMap::new(), false, out)
+        self.admit(req, BTreeMap::new(), false, direct, out)
     }
 
     /// Primary: propose batches while the window has room (pipelining), cutting a batch
@@ -576,7 +580,12 @@ impl<S: Service> Replica<S> {
             for ((seq, (ops, bytes)), outcomes) in (first..).zip(shapes).zip(outcomes) {
                 let mut executed = Vec::new();
                 for (o, op) in outcomes.iter().zip(ops) {
+                    // Whether the client sent this request here itself (see `Pending::direct`).
+                    // With an RQ stage of its own the client reaches this node only through
+                    // the RQ nodes: every order node replies, as before.
+                    let mut direct = self.cfg.rq_separated();
                     if let Some(p) = self.pending.get(&o.client) {
+                        direct |= p.direct && p.req.seq == o.seq;
                         if p.req.seq <= o.seq {
                             self.pending.remove(&o.client);
                         }
@@ -590,9 +599,13 @@ impl<S: Service> Replica<S> {
                         // The execution nodes answer; this node ran the order state only.
                         continue;
                     }
-                    let body = self.reply_body(o.client, o.seq, o.result.clone());
-                    let reply = Reply { client: o.client, view: self.view, seq: o.seq, body, epoch: self.epoch() };
-                    out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
+                    // A client that did not ask this node waits on the u + r + 1 it asked,
+                    // and a retransmission is answered from the reply cache.
+                    if direct {
+                        let body = self.reply_body(o.client, o.seq, o.result.clone());
+                        let reply = Reply { client: o.client, view: self.view, seq: o.seq, body, epoch: self.epoch() };
+                        out.send_after_persist.push((Peer::Client(o.client), Message::Reply(reply)));
+                    }
                     self.push_events(&o.pushes, out);
                 }
                 self.monitor.on_executed(executed.len(), bytes);
