@@ -55,9 +55,10 @@ pub struct BenchArgs {
     /// it), for runs with events in them (scripts/reconfig-bench).
     #[arg(long)]
     timeline: Option<PathBuf>,
-    /// Threads of the load generator's runtime (1: a current-thread runtime; measured on
-    /// the 2-core host at 32x32 BFT 0/0: 1 thread 51-52k ops/s at 34-37% client CPU,
-    /// 2 threads 48-49k at 43-44%).
+    /// Threads of the load generator's runtime (1: a current-thread runtime, which costs
+    /// less CPU for the same throughput; on a 2-core host, BFT 0/0 with fsync never,
+    /// `--clients 32 --outstanding 32`, two runs each, alternated: 1 thread 34.3k and
+    /// 36.4k ops/s at 29% client CPU, 2 threads 34.5k and 34.4k at 35%).
     #[arg(long, default_value_t = 1)]
     threads: usize,
     /// Skip the unreplicated baseline.
