@@ -36,6 +36,8 @@ use std::time::{Duration, Instant};
 
 /// A segment is closed and a new one started past this size.
 pub const SEGMENT_BYTES_MAX: u64 = 64 << 20;
+/// The append buffer kept between appends, at most.
+const APPEND_BUF_KEPT: usize = 1 << 20;
 /// Superseded segment files kept for reuse (`N.spare`). Compaction at each stable
 /// checkpoint supersedes one segment and starts one, so one spare is in use while the
 /// other waits; a second covers a compaction that comes before the reaper is done.
@@ -157,6 +159,8 @@ pub struct Storage {
     segment_len: u64,
     /// Written since the last sync.
     dirty: bool,
+    /// Reused for each append's encoded records.
+    append_buf: Vec<u8>,
     pub stats: StorageStats,
     reaper: Option<Reaper>,
     /// The directory had no format stamp and held nothing: `keel init` or `keel admin
@@ -393,6 +397,7 @@ impl Storage {
             segment_id,
             segment_len,
             dirty: false,
+            append_buf: Vec::new(),
             stats,
             reaper: Reaper::start(),
             unprovisioned,
@@ -443,12 +448,24 @@ impl Storage {
     /// snapshots among them cost (zero if none).
     pub fn write(&mut self, persists: &[Persist]) -> Result<SnapshotWrite, StorageError> {
         let mut snapshots = SnapshotWrite::default();
-        for p in persists {
+        let mut rest = persists;
+        while let Some(p) = rest.first() {
             match p {
-                Persist::Record(r) => self.append(r)?,
+                Persist::Record(_) => {
+                    // A run of records goes out in one write.
+                    let run = rest.iter().take_while(|p| matches!(p, Persist::Record(_))).count();
+                    let records = rest[..run].iter().filter_map(|p| match p {
+                        Persist::Record(r) => Some(r),
+                        _ => None,
+                    });
+                    self.append(records)?;
+                    rest = &rest[run..];
+                    continue;
+                }
                 Persist::Snapshot { seq, chunked } => snapshots.add(self.snapshots.write(*seq, chunked)?),
                 Persist::Compact { records, snapshots_from } => self.compact(records, *snapshots_from)?,
             }
+            rest = &rest[1..];
         }
         Ok(snapshots)
     }
@@ -456,26 +473,52 @@ impl Storage {
     /// Appends records nothing waits for (`Outputs::persist_lazy`): durable at the next
     /// [`Storage::sync`], whoever asks for it.
     pub fn append_lazy(&mut self, records: &[Record]) -> Result<(), StorageError> {
-        for r in records {
-            self.append(r)?;
+        self.append(records.iter())
+    }
+
+    /// Appends `records` in order with one write per segment they land in (a step's
+    /// records are a few small ones: a syscall each was most of what they cost).
+    fn append<'a>(&mut self, records: impl Iterator<Item = &'a Record>) -> Result<(), StorageError> {
+        let mut buf = std::mem::take(&mut self.append_buf);
+        buf.clear();
+        let mut result = Ok(());
+        for record in records {
+            if self.segment_len + buf.len() as u64 >= SEGMENT_BYTES_MAX {
+                result = self.write_at_end(&buf).and_then(|()| self.rotate());
+                buf.clear();
+                if result.is_err() {
+                    break;
+                }
+            }
+            // Each record names its segment (a recycled file's old records are told apart
+            // by it), so it is encoded once the segment it goes to is known.
+            buf.extend_from_slice(&encode_record_in(record, self.segment_id));
+            self.stats.records += 1;
+        }
+        result = result.and_then(|()| self.write_at_end(&buf));
+        buf.clear();
+        // Kept for the next append, unless a batch of large operations made it big.
+        if buf.capacity() <= APPEND_BUF_KEPT {
+            self.append_buf = buf;
+        }
+        result?;
+        if self.policy == FsyncPolicy::Always {
+            self.sync()?;
         }
         Ok(())
     }
 
-    fn append(&mut self, record: &Record) -> Result<(), StorageError> {
-        if self.segment_len >= SEGMENT_BYTES_MAX {
-            self.rotate()?;
+    /// Writes encoded records at the end of the current segment.
+    fn write_at_end(&mut self, bytes: &[u8]) -> Result<(), StorageError> {
+        if bytes.is_empty() {
+            return Ok(());
         }
-        let bytes = encode_record_in(record, self.segment_id);
-        let path = self.current_path(false);
-        self.segment.write_all_at(&bytes, self.segment_len).map_err(io_err("append", &path))?;
+        if let Err(e) = self.segment.write_all_at(bytes, self.segment_len) {
+            return Err(io_err("append", &self.current_path(false))(e));
+        }
         self.segment_len += bytes.len() as u64;
-        self.stats.records += 1;
         self.stats.bytes += bytes.len() as u64;
         self.dirty = true;
-        if self.policy == FsyncPolicy::Always {
-            self.sync()?;
-        }
         Ok(())
     }
 
