@@ -478,7 +478,7 @@ impl Client {
             (Auth::RqMac, Some(rq)) => self.rq_first(rq).into_iter().map(|n| (n, msg.clone())).collect(),
             // Co-located, under every auth mode: u + r + 1 nodes, which are also the ones
             // that reply (a node replies to what reached it from the client itself;
-            // `Replica::execute_decided`), so a node sends and the client reads one reply
+            // `Replica::maybe_execute`), so a node sends and the client reads one reply
             // fewer per operation at n = 4, two fewer with r = 0 at n = 3.
             // Separated execution: order nodes never reply, so the client cannot tell
             // which of them are up to pick u + r + 1 (`rq_targets`): it sends to all.

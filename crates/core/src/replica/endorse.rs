@@ -456,7 +456,9 @@ impl<S: Service> Replica<S> {
         match self.hearsay.add(charged, head, Some(request), valid, self.now, self.hearsay_share()) {
             None => Err(Reject::Busy("endorsements held for this node")),
             Some(count) if count >= self.cfg.quorums.endorse_amplify() => match self.hearsay.take(&key) {
-                Some(Heard { request: Some(request), endorsers, .. }) => self.admit(request, endorsers, true, false, out),
+                Some(Heard { request: Some(request), endorsers, .. }) => {
+                    self.admit(request, endorsers, true, false, out)
+                }
                 _ => Ok(()),
             },
             Some(_) => Ok(()),
