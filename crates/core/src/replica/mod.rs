@@ -832,9 +832,13 @@ impl<S: Service> Replica<S> {
     /// slow designated node); larger ones in full from one designated node, the others
     /// send the digest (UpRight's designated replier).
     fn reply_body(&self, client: ClientId, seq: u64, result: Vec<u8>) -> crate::message::ReplyBody {
-        let designated = (client.wrapping_add(seq) % self.cfg.n() as u64) as NodeId;
-        let full = designated == self.id || result.len() <= normal::REPLY_INLINE_MAX;
+        let full = self.designated(client, seq) || result.len() <= normal::REPLY_INLINE_MAX;
         crate::codec::reply_body(result, full)
+    }
+
+    /// Whether this node sends `client`'s result for `seq` in full when it is large.
+    fn designated(&self, client: ClientId, seq: u64) -> bool {
+        (client.wrapping_add(seq) % self.cfg.n() as u64) as NodeId == self.id
     }
 
     /// The records that describe this node's durable state, for log compaction.

@@ -21,6 +21,10 @@ pub(crate) struct Log(pub(crate) Vec<Vec<u8>>);
 impl Service for Log {
     fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
         self.0.push(request.to_vec());
+        if request.starts_with(b"big") {
+            // Over REPLY_INLINE_MAX: in full from the designated node only.
+            return vec![self.0.len() as u8; 100];
+        }
         vec![self.0.len() as u8]
     }
     /// "count" is read-only: the number of requests so far.
@@ -613,6 +617,37 @@ fn four_nodes_decide_execute_and_answer() {
         assert_eq!(n.executed(), 3);
         assert_eq!(n.service().0, vec![vec![1], vec![2], vec![3]]);
     }
+}
+
+/// A client sends to u + r + 1 nodes and only they reply, but a large result comes in
+/// full from its designated node alone: that node replies whether the client asked it or
+/// not. For one of these four clients the designated node of its first request is the
+/// node it did not ask; without that rule its result never came (only digests) until a
+/// retransmission.
+#[test]
+fn a_large_result_comes_in_full_from_its_designated_node_even_unasked() {
+    let cfg = config(1, 1);
+    let mut net = Net::new(&cfg);
+    let mut unasked_designated = 0;
+    for id in 7..11 {
+        let mut c = client(&cfg, id);
+        let sent = c.invoke(0, b"big".to_vec()).expect("idle");
+        let seq = match &sent[0].1 {
+            Message::Request(r) => r.seq,
+            m => panic!("a request, not {m:?}"),
+        };
+        let designated = ((id + seq) % 4) as NodeId;
+        if !sent.iter().any(|(n, _)| *n == designated) {
+            unasked_designated += 1;
+        }
+        for (n, m) in sent {
+            net.queue.push_back((Peer::Client(id), Peer::Node(n), m));
+        }
+        net.run(0);
+        let result = net.result(&mut c);
+        assert_eq!(result.map(|r| r.len()), Some(100), "client {id}: the full result, without a retransmission");
+    }
+    assert!(unasked_designated > 0, "some client's designated node was one it did not ask");
 }
 
 #[test]
