@@ -225,8 +225,8 @@ pub fn run_init(mut a: InitArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if service == "block" && (separated || rq_separated) {
-        eprintln!("error: the block service runs on co-located clusters only (no --layout)");
+    if crate::services::fixed_cluster(&service) && (separated || rq_separated) {
+        eprintln!("error: the {service} service runs on co-located clusters only (no --layout)");
         return ExitCode::from(2);
     }
     let auth = a.auth;

@@ -21,6 +21,9 @@ pub struct ServiceInfo {
     /// Checks a state from a backup restores (`keel init --restore`). None: its
     /// checkpoints do not hold its data, so a backup of it is not a backup.
     pub check_state: Option<CheckState>,
+    /// Its nodes stay the same and all run every stage: no `--layout` apart and no
+    /// membership changes (block: its slices are by member index).
+    pub fixed_cluster: bool,
 }
 
 /// Restores a state into an empty service, to see that it can.
@@ -36,6 +39,7 @@ pub const SERVICES: [ServiceInfo; 4] = [
         front_end: false,
         sim: Some(keel_kv_sim::run_kv_seed),
         check_state: Some(|s| keel_kv::Kv::new().restore(s)),
+        fixed_cluster: false,
     },
     // Empty requests: the microbenchmark service.
     ServiceInfo {
@@ -44,6 +48,7 @@ pub const SERVICES: [ServiceInfo; 4] = [
         front_end: false,
         sim: None,
         check_state: Some(|s| keel_null::Null.restore(s)),
+        fixed_cluster: false,
     },
     // ZooKeeper-compatible coordination: sessions expire at ticks (half a second of
     // granularity against timeouts of 4 to 40 s); each node serves ZooKeeper clients.
@@ -53,10 +58,18 @@ pub const SERVICES: [ServiceInfo; 4] = [
         front_end: true,
         sim: Some(keel_coord_sim::run_coord_seed),
         check_state: Some(|s| keel_coord::Coord::new().restore(s)),
+        fixed_cluster: false,
     },
     // Gnothi's block store: each node serves the export over NBD.
     // Its checkpoints hold the block map; the blocks live in each node's own storage.
-    ServiceInfo { name: "block", tick_ms: None, front_end: true, sim: None, check_state: None },
+    ServiceInfo {
+        name: "block",
+        tick_ms: None,
+        front_end: true,
+        sim: Some(keel_block_sim::run_block_seed),
+        check_state: None,
+        fixed_cluster: true,
+    },
 ];
 
 /// The names, for messages: "kv, null, coord, block".
@@ -72,6 +85,11 @@ pub fn known(name: &str) -> bool {
 /// The tick service `name` asks for.
 pub fn tick_ms(name: &str) -> Option<u64> {
     SERVICES.iter().find(|s| s.name == name).and_then(|s| s.tick_ms)
+}
+
+/// Whether service `name` runs on a fixed, co-located cluster only.
+pub fn fixed_cluster(name: &str) -> bool {
+    SERVICES.iter().any(|s| s.name == name && s.fixed_cluster)
 }
 
 /// The simulator model of service `name`, or why there is none.
@@ -226,9 +244,9 @@ mod tests {
     /// unknown name, is an error that says which services are modelled or exist.
     #[test]
     fn the_simulator_finds_a_model_by_service_name() {
-        assert!(sim_model("kv").is_ok() && sim_model("coord").is_ok());
-        let none = sim_model("block").err().unwrap_or_default();
-        assert_eq!(none, "the block service has no simulator model yet; modelled: kv, coord");
+        assert!(sim_model("kv").is_ok() && sim_model("coord").is_ok() && sim_model("block").is_ok());
+        let none = sim_model("null").err().unwrap_or_default();
+        assert_eq!(none, "the null service has no simulator model yet; modelled: kv, coord, block");
         let unknown = sim_model("zookeeper").err().unwrap_or_default();
         assert!(unknown.starts_with("unknown --service \"zookeeper\""), "{unknown}");
     }

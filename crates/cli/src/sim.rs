@@ -194,6 +194,13 @@ pub fn run(mut args: SimArgs) -> ExitCode {
     }
     let auth = args.auth;
     let (separated, rq_separated) = crate::cluster::layout_stages(&args.layout);
+    if crate::services::fixed_cluster(&args.service) && (separated || rq_separated || args.reconfig) {
+        eprintln!(
+            "error: the {} service runs on a fixed, co-located cluster: no --layout apart, no --reconfig",
+            args.service
+        );
+        return ExitCode::from(2);
+    }
     if rq_separated && auth.is_some_and(|a| a != keel_core::config::Auth::RqMac) {
         eprintln!("error: --layout {} needs --auth rq-mac (RQ nodes endorse requests)", args.layout);
         return ExitCode::from(2);

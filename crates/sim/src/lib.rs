@@ -12,7 +12,7 @@ pub mod workload;
 pub mod world;
 
 pub use byzantine::Behaviours;
-pub use workload::{HistoryEntry, Workload};
+pub use workload::{HistoryEntry, NodeStart, Workload};
 pub use world::{FaultCounts, FaultSet, SeedReport, SimOptions, Violation};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};

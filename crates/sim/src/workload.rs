@@ -22,11 +22,33 @@ pub struct HistoryEntry {
     pub read: Option<ReadConsistency>,
 }
 
+/// Which node a service instance is for ([`Workload::node_service`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeStart {
+    /// The node's stable id (its index among the simulated nodes).
+    pub node: u32,
+    /// Its disk is empty: a new node, or one whose disk was wiped.
+    pub fresh: bool,
+    /// The simulator runs it as a Byzantine node (order nodes; execution nodes that lie
+    /// are not named here).
+    pub byzantine: bool,
+}
+
 pub trait Workload {
     type Service: Service;
 
-    /// A fresh service instance (one per node, and again at every restart).
+    /// A fresh service instance: a state no node holds (a Byzantine node's stale
+    /// answers are computed in one), and every node's unless [`Workload::node_service`]
+    /// says otherwise.
     fn service(&self) -> Self::Service;
+
+    /// Node `start.node`'s service, each time it starts (at the beginning, at every
+    /// restart, in each new epoch). A service with node-local data beside the replicated
+    /// state (block's) keeps it here, by node, and loses it where `start.fresh` says the
+    /// node's disk is new or was wiped. Default: [`Workload::service`].
+    fn node_service(&self, _start: NodeStart) -> Self::Service {
+        self.service()
+    }
 
     /// The next operation client `client` issues.
     fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8>;

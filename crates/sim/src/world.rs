@@ -12,7 +12,7 @@
 
 use crate::byzantine::{Behaviours, Byzantine, ExecByzantine, LieCounts, RqByzantine};
 use crate::disk::SimDisk;
-use crate::workload::{HistoryEntry, Workload};
+use crate::workload::{HistoryEntry, NodeStart, Workload};
 use keel_core::client::{Client, Pushed};
 use keel_core::codec;
 use keel_core::config::{stage_id, stage_node, Auth, ClusterConfig, Options};
@@ -661,12 +661,13 @@ impl<W: Workload> World<W> {
                     b
                 });
                 let (replica, role) = if i < n {
+                    let start = NodeStart { node: i as u32, fresh: true, byzantine: byzantine.is_some() };
                     (
                         Some(Replica::new(
                             node_options(cfg.clone(), i as NodeId),
                             i as NodeId,
                             s.clone(),
-                            workload.service(),
+                            workload.node_service(start),
                         )),
                         Role::Member,
                     )
@@ -703,7 +704,8 @@ impl<W: Workload> World<W> {
         let exec_liars = if stage_liars && exec_count > 0 { exec_rng.gen_range(1..=opts.r as usize) } else { 0 };
         for (i, s) in exec_secrets.into_iter().enumerate() {
             let id = stage_node(cfg.stages.exec_first + i as u32);
-            let exec = ExecNode::new(cfg.clone(), id, s.signing.clone(), workload.service());
+            let start = NodeStart { node: id, fresh: true, byzantine: false };
+            let exec = ExecNode::new(cfg.clone(), id, s.signing.clone(), workload.node_service(start));
             let interval = opts.options.checkpoint_interval;
             let exec_byzantine =
                 (i < exec_liars).then(|| ExecByzantine::random(&mut exec_rng, id, s.signing.clone(), interval));
@@ -1310,7 +1312,8 @@ impl<W: Workload> World<W> {
 
     /// Node `n`'s epoch ended: it continues in the next one, or stops if removed.
     fn next_epoch(&mut self, n: NodeId) {
-        let service = self.workload.service();
+        let byzantine = self.nodes[n as usize].byzantine.is_some();
+        let service = self.workload.node_service(NodeStart { node: n, fresh: false, byzantine });
         let node = &mut self.nodes[n as usize];
         let Some(mut old) = node.replica.take() else { return };
         match old.next_epoch(service) {
@@ -1959,11 +1962,12 @@ impl<W: Workload> World<W> {
         let (snapshots, records) = node.disk.recover();
         if node.is_exec {
             let signing = node.secrets.signing.clone();
+            let start = NodeStart { node: stage_node(n), fresh: node.wiped, byzantine: false };
             match ExecNode::recover(
                 self.cfg.clone(),
                 stage_node(n),
                 signing,
-                self.workload.service(),
+                self.workload.node_service(start),
                 snapshots,
                 &records,
             ) {
@@ -1980,7 +1984,8 @@ impl<W: Workload> World<W> {
         let wiped = node.wiped && snapshots.is_empty() && records.is_empty();
         let durable = Durable { snapshots, records };
         let mut out = Outputs::default();
-        let service = self.workload.service();
+        let service =
+            self.workload.node_service(NodeStart { node: n, fresh: wiped, byzantine: node.byzantine.is_some() });
         // The epoch its disk names, else its configuration file's.
         let cfg = match durable.membership().or_else(|| node.file_membership.clone()).map(|m| self.cfg.next_epoch(m)) {
             Some(Ok(cfg)) => cfg,
@@ -2139,7 +2144,8 @@ impl<W: Workload> World<W> {
         let id = member.id;
         let cfg = self.cfg.next_epoch(m.clone()).expect("valid membership");
         let Some(index) = m.index_of(id) else { return };
-        let service = self.workload.service();
+        let byzantine = self.nodes[id as usize].byzantine.is_some();
+        let service = self.workload.node_service(NodeStart { node: id, fresh: true, byzantine });
         let node = &mut self.nodes[id as usize];
         node.role = Role::Member;
         node.file_membership = Some(m.clone());

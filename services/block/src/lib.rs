@@ -4,8 +4,10 @@
 //! - [`local`], [`store`], [`prepare_log`]: a node's own data, PrepareData and its log;
 //! - [`plane`]: PrepareData and block fetches between nodes, off the ordering path;
 //! - [`front`]: the NBD server and the read and write protocols;
-//! - [`nbd`]: the NBD wire format; [`geometry`]: blocks, slices, preferred nodes.
+//! - [`nbd`]: the NBD wire format; [`geometry`]: blocks, slices, preferred nodes;
+//! - [`check`]: whether a copy one node served may be used.
 
+pub mod check;
 pub mod front;
 pub mod geometry;
 pub mod local;

@@ -53,6 +53,10 @@ impl Command {
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_allocvec(self).unwrap_or_default()
     }
+
+    pub fn decode(bytes: &[u8]) -> Result<Command, postcard::Error> {
+        postcard::from_bytes(bytes)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

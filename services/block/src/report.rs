@@ -77,6 +77,12 @@ impl ServiceReport for BlockReport {
         counter(&mut out, "fetched_blocks", "Blocks read from a peer", &f.fetched_blocks);
         counter(
             &mut out,
+            "reads_waited",
+            "Reads that found no node serving a block at its version, and asked again after a pause",
+            &f.reads_waited,
+        );
+        counter(
+            &mut out,
             "bad_local_blocks",
             "Blocks of this node whose bytes did not match their agreed hash",
             &f.bad_local_blocks,
