@@ -42,6 +42,9 @@ pub struct Recovery {
     pub complete: AtomicBool,
     /// Scans finished (`incomplete` means something once there was one).
     pub scans: AtomicU64,
+    /// Regions a scan looked at block by block (the others were complete and unwritten
+    /// since).
+    pub regions_scanned: AtomicU64,
 }
 
 impl Recovery {
@@ -52,9 +55,10 @@ impl Recovery {
     /// Runs until the front end's runtime ends.
     pub async fn run(self: Arc<Self>, blocks: Arc<Blocks>) {
         let mut was_complete = true;
+        let mut clean = Vec::new();
         loop {
             let started = Instant::now();
-            let fetched = self.phase2(&blocks).await;
+            let fetched = self.phase2(&blocks, &mut clean).await;
             let complete = self.incomplete.load(Ordering::Relaxed) == 0;
             self.complete.store(complete, Ordering::Relaxed);
             if complete && !was_complete {
@@ -77,8 +81,12 @@ impl Recovery {
         }
     }
 
-    /// One pass over the preferred blocks; returns the blocks fetched.
-    async fn phase2(&self, blocks: &Blocks) -> u64 {
+    /// One pass over the preferred blocks; returns the blocks fetched. `clean` holds,
+    /// per region, the stamp it had when a pass last found it complete: such a region is
+    /// skipped while its stamp stays (nothing makes a preferred block held here older
+    /// without a write into its region), so a pass over a large, settled export costs a
+    /// look at each region's stamp.
+    async fn phase2(&self, blocks: &Blocks, clean: &mut Vec<Option<u64>>) -> u64 {
         let g = blocks.local.geometry();
         let me = blocks.local.index();
         let bs = u64::from(g.block_size);
@@ -87,8 +95,18 @@ impl Recovery {
         let mut fetched = 0u64;
         let throttle_start = Instant::now();
         let mut region = 0u64;
+        clean.resize(g.blocks.div_ceil(REGION_BLOCKS as u64) as usize, None);
         while region < g.blocks {
             let end = (region + REGION_BLOCKS as u64).min(g.blocks);
+            let index = (region / REGION_BLOCKS as u64) as usize;
+            let stamp = blocks.meta.read().unwrap_or_else(PoisonError::into_inner).stamp(index);
+            if clean[index] == Some(stamp) {
+                region = end;
+                continue;
+            }
+            self.regions_scanned.fetch_add(1, Ordering::Relaxed);
+            // Read before the metadata: a write after this stamp moves it, so the region
+            // is not taken for complete on a view older than the stamp says.
             let (want, zero) = self.meta_of(blocks, region, end);
             let missing: Vec<u64> = (region..end)
                 .filter(|&b| {
@@ -97,6 +115,7 @@ impl Recovery {
                 })
                 .collect();
             incomplete += missing.len() as u64;
+            let mut left = missing.len() as u64;
             for (first, count) in runs(&missing, RUN_BLOCKS) {
                 let lookup = |b: u64| want[(b - region) as usize];
                 let found = blocks.fetch_run(first, count, &lookup).await;
@@ -104,6 +123,7 @@ impl Recovery {
                 unavailable += found.iter().filter(|f| f.is_nowhere()).count() as u64;
                 fetched += got;
                 incomplete -= got;
+                left -= got;
                 self.repaired.fetch_add(got, Ordering::Relaxed);
                 self.repaired_bytes.fetch_add(got * bs, Ordering::Relaxed);
                 if self.mbps > 0 {
@@ -114,6 +134,7 @@ impl Recovery {
                     }
                 }
             }
+            clean[index] = (left == 0).then_some(stamp);
             region = end;
         }
         self.incomplete.store(incomplete, Ordering::Relaxed);

@@ -102,6 +102,12 @@ impl ServiceReport for BlockReport {
             r.incomplete.load(Ordering::Relaxed),
         );
         counter(&mut out, "recovery_scans", "Passes of recovery phase 2 over the preferred blocks", &r.scans);
+        counter(
+            &mut out,
+            "recovery_regions_scanned",
+            "Regions recovery phase 2 looked at block by block (complete regions not written since are skipped)",
+            &r.regions_scanned,
+        );
         counter(&mut out, "repaired_blocks", "Blocks re-replicated by recovery phase 2", &r.repaired);
         counter(&mut out, "repaired_bytes", "Bytes re-replicated by recovery phase 2", &r.repaired_bytes);
         counter(
