@@ -117,6 +117,8 @@ pub enum Reply {
     Op {
         zxid: i64,
         err: i32,
+        /// Bytes (see `Request::Create`'s data).
+        #[serde(with = "serde_bytes")]
         body: Vec<u8>,
     },
     /// A session the client may use (Connect, Attach).

@@ -163,6 +163,9 @@ pub enum Request {
     Create {
         opcode: i32,
         path: String,
+        // Bytes, not a sequence of u8: the same postcard encoding, copied at once rather
+        // than visited byte by byte (2-3 % of a node's CPU under 1 KiB writes).
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         acl: Vec<Acl>,
         flags: i32,
@@ -182,6 +185,7 @@ pub enum Request {
     },
     SetData {
         path: String,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         version: i32,
     },
@@ -431,6 +435,15 @@ mod tests {
         Acl::write_all(&Acl::open(), &mut w);
         w.int(0);
         w
+    }
+
+    #[test]
+    fn data_as_bytes_encodes_as_the_sequence_it_was() {
+        // WAL records and snapshots written before data was marked as bytes decode the same.
+        let req = Request::SetData { path: "/a".into(), data: vec![1, 2, 3], version: 7 };
+        let as_sequence = postcard::to_allocvec(&(4u32, "/a", vec![1u8, 2, 3], 7i32)).expect("encodes");
+        assert_eq!(postcard::to_allocvec(&req).expect("encodes"), as_sequence);
+        assert_eq!(postcard::from_bytes::<Request>(&as_sequence).expect("decodes"), req);
     }
 
     #[test]
