@@ -5,7 +5,8 @@
 //! The workload: each client opens a session (`Connect`; the id comes back in the reply,
 //! which the workload observes), then creates, overwrites, deletes and reads a few persistent
 //! znodes, creates sequential znodes under one parent and ephemeral znodes of its own,
-//! reads other clients' ephemerals, and now and then closes its session. Sessions are
+//! reads other clients' ephemerals, uses multi and multiRead on a pair of znodes (below),
+//! and now and then closes its session. Sessions are
 //! never touched (no front end heartbeats here), so they also expire at agreed-time
 //! ticks, and their ephemerals go with them.
 //!
@@ -18,6 +19,12 @@
 //!   ZooKeeper's semantics, never a false alarm.)
 //! - **Sequential names** are distinct and follow real time: a create that returned
 //!   before another was invoked has the smaller suffix.
+//! - **A multi is all or nothing.** `/x` and `/y` are written only by multis that set
+//!   both to one value (created together, set together, and sometimes a multi that sets
+//!   both and then fails a version check). Every multiRead of the two must find them
+//!   equal (or both absent), never a failed multi's value, and the pair, read that way,
+//!   must be a linearizable register. A failed multi's reply must say where it failed:
+//!   OK before, the error at, RUNTIMEINCONSISTENCY after.
 //! - **Ephemerals end with their session**: once a client learned its session ended (its
 //!   close answered, or a request refused with SESSION_EXPIRED), no read invoked later
 //!   finds that session's ephemerals.
@@ -28,7 +35,7 @@
 
 use keel_coord::coord::{Command, Reply};
 use keel_coord::jute::Reader;
-use keel_coord::proto::{err, op, Acl, Request};
+use keel_coord::proto::{err, op, Acl, Request, Stat};
 use keel_coord::Coord;
 use keel_core::message::ReadConsistency;
 use keel_sim::linearizability::{check_kv, KvOp, KvRet, Operation, Verdict};
@@ -67,6 +74,9 @@ pub struct Stats {
     pub ephemerals: u64,
     /// Reads of an ephemeral invoked after its session's end was known.
     pub reads_after_end: u64,
+    /// Multis and multiReads on the pair judged, and failed multis among them.
+    pub pair_ops: u64,
+    pub failed_multis: u64,
 }
 
 /// `opts` with coord's tick if it has none: sessions expire at ticks.
@@ -84,6 +94,11 @@ const PATHS: u32 = 3;
 const SESSION_TIMEOUT: i32 = 6_000;
 /// State expansions the linearizability search may use per path.
 const LINEARIZABILITY_BUDGET: u64 = 5_000_000;
+
+/// The pair only multis write.
+const PAIR: [&str; 2] = ["/x", "/y"];
+/// A version no znode reaches in a run: the check that makes a multi fail.
+const NEVER_VERSION: i32 = 1_000_000_000;
 
 const SEQUENTIAL: i32 = 2;
 const EPHEMERAL: i32 = 1;
@@ -118,6 +133,31 @@ fn create(path: &str, data: Vec<u8>, flags: i32) -> Request {
     Request::Create { opcode: op::CREATE, path: path.into(), data, acl: Acl::open(), flags, ttl: -1 }
 }
 
+impl CoordWorkload {
+    /// A multi or multiRead on the pair: created together first, then read together,
+    /// set together, or set together by a multi whose last op fails.
+    fn pair_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Request {
+        let both = |f: &dyn Fn(&str) -> Request| PAIR.iter().map(|p| f(p)).collect::<Vec<_>>();
+        if !self.created.contains(PAIR[0]) {
+            let v = self.fresh(client);
+            return Request::Multi(both(&|p| create(p, v.clone(), 0)));
+        }
+        match rng.gen_range(0..10) {
+            0..=3 => Request::MultiRead(both(&|p| Request::GetData { path: p.into(), watch: false })),
+            4..=7 => {
+                let v = self.fresh(client);
+                Request::Multi(both(&|p| Request::SetData { path: p.into(), data: v.clone(), version: -1 }))
+            }
+            _ => {
+                let v = self.fresh(client);
+                let mut ops = both(&|p| Request::SetData { path: p.into(), data: v.clone(), version: -1 });
+                ops.push(Request::Check { path: PAIR[0].into(), version: NEVER_VERSION });
+                Request::Multi(ops)
+            }
+        }
+    }
+}
+
 impl Workload for CoordWorkload {
     type Service = Coord;
 
@@ -139,6 +179,9 @@ impl Workload for CoordWorkload {
             }
             .encode();
         };
+        if rng.gen_range(0..100) < 15 {
+            return Command::Op { session, request: self.pair_op(rng, client) }.encode();
+        }
         let path = format!("/p{}", rng.gen_range(0..PATHS));
         let request = match rng.gen_range(0..100) {
             0..=26 => Request::GetData { path, watch: false },
@@ -162,9 +205,11 @@ impl Workload for CoordWorkload {
         Command::Op { session, request }.encode()
     }
 
-    /// getData and exists go ordered, read-only linearizable or by read index.
+    /// getData, exists and multiRead go ordered, read-only linearizable or by read index.
     fn read_mode(&mut self, rng: &mut ChaCha8Rng, op: &[u8]) -> Option<ReadConsistency> {
-        let Ok(Command::Op { request: Request::GetData { .. } | Request::Exists { .. }, .. }) = Command::decode(op)
+        let Ok(Command::Op {
+            request: Request::GetData { .. } | Request::Exists { .. } | Request::MultiRead(_), ..
+        }) = Command::decode(op)
         else {
             return None;
         };
@@ -188,6 +233,16 @@ impl Workload for CoordWorkload {
                 if e == err::SESSION_EXPIRED || e == err::SESSION_MOVED =>
             {
                 self.sessions.remove(&client);
+            }
+            // The pair exists once a multi creating it answered (done, or it was there).
+            (Command::Op { request: Request::Multi(ops), .. }, Reply::Op { err: err::OK, body, .. })
+                if matches!(ops.first(), Some(Request::Create { .. })) =>
+            {
+                if let Ok(results) = multi_results(&body, &ops) {
+                    if results.iter().all(|(e, _)| *e == err::OK) || results[0].0 == err::NODE_EXISTS {
+                        self.created.insert(PAIR[0].to_string());
+                    }
+                }
             }
             (Command::Op { request: Request::Create { path, flags, .. }, .. }, Reply::Op { err: e, body, .. }) => {
                 match (flags, e) {
@@ -214,6 +269,7 @@ impl Workload for CoordWorkload {
             }
         }
         stats.register_ops = check_registers(history)?;
+        (stats.pair_ops, stats.failed_multis) = check_pair(history)?;
         stats.sequential = check_sequential(history)?;
         check_ephemerals(history, &mut stats)?;
         if let Ok(mut s) = self.stats.lock() {
@@ -390,4 +446,144 @@ fn check_ephemerals(history: &[HistoryEntry], stats: &mut Stats) -> Result<(), S
         }
     }
     Ok(())
+}
+
+/// One op's result inside a multi or multiRead: its error code and, for a getData that
+/// succeeded, the data.
+type OpResult = (i32, Option<Vec<u8>>);
+
+/// A multi's or multiRead's results, one per op.
+fn multi_results(body: &[u8], ops: &[Request]) -> Result<Vec<OpResult>, String> {
+    let mut r = Reader::new(body);
+    let bad = |e: keel_coord::jute::JuteError| format!("multi reply: {e}");
+    let mut out = Vec::with_capacity(ops.len());
+    for request in ops {
+        let (kind, done, e) = (r.int().map_err(bad)?, r.bool().map_err(bad)?, r.int().map_err(bad)?);
+        if done {
+            return Err(format!("multi reply ends after {} of {} results", out.len(), ops.len()));
+        }
+        if kind == op::ERROR {
+            r.int().map_err(bad)?;
+            out.push((e, None));
+            continue;
+        }
+        let data = match request {
+            Request::GetData { .. } => {
+                let data = r.buffer().map_err(bad)?;
+                Stat::read(&mut r).map_err(bad)?;
+                Some(data)
+            }
+            Request::SetData { .. } => {
+                Stat::read(&mut r).map_err(bad)?;
+                None
+            }
+            Request::Create { .. } => {
+                r.string().map_err(bad)?;
+                None
+            }
+            _ => None,
+        };
+        out.push((e, data));
+    }
+    Ok(out)
+}
+
+/// The pair (see the module comment): multiReads find both znodes equal and never a
+/// failed multi's value, failed multis say where they failed, and the pair is a
+/// linearizable register. Returns (ops judged, failed multis).
+fn check_pair(history: &[HistoryEntry]) -> Result<(u64, u64), String> {
+    let key = b"/x+/y".to_vec();
+    let mut failed_values = BTreeSet::new();
+    let mut reads = Vec::new();
+    let mut ops = Vec::new();
+    let mut failed = 0;
+    for h in history {
+        let (Command::Op { request: request @ (Request::Multi(_) | Request::MultiRead(_)), .. }, ret) = decoded(h)?
+        else {
+            continue;
+        };
+        let (Request::Multi(list) | Request::MultiRead(list)) = &request else { continue };
+        let results = match &ret {
+            Some((t, Reply::Op { err: err::OK, body, .. })) => Some((*t, multi_results(body, list)?)),
+            Some((_, Reply::Op { err: err::SESSION_EXPIRED | err::SESSION_MOVED, .. } | Reply::Refused { .. })) => {
+                continue
+            }
+            Some((_, other)) => return Err(format!("a multi answered {other:?}")),
+            None => None,
+        };
+        let codes = |rs: &[OpResult]| rs.iter().map(|(e, _)| *e).collect::<Vec<_>>();
+        let (kv, ret) = match (list.as_slice(), results) {
+            // Create both.
+            ([Request::Create { data, .. }, _], results) => {
+                let cas = KvOp::Cas { key: key.clone(), expected: None, new: data.clone() };
+                match results.as_ref().map(|(t, rs)| (*t, codes(rs))) {
+                    None => (cas, None),
+                    Some((t, c)) if c == [err::OK, err::OK] => (cas, Some((t, KvRet::Swapped(true)))),
+                    Some((t, c)) if c == [err::NODE_EXISTS, err::RUNTIME_INCONSISTENCY] => {
+                        (cas, Some((t, KvRet::Swapped(false))))
+                    }
+                    Some((_, c)) => {
+                        return Err(format!("creating the pair answered {c:?}: no all-or-nothing multi answers that"))
+                    }
+                }
+            }
+            // Set both, then fail: nothing may change.
+            ([Request::SetData { data, .. }, _, Request::Check { .. }], results) => {
+                failed_values.insert(data.clone());
+                if let Some((_, rs)) = results {
+                    let c = codes(&rs);
+                    let expected = [err::OK, err::OK, err::BAD_VERSION];
+                    let absent = [err::NO_NODE, err::RUNTIME_INCONSISTENCY, err::RUNTIME_INCONSISTENCY];
+                    if c != expected && c != absent {
+                        return Err(format!("a multi failing at its version check answered {c:?}"));
+                    }
+                    failed += 1;
+                }
+                continue;
+            }
+            // Set both.
+            ([Request::SetData { data, .. }, _], results) => {
+                let put = KvOp::Put { key: key.clone(), value: data.clone() };
+                match results.as_ref().map(|(t, rs)| (*t, codes(rs))) {
+                    None => (put, None),
+                    Some((t, c)) if c == [err::OK, err::OK] => (put, Some((t, KvRet::Done))),
+                    // The pair not there yet: a read of its absence.
+                    Some((t, c)) if c == [err::NO_NODE, err::RUNTIME_INCONSISTENCY] => {
+                        (KvOp::Get { key: key.clone() }, Some((t, KvRet::Value(None))))
+                    }
+                    Some((_, c)) => {
+                        return Err(format!("setting the pair answered {c:?}: no all-or-nothing multi answers that"))
+                    }
+                }
+            }
+            // Read both.
+            ([Request::GetData { .. }, Request::GetData { .. }], Some((t, rs))) => {
+                let value = match rs.as_slice() {
+                    [(err::OK, Some(x)), (err::OK, Some(y))] if x == y => Some(x.clone()),
+                    [(err::NO_NODE, _), (err::NO_NODE, _)] => None,
+                    other => {
+                        return Err(format!(
+                            "a multiRead invoked at {} ms found /x and /y apart: {other:?} (a multi applied in part)",
+                            h.invoke
+                        ))
+                    }
+                };
+                reads.push((h.invoke, value.clone()));
+                (KvOp::Get { key: key.clone() }, Some((t, KvRet::Value(value))))
+            }
+            _ => continue,
+        };
+        ops.push(Operation { client: h.client, op: kv, invoke: h.invoke, ret });
+    }
+    if let Some((at, v)) = reads.iter().find(|(_, v)| v.as_ref().is_some_and(|v| failed_values.contains(v))) {
+        return Err(format!(
+            "a multiRead invoked at {at} ms found {:?}, the value of a multi that failed",
+            String::from_utf8_lossy(v.as_deref().unwrap_or_default())
+        ));
+    }
+    match check_kv(&ops, LINEARIZABILITY_BUDGET) {
+        Verdict::Linearizable => Ok((ops.len() as u64, failed)),
+        Verdict::Violation { explanation, .. } => Err(format!("the pair /x, /y has no linearization:\n{explanation}")),
+        Verdict::Unknown { .. } => Err("linearizability search exceeded its budget on the pair".into()),
+    }
 }

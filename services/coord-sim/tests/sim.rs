@@ -38,6 +38,8 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
                 total.sequential += stats.sequential;
                 total.ephemerals += stats.ephemerals;
                 total.reads_after_end += stats.reads_after_end;
+                total.pair_ops += stats.pair_ops;
+                total.failed_multis += stats.failed_multis;
             }
             assert!(ops > 60, "{f} ({u},{r}): {ops} ops over both seeds");
         }
@@ -47,6 +49,7 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
     assert!(total.sequential > 50 && total.ephemerals > 50, "{total:?}");
     assert!(total.expired > 0 && total.closed > 0, "sessions both expire and close: {total:?}");
     assert!(total.reads_after_end > 10, "ephemerals are read after their session ended: {total:?}");
+    assert!(total.pair_ops > 500 && total.failed_multis > 50, "multis and multiReads are judged: {total:?}");
 }
 
 /// Deliberately broken services, each run by every node alike (so the nodes agree and
@@ -56,7 +59,7 @@ mod broken {
     use super::*;
     use keel_coord::coord::{Command, Reply};
     use keel_coord::jute::Writer;
-    use keel_coord::proto::{err, Request};
+    use keel_coord::proto::{err, op, Request};
     use keel_coord::Coord;
     use keel_coord_sim::{with_ticks, CoordWorkload};
     use keel_core::message::ReadConsistency;
@@ -77,6 +80,10 @@ mod broken {
         CloseKeepsSession,
         /// Ticks see the node's own clock: each node's runs ahead by a different amount.
         LocalClockExpiry,
+        /// A multi runs its ops one by one: those before a failing one stay applied.
+        MultiKeepsWhatWorked,
+        /// A multi of two ops applies only the first (and answers as if both applied).
+        MultiDropsItsLastOp,
     }
 
     /// Gives each service instance (each node, each restart) a different clock offset.
@@ -102,6 +109,26 @@ mod broken {
                 }
                 (Bug::CloseKeepsSession, Ok(Command::Close { .. })) => {
                     return postcard_reply(Reply::Op { zxid: 0, err: err::OK, body: Vec::new() });
+                }
+                (Bug::MultiKeepsWhatWorked, Ok(Command::Op { session, request: Request::Multi(ops) })) => {
+                    return self.one_by_one(*session, ops, ctx);
+                }
+                (Bug::MultiDropsItsLastOp, Ok(Command::Op { session, request: Request::Multi(ops) }))
+                    if ops.len() == 2 =>
+                {
+                    let first = Command::Op { session: *session, request: Request::Multi(ops[..1].to_vec()) };
+                    let reply = self.coord.execute(&first.encode(), ctx);
+                    // Answered as a multi of both: the first op's result twice.
+                    return match Reply::decode(&reply) {
+                        Some(Reply::Op { zxid, err: err::OK, body }) => {
+                            let end = body.len() - 9;
+                            let mut both = body[..end].to_vec();
+                            both.extend_from_slice(&body[..end]);
+                            both.extend_from_slice(&body[end..]);
+                            postcard_reply(Reply::Op { zxid, err: err::OK, body: both })
+                        }
+                        _ => reply,
+                    };
                 }
                 _ => {}
             }
@@ -143,6 +170,40 @@ mod broken {
 
         fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
             self.coord.restore(snapshot)
+        }
+    }
+
+    impl Broken {
+        /// A multi's ops as single ops: what worked stays when a later one fails.
+        fn one_by_one(&mut self, session: i64, ops: &[Request], ctx: &ExecCtx) -> Vec<u8> {
+            let mut w = Writer::new();
+            let (mut zxid, mut failed) = (0, false);
+            for request in ops {
+                if failed {
+                    w.int(op::ERROR).bool(false).int(err::RUNTIME_INCONSISTENCY).int(err::RUNTIME_INCONSISTENCY);
+                    continue;
+                }
+                // Each op alone, as a multi of one (a check exists only inside a multi).
+                let single = Command::Op { session, request: Request::Multi(vec![request.clone()]) };
+                let Some(Reply::Op { zxid: z, err: err::OK, body }) =
+                    Reply::decode(&self.coord.execute(&single.encode(), ctx))
+                else {
+                    failed = true;
+                    continue;
+                };
+                let mut r = keel_coord::jute::Reader::new(&body);
+                let (_, _, e) = (r.int().unwrap_or(0), r.bool().unwrap_or(true), r.int().unwrap_or(err::OK));
+                if e == err::OK {
+                    zxid = z;
+                    // Its result entry, without the multi's end marker.
+                    w.0.extend_from_slice(&body[..body.len() - 9]);
+                } else {
+                    failed = true;
+                    w.int(op::ERROR).bool(false).int(e).int(e);
+                }
+            }
+            w.int(-1).bool(true).int(-1);
+            postcard_reply(Reply::Op { zxid, err: err::OK, body: w.into_bytes() })
         }
     }
 
@@ -222,6 +283,19 @@ mod broken {
     fn ephemerals_that_outlive_a_closed_session_are_caught() {
         let found = caught(Bug::CloseKeepsSession, "none");
         assert!(says(&found, "after its session's end was known"), "{found:?}");
+    }
+
+    #[test]
+    fn a_multi_that_keeps_what_worked_before_it_failed_is_caught() {
+        let found = caught(Bug::MultiKeepsWhatWorked, "none");
+        assert!(says(&found, "the value of a multi that failed"), "{found:?}");
+    }
+
+    #[test]
+    fn a_multi_applied_in_part_is_caught() {
+        let found = caught(Bug::MultiDropsItsLastOp, "none");
+        // Seen by a multiRead, or by the next multi's answer.
+        assert!(says(&found, "found /x and /y apart") || says(&found, "no all-or-nothing multi"), "{found:?}");
     }
 
     #[test]
