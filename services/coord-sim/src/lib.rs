@@ -20,10 +20,11 @@
 //! - **Sequential names** are distinct and follow real time: a create that returned
 //!   before another was invoked has the smaller suffix.
 //! - **A multi is all or nothing.** `/x` and `/y` are written only by multis that set
-//!   both to one value (created together, set together, and sometimes a multi that sets
-//!   both and then fails a version check). Every multiRead of the two must find them
-//!   equal (or both absent), never a failed multi's value, and the pair, read that way,
-//!   must be a linearizable register. A failed multi's reply must say where it failed:
+//!   both to one value (created together, set together — half the time at the version
+//!   the client last read, a compare-and-set — and sometimes by a multi that sets both
+//!   and then fails a version check). Every multiRead of the two must find them equal
+//!   (data and version) or both absent, never a failed multi's value, and the pair, read
+//!   that way, must be a linearizable register. A failed multi's reply must say where it failed:
 //!   OK before, the error at, RUNTIMEINCONSISTENCY after.
 //! - **Ephemerals end with their session**: once a client learned its session ended (its
 //!   close answered, or a request refused with SESSION_EXPIRED), no read invoked later
@@ -77,6 +78,8 @@ pub struct Stats {
     /// Multis and multiReads on the pair judged, and failed multis among them.
     pub pair_ops: u64,
     pub failed_multis: u64,
+    /// Multis that set the pair at the version read (judged as compare-and-set).
+    pub conditional_sets: u64,
 }
 
 /// `opts` with coord's tick if it has none: sessions expire at ticks.
@@ -114,6 +117,12 @@ pub struct CoordWorkload {
     /// Ephemerals some client created, for others to read.
     ephemerals: Vec<String>,
     counter: u64,
+    /// The pair as each client last read it: its value and version.
+    seen: BTreeMap<u64, (Vec<u8>, i32)>,
+    /// A conditional set of the pair's new value → the value it expects to replace
+    /// (values are unique and versions rise by one per set, so "at version k" is "holds
+    /// the value read at version k").
+    expected: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Filled in by [`Workload::check_history`].
     stats: Arc<Mutex<Stats>>,
 }
@@ -135,7 +144,8 @@ fn create(path: &str, data: Vec<u8>, flags: i32) -> Request {
 
 impl CoordWorkload {
     /// A multi or multiRead on the pair: created together first, then read together,
-    /// set together, or set together by a multi whose last op fails.
+    /// set together (half the time on the version this client last read), or set
+    /// together by a multi whose last op fails.
     fn pair_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Request {
         let both = |f: &dyn Fn(&str) -> Request| PAIR.iter().map(|p| f(p)).collect::<Vec<_>>();
         if !self.created.contains(PAIR[0]) {
@@ -146,7 +156,14 @@ impl CoordWorkload {
             0..=3 => Request::MultiRead(both(&|p| Request::GetData { path: p.into(), watch: false })),
             4..=7 => {
                 let v = self.fresh(client);
-                Request::Multi(both(&|p| Request::SetData { path: p.into(), data: v.clone(), version: -1 }))
+                let version = match self.seen.get(&client) {
+                    Some((old, version)) if rng.gen_bool(0.5) => {
+                        self.expected.insert(v.clone(), old.clone());
+                        *version
+                    }
+                    _ => -1,
+                };
+                Request::Multi(both(&|p| Request::SetData { path: p.into(), data: v.clone(), version }))
             }
             _ => {
                 let v = self.fresh(client);
@@ -234,6 +251,11 @@ impl Workload for CoordWorkload {
             {
                 self.sessions.remove(&client);
             }
+            (Command::Op { request: Request::MultiRead(ops), .. }, Reply::Op { err: err::OK, body, .. }) => {
+                if let Ok([(err::OK, Some(x)), (err::OK, Some(_))]) = multi_results(&body, &ops).as_deref() {
+                    self.seen.insert(client, x.clone());
+                }
+            }
             // The pair exists once a multi creating it answered (done, or it was there).
             (Command::Op { request: Request::Multi(ops), .. }, Reply::Op { err: err::OK, body, .. })
                 if matches!(ops.first(), Some(Request::Create { .. })) =>
@@ -269,7 +291,7 @@ impl Workload for CoordWorkload {
             }
         }
         stats.register_ops = check_registers(history)?;
-        (stats.pair_ops, stats.failed_multis) = check_pair(history)?;
+        (stats.pair_ops, stats.failed_multis, stats.conditional_sets) = check_pair(history, &self.expected)?;
         stats.sequential = check_sequential(history)?;
         check_ephemerals(history, &mut stats)?;
         if let Ok(mut s) = self.stats.lock() {
@@ -449,8 +471,8 @@ fn check_ephemerals(history: &[HistoryEntry], stats: &mut Stats) -> Result<(), S
 }
 
 /// One op's result inside a multi or multiRead: its error code and, for a getData that
-/// succeeded, the data.
-type OpResult = (i32, Option<Vec<u8>>);
+/// succeeded, the data and its version.
+type OpResult = (i32, Option<(Vec<u8>, i32)>);
 
 /// A multi's or multiRead's results, one per op.
 fn multi_results(body: &[u8], ops: &[Request]) -> Result<Vec<OpResult>, String> {
@@ -470,8 +492,7 @@ fn multi_results(body: &[u8], ops: &[Request]) -> Result<Vec<OpResult>, String> 
         let data = match request {
             Request::GetData { .. } => {
                 let data = r.buffer().map_err(bad)?;
-                Stat::read(&mut r).map_err(bad)?;
-                Some(data)
+                Some((data, Stat::read(&mut r).map_err(bad)?.version))
             }
             Request::SetData { .. } => {
                 Stat::read(&mut r).map_err(bad)?;
@@ -490,13 +511,15 @@ fn multi_results(body: &[u8], ops: &[Request]) -> Result<Vec<OpResult>, String> 
 
 /// The pair (see the module comment): multiReads find both znodes equal and never a
 /// failed multi's value, failed multis say where they failed, and the pair is a
-/// linearizable register. Returns (ops judged, failed multis).
-fn check_pair(history: &[HistoryEntry]) -> Result<(u64, u64), String> {
+/// linearizable register, a conditional set being a compare-and-set from the value read
+/// with the version it names (`expected`). Returns (ops judged, failed multis,
+/// conditional sets).
+fn check_pair(history: &[HistoryEntry], expected: &BTreeMap<Vec<u8>, Vec<u8>>) -> Result<(u64, u64, u64), String> {
     let key = b"/x+/y".to_vec();
     let mut failed_values = BTreeSet::new();
     let mut reads = Vec::new();
     let mut ops = Vec::new();
-    let mut failed = 0;
+    let (mut failed, mut conditional) = (0, 0);
     for h in history {
         let (Command::Op { request: request @ (Request::Multi(_) | Request::MultiRead(_)), .. }, ret) = decoded(h)?
         else {
@@ -541,6 +564,24 @@ fn check_pair(history: &[HistoryEntry]) -> Result<(u64, u64), String> {
                 }
                 continue;
             }
+            // Set both at the version read: swapped, or found another version.
+            ([Request::SetData { data, version, .. }, _], results) if *version >= 0 => {
+                let old = expected.get(data).ok_or("a conditional set the workload has no record of")?;
+                let cas = KvOp::Cas { key: key.clone(), expected: Some(old.clone()), new: data.clone() };
+                conditional += 1;
+                match results.as_ref().map(|(t, rs)| (*t, codes(rs))) {
+                    None => (cas, None),
+                    Some((t, c)) if c == [err::OK, err::OK] => (cas, Some((t, KvRet::Swapped(true)))),
+                    Some((t, c)) if c == [err::BAD_VERSION, err::RUNTIME_INCONSISTENCY] => {
+                        (cas, Some((t, KvRet::Swapped(false))))
+                    }
+                    Some((_, c)) => {
+                        return Err(format!(
+                            "setting the pair at version {version} answered {c:?}: no all-or-nothing multi answers that"
+                        ))
+                    }
+                }
+            }
             // Set both.
             ([Request::SetData { data, .. }, _], results) => {
                 let put = KvOp::Put { key: key.clone(), value: data.clone() };
@@ -559,7 +600,8 @@ fn check_pair(history: &[HistoryEntry]) -> Result<(u64, u64), String> {
             // Read both.
             ([Request::GetData { .. }, Request::GetData { .. }], Some((t, rs))) => {
                 let value = match rs.as_slice() {
-                    [(err::OK, Some(x)), (err::OK, Some(y))] if x == y => Some(x.clone()),
+                    // Created together and set together: the same data and version.
+                    [(err::OK, Some(x)), (err::OK, Some(y))] if x == y => Some(x.0.clone()),
                     [(err::NO_NODE, _), (err::NO_NODE, _)] => None,
                     other => {
                         return Err(format!(
@@ -582,7 +624,7 @@ fn check_pair(history: &[HistoryEntry]) -> Result<(u64, u64), String> {
         ));
     }
     match check_kv(&ops, LINEARIZABILITY_BUDGET) {
-        Verdict::Linearizable => Ok((ops.len() as u64, failed)),
+        Verdict::Linearizable => Ok((ops.len() as u64, failed, conditional)),
         Verdict::Violation { explanation, .. } => Err(format!("the pair /x, /y has no linearization:\n{explanation}")),
         Verdict::Unknown { .. } => Err("linearizability search exceeded its budget on the pair".into()),
     }

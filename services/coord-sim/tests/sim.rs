@@ -40,6 +40,7 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
                 total.reads_after_end += stats.reads_after_end;
                 total.pair_ops += stats.pair_ops;
                 total.failed_multis += stats.failed_multis;
+                total.conditional_sets += stats.conditional_sets;
             }
             assert!(ops > 60, "{f} ({u},{r}): {ops} ops over both seeds");
         }
@@ -50,6 +51,7 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
     assert!(total.expired > 0 && total.closed > 0, "sessions both expire and close: {total:?}");
     assert!(total.reads_after_end > 10, "ephemerals are read after their session ended: {total:?}");
     assert!(total.pair_ops > 500 && total.failed_multis > 50, "multis and multiReads are judged: {total:?}");
+    assert!(total.conditional_sets > 100, "sets at a version are judged: {total:?}");
 }
 
 /// Deliberately broken services, each run by every node alike (so the nodes agree and
@@ -84,6 +86,8 @@ mod broken {
         MultiKeepsWhatWorked,
         /// A multi of two ops applies only the first (and answers as if both applied).
         MultiDropsItsLastOp,
+        /// setData inside a multi ignores the version it names.
+        VersionIgnored,
     }
 
     /// Gives each service instance (each node, each restart) a different clock offset.
@@ -109,6 +113,19 @@ mod broken {
                 }
                 (Bug::CloseKeepsSession, Ok(Command::Close { .. })) => {
                     return postcard_reply(Reply::Op { zxid: 0, err: err::OK, body: Vec::new() });
+                }
+                (Bug::VersionIgnored, Ok(Command::Op { session, request: Request::Multi(ops) })) => {
+                    let ops = ops
+                        .iter()
+                        .map(|r| match r {
+                            Request::SetData { path, data, .. } => {
+                                Request::SetData { path: path.clone(), data: data.clone(), version: -1 }
+                            }
+                            other => other.clone(),
+                        })
+                        .collect();
+                    let any = Command::Op { session: *session, request: Request::Multi(ops) };
+                    return self.coord.execute(&any.encode(), ctx);
                 }
                 (Bug::MultiKeepsWhatWorked, Ok(Command::Op { session, request: Request::Multi(ops) })) => {
                     return self.one_by_one(*session, ops, ctx);
@@ -296,6 +313,12 @@ mod broken {
         let found = caught(Bug::MultiDropsItsLastOp, "none");
         // Seen by a multiRead, or by the next multi's answer.
         assert!(says(&found, "found /x and /y apart") || says(&found, "no all-or-nothing multi"), "{found:?}");
+    }
+
+    #[test]
+    fn a_set_that_ignores_its_version_is_caught() {
+        let found = caught(Bug::VersionIgnored, "none");
+        assert!(says(&found, "the pair /x, /y has no linearization"), "{found:?}");
     }
 
     #[test]
