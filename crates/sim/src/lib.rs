@@ -34,6 +34,28 @@ pub fn run_seed<W: Workload>(opts: &SimOptions, workload: W) -> SeedReport {
     }
 }
 
+/// For tests that show the checkers catch a deliberate bug under a service's workload:
+/// runs `run` (the service's seed runner) with `mutation` under all faults at (u, r) for
+/// seeds `1..=seeds` and returns the properties the first seed with a violation
+/// violated (empty if none did).
+pub fn first_violation(
+    run: fn(&SimOptions) -> SeedReport,
+    mutation: keel_core::quorum::Mutation,
+    u: u32,
+    r: u32,
+    seeds: u64,
+) -> Vec<&'static str> {
+    let all = FaultSet { crash: true, network: true, byzantine: true };
+    for seed in 1..=seeds {
+        let report = run(&SimOptions { mutation: Some(mutation), ..SimOptions::new(seed, u, r, all) });
+        if !report.violations.is_empty() {
+            eprintln!("{mutation:?}: seed {seed} violated {:?}", report.violations);
+            return report.violations.iter().map(|v| v.property).collect();
+        }
+    }
+    Vec::new()
+}
+
 /// What a caught panic said (a failed invariant's message).
 pub(crate) fn panic_message(panic: Box<dyn std::any::Any + Send>) -> String {
     panic

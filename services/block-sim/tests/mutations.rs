@@ -6,21 +6,9 @@
 
 use keel_block_sim::run_block_seed;
 use keel_core::quorum::Mutation;
-use keel_sim::{FaultSet, SimOptions};
 
 fn first_violation(mutation: Mutation, u: u32, r: u32, seeds: u64) -> Vec<&'static str> {
-    for seed in 1..=seeds {
-        let o = SimOptions {
-            mutation: Some(mutation),
-            ..SimOptions::new(seed, u, r, FaultSet::parse("all").expect("fault set"))
-        };
-        let report = run_block_seed(&o);
-        if !report.violations.is_empty() {
-            eprintln!("{mutation:?}: seed {seed} violated {:?}", report.violations);
-            return report.violations.iter().map(|v| v.property).collect();
-        }
-    }
-    Vec::new()
+    keel_sim::first_violation(run_block_seed, mutation, u, r, seeds)
 }
 
 #[test]

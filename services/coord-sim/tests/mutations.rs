@@ -6,24 +6,9 @@
 
 use keel_coord_sim::run_coord_seed;
 use keel_core::quorum::Mutation;
-use keel_sim::{FaultSet, SimOptions};
 
 fn first_violation(mutation: Mutation, u: u32, r: u32, seeds: u64) -> Vec<&'static str> {
-    for seed in 1..=seeds {
-        let o = SimOptions {
-            mutation: Some(mutation),
-            ..SimOptions::new(seed, u, r, FaultSet::parse("all").expect("fault set"))
-        };
-        let report = run_coord_seed(&o);
-        if !report.violations.is_empty() {
-            eprintln!(
-                "{mutation:?}: seed {seed} violated {:?}",
-                report.violations.iter().map(|v| v.property).collect::<Vec<_>>()
-            );
-            return report.violations.iter().map(|v| v.property).collect();
-        }
-    }
-    Vec::new()
+    keel_sim::first_violation(run_coord_seed, mutation, u, r, seeds)
 }
 
 #[test]
