@@ -69,7 +69,7 @@ pub fn check_serializable_reads(history: &[HistoryEntry]) -> Result<(), String> 
                 Some(w) if w.invoke < *ret_at => {}
                 _ => {
                     return Err(format!(
-                        "serializable get of {name} by client {} returned {:?}, never written before it returned",
+                        "serializable get of {name:?} by client {} returned {:?}, never written before it returned",
                         h.client,
                         String::from_utf8_lossy(v)
                     ))
@@ -103,7 +103,7 @@ pub fn check_serializable_reads(history: &[HistoryEntry]) -> Result<(), String> 
         if stale {
             let got = got.as_ref().map(|v| String::from_utf8_lossy(v).to_string());
             return Err(format!(
-                "serializable get of {name} by client {} returned {got:?}, older than {:?} it had written or read \
+                "serializable get of {name:?} by client {} returned {got:?}, older than {:?} it had written or read \
                  before it began",
                 h.client,
                 String::from_utf8_lossy(&seen)
