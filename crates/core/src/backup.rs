@@ -19,6 +19,7 @@ use crate::epoch_cert::follow_certs;
 use crate::membership::Membership;
 use crate::message::{proof_signed, ClientId, EpochCert, Message, NodeId, Seq, StableProof};
 use crate::step::Peer;
+use crate::timeout::Timeout;
 use crate::transfer::Transfer;
 
 /// Who certifies the checkpoints a backup takes.
@@ -75,8 +76,8 @@ pub struct CheckpointFetch {
     unknown: Option<StableProof>,
     proof: Option<StableProof>,
     transfer: Option<Transfer>,
-    retry_ms: u64,
-    next_ask: u64,
+    /// When unanswered questions are asked again (its period: how long one waits).
+    ask: Timeout,
     refused: u64,
     /// Take only a state that includes this session's request with at least this
     /// sequence number ([`CheckpointFetch::with_barrier`]).
@@ -98,8 +99,7 @@ impl CheckpointFetch {
             unknown: None,
             proof: None,
             transfer: None,
-            retry_ms: retry_ms.max(1),
-            next_ask: 0,
+            ask: Timeout::every(retry_ms.max(1)),
             refused: 0,
             barrier: None,
             spent: None,
@@ -146,10 +146,9 @@ impl CheckpointFetch {
     /// node's certificate once it has one).
     pub fn on_tick(&mut self, now: u64) -> Vec<(NodeId, Message)> {
         let mut send = Vec::new();
-        if now < self.next_ask {
+        if !self.ask.fire(now) {
             return send;
         }
-        self.next_ask = now + self.retry_ms;
         match &mut self.transfer {
             None => self.to_holders(Message::FetchManifest { seq: 0 }, &mut send),
             Some(t) if t.awaits_manifest() => {
@@ -157,7 +156,7 @@ impl CheckpointFetch {
                 self.to_holders(Message::FetchManifest { seq }, &mut send);
             }
             Some(t) => {
-                t.expire(now, self.retry_ms);
+                t.expire(now, self.ask.period_ms());
                 self.request_chunks(now, &mut send);
             }
         }
@@ -306,7 +305,7 @@ impl CheckpointFetch {
         self.transfer = Some(Transfer::new(proof.seq, proof.root, previous, held, now, first));
         self.to_holders(Message::FetchManifest { seq: proof.seq }, send);
         self.proof = Some(proof);
-        self.next_ask = now + self.retry_ms;
+        self.ask.restart(now);
     }
 
     fn request_chunks(&mut self, now: u64, send: &mut Vec<(NodeId, Message)>) {

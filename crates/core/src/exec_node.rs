@@ -40,6 +40,7 @@ use crate::read_wait::{ReadWaits, Until};
 use crate::replica::PushQueues;
 use crate::service::{ReadCtx, RestoreError, Service};
 use crate::step::{check_session, Event, ExecutedRequest, Input, Outputs, Peer, Persist, Reject};
+use crate::timeout::Timeout;
 use crate::transfer::Transfer;
 use std::collections::BTreeMap;
 
@@ -94,8 +95,10 @@ pub struct ExecNode<S> {
     /// The executed instance at the last STATUS period: a node that has not moved while
     /// behind the certified checkpoint fetches it.
     executed_at_status: Seq,
-    next_status: u64,
-    next_retransmit: u64,
+    /// STATUS to the order nodes and peers, and the check for being stuck behind.
+    status_timeout: Timeout,
+    /// The retransmission round: pushes, checkpoint votes and certificates, fetches.
+    retransmit_timeout: Timeout,
     /// Read-only operations waiting, and read-index probe rounds to the order nodes.
     reads: ReadWaits,
 }
@@ -145,6 +148,8 @@ impl<S: Service> ExecNode<S> {
         exec.set_stages(cfg.stages.executors.len(), cfg.stages.rq.len());
         exec.set_tick_ms(cfg.options.tick_ms);
         exec.set_mutation(cfg.quorums.mutation());
+        let (status_timeout, retransmit_timeout) =
+            (Timeout::every(cfg.options.status_ms), Timeout::every(cfg.options.retransmit_ms));
         ExecNode {
             keys: cfg.exec_keys(),
             cfg,
@@ -161,8 +166,8 @@ impl<S: Service> ExecNode<S> {
             pushes: PushQueues::default(),
             executed_at_status: 0,
             reads: ReadWaits::default(),
-            next_status: 0,
-            next_retransmit: 0,
+            status_timeout,
+            retransmit_timeout,
         }
     }
 
@@ -675,8 +680,7 @@ impl<S: Service> ExecNode<S> {
                 out.send.push((Peer::Node(node), Message::IndexProbe { round }));
             }
         }
-        if self.now >= self.next_retransmit {
-            self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
+        if self.retransmit_timeout.fire(self.now) {
             self.pushes.resend(self.cfg.epoch(), &mut out.send);
             if self.stable.seq > 0 {
                 // For an order node that missed the votes (replica/separated.rs
@@ -704,8 +708,7 @@ impl<S: Service> ExecNode<S> {
                 }
             }
         }
-        if self.now >= self.next_status {
-            self.next_status = self.now + self.cfg.options.status_ms;
+        if self.status_timeout.fire(self.now) {
             let executed = self.exec.executed();
             if self.stable.seq > executed && executed == self.executed_at_status && self.transfer.is_none() {
                 // Stuck behind the certified checkpoint: the commits in between are gone.

@@ -31,5 +31,6 @@ pub mod replica;
 pub mod rq_node;
 pub mod service;
 pub mod step;
+pub mod timeout;
 pub mod transfer;
 pub mod wal;

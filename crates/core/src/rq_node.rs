@@ -41,6 +41,7 @@ use crate::keys::{client_mac_key, endorse_key};
 use crate::message::{endorse_statement, ClientId, Endorsement, Message, NodeId, Payload, Request, Seq, View};
 use crate::replica::{budgeted_bodies, hearsay_chargeable, hearsay_share, take_valid, Hearsay};
 use crate::step::{check_session, Event, Input, Outputs, Peer, Reject};
+use crate::timeout::Timeout;
 use std::collections::BTreeMap;
 
 /// A client request this node endorsed.
@@ -71,7 +72,8 @@ pub struct RqNode {
     /// believed from them (worked out per STATUS, not per request).
     views: BTreeMap<NodeId, View>,
     view: View,
-    next_query: u64,
+    /// The epoch query to order nodes and RQ peers (a membership change it missed).
+    query_timeout: Timeout,
     /// The epoch certificates this node followed from epoch 0 (the newest
     /// [`crate::codec::EPOCH_CERTS_MAX`]), for an RQ peer that restarted empty after
     /// every order node it knows of was removed.
@@ -131,7 +133,7 @@ impl RqNode {
             row: endorse_row(&cfg, &signing),
             views: BTreeMap::new(),
             view: 0,
-            next_query: 0,
+            query_timeout: Timeout::every(cfg.options.status_ms),
             epoch_certs: Vec::new(),
             body_budget: BTreeMap::new(),
             held: BTreeMap::new(),
@@ -246,8 +248,7 @@ impl RqNode {
     }
 
     fn on_tick(&mut self, out: &mut Outputs) {
-        if self.now >= self.next_query && !self.stays_in_epoch() {
-            self.next_query = self.now + self.cfg.options.status_ms;
+        if !self.stays_in_epoch() && self.query_timeout.fire(self.now) {
             let query = Message::EpochQuery { client: 0, epoch: self.cfg.epoch() };
             let peers: Vec<NodeId> = self.cfg.endorsers().filter(|&p| p != self.id).collect();
             for to in order_ids(&self.cfg).chain(peers) {

@@ -124,8 +124,7 @@ impl<S: Service> Replica<S> {
         use crate::message::Message;
         let (from, msg) = match input {
             super::Input::Tick => {
-                if self.now >= self.next_retransmit {
-                    self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
+                if self.retransmit_timeout.fire(self.now) {
                     self.retransmit_checkpoint_votes(out);
                 }
                 return;

@@ -48,6 +48,7 @@ use crate::message::{
     Cert, ClientId, Message, NewView, NodeId, Proposal, Request, Seq, StableProof, Value, View, ViewChange,
 };
 use crate::service::Service;
+use crate::timeout::Timeout;
 use crate::wal::Record;
 use std::collections::BTreeMap;
 
@@ -219,11 +220,11 @@ pub struct Replica<S> {
     new_view: Option<NewView>,
     /// Set once this node sent VIEW-CHANGE(t): it will never act in a view below t.
     vc_target: Option<View>,
-    vc_deadline: u64,
+    /// While a view change is on: when to give up on its primary and ask for the next.
+    view_change_timeout: Timeout,
     vc_attempts: u32,
     /// Highest view this node sent STOP for.
     stop_sent: View,
-    stop_sent_at: u64,
     /// Highest STOP view heard from each node.
     stops: Vec<View>,
     /// Valid VIEW-CHANGEs for views above `view`, one (the highest) per node.
@@ -342,8 +343,10 @@ pub struct Replica<S> {
     heard_at: Vec<Option<u64>>,
     /// Separated execution: the execution checkpoints and commits (separated.rs).
     exec_stage: separated::ExecStage,
-    next_status: u64,
-    next_retransmit: u64,
+    /// STATUS to the peers (and to RQ nodes and execution nodes apart).
+    status_timeout: Timeout,
+    /// The retransmission round: votes, view changes, probes, fetches, pushes.
+    retransmit_timeout: Timeout,
 }
 
 impl<S: Service> crate::node::Node for Replica<S> {
@@ -433,6 +436,9 @@ impl<S: Service> Replica<S> {
         exec.set_tick_ms(cfg.options.tick_ms);
         exec.set_mutation(cfg.quorums.mutation());
         let exec_stage = separated::ExecStage::new(&cfg);
+        let o = &cfg.options;
+        let (view_change_timeout, status_timeout, retransmit_timeout) =
+            (Timeout::every(o.view_change_timeout_ms), Timeout::every(o.status_ms), Timeout::every(o.retransmit_ms));
         Replica {
             keys: NodeKeys::new(&cfg.node_keys),
             epoch_tag: match cfg.quorums.mutation() {
@@ -448,10 +454,9 @@ impl<S: Service> Replica<S> {
             floor: 0,
             new_view: None,
             vc_target: None,
-            vc_deadline: 0,
+            view_change_timeout,
             vc_attempts: 0,
             stop_sent: 0,
-            stop_sent_at: 0,
             stops: vec![0; n],
             view_changes: BTreeMap::new(),
             own_view_change: None,
@@ -499,8 +504,8 @@ impl<S: Service> Replica<S> {
             peer_executed: vec![0; n],
             heard_at: vec![None; n],
             exec_stage,
-            next_status: 0,
-            next_retransmit: 0,
+            status_timeout,
+            retransmit_timeout,
         }
     }
 
@@ -706,8 +711,7 @@ impl<S: Service> Replica<S> {
         self.on_view_change_timeout(out);
         self.refetch_bodies(out);
         self.maybe_propose(out);
-        if self.now >= self.next_retransmit {
-            self.next_retransmit = self.now + self.cfg.options.retransmit_ms;
+        if self.retransmit_timeout.fire(self.now) {
             self.retransmit(out);
             self.retransmit_checkpoint_votes(out);
             self.retransmit_view_change(out);
@@ -718,8 +722,7 @@ impl<S: Service> Replica<S> {
             self.resend_pushes(out);
             self.ask_rejoin(out);
         }
-        if self.now >= self.next_status {
-            self.next_status = self.now + self.cfg.options.status_ms;
+        if self.status_timeout.fire(self.now) {
             let status = Message::Status { view: self.view, executed: self.exec.executed(), stable: self.stable.seq };
             if self.cfg.rq_separated() {
                 // RQ nodes learn the view from it: their first copy of a request goes to

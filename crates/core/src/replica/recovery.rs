@@ -91,7 +91,7 @@ impl<S: Service> Replica<S> {
         if let Some(t) = r.vc_target {
             r.stop_sent = t;
             r.stops[id as usize] = t;
-            r.vc_deadline = now + r.cfg.options.view_change_timeout_ms;
+            r.view_change_timeout.restart(now);
         }
         // Pass 2: per-instance state above the stable checkpoint.
         let view = r.view;

@@ -66,7 +66,6 @@ impl<S: Service> Replica<S> {
             return;
         }
         self.stop_sent = view;
-        self.stop_sent_at = self.now;
         self.stops[self.id as usize] = view;
         self.broadcast(Message::Stop { view }, out);
         self.maybe_start_view_change(out);
@@ -121,7 +120,7 @@ impl<S: Service> Replica<S> {
         assert!(t > self.view);
         self.vc_target = Some(t);
         let backoff = 1u64 << self.vc_attempts.min(6);
-        self.vc_deadline = self.now + self.cfg.options.view_change_timeout_ms * backoff;
+        self.view_change_timeout.arm_for(self.now, self.cfg.options.view_change_timeout_ms * backoff);
         self.vc_attempts += 1;
         self.awaiting.clear();
         self.prune_bodies();
@@ -162,9 +161,9 @@ impl<S: Service> Replica<S> {
     /// The new primary did not deliver in time: ask for the next view.
     pub(super) fn on_view_change_timeout(&mut self, out: &mut Outputs) {
         if let Some(t) = self.vc_target {
-            if self.now >= self.vc_deadline {
-                // Give the next primary a full timeout too (suspect checks stop_sent).
-                self.vc_deadline = self.now + self.cfg.options.view_change_timeout_ms;
+            // Firing re-arms it: the next primary gets a full timeout too (suspect checks
+            // stop_sent).
+            if self.view_change_timeout.fire(self.now) {
                 self.suspect(t + 1, out);
             }
         }
