@@ -352,16 +352,32 @@ enum Role {
     Removed,
 }
 
+/// The stage a node runs (UpRight §4): fixed for its life, whether it is up or down.
+/// Co-located, every node is an order node running all three stages in one core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    Order,
+    /// Separated execution: an execution node.
+    Exec,
+    /// A separate RQ stage: an RQ node (on disk only the epoch certificates it followed:
+    /// a restart starts it afresh in that epoch).
+    Rq,
+}
+
+/// The core of a node that is up: its stage's state machine.
+// One per node, set at a start and never moved about: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Core<S> {
+    Order(Replica<S>),
+    Exec(ExecNode<S>),
+    Rq(RqNode),
+}
+
 struct SimNode<S> {
-    replica: Option<Replica<S>>,
-    /// Separated execution: this node is an execution node, running this core instead.
-    exec: Option<ExecNode<S>>,
-    is_exec: bool,
+    stage: Stage,
+    /// None while the node is down.
+    core: Option<Core<S>>,
     exec_byzantine: Option<ExecByzantine>,
-    /// A separate RQ stage: this node is an RQ node, running this core instead (on disk
-    /// only the epoch certificates it followed: a restart starts it afresh in that epoch).
-    rq: Option<RqNode>,
-    is_rq: bool,
     /// The epoch certificates an RQ node followed: what its driver keeps on disk.
     rq_certs: Vec<keel_core::message::EpochCert>,
     rq_byzantine: Option<RqByzantine>,
@@ -398,40 +414,44 @@ impl<S: Service> SimNode<S> {
     /// The membership epoch an execution or RQ node runs.
     /// The core this node runs, whichever it is, to step.
     fn core_mut(&mut self) -> Option<&mut dyn Node> {
-        match (&mut self.replica, &mut self.exec, &mut self.rq) {
-            (Some(r), _, _) => Some(r),
-            (_, Some(e), _) => Some(e),
-            (_, _, Some(q)) => Some(q),
-            _ => None,
+        match self.core.as_mut()? {
+            Core::Order(r) => Some(r),
+            Core::Exec(e) => Some(e),
+            Core::Rq(q) => Some(q),
         }
     }
 
     /// The core this node runs, whichever it is.
     fn core(&self) -> Option<&dyn Node> {
-        match (&self.replica, &self.exec, &self.rq) {
-            (Some(r), _, _) => Some(r),
-            (_, Some(e), _) => Some(e),
-            (_, _, Some(q)) => Some(q),
+        match self.core.as_ref()? {
+            Core::Order(r) => Some(r),
+            Core::Exec(e) => Some(e),
+            Core::Rq(q) => Some(q),
+        }
+    }
+
+    /// The replica of an order node that is up.
+    fn replica(&self) -> Option<&Replica<S>> {
+        match &self.core {
+            Some(Core::Order(r)) => Some(r),
             _ => None,
         }
     }
 
-    fn stage_epoch(&self) -> u64 {
-        match (&self.exec, &self.rq) {
-            (Some(e), _) => e.config().epoch(),
-            (_, Some(q)) => q.epoch(),
-            _ => 0,
+    /// The membership epoch of a node that is up (None while down).
+    fn running_epoch(&self) -> Option<u64> {
+        match self.core.as_ref()? {
+            Core::Order(r) => Some(r.epoch()),
+            Core::Exec(e) => Some(e.config().epoch()),
+            Core::Rq(q) => Some(q.epoch()),
         }
     }
 
     fn blank(secrets: NodeSecrets) -> SimNode<S> {
         SimNode {
-            replica: None,
-            exec: None,
-            is_exec: false,
+            stage: Stage::Order,
+            core: None,
             exec_byzantine: None,
-            rq: None,
-            is_rq: false,
             rq_certs: Vec::new(),
             rq_byzantine: None,
             role: Role::Member,
@@ -449,20 +469,24 @@ impl<S: Service> SimNode<S> {
     }
 
     fn up(&self) -> bool {
-        self.replica.is_some() || self.exec.is_some() || self.rq.is_some()
+        self.core.is_some()
     }
 
     fn status_line(&self) -> String {
-        match (&self.replica, &self.exec, &self.rq) {
-            (Some(r), _, _) => r.status_line(),
-            (_, Some(e), _) => e.status_line(),
-            (_, _, Some(q)) => q.status_line(),
-            _ => "down".into(),
+        match &self.core {
+            Some(Core::Order(r)) => r.status_line(),
+            Some(Core::Exec(e)) => e.status_line(),
+            Some(Core::Rq(q)) => q.status_line(),
+            None => "down".into(),
         }
     }
 
     fn executed(&self) -> Option<Seq> {
-        self.replica.as_ref().map(|r| r.executed()).or(self.exec.as_ref().map(|e| e.executed()))
+        match self.core.as_ref()? {
+            Core::Order(r) => Some(r.executed()),
+            Core::Exec(e) => Some(e.executed()),
+            Core::Rq(_) => None,
+        }
     }
 }
 
@@ -674,7 +698,7 @@ impl<W: Workload> World<W> {
                 } else {
                     (None, Role::Spare)
                 };
-                SimNode { replica, role, skew, byzantine, ..SimNode::blank(s) }
+                SimNode { core: replica.map(Core::Order), role, skew, byzantine, ..SimNode::blank(s) }
             })
             .collect::<Vec<_>>();
         let mut nodes = nodes;
@@ -709,7 +733,7 @@ impl<W: Workload> World<W> {
             let interval = opts.options.checkpoint_interval;
             let exec_byzantine =
                 (i < exec_liars).then(|| ExecByzantine::random(&mut exec_rng, id, s.signing.clone(), interval));
-            nodes.push(SimNode { exec: Some(exec), is_exec: true, exec_byzantine, ..SimNode::blank(s) });
+            nodes.push(SimNode { stage: Stage::Exec, core: Some(Core::Exec(exec)), exec_byzantine, ..SimNode::blank(s) });
         }
         // Byzantine RQ nodes: up to r, from a generator of their own (replays as before).
         let mut rq_rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x7271);
@@ -733,7 +757,7 @@ impl<W: Workload> World<W> {
                 let ranges = (0..n as NodeId, cfg.endorsers());
                 RqByzantine::random(&mut rq_rng, id, row, ranges, sim_clients.clone())
             });
-            nodes.push(SimNode { rq: Some(rq), is_rq: true, rq_byzantine, ..SimNode::blank(s) });
+            nodes.push(SimNode { stage: Stage::Rq, core: Some(Core::Rq(rq)), rq_byzantine, ..SimNode::blank(s) });
         }
         debug_assert_eq!(nodes.len(), n + exec_count + rq_count, "stage nodes at their stable ids");
         nodes.extend(spare_nodes);
@@ -1040,7 +1064,7 @@ impl<W: Workload> World<W> {
                     let epoch_end = usize::from(self.opts.reconfig);
                     // An execution node learns which checkpoint is certified from the order
                     // nodes, a message later: one more.
-                    let exec_late = usize::from(sn.is_exec);
+                    let exec_late = usize::from(sn.stage == Stage::Exec);
                     let bound = (o.log_max() / o.checkpoint_interval) as usize + 1 + epoch_end + exec_late;
                     let held = sn.disk.snapshot_count();
                     if held > bound {
@@ -1062,7 +1086,7 @@ impl<W: Workload> World<W> {
             }
             Ev::AdminTick => self.admin_tick(),
             Ev::Crash(n) => {
-                if self.nodes[n as usize].replica.is_some() {
+                if self.nodes[n as usize].replica().is_some() {
                     self.trace_line(format!("{} n{n} crash at an epoch switch", self.now));
                     self.crash(n);
                     let back = self.now + self.rng.gen_range(20..600);
@@ -1082,7 +1106,7 @@ impl<W: Workload> World<W> {
             Ev::Nemesis => self.nemesis(),
             Ev::FaultyClient => self.faulty_client(),
             Ev::CheckpointDone { node, epoch, job } => {
-                if self.nodes[node as usize].epoch == epoch && self.nodes[node as usize].replica.is_some() {
+                if self.nodes[node as usize].epoch == epoch && self.nodes[node as usize].replica().is_some() {
                     self.report.checkpoints_background += 1;
                     self.step_node(node, Input::CheckpointReady(job.run()));
                 } else {
@@ -1100,13 +1124,11 @@ impl<W: Workload> World<W> {
     fn step_node(&mut self, n: NodeId, input: Input) {
         let now = self.node_now(n);
         let node = &mut self.nodes[n as usize];
-        let stage = node.rq.is_some() || node.exec.is_some();
-        let what = if node.rq.is_some() {
-            "RQ node"
-        } else if node.exec.is_some() {
-            "execution node"
-        } else {
-            "node"
+        let stage = node.stage != Stage::Order;
+        let what = match node.stage {
+            Stage::Rq => "RQ node",
+            Stage::Exec => "execution node",
+            Stage::Order => "node",
         };
         let Some(core) = node.core_mut() else { return };
         let before = core.config().epoch();
@@ -1114,13 +1136,13 @@ impl<W: Workload> World<W> {
         // A failed invariant is reported with the trace that led to it (a panic that
         // unwound the whole world would lose the trace), and stops the node.
         if let Err(panic) = catch_step(|| core.step(now, input, &mut out)) {
-            (node.replica, node.exec, node.rq) = (None, None, None);
+            node.core = None;
             self.violation("invariant", format!("{what} {n}: {panic}"));
             return;
         }
         if stage {
             // A stage node follows epochs inside its step: its outputs are the new one's.
-            let epoch = node.stage_epoch();
+            let epoch = node.running_epoch().unwrap_or(0);
             self.rq_liar_follows(n);
             self.process_outputs(n, out, epoch);
         } else {
@@ -1133,7 +1155,7 @@ impl<W: Workload> World<W> {
     /// from now on, and so do the Byzantine order nodes that collude with it.
     fn rq_liar_follows(&mut self, n: NodeId) {
         let node = &mut self.nodes[n as usize];
-        let (Some(rq), Some(liar)) = (node.rq.as_ref(), node.rq_byzantine.as_mut()) else {
+        let (Some(Core::Rq(rq)), Some(liar)) = (node.core.as_ref(), node.rq_byzantine.as_mut()) else {
             return;
         };
         if rq.epoch() == liar.epoch() {
@@ -1275,7 +1297,7 @@ impl<W: Workload> World<W> {
         }
         let Message::Accept { .. } = m else { return };
         let Some(q) =
-            self.nodes[n as usize].replica.as_ref().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
+            self.nodes[n as usize].replica().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
         else {
             return;
         };
@@ -1298,7 +1320,7 @@ impl<W: Workload> World<W> {
         if !self.opts.faults.crash || !self.issuing {
             return;
         }
-        let primary = self.nodes[n as usize].replica.as_ref().is_some_and(|r| r.is_primary());
+        let primary = self.nodes[n as usize].replica().is_some_and(|r| r.is_primary());
         let p = if installed && primary { 0.3 } else { 0.002 };
         if !self.rng.gen_bool(p) {
             return;
@@ -1315,7 +1337,7 @@ impl<W: Workload> World<W> {
         let byzantine = self.nodes[n as usize].byzantine.is_some();
         let service = self.workload.node_service(NodeStart { node: n, fresh: false, byzantine });
         let node = &mut self.nodes[n as usize];
-        let Some(mut old) = node.replica.take() else { return };
+        let Some(Core::Order(mut old)) = node.core.take_if(|c| matches!(c, Core::Order(_))) else { return };
         match old.next_epoch(service) {
             NextEpoch::Member(next, persist) => {
                 // Durable before the new node takes a step: a PROPOSE leaves before its
@@ -1331,7 +1353,7 @@ impl<W: Workload> World<W> {
                     b.set_membership(next.id(), q, next.config().membership.clone());
                 }
                 let line = format!("{} n{n} epoch {epoch} as index {}", self.now, next.id());
-                node.replica = Some(*next);
+                node.core = Some(Core::Order(*next));
                 self.trace_line(line);
                 self.turn_byzantine(n);
                 self.memberships.entry(epoch).or_insert(ids);
@@ -1340,7 +1362,7 @@ impl<W: Workload> World<W> {
             NextEpoch::Removed => {
                 // It stays, retired, to help the others end the epoch (epoch.rs).
                 old.retire();
-                node.replica = Some(old);
+                node.core = Some(Core::Order(old));
                 node.role = Role::Removed;
                 self.trace_line(format!("{} n{n} removed", self.now));
             }
@@ -1357,7 +1379,7 @@ impl<W: Workload> World<W> {
         let liars = self.nodes.iter().filter(|x| x.byzantine.is_some()).count();
         let out = self.nodes.iter().filter(|x| x.wiped || x.gone).count();
         let node = &self.nodes[n as usize];
-        let (Some(behaviours), Some(replica)) = (node.latent.as_ref(), node.replica.as_ref()) else { return };
+        let (Some(behaviours), Some(replica)) = (node.latent.as_ref(), node.replica()) else { return };
         let q = replica.config().quorums;
         if node.byzantine.is_some() || q.r() as usize <= liars || liars + out >= q.u() as usize {
             return;
@@ -1402,7 +1424,7 @@ impl<W: Workload> World<W> {
             }
         }
         let from = Peer::Node(n);
-        let is_primary = self.nodes[n as usize].replica.as_ref().is_some_and(|r| r.is_primary());
+        let is_primary = self.nodes[n as usize].replica().is_some_and(|r| r.is_primary());
         let mut msgs = msgs;
         let slow = is_primary
             && self.now >= crate::byzantine::SLOW_FROM_MS
@@ -1453,12 +1475,12 @@ impl<W: Workload> World<W> {
     }
 
     fn is_exec_id(&self, n: NodeId) -> bool {
-        self.nodes.get(n as usize).is_some_and(|x| x.is_exec)
+        self.nodes.get(n as usize).is_some_and(|x| x.stage == Stage::Exec)
     }
 
     /// Whether `n` is a node of a separate execution or RQ stage (not a member).
     fn is_stage_id(&self, n: NodeId) -> bool {
-        self.nodes.get(n as usize).is_some_and(|x| x.is_exec || x.is_rq)
+        self.nodes.get(n as usize).is_some_and(|x| x.stage != Stage::Order)
     }
 
     fn side_of(&self, p: Peer) -> u8 {
@@ -1531,14 +1553,7 @@ impl<W: Workload> World<W> {
         match to {
             Peer::Node(n) => {
                 // (A node id nobody has: a membership a test's deliberate bug accepted.)
-                let mine = match self.nodes.get(n as usize) {
-                    Some(x) if x.exec.is_some() || x.rq.is_some() => x.stage_epoch(),
-                    Some(x) => match x.replica.as_ref() {
-                        Some(r) => r.epoch(),
-                        None => return,
-                    },
-                    None => return,
-                };
+                let Some(mine) = self.nodes.get(n as usize).and_then(SimNode::running_epoch) else { return };
                 // How the receiving core admits it (keel_core::node::Node::admit, as the
                 // runtime does): within one epoch by index, stage nodes by stage names,
                 // across epochs only certificates.
@@ -1584,7 +1599,8 @@ impl<W: Workload> World<W> {
     fn rushed_read_answer(&mut self, n: NodeId, read: &Read) -> Option<Reply> {
         let node = &mut self.nodes[n as usize];
         let b = node.byzantine.as_mut().filter(|b| b.behaviours.rush_reads)?;
-        let replica = node.replica.as_ref()?;
+        // The field, not `replica()`: the borrows of `byzantine` and `stale_state` stay apart.
+        let Some(Core::Order(replica)) = &node.core else { return None };
         let executed = replica.executed();
         if node.stale_state.as_ref().is_none_or(|(seq, _)| executed >= seq + STALE_READ_LAG || executed < *seq) {
             node.stale_state = Some((executed, replica.service().snapshot()));
@@ -1931,9 +1947,7 @@ impl<W: Workload> World<W> {
         if !node.up() {
             return;
         }
-        node.replica = None;
-        node.exec = None;
-        if let Some(rq) = node.rq.take() {
+        if let Some(Core::Rq(rq)) = node.core.take() {
             node.rq_certs = rq.epoch_certs().to_vec();
         }
         node.epoch += 1;
@@ -1945,12 +1959,12 @@ impl<W: Workload> World<W> {
     fn restart(&mut self, n: NodeId) {
         let now = self.node_now(n);
         let node = &mut self.nodes[n as usize];
-        if node.is_rq {
+        if node.stage == Stage::Rq {
             // Nothing on disk but the epoch certificates it followed (rq_node.rs).
             let s = &node.secrets;
             let mut rq = RqNode::new(self.cfg.clone(), stage_node(n), s.signing.clone(), s.mac_secret);
             let followed = rq.follow(node.rq_certs.clone());
-            node.rq = Some(rq);
+            node.core = Some(Core::Rq(rq));
             if let Err(e) = followed {
                 self.violation("recovery", format!("RQ node {n} cannot follow its own certificates: {e}"));
                 return;
@@ -1960,7 +1974,7 @@ impl<W: Workload> World<W> {
             return;
         }
         let (snapshots, records) = node.disk.recover();
-        if node.is_exec {
+        if node.stage == Stage::Exec {
             let signing = node.secrets.signing.clone();
             let start = NodeStart { node: stage_node(n), fresh: node.wiped, byzantine: false };
             match ExecNode::recover(
@@ -1971,7 +1985,7 @@ impl<W: Workload> World<W> {
                 snapshots,
                 &records,
             ) {
-                Ok(e) => node.exec = Some(e),
+                Ok(e) => node.core = Some(Core::Exec(e)),
                 Err(e) => {
                     self.violation("recovery", format!("execution node {n} cannot recover: {e}"));
                     return;
@@ -2007,7 +2021,7 @@ impl<W: Workload> World<W> {
             Replica::recover(cfg, index, node.secrets.clone(), service, durable, now, &mut out)
         };
         match started {
-            Ok(r) => node.replica = Some(r),
+            Ok(r) => node.core = Some(Core::Order(r)),
             Err(e) => {
                 self.violation("recovery", format!("node {n} cannot recover: {e}"));
                 return;
@@ -2072,7 +2086,7 @@ impl<W: Workload> World<W> {
             .iter()
             .filter(|n| n.byzantine.is_some() || n.exec_byzantine.is_some() || n.rq_byzantine.is_some())
             .count();
-        let apart = self.nodes.iter().any(|n| n.is_exec || n.is_rq);
+        let apart = self.nodes.iter().any(|n| n.stage != Stage::Order);
         // With auth = mac (the default of a crash-tolerant cluster) a client whose MACs
         // fail at some nodes stalls a Byzantine-tolerant one until a view change (PBFT's
         // known weakness, which rq-mac removes): raising r there trades liveness under
@@ -2149,7 +2163,7 @@ impl<W: Workload> World<W> {
         let node = &mut self.nodes[id as usize];
         node.role = Role::Member;
         node.file_membership = Some(m.clone());
-        node.replica = Some(Replica::new(node_options(cfg, id), index, node.secrets.clone(), service));
+        node.core = Some(Core::Order(Replica::new(node_options(cfg, id), index, node.secrets.clone(), service)));
         self.memberships.entry(m.epoch).or_insert_with(|| m.members.iter().map(|x| x.id).collect());
         self.schedule(self.now + 1, Ev::NodeTick(id));
     }
@@ -2187,7 +2201,7 @@ impl<W: Workload> World<W> {
                 let out = self.nodes.iter().filter(|n| n.wiped || n.gone).count();
                 let honest_order = |v: &NodeId| {
                     let node = &self.nodes[*v as usize];
-                    !node.is_exec && !node.is_rq && node.byzantine.is_none() && !node.gone
+                    node.stage == Stage::Order && node.byzantine.is_none() && !node.gone
                 };
                 let order: Vec<NodeId> = members.iter().copied().filter(honest_order).collect();
                 // Not with membership changes: a removed node that crashes at its epoch's
@@ -2199,7 +2213,7 @@ impl<W: Workload> World<W> {
                 // checkpoint must stay fetchable without it). Drawn only when there are
                 // execution nodes, so co-located runs replay as before.
                 let executors: Vec<NodeId> =
-                    (0..self.nodes.len() as NodeId).filter(|v| self.nodes[*v as usize].is_exec).collect();
+                    (0..self.nodes.len() as NodeId).filter(|v| self.nodes[*v as usize].stage == Stage::Exec).collect();
                 if kind == "gone" && !self.opts.reconfig && !executors.is_empty() && self.rng.gen_bool(0.5) {
                     let faulty = executors
                         .iter()
