@@ -5,6 +5,7 @@ pub mod client;
 pub mod clients;
 pub mod committer;
 pub mod config;
+mod driver;
 pub mod embed;
 mod epochs;
 pub mod execution;

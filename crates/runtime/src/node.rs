@@ -15,7 +15,8 @@ use crate::clients::{Bans, Clients};
 use crate::committer::{Committer, Gated};
 use crate::config::{FaultsFile, NodeSetup};
 use crate::embed::{Control, NodeEvent, PlaneIn};
-use crate::inbound::{self, ClientQuota, Inbound, InboundTx};
+use crate::driver::{drive, Env, Hosted};
+use crate::inbound::{ClientQuota, Inbound, InboundTx};
 use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
 use crate::tls::{self, PeerId, TlsError};
@@ -46,12 +47,6 @@ pub const REMOVED_FILE: &str = "REMOVED";
 /// How long a removed node keeps answering its old epoch's members before it stops.
 const REMOVED_LINGER_MS: u64 = 3_000;
 
-/// Inputs queued for the protocol task.
-pub const INBOUND_QUEUE_MAX: usize = 16384;
-/// Inputs stepped before one group commit.
-const STEP_BATCH_MAX: usize = 1024;
-/// How often the replica's timers are checked.
-const TICK: Duration = Duration::from_millis(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -194,7 +189,7 @@ async fn run_replica<S: Service + Send + 'static>(
         storage.refuse_unprovisioned()?;
         return Err(NodeError::Unprovisioned { node: setup.id, dir: setup.data_dir.clone() });
     }
-    let mut replica = if fresh && storage.unprovisioned() {
+    let replica = if fresh && storage.unprovisioned() {
         // The data directory is gone (deleted, or a new disk): whatever this node voted
         // for before, others still count. It rejoins without voting until it caught up
         // past all of it (keel_core replica/rejoin.rs).
@@ -222,115 +217,124 @@ async fn run_replica<S: Service + Send + 'static>(
         executed = replica.executed(),
         "node started"
     );
-    let (stats, m, shared) = announce(&setup).await?;
-    let (in_tx, mut in_rx) = inbound::channel(INBOUND_QUEUE_MAX);
-
-    let mut peers = dial_peers(&setup, &replica.config().membership, &stats)?;
     let verifier = Arc::new(RwLock::new(EpochVerifier::of(&replica)));
-    let verify = start_verify_stage(setup.verify_threads, &verifier, &in_tx, &stats);
-    let bans = listen(&setup, &in_tx, verify, &stats).await?;
-    control.started(&shared, &m);
-    let (plane_in, mut plane_out) = control.take_plane();
-    // One future for the whole run, not one per turn of the loop: a fresh watch
-    // subscription per turn costs a waiter registration on every wake-up.
-    let stopped = control.stopped();
-    tokio::pin!(stopped);
+    let threads = setup.verify_threads;
+    let membership = replica.config().membership.clone();
+    let mut env = Env::open(setup, &mut control, &membership, Some(storage), |in_tx, stats| {
+        start_verify_stage(threads, &verifier, in_tx, stats)
+    })
+    .await?;
+    env.out = out;
+    if !env.setup.faults.is_empty() {
+        tracing::warn!(faults = ?env.setup.faults, "fault injection is on: this node misbehaves on purpose");
+    }
+    let checkpoints = Checkpointer::start().map_err(|source| {
+        NodeError::Storage(StorageError::Io {
+            what: "start checkpoint thread",
+            path: env.setup.data_dir.clone(),
+            source,
+        })
+    })?;
+    let m = env.m.clone();
+    let host = OrderHost { replica, make, verifier, checkpoints, m, started: now_ms(), leaving_at: None };
+    drive(host, env, control).await
+}
 
-    let mut clients = Clients::new(bans);
-    // Last state-transfer progress logged, in tenths.
-    let mut transfer_logged = u64::MAX;
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut committer = Committer::start(storage, stats.clone(), m.clone()).map_err(|source| {
-        NodeError::Storage(StorageError::Io { what: "start WAL thread", path: setup.data_dir.clone(), source })
-    })?;
-    let started = now_ms();
-    // Set once a membership change removed this node: when it stops.
-    let mut leaving_at: Option<u64> = None;
-    if !setup.faults.is_empty() {
-        tracing::warn!(faults = ?setup.faults, "fault injection is on: this node misbehaves on purpose");
+/// An order node as the driver hosts it: the replica, and what only order nodes have —
+/// the verify stage's keys, the checkpoint thread, the switch to the next epoch's
+/// replica and the linger of a removed node.
+struct OrderHost<S, F> {
+    replica: Replica<S>,
+    /// An empty service for the next epoch's replica.
+    make: F,
+    verifier: Arc<RwLock<EpochVerifier>>,
+    checkpoints: Checkpointer,
+    m: Metrics,
+    /// When the node started (fault injection counts from it).
+    started: u64,
+    /// Set once a membership change removed this node: when it stops.
+    leaving_at: Option<u64>,
+}
+
+impl<S: Service + Send + 'static, F: Fn() -> S> Hosted for OrderHost<S, F> {
+    type Core = Replica<S>;
+    const NAME: &'static str = "node";
+
+    fn core(&self) -> &Replica<S> {
+        &self.replica
     }
-    let mut checkpoints = Checkpointer::start().map_err(|source| {
-        NodeError::Storage(StorageError::Io { what: "start checkpoint thread", path: setup.data_dir.clone(), source })
-    })?;
-    loop {
-        hold_back_proposals(&setup.faults, started, &mut out, &peers, &stats);
-        checkpoints.stable.store(replica.stable_seq(), Ordering::Release);
-        for job in out.checkpoints.drain(..) {
-            checkpoints.submit(job)?;
-        }
-        if flush(&mut committer, &mut out, &peers, &mut clients, &stats, &m)? {
-            // The epoch ended: everything of it durable (and sent) first, then the next
-            // epoch's log durable before its node takes a step (replica/epoch.rs).
-            drain(&mut committer).await?;
-            match replica.next_epoch(make()) {
-                NextEpoch::Member(next, persist) => {
-                    committer.submit(persist, Vec::new(), Vec::new())?;
-                    drain(&mut committer).await?;
-                    replica = *next;
-                    peers.follow(&replica.config().membership);
-                    if let Ok(mut v) = verifier.write() {
-                        *v = EpochVerifier::of(&replica);
-                    }
-                    tracing::info!(
-                        epoch = replica.epoch(),
-                        index = replica.id(),
-                        members = ?peers.ids,
-                        "membership epoch started"
-                    );
-                }
-                NextEpoch::Removed => {
-                    // Remembered, so that `keel up` and a restart leave it stopped.
-                    let why = format!("was removed from the cluster in epoch {}", replica.epoch() + 1);
-                    let _ = std::fs::write(setup.data_dir.join(REMOVED_FILE), &why);
-                    tracing::warn!(node = setup.id, "removed from the cluster by a membership change: stopping");
-                    eprintln!("node {} was removed from the cluster: stopping", setup.id);
-                    // It lingers, retired, so members short of its checkpoint vote get the
-                    // stable proof from it (epoch.rs).
-                    replica.retire();
-                    leaving_at = Some(now_ms() + REMOVED_LINGER_MS);
-                }
-            }
-        }
-        tokio::select! {
-            e = committer.failed() => return Err(e.into()),
-            ev = in_rx.recv() => {
-                let Some(ev) = ev else { return Ok(()) };
-                replica.hold_proposals();
-                let link = Link { peers: &peers, stats: &stats, plane: &plane_in, m: &m };
-                handle(&mut replica, ev, &mut clients, &mut out, &link);
-                for _ in 0..STEP_BATCH_MAX {
-                    match in_rx.try_recv() {
-                        Some(ev) => handle(&mut replica, ev, &mut clients, &mut out, &link),
-                        None => break,
-                    }
-                }
-                replica.release_proposals(now_ms(), &mut out);
-            }
-            done = checkpoints.done.recv() => {
-                // The thread ends only by a panic: a bug in the service's snapshot code.
-                let (ready, seconds) = done.ok_or_else(|| NodeError::Checkpoint("the checkpoint thread died".into()))?;
-                m.checkpoint_seconds.observe(seconds);
-                tracing::debug!(seq = ready.seq(), seconds, "checkpoint serialized");
-                replica.step(now_ms(), Input::CheckpointReady(ready), &mut out);
-            }
-            _ = tick.tick() => {
-                if leaving_at.is_some_and(|t| now_ms() >= t) {
-                    break;
-                }
-                replica.step(now_ms(), Input::Tick, &mut out);
-                publish(&replica, setup.id, &m, &shared, in_rx.len(), peers.connected(), &mut transfer_logged);
-            }
-            (to, payload) = plane_out.next() => peers.send_plane(to, payload, &m),
-            // Steps happen in the arms above and their outputs were flushed at the top of
-            // the loop: nothing is pending here.
-            _ = &mut stopped => break,
-        }
+
+    fn core_mut(&mut self) -> &mut Replica<S> {
+        &mut self.replica
     }
-    drain(&mut committer).await?;
-    committer.close();
-    tracing::info!(node = setup.id, "node stopped");
-    Ok(())
+
+    fn before_flush(&mut self, env: &mut Env) -> Result<(), NodeError> {
+        hold_back_proposals(&env.setup.faults, self.started, &mut env.out, &env.peers, &env.stats);
+        self.checkpoints.stable.store(self.replica.stable_seq(), Ordering::Release);
+        for job in env.out.checkpoints.drain(..) {
+            self.checkpoints.submit(job)?;
+        }
+        Ok(())
+    }
+
+    async fn epoch_ended(&mut self, env: &mut Env) -> Result<(), NodeError> {
+        // Everything of the old epoch durable (and sent) first, then the next epoch's
+        // log durable before its node takes a step (replica/epoch.rs).
+        env.drain().await?;
+        match self.replica.next_epoch((self.make)()) {
+            NextEpoch::Member(next, persist) => {
+                let Some(committer) = env.committer.as_mut() else {
+                    return Err(NodeError::Runtime("an order node without its log".into()));
+                };
+                committer.submit(persist, Vec::new(), Vec::new())?;
+                env.drain().await?;
+                self.replica = *next;
+                env.peers.follow(&self.replica.config().membership);
+                if let Ok(mut v) = self.verifier.write() {
+                    *v = EpochVerifier::of(&self.replica);
+                }
+                tracing::info!(
+                    epoch = self.replica.epoch(),
+                    index = self.replica.id(),
+                    members = ?env.peers.ids,
+                    "membership epoch started"
+                );
+            }
+            NextEpoch::Removed => {
+                // Remembered, so that `keel up` and a restart leave it stopped.
+                let why = format!("was removed from the cluster in epoch {}", self.replica.epoch() + 1);
+                let _ = std::fs::write(env.setup.data_dir.join(REMOVED_FILE), &why);
+                tracing::warn!(node = env.setup.id, "removed from the cluster by a membership change: stopping");
+                eprintln!("node {} was removed from the cluster: stopping", env.setup.id);
+                // It lingers, retired, so members short of its checkpoint vote get the
+                // stable proof from it (epoch.rs).
+                self.replica.retire();
+                self.leaving_at = Some(now_ms() + REMOVED_LINGER_MS);
+            }
+        }
+        Ok(())
+    }
+
+    fn begin_batch(&mut self) {
+        self.replica.hold_proposals();
+    }
+
+    fn end_batch(&mut self, out: &mut Outputs) {
+        self.replica.release_proposals(now_ms(), out);
+    }
+
+    async fn background(&mut self) -> Result<Input, NodeError> {
+        // The thread ends only by a panic: a bug in the service's snapshot code.
+        let (ready, seconds) =
+            self.checkpoints.done.recv().await.ok_or_else(|| NodeError::Checkpoint("the checkpoint thread died".into()))?;
+        self.m.checkpoint_seconds.observe(seconds);
+        tracing::debug!(seq = ready.seq(), seconds, "checkpoint serialized");
+        Ok(Input::CheckpointReady(ready))
+    }
+
+    fn leaving(&self, now: u64) -> bool {
+        self.leaving_at.is_some_and(|t| now >= t)
+    }
 }
 
 /// What every node process does first: writes its pid (for `keel bench`'s CPU per node,
@@ -704,7 +708,7 @@ pub(crate) fn handle<N: Node>(node: &mut N, ev: Inbound, clients: &mut Clients, 
 /// Hands the step(s)' records to the WAL thread and sends: ungated messages now, gated
 /// ones through the WAL thread once their records (and all earlier ones) are durable.
 pub(crate) fn flush(
-    committer: &mut Committer,
+    committer: Option<&mut Committer>,
     out: &mut Outputs,
     peers: &Peers,
     clients: &mut Clients,
@@ -723,7 +727,8 @@ pub(crate) fn flush(
             Peer::Client(c) => clients.route(owner_of(c)).map(|tx| (tx, None)),
         }
     };
-    let wait = !out.persist.is_empty() || !committer.idle();
+    // A stage that keeps no log (an RQ node) persists nothing: nothing waits.
+    let wait = !out.persist.is_empty() || committer.as_ref().is_some_and(|c| !c.idle());
     if !wait {
         // Every record persisted so far is durable: gated messages wait for nothing.
         let mut gated = std::mem::take(&mut out.send_after_persist);
@@ -742,7 +747,10 @@ pub(crate) fn flush(
             .drain(..)
             .filter_map(|(to, msg)| route(to).map(|(tx, epoch)| (tx.clone(), msg, epoch)))
             .collect();
-        committer.submit(std::mem::take(&mut out.persist), std::mem::take(&mut out.persist_lazy), gated)?;
+        match committer {
+            Some(c) => c.submit(std::mem::take(&mut out.persist), std::mem::take(&mut out.persist_lazy), gated)?,
+            None => return Err(NodeError::Runtime("records to persist on a node that keeps no log".into())),
+        }
     }
     Ok(record_events(out, clients, m))
 }
@@ -839,9 +847,8 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
     ended
 }
 
-/// Reads frames from one accepted connection; for clients, also writes replies back.
 /// Queues of the verify stage's threads, one per thread; peer `j` uses `j % len`.
-type VerifyQueues = Arc<[mpsc::Sender<(u32, u64, Message)>]>;
+pub(crate) type VerifyQueues = Arc<[mpsc::Sender<(u32, u64, Message)>]>;
 
 /// What the verify stage checks against: one epoch's keys and index → stable id map.
 /// The protocol task replaces it when an epoch starts; a message of another epoch passes
@@ -907,6 +914,7 @@ fn start_verify_stage(
     (!queues.is_empty()).then(|| queues.into())
 }
 
+/// Reads frames from one accepted connection; for clients, also writes replies back.
 async fn serve_connection(
     acc: Accepted,
     conn: u64,
