@@ -305,7 +305,7 @@ impl BlockService {
 
 impl Service for BlockService {
     fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
-        let reply = match postcard::from_bytes::<Command>(request) {
+        let reply = match Command::decode(request) {
             Ok(command) => {
                 let mut meta = self.meta.write().unwrap_or_else(PoisonError::into_inner);
                 meta.apply(command, self.local.as_deref())
@@ -316,7 +316,7 @@ impl Service for BlockService {
     }
 
     fn execute_read_only(&self, request: &[u8], _ctx: &ReadCtx) -> Option<Vec<u8>> {
-        match postcard::from_bytes::<Command>(request) {
+        match Command::decode(request) {
             Ok(Command::Meta { first, count }) => Some(self.read().read_meta(first, count).encode()),
             _ => None,
         }
