@@ -14,8 +14,8 @@
 use crate::clients::{Bans, Clients};
 use crate::committer::{Committer, Gated};
 use crate::config::{FaultsFile, NodeSetup};
-use crate::embed::{Control, NodeEvent, PlaneIn};
 use crate::driver::{drive, Env, Hosted};
+use crate::embed::{Control, NodeEvent, PlaneIn};
 use crate::inbound::{ClientQuota, Inbound, InboundTx};
 use crate::metrics::{self, KindLabels, Metrics, Shared, Status};
 use crate::storage::{FsyncPolicy, Storage, StorageError};
@@ -46,7 +46,6 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 pub const REMOVED_FILE: &str = "REMOVED";
 /// How long a removed node keeps answering its old epoch's members before it stops.
 const REMOVED_LINGER_MS: u64 = 3_000;
-
 
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -325,8 +324,12 @@ impl<S: Service + Send + 'static, F: Fn() -> S> Hosted for OrderHost<S, F> {
 
     async fn background(&mut self) -> Result<Input, NodeError> {
         // The thread ends only by a panic: a bug in the service's snapshot code.
-        let (ready, seconds) =
-            self.checkpoints.done.recv().await.ok_or_else(|| NodeError::Checkpoint("the checkpoint thread died".into()))?;
+        let (ready, seconds) = self
+            .checkpoints
+            .done
+            .recv()
+            .await
+            .ok_or_else(|| NodeError::Checkpoint("the checkpoint thread died".into()))?;
         self.m.checkpoint_seconds.observe(seconds);
         tracing::debug!(seq = ready.seq(), seconds, "checkpoint serialized");
         Ok(Input::CheckpointReady(ready))

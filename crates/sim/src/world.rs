@@ -733,7 +733,12 @@ impl<W: Workload> World<W> {
             let interval = opts.options.checkpoint_interval;
             let exec_byzantine =
                 (i < exec_liars).then(|| ExecByzantine::random(&mut exec_rng, id, s.signing.clone(), interval));
-            nodes.push(SimNode { stage: Stage::Exec, core: Some(Core::Exec(exec)), exec_byzantine, ..SimNode::blank(s) });
+            nodes.push(SimNode {
+                stage: Stage::Exec,
+                core: Some(Core::Exec(exec)),
+                exec_byzantine,
+                ..SimNode::blank(s)
+            });
         }
         // Byzantine RQ nodes: up to r, from a generator of their own (replays as before).
         let mut rq_rng = ChaCha8Rng::seed_from_u64(opts.seed ^ 0x7271);
@@ -1296,8 +1301,7 @@ impl<W: Workload> World<W> {
             }
         }
         let Message::Accept { .. } = m else { return };
-        let Some(q) =
-            self.nodes[n as usize].replica().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
+        let Some(q) = self.nodes[n as usize].replica().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
         else {
             return;
         };

@@ -17,6 +17,13 @@
 //!   getData a read; judged per path by the simulator's Wing-Gong checker. (A successful
 //!   setData or delete is not also taken to assert the znode was there: weaker than
 //!   ZooKeeper's semantics, never a false alarm.)
+//! - **Single ops at a version.** `/v0` and `/v1` are created once and never deleted, so
+//!   version k is the k-th value written there (values are unique): a setData at the
+//!   version a client last read is a compare-and-set from the value it read, BADVERSION
+//!   a failed one. Deletes of the other paths name the version last read half the time:
+//!   one that succeeded is a write of absence, one that answered BADVERSION did nothing
+//!   (a version can come back after a delete and a create, so it says nothing of the
+//!   value).
 //! - **Sequential names** are distinct and follow real time: a create that returned
 //!   before another was invoked has the smaller suffix.
 //! - **A multi is all or nothing.** `/x` and `/y` are written only by multis that set
@@ -26,6 +33,12 @@
 //!   (data and version) or both absent, never a failed multi's value, and the pair, read
 //!   that way, must be a linearizable register. A failed multi's reply must say where it failed:
 //!   OK before, the error at, RUNTIMEINCONSISTENCY after.
+//! - **ACLs are enforced.** A third of the clients authenticate (digest) as `alice`, a
+//!   third as `mallory`, the rest not at all. `/acl` is created with `digest:alice` ALL
+//!   and `world:anyone` READ: a setData there must succeed only for a session that
+//!   authenticated as alice before it (NOAUTH otherwise), and a getData must never
+//!   answer NOAUTH. `/acl` is also a linearizable register (a refused set changes
+//!   nothing).
 //! - **Ephemerals end with their session**: once a client learned its session ended (its
 //!   close answered, or a request refused with SESSION_EXPIRED), no read invoked later
 //!   finds that session's ephemerals.
@@ -34,9 +47,10 @@
 //! agreement; a node whose state diverged (a service that expires by local time, say)
 //! shows there.
 
+use keel_coord::coord::digest_id;
 use keel_coord::coord::{Command, Reply};
 use keel_coord::jute::Reader;
-use keel_coord::proto::{err, op, Acl, Request, Stat};
+use keel_coord::proto::{err, op, perm, Acl, Request, Stat};
 use keel_coord::Coord;
 use keel_core::message::ReadConsistency;
 use keel_sim::linearizability::{check_kv, KvOp, KvRet, Operation, Verdict};
@@ -80,6 +94,13 @@ pub struct Stats {
     pub failed_multis: u64,
     /// Multis that set the pair at the version read (judged as compare-and-set).
     pub conditional_sets: u64,
+    /// Ops on `/acl` judged against its ACL, and those refused with NOAUTH.
+    pub acl_ops: u64,
+    pub no_auth: u64,
+    /// Single setData and delete ops that named a version, and those refused with
+    /// BADVERSION.
+    pub versioned_ops: u64,
+    pub bad_versions: u64,
 }
 
 /// `opts` with coord's tick if it has none: sessions expire at ticks.
@@ -93,6 +114,31 @@ pub fn with_ticks(opts: &SimOptions) -> SimOptions {
 
 /// Persistent znodes: a few hot paths.
 const PATHS: u32 = 3;
+/// The znode whose ACL lets only alice write (and anyone read).
+const ACL_PATH: &str = "/acl";
+/// What alice and mallory authenticate with.
+const ALICE: &str = "alice:secret";
+const MALLORY: &str = "mallory:guess";
+
+/// Who client `client` authenticates as, if anyone.
+fn identity_of(client: u64) -> Option<&'static str> {
+    match client % 3 {
+        0 => Some(ALICE),
+        1 => Some(MALLORY),
+        _ => None,
+    }
+}
+
+/// `/acl`'s ACL.
+fn acl_path_acl() -> Vec<Acl> {
+    vec![
+        Acl { perms: perm::ALL, scheme: "digest".into(), id: digest_id(ALICE) },
+        Acl { perms: perm::READ, scheme: "world".into(), id: "anyone".into() },
+    ]
+}
+
+/// Persistent znodes never deleted: setData at a version is a compare-and-set there.
+const VERSIONED: [&str; 2] = ["/v0", "/v1"];
 /// Session timeout asked for (agreed ms): several expire within a run.
 const SESSION_TIMEOUT: i32 = 6_000;
 /// State expansions the linearizability search may use per path.
@@ -119,7 +165,12 @@ pub struct CoordWorkload {
     counter: u64,
     /// The pair as each client last read it: its value and version.
     seen: BTreeMap<u64, (Vec<u8>, i32)>,
-    /// A conditional set of the pair's new value → the value it expects to replace
+    /// Clients whose current session authenticated (or was answered for it).
+    authed: BTreeSet<u64>,
+    /// Single znodes as each client last read them: (client, path) → value, version.
+    seen_single: BTreeMap<(u64, String), (Vec<u8>, i32)>,
+    /// A conditional set's new value (of the pair or of a `VERSIONED` znode) → the value
+    /// it expects to replace
     /// (values are unique and versions rise by one per set, so "at version k" is "holds
     /// the value read at version k").
     expected: BTreeMap<Vec<u8>, Vec<u8>>,
@@ -175,6 +226,27 @@ impl CoordWorkload {
     }
 }
 
+impl CoordWorkload {
+    /// An op on a `VERSIONED` znode: created first, then read, set at the version this
+    /// client last read, or set at any version.
+    fn versioned_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Request {
+        let path = VERSIONED[rng.gen_range(0..VERSIONED.len())];
+        if !self.created.contains(path) {
+            return create(path, self.fresh(client), 0);
+        }
+        let seen = self.seen_single.get(&(client, path.to_string())).cloned();
+        match (rng.gen_range(0..10), seen) {
+            (0..=3, _) | (4..=8, None) => Request::GetData { path: path.into(), watch: false },
+            (4..=8, Some((old, version))) => {
+                let data = self.fresh(client);
+                self.expected.insert(data.clone(), old);
+                Request::SetData { path: path.into(), data, version }
+            }
+            _ => Request::SetData { path: path.into(), data: self.fresh(client), version: -1 },
+        }
+    }
+}
+
 impl Workload for CoordWorkload {
     type Service = Coord;
 
@@ -196,15 +268,44 @@ impl Workload for CoordWorkload {
             }
             .encode();
         };
-        if rng.gen_range(0..100) < 15 {
-            return Command::Op { session, request: self.pair_op(rng, client) }.encode();
+        if let Some(identity) = identity_of(client).filter(|_| !self.authed.contains(&client)) {
+            return Command::Auth { session, scheme: "digest".into(), auth: identity.as_bytes().to_vec() }.encode();
+        }
+        match rng.gen_range(0..100) {
+            0..=14 => return Command::Op { session, request: self.pair_op(rng, client) }.encode(),
+            15..=24 => return Command::Op { session, request: self.versioned_op(rng, client) }.encode(),
+            25..=30 => {
+                let request = if !self.created.contains(ACL_PATH) {
+                    Request::Create {
+                        opcode: op::CREATE,
+                        path: ACL_PATH.into(),
+                        data: self.fresh(client),
+                        acl: acl_path_acl(),
+                        flags: 0,
+                        ttl: -1,
+                    }
+                } else if rng.gen_bool(0.5) {
+                    Request::SetData { path: ACL_PATH.into(), data: self.fresh(client), version: -1 }
+                } else {
+                    Request::GetData { path: ACL_PATH.into(), watch: false }
+                };
+                return Command::Op { session, request }.encode();
+            }
+            _ => {}
         }
         let path = format!("/p{}", rng.gen_range(0..PATHS));
         let request = match rng.gen_range(0..100) {
             0..=26 => Request::GetData { path, watch: false },
             27..=41 => create(&path, self.fresh(client), 0),
             42..=56 => Request::SetData { path, data: self.fresh(client), version: -1 },
-            57..=59 => Request::Delete { path, version: -1 },
+            57..=59 => {
+                // Half the time at the version this client last read there.
+                let version = match self.seen_single.get(&(client, path.clone())) {
+                    Some((_, version)) if rng.gen_bool(0.5) => *version,
+                    _ => -1,
+                };
+                Request::Delete { path, version }
+            }
             60..=71 if self.created.contains("/q") => create("/q/n-", self.fresh(client), SEQUENTIAL),
             60..=71 => create("/q", Vec::new(), 0),
             72..=81 if self.created.contains("/e") => {
@@ -242,6 +343,7 @@ impl Workload for CoordWorkload {
         match (command, reply) {
             (Command::Connect { .. }, Reply::Session { id, .. }) => {
                 self.sessions.insert(client, id);
+                self.authed.remove(&client);
             }
             (Command::Close { .. }, _) => {
                 self.sessions.remove(&client);
@@ -250,6 +352,21 @@ impl Workload for CoordWorkload {
                 if e == err::SESSION_EXPIRED || e == err::SESSION_MOVED =>
             {
                 self.sessions.remove(&client);
+            }
+            // Answered: authenticated, or refused and not asked again (the check judges).
+            (Command::Auth { .. }, _) => {
+                self.authed.insert(client);
+            }
+            (Command::Op { request: Request::GetData { path, .. }, .. }, Reply::Op { err: e, body, .. }) => {
+                let mut r = Reader::new(&body);
+                match (e, r.buffer(), Stat::read(&mut r)) {
+                    (err::OK, Ok(data), Ok(stat)) => {
+                        self.seen_single.insert((client, path), (data, stat.version));
+                    }
+                    _ => {
+                        self.seen_single.remove(&(client, path));
+                    }
+                }
             }
             (Command::Op { request: Request::MultiRead(ops), .. }, Reply::Op { err: err::OK, body, .. }) => {
                 if let Ok([(err::OK, Some(x)), (err::OK, Some(_))]) = multi_results(&body, &ops).as_deref() {
@@ -290,7 +407,8 @@ impl Workload for CoordWorkload {
                 stats.sessions += 1;
             }
         }
-        stats.register_ops = check_registers(history)?;
+        (stats.register_ops, stats.versioned_ops, stats.bad_versions) = check_registers(history, &self.expected)?;
+        (stats.acl_ops, stats.no_auth) = check_acl(history)?;
         (stats.pair_ops, stats.failed_multis, stats.conditional_sets) = check_pair(history, &self.expected)?;
         stats.sequential = check_sequential(history)?;
         check_ephemerals(history, &mut stats)?;
@@ -311,15 +429,32 @@ fn decoded(h: &HistoryEntry) -> Result<(Command, Option<(u64, Reply)>), String> 
     Ok((command, ret))
 }
 
-/// Persistent znodes as linearizable registers (see the module comment).
-fn check_registers(history: &[HistoryEntry]) -> Result<u64, String> {
+/// Persistent znodes as linearizable registers (see the module comment); `expected`:
+/// each conditional set's value → the value it expects to replace. Returns (ops judged,
+/// versioned ops, those refused with BADVERSION).
+fn check_registers(history: &[HistoryEntry], expected: &BTreeMap<Vec<u8>, Vec<u8>>) -> Result<(u64, u64, u64), String> {
     let mut ops = Vec::new();
+    let (mut versioned, mut bad_versions) = (0, 0);
     for h in history {
         let (command, ret) = decoded(h)?;
         let Command::Op { request, .. } = command else { continue };
+        let at_version =
+            matches!(request, Request::SetData { version: 0.., .. } | Request::Delete { version: 0.., .. });
+        if at_version {
+            versioned += 1;
+            if let Some((_, Reply::Op { err: err::BAD_VERSION, .. })) = &ret {
+                bad_versions += 1;
+            }
+        }
         let (path, kv) = match request {
             Request::Create { path, data, flags: 0, .. } => {
                 (path.clone(), KvOp::Cas { key: path.into_bytes(), expected: None, new: data })
+            }
+            Request::SetData { path, data, version: 0.. } => {
+                let Some(old) = expected.get(&data) else {
+                    return Err(format!("{path}: a setData at a version the workload has no record of"));
+                };
+                (path.clone(), KvOp::Cas { key: path.into_bytes(), expected: Some(old.clone()), new: data })
             }
             Request::SetData { path, data, .. } => (path.clone(), KvOp::Put { key: path.into_bytes(), value: data }),
             Request::GetData { path, .. } => (path.clone(), KvOp::Get { key: path.into_bytes() }),
@@ -333,7 +468,14 @@ fn check_registers(history: &[HistoryEntry]) -> Result<u64, String> {
                     // Refused with its session gone: it did nothing.
                     (_, err::SESSION_EXPIRED | err::SESSION_MOVED) => continue,
                     (KvOp::Cas { .. }, err::OK) => KvRet::Swapped(true),
-                    (KvOp::Cas { .. }, err::NODE_EXISTS) => KvRet::Swapped(false),
+                    // A create that found the znode, a set at a version that found another.
+                    (KvOp::Cas { expected: None, .. }, err::NODE_EXISTS) => KvRet::Swapped(false),
+                    (KvOp::Cas { expected: Some(_), .. }, err::BAD_VERSION) => KvRet::Swapped(false),
+                    // A delete at a version that found another did nothing, and says
+                    // nothing of the value (see the module comment).
+                    (KvOp::Delete { .. }, err::BAD_VERSION) if at_version => continue,
+                    // Refused by the ACL: nothing changed (check_acl judges the refusal).
+                    (KvOp::Put { .. }, err::NO_AUTH) => continue,
                     (KvOp::Put { .. } | KvOp::Delete { .. }, err::OK) => KvRet::Done,
                     // A setData or delete that found no node observed it absent: a read.
                     (KvOp::Put { .. } | KvOp::Delete { .. }, err::NO_NODE) => {
@@ -361,7 +503,7 @@ fn check_registers(history: &[HistoryEntry]) -> Result<u64, String> {
         ops.push(Operation { client: h.client, op: kv, invoke: h.invoke, ret });
     }
     match check_kv(&ops, LINEARIZABILITY_BUDGET) {
-        Verdict::Linearizable => Ok(ops.len() as u64),
+        Verdict::Linearizable => Ok((ops.len() as u64, versioned, bad_versions)),
         Verdict::Violation { key, explanation } => {
             Err(format!("znode {} has no linearization:\n{explanation}", String::from_utf8_lossy(&key)))
         }
@@ -369,6 +511,65 @@ fn check_registers(history: &[HistoryEntry]) -> Result<u64, String> {
             Err(format!("linearizability search exceeded its budget on {}", String::from_utf8_lossy(&key)))
         }
     }
+}
+
+/// `/acl`'s ACL is enforced (see the module comment). Returns (ops judged, NOAUTHs).
+fn check_acl(history: &[HistoryEntry]) -> Result<(u64, u64), String> {
+    /// One authentication of a session.
+    struct Auth {
+        invoked: u64,
+        /// None: no answer came.
+        returned: Option<u64>,
+        identity: String,
+        ok: bool,
+    }
+    // Per session, in history order.
+    let mut auths: BTreeMap<i64, Vec<Auth>> = BTreeMap::new();
+    for h in history {
+        if let (Command::Auth { session, auth, .. }, ret) = decoded(h)? {
+            auths.entry(session).or_default().push(Auth {
+                invoked: h.invoke,
+                returned: ret.as_ref().map(|(t, _)| *t),
+                identity: String::from_utf8_lossy(&auth).into_owned(),
+                ok: matches!(ret, Some((_, Reply::Op { err: err::OK, .. }))),
+            });
+        }
+    }
+    let (mut judged, mut refused) = (0, 0);
+    for h in history {
+        let (Command::Op { session, request }, Some((_, Reply::Op { err: e, .. }))) = decoded(h)? else { continue };
+        let write = match &request {
+            Request::SetData { path, .. } if path == ACL_PATH => true,
+            Request::GetData { path, .. } if path == ACL_PATH => false,
+            _ => continue,
+        };
+        // Alice, as far as the session's authentications before this op say; unknown
+        // while one of them has no answer.
+        let before: Vec<&Auth> = auths.get(&session).into_iter().flatten().filter(|a| a.invoked < h.invoke).collect();
+        if before.iter().any(|a| a.returned.is_none_or(|t| t > h.invoke)) {
+            continue;
+        }
+        let alice = before.iter().any(|a| a.ok && a.identity == ALICE);
+        judged += 1;
+        if e == err::NO_AUTH {
+            refused += 1;
+        }
+        let wrong = match (write, alice, e) {
+            (_, _, err::SESSION_EXPIRED | err::SESSION_MOVED | err::NO_NODE) => false,
+            (true, true, e) => e != err::OK,
+            (true, false, e) => e != err::NO_AUTH,
+            (false, _, e) => e != err::OK,
+        };
+        if wrong {
+            let who = if alice { "authenticated as alice" } else { "not authenticated as alice" };
+            let what = if write { "setData" } else { "getData" };
+            return Err(format!(
+                "ACL: a {what} of {ACL_PATH} invoked at {} ms by client {}'s session, {who}, answered {e}",
+                h.invoke, h.client
+            ));
+        }
+    }
+    Ok((judged, refused))
 }
 
 /// Sequential names are distinct and ordered as the creates were in real time.

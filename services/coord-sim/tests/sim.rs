@@ -41,6 +41,10 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
                 total.pair_ops += stats.pair_ops;
                 total.failed_multis += stats.failed_multis;
                 total.conditional_sets += stats.conditional_sets;
+                total.versioned_ops += stats.versioned_ops;
+                total.acl_ops += stats.acl_ops;
+                total.no_auth += stats.no_auth;
+                total.bad_versions += stats.bad_versions;
             }
             assert!(ops > 60, "{f} ({u},{r}): {ops} ops over both seeds");
         }
@@ -52,6 +56,11 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
     assert!(total.reads_after_end > 10, "ephemerals are read after their session ended: {total:?}");
     assert!(total.pair_ops > 500 && total.failed_multis > 50, "multis and multiReads are judged: {total:?}");
     assert!(total.conditional_sets > 100, "sets at a version are judged: {total:?}");
+    assert!(
+        total.versioned_ops > 300 && total.bad_versions > 20,
+        "single sets and deletes at a version, some refused, are judged: {total:?}"
+    );
+    assert!(total.acl_ops > 200 && total.no_auth > 50, "ops on /acl, some refused, are judged: {total:?}");
 }
 
 /// Deliberately broken services, each run by every node alike (so the nodes agree and
@@ -88,6 +97,10 @@ mod broken {
         MultiDropsItsLastOp,
         /// setData inside a multi ignores the version it names.
         VersionIgnored,
+        /// A single setData ignores the version it names.
+        SingleVersionIgnored,
+        /// A setData of /acl runs as if its session had authenticated as alice.
+        AclIgnored,
     }
 
     /// Gives each service instance (each node, each restart) a different clock offset.
@@ -102,6 +115,15 @@ mod broken {
     impl Service for Broken {
         fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
             let command = Command::decode(request);
+            if let (Bug::AclIgnored, Ok(Command::Op { session, request: Request::SetData { path, .. } })) =
+                (self.bug, &command)
+            {
+                if path == "/acl" {
+                    let alice =
+                        Command::Auth { session: *session, scheme: "digest".into(), auth: b"alice:secret".to_vec() };
+                    self.coord.execute(&alice.encode(), ctx);
+                }
+            }
             match (self.bug, &command) {
                 (Bug::LostSetData, Ok(Command::Op { request: Request::SetData { .. }, .. })) => {
                     let mut w = Writer::new();
@@ -126,6 +148,13 @@ mod broken {
                         .collect();
                     let any = Command::Op { session: *session, request: Request::Multi(ops) };
                     return self.coord.execute(&any.encode(), ctx);
+                }
+                (
+                    Bug::SingleVersionIgnored,
+                    Ok(Command::Op { session, request: Request::SetData { path, data, version: 0.. } }),
+                ) => {
+                    let request = Request::SetData { path: path.clone(), data: data.clone(), version: -1 };
+                    return self.coord.execute(&Command::Op { session: *session, request }.encode(), ctx);
                 }
                 (Bug::MultiKeepsWhatWorked, Ok(Command::Op { session, request: Request::Multi(ops) })) => {
                     return self.one_by_one(*session, ops, ctx);
@@ -319,6 +348,21 @@ mod broken {
     fn a_set_that_ignores_its_version_is_caught() {
         let found = caught(Bug::VersionIgnored, "none");
         assert!(says(&found, "the pair /x, /y has no linearization"), "{found:?}");
+    }
+
+    #[test]
+    fn a_single_set_that_ignores_its_version_is_caught() {
+        let found = caught(Bug::SingleVersionIgnored, "none");
+        assert!(
+            says(&found, "znode /v0 has no linearization") || says(&found, "znode /v1 has no linearization"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_write_its_acl_forbids_is_caught() {
+        let found = caught(Bug::AclIgnored, "none");
+        assert!(says(&found, "ACL: a setData of /acl"), "{found:?}");
     }
 
     #[test]
