@@ -10,6 +10,9 @@
 //! ```
 //!
 //! The same core the simulator drives; only the clock, the disk and the network are real.
+//! The loop itself is `driver.rs`'s, shared with execution and RQ nodes; this file has
+//! what only an order node does around it (`OrderHost`) and the pieces every node
+//! uses (peers, listener, flush, status).
 
 use crate::clients::{Bans, Clients};
 use crate::committer::{Committer, Gated};
