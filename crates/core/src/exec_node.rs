@@ -840,7 +840,7 @@ mod tests {
     use crate::quorum::{Mutation, Quorums};
     use crate::replica::{client_mac_key, Replica};
     use crate::service::OrderState;
-    use std::collections::VecDeque;
+    use crate::stage_net::StageNet;
 
     use crate::replica::tests::{secrets, Log};
 
@@ -871,97 +871,23 @@ mod tests {
         ClusterConfig::new(q, keys, options).expect("valid").with_executors(exec_keys).expect("2u + 1 execution nodes")
     }
 
-    /// A lossless network of order and execution nodes (stable ids 0..n and n..n + e, as
-    /// the network names them; `config` gives 0..4 and 4..7); persistence is instant.
-    struct Net {
-        order: Vec<Replica<OrderState>>,
-        exec: Vec<ExecNode<Log>>,
-        down: Vec<bool>,
-        queue: VecDeque<(Peer, Peer, Message)>,
-        replies: Vec<(NodeId, Reply)>,
-        events: Vec<(NodeId, Event)>,
-    }
+    /// Order nodes and execution nodes on a lossless network (`stage_net.rs`; stable ids
+    /// 0..n and n..n + e: `config` gives 0..4 and 4..7).
+    type Net = StageNet<OrderState, ExecNode<Log>>;
 
     impl Net {
         fn new(cfg: &ClusterConfig) -> Net {
             let n = cfg.n() as u32;
             let all = n + cfg.stages.executors.len() as u32;
-            Net {
-                order: (0..n).map(|i| Replica::new(cfg.clone(), i, secrets(i), OrderState)).collect(),
-                exec: (n..all)
-                    .map(|i| ExecNode::new(cfg.clone(), stage_node(i), secrets(i).signing, Log::default()))
-                    .collect(),
-                down: vec![false; all as usize],
-                queue: VecDeque::new(),
-                replies: Vec::new(),
-                events: Vec::new(),
-            }
-        }
-
-        /// `from`'s outputs, their recipients by stable id (order nodes' indices are their
-        /// stable ids in epoch 0).
-        fn absorb(&mut self, from: NodeId, out: Outputs) {
-            for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
-                let to = match to {
-                    Peer::Node(n) => Peer::Node(stage_id(n).unwrap_or(n)),
-                    client => client,
-                };
-                self.queue.push_back((Peer::Node(from), to, m));
-            }
-            self.events.extend(out.events.into_iter().map(|e| (from, e)));
-        }
-
-        fn step(&mut self, n: NodeId, now: u64, input: Input) {
-            if self.down[n as usize] {
-                return;
-            }
-            let mut out = Outputs::default();
-            let order = self.order.len();
-            match n as usize {
-                i if i < order => self.order[i].step(now, input, &mut out),
-                i => self.exec[i - order].step(now, input, &mut out),
-            }
-            self.absorb(n, out);
-        }
-
-        fn run(&mut self, now: u64) {
-            while let Some((from, to, msg)) = self.queue.pop_front() {
-                match to {
-                    Peer::Node(n) => {
-                        // Cores call execution nodes by their stage names.
-                        let from = match from {
-                            Peer::Node(f) if f as usize >= self.order.len() => Peer::Node(stage_node(f)),
-                            other => other,
-                        };
-                        self.step(n, now, Input::Message { from, msg })
-                    }
-                    Peer::Client(_) => {
-                        if let (Peer::Node(n), Message::Reply(r)) = (from, msg) {
-                            self.replies.push((n, r));
-                        }
-                    }
-                }
-            }
-        }
-
-        fn tick(&mut self, now: u64) {
-            for n in 0..self.down.len() as NodeId {
-                self.step(n, now, Input::Tick);
-            }
-            self.run(now);
-        }
-
-        fn send(&mut self, c: &Client, msgs: Vec<(NodeId, Message)>, now: u64) {
-            for (n, m) in msgs {
-                self.queue.push_back((Peer::Client(c.id()), Peer::Node(n), m));
-            }
-            self.run(now);
+            let order = (0..n).map(|i| Replica::new(cfg.clone(), i, secrets(i), OrderState));
+            let exec = (n..all).map(|i| ExecNode::new(cfg.clone(), stage_node(i), secrets(i).signing, Log::default()));
+            StageNet::of(order.collect(), exec.collect())
         }
 
         /// Invokes `op` and returns its result, ticking until it arrives.
         fn call(&mut self, c: &mut Client, now: &mut u64, op: &[u8]) -> Vec<u8> {
             let msgs = c.invoke(*now, op.to_vec()).expect("idle");
-            self.send(c, msgs, *now);
+            self.send(c.id(), msgs, *now);
             for _ in 0..200 {
                 for (n, r) in std::mem::take(&mut self.replies) {
                     if let Some(result) = c.on_reply(n, r) {
@@ -970,7 +896,7 @@ mod tests {
                 }
                 *now += 50;
                 let msgs = c.on_tick(*now);
-                self.send(c, msgs, *now);
+                self.send(c.id(), msgs, *now);
                 self.tick(*now);
             }
             panic!("no result for {op:?}; {}", self.status());
@@ -978,7 +904,7 @@ mod tests {
 
         fn status(&self) -> String {
             let order = self.order.iter().map(Replica::status_line);
-            let exec = self.exec.iter().map(ExecNode::status_line);
+            let exec = self.stage.iter().map(ExecNode::status_line);
             order.chain(exec).collect::<Vec<_>>().join("\n")
         }
     }
@@ -1042,7 +968,7 @@ mod tests {
             assert_eq!(net.call(&mut c, &mut now, &[i]), vec![i], "request {i}");
         }
         let ops: Vec<Vec<u8>> = (1..=20u8).map(|i| vec![i]).collect();
-        for e in &net.exec {
+        for e in &net.stage {
             assert_eq!(e.service().0, ops, "node {}", e.id());
         }
         for o in &net.order {
@@ -1107,7 +1033,7 @@ mod tests {
         let mut stuck = false;
         for i in 1..=40u8 {
             let msgs = c.invoke(now, vec![i]).expect("idle");
-            net.send(&c, msgs, now);
+            net.send(c.id(), msgs, now);
             sent = i;
             // No execution node answers: move on to the next request after a while
             // (abandon), as a client that gives up would.
@@ -1132,8 +1058,8 @@ mod tests {
             now += 50;
             net.tick(now);
         }
-        assert!(net.exec.iter().all(|e| e.executed() >= cfg.options.log_max()), "{}", net.status());
-        assert_eq!(net.call(&mut c, &mut now, b"after"), vec![(net.exec[0].service().0.len()) as u8]);
+        assert!(net.stage.iter().all(|e| e.executed() >= cfg.options.log_max()), "{}", net.status());
+        assert_eq!(net.call(&mut c, &mut now, b"after"), vec![(net.stage[0].service().0.len()) as u8]);
         assert!(sent > 16);
     }
 
@@ -1155,8 +1081,8 @@ mod tests {
         let transferred = net.events.iter().any(|(n, e)| *n == 6 && matches!(e, Event::StateTransferDone { .. }));
         assert!(transferred, "the commits it missed are gone: it transfers; {}", net.status());
         net.call(&mut c, &mut now, b"last");
-        assert_eq!(net.exec[2].service().0, net.exec[0].service().0, "{}", net.status());
-        assert_eq!(net.exec[2].executed(), net.exec[0].executed());
+        assert_eq!(net.stage[2].service().0, net.stage[0].service().0, "{}", net.status());
+        assert_eq!(net.stage[2].executed(), net.stage[0].executed());
     }
 
     /// Issue #21 defect 6, at (u, r) = (1, 0): two execution nodes are down for a while,
@@ -1177,7 +1103,7 @@ mod tests {
         net.down[5] = true;
         for i in 1..=40u8 {
             let msgs = c.invoke(now, vec![i]).expect("idle");
-            net.send(&c, msgs, now);
+            net.send(c.id(), msgs, now);
             for _ in 0..4 {
                 now += 50;
                 net.tick(now);
@@ -1189,7 +1115,7 @@ mod tests {
         }
         let ordered = net.order[0].executed();
         assert!(ordered >= cfg.options.log_max(), "ordering ran while one execution node executed: {}", net.status());
-        assert_eq!(net.exec[0].executed(), ordered, "{}", net.status());
+        assert_eq!(net.stage[0].executed(), ordered, "{}", net.status());
         // The lone executor is lost; the other two are back.
         net.down[3] = true;
         net.down[4] = false;
@@ -1199,9 +1125,9 @@ mod tests {
             net.tick(now);
         }
         let result = net.call(&mut c, &mut now, b"after");
-        assert_eq!(result, vec![net.exec[1].service().0.len() as u8], "{}", net.status());
-        assert_eq!(net.exec[1].service().0, net.exec[2].service().0, "{}", net.status());
-        assert!(net.exec[1].executed() > ordered, "{}", net.status());
+        assert_eq!(result, vec![net.stage[1].service().0.len() as u8], "{}", net.status());
+        assert_eq!(net.stage[1].service().0, net.stage[2].service().0, "{}", net.status());
+        assert!(net.stage[1].executed() > ordered, "{}", net.status());
     }
 
     /// A value holding an administrator's operation, signed with the test admin key.

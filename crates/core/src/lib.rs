@@ -30,6 +30,8 @@ pub(crate) mod read_wait;
 pub mod replica;
 pub mod rq_node;
 pub mod service;
+#[cfg(test)]
+mod stage_net;
 pub mod step;
 pub mod timeout;
 pub mod transfer;

@@ -611,7 +611,7 @@ mod tests {
     use crate::quorum::{Mutation, Quorums};
     use crate::replica::tests::{secrets, Log};
     use crate::replica::Replica;
-    use std::collections::VecDeque;
+    use crate::stage_net::StageNet;
 
     /// u = r = 1: order nodes 0..4 (executing), RQ nodes 4..8.
     fn config(mutation: Option<Mutation>) -> ClusterConfig {
@@ -633,95 +633,16 @@ mod tests {
         Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.rq_ids())
     }
 
-    /// A lossless network of order and RQ nodes, named by stable id (order nodes' indices
-    /// are their stable ids in epoch 0); persistence is instant.
-    struct Net {
-        order: Vec<Replica<Log>>,
-        rq: Vec<RqNode>,
-        down: Vec<bool>,
-        queue: VecDeque<(Peer, Peer, Message)>,
-        replies: Vec<(NodeId, Reply)>,
-        events: Vec<(NodeId, Event)>,
-        /// Every message delivered, as (from, to, kind).
-        seen: Vec<(Peer, NodeId, &'static str)>,
-        /// The requests of every PROPOSE delivered, as proposed.
-        proposed: Vec<Proposed>,
-    }
+    /// Order nodes and RQ nodes on a lossless network (`stage_net.rs`).
+    type Net = StageNet<Log, RqNode>;
 
     impl Net {
         fn new(cfg: &ClusterConfig) -> Net {
-            Net {
-                order: (0..cfg.n() as NodeId)
-                    .map(|i| Replica::new(cfg.clone(), i, secrets(i), Log::default()))
-                    .collect(),
-                rq: cfg
-                    .rq_ids()
-                    .map(|i| RqNode::new(cfg.clone(), stage_node(i), secrets(i).signing, secrets(i).mac_secret))
-                    .collect(),
-                down: vec![false; cfg.rq_ids().end as usize],
-                queue: VecDeque::new(),
-                replies: Vec::new(),
-                events: Vec::new(),
-                seen: Vec::new(),
-                proposed: Vec::new(),
-            }
-        }
-
-        fn step(&mut self, n: NodeId, now: u64, input: Input) {
-            if self.down[n as usize] {
-                return;
-            }
-            let mut out = Outputs::default();
-            match n {
-                _ if (n as usize) < self.order.len() => self.order[n as usize].step(now, input, &mut out),
-                _ => self.rq[n as usize - self.order.len()].step(now, input, &mut out),
-            }
-            for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
-                let to = match to {
-                    Peer::Node(t) => Peer::Node(stage_id(t).unwrap_or(t)),
-                    client => client,
-                };
-                self.queue.push_back((Peer::Node(n), to, m));
-            }
-            self.events.extend(out.events.into_iter().map(|e| (n, e)));
-        }
-
-        fn run(&mut self, now: u64) {
-            while let Some((from, to, msg)) = self.queue.pop_front() {
-                match to {
-                    Peer::Node(n) => {
-                        self.seen.push((from, n, msg.kind()));
-                        if let Message::Propose { value, .. } = &msg {
-                            self.proposed.extend(value.requests.iter().cloned());
-                        }
-                        // Cores call RQ nodes by their stage names.
-                        let from = match from {
-                            Peer::Node(f) if f as usize >= self.order.len() => Peer::Node(stage_node(f)),
-                            other => other,
-                        };
-                        self.step(n, now, Input::Message { from, msg });
-                    }
-                    Peer::Client(_) => {
-                        if let (Peer::Node(n), Message::Reply(r)) = (from, msg) {
-                            self.replies.push((n, r));
-                        }
-                    }
-                }
-            }
-        }
-
-        fn tick(&mut self, now: u64) {
-            for n in 0..self.down.len() as NodeId {
-                self.step(n, now, Input::Tick);
-            }
-            self.run(now);
-        }
-
-        fn send(&mut self, from: ClientId, msgs: Vec<(NodeId, Message)>, now: u64) {
-            for (n, m) in msgs {
-                self.queue.push_back((Peer::Client(from), Peer::Node(n), m));
-            }
-            self.run(now);
+            let order = (0..cfg.n() as NodeId).map(|i| Replica::new(cfg.clone(), i, secrets(i), Log::default()));
+            let rq = cfg
+                .rq_ids()
+                .map(|i| RqNode::new(cfg.clone(), stage_node(i), secrets(i).signing, secrets(i).mac_secret));
+            StageNet::of(order.collect(), rq.collect())
         }
 
         /// Invokes `op`, ticking until its result arrives; the result and the client ticks
@@ -747,7 +668,7 @@ mod tests {
 
         fn status(&self) -> String {
             let order = self.order.iter().map(Replica::status_line);
-            let rq = self.rq.iter().map(RqNode::status_line);
+            let rq = self.stage.iter().map(RqNode::status_line);
             order.chain(rq).collect::<Vec<_>>().join("\n")
         }
 
@@ -796,7 +717,7 @@ mod tests {
         assert!(net.rejected().is_empty(), "{:?}", net.rejected());
         // A second operation, and each RQ node holds the client's latest request only.
         assert_eq!(net.call(&mut c, &mut now, b"b").0, vec![2]);
-        assert!(net.rq.iter().all(|q| q.held() <= 1));
+        assert!(net.stage.iter().all(|q| q.held() <= 1));
     }
 
     #[test]
@@ -858,7 +779,7 @@ mod tests {
             now += 10;
             net.tick(now);
         }
-        assert!(net.rq.iter().all(|q| q.held() == 1), "every RQ node endorsed it: {}", net.status());
+        assert!(net.stage.iter().all(|q| q.held() == 1), "every RQ node endorsed it: {}", net.status());
         assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
         // Valid at one RQ node only: nobody else endorses, nothing executes, and no order
         // node suspects the primary over it, however long it waits.
