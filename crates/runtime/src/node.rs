@@ -33,7 +33,7 @@ use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
 use keel_core::node::{Admit, Node};
 use keel_core::replica::{
-    CheckpointJob, CheckpointReady, Event, Input, NextEpoch, Outputs, Peer, Reject, Replica, Verifier,
+    CheckpointJob, CheckpointReady, EpochStep, Event, Input, Outputs, Peer, Reject, Replica, Verifier,
 };
 use keel_core::service::{RestoreError, Service};
 use std::collections::BTreeMap;
@@ -283,14 +283,13 @@ impl<S: Service + Send + 'static, F: Fn() -> S> Hosted for OrderHost<S, F> {
         // Everything of the old epoch durable (and sent) first, then the next epoch's
         // log durable before its node takes a step (replica/epoch.rs).
         env.drain().await?;
-        match self.replica.next_epoch((self.make)()) {
-            NextEpoch::Member(next, persist) => {
+        match self.replica.advance_epoch((self.make)()) {
+            EpochStep::Member(persist) => {
                 let Some(committer) = env.committer.as_mut() else {
                     return Err(NodeError::Runtime("an order node without its log".into()));
                 };
                 committer.submit(persist, Vec::new(), Vec::new())?;
                 env.drain().await?;
-                self.replica = *next;
                 env.peers.follow(&self.replica.config().membership);
                 if let Ok(mut v) = self.verifier.write() {
                     *v = EpochVerifier::of(&self.replica);
@@ -302,7 +301,7 @@ impl<S: Service + Send + 'static, F: Fn() -> S> Hosted for OrderHost<S, F> {
                     "membership epoch started"
                 );
             }
-            NextEpoch::Removed => {
+            EpochStep::Removed => {
                 // Remembered, so that `keel up` and a restart leave it stopped.
                 let why = format!("was removed from the cluster in epoch {}", self.replica.epoch() + 1);
                 let _ = std::fs::write(env.setup.data_dir.join(REMOVED_FILE), &why);
@@ -310,7 +309,6 @@ impl<S: Service + Send + 'static, F: Fn() -> S> Hosted for OrderHost<S, F> {
                 eprintln!("node {} was removed from the cluster: stopping", env.setup.id);
                 // It lingers, retired, so members short of its checkpoint vote get the
                 // stable proof from it (epoch.rs).
-                self.replica.retire();
                 self.leaving_at = Some(now_ms() + REMOVED_LINGER_MS);
             }
         }

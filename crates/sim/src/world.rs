@@ -25,7 +25,7 @@ use keel_core::message::{
 use keel_core::node::{Admit, Node};
 use keel_core::quorum::{Mutation, Quorums};
 use keel_core::replica::{
-    client_mac_key, endorse_key, CheckpointJob, Durable, Event, Input, NextEpoch, NodeSecrets, Outputs, Peer, Replica,
+    client_mac_key, endorse_key, CheckpointJob, Durable, EpochStep, Event, Input, NodeSecrets, Outputs, Peer, Replica,
 };
 use keel_core::rq_node::RqNode;
 use keel_core::service::{ReadCtx, Service};
@@ -1341,9 +1341,9 @@ impl<W: Workload> World<W> {
         let byzantine = self.nodes[n as usize].byzantine.is_some();
         let service = self.workload.node_service(NodeStart { node: n, fresh: false, byzantine });
         let node = &mut self.nodes[n as usize];
-        let Some(Core::Order(mut old)) = node.core.take_if(|c| matches!(c, Core::Order(_))) else { return };
-        match old.next_epoch(service) {
-            NextEpoch::Member(next, persist) => {
+        let Some(Core::Order(replica)) = node.core.as_mut() else { return };
+        match replica.advance_epoch(service) {
+            EpochStep::Member(persist) => {
                 // Durable before the new node takes a step: a PROPOSE leaves before its
                 // record is durable, so a node that restarted in the old epoch and
                 // started the new one afresh could propose twice for the same instance.
@@ -1351,22 +1351,19 @@ impl<W: Workload> World<W> {
                     node.disk.write(p);
                 }
                 node.disk.sync(node.disk.last_op());
-                let (epoch, q) = (next.epoch(), next.config().quorums.order_quorum());
-                let ids: Vec<u32> = next.config().membership.members.iter().map(|m| m.id).collect();
+                let (epoch, q) = (replica.epoch(), replica.config().quorums.order_quorum());
+                let ids: Vec<u32> = replica.config().membership.members.iter().map(|m| m.id).collect();
                 if let Some(b) = node.byzantine.as_mut() {
-                    b.set_membership(next.id(), q, next.config().membership.clone());
+                    b.set_membership(replica.id(), q, replica.config().membership.clone());
                 }
-                let line = format!("{} n{n} epoch {epoch} as index {}", self.now, next.id());
-                node.core = Some(Core::Order(*next));
+                let line = format!("{} n{n} epoch {epoch} as index {}", self.now, replica.id());
                 self.trace_line(line);
                 self.turn_byzantine(n);
                 self.memberships.entry(epoch).or_insert(ids);
                 self.report.faults.epochs = self.report.faults.epochs.max(epoch);
             }
-            NextEpoch::Removed => {
+            EpochStep::Removed => {
                 // It stays, retired, to help the others end the epoch (epoch.rs).
-                old.retire();
-                node.core = Some(Core::Order(old));
                 node.role = Role::Removed;
                 self.trace_line(format!("{} n{n} removed", self.now));
             }

@@ -5,9 +5,10 @@
 //!              no execution, no proposal past s; checkpoint at s (off the interval)
 //!              Q_e matching votes, which sign the digest of membership e+1: s stable
 //!              ──► Event::EpochEnded
-//!   driver:    replaces the node by next_epoch(): same secrets, the index of its
-//!              stable id in e+1, the snapshot at s as its state, view 0, a WAL that
-//!              starts with the epoch's certificates
+//!   driver:    makes everything of epoch e durable, then advance_epoch(): the node
+//!              becomes epoch e+1's (same secrets, the index of its stable id in e+1,
+//!              the snapshot at s as its state, view 0) and hands back a WAL that starts
+//!              with the epoch's certificates, durable before its next step
 //!   epoch e+1: the proof at s is in epoch e's terms: the `previous` membership checks it
 //! ```
 //!
@@ -33,16 +34,24 @@ use crate::codec::EPOCH_CERTS_MAX;
 use crate::message::{EpochCert, Seq};
 use crate::service::Service;
 
-/// What becomes of a node whose epoch ended.
-pub enum NextEpoch<S> {
-    /// It is a member of the next epoch: this node, and what the driver must make
-    /// durable (fsync) before it steps the node (the WAL replaced by the new epoch's
+/// What became of a node whose epoch ended ([`Replica::advance_epoch`]).
+#[must_use = "a node that became the next epoch's must have its new log durable before its next step"]
+pub enum EpochStep {
+    /// It is the next epoch's node now, and this is what the driver must make durable
+    /// (fsync) before it steps the node again (the WAL replaced by the new epoch's
     /// records). Not merely queued: a primary's PROPOSE leaves before its record is
     /// durable, and recovery closes proposals in a view only if the log says the node was
     /// in it; a node that crashed before the new epoch's log was durable would recover
     /// in the old epoch, start the new one afresh and could propose twice in view 0.
+    Member(Vec<Persist>),
+    /// The new membership left it out: it is retired ([`Replica::retire`]), helping the
+    /// others end the epoch until the driver stops it.
+    Removed,
+}
+
+/// The next epoch's node, or none ([`Replica::next_epoch`]).
+enum NextEpoch<S> {
     Member(Box<Replica<S>>, Vec<Persist>),
-    /// The new membership left it out: it stops.
     Removed,
 }
 
@@ -191,14 +200,30 @@ impl<S: Service> Replica<S> {
         }
     }
 
-    /// The node of the next epoch, once [`Event::EpochEnded`] was reported: same
-    /// secrets, the index its stable id has in the new membership, view 0. After a normal
-    /// end its state is the stable checkpoint at the epoch's last instance; after a jump
-    /// it holds nothing and fetches the new epoch's state.
+    /// Once [`Event::EpochEnded`] was reported and everything the node persisted in the
+    /// old epoch is durable: the node becomes the next epoch's, with `service` (empty) as
+    /// its service. Same secrets, the index its stable id has in the new membership, view
+    /// 0. After a normal end its state is the stable checkpoint at the epoch's last
+    /// instance; after a jump it holds nothing and fetches the new epoch's state. A node
+    /// the new membership leaves out retires instead.
     ///
     /// # Panics
     /// If called before the epoch ended (a driver bug).
-    pub fn next_epoch(&self, service: S) -> NextEpoch<S> {
+    pub fn advance_epoch(&mut self, service: S) -> EpochStep {
+        match self.next_epoch(service) {
+            NextEpoch::Member(next, persist) => {
+                *self = *next;
+                EpochStep::Member(persist)
+            }
+            NextEpoch::Removed => {
+                self.retire();
+                EpochStep::Removed
+            }
+        }
+    }
+
+    /// The node of the next epoch (see [`Replica::advance_epoch`]).
+    fn next_epoch(&self, service: S) -> NextEpoch<S> {
         assert!(self.epoch_reported, "next_epoch before EpochEnded");
         let mut certs = self.epoch_certs.clone();
         let (next, base) = match &self.jump {

@@ -84,16 +84,18 @@ impl EpochNet {
             }
         }
         if ended {
-            let old = self.nodes.remove(&id).expect("current");
-            if old.jump.is_some() {
+            let node = self.nodes.get_mut(&id).expect("current");
+            if node.jump.is_some() {
                 self.jumps.push(id);
             }
-            match old.next_epoch(Log::default()) {
-                NextEpoch::Member(next, persist) => {
+            match node.advance_epoch(Log::default()) {
+                EpochStep::Member(persist) => {
                     assert!(matches!(persist.as_slice(), [Persist::Compact { .. }]));
-                    self.nodes.insert(id, *next);
                 }
-                NextEpoch::Removed => self.removed.push(id),
+                EpochStep::Removed => {
+                    self.nodes.remove(&id);
+                    self.removed.push(id);
+                }
             }
         }
     }

@@ -53,7 +53,7 @@ use crate::wal::Record;
 use std::collections::BTreeMap;
 
 pub use catch_up::Transfer;
-pub use epoch::NextEpoch;
+pub use epoch::EpochStep;
 pub(crate) use normal::check_batch_bytes;
 pub use normal::REPLY_INLINE_MAX;
 pub(crate) use push::PushQueues;
