@@ -5,7 +5,8 @@
 //!  invoke() ──► bounded call queue ──► dispatcher task: a free session takes the call
 //!               (sessions: protocol clients sharing this identity's connections, each
 //!                with one request in flight; message::session_id)
-//!  node connections ──► replies, routed to their session by Reply::client ──► result
+//!  node connections (driven by the dispatcher itself: links.rs)
+//!                   ──► replies, routed to their session by Reply::client ──► result
 //!                   ──► push events, gathered per session (r + 1 alike, in order, gaps
 //!                       reported) ──► KeelClient::push_events()
 //! ```
@@ -16,23 +17,22 @@
 //! write per node rather than one per request.
 
 use crate::config::ClientSetup;
+use crate::links::Links;
 use crate::metrics::ClientMetrics;
 use crate::node::now_ms;
 use crate::tls::{self, PeerId, TlsError};
-use crate::transport::{dial_loop, offer, LinkState, TransportStats, SEND_QUEUE_MAX};
+use crate::transport::TransportStats;
 use keel_core::client::{Client, ClientError, Pushed};
 use keel_core::codec;
 use keel_core::membership::Membership;
 use keel_core::message::{session_id, session_of, ClientId, Message, NodeId, ReadConsistency, Reply, SESSIONS_MAX};
 use keel_core::replica::session_mac_key;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, oneshot};
 use tokio_rustls::TlsConnector;
 
-/// Replies queued from all nodes (beyond it they are dropped; retransmission recovers).
-const REPLY_QUEUE_MAX: usize = 16384;
 /// Calls waiting for a free session.
 const CALL_QUEUE_MAX: usize = 4096;
 /// Push events waiting for the application (beyond it they are dropped and the
@@ -135,15 +135,11 @@ impl KeelClient {
         }
         let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
         let stats = Arc::new(TransportStats::default());
-        let (reply_tx, replies) = mpsc::channel::<(NodeId, Message)>(REPLY_QUEUE_MAX);
         let (side_in_tx, side_in_rx) = mpsc::channel::<(NodeId, Message)>(SIDE_QUEUE_MAX);
         let (side_out_tx, side_out_rx) = mpsc::channel::<(NodeId, Message)>(SIDE_QUEUE_MAX);
         let side_open = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let mut nodes = Nodes {
-            by_id: BTreeMap::new(),
-            links: BTreeMap::new(),
-            connector,
-            reply_tx,
+            links: Links::new(connector, stats.clone()),
             side_tx: side_in_tx,
             side_open: side_open.clone(),
             stats: stats.clone(),
@@ -215,14 +211,13 @@ impl KeelClient {
             free: (0..sessions.len()).rev().collect(),
             sessions,
             nodes,
-            stats: stats.clone(),
             pushes: push_tx,
             push_overflow: std::collections::BTreeMap::new(),
             // A few ticks per retransmission period, and no coarser than 100 ms (epoch
             // queries and push gaps are checked on ticks too).
             tick: Duration::from_millis((setup.retransmit_ms / 5).clamp(1, 100)),
         };
-        tokio::spawn(dispatcher.run(call_rx, replies, side_out_rx));
+        tokio::spawn(dispatcher.run(call_rx, side_out_rx));
         let pushes = Arc::new(std::sync::Mutex::new(Some(push_rx)));
         let side = Arc::new(std::sync::Mutex::new(Some(SideChannel { send: side_out_tx, receive: side_in_rx })));
         Ok(KeelClient { id: setup.id, epoch, metrics, calls, pushes, stats, first_seq, side, side_open })
@@ -322,13 +317,10 @@ struct Session {
 }
 
 /// Connections to the order nodes, by stable id: the members the sessions know of
-/// (a membership change adds connections; membership.rs).
+/// (a membership change adds connections; membership.rs). The dispatcher drives them
+/// itself ([`Links`]).
 struct Nodes {
-    by_id: BTreeMap<NodeId, mpsc::Sender<Vec<u8>>>,
-    /// Each connection's state, for errors that name the nodes not reached.
-    links: BTreeMap<NodeId, Arc<LinkState>>,
-    connector: TlsConnector,
-    reply_tx: mpsc::Sender<(NodeId, Message)>,
+    links: Links,
     /// Where checkpoint messages go ([`SideChannel`]), once someone took it.
     side_tx: mpsc::Sender<(NodeId, Message)>,
     side_open: Arc<std::sync::atomic::AtomicBool>,
@@ -336,10 +328,11 @@ struct Nodes {
 }
 
 impl Nodes {
-    /// Connects (in the background, with retries) to the members of `m` not connected yet.
+    /// Connects (with retries, as the dispatcher polls) to the members of `m` not
+    /// connected yet.
     fn follow(&mut self, m: &Membership) {
         for member in &m.members {
-            if self.by_id.contains_key(&member.id) {
+            if self.links.contains(member.id) {
                 continue;
             }
             let Ok(addr) = member.addr.parse::<std::net::SocketAddr>() else {
@@ -354,50 +347,45 @@ impl Nodes {
     fn reach(&self) -> (Vec<String>, Vec<NodeId>) {
         let mut unreachable = Vec::new();
         let mut reached = Vec::new();
-        for (id, link) in &self.links {
+        for (id, link) in self.links.states() {
             match link.trouble() {
-                None => reached.push(*id),
+                None => reached.push(id),
                 Some(why) => unreachable.push(format!("node {id} ({why})")),
             }
         }
         (unreachable, reached)
     }
 
-    /// Connects (in the background, with retries) to node `j` at `addr`.
+    /// Connects (with retries, as the dispatcher polls) to node `j` at `addr`.
     fn connect(&mut self, j: NodeId, addr: std::net::SocketAddr) {
-        if self.by_id.contains_key(&j) {
-            return;
+        self.links.add(j, PeerId::Node(j), addr);
+    }
+
+    fn send(&mut self, msgs: Vec<(NodeId, Message)>) {
+        for (n, m) in msgs {
+            self.links.send(n, &codec::encode(&m));
         }
-        let (tx, rx) = mpsc::channel(SEND_QUEUE_MAX);
-        self.by_id.insert(j, tx);
-        let link = Arc::new(LinkState::new("client"));
-        self.links.insert(j, link.clone());
-        let (reply_tx, side_tx, counters) = (self.reply_tx.clone(), self.side_tx.clone(), self.stats.clone());
-        let side_open = self.side_open.clone();
-        tokio::spawn(dial_loop(
-            addr,
-            PeerId::Node(j),
-            self.connector.clone(),
-            rx,
-            self.stats.clone(),
-            link,
-            move |frame| match codec::decode(&frame) {
-                Ok(m @ (Message::Reply(_) | Message::Push { .. } | Message::EpochCerts(_))) => {
-                    if reply_tx.try_send((j, m)).is_err() {
-                        TransportStats::bump(&counters.send_queue_full, 1);
-                    }
+    }
+
+    /// Routes a frame from node `from`: what the dispatcher handles comes back; checkpoint
+    /// messages go to the side channel if someone took it; anything else is counted.
+    fn route(&self, from: NodeId, frame: &[u8]) -> Option<Message> {
+        match codec::decode(frame) {
+            Ok(m @ (Message::Reply(_) | Message::Push { .. } | Message::EpochCerts(_))) => Some(m),
+            Ok(m @ (Message::StableCert(_) | Message::Manifest { .. } | Message::Chunk { .. })) => {
+                if !self.side_open.load(std::sync::atomic::Ordering::Relaxed) {
+                    // Nobody asked: a node sending these to an ordinary client.
+                    TransportStats::bump(&self.stats.undecodable, 1);
+                } else if self.side_tx.try_send((from, m)).is_err() {
+                    TransportStats::bump(&self.stats.send_queue_full, 1);
                 }
-                Ok(m @ (Message::StableCert(_) | Message::Manifest { .. } | Message::Chunk { .. })) => {
-                    if !side_open.load(std::sync::atomic::Ordering::Relaxed) {
-                        // Nobody asked: a node sending these to an ordinary client.
-                        TransportStats::bump(&counters.undecodable, 1);
-                    } else if side_tx.try_send((j, m)).is_err() {
-                        TransportStats::bump(&counters.send_queue_full, 1);
-                    }
-                }
-                _ => TransportStats::bump(&counters.undecodable, 1),
-            },
-        ));
+                None
+            }
+            _ => {
+                TransportStats::bump(&self.stats.undecodable, 1);
+                None
+            }
+        }
     }
 }
 
@@ -410,7 +398,6 @@ struct Dispatcher {
     /// Indices of sessions without a call.
     free: Vec<usize>,
     nodes: Nodes,
-    stats: Arc<TransportStats>,
     pushes: mpsc::Sender<(ClientId, Pushed)>,
     /// Per session, the events dropped because the application's queue was full (first,
     /// last), reported as a gap before the next event that fits.
@@ -419,12 +406,7 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    async fn run(
-        mut self,
-        mut calls: mpsc::Receiver<Call>,
-        mut replies: mpsc::Receiver<(NodeId, Message)>,
-        mut side: mpsc::Receiver<(NodeId, Message)>,
-    ) {
+    async fn run(mut self, mut calls: mpsc::Receiver<Call>, mut side: mpsc::Receiver<(NodeId, Message)>) {
         let mut tick = tokio::time::interval(self.tick);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         // Calls that arrived while every session was busy.
@@ -435,18 +417,26 @@ impl Dispatcher {
         loop {
             tokio::select! {
                 call = calls.recv(), if open && waiting.len() < CALL_QUEUE_MAX => match call {
-                    Some(call) => waiting.push_back(call),
+                    Some(call) => {
+                        waiting.push_back(call);
+                        // The rest of a burst too, so its requests share one write per node.
+                        while waiting.len() < CALL_QUEUE_MAX {
+                            let Ok(call) = calls.try_recv() else { break };
+                            waiting.push_back(call);
+                        }
+                    }
                     None => open = false,
                 },
-                Some((from, msg)) = replies.recv() => {
-                    self.on_message(from, msg);
-                    // Take whatever else already arrived before starting new calls.
-                    while let Ok((from, msg)) = replies.try_recv() {
-                        self.on_message(from, msg);
+                // Everything that arrived on every connection, before starting new calls.
+                frames = std::future::poll_fn(|cx| self.nodes.links.poll_frames(cx)) => {
+                    for (from, frame) in frames {
+                        if let Some(msg) = self.nodes.route(from, &frame) {
+                            self.on_message(from, msg);
+                        }
                     }
                 }
                 _ = tick.tick() => self.on_tick(),
-                Some(out) = side.recv() => send(&self.nodes, vec![out], &self.stats),
+                Some(out) = side.recv() => self.nodes.send(vec![out]),
             }
             while let Some(i) = self.free.last().copied() {
                 let Some(call) = waiting.pop_front() else {
@@ -458,6 +448,12 @@ impl Dispatcher {
             if !open && waiting.is_empty() && self.free.len() == self.sessions.len() {
                 return;
             }
+            // What the step queued goes out before the task sleeps again.
+            std::future::poll_fn(|cx| {
+                self.nodes.links.poll_write(cx);
+                std::task::Poll::Ready(())
+            })
+            .await;
         }
     }
 
@@ -471,7 +467,7 @@ impl Dispatcher {
             Ok(msgs) => {
                 session.started = (Instant::now(), if call.read.is_some() { "read" } else { "ordered" });
                 session.call = Some((call.done, Instant::now() + call.timeout, call.timeout));
-                send(&self.nodes, msgs, &self.stats);
+                self.nodes.send(msgs);
             }
             Err(e) => {
                 let _ = call.done.send(Err(e.into()));
@@ -498,7 +494,7 @@ impl Dispatcher {
                         self.epoch.fetch_max(membership.epoch, std::sync::atomic::Ordering::Relaxed);
                         followed = Some(i);
                     }
-                    send(&self.nodes, self.sessions[i].core.poll_send(), &self.stats);
+                    self.nodes.send(self.sessions[i].core.poll_send());
                 }
                 // Kept for the next process: only the chain the core followed, each
                 // certificate checked.
@@ -516,7 +512,7 @@ impl Dispatcher {
                     return;
                 };
                 let delivered = session.core.on_push(now_ms(), from, epoch, seq, event);
-                send(&self.nodes, session.core.poll_send(), &self.stats);
+                self.nodes.send(session.core.poll_send());
                 self.hand_over(client, delivered);
             }
             _ => {}
@@ -566,7 +562,7 @@ impl Dispatcher {
             }
         }
         // A read whose answers cannot match is ordered at once.
-        send(&self.nodes, session.core.poll_send(), &self.stats);
+        self.nodes.send(session.core.poll_send());
     }
 
     fn on_tick(&mut self) {
@@ -574,7 +570,7 @@ impl Dispatcher {
             let session = &mut self.sessions[i];
             let delivered = session.core.on_push_tick(now_ms());
             let client = session.core.id();
-            send(&self.nodes, session.core.poll_send(), &self.stats);
+            self.nodes.send(session.core.poll_send());
             if !delivered.is_empty() {
                 self.hand_over(client, delivered);
             }
@@ -597,15 +593,7 @@ impl Dispatcher {
                 continue;
             }
             let msgs = session.core.on_tick(now_ms());
-            send(&self.nodes, msgs, &self.stats);
-        }
-    }
-}
-
-fn send(nodes: &Nodes, msgs: Vec<(NodeId, Message)>, stats: &TransportStats) {
-    for (n, m) in msgs {
-        if let Some(tx) = nodes.by_id.get(&n) {
-            offer(tx, codec::encode(&m), stats);
+            self.nodes.send(msgs);
         }
     }
 }

@@ -11,6 +11,7 @@ mod epochs;
 pub mod execution;
 pub mod faults;
 pub mod inbound;
+mod links;
 pub mod lockfile;
 pub mod metrics;
 pub mod node;

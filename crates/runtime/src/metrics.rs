@@ -79,6 +79,10 @@ pub struct ClientMetrics {
     registry: Registry,
     pub(crate) latency: Family<KindLabels, Histogram>,
     pub(crate) failures: Family<KindLabels, Counter>,
+    /// `latency`'s two series looked up once: a lookup by label allocates and hashes,
+    /// and this runs once per operation (1.6 % of a benchmark client's CPU).
+    ordered: std::sync::OnceLock<Histogram>,
+    read: std::sync::OnceLock<Histogram>,
 }
 
 impl ClientMetrics {
@@ -91,11 +95,16 @@ impl ClientMetrics {
         let failures = Family::<KindLabels, Counter>::default();
         registry.register("invoke_seconds", "Operation latency seen by this client, invoke to result", latency.clone());
         registry.register("invoke_failures", "Operations that ended without a result, by reason", failures.clone());
-        ClientMetrics { registry, latency, failures }
+        ClientMetrics { registry, latency, failures, ordered: Default::default(), read: Default::default() }
     }
 
     pub(crate) fn observe(&self, kind: &str, seconds: f64) {
-        self.latency.get_or_create(&KindLabels { kind: kind.into() }).observe(seconds);
+        let series = match kind {
+            "ordered" => &self.ordered,
+            "read" => &self.read,
+            _ => return self.latency.get_or_create(&KindLabels { kind: kind.into() }).observe(seconds),
+        };
+        series.get_or_init(|| self.latency.get_or_create(&KindLabels { kind: kind.into() }).clone()).observe(seconds);
     }
 
     pub(crate) fn failed(&self, reason: &str) {

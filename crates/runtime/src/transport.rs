@@ -26,8 +26,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// so a flood of idle connections cannot grow memory without bound.
 pub const HANDSHAKES_MAX: usize = 256;
 /// Reconnection backoff bounds.
-const BACKOFF_MIN: Duration = Duration::from_millis(50);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
+pub(crate) const BACKOFF_MIN: Duration = Duration::from_millis(50);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// Counters shared by the transport tasks (exported as metrics).
 #[derive(Debug, Default)]
@@ -155,9 +155,20 @@ impl LinkState {
         self.trouble.lock().ok().and_then(|t| t.clone())
     }
 
+    /// A connection is up.
+    pub(crate) fn up(&self) {
+        self.connected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The connection that was up ended, for `why`.
+    pub(crate) fn lost(&self, why: String) {
+        self.set_trouble(why);
+        self.connected.fetch_sub(1, Ordering::Relaxed);
+    }
+
     /// Records why the link is down; returns whether that is news (for one log line per
     /// change rather than one per retry).
-    fn set_trouble(&self, why: String) -> bool {
+    pub(crate) fn set_trouble(&self, why: String) -> bool {
         let Ok(mut t) = self.trouble.lock() else { return false };
         let news = t.as_deref() != Some(why.as_str());
         *t = Some(why);
@@ -198,7 +209,7 @@ pub async fn dial_loop<F>(
         };
         backoff = BACKOFF_MIN;
         TransportStats::bump(&stats.connects, 1);
-        link.connected.fetch_add(1, Ordering::Relaxed);
+        link.up();
         tracing::info!(role = link.role, peer = %who.name(), %addr, "connected to {}", who.name());
         let (mut r, w) = tokio::io::split(stream);
         let reader_stats = stats.clone();
@@ -218,8 +229,7 @@ pub async fn dial_loop<F>(
             Err(e) => format!("{addr}: connection lost: {e}"),
             Ok(()) => format!("{addr}: connection closed by the peer"),
         };
-        link.set_trouble(why.clone());
-        link.connected.fetch_sub(1, Ordering::Relaxed);
+        link.lost(why.clone());
         if result.is_ok() && rx.is_closed() {
             return;
         }
@@ -232,7 +242,9 @@ async fn wait_for(h: tokio::task::JoinHandle<()>) {
     let _ = h.await;
 }
 
-async fn connect(
+/// Dials `addr` over TCP and TLS (each step bounded by [`HANDSHAKE_TIMEOUT`]) and checks
+/// that the peer is `who`.
+pub(crate) async fn connect(
     addr: SocketAddr,
     who: PeerId,
     connector: &TlsConnector,
