@@ -13,6 +13,9 @@ mod sim;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[derive(Parser)]
 #[command(name = "keel", version, about = "Keel: Byzantine-fault-tolerant replication that stays up and right")]
 struct Cli {
