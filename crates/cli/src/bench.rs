@@ -57,8 +57,9 @@ pub struct BenchArgs {
     timeline: Option<PathBuf>,
     /// Threads of the load generator's runtime (1: a current-thread runtime, which costs
     /// less CPU for the same throughput; on a 2-core host, BFT 0/0 with fsync never,
-    /// `--clients 32 --outstanding 32`, two runs each, alternated: 1 thread 34.3k and
-    /// 36.4k ops/s at 29% client CPU, 2 threads 34.5k and 34.4k at 35%).
+    /// `--clients 32 --outstanding 32`, two runs each, alternated (2026-11-27, 065a429):
+    /// 1 thread 35.5k and 31.6k ops/s at 24-25% client CPU, 2 threads 26.5k and 23.7k at
+    /// 47-48%).
     #[arg(long, default_value_t = 1)]
     threads: usize,
     /// Skip the unreplicated baseline.
