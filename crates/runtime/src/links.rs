@@ -232,7 +232,8 @@ struct Link {
 
 impl Link {
     /// Drives the connection (dialling, backing off, writing, reading); the task is
-    /// registered for whatever it waits on. Ok(true) if it stopped reading with more to read.
+    /// registered for whatever it waits on. True if it stopped reading with more to read
+    /// (the caller polls again soon).
     fn poll(
         &mut self,
         cx: &mut Context<'_>,
