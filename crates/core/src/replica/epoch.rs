@@ -49,12 +49,6 @@ pub enum EpochStep {
     Removed,
 }
 
-/// The next epoch's node, or none ([`Replica::next_epoch`]).
-enum NextEpoch<S> {
-    Member(Box<Replica<S>>, Vec<Persist>),
-    Removed,
-}
-
 impl<S: Service> Replica<S> {
     /// Whether the executed state already belongs to a later epoch than this node runs.
     pub fn epoch_ended(&self) -> bool {
@@ -211,19 +205,20 @@ impl<S: Service> Replica<S> {
     /// If called before the epoch ended (a driver bug).
     pub fn advance_epoch(&mut self, service: S) -> EpochStep {
         match self.next_epoch(service) {
-            NextEpoch::Member(next, persist) => {
-                *self = *next;
+            Some((next, persist)) => {
+                *self = next;
                 EpochStep::Member(persist)
             }
-            NextEpoch::Removed => {
+            None => {
                 self.retire();
                 EpochStep::Removed
             }
         }
     }
 
-    /// The node of the next epoch (see [`Replica::advance_epoch`]).
-    fn next_epoch(&self, service: S) -> NextEpoch<S> {
+    /// The node of the next epoch and what it must make durable (see
+    /// [`Replica::advance_epoch`]); None if the next membership leaves this node out.
+    fn next_epoch(&self, service: S) -> Option<(Replica<S>, Vec<Persist>)> {
         assert!(self.epoch_reported, "next_epoch before EpochEnded");
         let mut certs = self.epoch_certs.clone();
         let (next, base) = match &self.jump {
@@ -241,9 +236,8 @@ impl<S: Service> Replica<S> {
             certs.drain(..certs.len() - EPOCH_CERTS_MAX);
         }
         let since = next.since;
-        let Some(index) = self.cfg.membership.id_of(self.id).and_then(|id| next.index_of(id)) else {
-            return NextEpoch::Removed;
-        };
+        // None: the next membership leaves this node out.
+        let index = self.cfg.membership.id_of(self.id).and_then(|id| next.index_of(id))?;
         let cfg = self.cfg.next_epoch(next).expect("memberships from the executor or certificates have valid quorums");
         let mut r = Replica::new(cfg, index, self.secrets.clone(), service);
         r.now = self.now;
@@ -278,6 +272,6 @@ impl<S: Service> Replica<S> {
         // A jumping node keeps no snapshot: all it has is older than the new epoch.
         let snapshots_from = if r.stable_chunks.is_some() { since } else { Seq::MAX };
         let persist = vec![Persist::Compact { records: r.durable_records(), snapshots_from }];
-        NextEpoch::Member(Box::new(r), persist)
+        Some((r, persist))
     }
 }
