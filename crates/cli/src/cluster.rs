@@ -98,6 +98,19 @@ pub struct InitArgs {
 
 /// `[service_options]` from the service's own flags: the block store's, for `--service
 /// block`; those flags with any other service are an error.
+/// This machine's ephemeral port range, from which the kernel picks the local port of
+/// every outgoing connection (Linux; None elsewhere or if unreadable).
+fn ephemeral_ports() -> Option<(u32, u32)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut it = text.split_whitespace().map(|p| p.parse::<u32>().ok());
+    Some((it.next()??, it.next()??))
+}
+
+/// Whether two inclusive ranges share a port.
+fn overlaps(a: (u32, u32), b: (u32, u32)) -> bool {
+    a.0 <= b.1 && b.0 <= a.1
+}
+
 fn service_options(a: &InitArgs) -> Result<std::collections::BTreeMap<String, String>, String> {
     let given = [
         ("size", &a.size),
@@ -271,6 +284,15 @@ pub fn run_init(mut a: InitArgs) -> ExitCode {
                 base_port,
                 base_port as usize + n - 1
             );
+            let last_port = base_port as u32 + (per_node * n) as u32 - 1;
+            if let Some((low, high)) = ephemeral_ports().filter(|r| overlaps(*r, (base_port as u32, last_port))) {
+                eprintln!(
+                    "warning: ports {base_port}..{last_port} overlap this machine's ephemeral port range \
+                     {low}..{high} (/proc/sys/net/ipv4/ip_local_port_range): any outgoing connection may \
+                     hold one of them when a node starts, which then fails with \"Address already in use\"; \
+                     a --base-port below {low} avoids it"
+                );
+            }
             if let Some((state, origin)) = &o.genesis {
                 println!("its {} service starts from a backup's state ({} bytes): {origin}", o.service, state.len());
             }
@@ -766,5 +788,19 @@ fn follow_transfers(dirs: &[PathBuf]) {
             }
         }
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overlaps;
+
+    #[test]
+    fn port_ranges_overlap_when_they_share_a_port() {
+        assert!(overlaps((32768, 60999), (40000, 40011)));
+        assert!(overlaps((32768, 60999), (32760, 32768)));
+        assert!(overlaps((32768, 60999), (60999, 61010)));
+        assert!(!overlaps((32768, 60999), (20000, 32767)));
+        assert!(!overlaps((32768, 60999), (61000, 61011)));
     }
 }

@@ -964,3 +964,35 @@ fn an_unknown_service_is_refused_by_init_and_by_node() {
     let wal = std::fs::read_dir(dir.path().join("c/node-0/data/wal")).expect("provisioned by init").count();
     assert_eq!(wal, 0, "the node opened nothing");
 }
+
+/// `keel init --base-port` in the machine's ephemeral port range is written as asked but
+/// warned about (an outgoing connection may take a node's port before it binds); below
+/// the range, and with the default ports, nothing is said.
+#[test]
+fn keel_init_warns_of_ports_in_the_ephemeral_range() {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok().and_then(|t| {
+        let mut it = t.split_whitespace().map(|p| p.parse::<u32>().ok());
+        Some((it.next()??, it.next()??))
+    });
+    let dir = tempfile::tempdir().expect("tempdir");
+    let init = |name: &str, port: Option<u32>| {
+        let mut cmd = std::process::Command::new(support::KEEL);
+        cmd.args(["init", "--dir"]).arg(dir.path().join(name));
+        if let Some(p) = port {
+            cmd.args(["--base-port", &p.to_string()]);
+        }
+        let out = cmd.output().expect("keel init runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let warned = |err: &str| err.contains("overlap this machine's ephemeral port range");
+    assert!(!warned(&init("default", None)), "the default ports are below the range");
+    match range {
+        Some((low, high)) if low > 1024 + 16 && high < 65_000 => {
+            assert!(warned(&init("inside", Some(low + 1))), "a base port inside {low}..{high}");
+            assert!(!warned(&init("below", Some(low - 16))), "a base port below {low}");
+        }
+        // No such file (not Linux) or an unusual range: never a warning.
+        _ => assert!(!warned(&init("any", Some(40_000)))),
+    }
+}
