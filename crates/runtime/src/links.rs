@@ -72,10 +72,6 @@ impl Buffers {
         if self.out_frames >= SEND_QUEUE_MAX || self.out.len() - self.written + frame.len() + 4 > OUT_MAX {
             return false;
         }
-        if self.written > 0 && self.written == self.out.len() {
-            self.out.clear();
-            self.written = 0;
-        }
         self.out.extend_from_slice(&(frame.len() as u32).to_be_bytes());
         self.out.extend_from_slice(frame);
         self.out_frames += 1;
