@@ -276,13 +276,21 @@ pub fn run_init(mut a: InitArgs) -> ExitCode {
                 stages.push(format!("{rq} RQ nodes"));
             }
             let layout = if stages.is_empty() { String::new() } else { format!(": {}", stages.join(", ")) };
+            // Every port the cluster takes, by use (front ends are printed below), so an
+            // operator can open or check them all.
+            let base = base_port as usize;
             println!(
-                "initialized a cluster of {n} nodes (u = {}, r = {}){layout} in {}, ports {}..{}",
+                "initialized a cluster of {n} nodes (u = {}, r = {}){layout} in {}, ports {}..{} \
+                 (peers {}..{}, metrics {}..{})",
                 a.u,
                 a.r,
                 a.dir.display(),
-                base_port,
-                base_port as usize + n - 1
+                base,
+                base + per_node * n - 1,
+                base,
+                base + n - 1,
+                base + n,
+                base + 2 * n - 1
             );
             let last_port = base_port as u32 + (per_node * n) as u32 - 1;
             if let Some((low, high)) = ephemeral_ports().filter(|r| overlaps(*r, (base_port as u32, last_port))) {

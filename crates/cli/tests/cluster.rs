@@ -996,3 +996,21 @@ fn keel_init_warns_of_ports_in_the_ephemeral_range() {
         _ => assert!(!warned(&init("any", Some(40_000)))),
     }
 }
+
+/// `keel init` names every port the cluster takes, by use, and the ranges it prints are
+/// the ones the node files hold.
+#[test]
+fn keel_init_prints_every_port_range_it_assigns() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(support::KEEL)
+        .args(["init", "--u", "1", "--r", "1", "--base-port", "25000", "--dir"])
+        .arg(dir.path().join("c"))
+        .output()
+        .expect("keel init runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("ports 25000..25007 (peers 25000..25003, metrics 25004..25007)"), "{said}");
+    let node3 = std::fs::read_to_string(dir.path().join("c/node-3/node.toml")).expect("node-3's file");
+    assert!(node3.contains("127.0.0.1:25007"), "node 3's metrics port: {node3}");
+    assert!(node3.contains("127.0.0.1:25003"), "node 3's peer port: {node3}");
+}
