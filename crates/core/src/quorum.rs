@@ -99,14 +99,10 @@ pub enum Mutation {
     /// over instead of taking the snapshot's: its next instance runs an agreed-time tick
     /// the other nodes do not run (`Options::tick_ms`).
     RestoreWithoutTime,
-    /// BFT: a node that restarted votes again in the view it recovered into, ignoring
-    /// the vote horizon on its disk: where its Accepted record was lost (it is not waited
-    /// for), it can sign WRITEs for two values of one (view, seq).
-    VoteAfterRestart,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 24] = [
+    pub const ALL: [Mutation; 23] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -130,7 +126,6 @@ impl Mutation {
         Mutation::BlindEndorserRouting,
         Mutation::ExecCheckpointOnRPlusOne,
         Mutation::RestoreWithoutTime,
-        Mutation::VoteAfterRestart,
     ];
 
     pub fn name(self) -> &'static str {
@@ -158,7 +153,6 @@ impl Mutation {
             Mutation::BlindEndorserRouting => "blind-endorser-routing",
             Mutation::ExecCheckpointOnRPlusOne => "exec-checkpoint-on-r-plus-one",
             Mutation::RestoreWithoutTime => "restore-without-time",
-            Mutation::VoteAfterRestart => "vote-after-restart",
         }
     }
 

@@ -257,14 +257,6 @@ pub struct Replica<S> {
     view_record_durable: bool,
     /// Set while this node rejoins after losing its disk: it casts no vote (rejoin.rs).
     rejoin: Option<rejoin::Rejoin>,
-    /// BFT: the (view, instance) up to which this node's WRITEs are covered by a
-    /// `VoteHorizon` record (normal.rs, `cover_vote`), so their Accepted records need not
-    /// be durable before they leave.
-    vote_horizon: Option<(View, Seq)>,
-    /// After a restart, the horizon found on disk: in that view, up to that instance, the
-    /// node may have sent WRITEs for proposals it no longer remembers, so it casts no
-    /// vote there.
-    abstain: Option<(View, Seq)>,
     /// Set while the driver steps a burst of queued inputs (`hold_proposals`): the
     /// primary proposes once at its end, so the burst's requests share one batch.
     proposals_held: bool,
@@ -476,8 +468,6 @@ impl<S: Service> Replica<S> {
             proposals_closed: None,
             view_record_durable: true,
             rejoin: None,
-            vote_horizon: None,
-            abstain: None,
             proposals_held: false,
             early_proposals: BTreeMap::new(),
             parked: BTreeMap::new(),
@@ -869,9 +859,6 @@ impl<S: Service> Replica<S> {
             records.push(Record::NewView(nv.clone()));
         }
         records.push(Record::View { view: self.view, floor: self.floor });
-        if let Some((view, seq)) = self.vote_horizon {
-            records.push(Record::VoteHorizon { view, seq });
-        }
         if let Some(t) = self.vc_target {
             records.push(Record::ViewChangeSent { view: t });
         }

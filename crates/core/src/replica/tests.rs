@@ -124,14 +124,11 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     let req = request(&cfg, 7, b"op");
     let out = step(&mut p, 10, Peer::Client(7), Message::Request(req.clone()));
     let value = Value { time: 10, requests: vec![req] };
-    // The vote horizon is waited for, the Accepted record joins the flush.
-    let horizon = Record::VoteHorizon { view: 0, seq: 1 + cfg.options.window };
-    assert_eq!(out.persist, vec![Persist::Record(horizon)]);
-    assert_eq!(out.persist_lazy, vec![Record::Accepted { view: 0, seq: 1, value: value.clone() }]);
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
     // PROPOSE is not a vote: it leaves now, in parallel with the primary's fsync.
     assert_eq!(out.send.len(), 3);
     assert!(out.send.iter().all(|(_, m)| *m == Message::Propose { view: 0, seq: 1, value: value.clone().into() }));
-    // The primary's vote (WRITE) waits for its vote horizon.
+    // The primary's vote (WRITE) waits for its Accepted record.
     assert!(out.send_after_persist.iter().all(|(_, m)| matches!(m, Message::Write(_))));
     let writes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).collect();
     assert_eq!(writes.len(), 3);
@@ -161,8 +158,7 @@ fn backup_rejects_bad_proposals_and_votes_once() {
 
     let out = step(&mut b, 10, Peer::Node(0), propose(&value));
     assert!(rejected(&out).is_empty());
-    assert_eq!(out.persist, vec![Persist::Record(Record::VoteHorizon { view: 0, seq: 1 + cfg.options.window })]);
-    assert_eq!(out.persist_lazy, vec![Record::Accepted { view: 0, seq: 1, value: value.clone() }]);
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
     assert_eq!(out.send_after_persist.len(), 3, "one WRITE to each other node");
 
     // The primary equivocates: a second, different value for the same (view, seq).
@@ -718,8 +714,6 @@ fn a_recovered_node_keeps_its_vote() {
     let req = request(&cfg, 7, b"op");
     let value = Value { time: 10, requests: vec![req.clone()] };
     let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
-    // The flush the WRITE waited for (its vote horizon) took the Accepted record along.
-    // (When that record is lost, the horizon keeps the node from voting: safety_tests.rs.)
     let records: Vec<Record> = out
         .persist
         .into_iter()
@@ -727,7 +721,6 @@ fn a_recovered_node_keeps_its_vote() {
             Persist::Record(r) => Some(r),
             _ => None,
         })
-        .chain(out.persist_lazy)
         .collect();
     let mut out = Outputs::default();
     let mut b = Replica::recover(
@@ -1104,8 +1097,7 @@ fn a_re_proposal_named_by_digest_is_fetched_from_its_holders_before_the_vote() {
     // The right body: persisted, then voted for in the new view.
     let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: value.clone() });
     assert!(rejected(&out).is_empty());
-    assert_eq!(out.persist, vec![Persist::Record(Record::VoteHorizon { view: 1, seq: 1 + cfg.options.window })]);
-    assert_eq!(out.persist_lazy, vec![Record::Accepted { view: 1, seq: 1, value: value.clone() }]);
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 1, seq: 1, value: value.clone() })]);
     assert_eq!(writes_for(&out, 1, 1), 3);
     // A second answer is ignored, and nothing is fetched any more.
     let out = step(&mut b, 30, Peer::Node(1), Message::ValueBody { seq: 1, value });
