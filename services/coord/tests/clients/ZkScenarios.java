@@ -42,6 +42,19 @@ public class ZkScenarios {
         }
     }
 
+    /// ZooKeeper's reads are sequentially consistent, not linearizable: a session sees
+    /// another session's completed write only after its own server has applied it, which
+    /// sync guarantees. Every cross-session read below syncs first, as an application
+    /// must (with coord's local reads a lagging node answers exactly as ZooKeeper would).
+    static void syncFirst(ZooKeeper zk, String path) throws Exception {
+        CountDownLatch done = new CountDownLatch(1);
+        int[] rc = {-1};
+        zk.sync(path, (code, p, ctx) -> { rc[0] = code; done.countDown(); }, null);
+        check(done.await(30, TimeUnit.SECONDS), "sync " + path + " answered");
+        // A connection loss surfaces as its exception, so retry() can wait it out.
+        if (rc[0] != 0) throw KeeperException.create(KeeperException.Code.get(rc[0]), path);
+    }
+
     public static void main(String[] args) throws Exception {
         String hosts = args[0];
         String[] list = hosts.split(",");
@@ -104,11 +117,13 @@ public class ZkScenarios {
         // ACLs: digest, enforced for another session; getACL/setACL with versions.
         zk.addAuthInfo("digest", b("alice:secret"));
         zk.create(R + "/private", b("s"), ZooDefs.Ids.CREATOR_ALL_ACL, CreateMode.PERSISTENT);
+        syncFirst(other, R);
         try { other.getData(R + "/private", false, null); check(false, "read without auth"); } catch (KeeperException.NoAuthException expected) { }
         Stat aclStat = new Stat();
         List<ACL> acl = zk.getACL(R + "/private", aclStat);
         check(acl.size() == 1 && acl.get(0).getId().getScheme().equals("digest"), "getACL " + acl);
         zk.setACL(R + "/private", open, aclStat.getAversion());
+        syncFirst(other, R);
         check(new String(other.getData(R + "/private", false, null), StandardCharsets.UTF_8).equals("s"), "readable after setACL");
 
         // Watches of each kind.
@@ -169,8 +184,10 @@ public class ZkScenarios {
             missed = moved.poll(15, TimeUnit.SECONDS);
         } while (missed != null && missed.getType() == Watcher.Event.EventType.None);
         check(missed != null && missed.getType() == Watcher.Event.EventType.NodeDataChanged, "setWatches fired the change made meanwhile: " + missed);
+        retry(() -> { syncFirst(other, R); return null; });
         check(retry(() -> other.exists(R + "/mover-eph", false)) != null, "the ephemeral stayed");
         mover.close();
+        retry(() -> { syncFirst(other, R); return null; });
         check(retry(() -> other.exists(R + "/mover-eph", false)) == null, "closeSession took the ephemeral");
         zk.close();
         other.close();
