@@ -25,9 +25,10 @@ pub const SESSION_TIMEOUT_MIN: i32 = 4_000;
 pub const SESSION_TIMEOUT_MAX: i32 = 40_000;
 /// Most sessions the service keeps; a connect beyond it is refused.
 pub const SESSIONS_MAX: usize = 100_000;
-/// A batch's replies stop at this many bytes: a read past it is answered
-/// `Refused { err: RETRY_ALONE }` and sent again alone, so a batch's result stays within
-/// Keel's 1 MiB bound whatever the data read.
+/// A batch's replies stay within this many bytes: a read whose reply would take them
+/// past it (unless it is the first) is answered `Refused { err: RETRY_ALONE }` and sent
+/// again alone, so a batch's result stays within Keel's 1 MiB bound whatever the data
+/// read. The same holds for the reads that end a session's `Command::Ops`.
 pub const BATCH_REPLY_MAX: usize = 512 * 1024;
 /// Not a ZooKeeper code: "send this request again, alone" (see `BATCH_REPLY_MAX`).
 pub const RETRY_ALONE: i32 = i32::MIN + 1;
@@ -37,16 +38,29 @@ pub const RETRY_ALONE: i32 = i32::MIN + 1;
 struct BatchRoom(usize);
 
 impl BatchRoom {
-    fn full(&self) -> bool {
-        self.0 >= BATCH_REPLY_MAX
+    fn size(reply: &Reply) -> usize {
+        match reply {
+            Reply::Op { body, .. } => body.len() + 16,
+            Reply::Ops(r) => r.iter().map(BatchRoom::size).sum(),
+            _ => 16,
+        }
     }
 
+    /// Counts a reply that is given whatever its size (a write's: it took effect).
     fn count(&mut self, reply: Reply) -> Reply {
-        self.0 += match &reply {
-            Reply::Op { body, .. } => body.len() + 16,
-            Reply::Ops(r) => r.iter().map(|r| if let Reply::Op { body, .. } = r { body.len() + 16 } else { 16 }).sum(),
-            _ => 16,
-        };
+        self.0 += BatchRoom::size(&reply);
+        reply
+    }
+
+    /// A read's reply if it fits in what is left (the first always does: alone it would
+    /// be the same size), else `RETRY_ALONE`. Checked on the reply itself, not on the
+    /// room before it, so one large read cannot take a batch past Keel's bound.
+    fn fit(&mut self, reply: Reply) -> Reply {
+        let size = BatchRoom::size(&reply);
+        if self.0 > 0 && self.0 + size > BATCH_REPLY_MAX {
+            return Reply::Refused { err: RETRY_ALONE };
+        }
+        self.0 += size;
         reply
     }
 }
@@ -296,6 +310,12 @@ impl State {
     }
 
     fn run(&mut self, command: Command, ctx: &ExecCtx) -> Reply {
+        self.run_within(command, ctx, &mut BatchRoom::default())
+    }
+
+    /// Runs `command`; a `Command::Ops`'s replies take their room from `room` (the
+    /// batch it came in, so the batch's result stays within its budget too).
+    fn run_within(&mut self, command: Command, ctx: &ExecCtx, room: &mut BatchRoom) -> Reply {
         self.resume(ctx);
         match command {
             Command::Connect { timeout, ip, pinned } => self.connect(timeout, ip, pinned, ctx),
@@ -372,9 +392,8 @@ impl State {
                             Command::Batch(_) => Reply::Refused { err: err::BAD_ARGUMENTS },
                             // Past the reply budget a read is not answered here: the
                             // front end sends it again alone (a write always runs).
-                            Command::Op { request, .. } if room.full() && !request.writes() => {
-                                Reply::Refused { err: RETRY_ALONE }
-                            }
+                            Command::Op { ref request, .. } if !request.writes() => room.fit(self.run(c, ctx)),
+                            c @ Command::Ops { .. } => self.run_within(c, ctx, &mut room),
                             c => room.count(self.run(c, ctx)),
                         })
                         .collect(),
@@ -384,7 +403,19 @@ impl State {
                 if let Err(e) = self.session_for(session, ctx.client) {
                     return Reply::Op { zxid: 0, err: e, body: Vec::new() };
                 }
-                Reply::Ops(requests.into_iter().map(|r| self.op(session, r, ctx)).collect())
+                // A front end sends a session's writes with the reads that follow them
+                // (executed here in order, so each read sees the writes before it); a
+                // read past the reply budget is sent again alone, after this command
+                // and before anything later of its session.
+                Reply::Ops(
+                    requests
+                        .into_iter()
+                        .map(|r| match r.writes() {
+                            true => room.count(self.op(session, r, ctx)),
+                            false => room.fit(self.op(session, r, ctx)),
+                        })
+                        .collect(),
+                )
             }
             Command::Announce { node, addr, peer_port, metrics_port } => self.announce(
                 node,
@@ -1293,10 +1324,7 @@ impl Service for Coord {
                     if request.writes() {
                         return None;
                     }
-                    replies.push(match room.full() {
-                        true => Reply::Refused { err: RETRY_ALONE },
-                        false => room.count(state.read_only(session, ctx.client, request)?),
-                    });
+                    replies.push(room.fit(state.read_only(session, ctx.client, request)?));
                 }
                 Some(Reply::Batch(replies).encode())
             }

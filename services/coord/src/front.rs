@@ -166,6 +166,12 @@ struct Shared {
 }
 
 impl Shared {
+    /// Whether reads go to a quorum of the cluster (`reads()` answers them from this
+    /// node only with `Reads::Local` and a local view of the state).
+    fn quorum_reads(&self) -> bool {
+        !(self.local.is_some() && self.options.reads == Reads::Local)
+    }
+
     /// Counts a connection from `ip`, unless that address holds its limit already.
     fn admit_address(&self, ip: std::net::IpAddr) -> bool {
         let Ok(mut open) = self.per_address.lock() else { return true };
@@ -558,7 +564,9 @@ const BATCH_BYTES_MAX: usize = 256 * 1024;
 /// pipelined: consecutive writes go to the cluster as one ordered batch, executed in
 /// order in one step; consecutive reads go out at once. A read waits for the writes
 /// before it and a write for the reads before it, so each sees exactly what ZooKeeper's
-/// in-order processing would show it.
+/// in-order processing would show it. With quorum reads, the reads right after a run of
+/// writes ride in the writes' ordered batch: executed after them in the same step, they
+/// see them, and they are answered with them instead of a read round later.
 async fn requests(
     shared: &Arc<Shared>,
     read: &mut tokio::net::tcp::OwnedReadHalf,
@@ -617,24 +625,31 @@ async fn requests(
                     let mut run = vec![(xid, request)];
                     let mut bytes = size;
                     // The run of requests of the same kind that follows (an ordered read
-                    // with a large reply goes alone).
+                    // with a large reply goes alone), and with quorum reads the reads
+                    // after a run of writes (nothing written after them: a read the
+                    // batch has no room to answer is sent again after it).
                     let alone = writes && run[0].1.large_reply();
+                    let tail = writes && !alone && shared.quorum_reads();
+                    let mut reading = false;
                     while run.len() < BATCH_MAX && !alone {
-                        match pending.front() {
-                            Some(Item::Op(_, next, size))
-                                if next.writes() == writes
-                                    && (!writes || (bytes + size <= BATCH_BYTES_MAX && !next.large_reply())) =>
-                            {
-                                bytes += size;
-                                if let Some(Item::Op(x, r, _)) = pending.pop_front() {
-                                    run.push((x, r));
-                                }
-                            }
-                            _ => break,
+                        let Some(Item::Op(_, next, size)) = pending.front() else { break };
+                        let fits = bytes + size <= BATCH_BYTES_MAX;
+                        let takes = match (writes, next.writes()) {
+                            (false, next_writes) => !next_writes,
+                            (true, true) => !reading && fits && !next.large_reply(),
+                            (true, false) => tail && fits,
+                        };
+                        if !takes {
+                            break;
+                        }
+                        reading |= writes && !next.writes();
+                        bytes += size;
+                        if let Some(Item::Op(x, r, _)) = pending.pop_front() {
+                            run.push((x, r));
                         }
                     }
                     let replies = if writes {
-                        write_batch(shared, session, run).await
+                        write_batch(shared, session, run, floor).await
                     } else {
                         reads(shared, session, run, floor).await
                     };
@@ -666,17 +681,38 @@ async fn requests(
     }
 }
 
-/// Writes (and watched reads) in order, as one ordered command, through the group
-/// committer.
-async fn write_batch(shared: &Shared, session: i64, run: Vec<(i32, Request)>) -> Option<Vec<(i32, Reply)>> {
-    let alone = run.iter().any(|(_, r)| r.large_reply());
+/// Writes (and watched reads, and the reads after them) in order, as one ordered
+/// command, through the group committer.
+async fn write_batch(
+    shared: &Arc<Shared>,
+    session: i64,
+    run: Vec<(i32, Request)>,
+    floor: i64,
+) -> Option<Vec<(i32, Reply)>> {
+    let alone = run.iter().any(|(_, r)| r.writes() && r.large_reply());
+    // The reads, kept to send again alone if the command's replies have no room for them.
+    let again: Vec<Option<Request>> = run.iter().map(|(_, r)| (!r.writes()).then(|| r.clone())).collect();
     let (xids, requests): (Vec<i32>, Vec<Request>) = run.into_iter().unzip();
     let command = Command::Ops { session, requests };
     let bytes = command.encode().len();
     let (done, reply) = oneshot::channel();
     shared.commits.send(Commit { command, bytes, alone, done }).await.ok()?;
     match reply.await.ok()?? {
-        Reply::Ops(replies) if replies.len() == xids.len() => Some(xids.into_iter().zip(replies).collect()),
+        Reply::Ops(replies) if replies.len() == xids.len() => {
+            let mut answers = Vec::with_capacity(replies.len());
+            for ((xid, reply), again) in xids.into_iter().zip(replies).zip(again) {
+                let reply = match (reply, again) {
+                    // Only reads end a command, so nothing of this session was written
+                    // after it: the read sees the same writes of its own session alone.
+                    (Reply::Refused { err: crate::coord::RETRY_ALONE }, Some(request)) => {
+                        reads(shared, session, vec![(xid, request)], floor).await?.pop()?.1
+                    }
+                    (reply, _) => reply,
+                };
+                answers.push((xid, reply));
+            }
+            Some(answers)
+        }
         Reply::Op { zxid, err, body } => {
             // The batch as a whole was refused (session expired or moved).
             Some(xids.into_iter().map(|x| (x, Reply::Op { zxid, err, body: body.clone() })).collect())

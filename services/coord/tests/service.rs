@@ -543,13 +543,72 @@ fn batched_reads_are_answered_read_only_and_a_batch_stays_within_its_reply_budge
     let ordered = w.run(FE_A, batch);
     assert_eq!(unordered.as_ref(), Some(&ordered), "read-only answers equal ordered ones");
     let Reply::Batch(replies) = ordered else { panic!("{ordered:?}") };
-    // 200 KiB each: three fit in the 512 KiB budget, the rest are sent back to retry alone.
+    // 200 KiB each: two fit in the 512 KiB budget, the rest are sent back to retry alone.
     let answered = replies.iter().filter(|r| matches!(r, Reply::Op { err: 0, .. })).count();
-    assert_eq!(answered, BATCH_REPLY_MAX / (200 * 1024) + 1);
+    assert_eq!(answered, BATCH_REPLY_MAX / (200 * 1024));
     assert!(replies[answered..].iter().all(|r| *r == Reply::Refused { err: RETRY_ALONE }));
+    // A read whose reply would take the batch past the budget waits, however little
+    // came before it: 200 KiB and then 1,000,000 bytes would break Keel's 1 MiB bound.
+    let huge = vec![9u8; 1_000_000];
+    let create =
+        Request::Create { opcode: op::CREATE, path: "/huge".into(), data: huge, acl: Acl::open(), flags: 0, ttl: -1 };
+    assert_eq!(w.op(s, create).0, err::OK);
+    let huge_read = Command::Op { session: s, request: Request::GetData { path: "/huge".into(), watch: false } };
+    let pair = Command::Batch(vec![read(), huge_read.clone()]);
+    let unordered = w.coord.execute_read_only(&pair.encode(), &ctx).expect("a read-only batch");
+    assert!(unordered.len() <= keel_core::codec::OP_BYTES_MAX, "{} bytes", unordered.len());
+    let Some(Reply::Batch(replies)) = Reply::decode(&unordered) else { panic!("a batch reply") };
+    assert!(matches!(replies[0], Reply::Op { err: 0, .. }));
+    assert_eq!(replies[1], Reply::Refused { err: RETRY_ALONE });
+    // Alone, it is answered (it is the first).
+    let alone = w.coord.execute_read_only(&Command::Batch(vec![huge_read]).encode(), &ctx).expect("read-only");
+    assert!(matches!(Reply::decode(&alone), Some(Reply::Batch(r)) if matches!(r[0], Reply::Op { err: 0, .. })));
     // A batch with a write in it is not read-only.
     let mixed = Command::Batch(vec![read(), Command::Op { session: s, request: Request::Sync { path: "/".into() } }]);
     assert_eq!(w.coord.execute_read_only(&mixed.encode(), &ctx), None);
+}
+
+/// A front end sends a session's writes with the reads after them as one `Ops`: the
+/// reads see the writes, and those past the reply budget (counted across a group
+/// commit's whole batch) come back `RETRY_ALONE`, to be sent again after it.
+#[test]
+fn reads_after_writes_in_one_ops_see_them_within_the_reply_budget() {
+    use keel_coord::coord::RETRY_ALONE;
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    let big = |p: &str| Request::Create {
+        opcode: op::CREATE,
+        path: p.into(),
+        data: vec![1u8; 200 * 1024],
+        acl: Acl::open(),
+        flags: 0,
+        ttl: -1,
+    };
+    let get = |p: &str| Request::GetData { path: p.into(), watch: false };
+    let set = Request::SetData { path: "/big".into(), data: vec![2u8; 200 * 1024], version: -1 };
+    let ops = Command::Ops { session: s, requests: vec![big("/big"), set, get("/big"), get("/big"), get("/big")] };
+    let Reply::Ops(replies) = w.run(FE_A, ops) else { panic!("an Ops reply") };
+    assert_eq!(replies.len(), 5);
+    assert!(replies[..2].iter().all(|r| matches!(r, Reply::Op { err: 0, .. })), "{:?}", &replies[..2]);
+    for r in &replies[2..4] {
+        let Reply::Op { err: 0, body, .. } = r else { panic!("a read answered: {r:?}") };
+        let data = Reader::new(body).buffer().expect("data");
+        assert!(data.iter().all(|b| *b == 2), "the read sees the setData before it");
+    }
+    assert_eq!(replies[4], Reply::Refused { err: RETRY_ALONE }, "past 512 KiB");
+    // Two sessions' Ops in one group commit share the budget.
+    let t = w.connect(FE_A);
+    let one = |session| Command::Ops {
+        session,
+        requests: vec![Request::Sync { path: "/".into() }, get("/big"), get("/big")],
+    };
+    let Reply::Batch(replies) = w.run(FE_A, Command::Batch(vec![one(s), one(t)])) else { panic!("a batch") };
+    let refused = |r: &Reply| match r {
+        Reply::Ops(rs) => rs.iter().filter(|r| **r == Reply::Refused { err: RETRY_ALONE }).count(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((refused(&replies[0]), refused(&replies[1])), (0, 2), "{replies:?}");
+    assert!(w.run(FE_A, Command::Batch(vec![one(s), one(t)])).encode().len() <= keel_core::codec::OP_BYTES_MAX);
 }
 
 /// `/zookeeper/config` lists the front ends that announce themselves, as a ZooKeeper
