@@ -279,21 +279,19 @@ pub fn run_init(mut a: InitArgs) -> ExitCode {
             // Every port the cluster takes, by use (front ends are printed below), so an
             // operator can open or check them all.
             let base = base_port as usize;
+            let last_port = base + per_node * n - 1;
             println!(
-                "initialized a cluster of {n} nodes (u = {}, r = {}){layout} in {}, ports {}..{} \
+                "initialized a cluster of {n} nodes (u = {}, r = {}){layout} in {}, ports {base}..{last_port} \
                  (peers {}..{}, metrics {}..{})",
                 a.u,
                 a.r,
                 a.dir.display(),
                 base,
-                base + per_node * n - 1,
-                base,
                 base + n - 1,
                 base + n,
                 base + 2 * n - 1
             );
-            let last_port = base_port as u32 + (per_node * n) as u32 - 1;
-            if let Some((low, high)) = ephemeral_ports().filter(|r| overlaps(*r, (base_port as u32, last_port))) {
+            if let Some((low, high)) = ephemeral_ports().filter(|r| overlaps(*r, (base as u32, last_port as u32))) {
                 eprintln!(
                     "warning: ports {base_port}..{last_port} overlap this machine's ephemeral port range \
                      {low}..{high} (/proc/sys/net/ipv4/ip_local_port_range): any outgoing connection may \
