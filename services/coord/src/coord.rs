@@ -33,9 +33,12 @@ pub const BATCH_REPLY_MAX: usize = 512 * 1024;
 /// Not a ZooKeeper code: "send this request again, alone" (see `BATCH_REPLY_MAX`).
 pub const RETRY_ALONE: i32 = i32::MIN + 1;
 
-/// The reply bytes a batch has used so far.
+/// The reply bytes a batch has used so far, and whether it refused a read already.
 #[derive(Default)]
-struct BatchRoom(usize);
+struct BatchRoom {
+    used: usize,
+    closed: bool,
+}
 
 impl BatchRoom {
     fn size(reply: &Reply) -> usize {
@@ -48,19 +51,23 @@ impl BatchRoom {
 
     /// Counts a reply that is given whatever its size (a write's: it took effect).
     fn count(&mut self, reply: Reply) -> Reply {
-        self.0 += BatchRoom::size(&reply);
+        self.used += BatchRoom::size(&reply);
         reply
     }
 
     /// A read's reply if it fits in what is left (the first always does: alone it would
     /// be the same size), else `RETRY_ALONE`. Checked on the reply itself, not on the
-    /// room before it, so one large read cannot take a batch past Keel's bound.
+    /// room before it, so one large read cannot take a batch past Keel's bound. Once one
+    /// read is refused every later one is too, even a small one that would fit: a
+    /// session's refused read is answered later, alone, from a newer state, and a read
+    /// of the same session after it must not be answered from an older one here.
     fn fit(&mut self, reply: Reply) -> Reply {
         let size = BatchRoom::size(&reply);
-        if self.0 > 0 && self.0 + size > BATCH_REPLY_MAX {
+        if self.closed || (self.used > 0 && self.used + size > BATCH_REPLY_MAX) {
+            self.closed = true;
             return Reply::Refused { err: RETRY_ALONE };
         }
-        self.0 += size;
+        self.used += size;
         reply
     }
 }
