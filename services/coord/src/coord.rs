@@ -388,7 +388,7 @@ impl State {
                 if let Err(e) = self.session_for(session, ctx.client) {
                     return Reply::Op { zxid: 0, err: e, body: Vec::new() };
                 }
-                self.op(session, request, ctx)
+                self.ordered_op(session, request, ctx)
             }
             Command::Batch(commands) => {
                 let mut room = BatchRoom::default();
@@ -418,8 +418,8 @@ impl State {
                     requests
                         .into_iter()
                         .map(|r| match r.writes() {
-                            true => room.count(self.op(session, r, ctx)),
-                            false => room.fit(self.op(session, r, ctx)),
+                            true => room.count(self.ordered_op(session, r, ctx)),
+                            false => room.fit(self.ordered_op(session, r, ctx)),
                         })
                         .collect(),
                 )
@@ -429,6 +429,22 @@ impl State {
                 Server { addr, peer_port, metrics_port, owner: owner_of(ctx.client), seen: ctx.time },
                 ctx,
             ),
+        }
+    }
+
+    /// [`Coord::op`] at its place in the decided order. The reply of a request that
+    /// writes or sets a watch names the zxid it was executed at, failures and watched
+    /// reads included (ZooKeeper's reply header carries the last transaction the server
+    /// applied). A front end orders a session's watch events among its replies by it:
+    /// the event of a change made after a watched read comes after that read's reply,
+    /// or the client drops it (it registers the watcher only when the reply arrives).
+    /// Plain reads keep zxid 0: they are also answered read-only, where nodes at
+    /// different zxids must give equal bytes for equal data.
+    fn ordered_op(&mut self, session: i64, request: Request, ctx: &ExecCtx) -> Reply {
+        let writes = request.writes();
+        match self.op(session, request, ctx) {
+            Reply::Op { zxid: 0, err, body } if writes => Reply::Op { zxid: self.zxid, err, body },
+            reply => reply,
         }
     }
 

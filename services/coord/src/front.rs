@@ -127,10 +127,76 @@ struct Stats {
     connections: AtomicU64,
 }
 
+/// What a connection's writer sends, in the order it receives them, except that watch
+/// events wait for the replies ordered before them (`Outbox`).
 enum Out {
+    /// A frame with no place in the zxid order (a ping's answer, a local error).
     Frame(Vec<u8>),
+    /// A reply, and the zxid its header carries.
+    Reply(i64, Vec<u8>),
+    /// A watch notification for the change at this zxid.
+    Event(i64, Vec<u8>),
+    /// The processor sent requests to the cluster: events wait for their replies.
+    Busy,
+    /// Their replies were all sent.
+    Idle,
     /// End the connection (session expired or moved, or a gap in events).
     Close,
+}
+
+/// Most watch events one connection holds back while its requests are out; past it the
+/// connection closes and its client re-syncs (setWatches on reconnect).
+const HELD_EVENTS_MAX: usize = 4096;
+
+/// ZooKeeper's order on one connection: a watch event comes after the reply of every
+/// request executed before its change (the read that set the watch above all: the
+/// client registers a watcher only when that reply arrives, and drops an event for a
+/// watcher it does not hold yet) and before the reply of any request executed after
+/// it. Events reach a front end apart from replies (pushes, not answers), so one that
+/// arrives while the connection's requests are out is held until a reply at its zxid
+/// or later is written, or until every reply came back.
+#[derive(Default)]
+struct Outbox {
+    busy: usize,
+    held: std::collections::VecDeque<(i64, Vec<u8>)>,
+}
+
+impl Outbox {
+    /// The frames to write now for `o`, in order; None: close the connection.
+    fn next(&mut self, o: Out) -> Option<Vec<Vec<u8>>> {
+        Some(match o {
+            Out::Frame(frame) => vec![frame],
+            Out::Event(_, frame) if self.busy == 0 => vec![frame],
+            Out::Event(zxid, frame) => {
+                if self.held.len() >= HELD_EVENTS_MAX {
+                    return None;
+                }
+                self.held.push_back((zxid, frame));
+                Vec::new()
+            }
+            Out::Reply(zxid, frame) => {
+                // Events come in zxid order (a front end's pushes arrive in decided order).
+                let mut frames = Vec::new();
+                while self.held.front().is_some_and(|(e, _)| *e <= zxid) {
+                    frames.extend(self.held.pop_front().map(|(_, f)| f));
+                }
+                frames.push(frame);
+                frames
+            }
+            Out::Busy => {
+                self.busy += 1;
+                Vec::new()
+            }
+            Out::Idle => {
+                self.busy = self.busy.saturating_sub(1);
+                match self.busy {
+                    0 => self.held.drain(..).map(|(_, f)| f).collect(),
+                    _ => Vec::new(),
+                }
+            }
+            Out::Close => return None,
+        })
+    }
 }
 
 struct Conn {
@@ -344,7 +410,7 @@ async fn route_pushes(shared: Arc<Shared>, mut pushes: keel::PushReceiver) {
                     shared.saw(zxid);
                     let out = shared.conns.lock().ok().and_then(|c| c.get(&session).map(|c| c.out.clone()));
                     if let Some(out) = out {
-                        if out.try_send(Out::Frame(proto::notification(zxid, kind, &path))).is_err() {
+                        if out.try_send(Out::Event(zxid, proto::notification(zxid, kind, &path))).is_err() {
                             let _ = out.try_send(Out::Close);
                         }
                     }
@@ -506,20 +572,21 @@ async fn connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let writer_shared = shared.clone();
     let stall = Duration::from_millis(timeout as u64);
     let writer = tokio::spawn(async move {
-        while let Some(o) = outbox.recv().await {
-            match o {
-                Out::Frame(body) => match tokio::time::timeout(stall, write.write_all(&frame(&body))).await {
+        let mut order = Outbox::default();
+        'writing: while let Some(o) = outbox.recv().await {
+            let Some(frames) = order.next(o) else { break };
+            for body in frames {
+                match tokio::time::timeout(stall, write.write_all(&frame(&body))).await {
                     Ok(Ok(())) => {
                         writer_shared.stats.sent.fetch_add(1, Ordering::Relaxed);
                     }
-                    Ok(Err(_)) => break,
+                    Ok(Err(_)) => break 'writing,
                     Err(_) => {
                         writer_shared.stats.stalled.fetch_add(1, Ordering::Relaxed);
                         tracing::info!(session, "ZooKeeper client does not read its replies; closing");
-                        break;
+                        break 'writing;
                     }
-                },
-                Out::Close => break,
+                }
             }
         }
         let _ = write.shutdown().await;
@@ -648,6 +715,9 @@ async fn requests(
                             run.push((x, r));
                         }
                     }
+                    if out.send(Out::Busy).await.is_err() {
+                        return "writer gone";
+                    }
                     let replies = if writes {
                         write_batch(shared, session, run, floor).await
                     } else {
@@ -664,12 +734,15 @@ async fn requests(
                         if err == err::OK {
                             w.0.extend(body);
                         }
-                        if out.send(Out::Frame(w.into_bytes())).await.is_err() {
+                        if out.send(Out::Reply(zxid, w.into_bytes())).await.is_err() {
                             return "writer gone";
                         }
                         if err == err::SESSION_EXPIRED || err == err::SESSION_MOVED {
                             return "session expired or moved";
                         }
+                    }
+                    if out.send(Out::Idle).await.is_err() {
+                        return "writer gone";
                     }
                 }
             }
@@ -1012,6 +1085,40 @@ mod tests {
 
     fn settings(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    fn written(outbox: &mut Outbox, o: Out) -> Vec<String> {
+        let frames = outbox.next(o).expect("stays open");
+        frames.into_iter().map(|f| String::from_utf8(f).expect("text")).collect()
+    }
+
+    fn f(s: &str) -> Vec<u8> {
+        s.as_bytes().to_vec()
+    }
+
+    #[test]
+    fn a_watch_event_waits_for_the_replies_executed_before_its_change() {
+        let mut o = Outbox::default();
+        // Nothing out: an event goes at once.
+        assert_eq!(written(&mut o, Out::Event(5, f("e5"))), ["e5"]);
+        // A watched read is out when the change at zxid 12 fires its watch: the event
+        // waits for the read's reply (executed at 11), or the client would drop it.
+        assert!(written(&mut o, Out::Busy).is_empty());
+        assert!(written(&mut o, Out::Event(12, f("e12"))).is_empty());
+        assert!(written(&mut o, Out::Event(14, f("e14"))).is_empty());
+        assert_eq!(written(&mut o, Out::Reply(11, f("r11"))), ["r11"]);
+        // A reply executed at or after an event's change comes after it, as in ZooKeeper.
+        assert_eq!(written(&mut o, Out::Reply(12, f("r12"))), ["e12", "r12"]);
+        assert_eq!(written(&mut o, Out::Frame(f("pong"))), ["pong"]);
+        assert_eq!(written(&mut o, Out::Idle), ["e14"]);
+        assert_eq!(written(&mut o, Out::Event(20, f("e20"))), ["e20"]);
+        // Held back without end, the connection closes (its client re-syncs).
+        written(&mut o, Out::Busy);
+        for z in 0..HELD_EVENTS_MAX as i64 {
+            assert!(written(&mut o, Out::Event(30 + z, f("e"))).is_empty());
+        }
+        assert!(o.next(Out::Event(1 << 40, f("e"))).is_none());
+        assert!(Outbox::default().next(Out::Close).is_none());
     }
 
     #[test]

@@ -680,3 +680,26 @@ fn zookeeper_config_lists_the_announced_front_ends_and_follows_them() {
 fn announce(node: u32, addr: &str) -> Command {
     Command::Announce { node, addr: addr.into(), peer_port: 7100, metrics_port: 7104 }
 }
+
+#[test]
+fn a_watched_read_names_the_zxid_it_was_ordered_at_and_a_plain_read_none() {
+    // A front end holds a session's watch events until the replies executed before
+    // them are written: it needs the watched read's place in the zxid order. Plain reads
+    // stay at 0, equal to their read-only answers from nodes at other zxids.
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    w.create(s, "/z", 0).expect("created");
+    let after_create = match w.op(s, Request::Sync { path: "/".into() }) {
+        (err::OK, _) => w.coord.zxid(),
+        other => panic!("{other:?}"),
+    };
+    let requests = vec![
+        Request::GetData { path: "/z".into(), watch: true },
+        Request::GetData { path: "/z".into(), watch: false },
+        Request::Exists { path: "/none".into(), watch: true },
+    ];
+    let Reply::Ops(replies) = w.run(FE_A, Command::Ops { session: s, requests }) else { panic!("not Ops") };
+    let zxids: Vec<i64> = replies.iter().map(|r| if let Reply::Op { zxid, .. } = r { *zxid } else { -1 }).collect();
+    assert!(after_create > 0);
+    assert_eq!(zxids, [after_create, 0, after_create]);
+}
