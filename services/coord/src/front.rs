@@ -212,6 +212,8 @@ struct Shared {
     reads: mpsc::Sender<ReadJob>,
     /// The group committer's queue.
     commits: mpsc::Sender<Commit>,
+    /// Asks the push router to route every event the client has accepted so far.
+    barriers: mpsc::Sender<oneshot::Sender<()>>,
     /// This node's state, for `Reads::Local` (a shim has none).
     local: Option<LocalView>,
     options: Options,
@@ -266,6 +268,17 @@ impl Shared {
     fn heard(&self, session: i64, timeout: i32) {
         if let Ok(mut h) = self.heard.lock() {
             h.insert(session, (Instant::now(), timeout));
+        }
+    }
+
+    /// Returns once every watch event the client accepted so far is with its
+    /// connection's writer. Called when replies arrive, before they are written: each
+    /// node sends a change's events before the reply of any request executed after it,
+    /// so the events a reply must not overtake were accepted before it.
+    async fn route_accepted_events(&self) {
+        let (done, routed) = oneshot::channel();
+        if self.barriers.send(done).await.is_ok() {
+            let _ = routed.await;
         }
     }
 
@@ -338,10 +351,12 @@ pub async fn serve_client(
     let pushes = client.push_events();
     let (commits, commit_queue) = mpsc::channel(4096);
     let (reads, read_queue) = mpsc::channel(4096);
+    let (barriers, barrier_queue) = mpsc::channel(4096);
     let shared = Arc::new(Shared {
         client,
         reads,
         commits,
+        barriers,
         local,
         options,
         label,
@@ -354,7 +369,7 @@ pub async fn serve_client(
         stats: Stats::default(),
     });
     if let Some(pushes) = pushes {
-        tokio::spawn(route_pushes(shared.clone(), pushes));
+        tokio::spawn(route_pushes(shared.clone(), pushes, barrier_queue));
     }
     tokio::spawn(touch(shared.clone()));
     if let Some((node, ports)) = node {
@@ -401,39 +416,60 @@ pub async fn serve_client(
     }
 }
 
-/// Watch events and expiries from the cluster to the connections they are for.
-async fn route_pushes(shared: Arc<Shared>, mut pushes: keel::PushReceiver) {
-    while let Some((_, pushed)) = pushes.recv().await {
-        match pushed {
-            Pushed::Event { event, .. } => match Push::decode(&event) {
-                Some(Push::Watch { session, zxid, kind, path }) => {
-                    shared.saw(zxid);
-                    let out = shared.conns.lock().ok().and_then(|c| c.get(&session).map(|c| c.out.clone()));
-                    if let Some(out) = out {
-                        if out.try_send(Out::Event(zxid, proto::notification(zxid, kind, &path))).is_err() {
-                            let _ = out.try_send(Out::Close);
-                        }
-                    }
-                }
-                Some(Push::Expired { session }) => {
-                    let conn = shared.conns.lock().ok().and_then(|mut c| c.remove(&session));
-                    if let Some(conn) = conn {
-                        let _ = conn.out.try_send(Out::Close);
-                    }
-                    if let Ok(mut h) = shared.heard.lock() {
-                        h.remove(&session);
-                    }
-                }
-                None => tracing::warn!("coord front end: an event it cannot read"),
+/// Watch events and expiries from the cluster to the connections they are for. A
+/// barrier is answered once every event queued before it was routed.
+async fn route_pushes(
+    shared: Arc<Shared>,
+    mut pushes: keel::PushReceiver,
+    mut barriers: mpsc::Receiver<oneshot::Sender<()>>,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            pushed = pushes.recv() => match pushed {
+                Some((_, pushed)) => route(&shared, pushed),
+                None => return,
             },
-            // Events were lost: every client re-syncs (reconnect, setWatches).
-            Pushed::Gap { first, last } => {
-                tracing::warn!(first, last, "coord front end: watch events lost; dropping connections");
-                let conns: Vec<Conn> =
-                    shared.conns.lock().map(|mut c| c.drain().map(|(_, c)| c).collect()).unwrap_or_default();
-                for conn in conns {
+            Some(done) = barriers.recv() => {
+                while let Ok((_, pushed)) = pushes.try_recv() {
+                    route(&shared, pushed);
+                }
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+fn route(shared: &Shared, pushed: Pushed) {
+    match pushed {
+        Pushed::Event { event, .. } => match Push::decode(&event) {
+            Some(Push::Watch { session, zxid, kind, path }) => {
+                shared.saw(zxid);
+                let out = shared.conns.lock().ok().and_then(|c| c.get(&session).map(|c| c.out.clone()));
+                if let Some(out) = out {
+                    if out.try_send(Out::Event(zxid, proto::notification(zxid, kind, &path))).is_err() {
+                        let _ = out.try_send(Out::Close);
+                    }
+                }
+            }
+            Some(Push::Expired { session }) => {
+                let conn = shared.conns.lock().ok().and_then(|mut c| c.remove(&session));
+                if let Some(conn) = conn {
                     let _ = conn.out.try_send(Out::Close);
                 }
+                if let Ok(mut h) = shared.heard.lock() {
+                    h.remove(&session);
+                }
+            }
+            None => tracing::warn!("coord front end: an event it cannot read"),
+        },
+        // Events were lost: every client re-syncs (reconnect, setWatches).
+        Pushed::Gap { first, last } => {
+            tracing::warn!(first, last, "coord front end: watch events lost; dropping connections");
+            let conns: Vec<Conn> =
+                shared.conns.lock().map(|mut c| c.drain().map(|(_, c)| c).collect()).unwrap_or_default();
+            for conn in conns {
+                let _ = conn.out.try_send(Out::Close);
             }
         }
     }
@@ -724,6 +760,7 @@ async fn requests(
                         reads(shared, session, run, floor).await
                     };
                     let Some(replies) = replies else { return "the cluster did not answer" };
+                    shared.route_accepted_events().await;
                     for (xid, reply) in replies {
                         let Reply::Op { zxid, err, body } = reply else { return "an answer it cannot read" };
                         shared.saw(zxid);
