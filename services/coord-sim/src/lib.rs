@@ -64,7 +64,8 @@
 //!   - *for a real change*: an event at the zxid of a known transaction names a change it
 //!     made (NODE_CREATED or NODE_DELETED of a path, NODE_CHILDREN_CHANGED of its
 //!     parent, NODE_DATA_CHANGED of a set path; a closeSession's deletes of `/e/*`);
-//!     events at other zxids (expiries, ops without an answer) are not judged here;
+//!     one at another zxid names a change that an op without an answer or a session's
+//!     end (a close or an expiry: deletes of `/e/*`) may make;
 //!   - *set before, one-shot fires once*: each one-shot event is matched to its own
 //!     watch of that session, class (data or child) and path that may have been set
 //!     (R may lie) after the previous such event and before the change; a persistent
@@ -144,8 +145,10 @@ pub struct Stats {
     /// Watch events clients accepted, and gaps in their push streams.
     pub watch_events: u64,
     pub push_gaps: u64,
-    /// Events whose zxid is a transaction the history knows, judged against its changes.
+    /// Events whose zxid is a transaction the history knows, judged against its changes;
+    /// the others, judged against what ops without an answer and expiries may change.
     pub events_against_changes: u64,
+    pub events_at_unknown_zxids: u64,
     /// Events matched to the one-shot watch that fired them.
     pub one_shot_events: u64,
     /// Watches whose event was owed and found (a later change, the push stream intact

@@ -20,6 +20,13 @@
 //! - Watches are never removed here (no removeWatches), and `/q` and `/e`, the only
 //!   paths with child watches, are never deleted: a NODE_DELETED event is a data or
 //!   persistent watch's.
+//! - No transaction makes two changes that fire one persistent watch with the same kind
+//!   and path (coord, like ZooKeeper, fires per change, so a multi creating two
+//!   children of a persistently watched znode would send that session two equal
+//!   events): persistent watches sit on `/q` (one sequential create per transaction),
+//!   one `/p` path (single ops) and, recursively, `/e` (NODE_CHILDREN_CHANGED, which a
+//!   session's end fires once per ephemeral, does not reach recursive watches). So an
+//!   event twice is an error.
 
 use crate::{decoded, multi_results, persistent_session, Stats};
 use keel_coord::coord::{Command, Push, Reply};
@@ -39,8 +46,10 @@ enum Change {
     Created(String),
     Deleted(String),
     Data(String),
-    /// closeSession: the session's ephemerals (all under `/e`, which ones the history
-    /// does not say exactly) went.
+    /// A sequential create without an answer: its name is this prefix and ten digits.
+    CreatedSequential(String),
+    /// closeSession or expiry: the session's ephemerals (all under `/e`, which ones the
+    /// history does not say exactly) went.
     SessionEnd,
 }
 
@@ -113,7 +122,7 @@ fn events_of(change: &Change) -> Option<Vec<(i32, String)>> {
         Change::Created(p) => with_parent(event::NODE_CREATED, p),
         Change::Deleted(p) => with_parent(event::NODE_DELETED, p),
         Change::Data(p) => vec![(event::NODE_DATA_CHANGED, p.clone())],
-        Change::SessionEnd => return None,
+        Change::CreatedSequential(_) | Change::SessionEnd => return None,
     })
 }
 
@@ -121,11 +130,42 @@ fn events_of(change: &Change) -> Option<Vec<(i32, String)>> {
 fn may_fire(change: &Change, kind: i32, path: &str) -> bool {
     match events_of(change) {
         Some(events) => events.iter().any(|(k, p)| *k == kind && p == path),
-        None => {
-            (kind == event::NODE_DELETED && path.starts_with("/e/"))
-                || (kind == event::NODE_CHILDREN_CHANGED && path == "/e")
+        None => match change {
+            Change::CreatedSequential(prefix) => {
+                let named = |p: &str| {
+                    p.strip_prefix(prefix.as_str())
+                        .is_some_and(|n| n.len() == 10 && n.bytes().all(|b| b.is_ascii_digit()))
+                };
+                (kind == event::NODE_CREATED && named(path))
+                    || (kind == event::NODE_CHILDREN_CHANGED && path == split(prefix).0)
+            }
+            _ => {
+                (kind == event::NODE_DELETED && path.starts_with("/e/"))
+                    || (kind == event::NODE_CHILDREN_CHANGED && path == "/e")
+            }
+        },
+    }
+}
+
+/// The changes transactions the history does not know may have made: those of the
+/// writes and closes without an answer, and a session's end (by expiry at a tick).
+fn unknown_changes(entries: &[Entry]) -> Vec<Change> {
+    let mut out = vec![Change::SessionEnd];
+    let add = |request: &Request, out: &mut Vec<Change>| match request {
+        Request::Create { path, flags: 2 | 3, .. } => out.push(Change::CreatedSequential(path.clone())),
+        Request::Create { path, .. } => out.push(Change::Created(path.clone())),
+        Request::SetData { path, .. } => out.push(Change::Data(path.clone())),
+        Request::Delete { path, .. } => out.push(Change::Deleted(path.clone())),
+        _ => {}
+    };
+    for (_, command, ret) in entries {
+        match (command, ret) {
+            (Command::Op { request: Request::Multi(ops), .. }, None) => ops.iter().for_each(|op| add(op, &mut out)),
+            (Command::Op { request, .. }, None) => add(request, &mut out),
+            _ => {}
         }
     }
+    out
 }
 
 /// Judges the watches (see the crate doc); counts into `stats`.
@@ -150,7 +190,7 @@ pub(crate) fn check(
         })
         .collect();
     check_streams(&streams, &owners)?;
-    check_changes(&streams, &transactions, stats)?;
+    check_changes(&streams, &transactions, &unknown_changes(&entries), stats)?;
     check_set_before(&streams, &watches, stats)?;
     check_owed(&streams, &watches, &transactions, stats)
 }
@@ -314,7 +354,8 @@ fn streams(pushes: &BTreeMap<u64, Vec<(u64, Pushed)>>, stats: &mut Stats) -> Res
     Ok(out)
 }
 
-/// A client's events come in zxid order, none twice, each for a session of its own.
+/// A client's events come in zxid order, none twice (see the module doc for why twice
+/// is wrong here), each for a session of its own.
 fn check_streams(streams: &BTreeMap<u64, Vec<Item>>, owners: &BTreeMap<i64, u64>) -> Result<(), String> {
     for (client, stream) in streams {
         let mut last = i64::MIN;
@@ -336,16 +377,28 @@ fn check_streams(streams: &BTreeMap<u64, Vec<Item>>, owners: &BTreeMap<i64, u64>
     Ok(())
 }
 
-/// An event whose zxid is a transaction the history knows names a change it made.
+/// An event whose zxid is a transaction the history knows names a change it made; one
+/// at another zxid names a change a transaction the history does not know may have
+/// made (`unknown`).
 fn check_changes(
     streams: &BTreeMap<u64, Vec<Item>>,
     transactions: &BTreeMap<i64, Transaction>,
+    unknown: &[Change],
     stats: &mut Stats,
 ) -> Result<(), String> {
     for stream in streams.values() {
         for item in stream {
             let Item::Watch { session, zxid, kind, path } = item else { continue };
-            let Some(t) = transactions.get(zxid) else { continue };
+            let Some(t) = transactions.get(zxid) else {
+                stats.events_at_unknown_zxids += 1;
+                if !unknown.iter().any(|c| may_fire(c, *kind, path)) {
+                    return Err(format!(
+                        "session {session:#x} got event {kind} on {path} at zxid {zxid}, a transaction the history \
+                         does not know, and neither an op without an answer nor a session's end makes that change"
+                    ));
+                }
+                continue;
+            };
             stats.events_against_changes += 1;
             if !t.changes.iter().any(|c| may_fire(c, *kind, path)) {
                 return Err(format!(

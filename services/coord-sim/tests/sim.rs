@@ -50,6 +50,7 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
                 total.watch_events += stats.watch_events;
                 total.push_gaps += stats.push_gaps;
                 total.events_against_changes += stats.events_against_changes;
+                total.events_at_unknown_zxids += stats.events_at_unknown_zxids;
                 total.one_shot_events += stats.one_shot_events;
                 total.owed_events += stats.owed_events;
             }
@@ -74,6 +75,7 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
     );
     assert!(total.watch_events > 300 && total.one_shot_events > 100, "watch events come and are matched: {total:?}");
     assert!(total.events_against_changes > 200, "events are judged against the changes that made them: {total:?}");
+    assert!(total.events_at_unknown_zxids > 0, "events of expiries are judged: {total:?}");
     assert!(total.owed_events > 100, "events owed are looked for: {total:?}");
 }
 
@@ -143,6 +145,8 @@ mod broken {
         PersistentFiresBeforeTheChange,
         /// addWatch answers a zxid one ahead of the one it ran at.
         AddWatchZxidAhead,
+        /// Events fired at ticks (by expiries) say NODE_DATA_CHANGED of `/p0`.
+        ExpiryEventWrongPath,
     }
 
     /// Gives each service instance (each node, each restart) a different clock offset.
@@ -267,7 +271,16 @@ mod broken {
             if self.watch_bug() {
                 let local = ExecCtx::new(ctx.seq, ctx.time, ctx.seed, ctx.client);
                 self.coord.on_tick(&local);
-                let pushes = local.take_pushes();
+                let mut pushes = local.take_pushes();
+                if let Bug::ExpiryEventWrongPath = self.bug {
+                    for (_, bytes) in pushes.iter_mut() {
+                        if let Some(Push::Watch { session, zxid, .. }) = Push::decode(bytes) {
+                            let path = "/p0".to_string();
+                            *bytes =
+                                postcard_push(&Push::Watch { session, zxid, kind: event::NODE_DATA_CHANGED, path });
+                        }
+                    }
+                }
                 self.send(pushes, ctx);
                 return;
             }
@@ -305,6 +318,7 @@ mod broken {
                     | Bug::WrongClient
                     | Bug::PersistentEventLost
                     | Bug::PersistentFiresBeforeTheChange
+                    | Bug::ExpiryEventWrongPath
             )
         }
 
@@ -633,6 +647,13 @@ mod broken {
     fn a_persistent_watch_firing_for_a_change_before_it_was_set_is_caught() {
         let found = caught(Bug::PersistentFiresBeforeTheChange, "none");
         assert!(says(&found, "for no addWatch it made before"), "{found:?}");
+    }
+
+    #[test]
+    fn an_expiry_event_for_the_wrong_path_is_caught() {
+        // Sessions expire only when the run lasts: under network faults.
+        let found = caught(Bug::ExpiryEventWrongPath, "network");
+        assert!(says(&found, "neither an op without an answer nor a session's end"), "{found:?}");
     }
 
     #[test]
