@@ -4,6 +4,7 @@
 //! own [`Service`] and runs it under the same faults Keel's tests use (see [`crate::run_seed`]).
 //! KV's workload lives with KV (`services/kv-sim`): the simulator depends on no service.
 
+use keel_core::client::Pushed;
 use keel_core::message::ReadConsistency;
 use keel_core::service::Service;
 use rand_chacha::ChaCha8Rng;
@@ -69,6 +70,14 @@ pub trait Workload {
     /// depend on earlier answers learns them here: coord's session ids). Default:
     /// nothing.
     fn observe(&mut self, _client: u64, _op: &[u8], _result: &[u8]) {}
+
+    /// Client `client`'s core delivered `pushed` at simulated time `at`: a push event
+    /// r + 1 nodes sent alike, or a gap (events lost). Called in the order the client
+    /// delivers them, which is the order of their numbers (the simulator checks that,
+    /// and that each event is one correct nodes sent). A workload whose service pushes
+    /// (coord's watches) keeps what it needs here for [`Workload::check_history`].
+    /// Default: nothing.
+    fn on_push(&mut self, _client: u64, _at: u64, _pushed: &Pushed) {}
 
     /// Judges the complete history; `Err` names what is wrong. The default accepts any
     /// history (agreement, validity and exactly-once are still checked by the simulator).

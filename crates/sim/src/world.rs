@@ -1705,6 +1705,7 @@ impl<W: Workload> World<W> {
                     (*first, *last)
                 }
             };
+            self.workload.on_push(id, self.now, &p);
             let next = &mut self.clients[idx].push_next;
             if first != *next || last < first {
                 let expected = *next;

@@ -10,6 +10,16 @@
 //! never touched (no front end heartbeats here), so they also expire at agreed-time
 //! ticks, and their ephemerals go with them.
 //!
+//! Watches: a third of the sessions ([`persistent_session`], by id) first set persistent
+//! watches with addWatch (on `/q` and on one `/p` path) and a persistent-recursive one
+//! on `/e`, and no one-shot watch; the others set one-shot watches on half their
+//! getData and exists (of `/pN`, `/vN`, `/acl` and other clients' ephemerals, so an
+//! event also comes when an ephemeral's session closes or expires) and by getChildren of
+//! `/q` and `/e`. (Kept apart because a session hears one event per kind and path per
+//! transaction, whichever of its watches fired.) The simulator hands the workload each
+//! client's push stream ([`Workload::on_push`]): the events r + 1 nodes sent alike, in
+//! decided order, and the gaps where some were lost.
+//!
 //! The checks:
 //! - **Persistent znodes are linearizable registers.** A create is a compare-and-set
 //!   from absent (OK or NODEEXISTS), a setData or delete (version -1) that succeeded a
@@ -42,16 +52,43 @@
 //! - **Ephemerals end with their session**: once a client learned its session ended (its
 //!   close answered, or a request refused with SESSION_EXPIRED), no read invoked later
 //!   finds that session's ephemerals.
+//! - **Watches** (`watches.rs` says what each rests on). A watching read's reply carries
+//!   no zxid, so the zxid R of the state it ran on is bounded: at least every zxid
+//!   answered (by any op: writes, failed writes, sessions, addWatch) before it was
+//!   invoked and its stat's mzxid and pzxid, at most every zxid answered by an op
+//!   invoked after it returned (less one for a transaction); addWatch answers its R,
+//!   which must lie within those bounds. A transaction the history knows is an answered
+//!   op that changed the state, with the reply's zxid. Then:
+//!   - *in order, once, to the right client*: a client's events come in zxid order,
+//!     none twice, none of another client's session;
+//!   - *for a real change*: an event at the zxid of a known transaction names a change it
+//!     made (NODE_CREATED or NODE_DELETED of a path, NODE_CHILDREN_CHANGED of its
+//!     parent, NODE_DATA_CHANGED of a set path; a closeSession's deletes of `/e/*`);
+//!     one at another zxid names a change that an op without an answer or a session's
+//!     end (a close or an expiry: deletes of `/e/*`) may make;
+//!   - *set before, one-shot fires once*: each one-shot event is matched to its own
+//!     watch of that session, class (data or child) and path that may have been set
+//!     (R may lie) after the previous such event and before the change; a persistent
+//!     session's event needs an addWatch covering it with R before the change;
+//!   - *owed events come*: for a watch surely set and a known transaction ordered after
+//!     it (zxid above R's bound) that fires it, if the client's stream later holds an
+//!     event past that zxid with no gap and no end of the session before it, then the
+//!     event is there (a one-shot watch: an event of its kind and path after R and no
+//!     later than that change; persistent: exactly that change's event). Events owed by
+//!     expiries are not looked for: the history does not know their zxids.
 //!
 //! The simulator itself checks agreement, validity, exactly-once, checkpoint and push
 //! agreement; a node whose state diverged (a service that expires by local time, say)
 //! shows there.
+
+mod watches;
 
 use keel_coord::coord::digest_id;
 use keel_coord::coord::{Command, Reply};
 use keel_coord::jute::Reader;
 use keel_coord::proto::{err, op, perm, Acl, Request, Stat};
 use keel_coord::Coord;
+use keel_core::client::Pushed;
 use keel_core::message::ReadConsistency;
 use keel_sim::linearizability::{check_kv, KvOp, KvRet, Operation, Verdict};
 use keel_sim::{run_seed, HistoryEntry, SeedReport, SimOptions, Workload};
@@ -101,6 +138,22 @@ pub struct Stats {
     /// BADVERSION.
     pub versioned_ops: u64,
     pub bad_versions: u64,
+    /// Watches set: one-shot ones by reads that answered (so they registered), and
+    /// persistent and recursive ones by addWatch.
+    pub one_shot_watches: u64,
+    pub persistent_watches: u64,
+    /// Watch events clients accepted, and gaps in their push streams.
+    pub watch_events: u64,
+    pub push_gaps: u64,
+    /// Events whose zxid is a transaction the history knows, judged against its changes;
+    /// the others, judged against what ops without an answer and expiries may change.
+    pub events_against_changes: u64,
+    pub events_at_unknown_zxids: u64,
+    /// Events matched to the one-shot watch that fired them.
+    pub one_shot_events: u64,
+    /// Watches whose event was owed and found (a later change, the push stream intact
+    /// past it).
+    pub owed_events: u64,
 }
 
 /// `opts` with coord's tick if it has none: sessions expire at ticks.
@@ -174,8 +227,27 @@ pub struct CoordWorkload {
     /// (values are unique and versions rise by one per set, so "at version k" is "holds
     /// the value read at version k").
     expected: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Each client's addWatch requests issued for its current session (a session with
+    /// persistent watches, [`persistent_session`], sets them first).
+    added: BTreeMap<u64, usize>,
+    /// What each client's core delivered of its push stream, in order.
+    pushes: BTreeMap<u64, Vec<(u64, Pushed)>>,
     /// Filled in by [`Workload::check_history`].
     stats: Arc<Mutex<Stats>>,
+}
+
+/// Sessions that watch with addWatch (persistent on `/q` and on one `/p` path,
+/// persistent-recursive on `/e`) and set no one-shot watch; the others set only one-shot
+/// watches. Kept apart because coord sends one event per session, kind and path for a
+/// transaction, whichever watches it fired: a session with both kinds on one path could
+/// not tell which one an event used up. Decided by the id, so the check knows it too.
+pub fn persistent_session(session: i64) -> bool {
+    session.rem_euclid(3) == 0
+}
+
+/// The addWatch requests a persistent session makes, in order: (mode, path).
+pub(crate) fn persistent_watches_of(session: i64) -> [(i32, String); 3] {
+    [(0, "/q".to_string()), (0, format!("/p{}", session.rem_euclid(PATHS as i64))), (1, "/e".to_string())]
 }
 
 impl CoordWorkload {
@@ -229,14 +301,14 @@ impl CoordWorkload {
 impl CoordWorkload {
     /// An op on a `VERSIONED` znode: created first, then read, set at the version this
     /// client last read, or set at any version.
-    fn versioned_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Request {
+    fn versioned_op(&mut self, rng: &mut ChaCha8Rng, client: u64, watch: bool) -> Request {
         let path = VERSIONED[rng.gen_range(0..VERSIONED.len())];
         if !self.created.contains(path) {
             return create(path, self.fresh(client), 0);
         }
         let seen = self.seen_single.get(&(client, path.to_string())).cloned();
         match (rng.gen_range(0..10), seen) {
-            (0..=3, _) | (4..=8, None) => Request::GetData { path: path.into(), watch: false },
+            (0..=3, _) | (4..=8, None) => Request::GetData { path: path.into(), watch },
             (4..=8, Some((old, version))) => {
                 let data = self.fresh(client);
                 self.expected.insert(data.clone(), old);
@@ -271,9 +343,18 @@ impl Workload for CoordWorkload {
         if let Some(identity) = identity_of(client).filter(|_| !self.authed.contains(&client)) {
             return Command::Auth { session, scheme: "digest".into(), auth: identity.as_bytes().to_vec() }.encode();
         }
+        let watches = persistent_session(session);
+        let added = self.added.entry(client).or_default();
+        if watches && *added < 3 {
+            let (mode, path) = persistent_watches_of(session)[*added].clone();
+            *added += 1;
+            return Command::Op { session, request: Request::AddWatch { path, mode } }.encode();
+        }
+        // One-shot watches, on half the reads that can set one.
+        let watch = !watches && rng.gen_bool(0.5);
         match rng.gen_range(0..100) {
             0..=14 => return Command::Op { session, request: self.pair_op(rng, client) }.encode(),
-            15..=24 => return Command::Op { session, request: self.versioned_op(rng, client) }.encode(),
+            15..=24 => return Command::Op { session, request: self.versioned_op(rng, client, watch) }.encode(),
             25..=30 => {
                 let request = if !self.created.contains(ACL_PATH) {
                     Request::Create {
@@ -287,15 +368,23 @@ impl Workload for CoordWorkload {
                 } else if rng.gen_bool(0.5) {
                     Request::SetData { path: ACL_PATH.into(), data: self.fresh(client), version: -1 }
                 } else {
-                    Request::GetData { path: ACL_PATH.into(), watch: false }
+                    Request::GetData { path: ACL_PATH.into(), watch }
                 };
                 return Command::Op { session, request }.encode();
+            }
+            // Child watches on the parents of sequential and ephemeral znodes.
+            31..=36 if !watches => {
+                let path = if rng.gen_bool(0.5) { "/q" } else { "/e" };
+                if self.created.contains(path) {
+                    let request = Request::GetChildren { path: path.into(), watch: true, two: false };
+                    return Command::Op { session, request }.encode();
+                }
             }
             _ => {}
         }
         let path = format!("/p{}", rng.gen_range(0..PATHS));
         let request = match rng.gen_range(0..100) {
-            0..=26 => Request::GetData { path, watch: false },
+            0..=26 => Request::GetData { path, watch },
             27..=41 => create(&path, self.fresh(client), 0),
             42..=56 => Request::SetData { path, data: self.fresh(client), version: -1 },
             57..=59 => {
@@ -315,18 +404,21 @@ impl Workload for CoordWorkload {
             72..=81 => create("/e", Vec::new(), 0),
             82..=96 if !self.ephemerals.is_empty() => {
                 let path = self.ephemerals[rng.gen_range(0..self.ephemerals.len())].clone();
-                Request::Exists { path, watch: false }
+                Request::Exists { path, watch }
             }
-            82..=96 => Request::GetData { path, watch: false },
+            82..=96 => Request::GetData { path, watch },
             _ => return Command::Close { session }.encode(),
         };
         Command::Op { session, request }.encode()
     }
 
-    /// getData, exists and multiRead go ordered, read-only linearizable or by read index.
+    /// getData, exists and multiRead go ordered, read-only linearizable or by read index;
+    /// a read that sets a watch is ordered (it changes the state).
     fn read_mode(&mut self, rng: &mut ChaCha8Rng, op: &[u8]) -> Option<ReadConsistency> {
         let Ok(Command::Op {
-            request: Request::GetData { .. } | Request::Exists { .. } | Request::MultiRead(_), ..
+            request:
+                Request::GetData { watch: false, .. } | Request::Exists { watch: false, .. } | Request::MultiRead(_),
+            ..
         }) = Command::decode(op)
         else {
             return None;
@@ -344,6 +436,7 @@ impl Workload for CoordWorkload {
             (Command::Connect { .. }, Reply::Session { id, .. }) => {
                 self.sessions.insert(client, id);
                 self.authed.remove(&client);
+                self.added.remove(&client);
             }
             (Command::Close { .. }, _) => {
                 self.sessions.remove(&client);
@@ -400,6 +493,10 @@ impl Workload for CoordWorkload {
         }
     }
 
+    fn on_push(&mut self, client: u64, at: u64, pushed: &Pushed) {
+        self.pushes.entry(client).or_default().push((at, pushed.clone()));
+    }
+
     fn check_history(&self, history: &[HistoryEntry]) -> Result<(), String> {
         let mut stats = Stats::default();
         for h in history {
@@ -412,6 +509,7 @@ impl Workload for CoordWorkload {
         (stats.pair_ops, stats.failed_multis, stats.conditional_sets) = check_pair(history, &self.expected)?;
         stats.sequential = check_sequential(history)?;
         check_ephemerals(history, &mut stats)?;
+        watches::check(history, &self.pushes, &mut stats)?;
         if let Ok(mut s) = self.stats.lock() {
             *s = stats;
         }
@@ -420,7 +518,7 @@ impl Workload for CoordWorkload {
 }
 
 /// What one history entry is, decoded.
-fn decoded(h: &HistoryEntry) -> Result<(Command, Option<(u64, Reply)>), String> {
+pub(crate) fn decoded(h: &HistoryEntry) -> Result<(Command, Option<(u64, Reply)>), String> {
     let command = Command::decode(&h.op).map_err(|e| format!("history holds an undecodable command: {e}"))?;
     let ret = match &h.ret {
         None => None,
@@ -673,10 +771,10 @@ fn check_ephemerals(history: &[HistoryEntry], stats: &mut Stats) -> Result<(), S
 
 /// One op's result inside a multi or multiRead: its error code and, for a getData that
 /// succeeded, the data and its version.
-type OpResult = (i32, Option<(Vec<u8>, i32)>);
+pub(crate) type OpResult = (i32, Option<(Vec<u8>, i32)>);
 
 /// A multi's or multiRead's results, one per op.
-fn multi_results(body: &[u8], ops: &[Request]) -> Result<Vec<OpResult>, String> {
+pub(crate) fn multi_results(body: &[u8], ops: &[Request]) -> Result<Vec<OpResult>, String> {
     let mut r = Reader::new(body);
     let bad = |e: keel_coord::jute::JuteError| format!("multi reply: {e}");
     let mut out = Vec::with_capacity(ops.len());

@@ -45,6 +45,14 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
                 total.acl_ops += stats.acl_ops;
                 total.no_auth += stats.no_auth;
                 total.bad_versions += stats.bad_versions;
+                total.one_shot_watches += stats.one_shot_watches;
+                total.persistent_watches += stats.persistent_watches;
+                total.watch_events += stats.watch_events;
+                total.push_gaps += stats.push_gaps;
+                total.events_against_changes += stats.events_against_changes;
+                total.events_at_unknown_zxids += stats.events_at_unknown_zxids;
+                total.one_shot_events += stats.one_shot_events;
+                total.owed_events += stats.owed_events;
             }
             assert!(ops > 60, "{f} ({u},{r}): {ops} ops over both seeds");
         }
@@ -61,6 +69,14 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
         "single sets and deletes at a version, some refused, are judged: {total:?}"
     );
     assert!(total.acl_ops > 200 && total.no_auth > 50, "ops on /acl, some refused, are judged: {total:?}");
+    assert!(
+        total.one_shot_watches > 300 && total.persistent_watches > 30,
+        "one-shot and persistent watches are set: {total:?}"
+    );
+    assert!(total.watch_events > 300 && total.one_shot_events > 100, "watch events come and are matched: {total:?}");
+    assert!(total.events_against_changes > 200, "events are judged against the changes that made them: {total:?}");
+    assert!(total.events_at_unknown_zxids > 0, "events of expiries are judged: {total:?}");
+    assert!(total.owed_events > 100, "events owed are looked for: {total:?}");
 }
 
 /// Deliberately broken services, each run by every node alike (so the nodes agree and
@@ -68,15 +84,18 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
 /// clock (which only agreement on the state can tell).
 mod broken {
     use super::*;
-    use keel_coord::coord::{Command, Reply};
-    use keel_coord::jute::Writer;
-    use keel_coord::proto::{err, op, Request};
+    use keel_coord::coord::{Command, Push, Reply};
+    use keel_coord::jute::{Reader, Writer};
+    use keel_coord::proto::{err, event, op, Request, Stat};
     use keel_coord::Coord;
-    use keel_coord_sim::{with_ticks, CoordWorkload};
+    use keel_coord_sim::{persistent_session, with_ticks, CoordWorkload};
+    use keel_core::client::Pushed;
+    use keel_core::ids::ClientId;
     use keel_core::message::ReadConsistency;
     use keel_core::service::{ExecCtx, ReadCtx, RestoreError, Service};
     use keel_sim::{run_seed, HistoryEntry, Workload};
     use rand_chacha::ChaCha8Rng;
+    use std::collections::{BTreeMap, BTreeSet};
     use std::sync::atomic::{AtomicU64, Ordering};
 
     #[derive(Clone, Copy)]
@@ -101,6 +120,33 @@ mod broken {
         SingleVersionIgnored,
         /// A setData of /acl runs as if its session had authenticated as alice.
         AclIgnored,
+        /// A one-shot data watch that fired stays set: every later change of its path by
+        /// a single write fires it again.
+        OneShotStaysSet,
+        /// NODE_DATA_CHANGED events say NODE_CREATED.
+        WrongKind,
+        /// Events on `/pN` name `/p(N+1)`.
+        WrongPath,
+        /// A watching getData of a znode whose last change is the latest transaction
+        /// fires at once, for that change (which the read saw).
+        FiresBeforeTheChange,
+        /// Each client's watch events go out in pairs, the second of a pair first.
+        OutOfOrder,
+        /// Every watch event goes out twice.
+        EventTwice,
+        /// Watch events of every fourth zxid are never sent (by any node: no gap).
+        EventLost,
+        /// Watch events go to the next client, not to the session's.
+        WrongClient,
+        /// Events of persistent watches whose zxid is a multiple of four are never sent.
+        PersistentEventLost,
+        /// addWatch of a znode whose last change is the latest transaction fires at
+        /// once, for that change (made before the watch was set).
+        PersistentFiresBeforeTheChange,
+        /// addWatch answers a zxid one ahead of the one it ran at.
+        AddWatchZxidAhead,
+        /// Events fired at ticks (by expiries) say NODE_DATA_CHANGED of `/p0`.
+        ExpiryEventWrongPath,
     }
 
     /// Gives each service instance (each node, each restart) a different clock offset.
@@ -110,10 +156,24 @@ mod broken {
         coord: Coord,
         bug: Bug,
         skew: u64,
+        /// OneShotStaysSet: the one-shot data watches that fired, by path: (session,
+        /// where its pushes go).
+        fired: BTreeMap<String, BTreeSet<(i64, ClientId)>>,
+        /// OutOfOrder: each client's event held back until its next one.
+        held: BTreeMap<ClientId, Vec<u8>>,
     }
 
     impl Service for Broken {
         fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
+            if self.watch_bug() {
+                let local = ExecCtx::new(ctx.seq, ctx.time, ctx.seed, ctx.client);
+                let zxid_before = self.coord.zxid();
+                let reply = self.coord.execute(request, &local);
+                let mut pushes = local.take_pushes();
+                self.after(request, &reply, zxid_before, &local, &mut pushes);
+                self.send(pushes, ctx);
+                return reply;
+            }
             let command = Command::decode(request);
             if let (Bug::AclIgnored, Ok(Command::Op { session, request: Request::SetData { path, .. } })) =
                 (self.bug, &command)
@@ -129,6 +189,15 @@ mod broken {
                     let mut w = Writer::new();
                     keel_coord::proto::Stat::default().write(&mut w);
                     return postcard_reply(Reply::Op { zxid: 0, err: err::OK, body: w.into_bytes() });
+                }
+                (Bug::AddWatchZxidAhead, Ok(Command::Op { request: Request::AddWatch { .. }, .. })) => {
+                    let reply = self.coord.execute(request, ctx);
+                    return match Reply::decode(&reply) {
+                        Some(Reply::Op { zxid, err: err::OK, body }) => {
+                            postcard_reply(Reply::Op { zxid: zxid + 1, err: err::OK, body })
+                        }
+                        _ => reply,
+                    };
                 }
                 (Bug::LostDelete, Ok(Command::Op { request: Request::Delete { .. }, .. })) => {
                     return postcard_reply(Reply::Op { zxid: 0, err: err::OK, body: Vec::new() });
@@ -199,6 +268,22 @@ mod broken {
         }
 
         fn on_tick(&mut self, ctx: &ExecCtx) {
+            if self.watch_bug() {
+                let local = ExecCtx::new(ctx.seq, ctx.time, ctx.seed, ctx.client);
+                self.coord.on_tick(&local);
+                let mut pushes = local.take_pushes();
+                if let Bug::ExpiryEventWrongPath = self.bug {
+                    for (_, bytes) in pushes.iter_mut() {
+                        if let Some(Push::Watch { session, zxid, .. }) = Push::decode(bytes) {
+                            let path = "/p0".to_string();
+                            *bytes =
+                                postcard_push(&Push::Watch { session, zxid, kind: event::NODE_DATA_CHANGED, path });
+                        }
+                    }
+                }
+                self.send(pushes, ctx);
+                return;
+            }
             if let Bug::LocalClockExpiry = self.bug {
                 let local = ExecCtx::new(ctx.seq, ctx.time + self.skew, ctx.seed, ctx.client);
                 self.coord.on_tick(&local);
@@ -220,6 +305,136 @@ mod broken {
     }
 
     impl Broken {
+        fn watch_bug(&self) -> bool {
+            matches!(
+                self.bug,
+                Bug::OneShotStaysSet
+                    | Bug::WrongKind
+                    | Bug::WrongPath
+                    | Bug::FiresBeforeTheChange
+                    | Bug::OutOfOrder
+                    | Bug::EventTwice
+                    | Bug::EventLost
+                    | Bug::WrongClient
+                    | Bug::PersistentEventLost
+                    | Bug::PersistentFiresBeforeTheChange
+                    | Bug::ExpiryEventWrongPath
+            )
+        }
+
+        /// The watch bugs that add events: what `request` (run in `ctx`, answered
+        /// `reply`; the state's zxid was `zxid_before`) fires that coord would not.
+        fn after(
+            &mut self,
+            request: &[u8],
+            reply: &[u8],
+            zxid_before: i64,
+            ctx: &ExecCtx,
+            pushes: &mut Vec<(ClientId, Vec<u8>)>,
+        ) {
+            // A session's pushes go to its own client, the one that connected it.
+            let client = ctx.client;
+            let (Ok(Command::Op { session, request }), Some(Reply::Op { zxid, err: err::OK, body })) =
+                (Command::decode(request), Reply::decode(reply))
+            else {
+                return;
+            };
+            match (self.bug, request) {
+                (Bug::OneShotStaysSet, request) => {
+                    for (to, bytes) in pushes.iter() {
+                        if let Some(Push::Watch { session, kind, path, .. }) = Push::decode(bytes) {
+                            let data =
+                                matches!(kind, event::NODE_CREATED | event::NODE_DELETED | event::NODE_DATA_CHANGED);
+                            if data && !persistent_session(session) {
+                                self.fired.entry(path).or_default().insert((session, *to));
+                            }
+                        }
+                    }
+                    let (kind, path) = match request {
+                        Request::SetData { path, .. } => (event::NODE_DATA_CHANGED, path),
+                        Request::Delete { path, .. } => (event::NODE_DELETED, path),
+                        _ => return,
+                    };
+                    // Fired again, unless coord fired it this time anyway.
+                    for (s, to) in self.fired.get(&path).cloned().unwrap_or_default() {
+                        let again = Push::Watch { session: s, zxid, kind, path: path.clone() };
+                        let fresh = postcard_push(&again);
+                        let fired_now = pushes.iter().any(|(_, b)| {
+                            matches!(Push::decode(b), Some(Push::Watch { session, path: p, .. }) if session == s && p == path)
+                        });
+                        if !fired_now {
+                            pushes.push((to, fresh));
+                        }
+                    }
+                }
+                (Bug::PersistentFiresBeforeTheChange, Request::AddWatch { path, mode: 0 }) => {
+                    let exists = Command::Op { session, request: Request::Exists { path: path.clone(), watch: false } };
+                    // A read: it changes nothing.
+                    let Some(Reply::Op { err: err::OK, body, .. }) =
+                        Reply::decode(&self.coord.execute(&exists.encode(), ctx))
+                    else {
+                        return;
+                    };
+                    let Ok(stat) = Stat::read(&mut Reader::new(&body)) else { return };
+                    if stat.mzxid == zxid {
+                        let kind =
+                            if stat.czxid == stat.mzxid { event::NODE_CREATED } else { event::NODE_DATA_CHANGED };
+                        pushes.push((client, postcard_push(&Push::Watch { session, zxid, kind, path })));
+                    }
+                }
+                (Bug::FiresBeforeTheChange, Request::GetData { path, watch: true }) => {
+                    let mut r = Reader::new(&body);
+                    let Ok(stat) = r.buffer().and_then(|_| Stat::read(&mut r)) else { return };
+                    if stat.mzxid == zxid_before {
+                        let kind =
+                            if stat.czxid == stat.mzxid { event::NODE_CREATED } else { event::NODE_DATA_CHANGED };
+                        let early = Push::Watch { session, zxid: stat.mzxid, kind, path };
+                        pushes.push((client, postcard_push(&early)));
+                    }
+                }
+                _ => {}
+            }
+        }
+
+        /// Sends `pushes`, as the watch bugs change them.
+        fn send(&mut self, pushes: Vec<(ClientId, Vec<u8>)>, ctx: &ExecCtx) {
+            for (to, bytes) in pushes {
+                let Some(Push::Watch { session, zxid, kind, path }) = Push::decode(&bytes) else {
+                    ctx.push(to, bytes);
+                    continue;
+                };
+                match self.bug {
+                    Bug::WrongKind if kind == event::NODE_DATA_CHANGED => {
+                        let wrong = Push::Watch { session, zxid, kind: event::NODE_CREATED, path };
+                        ctx.push(to, postcard_push(&wrong));
+                    }
+                    Bug::WrongPath if path.starts_with("/p") => {
+                        let n: u32 = path[2..].parse().unwrap_or(0);
+                        let wrong = Push::Watch { session, zxid, kind, path: format!("/p{}", (n + 1) % 3) };
+                        ctx.push(to, postcard_push(&wrong));
+                    }
+                    Bug::OutOfOrder => match self.held.remove(&to) {
+                        Some(first) => {
+                            ctx.push(to, bytes);
+                            ctx.push(to, first);
+                        }
+                        None => {
+                            self.held.insert(to, bytes);
+                        }
+                    },
+                    Bug::EventTwice => {
+                        ctx.push(to, bytes.clone());
+                        ctx.push(to, bytes);
+                    }
+                    Bug::EventLost if zxid % 4 == 0 => {}
+                    Bug::PersistentEventLost if zxid % 4 == 0 && persistent_session(session) => {}
+                    // The simulator's four clients are 1000..=1003.
+                    Bug::WrongClient if (1000..1004).contains(&to) => ctx.push(1000 + (to - 999) % 4, bytes),
+                    _ => ctx.push(to, bytes),
+                }
+            }
+        }
+
         /// A multi's ops as single ops: what worked stays when a later one fails.
         fn one_by_one(&mut self, session: i64, ops: &[Request], ctx: &ExecCtx) -> Vec<u8> {
             let mut w = Writer::new();
@@ -257,6 +472,10 @@ mod broken {
         reply.encode()
     }
 
+    fn postcard_push(push: &Push) -> Vec<u8> {
+        postcard::to_allocvec(push).unwrap_or_default()
+    }
+
     struct BrokenWorkload {
         inner: CoordWorkload,
         bug: Bug,
@@ -267,7 +486,13 @@ mod broken {
 
         fn service(&self) -> Broken {
             let n = INSTANCES.fetch_add(1, Ordering::Relaxed);
-            Broken { coord: Coord::new(), bug: self.bug, skew: (n % 5) * 2_500 }
+            Broken {
+                coord: Coord::new(),
+                bug: self.bug,
+                skew: (n % 5) * 2_500,
+                fired: BTreeMap::new(),
+                held: BTreeMap::new(),
+            }
         }
 
         fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8> {
@@ -284,6 +509,10 @@ mod broken {
 
         fn observe(&mut self, client: u64, op: &[u8], result: &[u8]) {
             self.inner.observe(client, op, result);
+        }
+
+        fn on_push(&mut self, client: u64, at: u64, pushed: &Pushed) {
+            self.inner.on_push(client, at, pushed);
         }
 
         fn check_history(&self, history: &[HistoryEntry]) -> Result<(), String> {
@@ -363,6 +592,80 @@ mod broken {
     fn a_write_its_acl_forbids_is_caught() {
         let found = caught(Bug::AclIgnored, "none");
         assert!(says(&found, "ACL: a setData of /acl"), "{found:?}");
+    }
+
+    #[test]
+    fn a_one_shot_watch_that_fires_twice_is_caught() {
+        let found = caught(Bug::OneShotStaysSet, "none");
+        assert!(says(&found, "a one-shot watch fired twice"), "{found:?}");
+    }
+
+    #[test]
+    fn an_event_of_the_wrong_kind_is_caught() {
+        let found = caught(Bug::WrongKind, "none");
+        assert!(says(&found, "but that transaction made"), "{found:?}");
+    }
+
+    #[test]
+    fn an_event_for_the_wrong_path_is_caught() {
+        let found = caught(Bug::WrongPath, "none");
+        assert!(says(&found, "but that transaction made"), "{found:?}");
+    }
+
+    #[test]
+    fn an_event_for_a_change_the_watching_read_saw_is_caught() {
+        let found = caught(Bug::FiresBeforeTheChange, "none");
+        assert!(says(&found, "or for a change made before it was set"), "{found:?}");
+    }
+
+    #[test]
+    fn events_out_of_zxid_order_are_caught() {
+        let found = caught(Bug::OutOfOrder, "none");
+        assert!(says(&found, "got a watch event at zxid"), "{found:?}");
+    }
+
+    #[test]
+    fn an_event_delivered_twice_is_caught() {
+        let found = caught(Bug::EventTwice, "none");
+        assert!(says(&found, "zxid") && says(&found, "twice"), "{found:?}");
+        assert!(!says(&found, "fired twice"), "{found:?}");
+    }
+
+    #[test]
+    fn an_event_never_sent_is_caught() {
+        let found = caught(Bug::EventLost, "none");
+        assert!(says(&found, "but no event came") || says(&found, "but none came"), "{found:?}");
+    }
+
+    #[test]
+    fn an_event_of_a_persistent_watch_never_sent_is_caught() {
+        let found = caught(Bug::PersistentEventLost, "none");
+        assert!(says(&found, "but none came"), "{found:?}");
+    }
+
+    #[test]
+    fn a_persistent_watch_firing_for_a_change_before_it_was_set_is_caught() {
+        let found = caught(Bug::PersistentFiresBeforeTheChange, "none");
+        assert!(says(&found, "for no addWatch it made before"), "{found:?}");
+    }
+
+    #[test]
+    fn an_expiry_event_for_the_wrong_path_is_caught() {
+        // Sessions expire only when the run lasts: under network faults.
+        let found = caught(Bug::ExpiryEventWrongPath, "network");
+        assert!(says(&found, "neither an op without an answer nor a session's end"), "{found:?}");
+    }
+
+    #[test]
+    fn an_event_sent_to_another_client_is_caught() {
+        let found = caught(Bug::WrongClient, "none");
+        assert!(says(&found, "got an event of session"), "{found:?}");
+    }
+
+    #[test]
+    fn an_add_watch_that_answers_a_later_zxid_is_caught() {
+        let found = caught(Bug::AddWatchZxidAhead, "none");
+        assert!(says(&found, "its answer's zxids and those of the ops before and after it disagree"), "{found:?}");
     }
 
     #[test]
