@@ -684,6 +684,9 @@ async fn requests(
         let mut pending: std::collections::VecDeque<Item> = std::collections::VecDeque::new();
         // The last transaction this connection's reads must see (its own last write).
         let mut floor = floor;
+        // Whether the session may hold a watch: only then can events race its replies
+        // (a session that moved here may hold some until its setWatches says).
+        let mut watching = false;
         loop {
             if pending.is_empty() {
                 match queue.recv().await {
@@ -724,6 +727,7 @@ async fn requests(
                     }
                 }
                 Item::Op(xid, request, size) => {
+                    watching |= request.sets_watch();
                     let writes = request.writes();
                     let mut run = vec![(xid, request)];
                     let mut bytes = size;
@@ -748,10 +752,11 @@ async fn requests(
                         reading |= writes && !next.writes();
                         bytes += size;
                         if let Some(Item::Op(x, r, _)) = pending.pop_front() {
+                            watching |= r.sets_watch();
                             run.push((x, r));
                         }
                     }
-                    if out.send(Out::Busy).await.is_err() {
+                    if watching && out.send(Out::Busy).await.is_err() {
                         return "writer gone";
                     }
                     let replies = if writes {
@@ -760,7 +765,9 @@ async fn requests(
                         reads(shared, session, run, floor).await
                     };
                     let Some(replies) = replies else { return "the cluster did not answer" };
-                    shared.route_accepted_events().await;
+                    if watching {
+                        shared.route_accepted_events().await;
+                    }
                     for (xid, reply) in replies {
                         let Reply::Op { zxid, err, body } = reply else { return "an answer it cannot read" };
                         shared.saw(zxid);
@@ -778,7 +785,7 @@ async fn requests(
                             return "session expired or moved";
                         }
                     }
-                    if out.send(Out::Idle).await.is_err() {
+                    if watching && out.send(Out::Idle).await.is_err() {
                         return "writer gone";
                     }
                 }

@@ -332,6 +332,18 @@ impl Request {
         }
     }
 
+    /// Whether the request may leave a watch for its session: after one, events may come.
+    pub fn sets_watch(&self) -> bool {
+        match self {
+            Request::Exists { watch, .. } | Request::GetData { watch, .. } | Request::GetChildren { watch, .. } => {
+                *watch
+            }
+            Request::SetWatches { .. } | Request::AddWatch { .. } => true,
+            Request::MultiRead(ops) => ops.iter().any(Request::sets_watch),
+            _ => false,
+        }
+    }
+
     /// Whether the reply may be large (node data, child lists): such a request is not
     /// batched with others, so that one reply stays within an operation's size bound.
     pub fn large_reply(&self) -> bool {
