@@ -114,6 +114,13 @@ fn the_java_client_scenarios_pass_with_local_reads_too() {
 }
 
 fn java_scenarios((c, fronts): (Cluster, Vec<SocketAddr>)) {
+    let out = java_program(&c, &fronts, "ZkScenarios", Duration::from_secs(240));
+    assert!(out.contains("all Java client scenarios passed"), "{out}");
+}
+
+/// Compiles `services/coord/tests/clients/{class}.java` against the Maven classpath and
+/// runs it with the cluster's client addresses and its nodes' process ids; its output.
+fn java_program(c: &Cluster, fronts: &[SocketAddr], class: &str, limit: Duration) -> String {
     let classes = tempfile::tempdir().expect("tempdir");
     let cp = classpath();
     run(
@@ -121,7 +128,7 @@ fn java_scenarios((c, fronts): (Cluster, Vec<SocketAddr>)) {
             .arg("-d")
             .arg(classes.path())
             .args(["-cp", &cp])
-            .arg(clients_dir().join("ZkScenarios.java")),
+            .arg(clients_dir().join(format!("{class}.java"))),
         "javac",
         Duration::from_secs(120),
     );
@@ -129,14 +136,14 @@ fn java_scenarios((c, fronts): (Cluster, Vec<SocketAddr>)) {
     let out = run(
         Command::new("java")
             .args(["-cp", &format!("{}:{cp}", classes.path().display())])
-            .arg("ZkScenarios")
-            .arg(hosts(&fronts))
+            .arg(class)
+            .arg(hosts(fronts))
             .arg(pids.join(",")),
-        "the Java client's scenarios",
-        Duration::from_secs(240),
+        class,
+        limit,
     );
     println!("{out}");
-    assert!(out.contains("all Java client scenarios passed"), "{out}");
+    out
 }
 
 /// Curator's recipes (leader latch, mutex, semaphore, atomic long, double barrier,
@@ -147,28 +154,7 @@ fn java_scenarios((c, fronts): (Cluster, Vec<SocketAddr>)) {
 #[test]
 fn curator_recipes_stay_right_across_a_kill_of_a_node() {
     let (c, fronts) = coord_cluster();
-    let classes = tempfile::tempdir().expect("tempdir");
-    let cp = classpath();
-    run(
-        Command::new("javac")
-            .arg("-d")
-            .arg(classes.path())
-            .args(["-cp", &cp])
-            .arg(clients_dir().join("CuratorScenarios.java")),
-        "javac",
-        Duration::from_secs(120),
-    );
-    let pids: Vec<String> = (0..4).map(|i| c.pid(i).to_string()).collect();
-    let out = run(
-        Command::new("java")
-            .args(["-cp", &format!("{}:{cp}", classes.path().display())])
-            .arg("CuratorScenarios")
-            .arg(hosts(&fronts))
-            .arg(pids.join(",")),
-        "Curator's scenarios",
-        Duration::from_secs(300),
-    );
-    println!("{out}");
+    let out = java_program(&c, &fronts, "CuratorScenarios", Duration::from_secs(300));
     assert!(out.contains("lock, semaphore and atomic long ok across a kill -9"), "{out}");
     assert!(out.contains("all Curator scenarios passed"), "{out}");
 }
