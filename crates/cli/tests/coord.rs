@@ -731,8 +731,20 @@ impl Drop for Shim {
 
 #[test]
 fn through_coord_shim_kazoo_works_and_keeps_working_when_a_node_dies() {
-    let (mut c, _fronts) = coord_cluster();
+    let (mut c, fronts) = coord_cluster();
     let shim = Shim::start(c.path());
+    // The shim names itself as the only server: a client that follows the config
+    // (Curator's ensemble tracker) stays behind the shim instead of moving to one node.
+    let read_config = format!(
+        "from kazoo.client import KazooClient as K; z = K('{}'); z.start(); \
+         print(z.get('/zookeeper/config')[0].decode()); z.stop()",
+        shim.addr
+    );
+    let config = run(Command::new("python3").args(["-c", &read_config]), "config read", Duration::from_secs(60));
+    let servers: Vec<&str> = config.lines().filter(|l| l.starts_with("server.")).collect();
+    assert_eq!(servers.len(), 1, "{config}");
+    assert!(servers[0].ends_with(&format!(";{}", shim.addr)), "{config}");
+    assert!(fronts.iter().all(|f| !config.contains(&f.to_string())), "{config}");
     let kazoo = |what: &str| {
         let out = run(
             Command::new("python3").arg(clients_dir().join("kazoo_scenarios.py")).arg(shim.addr.to_string()),

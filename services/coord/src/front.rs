@@ -475,6 +475,28 @@ fn route(shared: &Shared, pushed: Pushed) {
     }
 }
 
+/// A shim's answer to a read of `/zookeeper/config`: itself as the only server, with
+/// the cluster's version line. The application trusts the shim, not the nodes; a client
+/// that follows the config (Curator's ensemble tracker) would otherwise reconnect to the
+/// nodes' own ports and read from one node, past the shim's r + 1 matching. The quorum
+/// and election ports are the shim's port and the next one: ZooKeeper's parser needs two
+/// distinct ports there, and no client connects to them. None: not a getData reply.
+fn shim_config(body: &[u8], listen: SocketAddr) -> Option<Vec<u8>> {
+    let mut r = Reader::new(body);
+    let data = r.buffer().ok()?;
+    let mut stat = proto::Stat::read(&mut r).ok()?;
+    let text = String::from_utf8(data).ok()?;
+    let version = text.lines().find(|l| l.starts_with("version=")).unwrap_or("version=0");
+    let other = if listen.port() == u16::MAX { listen.port() - 1 } else { listen.port() + 1 };
+    // `host:port` as ZooKeeper writes it ([v6]:port for IPv6).
+    let ours = format!("server.0={listen}:{other}:participant;{listen}\n{version}");
+    stat.data_length = ours.len() as i32;
+    let mut w = Writer::new();
+    w.buffer(ours.as_bytes());
+    stat.write(&mut w);
+    Some(w.into_bytes())
+}
+
 /// Orders a touch of the sessions heard from within their timeout, every second.
 async fn touch(shared: Arc<Shared>) {
     let mut every = tokio::time::interval(TOUCH_EVERY);
@@ -730,6 +752,7 @@ async fn requests(
                     watching |= request.sets_watch();
                     let writes = request.writes();
                     let mut run = vec![(xid, request)];
+                    let mut config_reads = Vec::new();
                     let mut bytes = size;
                     // The run of requests of the same kind that follows (an ordered read
                     // with a large reply goes alone), and with quorum reads the reads
@@ -756,6 +779,9 @@ async fn requests(
                             run.push((x, r));
                         }
                     }
+                    if shared.pinned {
+                        config_reads.extend(run.iter().filter(|(_, r)| r.reads_config()).map(|(x, _)| *x));
+                    }
                     if watching && out.send(Out::Busy).await.is_err() {
                         return "writer gone";
                     }
@@ -776,7 +802,10 @@ async fn requests(
                         let mut w = Writer::new();
                         proto::reply_header(&mut w, xid, zxid, err);
                         if err == err::OK {
-                            w.0.extend(body);
+                            match config_reads.contains(&xid) {
+                                true => w.0.extend(shim_config(&body, shared.listen).unwrap_or(body)),
+                                false => w.0.extend(body),
+                            }
                         }
                         if out.send(Out::Reply(zxid, w.into_bytes())).await.is_err() {
                             return "writer gone";
@@ -1163,6 +1192,24 @@ mod tests {
         }
         assert!(o.next(Out::Event(1 << 40, f("e"))).is_none());
         assert!(Outbox::default().next(Out::Close).is_none());
+    }
+
+    #[test]
+    fn a_shim_names_itself_as_the_only_server_in_zookeeper_config() {
+        let nodes = "server.0=127.0.0.1:21000:21004:participant;127.0.0.1:21008\n\
+                     server.1=127.0.0.1:21001:21005:participant;127.0.0.1:21009\nversion=1a";
+        let stat = proto::Stat { data_length: nodes.len() as i32, version: 3, ..Default::default() };
+        let mut w = Writer::new();
+        w.buffer(nodes.as_bytes());
+        stat.write(&mut w);
+        let shim: SocketAddr = "127.0.0.1:2181".parse().expect("address");
+        let body = shim_config(&w.into_bytes(), shim).expect("a getData reply");
+        let mut r = Reader::new(&body);
+        let text = String::from_utf8(r.buffer().expect("data")).expect("text");
+        let back = proto::Stat::read(&mut r).expect("stat");
+        assert_eq!(text, "server.0=127.0.0.1:2181:2182:participant;127.0.0.1:2181\nversion=1a");
+        assert_eq!((back.data_length, back.version), (text.len() as i32, 3));
+        assert!(shim_config(b"\x00", shim).is_none(), "not a getData reply: left alone");
     }
 
     #[test]

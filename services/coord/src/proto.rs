@@ -332,6 +332,12 @@ impl Request {
         }
     }
 
+    /// Whether the request reads `/zookeeper/config` (getData, as the Java client's
+    /// getConfig does).
+    pub fn reads_config(&self) -> bool {
+        matches!(self, Request::GetData { path, .. } if path == "/zookeeper/config")
+    }
+
     /// Whether the request may leave a watch for its session: after one, events may come.
     pub fn sets_watch(&self) -> bool {
         match self {
