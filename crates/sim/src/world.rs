@@ -1191,12 +1191,17 @@ impl<W: Workload> World<W> {
         }
         let ended = events.iter().any(|e| matches!(e, Event::EpochEnded { .. }));
         let installed = events.iter().any(|e| matches!(e, Event::ViewInstalled { .. }));
-        // Decisions, executions and checkpoints are facts only once the step's records
-        // are durable: a node that crashes before that never made them (nothing it said
-        // depended on them: replies and votes are gated the same way).
-        let (facts, observations): (Vec<Event>, Vec<Event>) = events
-            .into_iter()
-            .partition(|e| matches!(e, Event::Decided { .. } | Event::Executed { .. } | Event::Checkpoint { .. }));
+        // Decisions, executions (with the ticks before them) and checkpoints are facts
+        // only once the step's records are durable: a node that crashes before that
+        // never made them (nothing it said depended on them: replies and votes are gated
+        // the same way). A tick kept while its execution was lost to a crash would be
+        // taken for the tick before that instance's re-execution after the restart.
+        let (facts, observations): (Vec<Event>, Vec<Event>) = events.into_iter().partition(|e| {
+            matches!(
+                e,
+                Event::Decided { .. } | Event::Executed { .. } | Event::Ticked { .. } | Event::Checkpoint { .. }
+            )
+        });
         for e in observations {
             self.on_event(n, e, epoch);
         }
