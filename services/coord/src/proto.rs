@@ -90,6 +90,10 @@ pub mod perm {
 /// `jute.maxbuffer`'s default: the largest frame and znode payload.
 pub const MAX_BUFFER: usize = 1024 * 1024;
 
+/// The znode holding the ensemble's dynamic configuration (the client addresses of
+/// the front ends; `Command::Announce`).
+pub const CONFIG_PATH: &str = "/zookeeper/config";
+
 /// A node's metadata as every read returns it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stat {
@@ -335,7 +339,7 @@ impl Request {
     /// Whether the request reads `/zookeeper/config` (getData, as the Java client's
     /// getConfig does).
     pub fn reads_config(&self) -> bool {
-        matches!(self, Request::GetData { path, .. } if path == "/zookeeper/config")
+        matches!(self, Request::GetData { path, .. } if path == CONFIG_PATH)
     }
 
     /// Whether the request may leave a watch for its session: after one, events may come.

@@ -1,7 +1,7 @@
 //! The data tree: znodes by path, with ZooKeeper's Stat bookkeeping and path rules.
 //! Deterministic by construction (ordered maps only, times and zxids given by the caller).
 
-use crate::proto::{err, Acl, Stat};
+use crate::proto::{err, Acl, Stat, CONFIG_PATH};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What kind of node a create made: it decides when the node goes away by itself.
@@ -72,7 +72,7 @@ impl Default for Tree {
     fn default() -> Tree {
         let mut t = Tree { nodes: BTreeMap::new() };
         t.nodes.insert("/".into(), ZNode::new(Vec::new(), Acl::open(), Kind::Persistent, 0, 0, 0));
-        for path in ["/zookeeper", "/zookeeper/quota", "/zookeeper/config"] {
+        for path in ["/zookeeper", "/zookeeper/quota", CONFIG_PATH] {
             t.insert(path, ZNode::new(Vec::new(), Acl::open(), Kind::Persistent, 0, 0, 0), 0);
         }
         // ZooKeeper builds these without counting them as creates (root: cversion -1).
@@ -80,7 +80,7 @@ impl Default for Tree {
             node.stat.cversion = 0;
         }
         // The configuration node is read-only to clients, and its aversion starts at -1.
-        if let Some(config) = t.nodes.get_mut("/zookeeper/config") {
+        if let Some(config) = t.nodes.get_mut(CONFIG_PATH) {
             config.acl = vec![Acl { perms: crate::proto::perm::READ, scheme: "world".into(), id: "anyone".into() }];
             config.stat.aversion = -1;
         }
