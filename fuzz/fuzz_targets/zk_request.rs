@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&pick, body)) = data.split_first() else { return };
     let opcode = OPCODES[usize::from(pick) % OPCODES.len()];
     // The rest as a sequence of requests of a session, each record parsed in turn.
-    let session = match Reply::decode(&coord.execute(&Command::Connect { timeout: 10_000, ip: "10.0.0.1".into(), pinned: false }.encode(), &ctx(2))) {
+    let session = match Reply::decode(&coord.execute(&Command::Connect { timeout: 10_000, ip: "10.0.0.1".into(), pinned: false, verifier: [0; 32] }.encode(), &ctx(2))) {
         Some(Reply::Session { id, .. }) => id,
         other => panic!("no session: {other:?}"),
     };

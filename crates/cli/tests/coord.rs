@@ -779,6 +779,36 @@ fn a_total_outage_longer_than_the_session_timeout_loses_no_session_or_data() {
     assert_eq!(back.exists("/survivor"), 0, "its ephemeral is still there");
 }
 
+/// A session's password is a secret of the client and the front ends it connected
+/// through (no node can attach a session it was not shown): each move hands the client a
+/// new one, and the old one stops attaching once the client has spoken through its new
+/// front end; until then (its ConnectResponse may have been lost) the old one still works.
+#[test]
+fn each_move_gives_the_client_a_new_password_and_retires_the_old_once_it_spoke() {
+    let (_c, fronts) = coord_cluster();
+    let mut first = RawClient::connect(fronts[0], 6_000);
+    assert_eq!(first.create_ephemeral("/moving"), 0);
+    let (session, p0) = (first.session, first.password.clone());
+    drop(first);
+    let mut second = RawClient::attach(fronts[1], 6_000, session, &p0).expect("moved with its password");
+    let p1 = second.password.clone();
+    assert_eq!(p1.len(), 16);
+    assert_ne!(p1, p0, "a move hands out a new password");
+    assert_eq!(second.exists("/moving"), 0, "the client spoke through its new front end");
+    // That front end touches the session within a second: the move is confirmed.
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(RawClient::attach(fronts[2], 6_000, session, &p0).is_none(), "the old password no longer attaches");
+    let third = RawClient::attach(fronts[2], 6_000, session, &p1).expect("the current password attaches");
+    let p2 = third.password.clone();
+    drop(third);
+    // A move whose ConnectResponse the client never read: it comes back with the
+    // password it holds.
+    let lost = RawClient::attach(fronts[3], 6_000, session, &p2).expect("moved again");
+    drop(lost);
+    let mut back = RawClient::attach(fronts[0], 6_000, session, &p2).expect("the unconfirmed move left p2 good");
+    assert_eq!(back.exists("/moving"), 0, "its ephemeral lived through every move");
+}
+
 /// A node whose data tree silently goes wrong (`[faults] lose_request_after_ms`: one
 /// request executed as if it were not there) is found out at the next checkpoint (its
 /// root differs from the certified one), says so in its log, its metrics and `keel

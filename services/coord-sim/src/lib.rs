@@ -7,8 +7,11 @@
 //! znodes, creates sequential znodes under one parent and ephemeral znodes of its own,
 //! reads other clients' ephemerals, uses multi and multiRead on a pair of znodes (below),
 //! and now and then closes its session. Sessions are
-//! never touched (no front end heartbeats here), so they also expire at agreed-time
-//! ticks, and their ephemerals go with them.
+//! touched only to confirm a move (below), so they also expire at agreed-time ticks,
+//! and their ephemerals go with them. Now and then a client moves its session (attaches
+//! it again with a new password, as a client does when its node dies), and one client
+//! in eight ([`is_liar`]) is a lying front end: a quarter of its ops try to take, touch,
+//! write through or close other clients' sessions (`sessions.rs`).
 //!
 //! Watches: a third of the sessions ([`persistent_session`], by id) first set persistent
 //! watches with addWatch (on `/q` and on one `/p` path) and a persistent-recursive one
@@ -49,6 +52,9 @@
 //!   authenticated as alice before it (NOAUTH otherwise), and a getData must never
 //!   answer NOAUTH. `/acl` is also a linearizable register (a refused set changes
 //!   nothing).
+//! - **Sessions stay with their client**: every lie about another client's session is
+//!   refused (even with a password the client used before and a move retired, or an
+//!   honest attach replayed), and no client is told its own session moved.
 //! - **Ephemerals end with their session**: once a client learned its session ended (its
 //!   close answered, or a request refused with SESSION_EXPIRED), no read invoked later
 //!   finds that session's ephemerals.
@@ -81,7 +87,10 @@
 //! agreement; a node whose state diverged (a service that expires by local time, say)
 //! shows there.
 
+mod sessions;
 mod watches;
+
+pub use sessions::is_liar;
 
 use keel_coord::coord::digest_id;
 use keel_coord::coord::{Command, Reply};
@@ -154,6 +163,10 @@ pub struct Stats {
     /// Watches whose event was owed and found (a later change, the push stream intact
     /// past it).
     pub owed_events: u64,
+    /// The lying front end's attempts on other clients' sessions (all refused), and
+    /// clients' moves of their own (attaches with a new password).
+    pub liar_attempts: u64,
+    pub moves: u64,
 }
 
 /// `opts` with coord's tick if it has none: sessions expire at ticks.
@@ -232,6 +245,8 @@ pub struct CoordWorkload {
     added: BTreeMap<u64, usize>,
     /// What each client's core delivered of its push stream, in order.
     pushes: BTreeMap<u64, Vec<(u64, Pushed)>>,
+    /// Passwords, moves and what the lying front end saw (`sessions.rs`).
+    keys: sessions::Keys,
     /// Filled in by [`Workload::check_history`].
     stats: Arc<Mutex<Stats>>,
 }
@@ -328,7 +343,10 @@ impl Workload for CoordWorkload {
 
     fn unobserved_op(&self) -> Option<Vec<u8>> {
         // A session nobody uses: whether it opens changes no checked path.
-        Some(Command::Connect { timeout: SESSION_TIMEOUT, ip: "10.9.9.9".into(), pinned: false }.encode())
+        Some(
+            Command::Connect { timeout: SESSION_TIMEOUT, ip: "10.9.9.9".into(), pinned: false, verifier: [0; 32] }
+                .encode(),
+        )
     }
 
     fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8> {
@@ -337,6 +355,7 @@ impl Workload for CoordWorkload {
                 timeout: SESSION_TIMEOUT,
                 ip: format!("10.0.0.{}", client % 250),
                 pinned: false,
+                verifier: self.keys.connect(rng, client),
             }
             .encode();
         };
@@ -349,6 +368,13 @@ impl Workload for CoordWorkload {
             let (mode, path) = persistent_watches_of(session)[*added].clone();
             *added += 1;
             return Command::Op { session, request: Request::AddWatch { path, mode } }.encode();
+        }
+        let value = self.fresh(client);
+        if let Some(command) = self.keys.lie(rng, client, &self.sessions, value) {
+            return command.encode();
+        }
+        if let Some(command) = self.keys.move_op(rng, client, session) {
+            return command.encode();
         }
         // One-shot watches, on half the reads that can set one.
         let watch = !watches && rng.gen_bool(0.5);
@@ -432,6 +458,9 @@ impl Workload for CoordWorkload {
 
     fn observe(&mut self, client: u64, op: &[u8], result: &[u8]) {
         let (Ok(command), Some(reply)) = (Command::decode(op), Reply::decode(result)) else { return };
+        if !self.keys.observe(client, &command, &reply) {
+            return;
+        }
         match (command, reply) {
             (Command::Connect { .. }, Reply::Session { id, .. }) => {
                 self.sessions.insert(client, id);
@@ -504,6 +533,7 @@ impl Workload for CoordWorkload {
                 stats.sessions += 1;
             }
         }
+        (stats.liar_attempts, stats.moves) = sessions::check(history)?;
         (stats.register_ops, stats.versioned_ops, stats.bad_versions) = check_registers(history, &self.expected)?;
         (stats.acl_ops, stats.no_auth) = check_acl(history)?;
         (stats.pair_ops, stats.failed_multis, stats.conditional_sets) = check_pair(history, &self.expected)?;
@@ -715,9 +745,17 @@ fn check_ephemerals(history: &[HistoryEntry], stats: &mut Stats) -> Result<(), S
         by_client.entry(h.client).or_default().push(h);
     }
     for (client, entries) in by_client {
+        // The client's current session (the liar's refused lies end none of its own).
+        let mut current = None;
         for h in entries {
             let (command, ret) = decoded(h)?;
             let Some((t, reply)) = ret else { continue };
+            if let (Command::Connect { .. }, Reply::Session { id, .. }) = (&command, &reply) {
+                current = Some(*id);
+            }
+            if sessions::target(&command).is_some_and(|s| Some(s) != current) {
+                continue;
+            }
             let session_over = match (&command, &reply) {
                 (Command::Close { .. }, Reply::Op { err: err::OK, .. }) => {
                     stats.closed += 1;

@@ -53,6 +53,8 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
                 total.events_at_unknown_zxids += stats.events_at_unknown_zxids;
                 total.one_shot_events += stats.one_shot_events;
                 total.owed_events += stats.owed_events;
+                total.liar_attempts += stats.liar_attempts;
+                total.moves += stats.moves;
             }
             assert!(ops > 60, "{f} ({u},{r}): {ops} ops over both seeds");
         }
@@ -77,6 +79,7 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
     assert!(total.events_against_changes > 200, "events are judged against the changes that made them: {total:?}");
     assert!(total.events_at_unknown_zxids > 0, "events of expiries are judged: {total:?}");
     assert!(total.owed_events > 100, "events owed are looked for: {total:?}");
+    assert!(total.liar_attempts > 200 && total.moves > 20, "sessions move and a liar tries to take them: {total:?}");
 }
 
 /// Deliberately broken services, each run by every node alike (so the nodes agree and
@@ -87,10 +90,11 @@ mod broken {
     use keel_coord::coord::{Command, Push, Reply};
     use keel_coord::jute::{Reader, Writer};
     use keel_coord::proto::{err, event, op, Request, Stat};
+    use keel_coord::session_key::{self, SessionSecret, Verifier};
     use keel_coord::Coord;
-    use keel_coord_sim::{persistent_session, with_ticks, CoordWorkload};
+    use keel_coord_sim::{is_liar, persistent_session, with_ticks, CoordWorkload};
     use keel_core::client::Pushed;
-    use keel_core::ids::ClientId;
+    use keel_core::ids::{owner_of, ClientId};
     use keel_core::message::ReadConsistency;
     use keel_core::service::{ExecCtx, ReadCtx, RestoreError, Service};
     use keel_sim::{run_seed, HistoryEntry, Workload};
@@ -147,6 +151,18 @@ mod broken {
         AddWatchZxidAhead,
         /// Events fired at ticks (by expiries) say NODE_DATA_CHANGED of `/p0`.
         ExpiryEventWrongPath,
+        /// An attach takes the session whatever its proof (as when every node knew the
+        /// password).
+        AttachWithoutProof,
+        /// A password stays good after a later one was confirmed: a front end the
+        /// client left can follow it.
+        RetiredPasswordKept,
+    }
+
+    /// The one key the password bugs put in the real service, so it accepts what they
+    /// decide to let through.
+    fn master() -> SessionSecret {
+        SessionSecret::from_bytes([0x4d; 16])
     }
 
     /// Gives each service instance (each node, each restart) a different clock offset.
@@ -161,6 +177,8 @@ mod broken {
         fired: BTreeMap<String, BTreeSet<(i64, ClientId)>>,
         /// OutOfOrder: each client's event held back until its next one.
         held: BTreeMap<ClientId, Vec<u8>>,
+        /// RetiredPasswordKept: every verifier each session had.
+        verifiers: BTreeMap<i64, Vec<Verifier>>,
     }
 
     impl Service for Broken {
@@ -174,6 +192,9 @@ mod broken {
                 self.send(pushes, ctx);
                 return reply;
             }
+            if matches!(self.bug, Bug::AttachWithoutProof | Bug::RetiredPasswordKept) {
+                return self.password_bug(request, ctx);
+            }
             let command = Command::decode(request);
             if let (Bug::AclIgnored, Ok(Command::Op { session, request: Request::SetData { path, .. } })) =
                 (self.bug, &command)
@@ -184,7 +205,12 @@ mod broken {
                     self.coord.execute(&alice.encode(), ctx);
                 }
             }
+            // The bugs that answer without running the command skip its session's
+            // checks too; they spare the lying client, whose lies the sessions check
+            // would catch first, so each stays the bug its test names.
+            let liar = is_liar(owner_of(ctx.client));
             match (self.bug, &command) {
+                (_, _) if liar => {}
                 (Bug::LostSetData, Ok(Command::Op { request: Request::SetData { .. }, .. })) => {
                     let mut w = Writer::new();
                     keel_coord::proto::Stat::default().write(&mut w);
@@ -305,6 +331,42 @@ mod broken {
     }
 
     impl Broken {
+        /// The password bugs: the service holds only the master key; an attach is
+        /// signed by it when the bug lets it through.
+        fn password_bug(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
+            let command = match Command::decode(request) {
+                Ok(Command::Connect { timeout, ip, pinned, verifier }) => {
+                    let reply = self.coord.execute(
+                        &Command::Connect { timeout, ip: ip.clone(), pinned, verifier: master().verifier() }.encode(),
+                        ctx,
+                    );
+                    if let Some(Reply::Session { id, .. }) = Reply::decode(&reply) {
+                        self.verifiers.insert(id, vec![verifier]);
+                    }
+                    return reply;
+                }
+                Ok(Command::Attach { session, proof, next, timeout, ip }) => {
+                    let owner = owner_of(ctx.client);
+                    let known = self
+                        .verifiers
+                        .get(&session)
+                        .is_some_and(|vs| vs.iter().any(|v| session_key::verify(v, session, owner, &next, &proof)));
+                    let through = matches!(self.bug, Bug::AttachWithoutProof) || known;
+                    let next_master = master().verifier();
+                    let proof = if through { master().prove(session, owner, &next_master) } else { Vec::new() };
+                    let reply = self
+                        .coord
+                        .execute(&Command::Attach { session, proof, next: next_master, timeout, ip }.encode(), ctx);
+                    if through {
+                        self.verifiers.entry(session).or_default().push(next);
+                    }
+                    return reply;
+                }
+                _ => request,
+            };
+            self.coord.execute(command, ctx)
+        }
+
         fn watch_bug(&self) -> bool {
             matches!(
                 self.bug,
@@ -492,6 +554,7 @@ mod broken {
                 skew: (n % 5) * 2_500,
                 fired: BTreeMap::new(),
                 held: BTreeMap::new(),
+                verifiers: BTreeMap::new(),
             }
         }
 
@@ -653,7 +716,12 @@ mod broken {
     fn an_expiry_event_for_the_wrong_path_is_caught() {
         // Sessions expire only when the run lasts: under network faults.
         let found = caught(Bug::ExpiryEventWrongPath, "network");
-        assert!(says(&found, "neither an op without an answer nor a session's end"), "{found:?}");
+        // Seen as an event no change explains, or as two alike (two watches' events
+        // renamed to one path).
+        assert!(
+            says(&found, "neither an op without an answer nor a session's end") || says(&found, "twice"),
+            "{found:?}"
+        );
     }
 
     #[test]
@@ -665,7 +733,24 @@ mod broken {
     #[test]
     fn an_add_watch_that_answers_a_later_zxid_is_caught() {
         let found = caught(Bug::AddWatchZxidAhead, "none");
-        assert!(says(&found, "its answer's zxids and those of the ops before and after it disagree"), "{found:?}");
+        // Seen against the zxids around it, or as an event before the watch it claims.
+        assert!(
+            says(&found, "its answer's zxids and those of the ops before and after it disagree")
+                || says(&found, "for no addWatch it made before"),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_session_attached_without_its_password_is_caught() {
+        let found = caught(Bug::AttachWithoutProof, "none");
+        assert!(says(&found, "whose password it was never given"), "{found:?}");
+    }
+
+    #[test]
+    fn a_password_that_outlives_the_move_that_replaced_it_is_caught() {
+        let found = caught(Bug::RetiredPasswordKept, "none");
+        assert!(says(&found, "whose password it was never given"), "{found:?}");
     }
 
     #[test]

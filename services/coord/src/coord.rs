@@ -10,7 +10,8 @@
 //! the front end forwards once r + 1 nodes sent it.
 
 use crate::jute::Writer;
-use crate::proto::{err, event, op, perm, Acl, Request, MAX_BUFFER};
+use crate::proto::{err, event, op, perm, Acl, Request, CONFIG_PATH, MAX_BUFFER};
+use crate::session_key::{self, Verifier};
 use crate::tree::{split, validate, Kind, Tree, ZNode};
 use keel_core::ids::{owner_of, ClientId};
 use keel_core::service::{ExecCtx, ReadCtx, RestoreError, Service};
@@ -91,12 +92,22 @@ pub const WATCHES_PER_SESSION_MAX: usize = 100_000;
 /// What a front end asks of the service.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// A new session for a client at `ip` asking for `timeout` ms. A `pinned` session
-    /// stays with the client identity that made it (`keel coord-shim`): no other may
-    /// attach it, not even with its password, which every node knows.
-    Connect { timeout: i32, ip: String, pinned: bool },
-    /// A client reconnecting (to this front end) with its session's id and password.
-    Attach { session: i64, password: Vec<u8>, timeout: i32, ip: String },
+    /// A new session for a client at `ip` asking for `timeout` ms, whose password (a
+    /// secret the front end drew; see `session_key`) has the public key `verifier`. A
+    /// `pinned` session stays with the client identity that made it (`keel
+    /// coord-shim`): no other may attach it, even with its password.
+    Connect { timeout: i32, ip: String, pinned: bool, verifier: Verifier },
+    /// A client reconnecting (to this front end) with its session's id and password:
+    /// `proof` is the password's signature of (session, this front end's identity,
+    /// `next`), the verifier of the new password the client is handed.
+    Attach {
+        session: i64,
+        #[serde(with = "serde_bytes")]
+        proof: Vec<u8>,
+        next: Verifier,
+        timeout: i32,
+        ip: String,
+    },
     /// The sessions whose clients this front end heard from lately: they live on.
     Touch { sessions: Vec<i64> },
     /// closeSession.
@@ -142,10 +153,10 @@ pub enum Reply {
         #[serde(with = "serde_bytes")]
         body: Vec<u8>,
     },
-    /// A session the client may use (Connect, Attach).
+    /// A session the client may use (Connect, Attach). Its password is the front
+    /// end's secret: the service never knows it.
     Session {
         id: i64,
-        password: Vec<u8>,
         timeout: i32,
         zxid: i64,
     },
@@ -189,8 +200,12 @@ impl Push {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 struct Session {
     timeout: i32,
-    #[serde(with = "serde_bytes")]
-    password: Vec<u8>,
+    /// The public key of the password the client holds (`session_key`).
+    verifier: Verifier,
+    /// The next password's, while a move is not yet confirmed: the client may not have
+    /// received it, so the old one still attaches until the new front end has heard
+    /// from the client (its touch confirms).
+    pending: Option<Verifier>,
     /// Agreed time past which the session expires at the next tick.
     deadline: u64,
     /// The front end holding it: its client identity, and where its pushes go.
@@ -325,27 +340,36 @@ impl State {
     fn run_within(&mut self, command: Command, ctx: &ExecCtx, room: &mut BatchRoom) -> Reply {
         self.resume(ctx);
         match command {
-            Command::Connect { timeout, ip, pinned } => self.connect(timeout, ip, pinned, ctx),
-            Command::Attach { session, password, timeout, ip } => {
+            Command::Connect { timeout, ip, pinned, verifier } => self.connect(timeout, ip, pinned, verifier, ctx),
+            Command::Attach { session, proof, next, timeout, ip } => {
                 let Some(s) = self.sessions.get_mut(&session) else {
                     return Reply::Refused { err: err::SESSION_EXPIRED };
                 };
-                if s.password != password {
+                let owner = owner_of(ctx.client);
+                let proves = |v: &Verifier| session_key::verify(v, session, owner, &next, &proof);
+                let with_pending = s.pending.as_ref().is_some_and(proves);
+                if !with_pending && !proves(&s.verifier) {
+                    // ZooKeeper answers a wrong password as an expired session.
                     return Reply::Refused { err: err::SESSION_EXPIRED };
                 }
-                if s.pinned && s.owner != owner_of(ctx.client) {
+                if s.pinned && s.owner != owner {
                     return Reply::Refused { err: err::SESSION_MOVED };
                 }
+                if let Some(received) = s.pending.filter(|_| with_pending) {
+                    // The client received the last move's password: the one before is
+                    // gone for good.
+                    s.verifier = received;
+                }
+                s.pending = Some(next);
                 let old = s.push_to;
-                s.owner = owner_of(ctx.client);
+                s.owner = owner;
                 s.push_to = ctx.client;
                 s.timeout = timeout.clamp(SESSION_TIMEOUT_MIN, SESSION_TIMEOUT_MAX);
                 s.deadline = ctx.time + s.timeout as u64;
                 if let Some(ip_auth) = s.auth.iter_mut().find(|(scheme, _)| scheme == "ip") {
                     ip_auth.1 = ip;
                 }
-                let reply =
-                    Reply::Session { id: session, password: s.password.clone(), timeout: s.timeout, zxid: self.zxid };
+                let reply = Reply::Session { id: session, timeout: s.timeout, zxid: self.zxid };
                 // The front end that held it before lets its connection go.
                 if old != ctx.client {
                     self.out.push((old, Push::Expired { session }));
@@ -357,6 +381,11 @@ impl State {
                 for id in sessions {
                     if let Some(s) = self.sessions.get_mut(&id).filter(|s| s.owner == owner) {
                         s.deadline = ctx.time + s.timeout as u64;
+                        // A front end touches only sessions whose client spoke after
+                        // the handshake: it has the new password, the old one retires.
+                        if let Some(next) = s.pending.take() {
+                            s.verifier = next;
+                        }
                     }
                 }
                 Reply::Done
@@ -489,7 +518,6 @@ impl State {
     /// port>:participant;<client host>:<client port>` per node, then `version=<zxid,
     /// hex>`. One transaction; its data watches fire.
     fn write_config(&mut self, ctx: &ExecCtx) {
-        const CONFIG: &str = "/zookeeper/config";
         self.zxid += 1;
         let mut text = String::new();
         for (node, s) in &self.servers {
@@ -498,17 +526,17 @@ impl State {
         }
         text.push_str(&format!("version={:x}", self.zxid));
         let zxid = self.zxid;
-        if let Some(node) = self.tree.get_mut(CONFIG) {
+        if let Some(node) = self.tree.get_mut(CONFIG_PATH) {
             node.data = text.into_bytes();
             node.stat.version = node.stat.version.wrapping_add(1);
             node.stat.mzxid = zxid;
             node.stat.mtime = ctx.time as i64;
             node.stat.data_length = node.data.len() as i32;
-            self.fire(Change::Data(CONFIG.into()), ctx);
+            self.fire(Change::Data(CONFIG_PATH.into()), ctx);
         }
     }
 
-    fn connect(&mut self, timeout: i32, ip: String, pinned: bool, ctx: &ExecCtx) -> Reply {
+    fn connect(&mut self, timeout: i32, ip: String, pinned: bool, verifier: Verifier, ctx: &ExecCtx) -> Reply {
         if self.sessions.len() >= SESSIONS_MAX {
             return Reply::Refused { err: err::SYSTEM_ERROR };
         }
@@ -525,17 +553,14 @@ impl State {
             }
             n += 1;
         };
-        let password =
-            blake3::hash(&[b"keel-coord password".as_slice(), &ctx.seed.to_le_bytes(), &id.to_le_bytes()].concat())
-                .as_bytes()[..16]
-                .to_vec();
         let timeout = timeout.clamp(SESSION_TIMEOUT_MIN, SESSION_TIMEOUT_MAX);
         self.zxid += 1;
         self.sessions.insert(
             id,
             Session {
                 timeout,
-                password: password.clone(),
+                verifier,
+                pending: None,
                 deadline: ctx.time + timeout as u64,
                 owner: owner_of(ctx.client),
                 push_to: ctx.client,
@@ -544,7 +569,7 @@ impl State {
                 pinned,
             },
         );
-        Reply::Session { id, password, timeout, zxid: self.zxid }
+        Reply::Session { id, timeout, zxid: self.zxid }
     }
 
     /// Ends a session: its ephemerals go (their watches fire), its watches go, its front

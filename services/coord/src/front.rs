@@ -16,7 +16,9 @@
 use crate::coord::{Command, LocalView, Push, Reply, SESSION_TIMEOUT_MAX, SESSION_TIMEOUT_MIN};
 use crate::jute::{Reader, Writer};
 use crate::proto::{self, err, op, xid, ConnectRequest, Request, MAX_BUFFER};
+use crate::session_key::SessionSecret;
 use keel::{FrontEnd, KeelClient, Pushed, ReadConsistency};
+use keel_core::ids::owner_of;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -592,13 +594,24 @@ async fn connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     };
     let timeout = connect.timeout.clamp(SESSION_TIMEOUT_MIN, SESSION_TIMEOUT_MAX);
     let ip = peer.ip().to_string();
+    // The password the client gets: a secret only this front end and the client see
+    // (`session_key`); the cluster keeps its public key.
+    let secret = SessionSecret::random();
     let command = if connect.session_id == 0 {
-        Command::Connect { timeout, ip, pinned: shared.pinned }
+        Some(Command::Connect { timeout, ip, pinned: shared.pinned, verifier: secret.verifier() })
     } else {
-        Command::Attach { session: connect.session_id, password: connect.password.clone(), timeout, ip }
+        SessionSecret::from_password(&connect.password).map(|shown| {
+            let next = secret.verifier();
+            let proof = shown.prove(connect.session_id, owner_of(shared.client.id()), &next);
+            Command::Attach { session: connect.session_id, proof, next, timeout, ip }
+        })
     };
-    let (session, password, timeout, zxid) = match shared.call(&command, false).await {
-        Some(Reply::Session { id, password, timeout, zxid }) => (id, password, timeout, zxid),
+    let answer = match &command {
+        Some(command) => shared.call(command, false).await,
+        None => Some(Reply::Refused { err: err::SESSION_EXPIRED }), // not a password we gave
+    };
+    let (session, timeout, zxid) = match answer {
+        Some(Reply::Session { id, timeout, zxid }) => (id, timeout, zxid),
         Some(Reply::Refused { .. }) => {
             // A timeout of 0 tells the client its session expired.
             let _ = write.write_all(&frame(&proto::connect_response(0, 0, &[0; 16]))).await;
@@ -617,7 +630,7 @@ async fn connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         tracing::info!(session, seen = connect.last_zxid_seen, "client has seen a later zxid than this node holds");
         return;
     }
-    if write.write_all(&frame(&proto::connect_response(timeout, session, &password))).await.is_err() {
+    if write.write_all(&frame(&proto::connect_response(timeout, session, &secret.password()))).await.is_err() {
         return;
     }
     let (out, mut outbox) = mpsc::channel::<Out>(OUTBOX);
@@ -626,7 +639,9 @@ async fn connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
             let _ = old.out.try_send(Out::Close);
         }
     }
-    shared.heard(session, timeout);
+    // Not heard yet: a session is touched only once its client spoke after the
+    // handshake, which shows it received the new password (the touch retires the old
+    // one; see `session_key`).
     let writer_shared = shared.clone();
     let stall = Duration::from_millis(timeout as u64);
     let writer = tokio::spawn(async move {

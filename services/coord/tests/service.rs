@@ -4,12 +4,34 @@
 use keel_coord::coord::{digest_id, Command, Push, Reply};
 use keel_coord::jute::{Reader, Writer};
 use keel_coord::proto::{err, event, op, perm, Acl, Request, Stat};
+use keel_coord::session_key::SessionSecret;
 use keel_coord::Coord;
 use keel_core::service::{ExecCtx, ReadCtx, Service};
 
 /// Front end A's client (a session of identity 2000) and front end B's.
 const FE_A: u64 = 2000 << 10;
 const FE_B: u64 = 2001 << 10;
+/// Two more front ends (other nodes').
+const FE_C: u64 = 2002 << 10;
+const FE_D: u64 = 2003 << 10;
+
+/// A session secret drawn from `n` (a front end draws them at random).
+fn secret(n: u8) -> SessionSecret {
+    SessionSecret::from_bytes([n; 16])
+}
+
+/// Connect as a front end would, with `secret` as the client's password.
+fn connect_with(secret: &SessionSecret, pinned: bool) -> Command {
+    Command::Connect { timeout: 6_000, ip: "::1".into(), pinned, verifier: secret.verifier() }
+}
+
+/// Attach as front end `from` would, for a client that shows `shown` and will hold
+/// `next`.
+fn attach_with(from: u64, session: i64, shown: &SessionSecret, next: &SessionSecret) -> Command {
+    let next = next.verifier();
+    let proof = shown.prove(session, from, &next);
+    Command::Attach { session, proof, next, timeout: 6_000, ip: "::1".into() }
+}
 
 struct World {
     coord: Coord,
@@ -44,7 +66,8 @@ impl World {
     }
 
     fn connect(&mut self, from: u64) -> i64 {
-        match self.run(from, Command::Connect { timeout: 6_000, ip: "127.0.0.1".into(), pinned: false }) {
+        let verifier = secret(1).verifier();
+        match self.run(from, Command::Connect { timeout: 6_000, ip: "127.0.0.1".into(), pinned: false, verifier }) {
             Reply::Session { id, timeout, .. } => {
                 assert_eq!(timeout, 6_000);
                 id
@@ -284,17 +307,15 @@ fn reads_answered_without_ordering_equal_ordered_ones_and_sessions_are_owned() {
         w.run(FE_B, Command::Op { session: s, request: Request::Sync { path: "/".into() } }),
         Reply::Op { err: err::SESSION_MOVED, .. }
     ));
-    let password = match w.run(FE_A, Command::Connect { timeout: 1, ip: "::1".into(), pinned: false }) {
-        Reply::Session { timeout, .. } => {
-            assert_eq!(timeout, 4_000, "clamped to the minimum");
-            Vec::<u8>::new()
-        }
+    let verifier = secret(2).verifier();
+    match w.run(FE_A, Command::Connect { timeout: 1, ip: "::1".into(), pinned: false, verifier }) {
+        Reply::Session { timeout, .. } => assert_eq!(timeout, 4_000, "clamped to the minimum"),
         other => panic!("{other:?}"),
-    };
-    assert!(matches!(
-        w.run(FE_B, Command::Attach { session: s, password, timeout: 6_000, ip: "::1".into() }),
-        Reply::Refused { .. }
-    ));
+    }
+    // Nor attach it without its password.
+    assert_eq!(w.run(FE_B, attach_with(FE_B, s, &secret(9), &secret(3))), Reply::Refused { err: err::SESSION_EXPIRED });
+    let garbage = Command::Attach { session: s, proof: vec![0; 64], next: [0; 32], timeout: 6_000, ip: "::1".into() };
+    assert_eq!(w.run(FE_B, garbage), Reply::Refused { err: err::SESSION_EXPIRED });
 }
 
 #[test]
@@ -427,9 +448,7 @@ fn a_local_view_reads_the_state_its_services_execute_and_clones_share_it() {
     let mut service = view.service();
     assert!(shared.views(&service), "a clone of the view reads the service's state");
     let ctx = ExecCtx::new(1, 1_000, 7, FE_A);
-    let session = match Reply::decode(
-        &service.execute(&Command::Connect { timeout: 5_000, ip: "::1".into(), pinned: false }.encode(), &ctx),
-    ) {
+    let session = match Reply::decode(&service.execute(&connect_with(&secret(1), false).encode(), &ctx)) {
         Some(Reply::Session { id, .. }) => id,
         other => panic!("{other:?}"),
     };
@@ -480,26 +499,92 @@ fn a_batch_runs_each_sessions_commands_in_order_and_refuses_nesting() {
 }
 
 #[test]
-fn a_pinned_session_cannot_be_taken_over_with_its_password() {
+fn a_pinned_session_stays_with_its_creator_even_against_its_password() {
     let mut w = World::new();
-    let (session, password) = match w.run(FE_A, Command::Connect { timeout: 6_000, ip: "::1".into(), pinned: true }) {
-        Reply::Session { id, password, .. } => (id, password),
+    let shim = secret(1);
+    let session = match w.run(FE_A, connect_with(&shim, true)) {
+        Reply::Session { id, .. } => id,
         other => panic!("{other:?}"),
     };
-    // Every node knows the password; a node's front end (FE_B) tries to take the session.
-    let taken = w.run(FE_B, Command::Attach { session, password: password.clone(), timeout: 6_000, ip: "::1".into() });
+    // Even a front end shown the password (the shim's secret leaked) cannot take it.
+    let taken = w.run(FE_B, attach_with(FE_B, session, &shim, &secret(2)));
     assert_eq!(taken, Reply::Refused { err: err::SESSION_MOVED });
-    assert!(matches!(w.run(FE_B, Command::Touch { sessions: vec![session] }), Reply::Done));
     // Its creator may come back to it (a restarted shim of the same identity).
-    let back = w.run(FE_A | (3 << 40), Command::Attach { session, password, timeout: 6_000, ip: "::1".into() });
+    let back = w.run(FE_A | (3 << 40), attach_with(FE_A, session, &shim, &secret(3)));
     assert!(matches!(back, Reply::Session { id, .. } if id == session), "{back:?}");
     // Unpinned sessions move between front ends, as ZooKeeper clients need.
-    let (free, password) = match w.run(FE_A, Command::Connect { timeout: 6_000, ip: "::1".into(), pinned: false }) {
-        Reply::Session { id, password, .. } => (id, password),
+    let free = match w.run(FE_A, connect_with(&secret(4), false)) {
+        Reply::Session { id, .. } => id,
         other => panic!("{other:?}"),
     };
-    let moved = w.run(FE_B, Command::Attach { session: free, password, timeout: 6_000, ip: "::1".into() });
+    let moved = w.run(FE_B, attach_with(FE_B, free, &secret(4), &secret(5)));
     assert!(matches!(moved, Reply::Session { .. }), "{moved:?}");
+}
+
+/// A Byzantine node's front end knows every session id and sees every ordered command,
+/// but only the front ends a client connected through see its password.
+#[test]
+fn no_front_end_takes_or_keeps_alive_a_session_whose_password_it_was_not_shown() {
+    let mut w = World::new();
+    let (k0, k1, k2) = (secret(10), secret(11), secret(12));
+    let s = match w.run(FE_A, connect_with(&k0, false)) {
+        Reply::Session { id, .. } => id,
+        other => panic!("{other:?}"),
+    };
+    w.create(s, "/lock", 1).expect("ephemeral");
+    // FE_B guesses.
+    assert_eq!(
+        w.run(FE_B, attach_with(FE_B, s, &secret(99), &secret(98))),
+        Reply::Refused { err: err::SESSION_EXPIRED }
+    );
+    // The client moves to FE_C (its node died), showing k0; FE_C hands it k1.
+    let to_c = attach_with(FE_C, s, &k0, &k1);
+    assert!(matches!(w.run(FE_C, to_c.clone()), Reply::Session { .. }));
+    // FE_B replays FE_C's ordered command as its own: it names FE_C, not FE_B.
+    assert_eq!(w.run(FE_B, to_c), Reply::Refused { err: err::SESSION_EXPIRED });
+    // FE_C heard from the client after the handshake: its touch retires k0, so FE_A,
+    // which saw k0, cannot follow the client.
+    w.run(FE_C, Command::Touch { sessions: vec![s] });
+    assert_eq!(w.run(FE_A, attach_with(FE_A, s, &k0, &secret(97))), Reply::Refused { err: err::SESSION_EXPIRED });
+    // The client's own password still works anywhere.
+    assert!(matches!(w.run(FE_D, attach_with(FE_D, s, &k1, &k2)), Reply::Session { .. }));
+    // The client goes silent. FE_B keeps touching the session, as FE_A (its first front
+    // end) does: neither holds it, so it expires a timeout after FE_D's attach.
+    let attached = w.time;
+    while w.time < attached + 6_000 {
+        w.run(FE_B, Command::Touch { sessions: vec![s] });
+        w.run(FE_A, Command::Touch { sessions: vec![s] });
+        w.tick(w.time + 500);
+    }
+    w.tick(w.time + 500);
+    assert_eq!(w.coord.sessions(), 0, "touches of front ends that do not hold a session keep nothing alive");
+    let other = w.connect(FE_A);
+    assert!(w.stat(other, "/lock").is_none(), "its ephemeral went with it");
+}
+
+/// A move is confirmed only once the client spoke through its new front end, so a
+/// client whose ConnectResponse was lost comes back with the password it holds.
+#[test]
+fn a_client_that_missed_its_new_password_attaches_with_the_old_one() {
+    let mut w = World::new();
+    let (k0, k1, k2, k3) = (secret(20), secret(21), secret(22), secret(23));
+    let s = match w.run(FE_A, connect_with(&k0, false)) {
+        Reply::Session { id, .. } => id,
+        other => panic!("{other:?}"),
+    };
+    // FE_C ordered the attach, then died before its reply reached the client.
+    assert!(matches!(w.run(FE_C, attach_with(FE_C, s, &k0, &k1)), Reply::Session { .. }));
+    // The client tries FE_D with k0: still good, and FE_D hands it k2.
+    assert!(matches!(w.run(FE_D, attach_with(FE_D, s, &k0, &k2)), Reply::Session { .. }));
+    // This time it got k2 but moved on before FE_D heard from it: k2 attaches, and once
+    // it has, k0 is gone (the client showed it received a later password).
+    assert!(matches!(w.run(FE_B, attach_with(FE_B, s, &k2, &k3)), Reply::Session { .. }));
+    assert_eq!(w.run(FE_A, attach_with(FE_A, s, &k0, &secret(96))), Reply::Refused { err: err::SESSION_EXPIRED });
+    assert_eq!(w.run(FE_C, attach_with(FE_C, s, &k1, &secret(95))), Reply::Refused { err: err::SESSION_EXPIRED });
+    // k2 still attaches (k3 may have been lost too) until FE_B confirms k3.
+    w.run(FE_B, Command::Touch { sessions: vec![s] });
+    assert_eq!(w.run(FE_D, attach_with(FE_D, s, &k2, &secret(94))), Reply::Refused { err: err::SESSION_EXPIRED });
+    assert!(matches!(w.run(FE_A, attach_with(FE_A, s, &k3, &secret(93))), Reply::Session { .. }));
 }
 
 #[test]
