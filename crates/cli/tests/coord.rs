@@ -809,6 +809,46 @@ fn each_move_gives_the_client_a_new_password_and_retires_the_old_once_it_spoke()
     assert_eq!(back.exists("/moving"), 0, "its ephemeral lived through every move");
 }
 
+/// A lying node's front end knows every session id and sees every ordered command; to
+/// the service a front end is a client identity, so one of the cluster's client
+/// identities plays it here, over the same TLS connections. It cannot attach a session
+/// it was not shown the password of, and its touches keep nothing alive: the
+/// ephemeral of a client that left goes within a few of its timeouts.
+#[test]
+fn a_lying_front_end_can_neither_take_a_session_nor_keep_it_alive() {
+    use keel_coord::coord::{Command as Zk, Reply};
+    use keel_coord::session_key::SessionSecret;
+    use keel_runtime::client::BlockingClient;
+    use keel_runtime::config::ClientFile;
+    let (c, fronts) = coord_cluster();
+    let mut victim = RawClient::connect(fronts[0], 4_000);
+    assert_eq!(victim.create_ephemeral("/held"), 0);
+    let session = victim.session;
+    let liar_id = 1002;
+    let setup = ClientFile::load(&c.path().join(format!("client-{liar_id}/client.toml"))).expect("client file");
+    let mut liar = BlockingClient::connect(setup).expect("the liar connects");
+    let mut call = |command: Zk| {
+        let reply = liar.invoke(command.encode(), Duration::from_secs(30)).expect("ordered");
+        Reply::decode(&reply).expect("a coord reply")
+    };
+    let next = SessionSecret::random().verifier();
+    let proof = SessionSecret::random().prove(session, liar_id, &next);
+    let forged = Zk::Attach { session, proof, next, timeout: 40_000, ip: "10.6.6.6".into() };
+    assert_eq!(call(forged), Reply::Refused { err: keel_coord::proto::err::SESSION_EXPIRED });
+    // The client goes away; the liar keeps telling the cluster it hears from it.
+    drop(victim);
+    let mut watcher = RawClient::connect(fronts[1], 20_000);
+    let left = Instant::now();
+    while watcher.exists("/held") == 0 {
+        assert!(call(Zk::Touch { sessions: vec![session] }) == Reply::Done);
+        // Its front end touches it for one timeout after its last frame, then it expires
+        // a timeout later at the next tick: about 8 s.
+        assert!(left.elapsed() < Duration::from_secs(30), "the ephemeral outlived its client while a liar touched it");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    eprintln!("the ephemeral went {:?} after its client left", left.elapsed());
+}
+
 /// A node whose data tree silently goes wrong (`[faults] lose_request_after_ms`: one
 /// request executed as if it were not there) is found out at the next checkpoint (its
 /// root differs from the certified one), says so in its log, its metrics and `keel
