@@ -58,12 +58,12 @@
 //! - **Ephemerals end with their session**: once a client learned its session ended (its
 //!   close answered, or a request refused with SESSION_EXPIRED), no read invoked later
 //!   finds that session's ephemerals.
-//! - **Watches** (`watches.rs` says what each rests on). A watching read's reply carries
-//!   no zxid, so the zxid R of the state it ran on is bounded: at least every zxid
-//!   answered (by any op: writes, failed writes, sessions, addWatch) before it was
-//!   invoked and its stat's mzxid and pzxid, at most every zxid answered by an op
-//!   invoked after it returned (less one for a transaction); addWatch answers its R,
-//!   which must lie within those bounds. A transaction the history knows is an answered
+//! - **Watches** (`watches.rs` says what each rests on). The zxid R of the state a
+//!   watching request ran on is bounded: at least every zxid answered (by any op:
+//!   writes, failed writes, sessions, watching reads, addWatch) before it was invoked
+//!   and its stat's mzxid and pzxid, at most every zxid answered by an op invoked after
+//!   it returned (less one for a transaction); addWatch and the (ordered) watching
+//!   reads answer their R, which must lie within those bounds. A transaction the history knows is an answered
 //!   op that changed the state, with the reply's zxid. Then:
 //!   - *in order, once, to the right client*: a client's events come in zxid order,
 //!     none twice, none of another client's session;

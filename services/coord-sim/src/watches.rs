@@ -283,13 +283,16 @@ fn watches(entries: &[Entry], transactions: &BTreeMap<i64, Transaction>) -> Resu
                 hi = hi.min(before);
             }
         }
+        // addWatch and every ordered watching read answer the zxid they ran at (which
+        // must lie within the bounds); the bounds also hold a reply that does not.
+        if let Some((_, Reply::Op { zxid, .. })) = ret {
+            if *zxid > 0 {
+                (lo, hi) = (lo.max(*zxid), hi.min(*zxid));
+            }
+        }
         let set = match (request, ret) {
             (_, None) => false,
-            // addWatch answers the zxid it ran at (which must lie within the bounds).
-            (Request::AddWatch { .. }, Some((_, Reply::Op { zxid, err: err::OK, .. }))) => {
-                (lo, hi) = (lo.max(*zxid), hi.min(*zxid));
-                true
-            }
+            (Request::AddWatch { .. }, Some((_, Reply::Op { err: err::OK, .. }))) => true,
             (Request::GetData { .. }, Some((_, Reply::Op { err: err::OK, body, .. }))) => {
                 let mut r = Reader::new(body);
                 let stat = r.buffer().and_then(|_| Stat::read(&mut r)).map_err(|e| format!("getData's stat: {e}"))?;

@@ -149,6 +149,8 @@ mod broken {
         PersistentFiresBeforeTheChange,
         /// addWatch answers a zxid one ahead of the one it ran at.
         AddWatchZxidAhead,
+        /// A watching getData or exists answers a zxid one ahead of the one it ran at.
+        WatchedReadZxidAhead,
         /// Events fired at ticks (by expiries) say NODE_DATA_CHANGED of `/p0`.
         ExpiryEventWrongPath,
         /// An attach takes the session whatever its proof (as when every node knew the
@@ -216,7 +218,14 @@ mod broken {
                     keel_coord::proto::Stat::default().write(&mut w);
                     return postcard_reply(Reply::Op { zxid: 0, err: err::OK, body: w.into_bytes() });
                 }
-                (Bug::AddWatchZxidAhead, Ok(Command::Op { request: Request::AddWatch { .. }, .. })) => {
+                (Bug::AddWatchZxidAhead, Ok(Command::Op { request: Request::AddWatch { .. }, .. }))
+                | (
+                    Bug::WatchedReadZxidAhead,
+                    Ok(Command::Op {
+                        request: Request::GetData { watch: true, .. } | Request::Exists { watch: true, .. },
+                        ..
+                    }),
+                ) => {
                     let reply = self.coord.execute(request, ctx);
                     return match Reply::decode(&reply) {
                         Some(Reply::Op { zxid, err: err::OK, body }) => {
@@ -739,6 +748,12 @@ mod broken {
                 || says(&found, "for no addWatch it made before"),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn a_watching_read_that_answers_a_later_zxid_is_caught() {
+        let found = caught(Bug::WatchedReadZxidAhead, "none");
+        assert!(says(&found, "its answer's zxids and those of the ops before and after it disagree"), "{found:?}");
     }
 
     #[test]
