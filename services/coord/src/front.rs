@@ -477,6 +477,46 @@ fn route(shared: &Shared, pushed: Pushed) {
     }
 }
 
+/// A shim's answer to `read` (one that reads `/zookeeper/config`, alone or in a
+/// multiRead): the config rewritten by [`shim_config`], anything else as the cluster
+/// answered. None: a body it cannot walk (left alone).
+fn shim_answer(read: &Request, body: &[u8], listen: SocketAddr) -> Option<Vec<u8>> {
+    let Request::MultiRead(ops) = read else { return shim_config(body, listen) };
+    let mut r = Reader::new(body);
+    let at = |r: &Reader| body.len() - r.remaining();
+    let mut out = Vec::with_capacity(body.len());
+    for request in ops {
+        let header = at(&r);
+        let (kind, _done, _err) = (r.int().ok()?, r.bool().ok()?, r.int().ok()?);
+        let start = at(&r);
+        if kind == op::ERROR {
+            r.int().ok()?;
+        } else {
+            match request {
+                Request::GetData { .. } => {
+                    r.buffer().ok()?;
+                    proto::Stat::read(&mut r).ok()?;
+                }
+                Request::GetChildren { two, .. } => {
+                    r.strings().ok()?;
+                    if *two {
+                        proto::Stat::read(&mut r).ok()?;
+                    }
+                }
+                _ => return None,
+            }
+        }
+        let end = at(&r);
+        out.extend_from_slice(&body[header..start]);
+        match kind != op::ERROR && request.reads_config() {
+            true => out.extend(shim_config(&body[start..end], listen)?),
+            false => out.extend_from_slice(&body[start..end]),
+        }
+    }
+    out.extend_from_slice(&body[at(&r)..]);
+    Some(out)
+}
+
 /// A shim's answer to a read of `/zookeeper/config`: itself as the only server, with
 /// the cluster's version line. The application trusts the shim, not the nodes; a client
 /// that follows the config (Curator's ensemble tracker) would otherwise reconnect to the
@@ -795,7 +835,7 @@ async fn requests(
                         }
                     }
                     if shared.pinned {
-                        config_reads.extend(run.iter().filter(|(_, r)| r.reads_config()).map(|(x, _)| *x));
+                        config_reads.extend(run.iter().filter(|(_, r)| r.reads_config()).cloned());
                     }
                     if watching && out.send(Out::Busy).await.is_err() {
                         return "writer gone";
@@ -817,9 +857,9 @@ async fn requests(
                         let mut w = Writer::new();
                         proto::reply_header(&mut w, xid, zxid, err);
                         if err == err::OK {
-                            match config_reads.contains(&xid) {
-                                true => w.0.extend(shim_config(&body, shared.listen).unwrap_or(body)),
-                                false => w.0.extend(body),
+                            match config_reads.iter().find(|(x, _)| *x == xid) {
+                                Some((_, read)) => w.0.extend(shim_answer(read, &body, shared.listen).unwrap_or(body)),
+                                None => w.0.extend(body),
                             }
                         }
                         if out.send(Out::Reply(zxid, w.into_bytes())).await.is_err() {
@@ -1225,6 +1265,50 @@ mod tests {
         assert_eq!(text, "server.0=127.0.0.1:2181:2182:participant;127.0.0.1:2181\nversion=1a");
         assert_eq!((back.data_length, back.version), (text.len() as i32, 3));
         assert!(shim_config(b"\x00", shim).is_none(), "not a getData reply: left alone");
+    }
+
+    #[test]
+    fn a_shim_rewrites_the_config_inside_a_multi_read_and_nothing_else() {
+        let config = "server.0=127.0.0.1:21000:21004:participant;127.0.0.1:21008\nversion=2";
+        let get = |path: &str| Request::GetData { path: path.into(), watch: false };
+        let ops = vec![
+            get("/a"),
+            get(proto::CONFIG_PATH),
+            get("/gone"),
+            Request::GetChildren { path: "/".into(), watch: false, two: false },
+        ];
+        let mut w = Writer::new();
+        w.int(op::GET_DATA).bool(false).int(err::OK).buffer(b"data of a");
+        proto::Stat::default().write(&mut w);
+        w.int(op::GET_DATA).bool(false).int(err::OK).buffer(config.as_bytes());
+        proto::Stat { data_length: config.len() as i32, ..Default::default() }.write(&mut w);
+        w.int(op::ERROR).bool(false).int(err::NO_NODE).int(err::NO_NODE);
+        w.int(op::GET_CHILDREN).bool(false).int(err::OK).strings(&["a".to_string(), "zookeeper".to_string()]);
+        w.int(-1).bool(true).int(-1);
+        let body = w.into_bytes();
+        let shim: SocketAddr = "127.0.0.1:2181".parse().expect("address");
+        let read = Request::MultiRead(ops.clone());
+        assert!(read.reads_config());
+        let answer = shim_answer(&read, &body, shim).expect("walked");
+        let mut r = Reader::new(&answer);
+        let header = |r: &mut Reader| (r.int().expect("type"), r.bool().expect("done"), r.int().expect("err"));
+        assert_eq!(header(&mut r), (op::GET_DATA, false, err::OK));
+        assert_eq!(r.buffer().expect("data"), b"data of a");
+        proto::Stat::read(&mut r).expect("stat");
+        assert_eq!(header(&mut r), (op::GET_DATA, false, err::OK));
+        let text = String::from_utf8(r.buffer().expect("config")).expect("text");
+        assert_eq!(text, "server.0=127.0.0.1:2181:2182:participant;127.0.0.1:2181\nversion=2");
+        assert_eq!(proto::Stat::read(&mut r).expect("stat").data_length, text.len() as i32);
+        assert_eq!(header(&mut r), (op::ERROR, false, err::NO_NODE));
+        assert_eq!(r.int().expect("error"), err::NO_NODE);
+        assert_eq!(header(&mut r), (op::GET_CHILDREN, false, err::OK));
+        assert_eq!(r.strings().expect("children"), ["a", "zookeeper"]);
+        assert_eq!(header(&mut r), (-1, true, -1));
+        assert_eq!(r.remaining(), 0);
+        // A multiRead without the config is not the shim's business; a body that does
+        // not walk is left alone.
+        assert!(!Request::MultiRead(vec![get("/a")]).reads_config());
+        assert!(shim_answer(&read, &body[..body.len() - 20], shim).is_none());
     }
 
     #[test]

@@ -337,9 +337,13 @@ impl Request {
     }
 
     /// Whether the request reads `/zookeeper/config` (getData, as the Java client's
-    /// getConfig does).
+    /// getConfig does; or a multiRead holding one).
     pub fn reads_config(&self) -> bool {
-        matches!(self, Request::GetData { path, .. } if path == CONFIG_PATH)
+        match self {
+            Request::GetData { path, .. } => path == CONFIG_PATH,
+            Request::MultiRead(ops) => ops.iter().any(Request::reads_config),
+            _ => false,
+        }
     }
 
     /// Whether the request may leave a watch for its session: after one, events may come.
