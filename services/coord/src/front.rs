@@ -659,6 +659,13 @@ async fn connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
         }
         _ => return, // the cluster did not answer: the client tries again, maybe elsewhere
     };
+    // Only frames after this handshake show the client holds the new password: what
+    // an earlier connection of the session here was heard saying must not confirm the
+    // move (a client that reconnects to the same node and misses this response would
+    // come back with a password already retired).
+    if let Ok(mut h) = shared.heard.lock() {
+        h.remove(&session);
+    }
     shared.saw(zxid);
     // A client that saw more than this node holds reads from it only once it caught up
     // (quorum reads always reflect every completed write: nothing to wait for).
