@@ -22,7 +22,7 @@
 use crate::decoded;
 use keel_coord::coord::{Command, Reply};
 use keel_coord::proto::{err, Request};
-use keel_coord::session_key::{SessionSecret, PASSWORD_LEN};
+use keel_coord::session_key::{SessionSecret, Verifier, PASSWORD_LEN};
 use keel_sim::HistoryEntry;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -53,7 +53,7 @@ pub(crate) struct Keys {
     /// Retired passwords, by session: the liar saw them.
     leaked: Vec<(i64, SessionSecret)>,
     /// Attaches, by session, as ordered (the liar sees them).
-    attaches: Vec<(i64, Vec<u8>)>,
+    attaches: Vec<(i64, Command)>,
     /// Liars whose op in flight is a lie (its answer teaches the workload nothing).
     lying: BTreeSet<u64>,
 }
@@ -64,7 +64,7 @@ fn drawn(rng: &mut ChaCha8Rng) -> SessionSecret {
 
 impl Keys {
     /// The verifier of a new session's password.
-    pub(crate) fn connect(&mut self, rng: &mut ChaCha8Rng, client: u64) -> [u8; 32] {
+    pub(crate) fn connect(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Verifier {
         let secret = drawn(rng);
         let verifier = secret.verifier();
         self.offered.insert(client, secret);
@@ -85,14 +85,13 @@ impl Keys {
         let proof = held.prove(session, client, &verifier);
         self.offered.insert(client, next);
         let attach = Command::Attach { session, proof, next: verifier, timeout: 6_000, ip: "10.0.0.1".into() };
-        self.attaches.push((session, attach.encode()));
+        self.attaches.push((session, attach.clone()));
         if self.attaches.len() > REPLAYS_KEPT {
             self.attaches.remove(0);
         }
         Some(attach)
     }
 
-    /// The liar's next op against the sessions of others (`sessions`: client → session).
     /// A lie by `liar` against the sessions of others (`sessions`: client → session),
     /// now and then. `value`: a fresh value, should it write.
     pub(crate) fn lie(
@@ -112,17 +111,14 @@ impl Keys {
 
     fn lie_against(&self, rng: &mut ChaCha8Rng, liar: u64, victims: Vec<i64>, value: Vec<u8>) -> Command {
         let victim = victims[rng.gen_range(0..victims.len())];
-        let replays: Vec<&Vec<u8>> =
-            self.attaches.iter().filter(|(s, _)| victims.contains(s)).map(|(_, bytes)| bytes).collect();
+        let replays: Vec<&Command> =
+            self.attaches.iter().filter(|(s, _)| victims.contains(s)).map(|(_, attach)| attach).collect();
         let leaked: Vec<&(i64, SessionSecret)> = self.leaked.iter().filter(|(s, _)| victims.contains(s)).collect();
         match rng.gen_range(0..6) {
             0 => Command::Touch { sessions: victims },
             // Replays and retired passwords of others' sessions only: one of its own
             // refused would end its own session in the workload's eyes.
-            1 if !replays.is_empty() => {
-                let replay = replays[rng.gen_range(0..replays.len())];
-                Command::decode(replay).unwrap_or(Command::Touch { sessions: Vec::new() })
-            }
+            1 if !replays.is_empty() => replays[rng.gen_range(0..replays.len())].clone(),
             2 if !leaked.is_empty() => {
                 let (session, secret) = leaked[rng.gen_range(0..leaked.len())];
                 let next = drawn(rng).verifier();
