@@ -102,6 +102,28 @@ pub struct ReadCtx {
 #[error("snapshot cannot be restored: {0}")]
 pub struct RestoreError(pub String);
 
+/// A service snapshot's first four bytes: its format, so that a build meeting another
+/// build's snapshot (an old data directory, a backup) refuses it by name instead of
+/// misreading it. Bump a service's format whenever its snapshot layout changes.
+pub fn format_stamp(format: u32) -> Vec<u8> {
+    format.to_le_bytes().to_vec()
+}
+
+/// The snapshot after its format stamp, if the stamp is `format`; `service` names the
+/// service in the error.
+pub fn strip_format_stamp<'a>(snapshot: &'a [u8], service: &str, format: u32) -> Result<&'a [u8], RestoreError> {
+    let Some((stamp, rest)) = snapshot.split_first_chunk::<4>() else {
+        return Err(RestoreError(format!("{service} snapshot of {} bytes has no format stamp", snapshot.len())));
+    };
+    match u32::from_le_bytes(*stamp) {
+        f if f == format => Ok(rest),
+        f => Err(RestoreError(format!(
+            "{service} snapshot of format {f}; this build reads format {format} (another build's data directory or \
+             backup)"
+        ))),
+    }
+}
+
 /// A piece of service state a request reads or writes, named by the service.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Item {

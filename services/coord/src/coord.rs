@@ -14,7 +14,7 @@ use crate::proto::{err, event, op, perm, Acl, Request, CONFIG_PATH, MAX_BUFFER};
 use crate::session_key::{self, Verifier};
 use crate::tree::{split, validate, Kind, Tree, ZNode};
 use keel_core::ids::{owner_of, ClientId};
-use keel_core::service::{ExecCtx, ReadCtx, RestoreError, Service};
+use keel_core::service::{format_stamp, strip_format_stamp, ExecCtx, ReadCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
@@ -258,6 +258,10 @@ impl Watches {
         }
     }
 }
+
+/// The snapshot's format (`format_stamp`): bump it whenever `State`'s layout changes.
+/// 1: session 32's, the first stamped (sessions keep password verifiers since session 31).
+const SNAPSHOT_FORMAT: u32 = 1;
 
 /// The coordination service's replicated state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -1390,10 +1394,11 @@ impl Service for Coord {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        postcard::to_allocvec(&*self.read()).unwrap_or_default()
+        postcard::to_extend(&*self.read(), format_stamp(SNAPSHOT_FORMAT)).unwrap_or_default()
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        let snapshot = strip_format_stamp(snapshot, "coord", SNAPSHOT_FORMAT)?;
         let restored: State = postcard::from_bytes(snapshot).map_err(|e| RestoreError(e.to_string()))?;
         *self.write() = restored;
         self.published();

@@ -429,6 +429,11 @@ fn snapshots_restore_to_an_equal_state() {
     assert_eq!(copy.digest(), w.coord.digest());
     let mut junk = Coord::new();
     assert!(junk.restore(b"\xff\xff\xff").is_err());
+    // Another build's snapshot (its format stamp differs) is refused by name, not misread.
+    let mut other = w.coord.snapshot();
+    other[0] = other[0].wrapping_add(1);
+    let e = Coord::new().restore(&other).expect_err("another format");
+    assert!(e.0.contains("coord snapshot of format"), "{e}");
 }
 
 #[test]
