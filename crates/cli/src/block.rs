@@ -43,13 +43,15 @@ fn status(dir: &std::path::Path) -> ExitCode {
     }
     match keel_block::Settings::from_map(&first.service_options) {
         Ok(s) => println!(
-            "export: {} bytes in blocks of {} ({} blocks), mode {}, reserve {}% per node, recovery throttle {}",
+            "export: {} bytes in blocks of {} ({} blocks), mode {}, reserve {}% per node, recovery throttle {}, \
+             idle epochs end after {} s",
             s.size,
             s.block_size,
             s.size / s.block_size.max(1),
             s.mode.name(),
             s.reserve * 100.0,
-            if s.recovery_mbps == 0 { "none".to_string() } else { format!("{} MB/s", s.recovery_mbps) }
+            if s.recovery_mbps == 0 { "none".to_string() } else { format!("{} MB/s", s.recovery_mbps) },
+            s.epoch_idle_s
         ),
         Err(e) => {
             eprintln!("error: cluster.toml: {e}");

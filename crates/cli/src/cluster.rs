@@ -94,6 +94,10 @@ pub struct InitArgs {
     /// (default 0: none).
     #[arg(long, help_heading = "block service")]
     recovery_mbps: Option<String>,
+    /// block: seconds a front end may order no write before the cluster ends its epoch
+    /// and the nodes drop the PrepareData it left (default 60).
+    #[arg(long, help_heading = "block service")]
+    epoch_idle_s: Option<String>,
 }
 
 /// `[service_options]` from the service's own flags: the block store's, for `--service
@@ -118,6 +122,7 @@ fn service_options(a: &InitArgs) -> Result<std::collections::BTreeMap<String, St
         ("mode", &a.mode),
         ("reserve_pct", &a.reserve),
         ("recovery_mbps", &a.recovery_mbps),
+        ("epoch_idle_s", &a.epoch_idle_s),
     ];
     if a.service.as_deref() != Some("block") {
         if let Some((name, _)) = given.iter().find(|(_, v)| v.is_some()) {

@@ -62,9 +62,10 @@ pub const SERVICES: [ServiceInfo; 4] = [
     },
     // Gnothi's block store: each node serves the export over NBD.
     // Its checkpoints hold the block map; the blocks live in each node's own storage.
+    // Idle front ends' epochs end at ticks (`service_options.epoch_idle_s`).
     ServiceInfo {
         name: "block",
-        tick_ms: None,
+        tick_ms: Some(1_000),
         front_end: true,
         sim: Some(keel_block_sim::run_block_seed),
         check_state: None,
@@ -221,7 +222,9 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         front: stats.clone(),
         recovery: recovery.clone(),
     });
-    let node = NodeBuilder::new(setup, move || BlockService::with_local(service_meta.clone(), service_local.clone()))
+    let idle_ms = settings.epoch_idle_s.saturating_mul(1000);
+    let service = move || BlockService::with_local(service_meta.clone(), service_local.clone()).with_idle_ms(idle_ms);
+    let node = NodeBuilder::new(setup, service)
         .client(fe.client)
         .client_sessions(front::CLIENT_SESSIONS)
         .node_plane(|_, _| true)

@@ -528,6 +528,38 @@ fn a_node_serving_wrong_bytes_is_reported_and_routed_around() {
 }
 
 #[test]
+fn an_idle_front_ends_epoch_ends_and_its_next_write_renews_it() {
+    let (c, fronts) = block_cluster(&["--epoch-idle-s", "2"]);
+    let out = qemu_io(&url(fronts[0]), &["write -P 0x31 0 65536"]);
+    assert!(!out.contains("failed"), "{out}");
+    // Every front end began an epoch when it started and node 0's wrote since; two
+    // quiet seconds later a tick ends all four, on every node.
+    let started = Instant::now();
+    loop {
+        let m = c.metrics(1);
+        if metric(&m, "keel_block_epochs_ended_idle_total") >= 4 {
+            assert_eq!(metric(&m, "keel_block_prepared_bytes"), 0, "{m}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no idle epoch ended within 30 s:\n{m}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The nodes now refuse these front ends' PrepareData of the ended epoch: each
+    // renews its epoch and the write goes through.
+    for (i, pattern) in [(0, "0x32"), (2, "0x33")] {
+        let out = qemu_io(&url(fronts[i]), &[&format!("write -P {pattern} {} 65536", (i + 1) * 65536)]);
+        assert!(!out.contains("failed"), "node {i}: {out}");
+        let fenced = metric(&c.metrics(i), "keel_block_writes_fenced_total");
+        assert!(fenced >= 1, "node {i}'s front end wrote without being fenced ({fenced})");
+    }
+    let out = qemu_io(
+        &url(fronts[3]),
+        &["read -P 0x31 0 65536", "read -P 0x32 65536 65536", "read -P 0 131072 65536", "read -P 0x33 196608 65536"],
+    );
+    assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{out}");
+}
+
+#[test]
 fn a_full_reserve_gives_writers_enospc_and_loses_nothing() {
     let (mut c, fronts) = block_cluster(&["--reserve", "0"]);
     let out = qemu_io(&url(fronts[0]), &["write -P 0x21 0 4096"]);

@@ -35,7 +35,7 @@
 
 pub use keel_block::check::{judge, Copy};
 use keel_block::geometry::Geometry;
-use keel_block::local::{Local, Prepare};
+use keel_block::local::{Local, Prepare, Refused};
 use keel_block::meta::{zero_hash, Command, Hash, Meta, Reply};
 use keel_block::BlockService;
 use keel_core::message::ReadConsistency;
@@ -75,6 +75,9 @@ pub enum Bug {
     AnyCopy,
     /// Recovery phase 2 stores a copy at the agreed version without checking its hash.
     UncheckedRepair,
+    /// The nodes drop a waiting write's PrepareData without the cluster ending its
+    /// epoch first (a time bound that frees before it fences).
+    DropUnfenced,
 }
 
 /// What a run's history held (so a test can see the run was not vacuous).
@@ -104,6 +107,25 @@ pub struct Stats {
     pub wiped_starts: u64,
     /// Operations the linearizability check judged.
     pub judged: u64,
+    /// Writes the cluster fenced (their epoch ended at a tick: the client was idle), and
+    /// the epochs clients renewed after one.
+    pub writes_fenced: u64,
+    pub renewals: u64,
+}
+
+/// The agreed-time tick of a simulated block cluster, and how long a client may order
+/// nothing before its epoch ends (`meta::EPOCH_IDLE_MS`, shortened so that clients cut
+/// off by a fault go idle within a run).
+pub const TICK_MS: u64 = 500;
+pub const IDLE_MS: u64 = 1_500;
+
+/// `opts` with block's tick if it has none: idle front ends' epochs end at ticks.
+pub fn with_ticks(opts: &SimOptions) -> SimOptions {
+    let mut o = opts.clone();
+    if o.options.tick_ms == 0 {
+        o.options.tick_ms = TICK_MS;
+    }
+    o
 }
 
 /// Runs the block workload for one seed.
@@ -124,7 +146,7 @@ pub fn run_block_seed_with_stats(opts: &SimOptions, bug: Option<Bug>) -> (SeedRe
         }
     };
     let stats = workload.stats.clone();
-    let report = run_seed(opts, workload);
+    let report = run_seed(&with_ticks(opts), workload);
     let stats = stats.lock().map(|s| s.clone()).unwrap_or_default();
     (report, stats)
 }
@@ -180,6 +202,10 @@ impl Service for SimBlock {
         self.inner.execute(request, ctx)
     }
 
+    fn on_tick(&mut self, ctx: &ExecCtx) {
+        self.inner.on_tick(ctx)
+    }
+
     fn execute_read_only(&self, request: &[u8], ctx: &ReadCtx) -> Option<Vec<u8>> {
         self.inner.execute_read_only(request, ctx)
     }
@@ -201,20 +227,32 @@ impl Service for SimBlock {
     }
 }
 
+/// Why a write's PrepareData did not reach u + r + 1 nodes.
+enum Unprepared {
+    /// Too few nodes up or answering.
+    Short,
+    /// A node refused it: the cluster ended the client's epoch.
+    EpochEnded,
+}
+
 /// What a client's outstanding operation is.
 #[derive(Clone, Debug)]
 enum Pending {
     /// With the nodes that acknowledged its PrepareData, each with its wipe count then.
     Write {
         block: u64,
-        owner: u32,
-        seq: u64,
+        /// (owner, epoch, seq): which PrepareData it is.
+        write: (u32, u64, u64),
         hash: Hash,
         acked: Vec<(u32, u64)>,
     },
     Zero,
     Read {
         block: u64,
+    },
+    /// A new epoch after the client's writes of this one were fenced.
+    Renew {
+        after: u64,
     },
 }
 
@@ -250,12 +288,16 @@ pub struct BlockWorkload {
     rng: Mutex<ChaCha8Rng>,
     runtime: tokio::runtime::Runtime,
     seqs: BTreeMap<u64, u64>,
+    /// Per client, the epoch it writes in (0 until the cluster fenced it once), and the
+    /// epoch it must renew from before its next write.
+    epochs: BTreeMap<u64, u64>,
+    renew: BTreeMap<u64, u64>,
     counter: u64,
     pending: BTreeMap<u64, Pending>,
     /// Per client, each answered operation in order.
     answered: BTreeMap<u64, Vec<Answered>>,
-    /// Each write's data hash → (owner, seq), for the end audit.
-    writes: BTreeMap<Hash, (u32, u64)>,
+    /// Each write's data hash → (owner, epoch, seq), for the end audit.
+    writes: BTreeMap<Hash, (u32, u64, u64)>,
     violations: Mutex<Vec<String>>,
     stats: Arc<Mutex<Stats>>,
 }
@@ -297,6 +339,8 @@ impl BlockWorkload {
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(opts.seed ^ 0x626c6f636b)),
             runtime,
             seqs: BTreeMap::new(),
+            epochs: BTreeMap::new(),
+            renew: BTreeMap::new(),
             counter: 0,
             pending: BTreeMap::new(),
             answered: BTreeMap::new(),
@@ -326,7 +370,7 @@ impl BlockWorkload {
     /// nodes that are up (some lost on the way), then to the others (reserve storage),
     /// until u + r + 1 acknowledged. Returns the nodes that did (with their wipe counts),
     /// or None if too few did.
-    fn prepare(&mut self, prepare: &Prepare) -> Option<Vec<(u32, u64)>> {
+    fn prepare(&mut self, prepare: &Prepare) -> Result<Vec<(u32, u64)>, Unprepared> {
         let g = self.geometry();
         let need = match self.bug {
             Some(Bug::FewerCopies) => self.copies as usize - 1,
@@ -336,6 +380,7 @@ impl BlockWorkload {
         let order: Vec<u32> =
             preferred.iter().copied().chain((0..g.nodes).filter(|i| !preferred.contains(i))).collect();
         let mut acked = Vec::new();
+        let mut ended = false;
         for i in order {
             if acked.len() >= need {
                 break;
@@ -358,15 +403,32 @@ impl BlockWorkload {
                 acked.push(i);
                 continue;
             }
-            if self.runtime.block_on(local.prepare(prepare.clone())).is_ok() {
-                acked.push(i);
+            match self.runtime.block_on(local.prepare(prepare.clone())) {
+                Ok(()) => acked.push(i),
+                Err(Refused::OldEpoch) => ended = true,
+                Err(_) => {}
             }
         }
         if acked.len() < need {
-            return None;
+            return Err(if ended { Unprepared::EpochEnded } else { Unprepared::Short });
         }
         let plane = self.plane();
-        Some(acked.into_iter().map(|i| (i, plane.nodes[i as usize].wipes)).collect())
+        Ok(acked.into_iter().map(|i| (i, plane.nodes[i as usize].wipes)).collect())
+    }
+
+    /// [`Bug::DropUnfenced`]: every up node drops the PrepareData of another client's
+    /// write that is on its way to be ordered, though the cluster did not end its epoch.
+    fn drop_unfenced(&mut self, client: u64) {
+        let Some((owner, epoch)) = self.pending.iter().find_map(|(c, p)| match p {
+            Pending::Write { write: (owner, epoch, _), .. } if *c != client => Some((*owner, *epoch)),
+            _ => None,
+        }) else {
+            return;
+        };
+        let plane = self.plane();
+        for local in plane.nodes.iter().filter_map(|n| n.local.as_ref()) {
+            local.new_epoch(owner, epoch + 1);
+        }
     }
 
     /// Node `i`'s copy of block `b`, as it serves it: a Byzantine node now and then
@@ -500,7 +562,8 @@ impl BlockWorkload {
     /// A write's reply arrived: its data must be on u + 1 correct nodes, and every
     /// correct node that acknowledged it and still has the disk it had then must hold it
     /// where it is up (logged, or stored at this version or a newer one).
-    fn check_durable(&self, block: u64, owner: u32, seq: u64, hash: Hash, version: u64, acked: &[(u32, u64)]) {
+    fn check_durable(&self, block: u64, write: (u32, u64, u64), hash: Hash, version: u64, acked: &[(u32, u64)]) {
+        let (owner, epoch, seq) = write;
         let plane = self.plane();
         let correct: Vec<&(u32, u64)> = acked.iter().filter(|(i, _)| !plane.nodes[*i as usize].byzantine).collect();
         if correct.len() < self.u as usize + 1 {
@@ -524,7 +587,7 @@ impl BlockWorkload {
                 held.first()
                     .is_some_and(|&h| h > version || (h == version && judge((version, hash), h, &data) == Copy::Good))
             });
-            if !stored && !local.has_prepared(owner, 0, seq) {
+            if !stored && !local.has_prepared(owner, epoch, seq) {
                 self.violation(format!(
                     "node {i} acknowledged the PrepareData of write {owner}/{seq} (block {block} version {version}) and holds neither it nor the block"
                 ));
@@ -552,7 +615,11 @@ impl BlockWorkload {
                     .read(b, 1)
                     .ok()
                     .is_some_and(|(data, held)| held.first().is_some_and(|&h| judge(want, h, &data) == Copy::Good));
-                stored || self.writes.get(&want.1).is_some_and(|&(owner, seq)| local.has_prepared(owner, 0, seq))
+                stored
+                    || self
+                        .writes
+                        .get(&want.1)
+                        .is_some_and(|&(owner, epoch, seq)| local.has_prepared(owner, epoch, seq))
             });
             if !held {
                 self.violation(format!("block {b} version {}: no correct node that is up holds its data", want.0));
@@ -566,7 +633,8 @@ impl Workload for BlockWorkload {
 
     /// The metadata alone (a Byzantine node's stale answers are computed in one).
     fn service(&self) -> SimBlock {
-        SimBlock { inner: BlockService::new(self.geometry()), node: None, plane: self.plane.clone() }
+        let inner = BlockService::new(self.geometry()).with_idle_ms(IDLE_MS);
+        SimBlock { inner, node: None, plane: self.plane.clone() }
     }
 
     fn node_service(&self, start: NodeStart) -> SimBlock {
@@ -590,7 +658,7 @@ impl Workload for BlockWorkload {
             Ok(local) => {
                 let local = Arc::new(local);
                 let meta = Arc::new(RwLock::new(Meta::new(g)));
-                let inner = BlockService::with_local(meta.clone(), local.clone());
+                let inner = BlockService::with_local(meta.clone(), local.clone()).with_idle_ms(IDLE_MS);
                 slot.generation += 1;
                 slot.local = Some(local);
                 slot.meta = Some(meta);
@@ -611,30 +679,46 @@ impl Workload for BlockWorkload {
     }
 
     fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8> {
+        let owner = OWNER_BASE + client as u32;
+        if let Some(after) = self.renew.remove(&client) {
+            self.pending.insert(client, Pending::Renew { after });
+            return Command::NewEpoch { owner, after: Some(after) }.encode();
+        }
+        if self.bug == Some(Bug::DropUnfenced) && rng.gen_bool(0.1) {
+            self.drop_unfenced(client);
+        }
         let block = HOT[rng.gen_range(0..HOT.len())];
         let roll = rng.gen_range(0..10);
         if roll < 4 {
             self.counter += 1;
             let seq = self.seqs.entry(client).or_default();
             *seq += 1;
-            let (seq, owner) = (*seq, OWNER_BASE + client as u32);
+            let seq = *seq;
+            let epoch = self.epochs.get(&client).copied().unwrap_or(0);
             let data = pattern(client, self.counter);
             let hash = *blake3::hash(&data).as_bytes();
-            let prepare = Prepare { owner, epoch: 0, seq, first: block, hashes: vec![hash], data };
+            let prepare = Prepare { owner, epoch, seq, first: block, hashes: vec![hash], data };
             self.stats().writes += 1;
-            if let Some(acked) = self.prepare(&prepare) {
-                self.writes.insert(hash, (owner, seq));
-                self.pending.insert(client, Pending::Write { block, owner, seq, hash, acked });
-                return Command::Write {
-                    owner,
-                    epoch: 0,
-                    seq,
-                    first: block,
-                    hashes: vec![hash],
-                    expect: None,
-                    data: None,
+            match self.prepare(&prepare) {
+                Ok(acked) => {
+                    self.writes.insert(hash, (owner, epoch, seq));
+                    self.pending.insert(client, Pending::Write { block, write: (owner, epoch, seq), hash, acked });
+                    return Command::Write {
+                        owner,
+                        epoch,
+                        seq,
+                        first: block,
+                        hashes: vec![hash],
+                        expect: None,
+                        data: None,
+                    }
+                    .encode();
                 }
-                .encode();
+                // The nodes know the cluster ended this client's epoch: it renews first.
+                Err(Unprepared::EpochEnded) => {
+                    self.renew.insert(client, epoch);
+                }
+                Err(Unprepared::Short) => {}
             }
             // The front end answers the writer with an error; this client reads instead.
             self.stats().writes_refused += 1;
@@ -654,9 +738,26 @@ impl Workload for BlockWorkload {
         let g = self.geometry();
         let reply = Reply::decode(result).ok();
         let outcome = match (self.pending.remove(&client), reply) {
-            (Some(Pending::Write { block, owner, seq, hash, acked }), Some(Reply::Written { version })) => {
+            (Some(Pending::Write { block, write, hash, acked }), Some(Reply::Written { version })) => {
                 self.stats().writes_acked += 1;
-                self.check_durable(block, owner, seq, hash, version, &acked);
+                self.check_durable(block, write, hash, version, &acked);
+                Outcome::Done
+            }
+            (Some(Pending::Write { .. }), Some(Reply::Fenced)) => {
+                self.stats().writes_fenced += 1;
+                self.renew.insert(client, self.epochs.get(&client).copied().unwrap_or(0));
+                Outcome::Done
+            }
+            (Some(Pending::Renew { after }), Some(Reply::Epoch(epoch))) => {
+                if epoch <= after {
+                    self.violation(format!("client {client} renewed epoch {after} and was given {epoch}"));
+                }
+                self.stats().renewals += 1;
+                self.epochs.insert(client, epoch);
+                Outcome::Done
+            }
+            (Some(Pending::Renew { after }), _) => {
+                self.renew.insert(client, after);
                 Outcome::Done
             }
             (Some(Pending::Zero), _) => {

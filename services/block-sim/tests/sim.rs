@@ -18,6 +18,8 @@ fn add(total: &mut Stats, s: &Stats) {
     total.lies_caught += s.lies_caught;
     total.repaired += s.repaired;
     total.judged += s.judged;
+    total.writes_fenced += s.writes_fenced;
+    total.renewals += s.renewals;
 }
 
 #[test]
@@ -44,6 +46,10 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
     assert!(total.older_copies > 100, "readers meet INCOMPLETE copies: {total:?}");
     assert!(total.repaired > 100, "phase 2 re-replicates: {total:?}");
     assert!(total.lies_caught > 20, "Byzantine nodes serve wrong bytes and are caught: {total:?}");
+    assert!(
+        total.writes_fenced > 0 && total.renewals > 0,
+        "clients cut off go idle, their epochs end at ticks, and they renew: {total:?}"
+    );
 }
 
 /// The first violation `bug` causes in seeds `1..=seeds`.
@@ -82,4 +88,11 @@ fn reads_served_from_incomplete_blocks_are_caught() {
 fn a_repair_that_stores_unchecked_bytes_is_caught() {
     // The correct node that stored a Byzantine node's wrong bytes then serves them.
     assert!(caught(Bug::UncheckedRepair, "byzantine", 1, 1, 20).contains("with other bytes"));
+}
+
+#[test]
+fn prepare_data_dropped_before_its_epoch_ended_is_caught() {
+    // What the time bound must never do: free a waiting write's PrepareData while the
+    // cluster would still order the write. Ordered, it is then held nowhere.
+    assert!(caught(Bug::DropUnfenced, "none", 1, 1, 5).contains("holds neither it nor the block"));
 }

@@ -18,7 +18,7 @@
 //! node reads.
 
 use crate::check::{self, Copy};
-use crate::local::{Local, Prepare};
+use crate::local::{Local, Prepare, OLD_EPOCH};
 use crate::meta::{Command, Hash, Meta, Reply, META_BLOCKS_MAX};
 use crate::nbd::{self, Cmd};
 use crate::plane::{Peers, FETCH_BYTES_MAX};
@@ -77,6 +77,9 @@ const PREFERRED_WAIT: Duration = Duration::from_secs(1);
 const SILENT_WAIT: Duration = Duration::from_secs(5);
 /// How long a peer gets to answer a fetch before the next one is asked.
 const FETCH_WAIT: Duration = Duration::from_secs(2);
+/// Tries of a write the cluster keeps fencing (each renews the epoch first): more than
+/// one fails only if epochs end faster than a write is ordered.
+const FENCED_RETRIES: usize = 3;
 const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 /// A read that found no node serving a block at its agreed version asks again after
 /// this pause, doubled each time up to the most (`read_blocks`).
@@ -90,6 +93,9 @@ pub enum OpError {
     Io(String),
     /// ENOSPC: the reserve storage of the nodes that could take the data is full.
     NoSpace(String),
+    /// The cluster ended this front end's epoch (nodes refused its PrepareData): renew
+    /// and retry. EIO if it ever reaches a client.
+    Fenced,
 }
 
 impl OpError {
@@ -97,6 +103,7 @@ impl OpError {
         match self {
             OpError::Io(_) => nbd::EIO,
             OpError::NoSpace(_) => nbd::ENOSPC,
+            OpError::Fenced => nbd::EIO,
         }
     }
 }
@@ -119,6 +126,9 @@ pub struct FrontStats {
     pub bad_local_blocks: AtomicU64,
     /// Reads that found no node serving a block at its version and asked again.
     pub reads_waited: AtomicU64,
+    /// Writes fenced because the cluster had ended this front end's epoch (it was idle),
+    /// each renewed and tried again.
+    pub writes_fenced: AtomicU64,
     /// Bad blocks by the node that sent them.
     pub bad_by_node: std::sync::Mutex<std::collections::BTreeMap<NodeId, u64>>,
 }
@@ -215,15 +225,23 @@ impl Blocks {
     }
 
     /// Orders a new epoch for this front end (Gnothi's "new epoch"): PrepareData it left
-    /// behind before a restart or a failed write is garbage everywhere from now on, and
-    /// the older epochs' writes are refused if they are ordered later. Retries until
-    /// the cluster answers; writes wait for it.
+    /// behind before a restart is garbage everywhere from now on, and the older epochs'
+    /// writes are refused if they are ordered later. Retries until the cluster answers;
+    /// writes wait for it.
     pub async fn begin(&self) {
-        let command = Command::NewEpoch { owner: self.local.node() }.encode();
+        self.renew(None).await
+    }
+
+    /// Moves on from epoch `after` (see `Command::NewEpoch`): after a failed write, whose
+    /// WriteData may still be ordered later, or when the cluster fenced a write because
+    /// it had ended the epoch (the front end was idle, `meta::EPOCH_IDLE_MS`).
+    async fn renew(&self, after: Option<u64>) {
+        let command = Command::NewEpoch { owner: self.local.node(), after }.encode();
         loop {
             match self.client.invoke(command.clone(), self.op_timeout).await.map(|r| Reply::decode(&r)) {
                 Ok(Ok(Reply::Epoch(e))) => {
-                    self.epoch.store(e, Ordering::Release);
+                    // Renewals of writes fenced together may answer out of order.
+                    self.epoch.fetch_max(e, Ordering::AcqRel);
                     return;
                 }
                 other => {
@@ -484,36 +502,61 @@ impl Blocks {
         Err(OpError::Io(format!("block {block} kept changing under a partial write")))
     }
 
-    /// Writes whole blocks from `first`, in one stripe.
+    /// Writes whole blocks from `first`, in one stripe. A write the cluster fenced (its
+    /// epoch ended while it was on its way: nothing changed) is tried again in the
+    /// renewed epoch, a few times.
     async fn write_blocks(&self, first: u64, data: Vec<u8>, expect: Option<u64>) -> Result<Reply, OpError> {
         let bs = self.local.geometry().bs();
         let hashes: Vec<Hash> = data.chunks_exact(bs).map(|d| *blake3::hash(d).as_bytes()).collect();
         let _permit = self.writes.acquire().await.map_err(|_| OpError::Io("stopping".into()))?;
-        if self.fence.swap(false, Ordering::AcqRel) {
-            self.begin().await;
-        }
-        let epoch = self.epoch.load(Ordering::Acquire);
-        let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
         let owner = self.local.node();
-        let command = match self.mode {
-            Mode::Full => Command::Write { owner, epoch, seq, first, hashes, expect, data: Some(data) },
-            Mode::Gnothi => {
-                let prepare = Prepare { owner, epoch, seq, first, hashes: hashes.clone(), data };
-                self.prepare(&prepare).await?;
-                Command::Write { owner, epoch, seq, first, hashes, expect, data: None }
+        // Taken by each try and given back by a fenced one.
+        let mut data = Some(data);
+        for _ in 0..FENCED_RETRIES {
+            if self.fence.swap(false, Ordering::AcqRel) {
+                self.renew(Some(self.epoch.load(Ordering::Acquire))).await;
             }
-        };
-        match self.invoke(&command).await {
-            Ok(Reply::Fenced) => Err(OpError::Io("the write's epoch ended before it was ordered".into())),
-            Ok(reply) => Ok(reply),
-            Err(e) => {
-                // Given up on, the write may still be ordered later. The next write first
-                // begins a new epoch, which fences it: ordered after the epoch it is
-                // refused, and the nodes drop its PrepareData.
-                self.fence.store(true, Ordering::Release);
-                Err(e)
+            let epoch = self.epoch.load(Ordering::Acquire);
+            let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
+            let hashes = hashes.clone();
+            let command = match self.mode {
+                Mode::Full => Command::Write { owner, epoch, seq, first, hashes, expect, data: data.take() },
+                Mode::Gnothi => {
+                    let bytes = data.take().unwrap_or_default();
+                    let prepare = Prepare { owner, epoch, seq, first, hashes: hashes.clone(), data: bytes };
+                    let prepared = self.prepare(&prepare).await;
+                    data = Some(prepare.data);
+                    match prepared {
+                        Ok(()) => {}
+                        Err(OpError::Fenced) => {
+                            self.stats.writes_fenced.fetch_add(1, Ordering::Relaxed);
+                            self.renew(Some(epoch)).await;
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                    Command::Write { owner, epoch, seq, first, hashes, expect, data: None }
+                }
+            };
+            match self.invoke(&command).await {
+                Ok(Reply::Fenced) => {
+                    self.stats.writes_fenced.fetch_add(1, Ordering::Relaxed);
+                    self.renew(Some(epoch)).await;
+                    if let Command::Write { data: Some(d), .. } = command {
+                        data = Some(d);
+                    }
+                }
+                Ok(reply) => return Ok(reply),
+                Err(e) => {
+                    // Given up on, the write may still be ordered later. The next write
+                    // first begins a new epoch, which fences it: ordered after the epoch
+                    // it is refused, and the nodes drop its PrepareData.
+                    self.fence.store(true, Ordering::Release);
+                    return Err(e);
+                }
             }
         }
+        Err(OpError::Io(format!("the write's epoch ended before it was ordered, {FENCED_RETRIES} times")))
     }
 
     /// Gnothi §3.2 steps 1-3: the PrepareData durably on u + r + 1 nodes, the blocks'
@@ -568,6 +611,7 @@ impl Blocks {
         let mut acked = 0usize;
         let mut answered = 0usize;
         let mut full = false;
+        let mut ended = false;
         let mut last_error = String::new();
         let deadline = tokio::time::Instant::now() + self.op_timeout;
         let widen_at = tokio::time::Instant::now() + PREFERRED_WAIT;
@@ -594,6 +638,7 @@ impl Blocks {
                     heard = tokio::time::Instant::now();
                     self.suspect(i, false);
                     full |= e.contains("reserve");
+                    ended |= e.contains(OLD_EPOCH);
                     last_error = format!("node index {i}: {e}");
                     if !widened {
                         widened = true;
@@ -634,6 +679,8 @@ impl Blocks {
         }
         if acked >= need {
             Ok(())
+        } else if ended {
+            Err(OpError::Fenced)
         } else if full {
             Err(OpError::NoSpace(format!("PrepareData on {acked} of {need} nodes: {last_error}")))
         } else {

@@ -37,11 +37,22 @@ pub struct Settings {
     pub reserve: f64,
     /// Recovery phase 2's throttle, MB/s of block data fetched (0: none).
     pub recovery_mbps: u64,
+    /// Seconds of agreed time a front end may order nothing before the cluster ends its
+    /// epoch and the nodes drop the PrepareData it left (`meta::EPOCH_IDLE_MS`). Part of
+    /// the agreed state machine: every node reads it from cluster.toml.
+    pub epoch_idle_s: u64,
 }
 
 impl Default for Settings {
     fn default() -> Settings {
-        Settings { size: 1 << 30, block_size: 4096, mode: front::Mode::Gnothi, reserve: 0.10, recovery_mbps: 0 }
+        Settings {
+            size: 1 << 30,
+            block_size: 4096,
+            mode: front::Mode::Gnothi,
+            reserve: 0.10,
+            recovery_mbps: 0,
+            epoch_idle_s: meta::EPOCH_IDLE_MS / 1000,
+        }
     }
 }
 
@@ -56,21 +67,37 @@ impl Settings {
         for (key, value) in options {
             match key.as_str() {
                 "size" => s.size = parse_size(value).map_err(|e| format!("service_options.size: {e}"))?,
-                "block_size" => s.block_size = parse_size(value).map_err(|e| format!("service_options.block_size: {e}"))?,
-                "mode" => s.mode = front::Mode::parse(value).ok_or_else(|| format!("service_options.mode = {value:?}: gnothi or full"))?,
+                "block_size" => {
+                    s.block_size = parse_size(value).map_err(|e| format!("service_options.block_size: {e}"))?
+                }
+                "mode" => {
+                    s.mode = front::Mode::parse(value)
+                        .ok_or_else(|| format!("service_options.mode = {value:?}: gnothi or full"))?
+                }
                 "reserve_pct" => {
-                    let pct: f64 = value.parse().map_err(|_| format!("service_options.reserve_pct = {value:?}: a percentage"))?;
+                    let pct: f64 =
+                        value.parse().map_err(|_| format!("service_options.reserve_pct = {value:?}: a percentage"))?;
                     if !(0.0..=100.0).contains(&pct) {
                         return Err(format!("service_options.reserve_pct = {pct}: 0 to 100"));
                     }
                     s.reserve = pct / 100.0;
                 }
                 "recovery_mbps" => {
-                    s.recovery_mbps = value.parse().map_err(|_| format!("service_options.recovery_mbps = {value:?}: MB/s, 0 for no throttle"))?;
+                    s.recovery_mbps = value
+                        .parse()
+                        .map_err(|_| format!("service_options.recovery_mbps = {value:?}: MB/s, 0 for no throttle"))?;
+                }
+                "epoch_idle_s" => {
+                    s.epoch_idle_s = value
+                        .parse()
+                        .ok()
+                        .filter(|&s| s > 0)
+                        .ok_or_else(|| format!("service_options.epoch_idle_s = {value:?}: seconds, at least 1"))?;
                 }
                 other => {
                     return Err(format!(
-                        "service_options.{other}: the block service knows size, block_size, mode, reserve_pct, recovery_mbps"
+                        "service_options.{other}: the block service knows size, block_size, mode, reserve_pct, \
+                         recovery_mbps, epoch_idle_s"
                     ))
                 }
             }
@@ -86,6 +113,7 @@ impl Settings {
             ("mode".into(), self.mode.name().into()),
             ("reserve_pct".into(), format!("{}", self.reserve * 100.0)),
             ("recovery_mbps".into(), self.recovery_mbps.to_string()),
+            ("epoch_idle_s".into(), self.epoch_idle_s.to_string()),
         ])
     }
 }
@@ -127,8 +155,13 @@ mod tests {
 
     #[test]
     fn settings_round_trip_and_typos_are_refused() {
-        let s =
-            Settings { size: 64 << 20, block_size: 4096, mode: front::Mode::Full, reserve: 0.25, recovery_mbps: 40 };
+        let s = Settings {
+            mode: front::Mode::Full,
+            reserve: 0.25,
+            recovery_mbps: 40,
+            epoch_idle_s: 5,
+            ..Settings::default()
+        };
         assert_eq!(Settings::from_map(&s.to_map()), Ok(s));
         let typo = BTreeMap::from([("sise".to_string(), "1G".to_string())]);
         assert!(Settings::from_map(&typo).is_err());

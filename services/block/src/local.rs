@@ -34,6 +34,10 @@ pub struct Prepare {
     pub data: Vec<u8>,
 }
 
+/// What a node answers to a PrepareData of an epoch the cluster ended: the front end
+/// (which sees only the text from other nodes) renews its epoch and retries.
+pub const OLD_EPOCH: &str = "a PrepareData of an epoch that ended";
+
 /// Why a node did not take a PrepareData.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refused {
@@ -43,7 +47,7 @@ pub enum Refused {
     Busy(NodeId),
     #[error("the reserve storage is full ({0} blocks)")]
     ReserveFull(u64),
-    #[error("a PrepareData of an epoch that ended")]
+    #[error("{OLD_EPOCH}")]
     OldEpoch,
     #[error("the PrepareData log failed: {0}")]
     Log(String),
@@ -108,6 +112,9 @@ pub struct Stats {
     pub writes_complete: AtomicU64,
     pub writes_incomplete: AtomicU64,
     pub store_errors: AtomicU64,
+    /// Front ends' epochs the cluster ended because they ordered nothing for a while
+    /// (`meta::EPOCH_IDLE_MS`): their PrepareData here was dropped.
+    pub epochs_ended_idle: AtomicU64,
 }
 
 pub struct Local {

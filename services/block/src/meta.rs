@@ -9,6 +9,7 @@
 use crate::geometry::Geometry;
 use crate::local::Local;
 use keel::core::chunk::{self, Piece};
+use keel::core::service::{format_stamp, strip_format_stamp};
 use keel::{ExecCtx, Frozen, ReadCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -22,6 +23,17 @@ pub type Hash = [u8; 32];
 pub const REGION_BLOCKS: usize = 4096;
 /// Most blocks one metadata read may ask for (its reply stays far under a reply's bound).
 pub const META_BLOCKS_MAX: u32 = 8192;
+/// How long (agreed time) a front end may order no write and no epoch before the cluster
+/// ends its epoch at the next tick: the PrepareData it left on the nodes is garbage from
+/// then on, so an absent front end pins its PrepareData (at most
+/// `local::PREPARED_BYTES_PER_OWNER` per node) for about this long, not until it comes
+/// back. Twice a front end's operation timeout (30 s), so a write still waiting to be
+/// ordered is rarely fenced; when one is, or when a front end writes again after a
+/// quiet minute, it renews its epoch with one ordered command and retries.
+pub const EPOCH_IDLE_MS: u64 = 60_000;
+/// The snapshot's format, its first four bytes: a snapshot of another format (an older
+/// build's) is refused with a message that says so rather than misread.
+const SNAPSHOT_FORMAT: u32 = 2;
 
 /// What the front ends send through agreement.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,8 +55,12 @@ pub enum Command {
     /// TRIM and WRITE_ZEROES: the blocks read as zeros from now on; no data moves.
     Zero { first: u64, count: u64 },
     /// Gnothi's "new epoch": the front end `owner` (re)started, so every PrepareData of
-    /// its earlier epochs is garbage. Replies the new epoch.
-    NewEpoch { owner: u32 },
+    /// its earlier epochs is garbage. Replies the new epoch. With `after`, the front end's
+    /// writes of epoch `after` were fenced: if the cluster has ended that epoch already
+    /// (an idle front end's, at a tick), the reply is the epoch that ended it, unused so
+    /// far, and nothing changes; so writes fenced together renew once, not once each
+    /// (each renewal would fence the others' retries).
+    NewEpoch { owner: u32, after: Option<u64> },
     /// Read-only: the versions and hashes of `count` blocks from `first`.
     Meta { first: u64, count: u32 },
 }
@@ -132,6 +148,9 @@ struct Head {
     geometry: Geometry,
     version: u64,
     epochs: BTreeMap<u32, u64>,
+    /// Per front end whose epoch is open, the agreed time of its last write or epoch:
+    /// a tick ends the epochs idle for `idle_ms` (and forgets them here).
+    active: BTreeMap<u32, u64>,
 }
 
 /// The agreed metadata.
@@ -145,6 +164,9 @@ pub struct Meta {
     /// a version is the same on every node). Recovery phase 2 scans again only regions
     /// whose stamp moved since it found them complete.
     stamps: Vec<u64>,
+    /// [`EPOCH_IDLE_MS`] unless the cluster sets another. Every node must have the same:
+    /// it comes from cluster.toml, like the geometry.
+    idle_ms: u64,
 }
 
 impl Meta {
@@ -158,7 +180,8 @@ impl Meta {
             })
             .collect();
         let stamps = vec![0; regions.len()];
-        Meta { head: Head { geometry, version: 0, epochs: BTreeMap::new() }, zero, regions, stamps }
+        let head = Head { geometry, version: 0, epochs: BTreeMap::new(), active: BTreeMap::new() };
+        Meta { head, zero, regions, stamps, idle_ms: EPOCH_IDLE_MS }
     }
 
     pub fn geometry(&self) -> Geometry {
@@ -199,8 +222,9 @@ impl Meta {
         count > 0 && first.checked_add(count).is_some_and(|end| end <= self.head.geometry.blocks)
     }
 
-    /// Runs `command` on the metadata and, with `local`, on this node's data.
-    fn apply(&mut self, command: Command, local: Option<&Local>) -> Reply {
+    /// Runs `command` at agreed time `now` on the metadata and, with `local`, on this
+    /// node's data.
+    fn apply(&mut self, command: Command, now: u64, local: Option<&Local>) -> Reply {
         match command {
             Command::Write { owner, epoch, seq, first, hashes, expect, data } => {
                 let count = hashes.len() as u64;
@@ -211,6 +235,7 @@ impl Meta {
                 if epoch < self.epoch(owner) {
                     return Reply::Fenced;
                 }
+                self.head.active.insert(owner, now);
                 if data.as_ref().is_some_and(|d| d.len() as u64 != count * u64::from(self.head.geometry.block_size)) {
                     return Reply::Invalid(format!("{} data bytes for {count} blocks", data.map_or(0, |d| d.len())));
                 }
@@ -244,10 +269,13 @@ impl Meta {
                 }
                 Reply::Written { version }
             }
-            Command::NewEpoch { owner } => {
+            Command::NewEpoch { owner, after } => {
                 let e = self.head.epochs.entry(owner).or_insert(0);
-                *e += 1;
+                if after.is_none_or(|after| *e <= after) {
+                    *e += 1;
+                }
                 let epoch = *e;
+                self.head.active.insert(owner, now);
                 if let Some(local) = local {
                     local.new_epoch(owner, epoch);
                 }
@@ -267,6 +295,30 @@ impl Meta {
     /// The epoch the cluster gave front end `owner` last (0: none yet).
     pub fn epoch(&self, owner: u32) -> u64 {
         self.head.epochs.get(&owner).copied().unwrap_or(0)
+    }
+
+    /// A tick at agreed time `now`: ends the epoch of every front end that ordered
+    /// nothing for `idle_ms`, so the nodes drop the PrepareData it left (its later
+    /// writes of that epoch are fenced, and it renews). Returns the epochs ended.
+    fn end_idle_epochs(&mut self, now: u64, local: Option<&Local>) -> Vec<(u32, u64)> {
+        let idle: Vec<u32> = self
+            .head
+            .active
+            .iter()
+            .filter(|&(_, &at)| now.saturating_sub(at) >= self.idle_ms)
+            .map(|(&owner, _)| owner)
+            .collect();
+        let mut ended = Vec::with_capacity(idle.len());
+        for owner in idle {
+            self.head.active.remove(&owner);
+            let e = self.head.epochs.entry(owner).or_insert(0);
+            *e += 1;
+            ended.push((owner, *e));
+            if let Some(local) = local {
+                local.new_epoch(owner, *e);
+            }
+        }
+        ended
     }
 }
 
@@ -294,6 +346,14 @@ impl BlockService {
         BlockService { meta, local: Some(local), cache: Arc::default() }
     }
 
+    /// Ends idle front ends' epochs after `ms` instead of [`EPOCH_IDLE_MS`] (the
+    /// cluster's `epoch_idle_s`; simulations, whose runs are shorter than a minute).
+    /// Every node of a cluster must be given the same.
+    pub fn with_idle_ms(self, ms: u64) -> BlockService {
+        self.meta.write().unwrap_or_else(PoisonError::into_inner).idle_ms = ms;
+        self
+    }
+
     pub fn view(&self) -> Arc<RwLock<Meta>> {
         self.meta.clone()
     }
@@ -304,15 +364,25 @@ impl BlockService {
 }
 
 impl Service for BlockService {
-    fn execute(&mut self, request: &[u8], _ctx: &ExecCtx) -> Vec<u8> {
+    fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
         let reply = match Command::decode(request) {
             Ok(command) => {
                 let mut meta = self.meta.write().unwrap_or_else(PoisonError::into_inner);
-                meta.apply(command, self.local.as_deref())
+                meta.apply(command, ctx.time, self.local.as_deref())
             }
             Err(e) => Reply::Invalid(format!("not a block command: {e}")),
         };
         reply.encode()
+    }
+
+    fn on_tick(&mut self, ctx: &ExecCtx) {
+        let mut meta = self.meta.write().unwrap_or_else(PoisonError::into_inner);
+        for (owner, epoch) in meta.end_idle_epochs(ctx.time, self.local.as_deref()) {
+            tracing::info!(owner, epoch, idle_ms = meta.idle_ms, "block: an idle front end's epoch ended");
+            if let Some(local) = &self.local {
+                local.stats.epochs_ended_idle.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
     }
 
     fn execute_read_only(&self, request: &[u8], _ctx: &ReadCtx) -> Option<Vec<u8>> {
@@ -335,6 +405,7 @@ impl Service for BlockService {
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
+        let snapshot = strip_format_stamp(snapshot, "block", SNAPSHOT_FORMAT)?;
         let (head, mut rest) = postcard::take_from_bytes::<Head>(snapshot)
             .map_err(|e| RestoreError(format!("block snapshot head: {e}")))?;
         // Checked before anything is allocated for it: a snapshot is bytes from elsewhere.
@@ -361,7 +432,10 @@ impl Service for BlockService {
         }
         fresh.stamps = vec![head.version; fresh.regions.len()];
         fresh.head = head;
-        *self.meta.write().unwrap_or_else(PoisonError::into_inner) = fresh;
+        let mut meta = self.meta.write().unwrap_or_else(PoisonError::into_inner);
+        fresh.idle_ms = meta.idle_ms;
+        *meta = fresh;
+        drop(meta);
         self.cache.lock().unwrap_or_else(PoisonError::into_inner).clear();
         if let Some(local) = &self.local {
             local.restored();
@@ -399,7 +473,9 @@ impl FrozenMeta {
             local.checkpoint(*generation);
         }
         let mut pieces = Vec::with_capacity(self.regions.len() + 1);
-        pieces.push(Piece::new(postcard::to_allocvec(&self.head).unwrap_or_default()));
+        let mut head = format_stamp(SNAPSHOT_FORMAT);
+        head.extend(postcard::to_allocvec(&self.head).unwrap_or_default());
+        pieces.push(Piece::new(head));
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         cache.resize(self.regions.len(), None);
         for (i, region) in self.regions.iter().enumerate() {
@@ -472,14 +548,89 @@ mod tests {
     #[test]
     fn a_new_epoch_fences_the_older_epochs_writes() {
         let mut s = BlockService::new(geometry());
-        assert_eq!(run(&mut s, Command::NewEpoch { owner: 1 }), Reply::Epoch(1));
+        assert_eq!(run(&mut s, Command::NewEpoch { owner: 1, after: None }), Reply::Epoch(1));
         assert_eq!(run(&mut s, write(5, vec![[1; 32]], None)), Reply::Written { version: 1 });
-        assert_eq!(run(&mut s, Command::NewEpoch { owner: 1 }), Reply::Epoch(2));
+        assert_eq!(run(&mut s, Command::NewEpoch { owner: 1, after: None }), Reply::Epoch(2));
         assert_eq!(run(&mut s, write(5, vec![[2; 32]], None)), Reply::Fenced);
         assert_eq!(s.read().get(5), (1, [1; 32]));
         let newer =
             Command::Write { owner: 1, epoch: 2, seq: 9, first: 5, hashes: vec![[3; 32]], expect: None, data: None };
         assert_eq!(run(&mut s, newer), Reply::Written { version: 2 });
+    }
+
+    fn run_at(s: &mut BlockService, c: Command, time: u64) -> Reply {
+        Reply::decode(&s.execute(&c.encode(), &ExecCtx::new(1, time, 7, 1))).expect("reply")
+    }
+
+    fn tick(s: &mut BlockService, time: u64) {
+        s.on_tick(&ExecCtx::new(1, time, 7, 0));
+    }
+
+    fn write_in(epoch: u64, seq: u64) -> Command {
+        Command::Write { owner: 1, epoch, seq, first: 5, hashes: vec![[seq as u8; 32]], expect: None, data: None }
+    }
+
+    #[test]
+    fn a_tick_ends_the_epoch_of_a_front_end_idle_for_a_while_and_only_once() {
+        let mut s = BlockService::new(geometry()).with_idle_ms(1_000);
+        assert_eq!(run_at(&mut s, Command::NewEpoch { owner: 1, after: None }, 0), Reply::Epoch(1));
+        assert_eq!(run_at(&mut s, write_in(1, 1), 500), Reply::Written { version: 1 });
+        // Owner 2 renewed and went quiet at once; owner 1 wrote later.
+        assert_eq!(run_at(&mut s, Command::NewEpoch { owner: 2, after: None }, 100), Reply::Epoch(1));
+        tick(&mut s, 1_499);
+        assert_eq!((s.read().epoch(1), s.read().epoch(2)), (1, 2), "owner 2 idle 1399 ms, owner 1 999 ms");
+        tick(&mut s, 1_500);
+        assert_eq!((s.read().epoch(1), s.read().epoch(2)), (2, 2));
+        // An ended epoch is not ended again while its front end stays away.
+        tick(&mut s, 60_000);
+        assert_eq!((s.read().epoch(1), s.read().epoch(2)), (2, 2));
+        assert_eq!(run_at(&mut s, write_in(1, 2), 60_001), Reply::Fenced);
+        assert_eq!(s.read().get(5).0, 1, "a fenced write changes nothing");
+    }
+
+    #[test]
+    fn writes_fenced_together_renew_their_epoch_once() {
+        let mut s = BlockService::new(geometry()).with_idle_ms(1_000);
+        assert_eq!(run_at(&mut s, Command::NewEpoch { owner: 1, after: None }, 0), Reply::Epoch(1));
+        tick(&mut s, 1_000);
+        assert_eq!(s.read().epoch(1), 2);
+        // Two writes of epoch 1 fenced: each renews from 1 and both get the epoch the
+        // tick began, so neither renewal fences the other's retry.
+        for seq in [1, 2] {
+            assert_eq!(run_at(&mut s, write_in(1, seq), 1_100), Reply::Fenced);
+            let renew = Command::NewEpoch { owner: 1, after: Some(1) };
+            assert_eq!(run_at(&mut s, renew, 1_200), Reply::Epoch(2));
+        }
+        assert_eq!(run_at(&mut s, write_in(2, 3), 1_300), Reply::Written { version: 1 });
+        // A front end that gave up on a write of its current epoch moves past it.
+        assert_eq!(run_at(&mut s, Command::NewEpoch { owner: 1, after: Some(2) }, 1_400), Reply::Epoch(3));
+        assert_eq!(run_at(&mut s, write_in(2, 4), 1_500), Reply::Fenced);
+        // The renewal counts as activity: no tick ends epoch 3 before 2,400.
+        tick(&mut s, 2_399);
+        assert_eq!(s.read().epoch(1), 3);
+    }
+
+    #[test]
+    fn which_front_ends_are_idle_survives_a_snapshot() {
+        let mut s = BlockService::new(geometry()).with_idle_ms(1_000);
+        run_at(&mut s, Command::NewEpoch { owner: 1, after: None }, 0);
+        run_at(&mut s, Command::NewEpoch { owner: 2, after: None }, 800);
+        let mut t = BlockService::new(geometry()).with_idle_ms(1_000);
+        t.restore(&s.snapshot()).expect("restores");
+        tick(&mut s, 1_000);
+        tick(&mut t, 1_000);
+        assert_eq!((t.read().epoch(1), t.read().epoch(2)), (2, 1));
+        assert_eq!(t.snapshot(), s.snapshot());
+    }
+
+    #[test]
+    fn a_snapshot_of_another_format_is_refused_by_name() {
+        let s = BlockService::new(geometry());
+        let mut snap = s.snapshot();
+        snap[0] ^= 0xff;
+        let e = BlockService::new(geometry()).restore(&snap).expect_err("another format");
+        assert!(e.0.contains("format"), "{e:?}");
+        assert!(BlockService::new(geometry()).restore(&snap[..3]).is_err());
     }
 
     #[test]
@@ -508,7 +659,7 @@ mod tests {
     fn snapshots_restore_equal_and_reuse_unchanged_regions() {
         let mut s = BlockService::new(geometry());
         run(&mut s, write(3, vec![[9; 32]], None));
-        run(&mut s, Command::NewEpoch { owner: 2 });
+        run(&mut s, Command::NewEpoch { owner: 2, after: None });
         let first = s.pieces();
         run(&mut s, write(REGION_BLOCKS as u64 * 2, vec![[8; 32]], None));
         let second = s.pieces();
@@ -532,7 +683,7 @@ mod tests {
         let far = REGION_BLOCKS as u64 * 2;
         run(&mut s, write(3, vec![[9; 32]], None));
         run(&mut s, write(far, vec![[8; 32]], None));
-        run(&mut s, Command::NewEpoch { owner: 2 });
+        run(&mut s, Command::NewEpoch { owner: 2, after: None });
         run(&mut s, Command::Meta { first: 3, count: 1 });
         assert_eq!([s.read().stamp(0), s.read().stamp(1), s.read().stamp(2)], [1, 0, 2]);
         run(&mut s, Command::Zero { first: 5, count: 1 });

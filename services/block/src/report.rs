@@ -52,6 +52,12 @@ impl ServiceReport for BlockReport {
             &l.writes_incomplete,
         );
         counter(&mut out, "store_errors", "I/O errors of the block data files", &l.store_errors);
+        counter(
+            &mut out,
+            "epochs_ended_idle",
+            "Front ends' epochs ended after a quiet minute (their PrepareData dropped)",
+            &l.epochs_ended_idle,
+        );
         let (reserved, limit) = self.local.reserve();
         gauge(&mut out, "reserve_blocks", "Blocks held outside their preferred set", reserved);
         gauge(&mut out, "reserve_limit_blocks", "Most blocks the reserve storage may hold", limit);
@@ -73,6 +79,12 @@ impl ServiceReport for BlockReport {
         counter(&mut out, "nbd_reads", "NBD reads", &f.reads);
         counter(&mut out, "nbd_writes", "NBD writes", &f.writes);
         counter(&mut out, "nbd_errors", "NBD requests answered with an error", &f.errors);
+        counter(
+            &mut out,
+            "writes_fenced",
+            "Writes refused as of an ended epoch (an idle front end's), renewed and retried",
+            &f.writes_fenced,
+        );
         counter(&mut out, "local_blocks", "Blocks read from this node's own copy", &f.local_blocks);
         counter(&mut out, "fetched_blocks", "Blocks read from a peer", &f.fetched_blocks);
         counter(
