@@ -181,11 +181,16 @@ fn nbdinfo_shows_the_export_and_qemu_io_gives_nbdkits_transcript() {
 }
 
 /// A file of `len` pseudo-random bytes.
-fn random_file(dir: &Path, name: &str, len: usize, seed: u64) -> PathBuf {
+/// `len` bytes that only `seed` determines.
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
     let mut bytes = vec![0u8; len];
     blake3::Hasher::new().update(&seed.to_le_bytes()).finalize_xof().fill(&mut bytes);
+    bytes
+}
+
+fn random_file(dir: &Path, name: &str, len: usize, seed: u64) -> PathBuf {
     let path = dir.join(name);
-    std::fs::write(&path, bytes).expect("written");
+    std::fs::write(&path, random_bytes(len, seed)).expect("written");
     path
 }
 
@@ -386,6 +391,11 @@ fn ext4_over_nbdfuse_survives_a_replica_killed_mid_copy_and_a_cluster_restart() 
         let out = copy.join().expect("copy thread");
         assert!(out.status.success(), "cp failed: {}", String::from_utf8_lossy(&out.stderr));
         assert_eq!(tree_sums(&fs.join("services")), want, "the copied tree differs");
+        // Node 2 may hold the PrepareData of every write of that copy (it logged them
+        // before it died, and stores them when it catches up): new bytes, all written
+        // while node 2 is down, are writes it surely misses.
+        let late = random_file(&fs, "late.bin", 4 << 20, 11);
+        assert!(std::fs::read(&late).expect("reads back") == random_bytes(4 << 20, 11), "late.bin differs");
         ext4.unmount();
         e2fsck_clean(&nbd.join("nbd"));
     }
@@ -403,6 +413,8 @@ fn ext4_over_nbdfuse_survives_a_replica_killed_mid_copy_and_a_cluster_restart() 
     e2fsck_clean(&nbd.join("nbd"));
     let _ext4 = Mount::fuse2fs(&nbd.join("nbd"), &fs, true);
     assert_eq!(tree_sums(&fs.join("services")), want, "the tree differs after the restart");
+    let late = std::fs::read(fs.join("late.bin")).expect("reads");
+    assert!(late == random_bytes(4 << 20, 11), "late.bin differs after the restart");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! the data if it has it (COMPLETE) and leaves the block INCOMPLETE otherwise.
 
 use crate::geometry::Geometry;
-use crate::meta::Hash;
+use crate::meta::{Hash, Meta};
 use crate::prepare_log::PrepareLog;
 use crate::store::Store;
 use keel::NodeId;
@@ -115,6 +115,9 @@ pub struct Stats {
     /// Front ends' epochs the cluster ended because they ordered nothing for a while
     /// (`meta::EPOCH_IDLE_MS`): their PrepareData here was dropped.
     pub epochs_ended_idle: AtomicU64,
+    /// Blocks stored from PrepareData after a restore (writes this node skipped
+    /// executing: it took a later state instead).
+    pub restored_from_prepared: AtomicU64,
 }
 
 pub struct Local {
@@ -420,8 +423,47 @@ impl Local {
     }
 
     /// The metadata was replaced by a snapshot (state transfer or restart): the data
-    /// files stay; reads check them against the new metadata.
-    pub fn restored(&self) {}
+    /// files stay; reads check them against the new metadata. A node that took a later
+    /// state instead of executing writes may hold their PrepareData: each block of it
+    /// whose bytes are what `meta` agrees on is stored now, a copy here again rather than
+    /// a log record nothing would read (and that its epoch's end would drop). The
+    /// PrepareData itself stays until its WriteData or its epoch's end, as before: a
+    /// matching hash does not prove the write was ordered. Then the epochs `meta` ended
+    /// drop their PrepareData, as executing their end would have.
+    pub fn restored(&self, meta: &Meta) {
+        let bs = self.geometry.bs();
+        let mut copies: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+        {
+            let p = self.lock();
+            for held in p.waiting.values() {
+                let pr = &held.prepare;
+                for (k, (hash, data)) in pr.hashes.iter().zip(pr.data.chunks_exact(bs)).enumerate() {
+                    let b = pr.first + k as u64;
+                    if b >= self.geometry.blocks {
+                        break;
+                    }
+                    let (version, agreed) = meta.get(b);
+                    if version > 0 && agreed == *hash && self.store.held(b) < version {
+                        copies.push((b, version, data.to_vec()));
+                    }
+                }
+            }
+        }
+        for (b, version, data) in copies {
+            if let Err(e) = self.store_fetched(b, &[version], &data) {
+                self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(block = b, error = %e, "storing a block from its PrepareData after a restore failed");
+            } else {
+                self.stats.restored_from_prepared.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let mut p = self.lock();
+        for (owner, epoch) in meta.epochs() {
+            let e = p.epochs.entry(owner).or_default();
+            *e = (*e).max(epoch);
+            p.collect(owner);
+        }
+    }
 
     /// A checkpoint froze the metadata: returns its generation; PrepareData logged from
     /// now on goes to a new segment.

@@ -292,6 +292,11 @@ impl Meta {
         Reply::Meta((first..first + u64::from(count)).map(|b| self.get(b)).collect())
     }
 
+    /// Every front end's last epoch.
+    pub fn epochs(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.head.epochs.iter().map(|(&owner, &epoch)| (owner, epoch))
+    }
+
     /// The epoch the cluster gave front end `owner` last (0: none yet).
     pub fn epoch(&self, owner: u32) -> u64 {
         self.head.epochs.get(&owner).copied().unwrap_or(0)
@@ -438,7 +443,7 @@ impl Service for BlockService {
         drop(meta);
         self.cache.lock().unwrap_or_else(PoisonError::into_inner).clear();
         if let Some(local) = &self.local {
-            local.restored();
+            local.restored(&self.read());
         }
         Ok(())
     }
@@ -631,6 +636,45 @@ mod tests {
         let e = BlockService::new(geometry()).restore(&snap).expect_err("another format");
         assert!(e.0.contains("format"), "{e:?}");
         assert!(BlockService::new(geometry()).restore(&snap[..3]).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_restore_stores_what_its_prepare_data_holds_and_drops_ended_epochs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let g = geometry();
+        let local = Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).expect("opens"));
+        let prepared = |owner: u32, first: u64, fill: u8| {
+            let data = vec![fill; 4096];
+            let hashes = vec![*blake3::hash(&data).as_bytes()];
+            crate::local::Prepare { owner, epoch: 1, seq: 1, first, hashes, data }
+        };
+        let (mine, theirs) = (prepared(2, 0, 7), prepared(3, 1, 8));
+        local.prepare(mine.clone()).await.expect("takes it");
+        local.prepare(theirs.clone()).await.expect("takes it");
+        // The cluster ordered owner 2's write and ended owner 3's epoch 1; this node
+        // executed neither: it takes the state from a peer.
+        let mut cluster = BlockService::new(g);
+        assert_eq!(run(&mut cluster, Command::NewEpoch { owner: 2, after: None }), Reply::Epoch(1));
+        let write = Command::Write {
+            owner: 2,
+            epoch: 1,
+            seq: 1,
+            first: 0,
+            hashes: mine.hashes.clone(),
+            expect: None,
+            data: None,
+        };
+        assert_eq!(run(&mut cluster, write), Reply::Written { version: 1 });
+        run(&mut cluster, Command::NewEpoch { owner: 3, after: None });
+        run(&mut cluster, Command::NewEpoch { owner: 3, after: None });
+        let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
+        node.restore(&cluster.snapshot()).expect("restores");
+        let (data, held) = local.read(0, 1).expect("reads");
+        assert_eq!((data, held), (mine.data.clone(), vec![1]), "block 0 COMPLETE here at version 1");
+        assert_eq!(local.stats.restored_from_prepared.load(std::sync::atomic::Ordering::Relaxed), 1);
+        assert!(local.has_prepared(2, 1, 1), "kept: a matching hash does not prove its write was ordered");
+        assert!(!local.has_prepared(3, 1, 1), "its epoch ended in the restored state");
+        assert_eq!(local.read(1, 1).expect("reads").1, vec![0], "block 1 was never written");
     }
 
     #[test]

@@ -58,6 +58,12 @@ impl ServiceReport for BlockReport {
             "Front ends' epochs ended after a quiet minute (their PrepareData dropped)",
             &l.epochs_ended_idle,
         );
+        counter(
+            &mut out,
+            "restored_from_prepared",
+            "Blocks stored from PrepareData after a restore skipped their write",
+            &l.restored_from_prepared,
+        );
         let (reserved, limit) = self.local.reserve();
         gauge(&mut out, "reserve_blocks", "Blocks held outside their preferred set", reserved);
         gauge(&mut out, "reserve_limit_blocks", "Most blocks the reserve storage may hold", limit);
