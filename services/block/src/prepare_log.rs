@@ -27,7 +27,22 @@ enum Job {
 pub type Records = Vec<(u64, Vec<u8>)>;
 
 pub struct PrepareLog {
-    jobs: std_mpsc::Sender<Job>,
+    /// None once dropped (the writer sees the queue close and ends).
+    jobs: Option<std_mpsc::Sender<Job>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for PrepareLog {
+    /// Waits for the writer to finish what was queued (a segment's deletion, an append),
+    /// so that a log opened again on the same directory right after (a node restarted
+    /// in the same process: the simulator, an embedder) never has a file vanish under
+    /// it or deleted after it read it.
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
+    }
 }
 
 impl PrepareLog {
@@ -62,21 +77,24 @@ impl PrepareLog {
         }
         let (jobs, rx) = std_mpsc::channel();
         let dir = dir.to_path_buf();
-        std::thread::Builder::new().name("prepare-log".into()).spawn(move || writer(&dir, sync, &rx))?;
-        Ok((PrepareLog { jobs }, records))
+        let writer = std::thread::Builder::new().name("prepare-log".into()).spawn(move || writer(&dir, sync, &rx))?;
+        Ok((PrepareLog { jobs: Some(jobs), writer: Some(writer) }, records))
     }
 
     /// Appends `record` to `segment`; resolves once it is durable (fsynced, unless the
     /// node runs with fsync = never).
     pub async fn append(&self, segment: u64, record: Vec<u8>) -> io::Result<()> {
         let (done, rx) = oneshot::channel();
-        self.jobs.send(Job::Append { segment, record, done }).map_err(|_| stopped())?;
+        let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
+        jobs.send(Job::Append { segment, record, done }).map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
     }
 
     /// Deletes `segment` (every record in it is dead).
     pub fn delete(&self, segment: u64) {
-        let _ = self.jobs.send(Job::Delete { segment });
+        if let Some(jobs) = &self.jobs {
+            let _ = jobs.send(Job::Delete { segment });
+        }
     }
 }
 
