@@ -322,10 +322,10 @@ impl Request {
     /// Whether the request may change the state or register a watch: it is then ordered.
     /// The others are answered from a node's state without ordering.
     pub fn writes(&self) -> bool {
+        if let Some(watch) = self.watch_flag() {
+            return watch;
+        }
         match self {
-            Request::Exists { watch, .. } | Request::GetData { watch, .. } | Request::GetChildren { watch, .. } => {
-                *watch
-            }
             Request::GetAcl { .. }
             | Request::GetAllChildrenNumber { .. }
             | Request::GetEphemerals { .. }
@@ -348,13 +348,23 @@ impl Request {
 
     /// Whether the request may leave a watch for its session: after one, events may come.
     pub fn sets_watch(&self) -> bool {
+        if let Some(watch) = self.watch_flag() {
+            return watch;
+        }
         match self {
-            Request::Exists { watch, .. } | Request::GetData { watch, .. } | Request::GetChildren { watch, .. } => {
-                *watch
-            }
             Request::SetWatches { .. } | Request::AddWatch { .. } => true,
             Request::MultiRead(ops) => ops.iter().any(Request::sets_watch),
             _ => false,
+        }
+    }
+
+    /// A read's watch flag (exists, getData, getChildren); None for any other request.
+    fn watch_flag(&self) -> Option<bool> {
+        match self {
+            Request::Exists { watch, .. } | Request::GetData { watch, .. } | Request::GetChildren { watch, .. } => {
+                Some(*watch)
+            }
+            _ => None,
         }
     }
 
