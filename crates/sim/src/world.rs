@@ -114,6 +114,16 @@ impl SimOptions {
             rq_separated: false,
         }
     }
+
+    /// These options with agreed-time ticks every `tick_ms` if they have none: what a
+    /// service whose model needs ticks (session expiry, idle epochs) runs under.
+    pub fn ticking(&self, tick_ms: u64) -> SimOptions {
+        let mut o = self.clone();
+        if o.options.tick_ms == 0 {
+            o.options.tick_ms = tick_ms;
+        }
+        o
+    }
 }
 
 /// A property that failed.

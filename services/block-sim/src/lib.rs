@@ -119,15 +119,6 @@ pub struct Stats {
 pub const TICK_MS: u64 = 500;
 pub const IDLE_MS: u64 = 1_500;
 
-/// `opts` with block's tick if it has none: idle front ends' epochs end at ticks.
-pub fn with_ticks(opts: &SimOptions) -> SimOptions {
-    let mut o = opts.clone();
-    if o.options.tick_ms == 0 {
-        o.options.tick_ms = TICK_MS;
-    }
-    o
-}
-
 /// Runs the block workload for one seed.
 pub fn run_block_seed(opts: &SimOptions) -> SeedReport {
     run_block_seed_with_stats(opts, None).0
@@ -146,7 +137,7 @@ pub fn run_block_seed_with_stats(opts: &SimOptions, bug: Option<Bug>) -> (SeedRe
         }
     };
     let stats = workload.stats.clone();
-    let report = run_seed(&with_ticks(opts), workload);
+    let report = run_seed(&opts.ticking(TICK_MS), workload);
     let stats = stats.lock().map(|s| s.clone()).unwrap_or_default();
     (report, stats)
 }
@@ -369,7 +360,7 @@ impl BlockWorkload {
     /// Gnothi §3.2 steps 1-3 as the front end does them: PrepareData to the preferred
     /// nodes that are up (some lost on the way), then to the others (reserve storage),
     /// until u + r + 1 acknowledged. Returns the nodes that did (with their wipe counts),
-    /// or None if too few did.
+    /// or why too few did.
     fn prepare(&mut self, prepare: &Prepare) -> Result<Vec<(u32, u64)>, Unprepared> {
         let g = self.geometry();
         let need = match self.bug {

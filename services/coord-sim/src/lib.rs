@@ -169,13 +169,12 @@ pub struct Stats {
     pub moves: u64,
 }
 
-/// `opts` with coord's tick if it has none: sessions expire at ticks.
+/// coord's tick when the options have none: sessions expire at ticks.
+pub const TICK_MS: u64 = 500;
+
+/// `opts` with coord's tick if it has none.
 pub fn with_ticks(opts: &SimOptions) -> SimOptions {
-    let mut o = opts.clone();
-    if o.options.tick_ms == 0 {
-        o.options.tick_ms = 500;
-    }
-    o
+    opts.ticking(TICK_MS)
 }
 
 /// Persistent znodes: a few hot paths.
