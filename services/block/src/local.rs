@@ -457,11 +457,8 @@ impl Local {
                 self.stats.restored_from_prepared.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let mut p = self.lock();
         for (owner, epoch) in meta.epochs() {
-            let e = p.epochs.entry(owner).or_default();
-            *e = (*e).max(epoch);
-            p.collect(owner);
+            self.new_epoch(owner, epoch);
         }
     }
 
