@@ -272,6 +272,17 @@ impl Local {
             return Err(self.refuse(Refused::Log(e.to_string())));
         }
         let mut p = self.lock();
+        // The epoch may have ended while the record was being logged: `collect` ran
+        // before it was here to drop, and nothing would drop it later (an absent front
+        // end's epoch ends once), so it is refused now as it would have been before.
+        if prepare.epoch < p.epochs.get(&prepare.owner).copied().unwrap_or(0) {
+            if let Some(b) = p.bytes.get_mut(&prepare.owner) {
+                *b = b.saturating_sub(prepare.data.len());
+            }
+            p.release(segment);
+            drop(p);
+            return Err(self.refuse(Refused::OldEpoch));
+        }
         if let Some(old) = p.waiting.insert(key, Held { prepare, segment }) {
             // The same write prepared twice (a retry): one copy counts.
             if let Some(b) = p.bytes.get_mut(&key.0) {
@@ -519,6 +530,32 @@ mod tests {
         local.executed_write(2, 1, 2, 5, &q.hashes, None, 2);
         assert_eq!(local.store().held(5), 0, "no PrepareData: INCOMPLETE");
         assert_eq!(local.stats.writes_incomplete.load(Ordering::Relaxed), 1);
+    }
+
+    /// The epoch ends while the PrepareData is being logged (the node executes the
+    /// front end's NewEpoch, or a tick ends it, between the epoch check and the record's
+    /// fsync): it is refused, not kept where no later epoch end would drop it.
+    #[test]
+    fn a_prepare_whose_epoch_ends_while_it_is_logged_is_refused_and_pins_nothing() {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
+        let p = prepare(2, 1, 1, 0, 7, 2);
+        let mut logging = std::pin::pin!(local.prepare(p.clone()));
+        let mut cx = Context::from_waker(Waker::noop());
+        // The first poll passes the epoch check and hands the record to the log writer.
+        assert!(logging.as_mut().poll(&mut cx).is_pending(), "waits for the log's fsync");
+        local.new_epoch(2, 2);
+        let refused = loop {
+            match logging.as_mut().poll(&mut cx) {
+                Poll::Ready(r) => break r,
+                Poll::Pending => std::thread::sleep(std::time::Duration::from_millis(1)),
+            }
+        };
+        assert!(matches!(refused, Err(Refused::OldEpoch)), "{refused:?}");
+        assert!(!local.has_prepared(2, 1, 1));
+        assert_eq!(local.prepared_bytes(), 0);
     }
 
     #[tokio::test]
