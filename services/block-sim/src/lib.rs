@@ -15,7 +15,10 @@
 //!   index, then fetches the data from its own node, the preferred nodes, the others, in
 //!   that order, judging each copy. Recovery phase 2 runs after every answer: each up
 //!   node fetches the preferred blocks it holds at an older version than it agreed.
-//!   PrepareData and fetches are not delayed or cut by the simulated network.
+//!   PrepareData and fetches are not delayed or cut by the simulated network. Now and
+//!   then a front end restarts between its PrepareData and its WriteData: the write is
+//!   abandoned (never ordered, so not in the history), and the restarted front end
+//!   orders a new epoch and numbers its writes from 1 again, as `begin` does.
 //!
 //! A Byzantine node (the simulator's own choice, so the fault budget holds) acknowledges
 //! PrepareData it drops, and serves wrong bytes, or its stale ones, as the agreed version.
@@ -32,6 +35,9 @@
 //! - **A correct node never serves wrong bytes** as a version it claims to hold.
 //! - **Nothing ordered is lost**: at the end, after phase 2 has run, every block's
 //!   newest agreed data is held by a correct node that is up.
+//! - **An abandoned write pins nothing once its epoch ended**: at the end, no correct
+//!   node that is up holds its PrepareData if its agreed state ended that epoch; its
+//!   bytes can never be read either (no write of them is in the history).
 
 pub use keel_block::check::{judge, Copy};
 use keel_block::geometry::Geometry;
@@ -62,6 +68,8 @@ const RESERVE: f64 = 0.10;
 const LINEARIZABILITY_BUDGET: u64 = 5_000_000;
 /// Front end ids: clear of the simulated node ids.
 const OWNER_BASE: u32 = 1_000;
+/// One prepared write in this many is abandoned by a restart of its front end.
+const RESTART_ONE_IN: u32 = 25;
 
 /// A deliberate bug in the modelled front end, to show the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +119,8 @@ pub struct Stats {
     /// the epochs clients renewed after one.
     pub writes_fenced: u64,
     pub renewals: u64,
+    /// Front ends that restarted between a write's PrepareData and its WriteData.
+    pub restarts: u64,
 }
 
 /// The agreed-time tick of a simulated block cluster, and how long a client may order
@@ -245,6 +255,10 @@ enum Pending {
     Renew {
         after: u64,
     },
+    /// The new epoch of a front end that restarted and abandoned a prepared write.
+    Restart {
+        abandoned: (u32, u64, u64),
+    },
 }
 
 /// What the model saw when an operation returned.
@@ -283,6 +297,10 @@ pub struct BlockWorkload {
     /// epoch it must renew from before its next write.
     epochs: BTreeMap<u64, u64>,
     renew: BTreeMap<u64, u64>,
+    /// Per client, a restart whose new epoch it has not been given yet.
+    restart: BTreeMap<u64, (u32, u64, u64)>,
+    /// Prepared writes their front end abandoned by restarting: (owner, epoch, seq).
+    abandoned: Vec<(u32, u64, u64)>,
     counter: u64,
     pending: BTreeMap<u64, Pending>,
     /// Per client, each answered operation in order.
@@ -332,6 +350,8 @@ impl BlockWorkload {
             seqs: BTreeMap::new(),
             epochs: BTreeMap::new(),
             renew: BTreeMap::new(),
+            restart: BTreeMap::new(),
+            abandoned: Vec::new(),
             counter: 0,
             pending: BTreeMap::new(),
             answered: BTreeMap::new(),
@@ -405,6 +425,27 @@ impl BlockWorkload {
         }
         let plane = self.plane();
         Ok(acked.into_iter().map(|i| (i, plane.nodes[i as usize].wipes)).collect())
+    }
+
+    /// No correct node that is up holds the PrepareData of an abandoned write whose
+    /// epoch its agreed state ended.
+    fn audit_abandoned(&self) {
+        let plane = self.plane();
+        for (i, slot) in plane.nodes.iter().enumerate() {
+            let (Some(local), Some(meta)) = (plane.up(i as u32), slot.meta.as_ref()) else { continue };
+            if slot.byzantine {
+                continue;
+            }
+            let meta = meta.read().unwrap_or_else(PoisonError::into_inner);
+            for &(owner, epoch, seq) in &self.abandoned {
+                if meta.epoch(owner) > epoch && local.has_prepared(owner, epoch, seq) {
+                    self.violation(format!(
+                        "node {i} holds the PrepareData of front end {owner}'s abandoned write {seq} of epoch \
+                         {epoch}, which its state ended"
+                    ));
+                }
+            }
+        }
     }
 
     /// [`Bug::DropUnfenced`]: every up node drops the PrepareData of another client's
@@ -590,6 +631,7 @@ impl BlockWorkload {
     /// that is up (stored, or logged where the node has not executed the write yet).
     fn audit(&self) {
         self.repair();
+        self.audit_abandoned();
         let plane = self.plane();
         let g = plane.geometry;
         let zero = zero_hash(g.bs());
@@ -671,6 +713,10 @@ impl Workload for BlockWorkload {
 
     fn next_op(&mut self, rng: &mut ChaCha8Rng, client: u64) -> Vec<u8> {
         let owner = OWNER_BASE + client as u32;
+        if let Some(abandoned) = self.restart.remove(&client) {
+            self.pending.insert(client, Pending::Restart { abandoned });
+            return Command::NewEpoch { owner, after: None }.encode();
+        }
         if let Some(after) = self.renew.remove(&client) {
             self.pending.insert(client, Pending::Renew { after });
             return Command::NewEpoch { owner, after: Some(after) }.encode();
@@ -691,6 +737,17 @@ impl Workload for BlockWorkload {
             let prepare = Prepare { owner, epoch, seq, first: block, hashes: vec![hash], data };
             self.stats().writes += 1;
             match self.prepare(&prepare) {
+                Ok(_) if self.rng().gen_ratio(1, RESTART_ONE_IN) => {
+                    // The front end restarts before ordering the WriteData: it begins a
+                    // new epoch and numbers its writes from 1 again.
+                    let abandoned = (owner, epoch, seq);
+                    self.abandoned.push(abandoned);
+                    self.stats().restarts += 1;
+                    self.seqs.insert(client, 0);
+                    self.renew.remove(&client);
+                    self.pending.insert(client, Pending::Restart { abandoned });
+                    return Command::NewEpoch { owner, after: None }.encode();
+                }
                 Ok(acked) => {
                     self.writes.insert(hash, (owner, epoch, seq));
                     self.pending.insert(client, Pending::Write { block, write: (owner, epoch, seq), hash, acked });
@@ -749,6 +806,21 @@ impl Workload for BlockWorkload {
             }
             (Some(Pending::Renew { after }), _) => {
                 self.renew.insert(client, after);
+                Outcome::Done
+            }
+            (Some(Pending::Restart { abandoned }), Some(Reply::Epoch(epoch))) => {
+                if epoch <= abandoned.1 {
+                    self.violation(format!(
+                        "client {client} restarted in epoch {} and was given epoch {epoch}",
+                        abandoned.1
+                    ));
+                }
+                self.epochs.insert(client, epoch);
+                Outcome::Done
+            }
+            // No epoch yet: the restarted front end asks again (`begin` retries).
+            (Some(Pending::Restart { abandoned }), _) => {
+                self.restart.insert(client, abandoned);
                 Outcome::Done
             }
             (Some(Pending::Zero), _) => {
@@ -858,6 +930,45 @@ mod tests {
 
     fn violations(w: &BlockWorkload) -> Vec<String> {
         w.violations.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    #[test]
+    fn the_end_audit_finds_an_abandoned_writes_prepare_data_kept_past_its_epoch() {
+        let data = pattern(9, 1);
+        let hash = *blake3::hash(&data).as_bytes();
+        let owner = OWNER_BASE + 9;
+        let prepare = Prepare { owner, epoch: 0, seq: 1, first: HOT[0], hashes: vec![hash], data };
+        let new_epoch = Command::NewEpoch { owner, after: None }.encode();
+        let ctx = ExecCtx::new(1, 1_000, 7, 1);
+        // `keep`: node 1 took the PrepareData but not the epoch's end (a node that kept
+        // what it should have dropped); its agreed state ended the epoch all the same.
+        for keep in [false, true] {
+            let (mut w, mut nodes) = workload();
+            for i in [1, 2] {
+                let local = w.plane().up(i).cloned().expect("up");
+                w.runtime.block_on(local.prepare(prepare.clone())).expect("prepared");
+            }
+            w.abandoned.push((owner, 0, 1));
+            for (i, n) in nodes.iter_mut().enumerate() {
+                if keep && i == 1 {
+                    // Node 1's metadata executes it beside a scratch store, not its own.
+                    let meta = w.plane().nodes[1].meta.clone().expect("meta");
+                    let scratch = tempfile::tempdir().expect("tempdir");
+                    let other = Local::open(scratch.path(), w.geometry(), 1, 1, RESERVE, false).expect("opens");
+                    let mut blind = BlockService::with_local(meta, Arc::new(other));
+                    assert_eq!(Reply::decode(&blind.execute(&new_epoch, &ctx)).ok(), Some(Reply::Epoch(1)));
+                } else {
+                    assert_eq!(Reply::decode(&n.execute(&new_epoch, &ctx)).ok(), Some(Reply::Epoch(1)));
+                }
+            }
+            w.audit_abandoned();
+            let v = violations(&w);
+            if keep {
+                assert!(v.iter().any(|v| v.starts_with("node 1 holds the PrepareData")), "{v:?}");
+            } else {
+                assert_eq!(v, Vec::<String>::new());
+            }
+        }
     }
 
     #[test]
