@@ -595,6 +595,20 @@ fn a_full_reserve_gives_writers_enospc_and_loses_nothing() {
         ],
     );
     assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{out}");
+    // Nodes 1 and 2 took the refused write's PrepareData. Its WriteData never comes, so
+    // the front end's next write began a new epoch, and they dropped it.
+    for i in [1, 2] {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let m = c.metrics(i);
+            let held = metric(&m, "keel_block_prepared_bytes");
+            if held == 0 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "node {i} still holds {held} bytes of PrepareData:\n{m}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
 }
 
 /// Reads one NBD simple reply: (error, cookie).

@@ -533,7 +533,13 @@ impl Blocks {
                             self.renew(Some(epoch)).await;
                             continue;
                         }
-                        Err(e) => return Err(e),
+                        Err(e) => {
+                            // The nodes that took the PrepareData hold it for a WriteData
+                            // that will never come; only the epoch's end drops it. The
+                            // next write begins a new epoch (as after a failed order).
+                            self.fence.store(true, Ordering::Release);
+                            return Err(e);
+                        }
                     }
                     Command::Write { owner, epoch, seq, first, hashes, expect, data: None }
                 }
