@@ -79,6 +79,20 @@ impl Prepares {
         }
     }
 
+    /// Gives back what a PrepareData of `len` bytes logged in `segment` held: its
+    /// owner's bytes and its segment's count.
+    fn unpin(&mut self, owner: NodeId, len: usize, segment: u64) {
+        if let Some(b) = self.bytes.get_mut(&owner) {
+            *b = b.saturating_sub(len);
+        }
+        self.release(segment);
+    }
+
+    /// Whether the cluster ended `owner`'s `epoch` (as far as this node executed).
+    fn ended(&self, owner: NodeId, epoch: u64) -> bool {
+        epoch < self.epochs.get(&owner).copied().unwrap_or(0)
+    }
+
     fn remove(&mut self, key: &(NodeId, u64, u64)) -> Option<Held> {
         let held = self.waiting.remove(key)?;
         if let Some(b) = self.bytes.get_mut(&key.0) {
@@ -250,7 +264,7 @@ impl Local {
         let segment;
         {
             let mut p = self.lock();
-            if prepare.epoch < p.epochs.get(&prepare.owner).copied().unwrap_or(0) {
+            if p.ended(prepare.owner, prepare.epoch) {
                 return Err(self.refuse(Refused::OldEpoch));
             }
             let bytes = p.bytes.get(&prepare.owner).copied().unwrap_or(0);
@@ -264,31 +278,21 @@ impl Local {
         let record = postcard::to_allocvec(&prepare).unwrap_or_default();
         let key = (prepare.owner, prepare.epoch, prepare.seq);
         if let Err(e) = self.log.append(segment, record).await {
-            let mut p = self.lock();
-            if let Some(b) = p.bytes.get_mut(&prepare.owner) {
-                *b = b.saturating_sub(prepare.data.len());
-            }
-            p.release(segment);
+            self.lock().unpin(prepare.owner, prepare.data.len(), segment);
             return Err(self.refuse(Refused::Log(e.to_string())));
         }
         let mut p = self.lock();
         // The epoch may have ended while the record was being logged: `collect` ran
         // before it was here to drop, and nothing would drop it later (an absent front
         // end's epoch ends once), so it is refused now as it would have been before.
-        if prepare.epoch < p.epochs.get(&prepare.owner).copied().unwrap_or(0) {
-            if let Some(b) = p.bytes.get_mut(&prepare.owner) {
-                *b = b.saturating_sub(prepare.data.len());
-            }
-            p.release(segment);
+        if p.ended(prepare.owner, prepare.epoch) {
+            p.unpin(prepare.owner, prepare.data.len(), segment);
             drop(p);
             return Err(self.refuse(Refused::OldEpoch));
         }
         if let Some(old) = p.waiting.insert(key, Held { prepare, segment }) {
             // The same write prepared twice (a retry): one copy counts.
-            if let Some(b) = p.bytes.get_mut(&key.0) {
-                *b = b.saturating_sub(old.prepare.data.len());
-            }
-            p.release(old.segment);
+            p.unpin(key.0, old.prepare.data.len(), old.segment);
         }
         self.stats.prepares.fetch_add(1, Ordering::Relaxed);
         Ok(())
