@@ -442,8 +442,14 @@ fn fio_verifies_while_a_node_is_killed_and_restarted() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "fio failed:\n{text}");
     assert!(text.contains("err= 0") && !text.contains("verify:"), "fio reported errors:\n{text}");
+    // Node 3 missed data while it was down (writes it executed INCOMPLETE) and holds
+    // every preferred block now. Phase 2 copied some of them, or none: fio rewrites
+    // blocks at random, so a later write whose PrepareData node 3 took may have covered
+    // each one first (seen: 438 INCOMPLETE writes, 0 blocks repaired).
     let repaired = wait_phase2_done(&c, 3, 0, Duration::from_secs(120));
-    assert!(repaired > 0, "node 3 missed writes while it was down; phase 2 re-replicated none");
+    let m3 = c.metrics(3);
+    assert!(metric(&m3, "keel_block_writes_incomplete_total") > 0, "node 3 missed no write while it was down:\n{m3}");
+    eprintln!("node 3: phase 2 repaired {repaired} blocks");
     // A second pass reads everything back through another node.
     let job2 = c.path().join("read.fio");
     let text = std::fs::read_to_string(&job)
@@ -455,6 +461,13 @@ fn fio_verifies_while_a_node_is_killed_and_restarted() {
     fio.current_dir(c.path()).arg(&job2);
     let out = ok(fio);
     assert!(!out.contains("verify:"), "{out}");
+    // Every write executed, and the front end's epoch is still open (a minute idle ends
+    // it): what the nodes hold now is PrepareData of executed writes, which they must
+    // have consumed or refused, node 3 too (PrepareData queued for it while it was down
+    // arrives late; its restart replays its log; it caught up by a state transfer).
+    for i in 0..4 {
+        wait_no_prepared(&c, i, Duration::from_secs(10));
+    }
 }
 
 #[test]
@@ -598,16 +611,21 @@ fn a_full_reserve_gives_writers_enospc_and_loses_nothing() {
     // Nodes 1 and 2 took the refused write's PrepareData. Its WriteData never comes, so
     // the front end's next write began a new epoch, and they dropped it.
     for i in [1, 2] {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let m = c.metrics(i);
-            let held = metric(&m, "keel_block_prepared_bytes");
-            if held == 0 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "node {i} still holds {held} bytes of PrepareData:\n{m}");
-            std::thread::sleep(Duration::from_millis(200));
+        wait_no_prepared(&c, i, Duration::from_secs(20));
+    }
+}
+
+/// Waits until node `i` holds no PrepareData.
+fn wait_no_prepared(c: &Cluster, i: usize, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let m = c.metrics(i);
+        let held = metric(&m, "keel_block_prepared_bytes");
+        if held == 0 {
+            return;
         }
+        assert!(Instant::now() < deadline, "node {i} still holds {held} bytes of PrepareData:\n{m}");
+        std::thread::sleep(Duration::from_millis(200));
     }
 }
 

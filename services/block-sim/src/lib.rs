@@ -70,6 +70,8 @@ const LINEARIZABILITY_BUDGET: u64 = 5_000_000;
 const OWNER_BASE: u32 = 1_000;
 /// One prepared write in this many is abandoned by a restart of its front end.
 const RESTART_ONE_IN: u32 = 25;
+/// Most lost PrepareData kept for a late delivery.
+const LATE_MAX: usize = 64;
 
 /// A deliberate bug in the modelled front end, to show the checks can fail.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +123,10 @@ pub struct Stats {
     pub renewals: u64,
     /// Front ends that restarted between a write's PrepareData and its WriteData.
     pub restarts: u64,
+    /// PrepareData lost on its way and delivered later, and how many of those arrived
+    /// after the node executed their write.
+    pub late_prepares: u64,
+    pub late_after_execution: u64,
 }
 
 /// The agreed-time tick of a simulated block cluster, and how long a client may order
@@ -307,6 +313,12 @@ pub struct BlockWorkload {
     answered: BTreeMap<u64, Vec<Answered>>,
     /// Each write's data hash → (owner, epoch, seq), for the end audit.
     writes: BTreeMap<Hash, (u32, u64, u64)>,
+    /// Each acknowledged write and its version: no correct node that executed it may
+    /// keep its PrepareData.
+    written: Vec<((u32, u64, u64), u64)>,
+    /// PrepareData lost on its way to a node, delivered later (a peer queue's backlog
+    /// after a reconnection, a chain passed on late): (node, what).
+    late: Vec<(u32, Prepare)>,
     violations: Mutex<Vec<String>>,
     stats: Arc<Mutex<Stats>>,
 }
@@ -356,6 +368,8 @@ impl BlockWorkload {
             pending: BTreeMap::new(),
             answered: BTreeMap::new(),
             writes: BTreeMap::new(),
+            written: Vec::new(),
+            late: Vec::new(),
             violations: Mutex::default(),
             stats: Arc::default(),
         })
@@ -375,6 +389,13 @@ impl BlockWorkload {
 
     fn geometry(&self) -> Geometry {
         self.plane().geometry
+    }
+
+    /// Client `client` writes in `epoch` from now on, numbering its writes from 1 as the
+    /// front end does.
+    fn new_epoch(&mut self, client: u64, epoch: u64) {
+        self.epochs.insert(client, epoch);
+        self.seqs.insert(client, 0);
     }
 
     /// Gnothi §3.2 steps 1-3 as the front end does them: PrepareData to the preferred
@@ -404,6 +425,9 @@ impl BlockWorkload {
             let is_preferred = preferred.contains(&i);
             if is_preferred && self.rng().gen_bool(0.15) {
                 self.stats().prepares_lost += 1;
+                if self.late.len() < LATE_MAX && self.rng().gen_bool(0.5) {
+                    self.late.push((i, prepare.clone()));
+                }
                 continue;
             }
             if !is_preferred {
@@ -442,6 +466,46 @@ impl BlockWorkload {
                     self.violation(format!(
                         "node {i} holds the PrepareData of front end {owner}'s abandoned write {seq} of epoch \
                          {epoch}, which its state ended"
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Delivers one PrepareData that was lost on its way, now, whatever became of its
+    /// write: the node takes it, or refuses it as of an ended epoch or an executed write.
+    fn deliver_late(&mut self, rng: &mut ChaCha8Rng) {
+        if self.late.is_empty() {
+            return;
+        }
+        let (i, prepare) = self.late.swap_remove(rng.gen_range(0..self.late.len()));
+        let Some((local, executed)) = self.plane().nodes.get(i as usize).and_then(|slot| {
+            let meta = slot.meta.as_ref()?.read().unwrap_or_else(PoisonError::into_inner);
+            Some((slot.local.clone()?, meta.executed(prepare.owner, prepare.epoch, prepare.seq)))
+        }) else {
+            return;
+        };
+        self.stats().late_prepares += 1;
+        if executed {
+            self.stats().late_after_execution += 1;
+        }
+        let _ = self.runtime.block_on(local.prepare(prepare));
+    }
+
+    /// No correct node that is up holds the PrepareData of a write it executed.
+    fn audit_executed(&self) {
+        let plane = self.plane();
+        for (i, slot) in plane.nodes.iter().enumerate() {
+            let (Some(local), Some(meta)) = (plane.up(i as u32), slot.meta.as_ref()) else { continue };
+            if slot.byzantine {
+                continue;
+            }
+            let at = meta.read().unwrap_or_else(PoisonError::into_inner).version();
+            for &((owner, epoch, seq), version) in &self.written {
+                if version <= at && local.has_prepared(owner, epoch, seq) {
+                    self.violation(format!(
+                        "node {i} holds the PrepareData of front end {owner}'s write {seq} of epoch {epoch}, which \
+                         it executed (version {version}; it is at {at})"
                     ));
                 }
             }
@@ -632,6 +696,7 @@ impl BlockWorkload {
     fn audit(&self) {
         self.repair();
         self.audit_abandoned();
+        self.audit_executed();
         let plane = self.plane();
         let g = plane.geometry;
         let zero = zero_hash(g.bs());
@@ -724,6 +789,9 @@ impl Workload for BlockWorkload {
         if self.bug == Some(Bug::DropUnfenced) && rng.gen_bool(0.1) {
             self.drop_unfenced(client);
         }
+        if rng.gen_bool(0.2) {
+            self.deliver_late(rng);
+        }
         let block = HOT[rng.gen_range(0..HOT.len())];
         let roll = rng.gen_range(0..10);
         if roll < 4 {
@@ -739,11 +807,10 @@ impl Workload for BlockWorkload {
             match self.prepare(&prepare) {
                 Ok(_) if self.rng().gen_ratio(1, RESTART_ONE_IN) => {
                     // The front end restarts before ordering the WriteData: it begins a
-                    // new epoch and numbers its writes from 1 again.
+                    // new epoch (and numbers its writes from 1 in it).
                     let abandoned = (owner, epoch, seq);
                     self.abandoned.push(abandoned);
                     self.stats().restarts += 1;
-                    self.seqs.insert(client, 0);
                     self.renew.remove(&client);
                     self.pending.insert(client, Pending::Restart { abandoned });
                     return Command::NewEpoch { owner, after: None }.encode();
@@ -788,6 +855,7 @@ impl Workload for BlockWorkload {
         let outcome = match (self.pending.remove(&client), reply) {
             (Some(Pending::Write { block, write, hash, acked }), Some(Reply::Written { version })) => {
                 self.stats().writes_acked += 1;
+                self.written.push((write, version));
                 self.check_durable(block, write, hash, version, &acked);
                 Outcome::Done
             }
@@ -801,7 +869,7 @@ impl Workload for BlockWorkload {
                     self.violation(format!("client {client} renewed epoch {after} and was given {epoch}"));
                 }
                 self.stats().renewals += 1;
-                self.epochs.insert(client, epoch);
+                self.new_epoch(client, epoch);
                 Outcome::Done
             }
             (Some(Pending::Renew { after }), _) => {
@@ -815,7 +883,7 @@ impl Workload for BlockWorkload {
                         abandoned.1
                     ));
                 }
-                self.epochs.insert(client, epoch);
+                self.new_epoch(client, epoch);
                 Outcome::Done
             }
             // No epoch yet: the restarted front end asks again (`begin` retries).
@@ -846,6 +914,9 @@ impl Workload for BlockWorkload {
         };
         self.answered.entry(client).or_default().push(Answered { op: op.to_vec(), result: result.to_vec(), outcome });
         self.repair();
+        // At every step, not only at the end: a kept record would often be dropped later,
+        // when its epoch ends, and hide.
+        self.audit_executed();
     }
 
     fn check_history(&self, history: &[HistoryEntry]) -> Result<(), String> {
@@ -965,6 +1036,49 @@ mod tests {
             let v = violations(&w);
             if keep {
                 assert!(v.iter().any(|v| v.starts_with("node 1 holds the PrepareData")), "{v:?}");
+            } else {
+                assert_eq!(v, Vec::<String>::new());
+            }
+        }
+    }
+
+    #[test]
+    fn the_end_audit_finds_prepare_data_kept_after_its_write_executed() {
+        let data = pattern(9, 1);
+        let hash = *blake3::hash(&data).as_bytes();
+        let (owner, block) = (OWNER_BASE + 9, HOT[0]);
+        let prepare = Prepare { owner, epoch: 0, seq: 1, first: block, hashes: vec![hash], data };
+        let write =
+            Command::Write { owner, epoch: 0, seq: 1, first: block, hashes: vec![hash], expect: None, data: None };
+        let ctx = ExecCtx::new(1, 1_000, 7, 1);
+        // `keep`: node 2's metadata executes the write beside a scratch store, so its own
+        // store keeps the PrepareData (a node that did not consume what it executed).
+        for keep in [false, true] {
+            let (mut w, mut nodes) = workload();
+            for i in [1, 2] {
+                let local = w.plane().up(i).cloned().expect("up");
+                w.runtime.block_on(local.prepare(prepare.clone())).expect("prepared");
+            }
+            for (i, n) in nodes.iter_mut().enumerate() {
+                let reply = if keep && i == 2 {
+                    let meta = w.plane().nodes[2].meta.clone().expect("meta");
+                    let scratch = tempfile::tempdir().expect("tempdir");
+                    let other = Local::open(scratch.path(), w.geometry(), 2, 2, RESERVE, false).expect("opens");
+                    BlockService::with_local(meta, Arc::new(other)).execute(&write.encode(), &ctx)
+                } else {
+                    n.execute(&write.encode(), &ctx)
+                };
+                assert_eq!(Reply::decode(&reply).ok(), Some(Reply::Written { version: 1 }));
+            }
+            w.written.push(((owner, 0, 1), 1));
+            // A late copy of it is refused by a node that executed the write.
+            let local = w.plane().up(0).cloned().expect("up");
+            assert_eq!(w.runtime.block_on(local.prepare(prepare.clone())), Err(Refused::Executed));
+            w.audit_executed();
+            let v = violations(&w);
+            if keep {
+                assert_eq!(v.len(), 1, "{v:?}");
+                assert!(v[0].starts_with("node 2 holds the PrepareData"), "{v:?}");
             } else {
                 assert_eq!(v, Vec::<String>::new());
             }

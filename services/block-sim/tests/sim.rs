@@ -21,6 +21,8 @@ fn add(total: &mut Stats, s: &Stats) {
     total.writes_fenced += s.writes_fenced;
     total.renewals += s.renewals;
     total.restarts += s.restarts;
+    total.late_prepares += s.late_prepares;
+    total.late_after_execution += s.late_after_execution;
 }
 
 #[test]
@@ -58,6 +60,10 @@ fn every_fault_class_passes_and_the_runs_exercise_the_checks() {
         "clients cut off go idle, their epochs end at ticks, and they renew: {total:?}"
     );
     assert!(total.restarts > 20, "front ends restart between PrepareData and WriteData: {total:?}");
+    assert!(
+        total.late_after_execution > 20,
+        "lost PrepareData arrives after its write executed (nodes must refuse it): {total:?}"
+    );
 }
 
 /// The first violation `bug` causes in seeds `1..=seeds`.

@@ -158,8 +158,10 @@ pub struct Blocks {
     pub members: Vec<NodeId>,
     pub mode: Mode,
     pub op_timeout: Duration,
-    epoch: AtomicU64,
-    seq: AtomicU64,
+    /// This front end's epoch and the last seq it numbered a write with in it. Each
+    /// epoch's writes are numbered from 1 (the nodes' record of executed writes counts
+    /// on it, `executed.rs`), so the two change together, under one lock.
+    numbering: std::sync::Mutex<(u64, u64)>,
     /// A write was given up on: the next one begins a new epoch first.
     fence: std::sync::atomic::AtomicBool,
     /// Member indices that let a PrepareData or a fetch time out, and when: asked last
@@ -191,10 +193,9 @@ impl Blocks {
             members,
             mode,
             op_timeout: Duration::from_secs(30),
-            epoch: AtomicU64::new(0),
+            numbering: std::sync::Mutex::new((0, 0)),
             fence: std::sync::atomic::AtomicBool::new(false),
             suspects: std::sync::Mutex::default(),
-            seq: AtomicU64::new(0),
             writes: Semaphore::new(WRITES_IN_FLIGHT),
             bytes: Arc::new(Semaphore::new(BYTES_IN_FLIGHT_KIB)),
             stats,
@@ -241,7 +242,10 @@ impl Blocks {
             match self.client.invoke(command.clone(), self.op_timeout).await.map(|r| Reply::decode(&r)) {
                 Ok(Ok(Reply::Epoch(e))) => {
                     // Renewals of writes fenced together may answer out of order.
-                    self.epoch.fetch_max(e, Ordering::AcqRel);
+                    let mut n = self.numbering();
+                    if e > n.0 {
+                        *n = (e, 0);
+                    }
                     return;
                 }
                 other => {
@@ -250,6 +254,17 @@ impl Blocks {
                 }
             }
         }
+    }
+
+    fn numbering(&self) -> std::sync::MutexGuard<'_, (u64, u64)> {
+        self.numbering.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The epoch and seq of a new write.
+    fn number(&self) -> (u64, u64) {
+        let mut n = self.numbering();
+        n.1 += 1;
+        *n
     }
 
     async fn invoke(&self, command: &Command) -> Result<Reply, OpError> {
@@ -514,10 +529,10 @@ impl Blocks {
         let mut data = Some(data);
         for _ in 0..FENCED_RETRIES {
             if self.fence.swap(false, Ordering::AcqRel) {
-                self.renew(Some(self.epoch.load(Ordering::Acquire))).await;
+                let epoch = self.numbering().0;
+                self.renew(Some(epoch)).await;
             }
-            let epoch = self.epoch.load(Ordering::Acquire);
-            let seq = self.seq.fetch_add(1, Ordering::AcqRel) + 1;
+            let (epoch, seq) = self.number();
             let hashes = hashes.clone();
             let command = match self.mode {
                 Mode::Full => Command::Write { owner, epoch, seq, first, hashes, expect, data: data.take() },

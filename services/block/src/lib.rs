@@ -5,9 +5,11 @@
 //! - [`plane`]: PrepareData and block fetches between nodes, off the ordering path;
 //! - [`front`]: the NBD server and the read and write protocols;
 //! - [`nbd`]: the NBD wire format; [`geometry`]: blocks, slices, preferred nodes;
-//! - [`check`]: whether a copy one node served may be used.
+//! - [`check`]: whether a copy one node served may be used; [`executed`]: which writes of
+//!   a front end's epoch executed.
 
 pub mod check;
+pub mod executed;
 pub mod front;
 pub mod geometry;
 pub mod local;

@@ -5,6 +5,7 @@
 //! The agreed metadata (`meta.rs`) calls in here when a write executes: the node stores
 //! the data if it has it (COMPLETE) and leaves the block INCOMPLETE otherwise.
 
+use crate::executed::Executed;
 use crate::geometry::Geometry;
 use crate::meta::{Hash, Meta};
 use crate::prepare_log::PrepareLog;
@@ -34,6 +35,15 @@ pub struct Prepare {
     pub data: Vec<u8>,
 }
 
+/// A write as it executed and changed the blocks (see `Local::executed_write`).
+pub struct Applied<'a> {
+    pub first: u64,
+    pub hashes: &'a [Hash],
+    /// The data, in full mode (G'): it came through agreement.
+    pub data: Option<Vec<u8>>,
+    pub version: u64,
+}
+
 /// What a node answers to a PrepareData of an epoch the cluster ended: the front end
 /// (which sees only the text from other nodes) renews its epoch and retries.
 pub const OLD_EPOCH: &str = "a PrepareData of an epoch that ended";
@@ -49,6 +59,9 @@ pub enum Refused {
     ReserveFull(u64),
     #[error("{OLD_EPOCH}")]
     OldEpoch,
+    /// Its write executed here already (it arrived late, or was sent again).
+    #[error("a PrepareData of a write that executed already")]
+    Executed,
     #[error("the PrepareData log failed: {0}")]
     Log(String),
 }
@@ -65,6 +78,10 @@ struct Prepares {
     bytes: HashMap<NodeId, usize>,
     /// Each front end's current epoch.
     epochs: HashMap<NodeId, u64>,
+    /// Which writes of each front end's current epoch executed here: the agreed
+    /// metadata's record (`Meta::executed`), kept here too so that a PrepareData can be
+    /// checked without the metadata's lock (execution holds it while it calls in here).
+    executed: HashMap<NodeId, Executed>,
     /// Records still needed per log segment (waiting, or consumed but not yet covered by
     /// a synced data file).
     live: BTreeMap<u64, usize>,
@@ -79,12 +96,17 @@ impl Prepares {
         }
     }
 
-    /// Gives back what a PrepareData of `len` bytes logged in `segment` held: its
-    /// owner's bytes and its segment's count.
-    fn unpin(&mut self, owner: NodeId, len: usize, segment: u64) {
+    /// Gives back `len` bytes of `owner`'s PrepareData allowance.
+    fn give_back(&mut self, owner: NodeId, len: usize) {
         if let Some(b) = self.bytes.get_mut(&owner) {
             *b = b.saturating_sub(len);
         }
+    }
+
+    /// Gives back what a PrepareData of `len` bytes logged in `segment` held: its
+    /// owner's bytes and its segment's count.
+    fn unpin(&mut self, owner: NodeId, len: usize, segment: u64) {
+        self.give_back(owner, len);
         self.release(segment);
     }
 
@@ -93,11 +115,36 @@ impl Prepares {
         epoch < self.epochs.get(&owner).copied().unwrap_or(0)
     }
 
+    /// Whether `owner`'s write `seq` of `epoch` executed here.
+    fn executed(&self, owner: NodeId, epoch: u64, seq: u64) -> bool {
+        self.executed.get(&owner).is_some_and(|e| e.contains(epoch, seq))
+    }
+
+    /// Why a PrepareData of `owner`'s write `(epoch, seq)` can never be used here, if so.
+    fn useless(&self, owner: NodeId, epoch: u64, seq: u64) -> Option<Refused> {
+        if self.ended(owner, epoch) {
+            Some(Refused::OldEpoch)
+        } else if self.executed(owner, epoch, seq) {
+            Some(Refused::Executed)
+        } else {
+            None
+        }
+    }
+
+    /// Takes a waiting PrepareData out, giving back its owner's bytes; its record stays
+    /// counted in its segment.
     fn remove(&mut self, key: &(NodeId, u64, u64)) -> Option<Held> {
         let held = self.waiting.remove(key)?;
-        if let Some(b) = self.bytes.get_mut(&key.0) {
-            *b = b.saturating_sub(held.prepare.data.len());
-        }
+        self.give_back(key.0, held.prepare.data.len());
+        Some(held)
+    }
+
+    /// Takes out a PrepareData whose write executed (in generation `generation`): its
+    /// record stays logged until a checkpoint the node may restart from covers the
+    /// write, since replaying the write may need it again.
+    fn consume(&mut self, key: &(NodeId, u64, u64), generation: u64) -> Option<Held> {
+        let held = self.remove(key)?;
+        self.consumed.push((generation, held.segment));
         Some(held)
     }
 
@@ -106,8 +153,7 @@ impl Prepares {
     /// dropped — not even a PrepareData whose front end gave up on the write, since its
     /// WriteData may still be ordered later (the front end fences it with a new epoch).
     fn collect(&mut self, owner: NodeId) {
-        let epoch = self.epochs.get(&owner).copied().unwrap_or(0);
-        let dead: Vec<_> = self.waiting.keys().filter(|(o, e, _)| *o == owner && *e < epoch).copied().collect();
+        let dead: Vec<_> = self.waiting.keys().filter(|(o, e, _)| *o == owner && self.ended(*o, *e)).copied().collect();
         for key in dead {
             if let Some(held) = self.remove(&key) {
                 self.release(held.segment);
@@ -264,8 +310,8 @@ impl Local {
         let segment;
         {
             let mut p = self.lock();
-            if p.ended(prepare.owner, prepare.epoch) {
-                return Err(self.refuse(Refused::OldEpoch));
+            if let Some(why) = p.useless(prepare.owner, prepare.epoch, prepare.seq) {
+                return Err(self.refuse(why));
             }
             let bytes = p.bytes.get(&prepare.owner).copied().unwrap_or(0);
             if bytes + prepare.data.len() > PREPARED_BYTES_PER_OWNER {
@@ -282,13 +328,14 @@ impl Local {
             return Err(self.refuse(Refused::Log(e.to_string())));
         }
         let mut p = self.lock();
-        // The epoch may have ended while the record was being logged: `collect` ran
-        // before it was here to drop, and nothing would drop it later (an absent front
-        // end's epoch ends once), so it is refused now as it would have been before.
-        if p.ended(prepare.owner, prepare.epoch) {
+        // The epoch may have ended, or the write executed, while the record was being
+        // logged: `collect` or `executed_write` ran before it was here to drop, and
+        // nothing would drop it later (an absent front end's epoch ends once), so it is
+        // refused now as it would have been before.
+        if let Some(why) = p.useless(prepare.owner, prepare.epoch, prepare.seq) {
             p.unpin(prepare.owner, prepare.data.len(), segment);
             drop(p);
-            return Err(self.refuse(Refused::OldEpoch));
+            return Err(self.refuse(why));
         }
         if let Some(old) = p.waiting.insert(key, Held { prepare, segment }) {
             // The same write prepared twice (a retry): one copy counts.
@@ -309,31 +356,20 @@ impl Local {
         self.lock().waiting.contains_key(&(owner, epoch, seq))
     }
 
-    /// A WriteData executed (Gnothi §3.2 step 5): store the data if this node has it, in
-    /// the command (full mode) or as PrepareData; otherwise the blocks stay INCOMPLETE here.
-    #[allow(clippy::too_many_arguments)]
-    pub fn executed_write(
-        &self,
-        owner: u32,
-        epoch: u64,
-        seq: u64,
-        first: u64,
-        hashes: &[Hash],
-        data: Option<Vec<u8>>,
-        version: u64,
-    ) {
-        let data = match data {
-            Some(d) => Some(d),
-            None => {
-                let mut p = self.lock();
-                let taken = p.remove(&(owner, epoch, seq));
-                if let Some(held) = &taken {
-                    let generation = self.generation.load(Ordering::Acquire);
-                    p.consumed.push((generation, held.segment));
-                }
-                taken.and_then(|h| (h.prepare.first == first && h.prepare.hashes == hashes).then_some(h.prepare.data))
-            }
+    /// Write `(owner, epoch, seq)` executed (Gnothi §3.2 step 5). Its PrepareData here,
+    /// if any, is consumed, and one arriving later is refused. If it changed the blocks
+    /// (`applied`), store the data if this node has it, in the command (full mode) or as
+    /// PrepareData; otherwise the blocks stay INCOMPLETE here.
+    pub fn executed_write(&self, owner: NodeId, epoch: u64, seq: u64, applied: Option<Applied<'_>>) {
+        let taken = {
+            let mut p = self.lock();
+            p.executed.entry(owner).or_insert_with(|| Executed::new(epoch)).record(epoch, seq);
+            p.consume(&(owner, epoch, seq), self.generation.load(Ordering::Acquire))
         };
+        let Some(Applied { first, hashes, data, version }) = applied else { return };
+        let data = data.or_else(|| {
+            taken.and_then(|h| (h.prepare.first == first && h.prepare.hashes == hashes).then_some(h.prepare.data))
+        });
         let count = hashes.len() as u64;
         match data {
             Some(d) => match self.write_exclusive(first, &d, version) {
@@ -434,6 +470,9 @@ impl Local {
         let mut p = self.lock();
         let e = p.epochs.entry(owner).or_default();
         *e = (*e).max(epoch);
+        if p.executed.get(&owner).is_some_and(|x| x.epoch() < epoch) {
+            p.executed.remove(&owner);
+        }
         p.collect(owner);
     }
 
@@ -441,13 +480,16 @@ impl Local {
     /// files stay; reads check them against the new metadata. A node that took a later
     /// state instead of executing writes may hold their PrepareData: each block of it
     /// whose bytes are what `meta` agrees on is stored now, a copy here again rather than
-    /// a log record nothing would read (and that its epoch's end would drop). The
-    /// PrepareData itself stays until its WriteData or its epoch's end, as before: a
-    /// matching hash does not prove the write was ordered. Then the epochs `meta` ended
-    /// drop their PrepareData, as executing their end would have.
+    /// a log record nothing would read. Then the PrepareData of writes `meta` executed is
+    /// consumed, as executing them would have (a matching hash alone does not prove a
+    /// write was ordered, so only `meta`'s record of executed writes decides), and the
+    /// epochs `meta` ended drop their PrepareData, as executing their end would have.
+    /// A restart comes through here too: `open` put every record its log still holds back
+    /// in waiting, including those consumed before the checkpoint it restarts from.
     pub fn restored(&self, meta: &Meta) {
         let bs = self.geometry.bs();
-        let mut copies: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+        // By block: two records may hold the same bytes for one block.
+        let mut copies: BTreeMap<u64, (u64, Vec<u8>)> = BTreeMap::new();
         {
             let p = self.lock();
             for held in p.waiting.values() {
@@ -459,17 +501,26 @@ impl Local {
                     }
                     let (version, agreed) = meta.get(b);
                     if version > 0 && agreed == *hash && self.store.held(b) < version {
-                        copies.push((b, version, data.to_vec()));
+                        copies.entry(b).or_insert_with(|| (version, data.to_vec()));
                     }
                 }
             }
         }
-        for (b, version, data) in copies {
+        for (b, (version, data)) in copies {
             if let Err(e) = self.store_fetched(b, &[version], &data) {
                 self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(block = b, error = %e, "storing a block from its PrepareData after a restore failed");
             } else {
                 self.stats.restored_from_prepared.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        {
+            let generation = self.generation.load(Ordering::Acquire);
+            let mut p = self.lock();
+            p.executed = meta.executed_writes().map(|(owner, e)| (owner, e.clone())).collect();
+            let done: Vec<_> = p.waiting.keys().filter(|&&(o, e, s)| p.executed(o, e, s)).copied().collect();
+            for key in done {
+                p.consume(&key, generation);
             }
         }
         for (owner, epoch) in meta.epochs() {
@@ -528,10 +579,10 @@ mod tests {
         let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
         let p = prepare(2, 1, 1, 0, 7, 2);
         local.prepare(p.clone()).await.expect("takes it");
-        local.executed_write(2, 1, 1, 0, &p.hashes, None, 1);
+        local.executed_write(2, 1, 1, Some(Applied { first: 0, hashes: &p.hashes, data: None, version: 1 }));
         assert_eq!((local.store().held(0), local.store().held(1)), (1, 1));
         let q = prepare(2, 1, 2, 5, 8, 1);
-        local.executed_write(2, 1, 2, 5, &q.hashes, None, 2);
+        local.executed_write(2, 1, 2, Some(Applied { first: 5, hashes: &q.hashes, data: None, version: 2 }));
         assert_eq!(local.store().held(5), 0, "no PrepareData: INCOMPLETE");
         assert_eq!(local.stats.writes_incomplete.load(Ordering::Relaxed), 1);
     }
@@ -569,19 +620,19 @@ mod tests {
         let local = Local::open(dir.path(), geometry(), 0, 0, 1.0, true).expect("opens");
         let p = prepare(2, 1, 1, 256, 7, 2);
         local.prepare(p.clone()).await.expect("takes it");
-        local.executed_write(2, 1, 1, 256, &p.hashes, None, 1);
+        local.executed_write(2, 1, 1, Some(Applied { first: 256, hashes: &p.hashes, data: None, version: 1 }));
         assert_eq!(local.reserve().0, 2);
         // Written again: still two blocks.
         let q = prepare(2, 1, 2, 256, 8, 2);
         local.prepare(q.clone()).await.expect("takes it");
-        local.executed_write(2, 1, 2, 256, &q.hashes, None, 2);
+        local.executed_write(2, 1, 2, Some(Applied { first: 256, hashes: &q.hashes, data: None, version: 2 }));
         assert_eq!(local.reserve().0, 2);
         // Zeroing the whole disk frees them and holds nothing outside the preferred set.
         local.executed_zero(0, 1024, 3);
         assert_eq!(local.reserve().0, 0);
         assert_eq!((local.store().held(0), local.store().held(256)), (3, 0));
         // An INCOMPLETE write elsewhere drops nothing it does not hold.
-        local.executed_write(2, 1, 3, 300, &q.hashes[..1], None, 4);
+        local.executed_write(2, 1, 3, Some(Applied { first: 300, hashes: &q.hashes[..1], data: None, version: 4 }));
         assert_eq!(local.reserve().0, 0);
         drop(local);
         let local = Local::open(dir.path(), geometry(), 0, 0, 1.0, true).expect("reopens");
@@ -616,7 +667,7 @@ mod tests {
         let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("reopens");
         assert!(local.has_prepared(2, 1, 1), "the log brought it back");
         // Replayed WriteData finds it.
-        local.executed_write(2, 1, 1, 0, &p.hashes, None, 1);
+        local.executed_write(2, 1, 1, Some(Applied { first: 0, hashes: &p.hashes, data: None, version: 1 }));
         assert_eq!(local.store().held(0), 1);
         let g1 = local.freeze();
         local.checkpoint(g1);
@@ -640,7 +691,7 @@ mod tests {
         assert!(local.has_prepared(3, 1, 1));
         // Many later writes of the same front end: the early one may still be ordered.
         for seq in 2..10_000 {
-            local.executed_write(3, 1, seq, 1, &[[0; 32]], None, seq);
+            local.executed_write(3, 1, seq, Some(Applied { first: 1, hashes: &[[0; 32]], data: None, version: seq }));
         }
         assert!(local.has_prepared(3, 1, 1), "a PrepareData whose WriteData may come is kept");
         local.new_epoch(3, 2);

@@ -6,8 +6,9 @@
 //! node holds it (PrepareData arrived, or carried in the command in full mode) and
 //! leaves the block INCOMPLETE on that node otherwise.
 
+use crate::executed::Executed;
 use crate::geometry::Geometry;
-use crate::local::Local;
+use crate::local::{Applied, Local};
 use keel::core::chunk::{self, Piece};
 use keel::core::service::{format_stamp, strip_format_stamp};
 use keel::{ExecCtx, Frozen, ReadCtx, RestoreError, Service};
@@ -32,8 +33,9 @@ pub const META_BLOCKS_MAX: u32 = 8192;
 /// quiet minute, it renews its epoch with one ordered command and retries.
 pub const EPOCH_IDLE_MS: u64 = 60_000;
 /// The snapshot's format, its first four bytes: a snapshot of another format (an older
-/// build's) is refused with a message that says so rather than misread.
-const SNAPSHOT_FORMAT: u32 = 2;
+/// build's) is refused with a message that says so rather than misread. Format 2 (no
+/// record of executed writes) is still read.
+const SNAPSHOT_FORMAT: u32 = 3;
 
 /// What the front ends send through agreement.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -151,6 +153,25 @@ struct Head {
     /// Per front end whose epoch is open, the agreed time of its last write or epoch:
     /// a tick ends the epochs idle for `idle_ms` (and forgets them here).
     active: BTreeMap<u32, u64>,
+    /// Per front end, which writes of its current epoch executed (whatever their reply):
+    /// a node drops or refuses their PrepareData, and a second ordering of one is refused.
+    executed: BTreeMap<u32, Executed>,
+}
+
+/// Format 2's head, before `executed`: read as a head whose front ends executed nothing
+/// yet in their current epochs (their PrepareData waits for the epoch's end, as it did).
+#[derive(Deserialize)]
+struct HeadV2 {
+    geometry: Geometry,
+    version: u64,
+    epochs: BTreeMap<u32, u64>,
+    active: BTreeMap<u32, u64>,
+}
+
+impl From<HeadV2> for Head {
+    fn from(h: HeadV2) -> Head {
+        Head { geometry: h.geometry, version: h.version, epochs: h.epochs, active: h.active, executed: BTreeMap::new() }
+    }
 }
 
 /// The agreed metadata.
@@ -180,7 +201,8 @@ impl Meta {
             })
             .collect();
         let stamps = vec![0; regions.len()];
-        let head = Head { geometry, version: 0, epochs: BTreeMap::new(), active: BTreeMap::new() };
+        let head =
+            Head { geometry, version: 0, epochs: BTreeMap::new(), active: BTreeMap::new(), executed: BTreeMap::new() };
         Meta { head, zero, regions, stamps, idle_ms: EPOCH_IDLE_MS }
     }
 
@@ -235,25 +257,38 @@ impl Meta {
                 if epoch < self.epoch(owner) {
                     return Reply::Fenced;
                 }
+                // Ordered twice: its PrepareData was consumed the first time, so a second
+                // version would name data no node holds.
+                if self.executed(owner, epoch, seq) {
+                    return Reply::Invalid(format!(
+                        "write {seq} of front end {owner}'s epoch {epoch} executed already"
+                    ));
+                }
                 self.head.active.insert(owner, now);
-                if data.as_ref().is_some_and(|d| d.len() as u64 != count * u64::from(self.head.geometry.block_size)) {
-                    return Reply::Invalid(format!("{} data bytes for {count} blocks", data.map_or(0, |d| d.len())));
-                }
-                if let Some(want) = expect {
-                    let (now, _) = self.get(first);
-                    if now != want {
-                        return Reply::Moved { version: now };
+                self.head.executed.entry(owner).or_insert_with(|| Executed::new(epoch)).record(epoch, seq);
+                let size = count * u64::from(self.head.geometry.block_size);
+                let reply = match (data.as_ref().map(Vec::len), expect.map(|want| (want, self.get(first).0))) {
+                    (Some(len), _) if len as u64 != size => {
+                        Reply::Invalid(format!("{len} data bytes for {count} blocks"))
                     }
-                }
-                self.head.version += 1;
-                let version = self.head.version;
-                for (k, h) in hashes.iter().enumerate() {
-                    self.set(first + k as u64, version, *h);
-                }
+                    (_, Some((want, now))) if want != now => Reply::Moved { version: now },
+                    _ => {
+                        self.head.version += 1;
+                        let version = self.head.version;
+                        for (k, h) in hashes.iter().enumerate() {
+                            self.set(first + k as u64, version, *h);
+                        }
+                        Reply::Written { version }
+                    }
+                };
                 if let Some(local) = local {
-                    local.executed_write(owner, epoch, seq, first, &hashes, data, version);
+                    let applied = match reply {
+                        Reply::Written { version } => Some(Applied { first, hashes: &hashes, data, version }),
+                        _ => None,
+                    };
+                    local.executed_write(owner, epoch, seq, applied);
                 }
-                Reply::Written { version }
+                reply
             }
             Command::Zero { first, count } => {
                 if !self.in_range(first, count) {
@@ -276,6 +311,7 @@ impl Meta {
                 }
                 let epoch = *e;
                 self.head.active.insert(owner, now);
+                self.head.executed.remove(&owner);
                 if let Some(local) = local {
                     local.new_epoch(owner, epoch);
                 }
@@ -297,6 +333,17 @@ impl Meta {
         self.head.epochs.iter().map(|(&owner, &epoch)| (owner, epoch))
     }
 
+    /// Whether write `seq` of front end `owner`'s epoch `epoch` executed, as far as the
+    /// record goes (it forgets, never invents: see `executed.rs`).
+    pub fn executed(&self, owner: u32, epoch: u64, seq: u64) -> bool {
+        self.head.executed.get(&owner).is_some_and(|e| e.contains(epoch, seq))
+    }
+
+    /// Per front end, which writes of its current epoch executed.
+    pub fn executed_writes(&self) -> impl Iterator<Item = (u32, &Executed)> + '_ {
+        self.head.executed.iter().map(|(&owner, e)| (owner, e))
+    }
+
     /// The epoch the cluster gave front end `owner` last (0: none yet).
     pub fn epoch(&self, owner: u32) -> u64 {
         self.head.epochs.get(&owner).copied().unwrap_or(0)
@@ -316,6 +363,7 @@ impl Meta {
         let mut ended = Vec::with_capacity(idle.len());
         for owner in idle {
             self.head.active.remove(&owner);
+            self.head.executed.remove(&owner);
             let e = self.head.epochs.entry(owner).or_insert(0);
             *e += 1;
             ended.push((owner, *e));
@@ -410,9 +458,7 @@ impl Service for BlockService {
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        let snapshot = strip_format_stamp(snapshot, "block", SNAPSHOT_FORMAT)?;
-        let (head, mut rest) = postcard::take_from_bytes::<Head>(snapshot)
-            .map_err(|e| RestoreError(format!("block snapshot head: {e}")))?;
+        let (head, mut rest) = decode_head(snapshot)?;
         // Checked before anything is allocated for it: a snapshot is bytes from elsewhere.
         if head.geometry != self.read().geometry() {
             return Err(RestoreError(format!(
@@ -447,6 +493,17 @@ impl Service for BlockService {
         }
         Ok(())
     }
+}
+
+/// A snapshot's head and the regions after it, of this format or format 2.
+fn decode_head(snapshot: &[u8]) -> Result<(Head, &[u8]), RestoreError> {
+    let bad = |e: postcard::Error| RestoreError(format!("block snapshot head: {e}"));
+    if let Some(v2) = snapshot.strip_prefix(format_stamp(2).as_slice()) {
+        let (head, rest) = postcard::take_from_bytes::<HeadV2>(v2).map_err(bad)?;
+        return Ok((head.into(), rest));
+    }
+    let snapshot = strip_format_stamp(snapshot, "block", SNAPSHOT_FORMAT)?;
+    postcard::take_from_bytes::<Head>(snapshot).map_err(bad)
 }
 
 impl BlockService {
@@ -520,8 +577,14 @@ mod tests {
         Reply::decode(&s.execute(&c.encode(), &ctx(1))).expect("reply")
     }
 
+    /// A new write of front end 1's epoch 1 (each call numbered after the last).
     fn write(first: u64, hashes: Vec<Hash>, expect: Option<u64>) -> Command {
-        Command::Write { owner: 1, epoch: 1, seq: 1, first, hashes, expect, data: None }
+        thread_local!(static SEQ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+        let seq = SEQ.with(|s| {
+            s.set(s.get() + 1);
+            s.get()
+        });
+        Command::Write { owner: 1, epoch: 1, seq, first, hashes, expect, data: None }
     }
 
     fn geometry() -> Geometry {
@@ -649,7 +712,10 @@ mod tests {
             crate::local::Prepare { owner, epoch: 1, seq: 1, first, hashes, data }
         };
         let (mine, theirs) = (prepared(2, 0, 7), prepared(3, 1, 8));
+        // The same bytes for the same block, as a write not ordered yet.
+        let again = crate::local::Prepare { seq: 2, ..mine.clone() };
         local.prepare(mine.clone()).await.expect("takes it");
+        local.prepare(again).await.expect("takes it");
         local.prepare(theirs.clone()).await.expect("takes it");
         // The cluster ordered owner 2's write and ended owner 3's epoch 1; this node
         // executed neither: it takes the state from a peer.
@@ -672,9 +738,87 @@ mod tests {
         let (data, held) = local.read(0, 1).expect("reads");
         assert_eq!((data, held), (mine.data.clone(), vec![1]), "block 0 COMPLETE here at version 1");
         assert_eq!(local.stats.restored_from_prepared.load(std::sync::atomic::Ordering::Relaxed), 1);
-        assert!(local.has_prepared(2, 1, 1), "kept: a matching hash does not prove its write was ordered");
+        assert!(!local.has_prepared(2, 1, 1), "consumed: the restored state executed its write");
+        assert!(local.has_prepared(2, 1, 2), "kept: a matching hash does not prove its write was ordered");
+        assert_eq!(
+            local.prepare(mine.clone()).await,
+            Err(crate::local::Refused::Executed),
+            "and a late copy is refused"
+        );
         assert!(!local.has_prepared(3, 1, 1), "its epoch ended in the restored state");
         assert_eq!(local.read(1, 1).expect("reads").1, vec![0], "block 1 was never written");
+    }
+
+    #[tokio::test]
+    async fn every_executed_write_consumes_its_prepare_data_and_runs_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let g = geometry();
+        let local = Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).expect("opens"));
+        let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
+        let data = vec![5u8; 4096];
+        let hashes = vec![*blake3::hash(&data).as_bytes()];
+        let prepare = |seq| crate::local::Prepare {
+            owner: 2,
+            epoch: 1,
+            seq,
+            first: 3,
+            hashes: hashes.clone(),
+            data: data.clone(),
+        };
+        let write = |seq, expect| Command::Write {
+            owner: 2,
+            epoch: 1,
+            seq,
+            first: 3,
+            hashes: hashes.clone(),
+            expect,
+            data: None,
+        };
+        for seq in 1..=3 {
+            local.prepare(prepare(seq)).await.expect("takes it");
+        }
+        assert_eq!(run(&mut node, write(1, None)), Reply::Written { version: 1 });
+        // Moved: nothing changed, but the write is done with and so is its PrepareData.
+        assert_eq!(run(&mut node, write(3, Some(0))), Reply::Moved { version: 1 });
+        assert!(!local.has_prepared(2, 1, 1) && !local.has_prepared(2, 1, 3));
+        assert!(local.has_prepared(2, 1, 2), "not executed yet");
+        assert_eq!(local.prepared_bytes(), 4096);
+        // Ordered again, a write would name data its nodes consumed the first time.
+        assert!(matches!(run(&mut node, write(1, None)), Reply::Invalid(e) if e.contains("executed already")));
+        assert_eq!(node.read().version(), 1);
+        for seq in [1, 3] {
+            assert_eq!(local.prepare(prepare(seq)).await, Err(crate::local::Refused::Executed));
+        }
+        // A new epoch begins the record afresh: its seq 1 is another write.
+        assert_eq!(run(&mut node, Command::NewEpoch { owner: 2, after: None }), Reply::Epoch(1));
+        assert_eq!(run(&mut node, Command::NewEpoch { owner: 2, after: None }), Reply::Epoch(2));
+        let next =
+            Command::Write { owner: 2, epoch: 2, seq: 1, first: 3, hashes: hashes.clone(), expect: None, data: None };
+        assert_eq!(run(&mut node, next), Reply::Written { version: 2 });
+        assert_eq!(local.prepared_bytes(), 0, "epoch 1's seq 2 went with its epoch");
+    }
+
+    #[test]
+    fn executed_writes_survive_a_snapshot_and_format_2_is_still_read() {
+        let mut s = BlockService::new(geometry());
+        assert_eq!(run(&mut s, Command::NewEpoch { owner: 1, after: None }), Reply::Epoch(1));
+        let w = write(7, vec![[1; 32]], None);
+        assert_eq!(run(&mut s, w.clone()), Reply::Written { version: 1 });
+        let mut t = BlockService::new(geometry());
+        t.restore(&s.snapshot()).expect("restores");
+        assert!(matches!(run(&mut t, w), Reply::Invalid(_)), "the restored state knows it executed");
+        // Format 2: the head without `executed`, then the regions.
+        let meta = s.read();
+        let v2 = (meta.head.geometry, meta.head.version, meta.head.epochs.clone(), meta.head.active.clone());
+        let mut old = format_stamp(2);
+        old.extend(postcard::to_allocvec(&v2).expect("encodes"));
+        for r in &meta.regions {
+            old.extend(r.encode());
+        }
+        let mut u = BlockService::new(geometry());
+        u.restore(&old).expect("format 2 restores");
+        assert_eq!((u.read().version(), u.read().get(7)), (1, (1, [1; 32])));
+        assert_eq!(u.read().executed_writes().count(), 0);
     }
 
     #[test]
