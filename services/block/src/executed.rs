@@ -12,7 +12,7 @@
 //! entries above `low` are forgotten, never folded into `low`.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Most seqs remembered above `low`: four times the writes a front end has in flight.
 pub const ABOVE_MAX: usize = 4096;
@@ -31,10 +31,6 @@ impl Executed {
     /// Nothing of `epoch` executed yet.
     pub fn new(epoch: u64) -> Executed {
         Executed { epoch, low: 0, above: BTreeSet::new() }
-    }
-
-    pub fn epoch(&self) -> u64 {
-        self.epoch
     }
 
     /// Whether write `seq` of `epoch` is known to have executed. Seq 0 is never a write
@@ -60,6 +56,15 @@ impl Executed {
         while self.above.len() > ABOVE_MAX {
             self.above.pop_first();
         }
+    }
+}
+
+/// Front end `owner` began `epoch`: its record of an older epoch is of no more use. The
+/// agreed metadata and each node's mirror of it both go through here, so they stay
+/// the same (a record of a later epoch, from writes ordered ahead of their epoch, stays).
+pub fn epoch_began(records: &mut BTreeMap<u32, Executed>, owner: u32, epoch: u64) {
+    if records.get(&owner).is_some_and(|e| e.epoch < epoch) {
+        records.remove(&owner);
     }
 }
 
@@ -93,6 +98,16 @@ mod tests {
             f.record(2, 5);
             f
         });
+    }
+
+    #[test]
+    fn a_begun_epoch_drops_only_older_records() {
+        let mut records = BTreeMap::new();
+        records.insert(1, Executed::new(3));
+        records.insert(2, Executed::new(5));
+        epoch_began(&mut records, 1, 4);
+        epoch_began(&mut records, 2, 4);
+        assert_eq!(records.keys().copied().collect::<Vec<_>>(), vec![2], "owner 2's epoch 5 record stays");
     }
 
     #[test]

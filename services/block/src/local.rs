@@ -5,7 +5,7 @@
 //! The agreed metadata (`meta.rs`) calls in here when a write executes: the node stores
 //! the data if it has it (COMPLETE) and leaves the block INCOMPLETE otherwise.
 
-use crate::executed::Executed;
+use crate::executed::{self, Executed};
 use crate::geometry::Geometry;
 use crate::meta::{Hash, Meta};
 use crate::prepare_log::PrepareLog;
@@ -81,7 +81,7 @@ struct Prepares {
     /// Which writes of each front end's current epoch executed here: the agreed
     /// metadata's record (`Meta::executed`), kept here too so that a PrepareData can be
     /// checked without the metadata's lock (execution holds it while it calls in here).
-    executed: HashMap<NodeId, Executed>,
+    executed: BTreeMap<NodeId, Executed>,
     /// Records still needed per log segment (waiting, or consumed but not yet covered by
     /// a synced data file).
     live: BTreeMap<u64, usize>,
@@ -470,9 +470,7 @@ impl Local {
         let mut p = self.lock();
         let e = p.epochs.entry(owner).or_default();
         *e = (*e).max(epoch);
-        if p.executed.get(&owner).is_some_and(|x| x.epoch() < epoch) {
-            p.executed.remove(&owner);
-        }
+        executed::epoch_began(&mut p.executed, owner, epoch);
         p.collect(owner);
     }
 

@@ -6,7 +6,7 @@
 //! node holds it (PrepareData arrived, or carried in the command in full mode) and
 //! leaves the block INCOMPLETE on that node otherwise.
 
-use crate::executed::Executed;
+use crate::executed::{self, Executed};
 use crate::geometry::Geometry;
 use crate::local::{Applied, Local};
 use keel::core::chunk::{self, Piece};
@@ -311,7 +311,7 @@ impl Meta {
                 }
                 let epoch = *e;
                 self.head.active.insert(owner, now);
-                self.head.executed.remove(&owner);
+                executed::epoch_began(&mut self.head.executed, owner, epoch);
                 if let Some(local) = local {
                     local.new_epoch(owner, epoch);
                 }
@@ -363,10 +363,10 @@ impl Meta {
         let mut ended = Vec::with_capacity(idle.len());
         for owner in idle {
             self.head.active.remove(&owner);
-            self.head.executed.remove(&owner);
             let e = self.head.epochs.entry(owner).or_insert(0);
             *e += 1;
             ended.push((owner, *e));
+            executed::epoch_began(&mut self.head.executed, owner, *e);
             if let Some(local) = local {
                 local.new_epoch(owner, *e);
             }
