@@ -454,13 +454,7 @@ impl BlockWorkload {
     /// No correct node that is up holds the PrepareData of an abandoned write whose
     /// epoch its agreed state ended.
     fn audit_abandoned(&self) {
-        let plane = self.plane();
-        for (i, slot) in plane.nodes.iter().enumerate() {
-            let (Some(local), Some(meta)) = (plane.up(i as u32), slot.meta.as_ref()) else { continue };
-            if slot.byzantine {
-                continue;
-            }
-            let meta = meta.read().unwrap_or_else(PoisonError::into_inner);
+        self.each_correct_node(|i, local, meta| {
             for &(owner, epoch, seq) in &self.abandoned {
                 if meta.epoch(owner) > epoch && local.has_prepared(owner, epoch, seq) {
                     self.violation(format!(
@@ -468,6 +462,17 @@ impl BlockWorkload {
                          {epoch}, which its state ended"
                     ));
                 }
+            }
+        });
+    }
+
+    /// Runs `f` on each correct node that is up: its index, data and agreed metadata.
+    fn each_correct_node(&self, mut f: impl FnMut(usize, &Local, &Meta)) {
+        let plane = self.plane();
+        for (i, slot) in plane.nodes.iter().enumerate() {
+            let (Some(local), Some(meta)) = (plane.up(i as u32), slot.meta.as_ref()) else { continue };
+            if !slot.byzantine {
+                f(i, local, &meta.read().unwrap_or_else(PoisonError::into_inner));
             }
         }
     }
@@ -494,13 +499,8 @@ impl BlockWorkload {
 
     /// No correct node that is up holds the PrepareData of a write it executed.
     fn audit_executed(&self) {
-        let plane = self.plane();
-        for (i, slot) in plane.nodes.iter().enumerate() {
-            let (Some(local), Some(meta)) = (plane.up(i as u32), slot.meta.as_ref()) else { continue };
-            if slot.byzantine {
-                continue;
-            }
-            let at = meta.read().unwrap_or_else(PoisonError::into_inner).version();
+        self.each_correct_node(|i, local, meta| {
+            let at = meta.version();
             for &((owner, epoch, seq), version) in &self.written {
                 if version <= at && local.has_prepared(owner, epoch, seq) {
                     self.violation(format!(
@@ -509,7 +509,7 @@ impl BlockWorkload {
                     ));
                 }
             }
-        }
+        });
     }
 
     /// [`Bug::DropUnfenced`]: every up node drops the PrepareData of another client's
@@ -1003,34 +1003,52 @@ mod tests {
         w.violations.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
-    #[test]
-    fn the_end_audit_finds_an_abandoned_writes_prepare_data_kept_past_its_epoch() {
+    /// Front end `OWNER_BASE + 9`'s write 1 of epoch 0 to block `HOT[0]`: its
+    /// PrepareData and its WriteData.
+    fn one_write() -> (Prepare, Command) {
         let data = pattern(9, 1);
         let hash = *blake3::hash(&data).as_bytes();
-        let owner = OWNER_BASE + 9;
-        let prepare = Prepare { owner, epoch: 0, seq: 1, first: HOT[0], hashes: vec![hash], data };
+        let (owner, first) = (OWNER_BASE + 9, HOT[0]);
+        let write = Command::Write { owner, epoch: 0, seq: 1, first, hashes: vec![hash], expect: None, data: None };
+        (Prepare { owner, epoch: 0, seq: 1, first, hashes: vec![hash], data }, write)
+    }
+
+    /// Nodes 1 and 2 take `prepare`.
+    fn prepare_on_1_and_2(w: &BlockWorkload, prepare: &Prepare) {
+        for i in [1, 2] {
+            let local = w.plane().up(i).cloned().expect("up");
+            w.runtime.block_on(local.prepare(prepare.clone())).expect("prepared");
+        }
+    }
+
+    /// Node `i`'s metadata executes `command` beside a scratch store, not its own: a
+    /// node whose store never hears of what its agreed state did.
+    fn execute_blind(w: &BlockWorkload, i: u32, command: &[u8], ctx: &ExecCtx) -> Option<Reply> {
+        let meta = w.plane().nodes[i as usize].meta.clone().expect("meta");
+        let scratch = tempfile::tempdir().expect("tempdir");
+        let other = Local::open(scratch.path(), w.geometry(), i, i, RESERVE, false).expect("opens");
+        Reply::decode(&BlockService::with_local(meta, Arc::new(other)).execute(command, ctx)).ok()
+    }
+
+    #[test]
+    fn the_end_audit_finds_an_abandoned_writes_prepare_data_kept_past_its_epoch() {
+        let (prepare, _) = one_write();
+        let owner = prepare.owner;
         let new_epoch = Command::NewEpoch { owner, after: None }.encode();
         let ctx = ExecCtx::new(1, 1_000, 7, 1);
         // `keep`: node 1 took the PrepareData but not the epoch's end (a node that kept
         // what it should have dropped); its agreed state ended the epoch all the same.
         for keep in [false, true] {
             let (mut w, mut nodes) = workload();
-            for i in [1, 2] {
-                let local = w.plane().up(i).cloned().expect("up");
-                w.runtime.block_on(local.prepare(prepare.clone())).expect("prepared");
-            }
+            prepare_on_1_and_2(&w, &prepare);
             w.abandoned.push((owner, 0, 1));
             for (i, n) in nodes.iter_mut().enumerate() {
-                if keep && i == 1 {
-                    // Node 1's metadata executes it beside a scratch store, not its own.
-                    let meta = w.plane().nodes[1].meta.clone().expect("meta");
-                    let scratch = tempfile::tempdir().expect("tempdir");
-                    let other = Local::open(scratch.path(), w.geometry(), 1, 1, RESERVE, false).expect("opens");
-                    let mut blind = BlockService::with_local(meta, Arc::new(other));
-                    assert_eq!(Reply::decode(&blind.execute(&new_epoch, &ctx)).ok(), Some(Reply::Epoch(1)));
+                let reply = if keep && i == 1 {
+                    execute_blind(&w, 1, &new_epoch, &ctx)
                 } else {
-                    assert_eq!(Reply::decode(&n.execute(&new_epoch, &ctx)).ok(), Some(Reply::Epoch(1)));
-                }
+                    Reply::decode(&n.execute(&new_epoch, &ctx)).ok()
+                };
+                assert_eq!(reply, Some(Reply::Epoch(1)));
             }
             w.audit_abandoned();
             let v = violations(&w);
@@ -1044,31 +1062,21 @@ mod tests {
 
     #[test]
     fn the_end_audit_finds_prepare_data_kept_after_its_write_executed() {
-        let data = pattern(9, 1);
-        let hash = *blake3::hash(&data).as_bytes();
-        let (owner, block) = (OWNER_BASE + 9, HOT[0]);
-        let prepare = Prepare { owner, epoch: 0, seq: 1, first: block, hashes: vec![hash], data };
-        let write =
-            Command::Write { owner, epoch: 0, seq: 1, first: block, hashes: vec![hash], expect: None, data: None };
+        let (prepare, write) = one_write();
+        let (write, owner) = (write.encode(), prepare.owner);
         let ctx = ExecCtx::new(1, 1_000, 7, 1);
         // `keep`: node 2's metadata executes the write beside a scratch store, so its own
         // store keeps the PrepareData (a node that did not consume what it executed).
         for keep in [false, true] {
             let (mut w, mut nodes) = workload();
-            for i in [1, 2] {
-                let local = w.plane().up(i).cloned().expect("up");
-                w.runtime.block_on(local.prepare(prepare.clone())).expect("prepared");
-            }
+            prepare_on_1_and_2(&w, &prepare);
             for (i, n) in nodes.iter_mut().enumerate() {
                 let reply = if keep && i == 2 {
-                    let meta = w.plane().nodes[2].meta.clone().expect("meta");
-                    let scratch = tempfile::tempdir().expect("tempdir");
-                    let other = Local::open(scratch.path(), w.geometry(), 2, 2, RESERVE, false).expect("opens");
-                    BlockService::with_local(meta, Arc::new(other)).execute(&write.encode(), &ctx)
+                    execute_blind(&w, 2, &write, &ctx)
                 } else {
-                    n.execute(&write.encode(), &ctx)
+                    Reply::decode(&n.execute(&write, &ctx)).ok()
                 };
-                assert_eq!(Reply::decode(&reply).ok(), Some(Reply::Written { version: 1 }));
+                assert_eq!(reply, Some(Reply::Written { version: 1 }));
             }
             w.written.push(((owner, 0, 1), 1));
             // A late copy of it is refused by a node that executed the write.
@@ -1087,11 +1095,7 @@ mod tests {
 
     #[test]
     fn the_end_audit_finds_ordered_data_that_no_correct_node_holds() {
-        let data = pattern(9, 1);
-        let hash = *blake3::hash(&data).as_bytes();
-        let (owner, block) = (OWNER_BASE + 9, HOT[0]);
-        let write =
-            Command::Write { owner, epoch: 0, seq: 1, first: block, hashes: vec![hash], expect: None, data: None };
+        let (prepare, write) = one_write();
         let ctx = ExecCtx::new(1, 1_000, 7, 1);
 
         // Its PrepareData reached no node: ordered, INCOMPLETE everywhere.
@@ -1107,11 +1111,7 @@ mod tests {
         // fetches it in phase 2) — unless both crashed before phase 2 ran.
         for crash in [false, true] {
             let (w, mut nodes) = workload();
-            let prepare = Prepare { owner, epoch: 0, seq: 1, first: block, hashes: vec![hash], data: data.clone() };
-            for i in [1, 2] {
-                let local = w.plane().up(i).cloned().expect("up");
-                w.runtime.block_on(local.prepare(prepare.clone())).expect("prepared");
-            }
+            prepare_on_1_and_2(&w, &prepare);
             for n in &mut nodes {
                 n.execute(&write.encode(), &ctx);
             }
