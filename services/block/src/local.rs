@@ -223,7 +223,11 @@ impl Local {
             let Ok(prepare) = postcard::from_bytes::<Prepare>(&bytes) else { continue };
             *prepares.live.entry(segment).or_default() += 1;
             *prepares.bytes.entry(prepare.owner).or_default() += prepare.data.len();
-            prepares.waiting.insert((prepare.owner, prepare.epoch, prepare.seq), Held { prepare, segment });
+            let (owner, key) = (prepare.owner, (prepare.owner, prepare.epoch, prepare.seq));
+            if let Some(old) = prepares.waiting.insert(key, Held { prepare, segment }) {
+                // Logged twice (a retry): one copy counts, or its segment would never go.
+                prepares.unpin(owner, old.prepare.data.len(), old.segment);
+            }
         }
         let reserved = (0..geometry.blocks).filter(|&b| !geometry.is_preferred(b, index) && store.held(b) != 0).count();
         let reserve_max = (geometry.blocks as f64 * reserve.clamp(0.0, 1.0)) as u64;
@@ -661,9 +665,12 @@ mod tests {
         {
             let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
             local.prepare(p.clone()).await.expect("takes it");
+            // Sent again (a retry): logged twice, counted once.
+            local.prepare(p.clone()).await.expect("takes it");
         }
         let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("reopens");
         assert!(local.has_prepared(2, 1, 1), "the log brought it back");
+        assert_eq!(local.prepared_bytes(), 4096, "once, though logged twice");
         // Replayed WriteData finds it.
         local.executed_write(2, 1, 1, Some(Applied { first: 0, hashes: &p.hashes, data: None, version: 1 }));
         assert_eq!(local.store().held(0), 1);
