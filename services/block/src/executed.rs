@@ -59,9 +59,15 @@ impl Executed {
     }
 }
 
-/// Front end `owner` began `epoch`: its record of an older epoch is of no more use. The
-/// agreed metadata and each node's mirror of it both go through here, so they stay
-/// the same (a record of a later epoch, from writes ordered ahead of their epoch, stays).
+/// Front end `owner`'s write `seq` of `epoch` executed. The agreed metadata and each
+/// node's mirror of it change only through this and [`epoch_began`], so they stay the
+/// same.
+pub fn record(records: &mut BTreeMap<u32, Executed>, owner: u32, epoch: u64, seq: u64) {
+    records.entry(owner).or_insert_with(|| Executed::new(epoch)).record(epoch, seq);
+}
+
+/// Front end `owner` began `epoch`: its record of an older epoch is of no more use (a
+/// record of a later epoch, from writes ordered ahead of their epoch, stays).
 pub fn epoch_began(records: &mut BTreeMap<u32, Executed>, owner: u32, epoch: u64) {
     if records.get(&owner).is_some_and(|e| e.epoch < epoch) {
         records.remove(&owner);

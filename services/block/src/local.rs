@@ -367,7 +367,7 @@ impl Local {
     pub fn executed_write(&self, owner: NodeId, epoch: u64, seq: u64, applied: Option<Applied<'_>>) {
         let taken = {
             let mut p = self.lock();
-            p.executed.entry(owner).or_insert_with(|| Executed::new(epoch)).record(epoch, seq);
+            executed::record(&mut p.executed, owner, epoch, seq);
             p.consume(&(owner, epoch, seq), self.generation.load(Ordering::Acquire))
         };
         let Some(Applied { first, hashes, data, version }) = applied else { return };

@@ -265,7 +265,7 @@ impl Meta {
                     ));
                 }
                 self.head.active.insert(owner, now);
-                self.head.executed.entry(owner).or_insert_with(|| Executed::new(epoch)).record(epoch, seq);
+                executed::record(&mut self.head.executed, owner, epoch, seq);
                 let size = count * u64::from(self.head.geometry.block_size);
                 let reply = match (data.as_ref().map(Vec::len), expect.map(|want| (want, self.get(first).0))) {
                     (Some(len), _) if len as u64 != size => {
