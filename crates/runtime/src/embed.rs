@@ -158,6 +158,14 @@ pub struct PlaneSender {
 }
 
 impl PlaneSender {
+    /// A sender whose messages go to the returned receiver as (to, payload) instead of
+    /// to peers: for a service's tests of what it sends, or an embedder that carries
+    /// the messages itself.
+    pub fn channel(capacity: usize) -> (PlaneSender, mpsc::Receiver<(NodeId, Vec<u8>)>) {
+        let (out, rx) = mpsc::channel(capacity.max(1));
+        (PlaneSender { out }, rx)
+    }
+
     /// Queues `payload` for node `to`. Best effort: a message to a node that is down or
     /// not a peer is dropped (and counted by the sender, `keel_plane_rejected_total`).
     ///

@@ -131,6 +131,8 @@ pub struct FrontStats {
     pub writes_fenced: AtomicU64,
     /// Bad blocks by the node that sent them.
     pub bad_by_node: std::sync::Mutex<std::collections::BTreeMap<NodeId, u64>>,
+    /// The node plane's traffic ([`Peers`]).
+    pub plane: Arc<crate::plane::PlaneStats>,
 }
 
 impl FrontStats {
@@ -812,7 +814,7 @@ pub async fn serve(
         tracing::error!("the block front end needs the node's plane and a client identity");
         return;
     };
-    let peers = Peers::new(local.node(), plane.sender());
+    let peers = Peers::new(local.node(), plane.sender(), stats.plane.clone());
     let blocks = Blocks::new(client, local, meta, peers, members, mode, stats);
     {
         let (peers, local) = (blocks.peers.clone(), blocks.local.clone());

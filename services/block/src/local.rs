@@ -292,60 +292,104 @@ impl Local {
     /// # Errors
     /// What [`Refused`] lists; nothing is kept then.
     pub async fn prepare(&self, prepare: Prepare) -> Result<(), Refused> {
+        self.prepare_many(vec![prepare]).await.pop().unwrap_or_else(|| Err(Refused::Log("no answer".into())))
+    }
+
+    /// [`Local::prepare`] for several PrepareData at once, with one append to the log
+    /// (one hand-off to its writer and one wake-up back, whatever their number). The
+    /// answers are in the order of `prepares`; each is what `prepare` would have said.
+    pub async fn prepare_many(&self, prepares: Vec<Prepare>) -> Vec<Result<(), Refused>> {
+        let mut answers: Vec<Result<(), Refused>> = Vec::with_capacity(prepares.len());
+        let mut checked = Vec::with_capacity(prepares.len());
+        for (i, prepare) in prepares.into_iter().enumerate() {
+            match self.check(&prepare) {
+                Ok(()) => {
+                    answers.push(Ok(()));
+                    checked.push((i, prepare));
+                }
+                Err(why) => answers.push(Err(self.refuse(why))),
+            }
+        }
+        if checked.is_empty() {
+            return answers;
+        }
+        let mut logging = Vec::with_capacity(checked.len());
+        let segment;
+        {
+            let mut p = self.lock();
+            // One generation for the whole batch: the records go to one segment.
+            segment = self.generation.load(Ordering::Acquire);
+            for (i, prepare) in checked {
+                if let Some(why) = p.useless(prepare.owner, prepare.epoch, prepare.seq) {
+                    answers[i] = Err(self.refuse(why));
+                    continue;
+                }
+                let bytes = p.bytes.get(&prepare.owner).copied().unwrap_or(0);
+                if bytes + prepare.data.len() > PREPARED_BYTES_PER_OWNER {
+                    answers[i] = Err(self.refuse(Refused::Busy(prepare.owner)));
+                    continue;
+                }
+                *p.bytes.entry(prepare.owner).or_default() += prepare.data.len();
+                *p.live.entry(segment).or_default() += 1;
+                logging.push((i, prepare));
+            }
+        }
+        if logging.is_empty() {
+            return answers;
+        }
+        let records = logging.iter().map(|(_, prepare)| postcard::to_allocvec(prepare).unwrap_or_default()).collect();
+        if let Err(e) = self.log.append(segment, records).await {
+            let mut p = self.lock();
+            for (i, prepare) in logging {
+                p.unpin(prepare.owner, prepare.data.len(), segment);
+                answers[i] = Err(self.refuse(Refused::Log(e.to_string())));
+            }
+            return answers;
+        }
+        let mut p = self.lock();
+        for (i, prepare) in logging {
+            // The epoch may have ended, or the write executed, while the record was being
+            // logged: `collect` or `executed_write` ran before it was here to drop, and
+            // nothing would drop it later (an absent front end's epoch ends once), so it
+            // is refused now as it would have been before.
+            if let Some(why) = p.useless(prepare.owner, prepare.epoch, prepare.seq) {
+                p.unpin(prepare.owner, prepare.data.len(), segment);
+                answers[i] = Err(self.refuse(why));
+                continue;
+            }
+            let key = (prepare.owner, prepare.epoch, prepare.seq);
+            if let Some(old) = p.waiting.insert(key, Held { prepare, segment }) {
+                // The same write prepared twice (a retry): one copy counts.
+                p.unpin(key.0, old.prepare.data.len(), old.segment);
+            }
+            self.stats.prepares.fetch_add(1, Ordering::Relaxed);
+        }
+        answers
+    }
+
+    /// What can be told of a PrepareData without this node's state: its range, its
+    /// size, its hashes, and room in the reserve for its blocks outside this node's
+    /// preferred slices.
+    fn check(&self, prepare: &Prepare) -> Result<(), Refused> {
         let count = prepare.hashes.len() as u64;
         let bs = self.geometry.bs();
         if count == 0 || prepare.first.checked_add(count).is_none_or(|end| end > self.geometry.blocks) {
-            return Err(self.refuse(Refused::Malformed(format!("blocks {}+{count} out of range", prepare.first))));
+            return Err(Refused::Malformed(format!("blocks {}+{count} out of range", prepare.first)));
         }
         if prepare.data.len() != count as usize * bs {
-            return Err(self.refuse(Refused::Malformed(format!("{} bytes for {count} blocks", prepare.data.len()))));
+            return Err(Refused::Malformed(format!("{} bytes for {count} blocks", prepare.data.len())));
         }
         // The hashes are what the WriteData will name: data that does not match them
         // could never be used, so it is refused here rather than stored.
         if prepare.data.chunks_exact(bs).zip(&prepare.hashes).any(|(d, h)| blake3::hash(d).as_bytes() != h) {
-            return Err(self.refuse(Refused::Malformed("data does not match its hashes".into())));
+            return Err(Refused::Malformed("data does not match its hashes".into()));
         }
         let outside = (prepare.first..prepare.first + count)
             .filter(|&b| !self.geometry.is_preferred(b, self.index))
             .count() as u64;
         if outside > 0 && self.reserved.load(Ordering::Relaxed) + outside > self.reserve_max {
-            return Err(self.refuse(Refused::ReserveFull(self.reserve_max)));
+            return Err(Refused::ReserveFull(self.reserve_max));
         }
-        let segment;
-        {
-            let mut p = self.lock();
-            if let Some(why) = p.useless(prepare.owner, prepare.epoch, prepare.seq) {
-                return Err(self.refuse(why));
-            }
-            let bytes = p.bytes.get(&prepare.owner).copied().unwrap_or(0);
-            if bytes + prepare.data.len() > PREPARED_BYTES_PER_OWNER {
-                return Err(self.refuse(Refused::Busy(prepare.owner)));
-            }
-            *p.bytes.entry(prepare.owner).or_default() += prepare.data.len();
-            segment = self.generation.load(Ordering::Acquire);
-            *p.live.entry(segment).or_default() += 1;
-        }
-        let record = postcard::to_allocvec(&prepare).unwrap_or_default();
-        let key = (prepare.owner, prepare.epoch, prepare.seq);
-        if let Err(e) = self.log.append(segment, record).await {
-            self.lock().unpin(prepare.owner, prepare.data.len(), segment);
-            return Err(self.refuse(Refused::Log(e.to_string())));
-        }
-        let mut p = self.lock();
-        // The epoch may have ended, or the write executed, while the record was being
-        // logged: `collect` or `executed_write` ran before it was here to drop, and
-        // nothing would drop it later (an absent front end's epoch ends once), so it is
-        // refused now as it would have been before.
-        if let Some(why) = p.useless(prepare.owner, prepare.epoch, prepare.seq) {
-            p.unpin(prepare.owner, prepare.data.len(), segment);
-            drop(p);
-            return Err(self.refuse(why));
-        }
-        if let Some(old) = p.waiting.insert(key, Held { prepare, segment }) {
-            // The same write prepared twice (a retry): one copy counts.
-            p.unpin(key.0, old.prepare.data.len(), old.segment);
-        }
-        self.stats.prepares.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

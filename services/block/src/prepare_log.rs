@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 const RECORD_MAX: usize = keel::core::codec::PLANE_BYTES_MAX + 4096;
 
 enum Job {
-    Append { segment: u64, record: Vec<u8>, done: oneshot::Sender<io::Result<()>> },
+    Append { segment: u64, records: Vec<Vec<u8>>, done: oneshot::Sender<io::Result<()>> },
     Delete { segment: u64 },
 }
 
@@ -81,12 +81,12 @@ impl PrepareLog {
         Ok((PrepareLog { jobs: Some(jobs), writer: Some(writer) }, records))
     }
 
-    /// Appends `record` to `segment`; resolves once it is durable (fsynced, unless the
-    /// node runs with fsync = never).
-    pub async fn append(&self, segment: u64, record: Vec<u8>) -> io::Result<()> {
+    /// Appends `records` to `segment`, in order; resolves once they are durable
+    /// (fsynced, unless the node runs with fsync = never).
+    pub async fn append(&self, segment: u64, records: Vec<Vec<u8>>) -> io::Result<()> {
         let (done, rx) = oneshot::channel();
         let jobs = self.jobs.as_ref().ok_or_else(stopped)?;
-        jobs.send(Job::Append { segment, record, done }).map_err(|_| stopped())?;
+        jobs.send(Job::Append { segment, records, done }).map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?
     }
 
@@ -106,8 +106,12 @@ fn segment_path(dir: &Path, segment: u64) -> PathBuf {
     dir.join(format!("{segment:012}.log"))
 }
 
+/// Most bytes the writer keeps allocated for framing between batches.
+const BUFFER_KEPT: usize = 8 << 20;
+
 fn writer(dir: &Path, sync: bool, jobs: &std_mpsc::Receiver<Job>) {
     let mut open: Option<(u64, File)> = None;
+    let mut framed = Framed::default();
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
         while let Ok(more) = jobs.try_recv() {
@@ -115,31 +119,32 @@ fn writer(dir: &Path, sync: bool, jobs: &std_mpsc::Receiver<Job>) {
         }
         let mut waiting = Vec::new();
         let mut failed: Option<io::ErrorKind> = None;
-        let mut dirty = false;
         for job in batch {
             match job {
                 Job::Delete { segment } => {
+                    note(&mut failed, framed.write_out(dir, &mut open));
                     if open.as_ref().is_some_and(|(s, _)| *s == segment) {
                         open = None;
                     }
                     let _ = std::fs::remove_file(segment_path(dir, segment));
                 }
-                Job::Append { segment, record, done } => {
-                    let result = append(dir, &mut open, segment, &record);
-                    if let Err(e) = &result {
-                        failed = Some(e.kind());
+                Job::Append { segment, records, done } => {
+                    if framed.segment.is_some_and(|s| s != segment) {
+                        note(&mut failed, framed.write_out(dir, &mut open));
                     }
-                    dirty = true;
+                    framed.push(segment, &records);
                     waiting.push(done);
                 }
             }
         }
-        if dirty && failed.is_none() && sync {
+        note(&mut failed, framed.write_out(dir, &mut open));
+        if !waiting.is_empty() && failed.is_none() && sync {
             if let Some((_, f)) = &open {
-                if let Err(e) = f.sync_data() {
-                    failed = Some(e.kind());
-                }
+                note(&mut failed, f.sync_data());
             }
+        }
+        if framed.bytes.capacity() > BUFFER_KEPT {
+            framed.bytes = Vec::new();
         }
         for done in waiting {
             let _ = done.send(match failed {
@@ -150,21 +155,49 @@ fn writer(dir: &Path, sync: bool, jobs: &std_mpsc::Receiver<Job>) {
     }
 }
 
-/// Appends one record; a switch of segment syncs the one left first.
-fn append(dir: &Path, open: &mut Option<(u64, File)>, segment: u64, record: &[u8]) -> io::Result<()> {
-    if open.as_ref().is_none_or(|(s, _)| *s != segment) {
-        if let Some((_, old)) = open.take() {
-            old.sync_data()?;
-        }
-        let f = OpenOptions::new().create(true).append(true).open(segment_path(dir, segment))?;
-        *open = Some((segment, f));
+/// Keeps the kind of `r`'s error, if any: every append of the batch fails with it.
+fn note(failed: &mut Option<io::ErrorKind>, r: io::Result<()>) {
+    if let Err(e) = r {
+        *failed = Some(e.kind());
     }
-    let Some((_, f)) = open.as_mut() else { return Err(stopped()) };
-    let mut framed = Vec::with_capacity(record.len() + 8);
-    framed.extend_from_slice(&(record.len() as u32).to_le_bytes());
-    framed.extend_from_slice(&crc32c::crc32c(record).to_le_bytes());
-    framed.extend_from_slice(record);
-    f.write_all(&framed)
+}
+
+/// Records framed for one segment, written with one call: a batch costs one write, not
+/// one per record.
+#[derive(Default)]
+struct Framed {
+    segment: Option<u64>,
+    bytes: Vec<u8>,
+}
+
+impl Framed {
+    fn push(&mut self, segment: u64, records: &[Vec<u8>]) {
+        self.segment = Some(segment);
+        for record in records {
+            self.bytes.extend_from_slice(&(record.len() as u32).to_le_bytes());
+            self.bytes.extend_from_slice(&crc32c::crc32c(record).to_le_bytes());
+            self.bytes.extend_from_slice(record);
+        }
+    }
+
+    /// Writes what is framed to its segment's file; a switch of segment syncs the one
+    /// left first.
+    fn write_out(&mut self, dir: &Path, open: &mut Option<(u64, File)>) -> io::Result<()> {
+        let Some(segment) = self.segment.take() else { return Ok(()) };
+        let result = (|| {
+            if open.as_ref().is_none_or(|(s, _)| *s != segment) {
+                if let Some((_, old)) = open.take() {
+                    old.sync_data()?;
+                }
+                let f = OpenOptions::new().create(true).append(true).open(segment_path(dir, segment))?;
+                *open = Some((segment, f));
+            }
+            let Some((_, f)) = open.as_mut() else { return Err(stopped()) };
+            f.write_all(&self.bytes)
+        })();
+        self.bytes.clear();
+        result
+    }
 }
 
 #[cfg(test)]
@@ -177,12 +210,15 @@ mod tests {
         {
             let (log, old) = PrepareLog::open(dir.path(), true).expect("opens");
             assert!(old.is_empty());
-            log.append(1, b"one".to_vec()).await.expect("appends");
-            log.append(1, b"two".to_vec()).await.expect("appends");
-            log.append(2, b"three".to_vec()).await.expect("appends");
-            log.append(3, b"four".to_vec()).await.expect("appends");
+            log.append(1, vec![b"one".to_vec(), b"two".to_vec()]).await.expect("appends");
+            // Queued together, often one batch of the writer: each segment's records in order.
+            let (a, b) = tokio::join!(
+                log.append(2, vec![b"three".to_vec()]),
+                log.append(3, vec![b"four".to_vec(), b"4".to_vec()])
+            );
+            a.and(b).expect("appends");
             log.delete(3);
-            log.append(2, b"five".to_vec()).await.expect("appends");
+            log.append(2, vec![b"five".to_vec()]).await.expect("appends");
         }
         // A crash in the middle of an append leaves half a record.
         let mut f = OpenOptions::new().append(true).open(segment_path(dir.path(), 2)).expect("opens");

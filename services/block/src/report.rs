@@ -51,6 +51,20 @@ impl ServiceReport for BlockReport {
             "Writes executed without their data here (INCOMPLETE)",
             &l.writes_incomplete,
         );
+        let plane = &self.front.plane;
+        counter(
+            &mut out,
+            "plane_dropped",
+            "Node-plane messages from peers dropped (malformed, over a bound, or answering nothing asked)",
+            &plane.dropped,
+        );
+        counter(
+            &mut out,
+            "plane_batches",
+            "Node-plane messages sent carrying several PrepareData or answers",
+            &plane.batches,
+        );
+        counter(&mut out, "plane_batched", "PrepareData and answers sent in such batches", &plane.batched);
         counter(&mut out, "store_errors", "I/O errors of the block data files", &l.store_errors);
         counter(
             &mut out,
