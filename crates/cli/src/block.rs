@@ -60,7 +60,10 @@ fn status(dir: &std::path::Path) -> ExitCode {
     }
     let mut all_up = true;
     for setup in &setups {
-        let url = setup.front_end.as_ref().map_or("-".to_string(), |fe| format!("nbd://{}", fe.listen));
+        let url = setup.front_end.as_ref().map_or("-".to_string(), |fe| {
+            let tls = keel_block::tls::FrontOptions::from_settings(&fe.options, &fe.dir).is_ok_and(|o| o.tls.is_some());
+            format!("{}://{}", if tls { "nbds" } else { "nbd" }, fe.listen)
+        });
         match keel_runtime::metrics::fetch_status(setup.metrics, Duration::from_secs(2)) {
             Ok(s) => {
                 println!("node {}: {url}", setup.id);

@@ -98,6 +98,12 @@ pub struct InitArgs {
     /// and the nodes drop the PrepareData it left (default 60).
     #[arg(long, help_heading = "block service")]
     epoch_idle_s: Option<String>,
+    /// block: require TLS on the NBD ports. Each node gets a certificate for its
+    /// address, and DIR/nbd-client/ the CA and a client certificate, the layout of
+    /// libnbd's tls-certificates= and qemu's tls-creds-x509 (clients without a
+    /// certificate the cluster CA signed are refused).
+    #[arg(long, help_heading = "block service")]
+    nbd_tls: bool,
 }
 
 /// `[service_options]` from the service's own flags: the block store's, for `--service
@@ -125,6 +131,9 @@ fn service_options(a: &InitArgs) -> Result<std::collections::BTreeMap<String, St
         ("epoch_idle_s", &a.epoch_idle_s),
     ];
     if a.service.as_deref() != Some("block") {
+        if a.nbd_tls {
+            return Err("--nbd-tls is a block service option (--service block)".into());
+        }
         if let Some((name, _)) = given.iter().find(|(_, v)| v.is_some()) {
             return Err(format!(
                 "--{} is a block service option (--service block)",
@@ -268,8 +277,19 @@ pub fn run_init(mut a: InitArgs) -> ExitCode {
         service_options,
         genesis,
     };
-    match init(&a.dir, &o) {
-        Ok(()) => {
+    let provisioned = init(&a.dir, &o).map_err(|e| e.to_string()).and_then(|()| {
+        if !a.nbd_tls {
+            return Ok(None);
+        }
+        let client_dir = keel_block::tls::provision(&a.dir)?;
+        // The bundles were copied before the NBD files existed.
+        for (i, host) in o.hosts.iter().enumerate() {
+            keel_runtime::config::write_bundle(&a.dir, i as u32, host).map_err(|e| e.to_string())?;
+        }
+        Ok(Some(client_dir))
+    });
+    match provisioned {
+        Ok(nbd_client_dir) => {
             let mut stages = Vec::new();
             if separated || rq_separated {
                 stages.push(format!("{order} order nodes"));
@@ -325,13 +345,19 @@ pub fn run_init(mut a: InitArgs) -> ExitCode {
                 );
                 if o.service == "block" {
                     let s = keel_block::Settings::from_map(&o.service_options).unwrap_or_default();
+                    let host = o.hosts.first().unwrap_or(&o.host);
+                    let url = match &nbd_client_dir {
+                        Some(certs) => {
+                            let certs = std::fs::canonicalize(certs).unwrap_or_else(|_| certs.clone());
+                            format!("nbds://{host}:{first}/?tls-certificates={}", certs.display())
+                        }
+                        None => format!("nbd://{host}:{first}"),
+                    };
                     println!(
-                        "block export: {} bytes in blocks of {}, mode {}; connect to any node: nbd://{}:{}",
+                        "block export: {} bytes in blocks of {}, mode {}; connect to any node: {url}",
                         s.size,
                         s.block_size,
                         s.mode.name(),
-                        o.hosts.first().unwrap_or(&o.host),
-                        first
                     );
                 }
             }

@@ -210,6 +210,11 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         .map_err(|e| NodeError::Runtime(format!("block data in {}: {e}", setup.data_dir.display())))?;
     let local = Arc::new(local);
     let meta = Arc::new(RwLock::new(Meta::new(geometry)));
+    let options = keel_block::tls::FrontOptions::from_settings(&fe.options, &fe.dir).map_err(NodeError::Runtime)?;
+    let tls = match &options.tls {
+        Some(files) => Some(keel_block::tls::acceptor(&setup.ca_pem, files).map_err(NodeError::Runtime)?),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(fe.listen)
         .await
         .map_err(|e| NodeError::Runtime(format!("NBD port {}: {e}", fe.listen)))?;
@@ -230,12 +235,13 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         .node_plane(|_, _| true)
         .report(report)
         .front_end(move |front_end| {
-            front::serve(front_end, listener, local, meta, members, settings.mode, stats, recovery)
+            front::serve(front_end, listener, local, meta, members, settings.mode, stats, recovery, tls)
         })
         .start()
         .await?;
-    tracing::info!(node = id, nbd = %fe.listen, "serving NBD clients");
-    eprintln!("node {id}: NBD clients on nbd://{}", fe.listen);
+    let scheme = if options.tls.is_some() { "nbds" } else { "nbd" };
+    tracing::info!(node = id, nbd = %fe.listen, tls = options.tls.is_some(), "serving NBD clients");
+    eprintln!("node {id}: NBD clients on {scheme}://{}", fe.listen);
     node.run_until(stopped(stop)).await
 }
 

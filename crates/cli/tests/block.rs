@@ -59,10 +59,14 @@ fn block_cluster(extra: &[&str]) -> (Cluster, Vec<SocketAddr>) {
 
 /// Until `nbdinfo --size` answers (the front end serves once it has its epoch).
 fn wait_ready(addr: SocketAddr) {
+    wait_ready_at(addr, &url(addr));
+}
+
+fn wait_ready_at(addr: SocketAddr, url: &str) {
     let started = Instant::now();
     loop {
         let mut c = tool("nbdinfo");
-        c.args(["--size", &url(addr)]);
+        c.args(["--size", url]);
         let out = run(c);
         if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == SIZE.to_string() {
             return;
@@ -733,4 +737,117 @@ fn malformed_nbd_input_gets_an_error_or_a_closed_connection_and_is_counted() {
     // The node is still fine.
     let out = qemu_io(&url(addr), &["write -P 0x61 0 4096", "read -P 0x61 0 4096"]);
     assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{out}");
+}
+
+/// An NBD option request.
+fn option(option: u32, data: &[u8]) -> Vec<u8> {
+    let mut o = b"IHAVEOPT".to_vec();
+    o.extend_from_slice(&option.to_be_bytes());
+    o.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    o.extend_from_slice(data);
+    o
+}
+
+/// The next option reply: (option, reply type, data).
+fn option_reply(s: &mut TcpStream) -> (u32, u32, Vec<u8>) {
+    let mut b = [0u8; 20];
+    s.read_exact(&mut b).expect("option reply");
+    assert_eq!(u64::from_be_bytes(b[0..8].try_into().expect("8")), 0x0003_e889_0455_65a9, "reply magic");
+    let len = u32::from_be_bytes(b[16..20].try_into().expect("4"));
+    let mut data = vec![0u8; len as usize];
+    s.read_exact(&mut data).expect("reply data");
+    (u32::from_be_bytes(b[8..12].try_into().expect("4")), u32::from_be_bytes(b[12..16].try_into().expect("4")), data)
+}
+
+/// A connection past the greeting, fixed newstyle without zeroes.
+fn greeted(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connects");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).expect("greeting");
+    assert_eq!(&greeting[8..16], b"IHAVEOPT");
+    s.write_all(&3u32.to_be_bytes()).expect("client flags");
+    s
+}
+
+#[test]
+fn nbd_over_tls_serves_clients_the_cluster_ca_certified_and_no_one_else() {
+    let size = SIZE.to_string();
+    let c = Cluster::init_args(1, 1, &["--service", "block", "--size", &size, "--nbd-tls"]);
+    let fronts = c.front_ends();
+    assert_eq!(fronts.len(), 4, "an NBD port per node");
+    let certs = c.path().join("nbd-client");
+    let tls = |addr: SocketAddr| format!("nbds://{addr}/?tls-certificates={}", certs.display());
+    for addr in &fronts {
+        wait_ready_at(*addr, &tls(*addr));
+    }
+    let info = ok({
+        let mut i = tool("nbdinfo");
+        i.arg(tls(fronts[0]));
+        i
+    });
+    assert!(info.contains("with TLS"), "{info}");
+
+    // Real clients over TLS: nbdcopy in and out through different nodes, qemu-io with
+    // qemu's own x509 credentials on a third.
+    let img = random_file(c.path(), "random.img", 4 << 20, 11);
+    let mut copy = tool("nbdcopy");
+    copy.arg(&img).arg(tls(fronts[1]));
+    ok(copy);
+    let back = c.path().join("back.img");
+    let mut copy = tool("nbdcopy");
+    copy.args(["--requests=4"]).arg(tls(fronts[2])).arg(&back);
+    ok(copy);
+    let back = std::fs::read(&back).expect("read");
+    assert!(std::fs::read(&img).expect("read")[..] == back[..4 << 20], "nbdcopy over TLS differs");
+    let mut q = tool("qemu-io");
+    q.arg("--object")
+        .arg(format!("tls-creds-x509,id=tls0,dir={},endpoint=client", certs.display()))
+        .arg("--image-opts")
+        .arg(format!("driver=nbd,host={},port={},tls-creds=tls0", fronts[3].ip(), fronts[3].port()))
+        .args(["-c", "write -P 0x5a 8M 64k", "-c", "read -P 0x5a 8M 64k", "-c", "read -P 0 9M 4k"]);
+    let out = ok(q);
+    assert!(out.contains("read 65536/65536") && !out.contains("Pattern verification"), "{out}");
+
+    // Without TLS, without a client certificate, or with one another CA signed: refused.
+    let plain = run({
+        let mut i = tool("nbdinfo");
+        i.arg(url(fronts[0]));
+        i
+    });
+    assert!(!plain.status.success(), "a plain client got in");
+    let ca_only = c.path().join("ca-only");
+    std::fs::create_dir_all(&ca_only).expect("dir");
+    std::fs::copy(certs.join("ca-cert.pem"), ca_only.join("ca-cert.pem")).expect("copy");
+    let other = tempfile::tempdir().expect("tempdir");
+    let mut init = Command::new(support::KEEL);
+    init.args(["init", "--service", "block", "--size", "1M", "--nbd-tls", "--force", "--dir"]).arg(other.path());
+    ok(init);
+    let foreign = c.path().join("foreign");
+    std::fs::create_dir_all(&foreign).expect("dir");
+    std::fs::copy(certs.join("ca-cert.pem"), foreign.join("ca-cert.pem")).expect("copy");
+    for f in ["client-cert.pem", "client-key.pem"] {
+        std::fs::copy(other.path().join("nbd-client").join(f), foreign.join(f)).expect("copy");
+    }
+    for dir in [&ca_only, &foreign] {
+        let mut i = tool("nbdinfo");
+        i.arg(format!("nbds://{}/?tls-certificates={}", fronts[0], dir.display()));
+        let out = run(i);
+        assert!(!out.status.success(), "a client with {} got in", dir.display());
+    }
+
+    // The protocol's rules, on the wire: options before STARTTLS get TLS_REQD, STARTTLS
+    // with data is invalid, and NBD_OPT_EXPORT_NAME (which has no error reply) closes.
+    let mut s = greeted(fronts[0]);
+    s.write_all(&option(7, &[0, 0, 0, 0, 0, 0])).expect("go");
+    assert_eq!(option_reply(&mut s).1, (1 << 31) + 5, "NBD_REP_ERR_TLS_REQD before TLS");
+    s.write_all(&option(5, b"x")).expect("starttls with data");
+    assert_eq!(option_reply(&mut s).1, (1 << 31) + 3, "NBD_REP_ERR_INVALID");
+    s.write_all(&option(5, &[])).expect("starttls");
+    assert_eq!(option_reply(&mut s).1, 1, "NBD_REP_ACK, then the TLS handshake");
+    let mut s = greeted(fronts[0]);
+    s.write_all(&option(1, &[])).expect("export name");
+    assert!(closed(&mut s), "NBD_OPT_EXPORT_NAME before TLS must close the connection");
+    let m = c.metrics(0);
+    assert!(metric(&m, "keel_block_nbd_tls_refused_total") >= 5, "refusals not counted:\n{m}");
 }

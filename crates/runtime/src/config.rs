@@ -49,7 +49,10 @@ fn write(path: &Path, text: &str) -> Result<(), ConfigFileError> {
 /// Writes a file only its owner may read (0600): private keys, and the node and client
 /// files that hold signing seeds and MAC keys. Created so from the start, never world-
 /// readable in between.
-fn write_secret(path: &Path, text: impl AsRef<[u8]>) -> Result<(), ConfigFileError> {
+///
+/// # Errors
+/// The file cannot be written.
+pub fn write_secret(path: &Path, text: impl AsRef<[u8]>) -> Result<(), ConfigFileError> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let io = |source| ConfigFileError::Io { path: path.to_path_buf(), source };
@@ -427,6 +430,8 @@ pub struct FrontEndSetup {
     pub listen: SocketAddr,
     pub client: ClientSetup,
     pub options: BTreeMap<String, String>,
+    /// The node file's directory, which paths among `options` are relative to.
+    pub dir: PathBuf,
 }
 
 /// `[faults]` in node.toml: makes this node misbehave in ways a test needs and a
@@ -507,6 +512,25 @@ impl NodeSetup {
 }
 
 impl NodeFile {
+    /// Rewrites the node file at `path` with `edit` applied (still 0600): for provisioning
+    /// that a service adds after `keel init` (the block service's NBD TLS files).
+    ///
+    /// # Errors
+    /// The file cannot be read, parsed or written.
+    pub fn edit(path: &Path, edit: impl FnOnce(&mut NodeFile)) -> Result<(), ConfigFileError> {
+        let mut f = NodeFile::read(path)?;
+        edit(&mut f);
+        write_secret(path, toml::to_string(&f).unwrap_or_default())
+    }
+
+    /// The node file at `path` as written, nothing it names loaded ([`NodeFile::load`]).
+    ///
+    /// # Errors
+    /// The file cannot be read or parsed.
+    pub fn read(path: &Path) -> Result<NodeFile, ConfigFileError> {
+        parse(path)
+    }
+
     pub fn load(path: &Path) -> Result<NodeSetup, ConfigFileError> {
         let f: NodeFile = parse(path)?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -553,6 +577,7 @@ impl NodeFile {
                 listen: fe.listen,
                 client: ClientFile::load(&base.join(&fe.client))?,
                 options: fe.options.clone(),
+                dir: base.to_path_buf(),
             }),
             None => None,
         };

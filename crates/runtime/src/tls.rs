@@ -77,12 +77,20 @@ pub fn generate_ca() -> Result<Credentials, TlsError> {
 
 /// Issues a certificate for `who`, signed by the CA.
 pub fn issue(ca: &Credentials, who: PeerId) -> Result<Credentials, TlsError> {
+    issue_named(ca, &who.name(), &[format!("{}.keel", who.name())])
+}
+
+/// Issues a certificate for `common_name` with the DNS names and IP addresses `names`,
+/// signed by the CA. Under a name that is no Keel identity (not `node-N`, `client-N`) the
+/// cluster's transport refuses it: for a service's own TLS port, its server or clients.
+pub fn issue_named(ca: &Credentials, common_name: &str, names: &[String]) -> Result<Credentials, TlsError> {
     let ca_key = KeyPair::from_pem(&ca.key_pem)?;
     let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key)?;
     let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(vec![format!("{}.keel", who.name())])?;
+    // rcgen takes a name that parses as an IP address as an IP address entry.
+    let mut params = CertificateParams::new(names.to_vec())?;
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, who.name());
+    dn.push(DnType::CommonName, common_name);
     params.distinguished_name = dn;
     let cert = params.signed_by(&key, &issuer)?;
     Ok(Credentials { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
@@ -152,6 +160,11 @@ mod tests {
             server_config(&ca.cert_pem, &c).expect("server config");
             client_config(&ca.cert_pem, &c).expect("client config");
         }
+        let named = issue_named(&ca, "nbd-client", &[]).expect("issue");
+        let der = certs(&named.cert_pem).expect("pem").remove(0);
+        assert_eq!(peer_identity(&der), None, "no Keel identity: the transport refuses it");
+        server_config(&ca.cert_pem, &issue_named(&ca, "nbd-node-0", &["127.0.0.1".into()]).expect("issue"))
+            .expect("server config");
         assert_eq!(PeerId::parse("node-x"), None);
         assert_eq!(PeerId::parse("admin"), None);
     }

@@ -27,9 +27,10 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::TlsAcceptor;
 
 /// How a cluster replicates block data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,6 +132,9 @@ pub struct FrontStats {
     pub writes_fenced: AtomicU64,
     /// Bad blocks by the node that sent them.
     pub bad_by_node: std::sync::Mutex<std::collections::BTreeMap<NodeId, u64>>,
+    /// NBD connections refused for TLS: options before STARTTLS on a port that requires
+    /// it, or a TLS handshake that failed (no client certificate the cluster CA signed).
+    pub tls_refused: AtomicU64,
     /// The node plane's traffic ([`Peers`]).
     pub plane: Arc<crate::plane::PlaneStats>,
 }
@@ -809,6 +813,7 @@ pub async fn serve(
     mode: Mode,
     stats: Arc<FrontStats>,
     recovery: Arc<crate::recovery::Recovery>,
+    tls: Option<TlsAcceptor>,
 ) {
     let (Some(mut plane), Some(client)) = (front.take_plane(), front.client().cloned()) else {
         tracing::error!("the block front end needs the node's plane and a client identity");
@@ -840,10 +845,10 @@ pub async fn serve(
                     continue;
                 }
                 let _ = stream.set_nodelay(true);
-                let blocks = blocks.clone();
+                let (blocks, tls) = (blocks.clone(), tls.clone());
                 tokio::spawn(async move {
                     blocks.stats.connections.fetch_add(1, Ordering::Relaxed);
-                    if let Err(e) = connection(stream, &blocks).await {
+                    if let Err(e) = connection(stream, &blocks, tls).await {
                         tracing::debug!(error = %e, "NBD connection ended");
                     }
                     blocks.stats.connections.fetch_sub(1, Ordering::Relaxed);
@@ -861,6 +866,8 @@ enum ConnError {
     Protocol(String),
     #[error("the handshake took too long")]
     Slow,
+    #[error("TLS handshake: {0}")]
+    Tls(String),
 }
 
 /// Flags of the export as the transmission phase offers it.
@@ -878,23 +885,54 @@ fn known_export(name: &[u8]) -> bool {
     name.is_empty() || name == b"keel"
 }
 
-async fn connection(mut stream: TcpStream, blocks: &Arc<Blocks>) -> Result<(), ConnError> {
-    let no_zeroes = match tokio::time::timeout(HANDSHAKE_WITHIN, handshake(&mut stream, blocks)).await {
-        Ok(Ok(Some(no_zeroes))) => no_zeroes,
+/// Where option haggling left a connection.
+enum Haggled {
+    /// The client chose the export: transmission begins.
+    Go,
+    /// The client aborted, or TLS was required and it asked for the export without it
+    /// (no reply is possible then).
+    End,
+    /// The client asked for TLS and was told yes: the handshake comes next.
+    StartTls,
+}
+
+/// The stream once negotiated, plain or in TLS.
+enum Negotiated {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+async fn connection(stream: TcpStream, blocks: &Arc<Blocks>, tls: Option<TlsAcceptor>) -> Result<(), ConnError> {
+    let negotiated = match tokio::time::timeout(HANDSHAKE_WITHIN, negotiate(stream, blocks, tls)).await {
+        Ok(Ok(Some(n))) => n,
         Ok(Ok(None)) => return Ok(()),
         Ok(Err(e)) => {
-            blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
+            if !matches!(e, ConnError::Tls(_)) {
+                blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
+            }
             return Err(e);
         }
         Err(_) => return Err(ConnError::Slow),
     };
-    let _ = no_zeroes;
-    transmission(stream, blocks).await
+    match negotiated {
+        Negotiated::Plain(stream) => {
+            let (rd, wr) = stream.into_split();
+            transmission(rd, wr, blocks).await
+        }
+        Negotiated::Tls(stream) => {
+            let (rd, wr) = tokio::io::split(*stream);
+            transmission(rd, wr, blocks).await
+        }
+    }
 }
 
-/// Option haggling; Some(client asked for no zeroes) once the client chose the export
-/// and transmission begins, None if it aborted.
-async fn handshake(stream: &mut TcpStream, blocks: &Arc<Blocks>) -> Result<Option<bool>, ConnError> {
+/// The greeting and option haggling, with TLS first if the port requires it; None if
+/// the client went away without choosing the export.
+async fn negotiate(
+    mut stream: TcpStream,
+    blocks: &Arc<Blocks>,
+    tls: Option<TlsAcceptor>,
+) -> Result<Option<Negotiated>, ConnError> {
     stream.write_all(&nbd::greeting()).await?;
     let client_flags = stream.read_u32().await?;
     if client_flags & !(nbd::CLIENT_FIXED_NEWSTYLE | nbd::CLIENT_NO_ZEROES) != 0
@@ -903,8 +941,50 @@ async fn handshake(stream: &mut TcpStream, blocks: &Arc<Blocks>) -> Result<Optio
         return Err(ConnError::Protocol(format!("client flags {client_flags:#x}")));
     }
     let no_zeroes = client_flags & nbd::CLIENT_NO_ZEROES != 0;
+    let Some(acceptor) = tls else {
+        return Ok(match haggle(&mut stream, blocks, no_zeroes, TlsState::Off).await? {
+            Haggled::Go => Some(Negotiated::Plain(stream)),
+            Haggled::End | Haggled::StartTls => None,
+        });
+    };
+    match haggle(&mut stream, blocks, no_zeroes, TlsState::Required).await? {
+        Haggled::StartTls => {}
+        Haggled::Go | Haggled::End => return Ok(None),
+    }
+    let mut stream = match acceptor.accept(stream).await {
+        Ok(s) => s,
+        Err(e) => {
+            // No client certificate the cluster CA signed, or no TLS at all.
+            blocks.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+            return Err(ConnError::Tls(e.to_string()));
+        }
+    };
+    Ok(match haggle(&mut stream, blocks, no_zeroes, TlsState::On).await? {
+        Haggled::Go => Some(Negotiated::Tls(Box::new(stream))),
+        Haggled::End | Haggled::StartTls => None,
+    })
+}
+
+/// TLS on this connection: not offered, required but not yet begun, or on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TlsState {
+    Off,
+    Required,
+    On,
+}
+
+/// Option haggling (fixed newstyle), until the client chooses the export, aborts, or
+/// (while TLS is required and not yet on) is told to begin TLS.
+async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    blocks: &Arc<Blocks>,
+    no_zeroes: bool,
+    tls: TlsState,
+) -> Result<Haggled, ConnError> {
     let size = blocks.size();
     let bs = blocks.local.geometry().block_size;
+    // Counted once per connection, however many options it tries without TLS.
+    let mut refused = false;
     loop {
         let mut header = [0u8; 16];
         stream.read_exact(&mut header).await?;
@@ -914,6 +994,18 @@ async fn handshake(stream: &mut TcpStream, blocks: &Arc<Blocks>) -> Result<Optio
         }
         let mut data = vec![0u8; len as usize];
         stream.read_exact(&mut data).await?;
+        if tls == TlsState::Required && !matches!(option, nbd::OPT_STARTTLS | nbd::OPT_ABORT) {
+            if !refused {
+                refused = true;
+                blocks.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+            }
+            if option == nbd::OPT_EXPORT_NAME {
+                // This option has no error reply: the NBD protocol says to disconnect.
+                return Ok(Haggled::End);
+            }
+            stream.write_all(&nbd::option_reply(option, nbd::REP_ERR_TLS_REQD, b"this port requires TLS")).await?;
+            continue;
+        }
         match option {
             nbd::OPT_EXPORT_NAME => {
                 if !known_export(&data) {
@@ -924,11 +1016,11 @@ async fn handshake(stream: &mut TcpStream, blocks: &Arc<Blocks>) -> Result<Optio
                 if !no_zeroes {
                     stream.write_all(&[0u8; 124]).await?;
                 }
-                return Ok(Some(no_zeroes));
+                return Ok(Haggled::Go);
             }
             nbd::OPT_ABORT => {
                 let _ = stream.write_all(&nbd::option_reply(option, nbd::REP_ACK, &[])).await;
-                return Ok(None);
+                return Ok(Haggled::End);
             }
             nbd::OPT_LIST => {
                 let reply = if data.is_empty() {
@@ -973,13 +1065,21 @@ async fn handshake(stream: &mut TcpStream, blocks: &Arc<Blocks>) -> Result<Optio
                 let go = option == nbd::OPT_GO && ok;
                 stream.write_all(&reply).await?;
                 if go {
-                    return Ok(Some(no_zeroes));
+                    return Ok(Haggled::Go);
                 }
             }
             nbd::OPT_STARTTLS => {
-                stream
-                    .write_all(&nbd::option_reply(option, nbd::REP_ERR_POLICY, b"TLS is not offered on this port"))
-                    .await?;
+                let (reply, why): (u32, &[u8]) = match tls {
+                    TlsState::Off => (nbd::REP_ERR_POLICY, b"TLS is not offered on this port"),
+                    TlsState::On => (nbd::REP_ERR_INVALID, b"TLS is on already"),
+                    TlsState::Required if !data.is_empty() => (nbd::REP_ERR_INVALID, b"NBD_OPT_STARTTLS takes no data"),
+                    TlsState::Required => (nbd::REP_ACK, b""),
+                };
+                stream.write_all(&nbd::option_reply(option, reply, why)).await?;
+                if reply == nbd::REP_ACK {
+                    stream.flush().await?;
+                    return Ok(Haggled::StartTls);
+                }
             }
             other => {
                 stream.write_all(&nbd::option_reply(other, nbd::REP_ERR_UNSUP, &[])).await?;
@@ -990,8 +1090,11 @@ async fn handshake(stream: &mut TcpStream, blocks: &Arc<Blocks>) -> Result<Optio
 
 /// The transmission phase: a reader that parses requests and runs each as a task, and
 /// a writer that sends the replies as they finish.
-async fn transmission(stream: TcpStream, blocks: &Arc<Blocks>) -> Result<(), ConnError> {
-    let (mut rd, mut wr) = stream.into_split();
+async fn transmission<R, W>(mut rd: R, mut wr: W, blocks: &Arc<Blocks>) -> Result<(), ConnError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     // Each reply travels with the byte budget its request took, released once written.
     let (reply_tx, mut reply_rx) = mpsc::channel::<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>(IN_FLIGHT);
     let writer = tokio::spawn(async move {

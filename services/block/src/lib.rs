@@ -20,6 +20,7 @@ pub mod prepare_log;
 pub mod recovery;
 pub mod report;
 pub mod store;
+pub mod tls;
 
 pub use geometry::Geometry;
 pub use meta::BlockService;

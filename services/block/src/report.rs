@@ -96,6 +96,12 @@ impl ServiceReport for BlockReport {
             &f.refused_connections,
         );
         counter(&mut out, "nbd_malformed", "Malformed NBD handshakes and requests", &f.malformed);
+        counter(
+            &mut out,
+            "nbd_tls_refused",
+            "NBD connections refused for TLS (options before STARTTLS, or no client certificate the cluster CA signed)",
+            &f.tls_refused,
+        );
         counter(&mut out, "nbd_reads", "NBD reads", &f.reads);
         counter(&mut out, "nbd_writes", "NBD writes", &f.writes);
         counter(&mut out, "nbd_errors", "NBD requests answered with an error", &f.errors);
