@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const ABOVE_MAX: usize = 4096;
 
 /// The executed writes of one front end's epoch `epoch`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Executed {
     epoch: u64,
     /// Every seq in `1..=low` executed.
