@@ -942,12 +942,15 @@ async fn negotiate(
     }
     let no_zeroes = client_flags & nbd::CLIENT_NO_ZEROES != 0;
     let Some(acceptor) = tls else {
-        return Ok(match haggle(&mut stream, blocks, no_zeroes, TlsState::Off).await? {
+        return Ok(match haggle(&mut stream, blocks, no_zeroes, TlsState::Off, &mut false).await? {
             Haggled::Go => Some(Negotiated::Plain(stream)),
             Haggled::End | Haggled::StartTls => None,
         });
     };
-    match haggle(&mut stream, blocks, no_zeroes, TlsState::Required).await? {
+    // A connection's TLS refusals count once, whether options before STARTTLS or a
+    // failed handshake, or both.
+    let mut refused = false;
+    match haggle(&mut stream, blocks, no_zeroes, TlsState::Required, &mut refused).await? {
         Haggled::StartTls => {}
         Haggled::Go | Haggled::End => return Ok(None),
     }
@@ -955,11 +958,13 @@ async fn negotiate(
         Ok(s) => s,
         Err(e) => {
             // No client certificate the cluster CA signed, or no TLS at all.
-            blocks.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+            if !refused {
+                blocks.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
+            }
             return Err(ConnError::Tls(e.to_string()));
         }
     };
-    Ok(match haggle(&mut stream, blocks, no_zeroes, TlsState::On).await? {
+    Ok(match haggle(&mut stream, blocks, no_zeroes, TlsState::On, &mut refused).await? {
         Haggled::Go => Some(Negotiated::Tls(Box::new(stream))),
         Haggled::End | Haggled::StartTls => None,
     })
@@ -974,18 +979,21 @@ enum TlsState {
 }
 
 /// Option haggling (fixed newstyle), until the client chooses the export, aborts, or
-/// (while TLS is required and not yet on) is told to begin TLS.
+/// (while TLS is required and not yet on) is told to begin TLS. `refused` says whether
+/// this connection's TLS refusal was counted already.
 async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     blocks: &Arc<Blocks>,
     no_zeroes: bool,
     tls: TlsState,
+    refused: &mut bool,
 ) -> Result<Haggled, ConnError> {
     let size = blocks.size();
     let bs = blocks.local.geometry().block_size;
-    // Counted once per connection, however many options it tries without TLS.
-    let mut refused = false;
     loop {
+        // The last reply, all of it, before waiting for the client (a TLS stream may
+        // hold back what the socket did not take).
+        stream.flush().await?;
         let mut header = [0u8; 16];
         stream.read_exact(&mut header).await?;
         let (option, len) = nbd::decode_option(&header).map_err(|e| ConnError::Protocol(e.to_string()))?;
@@ -995,8 +1003,8 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
         let mut data = vec![0u8; len as usize];
         stream.read_exact(&mut data).await?;
         if tls == TlsState::Required && !matches!(option, nbd::OPT_STARTTLS | nbd::OPT_ABORT) {
-            if !refused {
-                refused = true;
+            if !*refused {
+                *refused = true;
                 blocks.stats.tls_refused.fetch_add(1, Ordering::Relaxed);
             }
             if option == nbd::OPT_EXPORT_NAME {
@@ -1016,6 +1024,7 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
                 if !no_zeroes {
                     stream.write_all(&[0u8; 124]).await?;
                 }
+                stream.flush().await?;
                 return Ok(Haggled::Go);
             }
             nbd::OPT_ABORT => {
@@ -1065,6 +1074,7 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
                 let go = option == nbd::OPT_GO && ok;
                 stream.write_all(&reply).await?;
                 if go {
+                    stream.flush().await?;
                     return Ok(Haggled::Go);
                 }
             }
@@ -1099,7 +1109,12 @@ where
     let (reply_tx, mut reply_rx) = mpsc::channel::<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>(IN_FLIGHT);
     let writer = tokio::spawn(async move {
         while let Some((bytes, budget)) = reply_rx.recv().await {
-            let written = wr.write_all(&bytes).await;
+            // Flushed too: a TLS stream may hold back what the socket did not take,
+            // and the client waits for this reply (plain TCP's flush does nothing).
+            let written = match wr.write_all(&bytes).await {
+                Ok(()) => wr.flush().await,
+                Err(e) => Err(e),
+            };
             drop(budget);
             if written.is_err() {
                 return;
