@@ -93,10 +93,17 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
 pub fn encode_record_in(record: &Record, segment: u64) -> Vec<u8> {
     let payload = postcard::to_allocvec(record).unwrap_or_default();
     let mut out = Vec::with_capacity(HEADER + payload.len());
-    out.extend((payload.len() as u32).to_le_bytes());
-    out.extend(checksum(segment, &payload).to_le_bytes());
-    out.extend(payload);
+    frame_in(&mut out, &payload, segment);
     out
+}
+
+/// Appends `payload` to `out` in this log's framing, for the segment numbered `segment`:
+/// the one frame format of every recycled log a node keeps (the WAL's records, and
+/// services' own logs of opaque payloads, such as the block service's PrepareData).
+pub fn frame_in(out: &mut Vec<u8>, payload: &[u8], segment: u64) {
+    out.extend((payload.len() as u32).to_le_bytes());
+    out.extend(checksum(segment, payload).to_le_bytes());
+    out.extend(payload);
 }
 
 fn checksum(segment: u64, payload: &[u8]) -> u32 {
@@ -133,7 +140,38 @@ pub fn decode_log(bytes: &[u8]) -> Decoded {
 /// The records of the segment numbered `segment`: a record framed for another segment
 /// ends the valid prefix like a torn one.
 pub fn decode_segment(bytes: &[u8], segment: u64) -> Decoded {
-    let mut records = Vec::new();
+    let frames = unframe(bytes, segment, RECORD_BYTES_MAX);
+    let mut records = Vec::with_capacity(frames.payloads.len());
+    for &(offset, payload) in &frames.payloads {
+        // The whole payload must be one record: bytes left over mean the record is not
+        // what was written (found by the decode_wal fuzz target).
+        match postcard::take_from_bytes::<Record>(payload) {
+            Ok((r, [])) => records.push(r),
+            Ok(_) | Err(_) => {
+                return Decoded { records, valid_len: offset, tail: Some(TailError::Malformed { offset }) }
+            }
+        }
+    }
+    Decoded { records, valid_len: frames.valid_len, tail: frames.tail }
+}
+
+/// The whole frames at the start of a segment's bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Frames<'a> {
+    /// Each frame's offset and payload, in order.
+    pub payloads: Vec<(usize, &'a [u8])>,
+    /// Bytes that hold whole, checksummed frames; anything after is a torn tail (or what
+    /// a recycled file held before).
+    pub valid_len: usize,
+    /// Why reading stopped before the end, if it did.
+    pub tail: Option<TailError>,
+}
+
+/// The payloads framed by [`frame_in`] for the segment numbered `segment` at the start
+/// of `bytes`, up to the first frame that is short, longer than `max`, or fails its
+/// checksum (a torn write, or a frame of another segment).
+pub fn unframe(bytes: &[u8], segment: u64, max: usize) -> Frames<'_> {
+    let mut payloads = Vec::new();
     let mut offset = 0;
     let tail = loop {
         let rest = &bytes[offset..];
@@ -145,7 +183,7 @@ pub fn decode_segment(bytes: &[u8], segment: u64) -> Decoded {
         }
         let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
         let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-        if len > RECORD_BYTES_MAX {
+        if len > max {
             break Some(TailError::TooLarge { offset, len });
         }
         let Some(payload) = rest.get(HEADER..HEADER + len) else {
@@ -154,15 +192,10 @@ pub fn decode_segment(bytes: &[u8], segment: u64) -> Decoded {
         if checksum(segment, payload) != crc {
             break Some(TailError::Checksum { offset });
         }
-        // The whole payload must be one record: bytes left over mean the record is not
-        // what was written (found by the decode_wal fuzz target).
-        match postcard::take_from_bytes::<Record>(payload) {
-            Ok((r, [])) => records.push(r),
-            Ok(_) | Err(_) => break Some(TailError::Malformed { offset }),
-        }
+        payloads.push((offset, payload));
         offset += HEADER + len;
     };
-    Decoded { records, valid_len: offset, tail }
+    Frames { payloads, valid_len: offset, tail }
 }
 
 #[cfg(test)]

@@ -215,11 +215,11 @@ impl Local {
         sync: bool,
     ) -> io::Result<Local> {
         let store = Store::open(dir, geometry.blocks, geometry.block_size)?;
-        let (log, records) = PrepareLog::open(&dir.join("prepare"), sync)?;
+        let (log, opened) = PrepareLog::open(&dir.join("prepare"), sync)?;
         let mut prepares = Prepares::default();
-        let mut generation = 0;
-        for (segment, bytes) in records {
-            generation = generation.max(segment);
+        // New records go to a segment numbered above every one the log's files had.
+        let generation = opened.next_segment.max(1);
+        for (segment, bytes) in opened.records {
             let Ok(prepare) = postcard::from_bytes::<Prepare>(&bytes) else { continue };
             *prepares.live.entry(segment).or_default() += 1;
             *prepares.bytes.entry(prepare.owner).or_default() += prepare.data.len();
@@ -238,7 +238,7 @@ impl Local {
             store,
             log,
             prepares: Mutex::new(prepares),
-            generation: AtomicU64::new(generation + 1),
+            generation: AtomicU64::new(generation),
             reserved: AtomicU64::new(reserved as u64),
             reserve_max,
             io: RwLock::new(()),
@@ -724,9 +724,15 @@ mod tests {
         local.checkpoint(g2);
         let g3 = local.freeze();
         local.checkpoint(g3);
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let logs = std::fs::read_dir(dir.path().join("prepare")).expect("reads").count();
-        assert_eq!(logs, 0, "the consumed record's segment is deleted");
+        drop(local);
+        // Done with, its file kept for the next segment (dropping the log waited for that).
+        let names: Vec<String> = std::fs::read_dir(dir.path().join("prepare"))
+            .expect("reads")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+            .collect();
+        assert!(names.iter().all(|n| n.ends_with(".free")), "the consumed record's segment is let go: {names:?}");
+        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("reopens");
+        assert!(!local.has_prepared(2, 1, 1), "and never comes back");
     }
 
     #[tokio::test]

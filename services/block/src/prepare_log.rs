@@ -4,19 +4,47 @@
 //! ordered; after a crash, the records are read back and the WAL's replay of the
 //! WriteData finds its data again.
 //!
-//! Records go to numbered segment files (one per checkpoint generation) on a thread of
-//! their own that fsyncs once per batch (group commit). A segment is deleted once every
+//! Records go to numbered segments (one per checkpoint generation) on a thread of their
+//! own that fsyncs once per batch (group commit). A segment is done with once every
 //! record in it is dead: discarded, or consumed by a write whose data file a later
 //! checkpoint synced (`Local::checkpoint`).
+//!
+//! A segment's file starts with a header naming the segment, and its records are framed
+//! as the WAL's are, with a checksum that covers the segment's number
+//! (`keel::core::wal::frame_in`). A segment that is done with is not deleted: its header
+//! is marked free and the file waits for the next segment, which overwrites it from the
+//! start, as the WAL recycles its segments. Measured here (session 36): appending to a
+//! fresh file makes each fdatasync commit the file system's journal, which on ext4
+//! (data=ordered) also flushes the data file's newly written blocks, and deleting a
+//! segment on the writer thread took 4-11 ms; both stalled PrepareData acknowledgements
+//! behind every checkpoint. A file is known by its header, never its name, so a rename
+//! lost in a crash loses nothing; a reused file's old records fail the new number's
+//! checksum and read as the end of the segment. Every segment number a file ever had is
+//! below [`Opened::next_segment`], so no number is used twice. Files of the first format
+//! (`N.log`: no header, the checksum of the record alone) are still read, and deleted
+//! once done with.
 
+use keel::core::wal::{frame_in, unframe};
+use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
 use tokio::sync::oneshot;
 
 /// Largest record read back: a PrepareData holds at most a node-plane message.
 const RECORD_MAX: usize = keel::core::codec::PLANE_BYTES_MAX + 4096;
+/// A segment file's header: magic, the segment's number, crc32c of both.
+const HEADER: usize = 16;
+const LIVE: &[u8; 4] = b"KPDL";
+const FREE: &[u8; 4] = b"KPDF";
+/// Most files kept for reuse: a node has about three segments live (records are released
+/// two checkpoints after they are consumed), so one or two are done with at a time.
+const POOL_MAX: usize = 4;
+/// A file larger than this is deleted rather than kept for reuse (a burst of large writes
+/// makes a large segment; the disk it holds is returned).
+const POOL_FILE_MAX: u64 = 256 << 20;
 
 enum Job {
     Append { segment: u64, records: Vec<Vec<u8>>, done: oneshot::Sender<io::Result<()>> },
@@ -25,6 +53,14 @@ enum Job {
 
 /// Records read back at open: (segment, record), oldest first.
 pub type Records = Vec<(u64, Vec<u8>)>;
+
+/// What [`PrepareLog::open`] found.
+pub struct Opened {
+    pub records: Records,
+    /// Above every segment number any file of the log was used for: new segments must
+    /// be numbered from here, so that a reused file's old records never pass for theirs.
+    pub next_segment: u64,
+}
 
 pub struct PrepareLog {
     /// None once dropped (the writer sees the queue close and ends).
@@ -36,7 +72,7 @@ impl Drop for PrepareLog {
     /// Waits for the writer to finish what was queued (a segment's deletion, an append),
     /// so that a log opened again on the same directory right after (a node restarted
     /// in the same process: the simulator, an embedder) never has a file vanish under
-    /// it or deleted after it read it.
+    /// it or change after it read it.
     fn drop(&mut self) {
         drop(self.jobs.take());
         if let Some(writer) = self.writer.take() {
@@ -52,33 +88,56 @@ impl PrepareLog {
     ///
     /// # Errors
     /// The directory cannot be created or read.
-    pub fn open(dir: &Path, sync: bool) -> io::Result<(PrepareLog, Records)> {
+    pub fn open(dir: &Path, sync: bool) -> io::Result<(PrepareLog, Opened)> {
         std::fs::create_dir_all(dir)?;
-        let mut segments: Vec<u64> = std::fs::read_dir(dir)?
-            .filter_map(|e| e.ok()?.file_name().to_str()?.strip_suffix(".log")?.parse().ok())
-            .collect();
-        segments.sort_unstable();
+        let mut files = Segments { dir: dir.to_path_buf(), live: BTreeMap::new(), pool: Vec::new(), open: None };
         let mut records = Vec::new();
-        for s in segments {
-            let mut bytes = Vec::new();
-            File::open(segment_path(dir, s))?.read_to_end(&mut bytes)?;
-            let mut at = 0;
-            while at + 8 <= bytes.len() {
-                let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or_default()) as usize;
-                let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap_or_default());
-                let Some(body) = bytes.get(at + 8..at + 8 + len).filter(|_| len <= RECORD_MAX) else { break };
-                if crc32c::crc32c(body) != crc {
-                    tracing::warn!(segment = s, offset = at, "PrepareData log: a torn record ends the segment");
-                    break;
+        let mut next_segment = 0;
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            let Some((stem, ext)) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.split_once('.')) else {
+                continue;
+            };
+            let Ok(number) = stem.parse::<u64>() else { continue };
+            next_segment = next_segment.max(number + 1);
+            match ext {
+                "log" => {
+                    let mut bytes = Vec::new();
+                    File::open(&path)?.read_to_end(&mut bytes)?;
+                    records.extend(read_first_format(&bytes).into_iter().map(|r| (number, r)));
+                    files.live.entry(number).or_default().push(Live { path, end: None });
                 }
-                records.push((s, body.to_vec()));
-                at += 8 + len;
+                "seg" | "free" => {
+                    let mut file = File::open(&path)?;
+                    let mut head = [0u8; HEADER];
+                    let header = match file.read_exact(&mut head) {
+                        Ok(()) => parse_header(&head),
+                        Err(_) => None,
+                    };
+                    let Some((live, segment)) = header else {
+                        files.keep_or_delete(path);
+                        continue;
+                    };
+                    next_segment = next_segment.max(segment + 1);
+                    if !live {
+                        files.keep_or_delete(path);
+                        continue;
+                    }
+                    let mut bytes = Vec::new();
+                    file.read_to_end(&mut bytes)?;
+                    let frames = unframe(&bytes, segment, RECORD_MAX);
+                    records.extend(frames.payloads.iter().map(|(_, r)| (segment, r.to_vec())));
+                    let end = (HEADER + frames.valid_len) as u64;
+                    files.live.entry(segment).or_default().push(Live { path, end: Some(end) });
+                }
+                _ => {}
             }
         }
+        // Oldest first; a segment's records stay in the order they were written.
+        records.sort_by_key(|(segment, _)| *segment);
         let (jobs, rx) = std_mpsc::channel();
-        let dir = dir.to_path_buf();
-        let writer = std::thread::Builder::new().name("prepare-log".into()).spawn(move || writer(&dir, sync, &rx))?;
-        Ok((PrepareLog { jobs: Some(jobs), writer: Some(writer) }, records))
+        let writer = std::thread::Builder::new().name("prepare-log".into()).spawn(move || writer(files, sync, &rx))?;
+        Ok((PrepareLog { jobs: Some(jobs), writer: Some(writer) }, Opened { records, next_segment }))
     }
 
     /// Appends `records` to `segment`, in order; resolves once they are durable
@@ -90,7 +149,7 @@ impl PrepareLog {
         rx.await.map_err(|_| stopped())?
     }
 
-    /// Deletes `segment` (every record in it is dead).
+    /// Lets go of `segment` (every record in it is dead): its file is kept for reuse.
     pub fn delete(&self, segment: u64) {
         if let Some(jobs) = &self.jobs {
             let _ = jobs.send(Job::Delete { segment });
@@ -102,15 +161,158 @@ fn stopped() -> io::Error {
     io::Error::other("the PrepareData log's writer stopped")
 }
 
-fn segment_path(dir: &Path, segment: u64) -> PathBuf {
-    dir.join(format!("{segment:012}.log"))
+fn header(magic: &[u8; 4], segment: u64) -> [u8; HEADER] {
+    let mut h = [0u8; HEADER];
+    h[..4].copy_from_slice(magic);
+    h[4..12].copy_from_slice(&segment.to_le_bytes());
+    let crc = crc32c::crc32c(&h[..12]);
+    h[12..].copy_from_slice(&crc.to_le_bytes());
+    h
+}
+
+/// (live, segment) from a header, or None if it is not one (torn, or not this log's).
+fn parse_header(h: &[u8; HEADER]) -> Option<(bool, u64)> {
+    let crc = u32::from_le_bytes(h[12..].try_into().ok()?);
+    if crc32c::crc32c(&h[..12]) != crc {
+        return None;
+    }
+    let segment = u64::from_le_bytes(h[4..12].try_into().ok()?);
+    match &h[..4] {
+        m if m == LIVE => Some((true, segment)),
+        m if m == FREE => Some((false, segment)),
+        _ => None,
+    }
+}
+
+/// The records of a file of the first format: `len | crc32c(record) | record`, up to the
+/// first torn one.
+fn read_first_format(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let mut records = Vec::new();
+    let mut at = 0;
+    while at + 8 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap_or_default()) as usize;
+        let crc = u32::from_le_bytes(bytes[at + 4..at + 8].try_into().unwrap_or_default());
+        let Some(body) = bytes.get(at + 8..at + 8 + len).filter(|_| len <= RECORD_MAX) else { break };
+        if crc32c::crc32c(body) != crc {
+            break;
+        }
+        records.push(body.to_vec());
+        at += 8 + len;
+    }
+    records
+}
+
+/// A file holding a live segment.
+struct Live {
+    path: PathBuf,
+    /// Where its records end (appends go there); None: a file of the first format, read
+    /// but never written again.
+    end: Option<u64>,
+}
+
+/// The writer's files: live segments, files free for reuse, and the one being written.
+struct Segments {
+    dir: PathBuf,
+    /// A segment has one file; more only if a file was tampered with (all are read).
+    live: BTreeMap<u64, Vec<Live>>,
+    pool: Vec<PathBuf>,
+    /// The segment being written, its file and where its records end.
+    open: Option<(u64, File, u64)>,
+}
+
+impl Segments {
+    /// Keeps `path`, whose segment is done with (or that holds none), for reuse if the
+    /// pool has room and the file is not large; deletes it otherwise.
+    fn keep_or_delete(&mut self, path: PathBuf) {
+        let small = std::fs::metadata(&path).is_ok_and(|m| m.len() <= POOL_FILE_MAX);
+        if small && self.pool.len() < POOL_MAX {
+            self.pool.push(path);
+        } else {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// Lets go of `segment`: its header is marked free (not synced: if the mark is lost
+    /// in a crash, the records read back are dead ones, which `Local` recognises from
+    /// the agreed metadata, as it always had to, since a deletion is not synced either).
+    fn release(&mut self, segment: u64) {
+        if self.open.as_ref().is_some_and(|(s, _, _)| *s == segment) {
+            self.open = None;
+        }
+        for live in self.live.remove(&segment).unwrap_or_default() {
+            if live.end.is_none() {
+                let _ = std::fs::remove_file(&live.path);
+                continue;
+            }
+            let marked = OpenOptions::new()
+                .write(true)
+                .open(&live.path)
+                .and_then(|f| f.write_all_at(&header(FREE, segment), 0))
+                .is_ok();
+            let free = self.dir.join(format!("{segment:012}.free"));
+            if marked && std::fs::rename(&live.path, &free).is_ok() {
+                self.keep_or_delete(free);
+            } else {
+                let _ = std::fs::remove_file(&live.path);
+            }
+        }
+    }
+
+    /// Makes `segment` the one written, syncing the one left first. A new segment takes
+    /// a file from the pool (or a new one) and writes its header.
+    fn switch_to(&mut self, segment: u64) -> io::Result<()> {
+        if self.open.as_ref().is_some_and(|(s, _, _)| *s == segment) {
+            return Ok(());
+        }
+        if let Some((s, old, end)) = self.open.take() {
+            if let Some(live) = self.live.get_mut(&s).and_then(|l| l.last_mut()) {
+                live.end = Some(end);
+            }
+            old.sync_data()?;
+        }
+        if let Some(live) = self.live.get(&segment).and_then(|l| l.last()) {
+            let end = live.end.ok_or_else(|| {
+                io::Error::other(format!("PrepareData segment {segment} is of the first format and read-only"))
+            })?;
+            let f = OpenOptions::new().write(true).open(&live.path)?;
+            self.open = Some((segment, f, end));
+            return Ok(());
+        }
+        let path = self.dir.join(format!("{segment:012}.seg"));
+        if let Some(free) = self.pool.pop() {
+            if std::fs::rename(&free, &path).is_err() {
+                let _ = std::fs::remove_file(&free);
+            }
+        }
+        let f = OpenOptions::new().write(true).create(true).truncate(false).open(&path)?;
+        f.write_all_at(&header(LIVE, segment), 0)?;
+        self.live.entry(segment).or_default().push(Live { path, end: Some(HEADER as u64) });
+        self.open = Some((segment, f, HEADER as u64));
+        Ok(())
+    }
+
+    /// Writes what is framed where its segment's records end.
+    fn write_out(&mut self, framed: &mut Framed) -> io::Result<()> {
+        let Some(segment) = framed.segment.take() else { return Ok(()) };
+        let result = self.switch_to(segment).and_then(|()| {
+            let Some((_, f, end)) = self.open.as_mut() else { return Err(stopped()) };
+            f.write_all_at(&framed.bytes, *end)?;
+            *end += framed.bytes.len() as u64;
+            Ok(())
+        });
+        framed.bytes.clear();
+        result
+    }
+
+    fn sync(&self) -> io::Result<()> {
+        self.open.as_ref().map_or(Ok(()), |(_, f, _)| f.sync_data())
+    }
 }
 
 /// Most bytes the writer keeps allocated for framing between batches.
 const BUFFER_KEPT: usize = 8 << 20;
 
-fn writer(dir: &Path, sync: bool, jobs: &std_mpsc::Receiver<Job>) {
-    let mut open: Option<(u64, File)> = None;
+fn writer(mut files: Segments, sync: bool, jobs: &std_mpsc::Receiver<Job>) {
     let mut framed = Framed::default();
     while let Ok(first) = jobs.recv() {
         let mut batch = vec![first];
@@ -122,26 +324,21 @@ fn writer(dir: &Path, sync: bool, jobs: &std_mpsc::Receiver<Job>) {
         for job in batch {
             match job {
                 Job::Delete { segment } => {
-                    note(&mut failed, framed.write_out(dir, &mut open));
-                    if open.as_ref().is_some_and(|(s, _)| *s == segment) {
-                        open = None;
-                    }
-                    let _ = std::fs::remove_file(segment_path(dir, segment));
+                    note(&mut failed, files.write_out(&mut framed));
+                    files.release(segment);
                 }
                 Job::Append { segment, records, done } => {
                     if framed.segment.is_some_and(|s| s != segment) {
-                        note(&mut failed, framed.write_out(dir, &mut open));
+                        note(&mut failed, files.write_out(&mut framed));
                     }
                     framed.push(segment, &records);
                     waiting.push(done);
                 }
             }
         }
-        note(&mut failed, framed.write_out(dir, &mut open));
+        note(&mut failed, files.write_out(&mut framed));
         if !waiting.is_empty() && failed.is_none() && sync {
-            if let Some((_, f)) = &open {
-                note(&mut failed, f.sync_data());
-            }
+            note(&mut failed, files.sync());
         }
         if framed.bytes.capacity() > BUFFER_KEPT {
             framed.bytes = Vec::new();
@@ -174,42 +371,35 @@ impl Framed {
     fn push(&mut self, segment: u64, records: &[Vec<u8>]) {
         self.segment = Some(segment);
         for record in records {
-            self.bytes.extend_from_slice(&(record.len() as u32).to_le_bytes());
-            self.bytes.extend_from_slice(&crc32c::crc32c(record).to_le_bytes());
-            self.bytes.extend_from_slice(record);
+            frame_in(&mut self.bytes, record, segment);
         }
-    }
-
-    /// Writes what is framed to its segment's file; a switch of segment syncs the one
-    /// left first.
-    fn write_out(&mut self, dir: &Path, open: &mut Option<(u64, File)>) -> io::Result<()> {
-        let Some(segment) = self.segment.take() else { return Ok(()) };
-        let result = (|| {
-            if open.as_ref().is_none_or(|(s, _)| *s != segment) {
-                if let Some((_, old)) = open.take() {
-                    old.sync_data()?;
-                }
-                let f = OpenOptions::new().create(true).append(true).open(segment_path(dir, segment))?;
-                *open = Some((segment, f));
-            }
-            let Some((_, f)) = open.as_mut() else { return Err(stopped()) };
-            f.write_all(&self.bytes)
-        })();
-        self.bytes.clear();
-        result
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .expect("lists")
+            .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn got(records: &Records) -> Vec<(u64, &[u8])> {
+        records.iter().map(|(s, r)| (*s, r.as_slice())).collect()
+    }
 
     #[tokio::test]
     async fn records_come_back_in_order_and_a_torn_tail_is_cut() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
             let (log, old) = PrepareLog::open(dir.path(), true).expect("opens");
-            assert!(old.is_empty());
+            assert!(old.records.is_empty());
             log.append(1, vec![b"one".to_vec(), b"two".to_vec()]).await.expect("appends");
             // Queued together, often one batch of the writer: each segment's records in order.
             let (a, b) = tokio::join!(
@@ -218,13 +408,89 @@ mod tests {
             );
             a.and(b).expect("appends");
             log.delete(3);
+            // Back to a segment left for another: its records continue where they ended.
             log.append(2, vec![b"five".to_vec()]).await.expect("appends");
         }
         // A crash in the middle of an append leaves half a record.
-        let mut f = OpenOptions::new().append(true).open(segment_path(dir.path(), 2)).expect("opens");
+        let mut f = OpenOptions::new().append(true).open(dir.path().join("000000000002.seg")).expect("opens");
         f.write_all(&[200, 0, 0, 0, 1, 2, 3, 4, 9]).expect("writes");
-        let (_, records) = PrepareLog::open(dir.path(), true).expect("reopens");
-        let got: Vec<(u64, &[u8])> = records.iter().map(|(s, r)| (*s, r.as_slice())).collect();
-        assert_eq!(got, vec![(1, &b"one"[..]), (1, b"two"), (2, b"three"), (2, b"five")]);
+        let (_, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        assert_eq!(got(&opened.records), vec![(1, &b"one"[..]), (1, b"two"), (2, b"three"), (2, b"five")]);
+        assert_eq!(opened.next_segment, 4, "segment 3 was used, though it holds nothing now");
+    }
+
+    /// The point of reuse: the next segment overwrites a done-with file, and what the file
+    /// held before never reads back as records, even when the new segment is shorter.
+    #[tokio::test]
+    async fn a_done_with_file_is_reused_and_its_old_records_never_come_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let (log, _) = PrepareLog::open(dir.path(), true).expect("opens");
+            // The new segment's record has the length of the old first one, so the old
+            // second and third frames follow it exactly where a next record would be.
+            log.append(1, vec![vec![1; 5000], vec![2; 5000], vec![3; 5000]]).await.expect("appends");
+            log.append(2, vec![b"live".to_vec()]).await.expect("appends");
+            log.delete(1);
+            log.append(3, vec![vec![4; 5000]]).await.expect("appends");
+        }
+        assert_eq!(files(dir.path()), vec!["000000000002.seg", "000000000003.seg"], "segment 1's file became 3's");
+        let len = std::fs::metadata(dir.path().join("000000000003.seg")).expect("stat").len();
+        assert!(len > 15_000, "overwritten in place, not truncated: {len} bytes");
+        let four = vec![4u8; 5000];
+        let (log, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        assert_eq!(got(&opened.records), vec![(2, &b"live"[..]), (3, &four[..])]);
+        assert_eq!(opened.next_segment, 4);
+        log.delete(2);
+        log.delete(3);
+        drop(log);
+        assert_eq!(files(dir.path()), vec!["000000000002.free", "000000000003.free"]);
+        let (_, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        assert!(opened.records.is_empty(), "free files hold no records");
+        assert_eq!(opened.next_segment, 4, "numbers a free file had are not used again");
+    }
+
+    /// A crash can lose a rename (names are not synced): a file is known by its header.
+    #[tokio::test]
+    async fn a_file_is_known_by_its_header_not_its_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let (log, _) = PrepareLog::open(dir.path(), true).expect("opens");
+            log.append(7, vec![b"seven".to_vec()]).await.expect("appends");
+            log.append(8, vec![b"eight".to_vec()]).await.expect("appends");
+            log.delete(8);
+        }
+        // Segment 7's file under a free name, and segment 8's free file back under its old one.
+        std::fs::rename(dir.path().join("000000000007.seg"), dir.path().join("000000000001.free")).expect("renames");
+        std::fs::rename(dir.path().join("000000000008.free"), dir.path().join("000000000008.seg")).expect("renames");
+        let (log, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        assert_eq!(got(&opened.records), vec![(7, &b"seven"[..])]);
+        assert_eq!(opened.next_segment, 9);
+        log.append(9, vec![b"nine".to_vec()]).await.expect("appends");
+        drop(log);
+        let (_, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        assert_eq!(got(&opened.records), vec![(7, &b"seven"[..]), (9, b"nine")]);
+    }
+
+    /// A node upgraded with records still in the first format's files reads them, and
+    /// deletes those files once done with (they are never written again).
+    #[tokio::test]
+    async fn files_of_the_first_format_are_read_and_then_deleted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut bytes = Vec::new();
+        for r in [&b"old"[..], b"older"] {
+            bytes.extend((r.len() as u32).to_le_bytes());
+            bytes.extend(crc32c::crc32c(r).to_le_bytes());
+            bytes.extend(r);
+        }
+        bytes.extend([9, 0, 0, 0, 1]);
+        std::fs::write(dir.path().join("000000000005.log"), &bytes).expect("writes");
+        let (log, opened) = PrepareLog::open(dir.path(), true).expect("opens");
+        assert_eq!(got(&opened.records), vec![(5, &b"old"[..]), (5, b"older")]);
+        assert_eq!(opened.next_segment, 6);
+        assert!(log.append(5, vec![b"more".to_vec()]).await.is_err(), "a first-format segment is read-only");
+        log.append(6, vec![b"new".to_vec()]).await.expect("appends");
+        log.delete(5);
+        drop(log);
+        assert_eq!(files(dir.path()), vec!["000000000006.seg"]);
     }
 }
