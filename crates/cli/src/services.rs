@@ -207,6 +207,7 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         .map_err(|e| NodeError::Runtime(e.to_string()))?;
     let sync = setup.fsync != keel_runtime::storage::FsyncPolicy::Never;
     let local = Local::open(&setup.data_dir.join("block"), geometry, setup.id, index as u32, settings.reserve, sync)
+        .and_then(Local::sync_in_background)
         .map_err(|e| NodeError::Runtime(format!("block data in {}: {e}", setup.data_dir.display())))?;
     let local = Arc::new(local);
     let meta = Arc::new(RwLock::new(Meta::new(geometry)));

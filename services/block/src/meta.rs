@@ -749,6 +749,69 @@ mod tests {
         assert_eq!(local.read(1, 1).expect("reads").1, vec![0], "block 1 was never written");
     }
 
+    /// After a crash the held versions and the data are only as durable as the last
+    /// sync made them, and the kernel may write back the held version ahead of the data:
+    /// a restart repairs such a block from its logged PrepareData instead of trusting it.
+    #[tokio::test]
+    async fn a_restart_repairs_a_block_whose_held_version_outran_its_data() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let g = geometry();
+        let data = vec![6u8; 4096];
+        let hashes = vec![*blake3::hash(&data).as_bytes()];
+        let write =
+            Command::Write { owner: 2, epoch: 1, seq: 1, first: 4, hashes: hashes.clone(), expect: None, data: None };
+        let snapshot = {
+            let local = Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).expect("opens"));
+            let prepare = crate::local::Prepare { owner: 2, epoch: 1, seq: 1, first: 4, hashes, data: data.clone() };
+            local.prepare(prepare).await.expect("takes it");
+            let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
+            assert_eq!(run(&mut node, Command::NewEpoch { owner: 2, after: None }), Reply::Epoch(1));
+            assert_eq!(run(&mut node, write), Reply::Written { version: 1 });
+            // What a power cut can leave: the held version 1 written back, the data not.
+            local.store().write(4, &[0xee; 4096], 1).expect("writes");
+            node.snapshot()
+        };
+        let local = Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).expect("reopens"));
+        let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
+        node.restore(&snapshot).expect("restores");
+        assert_eq!(local.read(4, 1).expect("reads"), (data, vec![1]), "repaired from the log");
+        assert_eq!(local.stats.restored_from_prepared.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    /// With a syncer, a checkpoint whose blocks are all in logged PrepareData does not
+    /// wait for the data sync; one after a write whose data came through agreement (full
+    /// mode, which no record holds) does. Either way the records go once a sync covered
+    /// them and two checkpoints passed.
+    #[tokio::test]
+    async fn a_checkpoint_waits_for_the_data_sync_only_when_no_record_holds_the_data() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let g = geometry();
+        let local =
+            Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).and_then(Local::sync_in_background).expect("opens"));
+        let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
+        assert_eq!(run(&mut node, Command::NewEpoch { owner: 2, after: None }), Reply::Epoch(1));
+        let data = vec![3u8; 4096];
+        let hashes = vec![*blake3::hash(&data).as_bytes()];
+        let prepare =
+            crate::local::Prepare { owner: 2, epoch: 1, seq: 1, first: 0, hashes: hashes.clone(), data: data.clone() };
+        local.prepare(prepare).await.expect("takes it");
+        let logged =
+            Command::Write { owner: 2, epoch: 1, seq: 1, first: 0, hashes: hashes.clone(), expect: None, data: None };
+        assert_eq!(run(&mut node, logged), Reply::Written { version: 1 });
+        assert!(!local.syncs_inline(), "every block is in a logged record");
+        let full = Command::Write { owner: 2, epoch: 1, seq: 2, first: 1, hashes, expect: None, data: Some(data) };
+        assert_eq!(run(&mut node, full), Reply::Written { version: 2 });
+        assert!(local.syncs_inline(), "block 1's data is in no record");
+        node.snapshot();
+        assert!(!local.syncs_inline(), "the checkpoint that covers it synced it first");
+        node.snapshot();
+        node.snapshot();
+        drop(node);
+        drop(local);
+        let local = Local::open(dir.path(), g, 0, 0, 0.1, true).expect("reopens");
+        assert!(!local.has_prepared(2, 1, 1), "released after a sync covered it");
+    }
+
     #[tokio::test]
     async fn every_executed_write_consumes_its_prepare_data_and_runs_once() {
         let dir = tempfile::tempdir().expect("tempdir");
