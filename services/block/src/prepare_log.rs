@@ -99,12 +99,17 @@ impl PrepareLog {
                 continue;
             };
             let Ok(number) = stem.parse::<u64>() else { continue };
-            next_segment = next_segment.max(number + 1);
+            next_segment = next_segment.max(number.saturating_add(1));
             match ext {
                 "log" => {
                     let mut bytes = Vec::new();
                     File::open(&path)?.read_to_end(&mut bytes)?;
-                    records.extend(read_first_format(&bytes).into_iter().map(|r| (number, r)));
+                    let found = read_first_format(&bytes);
+                    if found.is_empty() {
+                        let _ = std::fs::remove_file(&path);
+                        continue;
+                    }
+                    records.extend(found.into_iter().map(|r| (number, r)));
                     files.live.entry(number).or_default().push(Live { path, end: None });
                 }
                 "seg" | "free" => {
@@ -118,7 +123,7 @@ impl PrepareLog {
                         files.keep_or_delete(path);
                         continue;
                     };
-                    next_segment = next_segment.max(segment + 1);
+                    next_segment = next_segment.max(segment.saturating_add(1));
                     if !live {
                         files.keep_or_delete(path);
                         continue;
@@ -126,6 +131,11 @@ impl PrepareLog {
                     let mut bytes = Vec::new();
                     file.read_to_end(&mut bytes)?;
                     let frames = unframe(&bytes, segment, RECORD_MAX);
+                    if frames.payloads.is_empty() {
+                        // No record of it was made durable: nothing would ever let it go.
+                        files.keep_or_delete(path);
+                        continue;
+                    }
                     records.extend(frames.payloads.iter().map(|(_, r)| (segment, r.to_vec())));
                     let end = (HEADER + frames.valid_len) as u64;
                     files.live.entry(segment).or_default().push(Live { path, end: Some(end) });
@@ -469,6 +479,21 @@ mod tests {
         drop(log);
         let (_, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
         assert_eq!(got(&opened.records), vec![(7, &b"seven"[..]), (9, b"nine")]);
+    }
+
+    /// A segment whose header was written but none of whose records was made durable (a
+    /// crash before the first fsync) holds nothing anyone would let go of: its file goes
+    /// back to the pool at open instead of staying forever.
+    #[tokio::test]
+    async fn a_segment_with_no_record_is_not_kept_live() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("000000000004.seg"), header(LIVE, 4)).expect("writes");
+        let (log, opened) = PrepareLog::open(dir.path(), true).expect("opens");
+        assert!(opened.records.is_empty());
+        assert_eq!(opened.next_segment, 5);
+        log.append(5, vec![b"five".to_vec()]).await.expect("appends");
+        drop(log);
+        assert_eq!(files(dir.path()), vec!["000000000005.seg"], "segment 4's file became 5's");
     }
 
     /// A node upgraded with records still in the first format's files reads them, and
