@@ -222,19 +222,13 @@ impl Blocks {
     }
 
     /// Whether member `index` timed out lately (within a minute; after that it gets the
-    /// benefit of the doubt again) and has not been heard from since. A write stops
-    /// listening once it has its copies, so a node that came back often answers no one:
-    /// any message from it counts, or it would stay suspected for the minute and every
-    /// write to its slices would send a reserve node a copy too.
+    /// benefit of the doubt again).
     fn suspected(&self, index: u32) -> bool {
-        let mut suspects = self.suspects.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(&since) = suspects.get(&index) else { return false };
-        let heard = self.members.get(index as usize).is_some_and(|&node| self.peers.heard_after(node, since));
-        if heard || since.elapsed() >= Duration::from_secs(60) {
-            suspects.remove(&index);
-            return false;
-        }
-        true
+        self.suspects
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&index)
+            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
     }
 
     /// Orders a new epoch for this front end (Gnothi's "new epoch"): PrepareData it left

@@ -13,7 +13,6 @@ use std::collections::HashMap;
 use std::mem;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
 use tokio::sync::oneshot;
 
 /// Longest chain a PrepareData may still be passed along (more is refused: a peer
@@ -116,9 +115,6 @@ pub struct Peers {
     /// PrepareData and answers waiting to go to each peer, sent together once the tasks
     /// running now had their turn ([`Peers::queue`]).
     outbox: Mutex<HashMap<NodeId, Outgoing>>,
-    /// When each peer last sent a message that decoded: the front end stops suspecting
-    /// a node it hears from again (`Blocks::suspected`).
-    heard: Mutex<HashMap<NodeId, Instant>>,
     stats: Arc<PlaneStats>,
 }
 
@@ -159,14 +155,8 @@ impl Peers {
             helds: Mutex::default(),
             next_fetch: AtomicU64::new(1),
             outbox: Mutex::default(),
-            heard: Mutex::default(),
             stats,
         })
-    }
-
-    /// Whether peer `node` sent a message that decoded after `since`.
-    pub fn heard_after(&self, node: NodeId, since: Instant) -> bool {
-        self.heard.lock().unwrap_or_else(PoisonError::into_inner).get(&node).is_some_and(|&at| at > since)
     }
 
     pub fn me(&self) -> NodeId {
@@ -350,7 +340,6 @@ impl Peers {
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         };
-        self.heard.lock().unwrap_or_else(PoisonError::into_inner).insert(from, Instant::now());
         match message {
             Message::Prepare { prepare, then } => self.take_prepares(local, vec![(prepare, then)]),
             Message::Prepares(entries) => {
@@ -581,22 +570,5 @@ mod tests {
         assert_eq!(peers.stats.dropped.load(Ordering::Relaxed), 4);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(local.prepared_bytes(), 0, "nothing of them was kept");
-    }
-
-    /// The front end stops suspecting a node once it hears from it again (a write that
-    /// had its copies stops listening for the late node's answer): any message that
-    /// decodes counts, junk does not.
-    #[tokio::test]
-    async fn a_message_that_decodes_is_news_of_its_sender_and_junk_is_not() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let local = Arc::new(local(dir.path(), 1));
-        let (peers, _rx) = peers(1);
-        let before = Instant::now();
-        peers.handle(&local, 2, b"\xff\xff");
-        assert!(!peers.heard_after(2, before), "junk is no sign of life");
-        peers.handle(&local, 2, &Message::Prepared { epoch: 1, seq: 9, refused: None }.encode());
-        assert!(peers.heard_after(2, before), "an answer nobody waits for still is");
-        assert!(!peers.heard_after(3, before));
-        assert!(!peers.heard_after(2, Instant::now()), "not heard from since");
     }
 }
