@@ -92,7 +92,9 @@ impl Schedule {
 }
 
 pub struct Executor<S> {
-    service: S,
+    /// None only once [`Executor::take_service`] handed it on, to the next epoch's
+    /// executor: the husk left is dropped, never used.
+    service: Option<S>,
     /// Last executed instance.
     executed: Seq,
     /// Agreed time of the last executed instance.
@@ -204,7 +206,7 @@ impl<S: Service> Executor<S> {
             _ => 0,
         };
         Executor {
-            service,
+            service: Some(service),
             executed: 0,
             time: 0,
             clients: BTreeMap::new(),
@@ -252,7 +254,7 @@ impl<S: Service> Executor<S> {
         self.time = self.time.max(value.time);
         if self.ticks(before, self.time) {
             let ctx = ExecCtx::new(seq, self.time, value.seed(seq), crate::ids::TICK_CLIENT);
-            self.service.on_tick(&ctx);
+            self.svc_mut().on_tick(&ctx);
             let pushes = self.number(ctx.take_pushes());
             self.ticks.push(Tick { seq, time: self.time, pushes });
         }
@@ -268,7 +270,22 @@ impl<S: Service> Executor<S> {
     }
 
     pub fn service(&self) -> &S {
-        &self.service
+        self.svc()
+    }
+
+    fn svc(&self) -> &S {
+        self.service.as_ref().expect("the service was handed to the next epoch's executor")
+    }
+
+    fn svc_mut(&mut self) -> &mut S {
+        self.service.as_mut().expect("the service was handed to the next epoch's executor")
+    }
+
+    /// The service, for the next membership epoch's executor (replica/epoch.rs): the
+    /// service goes on across epochs and that executor restores the epoch's last stable
+    /// state into it. This executor must not be used afterwards.
+    pub fn take_service(&mut self) -> S {
+        self.service.take().expect("the service was handed on once")
     }
 
     pub fn schedule(&self) -> Schedule {
@@ -341,7 +358,7 @@ impl<S: Service> Executor<S> {
         let handle = match self.schedule {
             _ if admin || tick => None,
             Schedule::Sequential => None,
-            Schedule::Pool { .. } | Schedule::Shuffled { .. } => self.service.concurrent(),
+            Schedule::Pool { .. } | Schedule::Shuffled { .. } => self.svc().concurrent(),
         };
         let out = match handle {
             None => values.iter().zip(first..).map(|(value, seq)| self.execute_sequential(seq, value)).collect(),
@@ -373,7 +390,7 @@ impl<S: Service> Executor<S> {
             return Outcome { client: req.client, seq: req.seq, result, fresh: true, pushes: Vec::new() };
         }
         let ctx = request_ctx(seq, self.time, seed, index, req.client);
-        let result = self.service.execute(&req.op, &ctx);
+        let result = self.svc_mut().execute(&req.op, &ctx);
         self.clients.insert(req.client, LastReply { seq: req.seq, result: result.clone() });
         let pushes = self.number(ctx.take_pushes());
         Outcome { client: req.client, seq: req.seq, result, fresh: true, pushes }
@@ -452,7 +469,7 @@ impl<S: Service> Executor<S> {
                 let (last, job) = latest.get(&req.client).copied().unwrap_or((self.last_seq(req.client), None));
                 let answer = if req.seq > last {
                     let ctx = request_ctx(seq, self.time, seed, index as u64, req.client);
-                    let conflicts = self.service.conflicts(&req.op);
+                    let conflicts = self.svc().conflicts(&req.op);
                     // A clone shares the job's push sink: its events are read back below.
                     sinks.push(ctx.clone());
                     let j = graph.push(req.client, &conflicts, Job { op: req.op.to_vec(), ctx });
@@ -515,7 +532,7 @@ impl<S: Service> Executor<S> {
     /// Service state, reply cache and position, deterministically serialized, as the
     /// pieces a checkpoint cuts into chunks (`chunk.rs`).
     pub fn pieces(&self) -> Vec<Arc<Piece>> {
-        self.head().with_service(self.service.pieces())
+        self.head().with_service(self.svc().pieces())
     }
 
     /// [`Executor::pieces`] in one buffer.
@@ -527,7 +544,7 @@ impl<S: Service> Executor<S> {
     /// [`FrozenExecutor::pieces`] later, on any thread; None if the service cannot
     /// freeze ([`Service::freeze`]).
     pub fn freeze(&self) -> Option<FrozenExecutor> {
-        let service = self.service.freeze()?;
+        let service = self.svc().freeze()?;
         Some(FrozenExecutor { head: self.head(), service })
     }
 
@@ -550,7 +567,7 @@ impl<S: Service> Executor<S> {
     pub fn restore(&mut self, bytes: &[u8]) -> Result<Seq, RestoreError> {
         let body: SnapshotBody =
             postcard::from_bytes(bytes).map_err(|e| RestoreError(format!("executor snapshot: {e}")))?;
-        self.service.restore(body.service)?;
+        self.svc_mut().restore(body.service)?;
         let SnapshotHead { executed, time, clients, push_seqs, membership } = body.head;
         self.executed = executed;
         self.time = if self.restore_without_time { 0 } else { time };

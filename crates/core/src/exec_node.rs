@@ -268,6 +268,8 @@ impl<S: Service> ExecNode<S> {
             Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, out),
             // Checkpoints are taken inline here.
             Input::CheckpointReady(_) => {}
+            // It never asks for a durability barrier.
+            Input::Drained => {}
         }
         self.invariants();
     }

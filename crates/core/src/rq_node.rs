@@ -198,6 +198,8 @@ impl RqNode {
             Input::Message { from, msg } => self.on_message(from, msg, out),
             Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, out),
             Input::CheckpointReady(_) => {}
+            // It never asks for a durability barrier.
+            Input::Drained => {}
         }
         self.invariants();
     }

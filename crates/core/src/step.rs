@@ -33,6 +33,10 @@ pub enum Input {
     Tick,
     /// A checkpoint the driver serialized off the protocol thread ([`CheckpointJob`]).
     CheckpointReady(CheckpointReady),
+    /// The durability barrier the node asked for ([`Outputs::barrier`]) is passed:
+    /// everything it persisted is durable and every message it gated is sent. Stepped
+    /// once per barrier, and only then.
+    Drained,
 }
 
 /// Something the driver must make durable, in order.
@@ -78,6 +82,14 @@ pub struct Outputs {
     /// ([`CheckpointJob::run`]) and step the result in as [`Input::CheckpointReady`], in
     /// any order, whenever done. A crash loses them (recovery takes them again).
     pub checkpoints: Vec<CheckpointJob>,
+    /// A durability barrier: carry out these outputs as usual, then step the node with
+    /// nothing but [`Input::Drained`], and that only once every `persist` entry of this
+    /// step and of earlier ones is durable and every gated message sent (handed to the
+    /// network). Other inputs wait (or are lost, as the network may lose them); a node
+    /// stepped with one at a barrier drops it. What the node does at the barrier is its
+    /// own business: drivers honour every barrier alike (the end of a membership epoch
+    /// is one, replica/epoch.rs). `persist_lazy` is not waited for.
+    pub barrier: bool,
 }
 
 impl Outputs {
@@ -88,6 +100,7 @@ impl Outputs {
             && self.send_after_persist.is_empty()
             && self.events.is_empty()
             && self.checkpoints.is_empty()
+            && !self.barrier
     }
 
     pub fn clear(&mut self) {
@@ -97,6 +110,7 @@ impl Outputs {
         self.send_after_persist.clear();
         self.events.clear();
         self.checkpoints.clear();
+        self.barrier = false;
     }
 }
 
@@ -182,11 +196,22 @@ pub enum Event {
         replacing: Option<Seq>,
     },
     /// This node's epoch is over: instance `seq` applied a membership change and the
-    /// checkpoint there is stable. The driver retires this node and starts
-    /// `Replica::next_epoch` (replica/epoch.rs), which runs epoch `epoch`.
+    /// checkpoint there is stable. The next epoch is `epoch`; the node goes on to it
+    /// itself, past a durability barrier ([`Outputs::barrier`], replica/epoch.rs).
     EpochEnded {
         epoch: u64,
         seq: Seq,
+    },
+    /// The node runs membership epoch `epoch` now, as index `index` (its id in the
+    /// outputs from here on): the driver follows the new members and their keys.
+    EpochStarted {
+        epoch: u64,
+        index: NodeId,
+    },
+    /// Membership epoch `epoch` leaves this node out: it is retired, helping the old
+    /// epoch's members end it, until its driver stops it (replica/epoch.rs).
+    Removed {
+        epoch: u64,
     },
     /// The state at `seq` is installed: `chunks` in all, `reused` of them already held
     /// (from a transfer this one replaced, or this node's own snapshots).

@@ -6,11 +6,13 @@
 //!          thread (a stage without a log sends everything at once)
 //!  plus: timers (Input::Tick every TICK), the node plane's outbound queue, the stage's
 //!        own background input, the stop signal
+//!  a durability barrier (Outputs::barrier): wait until the WAL thread drained, then
+//!        step Input::Drained, before anything else
 //! ```
 //!
 //! What differs by stage lives in its [`Hosted`] implementation: `node.rs` (an order
-//! node, co-located or apart: the verify stage, the checkpoint thread, the epoch switch,
-//! fault injection), `execution.rs` and `rq.rs` (following a new epoch's peers). Before
+//! node, co-located or apart: the verify stage, the checkpoint thread, following its
+//! epochs, fault injection), `execution.rs` and `rq.rs` (following a new epoch's peers). Before
 //! this there were three copies of the loop, one per stage.
 
 use crate::clients::Clients;
@@ -54,12 +56,6 @@ pub(crate) trait Hosted {
     /// their thread, hold back proposals under fault injection.
     fn before_flush(&mut self, _env: &mut Env) -> Result<(), NodeError> {
         Ok(())
-    }
-
-    /// The flushed events said the membership epoch ended (order nodes switch to the
-    /// next epoch's core here, or retire).
-    fn epoch_ended(&mut self, _env: &mut Env) -> impl Future<Output = Result<(), NodeError>> {
-        async { Ok(()) }
     }
 
     /// A batch of inbound inputs is about to be stepped.
@@ -173,7 +169,13 @@ pub(crate) async fn drive<H: Hosted>(mut host: H, mut env: Env, mut control: Con
         host.before_flush(&mut env)?;
         let Env { committer, out, peers, clients, stats, m, .. } = &mut env;
         if flush(committer.as_mut(), out, peers, clients, stats, m)? {
-            host.epoch_ended(&mut env).await?;
+            // A durability barrier (`Outputs::barrier`): the core is stepped again only
+            // once everything it persisted is durable and everything it gated is out,
+            // and with nothing else first (inputs wait in the inbound queue). An order
+            // node goes on to its next membership epoch behind two of them.
+            env.drain().await?;
+            host.core_mut().step(now_ms(), Input::Drained, &mut env.out);
+            continue;
         }
         tokio::select! {
             e = failed(env.committer.as_mut()) => return Err(e.into()),

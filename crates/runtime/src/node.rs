@@ -32,9 +32,7 @@ use keel_core::config::stage_id;
 use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
 use keel_core::node::{Admit, Node};
-use keel_core::replica::{
-    CheckpointJob, CheckpointReady, EpochStep, Event, Input, Outputs, Peer, Reject, Replica, Verifier,
-};
+use keel_core::replica::{CheckpointJob, CheckpointReady, Event, Input, Outputs, Peer, Reject, Replica, Verifier};
 use keel_core::service::{RestoreError, Service};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -86,8 +84,9 @@ pub fn now_ms() -> u64 {
 
 /// Runs a node until the process ends, or until a membership change removes it.
 ///
-/// `make` builds an empty service: one for the start and one per membership epoch (the
-/// next epoch's node restores its state from the checkpoint that ended the last).
+/// `make` builds an empty service for the node's start (the service goes on across
+/// membership epochs: the next epoch's node restores into it the checkpoint that ended
+/// the last).
 ///
 /// # Errors
 /// Failures to open storage, recover, bind or configure TLS; and a storage failure while
@@ -238,17 +237,15 @@ async fn run_replica<S: Service + Send + 'static>(
         })
     })?;
     let m = env.m.clone();
-    let host = OrderHost { replica, make, verifier, checkpoints, m, started: now_ms(), leaving_at: None };
+    let host = OrderHost { replica, verifier, checkpoints, m, started: now_ms(), leaving_at: None };
     drive(host, env, control).await
 }
 
 /// An order node as the driver hosts it: the replica, and what only order nodes have —
-/// the verify stage's keys, the checkpoint thread, the switch to the next epoch's
-/// replica and the linger of a removed node.
-struct OrderHost<S, F> {
+/// the verify stage's keys, the checkpoint thread, following the replica into its next
+/// epoch and the linger of a removed node.
+struct OrderHost<S> {
     replica: Replica<S>,
-    /// An empty service for the next epoch's replica.
-    make: F,
     verifier: Arc<RwLock<EpochVerifier>>,
     checkpoints: Checkpointer,
     m: Metrics,
@@ -258,7 +255,7 @@ struct OrderHost<S, F> {
     leaving_at: Option<u64>,
 }
 
-impl<S: Service + Send + 'static, F: Fn() -> S> Hosted for OrderHost<S, F> {
+impl<S: Service + Send + 'static> Hosted for OrderHost<S> {
     type Core = Replica<S>;
     const NAME: &'static str = "node";
 
@@ -276,40 +273,30 @@ impl<S: Service + Send + 'static, F: Fn() -> S> Hosted for OrderHost<S, F> {
         for job in env.out.checkpoints.drain(..) {
             self.checkpoints.submit(job)?;
         }
-        Ok(())
-    }
-
-    async fn epoch_ended(&mut self, env: &mut Env) -> Result<(), NodeError> {
-        // Everything of the old epoch durable (and sent) first, then the next epoch's
-        // log durable before its node takes a step (replica/epoch.rs).
-        env.drain().await?;
-        match self.replica.advance_epoch((self.make)()) {
-            EpochStep::Member(persist) => {
-                let Some(committer) = env.committer.as_mut() else {
-                    return Err(NodeError::Runtime("an order node without its log".into()));
-                };
-                committer.submit(persist, Vec::new(), Vec::new())?;
-                env.drain().await?;
-                env.peers.follow(&self.replica.config().membership);
-                if let Ok(mut v) = self.verifier.write() {
-                    *v = EpochVerifier::of(&self.replica);
+        // The replica went on to a new membership epoch by itself (behind durability
+        // barriers the driver loop honours, replica/epoch.rs): what it sends from now on
+        // goes to the new members, tagged with the new epoch, and their signatures are
+        // checked with the new keys.
+        for e in &env.out.events {
+            match e {
+                Event::EpochStarted { epoch, index } => {
+                    env.peers.follow(&self.replica.config().membership);
+                    if let Ok(mut v) = self.verifier.write() {
+                        *v = EpochVerifier::of(&self.replica);
+                    }
+                    tracing::info!(epoch, index, members = ?env.peers.ids, "membership epoch started");
                 }
-                tracing::info!(
-                    epoch = self.replica.epoch(),
-                    index = self.replica.id(),
-                    members = ?env.peers.ids,
-                    "membership epoch started"
-                );
-            }
-            EpochStep::Removed => {
-                // Remembered, so that `keel up` and a restart leave it stopped.
-                let why = format!("was removed from the cluster in epoch {}", self.replica.epoch() + 1);
-                let _ = std::fs::write(env.setup.data_dir.join(REMOVED_FILE), &why);
-                tracing::warn!(node = env.setup.id, "removed from the cluster by a membership change: stopping");
-                eprintln!("node {} was removed from the cluster: stopping", env.setup.id);
-                // It lingers, retired, so members short of its checkpoint vote get the
-                // stable proof from it (epoch.rs).
-                self.leaving_at = Some(now_ms() + REMOVED_LINGER_MS);
+                Event::Removed { epoch } => {
+                    // Remembered, so that `keel up` and a restart leave it stopped.
+                    let why = format!("was removed from the cluster in epoch {epoch}");
+                    let _ = std::fs::write(env.setup.data_dir.join(REMOVED_FILE), &why);
+                    tracing::warn!(node = env.setup.id, "removed from the cluster by a membership change: stopping");
+                    eprintln!("node {} was removed from the cluster: stopping", env.setup.id);
+                    // It lingers, retired, so members short of its checkpoint vote get the
+                    // stable proof from it (epoch.rs).
+                    self.leaving_at = Some(now_ms() + REMOVED_LINGER_MS);
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -722,6 +709,7 @@ pub(crate) fn flush(
     if out.is_empty() {
         return Ok(false);
     }
+    let barrier = std::mem::take(&mut out.barrier);
     let epoch = peers.epoch;
     // The queue, and for a node the epoch its frame is tagged with.
     let route = |to: Peer| -> Option<(&mpsc::Sender<Vec<u8>>, Option<u64>)> {
@@ -756,12 +744,12 @@ pub(crate) fn flush(
             None => return Err(NodeError::Runtime("records to persist on a node that keeps no log".into())),
         }
     }
-    Ok(record_events(out, clients, m))
+    record_events(out, clients, m);
+    Ok(barrier)
 }
 
-/// Counts and logs the step(s)' events; whether the membership epoch ended.
-pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metrics) -> bool {
-    let mut ended = false;
+/// Counts and logs the step(s)' events.
+pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metrics) {
     for e in out.events.drain(..) {
         match e {
             Event::Rejected { from, kind, reason } => {
@@ -840,15 +828,15 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             Event::EpochEnded { epoch, seq } => {
                 let _ = m.events.send(NodeEvent::EpochEnded { next: epoch, seq });
                 tracing::info!(next = epoch, seq, "membership epoch ended");
-                ended = true;
             }
+            // The order host follows them (`before_flush`), which logs them.
+            Event::EpochStarted { .. } | Event::Removed { .. } => {}
             Event::OperationsFetched { count, .. } => {
                 m.operations_fetched.inc_by(count as u64);
             }
             Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
     }
-    ended
 }
 
 /// Queues of the verify stage's threads, one per thread; peer `j` uses `j % len`.

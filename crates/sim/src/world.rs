@@ -25,7 +25,7 @@ use keel_core::message::{
 use keel_core::node::{Admit, Node};
 use keel_core::quorum::{Mutation, Quorums};
 use keel_core::replica::{
-    client_mac_key, endorse_key, CheckpointJob, Durable, EpochStep, Event, Input, NodeSecrets, Outputs, Peer, Replica,
+    client_mac_key, endorse_key, CheckpointJob, Durable, Event, Input, NodeSecrets, Outputs, Peer, Replica,
 };
 use keel_core::rq_node::RqNode;
 use keel_core::service::{ReadCtx, Service};
@@ -1187,7 +1187,7 @@ impl<W: Workload> World<W> {
 
     /// Carries out what node `n` (stable id), running membership epoch `epoch`, asked for.
     fn process_outputs(&mut self, n: NodeId, out: Outputs, epoch: u64) {
-        let Outputs { persist, persist_lazy, send, send_after_persist, events, checkpoints } = out;
+        let Outputs { persist, persist_lazy, send, send_after_persist, events, checkpoints, barrier } = out;
         for job in checkpoints {
             // Usually soon; with crashes, sometimes long enough for the others' votes to
             // make the checkpoint stable first, and for a crash to lose it.
@@ -1245,21 +1245,20 @@ impl<W: Workload> World<W> {
         if !ended && wrote && sent_now {
             self.maybe_crash_before_sync(n, installed);
         }
-        if ended {
-            // Crashes at the switch (the window the simulator found two bugs in): before
-            // the new epoch's log is written, or right after the new node started.
-            let crash_at_switch = self.opts.faults.crash && self.issuing && self.rng.gen_bool(0.2);
-            let before = crash_at_switch && self.rng.gen_bool(0.5);
-            if !before {
-                self.next_epoch(n);
-            }
-            if crash_at_switch {
-                self.report.faults.epoch_switch_crashes += 1;
-                // Before: at once. After: within the new node's first steps, while what
-                // it sent may not be durable yet.
-                let at = if before { self.now } else { self.now + self.rng.gen_range(1..30) };
-                self.schedule(at, Ev::Crash(n));
-            }
+        // Crashes at the switch (the window the simulator found two bugs in): at the
+        // barrier the end of an epoch asks for, before the new epoch's log is written,
+        // or right after the new node started.
+        let crash_at_switch = ended && self.opts.faults.crash && self.issuing && self.rng.gen_bool(0.2);
+        let before = crash_at_switch && self.rng.gen_bool(0.5);
+        if barrier && !before {
+            self.pass_barrier(n);
+        }
+        if crash_at_switch {
+            self.report.faults.epoch_switch_crashes += 1;
+            // Before: at once. After: within the new node's first steps, while what it
+            // sent may not be durable yet.
+            let at = if before { self.now } else { self.now + self.rng.gen_range(1..30) };
+            self.schedule(at, Ev::Crash(n));
         }
     }
 
@@ -1351,38 +1350,70 @@ impl<W: Workload> World<W> {
         self.schedule(back, Ev::Restart(n));
     }
 
-    /// Node `n`'s epoch ended: it continues in the next one, or stops if removed.
-    fn next_epoch(&mut self, n: NodeId) {
-        let byzantine = self.nodes[n as usize].byzantine.is_some();
-        let service = self.workload.node_service(NodeStart { node: n, fresh: false, byzantine });
-        let node = &mut self.nodes[n as usize];
-        let Some(Core::Order(replica)) = node.core.as_mut() else { return };
-        match replica.advance_epoch(service) {
-            EpochStep::Member(persist) => {
-                // Durable before the new node takes a step: a PROPOSE leaves before its
-                // record is durable, so a node that restarted in the old epoch and
-                // started the new one afresh could propose twice for the same instance.
-                for p in &persist {
-                    node.disk.write(p);
-                }
-                node.disk.sync(node.disk.last_op());
-                let (epoch, q) = (replica.epoch(), replica.config().quorums.order_quorum());
-                let ids: Vec<u32> = replica.config().membership.members.iter().map(|m| m.id).collect();
-                if let Some(b) = node.byzantine.as_mut() {
-                    b.set_membership(replica.id(), q, replica.config().membership.clone());
-                }
-                let line = format!("{} n{n} epoch {epoch} as index {}", self.now, replica.id());
-                self.trace_line(line);
-                self.turn_byzantine(n);
-                self.memberships.entry(epoch).or_insert(ids);
-                self.report.faults.epochs = self.report.faults.epochs.max(epoch);
+    /// Honours order node `n`'s durability barrier (`Outputs::barrier`) at once: every
+    /// write completes now (a disk that happened to be quick), then the node is stepped
+    /// with `Input::Drained`, the next thing that happens to it. The outputs of a step at
+    /// a barrier are carried out the same way: written and synced at once, gated
+    /// messages and facts released at once (nothing draws on the seeded generator, so a
+    /// barrier costs a run no randomness), and a barrier they ask for is passed in turn.
+    /// Gated messages of earlier steps whose `Sync` is scheduled already count as sent:
+    /// the sync they wait for is done, and they leave when it fires, as over a slow link
+    /// (a crash before then loses them, as it loses any message in flight).
+    ///
+    /// An epoch's end is two barriers (replica/epoch.rs): the old epoch's records
+    /// durable, then the new epoch's log durable before the new node's first step.
+    fn pass_barrier(&mut self, n: NodeId) {
+        loop {
+            let now = self.node_now(n);
+            let node = &mut self.nodes[n as usize];
+            node.disk.sync(node.disk.last_op());
+            let Some(Core::Order(replica)) = node.core.as_mut() else { return };
+            let mut out = Outputs::default();
+            if let Err(panic) = catch_step(|| replica.step(now, Input::Drained, &mut out)) {
+                node.core = None;
+                self.violation("invariant", format!("node {n} at a barrier: {panic}"));
+                return;
             }
-            EpochStep::Removed => {
-                // It stays, retired, to help the others end the epoch (epoch.rs).
-                node.role = Role::Removed;
-                self.trace_line(format!("{} n{n} removed", self.now));
+            let epoch = replica.epoch();
+            if !out.barrier {
+                self.process_outputs(n, out, epoch);
+                return;
             }
+            let Outputs { persist, persist_lazy, send, send_after_persist, events, checkpoints, barrier: _ } = out;
+            for p in &persist {
+                node.disk.write(p);
+            }
+            for r in &persist_lazy {
+                node.disk.write_lazy(r);
+            }
+            // Synced now, for the barrier: what waited for that goes too.
+            node.disk.sync(node.disk.last_op());
+            for job in checkpoints {
+                self.schedule(self.now, Ev::CheckpointDone { node: n, epoch: self.nodes[n as usize].epoch, job });
+            }
+            for e in events {
+                self.on_event(n, e, epoch);
+            }
+            self.transmit_from_node(n, send_after_persist, epoch);
+            self.transmit_from_node(n, send, epoch);
         }
+    }
+
+    /// Order node `n` went on to a new membership epoch (`Event::EpochStarted`): the
+    /// checkers and its Byzantine behaviour follow it.
+    fn started_epoch(&mut self, n: NodeId) {
+        let node = &mut self.nodes[n as usize];
+        let Some(Core::Order(replica)) = node.core.as_ref() else { return };
+        let (epoch, q) = (replica.epoch(), replica.config().quorums.order_quorum());
+        let ids: Vec<u32> = replica.config().membership.members.iter().map(|m| m.id).collect();
+        if let Some(b) = node.byzantine.as_mut() {
+            b.set_membership(replica.id(), q, replica.config().membership.clone());
+        }
+        let line = format!("{} n{n} epoch {epoch} as index {}", self.now, replica.id());
+        self.trace_line(line);
+        self.turn_byzantine(n);
+        self.memberships.entry(epoch).or_insert(ids);
+        self.report.faults.epochs = self.report.faults.epochs.max(epoch);
     }
 
     /// A latent liar (`SimNode::latent`) turns Byzantine if the epoch its replica runs
@@ -1802,6 +1833,12 @@ impl<W: Workload> World<W> {
             }
             Event::EpochEnded { epoch: next, seq } => {
                 self.trace_line(format!("{} n{n} epoch {epoch} ended at {seq}, next {next}", self.now));
+            }
+            Event::EpochStarted { .. } => self.started_epoch(n),
+            Event::Removed { .. } => {
+                // It stays, retired, to help the others end the epoch (epoch.rs).
+                self.nodes[n as usize].role = Role::Removed;
+                self.trace_line(format!("{} n{n} removed", self.now));
             }
             Event::Ticked { seq, time } => {
                 if correct {

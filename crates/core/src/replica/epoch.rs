@@ -4,11 +4,15 @@
 //!   epoch e:   ... instance s executes an admin op ──► membership e+1 (in the state)
 //!              no execution, no proposal past s; checkpoint at s (off the interval)
 //!              Q_e matching votes, which sign the digest of membership e+1: s stable
-//!              ──► Event::EpochEnded
-//!   driver:    makes everything of epoch e durable, then advance_epoch(): the node
-//!              becomes epoch e+1's (same secrets, the index of its stable id in e+1,
-//!              the snapshot at s as its state, view 0) and hands back a WAL that starts
-//!              with the epoch's certificates, durable before its next step
+//!              ──► Event::EpochEnded, and a durability barrier (Outputs::barrier)
+//!   driver:    makes everything of epoch e durable and sends what it gated, then
+//!              steps Input::Drained
+//!   node:      advance_epoch(): becomes epoch e+1's (same secrets and service, the
+//!              index of its stable id in e+1, the snapshot at s as its state, view 0):
+//!              Event::EpochStarted, a WAL that starts with the epoch's certificates,
+//!              and a second barrier, so that WAL is durable before its next step
+//!              (or it retires: Event::Removed)
+//!   driver:    follows the new members and keys; Input::Drained once the WAL is durable
 //!   epoch e+1: the proof at s is in epoch e's terms: the `previous` membership checks it
 //! ```
 //!
@@ -33,21 +37,6 @@ use super::{Event, Outputs, Peer, Persist, Replica};
 use crate::codec::EPOCH_CERTS_MAX;
 use crate::message::{EpochCert, Seq};
 use crate::service::Service;
-
-/// What became of a node whose epoch ended ([`Replica::advance_epoch`]).
-#[must_use = "a node that became the next epoch's must have its new log durable before its next step"]
-pub enum EpochStep {
-    /// It is the next epoch's node now, and this is what the driver must make durable
-    /// (fsync) before it steps the node again (the WAL replaced by the new epoch's
-    /// records). Not merely queued: a primary's PROPOSE leaves before its record is
-    /// durable, and recovery closes proposals in a view only if the log says the node was
-    /// in it; a node that crashed before the new epoch's log was durable would recover
-    /// in the old epoch, start the new one afresh and could propose twice in view 0.
-    Member(Vec<Persist>),
-    /// The new membership left it out: it is retired ([`Replica::retire`]), helping the
-    /// others end the epoch until the driver stops it.
-    Removed,
-}
 
 impl<S: Service> Replica<S> {
     /// Whether the executed state already belongs to a later epoch than this node runs.
@@ -85,8 +74,16 @@ impl<S: Service> Replica<S> {
         {
             return;
         }
+        self.end_epoch(self.exec.membership().epoch, end, out);
+    }
+
+    /// Reports the end of this node's epoch and asks for the barrier the next epoch
+    /// starts behind: everything the old epoch persisted durable and its gated messages
+    /// sent (its votes and replies reflect state the new epoch's log no longer holds).
+    fn end_epoch(&mut self, epoch: u64, seq: Seq, out: &mut Outputs) {
         self.epoch_reported = true;
-        out.events.push(Event::EpochEnded { epoch: self.exec.membership().epoch, seq: end });
+        out.events.push(Event::EpochEnded { epoch, seq });
+        self.hold_barrier(out);
     }
 
     /// Certificates of later epochs ([`crate::epoch_cert::follow_certs`]): valid ones
@@ -110,8 +107,7 @@ impl<S: Service> Replica<S> {
             }
         }
         self.jump = Some(chain);
-        self.epoch_reported = true;
-        out.events.push(Event::EpochEnded { epoch: at.epoch, seq: at.since });
+        self.end_epoch(at.epoch, at.since, out);
         Ok(())
     }
 
@@ -119,7 +115,7 @@ impl<S: Service> Replica<S> {
     /// end the epoch: it resends its checkpoint vote and answers STATUS (with the stable
     /// proof), manifests and chunks, and nothing else. Without it, a member short of one
     /// vote for the last checkpoint (the removed node's, lost) waits forever.
-    pub fn retire(&mut self) {
+    pub(super) fn retire(&mut self) {
         self.retired = true;
     }
 
@@ -135,7 +131,7 @@ impl<S: Service> Replica<S> {
             super::Input::Message { from: super::Peer::Node(n), msg } => (n, msg),
             super::Input::Checked { from, msg } => (from, msg),
             // Its epoch's last checkpoint was taken inline; later ones are moot.
-            super::Input::Message { .. } | super::Input::CheckpointReady(_) => return,
+            super::Input::Message { .. } | super::Input::CheckpointReady(_) | super::Input::Drained => return,
         };
         if from as usize >= self.cfg.n() || from == self.id {
             return;
@@ -194,32 +190,52 @@ impl<S: Service> Replica<S> {
         }
     }
 
-    /// Once [`Event::EpochEnded`] was reported and everything the node persisted in the
-    /// old epoch is durable: the node becomes the next epoch's, with `service` (empty) as
-    /// its service. Same secrets, the index its stable id has in the new membership, view
-    /// 0. After a normal end its state is the stable checkpoint at the epoch's last
-    /// instance; after a jump it holds nothing and fetches the new epoch's state. A node
-    /// the new membership leaves out retires instead.
+    /// At the barrier [`Replica::end_epoch`] asked for (everything the old epoch
+    /// persisted is durable and its gated messages are sent): the node becomes the next
+    /// epoch's, in place. Same secrets, the index its stable id has in the new
+    /// membership, view 0, and the same service (its state replaced: see
+    /// [`Replica::next_epoch`]). After a normal end its state is the stable checkpoint at
+    /// the epoch's last instance; after a jump it holds nothing and fetches the new
+    /// epoch's state. Its new log (the WAL replaced by the new epoch's records) goes out
+    /// behind a second barrier: the node takes no other step before that log is durable.
+    /// Not merely queued: a primary's PROPOSE leaves before its record is durable, and
+    /// recovery closes proposals in a view only if the log says the node was in it; a
+    /// node that crashed before the new epoch's log was durable would recover in the old
+    /// epoch, start the new one afresh and could propose twice in view 0.
     ///
-    /// # Panics
-    /// If called before the epoch ended (a driver bug).
-    pub fn advance_epoch(&mut self, service: S) -> EpochStep {
-        match self.next_epoch(service) {
+    /// A node the new membership leaves out retires instead ([`Event::Removed`]).
+    pub(super) fn advance_epoch(&mut self, out: &mut Outputs) {
+        assert!(self.epoch_reported, "advance_epoch before EpochEnded");
+        let epoch = match &self.jump {
+            Some(chain) => chain.last().expect("a non-empty chain").next.epoch,
+            None => self.exec.membership().epoch,
+        };
+        match self.next_epoch() {
             Some((next, persist)) => {
                 *self = next;
-                EpochStep::Member(persist)
+                out.persist.extend(persist);
+                out.events.push(Event::EpochStarted { epoch, index: self.id });
+                self.hold_barrier(out);
             }
             None => {
                 self.retire();
-                EpochStep::Removed
+                out.events.push(Event::Removed { epoch });
             }
         }
     }
 
     /// The node of the next epoch and what it must make durable (see
     /// [`Replica::advance_epoch`]); None if the next membership leaves this node out.
-    fn next_epoch(&self, service: S) -> Option<(Replica<S>, Vec<Persist>)> {
-        assert!(self.epoch_reported, "next_epoch before EpochEnded");
+    ///
+    /// The service goes on: this node's is handed to the next one, whose executor
+    /// restores the stable checkpoint that ended the epoch into it (the state it holds
+    /// already, since this node executed up to there). A jumping node restores nothing
+    /// yet: the state its service still holds is never read (a node without its
+    /// epoch's base executes, checkpoints and answers nothing: `has_base`) and is
+    /// replaced by the state transfer that gives it the base. So the core needs no
+    /// second, empty service, which would need a factory in every constructor or a
+    /// `Service` method every service would have to implement.
+    fn next_epoch(&mut self) -> Option<(Replica<S>, Vec<Persist>)> {
         let mut certs = self.epoch_certs.clone();
         let (next, base) = match &self.jump {
             Some(chain) => {
@@ -239,7 +255,7 @@ impl<S: Service> Replica<S> {
         // None: the next membership leaves this node out.
         let index = self.cfg.membership.id_of(self.id).and_then(|id| next.index_of(id))?;
         let cfg = self.cfg.next_epoch(next).expect("memberships from the executor or certificates have valid quorums");
-        let mut r = Replica::new(cfg, index, self.secrets.clone(), service);
+        let mut r = Replica::new(cfg, index, self.secrets.clone(), self.exec.take_service());
         r.now = self.now;
         if self.rejoin.is_some() {
             // Views restart at 0 in the new epoch, and this node may have voted in it

@@ -53,7 +53,6 @@ use crate::wal::Record;
 use std::collections::BTreeMap;
 
 pub use catch_up::Transfer;
-pub use epoch::EpochStep;
 pub(crate) use normal::check_batch_bytes;
 pub use normal::REPLY_INLINE_MAX;
 pub(crate) use push::PushQueues;
@@ -305,6 +304,9 @@ pub struct Replica<S> {
     epoch_certs: Vec<crate::message::EpochCert>,
     /// EpochEnded was reported (epoch.rs).
     epoch_reported: bool,
+    /// This node asked for a durability barrier ([`Outputs::barrier`]) and was not
+    /// stepped with [`Input::Drained`] since: it drops every other input.
+    at_barrier: bool,
     /// A later epoch proven by certificates, to join without this node's state (epoch.rs).
     jump: Option<Vec<crate::message::EpochCert>>,
     /// Client requests the previous epoch left unexecuted, admitted again at this node's
@@ -490,6 +492,7 @@ impl<S: Service> Replica<S> {
             stable_id: ids[id as usize],
             epoch_certs: Vec::new(),
             epoch_reported: false,
+            at_barrier: false,
             jump: None,
             carried: Vec::new(),
             announce_epoch: false,
@@ -562,8 +565,17 @@ impl<S: Service> Replica<S> {
             self.step_retired(input, out);
             return;
         }
+        if self.at_barrier {
+            if let Input::Drained = input {
+                self.at_barrier = false;
+                if self.epoch_reported {
+                    self.advance_epoch(out);
+                }
+            }
+            return;
+        }
         if self.epoch_reported {
-            // Over: the driver replaces this node by `next_epoch`.
+            // Over: the driver crashed it at its barrier (or stepped it there: a bug).
             return;
         }
         if std::mem::take(&mut self.announce_epoch) {
@@ -577,6 +589,8 @@ impl<S: Service> Replica<S> {
             Input::Message { from, msg } => self.on_message(from, msg, false, out),
             Input::Checked { from, msg } => self.on_message(Peer::Node(from), msg, true, out),
             Input::CheckpointReady(ready) => self.on_checkpoint_ready(ready, out),
+            // Stepped at no barrier of this node's: nothing to do.
+            Input::Drained => {}
         }
         if !self.proposals_held {
             self.check_signed_requests(out);
@@ -585,6 +599,13 @@ impl<S: Service> Replica<S> {
         self.check_epoch_end(out);
         self.rejoin_filter(out);
         self.invariants();
+    }
+
+    /// Asks the driver for a durability barrier ([`Outputs::barrier`]) and drops
+    /// every input until it is passed.
+    fn hold_barrier(&mut self, out: &mut Outputs) {
+        self.at_barrier = true;
+        out.barrier = true;
     }
 
     /// The epoch this node runs.

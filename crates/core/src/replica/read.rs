@@ -44,6 +44,12 @@ impl<S: Service> Replica<S> {
         if !matches!(from, Peer::Client(_)) || self.cfg.separated() {
             return Err(Reject::WrongPeer);
         }
+        // A node that joined this epoch holds no state of it until it installed the
+        // epoch's base: what its service holds (nothing, or the state of the epoch it
+        // jumped from: the service goes on across epochs, epoch.rs) answers nothing.
+        if !self.has_base() {
+            return Err(Reject::Busy("no state of this epoch yet"));
+        }
         self.check_session(from, read.client)?;
         self.check_authenticator(read.client, &read.statement(), &read.auth)?;
         if !self.reads.is_new(&read, self.cfg.options.clients_max)? {
