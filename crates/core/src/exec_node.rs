@@ -840,7 +840,7 @@ mod tests {
     use crate::quorum::{Mutation, Quorums};
     use crate::replica::{client_mac_key, Replica};
     use crate::service::OrderState;
-    use crate::stage_net::StageNet;
+    use crate::test_net::TestNet;
 
     use crate::replica::tests::{secrets, Log};
 
@@ -871,9 +871,9 @@ mod tests {
         ClusterConfig::new(q, keys, options).expect("valid").with_executors(exec_keys).expect("2u + 1 execution nodes")
     }
 
-    /// Order nodes and execution nodes on a lossless network (`stage_net.rs`; stable ids
+    /// Order nodes and execution nodes on a lossless network (`test_net.rs`; stable ids
     /// 0..n and n..n + e: `config` gives 0..4 and 4..7).
-    type Net = StageNet<OrderState, ExecNode<Log>>;
+    type Net = TestNet<OrderState, ExecNode<Log>>;
 
     impl Net {
         fn new(cfg: &ClusterConfig) -> Net {
@@ -881,7 +881,7 @@ mod tests {
             let all = n + cfg.stages.executors.len() as u32;
             let order = (0..n).map(|i| Replica::new(cfg.clone(), i, secrets(i), OrderState));
             let exec = (n..all).map(|i| ExecNode::new(cfg.clone(), stage_node(i), secrets(i).signing, Log::default()));
-            StageNet::of(order.collect(), exec.collect())
+            TestNet::of(order.collect(), exec.collect())
         }
 
         /// Invokes `op` and returns its result, ticking until it arrives.
@@ -889,7 +889,7 @@ mod tests {
             let msgs = c.invoke(*now, op.to_vec()).expect("idle");
             self.send(c.id(), msgs, *now);
             for _ in 0..200 {
-                for (n, r) in std::mem::take(&mut self.replies) {
+                for (n, _, r) in std::mem::take(&mut self.replies) {
                     if let Some(result) = c.on_reply(n, r) {
                         return result;
                     }
@@ -903,7 +903,7 @@ mod tests {
         }
 
         fn status(&self) -> String {
-            let order = self.order.iter().map(Replica::status_line);
+            let order = self.nodes.iter().map(Replica::status_line);
             let exec = self.stage.iter().map(ExecNode::status_line);
             order.chain(exec).collect::<Vec<_>>().join("\n")
         }
@@ -971,14 +971,14 @@ mod tests {
         for e in &net.stage {
             assert_eq!(e.service().0, ops, "node {}", e.id());
         }
-        for o in &net.order {
+        for o in &net.nodes {
             assert!(o.executed() >= 1);
         }
         // Only execution nodes answered.
-        assert!(net.replies.iter().all(|(n, _)| cfg.executors().contains(n)));
+        assert!(net.replies.iter().all(|(n, _, _)| cfg.executors().contains(n)));
         // 20 instances or fewer, interval 8: the order nodes certified an execution
         // checkpoint (and the gate let them go on).
-        assert!(net.order.iter().all(|o| o.exec_stable_seq() >= 8), "{}", net.status());
+        assert!(net.nodes.iter().all(|o| o.exec_stable_seq() >= 8), "{}", net.status());
     }
 
     #[cfg(feature = "mutations")]
@@ -1027,7 +1027,7 @@ mod tests {
         // Execution nodes down: ordering goes on up to log_max = 16 instances past the
         // certified (genesis) execution checkpoint, then stops.
         for n in 4..7 {
-            net.down[n] = true;
+            net.down.insert(n);
         }
         let mut sent = 0u8;
         let mut stuck = false;
@@ -1042,17 +1042,17 @@ mod tests {
                 net.tick(now);
             }
             c.abandon();
-            if net.order[0].executed() >= cfg.options.log_max() && i as u64 > cfg.options.log_max() + 4 {
+            if net.nodes[0].executed() >= cfg.options.log_max() && i as u64 > cfg.options.log_max() + 4 {
                 stuck = true;
                 break;
             }
         }
         assert!(stuck, "{}", net.status());
-        assert_eq!(net.order.iter().map(|o| o.executed()).max(), Some(cfg.options.log_max()), "{}", net.status());
+        assert_eq!(net.nodes.iter().map(|o| o.executed()).max(), Some(cfg.options.log_max()), "{}", net.status());
         // Execution comes back: it catches up from the order nodes' commits, certifies
         // its checkpoints and ordering resumes.
         for n in 4..7 {
-            net.down[n] = false;
+            net.down.remove(&n);
         }
         for _ in 0..40 {
             now += 50;
@@ -1069,11 +1069,11 @@ mod tests {
         let mut net = Net::new(&cfg);
         let mut c = client(&cfg, 7);
         let mut now = 10;
-        net.down[6] = true;
+        net.down.insert(6);
         for i in 1..=40u8 {
             net.call(&mut c, &mut now, &[i]);
         }
-        net.down[6] = false;
+        net.down.remove(&6);
         for _ in 0..40 {
             now += 50;
             net.tick(now);
@@ -1099,8 +1099,8 @@ mod tests {
         let mut net = Net::new(&cfg);
         let mut c = client(&cfg, 7);
         let mut now = 10;
-        net.down[4] = true;
-        net.down[5] = true;
+        net.down.insert(4);
+        net.down.insert(5);
         for i in 1..=40u8 {
             let msgs = c.invoke(now, vec![i]).expect("idle");
             net.send(c.id(), msgs, now);
@@ -1108,18 +1108,18 @@ mod tests {
                 now += 50;
                 net.tick(now);
             }
-            for (n, r) in std::mem::take(&mut net.replies) {
+            for (n, _, r) in std::mem::take(&mut net.replies) {
                 c.on_reply(n, r);
             }
             c.abandon();
         }
-        let ordered = net.order[0].executed();
+        let ordered = net.nodes[0].executed();
         assert!(ordered >= cfg.options.log_max(), "ordering ran while one execution node executed: {}", net.status());
         assert_eq!(net.stage[0].executed(), ordered, "{}", net.status());
         // The lone executor is lost; the other two are back.
-        net.down[3] = true;
-        net.down[4] = false;
-        net.down[5] = false;
+        net.down.insert(3);
+        net.down.remove(&4);
+        net.down.remove(&5);
         for _ in 0..60 {
             now += 50;
             net.tick(now);

@@ -611,7 +611,7 @@ mod tests {
     use crate::quorum::{Mutation, Quorums};
     use crate::replica::tests::{secrets, Log};
     use crate::replica::Replica;
-    use crate::stage_net::StageNet;
+    use crate::test_net::TestNet;
 
     /// u = r = 1: order nodes 0..4 (executing), RQ nodes 4..8.
     fn config(mutation: Option<Mutation>) -> ClusterConfig {
@@ -633,8 +633,8 @@ mod tests {
         Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.rq_ids())
     }
 
-    /// Order nodes and RQ nodes on a lossless network (`stage_net.rs`).
-    type Net = StageNet<Log, RqNode>;
+    /// Order nodes and RQ nodes on a lossless network (`test_net.rs`).
+    type Net = TestNet<Log, RqNode>;
 
     impl Net {
         fn new(cfg: &ClusterConfig) -> Net {
@@ -642,7 +642,7 @@ mod tests {
             let rq = cfg
                 .rq_ids()
                 .map(|i| RqNode::new(cfg.clone(), stage_node(i), secrets(i).signing, secrets(i).mac_secret));
-            StageNet::of(order.collect(), rq.collect())
+            TestNet::of(order.collect(), rq.collect())
         }
 
         /// Invokes `op`, ticking until its result arrives; the result and the client ticks
@@ -652,7 +652,7 @@ mod tests {
             self.send(c.id(), msgs, *now);
             let mut retransmissions = 0;
             for _ in 0..400 {
-                for (n, r) in std::mem::take(&mut self.replies) {
+                for (n, _, r) in std::mem::take(&mut self.replies) {
                     if let Some(result) = c.on_reply(n, r) {
                         return (result, retransmissions);
                     }
@@ -667,7 +667,7 @@ mod tests {
         }
 
         fn status(&self) -> String {
-            let order = self.order.iter().map(Replica::status_line);
+            let order = self.nodes.iter().map(Replica::status_line);
             let rq = self.stage.iter().map(RqNode::status_line);
             order.chain(rq).collect::<Vec<_>>().join("\n")
         }
@@ -683,7 +683,7 @@ mod tests {
         }
 
         fn views(&self) -> Vec<u64> {
-            self.order.iter().map(Replica::view).collect()
+            self.nodes.iter().map(Replica::view).collect()
         }
     }
 
@@ -702,8 +702,8 @@ mod tests {
             net.tick(now);
             now += 10;
         }
-        let replies: Vec<(NodeId, Reply)> = std::mem::take(&mut net.replies);
-        let result = replies.into_iter().find_map(|(n, r)| c.on_reply(n, r));
+        let replies: Vec<(NodeId, ClientId, Reply)> = std::mem::take(&mut net.replies);
+        let result = replies.into_iter().find_map(|(n, _, r)| c.on_reply(n, r));
         assert_eq!(result, Some(vec![1]));
         assert_eq!(c.reads_ordered, 0);
         // The proposal carries RQ endorsements, u + r + 1 of them, and no client MACs.
@@ -725,7 +725,7 @@ mod tests {
         let cfg = config(None);
         let mut net = Net::new(&cfg);
         let mut c = client(&cfg, 4); // starts at RQ position 4 % 4 = 0: node 4
-        net.down[4] = true;
+        net.down.insert(4);
         let mut now = 0;
         let (result, retransmissions) = net.call(&mut c, &mut now, b"a");
         assert_eq!((result, retransmissions), (vec![1], 1));
@@ -780,7 +780,7 @@ mod tests {
             net.tick(now);
         }
         assert!(net.stage.iter().all(|q| q.held() == 1), "every RQ node endorsed it: {}", net.status());
-        assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        assert!(net.replies.iter().filter(|(_, _, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
         // Valid at one RQ node only: nobody else endorses, nothing executes, and no order
         // node suspects the primary over it, however long it waits.
         net.replies.clear();
@@ -790,7 +790,7 @@ mod tests {
                 now += 10;
                 net.tick(now);
             }
-            assert!(net.replies.iter().all(|(_, r)| r.client != 10), "round {round}");
+            assert!(net.replies.iter().all(|(_, _, r)| r.client != 10), "round {round}");
         }
         assert_eq!(net.views(), vec![0; 4], "no view change over a faulty client");
         let mut ok = client(&cfg, 11);
@@ -814,7 +814,7 @@ mod tests {
             net.tick(now);
         }
         assert_eq!(net.views(), vec![0; cfg.n()], "no view change: {}", net.status());
-        assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        assert!(net.replies.iter().filter(|(_, _, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
     }
 
     #[test]
@@ -826,7 +826,7 @@ mod tests {
         // relaying order node, it is taken and amplified.
         let cfg = config_ur(2, 1, None);
         let mut net = Net::new(&cfg);
-        net.down[6] = true; // the liar speaks through the test
+        net.down.insert(6); // the liar speaks through the test
         let liar = |request: &Request| -> Message {
             let s = endorse_statement(stage_node(6), &request.statement());
             let row = cfg.node_keys.iter().chain(&cfg.stages.rq);
@@ -840,7 +840,7 @@ mod tests {
         for i in 0..share as u64 {
             let made_up = Request::new(500 + i, 1, b"made up".to_vec().into());
             for to in 7..12 {
-                net.queue.push_back((Peer::Node(6), Peer::Node(to), liar(&made_up)));
+                net.post(Peer::Node(6), to, liar(&made_up));
             }
         }
         net.run(now);
@@ -848,7 +848,7 @@ mod tests {
         let Message::Request(faulty) = &msgs[0].1 else { panic!("a request") };
         let endorsed = liar(&Request { auth: Vec::new(), ..faulty.clone() });
         for to in (0..6).chain(7..12) {
-            net.queue.push_back((Peer::Node(6), Peer::Node(to), endorsed.clone()));
+            net.post(Peer::Node(6), to, endorsed.clone());
         }
         net.send(9, msgs, now);
         for _ in 0..300 {
@@ -856,7 +856,7 @@ mod tests {
             net.tick(now);
         }
         assert_eq!(net.views(), vec![0; cfg.n()], "no view change: {}", net.status());
-        assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        assert!(net.replies.iter().filter(|(_, _, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
     }
 
     #[test]
@@ -922,7 +922,7 @@ mod tests {
             .iter()
             .any(|(from, _, kind)| *kind == "bodies" && matches!(from, Peer::Node(n) if cfg.rq_ids().contains(n)));
         assert!(fetched_from_rq, "backups fetched the bytes from RQ nodes");
-        for r in &net.order {
+        for r in &net.nodes {
             assert_eq!(r.service().0, vec![big.clone()], "node {} executed the whole operation", r.id());
         }
     }

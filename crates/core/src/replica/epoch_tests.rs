@@ -1,203 +1,60 @@
-//! Membership changes through whole epochs, on a lossless in-memory network that routes
-//! by stable id and keeps epochs apart as the drivers do: a message reaches a node of the
-//! sender's epoch; a STATUS from an earlier epoch is answered with epoch certificates.
-//! The simulator adds faults.
+//! Membership changes through whole epochs, on the test network (`test_net.rs`), which
+//! routes by stable id and keeps epochs apart as the drivers do (each node admits what it
+//! is sent, `Node::admit`): a message reaches a node of the sender's epoch; a STATUS from
+//! an earlier epoch is answered with epoch certificates. The simulator adds faults.
 
 use super::tests::{config_rq, secrets, Log};
 use super::*;
 use crate::crypto::SigningKey;
 use crate::membership::{AdminError, AdminOp, AdminResult, Change, Member, Membership, ADMIN_CLIENT};
-use crate::message::{Reply, ReplyBody};
-use std::collections::VecDeque;
+use crate::message::ReplyBody;
+use crate::test_net::TestNet;
+use std::ops::{Deref, DerefMut};
 
+/// The test network with the clock these tests keep: [`EpochNet::run`] delivers until
+/// quiet and ticks every 5 ms. Instrumented, for the signed statements it keeps.
 struct EpochNet {
-    /// Current node per stable id.
-    nodes: BTreeMap<u32, Replica<Log>>,
-    removed: Vec<u32>,
-    /// Nodes cut off from the network (messages to and from them are lost).
-    cut: BTreeSet<u32>,
-    /// Epochs jumped over by certificates, per node.
-    jumps: Vec<u32>,
-    /// (sender stable id, sender epoch, recipient, message).
-    queue: VecDeque<(u32, u64, Peer, Message)>,
-    /// (sender stable id, reply).
-    replies: Vec<(u32, Reply)>,
-    /// Highest instance decided in each epoch (by any node).
-    decided: BTreeMap<u64, Seq>,
-    /// Client cores, and messages on their way to them (client, sender stable id).
-    clients: BTreeMap<ClientId, crate::client::Client>,
-    to_clients: VecDeque<(ClientId, u32, Message)>,
-    /// What the client cores completed: (client, seq) → result.
-    completed: BTreeMap<(ClientId, u64), Vec<u8>>,
-    /// Every signed statement sent (NEW-VIEW, VIEW-CHANGE, WRITE), with its sender's
-    /// stable id and epoch: what a Byzantine member could replay later.
-    signed: Vec<(u32, u64, Message)>,
+    net: TestNet<Log>,
     now: u64,
+}
+
+impl Deref for EpochNet {
+    type Target = TestNet<Log>;
+    fn deref(&self) -> &TestNet<Log> {
+        &self.net
+    }
+}
+
+impl DerefMut for EpochNet {
+    fn deref_mut(&mut self) -> &mut TestNet<Log> {
+        &mut self.net
+    }
 }
 
 impl EpochNet {
     fn new(cfg: &ClusterConfig) -> EpochNet {
-        let nodes =
-            (0..cfg.n() as u32).map(|i| (i, Replica::new(cfg.clone(), i, secrets(i), Log::default()))).collect();
-        EpochNet {
-            nodes,
-            removed: Vec::new(),
-            cut: BTreeSet::new(),
-            jumps: Vec::new(),
-            queue: VecDeque::new(),
-            replies: Vec::new(),
-            decided: BTreeMap::new(),
-            clients: BTreeMap::new(),
-            to_clients: VecDeque::new(),
-            completed: BTreeMap::new(),
-            signed: Vec::new(),
-            now: 10,
-        }
-    }
-
-    fn absorb(&mut self, id: u32, out: Outputs) {
-        let node = self.nodes.get(&id).expect("known node");
-        let (epoch, membership) = (node.epoch(), node.config().membership.clone());
-        let ended = out.events.iter().any(|e| matches!(e, Event::EpochEnded { .. }));
-        for e in &out.events {
-            if let Event::Decided { seq, .. } = e {
-                let top = self.decided.entry(epoch).or_default();
-                *top = (*top).max(*seq);
-            }
-        }
-        for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
-            if matches!(m, Message::NewView(_) | Message::ViewChange(_) | Message::Write(_)) {
-                self.signed.push((id, epoch, m.clone()));
-            }
-            match to {
-                Peer::Node(index) => {
-                    let to = membership.id_of(index).expect("a member");
-                    self.queue.push_back((id, epoch, Peer::Node(to), m));
-                }
-                Peer::Client(c) => {
-                    if self.clients.contains_key(&c) {
-                        self.to_clients.push_back((c, id, m));
-                    } else if let Message::Reply(r) = m {
-                        self.replies.push((id, r));
-                    }
-                }
-            }
-        }
-        if ended {
-            let node = self.nodes.get_mut(&id).expect("current");
-            if node.jump.is_some() {
-                self.jumps.push(id);
-            }
-            match node.advance_epoch(Log::default()) {
-                EpochStep::Member(persist) => {
-                    assert!(matches!(persist.as_slice(), [Persist::Compact { .. }]));
-                }
-                EpochStep::Removed => {
-                    self.nodes.remove(&id);
-                    self.removed.push(id);
-                }
-            }
-        }
-    }
-
-    fn deliver(&mut self, from: u32, epoch: u64, to: u32, msg: Message) {
-        if self.cut.contains(&from) || self.cut.contains(&to) {
-            return;
-        }
-        let Some(node) = self.nodes.get_mut(&to) else { return };
-        if node.epoch() != epoch {
-            if matches!(msg, Message::Status { .. }) && epoch < node.epoch() {
-                let certs = node.epoch_certs_after(epoch);
-                self.queue.push_back((to, node.epoch(), Peer::Node(from), Message::EpochCerts(certs)));
-                return;
-            }
-            if !matches!(msg, Message::EpochCerts(_)) {
-                return;
-            }
-        }
-        let index = node.config().membership.index_of(from).unwrap_or(0);
-        let mut out = Outputs::default();
-        node.step(self.now, Input::Message { from: Peer::Node(index), msg }, &mut out);
-        self.absorb(to, out);
-    }
-
-    /// Client `c` sends what its core produced (addressed by stable id).
-    fn client_send(&mut self, c: ClientId, msgs: Vec<(NodeId, Message)>) {
-        for (to, msg) in msgs {
-            if self.cut.contains(&to) {
-                continue;
-            }
-            let mut out = Outputs::default();
-            if let Some(n) = self.nodes.get_mut(&to) {
-                n.step(self.now, Input::Message { from: Peer::Client(c), msg }, &mut out);
-            }
-            if self.nodes.contains_key(&to) {
-                self.absorb(to, out);
-            }
-        }
-    }
-
-    fn deliver_to_client(&mut self, c: ClientId, from: u32, msg: Message) {
-        let Some(client) = self.clients.get_mut(&c) else { return };
-        match msg {
-            Message::Reply(r) => {
-                let seq = r.seq;
-                if let Some(result) = client.on_reply(from, r) {
-                    self.completed.insert((c, seq), result);
-                }
-            }
-            Message::EpochCerts(certs) => {
-                client.on_epoch_certs(certs);
-            }
-            _ => {}
-        }
-        let msgs = client.poll_send();
-        self.client_send(c, msgs);
+        let nodes = (0..cfg.n() as u32).map(|i| Replica::new(cfg.clone(), i, secrets(i), Log::default())).collect();
+        EpochNet { net: TestNet::of(nodes, Vec::new()).instrumented(), now: 10 }
     }
 
     /// Starts an ordered operation on client core `c`.
     fn invoke(&mut self, c: ClientId, op: Vec<u8>) -> u64 {
-        let client = self.clients.get_mut(&c).expect("a client core");
-        let msgs = client.invoke(self.now, op).expect("idle");
-        let seq = client.inflight_seq().expect("in flight");
-        self.client_send(c, msgs);
-        seq
+        let now = self.now;
+        self.net.invoke(c, op, now)
     }
 
     fn tick(&mut self) {
         self.now += 5;
-        let cs: Vec<ClientId> = self.clients.keys().copied().collect();
-        for c in cs {
-            let msgs = self.clients.get_mut(&c).map(|x| x.on_tick(self.now)).unwrap_or_default();
-            self.client_send(c, msgs);
-        }
-        let ids: Vec<u32> = self.nodes.keys().copied().collect();
-        for id in ids {
-            let mut out = Outputs::default();
-            if let Some(n) = self.nodes.get_mut(&id) {
-                n.step(self.now, Input::Tick, &mut out);
-            }
-            self.absorb(id, out);
-        }
+        let now = self.now;
+        self.net.tick_clients(now);
+        self.net.tick_nodes(now);
     }
 
     fn run(&mut self, ms: u64) {
         let end = self.now + ms;
         while self.now < end {
-            let mut budget = 100_000;
-            loop {
-                if let Some((from, epoch, to, msg)) = self.queue.pop_front() {
-                    if let Peer::Node(to) = to {
-                        self.deliver(from, epoch, to, msg);
-                    }
-                } else if let Some((c, from, msg)) = self.to_clients.pop_front() {
-                    self.deliver_to_client(c, from, msg);
-                } else {
-                    break;
-                }
-                budget -= 1;
-                assert!(budget > 0, "message storm");
-            }
+            let now = self.now;
+            self.net.deliver_all(now);
             self.tick();
         }
     }
@@ -216,29 +73,24 @@ impl EpochNet {
         req.auth = (0..=membership.highest_id)
             .map(|id| client_mac_key(&secrets(id).mac_secret, client).mac(&statement))
             .collect();
+        // Straight to every node, cut off or not (the test's own hand, not the network).
         let ids: Vec<u32> = self.nodes.keys().copied().collect();
+        let now = self.now;
         for id in ids {
-            let mut out = Outputs::default();
-            if let Some(n) = self.nodes.get_mut(&id) {
-                n.step(
-                    self.now,
-                    Input::Message { from: Peer::Client(client), msg: Message::Request(req.clone()) },
-                    &mut out,
-                );
-            }
-            self.absorb(id, out);
+            let msg = Message::Request(req.clone());
+            self.net.step(id, now, Input::Message { from: Peer::Client(client), msg });
         }
     }
 
     /// A result at least `weak` nodes vouched for (in full, or by digest: large results
     /// come in full from one designated node).
     fn result(&self, client: ClientId, seq: u64, weak: usize) -> Option<Vec<u8>> {
-        let mine = || self.replies.iter().filter(|(_, r)| r.client == client && r.seq == seq);
-        mine().find_map(|(_, r)| {
+        let mine = || self.replies.iter().filter(|(_, _, r)| r.client == client && r.seq == seq);
+        mine().find_map(|(_, _, r)| {
             let ReplyBody::Full(body) = &r.body else { return None };
             let digest = r.body.result_digest();
             let who: BTreeSet<u32> =
-                mine().filter(|(_, x)| x.body.result_digest() == digest).map(|(f, _)| *f).collect();
+                mine().filter(|(_, _, x)| x.body.result_digest() == digest).map(|(f, _, _)| *f).collect();
             (who.len() >= weak).then(|| body.clone())
         })
     }
@@ -284,7 +136,7 @@ impl EpochNet {
     }
 
     fn states(&self) -> BTreeMap<u32, (u64, Seq, usize)> {
-        self.nodes.iter().map(|(id, n)| (*id, (n.epoch(), n.executed(), n.service().0.len()))).collect()
+        self.nodes.by_id().map(|(id, n)| (*id, (n.epoch(), n.executed(), n.service().0.len()))).collect()
     }
 }
 
@@ -489,8 +341,9 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
     let (from, new_view) = new_view.expect("epoch 0 had a NEW-VIEW");
     // The primary of that view replays it in epoch 1 (same index, same key).
     let mut out = Outputs::default();
+    let now = net.now;
     let target = net.nodes.get_mut(&2).expect("node 2");
-    target.step(net.now, Input::Message { from: Peer::Node(from), msg: new_view }, &mut out);
+    target.step(now, Input::Message { from: Peer::Node(from), msg: new_view }, &mut out);
     assert_eq!(target.view(), 0, "an old epoch's NEW-VIEW installed a view");
     assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { kind: "new-view", .. })), "{:?}", out.events);
     // No WRITE of epoch 0 carries a valid signature in epoch 1, whatever its instance:
@@ -535,10 +388,11 @@ mod backup {
         let mut outbox = fetch.on_tick(net.now);
         while net.now < end {
             let mut inbox = Vec::new();
+            let now = net.now;
             for (to, msg) in std::mem::take(&mut outbox) {
                 let Some(node) = net.nodes.get_mut(&to) else { continue };
                 let mut out = Outputs::default();
-                node.step(net.now, Input::Message { from: Peer::Client(ADMIN), msg }, &mut out);
+                node.step(now, Input::Message { from: Peer::Client(ADMIN), msg }, &mut out);
                 for (peer, m) in out.send.iter().chain(&out.send_after_persist) {
                     if *peer == Peer::Client(ADMIN) {
                         inbox.push((to, tamper(to, m.clone())));

@@ -15,7 +15,7 @@ use crate::client::Client;
 fn view_1_without_node_3(cfg: &ClusterConfig, ops: u64) -> (Net, Client, u64) {
     let mut net = Net::new(cfg);
     let mut c = client(cfg, 7);
-    net.down[3] = true;
+    net.down.insert(3);
     let mut now = 10;
     let mut out = Outputs::default();
     net.nodes[0].suspect(1, &mut out);
@@ -98,8 +98,8 @@ fn a_laggard_that_catches_up_by_state_transfer_ends_in_the_clusters_view() {
     now += 10;
     net.restart(0, now);
     net.restart(2, now);
-    net.down[1] = true;
-    net.down[3] = false;
+    net.down.insert(1);
+    net.down.remove(&3);
     let view_changes =
         |net: &Net| net.events.iter().filter(|(_, e)| matches!(e, Event::ViewChangeStarted { .. })).count();
     let before = view_changes(&net);
@@ -117,8 +117,8 @@ fn a_laggard_that_catches_up_by_state_transfer_ends_in_the_clusters_view() {
     assert!(net.events.contains(&(3, Event::ViewInstalled { view: 1 })));
     assert!(net.nodes[3].new_view.as_ref().is_some_and(|nv| nv.view == 1), "with the proof, to relay in turn");
     // Node 3 takes part in view 1 at once: nodes 1, 2 and 3 are a quorum.
-    net.down[1] = false;
-    net.down[0] = true;
+    net.down.remove(&1);
+    net.down.insert(0);
     now += 10;
     net.submit(&mut c, now, b"after");
     assert!(net.result(&mut c).is_some(), "decided in view 1 with node 3's votes");

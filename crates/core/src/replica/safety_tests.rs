@@ -201,13 +201,13 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
     use super::tests::{client, Net};
     let mut net = Net::new(&cfg);
     let mut c = client(&cfg, 7);
-    net.down[2] = true;
+    net.down.insert(2);
     net.submit(&mut c, 10, b"x");
     assert!(net.result(&mut c).is_some(), "X acknowledged");
     let x = net.nodes[0].log.get(&1).and_then(|s| s.decided).expect("decided at node 0");
     // Node 1 loses its disk and restarts; node 0 goes down; node 2 is back.
-    net.down[2] = false;
-    net.down[0] = true;
+    net.down.remove(&2);
+    net.down.insert(0);
     let mut out = Outputs::default();
     net.nodes[1] = Replica::rejoin(cfg.clone(), 1, tests::secrets(1), Log::default(), 20, &mut out).expect("empty");
     net.absorb(1, out);
@@ -229,7 +229,7 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
     }
     assert!(net.nodes[1].rejoining(), "no bounds without node 0: Q others must answer");
     // Node 0 is back: the cluster runs, node 1 learns its bounds, catches up and rejoins.
-    net.down[0] = false;
+    net.down.remove(&0);
     let mut k = 0u8;
     let mut done = false;
     while (net.nodes[1].rejoining() || !done) && now < 20 + 400 * timeout {
@@ -245,7 +245,7 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
         }
         for cl in [&mut c, &mut other] {
             for (n, m) in cl.on_tick(now) {
-                net.queue.push_back((Peer::Client(cl.id()), Peer::Node(n), m));
+                net.post(Peer::Client(cl.id()), n, m);
             }
         }
         if !c.busy() {

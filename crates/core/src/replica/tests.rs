@@ -7,12 +7,12 @@ use crate::config::{Auth, Options};
 use crate::crypto::{PublicKey, Sig, SigningKey};
 use crate::message::{
     checkpoint_statement, endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, Proposed, Read,
-    ReadConsistency, Reply, ReplyBody, Write,
+    ReadConsistency, ReplyBody, Write,
 };
 use crate::quorum::Quorums;
 use crate::service::{ExecCtx, Frozen, RestoreError, Service};
+use crate::test_net::TestNet;
 use crate::wal::Record;
-use std::collections::VecDeque;
 
 /// Appends requests; replies with the count so far.
 #[derive(Default, Clone)]
@@ -440,167 +440,19 @@ fn messages_from_unknown_nodes_and_wrong_peers_are_rejected() {
     assert_eq!(rejected(&out), vec![Reject::WrongPeer], "a client may only send its own requests");
 }
 
-/// A lossless cluster: every output is delivered at once (persistence assumed instant).
-pub(super) struct Net {
-    pub(super) nodes: Vec<Replica<Log>>,
-    pub(super) queue: VecDeque<(Peer, Peer, Message)>,
-    pub(super) replies: Vec<(NodeId, u64, Reply)>,
-    pub(super) events: Vec<(NodeId, Event)>,
-    pub(super) down: Vec<bool>,
-    /// What each step asked to persist, for tests of the persistence rules.
-    pub(super) steps: Vec<StepRecord>,
-    /// The largest encoded VIEW-CHANGE or NEW-VIEW sent.
-    pub(super) view_change_bytes: usize,
-    /// Background checkpoints to run once the message queue is empty.
-    pub(super) jobs: VecDeque<(NodeId, CheckpointJob)>,
-    /// Nodes whose background checkpoints are held back (not run) for now.
-    pub(super) jobs_held: Vec<bool>,
-    /// Encoded bytes sent, by sender and message kind.
-    pub(super) sent_bytes: BTreeMap<(NodeId, &'static str), usize>,
-}
-
-pub(super) struct StepRecord {
-    node: NodeId,
-    decided: bool,
-    persist: Vec<Persist>,
-    lazy: Vec<Record>,
-    replies: usize,
-}
+/// A lossless cluster of order nodes (`test_net.rs`), instrumented: what each step
+/// persisted is kept, so a node can restart from its own disk.
+pub(super) type Net = TestNet<Log>;
 
 impl Net {
     pub(super) fn new(cfg: &ClusterConfig) -> Net {
-        let n = cfg.n();
-        Net {
-            nodes: (0..n as u32).map(|i| node(cfg, i)).collect(),
-            queue: VecDeque::new(),
-            replies: Vec::new(),
-            events: Vec::new(),
-            down: vec![false; n],
-            steps: Vec::new(),
-            view_change_bytes: 0,
-            jobs: VecDeque::new(),
-            jobs_held: vec![false; n],
-            sent_bytes: BTreeMap::new(),
-        }
-    }
-
-    pub(super) fn absorb(&mut self, from: NodeId, out: Outputs) {
-        self.steps.push(StepRecord {
-            node: from,
-            decided: out.events.iter().any(|e| matches!(e, Event::Decided { .. })),
-            persist: out.persist.clone(),
-            lazy: out.persist_lazy.clone(),
-            replies: out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Reply(_))).count(),
-        });
-        for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
-            let bytes = crate::codec::encode(&m).len();
-            if matches!(m, Message::ViewChange(_) | Message::NewView(_)) {
-                self.view_change_bytes = self.view_change_bytes.max(bytes);
-            }
-            *self.sent_bytes.entry((from, m.kind())).or_default() += bytes;
-            self.queue.push_back((Peer::Node(from), to, m));
-        }
-        self.events.extend(out.events.into_iter().map(|e| (from, e)));
-        self.jobs.extend(out.checkpoints.into_iter().map(|j| (from, j)));
-    }
-
-    /// Delivers every queued message, then the checkpoints not held back, until quiet.
-    pub(super) fn run(&mut self, now: u64) {
-        loop {
-            self.deliver_all(now);
-            let Some(i) = self.jobs.iter().position(|(n, _)| !self.jobs_held[*n as usize]) else { return };
-            let Some((n, job)) = self.jobs.remove(i) else { return };
-            let mut out = Outputs::default();
-            self.nodes[n as usize].step(now, Input::CheckpointReady(job.run()), &mut out);
-            self.absorb(n, out);
-        }
-    }
-
-    /// Runs node `n`'s first held checkpoint at `seq`, then delivers what follows.
-    pub(super) fn release(&mut self, n: NodeId, seq: Seq, now: u64) {
-        let i = self.jobs.iter().position(|(m, j)| *m == n && j.seq() == seq).expect("a held checkpoint");
-        let Some((_, job)) = self.jobs.remove(i) else { return };
-        let mut out = Outputs::default();
-        self.nodes[n as usize].step(now, Input::CheckpointReady(job.run()), &mut out);
-        self.absorb(n, out);
-        self.run(now);
-    }
-
-    pub(super) fn deliver_all(&mut self, now: u64) {
-        while let Some((from, to, msg)) = self.queue.pop_front() {
-            match to {
-                Peer::Node(n) if !self.down[n as usize] => {
-                    let mut out = Outputs::default();
-                    self.nodes[n as usize].step(now, Input::Message { from, msg }, &mut out);
-                    self.absorb(n, out);
-                }
-                Peer::Client(c) => {
-                    if let (Peer::Node(n), Message::Reply(r)) = (from, msg) {
-                        self.replies.push((n, c, r));
-                    }
-                }
-                Peer::Node(_) => {}
-            }
-        }
-    }
-
-    pub(super) fn tick(&mut self, now: u64) {
-        for n in 0..self.nodes.len() {
-            if !self.down[n] {
-                let mut out = Outputs::default();
-                self.nodes[n].step(now, Input::Tick, &mut out);
-                self.absorb(n as NodeId, out);
-            }
-        }
-        self.run(now);
-    }
-
-    pub(super) fn submit(&mut self, client: &mut Client, now: u64, op: &[u8]) {
-        for (n, m) in client.invoke(now, op.to_vec()).expect("idle") {
-            self.queue.push_back((Peer::Client(client.id()), Peer::Node(n), m));
-        }
-        self.run(now);
-    }
-
-    /// What node `n` holds on disk: every record and snapshot its steps asked to persist,
-    /// all of it durable (the harness syncs at once), as compactions left it.
-    pub(super) fn durable(&self, n: NodeId) -> Durable {
-        let mut d = Durable::default();
-        for s in self.steps.iter().filter(|s| s.node == n) {
-            for p in &s.persist {
-                match p {
-                    Persist::Record(r) => d.records.push(r.clone()),
-                    Persist::Snapshot { seq, chunked } => d.snapshots.push((*seq, chunked.clone())),
-                    Persist::Compact { records, snapshots_from } => {
-                        d.records = records.clone();
-                        d.snapshots.retain(|(seq, _)| seq >= snapshots_from);
-                    }
-                }
-            }
-            d.records.extend(s.lazy.iter().cloned());
-        }
-        d
+        TestNet::of((0..cfg.n() as u32).map(|i| node(cfg, i)).collect(), Vec::new()).instrumented()
     }
 
     /// Crashes node `n` (its memory and undelivered messages to it are lost) and restarts
-    /// it from [`Net::durable`].
+    /// it from [`TestNet::durable`].
     pub(super) fn restart(&mut self, n: NodeId, now: u64) {
-        let cfg = self.nodes[n as usize].config().clone();
-        self.queue.retain(|(_, to, _)| *to != Peer::Node(n));
-        let mut out = Outputs::default();
-        self.nodes[n as usize] = Replica::recover(cfg, n, secrets(n), Log::default(), self.durable(n), now, &mut out)
-            .expect("recovers from its own disk");
-        self.absorb(n, out);
-    }
-
-    pub(super) fn result(&mut self, client: &mut Client) -> Option<Vec<u8>> {
-        let mut result = None;
-        for (n, c, r) in std::mem::take(&mut self.replies) {
-            if c == client.id() {
-                result = result.or(client.on_reply(n, r));
-            }
-        }
-        result
+        self.restart_with(n, secrets(n), Log::default(), now);
     }
 }
 
@@ -641,7 +493,7 @@ fn a_large_result_comes_in_full_from_its_designated_node_even_unasked() {
             unasked_designated += 1;
         }
         for (n, m) in sent {
-            net.queue.push_back((Peer::Client(id), Peer::Node(n), m));
+            net.post(Peer::Client(id), n, m);
         }
         net.run(0);
         let result = net.result(&mut c);
@@ -657,7 +509,7 @@ fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
     let mut c = client(&cfg, 7);
     net.submit(&mut c, 0, b"a");
     assert!(net.result(&mut c).is_some());
-    net.down[0] = true;
+    net.down.insert(0);
     net.submit(&mut c, 10, b"b");
     assert_eq!(net.result(&mut c), None);
     let timeout = cfg.options.request_timeout_ms;
@@ -669,7 +521,7 @@ fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
         result = net.result(&mut c);
     }
     assert_eq!(result, Some(vec![2]));
-    assert!(net.nodes[1..].iter().all(|n| n.view() == 1));
+    assert!(net.nodes.iter().skip(1).all(|n| n.view() == 1));
     let installed = net.events.iter().filter(|(_, e)| *e == Event::ViewInstalled { view: 1 }).count();
     assert_eq!(installed, 3);
 }
@@ -785,7 +637,7 @@ fn a_healed_partitioned_former_primary_learns_the_new_view() {
     net.submit(&mut c, 0, b"a");
     assert!(net.result(&mut c).is_some());
     // Partition node 0 (the primary) away: it keeps its state and clock, hears nothing.
-    net.down[0] = true;
+    net.down.insert(0);
     net.submit(&mut c, 10, b"b");
     let mut now = 10;
     while net.nodes[1].view() == 0 && now < 20_000 {
@@ -797,7 +649,7 @@ fn a_healed_partitioned_former_primary_learns_the_new_view() {
     // Meanwhile the isolated node only suspected, never committed to a view change.
     assert_eq!(net.nodes[0].view(), 0);
     // Heal: STATUS gossip brings it the NEW-VIEW; it installs view 1 and catches up.
-    net.down[0] = false;
+    net.down.remove(&0);
     for _ in 0..100 {
         now += 5;
         net.tick(now);
@@ -1202,7 +1054,7 @@ fn request_valid_at(cfg: &ClusterConfig, client: u64, seq: u64, op: &[u8], valid
 
 fn send_to_all(net: &mut Net, req: &Request, now: u64) {
     for n in 0..net.nodes.len() as NodeId {
-        net.queue.push_back((Peer::Client(req.client), Peer::Node(n), Message::Request(req.clone())));
+        net.post(Peer::Client(req.client), n, Message::Request(req.clone()));
     }
     net.run(now);
 }
@@ -1225,7 +1077,7 @@ fn rq_mac_proposals_carry_endorsements_instead_of_the_clients_macs() {
     let targets: Vec<NodeId> = first.iter().map(|(n, _)| *n).collect();
     assert_eq!(targets, vec![0, 1, 2], "u + r + 1 nodes from the primary on");
     for (n, m) in first {
-        net.queue.push_back((Peer::Client(7), Peer::Node(n), m));
+        net.post(Peer::Client(7), n, m);
     }
     net.run(10);
     assert_eq!(net.result(&mut c), Some(vec![1]));
@@ -1596,11 +1448,11 @@ fn a_node_that_fell_behind_fetches_only_the_chunks_its_own_snapshot_lacks() {
         net.tick(now);
     }
     assert_eq!(net.nodes[3].stable_seq(), 2 * interval, "node 3 holds the second checkpoint");
-    net.down[3] = true;
+    net.down.insert(3);
     for i in 2 * interval..4 * interval {
         submit(&mut net, &mut now, i);
     }
-    net.down[3] = false;
+    net.down.remove(&3);
     for _ in 0..400 {
         now += 5;
         net.tick(now);
@@ -1644,7 +1496,7 @@ fn background_checkpoints_record_the_state_frozen_at_their_instance() {
     let (mut a, mut b) = (Net::new(&inline), Net::new(&cfg));
     let (mut ca, mut cb) = (client(&inline, 7), client(&cfg, 7));
     let (mut ta, mut tb) = (0, 0);
-    b.jobs_held[3] = true;
+    b.jobs_held.insert(3);
     run_ops(&mut a, &mut ca, &mut ta, 0..interval + 3);
     run_ops(&mut b, &mut cb, &mut tb, 0..interval + 3);
     assert_eq!(b.nodes[3].executed(), interval + 3, "node 3 executed past the checkpoint");
@@ -1653,7 +1505,7 @@ fn background_checkpoints_record_the_state_frozen_at_their_instance() {
     // starting a transfer (it holds the state, only its snapshot is not done).
     assert_eq!(b.nodes[3].stable_seq(), interval);
     assert!(b.nodes[3].stable_chunks.is_none());
-    b.jobs_held[3] = false;
+    b.jobs_held.remove(&3);
     b.tick(tb + 5);
     let root = |net: &Net, node: NodeId| {
         net.events.iter().find_map(|(n, e)| match e {
@@ -1682,8 +1534,8 @@ fn a_background_checkpoint_of_a_replaced_state_is_dropped() {
     let mut net = Net::new(&cfg);
     let mut c = client(&cfg, 7);
     net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
-    net.jobs_held[0] = true;
-    net.jobs_held[3] = true;
+    net.jobs_held.insert(0);
+    net.jobs_held.insert(3);
     let mut now = 0;
     run_ops(&mut net, &mut c, &mut now, 0..2 * interval);
     net.release(0, interval, now);
@@ -1954,7 +1806,7 @@ fn votes_sent(out: &Outputs) -> BTreeMap<(NodeId, &'static str), usize> {
 /// 1-3) while node 3 was down.
 fn three_decided_with_node_3_down(cfg: &ClusterConfig) -> Net {
     let mut net = Net::new(cfg);
-    net.down[3] = true;
+    net.down.insert(3);
     let mut c = client(cfg, 7);
     for i in 1..=3u8 {
         net.submit(&mut c, i as u64, &[i]);
