@@ -146,7 +146,10 @@ async fn outage_under_heavy_load(u: u32, r: u32) {
         // started the change itself or, restarting later, adopted the new view (a node
         // that did the latter counts no view change of its own; CI once saw that).
         let view = cluster.status(i).map(|s| s.view);
-        assert!(view.is_some_and(|v| v >= 1), "node {i} is in view {view:?}, not past the outage's view:\n{metrics}");
+        assert!(
+            view.is_some_and(|v| v >= keel_core::ids::View(1)),
+            "node {i} is in view {view:?}, not past the outage's view:\n{metrics}"
+        );
     }
     let started: u64 = (0..cluster.n()).map(|i| metric(&cluster.metrics(i), "keel_view_changes_total")).sum();
     assert!(started >= 1, "no node started a view change after the outage");

@@ -230,7 +230,7 @@ impl Client {
             seq: first_seq.saturating_sub(1),
             started: Vec::new(),
             last_ordered: 0,
-            view: 0,
+            view: View(0),
             retransmit_ms,
             inflight: None,
             outbox: Vec::new(),
@@ -511,7 +511,7 @@ impl Client {
         let members = self.members();
         let n = members.len();
         let want = self.quorums.endorse_propose();
-        let primary = (self.view % n as u64) as usize;
+        let primary = self.view.primary(n) as usize;
         let mut ring: Vec<NodeId> = (0..n).map(|i| members[(primary + i) % n]).collect();
         let memory = if retransmitted { 1 } else { 2 };
         let heard = |node: &NodeId| self.heard.get(node).copied().unwrap_or(0);
@@ -935,7 +935,7 @@ mod tests {
     }
 
     fn reply(seq: u64, body: ReplyBody) -> Reply {
-        Reply { client: 9, view: 0, seq, body, epoch: 0 }
+        Reply { client: 9, view: View(0), seq, body, epoch: 0 }
     }
 
     #[test]
@@ -1368,7 +1368,7 @@ mod tests {
         let first: Vec<NodeId> = c.invoke(0, vec![0]).expect("idle").iter().map(|(n, _)| *n).collect();
         assert!(!first.contains(&1), "node 1 failed the client as a backup: {first:?}");
         c.abandon();
-        c.note_view(1);
+        c.note_view(View(1));
         let first: Vec<NodeId> = c.invoke(0, vec![0]).expect("idle").iter().map(|(n, _)| *n).collect();
         assert_eq!(first[0], 1, "the primary of view 1 first: {first:?}");
     }

@@ -5,7 +5,7 @@
 
 use crate::crypto::{NodeKeys, PublicKey};
 use crate::membership::Membership;
-use crate::message::{ClientId, NodeId};
+use crate::message::{ClientId, NodeId, View};
 use crate::quorum::{QuorumError, Quorums};
 use std::collections::BTreeMap;
 
@@ -370,8 +370,8 @@ impl ClusterConfig {
         self.node_keys.len()
     }
 
-    pub fn primary(&self, view: u64) -> u32 {
-        (view % self.n() as u64) as u32
+    pub fn primary(&self, view: View) -> u32 {
+        view.primary(self.n())
     }
 }
 

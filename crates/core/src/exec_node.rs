@@ -33,7 +33,7 @@ use crate::crypto::{Digest, NodeKeys, SigningKey};
 use crate::exec::{Chunked, Executor};
 use crate::message::{
     checkpoint_statement, owner_of, CheckpointVote, ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody,
-    Request, Seq, StableProof, Value,
+    Request, Seq, StableProof, Value, View,
 };
 use crate::quorum::Mutation;
 use crate::read_wait::{ReadWaits, Until};
@@ -119,7 +119,7 @@ impl<S: Service> crate::node::Node for ExecNode<S> {
     fn status(&self) -> crate::node::NodeStatus {
         let cfg = self.config();
         crate::node::NodeStatus {
-            view: 0,
+            view: View(0),
             view_change_to: None,
             executed: self.executed(),
             stable: self.stable_seq(),
@@ -389,7 +389,7 @@ impl<S: Service> ExecNode<S> {
         }
         if let Some(result) = self.exec.cached(req.client, req.seq) {
             let body = crate::codec::reply_body(result.to_vec(), true);
-            let reply = Reply { client: req.client, view: 0, seq: req.seq, body, epoch: self.cfg.epoch() };
+            let reply = Reply { client: req.client, view: View(0), seq: req.seq, body, epoch: self.cfg.epoch() };
             out.send.push((Peer::Client(req.client), Message::Reply(reply)));
         }
         Ok(())
@@ -459,7 +459,7 @@ impl<S: Service> ExecNode<S> {
                 }
                 executed.push(ExecutedRequest { client: o.client, seq: o.seq, op });
                 let body = self.reply_body(o.client, o.seq, o.result);
-                let reply = Reply { client: o.client, view: 0, seq: o.seq, body, epoch: self.cfg.epoch() };
+                let reply = Reply { client: o.client, view: View(0), seq: o.seq, body, epoch: self.cfg.epoch() };
                 out.send.push((Peer::Client(o.client), Message::Reply(reply)));
                 // Nothing to wait for: a restarted execution node executes the same
                 // decided values again and numbers the same events alike.
@@ -715,7 +715,7 @@ impl<S: Service> ExecNode<S> {
                 self.start_transfer(Vec::new(), out);
             }
             self.executed_at_status = executed;
-            let status = Message::Status { view: 0, executed: self.exec.executed(), stable: self.stable.seq };
+            let status = Message::Status { view: View(0), executed: self.exec.executed(), stable: self.stable.seq };
             for node in self.recent_order_nodes() {
                 out.send.push((Peer::Node(node), status.clone()));
             }
@@ -803,7 +803,7 @@ impl<S: Service> ExecNode<S> {
             Some(result) if read.consistency == ReadConsistency::Index => crate::codec::reply_body(result, true),
             Some(result) => self.reply_body(read.client, read.seq, result),
         };
-        let reply = Reply { client: read.client, view: 0, seq: read.seq, body, epoch: self.cfg.epoch() };
+        let reply = Reply { client: read.client, view: View(0), seq: read.seq, body, epoch: self.cfg.epoch() };
         // As ordered replies: what it executed was decided and durable at the order nodes.
         out.send.push((Peer::Client(read.client), Message::Reply(reply)));
     }

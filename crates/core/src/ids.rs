@@ -1,5 +1,98 @@
 //! Identities and positions: nodes, clients and their sessions, views and instances.
 //! The lowest layer every other module names things with.
+//!
+//! Views and instances are newtypes, not aliases of `u64`: a view passed where an
+//! instance is expected (both count up from 0, both travel in every vote) compiles no
+//! more. They serialize as the bare integer (`serde(transparent)`), print as it, and
+//! hash into statements as it, so wire formats, logs and signatures are what they were.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::ops::{Add, AddAssign, Sub};
+
+/// A newtype over an unsigned integer that serializes and prints as the bare number.
+macro_rules! number {
+    ($(#[$meta:meta])* $name:ident($inner:ty)) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub $inner);
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&self.0, f)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+        impl From<$name> for $inner {
+            fn from(x: $name) -> $inner {
+                x.0
+            }
+        }
+
+        /// `x + n`: `n` steps later.
+        impl Add<$inner> for $name {
+            type Output = $name;
+            fn add(self, n: $inner) -> $name {
+                $name(self.0 + n)
+            }
+        }
+
+        impl AddAssign<$inner> for $name {
+            fn add_assign(&mut self, n: $inner) {
+                self.0 += n;
+            }
+        }
+
+        /// `x - n`: `n` steps earlier.
+        impl Sub<$inner> for $name {
+            type Output = $name;
+            fn sub(self, n: $inner) -> $name {
+                $name(self.0 - n)
+            }
+        }
+
+        /// `a - b`: how many steps `b` is behind `a`.
+        impl Sub<$name> for $name {
+            type Output = $inner;
+            fn sub(self, b: $name) -> $inner {
+                self.0 - b.0
+            }
+        }
+
+        impl $name {
+            pub const MAX: $name = $name(<$inner>::MAX);
+
+            /// The one after this.
+            pub fn next(self) -> $name {
+                $name(self.0 + 1)
+            }
+
+            pub fn saturating_sub(self, n: $inner) -> $name {
+                $name(self.0.saturating_sub(n))
+            }
+
+            pub fn saturating_add(self, n: $inner) -> $name {
+                $name(self.0.saturating_add(n))
+            }
+
+            pub fn checked_sub(self, n: $inner) -> Option<$name> {
+                self.0.checked_sub(n).map($name)
+            }
+
+            /// Steps from `earlier` up to this, 0 if `earlier` is not earlier.
+            pub fn since(self, earlier: $name) -> $inner {
+                self.0.saturating_sub(earlier.0)
+            }
+        }
+    };
+}
 
 /// Index of an order node, `0..N`.
 pub type NodeId = u32;
@@ -30,8 +123,17 @@ pub fn owner_of(client: ClientId) -> ClientId {
 pub fn session_of(client: ClientId) -> u64 {
     client >> SESSION_SHIFT
 }
-/// A view number; the primary of view `v` is `v mod N`.
-pub type View = u64;
+number! {
+    /// A view number; the primary of view `v` is `v mod N`.
+    View(u64)
+}
+
+impl View {
+    /// The index of this view's primary among `n` nodes.
+    pub fn primary(self, n: usize) -> NodeId {
+        (self.0 % n as u64) as NodeId
+    }
+}
 /// A consensus instance (sequence number); each decides one value.
 pub type Seq = u64;
 

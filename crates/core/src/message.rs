@@ -463,7 +463,7 @@ pub struct Write {
 ///
 /// [`Membership::digest`]: crate::membership::Membership::digest
 pub fn write_statement(epoch: &Digest, view: View, seq: Seq, digest: &Digest, node: NodeId) -> Digest {
-    Hasher::new("keel/write").digest(epoch).u64(view).u64(seq).digest(digest).u64(node as u64).finish()
+    Hasher::new("keel/write").digest(epoch).u64(view.0).u64(seq).digest(digest).u64(node as u64).finish()
 }
 
 /// A checkpoint vote: "after executing `seq`, my state's Merkle root is `root`, and
@@ -596,7 +596,7 @@ impl NewView {
     /// What the primary signs in the membership with digest `epoch` (see
     /// [`write_statement`]).
     pub fn statement(&self, epoch: &Digest) -> Digest {
-        let mut h = Hasher::new("keel/new-view").digest(epoch).u64(self.view).u64(self.view_changes.len() as u64);
+        let mut h = Hasher::new("keel/new-view").digest(epoch).u64(self.view.0).u64(self.view_changes.len() as u64);
         for vc in &self.view_changes {
             h = h.digest(&vc.statement(epoch));
         }

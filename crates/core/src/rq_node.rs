@@ -132,7 +132,7 @@ impl RqNode {
             hearsay: Hearsay::new(hearsay_chargeable(&cfg, order_ids(&cfg))),
             row: endorse_row(&cfg, &signing),
             views: BTreeMap::new(),
-            view: 0,
+            view: View(0),
             query_timeout: Timeout::every(cfg.options.status_ms),
             epoch_certs: Vec::new(),
             body_budget: BTreeMap::new(),
@@ -219,7 +219,7 @@ impl RqNode {
                 self.views.insert(o, view);
                 let mut views: Vec<View> = self.views.values().copied().collect();
                 views.sort_unstable_by(|a, b| b.cmp(a));
-                self.view = views.get(self.cfg.quorums.r() as usize).copied().unwrap_or(0);
+                self.view = views.get(self.cfg.quorums.r() as usize).copied().unwrap_or_default();
                 Ok(())
             }
             (Peer::Node(o), Message::FetchBodies { seq, wanted }) if self.is_order_node(o) => {
@@ -290,7 +290,7 @@ impl RqNode {
         self.epoch_certs.drain(..excess);
         self.row = endorse_row(&self.cfg, &self.signing);
         self.views.clear();
-        self.view = 0;
+        self.view = View(0);
         self.body_budget.clear();
         let share = hearsay_share(&self.cfg);
         self.hearsay.set_chargeable(hearsay_chargeable(&self.cfg, order_ids(&self.cfg)), share);
@@ -682,7 +682,7 @@ mod tests {
                 .collect()
         }
 
-        fn views(&self) -> Vec<u64> {
+        fn views(&self) -> Vec<View> {
             self.order.iter().map(Replica::view).collect()
         }
     }
@@ -742,7 +742,7 @@ mod tests {
             }
         }
         assert_eq!(slow, vec![66, 195], "retransmissions at the probes only");
-        assert_eq!(net.views(), vec![0; 4], "no view change");
+        assert_eq!(net.views(), vec![View(0); 4], "no view change");
     }
 
     /// A request whose MACs are valid at RQ nodes `valid` only (the faulty client of
@@ -792,7 +792,7 @@ mod tests {
             }
             assert!(net.replies.iter().all(|(_, r)| r.client != 10), "round {round}");
         }
-        assert_eq!(net.views(), vec![0; 4], "no view change over a faulty client");
+        assert_eq!(net.views(), vec![View(0); 4], "no view change over a faulty client");
         let mut ok = client(&cfg, 11);
         assert_eq!(net.call(&mut ok, &mut now, b"ok").0, vec![2], "others are served");
     }
@@ -813,7 +813,7 @@ mod tests {
             now += 10;
             net.tick(now);
         }
-        assert_eq!(net.views(), vec![0; cfg.n()], "no view change: {}", net.status());
+        assert_eq!(net.views(), vec![View(0); cfg.n()], "no view change: {}", net.status());
         assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
     }
 
@@ -855,7 +855,7 @@ mod tests {
             now += 10;
             net.tick(now);
         }
-        assert_eq!(net.views(), vec![0; cfg.n()], "no view change: {}", net.status());
+        assert_eq!(net.views(), vec![View(0); cfg.n()], "no view change: {}", net.status());
         assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
     }
 
@@ -982,11 +982,11 @@ mod tests {
         let cfg = config(None);
         let mut rq = RqNode::new(cfg.clone(), stage_node(5), secrets(5).signing, secrets(5).mac_secret);
         let mut out = Outputs::default();
-        let status = |view| Message::Status { view, executed: 0, stable: 0 };
+        let status = |view| Message::Status { view: View(view), executed: 0, stable: 0 };
         rq.step(0, Input::Message { from: Peer::Node(3), msg: status(1_000) }, &mut out);
-        assert_eq!(rq.view(), 0, "one liar cannot move it");
+        assert_eq!(rq.view(), View(0), "one liar cannot move it");
         rq.step(0, Input::Message { from: Peer::Node(1), msg: status(2) }, &mut out);
-        assert_eq!(rq.view(), 2);
+        assert_eq!(rq.view(), View(2));
     }
 
     #[test]

@@ -209,11 +209,11 @@ mod tests {
     use keel_core::replica::Durable;
 
     fn view(v: u64) -> Record {
-        Record::View { view: v, floor: 0 }
+        Record::View { view: keel_core::ids::View(v), floor: 0 }
     }
 
     fn views(d: &Durable) -> Vec<u64> {
-        d.records.iter().filter_map(|r| if let Record::View { view, .. } = r { Some(*view) } else { None }).collect()
+        d.records.iter().filter_map(|r| if let Record::View { view, .. } = r { Some(view.0) } else { None }).collect()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,8 +223,8 @@ mod tests {
         let stats = Arc::new(TransportStats::default());
         let mut c = Committer::start(storage, stats, crate::metrics::Metrics::new().0).expect("start");
         let (tx, mut rx) = mpsc::channel(16);
-        let a = Message::Stop { view: 1 };
-        let b = Message::Stop { view: 2 };
+        let a = Message::Stop { view: keel_core::ids::View(1) };
+        let b = Message::Stop { view: keel_core::ids::View(2) };
         c.submit(vec![Persist::Record(view(1))], vec![view(2)], vec![(tx.clone(), a.clone(), None)]).expect("submit");
         // No record of its own, but it must not overtake the first job's.
         c.submit(Vec::new(), Vec::new(), vec![(tx, b.clone(), None)]).expect("submit");
@@ -252,7 +252,7 @@ mod tests {
         let stats = Arc::new(TransportStats::default());
         let mut c = Committer::start(storage, stats, crate::metrics::Metrics::new().0).expect("start");
         let (tx, mut rx) = mpsc::channel(16);
-        let stop = |view| Message::Stop { view };
+        let stop = |view| Message::Stop { view: keel_core::ids::View(view) };
         c.submit(vec![Persist::Record(view(1))], vec![view(2)], vec![(tx.clone(), stop(1), None)]).expect("submit");
         let inline = rx.try_recv().expect("released before submit returned");
         assert_eq!(codec::decode(&inline).expect("decodes"), stop(1));

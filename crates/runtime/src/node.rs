@@ -215,7 +215,7 @@ async fn run_replica<S: Service + Send + 'static>(
         node = setup.id,
         index,
         epoch = replica.epoch(),
-        view = replica.view(),
+        view = %replica.view(),
         executed = replica.executed(),
         "node started"
     );
@@ -637,7 +637,7 @@ pub(crate) fn publish<N: Node>(
 ) {
     let st = node.status();
     let cfg = node.config();
-    m.view.set(st.view as i64);
+    m.view.set(st.view.0 as i64);
     m.epoch.set(cfg.epoch() as i64);
     m.executed.set(st.executed as i64);
     m.stable.set(st.stable as i64);
@@ -783,7 +783,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::SlowPrimary { view, rate, best } => {
                 m.slow_primary.inc();
-                tracing::warn!(view, rate, best, "primary too slow: asking for the next view");
+                tracing::warn!(%view, rate, best, "primary too slow: asking for the next view");
             }
             Event::ReadAnswered { consistency } => {
                 m.reads_answered.get_or_create(&KindLabels { kind: consistency.name().to_string() }).inc();
@@ -794,16 +794,16 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::ViewChangeStarted { view } => {
                 m.view_changes.inc();
-                tracing::info!(view, "view change started");
+                tracing::info!(%view, "view change started");
             }
             Event::ViewInstalled { view } => {
                 let _ = m.events.send(NodeEvent::ViewInstalled { view });
-                tracing::info!(view, "view installed")
+                tracing::info!(%view, "view installed")
             }
             Event::RejoinBounds { view, executed } => {
-                tracing::warn!(view, executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
+                tracing::warn!(%view, executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
             }
-            Event::Rejoined { view, stable } => tracing::warn!(view, stable, "rejoined: voting again"),
+            Event::Rejoined { view, stable } => tracing::warn!(%view, stable, "rejoined: voting again"),
             Event::StateTransferStarted { seq, replacing } => {
                 m.state_transfers.inc();
                 match replacing {

@@ -332,7 +332,7 @@ pub struct Byzantine {
     signing: SigningKey,
     history: VecDeque<Message>,
     /// (view, seq) → the alternative value told to odd-numbered nodes.
-    alternatives: BTreeMap<(u64, u64), Proposal>,
+    alternatives: BTreeMap<(View, u64), Proposal>,
     /// Bodies of the values its forged certificates name, in forging order. A forger that
     /// could not hand out the body would only stall the instance: view changes carry
     /// digests, so the new primary fetches the body from the certificate's holders.
@@ -341,7 +341,7 @@ pub struct Byzantine {
     /// anything, as itself.
     endorse_keys: Vec<MacKey>,
     /// (view, seq) → the proposal with a made-up request added, the same for every backup.
-    fabricated: BTreeMap<(u64, u64), Proposal>,
+    fabricated: BTreeMap<(View, u64), Proposal>,
     fabricated_seq: u64,
     /// With a separate RQ stage, a Byzantine RQ node it colludes with: that node's id and
     /// endorsement keys (per order node), which its made-up requests are endorsed with
@@ -586,7 +586,7 @@ impl Byzantine {
 
     /// The primary of `view` in its membership.
     fn primary(&self, view: View) -> NodeId {
-        (view % self.n.max(1) as u64) as NodeId
+        view.primary(self.n.max(1) as usize)
     }
 
     /// Remembers a message the node received, for later replay, and answers a request
@@ -740,7 +740,7 @@ impl Byzantine {
         let n = self.n.min(64) as u32;
         let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
         let others = all & !1u64.checked_shl(self.me).unwrap_or(0);
-        let h = Hasher::new("keel-sim/split").u64(self.split_seed).u64(view).u64(seq).finish().prefix_u64();
+        let h = Hasher::new("keel-sim/split").u64(self.split_seed).u64(view.0).u64(seq).finish().prefix_u64();
         let mut side = h & others;
         if side == 0 || side == others {
             // Everyone on one side: move the lowest other node over.
@@ -1071,7 +1071,7 @@ impl Byzantine {
         }
         if self.behaviours.forge_view_change && rng.gen_bool(0.02) {
             // Ask for a far-away view and announce a NEW-VIEW nobody can have built.
-            let view = rng.gen_range(1..1_000_000);
+            let view = View(rng.gen_range(1..1_000_000));
             self.lies.forged_view_changes += 1;
             for n in 0..self.n as NodeId {
                 if n != self.me {
@@ -1636,7 +1636,7 @@ mod tests {
         let mut splits = BTreeSet::new();
         for view in 0..4 {
             for seq in 1..50 {
-                let side: Vec<bool> = (0..5).map(|n| b.lied_to(view, seq, Peer::Node(n))).collect();
+                let side: Vec<bool> = (0..5).map(|n| b.lied_to(View(view), seq, Peer::Node(n))).collect();
                 assert!(!side[2], "never itself");
                 let told = side.iter().filter(|s| **s).count();
                 assert!((1..=3).contains(&told), "{side:?}: another node on each side");
@@ -1645,7 +1645,7 @@ mod tests {
         }
         // Not one fixed split (odd/even before): most of the 14 possible ones occur.
         assert!(splits.len() >= 10, "{} splits", splits.len());
-        assert!(!b.lied_to(0, 1, Peer::Client(1000)));
+        assert!(!b.lied_to(View(0), 1, Peer::Client(1000)));
     }
 
     #[test]
@@ -1656,7 +1656,7 @@ mod tests {
         for epoch in 0..30u64 {
             b.set_membership(0, 3, Membership { epoch, ..base.clone() });
             for i in 0..500 {
-                b.remember(&mut rng, Message::Stop { view: epoch * 1_000 + i });
+                b.remember(&mut rng, Message::Stop { view: View(epoch * 1_000 + i) });
             }
         }
         assert!(b.epoch_samples.len() <= EPOCHS_SAMPLED_MAX);
@@ -1665,11 +1665,11 @@ mod tests {
         // its epoch, not only its last ones.
         assert!(b.epoch_samples.contains_key(&0) && b.epoch_samples.contains_key(&29));
         let first = &b.epoch_samples[&0].1;
-        assert!(first.iter().any(|m| matches!(m, Message::Stop { view } if *view < 250)));
+        assert!(first.iter().any(|m| matches!(m, Message::Stop { view } if *view < View(250))));
         let mut old = 0;
         for _ in 0..200 {
             if let Some(Message::Stop { view }) = b.replay_pick(&mut rng) {
-                old += (view / 1_000 < 29) as u64;
+                old += (view.0 / 1_000 < 29) as u64;
             }
         }
         assert!(old > 50 && b.lies.old_epoch_replays == old, "{old} replays from earlier epochs");
@@ -1684,16 +1684,16 @@ mod tests {
         let keys = NodeKeys::new(&m.keys());
         let tag = m.digest();
         let honest = Digest([9; 32]);
-        let sig = b.signing.sign(&write_statement(&tag, 0, 4, &honest, 1));
+        let sig = b.signing.sign(&write_statement(&tag, View(0), 4, &honest, 1));
         let mut digests = BTreeSet::new();
         for to in [0, 2, 3] {
-            let w = Message::Write(Write { view: 0, seq: 4, digest: honest, sig });
+            let w = Message::Write(Write { view: View(0), seq: 4, digest: honest, sig });
             let Message::Write(w) = b.lie_in_votes(Peer::Node(to), false, w) else { panic!("a write") };
-            assert!(keys.verify(1, &write_statement(&tag, 0, 4, &w.digest, 1), &w.sig));
+            assert!(keys.verify(1, &write_statement(&tag, View(0), 4, &w.digest, 1), &w.sig));
             digests.insert(w.digest);
         }
         assert_eq!(digests.len(), 2, "two values for one (view, instance)");
-        let told = [0, 2, 3].iter().filter(|&&n| b.lied_to(0, 4, Peer::Node(n))).count();
+        let told = [0, 2, 3].iter().filter(|&&n| b.lied_to(View(0), 4, Peer::Node(n))).count();
         assert_eq!(b.lies.conflicting_votes, told as u64, "counted once per vote changed");
         let sig = b.signing.sign(&checkpoint_statement(8, &honest, &tag, 1));
         let vote = CheckpointVote { seq: 8, root: honest, membership: tag, sig };

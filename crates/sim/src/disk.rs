@@ -131,7 +131,7 @@ mod tests {
     use rand::SeedableRng;
 
     fn rec(view: u64) -> Persist {
-        Persist::Record(Record::View { view, floor: 0 })
+        Persist::Record(Record::View { view: keel_core::ids::View(view), floor: 0 })
     }
 
     #[test]
@@ -144,7 +144,7 @@ mod tests {
         d.crash(&mut rng, true);
         assert_eq!(d.torn, 1);
         let (_, records) = d.recover();
-        assert_eq!(records, vec![Record::View { view: 1, floor: 0 }]);
+        assert_eq!(records, vec![Record::View { view: keel_core::ids::View(1), floor: 0 }]);
         let b = d.write(&rec(3));
         d.sync(b);
         let (_, records) = d.recover();
@@ -157,9 +157,15 @@ mod tests {
         d.write(&rec(1));
         d.write(&Persist::Snapshot { seq: 8, chunked: Chunked::new(vec![7], 256) });
         d.write(&Persist::Snapshot { seq: 16, chunked: Chunked::new(vec![8], 256) });
-        let c = d.write(&Persist::Compact { records: vec![Record::View { view: 9, floor: 0 }], snapshots_from: 16 });
+        let c = d.write(&Persist::Compact {
+            records: vec![Record::View { view: keel_core::ids::View(9), floor: 0 }],
+            snapshots_from: 16,
+        });
         assert_eq!(d.recover(), (vec![], vec![]));
         d.sync(c);
-        assert_eq!(d.recover(), (vec![(16, Chunked::new(vec![8], 256))], vec![Record::View { view: 9, floor: 0 }]));
+        assert_eq!(
+            d.recover(),
+            (vec![(16, Chunked::new(vec![8], 256))], vec![Record::View { view: keel_core::ids::View(9), floor: 0 }])
+        );
     }
 }

@@ -262,7 +262,8 @@ fn a_primary_that_turns_slow_within_its_timers_is_replaced_and_throughput_recove
         let r = run_kv_seed(&o);
         assert_clean(&r);
         assert!(r.faults.lies.slowed_proposals > 0, "seed {seed}: the primary never held a proposal");
-        let replaced = *r.views_installed.get(&1).expect("view 1 installed: the slow primary was replaced");
+        let replaced =
+            *r.views_installed.get(&keel_core::ids::View(1)).expect("view 1 installed: the slow primary was replaced");
         let end = *r.completed_at.last().expect("operations completed");
         let (fast, slowed, after) = (rate(&r, 0, from), rate(&r, from, replaced), rate(&r, replaced, end));
         eprintln!(

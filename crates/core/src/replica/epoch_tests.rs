@@ -475,23 +475,23 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
     net.cut.insert(0);
     net.submit(7, 3, vec![3]);
     net.run(3_000);
-    assert!(net.nodes[&1].view() >= 1, "a view change in epoch 0");
+    assert!(net.nodes[&1].view() >= View(1), "a view change in epoch 0");
     net.cut.clear();
     net.run(1_000);
     let m1 = net.admin(&admin, 1, 0, Change::Faults { u: 1, r: 1 }).expect("accepted");
     net.run(500);
     net.retransmit_behind_admin(1);
     assert_eq!(m1.epoch, 1);
-    assert!(net.nodes.values().all(|n| n.epoch() == 1 && n.view() == 0), "epoch 1 starts at view 0");
+    assert!(net.nodes.values().all(|n| n.epoch() == 1 && n.view() == View(0)), "epoch 1 starts at view 0");
     let old: Vec<(u32, Message)> =
         net.signed.iter().filter(|(_, epoch, _)| *epoch == 0).map(|(f, _, m)| (*f, m.clone())).collect();
-    let new_view = old.iter().find(|(_, m)| matches!(m, Message::NewView(nv) if nv.view >= 1)).cloned();
+    let new_view = old.iter().find(|(_, m)| matches!(m, Message::NewView(nv) if nv.view >= View(1))).cloned();
     let (from, new_view) = new_view.expect("epoch 0 had a NEW-VIEW");
     // The primary of that view replays it in epoch 1 (same index, same key).
     let mut out = Outputs::default();
     let target = net.nodes.get_mut(&2).expect("node 2");
     target.step(net.now, Input::Message { from: Peer::Node(from), msg: new_view }, &mut out);
-    assert_eq!(target.view(), 0, "an old epoch's NEW-VIEW installed a view");
+    assert_eq!(target.view(), View(0), "an old epoch's NEW-VIEW installed a view");
     assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { kind: "new-view", .. })), "{:?}", out.events);
     // No WRITE of epoch 0 carries a valid signature in epoch 1, whatever its instance:
     // none can count towards a certificate of the new epoch (the verify stage and the

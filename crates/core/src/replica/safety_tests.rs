@@ -95,7 +95,7 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     // Node 0's VIEW-CHANGE completes node 1's quorum: it installs view 1 and proposes X.
     let mut install = Outputs::default();
     feed(&mut n1, 30, 0, vc0.clone(), &mut install);
-    assert_eq!(n1.view(), 1);
+    assert_eq!(n1.view(), View(1));
     let proposes = |msgs: Vec<Message>| msgs.iter().filter(|m| matches!(m, Message::Propose { .. })).count();
     if cfg.quorums.mutation().is_none() {
         assert_eq!(proposes(sent(&install, 0, false)), 0, "a PROPOSE of view 1 left before the view was durable");
@@ -120,7 +120,7 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     n1.step(40, Input::Message { from: Peer::Client(8), msg: Message::Request(y) }, &mut out);
     feed(&mut n1, 41, 2, vc2, &mut out);
     feed(&mut n1, 41, 0, vc0, &mut out);
-    assert_eq!(n1.view(), 1, "leads view 1 again");
+    assert_eq!(n1.view(), View(1), "leads view 1 again");
     let n1_second = out;
     // Node 2 hears everything; node 0 hears everything but node 2's ACCEPTs.
     let all = |out: &Outputs, to| [sent(out, to, false), sent(out, to, true)].concat();
@@ -141,12 +141,12 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     // once again, in parallel with the primary's own fsync.
     let mut o1 = Outputs::default();
     n1.step(44, Input::Message { from: Peer::Client(9), msg: Message::Request(request(&cfg, 9, b"z")) }, &mut o1);
-    assert!(sent(&o1, 2, false).iter().any(|m| matches!(m, Message::Propose { view: 1, .. })), "{:?}", o1.send);
+    assert!(sent(&o1, 2, false).iter().any(|m| matches!(m, Message::Propose { view: View(1), .. })), "{:?}", o1.send);
     // Node 1 goes down; nodes 0 and 2 move to view 2, whose primary is node 2.
     let mut o0 = Outputs::default();
     let mut o2 = Outputs::default();
-    n0.step(50, Input::Message { from: Peer::Node(2), msg: Message::Stop { view: 2 } }, &mut o0);
-    n2.step(50, Input::Message { from: Peer::Node(0), msg: Message::Stop { view: 2 } }, &mut o2);
+    n0.step(50, Input::Message { from: Peer::Node(2), msg: Message::Stop { view: View(2) } }, &mut o0);
+    n2.step(50, Input::Message { from: Peer::Node(0), msg: Message::Stop { view: View(2) } }, &mut o2);
     let period = cfg.options.retransmit_ms;
     let mut accepts: std::collections::BTreeMap<(View, Digest), std::collections::BTreeSet<u32>> = Default::default();
     for round in 0..6 {
@@ -174,7 +174,7 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     for ((view, digest), who) in &accepts {
         assert!(*digest == first || who.len() < 2, "view {view} chose another value for instance 1: {who:?}");
     }
-    assert_eq!(n0.view(), 2);
+    assert_eq!(n0.view(), View(2));
     assert_eq!(n0.log.get(&1).and_then(|s| s.decided), Some(first), "node 0 learns the value that was decided");
 }
 

@@ -124,17 +124,20 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     let req = request(&cfg, 7, b"op");
     let out = step(&mut p, 10, Peer::Client(7), Message::Request(req.clone()));
     let value = Value { time: 10, requests: vec![req] };
-    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: View(0), seq: 1, value: value.clone() })]);
     // PROPOSE is not a vote: it leaves now, in parallel with the primary's fsync.
     assert_eq!(out.send.len(), 3);
-    assert!(out.send.iter().all(|(_, m)| *m == Message::Propose { view: 0, seq: 1, value: value.clone().into() }));
+    assert!(out
+        .send
+        .iter()
+        .all(|(_, m)| *m == Message::Propose { view: View(0), seq: 1, value: value.clone().into() }));
     // The primary's vote (WRITE) waits for its Accepted record.
     assert!(out.send_after_persist.iter().all(|(_, m)| matches!(m, Message::Write(_))));
     let writes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).collect();
     assert_eq!(writes.len(), 3);
     let Message::Write(w) = &writes[0].1 else { unreachable!() };
-    assert_eq!((w.view, w.seq, w.digest), (0, 1, value.digest()));
-    assert!(cfg.node_keys[0].verify(&write_statement(&tag(), 0, 1, &value.digest(), 0), &w.sig));
+    assert_eq!((w.view, w.seq, w.digest), (View(0), 1, value.digest()));
+    assert!(cfg.node_keys[0].verify(&write_statement(&tag(), View(0), 1, &value.digest(), 0), &w.sig));
 }
 
 #[test]
@@ -143,10 +146,10 @@ fn backup_rejects_bad_proposals_and_votes_once() {
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
     let value = Value { time: 10, requests: vec![req.clone()] };
-    let propose = |v: &Value| Message::Propose { view: 0, seq: 1, value: v.clone().into() };
+    let propose = |v: &Value| Message::Propose { view: View(0), seq: 1, value: v.clone().into() };
 
     let out = step(&mut b, 10, Peer::Node(2), propose(&value));
-    assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: 2, view: 0 }]);
+    assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: 2, view: View(0) }]);
 
     let mut forged = req.clone();
     forged.op = b"other".to_vec().into();
@@ -158,13 +161,13 @@ fn backup_rejects_bad_proposals_and_votes_once() {
 
     let out = step(&mut b, 10, Peer::Node(0), propose(&value));
     assert!(rejected(&out).is_empty());
-    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: View(0), seq: 1, value: value.clone() })]);
     assert_eq!(out.send_after_persist.len(), 3, "one WRITE to each other node");
 
     // The primary equivocates: a second, different value for the same (view, seq).
     let other = Value { time: 11, requests: vec![req] };
     let out = step(&mut b, 10, Peer::Node(0), propose(&other));
-    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: View(0), seq: 1 }]);
     assert!(out.send_after_persist.is_empty());
 }
 
@@ -207,7 +210,7 @@ fn without_ticks_an_idle_cluster_decides_nothing_and_an_empty_proposal_is_refuse
     }
     assert_eq!(net.nodes[0].exec.executed(), 0);
     let mut b = node(&cfg, 1);
-    let tick = Message::Propose { view: 0, seq: 1, value: Value { time: 10, requests: Vec::new() }.into() };
+    let tick = Message::Propose { view: View(0), seq: 1, value: Value { time: 10, requests: Vec::new() }.into() };
     let out = step(&mut b, 10, Peer::Node(0), tick);
     assert_eq!(rejected(&out), vec![Reject::BadBatch("empty batch")]);
 }
@@ -216,7 +219,8 @@ fn without_ticks_an_idle_cluster_decides_nothing_and_an_empty_proposal_is_refuse
 fn a_backup_refuses_a_tick_sooner_than_tick_ms_after_the_previous_instance() {
     let cfg = with_ticks(config(1, 1), 50);
     let mut b = node(&cfg, 1);
-    let propose = |seq, time| Message::Propose { view: 0, seq, value: Value { time, requests: Vec::new() }.into() };
+    let propose =
+        |seq, time| Message::Propose { view: View(0), seq, value: Value { time, requests: Vec::new() }.into() };
     assert!(rejected(&step(&mut b, 100, Peer::Node(0), propose(1, 100))).is_empty());
     let out = step(&mut b, 120, Peer::Node(0), propose(2, 120));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a tick sooner than tick_ms after the previous instance")]);
@@ -228,11 +232,12 @@ fn writes_with_bad_signatures_do_not_count() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
     let d = Value::null().digest();
-    let sig = secrets(3).signing.sign(&write_statement(&tag(), 0, 1, &d, 3));
+    let sig = secrets(3).signing.sign(&write_statement(&tag(), View(0), 1, &d, 3));
     // Node 2 presents node 3's signature: bound to the signer, so rejected.
-    let out = step(&mut b, 0, Peer::Node(2), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
+    let out = step(&mut b, 0, Peer::Node(2), Message::Write(Write { view: View(0), seq: 1, digest: d, sig }));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 2 }]);
-    let out = step(&mut b, 0, Peer::Node(3), Message::Write(Write { view: 0, seq: 1, digest: d, sig: Sig([0; 64]) }));
+    let out =
+        step(&mut b, 0, Peer::Node(3), Message::Write(Write { view: View(0), seq: 1, digest: d, sig: Sig([0; 64]) }));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 3 }]);
 }
 
@@ -243,11 +248,11 @@ fn writes_a_node_no_longer_needs_are_not_checked() {
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     let d = value.digest();
     let write = |from: u32, digest: Digest| {
-        let sig = secrets(from).signing.sign(&write_statement(&tag(), 0, 1, &digest, from));
-        Message::Write(Write { view: 0, seq: 1, digest, sig })
+        let sig = secrets(from).signing.sign(&write_statement(&tag(), View(0), 1, &digest, from));
+        Message::Write(Write { view: View(0), seq: 1, digest, sig })
     };
-    let bad = |digest: Digest| Message::Write(Write { view: 0, seq: 1, digest, sig: Sig([0; 64]) });
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone().into() });
+    let bad = |digest: Digest| Message::Write(Write { view: View(0), seq: 1, digest, sig: Sig([0; 64]) });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.clone().into() });
     // A WRITE for another value than the accepted one can never count: not checked.
     let other = Value::null().digest();
     assert!(rejected(&step(&mut b, 10, Peer::Node(3), bad(other))).is_empty());
@@ -301,10 +306,10 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     let mut b = node(&cfg, 1);
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
     let d = value.digest();
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.into() });
     for n in [0, 2] {
-        let sig = secrets(n).signing.sign(&write_statement(&tag(), 0, 1, &d, n));
-        step(&mut b, 10, Peer::Node(n), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
+        let sig = secrets(n).signing.sign(&write_statement(&tag(), View(0), 1, &d, n));
+        step(&mut b, 10, Peer::Node(n), Message::Write(Write { view: View(0), seq: 1, digest: d, sig }));
     }
     // Prepared (it sent ACCEPT for instance 1), not decided: a linearizable read waits...
     let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
@@ -313,8 +318,8 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     // ...while a serializable read of a session without writes is answered at once.
     let ser = read(&cfg, 11, b"count", ReadConsistency::Serializable);
     assert_eq!(read_replies(&step(&mut b, 10, Peer::Client(11), Message::Read(ser))), vec![ReplyBody::Full(vec![0])]);
-    step(&mut b, 10, Peer::Node(0), Message::Accept { view: 0, seq: 1, digest: d });
-    let out = step(&mut b, 10, Peer::Node(2), Message::Accept { view: 0, seq: 1, digest: d });
+    step(&mut b, 10, Peer::Node(0), Message::Accept { view: View(0), seq: 1, digest: d });
+    let out = step(&mut b, 10, Peer::Node(2), Message::Accept { view: View(0), seq: 1, digest: d });
     assert_eq!(b.executed(), 1);
     assert_eq!(replies_to(&out, 9), vec![ReplyBody::Full(vec![1])], "answered once instance 1 executed, reflecting it");
 
@@ -323,7 +328,7 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     cfg_bug.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::ReadWithoutWait));
     let mut m = node(&cfg_bug, 1);
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
-    step(&mut m, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
+    step(&mut m, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.into() });
     let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
     assert_eq!(read_replies(&step(&mut m, 10, Peer::Client(9), Message::Read(lin))), vec![ReplyBody::Full(vec![0])]);
 }
@@ -345,7 +350,7 @@ fn a_serializable_read_waits_for_the_sessions_last_write_and_bad_reads_are_rejec
     req.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, 9).mac(&statement)).collect();
     step(&mut p, 10, Peer::Client(9), Message::Request(req));
     let digest = p.log[&1].value.as_ref().map(|(_, d)| *d).expect("proposed");
-    let out = step(&mut p, 10, Peer::Node(1), Message::Accept { view: 0, seq: 1, digest });
+    let out = step(&mut p, 10, Peer::Node(1), Message::Accept { view: View(0), seq: 1, digest });
     assert_eq!(read_replies(&out).first(), Some(&ReplyBody::Full(vec![1])), "the read sees the session's write");
 
     // Not read-only for the service: the node says so.
@@ -411,8 +416,8 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     // A late or unknown round's answer changes nothing.
     assert!(read_replies(&step(&mut lagging, 23, Peer::Node(1), Message::IndexAck { round, accepted: 9 })).is_empty());
     // Instance 1 reaches node 2 and decides: the first read is answered, reflecting it.
-    step(&mut lagging, 24, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
-    let out = step(&mut lagging, 24, Peer::Node(0), Message::Accept { view: 0, seq: 1, digest });
+    step(&mut lagging, 24, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.into() });
+    let out = step(&mut lagging, 24, Peer::Node(0), Message::Accept { view: View(0), seq: 1, digest });
     assert_eq!(lagging.executed(), 1);
     assert_eq!(replies_to(&out, 9), vec![ReplyBody::Full(vec![1])]);
     // The second read's round completes on the next answer and is answered at once.
@@ -431,9 +436,9 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
 fn messages_from_unknown_nodes_and_wrong_peers_are_rejected() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
-    let out = step(&mut b, 0, Peer::Node(9), Message::Stop { view: 1 });
+    let out = step(&mut b, 0, Peer::Node(9), Message::Stop { view: View(1) });
     assert_eq!(rejected(&out), vec![Reject::UnknownNode(9)]);
-    let out = step(&mut b, 0, Peer::Client(5), Message::Stop { view: 1 });
+    let out = step(&mut b, 0, Peer::Client(5), Message::Stop { view: View(1) });
     assert_eq!(rejected(&out), vec![Reject::WrongPeer]);
     let req = request(&cfg, 7, b"op");
     let out = step(&mut b, 0, Peer::Client(8), Message::Request(req));
@@ -669,8 +674,8 @@ fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
         result = net.result(&mut c);
     }
     assert_eq!(result, Some(vec![2]));
-    assert!(net.nodes[1..].iter().all(|n| n.view() == 1));
-    let installed = net.events.iter().filter(|(_, e)| *e == Event::ViewInstalled { view: 1 }).count();
+    assert!(net.nodes[1..].iter().all(|n| n.view() == View(1)));
+    let installed = net.events.iter().filter(|(_, e)| *e == Event::ViewInstalled { view: View(1) }).count();
     assert_eq!(installed, 3);
 }
 
@@ -695,14 +700,14 @@ fn with_rotation_the_primary_changes_on_schedule_and_requests_keep_completing() 
     // Views 1, 2 and 3 by 3.5 s (each after a second of the previous one, plus the view
     // change itself), with every node in the same view and work done throughout.
     let views: Vec<View> = net.nodes.iter().map(|n| n.view()).collect();
-    assert!(views.iter().all(|&v| v == views[0]) && views[0] == 3, "views {views:?}");
+    assert!(views.iter().all(|&v| v == views[0]) && views[0] == View(3), "views {views:?}");
     assert!(done > 100, "only {done} requests completed");
     // Without rotation nobody moves.
     let mut net = Net::new(&config(1, 1));
     for t in 1..700 {
         net.tick(t * 5);
     }
-    assert!(net.nodes.iter().all(|n| n.view() == 0));
+    assert!(net.nodes.iter().all(|n| n.view() == View(0)));
 }
 
 #[test]
@@ -713,7 +718,7 @@ fn a_recovered_node_keeps_its_vote() {
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
     let value = Value { time: 10, requests: vec![req.clone()] };
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.into() });
     let records: Vec<Record> = out
         .persist
         .into_iter()
@@ -734,16 +739,17 @@ fn a_recovered_node_keeps_its_vote() {
     )
     .expect("recovers");
     let other = Value { time: 11, requests: vec![req] };
-    let out = step(&mut b, 20, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: other.into() });
-    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
+    let out = step(&mut b, 20, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: other.into() });
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: View(0), seq: 1 }]);
 }
 
 #[test]
 fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
     let value = |time| Value { time, requests: vec![] };
-    let cert = |view, seq, time| Cert { view, seq, value: value(time), writes: vec![(2, Sig([0; 64]))] }.proof();
+    let cert =
+        |view, seq, time| Cert { view: View(view), seq, value: value(time), writes: vec![(2, Sig([0; 64]))] }.proof();
     let stable = StableProof::genesis();
-    let vc = |from, certs| ViewChange { view: 5, from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
+    let vc = |from, certs| ViewChange { view: View(5), from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
     let d = view_change::decide_new_view(&[
         vc(0, vec![cert(1, 1, 100), cert(1, 3, 300)]),
         vc(1, vec![cert(2, 1, 111)]),
@@ -765,13 +771,13 @@ fn forged_view_change_certificates_are_rejected() {
     // Node 1 is the primary of view 1.
     let mut p = node(&cfg, 1);
     let forged = CertProof {
-        view: 0,
+        view: View(0),
         seq: 1,
         digest: Value::null().digest(),
         writes: (0..3).map(|n| (n, Sig([1; 64]))).collect(),
     };
     let mut vc =
-        ViewChange { view: 1, from: 2, stable: StableProof::genesis(), certs: vec![forged], sig: Sig([0; 64]) };
+        ViewChange { view: View(1), from: 2, stable: StableProof::genesis(), certs: vec![forged], sig: Sig([0; 64]) };
     vc.sig = secrets(2).signing.sign(&vc.statement(&tag()));
     let out = step(&mut p, 0, Peer::Node(2), Message::ViewChange(vc));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 0 }]);
@@ -788,23 +794,23 @@ fn a_healed_partitioned_former_primary_learns_the_new_view() {
     net.down[0] = true;
     net.submit(&mut c, 10, b"b");
     let mut now = 10;
-    while net.nodes[1].view() == 0 && now < 20_000 {
+    while net.nodes[1].view() == View(0) && now < 20_000 {
         now += 5;
         net.tick(now);
     }
-    assert_eq!(net.nodes[1].view(), 1);
+    assert_eq!(net.nodes[1].view(), View(1));
     assert_eq!(net.result(&mut c), Some(vec![2]));
     // Meanwhile the isolated node only suspected, never committed to a view change.
-    assert_eq!(net.nodes[0].view(), 0);
+    assert_eq!(net.nodes[0].view(), View(0));
     // Heal: STATUS gossip brings it the NEW-VIEW; it installs view 1 and catches up.
     net.down[0] = false;
     for _ in 0..100 {
         now += 5;
         net.tick(now);
     }
-    assert_eq!(net.nodes[0].view(), 1, "{}", net.nodes[0].status_line());
+    assert_eq!(net.nodes[0].view(), View(1), "{}", net.nodes[0].status_line());
     assert_eq!(net.nodes[0].executed(), net.nodes[1].executed());
-    assert!(net.events.iter().any(|(n, e)| *n == 0 && *e == Event::ViewInstalled { view: 1 }));
+    assert!(net.events.iter().any(|(n, e)| *n == 0 && *e == Event::ViewInstalled { view: View(1) }));
 }
 
 #[test]
@@ -847,8 +853,8 @@ fn a_recovered_primary_never_proposes_in_its_old_view_and_the_others_follow_its_
     let mut out = Outputs::default();
     let mut p = Replica::recover(cfg.clone(), 0, secrets(0), Log::default(), Durable::default(), 20, &mut out)
         .expect("recover");
-    assert_eq!(p.view(), 0);
-    let stops: Vec<_> = out.send.iter().filter(|(_, m)| *m == Message::Stop { view: 1 }).collect();
+    assert_eq!(p.view(), View(0));
+    let stops: Vec<_> = out.send.iter().filter(|(_, m)| *m == Message::Stop { view: View(1) }).collect();
     assert_eq!(stops.len(), 2, "asks both peers to leave view 0");
     let out = step(&mut p, 30, Peer::Client(8), Message::Request(request(&cfg, 8, b"y")));
     let proposes = out.send.iter().chain(&out.send_after_persist).filter(|(_, m)| matches!(m, Message::Propose { .. }));
@@ -858,11 +864,11 @@ fn a_recovered_primary_never_proposes_in_its_old_view_and_the_others_follow_its_
     // r + 1 STOPs (with r = 1: a STOP from one backup alone is not enough).
     let bft = config(1, 1);
     let mut b = node(&bft, 1);
-    let out = step(&mut b, 30, Peer::Node(2), Message::Stop { view: 1 });
+    let out = step(&mut b, 30, Peer::Node(2), Message::Stop { view: View(1) });
     assert!(out.send.is_empty());
     let mut b = node(&bft, 1);
-    let out = step(&mut b, 30, Peer::Node(0), Message::Stop { view: 1 });
-    assert!(out.send.iter().any(|(_, m)| *m == Message::Stop { view: 1 }));
+    let out = step(&mut b, 30, Peer::Node(0), Message::Stop { view: View(1) });
+    assert!(out.send.iter().any(|(_, m)| *m == Message::Stop { view: View(1) }));
 }
 
 #[test]
@@ -955,10 +961,10 @@ fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
     let d = Value::null().digest();
     let write = |signer: u32, seq| {
         Message::Write(Write {
-            view: 0,
+            view: View(0),
             seq,
             digest: d,
-            sig: secrets(signer).signing.sign(&write_statement(&tag(), 0, seq, &d, signer)),
+            sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), seq, &d, signer)),
         })
     };
     assert!(v.check(3, &write(3, 1)));
@@ -974,7 +980,7 @@ fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
     let vote = CheckpointVote { seq: 8, root, membership, sig };
     assert!(v.check(2, &Message::Checkpoint(vote.clone())));
     assert!(!v.check(3, &Message::Checkpoint(vote)));
-    assert!(!v.check(2, &Message::Stop { view: 1 }), "kinds it does not cover");
+    assert!(!v.check(2, &Message::Stop { view: View(1) }), "kinds it does not cover");
 }
 
 #[test]
@@ -990,16 +996,16 @@ fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
             10,
             Input::Message {
                 from: Peer::Node(0),
-                msg: Message::Propose { view: 0, seq: 1, value: value.clone().into() },
+                msg: Message::Propose { view: View(0), seq: 1, value: value.clone().into() },
             },
             &mut out,
         );
         for signer in [0u32, 2] {
             let msg = Message::Write(Write {
-                view: 0,
+                view: View(0),
                 seq: 1,
                 digest: d,
-                sig: secrets(signer).signing.sign(&write_statement(&tag(), 0, 1, &d, signer)),
+                sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), 1, &d, signer)),
             });
             let input = if checked {
                 Input::Checked { from: signer, msg }
@@ -1029,7 +1035,7 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
     for from in [0u32, 2] {
         b.step(
             10,
-            Input::Message { from: Peer::Node(from), msg: Message::Accept { view: 0, seq: 1, digest: d } },
+            Input::Message { from: Peer::Node(from), msg: Message::Accept { view: View(0), seq: 1, digest: d } },
             &mut out,
         );
     }
@@ -1037,7 +1043,7 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
     assert_eq!(b.executed(), 0, "decided, but the body is missing");
     b.step(
         10,
-        Input::Message { from: Peer::Node(0), msg: Message::Propose { view: 0, seq: 1, value: value.into() } },
+        Input::Message { from: Peer::Node(0), msg: Message::Propose { view: View(0), seq: 1, value: value.into() } },
         &mut out,
     );
     assert_eq!(b.executed(), 1, "the proposal brings the body: execute at once");
@@ -1048,23 +1054,29 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
 fn new_view_naming(value: &Value) -> NewView {
     let d = value.digest();
     let writes: Vec<(NodeId, Sig)> =
-        (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), 0, 1, &d, n)))).collect();
-    let cert = CertProof { view: 0, seq: 1, digest: d, writes };
+        (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), View(0), 1, &d, n)))).collect();
+    let cert = CertProof { view: View(0), seq: 1, digest: d, writes };
     let stable = StableProof::genesis();
     let view_changes = (0..3u32)
         .map(|from| {
-            let mut vc =
-                ViewChange { view: 1, from, stable: stable.clone(), certs: vec![cert.clone()], sig: Sig([0; 64]) };
+            let mut vc = ViewChange {
+                view: View(1),
+                from,
+                stable: stable.clone(),
+                certs: vec![cert.clone()],
+                sig: Sig([0; 64]),
+            };
             vc.sig = secrets(from).signing.sign(&vc.statement(&tag()));
             vc
         })
         .collect();
-    let mut nv = NewView { view: 1, view_changes, sig: Sig([0; 64]) };
+    let mut nv = NewView { view: View(1), view_changes, sig: Sig([0; 64]) };
     nv.sig = secrets(1).signing.sign(&nv.statement(&tag()));
     nv
 }
 
-fn writes_for(out: &Outputs, view: View, seq: Seq) -> usize {
+fn writes_for(out: &Outputs, view: u64, seq: Seq) -> usize {
+    let view = View(view);
     out.send_after_persist
         .iter()
         .filter(|(_, m)| matches!(m, Message::Write(w) if w.view == view && w.seq == seq))
@@ -1079,7 +1091,7 @@ fn a_re_proposal_named_by_digest_is_fetched_from_its_holders_before_the_vote() {
     // Node 3 never saw the proposal: it cannot vote for a digest it has no body for.
     let mut b = node(&cfg, 3);
     let out = step(&mut b, 20, Peer::Node(1), Message::NewView(nv));
-    assert_eq!(b.view(), 1);
+    assert_eq!(b.view(), View(1));
     assert_eq!(writes_for(&out, 1, 1), 0, "no vote without the body");
     let fetch = Message::FetchValue { seq: 1, digest: value.digest() };
     // Holders 0, 1, 2 (who named it); node 3 starts at (3 + seq 1) mod 3 = holder 1, so
@@ -1097,7 +1109,7 @@ fn a_re_proposal_named_by_digest_is_fetched_from_its_holders_before_the_vote() {
     // The right body: persisted, then voted for in the new view.
     let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: value.clone() });
     assert!(rejected(&out).is_empty());
-    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 1, seq: 1, value: value.clone() })]);
+    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: View(1), seq: 1, value: value.clone() })]);
     assert_eq!(writes_for(&out, 1, 1), 3);
     // A second answer is ignored, and nothing is fetched any more.
     let out = step(&mut b, 30, Peer::Node(1), Message::ValueBody { seq: 1, value });
@@ -1113,7 +1125,7 @@ fn a_node_that_wrote_without_preparing_keeps_the_body_for_the_next_view_and_serv
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     // Node 3 accepted (wrote for) the value in view 0 but never saw Q WRITEs: no certificate.
     let mut b = node(&cfg, 3);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone().into() });
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.clone().into() });
     assert_eq!(writes_for(&out, 0, 1), 3);
     let out = step(&mut b, 20, Peer::Node(1), Message::NewView(new_view_naming(&value)));
     assert_eq!(writes_for(&out, 1, 1), 3, "votes at once from its earlier-view proposal");
@@ -1144,29 +1156,36 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
     let bv = Value { time: 11, requests: vec![request(&cfg, 8, b"b")] };
     let stable = StableProof::genesis();
     // NEW-VIEW(view) from nodes 0..3, each naming the given (seq, digest) as prepared in view 0.
-    let new_view = |view: View, certs: &[(Seq, Digest)]| {
+    let new_view = |view: u64, certs: &[(Seq, Digest)]| {
         let certs: Vec<CertProof> = certs
             .iter()
             .map(|&(seq, digest)| {
                 let writes = (0..3)
-                    .map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), 0, seq, &digest, n))))
+                    .map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), View(0), seq, &digest, n))))
                     .collect();
-                CertProof { view: 0, seq, digest, writes }
+                CertProof { view: View(0), seq, digest, writes }
             })
             .collect();
         let view_changes = (0..3u32)
             .map(|from| {
-                let mut vc = ViewChange { view, from, stable: stable.clone(), certs: certs.clone(), sig: Sig([0; 64]) };
+                let mut vc = ViewChange {
+                    view: View(view),
+                    from,
+                    stable: stable.clone(),
+                    certs: certs.clone(),
+                    sig: Sig([0; 64]),
+                };
                 vc.sig = secrets(from).signing.sign(&vc.statement(&tag()));
                 vc
             })
             .collect();
+        let view = View(view);
         let mut nv = NewView { view, view_changes, sig: Sig([0; 64]) };
         nv.sig = secrets(cfg.primary(view)).signing.sign(&nv.statement(&tag()));
         Message::NewView(nv)
     };
     let mut b = node(&cfg, 3);
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: a.clone().into() });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: a.clone().into() });
     // View 1: a certificate for instance 2 only, so instance 1 is re-proposed as null.
     let out = step(&mut b, 20, Peer::Node(1), new_view(1, &[(2, Value::null().digest())]));
     assert_eq!(writes_for(&out, 1, 1), 3, "voted for null in view 1");
@@ -1261,7 +1280,7 @@ fn a_client_whose_macs_fail_at_some_nodes_stalls_nobody_and_changes_no_view() {
     assert!(executed_by_all(&net, 7), "executed once every correct node endorsed it");
     net.tick(10 + 3 * timeout);
     assert_eq!(views_started(&net), 0, "nobody suspects the primary");
-    assert!(net.nodes.iter().all(|n| n.view() == 0));
+    assert!(net.nodes.iter().all(|n| n.view() == View(0)));
     let bad_macs = net
         .events
         .iter()
@@ -1302,7 +1321,7 @@ fn a_backup_refuses_a_proposed_request_without_u_plus_one_valid_endorsements() {
             .collect(),
     };
     let propose = |endorsements: Vec<Endorsement>| Message::Propose {
-        view: 0,
+        view: View(0),
         seq: 1,
         value: Value { time: 10, requests: vec![Request { endorsements, ..req.clone() }] }.into(),
     };
@@ -1409,7 +1428,7 @@ fn with_auth_sig_every_node_checks_the_clients_signature_the_same_way() {
     let mut good = Request::new(7, 1, b"z".to_vec().into());
     good.sig = Some(client_signing_key(7).sign(&good.statement()));
     let propose =
-        |requests: Vec<Request>| Message::Propose { view: 0, seq: 1, value: Value { time: 10, requests }.into() };
+        |requests: Vec<Request>| Message::Propose { view: View(0), seq: 1, value: Value { time: 10, requests }.into() };
     let mut b = node(&cfg, 1);
     let out = step(&mut b, 10, Peer::Node(0), propose(vec![good.clone(), forged.clone()]));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a request without a valid client signature")]);
@@ -1756,7 +1775,7 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     let value = Value { time: 10, requests: vec![endorsed(&big), endorsed(&small)] };
     let proposal = Proposal::with_digests(&value);
     assert!(matches!(proposal.requests[0], Proposed::Digest(_)) && matches!(proposal.requests[1], Proposed::Full(_)));
-    let propose = Message::Propose { view: 0, seq: 1, value: proposal.clone() };
+    let propose = Message::Propose { view: View(0), seq: 1, value: proposal.clone() };
 
     let mut holder = node(&cfg, 2);
     step(&mut holder, 10, Peer::Client(7), Message::Request(big.clone()));
@@ -1830,7 +1849,7 @@ fn a_client_copy_that_arrives_after_the_propose_completes_it() {
     };
     let proposal = Proposal::with_digests(&Value { time: 10, requests: vec![endorsed] });
     let mut b = node(&cfg, 2);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: proposal });
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: proposal });
     assert_eq!(writes_sent(&out), 0);
     let out = step(&mut b, 11, Peer::Client(7), Message::Request(big));
     assert!(rejected(&out).is_empty());
@@ -1842,7 +1861,7 @@ fn operations_by_digest_need_rq_mac_and_an_endorser() {
     let req = request(&config(1, 1), 7, &[7; 100]);
     let proposal = Proposal::with_digests(&Value { time: 10, requests: vec![req.clone()] });
     let mut b = node(&config(1, 1), 1);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: proposal });
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: proposal });
     assert_eq!(rejected(&out), vec![Reject::BadBatch("an operation by digest without auth = rq-mac")]);
     assert!(config(1, 1).with_request_digests(true).is_err(), "refused by the configuration too");
 }
@@ -1983,7 +2002,7 @@ fn retransmissions_go_only_to_peers_that_may_still_need_them() {
     }
     // Once nodes 1 and 2 report executing them, nothing for those instances goes to them.
     for n in [1, 2] {
-        let status = Message::Status { view: 0, executed, stable: 0 };
+        let status = Message::Status { view: View(0), executed, stable: 0 };
         step(&mut net.nodes[0], 20 + period, Peer::Node(n), status);
     }
     let sent = votes_sent(&step_tick(&mut net.nodes[0], 20 + 2 * period));
@@ -1991,7 +2010,7 @@ fn retransmissions_go_only_to_peers_that_may_still_need_them() {
     assert_eq!((to(3, "propose"), to(3, "write"), to(3, "accept")), (slots, slots, slots), "{sent:?}");
     assert!(sent.keys().all(|(n, _)| *n == 3), "{sent:?}");
     // A peer that reports less (it restarted) is served again.
-    step(&mut net.nodes[0], 30 + 2 * period, Peer::Node(1), Message::Status { view: 0, executed: 0, stable: 0 });
+    step(&mut net.nodes[0], 30 + 2 * period, Peer::Node(1), Message::Status { view: View(0), executed: 0, stable: 0 });
     let sent = votes_sent(&step_tick(&mut net.nodes[0], 30 + 3 * period));
     assert_eq!(sent.get(&(1, "accept")).copied(), Some(slots), "{sent:?}");
 }
@@ -2001,7 +2020,7 @@ fn retransmissions_to_a_silent_peer_pause_until_it_speaks_again() {
     let cfg = config(1, 1);
     let mut net = three_decided_with_node_3_down(&cfg);
     // Node 3 was heard once (since gone down).
-    step(&mut net.nodes[0], 4, Peer::Node(3), Message::Status { view: 0, executed: 0, stable: 0 });
+    step(&mut net.nodes[0], 4, Peer::Node(3), Message::Status { view: View(0), executed: 0, stable: 0 });
     let (period, status) = (cfg.options.retransmit_ms, cfg.options.status_ms);
     // Within a few STATUS periods of its last word it still gets everything.
     let soon = 10 + period.max(status);
@@ -2013,7 +2032,7 @@ fn retransmissions_to_a_silent_peer_pause_until_it_speaks_again() {
     let sent = votes_sent(&step_tick(&mut net.nodes[0], late));
     assert!(sent.keys().all(|(n, _)| *n != 3), "{sent:?}");
     // It speaks again: served at the next period.
-    step(&mut net.nodes[0], late + 1, Peer::Node(3), Message::Status { view: 0, executed: 0, stable: 0 });
+    step(&mut net.nodes[0], late + 1, Peer::Node(3), Message::Status { view: View(0), executed: 0, stable: 0 });
     let sent = votes_sent(&step_tick(&mut net.nodes[0], late + 1 + period));
     assert_eq!(sent.get(&(3, "propose")).copied(), Some(slots), "{sent:?}");
 }

@@ -80,7 +80,7 @@ impl<S: Service> Replica<S> {
         // The primary itself asks to leave its view (a recovered primary cannot know what
         // it proposed before the crash): follow at once. A faulty primary gains nothing
         // by it that it could not get by going silent.
-        if from == self.cfg.primary(self.view) && self.vc_target.is_none() && view == self.view + 1 {
+        if from == self.cfg.primary(self.view) && self.vc_target.is_none() && view == self.view.next() {
             self.suspect(view, out);
         }
         // Join: r + 1 others want at least `t`, so some correct node does.
