@@ -150,7 +150,7 @@ impl CheckpointFetch {
             return send;
         }
         match &mut self.transfer {
-            None => self.to_holders(Message::FetchManifest { seq: 0 }, &mut send),
+            None => self.to_holders(Message::FetchManifest { seq: Seq(0) }, &mut send),
             Some(t) if t.awaits_manifest() => {
                 let seq = t.seq();
                 self.to_holders(Message::FetchManifest { seq }, &mut send);
@@ -231,7 +231,7 @@ impl CheckpointFetch {
         proof: StableProof,
         send: &mut Vec<(NodeId, Message)>,
     ) -> Result<(), Refused> {
-        if proof.seq == 0 || self.proof.as_ref().is_some_and(|p| p.seq >= proof.seq) {
+        if proof.seq == Seq(0) || self.proof.as_ref().is_some_and(|p| p.seq >= proof.seq) {
             return Ok(());
         }
         match self.certified(&proof) {
@@ -286,7 +286,7 @@ impl CheckpointFetch {
         // The newest epoch's first checkpoint is a backup too, if nothing newer came.
         let candidates = [self.unknown.take(), Some(last.proof.clone())];
         for proof in candidates.into_iter().flatten() {
-            if self.proof.as_ref().is_some_and(|p| p.seq >= proof.seq) || proof.seq == 0 {
+            if self.proof.as_ref().is_some_and(|p| p.seq >= proof.seq) || proof.seq == Seq(0) {
                 continue;
             }
             if self.certified(&proof) == Some(true) {

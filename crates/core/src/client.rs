@@ -926,7 +926,7 @@ impl PushInbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::result_digest;
+    use crate::message::{result_digest, Seq};
 
     fn client(u: u32, r: u32) -> Client {
         let q = Quorums::new(u, r).expect("valid");
@@ -998,11 +998,12 @@ mod tests {
         assert!(c.on_push(0, 0, 1, 1, b"lie".to_vec()).is_empty(), "one push of an unverified epoch was delivered");
         assert!(c.on_push(0, 1, 0, 1, b"ok".to_vec()).len() == 1, "a push of the verified epoch counts");
         // Epoch 1 tolerates a Byzantine node: proven by epoch 0's quorum.
-        let next = genesis.apply(&AdminOp::sign(&admin, 0, Change::Faults { u: 1, r: 1 }), &admin.public(), 5);
+        let next = genesis.apply(&AdminOp::sign(&admin, 0, Change::Faults { u: 1, r: 1 }), &admin.public(), Seq(5));
         let next = next.expect("accepted");
         let root = Digest([1; 32]);
-        let sigs = (0..3u32).map(|i| (i, signing[i as usize].sign(&checkpoint_statement(5, &root, &next.digest(), i))));
-        let proof = StableProof { seq: 5, root, membership: next.digest(), sigs: sigs.collect() };
+        let sigs =
+            (0..3u32).map(|i| (i, signing[i as usize].sign(&checkpoint_statement(Seq(5), &root, &next.digest(), i))));
+        let proof = StableProof { seq: Seq(5), root, membership: next.digest(), sigs: sigs.collect() };
         assert!(c.on_epoch_certs(vec![EpochCert { proof, next }]));
         assert_eq!(c.on_reply(0, lie), None, "r + 1 = 2 in epoch 1");
         let truth = |n| (n, Reply { epoch: 1, ..reply(1, ReplyBody::Full(b"ok".to_vec())) });

@@ -164,7 +164,7 @@ impl<S: Service> ExecNode<S> {
             votes: BTreeMap::new(),
             transfer: None,
             pushes: PushQueues::default(),
-            executed_at_status: 0,
+            executed_at_status: Seq(0),
             reads: ReadWaits::default(),
             status_timeout,
             retransmit_timeout,
@@ -682,7 +682,7 @@ impl<S: Service> ExecNode<S> {
         }
         if self.retransmit_timeout.fire(self.now) {
             self.pushes.resend(self.cfg.epoch(), &mut out.send);
-            if self.stable.seq > 0 {
+            if self.stable.seq > Seq(0) {
                 // For an order node that missed the votes (replica/separated.rs
                 // `on_exec_stable_cert`), and for a peer that restarted empty after
                 // every order node it knows of was removed: it fetches this state from
@@ -743,7 +743,7 @@ impl<S: Service> ExecNode<S> {
                 Until::ClientExecuted(0)
             }
             ReadConsistency::Serializable => Until::ClientExecuted(read.after),
-            ReadConsistency::Linearizable if mutation == Some(Mutation::ReadWithoutWait) => Until::Executed(0),
+            ReadConsistency::Linearizable if mutation == Some(Mutation::ReadWithoutWait) => Until::Executed(Seq(0)),
             ReadConsistency::Linearizable | ReadConsistency::Index => {
                 let (until, started) = self.reads.index_wait(self.now, None);
                 if let Some(round) = started {
@@ -939,22 +939,22 @@ mod tests {
         // Execution node `node` (stable id) signs under its stage name; order node 0 too.
         let sign = |node: NodeId| {
             let name = if node >= 4 { stage_node(node) } else { node };
-            let statement = checkpoint_statement(interval, &root, &membership, name);
+            let statement = checkpoint_statement(Seq(interval), &root, &membership, name);
             (name, secrets(node).signing.sign(&statement))
         };
         let cert = |sigs: Vec<(NodeId, crate::crypto::Sig)>| {
-            Message::StableCert(StableProof { seq: interval, root, membership, sigs })
+            Message::StableCert(StableProof { seq: Seq(interval), root, membership, sigs })
         };
         let mut out = Outputs::default();
         // r = 1: one execution node's signature is no certificate, nor are order nodes'.
         for bad in [vec![sign(4)], vec![sign(4), sign(0)], vec![sign(4), sign(4)]] {
             order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg: cert(bad) }, &mut out);
-            assert_eq!(order.exec_stable_seq(), 0);
+            assert_eq!(order.exec_stable_seq(), Seq(0));
         }
         let msg = cert(vec![sign(4), sign(6)]);
         order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg }, &mut out);
-        assert_eq!(order.exec_stable_seq(), interval, "u + 1 execution nodes signed it");
-        let durable = |p: &crate::replica::Persist| matches!(p, crate::replica::Persist::Record(crate::wal::Record::ExecStable(p)) if p.seq == interval);
+        assert_eq!(order.exec_stable_seq(), Seq(interval), "u + 1 execution nodes signed it");
+        let durable = |p: &crate::replica::Persist| matches!(p, crate::replica::Persist::Record(crate::wal::Record::ExecStable(p)) if p.seq == Seq(interval));
         assert!(out.persist.iter().any(durable), "kept durably, before execution nodes hear of it");
     }
 
@@ -972,13 +972,13 @@ mod tests {
             assert_eq!(e.service().0, ops, "node {}", e.id());
         }
         for o in &net.order {
-            assert!(o.executed() >= 1);
+            assert!(o.executed() >= Seq(1));
         }
         // Only execution nodes answered.
         assert!(net.replies.iter().all(|(n, _)| cfg.executors().contains(n)));
         // 20 instances or fewer, interval 8: the order nodes certified an execution
         // checkpoint (and the gate let them go on).
-        assert!(net.order.iter().all(|o| o.exec_stable_seq() >= 8), "{}", net.status());
+        assert!(net.order.iter().all(|o| o.exec_stable_seq() >= Seq(8)), "{}", net.status());
     }
 
     #[cfg(feature = "mutations")]
@@ -989,7 +989,7 @@ mod tests {
         let (a, b) = (value(&[b"a"]), value(&[b"b"]));
         let commit = |e: &mut ExecNode<Log>, from: NodeId, v: &Value| {
             let mut out = Outputs::default();
-            let msg = Message::Decided { seq: 1, value: v.clone() };
+            let msg = Message::Decided { seq: Seq(1), value: v.clone() };
             e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
             out
         };
@@ -1042,13 +1042,13 @@ mod tests {
                 net.tick(now);
             }
             c.abandon();
-            if net.order[0].executed() >= cfg.options.log_max() && i as u64 > cfg.options.log_max() + 4 {
+            if net.order[0].executed() >= Seq(cfg.options.log_max()) && i as u64 > cfg.options.log_max() + 4 {
                 stuck = true;
                 break;
             }
         }
         assert!(stuck, "{}", net.status());
-        assert_eq!(net.order.iter().map(|o| o.executed()).max(), Some(cfg.options.log_max()), "{}", net.status());
+        assert_eq!(net.order.iter().map(|o| o.executed()).max(), Some(Seq(cfg.options.log_max())), "{}", net.status());
         // Execution comes back: it catches up from the order nodes' commits, certifies
         // its checkpoints and ordering resumes.
         for n in 4..7 {
@@ -1058,7 +1058,7 @@ mod tests {
             now += 50;
             net.tick(now);
         }
-        assert!(net.stage.iter().all(|e| e.executed() >= cfg.options.log_max()), "{}", net.status());
+        assert!(net.stage.iter().all(|e| e.executed() >= Seq(cfg.options.log_max())), "{}", net.status());
         assert_eq!(net.call(&mut c, &mut now, b"after"), vec![(net.stage[0].service().0.len()) as u8]);
         assert!(sent > 16);
     }
@@ -1114,7 +1114,11 @@ mod tests {
             c.abandon();
         }
         let ordered = net.order[0].executed();
-        assert!(ordered >= cfg.options.log_max(), "ordering ran while one execution node executed: {}", net.status());
+        assert!(
+            ordered >= Seq(cfg.options.log_max()),
+            "ordering ran while one execution node executed: {}",
+            net.status()
+        );
         assert_eq!(net.stage[0].executed(), ordered, "{}", net.status());
         // The lone executor is lost; the other two are back.
         net.down[3] = true;
@@ -1167,41 +1171,48 @@ mod tests {
         };
         // Instance 3 (off the checkpoint interval) adds order node 9 and removes nothing.
         let (a, b) = (value(&[b"a"]), value(&[b"b"]));
-        commit(&mut e, 0, 1, &a);
-        commit(&mut e, 1, 1, &a);
-        commit(&mut e, 0, 2, &b);
-        commit(&mut e, 1, 2, &b);
+        commit(&mut e, 0, Seq(1), &a);
+        commit(&mut e, 1, Seq(1), &a);
+        commit(&mut e, 0, Seq(2), &b);
+        commit(&mut e, 1, Seq(2), &b);
         let add =
             admin_value(0, Change::Add(Member { id: 9, key: secrets(9).signing.public(), addr: String::new() }), 1);
-        commit(&mut e, 0, 3, &add);
-        let out = commit(&mut e, 2, 3, &add);
-        assert_eq!(e.executed(), 3);
+        commit(&mut e, 0, Seq(3), &add);
+        let out = commit(&mut e, 2, Seq(3), &add);
+        assert_eq!(e.executed(), Seq(3));
         assert_eq!(e.config().epoch(), 1, "it follows the membership it executed");
         assert_eq!(e.config().n(), 5);
-        assert!(out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { seq: 3, .. })), "checkpoint at the end");
-        assert_eq!(voted_at(&out, 3), vec![0, 1, 2, 3, 9], "its vote goes to the members of both epochs");
+        assert!(
+            out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { seq: Seq(3), .. })),
+            "checkpoint at the end"
+        );
+        assert_eq!(voted_at(&out, Seq(3)), vec![0, 1, 2, 3, 9], "its vote goes to the members of both epochs");
         // The new member's notice counts now; one notice alone still decides nothing.
         let c = value(&[b"c"]);
-        assert_eq!(executed_events(&commit(&mut e, 9, 4, &c)), 0);
-        assert_eq!(executed_events(&commit(&mut e, 3, 4, &c)), 1, "r + 1 members of epoch 1");
+        assert_eq!(executed_events(&commit(&mut e, 9, Seq(4), &c)), 0);
+        assert_eq!(executed_events(&commit(&mut e, 3, Seq(4), &c)), 1, "r + 1 members of epoch 1");
         // Instance 5 removes node 1, whose notice for instance 6 came first: dropped at the
         // switch, so node 0's alone decides nothing. The vote at 5 still reaches node 1.
         let remove = admin_value(1, Change::Remove(1), 2);
         let d = value(&[b"d"]);
-        commit(&mut e, 1, 6, &d);
-        commit(&mut e, 0, 5, &remove);
-        let out = commit(&mut e, 9, 5, &remove);
-        assert_eq!((e.executed(), e.config().epoch()), (5, 2));
-        assert_eq!(voted_at(&out, 5), vec![0, 2, 3, 9, 1], "the removed member ends epoch 1 too: it gets the vote");
-        assert_eq!(executed_events(&commit(&mut e, 0, 6, &d)), 0, "a removed node's notice no longer counts");
-        assert_eq!(executed_events(&commit(&mut e, 1, 6, &d)), 0, "nor one it sends now");
-        assert_eq!(executed_events(&commit(&mut e, 2, 6, &d)), 1);
+        commit(&mut e, 1, Seq(6), &d);
+        commit(&mut e, 0, Seq(5), &remove);
+        let out = commit(&mut e, 9, Seq(5), &remove);
+        assert_eq!((e.executed(), e.config().epoch()), (Seq(5), 2));
+        assert_eq!(
+            voted_at(&out, Seq(5)),
+            vec![0, 2, 3, 9, 1],
+            "the removed member ends epoch 1 too: it gets the vote"
+        );
+        assert_eq!(executed_events(&commit(&mut e, 0, Seq(6), &d)), 0, "a removed node's notice no longer counts");
+        assert_eq!(executed_events(&commit(&mut e, 1, Seq(6), &d)), 0, "nor one it sends now");
+        assert_eq!(executed_events(&commit(&mut e, 2, Seq(6), &d)), 1);
 
         // The mutation that checkpoints only every interval leaves the epoch's end bare.
         let cfg = config(Some(Mutation::NoEpochEndCheckpoint)).with_admin_key(admin.public());
         let mut e = ExecNode::new(cfg, stage_node(4), secrets(4).signing, Log::default());
-        commit(&mut e, 0, 1, &add);
-        let out = commit(&mut e, 1, 1, &add);
+        commit(&mut e, 0, Seq(1), &add);
+        let out = commit(&mut e, 1, Seq(1), &add);
         assert_eq!(e.config().epoch(), 1);
         assert!(!out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { .. })));
     }
@@ -1228,10 +1239,10 @@ mod tests {
         let v = admin_value(0, change, 1);
         let mut out = Outputs::default();
         for from in [0, 1] {
-            let msg = Message::Decided { seq: 1, value: v.clone() };
+            let msg = Message::Decided { seq: Seq(1), value: v.clone() };
             e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
         }
-        assert_eq!(e.executed(), 1);
+        assert_eq!(e.executed(), Seq(1));
         out.send.iter().find_map(|(_, m)| match m {
             Message::Reply(r) => match &r.body {
                 ReplyBody::Full(bytes) => crate::membership::decode_result(bytes),
@@ -1270,11 +1281,11 @@ mod tests {
         for seq in 1..=interval {
             let v = value(&[&[seq as u8]]);
             for from in [0, 1] {
-                let msg = Message::Decided { seq, value: v.clone() };
+                let msg = Message::Decided { seq: Seq(seq), value: v.clone() };
                 e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
             }
         }
-        assert_eq!(e.executed(), interval);
+        assert_eq!(e.executed(), Seq(interval));
         let snapshots: Vec<(Seq, Chunked)> = out
             .persist
             .iter()
@@ -1283,38 +1294,40 @@ mod tests {
                 _ => None,
             })
             .collect();
-        let root = snapshots.iter().find(|(s, _)| *s == interval).map(|(_, c)| c.root).expect("a snapshot");
+        let root = snapshots.iter().find(|(s, _)| *s == Seq(interval)).map(|(_, c)| c.root).expect("a snapshot");
         let membership = cfg.membership.digest();
         let sign = |node: NodeId| {
-            let statement = checkpoint_statement(interval, &root, &membership, stage_node(node));
+            let statement = checkpoint_statement(Seq(interval), &root, &membership, stage_node(node));
             (stage_node(node), secrets(node).signing.sign(&statement))
         };
-        let proof = StableProof { seq: interval, root, membership, sigs: vec![sign(5), sign(6)] };
+        let proof = StableProof { seq: Seq(interval), root, membership, sigs: vec![sign(5), sign(6)] };
         let mut out = Outputs::default();
         e.step(2, Input::Message { from: Peer::Node(0), msg: Message::StableCert(proof) }, &mut out);
-        assert_eq!(e.stable_seq(), interval);
+        assert_eq!(e.stable_seq(), Seq(interval));
         // It collects its older snapshots on the certificate, and keeps the certificate.
         let records = out
             .persist
             .iter()
             .find_map(|p| match p {
-                Persist::Compact { records, snapshots_from } if *snapshots_from == interval => Some(records.clone()),
+                Persist::Compact { records, snapshots_from } if *snapshots_from == Seq(interval) => {
+                    Some(records.clone())
+                }
                 _ => None,
             })
             .expect("older snapshots collected");
-        assert!(matches!(&records[..], [crate::wal::Record::ExecStable(p)] if p.seq == interval), "{records:?}");
+        assert!(matches!(&records[..], [crate::wal::Record::ExecStable(p)] if p.seq == Seq(interval)), "{records:?}");
         // Restarted, it knows the certificate again without an order node telling it, and
         // tells the order nodes and its peers.
         let mut e = ExecNode::recover(cfg, stage_node(4), secrets(4).signing, Log::default(), snapshots, &records)
             .expect("recovers");
-        assert_eq!(e.stable_seq(), interval, "the certificate was lost in the restart");
+        assert_eq!(e.stable_seq(), Seq(interval), "the certificate was lost in the restart");
         let mut out = Outputs::default();
         e.step(10_000, Input::Tick, &mut out);
         let told: Vec<NodeId> = out
             .send
             .iter()
             .filter_map(|(to, m)| match (to, m) {
-                (Peer::Node(n), Message::StableCert(p)) if p.seq == interval => Some(*n),
+                (Peer::Node(n), Message::StableCert(p)) if p.seq == Seq(interval) => Some(*n),
                 _ => None,
             })
             .collect();
@@ -1327,8 +1340,8 @@ mod tests {
         let mut o = Replica::new(cfg.clone(), 0, secrets(0), OrderState);
         let vote = |node: u32, root: Digest| {
             let membership = cfg.membership.digest();
-            let sig = secrets(node).signing.sign(&checkpoint_statement(8, &root, &membership, stage_node(node)));
-            Message::Checkpoint(CheckpointVote { seq: 8, root, membership, sig })
+            let sig = secrets(node).signing.sign(&checkpoint_statement(Seq(8), &root, &membership, stage_node(node)));
+            Message::Checkpoint(CheckpointVote { seq: Seq(8), root, membership, sig })
         };
         let step = |o: &mut Replica<OrderState>, from: NodeId, msg: Message| {
             let mut out = Outputs::default();
@@ -1338,13 +1351,13 @@ mod tests {
         let (good, bad) = (Digest::of(b"good"), Digest::of(b"bad"));
         step(&mut o, 4, vote(4, bad));
         step(&mut o, 5, vote(5, good));
-        assert_eq!(o.exec_stable_seq(), 0, "two different roots certify nothing");
+        assert_eq!(o.exec_stable_seq(), Seq(0), "two different roots certify nothing");
         // A vote signed by another execution node's key is not node 6's.
         let out = step(&mut o, 6, vote(4, bad));
         assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { reason: Reject::BadSignature { .. }, .. })));
-        assert_eq!(o.exec_stable_seq(), 0);
+        assert_eq!(o.exec_stable_seq(), Seq(0));
         let out = step(&mut o, 6, vote(6, good));
-        assert_eq!(o.exec_stable_seq(), 8, "u + 1 = 2 matching");
+        assert_eq!(o.exec_stable_seq(), Seq(8), "u + 1 = 2 matching");
         // Every execution node hears of it, once the record of it is durable (an execution
         // node collects older snapshots on it).
         let certs = |q: &[(Peer, Message)]| {

@@ -134,8 +134,32 @@ impl View {
         (self.0 % n as u64) as NodeId
     }
 }
-/// A consensus instance (sequence number); each decides one value.
-pub type Seq = u64;
+number! {
+    /// A consensus instance (sequence number); each decides one value.
+    Seq(u64)
+}
+
+impl Seq {
+    /// The instances from this one to `last`, both included.
+    pub fn through(self, last: Seq) -> impl DoubleEndedIterator<Item = Seq> + Clone {
+        (self.0..=last.0).map(Seq)
+    }
+
+    /// The instances from this one up to `end`, which is left out.
+    pub fn until(self, end: Seq) -> impl DoubleEndedIterator<Item = Seq> + Clone {
+        (self.0..end.0).map(Seq)
+    }
+
+    /// This instance and every one after it.
+    pub fn onward(self) -> impl Iterator<Item = Seq> + Clone {
+        (self.0..).map(Seq)
+    }
+
+    /// Whether a checkpoint every `interval` instances falls here.
+    pub fn is_multiple_of(self, interval: u64) -> bool {
+        self.0.is_multiple_of(interval)
+    }
+}
 
 /// Client identities from here up are reserved for nodes (and, just below,
 /// the administrator's `membership::ADMIN_CLIENT`); no client may claim them.

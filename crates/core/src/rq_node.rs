@@ -105,8 +105,8 @@ impl crate::node::Node for RqNode {
         crate::node::NodeStatus {
             view: self.view(),
             view_change_to: None,
-            executed: 0,
-            stable: 0,
+            executed: Seq(0),
+            stable: Seq(0),
             transfer: None,
             peers: cfg.n() + cfg.rq_ids().len() - 1,
         }
@@ -982,7 +982,7 @@ mod tests {
         let cfg = config(None);
         let mut rq = RqNode::new(cfg.clone(), stage_node(5), secrets(5).signing, secrets(5).mac_secret);
         let mut out = Outputs::default();
-        let status = |view| Message::Status { view: View(view), executed: 0, stable: 0 };
+        let status = |view| Message::Status { view: View(view), executed: Seq(0), stable: Seq(0) };
         rq.step(0, Input::Message { from: Peer::Node(3), msg: status(1_000) }, &mut out);
         assert_eq!(rq.view(), View(0), "one liar cannot move it");
         rq.step(0, Input::Message { from: Peer::Node(1), msg: status(2) }, &mut out);
@@ -1019,10 +1019,11 @@ mod tests {
         // Epoch 1 adds order node 12, proven by the stable checkpoint of epoch 0's members.
         let member = Member { id: 12, key: secrets(12).signing.public(), addr: String::new() };
         let next =
-            cfg.membership.apply(&AdminOp::sign(&admin, 0, Change::Add(member)), &admin.public(), 5).expect("ok");
+            cfg.membership.apply(&AdminOp::sign(&admin, 0, Change::Add(member)), &admin.public(), Seq(5)).expect("ok");
         let root = Digest([1; 32]);
-        let sigs = (0..4).map(|i| (i, secrets(i).signing.sign(&checkpoint_statement(5, &root, &next.digest(), i))));
-        let proof = StableProof { seq: 5, root, membership: next.digest(), sigs: sigs.collect() };
+        let sigs =
+            (0..4).map(|i| (i, secrets(i).signing.sign(&checkpoint_statement(Seq(5), &root, &next.digest(), i))));
+        let proof = StableProof { seq: Seq(5), root, membership: next.digest(), sigs: sigs.collect() };
         let mut forged = proof.clone();
         forged.sigs.truncate(1);
         let certs = |proof: StableProof| Message::EpochCerts(vec![EpochCert { proof, next: next.clone() }]);

@@ -640,6 +640,7 @@ mod tests {
     use super::*;
     use crate::config::{init, ClientFile, InitOptions, NodeFile};
     use crate::transport::{accept_loop, Accepted};
+    use keel_core::ids::Seq;
     use std::sync::atomic::Ordering;
     use tokio::io::AsyncWriteExt;
     use tokio_rustls::TlsAcceptor;
@@ -662,7 +663,7 @@ mod tests {
         let client = KeelClient::connect(setup).expect("client");
         let conn = tokio::time::timeout(Duration::from_secs(10), conns.recv()).await.expect("dialled").expect("conn");
         let (_read, mut write) = tokio::io::split(conn.stream);
-        let chunk = codec::encode(&Message::Chunk { seq: 5, index: 0, data: vec![7; 4096] });
+        let chunk = codec::encode(&Message::Chunk { seq: Seq(5), index: 0, data: vec![7; 4096] });
         let frame = [(chunk.len() as u32).to_be_bytes().as_slice(), &chunk].concat();
         write.write_all(&frame).await.expect("sent");
         write.flush().await.expect("flushed");
@@ -678,6 +679,6 @@ mod tests {
         write.write_all(&frame).await.expect("sent");
         write.flush().await.expect("flushed");
         let got = tokio::time::timeout(Duration::from_secs(10), side.receive.recv()).await.expect("arrived");
-        assert!(matches!(got, Some((0, Message::Chunk { seq: 5, .. }))), "{got:?}");
+        assert!(matches!(got, Some((0, Message::Chunk { seq: Seq(5), .. }))), "{got:?}");
     }
 }

@@ -29,6 +29,7 @@ use crate::transport::{
 };
 use keel_core::codec;
 use keel_core::config::stage_id;
+use keel_core::ids::Seq;
 use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
 use keel_core::node::{Admit, Node};
@@ -216,7 +217,7 @@ async fn run_replica<S: Service + Send + 'static>(
         index,
         epoch = replica.epoch(),
         view = %replica.view(),
-        executed = replica.executed(),
+        executed = %replica.executed(),
         "node started"
     );
     let verifier = Arc::new(RwLock::new(EpochVerifier::of(&replica)));
@@ -272,7 +273,7 @@ impl<S: Service + Send + 'static, F: Fn() -> S> Hosted for OrderHost<S, F> {
 
     fn before_flush(&mut self, env: &mut Env) -> Result<(), NodeError> {
         hold_back_proposals(&env.setup.faults, self.started, &mut env.out, &env.peers, &env.stats);
-        self.checkpoints.stable.store(self.replica.stable_seq(), Ordering::Release);
+        self.checkpoints.stable.store(self.replica.stable_seq().0, Ordering::Release);
         for job in env.out.checkpoints.drain(..) {
             self.checkpoints.submit(job)?;
         }
@@ -332,7 +333,7 @@ impl<S: Service + Send + 'static, F: Fn() -> S> Hosted for OrderHost<S, F> {
             .await
             .ok_or_else(|| NodeError::Checkpoint("the checkpoint thread died".into()))?;
         self.m.checkpoint_seconds.observe(seconds);
-        tracing::debug!(seq = ready.seq(), seconds, "checkpoint serialized");
+        tracing::debug!(seq = %ready.seq(), seconds, "checkpoint serialized");
         Ok(Input::CheckpointReady(ready))
     }
 
@@ -421,7 +422,7 @@ impl Checkpointer {
         let seen = stable.clone();
         std::thread::Builder::new().name("keel-checkpoint".into()).spawn(move || {
             for job in rx {
-                if job.seq() < seen.load(Ordering::Acquire) {
+                if job.seq() < Seq(seen.load(Ordering::Acquire)) {
                     continue;
                 }
                 let begun = Instant::now();
@@ -639,8 +640,8 @@ pub(crate) fn publish<N: Node>(
     let cfg = node.config();
     m.view.set(st.view.0 as i64);
     m.epoch.set(cfg.epoch() as i64);
-    m.executed.set(st.executed as i64);
-    m.stable.set(st.stable as i64);
+    m.executed.set(st.executed.0 as i64);
+    m.stable.set(st.stable.0 as i64);
     m.inbound_queue.set(inbound as i64);
     m.transfer_permille.set(st.transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
     match st.transfer {
@@ -659,8 +660,8 @@ pub(crate) fn publish<N: Node>(
             view: st.view,
             primary: cfg.primary(st.view),
             view_change_to: st.view_change_to,
-            executed: st.executed,
-            stable: st.stable,
+            executed: st.executed.0,
+            stable: st.stable.0,
             peers_connected: connected,
             peers: st.peers as u64,
             transfer: st.transfer,
@@ -801,16 +802,16 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 tracing::info!(%view, "view installed")
             }
             Event::RejoinBounds { view, executed } => {
-                tracing::warn!(%view, executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
+                tracing::warn!(%view, %executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
             }
-            Event::Rejoined { view, stable } => tracing::warn!(%view, stable, "rejoined: voting again"),
+            Event::Rejoined { view, stable } => tracing::warn!(%view, %stable, "rejoined: voting again"),
             Event::StateTransferStarted { seq, replacing } => {
                 m.state_transfers.inc();
                 match replacing {
-                    None => tracing::info!(seq, "state transfer started"),
+                    None => tracing::info!(%seq, "state transfer started"),
                     Some(old) => tracing::info!(
-                        seq,
-                        old,
+                        %seq,
+                        %old,
                         "state transfer moved on to the newer stable checkpoint {seq} (peers serve only their newest; \
                          the chunks fetched for {old} are kept)"
                     ),
@@ -820,13 +821,13 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 let _ = m.events.send(NodeEvent::StateTransferDone { seq });
                 m.transfer_chunks.inc_by(chunks as u64);
                 m.transfer_chunks_reused.inc_by(reused as u64);
-                tracing::info!(seq, chunks, reused, "state transfer done");
+                tracing::info!(%seq, chunks, reused, "state transfer done");
             }
             Event::Divergence { seq, local, stable } => {
                 m.divergences.inc();
-                m.last_divergence.set(seq as i64);
+                m.last_divergence.set(seq.0 as i64);
                 tracing::error!(
-                    seq,
+                    %seq,
                     ?local,
                     ?stable,
                     "this node's state diverged: its checkpoint {seq} differs from the one a quorum certified; \
@@ -839,7 +840,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::EpochEnded { epoch, seq } => {
                 let _ = m.events.send(NodeEvent::EpochEnded { next: epoch, seq });
-                tracing::info!(next = epoch, seq, "membership epoch ended");
+                tracing::info!(next = epoch, %seq, "membership epoch ended");
                 ended = true;
             }
             Event::OperationsFetched { count, .. } => {

@@ -601,10 +601,11 @@ impl Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::View;
     use keel_core::message::Value;
 
     fn view(v: u64) -> Persist {
-        Persist::Record(Record::View { view: keel_core::ids::View(v), floor: 0 })
+        Persist::Record(Record::View { view: View(v), floor: Seq(0) })
     }
 
     fn views(d: &Durable) -> Vec<u64> {
@@ -687,7 +688,7 @@ mod tests {
         drop(s);
         let seg = dir.path().join("wal").join(segment_name(1, false));
         let mut f = OpenOptions::new().append(true).open(&seg).expect("open segment");
-        let torn = encode_record_in(&Record::View { view: keel_core::ids::View(2), floor: 0 }, 1);
+        let torn = encode_record_in(&Record::View { view: View(2), floor: Seq(0) }, 1);
         f.write_all(&torn[..torn.len() - 3]).expect("tear");
         drop(f);
         let (mut s, d) = Storage::open(dir.path(), FsyncPolicy::Always).expect("reopen");
@@ -721,13 +722,10 @@ mod tests {
         let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         s.write(&[
             view(1),
-            Persist::Snapshot { seq: 8, chunked: keel_core::exec::Chunked::new(vec![8], 256) },
-            Persist::Record(Record::Accepted { view: keel_core::ids::View(1), seq: 9, value: Value::null() }),
-            Persist::Snapshot { seq: 16, chunked: keel_core::exec::Chunked::new(vec![16], 256) },
-            Persist::Compact {
-                records: vec![Record::View { view: keel_core::ids::View(1), floor: 0 }],
-                snapshots_from: 16,
-            },
+            Persist::Snapshot { seq: Seq(8), chunked: keel_core::exec::Chunked::new(vec![8], 256) },
+            Persist::Record(Record::Accepted { view: View(1), seq: Seq(9), value: Value::null() }),
+            Persist::Snapshot { seq: Seq(16), chunked: keel_core::exec::Chunked::new(vec![16], 256) },
+            Persist::Compact { records: vec![Record::View { view: View(1), floor: Seq(0) }], snapshots_from: Seq(16) },
             view(2),
         ])
         .expect("write");
@@ -737,12 +735,9 @@ mod tests {
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
         assert_eq!(
             d.records,
-            vec![
-                Record::View { view: keel_core::ids::View(1), floor: 0 },
-                Record::View { view: keel_core::ids::View(2), floor: 0 }
-            ]
+            vec![Record::View { view: View(1), floor: Seq(0) }, Record::View { view: View(2), floor: Seq(0) }]
         );
-        let snapshots: Vec<(u64, Vec<u8>)> = d.snapshots.iter().map(|(s, c)| (*s, c.to_bytes())).collect();
+        let snapshots: Vec<(u64, Vec<u8>)> = d.snapshots.iter().map(|(s, c)| (s.0, c.to_bytes())).collect();
         assert_eq!(snapshots, vec![(16, vec![16])]);
         // The base segment and the one appended to after it.
         let segments = list_segments(&dir.path().join("wal")).expect("list");
@@ -750,10 +745,7 @@ mod tests {
     }
 
     fn compact_to(view_: u64) -> Persist {
-        Persist::Compact {
-            records: vec![Record::View { view: keel_core::ids::View(view_), floor: 0 }],
-            snapshots_from: 0,
-        }
+        Persist::Compact { records: vec![Record::View { view: View(view_), floor: Seq(0) }], snapshots_from: Seq(0) }
     }
 
     #[test]
@@ -819,14 +811,11 @@ mod tests {
         }
         fs::write(
             wal.join(segment_name(1, false)),
-            encode_record_in(&Record::View { view: keel_core::ids::View(1), floor: 0 }, 1),
+            encode_record_in(&Record::View { view: View(1), floor: Seq(0) }, 1),
         )
         .expect("w");
-        fs::write(
-            wal.join(segment_name(2, true)),
-            encode_record_in(&Record::View { view: keel_core::ids::View(5), floor: 0 }, 2),
-        )
-        .expect("w");
+        fs::write(wal.join(segment_name(2, true)), encode_record_in(&Record::View { view: View(5), floor: Seq(0) }, 2))
+            .expect("w");
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         assert_eq!(views(&d), vec![5]);
         assert!(!wal.join(segment_name(1, false)).exists());

@@ -336,7 +336,7 @@ pub struct Byzantine {
     /// Bodies of the values its forged certificates name, in forging order. A forger that
     /// could not hand out the body would only stall the instance: view changes carry
     /// digests, so the new primary fetches the body from the certificate's holders.
-    forged: VecDeque<(u64, Digest, Value)>,
+    forged: VecDeque<(Seq, Digest, Value)>,
     /// Its keys for endorsements (entry j for node j of its epoch): it can endorse
     /// anything, as itself.
     endorse_keys: Vec<MacKey>,
@@ -403,7 +403,7 @@ struct EarlierEpochs {
     held: Vec<Message>,
     held_views: Vec<Message>,
     /// The instance the current epoch started after (`Membership::since`).
-    since: u64,
+    since: Seq,
     /// Replays still to pick from `held` once the new epoch votes above `since + EARLIER_AFTER`.
     left: u32,
     armed: bool,
@@ -428,7 +428,7 @@ impl EarlierEpochs {
 
     /// The node's epoch changed to one starting after instance `since`; `history` is its
     /// replay buffer.
-    fn epoch_changed(&mut self, history: &VecDeque<Message>, since: u64) {
+    fn epoch_changed(&mut self, history: &VecDeque<Message>, since: Seq) {
         self.held = history.iter().cloned().collect();
         self.held_views = self.views.drain(..).collect();
         self.since = since;
@@ -565,18 +565,19 @@ impl Byzantine {
             epoch: current.epoch + 1,
             u: 0,
             r: 0,
-            since,
+            since: Seq(since),
             highest_id: current.highest_id + 3,
             previous: Some(Box::new(Membership { previous: None, ..current })),
             members,
         };
         let root = Digest(rng.gen());
         let membership = next.digest();
-        let mut sigs = vec![(self.me, self.signing.sign(&checkpoint_statement(since, &root, &membership, self.me)))];
+        let mut sigs =
+            vec![(self.me, self.signing.sign(&checkpoint_statement(Seq(since), &root, &membership, self.me)))];
         for n in (0..self.n as NodeId).filter(|n| *n != self.me).take(self.quorum) {
             sigs.push((n, self.random_sig(rng)));
         }
-        Some(EpochCert { proof: StableProof { seq: since, root, membership, sigs }, next })
+        Some(EpochCert { proof: StableProof { seq: Seq(since), root, membership, sigs }, next })
     }
 
     /// The membership epoch its replica runs.
@@ -740,7 +741,7 @@ impl Byzantine {
         let n = self.n.min(64) as u32;
         let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
         let others = all & !1u64.checked_shl(self.me).unwrap_or(0);
-        let h = Hasher::new("keel-sim/split").u64(self.split_seed).u64(view.0).u64(seq).finish().prefix_u64();
+        let h = Hasher::new("keel-sim/split").u64(self.split_seed).u64(view.0).u64(seq.0).finish().prefix_u64();
         let mut side = h & others;
         if side == 0 || side == others {
             // Everyone on one side: move the lowest other node over.
@@ -753,7 +754,7 @@ impl Byzantine {
     /// replica's vote, and whether it is a conflicting vote (counted as one).
     fn vote_lie(&self, view: View, seq: Seq, to: Peer, is_primary: bool) -> Option<(Digest, bool)> {
         if self.behaviours.equivocate && self.lied_to(view, seq, to) {
-            if let Some(alt) = self.alternatives.get(&(view, seq)) {
+            if let Some(alt) = self.alternatives.get(&(view, seq.0)) {
                 return Some((alt.digest(), false));
             }
         }
@@ -829,7 +830,7 @@ impl Byzantine {
     /// (`Replica::validate_stable_proof`).
     fn stable_valid(&self, p: &StableProof) -> bool {
         let Some(m) = &self.membership else { return false };
-        if p.seq == 0 {
+        if p.seq == Seq(0) {
             return p.sigs.is_empty() && p.root == Digest::default();
         }
         if p.seq < m.since {
@@ -935,9 +936,9 @@ impl Byzantine {
             if rng.gen_bool(0.5) {
                 own.certs.clear();
             } else if rng.gen_bool(0.5) {
-                let top = own.certs.iter().map(|c| c.seq).max().unwrap_or(0);
+                let top = own.certs.iter().map(|c| c.seq).max().unwrap_or(Seq(0));
                 let seqs: Vec<Seq> = own.certs.iter().map(|c| c.seq).filter(|s| *s < top).collect();
-                let cut = seqs.choose(rng).copied().unwrap_or(0);
+                let cut = seqs.choose(rng).copied().unwrap_or(Seq(0));
                 own.certs.retain(|c| c.seq > cut);
             }
             if own.certs.len() != before {
@@ -1108,18 +1109,18 @@ impl Byzantine {
     fn rewrite(&mut self, rng: &mut ChaCha8Rng, to: Peer, msg: Message) -> Message {
         match msg {
             Message::Propose { view, seq, value } if self.behaviours.equivocate && self.lied_to(view, seq, to) => {
-                if self.alternatives.len() >= INSTANCES_KEPT_MAX && !self.alternatives.contains_key(&(view, seq)) {
+                if self.alternatives.len() >= INSTANCES_KEPT_MAX && !self.alternatives.contains_key(&(view, seq.0)) {
                     self.alternatives.pop_first();
                 }
-                let alt = self.alternatives.entry((view, seq)).or_insert_with(|| alternative(&value));
+                let alt = self.alternatives.entry((view, seq.0)).or_insert_with(|| alternative(&value));
                 self.lies.equivocations += 1;
                 Message::Propose { view, seq, value: alt.clone() }
             }
-            Message::Propose { view, seq, value } if self.behaviours.forge_endorsements && seq % 3 == 0 => {
+            Message::Propose { view, seq, value } if self.behaviours.forge_endorsements && seq.is_multiple_of(3) => {
                 if self.fabricated.len() >= FORGED_KEPT_MAX {
                     self.fabricated.clear();
                 }
-                let value = match self.fabricated.get(&(view, seq)) {
+                let value = match self.fabricated.get(&(view, seq.0)) {
                     Some(v) => v.clone(),
                     None => {
                         // A made-up request that only this node vouches for.
@@ -1128,7 +1129,7 @@ impl Byzantine {
                         request.endorsements = vec![Endorsement { node, macs: self.endorse(&request) }];
                         let mut v = value;
                         v.requests.push(Proposed::Full(request));
-                        self.fabricated.insert((view, seq), v.clone());
+                        self.fabricated.insert((view, seq.0), v.clone());
                         v
                     }
                 };
@@ -1158,7 +1159,7 @@ impl Byzantine {
             // quorum's highest; too high, they stall reads until their clients order them.
             Message::IndexAck { round, accepted } if self.behaviours.rush_reads => {
                 self.lies.index_lies += 1;
-                let accepted = if rng.gen_bool(0.8) { 0 } else { accepted + 1_000 };
+                let accepted = if rng.gen_bool(0.8) { Seq(0) } else { accepted + 1_000 };
                 Message::IndexAck { round, accepted }
             }
             Message::ViewChange(vc) if self.behaviours.forge_view_change || self.behaviours.hide_certs => {
@@ -1238,7 +1239,7 @@ impl Byzantine {
     fn forge_view_change(&mut self, rng: &mut ChaCha8Rng, mut vc: ViewChange) -> ViewChange {
         let base = vc.stable.seq;
         vc.certs.retain(|c| c.seq > base + 3);
-        for seq in base + 1..=base + 3 {
+        for seq in base.next().through(base + 3) {
             let forged = Request::new(424_242, rng.gen(), vec![0xde, 0xad].into());
             let value = Value { time: 0, requests: vec![forged] };
             let writes = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
@@ -1411,7 +1412,7 @@ impl ExecByzantine {
         .collect()
     }
 
-    fn signed_vote(&self, seq: u64, root: Digest, membership: Digest) -> Message {
+    fn signed_vote(&self, seq: Seq, root: Digest, membership: Digest) -> Message {
         let sig = self.signing.sign(&checkpoint_statement(seq, &root, &membership, self.me));
         Message::Checkpoint(CheckpointVote { seq, root, membership, sig })
     }
@@ -1444,7 +1445,7 @@ impl ExecByzantine {
                 Message::Status { view, .. } if self.bogus_status => {
                     self.lies += 1;
                     let made_up = |rng: &mut ChaCha8Rng| if rng.gen_bool(0.3) { u64::MAX } else { rng.gen() };
-                    Message::Status { view, executed: made_up(rng), stable: made_up(rng) }
+                    Message::Status { view, executed: Seq(made_up(rng)), stable: Seq(made_up(rng)) }
                 }
                 Message::Chunk { seq, index, mut data } if self.corrupt_transfers => {
                     self.lies += 1;
@@ -1636,7 +1637,7 @@ mod tests {
         let mut splits = BTreeSet::new();
         for view in 0..4 {
             for seq in 1..50 {
-                let side: Vec<bool> = (0..5).map(|n| b.lied_to(View(view), seq, Peer::Node(n))).collect();
+                let side: Vec<bool> = (0..5).map(|n| b.lied_to(View(view), Seq(seq), Peer::Node(n))).collect();
                 assert!(!side[2], "never itself");
                 let told = side.iter().filter(|s| **s).count();
                 assert!((1..=3).contains(&told), "{side:?}: another node on each side");
@@ -1645,7 +1646,7 @@ mod tests {
         }
         // Not one fixed split (odd/even before): most of the 14 possible ones occur.
         assert!(splits.len() >= 10, "{} splits", splits.len());
-        assert!(!b.lied_to(View(0), 1, Peer::Client(1000)));
+        assert!(!b.lied_to(View(0), Seq(1), Peer::Client(1000)));
     }
 
     #[test]
@@ -1684,19 +1685,19 @@ mod tests {
         let keys = NodeKeys::new(&m.keys());
         let tag = m.digest();
         let honest = Digest([9; 32]);
-        let sig = b.signing.sign(&write_statement(&tag, View(0), 4, &honest, 1));
+        let sig = b.signing.sign(&write_statement(&tag, View(0), Seq(4), &honest, 1));
         let mut digests = BTreeSet::new();
         for to in [0, 2, 3] {
-            let w = Message::Write(Write { view: View(0), seq: 4, digest: honest, sig });
+            let w = Message::Write(Write { view: View(0), seq: Seq(4), digest: honest, sig });
             let Message::Write(w) = b.lie_in_votes(Peer::Node(to), false, w) else { panic!("a write") };
-            assert!(keys.verify(1, &write_statement(&tag, View(0), 4, &w.digest, 1), &w.sig));
+            assert!(keys.verify(1, &write_statement(&tag, View(0), Seq(4), &w.digest, 1), &w.sig));
             digests.insert(w.digest);
         }
         assert_eq!(digests.len(), 2, "two values for one (view, instance)");
-        let told = [0, 2, 3].iter().filter(|&&n| b.lied_to(View(0), 4, Peer::Node(n))).count();
+        let told = [0, 2, 3].iter().filter(|&&n| b.lied_to(View(0), Seq(4), Peer::Node(n))).count();
         assert_eq!(b.lies.conflicting_votes, told as u64, "counted once per vote changed");
-        let sig = b.signing.sign(&checkpoint_statement(8, &honest, &tag, 1));
-        let vote = CheckpointVote { seq: 8, root: honest, membership: tag, sig };
+        let sig = b.signing.sign(&checkpoint_statement(Seq(8), &honest, &tag, 1));
+        let vote = CheckpointVote { seq: Seq(8), root: honest, membership: tag, sig };
         for _ in 0..20 {
             if let Message::Checkpoint(v) = b.rewrite(&mut rng, Peer::Node(0), Message::Checkpoint(vote.clone())) {
                 assert!(keys.verify(1, &checkpoint_statement(v.seq, &v.root, &v.membership, 1), &v.sig));

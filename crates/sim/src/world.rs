@@ -501,7 +501,7 @@ impl<S: Service> SimNode<S> {
 }
 
 /// How far behind (instances) the state a read-rushing Byzantine node answers from gets.
-const STALE_READ_LAG: Seq = 8;
+const STALE_READ_LAG: Seq = Seq(8);
 
 struct SimClient {
     core: Client,
@@ -1036,7 +1036,7 @@ impl<W: Workload> World<W> {
             self.report.reads_unordered += c.core.reads_answered;
             self.report.reads_ordered += c.core.reads_ordered;
         }
-        self.report.max_executed = self.nodes.iter().filter_map(SimNode::executed).max().unwrap_or(0);
+        self.report.max_executed = self.nodes.iter().filter_map(SimNode::executed).max().unwrap_or(Seq(0));
         self.report.trace_hash = {
             let h = self.trace.finalize();
             let mut b = [0u8; 8];
@@ -1618,7 +1618,7 @@ impl<W: Workload> World<W> {
         // The field, not `replica()`: the borrows of `byzantine` and `stale_state` stay apart.
         let Some(Core::Order(replica)) = &node.core else { return None };
         let executed = replica.executed();
-        if node.stale_state.as_ref().is_none_or(|(seq, _)| executed >= seq + STALE_READ_LAG || executed < *seq) {
+        if node.stale_state.as_ref().is_none_or(|(seq, _)| executed >= *seq + STALE_READ_LAG.0 || executed < *seq) {
             node.stale_state = Some((executed, replica.service().snapshot()));
         }
         let (seq, bytes) = node.stale_state.as_ref()?;

@@ -180,7 +180,7 @@ impl<S: Service> Replica<S> {
         order.retain(|&x| x != me && x != primary && endorsers.contains(&x));
         order.sort_unstable();
         order.dedup();
-        let rotate = (me as usize).wrapping_add(seq as usize) % order.len().max(1);
+        let rotate = (me as usize).wrapping_add(seq.0 as usize) % order.len().max(1);
         order.rotate_left(rotate);
         if primary != me {
             order.push(primary);

@@ -52,7 +52,7 @@ impl<S: Service> Replica<S> {
             helped = true;
         } else if self.exec.executed() > executed {
             let last = self.exec.executed().min(executed + self.cfg.options.catch_up_values_max);
-            for seq in executed + 1..=last {
+            for seq in executed.next().through(last) {
                 if let Some(value) = self.log.get(&seq).and_then(|s| s.decided_value.clone()) {
                     // Gated: we may vouch only for decisions we can no longer lose.
                     out.send_after_persist.push((peer, Message::Decided { seq, value }));

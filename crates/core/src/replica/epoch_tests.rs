@@ -583,7 +583,7 @@ mod backup {
         net.puts(1..=20, "before the backup");
         net.run(200);
         let stable = net.nodes[&0].stable_seq();
-        assert!(stable >= 16, "two checkpoints taken: {stable}");
+        assert!(stable >= Seq(16), "two checkpoints taken: {stable}");
         // Node 2 lies about every chunk, and forges a certificate for another root.
         let mut lies = 0;
         let mut liar = |from: u32, m: Message| match (from, m) {
@@ -607,7 +607,7 @@ mod backup {
         assert_eq!(got.membership, genesis);
         // What a correct node held at that instance: the first `stable` puts.
         let log = log_after(&got);
-        assert_eq!(log.0.len() as u64, stable.min(20), "{:?}", log.0);
+        assert_eq!(log.0.len() as u64, stable.min(Seq(20)).0, "{:?}", log.0);
         assert_eq!(log.0, net.nodes[&1].service().0[..log.0.len()].to_vec());
     }
 
@@ -618,7 +618,7 @@ mod backup {
         net.puts(1..=20, "before the barrier");
         net.run(200);
         let stable = net.nodes[&0].stable_seq();
-        assert!(stable < 20, "the newest checkpoint ({stable}) is from before put 20");
+        assert!(stable < Seq(20), "the newest checkpoint ({stable}) is from before put 20");
         // Client 7's put 20 is the barrier: the backup must hold it.
         let mut fetch =
             CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20).with_barrier(7, 20);

@@ -561,7 +561,7 @@ impl<S: Service> Replica<S> {
             }
             // Borrowed, not cloned (batches of requests): `log` and `exec` are disjoint.
             let values: Vec<&Value> =
-                (first..first + count).filter_map(|seq| self.log.get(&seq)?.decided_value.as_ref()).collect();
+                first.until(first + count).filter_map(|seq| self.log.get(&seq)?.decided_value.as_ref()).collect();
             // What the bookkeeping below needs of each value, taken while `values` (a
             // borrow of the log) lives.
             let shapes: Vec<(Vec<Digest>, usize)> = values
@@ -577,7 +577,7 @@ impl<S: Service> Replica<S> {
                 self.push_events(&tick.pushes, out);
                 out.events.push(Event::Ticked { seq: tick.seq, time: tick.time });
             }
-            for ((seq, (ops, bytes)), outcomes) in (first..).zip(shapes).zip(outcomes) {
+            for ((seq, (ops, bytes)), outcomes) in first.onward().zip(shapes).zip(outcomes) {
                 let mut executed = Vec::new();
                 for (o, op) in outcomes.iter().zip(ops) {
                     // Whether the client sent this request here itself (see `Pending::direct`).

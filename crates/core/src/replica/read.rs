@@ -57,7 +57,7 @@ impl<S: Service> Replica<S> {
             }
             ReadConsistency::Serializable => Until::ClientExecuted(read.after),
             ReadConsistency::Linearizable if self.cfg.quorums.mutation() == Some(Mutation::ReadWithoutWait) => {
-                Until::Executed(0)
+                Until::Executed(Seq(0))
             }
             ReadConsistency::Linearizable => Until::Executed(self.accepted_high()),
             ReadConsistency::Index => {
@@ -137,7 +137,7 @@ impl<S: Service> Replica<S> {
             .iter()
             .rev()
             .find(|(_, slot)| slot.cert.is_some() || slot.decided.is_some())
-            .map_or(0, |(seq, _)| *seq);
+            .map_or(Seq(0), |(seq, _)| *seq);
         voted.max(self.stable.seq).max(self.exec.executed())
     }
 

@@ -60,13 +60,13 @@ fn a_restarted_node_relays_the_new_view_of_its_view_and_the_laggard_installs_it(
                 net.submit(&mut c, now, &[i as u8]);
                 assert!(net.result(&mut c).is_some());
             }
-            assert!(net.nodes[2].stable_seq() >= interval, "node 2's log was compacted");
+            assert!(net.nodes[2].stable_seq() >= Seq(interval), "node 2's log was compacted");
         }
         now += 10;
         net.restart(2, now);
         assert_eq!(net.nodes[2].view(), View(1), "recovered into view 1");
         now += cfg.options.status_ms;
-        let status = Message::Status { view: View(0), executed: 0, stable: 0 };
+        let status = Message::Status { view: View(0), executed: Seq(0), stable: Seq(0) };
         let mut out = Outputs::default();
         net.nodes[2].step(now, Input::Message { from: Peer::Node(3), msg: status }, &mut out);
         let (relayed, ungated) = new_views_to(&out, 3);
@@ -94,7 +94,7 @@ fn a_laggard_that_catches_up_by_state_transfer_ends_in_the_clusters_view() {
     let cfg = config(1, 1);
     let interval = cfg.options.checkpoint_interval;
     let (mut net, mut c, mut now) = view_1_without_node_3(&cfg, 3 * interval + 2);
-    assert!(net.nodes[0].stable_seq() >= 3 * interval);
+    assert!(net.nodes[0].stable_seq() >= Seq(3 * interval));
     now += 10;
     net.restart(0, now);
     net.restart(2, now);

@@ -132,9 +132,9 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     feed(&mut n1, 43, 2, all(&o2, 1), &mut o1);
     feed(&mut n1, 43, 0, all(&o0, 1), &mut o1);
     feed(&mut n2, 43, 0, all(&o0, 2), &mut o2);
-    let first = [decided(&n1_second, 1), decided(&o1, 1), decided(&o2, 1)].into_iter().flatten().next();
+    let first = [decided(&n1_second, Seq(1)), decided(&o1, Seq(1)), decided(&o2, Seq(1))].into_iter().flatten().next();
     let first = first.expect("instance 1 decided by nodes 1 and 2");
-    if let Some(d) = decided(&o0, 1) {
+    if let Some(d) = decided(&o0, Seq(1)) {
         assert_eq!(d, first);
     }
     // Once a peer voted in view 1, node 1's record of it is durable: proposals leave at
@@ -159,11 +159,11 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
         n0.step(now, Input::Tick, &mut o0);
         n2.step(now, Input::Tick, &mut o2);
         for (who, out) in [(0u32, &o0), (2, &o2)] {
-            if let Some(d) = decided(out, 1) {
+            if let Some(d) = decided(out, Seq(1)) {
                 assert_eq!(d, first, "node {who} decided another value for instance 1");
             }
             for (_, m) in out.send.iter().chain(&out.send_after_persist) {
-                if let Message::Accept { view, seq: 1, digest } = m {
+                if let Message::Accept { view, seq: Seq(1), digest } = m {
                     accepts.entry((*view, *digest)).or_default().insert(who);
                 }
             }
@@ -175,7 +175,7 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
         assert!(*digest == first || who.len() < 2, "view {view} chose another value for instance 1: {who:?}");
     }
     assert_eq!(n0.view(), View(2));
-    assert_eq!(n0.log.get(&1).and_then(|s| s.decided), Some(first), "node 0 learns the value that was decided");
+    assert_eq!(n0.log.get(&Seq(1)).and_then(|s| s.decided), Some(first), "node 0 learns the value that was decided");
 }
 
 /// Defect 4: a node whose disk was wiped must not vote as if new. CFT, n = 3: X is decided
@@ -204,7 +204,7 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
     net.down[2] = true;
     net.submit(&mut c, 10, b"x");
     assert!(net.result(&mut c).is_some(), "X acknowledged");
-    let x = net.nodes[0].log.get(&1).and_then(|s| s.decided).expect("decided at node 0");
+    let x = net.nodes[0].log.get(&Seq(1)).and_then(|s| s.decided).expect("decided at node 0");
     // Node 1 loses its disk and restarts; node 0 goes down; node 2 is back.
     net.down[2] = false;
     net.down[0] = true;
@@ -213,7 +213,7 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
     net.absorb(1, out);
     let check = |net: &Net| {
         for (n, e) in &net.events {
-            if let Event::Decided { seq: 1, digest } = e {
+            if let Event::Decided { seq: Seq(1), digest } = e {
                 assert_eq!(*digest, x, "node {n} decided another value for instance 1");
             }
         }
@@ -276,8 +276,8 @@ fn a_retransmitted_checkpoint_vote_waits_for_its_snapshot_to_be_durable() {
     let cfg = config(1, 1);
     let mut n = node(&cfg, 0);
     let (root, membership) = (Digest([1; 32]), cfg.membership.digest());
-    let sig = tests::secrets(0).signing.sign(&crate::message::checkpoint_statement(8, &root, &membership, 0));
-    n.checkpoint_votes.entry(8).or_default().insert(0, (root, membership, sig));
+    let sig = tests::secrets(0).signing.sign(&crate::message::checkpoint_statement(Seq(8), &root, &membership, 0));
+    n.checkpoint_votes.entry(Seq(8)).or_default().insert(0, (root, membership, sig));
     let mut out = Outputs::default();
     n.retransmit_checkpoint_votes(&mut out);
     let votes = |q: &Vec<(Peer, Message)>| q.iter().filter(|(_, m)| matches!(m, Message::Checkpoint(_))).count();

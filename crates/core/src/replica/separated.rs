@@ -53,7 +53,7 @@ impl ExecStage {
     }
 
     pub(super) fn stable_seq(&self) -> Seq {
-        self.stable.as_ref().map_or(0, |p| p.seq)
+        self.stable.as_ref().map_or(Seq(0), |p| p.seq)
     }
 
     pub(super) fn status(&self) -> String {
@@ -298,7 +298,7 @@ impl<S: Service> Replica<S> {
         }
         // `executed` is the peer's word: never past what this node executed itself.
         let last = self.exec.executed().min(executed.saturating_add(self.cfg.options.catch_up_values_max));
-        for seq in executed.saturating_add(1)..=last {
+        for seq in executed.saturating_add(1).through(last) {
             // The log holds every decided value above the certified execution checkpoint.
             let value = self.log.get(&seq).and_then(|s| s.decided_value.as_ref());
             let Some(value) = value else { break };
@@ -325,7 +325,7 @@ mod tests {
         let value = Value { time: 9, requests: vec![r] };
         let notice = commit_form(&value);
         assert_eq!(notice.digest(), value.digest());
-        let bytes = |v: &Value| crate::codec::encode(&Message::Decided { seq: 1, value: v.clone() }).len();
+        let bytes = |v: &Value| crate::codec::encode(&Message::Decided { seq: Seq(1), value: v.clone() }).len();
         assert!(bytes(&notice) * 4 < bytes(&value), "{} vs {} bytes", bytes(&notice), bytes(&value));
         assert!(notice.requests[0].auth.is_empty() && notice.requests[0].endorsements.is_empty());
     }

@@ -124,20 +124,23 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     let req = request(&cfg, 7, b"op");
     let out = step(&mut p, 10, Peer::Client(7), Message::Request(req.clone()));
     let value = Value { time: 10, requests: vec![req] };
-    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: View(0), seq: 1, value: value.clone() })]);
+    assert_eq!(
+        out.persist,
+        vec![Persist::Record(Record::Accepted { view: View(0), seq: Seq(1), value: value.clone() })]
+    );
     // PROPOSE is not a vote: it leaves now, in parallel with the primary's fsync.
     assert_eq!(out.send.len(), 3);
     assert!(out
         .send
         .iter()
-        .all(|(_, m)| *m == Message::Propose { view: View(0), seq: 1, value: value.clone().into() }));
+        .all(|(_, m)| *m == Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() }));
     // The primary's vote (WRITE) waits for its Accepted record.
     assert!(out.send_after_persist.iter().all(|(_, m)| matches!(m, Message::Write(_))));
     let writes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).collect();
     assert_eq!(writes.len(), 3);
     let Message::Write(w) = &writes[0].1 else { unreachable!() };
-    assert_eq!((w.view, w.seq, w.digest), (View(0), 1, value.digest()));
-    assert!(cfg.node_keys[0].verify(&write_statement(&tag(), View(0), 1, &value.digest(), 0), &w.sig));
+    assert_eq!((w.view, w.seq, w.digest), (View(0), Seq(1), value.digest()));
+    assert!(cfg.node_keys[0].verify(&write_statement(&tag(), View(0), Seq(1), &value.digest(), 0), &w.sig));
 }
 
 #[test]
@@ -146,7 +149,7 @@ fn backup_rejects_bad_proposals_and_votes_once() {
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
     let value = Value { time: 10, requests: vec![req.clone()] };
-    let propose = |v: &Value| Message::Propose { view: View(0), seq: 1, value: v.clone().into() };
+    let propose = |v: &Value| Message::Propose { view: View(0), seq: Seq(1), value: v.clone().into() };
 
     let out = step(&mut b, 10, Peer::Node(2), propose(&value));
     assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: 2, view: View(0) }]);
@@ -161,13 +164,16 @@ fn backup_rejects_bad_proposals_and_votes_once() {
 
     let out = step(&mut b, 10, Peer::Node(0), propose(&value));
     assert!(rejected(&out).is_empty());
-    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: View(0), seq: 1, value: value.clone() })]);
+    assert_eq!(
+        out.persist,
+        vec![Persist::Record(Record::Accepted { view: View(0), seq: Seq(1), value: value.clone() })]
+    );
     assert_eq!(out.send_after_persist.len(), 3, "one WRITE to each other node");
 
     // The primary equivocates: a second, different value for the same (view, seq).
     let other = Value { time: 11, requests: vec![req] };
     let out = step(&mut b, 10, Peer::Node(0), propose(&other));
-    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: View(0), seq: 1 }]);
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: View(0), seq: Seq(1) }]);
     assert!(out.send_after_persist.is_empty());
 }
 
@@ -208,9 +214,9 @@ fn without_ticks_an_idle_cluster_decides_nothing_and_an_empty_proposal_is_refuse
     for now in (0..=500).step_by(5) {
         net.tick(now);
     }
-    assert_eq!(net.nodes[0].exec.executed(), 0);
+    assert_eq!(net.nodes[0].exec.executed(), Seq(0));
     let mut b = node(&cfg, 1);
-    let tick = Message::Propose { view: View(0), seq: 1, value: Value { time: 10, requests: Vec::new() }.into() };
+    let tick = Message::Propose { view: View(0), seq: Seq(1), value: Value { time: 10, requests: Vec::new() }.into() };
     let out = step(&mut b, 10, Peer::Node(0), tick);
     assert_eq!(rejected(&out), vec![Reject::BadBatch("empty batch")]);
 }
@@ -221,10 +227,10 @@ fn a_backup_refuses_a_tick_sooner_than_tick_ms_after_the_previous_instance() {
     let mut b = node(&cfg, 1);
     let propose =
         |seq, time| Message::Propose { view: View(0), seq, value: Value { time, requests: Vec::new() }.into() };
-    assert!(rejected(&step(&mut b, 100, Peer::Node(0), propose(1, 100))).is_empty());
-    let out = step(&mut b, 120, Peer::Node(0), propose(2, 120));
+    assert!(rejected(&step(&mut b, 100, Peer::Node(0), propose(Seq(1), 100))).is_empty());
+    let out = step(&mut b, 120, Peer::Node(0), propose(Seq(2), 120));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a tick sooner than tick_ms after the previous instance")]);
-    assert!(rejected(&step(&mut b, 150, Peer::Node(0), propose(2, 150))).is_empty());
+    assert!(rejected(&step(&mut b, 150, Peer::Node(0), propose(Seq(2), 150))).is_empty());
 }
 
 #[test]
@@ -232,12 +238,16 @@ fn writes_with_bad_signatures_do_not_count() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
     let d = Value::null().digest();
-    let sig = secrets(3).signing.sign(&write_statement(&tag(), View(0), 1, &d, 3));
+    let sig = secrets(3).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, 3));
     // Node 2 presents node 3's signature: bound to the signer, so rejected.
-    let out = step(&mut b, 0, Peer::Node(2), Message::Write(Write { view: View(0), seq: 1, digest: d, sig }));
+    let out = step(&mut b, 0, Peer::Node(2), Message::Write(Write { view: View(0), seq: Seq(1), digest: d, sig }));
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 2 }]);
-    let out =
-        step(&mut b, 0, Peer::Node(3), Message::Write(Write { view: View(0), seq: 1, digest: d, sig: Sig([0; 64]) }));
+    let out = step(
+        &mut b,
+        0,
+        Peer::Node(3),
+        Message::Write(Write { view: View(0), seq: Seq(1), digest: d, sig: Sig([0; 64]) }),
+    );
     assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 3 }]);
 }
 
@@ -248,11 +258,11 @@ fn writes_a_node_no_longer_needs_are_not_checked() {
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     let d = value.digest();
     let write = |from: u32, digest: Digest| {
-        let sig = secrets(from).signing.sign(&write_statement(&tag(), View(0), 1, &digest, from));
-        Message::Write(Write { view: View(0), seq: 1, digest, sig })
+        let sig = secrets(from).signing.sign(&write_statement(&tag(), View(0), Seq(1), &digest, from));
+        Message::Write(Write { view: View(0), seq: Seq(1), digest, sig })
     };
-    let bad = |digest: Digest| Message::Write(Write { view: View(0), seq: 1, digest, sig: Sig([0; 64]) });
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.clone().into() });
+    let bad = |digest: Digest| Message::Write(Write { view: View(0), seq: Seq(1), digest, sig: Sig([0; 64]) });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() });
     // A WRITE for another value than the accepted one can never count: not checked.
     let other = Value::null().digest();
     assert!(rejected(&step(&mut b, 10, Peer::Node(3), bad(other))).is_empty());
@@ -306,10 +316,10 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     let mut b = node(&cfg, 1);
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
     let d = value.digest();
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.into() });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
     for n in [0, 2] {
-        let sig = secrets(n).signing.sign(&write_statement(&tag(), View(0), 1, &d, n));
-        step(&mut b, 10, Peer::Node(n), Message::Write(Write { view: View(0), seq: 1, digest: d, sig }));
+        let sig = secrets(n).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, n));
+        step(&mut b, 10, Peer::Node(n), Message::Write(Write { view: View(0), seq: Seq(1), digest: d, sig }));
     }
     // Prepared (it sent ACCEPT for instance 1), not decided: a linearizable read waits...
     let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
@@ -318,9 +328,9 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     // ...while a serializable read of a session without writes is answered at once.
     let ser = read(&cfg, 11, b"count", ReadConsistency::Serializable);
     assert_eq!(read_replies(&step(&mut b, 10, Peer::Client(11), Message::Read(ser))), vec![ReplyBody::Full(vec![0])]);
-    step(&mut b, 10, Peer::Node(0), Message::Accept { view: View(0), seq: 1, digest: d });
-    let out = step(&mut b, 10, Peer::Node(2), Message::Accept { view: View(0), seq: 1, digest: d });
-    assert_eq!(b.executed(), 1);
+    step(&mut b, 10, Peer::Node(0), Message::Accept { view: View(0), seq: Seq(1), digest: d });
+    let out = step(&mut b, 10, Peer::Node(2), Message::Accept { view: View(0), seq: Seq(1), digest: d });
+    assert_eq!(b.executed(), Seq(1));
     assert_eq!(replies_to(&out, 9), vec![ReplyBody::Full(vec![1])], "answered once instance 1 executed, reflecting it");
 
     // The deliberate bug the simulator must catch: answer at once.
@@ -328,7 +338,7 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     cfg_bug.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::ReadWithoutWait));
     let mut m = node(&cfg_bug, 1);
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
-    step(&mut m, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.into() });
+    step(&mut m, 10, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
     let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
     assert_eq!(read_replies(&step(&mut m, 10, Peer::Client(9), Message::Read(lin))), vec![ReplyBody::Full(vec![0])]);
 }
@@ -349,8 +359,8 @@ fn a_serializable_read_waits_for_the_sessions_last_write_and_bad_reads_are_rejec
     let statement = req.statement();
     req.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, 9).mac(&statement)).collect();
     step(&mut p, 10, Peer::Client(9), Message::Request(req));
-    let digest = p.log[&1].value.as_ref().map(|(_, d)| *d).expect("proposed");
-    let out = step(&mut p, 10, Peer::Node(1), Message::Accept { view: View(0), seq: 1, digest });
+    let digest = p.log[&Seq(1)].value.as_ref().map(|(_, d)| *d).expect("proposed");
+    let out = step(&mut p, 10, Peer::Node(1), Message::Accept { view: View(0), seq: Seq(1), digest });
     assert_eq!(read_replies(&out).first(), Some(&ReplyBody::Full(vec![1])), "the read sees the session's write");
 
     // Not read-only for the service: the node says so.
@@ -388,7 +398,7 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     let mut req = request(&cfg, 7, b"a");
     req.seq = 1;
     step(&mut primary, 10, Peer::Client(7), Message::Request(req));
-    let (value, digest) = primary.log[&1].value.clone().expect("proposed");
+    let (value, digest) = primary.log[&Seq(1)].value.clone().expect("proposed");
 
     let mut lagging = node(&cfg, 2);
     let out = step(&mut lagging, 20, Peer::Client(9), Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)));
@@ -405,7 +415,7 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     let Some((Peer::Node(2), Message::IndexAck { round: r, accepted })) = ack.send.first().cloned() else {
         panic!("expected an index ack, got {ack:?}")
     };
-    assert_eq!((r, accepted), (round, 1));
+    assert_eq!((r, accepted), (round, Seq(1)));
     // Its answer completes the round (Q = 2 with node 2's own): index 1, not executed
     // here, so no answer yet; the next round leaves for the second read.
     let out = step(&mut lagging, 23, Peer::Node(0), Message::IndexAck { round, accepted });
@@ -414,14 +424,16 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     assert_eq!(next.len(), 2);
     assert!(next[0].1 > round, "a fresh round number");
     // A late or unknown round's answer changes nothing.
-    assert!(read_replies(&step(&mut lagging, 23, Peer::Node(1), Message::IndexAck { round, accepted: 9 })).is_empty());
+    assert!(
+        read_replies(&step(&mut lagging, 23, Peer::Node(1), Message::IndexAck { round, accepted: Seq(9) })).is_empty()
+    );
     // Instance 1 reaches node 2 and decides: the first read is answered, reflecting it.
-    step(&mut lagging, 24, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.into() });
-    let out = step(&mut lagging, 24, Peer::Node(0), Message::Accept { view: View(0), seq: 1, digest });
-    assert_eq!(lagging.executed(), 1);
+    step(&mut lagging, 24, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
+    let out = step(&mut lagging, 24, Peer::Node(0), Message::Accept { view: View(0), seq: Seq(1), digest });
+    assert_eq!(lagging.executed(), Seq(1));
     assert_eq!(replies_to(&out, 9), vec![ReplyBody::Full(vec![1])]);
     // The second read's round completes on the next answer and is answered at once.
-    let out = step(&mut lagging, 25, Peer::Node(1), Message::IndexAck { round: next[0].1, accepted: 0 });
+    let out = step(&mut lagging, 25, Peer::Node(1), Message::IndexAck { round: next[0].1, accepted: Seq(0) });
     assert_eq!(read_replies(&out), vec![ReplyBody::Full(vec![1])]);
 
     // The deliberate bug the simulator must catch: the node's own votes as the index.
@@ -619,7 +631,7 @@ fn four_nodes_decide_execute_and_answer() {
         assert_eq!(net.result(&mut c), Some(vec![i]), "request {i}");
     }
     for n in &net.nodes {
-        assert_eq!(n.executed(), 3);
+        assert_eq!(n.executed(), Seq(3));
         assert_eq!(n.service().0, vec![vec![1], vec![2], vec![3]]);
     }
 }
@@ -718,7 +730,7 @@ fn a_recovered_node_keeps_its_vote() {
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
     let value = Value { time: 10, requests: vec![req.clone()] };
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.into() });
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
     let records: Vec<Record> = out
         .persist
         .into_iter()
@@ -739,8 +751,8 @@ fn a_recovered_node_keeps_its_vote() {
     )
     .expect("recovers");
     let other = Value { time: 11, requests: vec![req] };
-    let out = step(&mut b, 20, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: other.into() });
-    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: View(0), seq: 1 }]);
+    let out = step(&mut b, 20, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: other.into() });
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: View(0), seq: Seq(1) }]);
 }
 
 #[test]
@@ -751,18 +763,18 @@ fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
     let stable = StableProof::genesis();
     let vc = |from, certs| ViewChange { view: View(5), from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
     let d = view_change::decide_new_view(&[
-        vc(0, vec![cert(1, 1, 100), cert(1, 3, 300)]),
-        vc(1, vec![cert(2, 1, 111)]),
+        vc(0, vec![cert(1, Seq(1), 100), cert(1, Seq(3), 300)]),
+        vc(1, vec![cert(2, Seq(1), 111)]),
         vc(2, vec![]),
     ]);
     assert_eq!(d.values.len(), 3);
-    assert_eq!(d.values[&1].digest, value(111).digest(), "highest view wins");
-    assert_eq!(d.values[&2].digest, Value::null().digest(), "gap filled with null");
-    assert!(d.values[&2].holders.is_empty(), "null needs no body");
-    assert_eq!(d.values[&3].digest, value(300).digest());
+    assert_eq!(d.values[&Seq(1)].digest, value(111).digest(), "highest view wins");
+    assert_eq!(d.values[&Seq(2)].digest, Value::null().digest(), "gap filled with null");
+    assert!(d.values[&Seq(2)].holders.is_empty(), "null needs no body");
+    assert_eq!(d.values[&Seq(3)].digest, value(300).digest());
     // Holders: the node that named the certificate, then its writers.
-    assert_eq!(d.values[&1].holders, vec![1, 2]);
-    assert_eq!(d.values[&3].holders, vec![0, 2]);
+    assert_eq!(d.values[&Seq(1)].holders, vec![1, 2]);
+    assert_eq!(d.values[&Seq(3)].holders, vec![0, 2]);
 }
 
 #[test]
@@ -772,7 +784,7 @@ fn forged_view_change_certificates_are_rejected() {
     let mut p = node(&cfg, 1);
     let forged = CertProof {
         view: View(0),
-        seq: 1,
+        seq: Seq(1),
         digest: Value::null().digest(),
         writes: (0..3).map(|n| (n, Sig([1; 64]))).collect(),
     };
@@ -835,7 +847,7 @@ fn a_node_whose_checkpoint_differs_reports_divergence_and_repairs() {
         Event::Divergence { seq, .. } if *n == 3 => Some(*seq),
         _ => None,
     });
-    assert_eq!(divergence, Some(interval), "node 3 reports the divergent checkpoint");
+    assert_eq!(divergence, Some(Seq(interval)), "node 3 reports the divergent checkpoint");
     assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })));
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0, "repaired by state transfer");
 }
@@ -884,7 +896,7 @@ fn the_decided_record_is_lazy_so_the_reply_waits_for_no_fsync_of_its_own() {
     assert_eq!(decide_steps.len(), 4, "every node decided once");
     for s in decide_steps {
         assert!(s.persist.is_empty(), "node {}: nothing eager in the deciding step", s.node);
-        assert!(s.lazy.iter().any(|r| matches!(r, Record::Decided { seq: 1, .. })));
+        assert!(s.lazy.iter().any(|r| matches!(r, Record::Decided { seq: Seq(1), .. })));
         // The client sent its request to u + r + 1 = 3 nodes from the primary on; they
         // reply, the fourth only to a retransmission.
         if s.node < 3 {
@@ -967,17 +979,17 @@ fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
             sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), seq, &d, signer)),
         })
     };
-    assert!(v.check(3, &write(3, 1)));
-    assert!(!v.check(2, &write(3, 1)), "another node's signature");
-    assert!(!v.check(1, &write(1, 1)), "our own id never arrives from the network");
-    assert!(!v.check(7, &write(3, 1)), "unknown node");
-    let Message::Write(mut forged) = write(3, 1) else { unreachable!() };
-    forged.seq = 2;
+    assert!(v.check(3, &write(3, Seq(1))));
+    assert!(!v.check(2, &write(3, Seq(1))), "another node's signature");
+    assert!(!v.check(1, &write(1, Seq(1))), "our own id never arrives from the network");
+    assert!(!v.check(7, &write(3, Seq(1))), "unknown node");
+    let Message::Write(mut forged) = write(3, Seq(1)) else { unreachable!() };
+    forged.seq = Seq(2);
     assert!(!v.check(3, &Message::Write(forged)), "signature over other fields");
     let root = Digest::of(b"state");
     let membership = Digest::of(b"members");
-    let sig = secrets(2).signing.sign(&checkpoint_statement(8, &root, &membership, 2));
-    let vote = CheckpointVote { seq: 8, root, membership, sig };
+    let sig = secrets(2).signing.sign(&checkpoint_statement(Seq(8), &root, &membership, 2));
+    let vote = CheckpointVote { seq: Seq(8), root, membership, sig };
     assert!(v.check(2, &Message::Checkpoint(vote.clone())));
     assert!(!v.check(3, &Message::Checkpoint(vote)));
     assert!(!v.check(2, &Message::Stop { view: View(1) }), "kinds it does not cover");
@@ -996,16 +1008,16 @@ fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
             10,
             Input::Message {
                 from: Peer::Node(0),
-                msg: Message::Propose { view: View(0), seq: 1, value: value.clone().into() },
+                msg: Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() },
             },
             &mut out,
         );
         for signer in [0u32, 2] {
             let msg = Message::Write(Write {
                 view: View(0),
-                seq: 1,
+                seq: Seq(1),
                 digest: d,
-                sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), 1, &d, signer)),
+                sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, signer)),
             });
             let input = if checked {
                 Input::Checked { from: signer, msg }
@@ -1035,18 +1047,21 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
     for from in [0u32, 2] {
         b.step(
             10,
-            Input::Message { from: Peer::Node(from), msg: Message::Accept { view: View(0), seq: 1, digest: d } },
+            Input::Message { from: Peer::Node(from), msg: Message::Accept { view: View(0), seq: Seq(1), digest: d } },
             &mut out,
         );
     }
-    assert!(out.events.iter().any(|e| matches!(e, Event::Decided { seq: 1, .. })));
-    assert_eq!(b.executed(), 0, "decided, but the body is missing");
+    assert!(out.events.iter().any(|e| matches!(e, Event::Decided { seq: Seq(1), .. })));
+    assert_eq!(b.executed(), Seq(0), "decided, but the body is missing");
     b.step(
         10,
-        Input::Message { from: Peer::Node(0), msg: Message::Propose { view: View(0), seq: 1, value: value.into() } },
+        Input::Message {
+            from: Peer::Node(0),
+            msg: Message::Propose { view: View(0), seq: Seq(1), value: value.into() },
+        },
         &mut out,
     );
-    assert_eq!(b.executed(), 1, "the proposal brings the body: execute at once");
+    assert_eq!(b.executed(), Seq(1), "the proposal brings the body: execute at once");
 }
 
 /// A NEW-VIEW for view 1 (BFT, n = 4) built from the view changes of nodes 0, 1 and 2,
@@ -1054,8 +1069,8 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
 fn new_view_naming(value: &Value) -> NewView {
     let d = value.digest();
     let writes: Vec<(NodeId, Sig)> =
-        (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), View(0), 1, &d, n)))).collect();
-    let cert = CertProof { view: View(0), seq: 1, digest: d, writes };
+        (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, n)))).collect();
+    let cert = CertProof { view: View(0), seq: Seq(1), digest: d, writes };
     let stable = StableProof::genesis();
     let view_changes = (0..3u32)
         .map(|from| {
@@ -1092,8 +1107,8 @@ fn a_re_proposal_named_by_digest_is_fetched_from_its_holders_before_the_vote() {
     let mut b = node(&cfg, 3);
     let out = step(&mut b, 20, Peer::Node(1), Message::NewView(nv));
     assert_eq!(b.view(), View(1));
-    assert_eq!(writes_for(&out, 1, 1), 0, "no vote without the body");
-    let fetch = Message::FetchValue { seq: 1, digest: value.digest() };
+    assert_eq!(writes_for(&out, 1, Seq(1)), 0, "no vote without the body");
+    let fetch = Message::FetchValue { seq: Seq(1), digest: value.digest() };
     // Holders 0, 1, 2 (who named it); node 3 starts at (3 + seq 1) mod 3 = holder 1, so
     // that not every node asks holder 0.
     assert_eq!(out.send, vec![(Peer::Node(1), fetch.clone())], "asks a node that named it");
@@ -1103,16 +1118,19 @@ fn a_re_proposal_named_by_digest_is_fetched_from_its_holders_before_the_vote() {
     assert!(out.send.contains(&(Peer::Node(2), fetch)));
     // A body that does not hash to the named digest is rejected and changes nothing.
     let wrong = Value { time: 11, requests: value.requests.clone() };
-    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: wrong });
+    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: Seq(1), value: wrong });
     assert!(matches!(rejected(&out)[..], [Reject::BadProof(_)]));
-    assert_eq!(writes_for(&out, 1, 1), 0);
+    assert_eq!(writes_for(&out, 1, Seq(1)), 0);
     // The right body: persisted, then voted for in the new view.
-    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: value.clone() });
+    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: Seq(1), value: value.clone() });
     assert!(rejected(&out).is_empty());
-    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: View(1), seq: 1, value: value.clone() })]);
-    assert_eq!(writes_for(&out, 1, 1), 3);
+    assert_eq!(
+        out.persist,
+        vec![Persist::Record(Record::Accepted { view: View(1), seq: Seq(1), value: value.clone() })]
+    );
+    assert_eq!(writes_for(&out, 1, Seq(1)), 3);
     // A second answer is ignored, and nothing is fetched any more.
-    let out = step(&mut b, 30, Peer::Node(1), Message::ValueBody { seq: 1, value });
+    let out = step(&mut b, 30, Peer::Node(1), Message::ValueBody { seq: Seq(1), value });
     assert!(rejected(&out).is_empty() && out.persist.is_empty());
     let mut out = Outputs::default();
     b.step(40 + 2 * cfg.options.retransmit_ms, Input::Tick, &mut out);
@@ -1125,16 +1143,17 @@ fn a_node_that_wrote_without_preparing_keeps_the_body_for_the_next_view_and_serv
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     // Node 3 accepted (wrote for) the value in view 0 but never saw Q WRITEs: no certificate.
     let mut b = node(&cfg, 3);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: value.clone().into() });
-    assert_eq!(writes_for(&out, 0, 1), 3);
+    let out =
+        step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() });
+    assert_eq!(writes_for(&out, 0, Seq(1)), 3);
     let out = step(&mut b, 20, Peer::Node(1), Message::NewView(new_view_naming(&value)));
-    assert_eq!(writes_for(&out, 1, 1), 3, "votes at once from its earlier-view proposal");
+    assert_eq!(writes_for(&out, 1, Seq(1)), 3, "votes at once from its earlier-view proposal");
     assert!(!out.send.iter().any(|(_, m)| matches!(m, Message::FetchValue { .. })));
     // And serves the body to a peer that lacks it; not a body with another digest.
-    let fetch = Message::FetchValue { seq: 1, digest: value.digest() };
+    let fetch = Message::FetchValue { seq: Seq(1), digest: value.digest() };
     let out = step(&mut b, 20, Peer::Node(2), fetch.clone());
-    assert_eq!(out.send, vec![(Peer::Node(2), Message::ValueBody { seq: 1, value: value.clone() })]);
-    let out = step(&mut b, 20, Peer::Node(2), Message::FetchValue { seq: 1, digest: Value::null().digest() });
+    assert_eq!(out.send, vec![(Peer::Node(2), Message::ValueBody { seq: Seq(1), value: value.clone() })]);
+    let out = step(&mut b, 20, Peer::Node(2), Message::FetchValue { seq: Seq(1), digest: Value::null().digest() });
     assert!(out.send.is_empty());
     // A small question pulls a whole batch: once per instance and period per peer.
     let out = step(&mut b, 21, Peer::Node(2), fetch.clone());
@@ -1143,7 +1162,7 @@ fn a_node_that_wrote_without_preparing_keeps_the_body_for_the_next_view_and_serv
     let out = step(&mut b, 21, Peer::Node(0), fetch.clone());
     assert_eq!(out.send.len(), 1, "another peer is answered");
     let out = step(&mut b, 20 + cfg.options.retransmit_ms, Peer::Node(2), fetch);
-    assert_eq!(out.send, vec![(Peer::Node(2), Message::ValueBody { seq: 1, value })]);
+    assert_eq!(out.send, vec![(Peer::Node(2), Message::ValueBody { seq: Seq(1), value })]);
 }
 
 #[test]
@@ -1185,18 +1204,18 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
         Message::NewView(nv)
     };
     let mut b = node(&cfg, 3);
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: a.clone().into() });
+    step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: a.clone().into() });
     // View 1: a certificate for instance 2 only, so instance 1 is re-proposed as null.
-    let out = step(&mut b, 20, Peer::Node(1), new_view(1, &[(2, Value::null().digest())]));
-    assert_eq!(writes_for(&out, 1, 1), 3, "voted for null in view 1");
+    let out = step(&mut b, 20, Peer::Node(1), new_view(1, &[(Seq(2), Value::null().digest())]));
+    assert_eq!(writes_for(&out, 1, Seq(1)), 3, "voted for null in view 1");
     // View 2 names B for instance 1: fetched, then voted for.
-    step(&mut b, 30, Peer::Node(2), new_view(2, &[(1, bv.digest())]));
-    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: bv });
-    assert_eq!(writes_for(&out, 2, 1), 3, "voted for B in view 2");
+    step(&mut b, 30, Peer::Node(2), new_view(2, &[(Seq(1), bv.digest())]));
+    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: Seq(1), value: bv });
+    assert_eq!(writes_for(&out, 2, Seq(1)), 3, "voted for B in view 2");
     // View 5 (view 3's primary is node 3 itself) names A again: node 3 still holds it.
-    let out = step(&mut b, 40, Peer::Node(1), new_view(5, &[(1, a.digest())]));
+    let out = step(&mut b, 40, Peer::Node(1), new_view(5, &[(Seq(1), a.digest())]));
     assert!(rejected(&out).is_empty(), "{:?}", rejected(&out));
-    assert_eq!(writes_for(&out, 5, 1), 3, "votes for A from its own earlier body");
+    assert_eq!(writes_for(&out, 5, Seq(1)), 3, "votes for A from its own earlier body");
     assert!(!out.send.iter().any(|(_, m)| matches!(m, Message::FetchValue { .. })));
 }
 
@@ -1252,7 +1271,7 @@ fn rq_mac_proposals_carry_endorsements_instead_of_the_clients_macs() {
     let req = &proposal.0.requests[0];
     assert!(req.auth.is_empty(), "the client's authenticator stays at the RQ");
     assert_eq!(req.endorsements.len(), cfg.quorums.endorse_propose());
-    assert!(net.nodes.iter().all(|n| n.executed() == 1), "node 3 never saw the client and still executed");
+    assert!(net.nodes.iter().all(|n| n.executed() == Seq(1)), "node 3 never saw the client and still executed");
 }
 
 /// Client 7 sends every node a request whose MACs are valid at the primary and node 1
@@ -1322,7 +1341,7 @@ fn a_backup_refuses_a_proposed_request_without_u_plus_one_valid_endorsements() {
     };
     let propose = |endorsements: Vec<Endorsement>| Message::Propose {
         view: View(0),
-        seq: 1,
+        seq: Seq(1),
         value: Value { time: 10, requests: vec![Request { endorsements, ..req.clone() }] }.into(),
     };
     // The primary's own word, twice: one endorser.
@@ -1427,8 +1446,11 @@ fn with_auth_sig_every_node_checks_the_clients_signature_the_same_way() {
     // vouched for it.
     let mut good = Request::new(7, 1, b"z".to_vec().into());
     good.sig = Some(client_signing_key(7).sign(&good.statement()));
-    let propose =
-        |requests: Vec<Request>| Message::Propose { view: View(0), seq: 1, value: Value { time: 10, requests }.into() };
+    let propose = |requests: Vec<Request>| Message::Propose {
+        view: View(0),
+        seq: Seq(1),
+        value: Value { time: 10, requests }.into(),
+    };
     let mut b = node(&cfg, 1);
     let out = step(&mut b, 10, Peer::Node(0), propose(vec![good.clone(), forged.clone()]));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a request without a valid client signature")]);
@@ -1589,7 +1611,7 @@ fn a_transfer_restarted_on_a_newer_checkpoint_keeps_the_chunks_it_fetched() {
     assert!(started.len() >= 2, "the transfer restarted on the newer checkpoint: {started:?}");
     let done = transfers_done(&net, 3);
     let &[(seq, chunks, reused)] = done.as_slice() else { panic!("one transfer finished: {done:?}") };
-    assert_eq!(seq, 3 * interval);
+    assert_eq!(seq, Seq(3 * interval));
     assert!(reused >= 20, "{reused} of {chunks} chunks reused");
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
 }
@@ -1614,7 +1636,7 @@ fn a_node_that_fell_behind_fetches_only_the_chunks_its_own_snapshot_lacks() {
         now += 5;
         net.tick(now);
     }
-    assert_eq!(net.nodes[3].stable_seq(), 2 * interval, "node 3 holds the second checkpoint");
+    assert_eq!(net.nodes[3].stable_seq(), Seq(2 * interval), "node 3 holds the second checkpoint");
     net.down[3] = true;
     for i in 2 * interval..4 * interval {
         submit(&mut net, &mut now, i);
@@ -1626,7 +1648,7 @@ fn a_node_that_fell_behind_fetches_only_the_chunks_its_own_snapshot_lacks() {
     }
     let done = transfers_done(&net, 3);
     let Some(&(seq, chunks, reused)) = done.last() else { panic!("node 3 transferred state") };
-    assert_eq!(seq, 4 * interval);
+    assert_eq!(seq, Seq(4 * interval));
     // Half the entries are new: the other half of the chunks come from its own snapshot.
     assert!(reused * 3 >= chunks, "{reused} of {chunks} chunks reused");
     assert!(reused < chunks, "{reused} of {chunks}: the new entries were fetched");
@@ -1666,17 +1688,17 @@ fn background_checkpoints_record_the_state_frozen_at_their_instance() {
     b.jobs_held[3] = true;
     run_ops(&mut a, &mut ca, &mut ta, 0..interval + 3);
     run_ops(&mut b, &mut cb, &mut tb, 0..interval + 3);
-    assert_eq!(b.nodes[3].executed(), interval + 3, "node 3 executed past the checkpoint");
+    assert_eq!(b.nodes[3].executed(), Seq(interval + 3), "node 3 executed past the checkpoint");
     assert_eq!(b.nodes[3].pending_checkpoints.len(), 1, "its checkpoint is still being serialized");
     // The others' votes made the checkpoint stable meanwhile; node 3 adopted it without
     // starting a transfer (it holds the state, only its snapshot is not done).
-    assert_eq!(b.nodes[3].stable_seq(), interval);
+    assert_eq!(b.nodes[3].stable_seq(), Seq(interval));
     assert!(b.nodes[3].stable_chunks.is_none());
     b.jobs_held[3] = false;
     b.tick(tb + 5);
     let root = |net: &Net, node: NodeId| {
         net.events.iter().find_map(|(n, e)| match e {
-            Event::Checkpoint { seq, root } if *n == node && *seq == interval => Some(*root),
+            Event::Checkpoint { seq, root } if *n == node && *seq == Seq(interval) => Some(*root),
             _ => None,
         })
     };
@@ -1705,24 +1727,24 @@ fn a_background_checkpoint_of_a_replaced_state_is_dropped() {
     net.jobs_held[3] = true;
     let mut now = 0;
     run_ops(&mut net, &mut c, &mut now, 0..2 * interval);
-    net.release(0, interval, now);
-    assert_eq!(net.nodes[3].stable_seq(), interval);
-    net.release(3, interval, now);
+    net.release(0, Seq(interval), now);
+    assert_eq!(net.nodes[3].stable_seq(), Seq(interval));
+    net.release(3, Seq(interval), now);
     for _ in 0..100 {
         now += 5;
         net.tick(now);
     }
     assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })));
-    let stale = net.jobs.iter().filter(|(n, j)| *n == 3 && j.seq() == 2 * interval).count();
+    let stale = net.jobs.iter().filter(|(n, j)| *n == 3 && j.seq() == Seq(2 * interval)).count();
     assert_eq!(stale, 2, "the checkpoint at 2I of the corrupt state and of the repaired one");
-    net.release(3, 2 * interval, now);
-    net.release(3, 2 * interval, now);
-    net.release(0, 2 * interval, now);
+    net.release(3, Seq(2 * interval), now);
+    net.release(3, Seq(2 * interval), now);
+    net.release(0, Seq(2 * interval), now);
     let roots = |node: NodeId| -> Vec<Digest> {
         net.events
             .iter()
             .filter_map(|(n, e)| match e {
-                Event::Checkpoint { seq, root } if *n == node && *seq == 2 * interval => Some(*root),
+                Event::Checkpoint { seq, root } if *n == node && *seq == Seq(2 * interval) => Some(*root),
                 _ => None,
             })
             .collect()
@@ -1730,7 +1752,7 @@ fn a_background_checkpoint_of_a_replaced_state_is_dropped() {
     let good = roots(1);
     assert_eq!(good.len(), 1);
     assert_eq!(roots(3), good, "node 3 voted only for the repaired state's checkpoint");
-    assert_eq!(net.nodes[3].stable_seq(), 2 * interval);
+    assert_eq!(net.nodes[3].stable_seq(), Seq(2 * interval));
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
 }
 
@@ -1775,7 +1797,7 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     let value = Value { time: 10, requests: vec![endorsed(&big), endorsed(&small)] };
     let proposal = Proposal::with_digests(&value);
     assert!(matches!(proposal.requests[0], Proposed::Digest(_)) && matches!(proposal.requests[1], Proposed::Full(_)));
-    let propose = Message::Propose { view: View(0), seq: 1, value: proposal.clone() };
+    let propose = Message::Propose { view: View(0), seq: Seq(1), value: proposal.clone() };
 
     let mut holder = node(&cfg, 2);
     step(&mut holder, 10, Peer::Client(7), Message::Request(big.clone()));
@@ -1787,16 +1809,16 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     let out = step(&mut lacking, 10, Peer::Node(0), propose.clone());
     assert_eq!(writes_sent(&out), 0, "no vote without every byte");
     let wanted = vec![(7, big.op.digest())];
-    assert_eq!(fetches(&out), vec![(Peer::Node(2), 1, wanted.clone())], "an endorser other than the primary");
+    assert_eq!(fetches(&out), vec![(Peer::Node(2), Seq(1), wanted.clone())], "an endorser other than the primary");
     // The PROPOSE again (a retransmission) is no equivocation, and asks nothing new.
     let out = step(&mut lacking, 11, Peer::Node(0), propose.clone());
     assert!(rejected(&out).is_empty() && fetches(&out).is_empty());
 
     // The endorser answers once per retry period.
-    let fetch = Message::FetchBodies { seq: 1, wanted: wanted.clone() };
+    let fetch = Message::FetchBodies { seq: Seq(1), wanted: wanted.clone() };
     let out = step(&mut holder, 12, Peer::Node(3), fetch.clone());
     let answer = out.send.iter().find(|(to, m)| *to == Peer::Node(3) && matches!(m, Message::Bodies { .. }));
-    assert_eq!(answer.map(|(_, m)| m.clone()), Some(Message::Bodies { seq: 1, ops: vec![big.op.clone()] }));
+    assert_eq!(answer.map(|(_, m)| m.clone()), Some(Message::Bodies { seq: Seq(1), ops: vec![big.op.clone()] }));
     let out = step(&mut holder, 13, Peer::Node(3), fetch);
     assert_eq!(rejected(&out), vec![Reject::Busy("operations fetched again within a retry period")]);
     // One peer pulls at most four batches' worth per retry period, however it asks.
@@ -1806,7 +1828,7 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     step(&mut hoard, 20, Peer::Client(9), Message::Request(huge.clone()));
     let mut pulled = 0;
     for seq in 1..=20 {
-        let ask = Message::FetchBodies { seq, wanted: vec![(9, huge.op.digest())] };
+        let ask = Message::FetchBodies { seq: Seq(seq), wanted: vec![(9, huge.op.digest())] };
         pulled += step(&mut hoard, 21, Peer::Node(1), ask)
             .send
             .iter()
@@ -1819,22 +1841,23 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     // Altered bytes from the node asked do not pass for the operation: refused, and the
     // next node (the primary, here) is asked at once. From a node not asked they are
     // ignored (it may answer an older question about the instance).
-    let forged = Message::Bodies { seq: 1, ops: vec![vec![6; 200].into()] };
+    let forged = Message::Bodies { seq: Seq(1), ops: vec![vec![6; 200].into()] };
     let out = step(&mut lacking, 14, Peer::Node(2), forged.clone());
     assert_eq!(rejected(&out), vec![Reject::BadProof("an operation that matches no digest of the proposal")]);
     assert_eq!(writes_sent(&out), 0);
-    assert_eq!(fetches(&out), vec![(Peer::Node(0), 1, wanted.clone())]);
+    assert_eq!(fetches(&out), vec![(Peer::Node(0), Seq(1), wanted.clone())]);
     let out = step(&mut lacking, 15, Peer::Node(1), forged);
     assert!(rejected(&out).is_empty() && fetches(&out).is_empty() && writes_sent(&out) == 0);
     // Unanswered: the next node after a retry period, doubled for a second retry.
     let retry = cfg.options.retransmit_ms / 5;
     assert!(fetches(&step_tick(&mut lacking, 14 + retry)).is_empty());
     let out = step_tick(&mut lacking, 14 + 2 * retry);
-    assert_eq!(fetches(&out), vec![(Peer::Node(1), 1, wanted)]);
-    let out = step(&mut lacking, 14 + 2 * retry, Peer::Node(0), Message::Bodies { seq: 1, ops: vec![big.op.clone()] });
+    assert_eq!(fetches(&out), vec![(Peer::Node(1), Seq(1), wanted)]);
+    let out =
+        step(&mut lacking, 14 + 2 * retry, Peer::Node(0), Message::Bodies { seq: Seq(1), ops: vec![big.op.clone()] });
     assert!(rejected(&out).is_empty());
     assert_eq!(writes_sent(&out), 3);
-    let accepted = lacking.log.get(&1).and_then(|s| s.value.clone()).map(|(v, d)| (v.requests[0].op.clone(), d));
+    let accepted = lacking.log.get(&Seq(1)).and_then(|s| s.value.clone()).map(|(v, d)| (v.requests[0].op.clone(), d));
     assert_eq!(accepted, Some((big.op.clone(), value.digest())));
 }
 
@@ -1849,7 +1872,7 @@ fn a_client_copy_that_arrives_after_the_propose_completes_it() {
     };
     let proposal = Proposal::with_digests(&Value { time: 10, requests: vec![endorsed] });
     let mut b = node(&cfg, 2);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: proposal });
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: proposal });
     assert_eq!(writes_sent(&out), 0);
     let out = step(&mut b, 11, Peer::Client(7), Message::Request(big));
     assert!(rejected(&out).is_empty());
@@ -1861,7 +1884,7 @@ fn operations_by_digest_need_rq_mac_and_an_endorser() {
     let req = request(&config(1, 1), 7, &[7; 100]);
     let proposal = Proposal::with_digests(&Value { time: 10, requests: vec![req.clone()] });
     let mut b = node(&config(1, 1), 1);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: 1, value: proposal });
+    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: View(0), seq: Seq(1), value: proposal });
     assert_eq!(rejected(&out), vec![Reject::BadBatch("an operation by digest without auth = rq-mac")]);
     assert!(config(1, 1).with_request_digests(true).is_err(), "refused by the configuration too");
 }
@@ -2002,7 +2025,7 @@ fn retransmissions_go_only_to_peers_that_may_still_need_them() {
     }
     // Once nodes 1 and 2 report executing them, nothing for those instances goes to them.
     for n in [1, 2] {
-        let status = Message::Status { view: View(0), executed, stable: 0 };
+        let status = Message::Status { view: View(0), executed, stable: Seq(0) };
         step(&mut net.nodes[0], 20 + period, Peer::Node(n), status);
     }
     let sent = votes_sent(&step_tick(&mut net.nodes[0], 20 + 2 * period));
@@ -2010,7 +2033,12 @@ fn retransmissions_go_only_to_peers_that_may_still_need_them() {
     assert_eq!((to(3, "propose"), to(3, "write"), to(3, "accept")), (slots, slots, slots), "{sent:?}");
     assert!(sent.keys().all(|(n, _)| *n == 3), "{sent:?}");
     // A peer that reports less (it restarted) is served again.
-    step(&mut net.nodes[0], 30 + 2 * period, Peer::Node(1), Message::Status { view: View(0), executed: 0, stable: 0 });
+    step(
+        &mut net.nodes[0],
+        30 + 2 * period,
+        Peer::Node(1),
+        Message::Status { view: View(0), executed: Seq(0), stable: Seq(0) },
+    );
     let sent = votes_sent(&step_tick(&mut net.nodes[0], 30 + 3 * period));
     assert_eq!(sent.get(&(1, "accept")).copied(), Some(slots), "{sent:?}");
 }
@@ -2020,7 +2048,7 @@ fn retransmissions_to_a_silent_peer_pause_until_it_speaks_again() {
     let cfg = config(1, 1);
     let mut net = three_decided_with_node_3_down(&cfg);
     // Node 3 was heard once (since gone down).
-    step(&mut net.nodes[0], 4, Peer::Node(3), Message::Status { view: View(0), executed: 0, stable: 0 });
+    step(&mut net.nodes[0], 4, Peer::Node(3), Message::Status { view: View(0), executed: Seq(0), stable: Seq(0) });
     let (period, status) = (cfg.options.retransmit_ms, cfg.options.status_ms);
     // Within a few STATUS periods of its last word it still gets everything.
     let soon = 10 + period.max(status);
@@ -2032,7 +2060,12 @@ fn retransmissions_to_a_silent_peer_pause_until_it_speaks_again() {
     let sent = votes_sent(&step_tick(&mut net.nodes[0], late));
     assert!(sent.keys().all(|(n, _)| *n != 3), "{sent:?}");
     // It speaks again: served at the next period.
-    step(&mut net.nodes[0], late + 1, Peer::Node(3), Message::Status { view: View(0), executed: 0, stable: 0 });
+    step(
+        &mut net.nodes[0],
+        late + 1,
+        Peer::Node(3),
+        Message::Status { view: View(0), executed: Seq(0), stable: Seq(0) },
+    );
     let sent = votes_sent(&step_tick(&mut net.nodes[0], late + 1 + period));
     assert_eq!(sent.get(&(3, "propose")).copied(), Some(slots), "{sent:?}");
 }

@@ -302,7 +302,7 @@ impl<S: Service> Replica<S> {
 
     /// A stable checkpoint is proven by Q signed votes for the same (seq, root).
     pub(super) fn validate_stable_proof(&self, p: &StableProof) -> Result<(), Reject> {
-        if p.seq == 0 {
+        if p.seq == Seq(0) {
             return if p.sigs.is_empty() && p.root == Default::default() {
                 Ok(())
             } else {
@@ -424,7 +424,7 @@ impl<S: Service> Replica<S> {
             let others = (0..n).filter(|&x| x != me).filter(|x| !a.holders.contains(x));
             let order: Vec<NodeId> = a.holders.iter().copied().chain(others).collect();
             // Nodes start at different holders, so one holder does not answer everyone.
-            let start = (me as usize).wrapping_add(seq as usize);
+            let start = (me as usize).wrapping_add(seq.0 as usize);
             if let Some(&peer) = order.get(start.wrapping_add(a.asked) % order.len().max(1)) {
                 a.asked += 1;
                 out.send.push((Peer::Node(peer), Message::FetchValue { seq, digest: a.digest }));
@@ -495,7 +495,10 @@ pub(crate) fn decide_new_view(vcs: &[ViewChange]) -> Decision {
     }
     let max = best.keys().next_back().copied().unwrap_or(stable.seq);
     let null = Value::null().digest();
-    let values = (stable.seq + 1..=max)
+    let values = stable
+        .seq
+        .next()
+        .through(max)
         .map(|seq| {
             let choice = match best.get(&seq) {
                 None => Choice { digest: null, holders: Vec::new() },
