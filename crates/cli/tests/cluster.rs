@@ -4,6 +4,7 @@
 //! Every node a test starts is a child it holds and kills by handle at the end (Drop),
 //! never by name.
 
+use keel_core::ids::NodeId;
 use keel_core::message::ReadConsistency;
 use keel_kv::{KvRequest, KvResponse};
 use keel_runtime::client::KeelClient;
@@ -199,7 +200,8 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
         keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
     );
     let tcp = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
-    let mut tls = connector.connect(keel_runtime::tls::PeerId::Node(0).server_name(), tcp).await.expect("handshake");
+    let mut tls =
+        connector.connect(keel_runtime::tls::PeerId::Node(NodeId(0)).server_name(), tcp).await.expect("handshake");
     let forged = keel_core::message::Message::Request(keel_core::message::Request {
         client: 1001,
         seq: 1,
@@ -392,7 +394,7 @@ async fn raw_connections(cluster: &Cluster, id: u64) -> (keel_runtime::config::C
     let mut conns = Vec::new();
     for member in &setup.membership.members {
         let tcp = tokio::net::TcpStream::connect(&member.addr).await.expect("tcp");
-        let name = keel_runtime::tls::PeerId::Node(member.id).server_name();
+        let name = keel_runtime::tls::PeerId::Node(NodeId(member.id)).server_name();
         conns.push(connector.connect(name, tcp).await.expect("handshake"));
     }
     (setup, conns)

@@ -16,6 +16,7 @@
 use crate::chunk::Chunked;
 use crate::crypto::NodeKeys;
 use crate::epoch_cert::follow_certs;
+use crate::ids::NodeRange;
 use crate::membership::Membership;
 use crate::message::{proof_signed, ClientId, EpochCert, Message, NodeId, Seq, StableProof};
 use crate::step::Peer;
@@ -31,12 +32,7 @@ pub enum Certifiers {
     /// Stages apart (UpRight §4.2): the execution nodes, by stable id (`holders`, whom
     /// the fetch asks) and as they sign (`signers`, `config::stage_node` ids, whose
     /// `keys` start at the first), `quorum` (u + 1) of them.
-    Executors {
-        holders: Vec<NodeId>,
-        signers: std::ops::Range<NodeId>,
-        keys: Vec<crate::crypto::PublicKey>,
-        quorum: usize,
-    },
+    Executors { holders: Vec<NodeId>, signers: NodeRange, keys: Vec<crate::crypto::PublicKey>, quorum: usize },
 }
 
 /// A certified checkpoint, fetched whole.
@@ -118,7 +114,7 @@ impl CheckpointFetch {
     /// The stable ids of the nodes that hold checkpoints.
     pub fn holders(&self) -> Vec<NodeId> {
         match &self.certifiers {
-            Certifiers::Members => self.membership.members.iter().map(|m| m.id).collect(),
+            Certifiers::Members => self.membership.members.iter().map(|m| NodeId(m.id)).collect(),
             Certifiers::Executors { holders, .. } => holders.clone(),
         }
     }
@@ -253,7 +249,7 @@ impl CheckpointFetch {
     fn certified(&self, proof: &StableProof) -> Option<bool> {
         match &self.certifiers {
             Certifiers::Executors { signers, keys, quorum, .. } => {
-                let keys = NodeKeys::starting_at(signers.start, keys);
+                let keys = NodeKeys::starting_at(signers.start.0, keys);
                 Some(proof.sigs.iter().all(|(n, _)| signers.contains(n)) && proof_signed(&keys, *quorum, proof))
             }
             Certifiers::Members => {
@@ -290,7 +286,7 @@ impl CheckpointFetch {
                 continue;
             }
             if self.certified(&proof) == Some(true) {
-                self.adopt(now, 0, proof, send);
+                self.adopt(now, NodeId(0), proof, send);
             }
         }
         Ok(())

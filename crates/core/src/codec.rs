@@ -231,7 +231,7 @@ mod tests {
 
     fn arb_request() -> impl Strategy<Value = Request> {
         let endorsement = (any::<u32>(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
-            .prop_map(|(node, macs)| Endorsement { node, macs });
+            .prop_map(|(node, macs)| Endorsement { node: NodeId(node), macs });
         (
             any::<u64>(),
             any::<u64>(),
@@ -254,16 +254,26 @@ mod tests {
     }
 
     fn arb_stable() -> impl Strategy<Value = StableProof> {
-        (any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
+        (any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>().prop_map(NodeId), arb_sig()), 0..4))
             .prop_map(|(seq, root, sigs)| StableProof { seq: Seq(seq), root, membership: Digest([3; 32]), sigs })
     }
 
     fn arb_view_change() -> impl Strategy<Value = ViewChange> {
-        let cert =
-            (any::<u64>(), any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
-                .prop_map(|(view, seq, digest, writes)| CertProof { view: View(view), seq: Seq(seq), digest, writes });
-        (any::<u64>(), any::<u32>(), arb_stable(), proptest::collection::vec(cert, 0..3), arb_sig())
-            .prop_map(|(view, from, stable, certs, sig)| ViewChange { view: View(view), from, stable, certs, sig })
+        let cert = (
+            any::<u64>(),
+            any::<u64>(),
+            arb_digest(),
+            proptest::collection::vec((any::<u32>().prop_map(NodeId), arb_sig()), 0..4),
+        )
+            .prop_map(|(view, seq, digest, writes)| CertProof {
+                view: View(view),
+                seq: Seq(seq),
+                digest,
+                writes,
+            });
+        (any::<u64>(), any::<u32>(), arb_stable(), proptest::collection::vec(cert, 0..3), arb_sig()).prop_map(
+            |(view, from, stable, certs, sig)| ViewChange { view: View(view), from: NodeId(from), stable, certs, sig },
+        )
     }
 
     fn arb_message() -> impl Strategy<Value = Message> {

@@ -141,7 +141,7 @@ impl<S: Service> ExecNode<S> {
     /// or `signing` is not its key: a deployment error, found at start.
     pub fn new(cfg: ClusterConfig, id: NodeId, signing: SigningKey, service: S) -> ExecNode<S> {
         assert!(cfg.separated() && cfg.executors().contains(&id), "node {id} is not an execution node");
-        let index = (id - cfg.executors().start) as usize;
+        let index = cfg.executors().offset(id).expect("an execution node of this configuration");
         assert_eq!(cfg.stages.executors[index], signing.public(), "signing key does not match the configuration");
         let mut exec = Executor::with_workers(service, cfg.options.exec_workers);
         exec.set_membership(cfg.membership.clone(), cfg.admin_key);
@@ -249,7 +249,7 @@ impl<S: Service> ExecNode<S> {
     pub fn status_line(&self) -> String {
         format!(
             "e{} exec {} stable {} notices {:?}..{:?} own {:?}{}",
-            stage_id(self.id).unwrap_or(self.id),
+            stage_id(self.id).unwrap_or(self.id.0),
             self.exec.executed(),
             self.stable.seq,
             self.notices.keys().next(),
@@ -274,18 +274,18 @@ impl<S: Service> ExecNode<S> {
 
     /// Whether `node` is an order node of this node's epoch (by stable id).
     fn is_order_node(&self, node: NodeId) -> bool {
-        self.cfg.membership.index_of(node).is_some()
+        self.cfg.membership.index_of(node.0).is_some()
     }
 
     /// Whether `node` is an order node of this epoch or of the one before, which may still
     /// be ending (a removed member among them).
     fn is_recent_order_node(&self, node: NodeId) -> bool {
-        self.is_order_node(node) || self.cfg.membership.previous.as_ref().is_some_and(|p| p.index_of(node).is_some())
+        self.is_order_node(node) || self.cfg.membership.previous.as_ref().is_some_and(|p| p.index_of(node.0).is_some())
     }
 
     /// The order nodes of this epoch, by stable id.
     fn order_nodes(&self) -> Vec<NodeId> {
-        self.cfg.membership.members.iter().map(|m| m.id).collect()
+        self.cfg.membership.members.iter().map(|m| NodeId(m.id)).collect()
     }
 
     /// The order nodes of this epoch and of the one before: where checkpoint votes,
@@ -294,7 +294,7 @@ impl<S: Service> ExecNode<S> {
     fn recent_order_nodes(&self) -> Vec<NodeId> {
         let mut ids = self.order_nodes();
         if let Some(p) = &self.cfg.membership.previous {
-            let gone: Vec<NodeId> = p.members.iter().map(|m| m.id).filter(|id| !ids.contains(id)).collect();
+            let gone: Vec<NodeId> = p.members.iter().map(|m| NodeId(m.id)).filter(|id| !ids.contains(id)).collect();
             ids.extend(gone);
         }
         ids
@@ -315,7 +315,7 @@ impl<S: Service> ExecNode<S> {
             self.cfg.next_epoch(next.clone()).map_err(|e| RestoreError(format!("snapshot's membership: {e}")))?;
         let members = &self.cfg.membership;
         for notices in self.notices.values_mut() {
-            notices.by_node.retain(|n, _| members.index_of(*n).is_some());
+            notices.by_node.retain(|n, _| members.index_of(n.0).is_some());
             let named: std::collections::BTreeSet<Digest> = notices.by_node.values().copied().collect();
             notices.bodies.retain(|d, _| named.contains(d));
         }
@@ -487,7 +487,7 @@ impl<S: Service> ExecNode<S> {
     /// (the client computes the same designated node).
     fn reply_body(&self, client: ClientId, seq: u64, result: Vec<u8>) -> ReplyBody {
         let executors = self.cfg.executors();
-        let designated = executors.start + (client.wrapping_add(seq) % executors.len() as u64) as NodeId;
+        let designated = executors.at((client.wrapping_add(seq) % executors.len().max(1) as u64) as usize);
         let full = designated == self.id || result.len() <= REPLY_INLINE_MAX;
         crate::codec::reply_body(result, full)
     }
@@ -587,7 +587,7 @@ impl<S: Service> ExecNode<S> {
         }
         let previous = self.transfer.take();
         let replacing = previous.as_ref().map(|t| t.seq());
-        let first_peer = (self.id - self.cfg.executors().start) as usize;
+        let first_peer = self.cfg.executors().offset(self.id).unwrap_or(0);
         self.transfer = Some(Transfer::new(seq, self.stable.root, previous, held, self.now, first_peer));
         out.events.push(Event::StateTransferStarted { seq, replacing });
         self.to_peers(Message::FetchManifest { seq }, out);
@@ -859,7 +859,7 @@ mod tests {
 
     fn client(cfg: &ClusterConfig, id: u64) -> Client {
         let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.exec_ids())
+        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.exec_ids().into())
     }
 
     /// (u, r) = (1, 0): order nodes 0..3, execution nodes 3..6.
@@ -879,7 +879,7 @@ mod tests {
         fn new(cfg: &ClusterConfig) -> Net {
             let n = cfg.n() as u32;
             let all = n + cfg.stages.executors.len() as u32;
-            let order = (0..n).map(|i| Replica::new(cfg.clone(), i, secrets(i), OrderState));
+            let order = (0..n).map(|i| Replica::new(cfg.clone(), NodeId(i), secrets(i), OrderState));
             let exec = (n..all).map(|i| ExecNode::new(cfg.clone(), stage_node(i), secrets(i).signing, Log::default()));
             StageNet::of(order.collect(), exec.collect())
         }
@@ -934,24 +934,26 @@ mod tests {
     fn an_order_node_that_missed_the_votes_learns_the_certificate_from_an_execution_node() {
         let cfg = config(None);
         let interval = cfg.options.checkpoint_interval;
-        let mut order = Replica::new(cfg.clone(), 1, secrets(1), OrderState);
+        let mut order = Replica::new(cfg.clone(), NodeId(1), secrets(1), OrderState);
         let (root, membership) = (Digest([7; 32]), Digest([8; 32]));
         // Execution node `node` (stable id) signs under its stage name; order node 0 too.
         let sign = |node: NodeId| {
-            let name = if node >= 4 { stage_node(node) } else { node };
+            let name = if node >= NodeId(4) { stage_node(node.0) } else { node };
             let statement = checkpoint_statement(Seq(interval), &root, &membership, name);
-            (name, secrets(node).signing.sign(&statement))
+            (name, secrets(node.0).signing.sign(&statement))
         };
         let cert = |sigs: Vec<(NodeId, crate::crypto::Sig)>| {
             Message::StableCert(StableProof { seq: Seq(interval), root, membership, sigs })
         };
         let mut out = Outputs::default();
         // r = 1: one execution node's signature is no certificate, nor are order nodes'.
-        for bad in [vec![sign(4)], vec![sign(4), sign(0)], vec![sign(4), sign(4)]] {
+        for bad in
+            [vec![sign(NodeId(4))], vec![sign(NodeId(4)), sign(NodeId(0))], vec![sign(NodeId(4)), sign(NodeId(4))]]
+        {
             order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg: cert(bad) }, &mut out);
             assert_eq!(order.exec_stable_seq(), Seq(0));
         }
-        let msg = cert(vec![sign(4), sign(6)]);
+        let msg = cert(vec![sign(NodeId(4)), sign(NodeId(6))]);
         order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg }, &mut out);
         assert_eq!(order.exec_stable_seq(), Seq(interval), "u + 1 execution nodes signed it");
         let durable = |p: &crate::replica::Persist| matches!(p, crate::replica::Persist::Record(crate::wal::Record::ExecStable(p)) if p.seq == Seq(interval));
@@ -993,16 +995,16 @@ mod tests {
             e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
             out
         };
-        assert_eq!(executed_events(&commit(&mut e, 0, &a)), 0, "one notice is one order node's word");
-        assert_eq!(executed_events(&commit(&mut e, 1, &b)), 0, "two notices that differ decide nothing");
-        assert_eq!(executed_events(&commit(&mut e, 0, &b)), 0, "an order node's first notice counts");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(0), &a)), 0, "one notice is one order node's word");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(1), &b)), 0, "two notices that differ decide nothing");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(0), &b)), 0, "an order node's first notice counts");
         // Not an order node: an execution peer cannot vouch for a decision.
         let out = commit(&mut e, stage_node(5), &a);
         assert_eq!(executed_events(&out), 0);
         assert!(out.events.iter().any(|ev| matches!(ev, Event::Rejected { reason: Reject::WrongPeer, .. })));
         // Nor a node that is no member of this epoch (one a later epoch may add).
-        assert_eq!(executed_events(&commit(&mut e, 9, &a)), 0);
-        let out = commit(&mut e, 2, &a);
+        assert_eq!(executed_events(&commit(&mut e, NodeId(9), &a)), 0);
+        let out = commit(&mut e, NodeId(2), &a);
         assert_eq!(executed_events(&out), 1, "r + 1 = 2 matching");
         assert_eq!(e.service().0, vec![b"a".to_vec()]);
         // Replies: the request's result, to its client.
@@ -1011,7 +1013,7 @@ mod tests {
         // The mutation that believes one notice executes a lie at once.
         let cfg = config(Some(Mutation::OneCommitNotice));
         let mut e = ExecNode::new(cfg, stage_node(4), secrets(4).signing, Log::default());
-        assert_eq!(executed_events(&commit(&mut e, 0, &b)), 1);
+        assert_eq!(executed_events(&commit(&mut e, NodeId(0), &b)), 1);
     }
 
     #[test]
@@ -1078,7 +1080,8 @@ mod tests {
             now += 50;
             net.tick(now);
         }
-        let transferred = net.events.iter().any(|(n, e)| *n == 6 && matches!(e, Event::StateTransferDone { .. }));
+        let transferred =
+            net.events.iter().any(|(n, e)| *n == NodeId(6) && matches!(e, Event::StateTransferDone { .. }));
         assert!(transferred, "the commits it missed are gone: it transfers; {}", net.status());
         net.call(&mut c, &mut now, b"last");
         assert_eq!(net.stage[2].service().0, net.stage[0].service().0, "{}", net.status());
@@ -1171,14 +1174,14 @@ mod tests {
         };
         // Instance 3 (off the checkpoint interval) adds order node 9 and removes nothing.
         let (a, b) = (value(&[b"a"]), value(&[b"b"]));
-        commit(&mut e, 0, Seq(1), &a);
-        commit(&mut e, 1, Seq(1), &a);
-        commit(&mut e, 0, Seq(2), &b);
-        commit(&mut e, 1, Seq(2), &b);
+        commit(&mut e, NodeId(0), Seq(1), &a);
+        commit(&mut e, NodeId(1), Seq(1), &a);
+        commit(&mut e, NodeId(0), Seq(2), &b);
+        commit(&mut e, NodeId(1), Seq(2), &b);
         let add =
             admin_value(0, Change::Add(Member { id: 9, key: secrets(9).signing.public(), addr: String::new() }), 1);
-        commit(&mut e, 0, Seq(3), &add);
-        let out = commit(&mut e, 2, Seq(3), &add);
+        commit(&mut e, NodeId(0), Seq(3), &add);
+        let out = commit(&mut e, NodeId(2), Seq(3), &add);
         assert_eq!(e.executed(), Seq(3));
         assert_eq!(e.config().epoch(), 1, "it follows the membership it executed");
         assert_eq!(e.config().n(), 5);
@@ -1186,33 +1189,41 @@ mod tests {
             out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { seq: Seq(3), .. })),
             "checkpoint at the end"
         );
-        assert_eq!(voted_at(&out, Seq(3)), vec![0, 1, 2, 3, 9], "its vote goes to the members of both epochs");
+        assert_eq!(
+            voted_at(&out, Seq(3)),
+            [0, 1, 2, 3, 9].map(NodeId).to_vec(),
+            "its vote goes to the members of both epochs"
+        );
         // The new member's notice counts now; one notice alone still decides nothing.
         let c = value(&[b"c"]);
-        assert_eq!(executed_events(&commit(&mut e, 9, Seq(4), &c)), 0);
-        assert_eq!(executed_events(&commit(&mut e, 3, Seq(4), &c)), 1, "r + 1 members of epoch 1");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(9), Seq(4), &c)), 0);
+        assert_eq!(executed_events(&commit(&mut e, NodeId(3), Seq(4), &c)), 1, "r + 1 members of epoch 1");
         // Instance 5 removes node 1, whose notice for instance 6 came first: dropped at the
         // switch, so node 0's alone decides nothing. The vote at 5 still reaches node 1.
         let remove = admin_value(1, Change::Remove(1), 2);
         let d = value(&[b"d"]);
-        commit(&mut e, 1, Seq(6), &d);
-        commit(&mut e, 0, Seq(5), &remove);
-        let out = commit(&mut e, 9, Seq(5), &remove);
+        commit(&mut e, NodeId(1), Seq(6), &d);
+        commit(&mut e, NodeId(0), Seq(5), &remove);
+        let out = commit(&mut e, NodeId(9), Seq(5), &remove);
         assert_eq!((e.executed(), e.config().epoch()), (Seq(5), 2));
         assert_eq!(
             voted_at(&out, Seq(5)),
-            vec![0, 2, 3, 9, 1],
+            [0, 2, 3, 9, 1].map(NodeId).to_vec(),
             "the removed member ends epoch 1 too: it gets the vote"
         );
-        assert_eq!(executed_events(&commit(&mut e, 0, Seq(6), &d)), 0, "a removed node's notice no longer counts");
-        assert_eq!(executed_events(&commit(&mut e, 1, Seq(6), &d)), 0, "nor one it sends now");
-        assert_eq!(executed_events(&commit(&mut e, 2, Seq(6), &d)), 1);
+        assert_eq!(
+            executed_events(&commit(&mut e, NodeId(0), Seq(6), &d)),
+            0,
+            "a removed node's notice no longer counts"
+        );
+        assert_eq!(executed_events(&commit(&mut e, NodeId(1), Seq(6), &d)), 0, "nor one it sends now");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(2), Seq(6), &d)), 1);
 
         // The mutation that checkpoints only every interval leaves the epoch's end bare.
         let cfg = config(Some(Mutation::NoEpochEndCheckpoint)).with_admin_key(admin.public());
         let mut e = ExecNode::new(cfg, stage_node(4), secrets(4).signing, Log::default());
-        commit(&mut e, 0, Seq(1), &add);
-        let out = commit(&mut e, 1, Seq(1), &add);
+        commit(&mut e, NodeId(0), Seq(1), &add);
+        let out = commit(&mut e, NodeId(1), Seq(1), &add);
         assert_eq!(e.config().epoch(), 1);
         assert!(!out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { .. })));
     }
@@ -1240,7 +1251,7 @@ mod tests {
         let mut out = Outputs::default();
         for from in [0, 1] {
             let msg = Message::Decided { seq: Seq(1), value: v.clone() };
-            e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
+            e.step(1, Input::Message { from: Peer::Node(NodeId(from)), msg }, &mut out);
         }
         assert_eq!(e.executed(), Seq(1));
         out.send.iter().find_map(|(_, m)| match m {
@@ -1282,7 +1293,7 @@ mod tests {
             let v = value(&[&[seq as u8]]);
             for from in [0, 1] {
                 let msg = Message::Decided { seq: Seq(seq), value: v.clone() };
-                e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
+                e.step(1, Input::Message { from: Peer::Node(NodeId(from)), msg }, &mut out);
             }
         }
         assert_eq!(e.executed(), Seq(interval));
@@ -1297,12 +1308,12 @@ mod tests {
         let root = snapshots.iter().find(|(s, _)| *s == Seq(interval)).map(|(_, c)| c.root).expect("a snapshot");
         let membership = cfg.membership.digest();
         let sign = |node: NodeId| {
-            let statement = checkpoint_statement(Seq(interval), &root, &membership, stage_node(node));
-            (stage_node(node), secrets(node).signing.sign(&statement))
+            let statement = checkpoint_statement(Seq(interval), &root, &membership, stage_node(node.0));
+            (stage_node(node.0), secrets(node.0).signing.sign(&statement))
         };
-        let proof = StableProof { seq: Seq(interval), root, membership, sigs: vec![sign(5), sign(6)] };
+        let proof = StableProof { seq: Seq(interval), root, membership, sigs: vec![sign(NodeId(5)), sign(NodeId(6))] };
         let mut out = Outputs::default();
-        e.step(2, Input::Message { from: Peer::Node(0), msg: Message::StableCert(proof) }, &mut out);
+        e.step(2, Input::Message { from: Peer::Node(NodeId(0)), msg: Message::StableCert(proof) }, &mut out);
         assert_eq!(e.stable_seq(), Seq(interval));
         // It collects its older snapshots on the certificate, and keeps the certificate.
         let records = out
@@ -1331,13 +1342,13 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert!(told.contains(&0) && told.contains(&stage_node(5)), "{told:?}");
+        assert!(told.contains(&NodeId(0)) && told.contains(&stage_node(5)), "{told:?}");
     }
 
     #[test]
     fn one_lying_execution_node_cannot_certify_a_checkpoint() {
         let cfg = config(None);
-        let mut o = Replica::new(cfg.clone(), 0, secrets(0), OrderState);
+        let mut o = Replica::new(cfg.clone(), NodeId(0), secrets(0), OrderState);
         let vote = |node: u32, root: Digest| {
             let membership = cfg.membership.digest();
             let sig = secrets(node).signing.sign(&checkpoint_statement(Seq(8), &root, &membership, stage_node(node)));
@@ -1345,18 +1356,18 @@ mod tests {
         };
         let step = |o: &mut Replica<OrderState>, from: NodeId, msg: Message| {
             let mut out = Outputs::default();
-            o.step(1, Input::Message { from: Peer::Node(stage_node(from)), msg }, &mut out);
+            o.step(1, Input::Message { from: Peer::Node(stage_node(from.0)), msg }, &mut out);
             out
         };
         let (good, bad) = (Digest::of(b"good"), Digest::of(b"bad"));
-        step(&mut o, 4, vote(4, bad));
-        step(&mut o, 5, vote(5, good));
+        step(&mut o, NodeId(4), vote(4, bad));
+        step(&mut o, NodeId(5), vote(5, good));
         assert_eq!(o.exec_stable_seq(), Seq(0), "two different roots certify nothing");
         // A vote signed by another execution node's key is not node 6's.
-        let out = step(&mut o, 6, vote(4, bad));
+        let out = step(&mut o, NodeId(6), vote(4, bad));
         assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { reason: Reject::BadSignature { .. }, .. })));
         assert_eq!(o.exec_stable_seq(), Seq(0));
-        let out = step(&mut o, 6, vote(6, good));
+        let out = step(&mut o, NodeId(6), vote(6, good));
         assert_eq!(o.exec_stable_seq(), Seq(8), "u + 1 = 2 matching");
         // Every execution node hears of it, once the record of it is durable (an execution
         // node collects older snapshots on it).

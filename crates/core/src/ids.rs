@@ -94,8 +94,110 @@ macro_rules! number {
     };
 }
 
-/// Index of an order node, `0..N`.
-pub type NodeId = u32;
+/// How a core names a node: an order node by its index in the epoch's membership
+/// (`0..N`, what votes are counted by), a stage node apart by `config::stage_node` of its
+/// stable id. Not a stable id itself: the same node has another index in another epoch
+/// (`Membership::index_of` / `id_of` translate).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct NodeId(pub u32);
+
+impl NodeId {
+    /// As an index into per-node tables.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// Consecutive node names, as `Range` is for integers (and, like it, an iterator): the
+/// order nodes of an epoch (`NodeRange::first(n)`) or the nodes of a stage apart.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct NodeRange {
+    pub start: NodeId,
+    pub end: NodeId,
+}
+
+impl NodeRange {
+    /// `len` nodes from `start` on.
+    pub fn new(start: NodeId, len: usize) -> NodeRange {
+        NodeRange { start, end: NodeId(start.0 + len as u32) }
+    }
+
+    /// The order nodes of an epoch of `n`: indices `0..n`.
+    pub fn first(n: usize) -> NodeRange {
+        NodeRange::new(NodeId(0), n)
+    }
+
+    pub fn contains(&self, node: &NodeId) -> bool {
+        self.start <= *node && *node < self.end
+    }
+
+    /// Where `node` is in the range (0 for its start), if it is in it.
+    pub fn offset(&self, node: NodeId) -> Option<usize> {
+        self.contains(&node).then(|| (node.0 - self.start.0) as usize)
+    }
+
+    /// The node `offset` places after the start (not checked against the end).
+    pub fn at(&self, offset: usize) -> NodeId {
+        NodeId(self.start.0 + offset as u32)
+    }
+}
+
+/// Stable ids as node names (what clients and stage nodes call nodes by).
+impl From<std::ops::Range<u32>> for NodeRange {
+    fn from(ids: std::ops::Range<u32>) -> NodeRange {
+        NodeRange { start: NodeId(ids.start), end: NodeId(ids.end.max(ids.start)) }
+    }
+}
+
+impl Iterator for NodeRange {
+    type Item = NodeId;
+
+    fn next(&mut self) -> Option<NodeId> {
+        (self.start < self.end).then(|| {
+            let n = self.start;
+            self.start.0 += 1;
+            n
+        })
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.end.0.saturating_sub(self.start.0) as usize;
+        (n, Some(n))
+    }
+}
+
+impl DoubleEndedIterator for NodeRange {
+    fn next_back(&mut self) -> Option<NodeId> {
+        (self.start < self.end).then(|| {
+            self.end.0 -= 1;
+            self.end
+        })
+    }
+}
+
+impl ExactSizeIterator for NodeRange {}
+
+/// Parses the bare number (directory and certificate names: `node-3`).
+impl std::str::FromStr for NodeId {
+    type Err = std::num::ParseIntError;
+
+    fn from_str(s: &str) -> Result<NodeId, Self::Err> {
+        s.parse().map(NodeId)
+    }
+}
+
+impl fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
 /// A protocol client: its own sequence numbers, one request in flight, one reply-cache
 /// entry. The transport authenticates the *owner* (certificate `client-N`); an owner may
 /// run up to [`SESSIONS_MAX`] sessions over the same connections so that one process can
@@ -131,7 +233,7 @@ number! {
 impl View {
     /// The index of this view's primary among `n` nodes.
     pub fn primary(self, n: usize) -> NodeId {
-        (self.0 % n as u64) as NodeId
+        NodeId((self.0 % n as u64) as u32)
     }
 }
 number! {

@@ -124,7 +124,7 @@ pub struct Endorsement {
 /// What node `node`'s endorsement MACs cover. Domain-separated from the client's
 /// [`Request::statement`], so an endorsement can never pass for a client's authenticator.
 pub fn endorse_statement(node: NodeId, request: &Digest) -> Digest {
-    Hasher::new("keel/endorse").u64(node as u64).digest(request).finish()
+    Hasher::new("keel/endorse").u64(node.0 as u64).digest(request).finish()
 }
 
 impl Request {
@@ -463,7 +463,7 @@ pub struct Write {
 ///
 /// [`Membership::digest`]: crate::membership::Membership::digest
 pub fn write_statement(epoch: &Digest, view: View, seq: Seq, digest: &Digest, node: NodeId) -> Digest {
-    Hasher::new("keel/write").digest(epoch).u64(view.0).u64(seq.0).digest(digest).u64(node as u64).finish()
+    Hasher::new("keel/write").digest(epoch).u64(view.0).u64(seq.0).digest(digest).u64(node.0 as u64).finish()
 }
 
 /// A checkpoint vote: "after executing `seq`, my state's Merkle root is `root`, and
@@ -481,7 +481,7 @@ pub struct CheckpointVote {
 /// node or client that missed an epoch change learns the new members from the proof of
 /// the epoch's last checkpoint ([`EpochCert`]).
 pub fn checkpoint_statement(seq: Seq, root: &Digest, membership: &Digest, node: NodeId) -> Digest {
-    Hasher::new("keel/checkpoint").u64(seq.0).digest(root).digest(membership).u64(node as u64).finish()
+    Hasher::new("keel/checkpoint").u64(seq.0).digest(root).digest(membership).u64(node.0 as u64).finish()
 }
 
 /// Q signed checkpoint votes for the same (seq, root, membership): proof that the state
@@ -500,7 +500,7 @@ pub struct StableProof {
 pub fn proof_signed(keys: &crate::crypto::NodeKeys, quorum: usize, p: &StableProof) -> bool {
     let mut signers = std::collections::BTreeSet::new();
     for (node, sig) in &p.sigs {
-        if !keys.verify(*node, &checkpoint_statement(p.seq, &p.root, &p.membership, *node), sig) {
+        if !keys.verify(node.0, &checkpoint_statement(p.seq, &p.root, &p.membership, *node), sig) {
             return false;
         }
         signers.insert(*node);

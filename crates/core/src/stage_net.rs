@@ -6,6 +6,7 @@
 //! both directions are translated here. Persistence is instant.
 
 use crate::config::{stage_id, stage_node};
+use crate::ids::NodeRange;
 use crate::message::{ClientId, Message, NodeId, Proposed, Reply};
 use crate::node::Node;
 use crate::replica::Replica;
@@ -44,17 +45,17 @@ impl<S: Service, N: Node> StageNet<S, N> {
 
     /// Steps node `n` (stable id) unless it is down, and queues what it sent.
     pub(crate) fn step(&mut self, n: NodeId, now: u64, input: Input) {
-        if self.down[n as usize] {
+        if self.down[n.0 as usize] {
             return;
         }
         let mut out = Outputs::default();
-        match n as usize {
+        match n.0 as usize {
             i if i < self.order.len() => self.order[i].step(now, input, &mut out),
             i => self.stage[i - self.order.len()].step(now, input, &mut out),
         }
         for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
             let to = match to {
-                Peer::Node(t) => Peer::Node(stage_id(t).unwrap_or(t)),
+                Peer::Node(t) => Peer::Node(NodeId(stage_id(t).unwrap_or(t.0))),
                 client => client,
             };
             self.queue.push_back((Peer::Node(n), to, m));
@@ -72,7 +73,7 @@ impl<S: Service, N: Node> StageNet<S, N> {
                         self.proposed.extend(value.requests.iter().cloned());
                     }
                     let from = match from {
-                        Peer::Node(f) if f as usize >= self.order.len() => Peer::Node(stage_node(f)),
+                        Peer::Node(f) if f.0 as usize >= self.order.len() => Peer::Node(stage_node(f.0)),
                         other => other,
                     };
                     self.step(n, now, Input::Message { from, msg });
@@ -88,8 +89,8 @@ impl<S: Service, N: Node> StageNet<S, N> {
 
     /// Ticks every node at `now`, then runs the network.
     pub(crate) fn tick(&mut self, now: u64) {
-        for n in 0..self.down.len() as NodeId {
-            self.step(n, now, Input::Tick);
+        for n in NodeRange::first(self.down.len()) {
+            self.step(NodeId(n.0), now, Input::Tick);
         }
         self.run(now);
     }

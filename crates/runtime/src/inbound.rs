@@ -154,6 +154,7 @@ impl InboundRx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::NodeId;
     use keel_core::message::Message;
     use keel_core::replica::Peer;
 
@@ -193,7 +194,7 @@ mod tests {
         assert!(tx.client(&ClientQuota::new(), from_client(2)).await);
         assert!(
             tx.node(Inbound::Input(Input::Message {
-                from: Peer::Node(3),
+                from: Peer::Node(NodeId(3)),
                 msg: Message::Stop { view: keel_core::ids::View(0) }
             }))
             .await
@@ -206,7 +207,11 @@ mod tests {
             }
         }
         let at = |p: Peer| seen.iter().position(|s| *s == p).expect("taken");
-        assert!(at(Peer::Node(3)) <= 1, "node traffic does not queue behind clients: {}", at(Peer::Node(3)));
+        assert!(
+            at(Peer::Node(NodeId(3))) <= 1,
+            "node traffic does not queue behind clients: {}",
+            at(Peer::Node(NodeId(3)))
+        );
         assert!(
             at(Peer::Client(2)) <= CLIENT_QUEUED_MAX + 2,
             "behind at most one quota of the flood: {}",

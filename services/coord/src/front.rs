@@ -309,7 +309,7 @@ impl Shared {
 /// the node's own state its service was built over ([`LocalView::service`]).
 pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options, local: LocalView) {
     let Some(client) = fe.client().cloned() else {
-        tracing::error!(node = fe.node, "coord front end without a client identity: not serving");
+        tracing::error!(node = %fe.node, "coord front end without a client identity: not serving");
         return;
     };
     let role = Role::Node { id: fe.node, local, ports: (fe.listen.port(), fe.metrics.port()) };
@@ -568,7 +568,7 @@ async fn announce(shared: Arc<Shared>, node: keel::NodeId, listen: SocketAddr, (
     let mut every = tokio::time::interval(ANNOUNCE_EVERY);
     loop {
         every.tick().await;
-        let announce = Command::Announce { node, addr: listen.to_string(), peer_port, metrics_port };
+        let announce = Command::Announce { node: node.0, addr: listen.to_string(), peer_port, metrics_port };
         let _ = shared.call(&announce, false).await;
     }
 }

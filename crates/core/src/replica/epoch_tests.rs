@@ -37,8 +37,9 @@ struct EpochNet {
 
 impl EpochNet {
     fn new(cfg: &ClusterConfig) -> EpochNet {
-        let nodes =
-            (0..cfg.n() as u32).map(|i| (i, Replica::new(cfg.clone(), i, secrets(i), Log::default()))).collect();
+        let nodes = (0..cfg.n() as u32)
+            .map(|i| (i, Replica::new(cfg.clone(), NodeId(i), secrets(i), Log::default())))
+            .collect();
         EpochNet {
             nodes,
             removed: Vec::new(),
@@ -72,7 +73,7 @@ impl EpochNet {
             match to {
                 Peer::Node(index) => {
                     let to = membership.id_of(index).expect("a member");
-                    self.queue.push_back((id, epoch, Peer::Node(to), m));
+                    self.queue.push_back((id, epoch, Peer::Node(NodeId(to)), m));
                 }
                 Peer::Client(c) => {
                     if self.clients.contains_key(&c) {
@@ -108,14 +109,14 @@ impl EpochNet {
         if node.epoch() != epoch {
             if matches!(msg, Message::Status { .. }) && epoch < node.epoch() {
                 let certs = node.epoch_certs_after(epoch);
-                self.queue.push_back((to, node.epoch(), Peer::Node(from), Message::EpochCerts(certs)));
+                self.queue.push_back((to, node.epoch(), Peer::Node(NodeId(from)), Message::EpochCerts(certs)));
                 return;
             }
             if !matches!(msg, Message::EpochCerts(_)) {
                 return;
             }
         }
-        let index = node.config().membership.index_of(from).unwrap_or(0);
+        let index = node.config().membership.index_of(from).unwrap_or(NodeId(0));
         let mut out = Outputs::default();
         node.step(self.now, Input::Message { from: Peer::Node(index), msg }, &mut out);
         self.absorb(to, out);
@@ -124,6 +125,7 @@ impl EpochNet {
     /// Client `c` sends what its core produced (addressed by stable id).
     fn client_send(&mut self, c: ClientId, msgs: Vec<(NodeId, Message)>) {
         for (to, msg) in msgs {
+            let to = to.0;
             if self.cut.contains(&to) {
                 continue;
             }
@@ -142,7 +144,7 @@ impl EpochNet {
         match msg {
             Message::Reply(r) => {
                 let seq = r.seq;
-                if let Some(result) = client.on_reply(from, r) {
+                if let Some(result) = client.on_reply(NodeId(from), r) {
                     self.completed.insert((c, seq), result);
                 }
             }
@@ -188,7 +190,7 @@ impl EpochNet {
             loop {
                 if let Some((from, epoch, to, msg)) = self.queue.pop_front() {
                     if let Peer::Node(to) = to {
-                        self.deliver(from, epoch, to, msg);
+                        self.deliver(from, epoch, to.0, msg);
                     }
                 } else if let Some((c, from, msg)) = self.to_clients.pop_front() {
                     self.deliver_to_client(c, from, msg);
@@ -308,7 +310,7 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
     assert_eq!((m1.epoch, m1.n()), (1, 5));
     assert!(net.decided[&0] > m1.since, "an instance past the end of epoch 0 was decided: {:?}", net.decided);
-    let joiner = Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default());
+    let joiner = Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), NodeId(4), secrets(4), Log::default());
     assert!(!joiner.has_base(), "a joiner has no state yet");
     net.nodes.insert(4, joiner);
     net.run(2_000);
@@ -342,7 +344,7 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     net.retransmit_behind_admin(3);
     assert_eq!(net.removed, vec![1]);
     assert!(!net.nodes.contains_key(&1));
-    assert_eq!(net.nodes[&4].id(), 3, "node 4 is index 3 in epoch 2");
+    assert_eq!(net.nodes[&4].id(), NodeId(3), "node 4 is index 3 in epoch 2");
     net.puts(13..=20, "in epoch 2");
     net.run(500);
     let states = net.states();
@@ -359,7 +361,8 @@ fn a_node_that_missed_the_change_jumps_by_certificates_and_catches_up() {
     net.submit(7, 1, vec![1]);
     net.run(50);
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
-    net.nodes.insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default()));
+    net.nodes
+        .insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), NodeId(4), secrets(4), Log::default()));
     net.run(1_000);
     net.retransmit_behind_admin(1);
     // Epoch 1 runs on nodes 0, 1, 2 and the joiner (Q = 4 of 5) while node 3 is away.
@@ -375,11 +378,11 @@ fn a_node_that_missed_the_change_jumps_by_certificates_and_catches_up() {
     assert_eq!(net.nodes[&3].epoch_certs.len(), 1);
     // A certificate chain that does not start at a node's epoch, or is forged, moves
     // nothing.
-    let mut fresh = Replica::new(cfg.clone(), 2, secrets(2), Log::default());
+    let mut fresh = Replica::new(cfg.clone(), NodeId(2), secrets(2), Log::default());
     let mut cert = net.nodes[&0].epoch_certs_after(0).remove(0);
     cert.proof.sigs.truncate(2);
     let mut out = Outputs::default();
-    fresh.step(1, Input::Message { from: Peer::Node(0), msg: Message::EpochCerts(vec![cert]) }, &mut out);
+    fresh.step(1, Input::Message { from: Peer::Node(NodeId(0)), msg: Message::EpochCerts(vec![cert]) }, &mut out);
     assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { .. })));
     assert!(!fresh.epoch_ended() && fresh.jump.is_none());
 }
@@ -404,12 +407,12 @@ fn a_client_follows_membership_changes_by_certificates() {
     };
     put(&mut net, "epoch 0");
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add");
-    net.nodes.insert(4, Replica::new(cfg.next_epoch(m1).expect("valid"), 4, secrets(4), Log::default()));
+    net.nodes.insert(4, Replica::new(cfg.next_epoch(m1).expect("valid"), NodeId(4), secrets(4), Log::default()));
     net.run(1_000);
     net.retransmit_behind_admin(1);
     put(&mut net, "epoch 1");
     assert_eq!(net.clients[&id].membership().epoch, 1, "the client learned epoch 1");
-    assert_eq!(net.clients[&id].members(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(net.clients[&id].members(), [0, 1, 2, 3, 4].map(NodeId).to_vec());
     let m2 = net.admin(&admin, 2, 1, Change::Remove(0)).expect("remove");
     assert_eq!(m2.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
     net.run(1_000);
@@ -417,7 +420,7 @@ fn a_client_follows_membership_changes_by_certificates() {
     put(&mut net, "epoch 2 (the old primary is gone)");
     put(&mut net, "epoch 2 again");
     assert_eq!(net.clients[&id].membership().epoch, 2);
-    assert_eq!(net.clients[&id].members(), vec![1, 2, 3, 4]);
+    assert_eq!(net.clients[&id].members(), [1, 2, 3, 4].map(NodeId).to_vec());
     // Certificates that do not lead on from what the client knows change nothing.
     let stale = net.nodes[&1].epoch_certs_after(0);
     assert!(!net.clients.get_mut(&id).expect("client").on_epoch_certs(stale));
@@ -490,7 +493,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
     // The primary of that view replays it in epoch 1 (same index, same key).
     let mut out = Outputs::default();
     let target = net.nodes.get_mut(&2).expect("node 2");
-    target.step(net.now, Input::Message { from: Peer::Node(from), msg: new_view }, &mut out);
+    target.step(net.now, Input::Message { from: Peer::Node(NodeId(from)), msg: new_view }, &mut out);
     assert_eq!(target.view(), View(0), "an old epoch's NEW-VIEW installed a view");
     assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { kind: "new-view", .. })), "{:?}", out.events);
     // No WRITE of epoch 0 carries a valid signature in epoch 1, whatever its instance:
@@ -501,7 +504,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
         old.into_iter().filter(|(f, m)| *f != 2 && matches!(m, Message::Write(_))).collect();
     assert!(!writes.is_empty(), "epoch 0 had WRITEs");
     for (from, m) in writes {
-        assert!(!checker.check(from, &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
+        assert!(!checker.check(NodeId(from), &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
     }
     // While the same WRITEs were valid in epoch 0 (the check can pass).
     let (from, m) = net
@@ -510,8 +513,8 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
         .find(|(f, e, m)| *f != 2 && *e == 0 && matches!(m, Message::Write(_)))
         .map(|(f, _, m)| (*f, m.clone()))
         .expect("a write");
-    let epoch0 = Replica::new(cfg.clone(), 2, secrets(2), Log::default());
-    assert!(epoch0.verifier().check(from, &m));
+    let epoch0 = Replica::new(cfg.clone(), NodeId(2), secrets(2), Log::default());
+    assert!(epoch0.verifier().check(NodeId(from), &m));
 }
 
 /// `keel admin backup`'s fetch (backup.rs), served by the nodes to the administrator's
@@ -536,12 +539,12 @@ mod backup {
         while net.now < end {
             let mut inbox = Vec::new();
             for (to, msg) in std::mem::take(&mut outbox) {
-                let Some(node) = net.nodes.get_mut(&to) else { continue };
+                let Some(node) = net.nodes.get_mut(&to.0) else { continue };
                 let mut out = Outputs::default();
                 node.step(net.now, Input::Message { from: Peer::Client(ADMIN), msg }, &mut out);
                 for (peer, m) in out.send.iter().chain(&out.send_after_persist) {
                     if *peer == Peer::Client(ADMIN) {
-                        inbox.push((to, tamper(to, m.clone())));
+                        inbox.push((to, tamper(to.0, m.clone())));
                     }
                 }
             }
@@ -642,7 +645,8 @@ mod backup {
         let mut net = EpochNet::new(&cfg);
         net.puts(1..=3, "epoch 0");
         let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add");
-        net.nodes.insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default()));
+        net.nodes
+            .insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), NodeId(4), secrets(4), Log::default()));
         net.run(1_000);
         net.retransmit_behind_admin(1);
         let m2 = net.admin(&admin, 2, 1, Change::Remove(0)).expect("remove");

@@ -31,6 +31,7 @@
 //! with execution nodes.
 
 use super::{Outputs, Peer, Reject, Replica};
+use crate::ids::NodeRange;
 use crate::message::{ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody, Seq};
 use crate::quorum::Mutation;
 use crate::read_wait::Until;
@@ -123,7 +124,7 @@ impl<S: Service> Replica<S> {
         let Some((round, answered)) = self.reads.round_to_resend(self.now, self.cfg.options.retransmit_ms) else {
             return;
         };
-        for node in (0..self.cfg.n() as NodeId).filter(|node| !answered.contains(node)) {
+        for node in NodeRange::first(self.cfg.n()).filter(|node| !answered.contains(node)) {
             out.send.push((Peer::Node(node), Message::IndexProbe { round }));
         }
     }

@@ -90,7 +90,7 @@ impl<S: Service> Replica<S> {
         }
         if let Some(t) = r.vc_target {
             r.stop_sent = t;
-            r.stops[id as usize] = t;
+            r.stops[id.0 as usize] = t;
             r.view_change_timeout.restart(now);
         }
         // Pass 2: per-instance state above the stable checkpoint.
