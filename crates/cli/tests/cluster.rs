@@ -4,6 +4,7 @@
 //! Every node a test starts is a child it holds and kills by handle at the end (Drop),
 //! never by name.
 
+use keel_core::ids::NodeId;
 use keel_core::message::ReadConsistency;
 use keel_kv::{KvRequest, KvResponse};
 use keel_runtime::client::KeelClient;
@@ -146,7 +147,10 @@ async fn outage_under_heavy_load(u: u32, r: u32) {
         // started the change itself or, restarting later, adopted the new view (a node
         // that did the latter counts no view change of its own; CI once saw that).
         let view = cluster.status(i).map(|s| s.view);
-        assert!(view.is_some_and(|v| v >= 1), "node {i} is in view {view:?}, not past the outage's view:\n{metrics}");
+        assert!(
+            view.is_some_and(|v| v >= keel_core::ids::View(1)),
+            "node {i} is in view {view:?}, not past the outage's view:\n{metrics}"
+        );
     }
     let started: u64 = (0..cluster.n()).map(|i| metric(&cluster.metrics(i), "keel_view_changes_total")).sum();
     assert!(started >= 1, "no node started a view change after the outage");
@@ -196,7 +200,8 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
         keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
     );
     let tcp = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
-    let mut tls = connector.connect(keel_runtime::tls::PeerId::Node(0).server_name(), tcp).await.expect("handshake");
+    let mut tls =
+        connector.connect(keel_runtime::tls::PeerId::Node(NodeId(0)).server_name(), tcp).await.expect("handshake");
     let forged = keel_core::message::Message::Request(keel_core::message::Request {
         client: 1001,
         seq: 1,
@@ -389,7 +394,7 @@ async fn raw_connections(cluster: &Cluster, id: u64) -> (keel_runtime::config::C
     let mut conns = Vec::new();
     for member in &setup.membership.members {
         let tcp = tokio::net::TcpStream::connect(&member.addr).await.expect("tcp");
-        let name = keel_runtime::tls::PeerId::Node(member.id).server_name();
+        let name = keel_runtime::tls::PeerId::Node(NodeId(member.id)).server_name();
         conns.push(connector.connect(name, tcp).await.expect("handshake"));
     }
     (setup, conns)

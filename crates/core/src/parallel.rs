@@ -534,10 +534,11 @@ impl Drop for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::Seq;
     use proptest::prelude::*;
 
     fn job() -> Job {
-        Job { op: Vec::new(), ctx: ExecCtx::new(1, 0, 0, 0) }
+        Job { op: Vec::new(), ctx: ExecCtx::new(Seq(1), 0, 0, 0) }
     }
 
     fn key(k: &str) -> Item {

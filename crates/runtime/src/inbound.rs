@@ -154,11 +154,12 @@ impl InboundRx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::NodeId;
     use keel_core::message::Message;
     use keel_core::replica::Peer;
 
     fn from_client(c: ClientId) -> Inbound {
-        Inbound::Input(Input::Message { from: Peer::Client(c), msg: Message::Stop { view: 0 } })
+        Inbound::Input(Input::Message { from: Peer::Client(c), msg: Message::Stop { view: keel_core::ids::View(0) } })
     }
 
     fn sender(ev: &Inbound) -> Option<Peer> {
@@ -191,7 +192,13 @@ mod tests {
         // Another client and a node each send one frame: both are taken long before the
         // flood drains.
         assert!(tx.client(&ClientQuota::new(), from_client(2)).await);
-        assert!(tx.node(Inbound::Input(Input::Message { from: Peer::Node(3), msg: Message::Stop { view: 0 } })).await);
+        assert!(
+            tx.node(Inbound::Input(Input::Message {
+                from: Peer::Node(NodeId(3)),
+                msg: Message::Stop { view: keel_core::ids::View(0) }
+            }))
+            .await
+        );
         let mut seen = Vec::new();
         while seen.len() < 2 * CLIENT_QUEUED_MAX {
             match rx.recv().await.as_ref().and_then(sender) {
@@ -200,7 +207,11 @@ mod tests {
             }
         }
         let at = |p: Peer| seen.iter().position(|s| *s == p).expect("taken");
-        assert!(at(Peer::Node(3)) <= 1, "node traffic does not queue behind clients: {}", at(Peer::Node(3)));
+        assert!(
+            at(Peer::Node(NodeId(3))) <= 1,
+            "node traffic does not queue behind clients: {}",
+            at(Peer::Node(NodeId(3)))
+        );
         assert!(
             at(Peer::Client(2)) <= CLIENT_QUEUED_MAX + 2,
             "behind at most one quota of the flood: {}",

@@ -29,6 +29,7 @@
 
 use keel_core::crypto::Digest;
 use keel_core::exec::Executor;
+use keel_core::ids::Seq;
 use keel_core::message::{Request, Value};
 use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, RestoreError, Service};
 use keel_kv::{Kv, KvRequest};
@@ -194,7 +195,7 @@ fn measure(
     let mut next = 1;
     for chunk in values.chunks(run) {
         let refs: Vec<&Value> = chunk.iter().collect();
-        e.execute_many(next, &refs);
+        e.execute_many(Seq(next), &refs);
         next += refs.len() as u64;
     }
     let wall = t.elapsed().as_secs_f64();

@@ -32,7 +32,7 @@ struct Traced {
 }
 
 fn trace(mut reply: Vec<u8>, ctx: &ExecCtx) -> Vec<u8> {
-    for x in [ctx.seq, ctx.time, ctx.seed, ctx.client] {
+    for x in [ctx.seq.0, ctx.time, ctx.seed, ctx.client] {
         reply.extend(x.to_le_bytes());
     }
     reply

@@ -144,7 +144,7 @@ impl<S: Service> Replica<S> {
             // Its epoch's last checkpoint was taken inline; later ones are moot.
             super::Input::Message { .. } | super::Input::CheckpointReady(_) => return,
         };
-        if from as usize >= self.cfg.n() || from == self.id {
+        if from.0 as usize >= self.cfg.n() || from == self.id {
             return;
         }
         let _ = match msg {

@@ -33,7 +33,8 @@ impl DerefMut for EpochNet {
 
 impl EpochNet {
     fn new(cfg: &ClusterConfig) -> EpochNet {
-        let nodes = (0..cfg.n() as u32).map(|i| Replica::new(cfg.clone(), i, secrets(i), Log::default())).collect();
+        let nodes =
+            (0..cfg.n() as u32).map(|i| Replica::new(cfg.clone(), NodeId(i), secrets(i), Log::default())).collect();
         EpochNet { net: TestNet::of(nodes, Vec::new()).instrumented(), now: 10 }
     }
 
@@ -74,11 +75,11 @@ impl EpochNet {
             .map(|id| client_mac_key(&secrets(id).mac_secret, client).mac(&statement))
             .collect();
         // Straight to every node, cut off or not (the test's own hand, not the network).
-        let ids: Vec<u32> = self.nodes.keys().copied().collect();
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
         let now = self.now;
         for id in ids {
             let msg = Message::Request(req.clone());
-            self.net.step(id, now, Input::Message { from: Peer::Client(client), msg });
+            self.net.step(NodeId(id.0), now, Input::Message { from: Peer::Client(client), msg });
         }
     }
 
@@ -89,7 +90,7 @@ impl EpochNet {
         mine().find_map(|(_, _, r)| {
             let ReplyBody::Full(body) = &r.body else { return None };
             let digest = r.body.result_digest();
-            let who: BTreeSet<u32> =
+            let who: BTreeSet<NodeId> =
                 mine().filter(|(_, _, x)| x.body.result_digest() == digest).map(|(f, _, _)| *f).collect();
             (who.len() >= weak).then(|| body.clone())
         })
@@ -135,7 +136,7 @@ impl EpochNet {
         }
     }
 
-    fn states(&self) -> BTreeMap<u32, (u64, Seq, usize)> {
+    fn states(&self) -> BTreeMap<NodeId, (u64, Seq, usize)> {
         self.nodes.by_id().map(|(id, n)| (*id, (n.epoch(), n.executed(), n.service().0.len()))).collect()
     }
 }
@@ -160,9 +161,9 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
     assert_eq!((m1.epoch, m1.n()), (1, 5));
     assert!(net.decided[&0] > m1.since, "an instance past the end of epoch 0 was decided: {:?}", net.decided);
-    let joiner = Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default());
+    let joiner = Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), NodeId(4), secrets(4), Log::default());
     assert!(!joiner.has_base(), "a joiner has no state yet");
-    net.nodes.insert(4, joiner);
+    net.nodes.insert(NodeId(4), joiner);
     net.run(2_000);
     let states = net.states();
     assert!(states.values().all(|(e, _, _)| *e == 1), "every node runs epoch 1: {states:?}");
@@ -173,16 +174,20 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
         assert!(net.result(client, 1, 2).is_some(), "request of client {client} carried into epoch 1");
     }
     net.retransmit_behind_admin(1);
-    assert!(net.nodes[&4].has_base(), "the joiner installed the epoch's base: {}", net.nodes[&4].status_line());
-    assert!(net.nodes[&4].stable_seq() >= m1.since);
+    assert!(
+        net.nodes[&NodeId(4)].has_base(),
+        "the joiner installed the epoch's base: {}",
+        net.nodes[&NodeId(4)].status_line()
+    );
+    assert!(net.nodes[&NodeId(4)].stable_seq() >= m1.since);
     assert!(net.nodes.values().all(|n| n.config().quorums.order_quorum() == 4));
 
     // The five nodes order requests; the joiner executes them like the others.
     net.puts(6..=12, "in epoch 1");
     net.run(500);
     let states = net.states();
-    assert!(states.values().all(|s| *s == states[&0]), "same state everywhere: {states:?}");
-    assert_eq!(states[&4].2, 12 + 7, "the joiner's service holds every put, once (the admin op is not one)");
+    assert!(states.values().all(|s| *s == states[&NodeId(0)]), "same state everywhere: {states:?}");
+    assert_eq!(states[&NodeId(4)].2, 12 + 7, "the joiner's service holds every put, once (the admin op is not one)");
 
     // A stale operation (for epoch 0) is refused by every node alike.
     assert_eq!(net.admin(&admin, 2, 0, Change::Remove(3)), Err(AdminError::WrongEpoch { current: 1, got: 0 }));
@@ -192,14 +197,14 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     net.run(1_000);
     net.retransmit_behind_admin(2);
     net.retransmit_behind_admin(3);
-    assert_eq!(net.removed, vec![1]);
-    assert!(!net.nodes.contains_key(&1));
-    assert_eq!(net.nodes[&4].id(), 3, "node 4 is index 3 in epoch 2");
+    assert_eq!(net.removed, [1].map(NodeId).to_vec());
+    assert!(!net.nodes.contains_key(&NodeId(1)));
+    assert_eq!(net.nodes[&NodeId(4)].id(), NodeId(3), "node 4 is index 3 in epoch 2");
     net.puts(13..=20, "in epoch 2");
     net.run(500);
     let states = net.states();
-    assert!(states.values().all(|s| *s == states[&0] && s.0 == 2), "same state everywhere: {states:?}");
-    assert_eq!(states[&0].2, 20 + 3 * 7, "every put executed once");
+    assert!(states.values().all(|s| *s == states[&NodeId(0)] && s.0 == 2), "same state everywhere: {states:?}");
+    assert_eq!(states[&NodeId(0)].2, 20 + 3 * 7, "every put executed once");
 }
 
 #[test]
@@ -207,31 +212,34 @@ fn a_node_that_missed_the_change_jumps_by_certificates_and_catches_up() {
     let admin = SigningKey::from_seed([77; 32]);
     let cfg = config_rq(1, 1).with_admin_key(admin.public());
     let mut net = EpochNet::new(&cfg);
-    net.cut.insert(3);
+    net.cut.insert(NodeId(3));
     net.submit(7, 1, vec![1]);
     net.run(50);
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
-    net.nodes.insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default()));
+    net.nodes.insert(
+        NodeId(4),
+        Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), NodeId(4), secrets(4), Log::default()),
+    );
     net.run(1_000);
     net.retransmit_behind_admin(1);
     // Epoch 1 runs on nodes 0, 1, 2 and the joiner (Q = 4 of 5) while node 3 is away.
     net.puts(2..=9, "without node 3");
-    assert_eq!(net.nodes[&3].epoch(), 0);
+    assert_eq!(net.nodes[&NodeId(3)].epoch(), 0);
     net.cut.clear();
     net.run(2_000);
-    assert_eq!(net.jumps, vec![3], "node 3 left epoch 0 on the certificates");
+    assert_eq!(net.jumps, [3].map(NodeId).to_vec(), "node 3 left epoch 0 on the certificates");
     net.submit(7, 10, vec![10]);
     net.run(500);
     let states = net.states();
-    assert!(states.values().all(|s| *s == states[&0] && s.0 == 1), "node 3 caught up: {states:?}");
-    assert_eq!(net.nodes[&3].epoch_certs.len(), 1);
+    assert!(states.values().all(|s| *s == states[&NodeId(0)] && s.0 == 1), "node 3 caught up: {states:?}");
+    assert_eq!(net.nodes[&NodeId(3)].epoch_certs.len(), 1);
     // A certificate chain that does not start at a node's epoch, or is forged, moves
     // nothing.
-    let mut fresh = Replica::new(cfg.clone(), 2, secrets(2), Log::default());
-    let mut cert = net.nodes[&0].epoch_certs_after(0).remove(0);
+    let mut fresh = Replica::new(cfg.clone(), NodeId(2), secrets(2), Log::default());
+    let mut cert = net.nodes[&NodeId(0)].epoch_certs_after(0).remove(0);
     cert.proof.sigs.truncate(2);
     let mut out = Outputs::default();
-    fresh.step(1, Input::Message { from: Peer::Node(0), msg: Message::EpochCerts(vec![cert]) }, &mut out);
+    fresh.step(1, Input::Message { from: Peer::Node(NodeId(0)), msg: Message::EpochCerts(vec![cert]) }, &mut out);
     assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { .. })));
     assert!(!fresh.epoch_ended() && fresh.jump.is_none());
 }
@@ -256,12 +264,13 @@ fn a_client_follows_membership_changes_by_certificates() {
     };
     put(&mut net, "epoch 0");
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add");
-    net.nodes.insert(4, Replica::new(cfg.next_epoch(m1).expect("valid"), 4, secrets(4), Log::default()));
+    net.nodes
+        .insert(NodeId(4), Replica::new(cfg.next_epoch(m1).expect("valid"), NodeId(4), secrets(4), Log::default()));
     net.run(1_000);
     net.retransmit_behind_admin(1);
     put(&mut net, "epoch 1");
     assert_eq!(net.clients[&id].membership().epoch, 1, "the client learned epoch 1");
-    assert_eq!(net.clients[&id].members(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(net.clients[&id].members(), [0, 1, 2, 3, 4].map(NodeId).to_vec());
     let m2 = net.admin(&admin, 2, 1, Change::Remove(0)).expect("remove");
     assert_eq!(m2.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
     net.run(1_000);
@@ -269,9 +278,9 @@ fn a_client_follows_membership_changes_by_certificates() {
     put(&mut net, "epoch 2 (the old primary is gone)");
     put(&mut net, "epoch 2 again");
     assert_eq!(net.clients[&id].membership().epoch, 2);
-    assert_eq!(net.clients[&id].members(), vec![1, 2, 3, 4]);
+    assert_eq!(net.clients[&id].members(), [1, 2, 3, 4].map(NodeId).to_vec());
     // Certificates that do not lead on from what the client knows change nothing.
-    let stale = net.nodes[&1].epoch_certs_after(0);
+    let stale = net.nodes[&NodeId(1)].epoch_certs_after(0);
     assert!(!net.clients.get_mut(&id).expect("client").on_epoch_certs(stale));
 }
 
@@ -300,7 +309,7 @@ fn a_node_restarting_between_epochs_recovers_in_the_right_one() {
     net.run(50);
     let m1 = net.admin(&admin, 1, 0, Change::Faults { u: 1, r: 0 }).expect("accepted");
     net.run(500);
-    let node = &net.nodes[&2];
+    let node = &net.nodes[&NodeId(2)];
     assert_eq!((node.epoch(), node.config().quorums.byzantine()), (1, false));
     // What the node has on disk at the end of epoch 0, before and after it compacted its
     // log for epoch 1.
@@ -324,47 +333,47 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
     let mut net = EpochNet::new(&cfg);
     net.puts(1..=2, "before the view change");
     // Node 0 (view 0's primary) is cut off: the others move to view 1.
-    net.cut.insert(0);
+    net.cut.insert(NodeId(0));
     net.submit(7, 3, vec![3]);
     net.run(3_000);
-    assert!(net.nodes[&1].view() >= 1, "a view change in epoch 0");
+    assert!(net.nodes[&NodeId(1)].view() >= View(1), "a view change in epoch 0");
     net.cut.clear();
     net.run(1_000);
     let m1 = net.admin(&admin, 1, 0, Change::Faults { u: 1, r: 1 }).expect("accepted");
     net.run(500);
     net.retransmit_behind_admin(1);
     assert_eq!(m1.epoch, 1);
-    assert!(net.nodes.values().all(|n| n.epoch() == 1 && n.view() == 0), "epoch 1 starts at view 0");
-    let old: Vec<(u32, Message)> =
+    assert!(net.nodes.values().all(|n| n.epoch() == 1 && n.view() == View(0)), "epoch 1 starts at view 0");
+    let old: Vec<(NodeId, Message)> =
         net.signed.iter().filter(|(_, epoch, _)| *epoch == 0).map(|(f, _, m)| (*f, m.clone())).collect();
-    let new_view = old.iter().find(|(_, m)| matches!(m, Message::NewView(nv) if nv.view >= 1)).cloned();
+    let new_view = old.iter().find(|(_, m)| matches!(m, Message::NewView(nv) if nv.view >= View(1))).cloned();
     let (from, new_view) = new_view.expect("epoch 0 had a NEW-VIEW");
     // The primary of that view replays it in epoch 1 (same index, same key).
     let mut out = Outputs::default();
     let now = net.now;
-    let target = net.nodes.get_mut(&2).expect("node 2");
-    target.step(now, Input::Message { from: Peer::Node(from), msg: new_view }, &mut out);
-    assert_eq!(target.view(), 0, "an old epoch's NEW-VIEW installed a view");
+    let target = net.nodes.get_mut(&NodeId(2)).expect("node 2");
+    target.step(now, Input::Message { from: Peer::Node(NodeId(from.0)), msg: new_view }, &mut out);
+    assert_eq!(target.view(), View(0), "an old epoch's NEW-VIEW installed a view");
     assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { kind: "new-view", .. })), "{:?}", out.events);
     // No WRITE of epoch 0 carries a valid signature in epoch 1, whatever its instance:
     // none can count towards a certificate of the new epoch (the verify stage and the
     // protocol task make the same check, `verify::write_signed`).
-    let checker = net.nodes[&2].verifier();
-    let writes: Vec<(u32, Message)> =
-        old.into_iter().filter(|(f, m)| *f != 2 && matches!(m, Message::Write(_))).collect();
+    let checker = net.nodes[&NodeId(2)].verifier();
+    let writes: Vec<(NodeId, Message)> =
+        old.into_iter().filter(|(f, m)| *f != NodeId(2) && matches!(m, Message::Write(_))).collect();
     assert!(!writes.is_empty(), "epoch 0 had WRITEs");
     for (from, m) in writes {
-        assert!(!checker.check(from, &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
+        assert!(!checker.check(NodeId(from.0), &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
     }
     // While the same WRITEs were valid in epoch 0 (the check can pass).
     let (from, m) = net
         .signed
         .iter()
-        .find(|(f, e, m)| *f != 2 && *e == 0 && matches!(m, Message::Write(_)))
+        .find(|(f, e, m)| *f != NodeId(2) && *e == 0 && matches!(m, Message::Write(_)))
         .map(|(f, _, m)| (*f, m.clone()))
         .expect("a write");
-    let epoch0 = Replica::new(cfg.clone(), 2, secrets(2), Log::default());
-    assert!(epoch0.verifier().check(from, &m));
+    let epoch0 = Replica::new(cfg.clone(), NodeId(2), secrets(2), Log::default());
+    assert!(epoch0.verifier().check(NodeId(from.0), &m));
 }
 
 /// `keel admin backup`'s fetch (backup.rs), served by the nodes to the administrator's
@@ -395,7 +404,7 @@ mod backup {
                 node.step(now, Input::Message { from: Peer::Client(ADMIN), msg }, &mut out);
                 for (peer, m) in out.send.iter().chain(&out.send_after_persist) {
                     if *peer == Peer::Client(ADMIN) {
-                        inbox.push((to, tamper(to, m.clone())));
+                        inbox.push((to, tamper(to.0, m.clone())));
                     }
                 }
             }
@@ -436,8 +445,8 @@ mod backup {
 
         net.puts(1..=20, "before the backup");
         net.run(200);
-        let stable = net.nodes[&0].stable_seq();
-        assert!(stable >= 16, "two checkpoints taken: {stable}");
+        let stable = net.nodes[&NodeId(0)].stable_seq();
+        assert!(stable >= Seq(16), "two checkpoints taken: {stable}");
         // Node 2 lies about every chunk, and forges a certificate for another root.
         let mut lies = 0;
         let mut liar = |from: u32, m: Message| match (from, m) {
@@ -461,8 +470,8 @@ mod backup {
         assert_eq!(got.membership, genesis);
         // What a correct node held at that instance: the first `stable` puts.
         let log = log_after(&got);
-        assert_eq!(log.0.len() as u64, stable.min(20), "{:?}", log.0);
-        assert_eq!(log.0, net.nodes[&1].service().0[..log.0.len()].to_vec());
+        assert_eq!(log.0.len() as u64, stable.min(Seq(20)).0, "{:?}", log.0);
+        assert_eq!(log.0, net.nodes[&NodeId(1)].service().0[..log.0.len()].to_vec());
     }
 
     #[test]
@@ -471,8 +480,8 @@ mod backup {
         let mut net = EpochNet::new(&cfg);
         net.puts(1..=20, "before the barrier");
         net.run(200);
-        let stable = net.nodes[&0].stable_seq();
-        assert!(stable < 20, "the newest checkpoint ({stable}) is from before put 20");
+        let stable = net.nodes[&NodeId(0)].stable_seq();
+        assert!(stable < Seq(20), "the newest checkpoint ({stable}) is from before put 20");
         // Client 7's put 20 is the barrier: the backup must hold it.
         let mut fetch =
             CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20).with_barrier(7, 20);
@@ -496,7 +505,10 @@ mod backup {
         let mut net = EpochNet::new(&cfg);
         net.puts(1..=3, "epoch 0");
         let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add");
-        net.nodes.insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default()));
+        net.nodes.insert(
+            NodeId(4),
+            Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), NodeId(4), secrets(4), Log::default()),
+        );
         net.run(1_000);
         net.retransmit_behind_admin(1);
         let m2 = net.admin(&admin, 2, 1, Change::Remove(0)).expect("remove");
@@ -504,7 +516,7 @@ mod backup {
         net.retransmit_behind_admin(2);
         net.puts(4..=30, "epoch 2");
         net.run(300);
-        let stable = net.nodes[&1].stable_seq();
+        let stable = net.nodes[&NodeId(1)].stable_seq();
         assert!(stable > m2.since, "a checkpoint of epoch 2: {stable} > {}", m2.since);
 
         // Knows epoch 0 only, whose members were 0..=3 (node 0 is gone now).

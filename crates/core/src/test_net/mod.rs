@@ -103,10 +103,10 @@ impl<S: Service + Default, N: Node> TestNet<S, N> {
     /// Order nodes with stable ids 0..n (epoch 0's indices), then stage nodes with the
     /// stable ids after them (how `keel init` numbers a cluster).
     pub(crate) fn of(order: Vec<Replica<S>>, stage: Vec<N>) -> TestNet<S, N> {
-        let n = order.len() as NodeId;
+        let n = order.len() as u32;
         TestNet {
-            nodes: Nodes::new((0..).zip(order)),
-            stage: Nodes::new((n..).zip(stage)),
+            nodes: Nodes::new((0..).map(NodeId).zip(order)),
+            stage: Nodes::new((n..).map(NodeId).zip(stage)),
             down: BTreeSet::new(),
             cut: BTreeSet::new(),
             queue: VecDeque::new(),
@@ -210,12 +210,12 @@ impl<S: Service + Default, N: Node> TestNet<S, N> {
     /// stable id; an order node names them by index in its epoch.
     fn stable_id(&self, from: NodeId, name: NodeId) -> Option<NodeId> {
         if let Some(id) = stage_id(name) {
-            return Some(id);
+            return Some(NodeId(id));
         }
         if self.stage.contains_key(&from) {
             return Some(name);
         }
-        self.nodes.get(&from)?.config().membership.id_of(name)
+        self.nodes.get(&from)?.config().membership.id_of(name).map(NodeId)
     }
 
     fn measure(&mut self, id: NodeId, epoch: u64, msg: &Message) {
