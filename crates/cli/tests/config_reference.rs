@@ -3,6 +3,7 @@
 //! field added to a struct stops this from compiling until it is set here too), turned
 //! into TOML, and their keys compared with the rows of the reference.
 
+use keel_core::ids::ClientId;
 use keel_core::ids::NodeId;
 use keel_runtime::config::{
     ClientFile, ClusterFile, FaultsFile, FrontEndFile, GenesisFile, LeadershipFile, NodeEntry, NodeFile,
@@ -102,7 +103,7 @@ fn files() -> (ClusterFile, NodeFile, ClientFile) {
         }),
     };
     let client = ClientFile {
-        id: 1000,
+        id: ClientId(1000),
         cluster: "../cluster.toml".into(),
         ca: "../ca.pem".into(),
         cert: "client.pem".into(),

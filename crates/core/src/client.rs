@@ -237,7 +237,7 @@ impl Client {
             outbox: Vec::new(),
             failed: None,
             chain: Vec::new(),
-            index_first: (id % quorums.order_nodes() as u64) as usize,
+            index_first: (id.0 % quorums.order_nodes() as u64) as usize,
             pushes: PushInbox { next: 1, ..PushInbox::default() },
             reads_answered: 0,
             reads_ordered: 0,
@@ -265,7 +265,7 @@ impl Client {
             return rq.collect();
         }
         let q = rq.len().max(1);
-        let start = (self.id % q as u64) as usize;
+        let start = (self.id.0 % q as u64) as usize;
         (0..self.quorums.endorse_propose().min(q)).map(|i| rq.at((start + i) % q)).collect()
     }
 
@@ -289,10 +289,10 @@ impl Client {
     /// The node that sends a large result in full for sequence number `seq`.
     fn designated(&self, seq: u64) -> Option<NodeId> {
         match &self.executors {
-            Some(e) => Some(e.at((self.id.wrapping_add(seq) % e.len().max(1) as u64) as usize)),
+            Some(e) => Some(e.at((self.id.0.wrapping_add(seq) % e.len().max(1) as u64) as usize)),
             None => {
                 let members = &self.membership.members;
-                members.get((self.id.wrapping_add(seq) % members.len().max(1) as u64) as usize).map(|m| NodeId(m.id))
+                members.get((self.id.0.wrapping_add(seq) % members.len().max(1) as u64) as usize).map(|m| NodeId(m.id))
             }
         }
     }
@@ -932,11 +932,11 @@ mod tests {
     fn client(u: u32, r: u32) -> Client {
         let q = Quorums::new(u, r).expect("valid");
         let keys = (0..q.order_nodes()).map(|i| MacKey([i as u8; 32])).collect();
-        Client::new(9, q, keys, 100, 1)
+        Client::new(ClientId(9), q, keys, 100, 1)
     }
 
     fn reply(seq: u64, body: ReplyBody) -> Reply {
-        Reply { client: 9, view: View(0), seq, body, epoch: 0 }
+        Reply { client: ClientId(9), view: View(0), seq, body, epoch: 0 }
     }
 
     #[test]
@@ -989,8 +989,8 @@ mod tests {
         let admin = SigningKey::from_seed([99; 32]);
         let genesis = Membership::genesis(1, 0, &keys, &[]);
         let q = genesis.quorums().expect("valid");
-        let mut c =
-            Client::new(9, q, (0..4).map(|i| MacKey([i as u8; 32])).collect(), 100, 1).with_membership(genesis.clone());
+        let mut c = Client::new(ClientId(9), q, (0..4).map(|i| MacKey([i as u8; 32])).collect(), 100, 1)
+            .with_membership(genesis.clone());
         c.invoke(0, b"op".to_vec()).expect("idle");
         let lie = Reply { epoch: 1, ..reply(1, ReplyBody::Full(b"lie".to_vec())) };
         assert_eq!(
@@ -1041,7 +1041,7 @@ mod tests {
         c.invoke(0, b"a".to_vec()).expect("idle");
         assert_eq!(c.invoke(0, b"b".to_vec()), Err(ClientError::Busy));
         assert_eq!(c.on_reply(NodeId(0), reply(7, ReplyBody::Full(b"x".to_vec()))), None, "wrong seq");
-        let other = Reply { client: 10, ..reply(1, ReplyBody::Full(b"x".to_vec())) };
+        let other = Reply { client: ClientId(10), ..reply(1, ReplyBody::Full(b"x".to_vec())) };
         assert_eq!(c.on_reply(NodeId(0), other), None, "another session's reply");
         assert_eq!(c.on_reply(NodeId(0), reply(1, ReplyBody::Full(b"x".to_vec()))), Some(b"x".to_vec()));
     }

@@ -244,7 +244,7 @@ mod tests {
                 auth,
                 endorsements,
                 sig,
-                ..Request::new(client, seq, op.into())
+                ..Request::new(ClientId(client), seq, op.into())
             })
     }
 
@@ -282,9 +282,10 @@ mod tests {
             arb_request().prop_map(Message::Forward),
             (arb_request(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
                 .prop_map(|(request, macs)| Message::Endorse { request, macs }),
-            (any::<u64>(), any::<u64>(), any::<u64>(), arb_bytes(64))
-                .prop_map(|(client, seq, epoch, event)| { Message::Push { client, seq, epoch, event } }),
-            (any::<u64>(), any::<u64>()).prop_map(|(client, upto)| Message::PushAck { client, upto }),
+            (any::<u64>(), any::<u64>(), any::<u64>(), arb_bytes(64)).prop_map(|(client, seq, epoch, event)| {
+                Message::Push { client: ClientId(client), seq, epoch, event }
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(client, upto)| Message::PushAck { client: ClientId(client), upto }),
             (arb_request(), 0..3u8, any::<u64>()).prop_map(|(r, c, after)| Message::Read(Read {
                 client: r.client,
                 seq: r.seq,
@@ -309,7 +310,7 @@ mod tests {
                 ]
             )
                 .prop_map(|(client, view, seq, body)| Message::Reply(Reply {
-                    client,
+                    client: ClientId(client),
                     view: View(view),
                     seq,
                     body,
@@ -320,8 +321,8 @@ mod tests {
                 Message::Propose { view: View(view), seq: Seq(seq), value }
             }),
             (any::<u64>(), any::<u64>(), arb_digest(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
-                .prop_map(|(client, seq, op, macs)| Message::EndorseDigest { client, seq, op, macs }),
-            (any::<u64>(), proptest::collection::vec((any::<u64>(), arb_digest()), 0..4))
+                .prop_map(|(client, seq, op, macs)| Message::EndorseDigest { client: ClientId(client), seq, op, macs }),
+            (any::<u64>(), proptest::collection::vec((any::<u64>().prop_map(ClientId), arb_digest()), 0..4))
                 .prop_map(|(seq, wanted)| Message::FetchBodies { seq: Seq(seq), wanted }),
             (any::<u64>(), proptest::collection::vec(arb_bytes(100), 0..4)).prop_map(|(seq, ops)| {
                 Message::Bodies { seq: Seq(seq), ops: ops.into_iter().map(Payload::from).collect() }
@@ -412,13 +413,13 @@ mod tests {
 
     #[test]
     fn oversized_batches_are_bounded() {
-        let req = Request::new(1, 1, Vec::new().into());
+        let req = Request::new(ClientId(1), 1, Vec::new().into());
         let value = Value { time: 0, requests: vec![req; REQUESTS_PER_VALUE_MAX + 1] };
         let bytes = encode(&Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "proposal.requests", .. })));
         let bytes = encode(&Message::Decided { seq: Seq(1), value });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "value.requests", .. })));
-        let wanted = vec![(1, Digest::default()); REQUESTS_PER_VALUE_MAX + 1];
+        let wanted = vec![(ClientId(1), Digest::default()); REQUESTS_PER_VALUE_MAX + 1];
         let bytes = encode(&Message::FetchBodies { seq: Seq(1), wanted });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "fetch_bodies.wanted", .. })));
         let bytes = encode(&Message::Plane { payload: vec![0; PLANE_BYTES_MAX + 1] });
@@ -431,7 +432,9 @@ mod tests {
         let op = |i: u8, len: usize| Payload::from(vec![i; len]);
         let value = Value {
             time: 7,
-            requests: (0..10).map(|i| Request::new(i as u64, 1, op(i, if i == 0 { 10 } else { 1024 }))).collect(),
+            requests: (0..10)
+                .map(|i| Request::new(ClientId(i as u64), 1, op(i, if i == 0 { 10 } else { 1024 })))
+                .collect(),
         };
         let proposal = Proposal::with_digests(&value);
         assert_eq!(proposal.digest(), value.digest());

@@ -642,7 +642,7 @@ mod tests {
     }
 
     fn req(client: u64, seq: u64, op: &[u8]) -> Request {
-        Request::new(client, seq, op.to_vec().into())
+        Request::new(ClientId(client), seq, op.to_vec().into())
     }
 
     #[test]
@@ -691,7 +691,7 @@ mod tests {
         let mut b = Executor::new(Log::default());
         assert_eq!(b.restore(&snap), Ok(Seq(1)));
         assert_eq!(b.snapshot(), snap);
-        assert_eq!(b.cached(7, 1), a.cached(7, 1));
+        assert_eq!(b.cached(ClientId(7), 1), a.cached(ClientId(7), 1));
         assert!(b.restore(b"junk").is_err());
         assert_eq!(b.snapshot(), snap, "a failed restore changes nothing");
     }
@@ -842,7 +842,7 @@ mod tests {
         fn on_tick(&mut self, ctx: &ExecCtx) {
             assert_eq!(ctx.client, crate::ids::TICK_CLIENT);
             self.0.push(format!("tick {}", ctx.time).into_bytes());
-            ctx.push(9, b"ticked".to_vec());
+            ctx.push(ClientId(9), b"ticked".to_vec());
         }
         fn snapshot(&self) -> Vec<u8> {
             postcard::to_allocvec(&self.0).unwrap_or_default()
@@ -865,8 +865,9 @@ mod tests {
         assert_eq!(log, ["op1", "op2", "tick 170", "op3", "op4", "op5", "tick 200", "op6"]);
         let ticks = e.take_ticks();
         assert_eq!(ticks.iter().map(|t| (t.seq, t.time)).collect::<Vec<_>>(), vec![(Seq(3), 170), (Seq(6), 200)]);
-        let pushes: Vec<(u64, u64)> = ticks.iter().flat_map(|t| t.pushes.iter().map(|p| (p.client, p.seq))).collect();
-        assert_eq!(pushes, vec![(9, 1), (9, 2)]);
+        let pushes: Vec<(ClientId, u64)> =
+            ticks.iter().flat_map(|t| t.pushes.iter().map(|p| (p.client, p.seq))).collect();
+        assert_eq!(pushes, vec![(ClientId(9), 1), (ClientId(9), 2)]);
         assert!(e.take_ticks().is_empty(), "taken once");
         // A restored executor keeps the agreed time, so it ticks where the others do.
         let mut b = Executor::new(Ticker::default());

@@ -487,7 +487,7 @@ impl<S: Service> ExecNode<S> {
     /// (the client computes the same designated node).
     fn reply_body(&self, client: ClientId, seq: u64, result: Vec<u8>) -> ReplyBody {
         let executors = self.cfg.executors();
-        let designated = executors.at((client.wrapping_add(seq) % executors.len().max(1) as u64) as usize);
+        let designated = executors.at((client.0.wrapping_add(seq) % executors.len().max(1) as u64) as usize);
         let full = designated == self.id || result.len() <= REPLY_INLINE_MAX;
         crate::codec::reply_body(result, full)
     }
@@ -858,8 +858,8 @@ mod tests {
     }
 
     fn client(cfg: &ClusterConfig, id: u64) -> Client {
-        let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.exec_ids().into())
+        let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(id))).collect();
+        Client::new(ClientId(id), cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.exec_ids().into())
     }
 
     /// (u, r) = (1, 0): order nodes 0..3, execution nodes 3..6.
@@ -1008,7 +1008,7 @@ mod tests {
         assert_eq!(executed_events(&out), 1, "r + 1 = 2 matching");
         assert_eq!(e.service().0, vec![b"a".to_vec()]);
         // Replies: the request's result, to its client.
-        assert!(out.send.iter().any(|(to, m)| *to == Peer::Client(10) && matches!(m, Message::Reply(_))));
+        assert!(out.send.iter().any(|(to, m)| *to == Peer::Client(ClientId(10)) && matches!(m, Message::Reply(_))));
 
         // The mutation that believes one notice executes a lie at once.
         let cfg = config(Some(Mutation::OneCommitNotice));
@@ -1245,7 +1245,7 @@ mod tests {
             .expect("2u + 1 execution nodes")
             .with_admin_key(admin.public());
         // The node that sends the (long) answer in full: `(client + seq) mod e`.
-        let id = order + ((crate::membership::ADMIN_CLIENT + 1) % exec as u64) as u32;
+        let id = order + ((crate::membership::ADMIN_CLIENT.0 + 1) % exec as u64) as u32;
         let mut e = ExecNode::new(cfg, stage_node(id), secrets(id).signing, Log::default());
         let v = admin_value(0, change, 1);
         let mut out = Outputs::default();

@@ -110,8 +110,9 @@ impl NodeId {
 }
 
 /// Consecutive node names, as `Range` is for integers (and, like it, an iterator): the
-/// order nodes of an epoch (`NodeRange::first(n)`) or the nodes of a stage apart.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+/// order nodes of an epoch (`NodeRange::first(n)`) or the nodes of a stage apart. Not
+/// `Copy`, as `Range` is not: an iterator copied by accident would be iterated twice.
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct NodeRange {
     pub start: NodeId,
     pub end: NodeId,
@@ -203,7 +204,30 @@ impl fmt::Display for NodeId {
 /// run up to [`SESSIONS_MAX`] sessions over the same connections so that one process can
 /// keep many requests in flight (the frames of all of them share syscalls). Session `s`
 /// of owner `N` is `N | s << SESSION_SHIFT`; session 0 is `N` itself.
-pub type ClientId = u64;
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ClientId(pub u64);
+
+impl fmt::Debug for ClientId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for ClientId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Parses the bare number (certificate names: `client-7`).
+impl std::str::FromStr for ClientId {
+    type Err = std::num::ParseIntError;
+
+    fn from_str(s: &str) -> Result<ClientId, Self::Err> {
+        s.parse().map(ClientId)
+    }
+}
 
 pub const SESSION_SHIFT: u32 = 40;
 
@@ -213,17 +237,17 @@ pub const SESSIONS_MAX: u64 = 1024;
 
 /// Session `session` of the client identity `owner`.
 pub fn session_id(owner: ClientId, session: u64) -> ClientId {
-    owner | (session << SESSION_SHIFT)
+    ClientId(owner.0 | (session << SESSION_SHIFT))
 }
 
 /// The client identity (certificate) a session belongs to.
 pub fn owner_of(client: ClientId) -> ClientId {
-    client & ((1 << SESSION_SHIFT) - 1)
+    ClientId(client.0 & ((1 << SESSION_SHIFT) - 1))
 }
 
 /// The session number within its owner.
 pub fn session_of(client: ClientId) -> u64 {
-    client >> SESSION_SHIFT
+    client.0 >> SESSION_SHIFT
 }
 number! {
     /// A view number; the primary of view `v` is `v mod N`.
@@ -265,8 +289,8 @@ impl Seq {
 
 /// Client identities from here up are reserved for nodes (and, just below,
 /// the administrator's `membership::ADMIN_CLIENT`); no client may claim them.
-pub const ENDORSER_OWNER_BASE: ClientId = (1 << SESSION_SHIFT) - crate::quorum::NODES_MAX as u64;
+pub const ENDORSER_OWNER_BASE: ClientId = ClientId((1 << SESSION_SHIFT) - crate::quorum::NODES_MAX as u64);
 
 /// The client an agreed-time tick runs as (`Service::on_tick`'s `ctx.client`): no
 /// client holds its keys, so no request claims it.
-pub const TICK_CLIENT: ClientId = ENDORSER_OWNER_BASE - 2;
+pub const TICK_CLIENT: ClientId = ClientId(ENDORSER_OWNER_BASE.0 - 2);

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 /// reserved for endorsements, so no `keel init` client gets it; its MAC keys derive like
 /// any client's (the admin tool holds the node secrets), and with `auth = sig` its key is
 /// the admin key.
-pub const ADMIN_CLIENT: ClientId = crate::ids::ENDORSER_OWNER_BASE - 1;
+pub const ADMIN_CLIENT: ClientId = ClientId(crate::ids::ENDORSER_OWNER_BASE.0 - 1);
 
 /// Longest address a member may carry (it is gossiped in every membership).
 pub const ADDR_MAX: usize = 256;

@@ -110,7 +110,7 @@ pub struct Request {
 /// [`Request::statement`] from its parts: what a request named by its operation's digest
 /// ([`RequestDigest`]) is judged by, without the operation's bytes.
 pub fn request_statement(client: ClientId, seq: u64, op: &Digest) -> Digest {
-    Hasher::new("keel/request").u64(client).u64(seq).digest(op).finish()
+    Hasher::new("keel/request").u64(client.0).u64(seq).digest(op).finish()
 }
 
 /// Node `node`'s word that a client sent a request: one MAC per order node over
@@ -198,7 +198,7 @@ impl Read {
     /// the same bytes ordered.
     pub fn statement(&self) -> Digest {
         Hasher::new("keel/read")
-            .u64(self.client)
+            .u64(self.client.0)
             .u64(self.seq)
             .u64(self.consistency.code())
             .u64(self.after)
@@ -824,16 +824,16 @@ mod payload_tests {
         assert_eq!(back.digest(), p.digest());
         // The statement binds client, sequence number and operation.
         let req = |client, seq, op: &[u8]| Request::new(client, seq, op.to_vec().into());
-        let base = req(1, 1, b"a").statement();
-        assert_ne!(base, req(2, 1, b"a").statement());
-        assert_ne!(base, req(1, 2, b"a").statement());
-        assert_ne!(base, req(1, 1, b"b").statement());
+        let base = req(ClientId(1), 1, b"a").statement();
+        assert_ne!(base, req(ClientId(2), 1, b"a").statement());
+        assert_ne!(base, req(ClientId(1), 2, b"a").statement());
+        assert_ne!(base, req(ClientId(1), 1, b"b").statement());
         // A cached statement is not reused once the client or sequence number changed.
-        let mut r = req(1, 1, b"a");
+        let mut r = req(ClientId(1), 1, b"a");
         assert_eq!(r.statement(), base);
         r.seq = 2;
-        assert_eq!(r.statement(), req(1, 2, b"a").statement());
-        r.client = 2;
-        assert_eq!(r.statement(), req(2, 2, b"a").statement());
+        assert_eq!(r.statement(), req(ClientId(1), 2, b"a").statement());
+        r.client = ClientId(2);
+        assert_eq!(r.statement(), req(ClientId(2), 2, b"a").statement());
     }
 }

@@ -249,7 +249,7 @@ impl RqNode {
 
     fn on_tick(&mut self, out: &mut Outputs) {
         if !self.stays_in_epoch() && self.query_timeout.fire(self.now) {
-            let query = Message::EpochQuery { client: 0, epoch: self.cfg.epoch() };
+            let query = Message::EpochQuery { client: ClientId(0), epoch: self.cfg.epoch() };
             let peers: Vec<NodeId> = self.cfg.endorsers().filter(|&p| p != self.id).collect();
             for to in order_ids(&self.cfg).chain(peers) {
                 out.send.push((Peer::Node(to), query.clone()));
@@ -630,8 +630,8 @@ mod tests {
     }
 
     fn client(cfg: &ClusterConfig, id: u64) -> Client {
-        let keys = (0..cfg.rq_ids().end).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.rq_ids().into())
+        let keys = (0..cfg.rq_ids().end).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(id))).collect();
+        Client::new(ClientId(id), cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.rq_ids().into())
     }
 
     /// Order nodes and RQ nodes on a lossless network (`test_net.rs`).
@@ -698,7 +698,7 @@ mod tests {
         let first = c.invoke(now, b"a".to_vec()).expect("idle");
         assert!(first.iter().all(|(n, _)| cfg.rq_ids().contains(&n.0)), "{first:?}");
         assert_eq!(first.len(), cfg.quorums.endorse_propose());
-        net.send(7, first, now);
+        net.send(ClientId(7), first, now);
         for _ in 0..20 {
             net.tick(now);
             now += 10;
@@ -750,11 +750,11 @@ mod tests {
     /// UpRight §4.1), sent to every RQ node.
     fn inconsistent(cfg: &ClusterConfig, id: u64, seq: u64, valid: &[NodeId]) -> Vec<(NodeId, Message)> {
         let mut c = client(cfg, id);
-        let mut req = Request::new(id, seq, b"faulty".to_vec().into());
+        let mut req = Request::new(ClientId(id), seq, b"faulty".to_vec().into());
         let statement = req.statement();
         req.auth = (0..cfg.rq_ids().end)
             .map(|i| {
-                let key = client_mac_key(&secrets(i).mac_secret, id);
+                let key = client_mac_key(&secrets(i).mac_secret, ClientId(id));
                 if valid.contains(&NodeId(i)) {
                     key.mac(&statement)
                 } else {
@@ -773,25 +773,29 @@ mod tests {
         let mut now = 0;
         // Valid at r + 1 = 2 RQ nodes: they endorse to all, the others follow on their
         // word, and the request executes.
-        net.send(9, inconsistent(&cfg, 9, 1, &[NodeId(4), NodeId(5)]), now);
+        net.send(ClientId(9), inconsistent(&cfg, 9, 1, &[NodeId(4), NodeId(5)]), now);
         now += cfg.options.retransmit_ms;
-        net.send(9, inconsistent(&cfg, 9, 1, &[NodeId(4), NodeId(5)]), now);
+        net.send(ClientId(9), inconsistent(&cfg, 9, 1, &[NodeId(4), NodeId(5)]), now);
         for _ in 0..50 {
             now += 10;
             net.tick(now);
         }
         assert!(net.stage.iter().all(|q| q.held() == 1), "every RQ node endorsed it: {}", net.status());
-        assert!(net.replies.iter().filter(|(_, _, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        assert!(
+            net.replies.iter().filter(|(_, _, r)| r.client == ClientId(9)).count() >= 2,
+            "executed: {}",
+            net.status()
+        );
         // Valid at one RQ node only: nobody else endorses, nothing executes, and no order
         // node suspects the primary over it, however long it waits.
         net.replies.clear();
         for round in 0..10 {
-            net.send(10, inconsistent(&cfg, 10, 1, &[NodeId(6)]), now);
+            net.send(ClientId(10), inconsistent(&cfg, 10, 1, &[NodeId(6)]), now);
             for _ in 0..30 {
                 now += 10;
                 net.tick(now);
             }
-            assert!(net.replies.iter().all(|(_, _, r)| r.client != 10), "round {round}");
+            assert!(net.replies.iter().all(|(_, _, r)| r.client != ClientId(10)), "round {round}");
         }
         assert_eq!(net.views(), vec![View(0); 4], "no view change over a faulty client");
         let mut ok = client(&cfg, 11);
@@ -809,13 +813,17 @@ mod tests {
         let mut net = Net::new(&cfg);
         let mut now = 0;
         let rq: Vec<NodeId> = cfg.rq_ids().map(NodeId).collect();
-        net.send(9, inconsistent(&cfg, 9, 1, &rq[..3]), now);
+        net.send(ClientId(9), inconsistent(&cfg, 9, 1, &rq[..3]), now);
         for _ in 0..300 {
             now += 10;
             net.tick(now);
         }
         assert_eq!(net.views(), vec![View(0); cfg.n()], "no view change: {}", net.status());
-        assert!(net.replies.iter().filter(|(_, _, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        assert!(
+            net.replies.iter().filter(|(_, _, r)| r.client == ClientId(9)).count() >= 2,
+            "executed: {}",
+            net.status()
+        );
     }
 
     #[test]
@@ -839,7 +847,7 @@ mod tests {
         let share = hearsay_share(&cfg);
         let mut now = 0;
         for i in 0..share as u64 {
-            let made_up = Request::new(500 + i, 1, b"made up".to_vec().into());
+            let made_up = Request::new(ClientId(500 + i), 1, b"made up".to_vec().into());
             for to in 7..12 {
                 net.post(Peer::Node(NodeId(6)), NodeId(to), liar(&made_up));
             }
@@ -851,20 +859,24 @@ mod tests {
         for to in (0..6).chain(7..12) {
             net.post(Peer::Node(NodeId(6)), NodeId(to), endorsed.clone());
         }
-        net.send(9, msgs, now);
+        net.send(ClientId(9), msgs, now);
         for _ in 0..300 {
             now += 10;
             net.tick(now);
         }
         assert_eq!(net.views(), vec![View(0); cfg.n()], "no view change: {}", net.status());
-        assert!(net.replies.iter().filter(|(_, _, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        assert!(
+            net.replies.iter().filter(|(_, _, r)| r.client == ClientId(9)).count() >= 2,
+            "executed: {}",
+            net.status()
+        );
     }
 
     #[test]
     fn order_nodes_take_endorsements_only_from_rq_nodes_and_only_valid_ones() {
         let cfg = config(None);
         let mut primary = Replica::new(cfg.clone(), NodeId(0), secrets(0), Log::default());
-        let req = Request::new(7, 1, b"a".to_vec().into());
+        let req = Request::new(ClientId(7), 1, b"a".to_vec().into());
         let statement = req.statement();
         // Node `i`'s endorsement (stable id; RQ nodes sign under their stage names).
         let macs_of = |i: NodeId| -> Vec<Mac> {
@@ -882,7 +894,7 @@ mod tests {
         // A client request straight to an order node is not admitted.
         let mut c = client(&cfg, 7);
         let direct = c.invoke(0, b"a".to_vec()).expect("idle").remove(0).1;
-        primary.step(0, Input::Message { from: Peer::Client(7), msg: direct }, &mut out);
+        primary.step(0, Input::Message { from: Peer::Client(ClientId(7)), msg: direct }, &mut out);
         let rejected: Vec<Reject> = out
             .events
             .iter()
@@ -943,7 +955,7 @@ mod tests {
                 let (_, m) = c.invoke(seq, vec![seq as u8]).expect("idle").remove(0);
                 c.abandon();
                 // Its authenticator has an entry for every RQ node: delivered to node 4.
-                rq.step(seq, Input::Message { from: Peer::Client(id), msg: m }, &mut out);
+                rq.step(seq, Input::Message { from: Peer::Client(ClientId(id)), msg: m }, &mut out);
             }
         }
         assert_eq!(rq.held(), 8);
@@ -1018,7 +1030,7 @@ mod tests {
         let (_, request) = c.invoke(0, b"a".to_vec()).expect("idle").remove(0);
         let Message::Request(req) = &request else { panic!("a request") };
         let statement = req.statement();
-        rq.step(1, Input::Message { from: Peer::Client(7), msg: request.clone() }, &mut out);
+        rq.step(1, Input::Message { from: Peer::Client(ClientId(7)), msg: request.clone() }, &mut out);
         assert_eq!(rq.held(), 1);
         // Epoch 1 adds order node 12, proven by the stable checkpoint of epoch 0's members.
         let member = Member { id: 12, key: secrets(12).signing.public(), addr: String::new() };
@@ -1048,7 +1060,7 @@ mod tests {
         // The client retransmits: the held request's endorsement goes to every member of
         // epoch 1, with a MAC the new member (index 4) checks.
         let mut out = Outputs::default();
-        rq.step(1_000, Input::Message { from: Peer::Client(7), msg: request }, &mut out);
+        rq.step(1_000, Input::Message { from: Peer::Client(ClientId(7)), msg: request }, &mut out);
         let macs = to_new(&out).expect("endorsed to the new member");
         assert_eq!(macs.len(), 5 + 4, "a MAC per order node of epoch 1, then per RQ node");
         let key = endorse_key(&secrets(12).signing, &secrets(4).signing.public());
@@ -1056,7 +1068,7 @@ mod tests {
         // An RQ peer that restarted empty learns the epoch from this node as well.
         let mut fresh = RqNode::new(cfg.clone(), stage_node(5), secrets(5).signing, secrets(5).mac_secret);
         let mut out = Outputs::default();
-        let query = Message::EpochQuery { client: 0, epoch: 0 };
+        let query = Message::EpochQuery { client: ClientId(0), epoch: 0 };
         rq.step(1_001, Input::Message { from: Peer::Node(stage_node(5)), msg: query }, &mut out);
         let (_, answer) = out.send.pop().expect("answered");
         fresh.step(1_001, Input::Message { from: Peer::Node(me), msg: answer }, &mut out);

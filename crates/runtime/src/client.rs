@@ -224,7 +224,7 @@ impl KeelClient {
         Ok(KeelClient { id: setup.id, epoch, metrics, calls, pushes, stats, first_seq, side, side_open })
     }
 
-    pub fn id(&self) -> u64 {
+    pub fn id(&self) -> ClientId {
         self.id
     }
 

@@ -780,7 +780,7 @@ fn default_service() -> String {
 }
 
 pub fn first_client_id() -> ClientId {
-    1000
+    ClientId(1000)
 }
 
 /// A run of `n` consecutive ports that are free right now, below Linux's default
@@ -879,14 +879,14 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         let addr: SocketAddr = format!("{}:{}", host_of(i.0 as usize), o.base_port + i.0 as u16)
             .parse()
             .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
-        nodes.push(NodeEntry { id: NodeId(i.0), addr, public_key: hex::encode(key.public().0) });
+        nodes.push(NodeEntry { id: i, addr, public_key: hex::encode(key.public().0) });
         seeds.push((seed, mac));
     }
     let client_seeds: Vec<(ClientId, [u8; 32])> =
-        (0..o.clients).map(|c| (first_client_id() + c as ClientId, random_bytes())).collect();
+        (0..o.clients).map(|c| (ClientId(first_client_id().0 + c as u64), random_bytes())).collect();
     // Front ends' identities follow the clients', one per executing node.
     let front_seeds: Vec<(ClientId, [u8; 32])> = if o.front_ends {
-        executing.clone().map(|i| (first_client_id() + (o.clients + i) as ClientId, random_bytes())).collect()
+        executing.clone().map(|i| (ClientId(first_client_id().0 + (o.clients + i) as u64), random_bytes())).collect()
     } else {
         Vec::new()
     };
@@ -1235,7 +1235,7 @@ fn provision_front_end(
         let c: ClientFile = parse(f)?;
         top = top.max(c.id);
     }
-    let id = top + 1;
+    let id = ClientId(top.0 + 1);
     let mut mac_keys = Vec::new();
     for node in 0..=dirs.keys().next_back().copied().unwrap_or(NodeId(0)).max(new_id).0 {
         let key = match dirs.get(&NodeId(node)) {
@@ -1553,7 +1553,7 @@ mod tests {
         fs::write(&node_toml, text).expect("restored");
         let c = ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
         assert_eq!(c.mac_keys.len(), 4);
-        assert_eq!(c.id, 1001);
+        assert_eq!(c.id, ClientId(1001));
         // Production settings unless cluster.toml says otherwise (here the interval and ticks).
         let setup = NodeFile::load(&dir.path().join("node-0/node.toml")).expect("node loads");
         assert_eq!(setup.cluster.options, Options { checkpoint_interval: 1024, tick_ms: 250, ..Options::production() });

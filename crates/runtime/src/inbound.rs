@@ -155,11 +155,12 @@ impl InboundRx {
 mod tests {
     use super::*;
     use keel_core::ids::NodeId;
+    use keel_core::ids::View;
     use keel_core::message::Message;
     use keel_core::replica::Peer;
 
     fn from_client(c: ClientId) -> Inbound {
-        Inbound::Input(Input::Message { from: Peer::Client(c), msg: Message::Stop { view: keel_core::ids::View(0) } })
+        Inbound::Input(Input::Message { from: Peer::Client(c), msg: Message::Stop { view: View(0) } })
     }
 
     fn sender(ev: &Inbound) -> Option<Peer> {
@@ -178,7 +179,7 @@ mod tests {
             tokio::spawn(async move {
                 let quota = ClientQuota::new();
                 for _ in 0..10_000 {
-                    if !tx.client(&quota, from_client(1)).await {
+                    if !tx.client(&quota, from_client(ClientId(1))).await {
                         return;
                     }
                 }
@@ -191,11 +192,11 @@ mod tests {
         assert_eq!(rx.len(), CLIENT_QUEUED_MAX, "the flood stops at the connection's quota");
         // Another client and a node each send one frame: both are taken long before the
         // flood drains.
-        assert!(tx.client(&ClientQuota::new(), from_client(2)).await);
+        assert!(tx.client(&ClientQuota::new(), from_client(ClientId(2))).await);
         assert!(
             tx.node(Inbound::Input(Input::Message {
                 from: Peer::Node(NodeId(3)),
-                msg: Message::Stop { view: keel_core::ids::View(0) }
+                msg: Message::Stop { view: View(0) }
             }))
             .await
         );
@@ -213,9 +214,9 @@ mod tests {
             at(Peer::Node(NodeId(3)))
         );
         assert!(
-            at(Peer::Client(2)) <= CLIENT_QUEUED_MAX + 2,
+            at(Peer::Client(ClientId(2))) <= CLIENT_QUEUED_MAX + 2,
             "behind at most one quota of the flood: {}",
-            at(Peer::Client(2))
+            at(Peer::Client(ClientId(2)))
         );
         flooder.abort();
     }

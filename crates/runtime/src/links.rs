@@ -384,6 +384,7 @@ mod tests {
     use crate::config::{init, ClientFile, InitOptions, NodeFile};
     use crate::tls;
     use crate::transport::{accept_loop, read_frame, Accepted};
+    use keel_core::ids::ClientId;
     use std::sync::atomic::Ordering;
     use tokio::io::AsyncWriteExt;
     use tokio::sync::mpsc;
@@ -451,7 +452,7 @@ mod tests {
         links.add(NodeId(0), PeerId::Node(NodeId(0)), addr);
         links.send(NodeId(0), b"early");
         let conn = polling(&mut links, async { conns.recv().await.expect("dialled") }).await;
-        assert_eq!(conn.peer, PeerId::Client(1000));
+        assert_eq!(conn.peer, PeerId::Client(ClientId(1000)));
         let (mut r, mut w) = tokio::io::split(conn.stream);
         let first = polling(&mut links, read_frame(&mut r)).await.expect("read").expect("a frame");
         assert_eq!(first, b"early");

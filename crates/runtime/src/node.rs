@@ -771,7 +771,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 if let (Peer::Client(c), Reject::BadMac { .. }) = (from, &reason) {
                     if clients.bad_mac(owner_of(c), now_ms()) {
                         m.banned_clients.inc();
-                        tracing::warn!(client = owner_of(c), "client sent too many requests with bad MACs: dropped");
+                        tracing::warn!(client = %owner_of(c), "client sent too many requests with bad MACs: dropped");
                     }
                 }
             }
@@ -836,7 +836,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::PushDropped { client, count } => {
                 m.push_dropped.inc_by(count);
-                tracing::debug!(client, count, "push events dropped: queue full");
+                tracing::debug!(%client, count, "push events dropped: queue full");
             }
             Event::EpochEnded { epoch, seq } => {
                 let _ = m.events.send(NodeEvent::EpochEnded { next: epoch, seq });

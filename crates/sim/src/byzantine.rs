@@ -588,7 +588,7 @@ impl Byzantine {
 
     /// The primary of `view` in its membership.
     fn primary(&self, view: View) -> NodeId {
-        view.primary(self.n.max(1) as usize)
+        view.primary(self.n.max(1))
     }
 
     /// Remembers a message the node received, for later replay, and answers a request
@@ -1088,7 +1088,7 @@ impl Byzantine {
 
     fn fabricate(&mut self) -> Request {
         self.fabricated_seq += 1;
-        Request::new(FABRICATED_CLIENT, self.fabricated_seq, b"made up".to_vec().into())
+        Request::new(ClientId(FABRICATED_CLIENT), self.fabricated_seq, b"made up".to_vec().into())
     }
 
     /// Its own, valid endorsement of `request` (its colluding RQ node's, if any).
@@ -1241,7 +1241,7 @@ impl Byzantine {
         let base = vc.stable.seq;
         vc.certs.retain(|c| c.seq > base + 3);
         for seq in base.next().through(base + 3) {
-            let forged = Request::new(424_242, rng.gen(), vec![0xde, 0xad].into());
+            let forged = Request::new(ClientId(424_242), rng.gen(), vec![0xde, 0xad].into());
             let value = Value { time: 0, requests: vec![forged] };
             let writes = NodeRange::first(self.quorum).map(|n| (n, self.random_sig(rng))).collect();
             let digest = value.digest();
@@ -1488,7 +1488,7 @@ pub struct RqByzantine {
     /// Order node ids (stable), RQ node ids, and the clients whose requests it makes up.
     order: Vec<NodeId>,
     rq: NodeRange,
-    clients: Vec<u64>,
+    clients: Vec<ClientId>,
     /// Lies told.
     pub lies: u64,
 }
@@ -1499,7 +1499,7 @@ impl RqByzantine {
         me: NodeId,
         row: Vec<MacKey>,
         (order, rq): (NodeRange, NodeRange),
-        clients: Vec<u64>,
+        clients: Vec<ClientId>,
     ) -> RqByzantine {
         loop {
             let b = RqByzantine {
@@ -1627,7 +1627,11 @@ mod tests {
         let keys: Vec<SigningKey> = (0..n as u8).map(|i| SigningKey::from_seed([i + 1; 32])).collect();
         let publics: Vec<_> = keys.iter().map(SigningKey::public).collect();
         let membership = Membership::genesis(1, 1, &publics, &[]);
-        let mut b = Byzantine::new(behaviours, me, n, 3, keys[me.0 as usize].clone()).seeded(7, &[1000, 1001], 16);
+        let mut b = Byzantine::new(behaviours, me, n, 3, keys[me.0 as usize].clone()).seeded(
+            7,
+            &[ClientId(1000), ClientId(1001)],
+            16,
+        );
         b.set_membership(me, 3, membership);
         b
     }
@@ -1647,7 +1651,7 @@ mod tests {
         }
         // Not one fixed split (odd/even before): most of the 14 possible ones occur.
         assert!(splits.len() >= 10, "{} splits", splits.len());
-        assert!(!b.lied_to(View(0), Seq(1), Peer::Client(1000)));
+        assert!(!b.lied_to(View(0), Seq(1), Peer::Client(ClientId(1000))));
     }
 
     #[test]

@@ -587,7 +587,7 @@ pub struct World<W: Workload> {
 }
 
 /// The client of `World::faulty_client`.
-const FAULTY_CLIENT: ClientId = 9_000;
+const FAULTY_CLIENT: ClientId = ClientId(9_000);
 
 /// Node-local options: even stable ids serialize checkpoints in the background, odd ones
 /// inline (production's default), so every run covers both and their mix.
@@ -597,7 +597,7 @@ fn node_options(mut cfg: ClusterConfig, id: NodeId) -> ClusterConfig {
 }
 
 fn client_id(i: usize) -> ClientId {
-    1000 + i as ClientId
+    ClientId(1000 + i as u64)
 }
 
 impl<W: Workload> World<W> {
@@ -656,7 +656,7 @@ impl<W: Workload> World<W> {
         // the run's generator, so other auth modes replay as before.
         let client_key = |id: ClientId| {
             let mut input = opts.seed.to_le_bytes().to_vec();
-            input.extend_from_slice(&id.to_le_bytes());
+            input.extend_from_slice(&id.0.to_le_bytes());
             SigningKey::from_seed(*blake3::hash(&input).as_bytes())
         };
         let client_keys =
@@ -671,7 +671,7 @@ impl<W: Workload> World<W> {
         byz_ids.truncate(byzantine_count);
         let mut pinned = None;
         if let Some((ids, behaviours)) = &opts.byzantine {
-            byz_ids = ids.iter().map(|i| (*i).0 as usize).collect();
+            byz_ids = ids.iter().map(|i| i.index()).collect();
             pinned = Some(behaviours.clone());
         }
         let byzantine_count = byz_ids.len();
@@ -1504,7 +1504,7 @@ impl<W: Workload> World<W> {
     fn side_of(&self, p: Peer) -> u8 {
         match p {
             Peer::Node(n) => self.sides.get(n.0 as usize).copied().unwrap_or(0),
-            Peer::Client(c) => c.checked_sub(1000).and_then(|i| self.clients.get(i as usize)).map_or(0, |x| x.side),
+            Peer::Client(c) => c.0.checked_sub(1000).and_then(|i| self.clients.get(i as usize)).map_or(0, |x| x.side),
         }
     }
 
@@ -1641,7 +1641,7 @@ impl<W: Workload> World<W> {
             return;
         }
         // Replies to clients that do not exist (a forged request) go nowhere.
-        let Some(idx) = c.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else {
+        let Some(idx) = c.0.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else {
             return;
         };
         if let (Peer::Node(node), Message::Push { client, seq, epoch, event }) = (from, &msg) {
@@ -1722,7 +1722,7 @@ impl<W: Workload> World<W> {
                     (*first, *last)
                 }
             };
-            self.workload.on_push(id, self.now, &p);
+            self.workload.on_push(id.0, self.now, &p);
             let next = &mut self.clients[idx].push_next;
             if first != *next || last < first {
                 let expected = *next;
@@ -1752,7 +1752,7 @@ impl<W: Workload> World<W> {
 
     fn issue(&mut self, c: usize) {
         let id = self.clients[c].core.id();
-        let op = self.workload.next_op(&mut self.rng, id);
+        let op = self.workload.next_op(&mut self.rng, id.0);
         let read = self.workload.read_mode(&mut self.rng, &op);
         let started = match read {
             None => self.clients[c].core.invoke(self.now, op.clone()),
@@ -1761,7 +1761,7 @@ impl<W: Workload> World<W> {
         let Ok(msgs) = started else {
             return;
         };
-        self.history.push(HistoryEntry { client: id, op, invoke: self.now, ret: None, read });
+        self.history.push(HistoryEntry { client: id.0, op, invoke: self.now, ret: None, read });
         self.clients[c].inflight = Some(self.history.len() - 1);
         self.client_send(c, msgs);
     }
@@ -2220,7 +2220,7 @@ impl<W: Workload> World<W> {
                 let byzantine = self.nodes.iter().filter(|n| n.byzantine.is_some()).count();
                 let out = self.nodes.iter().filter(|n| n.wiped || n.gone).count();
                 let honest_order = |v: &NodeId| {
-                    let node = &self.nodes[(*v).0 as usize];
+                    let node = &self.nodes[v.index()];
                     node.stage == Stage::Order && node.byzantine.is_none() && !node.gone
                 };
                 let order: Vec<NodeId> = members.iter().copied().filter(honest_order).collect();
@@ -2237,16 +2237,12 @@ impl<W: Workload> World<W> {
                 if kind == "gone" && !self.opts.reconfig && !executors.is_empty() && self.rng.gen_bool(0.5) {
                     let faulty = executors
                         .iter()
-                        .filter(|v| {
-                            self.nodes[(**v).0 as usize].exec_byzantine.is_some() || self.nodes[(**v).0 as usize].gone
-                        })
+                        .filter(|v| self.nodes[v.index()].exec_byzantine.is_some() || self.nodes[v.index()].gone)
                         .count();
                     let honest: Vec<NodeId> = executors
                         .iter()
                         .copied()
-                        .filter(|v| {
-                            self.nodes[(*v).0 as usize].exec_byzantine.is_none() && !self.nodes[(*v).0 as usize].gone
-                        })
+                        .filter(|v| self.nodes[v.index()].exec_byzantine.is_none() && !self.nodes[v.index()].gone)
                         .collect();
                     if faulty < self.opts.u as usize && !honest.is_empty() {
                         let victim = honest[self.rng.gen_range(0..honest.len())];

@@ -44,6 +44,7 @@
 //! the instance and what differed.
 
 use keel_core::exec::{Executor, Outcome, Schedule};
+use keel_core::ids::ClientId;
 use keel_core::message::{Request, Seq, Value};
 use keel_core::service::{ReadCtx, Service};
 use rand::{Rng, SeedableRng};
@@ -166,7 +167,7 @@ impl<S: Service, F: Fn() -> S> Conformance<S, F> {
                     let c = clients.remove(rng.gen_range(0..clients.len()));
                     seqs[c as usize] += 1;
                     let client = 1000 + c;
-                    requests.push(Request::new(client, seqs[c as usize], generate(&mut rng, client).into()));
+                    requests.push(Request::new(ClientId(client), seqs[c as usize], generate(&mut rng, client).into()));
                 }
                 if let Some(dup) = last.take().filter(|d| !requests.iter().any(|r| r.client == d.client)) {
                     if rng.gen_ratio(1, 10) {
@@ -277,7 +278,7 @@ impl<S: Service, F: Fn() -> S> Conformance<S, F> {
                 let _ = scratch.restore(&state);
                 let before = scratch.service().snapshot();
                 // A fresh client, so the reply cache has nothing to say.
-                let ordered = Request::new(9_999, 1, probe.op.clone());
+                let ordered = Request::new(ClientId(9_999), 1, probe.op.clone());
                 let out = scratch.execute(Seq(seq + 1), &Value { time: e.time(), requests: vec![ordered] });
                 let request = String::from_utf8_lossy(&probe.op).into_owned();
                 if out.first().map(|o| &o.result) != Some(&answer) {

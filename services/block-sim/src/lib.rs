@@ -991,6 +991,7 @@ fn decode_command(bytes: &[u8]) -> Option<Command> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::ClientId;
     use keel_core::ids::Seq;
     use keel_sim::FaultSet;
 
@@ -1037,7 +1038,7 @@ mod tests {
         let (prepare, _) = one_write();
         let owner = prepare.owner;
         let new_epoch = Command::NewEpoch { owner: owner.0, after: None }.encode();
-        let ctx = ExecCtx::new(Seq(1), 1_000, 7, 1);
+        let ctx = ExecCtx::new(Seq(1), 1_000, 7, ClientId(1));
         // `keep`: node 1 took the PrepareData but not the epoch's end (a node that kept
         // what it should have dropped); its agreed state ended the epoch all the same.
         for keep in [false, true] {
@@ -1066,7 +1067,7 @@ mod tests {
     fn the_end_audit_finds_prepare_data_kept_after_its_write_executed() {
         let (prepare, write) = one_write();
         let (write, owner) = (write.encode(), prepare.owner);
-        let ctx = ExecCtx::new(Seq(1), 1_000, 7, 1);
+        let ctx = ExecCtx::new(Seq(1), 1_000, 7, ClientId(1));
         // `keep`: node 2's metadata executes the write beside a scratch store, so its own
         // store keeps the PrepareData (a node that did not consume what it executed).
         for keep in [false, true] {
@@ -1098,7 +1099,7 @@ mod tests {
     #[test]
     fn the_end_audit_finds_ordered_data_that_no_correct_node_holds() {
         let (prepare, write) = one_write();
-        let ctx = ExecCtx::new(Seq(1), 1_000, 7, 1);
+        let ctx = ExecCtx::new(Seq(1), 1_000, 7, ClientId(1));
 
         // Its PrepareData reached no node: ordered, INCOMPLETE everywhere.
         let (w, mut nodes) = workload();

@@ -569,10 +569,11 @@ impl Frozen for FrozenMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::ClientId;
     use keel_core::ids::Seq;
 
     fn ctx(seq: u64) -> ExecCtx {
-        ExecCtx::new(Seq(seq), 1_000 + seq, 7, 1)
+        ExecCtx::new(Seq(seq), 1_000 + seq, 7, ClientId(1))
     }
 
     fn run(s: &mut BlockService, c: Command) -> Reply {
@@ -629,11 +630,11 @@ mod tests {
     }
 
     fn run_at(s: &mut BlockService, c: Command, time: u64) -> Reply {
-        Reply::decode(&s.execute(&c.encode(), &ExecCtx::new(Seq(1), time, 7, 1))).expect("reply")
+        Reply::decode(&s.execute(&c.encode(), &ExecCtx::new(Seq(1), time, 7, ClientId(1)))).expect("reply")
     }
 
     fn tick(s: &mut BlockService, time: u64) {
-        s.on_tick(&ExecCtx::new(Seq(1), time, 7, 0));
+        s.on_tick(&ExecCtx::new(Seq(1), time, 7, ClientId(0)));
     }
 
     fn write_in(epoch: u64, seq: u64) -> Command {

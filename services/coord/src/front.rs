@@ -642,7 +642,7 @@ async fn connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     } else {
         SessionSecret::from_password(&connect.password).map(|shown| {
             let next = secret.verifier();
-            let proof = shown.prove(connect.session_id, owner_of(shared.client.id()), &next);
+            let proof = shown.prove(connect.session_id, owner_of(shared.client.id()).0, &next);
             Command::Attach { session: connect.session_id, proof, next, timeout, ip }
         })
     };

@@ -631,8 +631,8 @@ mod tests {
     use super::*;
 
     fn entry(h: &mut Hearsay, from: NodeId, client: ClientId, share: usize) -> Option<usize> {
-        let statement = Digest::of(&client.to_le_bytes());
-        h.add(from, (client, 1, statement), None, BTreeMap::from([(from, Vec::new())]), client, share)
+        let statement = Digest::of(&client.0.to_le_bytes());
+        h.add(from, (client, 1, statement), None, BTreeMap::from([(from, Vec::new())]), client.0, share)
     }
 
     #[test]
@@ -640,19 +640,19 @@ mod tests {
         // Three chargeable nodes with shares of 4: node 1 fills its share, node 2 holds 2.
         let mut h = Hearsay::new(vec![NodeId(0), NodeId(1), NodeId(2)]);
         for c in 0..4 {
-            assert_eq!(entry(&mut h, NodeId(1), c, 4), Some(1));
+            assert_eq!(entry(&mut h, NodeId(1), ClientId(c), 4), Some(1));
         }
-        assert_eq!(entry(&mut h, NodeId(1), 4, 4), None, "its share is full");
-        entry(&mut h, NodeId(2), 10, 4);
-        entry(&mut h, NodeId(2), 11, 4);
+        assert_eq!(entry(&mut h, NodeId(1), ClientId(4), 4), None, "its share is full");
+        entry(&mut h, NodeId(2), ClientId(10), 4);
+        entry(&mut h, NodeId(2), ClientId(11), 4);
         assert_eq!(h.len(), 6);
         // Node 2 leaves and node 3 joins, and shares shrink to 3: node 2's entries go, and
         // node 1's oldest beyond 3.
         h.set_chargeable(vec![NodeId(0), NodeId(1), NodeId(3)], 3);
         assert_eq!(h.len(), 3);
-        assert!(h.entries.keys().all(|(c, _)| (1..4).contains(c)), "the newest of node 1's stay");
-        assert_eq!(entry(&mut h, NodeId(1), 20, 3), None, "still at its share");
-        assert_eq!(entry(&mut h, NodeId(3), 21, 3), Some(1), "the new node has a share");
-        assert_eq!(entry(&mut h, NodeId(2), 22, 3), None, "a node no longer chargeable has none");
+        assert!(h.entries.keys().all(|(c, _)| (1..4).contains(&c.0)), "the newest of node 1's stay");
+        assert_eq!(entry(&mut h, NodeId(1), ClientId(20), 3), None, "still at its share");
+        assert_eq!(entry(&mut h, NodeId(3), ClientId(21), 3), Some(1), "the new node has a share");
+        assert_eq!(entry(&mut h, NodeId(2), ClientId(22), 3), None, "a node no longer chargeable has none");
     }
 }

@@ -103,8 +103,8 @@ impl EpochNet {
     fn admin(&mut self, key: &SigningKey, seq: u64, epoch: u64, change: Change) -> AdminResult {
         let op = AdminOp::sign(key, epoch, change).encode();
         self.submit(ADMIN_CLIENT, seq, op);
-        for client in BEHIND {
-            self.submit(client, seq, vec![client as u8, seq as u8]);
+        for client in BEHIND.map(ClientId) {
+            self.submit(client, seq, vec![client.0 as u8, seq as u8]);
         }
         self.run(300);
         let bytes = self.result(ADMIN_CLIENT, seq, 2).expect("the admin op was answered");
@@ -114,17 +114,17 @@ impl EpochNet {
     /// Client 7's requests `seqs`, one at a time, each answered by r + 1 nodes.
     fn puts(&mut self, seqs: std::ops::RangeInclusive<u64>, what: &str) {
         for seq in seqs {
-            self.submit(7, seq, vec![seq as u8]);
+            self.submit(ClientId(7), seq, vec![seq as u8]);
             self.run(50);
-            assert!(self.result(7, seq, 2).is_some(), "put {seq} {what}");
+            assert!(self.result(ClientId(7), seq, 2).is_some(), "put {seq} {what}");
         }
     }
 
     /// Clients 8 to 14 resend their request `seq` (as the client core does on a
     /// timeout) until it is answered.
     fn retransmit_behind_admin(&mut self, seq: u64) {
-        for client in BEHIND {
-            let op = vec![client as u8, seq as u8];
+        for client in BEHIND.map(ClientId) {
+            let op = vec![client.0 as u8, seq as u8];
             for _ in 0..5 {
                 if self.result(client, seq, 2).is_some() {
                     break;
@@ -144,7 +144,7 @@ impl EpochNet {
 use std::collections::BTreeSet;
 
 /// The clients whose requests follow each admin op.
-const BEHIND: std::ops::RangeInclusive<ClientId> = 8..=14;
+const BEHIND: std::ops::RangeInclusive<u64> = 8..=14;
 
 fn new_member(id: u32) -> Member {
     Member { id, key: secrets(id).signing.public(), addr: String::new() }
@@ -170,7 +170,7 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     // Requests that were in flight behind the admin op, decided past the epoch's end
     // in epoch 0 and forgotten with it: the nodes carried them into epoch 1, so they
     // executed without their clients retransmitting.
-    for client in BEHIND {
+    for client in BEHIND.map(ClientId) {
         assert!(net.result(client, 1, 2).is_some(), "request of client {client} carried into epoch 1");
     }
     net.retransmit_behind_admin(1);
@@ -213,7 +213,7 @@ fn a_node_that_missed_the_change_jumps_by_certificates_and_catches_up() {
     let cfg = config_rq(1, 1).with_admin_key(admin.public());
     let mut net = EpochNet::new(&cfg);
     net.cut.insert(NodeId(3));
-    net.submit(7, 1, vec![1]);
+    net.submit(ClientId(7), 1, vec![1]);
     net.run(50);
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
     net.nodes.insert(
@@ -228,7 +228,7 @@ fn a_node_that_missed_the_change_jumps_by_certificates_and_catches_up() {
     net.cut.clear();
     net.run(2_000);
     assert_eq!(net.jumps, [3].map(NodeId).to_vec(), "node 3 left epoch 0 on the certificates");
-    net.submit(7, 10, vec![10]);
+    net.submit(ClientId(7), 10, vec![10]);
     net.run(500);
     let states = net.states();
     assert!(states.values().all(|s| *s == states[&NodeId(0)] && s.0 == 1), "node 3 caught up: {states:?}");
@@ -252,15 +252,15 @@ fn a_client_follows_membership_changes_by_certificates() {
     let cfg = config_rq(1, 1).with_admin_key(admin.public());
     let mut net = EpochNet::new(&cfg);
     let id = 20;
-    let keys = (0..4).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-    let client = crate::client::Client::new(id, cfg.quorums, keys, 100, 1)
+    let keys = (0..4).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(id))).collect();
+    let client = crate::client::Client::new(ClientId(id), cfg.quorums, keys, 100, 1)
         .with_auth(cfg.auth)
         .with_membership(cfg.membership.clone());
-    net.clients.insert(id, client);
+    net.clients.insert(ClientId(id), client);
     let put = |net: &mut EpochNet, what: &str| {
-        let seq = net.invoke(id, vec![1]);
+        let seq = net.invoke(ClientId(id), vec![1]);
         net.run(1_000);
-        assert!(net.completed.contains_key(&(id, seq)), "{what}: operation {seq} completed");
+        assert!(net.completed.contains_key(&(ClientId(id), seq)), "{what}: operation {seq} completed");
     };
     put(&mut net, "epoch 0");
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add");
@@ -269,19 +269,19 @@ fn a_client_follows_membership_changes_by_certificates() {
     net.run(1_000);
     net.retransmit_behind_admin(1);
     put(&mut net, "epoch 1");
-    assert_eq!(net.clients[&id].membership().epoch, 1, "the client learned epoch 1");
-    assert_eq!(net.clients[&id].members(), [0, 1, 2, 3, 4].map(NodeId).to_vec());
+    assert_eq!(net.clients[&ClientId(id)].membership().epoch, 1, "the client learned epoch 1");
+    assert_eq!(net.clients[&ClientId(id)].members(), [0, 1, 2, 3, 4].map(NodeId).to_vec());
     let m2 = net.admin(&admin, 2, 1, Change::Remove(0)).expect("remove");
     assert_eq!(m2.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
     net.run(1_000);
     net.retransmit_behind_admin(2);
     put(&mut net, "epoch 2 (the old primary is gone)");
     put(&mut net, "epoch 2 again");
-    assert_eq!(net.clients[&id].membership().epoch, 2);
-    assert_eq!(net.clients[&id].members(), [1, 2, 3, 4].map(NodeId).to_vec());
+    assert_eq!(net.clients[&ClientId(id)].membership().epoch, 2);
+    assert_eq!(net.clients[&ClientId(id)].members(), [1, 2, 3, 4].map(NodeId).to_vec());
     // Certificates that do not lead on from what the client knows change nothing.
     let stale = net.nodes[&NodeId(1)].epoch_certs_after(0);
-    assert!(!net.clients.get_mut(&id).expect("client").on_epoch_certs(stale));
+    assert!(!net.clients.get_mut(&ClientId(id)).expect("client").on_epoch_certs(stale));
 }
 
 #[test]
@@ -305,7 +305,7 @@ fn a_node_restarting_between_epochs_recovers_in_the_right_one() {
     let admin = SigningKey::from_seed([77; 32]);
     let cfg = config_rq(1, 1).with_admin_key(admin.public());
     let mut net = EpochNet::new(&cfg);
-    net.submit(7, 1, vec![1]);
+    net.submit(ClientId(7), 1, vec![1]);
     net.run(50);
     let m1 = net.admin(&admin, 1, 0, Change::Faults { u: 1, r: 0 }).expect("accepted");
     net.run(500);
@@ -334,7 +334,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
     net.puts(1..=2, "before the view change");
     // Node 0 (view 0's primary) is cut off: the others move to view 1.
     net.cut.insert(NodeId(0));
-    net.submit(7, 3, vec![3]);
+    net.submit(ClientId(7), 3, vec![3]);
     net.run(3_000);
     assert!(net.nodes[&NodeId(1)].view() >= View(1), "a view change in epoch 0");
     net.cut.clear();
@@ -484,7 +484,7 @@ mod backup {
         assert!(stable < Seq(20), "the newest checkpoint ({stable}) is from before put 20");
         // Client 7's put 20 is the barrier: the backup must hold it.
         let mut fetch =
-            CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20).with_barrier(7, 20);
+            CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20).with_barrier(ClientId(7), 20);
         assert!(run_fetch(&mut net, &mut fetch, 500, &mut |_, m| m).is_none());
         assert!(fetch.passed_over(), "the checkpoint at {stable} was fetched and found short");
         net.puts(21..=30, "after the barrier");

@@ -797,7 +797,7 @@ impl<S: Service> Replica<S> {
             // requests were grouped (normal.rs `check_signed_requests`, verify.rs).
             let owner = crate::message::owner_of(req.client);
             return match &req.sig {
-                Some(sig) if self.client_keys.verify_batch(&[(owner, req.statement(), *sig)]) => Ok(()),
+                Some(sig) if self.client_keys.verify_batch(&[(ClientId(owner.0), req.statement(), *sig)]) => Ok(()),
                 _ => Err(Reject::BadMac { client: req.client }),
             };
         }
@@ -842,7 +842,7 @@ impl<S: Service> Replica<S> {
 
     /// Whether this node sends `client`'s result for `seq` in full when it is large.
     fn designated(&self, client: ClientId, seq: u64) -> bool {
-        NodeId((client.wrapping_add(seq) % self.cfg.n() as u64) as u32) == self.id
+        NodeId((client.0.wrapping_add(seq) % self.cfg.n() as u64) as u32) == self.id
     }
 
     /// The records that describe this node's durable state, for log compaction.

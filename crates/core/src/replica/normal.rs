@@ -8,7 +8,8 @@ use crate::crypto::Digest;
 use crate::ids::NodeRange;
 use crate::membership::ADMIN_CLIENT;
 use crate::message::{
-    owner_of, write_statement, Cert, Message, NodeId, Proposal, Proposed, Reply, Request, Seq, Value, View, Write,
+    owner_of, write_statement, Cert, ClientId, Message, NodeId, Proposal, Proposed, Reply, Request, Seq, Value, View,
+    Write,
 };
 use crate::service::Service;
 use crate::wal::Record;
@@ -56,7 +57,7 @@ impl<S: Service> Replica<S> {
             return;
         }
         let batch = std::mem::take(&mut self.unsigned);
-        let items: Option<Vec<(u64, Digest, crate::crypto::Sig)>> =
+        let items: Option<Vec<(ClientId, Digest, crate::crypto::Sig)>> =
             batch.iter().map(|(_, r)| r.sig.map(|sig| (owner_of(r.client), r.statement(), sig))).collect();
         let all_valid = items.is_some_and(|items| self.client_keys.verify_batch(&items));
         for (from, req) in batch {
@@ -317,7 +318,7 @@ impl<S: Service> Replica<S> {
             // Only endorsers are known to hold a request's bytes.
             return Err(Reject::BadBatch("an operation by digest without auth = rq-mac"));
         }
-        let mut clients: Vec<u64> = value.requests.iter().map(Proposed::client).collect();
+        let mut clients: Vec<ClientId> = value.requests.iter().map(Proposed::client).collect();
         clients.sort_unstable();
         if clients.windows(2).any(|w| w[0] == w[1]) {
             return Err(Reject::BadBatch("two requests of one client"));

@@ -84,7 +84,7 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     let mut n1_durable = Vec::new();
     // Client 7's request reaches node 1 only.
     let mut out = Outputs::default();
-    n1.step(10, Input::Message { from: Peer::Client(7), msg: Message::Request(x) }, &mut out);
+    n1.step(10, Input::Message { from: Peer::Client(ClientId(7)), msg: Message::Request(x) }, &mut out);
     n1_durable.extend(records(&out));
     // Everybody follows node 0's STOP and commits to view 1.
     let stop0 = sent(&n0_out, NodeId(1), false);
@@ -128,7 +128,7 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     )
     .expect("recovers");
     // Recovered, node 1 gets client 8's request and the VIEW-CHANGEs (resent).
-    n1.step(40, Input::Message { from: Peer::Client(8), msg: Message::Request(y) }, &mut out);
+    n1.step(40, Input::Message { from: Peer::Client(ClientId(8)), msg: Message::Request(y) }, &mut out);
     feed(&mut n1, 41, NodeId(2), vc2, &mut out);
     feed(&mut n1, 41, NodeId(0), vc0, &mut out);
     assert_eq!(n1.view(), View(1), "leads view 1 again");
@@ -151,7 +151,11 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     // Once a peer voted in view 1, node 1's record of it is durable: proposals leave at
     // once again, in parallel with the primary's own fsync.
     let mut o1 = Outputs::default();
-    n1.step(44, Input::Message { from: Peer::Client(9), msg: Message::Request(request(&cfg, 9, b"z")) }, &mut o1);
+    n1.step(
+        44,
+        Input::Message { from: Peer::Client(ClientId(9)), msg: Message::Request(request(&cfg, 9, b"z")) },
+        &mut o1,
+    );
     assert!(
         sent(&o1, NodeId(2), false).iter().any(|m| matches!(m, Message::Propose { view: View(1), .. })),
         "{:?}",

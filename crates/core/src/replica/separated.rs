@@ -314,11 +314,11 @@ impl<S: Service> Replica<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{Endorsement, Request};
+    use crate::message::{ClientId, Endorsement, Request};
 
     #[test]
     fn a_commit_notice_keeps_the_value_digest_without_the_authenticators() {
-        let mut r = Request::new(7, 3, b"op".to_vec().into());
+        let mut r = Request::new(ClientId(7), 3, b"op".to_vec().into());
         r.auth = vec![[1; 16]; 4];
         r.endorsements = vec![Endorsement { node: NodeId(1), macs: vec![[2; 16]; 4] }; 3];
         r.sig = Some(crate::crypto::Sig([3; 64]));

@@ -84,8 +84,8 @@ pub(super) fn node(cfg: &ClusterConfig, i: u32) -> Replica<Log> {
 }
 
 pub(super) fn client(cfg: &ClusterConfig, id: u64) -> Client {
-    let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-    Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth)
+    let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(id))).collect();
+    Client::new(ClientId(id), cfg.quorums, keys, 100, 1).with_auth(cfg.auth)
 }
 
 pub(super) fn request(cfg: &ClusterConfig, id: u64, op: &[u8]) -> Request {
@@ -123,7 +123,7 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     let cfg = config(1, 1);
     let mut p = node(&cfg, 0);
     let req = request(&cfg, 7, b"op");
-    let out = step(&mut p, 10, Peer::Client(7), Message::Request(req.clone()));
+    let out = step(&mut p, 10, Peer::Client(ClientId(7)), Message::Request(req.clone()));
     let value = Value { time: 10, requests: vec![req] };
     assert_eq!(
         out.persist,
@@ -158,7 +158,7 @@ fn backup_rejects_bad_proposals_and_votes_once() {
     let mut forged = req.clone();
     forged.op = b"other".to_vec().into();
     let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(&Value { time: 10, requests: vec![forged] }));
-    assert_eq!(rejected(&out), vec![Reject::BadMac { client: 7 }]);
+    assert_eq!(rejected(&out), vec![Reject::BadMac { client: ClientId(7) }]);
 
     let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(&Value { time: 10_000, requests: vec![req.clone()] }));
     assert_eq!(rejected(&out), vec![Reject::BadTime { time: 10_000, now: 10 }]);
@@ -302,7 +302,7 @@ fn replies_to(out: &Outputs, client: u64) -> Vec<ReplyBody> {
     out.send_after_persist
         .iter()
         .filter_map(|(to, m)| match m {
-            Message::Reply(r) if *to == Peer::Client(client) => Some(r.body.clone()),
+            Message::Reply(r) if *to == Peer::Client(ClientId(client)) => Some(r.body.clone()),
             _ => None,
         })
         .collect()
@@ -333,11 +333,14 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     }
     // Prepared (it sent ACCEPT for instance 1), not decided: a linearizable read waits...
     let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
-    assert!(read_replies(&step(&mut b, 10, Peer::Client(9), Message::Read(lin.clone()))).is_empty());
-    assert!(read_replies(&step(&mut b, 10, Peer::Client(9), Message::Read(lin))).is_empty(), "a repeat too");
+    assert!(read_replies(&step(&mut b, 10, Peer::Client(ClientId(9)), Message::Read(lin.clone()))).is_empty());
+    assert!(read_replies(&step(&mut b, 10, Peer::Client(ClientId(9)), Message::Read(lin))).is_empty(), "a repeat too");
     // ...while a serializable read of a session without writes is answered at once.
     let ser = read(&cfg, 11, b"count", ReadConsistency::Serializable);
-    assert_eq!(read_replies(&step(&mut b, 10, Peer::Client(11), Message::Read(ser))), vec![ReplyBody::Full(vec![0])]);
+    assert_eq!(
+        read_replies(&step(&mut b, 10, Peer::Client(ClientId(11)), Message::Read(ser))),
+        vec![ReplyBody::Full(vec![0])]
+    );
     step(&mut b, 10, Peer::Node(NodeId(0)), Message::Accept { view: View(0), seq: Seq(1), digest: d });
     let out = step(&mut b, 10, Peer::Node(NodeId(2)), Message::Accept { view: View(0), seq: Seq(1), digest: d });
     assert_eq!(b.executed(), Seq(1));
@@ -350,7 +353,10 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
     step(&mut m, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
     let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
-    assert_eq!(read_replies(&step(&mut m, 10, Peer::Client(9), Message::Read(lin))), vec![ReplyBody::Full(vec![0])]);
+    assert_eq!(
+        read_replies(&step(&mut m, 10, Peer::Client(ClientId(9)), Message::Read(lin))),
+        vec![ReplyBody::Full(vec![0])]
+    );
 }
 
 #[test]
@@ -361,14 +367,14 @@ fn a_serializable_read_waits_for_the_sessions_last_write_and_bad_reads_are_rejec
     // A session whose last write (seq 5) this node has not executed: waits.
     ser.after = 5;
     let statement = ser.statement();
-    ser.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, 9).mac(&statement)).collect();
-    assert!(read_replies(&step(&mut p, 10, Peer::Client(9), Message::Read(ser.clone()))).is_empty());
+    ser.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(9)).mac(&statement)).collect();
+    assert!(read_replies(&step(&mut p, 10, Peer::Client(ClientId(9)), Message::Read(ser.clone()))).is_empty());
     // Execute the session's request 5 (CFT, node 0 primary: one more ACCEPT decides).
     let mut req = request(&cfg, 9, b"w");
     req.seq = 5;
     let statement = req.statement();
-    req.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, 9).mac(&statement)).collect();
-    step(&mut p, 10, Peer::Client(9), Message::Request(req));
+    req.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(9)).mac(&statement)).collect();
+    step(&mut p, 10, Peer::Client(ClientId(9)), Message::Request(req));
     let digest = p.log[&Seq(1)].value.as_ref().map(|(_, d)| *d).expect("proposed");
     let out = step(&mut p, 10, Peer::Node(NodeId(1)), Message::Accept { view: View(0), seq: Seq(1), digest });
     assert_eq!(read_replies(&out).first(), Some(&ReplyBody::Full(vec![1])), "the read sees the session's write");
@@ -376,16 +382,22 @@ fn a_serializable_read_waits_for_the_sessions_last_write_and_bad_reads_are_rejec
     // Not read-only for the service: the node says so.
     let put = read(&cfg, 9, b"put", ReadConsistency::Serializable);
     assert_eq!(
-        read_replies(&step(&mut p, 10, Peer::Client(9), Message::Read(put.clone()))),
+        read_replies(&step(&mut p, 10, Peer::Client(ClientId(9)), Message::Read(put.clone()))),
         vec![ReplyBody::NotReadOnly]
     );
     // Another client's read, a read from a node, a bad MAC: rejected.
-    assert_eq!(rejected(&step(&mut p, 10, Peer::Client(8), Message::Read(put.clone()))), vec![Reject::WrongPeer]);
+    assert_eq!(
+        rejected(&step(&mut p, 10, Peer::Client(ClientId(8)), Message::Read(put.clone()))),
+        vec![Reject::WrongPeer]
+    );
     assert_eq!(rejected(&step(&mut p, 10, Peer::Node(NodeId(1)), Message::Read(put.clone()))), vec![Reject::WrongPeer]);
     let mut forged = put;
     forged.after = 0;
     forged.seq += 1;
-    assert_eq!(rejected(&step(&mut p, 10, Peer::Client(9), Message::Read(forged))), vec![Reject::BadMac { client: 9 }]);
+    assert_eq!(
+        rejected(&step(&mut p, 10, Peer::Client(ClientId(9)), Message::Read(forged))),
+        vec![Reject::BadMac { client: ClientId(9) }]
+    );
 }
 
 #[cfg(feature = "mutations")] // used by mutation tests only
@@ -407,17 +419,27 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     let mut primary = node(&cfg, 0);
     let mut req = request(&cfg, 7, b"a");
     req.seq = 1;
-    step(&mut primary, 10, Peer::Client(7), Message::Request(req));
+    step(&mut primary, 10, Peer::Client(ClientId(7)), Message::Request(req));
     let (value, digest) = primary.log[&Seq(1)].value.clone().expect("proposed");
 
     let mut lagging = node(&cfg, 2);
-    let out = step(&mut lagging, 20, Peer::Client(9), Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)));
+    let out = step(
+        &mut lagging,
+        20,
+        Peer::Client(ClientId(9)),
+        Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)),
+    );
     assert!(read_replies(&out).is_empty(), "not answered before a quorum said how far it voted");
     let sent = probes(&out);
     assert_eq!(sent.len(), 2, "the probe goes to both other nodes: {sent:?}");
     let round = sent[0].1;
     // A second read arriving meanwhile must wait for a round that leaves after it.
-    let out = step(&mut lagging, 21, Peer::Client(11), Message::Read(read(&cfg, 11, b"count", ReadConsistency::Index)));
+    let out = step(
+        &mut lagging,
+        21,
+        Peer::Client(ClientId(11)),
+        Message::Read(read(&cfg, 11, b"count", ReadConsistency::Index)),
+    );
     assert!(probes(&out).is_empty(), "one round in flight at a time");
 
     // The primary voted for instance 1: it says so.
@@ -454,7 +476,8 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     let mut cfg_bug = cfg.clone();
     cfg_bug.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::IndexWithoutQuorum));
     let mut m = node(&cfg_bug, 2);
-    let out = step(&mut m, 20, Peer::Client(9), Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)));
+    let out =
+        step(&mut m, 20, Peer::Client(ClientId(9)), Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)));
     assert_eq!(read_replies(&out), vec![ReplyBody::Full(vec![0])], "stale: answered before instance 1");
 }
 
@@ -464,10 +487,10 @@ fn messages_from_unknown_nodes_and_wrong_peers_are_rejected() {
     let mut b = node(&cfg, 1);
     let out = step(&mut b, 0, Peer::Node(NodeId(9)), Message::Stop { view: View(1) });
     assert_eq!(rejected(&out), vec![Reject::UnknownNode(NodeId(9))]);
-    let out = step(&mut b, 0, Peer::Client(5), Message::Stop { view: View(1) });
+    let out = step(&mut b, 0, Peer::Client(ClientId(5)), Message::Stop { view: View(1) });
     assert_eq!(rejected(&out), vec![Reject::WrongPeer]);
     let req = request(&cfg, 7, b"op");
-    let out = step(&mut b, 0, Peer::Client(8), Message::Request(req));
+    let out = step(&mut b, 0, Peer::Client(ClientId(8)), Message::Request(req));
     assert_eq!(rejected(&out), vec![Reject::WrongPeer], "a client may only send its own requests");
 }
 
@@ -524,7 +547,7 @@ fn a_large_result_comes_in_full_from_its_designated_node_even_unasked() {
             unasked_designated += 1;
         }
         for (n, m) in sent {
-            net.post(Peer::Client(id), n, m);
+            net.post(Peer::Client(ClientId(id)), n, m);
         }
         net.run(0);
         let result = net.result(&mut c);
@@ -733,7 +756,7 @@ fn a_recovered_primary_never_proposes_in_its_old_view_and_the_others_follow_its_
     // the same (view, seq), two same-view certificates could meet in a view change.
     let cfg = config(1, 0);
     let mut p = node(&cfg, 0);
-    let out = step(&mut p, 10, Peer::Client(7), Message::Request(request(&cfg, 7, b"x")));
+    let out = step(&mut p, 10, Peer::Client(ClientId(7)), Message::Request(request(&cfg, 7, b"x")));
     assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })), "sent before durable");
     // Crash before the sync: nothing of that step survives.
     let mut out = Outputs::default();
@@ -742,7 +765,7 @@ fn a_recovered_primary_never_proposes_in_its_old_view_and_the_others_follow_its_
     assert_eq!(p.view(), View(0));
     let stops: Vec<_> = out.send.iter().filter(|(_, m)| *m == Message::Stop { view: View(1) }).collect();
     assert_eq!(stops.len(), 2, "asks both peers to leave view 0");
-    let out = step(&mut p, 30, Peer::Client(8), Message::Request(request(&cfg, 8, b"y")));
+    let out = step(&mut p, 30, Peer::Client(ClientId(8)), Message::Request(request(&cfg, 8, b"y")));
     let proposes = out.send.iter().chain(&out.send_after_persist).filter(|(_, m)| matches!(m, Message::Propose { .. }));
     assert_eq!(proposes.count(), 0, "no fresh proposal in a view it may have forgotten");
     assert!(out.persist.is_empty(), "and no vote");
@@ -786,25 +809,25 @@ fn sessions_share_their_owners_connection_and_keys_but_nobody_elses() {
     use crate::message::{owner_of, session_id, session_of, SESSIONS_MAX};
     let cfg = config(1, 1);
     let owner = 7;
-    let s3 = session_id(owner, 3);
-    assert_eq!((owner_of(s3), session_of(s3)), (owner, 3));
-    assert_eq!(session_id(owner, 0), owner, "session 0 is the identity itself");
+    let s3 = session_id(ClientId(owner), 3);
+    assert_eq!((owner_of(s3), session_of(s3)), (ClientId(owner), 3));
+    assert_eq!(session_id(ClientId(owner), 0), ClientId(owner), "session 0 is the identity itself");
     // The key a node derives for a session equals the one its owner derives from the
     // owner key in its client file; sessions' keys differ.
     let node_side = client_mac_key(&secrets(0).mac_secret, s3);
-    assert!(node_side == session_mac_key(&client_mac_key(&secrets(0).mac_secret, owner), 3));
-    assert!(node_side != client_mac_key(&secrets(0).mac_secret, session_id(owner, 4)));
+    assert!(node_side == session_mac_key(&client_mac_key(&secrets(0).mac_secret, ClientId(owner)), 3));
+    assert!(node_side != client_mac_key(&secrets(0).mac_secret, session_id(ClientId(owner), 4)));
     // The owner's connection may carry the session's request; another client's may not.
     let mut p = node(&cfg, 0);
-    let req = request(&cfg, s3, b"op");
-    let out = step(&mut p, 0, Peer::Client(8), Message::Request(req.clone()));
+    let req = request(&cfg, s3.0, b"op");
+    let out = step(&mut p, 0, Peer::Client(ClientId(8)), Message::Request(req.clone()));
     assert_eq!(rejected(&out), vec![Reject::WrongPeer]);
-    let out = step(&mut p, 0, Peer::Client(owner), Message::Request(req));
+    let out = step(&mut p, 0, Peer::Client(ClientId(owner)), Message::Request(req));
     assert!(rejected(&out).is_empty());
     assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
     // Session numbers are bounded.
-    let too_many = request(&cfg, session_id(owner, SESSIONS_MAX), b"op");
-    let out = step(&mut p, 0, Peer::Client(owner), Message::Request(too_many));
+    let too_many = request(&cfg, (session_id(ClientId(owner), SESSIONS_MAX)).0, b"op");
+    let out = step(&mut p, 0, Peer::Client(ClientId(owner)), Message::Request(too_many));
     assert_eq!(rejected(&out), vec![Reject::Busy("session number above SESSIONS_MAX")]);
 }
 
@@ -1106,11 +1129,11 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
 
 /// A request of `client` whose MAC entries are valid only for the nodes in `valid`.
 fn request_valid_at(cfg: &ClusterConfig, client: u64, seq: u64, op: &[u8], valid: &[u32]) -> Request {
-    let mut req = Request::new(client, seq, op.to_vec().into());
+    let mut req = Request::new(ClientId(client), seq, op.to_vec().into());
     let statement = req.statement();
     req.auth = (0..cfg.n() as u32)
         .map(|i| {
-            let mac = client_mac_key(&secrets(i).mac_secret, client).mac(&statement);
+            let mac = client_mac_key(&secrets(i).mac_secret, ClientId(client)).mac(&statement);
             if valid.contains(&i) {
                 mac
             } else {
@@ -1133,7 +1156,7 @@ fn views_started(net: &Net) -> usize {
 }
 
 fn executed_by_all(net: &Net, client: u64) -> bool {
-    net.nodes.iter().all(|n| n.exec.last_seq(client) >= 1)
+    net.nodes.iter().all(|n| n.exec.last_seq(ClientId(client)) >= 1)
 }
 
 #[test]
@@ -1146,7 +1169,7 @@ fn rq_mac_proposals_carry_endorsements_instead_of_the_clients_macs() {
     let targets: Vec<NodeId> = first.iter().map(|(n, _)| *n).collect();
     assert_eq!(targets, [0, 1, 2].map(NodeId).to_vec(), "u + r + 1 nodes from the primary on");
     for (n, m) in first {
-        net.post(Peer::Client(7), n, m);
+        net.post(Peer::Client(ClientId(7)), n, m);
     }
     net.run(10);
     assert_eq!(net.result(&mut c), Some(vec![1]));
@@ -1186,7 +1209,7 @@ fn a_client_whose_macs_fail_at_some_nodes_stalls_nobody_and_changes_no_view() {
     let bad_macs = net
         .events
         .iter()
-        .filter(|(_, e)| matches!(e, Event::Rejected { reason: Reject::BadMac { client: 7 }, .. }))
+        .filter(|(_, e)| matches!(e, Event::Rejected { reason: Reject::BadMac { client: ClientId(7) }, .. }))
         .count();
     assert_eq!(bad_macs, 2, "nodes 2 and 3 rejected the client's own message");
 }
@@ -1205,7 +1228,7 @@ fn a_request_only_one_node_can_authenticate_never_executes_and_never_costs_a_vie
     let mut good = client(&cfg, 8);
     net.submit(&mut good, 10 + 6 * timeout, b"good");
     assert_eq!(net.result(&mut good), Some(vec![1]));
-    assert!(net.nodes.iter().all(|n| n.exec.last_seq(7) == 0), "no correct node can vouch for it");
+    assert!(net.nodes.iter().all(|n| n.exec.last_seq(ClientId(7)) == 0), "no correct node can vouch for it");
     assert_eq!(views_started(&net), 0, "one endorsement is no reason to suspect the primary");
 }
 
@@ -1213,7 +1236,7 @@ fn a_request_only_one_node_can_authenticate_never_executes_and_never_costs_a_vie
 fn a_backup_refuses_a_proposed_request_without_u_plus_one_valid_endorsements() {
     let cfg = config_rq(1, 1);
     let mut b = node(&cfg, 1);
-    let req = Request::new(424_242, 1, b"made up".to_vec().into());
+    let req = Request::new(ClientId(424_242), 1, b"made up".to_vec().into());
     let statement = req.statement();
     let endorse = |i: u32| Endorsement {
         node: NodeId(i),
@@ -1247,7 +1270,7 @@ fn a_node_endorsing_made_up_requests_fills_only_its_own_share() {
     let share = cfg.options.clients_max / cfg.n();
     let mut b = node(&cfg, 1);
     let endorse_from_3 = |client: u64| {
-        let req = Request::new(client, 1, b"junk".to_vec().into());
+        let req = Request::new(ClientId(client), 1, b"junk".to_vec().into());
         let s = endorse_statement(NodeId(3), &req.statement());
         let macs = endorse_keys(&secrets(3).signing, &config_rq(1, 1).membership).iter().map(|k| k.mac(&s)).collect();
         Message::Endorse { request: req, macs }
@@ -1261,7 +1284,7 @@ fn a_node_endorsing_made_up_requests_fills_only_its_own_share() {
     assert!(b.pending.is_empty(), "one node's word admits nothing");
     // Bytes are bounded per endorser too: node 2's share of 64 MiB in 1 MiB requests.
     let big = |client: u64| {
-        let req = Request::new(client, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
+        let req = Request::new(ClientId(client), 1, vec![0; crate::codec::OP_BYTES_MAX].into());
         let s = endorse_statement(NodeId(2), &req.statement());
         let macs = endorse_keys(&secrets(2).signing, &config_rq(1, 1).membership).iter().map(|k| k.mac(&s)).collect();
         Message::Endorse { request: req, macs }
@@ -1305,7 +1328,7 @@ fn client_signing_key(id: u64) -> SigningKey {
 }
 
 fn config_sig(u: u32, r: u32, clients: &[u64]) -> ClusterConfig {
-    let keys = clients.iter().map(|&c| (c, client_signing_key(c).public())).collect();
+    let keys = clients.iter().map(|&c| (ClientId(c), client_signing_key(c).public())).collect();
     config_rq(u, r).with_auth(Auth::Sig).with_client_keys(keys)
 }
 
@@ -1320,14 +1343,14 @@ fn with_auth_sig_every_node_checks_the_clients_signature_the_same_way() {
     assert!(proposal.requests[0].auth.is_empty() && proposal.requests[0].sig.is_some(), "signed, no MACs");
 
     // A signature by the wrong key, and none at all: refused by a node on admission...
-    let mut forged = Request::new(8, 1, b"y".to_vec().into());
+    let mut forged = Request::new(ClientId(8), 1, b"y".to_vec().into());
     forged.sig = Some(client_signing_key(7).sign(&forged.statement()));
     let mut n0 = node(&cfg, 0);
-    let out = step(&mut n0, 10, Peer::Client(8), Message::Request(forged.clone()));
-    assert_eq!(rejected(&out), vec![Reject::BadMac { client: 8 }]);
+    let out = step(&mut n0, 10, Peer::Client(ClientId(8)), Message::Request(forged.clone()));
+    assert_eq!(rejected(&out), vec![Reject::BadMac { client: ClientId(8) }]);
     // ...and by a backup in a proposal, checked as one batch, unless the verify stage
     // vouched for it.
-    let mut good = Request::new(7, 1, b"z".to_vec().into());
+    let mut good = Request::new(ClientId(7), 1, b"z".to_vec().into());
     good.sig = Some(client_signing_key(7).sign(&good.statement()));
     let propose = |requests: Vec<Request>| Message::Propose {
         view: View(0),
@@ -1351,7 +1374,7 @@ fn with_auth_sig_a_burst_of_requests_is_checked_as_one_batch_and_only_bad_ones_a
     let clients: Vec<u64> = (10..20).collect();
     let cfg = config_sig(1, 1, &clients);
     let signed = |c: u64, key: u64| {
-        let mut r = Request::new(c, 1, vec![c as u8].into());
+        let mut r = Request::new(ClientId(c), 1, vec![c as u8].into());
         r.sig = Some(client_signing_key(key).sign(&r.statement()));
         r
     };
@@ -1373,12 +1396,12 @@ fn with_auth_sig_a_burst_of_requests_is_checked_as_one_batch_and_only_bad_ones_a
     // One signed by another client's key: the batch fails, and only that one is refused.
     let mut p = node(&cfg, 0);
     let out = burst(&mut p, clients.iter().map(|&c| signed(c, if c == 13 { 14 } else { c })).collect());
-    assert_eq!(rejected(&out), vec![Reject::BadMac { client: 13 }]);
+    assert_eq!(rejected(&out), vec![Reject::BadMac { client: ClientId(13) }]);
     assert_eq!(p.pending.len(), 9);
-    assert!(!p.pending.contains_key(&13));
+    assert!(!p.pending.contains_key(&ClientId(13)));
     // Outside a burst, a request is checked at the end of its own step.
     let mut p = node(&cfg, 0);
-    let out = step(&mut p, 10, Peer::Client(10), Message::Request(signed(10, 10)));
+    let out = step(&mut p, 10, Peer::Client(ClientId(10)), Message::Request(signed(10, 10)));
     assert!(rejected(&out).is_empty() && p.unsigned.is_empty());
     assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })), "proposed in the same step");
 }
@@ -1686,7 +1709,7 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     let propose = Message::Propose { view: View(0), seq: Seq(1), value: proposal.clone() };
 
     let mut holder = node(&cfg, 2);
-    step(&mut holder, 10, Peer::Client(7), Message::Request(big.clone()));
+    step(&mut holder, 10, Peer::Client(ClientId(7)), Message::Request(big.clone()));
     let out = step(&mut holder, 10, Peer::Node(NodeId(0)), propose.clone());
     assert!(rejected(&out).is_empty() && fetches(&out).is_empty());
     assert_eq!(writes_sent(&out), 3, "the holder votes at once");
@@ -1694,7 +1717,7 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     let mut lacking = node(&cfg, 3);
     let out = step(&mut lacking, 10, Peer::Node(NodeId(0)), propose.clone());
     assert_eq!(writes_sent(&out), 0, "no vote without every byte");
-    let wanted = vec![(7, big.op.digest())];
+    let wanted = vec![(ClientId(7), big.op.digest())];
     assert_eq!(
         fetches(&out),
         vec![(Peer::Node(NodeId(2)), Seq(1), wanted.clone())],
@@ -1715,10 +1738,10 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     let op_max = vec![5u8; crate::codec::OP_BYTES_MAX];
     let mut hoard = node(&cfg, 2);
     let huge = request(&cfg, 9, &op_max);
-    step(&mut hoard, 20, Peer::Client(9), Message::Request(huge.clone()));
+    step(&mut hoard, 20, Peer::Client(ClientId(9)), Message::Request(huge.clone()));
     let mut pulled = 0;
     for seq in 1..=20 {
-        let ask = Message::FetchBodies { seq: Seq(seq), wanted: vec![(9, huge.op.digest())] };
+        let ask = Message::FetchBodies { seq: Seq(seq), wanted: vec![(ClientId(9), huge.op.digest())] };
         pulled += step(&mut hoard, 21, Peer::Node(NodeId(1)), ask)
             .send
             .iter()
@@ -1768,7 +1791,7 @@ fn a_client_copy_that_arrives_after_the_propose_completes_it() {
     let mut b = node(&cfg, 2);
     let out = step(&mut b, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: proposal });
     assert_eq!(writes_sent(&out), 0);
-    let out = step(&mut b, 11, Peer::Client(7), Message::Request(big));
+    let out = step(&mut b, 11, Peer::Client(ClientId(7)), Message::Request(big));
     assert!(rejected(&out).is_empty());
     assert_eq!(writes_sent(&out), 3, "voted once the client's own copy came");
 }
@@ -1811,18 +1834,18 @@ fn endorsements_without_the_bytes_count_once_the_primary_holds_the_request() {
     let big = request(&cfg, 7, &[7; 200]);
     // A backup that got the request endorses it to the primary without its bytes.
     let mut b = node(&cfg, 2);
-    let out = step(&mut b, 10, Peer::Client(7), Message::Request(big.clone()));
+    let out = step(&mut b, 10, Peer::Client(ClientId(7)), Message::Request(big.clone()));
     let to_primary: Vec<&Message> =
         out.send.iter().filter(|(to, _)| *to == Peer::Node(NodeId(0))).map(|(_, m)| m).collect();
-    assert!(matches!(to_primary[..], [Message::EndorseDigest { client: 7, .. }]), "{to_primary:?}");
+    assert!(matches!(to_primary[..], [Message::EndorseDigest { client: ClientId(7), .. }]), "{to_primary:?}");
     let small = request(&cfg, 8, b"tiny");
-    let out = step(&mut b, 10, Peer::Client(8), Message::Request(small));
+    let out = step(&mut b, 10, Peer::Client(ClientId(8)), Message::Request(small));
     assert!(out.send.iter().any(|(to, m)| *to == Peer::Node(NodeId(0)) && matches!(m, Message::Endorse { .. })));
 
     // The primary hears two such endorsements before the client's own copy arrives.
     let endorse = |i: u32| {
         let e = endorsement_of(&cfg, i, &big);
-        Message::EndorseDigest { client: 7, seq: big.seq, op: big.op.digest(), macs: e.macs }
+        Message::EndorseDigest { client: ClientId(7), seq: big.seq, op: big.op.digest(), macs: e.macs }
     };
     let mut p = node(&cfg, 0);
     let mut forged = endorse(3);
@@ -1838,7 +1861,7 @@ fn endorsements_without_the_bytes_count_once_the_primary_holds_the_request() {
         assert!(rejected(&out).is_empty() && !out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
     }
     // With its own, u + r + 1 = 3 endorsements: it proposes at once, by digest.
-    let out = step(&mut p, 11, Peer::Client(7), Message::Request(big.clone()));
+    let out = step(&mut p, 11, Peer::Client(ClientId(7)), Message::Request(big.clone()));
     let proposed = out.send.iter().find_map(|(_, m)| match m {
         Message::Propose { value, .. } => Some(value.clone()),
         _ => None,
@@ -1857,10 +1880,10 @@ fn a_node_that_heard_of_a_request_first_cannot_make_its_bytes_be_refused() {
     };
     // Node 3 fills its byte share of hearsay with 1 MiB requests of made-up clients...
     for c in 0..64 {
-        let junk = Request::new(30_000 + c, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
+        let junk = Request::new(ClientId(30_000 + c), 1, vec![0; crate::codec::OP_BYTES_MAX].into());
         let _ = step(&mut b, 10, Peer::Node(NodeId(3)), endorse_from(3, &junk));
     }
-    let full = Request::new(40_000, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
+    let full = Request::new(ClientId(40_000), 1, vec![0; crate::codec::OP_BYTES_MAX].into());
     assert_eq!(
         rejected(&step(&mut b, 10, Peer::Node(NodeId(3)), endorse_from(3, &full))),
         vec![Reject::Busy("endorsements held for this node")]
@@ -1868,15 +1891,19 @@ fn a_node_that_heard_of_a_request_first_cannot_make_its_bytes_be_refused() {
     // ...then is the first to mention a real request, without its bytes (this node cannot
     // check the client's MAC: the request is not addressed to it).
     let real = request_valid_at(&cfg, 7, 1, &[7; 300], &[0, 2, 3]);
-    let digest_only =
-        Message::EndorseDigest { client: 7, seq: 1, op: real.op.digest(), macs: endorsement_of(&cfg, 3, &real).macs };
+    let digest_only = Message::EndorseDigest {
+        client: ClientId(7),
+        seq: 1,
+        op: real.op.digest(),
+        macs: endorsement_of(&cfg, 3, &real).macs,
+    };
     assert!(rejected(&step(&mut b, 11, Peer::Node(NodeId(3)), digest_only)).is_empty());
-    assert!(b.hearsay.body(7, &real.op.digest()).is_none());
+    assert!(b.hearsay.body(ClientId(7), &real.op.digest()).is_none());
     // Node 2's endorsement brings the bytes: charged to node 2, so they are kept, and with
     // r + 1 = 2 endorsers this node endorses the request too.
     let out = step(&mut b, 12, Peer::Node(NodeId(2)), endorse_from(2, &real));
     assert!(rejected(&out).is_empty(), "{:?}", rejected(&out));
-    assert!(b.pending.get(&7).is_some_and(|p| p.req.op == real.op), "admitted on two endorsements");
+    assert!(b.pending.get(&ClientId(7)).is_some_and(|p| p.req.op == real.op), "admitted on two endorsements");
 }
 
 /// (peer, message kind) → count of the agreement messages in `out`.

@@ -285,7 +285,7 @@ impl<S: Service> Replica<S> {
             }
             let mut writers = BTreeSet::new();
             for (node, sig) in &cert.writes {
-                if (*node).0 as usize >= self.cfg.n() {
+                if node.index() >= self.cfg.n() {
                     return Err(Reject::UnknownNode(*node));
                 }
                 let statement = write_statement(&self.epoch_tag, cert.view, cert.seq, &cert.digest, *node);
