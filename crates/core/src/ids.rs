@@ -1,23 +1,20 @@
 //! Identities and positions: nodes, clients and their sessions, views and instances.
 //! The lowest layer every other module names things with.
 //!
-//! Views and instances are newtypes, not aliases of `u64`: a view passed where an
-//! instance is expected (both count up from 0, both travel in every vote) compiles no
-//! more. They serialize as the bare integer (`serde(transparent)`), print as it, and
-//! hash into statements as it, so wire formats, logs and signatures are what they were.
+//! Nodes, clients, views and instances are newtypes, not aliases of integers: a view
+//! passed where an instance is expected (both count up from 0, both travel in every
+//! vote), or a client id where a node's, compiles no more. They serialize as the bare
+//! integer (`serde(transparent)`), print as it, and hash into statements as it, so wire
+//! formats, logs, signatures and the simulator's traces are what they were.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::ops::{Add, AddAssign, Sub};
 
-/// A newtype over an unsigned integer that serializes and prints as the bare number.
-macro_rules! number {
-    ($(#[$meta:meta])* $name:ident($inner:ty)) => {
-        $(#[$meta])*
-        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
-        #[serde(transparent)]
-        pub struct $name(pub $inner);
-
+/// Debug and Display of a newtype as its bare number, so logs, traces and error
+/// messages read as they did when these were integers.
+macro_rules! bare_fmt {
+    ($name:ident) => {
         impl fmt::Debug for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 fmt::Debug::fmt(&self.0, f)
@@ -29,6 +26,18 @@ macro_rules! number {
                 fmt::Display::fmt(&self.0, f)
             }
         }
+    };
+}
+
+/// A newtype over an unsigned integer that serializes and prints as the bare number.
+macro_rules! number {
+    ($(#[$meta:meta])* $name:ident($inner:ty)) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub $inner);
+
+        bare_fmt!($name);
 
         impl From<$name> for $inner {
             fn from(x: $name) -> $inner {
@@ -188,17 +197,7 @@ impl std::str::FromStr for NodeId {
     }
 }
 
-impl fmt::Debug for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
+bare_fmt!(NodeId);
 /// A protocol client: its own sequence numbers, one request in flight, one reply-cache
 /// entry. The transport authenticates the *owner* (certificate `client-N`); an owner may
 /// run up to [`SESSIONS_MAX`] sessions over the same connections so that one process can
@@ -208,17 +207,7 @@ impl fmt::Display for NodeId {
 #[serde(transparent)]
 pub struct ClientId(pub u64);
 
-impl fmt::Debug for ClientId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-impl fmt::Display for ClientId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
+bare_fmt!(ClientId);
 
 /// Parses the bare number (certificate names: `client-7`).
 impl std::str::FromStr for ClientId {
