@@ -12,6 +12,7 @@
 //! the cluster answers that it is at another epoch, signs again for that one.
 
 use clap::{Args, Subcommand};
+use keel_core::ids::NodeId;
 use keel_core::membership::{decode_result, AdminError, AdminOp, Change, Membership};
 use keel_runtime::client::KeelClient;
 use keel_runtime::config::{
@@ -134,7 +135,7 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
         AdminCommand::AddNode { dir, listen, metrics, front_end } => {
             refuse_for_block(&dir)?;
             let dirs = node_dirs(&dir);
-            let id = dirs.keys().next_back().map_or(0, |top| top + 1);
+            let id = dirs.keys().next_back().map_or(0, |top| top.0 + 1);
             // Ports after the highest any node uses.
             let mut top_port = 0;
             let mut host = std::net::IpAddr::from([127, 0, 0, 1]);
@@ -176,7 +177,8 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
                     return Err(format!("{flag} {addr} is already {who}"));
                 }
             }
-            let (ndir, member) = new_node_dir_with(&dir, id, listen, metrics, front_end).map_err(|e| e.to_string())?;
+            let (ndir, member) =
+                new_node_dir_with(&dir, NodeId(id), listen, metrics, front_end).map_err(|e| e.to_string())?;
             let m = match submit(&dir, Change::Add(member)).await {
                 Ok(m) => m,
                 Err(e) => {
@@ -186,13 +188,13 @@ async fn run_command(command: AdminCommand) -> Result<(), String> {
                 }
             };
             write_join_file(&ndir, &m).map_err(|e| e.to_string())?;
-            let clients = provision_clients(&dir, id).map_err(|e| e.to_string())?;
+            let clients = provision_clients(&dir, NodeId(id)).map_err(|e| e.to_string())?;
             println!("node {id} added: epoch {} with nodes {:?}", m.epoch, ids(&m));
             println!(
                 "{clients} client files (the nodes' front ends' included) now hold a key for node {id}: clients \
                  started from now on use it, and a running front end once its node restarts"
             );
-            let bundle = write_bundle(&dir, id, &listen.ip().to_string()).map_err(|e| e.to_string())?;
+            let bundle = write_bundle(&dir, NodeId(id), &listen.ip().to_string()).map_err(|e| e.to_string())?;
             if let Some(f) = front_end {
                 println!("its clients' port (the service's front end): {f}");
             }
@@ -279,7 +281,7 @@ fn members(dir: &std::path::Path, json: bool) -> Result<(), String> {
             .map(|(id, listen, metrics, state)| {
                 serde_json::json!({
                     "node": id,
-                    "member": current.members.contains(id),
+                    "member": current.members.contains(&id.0),
                     "listen": listen.to_string(),
                     "metrics": metrics.to_string(),
                     "state": state,
@@ -294,7 +296,7 @@ fn members(dir: &std::path::Path, json: bool) -> Result<(), String> {
     println!("epoch {}: members {list} (quorum {})", current.epoch, current.quorum);
     println!("node\tmember\tlisten\tmetrics\tstate");
     for (id, listen, metrics, state) in rows {
-        let member = if current.members.contains(&id) { "yes" } else { "no" };
+        let member = if current.members.contains(&id.0) { "yes" } else { "no" };
         println!("{id}\t{member}\t{listen}\t{metrics}\t{state}");
     }
     Ok(())
@@ -321,7 +323,7 @@ async fn backup(dir: &std::path::Path, out: &std::path::Path, timeout: Duration)
         cluster.cluster_config(&cluster_path, keel_core::config::Options::production()).map_err(|e| e.to_string())?;
     let certifiers = match cfg.separated() {
         true => keel_core::backup::Certifiers::Executors {
-            holders: cfg.exec_ids().collect(),
+            holders: cfg.exec_ids().map(keel_core::ids::NodeId).collect(),
             signers: cfg.executors(),
             keys: cfg.stages.executors.clone(),
             quorum: cfg.quorums.exec_checkpoint_quorum(),

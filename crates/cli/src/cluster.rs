@@ -2,6 +2,7 @@
 
 use clap::Args;
 use keel_core::config::Auth;
+use keel_core::ids::NodeId;
 use keel_runtime::config::{init, InitOptions, NodeFile};
 use keel_runtime::storage::FsyncPolicy;
 use std::path::{Path, PathBuf};
@@ -284,7 +285,7 @@ pub fn run_init(mut a: InitArgs) -> ExitCode {
         let client_dir = keel_block::tls::provision(&a.dir)?;
         // The bundles were copied before the NBD files existed.
         for (i, host) in o.hosts.iter().enumerate() {
-            keel_runtime::config::write_bundle(&a.dir, i as u32, host).map_err(|e| e.to_string())?;
+            keel_runtime::config::write_bundle(&a.dir, NodeId(i as u32), host).map_err(|e| e.to_string())?;
         }
         Ok(Some(client_dir))
     });
@@ -422,7 +423,7 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
             _ = term.recv() => "SIGTERM",
             _ = tokio::signal::ctrl_c() => "SIGINT",
         };
-        tracing::info!(node = id, signal = which, "stopping: making the log durable");
+        tracing::info!(node = %id, signal = which, "stopping: making the log durable");
         eprintln!("node {id}: {which}: stopping once its log is durable");
         let _ = stop_tx.send(true);
         // Kept alive so the node sees true, not a dropped sender.
@@ -793,13 +794,13 @@ fn stop(children: &mut [Child]) {
 /// the total, from the node's /status), redrawn twice a second until Ctrl-C.
 fn follow_transfers(dirs: &[PathBuf]) {
     use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-    let nodes: Vec<(u32, std::net::SocketAddr)> =
+    let nodes: Vec<(keel_core::ids::NodeId, std::net::SocketAddr)> =
         dirs.iter().filter_map(|d| NodeFile::load(&d.join("node.toml")).ok()).map(|s| (s.id, s.metrics)).collect();
     let bars = MultiProgress::new();
     let style = ProgressStyle::with_template("node {prefix}: state transfer [{bar:40}] {pos}/{len} chunks {msg}")
         .unwrap_or_else(|_| ProgressStyle::default_bar())
         .progress_chars("=> ");
-    let mut shown: std::collections::BTreeMap<u32, ProgressBar> = std::collections::BTreeMap::new();
+    let mut shown: std::collections::BTreeMap<keel_core::ids::NodeId, ProgressBar> = std::collections::BTreeMap::new();
     eprintln!("following state transfers (Ctrl-C to stop)");
     loop {
         for (id, addr) in &nodes {

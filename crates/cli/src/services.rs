@@ -2,6 +2,7 @@
 //! cluster.toml and `keel node` reads back. One table: a name that is not in it is an
 //! error wherever it appears (issue #22: `keel node` used to run KV for any unknown name).
 
+use keel_core::ids::NodeId;
 use keel_core::service::Service as _;
 use keel_runtime::config::NodeSetup;
 use keel_runtime::embed::{Control, NodeBuilder};
@@ -170,7 +171,7 @@ async fn run_coord(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         .front_end(move |front| keel_coord::front::serve(front, listener, options, local))
         .start()
         .await?;
-    tracing::info!(node = id, zookeeper = %fe.listen, "serving ZooKeeper clients");
+    tracing::info!(node = %id, zookeeper = %fe.listen, "serving ZooKeeper clients");
     eprintln!("node {id}: ZooKeeper clients on {}", fe.listen);
     node.run_until(stopped(stop)).await
 }
@@ -193,7 +194,7 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         ));
     };
     let membership = setup.joined.clone().unwrap_or_else(|| setup.cluster.membership.clone());
-    let members: Vec<u32> = membership.members.iter().map(|m| m.id).collect();
+    let members: Vec<keel_core::ids::NodeId> = membership.members.iter().map(|m| NodeId(m.id)).collect();
     let Some(index) = members.iter().position(|&m| m == setup.id) else {
         return Err(NodeError::Runtime(format!("node {} is not a member", setup.id)));
     };
@@ -241,7 +242,7 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         .start()
         .await?;
     let scheme = if options.tls.is_some() { "nbds" } else { "nbd" };
-    tracing::info!(node = id, nbd = %fe.listen, tls = options.tls.is_some(), "serving NBD clients");
+    tracing::info!(node = %id, nbd = %fe.listen, tls = options.tls.is_some(), "serving NBD clients");
     eprintln!("node {id}: NBD clients on {scheme}://{}", fe.listen);
     node.run_until(stopped(stop)).await
 }

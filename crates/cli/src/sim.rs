@@ -230,7 +230,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let n = Quorums::new(args.u, args.r).map_or(0, |q| q.order_nodes());
-    if let Some(pin) = args.byzantine.as_ref().filter(|p| p.nodes.iter().any(|&i| i as usize >= n)) {
+    if let Some(pin) = args.byzantine.as_ref().filter(|p| p.nodes.iter().any(|&i| i.0 as usize >= n)) {
         eprintln!("error: --byzantine {}: there are {n} order nodes (0..{n})", pin.text);
         return ExitCode::from(2);
     }

@@ -4,6 +4,8 @@
 //! Every node a test starts is a child it holds and kills by handle at the end (Drop),
 //! never by name.
 
+use keel_core::ids::NodeId;
+use keel_core::ids::{ClientId, View};
 use keel_core::message::ReadConsistency;
 use keel_kv::{KvRequest, KvResponse};
 use keel_runtime::client::KeelClient;
@@ -146,7 +148,10 @@ async fn outage_under_heavy_load(u: u32, r: u32) {
         // started the change itself or, restarting later, adopted the new view (a node
         // that did the latter counts no view change of its own; CI once saw that).
         let view = cluster.status(i).map(|s| s.view);
-        assert!(view.is_some_and(|v| v >= 1), "node {i} is in view {view:?}, not past the outage's view:\n{metrics}");
+        assert!(
+            view.is_some_and(|v| v >= View(1)),
+            "node {i} is in view {view:?}, not past the outage's view:\n{metrics}"
+        );
     }
     let started: u64 = (0..cluster.n()).map(|i| metric(&cluster.metrics(i), "keel_view_changes_total")).sum();
     assert!(started >= 1, "no node started a view change after the outage");
@@ -196,9 +201,10 @@ async fn bad_input_is_rejected_and_the_node_keeps_serving() {
         keel_runtime::tls::client_config(&setup.ca_pem, &setup.credentials).expect("tls"),
     );
     let tcp = tokio::net::TcpStream::connect(&addr).await.expect("tcp");
-    let mut tls = connector.connect(keel_runtime::tls::PeerId::Node(0).server_name(), tcp).await.expect("handshake");
+    let mut tls =
+        connector.connect(keel_runtime::tls::PeerId::Node(NodeId(0)).server_name(), tcp).await.expect("handshake");
     let forged = keel_core::message::Message::Request(keel_core::message::Request {
-        client: 1001,
+        client: ClientId(1001),
         seq: 1,
         op: KvRequest::Put { key: b"forged".to_vec(), value: b"x".to_vec() }.encode().into(),
         auth: vec![[0u8; 16]; 4],
@@ -389,7 +395,7 @@ async fn raw_connections(cluster: &Cluster, id: u64) -> (keel_runtime::config::C
     let mut conns = Vec::new();
     for member in &setup.membership.members {
         let tcp = tokio::net::TcpStream::connect(&member.addr).await.expect("tcp");
-        let name = keel_runtime::tls::PeerId::Node(member.id).server_name();
+        let name = keel_runtime::tls::PeerId::Node(NodeId(member.id)).server_name();
         conns.push(connector.connect(name, tcp).await.expect("handshake"));
     }
     (setup, conns)
@@ -413,7 +419,7 @@ async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_lead
                 let mut buf = Vec::new();
                 for _ in 0..64 {
                     let forged = keel_core::message::Message::Request(keel_core::message::Request {
-                        client: 1001,
+                        client: ClientId(1001),
                         seq,
                         op: b"flood".to_vec().into(),
                         auth: vec![[7u8; 16]; 4],
@@ -461,7 +467,7 @@ async fn a_client_flooding_every_node_neither_stalls_others_nor_changes_the_lead
 /// Client 1001's put of `key`, with MAC entries valid for the nodes in `valid` only.
 fn split_put(setup: &keel_runtime::config::ClientSetup, seq: u64, key: &str, valid: &[usize]) -> Vec<u8> {
     let op = KvRequest::Put { key: key.as_bytes().to_vec(), value: b"x".to_vec() }.encode();
-    let mut req = keel_core::message::Request::new(1001, seq, op.into());
+    let mut req = keel_core::message::Request::new(ClientId(1001), seq, op.into());
     let statement = req.statement();
     req.auth = setup
         .mac_keys
@@ -542,7 +548,7 @@ async fn with_auth_sig_signed_requests_are_served_and_a_bad_signature_is_refused
     // Client 1001 sends a put whose signature is not its own: every node refuses it.
     let (_, mut conns) = raw_connections(&cluster, 1001).await;
     let op = KvRequest::Put { key: b"forged".to_vec(), value: b"x".to_vec() }.encode();
-    let mut req = keel_core::message::Request::new(1001, 1, op.into());
+    let mut req = keel_core::message::Request::new(ClientId(1001), 1, op.into());
     req.sig = Some(keel_core::crypto::SigningKey::from_seed([9; 32]).sign(&req.statement()));
     let frame = framed(&keel_core::message::Message::Request(req));
     // Held open until the nodes have answered: a connection closed at once may take its
@@ -600,7 +606,7 @@ async fn watcher_gets_every_write(mut cluster: Cluster, down: usize, pushers: &[
         let next = tokio::time::timeout(Duration::from_secs(10), events.recv()).await;
         match next.expect("an event within 10 s").expect("channel open") {
             (client, Pushed::Event { seq, event }) => {
-                assert_eq!(client, 1001, "for the session that watches");
+                assert_eq!(client, ClientId(1001), "for the session that watches");
                 assert_eq!(seq, got.len() as u64 + 1, "numbered in order, none skipped");
                 got.push(KvEvent::decode(&event).expect("a KV event"));
             }

@@ -3,6 +3,8 @@
 //! field added to a struct stops this from compiling until it is set here too), turned
 //! into TOML, and their keys compared with the rows of the reference.
 
+use keel_core::ids::ClientId;
+use keel_core::ids::NodeId;
 use keel_runtime::config::{
     ClientFile, ClusterFile, FaultsFile, FrontEndFile, GenesisFile, LeadershipFile, NodeEntry, NodeFile,
 };
@@ -56,7 +58,7 @@ fn differences(doc: &str, file: &str, fields: &BTreeSet<String>) -> Vec<String> 
 }
 
 fn entry() -> NodeEntry {
-    NodeEntry { id: 0, addr: "127.0.0.1:7100".parse().expect("addr"), public_key: "00".into() }
+    NodeEntry { id: NodeId(0), addr: "127.0.0.1:7100".parse().expect("addr"), public_key: "00".into() }
 }
 
 fn files() -> (ClusterFile, NodeFile, ClientFile) {
@@ -77,7 +79,7 @@ fn files() -> (ClusterFile, NodeFile, ClientFile) {
         genesis: Some(GenesisFile { file: "genesis.state".into(), digest: "00".into(), origin: "backup".into() }),
     };
     let node = NodeFile {
-        id: 0,
+        id: NodeId(0),
         listen: "127.0.0.1:7100".parse().expect("addr"),
         metrics: "127.0.0.1:7104".parse().expect("addr"),
         service: "kv".into(),
@@ -101,7 +103,7 @@ fn files() -> (ClusterFile, NodeFile, ClientFile) {
         }),
     };
     let client = ClientFile {
-        id: 1000,
+        id: ClientId(1000),
         cluster: "../cluster.toml".into(),
         ca: "../ca.pem".into(),
         cert: "client.pem".into(),

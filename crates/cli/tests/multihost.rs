@@ -214,7 +214,7 @@ async fn nodes_in_their_own_network_namespaces_survive_a_partition_and_heal() {
         assert!(Instant::now() < deadline, "the healed nodes did not catch up: {executed:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(net.status(primary).is_some_and(|s| s.view > 0), "the cut primary was replaced");
+    assert!(net.status(primary).is_some_and(|s| s.view > keel_core::ids::View(0)), "the cut primary was replaced");
     // No acknowledged write lost: each read back, ordered.
     for (k, v) in &acked {
         let get = KvRequest::Get { key: k.clone().into_bytes() }.encode();

@@ -16,6 +16,7 @@
 use crate::chunk::Chunked;
 use crate::crypto::NodeKeys;
 use crate::epoch_cert::follow_certs;
+use crate::ids::NodeRange;
 use crate::membership::Membership;
 use crate::message::{proof_signed, ClientId, EpochCert, Message, NodeId, Seq, StableProof};
 use crate::step::Peer;
@@ -31,12 +32,7 @@ pub enum Certifiers {
     /// Stages apart (UpRight §4.2): the execution nodes, by stable id (`holders`, whom
     /// the fetch asks) and as they sign (`signers`, `config::stage_node` ids, whose
     /// `keys` start at the first), `quorum` (u + 1) of them.
-    Executors {
-        holders: Vec<NodeId>,
-        signers: std::ops::Range<NodeId>,
-        keys: Vec<crate::crypto::PublicKey>,
-        quorum: usize,
-    },
+    Executors { holders: Vec<NodeId>, signers: NodeRange, keys: Vec<crate::crypto::PublicKey>, quorum: usize },
 }
 
 /// A certified checkpoint, fetched whole.
@@ -118,7 +114,7 @@ impl CheckpointFetch {
     /// The stable ids of the nodes that hold checkpoints.
     pub fn holders(&self) -> Vec<NodeId> {
         match &self.certifiers {
-            Certifiers::Members => self.membership.members.iter().map(|m| m.id).collect(),
+            Certifiers::Members => self.membership.members.iter().map(|m| NodeId(m.id)).collect(),
             Certifiers::Executors { holders, .. } => holders.clone(),
         }
     }
@@ -150,7 +146,7 @@ impl CheckpointFetch {
             return send;
         }
         match &mut self.transfer {
-            None => self.to_holders(Message::FetchManifest { seq: 0 }, &mut send),
+            None => self.to_holders(Message::FetchManifest { seq: Seq(0) }, &mut send),
             Some(t) if t.awaits_manifest() => {
                 let seq = t.seq();
                 self.to_holders(Message::FetchManifest { seq }, &mut send);
@@ -231,7 +227,7 @@ impl CheckpointFetch {
         proof: StableProof,
         send: &mut Vec<(NodeId, Message)>,
     ) -> Result<(), Refused> {
-        if proof.seq == 0 || self.proof.as_ref().is_some_and(|p| p.seq >= proof.seq) {
+        if proof.seq == Seq(0) || self.proof.as_ref().is_some_and(|p| p.seq >= proof.seq) {
             return Ok(());
         }
         match self.certified(&proof) {
@@ -253,7 +249,7 @@ impl CheckpointFetch {
     fn certified(&self, proof: &StableProof) -> Option<bool> {
         match &self.certifiers {
             Certifiers::Executors { signers, keys, quorum, .. } => {
-                let keys = NodeKeys::starting_at(signers.start, keys);
+                let keys = NodeKeys::starting_at(signers.start.0, keys);
                 Some(proof.sigs.iter().all(|(n, _)| signers.contains(n)) && proof_signed(&keys, *quorum, proof))
             }
             Certifiers::Members => {
@@ -286,11 +282,11 @@ impl CheckpointFetch {
         // The newest epoch's first checkpoint is a backup too, if nothing newer came.
         let candidates = [self.unknown.take(), Some(last.proof.clone())];
         for proof in candidates.into_iter().flatten() {
-            if self.proof.as_ref().is_some_and(|p| p.seq >= proof.seq) || proof.seq == 0 {
+            if self.proof.as_ref().is_some_and(|p| p.seq >= proof.seq) || proof.seq == Seq(0) {
                 continue;
             }
             if self.certified(&proof) == Some(true) {
-                self.adopt(now, 0, proof, send);
+                self.adopt(now, NodeId(0), proof, send);
             }
         }
         Ok(())

@@ -41,6 +41,7 @@
 
 use crate::config::Auth;
 use crate::crypto::{Digest, MacKey};
+use crate::ids::NodeRange;
 use crate::membership::Membership;
 use crate::message::{ClientId, Message, NodeId, Payload, Read, ReadConsistency, Reply, ReplyBody, Request, View};
 use crate::quorum::{Mutation, Quorums};
@@ -172,7 +173,7 @@ pub struct Client {
     chain: Vec<crate::message::EpochCert>,
     /// The position (in the membership) of the first of the r + 1 nodes read-index
     /// operations go to.
-    index_first: NodeId,
+    index_first: usize,
     pushes: PushInbox,
     /// Read-only operations answered without ordering, and ones that had to be ordered
     /// (statistics).
@@ -180,10 +181,10 @@ pub struct Client {
     pub reads_ordered: u64,
     /// Separated execution: the execution nodes' ids, which reply instead of the order
     /// nodes (exec_node.rs). None: the order nodes execute.
-    executors: Option<std::ops::Range<NodeId>>,
+    executors: Option<NodeRange>,
     /// A separate RQ stage: the RQ nodes' ids, which take this client's requests
     /// (rq_node.rs). None: the order nodes do.
-    rq: Option<std::ops::Range<NodeId>>,
+    rq: Option<NodeRange>,
     /// Operations still to send to every RQ node (after a retransmission) rather than to
     /// `u + r + 1` of them.
     rq_all_left: u32,
@@ -230,13 +231,13 @@ impl Client {
             seq: first_seq.saturating_sub(1),
             started: Vec::new(),
             last_ordered: 0,
-            view: 0,
+            view: View(0),
             retransmit_ms,
             inflight: None,
             outbox: Vec::new(),
             failed: None,
             chain: Vec::new(),
-            index_first: (id % quorums.order_nodes() as u64) as NodeId,
+            index_first: (id.0 % quorums.order_nodes() as u64) as usize,
             pushes: PushInbox { next: 1, ..PushInbox::default() },
             reads_answered: 0,
             reads_ordered: 0,
@@ -251,27 +252,27 @@ impl Client {
     /// A separate request-quorum stage: requests go to the RQ nodes `rq`
     /// (stable ids: [`crate::config::ClusterConfig::rq_ids`]), `u + r + 1` of them first (from a
     /// position fixed per client) and all of them on a retransmission.
-    pub fn with_rq_nodes(mut self, rq: std::ops::Range<NodeId>) -> Client {
+    pub fn with_rq_nodes(mut self, rq: NodeRange) -> Client {
         self.rq = Some(rq);
         self
     }
 
     /// The RQ nodes a new request goes to first.
-    fn rq_first(&mut self, rq: std::ops::Range<NodeId>) -> Vec<NodeId> {
+    fn rq_first(&mut self, rq: NodeRange) -> Vec<NodeId> {
         self.rq_subset = self.rq_all_left == 0;
         if self.rq_all_left > 0 {
             self.rq_all_left -= 1;
             return rq.collect();
         }
         let q = rq.len().max(1);
-        let start = (self.id % q as u64) as usize;
-        (0..self.quorums.endorse_propose().min(q)).map(|i| rq.start + ((start + i) % q) as NodeId).collect()
+        let start = (self.id.0 % q as u64) as usize;
+        (0..self.quorums.endorse_propose().min(q)).map(|i| rq.at((start + i) % q)).collect()
     }
 
     /// Separated execution: replies come from the execution nodes `executors`
     /// (stable ids: [`crate::config::ClusterConfig::exec_ids`]), and so do answers to read-only
     /// operations (see `read_quorum` below).
-    pub fn with_executors(mut self, executors: std::ops::Range<NodeId>) -> Client {
+    pub fn with_executors(mut self, executors: NodeRange) -> Client {
         self.executors = Some(executors);
         self
     }
@@ -288,10 +289,10 @@ impl Client {
     /// The node that sends a large result in full for sequence number `seq`.
     fn designated(&self, seq: u64) -> Option<NodeId> {
         match &self.executors {
-            Some(e) => Some(e.start + (self.id.wrapping_add(seq) % e.len().max(1) as u64) as NodeId),
+            Some(e) => Some(e.at((self.id.0.wrapping_add(seq) % e.len().max(1) as u64) as usize)),
             None => {
                 let members = &self.membership.members;
-                members.get((self.id.wrapping_add(seq) % members.len().max(1) as u64) as usize).map(|m| m.id)
+                members.get((self.id.0.wrapping_add(seq) % members.len().max(1) as u64) as usize).map(|m| NodeId(m.id))
             }
         }
     }
@@ -326,7 +327,7 @@ impl Client {
 
     /// The order nodes' stable ids, in index order.
     pub fn members(&self) -> Vec<NodeId> {
-        self.membership.members.iter().map(|m| m.id).collect()
+        self.membership.members.iter().map(|m| NodeId(m.id)).collect()
     }
 
     /// Certificates of later epochs (from a node this client asked). Valid ones move the
@@ -344,7 +345,7 @@ impl Client {
         self.quorums = quorums.with_mutation(self.quorums.mutation());
         self.membership = at;
         self.chain.extend(chain);
-        self.index_first %= self.membership.n() as NodeId;
+        self.index_first %= self.membership.n().max(1);
         // Answers of nodes that are no longer repliers (removed members) stop counting
         // (all of them still count with the mutation, as before issue #21 defect 3).
         let old_rules = self.quorums.mutation() == Some(Mutation::UnverifiedEpochReplies);
@@ -430,11 +431,11 @@ impl Client {
             Some(e) => e.clone().collect(),
             None => self.members(),
         };
-        let n = members.len() as NodeId;
+        let n = members.len().max(1);
         match consistency {
-            ReadConsistency::Index => (0..self.quorums.reply_quorum() as NodeId)
-                .map(|i| members[((self.index_first + i) % n) as usize])
-                .collect(),
+            ReadConsistency::Index => {
+                (0..self.quorums.reply_quorum()).map(|i| members[(self.index_first + i) % n]).collect()
+            }
             ReadConsistency::Serializable | ReadConsistency::Linearizable => members,
         }
     }
@@ -511,7 +512,7 @@ impl Client {
         let members = self.members();
         let n = members.len();
         let want = self.quorums.endorse_propose();
-        let primary = (self.view % n as u64) as usize;
+        let primary = (self.view.primary(n)).0 as usize;
         let mut ring: Vec<NodeId> = (0..n).map(|i| members[(primary + i) % n]).collect();
         let memory = if retransmitted { 1 } else { 2 };
         let heard = |node: &NodeId| self.heard.get(node).copied().unwrap_or(0);
@@ -591,11 +592,11 @@ impl Client {
     }
 
     fn to_all(&self, msg: Message) -> Vec<(NodeId, Message)> {
-        self.membership.members.iter().map(|m| (m.id, msg.clone())).collect()
+        self.membership.members.iter().map(|m| (NodeId(m.id), msg.clone())).collect()
     }
 
     fn is_member(&self, node: NodeId) -> bool {
-        self.membership.index_of(node).is_some()
+        self.membership.index_of(node.0).is_some()
     }
 
     /// Whether an answer node `from` tagged with membership `epoch` may count: not if the
@@ -816,7 +817,7 @@ impl Client {
         if let Some(Inflight { kind: Kind::Read(read), .. }) = &self.inflight {
             if read.consistency == ReadConsistency::Index {
                 let n = self.executors.as_ref().map_or(self.membership.n(), |e| e.len());
-                self.index_first = (self.index_first + 1) % n.max(1) as NodeId;
+                self.index_first = (self.index_first + 1) % n.max(1);
             }
         }
         self.inflight = None;
@@ -926,16 +927,16 @@ impl PushInbox {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::result_digest;
+    use crate::message::{result_digest, Seq};
 
     fn client(u: u32, r: u32) -> Client {
         let q = Quorums::new(u, r).expect("valid");
         let keys = (0..q.order_nodes()).map(|i| MacKey([i as u8; 32])).collect();
-        Client::new(9, q, keys, 100, 1)
+        Client::new(ClientId(9), q, keys, 100, 1)
     }
 
     fn reply(seq: u64, body: ReplyBody) -> Reply {
-        Reply { client: 9, view: 0, seq, body, epoch: 0 }
+        Reply { client: ClientId(9), view: View(0), seq, body, epoch: 0 }
     }
 
     #[test]
@@ -944,13 +945,13 @@ mod tests {
         let msgs = c.invoke(0, b"op".to_vec()).expect("idle");
         // To u + r + 1 nodes from the primary on (they are the ones that reply), with a
         // MAC for every node (the others check theirs when the primary proposes it).
-        assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [0, 1, 2].map(NodeId).to_vec());
         let Message::Request(req) = &msgs[0].1 else { panic!("request") };
         assert_eq!(req.auth.len(), 4);
         let h = result_digest(b"ok");
-        assert_eq!(c.on_reply(1, reply(1, ReplyBody::Hash(h))), None);
-        assert_eq!(c.on_reply(2, reply(1, ReplyBody::Hash(h))), None, "two hashes but no body");
-        assert_eq!(c.on_reply(3, reply(1, ReplyBody::Full(b"ok".to_vec()))), Some(b"ok".to_vec()));
+        assert_eq!(c.on_reply(NodeId(1), reply(1, ReplyBody::Hash(h))), None);
+        assert_eq!(c.on_reply(NodeId(2), reply(1, ReplyBody::Hash(h))), None, "two hashes but no body");
+        assert_eq!(c.on_reply(NodeId(3), reply(1, ReplyBody::Full(b"ok".to_vec()))), Some(b"ok".to_vec()));
         assert!(!c.busy());
     }
 
@@ -961,11 +962,11 @@ mod tests {
         let mut c = client(1, 1);
         c.invoke(0, b"scan".to_vec()).expect("idle");
         let big = crate::codec::OP_BYTES_MAX as u64 + 1;
-        assert_eq!(c.on_reply(0, reply(1, ReplyBody::TooLarge(big))), None);
+        assert_eq!(c.on_reply(NodeId(0), reply(1, ReplyBody::TooLarge(big))), None);
         assert!(c.take_failed().is_none() && c.busy(), "one node alone cannot fail it");
-        assert_eq!(c.on_reply(1, reply(1, ReplyBody::TooLarge(big + 1))), None);
+        assert_eq!(c.on_reply(NodeId(1), reply(1, ReplyBody::TooLarge(big + 1))), None);
         assert!(c.take_failed().is_none() && c.busy(), "sizes must match");
-        assert_eq!(c.on_reply(2, reply(1, ReplyBody::TooLarge(big))), None);
+        assert_eq!(c.on_reply(NodeId(2), reply(1, ReplyBody::TooLarge(big))), None);
         let failed = c.take_failed();
         assert!(matches!(failed, Some(ClientError::ResultTooLarge { len, .. }) if len == big), "{failed:?}");
         assert!(!c.busy());
@@ -988,38 +989,50 @@ mod tests {
         let admin = SigningKey::from_seed([99; 32]);
         let genesis = Membership::genesis(1, 0, &keys, &[]);
         let q = genesis.quorums().expect("valid");
-        let mut c =
-            Client::new(9, q, (0..4).map(|i| MacKey([i as u8; 32])).collect(), 100, 1).with_membership(genesis.clone());
+        let mut c = Client::new(ClientId(9), q, (0..4).map(|i| MacKey([i as u8; 32])).collect(), 100, 1)
+            .with_membership(genesis.clone());
         c.invoke(0, b"op".to_vec()).expect("idle");
         let lie = Reply { epoch: 1, ..reply(1, ReplyBody::Full(b"lie".to_vec())) };
-        assert_eq!(c.on_reply(0, lie.clone()), None, "one reply of an unverified epoch completed the operation");
+        assert_eq!(
+            c.on_reply(NodeId(0), lie.clone()),
+            None,
+            "one reply of an unverified epoch completed the operation"
+        );
         assert!(c.poll_send().iter().any(|(_, m)| matches!(m, Message::EpochQuery { epoch: 0, .. })), "asks how");
         // A push event of epoch 1: under epoch 0's r = 0 one copy would deliver it.
-        assert!(c.on_push(0, 0, 1, 1, b"lie".to_vec()).is_empty(), "one push of an unverified epoch was delivered");
-        assert!(c.on_push(0, 1, 0, 1, b"ok".to_vec()).len() == 1, "a push of the verified epoch counts");
+        assert!(
+            c.on_push(0, NodeId(0), 1, 1, b"lie".to_vec()).is_empty(),
+            "one push of an unverified epoch was delivered"
+        );
+        assert!(c.on_push(0, NodeId(1), 0, 1, b"ok".to_vec()).len() == 1, "a push of the verified epoch counts");
         // Epoch 1 tolerates a Byzantine node: proven by epoch 0's quorum.
-        let next = genesis.apply(&AdminOp::sign(&admin, 0, Change::Faults { u: 1, r: 1 }), &admin.public(), 5);
+        let next = genesis.apply(&AdminOp::sign(&admin, 0, Change::Faults { u: 1, r: 1 }), &admin.public(), Seq(5));
         let next = next.expect("accepted");
         let root = Digest([1; 32]);
-        let sigs = (0..3u32).map(|i| (i, signing[i as usize].sign(&checkpoint_statement(5, &root, &next.digest(), i))));
-        let proof = StableProof { seq: 5, root, membership: next.digest(), sigs: sigs.collect() };
+        let sigs = NodeRange::first(3)
+            .map(|i| (i, signing[i.index()].sign(&checkpoint_statement(Seq(5), &root, &next.digest(), i))));
+        let proof = StableProof { seq: Seq(5), root, membership: next.digest(), sigs: sigs.collect() };
         assert!(c.on_epoch_certs(vec![EpochCert { proof, next }]));
-        assert_eq!(c.on_reply(0, lie), None, "r + 1 = 2 in epoch 1");
+        assert_eq!(c.on_reply(NodeId(0), lie), None, "r + 1 = 2 in epoch 1");
         let truth = |n| (n, Reply { epoch: 1, ..reply(1, ReplyBody::Full(b"ok".to_vec())) });
         let (n, r) = truth(1);
-        assert_eq!(c.on_reply(n, r), None);
+        assert_eq!(c.on_reply(NodeId(n), r), None);
         let (n, r) = truth(2);
-        assert_eq!(c.on_reply(n, r), Some(b"ok".to_vec()));
+        assert_eq!(c.on_reply(NodeId(n), r), Some(b"ok".to_vec()));
     }
 
     #[test]
     fn a_single_lying_node_cannot_decide_the_result() {
         let mut c = client(1, 1);
         c.invoke(0, b"op".to_vec()).expect("idle");
-        assert_eq!(c.on_reply(0, reply(1, ReplyBody::Full(b"lie".to_vec()))), None);
-        assert_eq!(c.on_reply(0, reply(1, ReplyBody::Full(b"lie".to_vec()))), None, "repeats do not count twice");
-        assert_eq!(c.on_reply(1, reply(1, ReplyBody::Hash(result_digest(b"ok")))), None);
-        assert_eq!(c.on_reply(2, reply(1, ReplyBody::Full(b"ok".to_vec()))), Some(b"ok".to_vec()));
+        assert_eq!(c.on_reply(NodeId(0), reply(1, ReplyBody::Full(b"lie".to_vec()))), None);
+        assert_eq!(
+            c.on_reply(NodeId(0), reply(1, ReplyBody::Full(b"lie".to_vec()))),
+            None,
+            "repeats do not count twice"
+        );
+        assert_eq!(c.on_reply(NodeId(1), reply(1, ReplyBody::Hash(result_digest(b"ok")))), None);
+        assert_eq!(c.on_reply(NodeId(2), reply(1, ReplyBody::Full(b"ok".to_vec()))), Some(b"ok".to_vec()));
     }
 
     #[test]
@@ -1027,10 +1040,10 @@ mod tests {
         let mut c = client(1, 0);
         c.invoke(0, b"a".to_vec()).expect("idle");
         assert_eq!(c.invoke(0, b"b".to_vec()), Err(ClientError::Busy));
-        assert_eq!(c.on_reply(0, reply(7, ReplyBody::Full(b"x".to_vec()))), None, "wrong seq");
-        let other = Reply { client: 10, ..reply(1, ReplyBody::Full(b"x".to_vec())) };
-        assert_eq!(c.on_reply(0, other), None, "another session's reply");
-        assert_eq!(c.on_reply(0, reply(1, ReplyBody::Full(b"x".to_vec()))), Some(b"x".to_vec()));
+        assert_eq!(c.on_reply(NodeId(0), reply(7, ReplyBody::Full(b"x".to_vec()))), None, "wrong seq");
+        let other = Reply { client: ClientId(10), ..reply(1, ReplyBody::Full(b"x".to_vec())) };
+        assert_eq!(c.on_reply(NodeId(0), other), None, "another session's reply");
+        assert_eq!(c.on_reply(NodeId(0), reply(1, ReplyBody::Full(b"x".to_vec()))), Some(b"x".to_vec()));
     }
 
     fn read_of(msgs: &[(NodeId, Message)]) -> Read {
@@ -1048,13 +1061,13 @@ mod tests {
         let read = read_of(&msgs);
         assert_eq!(read.auth.len(), 4);
         let ok = |seq| reply(seq, ReplyBody::Full(b"v".to_vec()));
-        assert_eq!(c.on_reply(0, ok(read.seq)), None);
-        assert_eq!(c.on_reply(1, ok(read.seq)), None, "r + 1 is not enough for a linearizable read");
-        assert_eq!(c.on_reply(2, ok(read.seq)), Some(b"v".to_vec()));
+        assert_eq!(c.on_reply(NodeId(0), ok(read.seq)), None);
+        assert_eq!(c.on_reply(NodeId(1), ok(read.seq)), None, "r + 1 is not enough for a linearizable read");
+        assert_eq!(c.on_reply(NodeId(2), ok(read.seq)), Some(b"v".to_vec()));
 
         let read = read_of(&c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Serializable).expect("idle"));
-        assert_eq!(c.on_reply(3, ok(read.seq)), None);
-        assert_eq!(c.on_reply(1, ok(read.seq)), Some(b"v".to_vec()));
+        assert_eq!(c.on_reply(NodeId(3), ok(read.seq)), None);
+        assert_eq!(c.on_reply(NodeId(1), ok(read.seq)), Some(b"v".to_vec()));
         assert!(c.poll_send().is_empty(), "nothing was ordered");
     }
 
@@ -1064,7 +1077,7 @@ mod tests {
         c.invoke(0, b"put".to_vec()).expect("idle");
         let seq = c.inflight_seq().expect("in flight");
         assert_eq!(c.invoke_read_only(0, b"x".to_vec(), ReadConsistency::Serializable), Err(ClientError::Busy));
-        assert_eq!(c.on_reply(0, reply(seq, ReplyBody::Full(b"done".to_vec()))), Some(b"done".to_vec()));
+        assert_eq!(c.on_reply(NodeId(0), reply(seq, ReplyBody::Full(b"done".to_vec()))), Some(b"done".to_vec()));
         let read = read_of(&c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Serializable).expect("idle"));
         assert_eq!(read.after, seq);
         assert!(read.seq > seq, "reads take fresh numbers from the same sequence");
@@ -1074,11 +1087,11 @@ mod tests {
     fn mismatching_answers_make_the_client_order_the_read() {
         let mut c = client(1, 1);
         let read = read_of(&c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Linearizable).expect("idle"));
-        assert_eq!(c.on_reply(0, reply(read.seq, ReplyBody::Full(b"old".to_vec()))), None);
+        assert_eq!(c.on_reply(NodeId(0), reply(read.seq, ReplyBody::Full(b"old".to_vec()))), None);
         assert!(c.poll_send().is_empty(), "three matching answers are still possible");
-        assert_eq!(c.on_reply(1, reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
+        assert_eq!(c.on_reply(NodeId(1), reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
         assert!(c.poll_send().is_empty(), "still possible: two unheard nodes may match either");
-        assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::Full(b"newer".to_vec()))), None);
+        assert_eq!(c.on_reply(NodeId(2), reply(read.seq, ReplyBody::Full(b"newer".to_vec()))), None);
         let ordered = c.poll_send();
         assert_eq!(ordered.len(), 3, "ordered: sent to u + r + 1 nodes");
         let Message::Request(req) = &ordered[0].1 else { panic!("an ordered request") };
@@ -1086,9 +1099,9 @@ mod tests {
         assert!(req.seq > read.seq, "under a fresh sequence number");
         assert_eq!(c.reads_ordered, 1);
         // Late read answers no longer count; ordered replies do.
-        assert_eq!(c.on_reply(3, reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
-        assert_eq!(c.on_reply(0, reply(req.seq, ReplyBody::Full(b"new".to_vec()))), None);
-        assert_eq!(c.on_reply(1, reply(req.seq, ReplyBody::Full(b"new".to_vec()))), Some(b"new".to_vec()));
+        assert_eq!(c.on_reply(NodeId(3), reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
+        assert_eq!(c.on_reply(NodeId(0), reply(req.seq, ReplyBody::Full(b"new".to_vec()))), None);
+        assert_eq!(c.on_reply(NodeId(1), reply(req.seq, ReplyBody::Full(b"new".to_vec()))), Some(b"new".to_vec()));
     }
 
     #[test]
@@ -1097,26 +1110,26 @@ mod tests {
         let mut c = client(1, 1);
         let msgs = c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle");
         let to: Vec<NodeId> = msgs.iter().map(|(n, _)| *n).collect();
-        assert_eq!(to, vec![1, 2], "r + 1 consecutive nodes");
+        assert_eq!(to, [1, 2].map(NodeId).to_vec(), "r + 1 consecutive nodes");
         let read = read_of(&msgs);
-        assert_eq!(c.on_reply(1, reply(read.seq, ReplyBody::Full(b"v".to_vec()))), None, "one is not enough");
-        assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::Full(b"v".to_vec()))), Some(b"v".to_vec()));
+        assert_eq!(c.on_reply(NodeId(1), reply(read.seq, ReplyBody::Full(b"v".to_vec()))), None, "one is not enough");
+        assert_eq!(c.on_reply(NodeId(2), reply(read.seq, ReplyBody::Full(b"v".to_vec()))), Some(b"v".to_vec()));
         // The window stays while reads work...
         let read = read_of(&c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle"));
-        assert_eq!(c.on_reply(1, reply(read.seq, ReplyBody::Full(b"old".to_vec()))), None);
+        assert_eq!(c.on_reply(NodeId(1), reply(read.seq, ReplyBody::Full(b"old".to_vec()))), None);
         // ...and a mismatch between the two orders the read (nobody else was asked)...
-        assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
+        assert_eq!(c.on_reply(NodeId(2), reply(read.seq, ReplyBody::Full(b"new".to_vec()))), None);
         assert_eq!(c.poll_send().len(), 3, "ordered: sent to u + r + 1 nodes");
         assert_eq!(c.reads_ordered, 1);
         c.abandon();
         // ...and moves the window on by one.
         let msgs = c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle");
-        assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [2, 3].map(NodeId).to_vec());
         // A silent node: ordered after the timeout, window moves again (wrapping).
         assert_eq!(c.on_tick(100).len(), 3, "ordered: sent to u + r + 1 nodes");
         c.abandon();
         let msgs = c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Index).expect("idle");
-        assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![3, 0]);
+        assert_eq!(msgs.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [3, 0].map(NodeId).to_vec());
     }
 
     #[test]
@@ -1124,11 +1137,11 @@ mod tests {
         let mut c = client(1, 0);
         let read = read_of(&c.invoke_read_only(0, b"put".to_vec(), ReadConsistency::Serializable).expect("idle"));
         for n in 0..2 {
-            assert_eq!(c.on_reply(n, reply(read.seq, ReplyBody::NotReadOnly)), None);
+            assert_eq!(c.on_reply(NodeId(n), reply(read.seq, ReplyBody::NotReadOnly)), None);
         }
         // Two of three refused: the third alone can still make r + 1 = 1.
         assert!(c.poll_send().is_empty());
-        assert_eq!(c.on_reply(2, reply(read.seq, ReplyBody::NotReadOnly)), None);
+        assert_eq!(c.on_reply(NodeId(2), reply(read.seq, ReplyBody::NotReadOnly)), None);
         assert_eq!(c.poll_send().len(), 2, "every node refused: ordered (sent to u + r + 1 nodes)");
 
         let mut c = client(1, 1);
@@ -1153,7 +1166,7 @@ mod tests {
     fn acks(msgs: &[(NodeId, Message)]) -> Vec<u64> {
         msgs.iter()
             .filter_map(|(n, m)| match m {
-                Message::PushAck { upto, .. } if *n == 0 => Some(*upto),
+                Message::PushAck { upto, .. } if *n == NodeId(0) => Some(*upto),
                 _ => None,
             })
             .collect()
@@ -1164,15 +1177,15 @@ mod tests {
         let mut c = client(1, 1);
         let ev = |s: u64| Pushed::Event { seq: s, event: vec![s as u8] };
         // Event 2 first, confirmed: held back for 1.
-        assert!(c.on_push(0, 0, 0, 2, vec![2]).is_empty());
-        assert!(c.on_push(0, 1, 0, 2, vec![2]).is_empty(), "event 1 is due first");
+        assert!(c.on_push(0, NodeId(0), 0, 2, vec![2]).is_empty());
+        assert!(c.on_push(0, NodeId(1), 0, 2, vec![2]).is_empty(), "event 1 is due first");
         // A lying node's version of event 1 alone does nothing.
-        assert!(c.on_push(0, 3, 0, 1, vec![66]).is_empty());
-        assert!(c.on_push(0, 0, 0, 1, vec![1]).is_empty(), "one copy is not enough");
-        assert_eq!(c.on_push(0, 2, 0, 1, vec![1]), vec![ev(1), ev(2)]);
+        assert!(c.on_push(0, NodeId(3), 0, 1, vec![66]).is_empty());
+        assert!(c.on_push(0, NodeId(0), 0, 1, vec![1]).is_empty(), "one copy is not enough");
+        assert_eq!(c.on_push(0, NodeId(2), 0, 1, vec![1]), vec![ev(1), ev(2)]);
         assert_eq!(acks(&c.poll_send()), vec![2], "acknowledged up to 2");
         // Old events resent by a node that missed the ack: acknowledged again on the tick.
-        assert!(c.on_push(0, 1, 0, 1, vec![1]).is_empty());
+        assert!(c.on_push(0, NodeId(1), 0, 1, vec![1]).is_empty());
         assert!(c.on_push_tick(10).is_empty());
         assert_eq!(acks(&c.poll_send()), vec![2]);
     }
@@ -1180,15 +1193,15 @@ mod tests {
     #[test]
     fn events_nobody_delivers_become_a_gap_after_a_while() {
         let mut c = client(1, 1);
-        c.on_push(0, 0, 0, 5, vec![5]);
-        c.on_push(0, 1, 0, 5, vec![5]);
+        c.on_push(0, NodeId(0), 0, 5, vec![5]);
+        c.on_push(0, NodeId(1), 0, 5, vec![5]);
         assert!(c.on_push_tick(100).is_empty(), "events 1 to 4 may still come");
         assert_eq!(
             c.on_push_tick(2 * 100 + 1),
             vec![Pushed::Gap { first: 1, last: 4 }, Pushed::Event { seq: 5, event: vec![5] }]
         );
         // A lying node claiming a far later event cannot force a gap on its own.
-        c.on_push(300, 3, 0, 9, vec![9]);
+        c.on_push(300, NodeId(3), 0, 9, vec![9]);
         assert!(c.on_push_tick(10_000).is_empty());
         assert!(c.pushes.bytes <= 1, "delivered bodies are freed");
     }
@@ -1212,7 +1225,7 @@ mod tests {
             };
             seqs.push(seq);
             for n in [0, 1, 3] {
-                c.on_reply(n, reply(seq, ReplyBody::Full(vec![i])));
+                c.on_reply(NodeId(n), reply(seq, ReplyBody::Full(vec![i])));
             }
             assert!(c.inflight.is_none(), "operation {i} completed");
         }
@@ -1229,16 +1242,20 @@ mod tests {
         for seq in 1..=3u64 {
             let sent = c.invoke(0, vec![seq as u8]).expect("idle");
             if seq == 1 {
-                assert_eq!(targets(&sent), vec![0, 1, 2], "nothing is known yet: u + r + 1 from the primary");
+                assert_eq!(
+                    targets(&sent),
+                    [0, 1, 2].map(NodeId).to_vec(),
+                    "nothing is known yet: u + r + 1 from the primary"
+                );
             } else {
-                assert_eq!(targets(&sent), vec![0, 1, 3], "node 2 answered none of the last two");
+                assert_eq!(targets(&sent), [0, 1, 3].map(NodeId).to_vec(), "node 2 answered none of the last two");
             }
-            c.on_reply(0, full(seq));
-            assert!(c.on_reply(1, full(seq)).is_some());
-            c.on_reply(3, full(seq));
+            c.on_reply(NodeId(0), full(seq));
+            assert!(c.on_reply(NodeId(1), full(seq)).is_some());
+            c.on_reply(NodeId(3), full(seq));
         }
         let sent = c.invoke(0, vec![4]).expect("idle");
-        assert_eq!(targets(&sent), vec![0, 1, 3]);
+        assert_eq!(targets(&sent), [0, 1, 3].map(NodeId).to_vec());
         // All of them on a retransmission.
         assert_eq!(c.on_tick(100).len(), 4);
     }
@@ -1259,7 +1276,7 @@ mod tests {
             }
             let mut done = None;
             for n in 0..4 {
-                done = done.or(c.on_reply(n, reply(seq, ReplyBody::Full(vec![i as u8]))));
+                done = done.or(c.on_reply(NodeId(n), reply(seq, ReplyBody::Full(vec![i as u8]))));
             }
             assert!(done.is_some(), "operation {i} completed");
             now += 1;
@@ -1275,11 +1292,15 @@ mod tests {
     #[test]
     fn rq_mac_routes_around_a_node_whose_first_transmissions_needed_retransmission() {
         let mut c = client(1, 1).with_auth(Auth::RqMac);
-        let sent = rq_mac_run(&mut c, 40, |_, first| first.contains(&2));
-        let failed = sent.iter().filter(|first| first.contains(&2)).count();
+        let sent = rq_mac_run(&mut c, 40, |_, first| first.contains(&NodeId(2)));
+        let failed = sent.iter().filter(|first| first.contains(&NodeId(2))).count();
         assert!(failed <= 2, "{failed} of 40 operations waited for a retransmission: {sent:?}");
         assert!(sent.iter().all(|first| first.len() == 3), "u + r + 1 first, always");
-        assert_eq!(sent.last(), Some(&vec![0, 1, 3]), "the primary first, then the ring without node 2");
+        assert_eq!(
+            sent.last(),
+            Some(&[0, 1, 3].map(NodeId).to_vec()),
+            "the primary first, then the ring without node 2"
+        );
     }
 
     /// A node that spoils only some of its endorsements (one in three) still ends up out.
@@ -1288,13 +1309,13 @@ mod tests {
         let mut c = client(1, 1).with_auth(Auth::RqMac);
         let mut spoiled = 0;
         let sent = rq_mac_run(&mut c, 200, |_, first| {
-            if !first.contains(&1) {
+            if !first.contains(&NodeId(1)) {
                 return false;
             }
             spoiled += 1;
             spoiled % 3 == 0
         });
-        let late = sent[100..].iter().filter(|first| first.contains(&1)).count();
+        let late = sent[100..].iter().filter(|first| first.contains(&NodeId(1))).count();
         assert_eq!(late, 0, "node 1 still asked first in the second half ({} failures): {sent:?}", spoiled / 3);
         assert!(spoiled / 3 <= 4, "{} operations waited for a retransmission", spoiled / 3);
     }
@@ -1305,11 +1326,11 @@ mod tests {
     #[test]
     fn rq_mac_blame_moves_to_whichever_node_fails_and_stays_bounded() {
         let mut c = client(1, 1).with_auth(Auth::RqMac);
-        rq_mac_run(&mut c, 20, |_, first| first.contains(&2));
-        let sent = rq_mac_run(&mut c, 40, |_, first| first.contains(&1));
-        let failed = sent.iter().filter(|first| first.contains(&1)).count();
+        rq_mac_run(&mut c, 20, |_, first| first.contains(&NodeId(2)));
+        let sent = rq_mac_run(&mut c, 40, |_, first| first.contains(&NodeId(1)));
+        let failed = sent.iter().filter(|first| first.contains(&NodeId(1))).count();
         assert!(failed <= 4, "{failed} of 40 failed after node 1 turned bad: {sent:?}");
-        assert_eq!(sent.last(), Some(&vec![0, 2, 3]));
+        assert_eq!(sent.last(), Some(&[0, 2, 3].map(NodeId).to_vec()));
         // Nothing works: every node is blamed alike, within the bound, and the client
         // still sends to u + r + 1 first and to all on the retransmission.
         let sent = rq_mac_run(&mut c, 500, |_, _| true);
@@ -1324,7 +1345,7 @@ mod tests {
     fn rq_mac_without_failures_sends_to_the_primary_and_the_nodes_after_it() {
         let mut c = client(1, 1).with_auth(Auth::RqMac);
         let sent = rq_mac_run(&mut c, 10, |_, _| false);
-        assert!(sent.iter().all(|first| *first == vec![0, 1, 2]), "{sent:?}");
+        assert!(sent.iter().all(|first| *first == [0, 1, 2].map(NodeId).to_vec()), "{sent:?}");
         assert!(c.blame.is_empty());
     }
 
@@ -1340,17 +1361,17 @@ mod tests {
             let first: Vec<NodeId> = c.invoke(now, vec![i]).expect("idle").iter().map(|(n, _)| *n).collect();
             let seq = c.inflight_seq().expect("in flight");
             seqs.push(seq);
-            if first.contains(&2) {
+            if first.contains(&NodeId(2)) {
                 failed += 1;
                 now += 100;
                 c.on_tick(now);
             }
             if let Some(late) = seqs.len().checked_sub(4).map(|k| seqs[k]) {
-                c.on_reply(3, reply(late, ReplyBody::Full(vec![i - 3])));
+                c.on_reply(NodeId(3), reply(late, ReplyBody::Full(vec![i - 3])));
             }
             let mut done = None;
             for n in 0..3 {
-                done = done.or(c.on_reply(n, reply(seq, ReplyBody::Full(vec![i]))));
+                done = done.or(c.on_reply(NodeId(n), reply(seq, ReplyBody::Full(vec![i]))));
             }
             assert!(done.is_some());
             now += 1;
@@ -1364,12 +1385,12 @@ mod tests {
     #[test]
     fn rq_mac_sends_first_to_the_primary_while_it_answers() {
         let mut c = client(1, 1).with_auth(Auth::RqMac);
-        rq_mac_run(&mut c, 10, |_, first| first.contains(&1));
+        rq_mac_run(&mut c, 10, |_, first| first.contains(&NodeId(1)));
         let first: Vec<NodeId> = c.invoke(0, vec![0]).expect("idle").iter().map(|(n, _)| *n).collect();
-        assert!(!first.contains(&1), "node 1 failed the client as a backup: {first:?}");
+        assert!(!first.contains(&NodeId(1)), "node 1 failed the client as a backup: {first:?}");
         c.abandon();
-        c.note_view(1);
+        c.note_view(View(1));
         let first: Vec<NodeId> = c.invoke(0, vec![0]).expect("idle").iter().map(|(n, _)| *n).collect();
-        assert_eq!(first[0], 1, "the primary of view 1 first: {first:?}");
+        assert_eq!(first[0], NodeId(1), "the primary of view 1 first: {first:?}");
     }
 }

@@ -231,7 +231,7 @@ mod tests {
 
     fn arb_request() -> impl Strategy<Value = Request> {
         let endorsement = (any::<u32>(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
-            .prop_map(|(node, macs)| Endorsement { node, macs });
+            .prop_map(|(node, macs)| Endorsement { node: NodeId(node), macs });
         (
             any::<u64>(),
             any::<u64>(),
@@ -244,7 +244,7 @@ mod tests {
                 auth,
                 endorsements,
                 sig,
-                ..Request::new(client, seq, op.into())
+                ..Request::new(ClientId(client), seq, op.into())
             })
     }
 
@@ -254,16 +254,26 @@ mod tests {
     }
 
     fn arb_stable() -> impl Strategy<Value = StableProof> {
-        (any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
-            .prop_map(|(seq, root, sigs)| StableProof { seq, root, membership: Digest([3; 32]), sigs })
+        (any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>().prop_map(NodeId), arb_sig()), 0..4))
+            .prop_map(|(seq, root, sigs)| StableProof { seq: Seq(seq), root, membership: Digest([3; 32]), sigs })
     }
 
     fn arb_view_change() -> impl Strategy<Value = ViewChange> {
-        let cert =
-            (any::<u64>(), any::<u64>(), arb_digest(), proptest::collection::vec((any::<u32>(), arb_sig()), 0..4))
-                .prop_map(|(view, seq, digest, writes)| CertProof { view, seq, digest, writes });
-        (any::<u64>(), any::<u32>(), arb_stable(), proptest::collection::vec(cert, 0..3), arb_sig())
-            .prop_map(|(view, from, stable, certs, sig)| ViewChange { view, from, stable, certs, sig })
+        let cert = (
+            any::<u64>(),
+            any::<u64>(),
+            arb_digest(),
+            proptest::collection::vec((any::<u32>().prop_map(NodeId), arb_sig()), 0..4),
+        )
+            .prop_map(|(view, seq, digest, writes)| CertProof {
+                view: View(view),
+                seq: Seq(seq),
+                digest,
+                writes,
+            });
+        (any::<u64>(), any::<u32>(), arb_stable(), proptest::collection::vec(cert, 0..3), arb_sig()).prop_map(
+            |(view, from, stable, certs, sig)| ViewChange { view: View(view), from: NodeId(from), stable, certs, sig },
+        )
     }
 
     fn arb_message() -> impl Strategy<Value = Message> {
@@ -272,9 +282,10 @@ mod tests {
             arb_request().prop_map(Message::Forward),
             (arb_request(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
                 .prop_map(|(request, macs)| Message::Endorse { request, macs }),
-            (any::<u64>(), any::<u64>(), any::<u64>(), arb_bytes(64))
-                .prop_map(|(client, seq, epoch, event)| { Message::Push { client, seq, epoch, event } }),
-            (any::<u64>(), any::<u64>()).prop_map(|(client, upto)| Message::PushAck { client, upto }),
+            (any::<u64>(), any::<u64>(), any::<u64>(), arb_bytes(64)).prop_map(|(client, seq, epoch, event)| {
+                Message::Push { client: ClientId(client), seq, epoch, event }
+            }),
+            (any::<u64>(), any::<u64>()).prop_map(|(client, upto)| Message::PushAck { client: ClientId(client), upto }),
             (arb_request(), 0..3u8, any::<u64>()).prop_map(|(r, c, after)| Message::Read(Read {
                 client: r.client,
                 seq: r.seq,
@@ -299,53 +310,58 @@ mod tests {
                 ]
             )
                 .prop_map(|(client, view, seq, body)| Message::Reply(Reply {
-                    client,
-                    view,
+                    client: ClientId(client),
+                    view: View(view),
                     seq,
                     body,
                     epoch: view / 3
                 })),
             (any::<u64>(), any::<u64>(), arb_value(), any::<bool>()).prop_map(|(view, seq, value, digests)| {
                 let value = if digests { Proposal::with_digests(&value) } else { value.into() };
-                Message::Propose { view, seq, value }
+                Message::Propose { view: View(view), seq: Seq(seq), value }
             }),
             (any::<u64>(), any::<u64>(), arb_digest(), proptest::collection::vec(any::<[u8; 16]>(), 0..5))
-                .prop_map(|(client, seq, op, macs)| Message::EndorseDigest { client, seq, op, macs }),
-            (any::<u64>(), proptest::collection::vec((any::<u64>(), arb_digest()), 0..4))
-                .prop_map(|(seq, wanted)| Message::FetchBodies { seq, wanted }),
-            (any::<u64>(), proptest::collection::vec(arb_bytes(100), 0..4))
-                .prop_map(|(seq, ops)| { Message::Bodies { seq, ops: ops.into_iter().map(Payload::from).collect() } }),
-            (any::<u64>(), any::<u64>(), arb_digest(), arb_sig())
-                .prop_map(|(view, seq, digest, sig)| Message::Write(Write { view, seq, digest, sig })),
+                .prop_map(|(client, seq, op, macs)| Message::EndorseDigest { client: ClientId(client), seq, op, macs }),
+            (any::<u64>(), proptest::collection::vec((any::<u64>().prop_map(ClientId), arb_digest()), 0..4))
+                .prop_map(|(seq, wanted)| Message::FetchBodies { seq: Seq(seq), wanted }),
+            (any::<u64>(), proptest::collection::vec(arb_bytes(100), 0..4)).prop_map(|(seq, ops)| {
+                Message::Bodies { seq: Seq(seq), ops: ops.into_iter().map(Payload::from).collect() }
+            }),
+            (any::<u64>(), any::<u64>(), arb_digest(), arb_sig()).prop_map(|(view, seq, digest, sig)| Message::Write(
+                Write { view: View(view), seq: Seq(seq), digest, sig }
+            )),
             (any::<u64>(), any::<u64>(), arb_digest()).prop_map(|(view, seq, digest)| Message::Accept {
-                view,
-                seq,
+                view: View(view),
+                seq: Seq(seq),
                 digest
             }),
             (any::<u64>(), arb_digest(), arb_sig()).prop_map(|(seq, root, sig)| {
-                Message::Checkpoint(CheckpointVote { seq, root, membership: root, sig })
+                Message::Checkpoint(CheckpointVote { seq: Seq(seq), root, membership: root, sig })
             }),
-            any::<u64>().prop_map(|view| Message::Stop { view }),
+            any::<u64>().prop_map(|view| Message::Stop { view: View(view) }),
             arb_view_change().prop_map(Message::ViewChange),
-            (any::<u64>(), proptest::collection::vec(arb_view_change(), 0..3), arb_sig())
-                .prop_map(|(view, view_changes, sig)| Message::NewView(NewView { view, view_changes, sig })),
-            (any::<u64>(), any::<u64>(), any::<u64>())
-                .prop_map(|(view, executed, stable)| { Message::Status { view, executed, stable } }),
+            (any::<u64>(), proptest::collection::vec(arb_view_change(), 0..3), arb_sig()).prop_map(
+                |(view, view_changes, sig)| Message::NewView(NewView { view: View(view), view_changes, sig })
+            ),
+            (any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(view, executed, stable)| {
+                Message::Status { view: View(view), executed: Seq(executed), stable: Seq(stable) }
+            }),
             arb_stable().prop_map(Message::StableCert),
-            (any::<u64>(), arb_value()).prop_map(|(seq, value)| Message::Decided { seq, value }),
-            any::<u64>().prop_map(|seq| Message::FetchManifest { seq }),
+            (any::<u64>(), arb_value()).prop_map(|(seq, value)| Message::Decided { seq: Seq(seq), value }),
+            any::<u64>().prop_map(|seq| Message::FetchManifest { seq: Seq(seq) }),
             (any::<u64>(), any::<u64>(), proptest::collection::vec(arb_digest(), 0..4))
-                .prop_map(|(seq, len, chunks)| Message::Manifest { seq, len, chunks }),
-            (any::<u64>(), any::<u32>()).prop_map(|(seq, index)| Message::FetchChunk { seq, index }),
+                .prop_map(|(seq, len, chunks)| Message::Manifest { seq: Seq(seq), len, chunks }),
+            (any::<u64>(), any::<u32>()).prop_map(|(seq, index)| Message::FetchChunk { seq: Seq(seq), index }),
             (any::<u64>(), any::<u32>(), arb_bytes(128)).prop_map(|(seq, index, data)| Message::Chunk {
-                seq,
+                seq: Seq(seq),
                 index,
                 data
             }),
-            (any::<u64>(), arb_digest()).prop_map(|(seq, digest)| Message::FetchValue { seq, digest }),
-            (any::<u64>(), arb_value()).prop_map(|(seq, value)| Message::ValueBody { seq, value }),
+            (any::<u64>(), arb_digest()).prop_map(|(seq, digest)| Message::FetchValue { seq: Seq(seq), digest }),
+            (any::<u64>(), arb_value()).prop_map(|(seq, value)| Message::ValueBody { seq: Seq(seq), value }),
             any::<u64>().prop_map(|round| Message::IndexProbe { round }),
-            (any::<u64>(), any::<u64>()).prop_map(|(round, accepted)| Message::IndexAck { round, accepted }),
+            (any::<u64>(), any::<u64>())
+                .prop_map(|(round, accepted)| Message::IndexAck { round, accepted: Seq(accepted) }),
             arb_bytes(256).prop_map(|payload| Message::Plane { payload }),
         ]
     }
@@ -373,11 +389,11 @@ mod tests {
 
     #[test]
     fn rejects_wrong_version_trailing_bytes_and_oversize() {
-        let mut bytes = encode(&Message::Stop { view: 3 });
+        let mut bytes = encode(&Message::Stop { view: View(3) });
         let other = WIRE_VERSION.wrapping_add(1);
         bytes[0] = other;
         assert_eq!(decode(&bytes), Err(DecodeError::Version { got: other, expected: WIRE_VERSION }));
-        let mut bytes = encode(&Message::Stop { view: 3 });
+        let mut bytes = encode(&Message::Stop { view: View(3) });
         bytes.push(0);
         assert_eq!(decode(&bytes), Err(DecodeError::Trailing { bytes: 1 }));
         let big = vec![WIRE_VERSION; FRAME_MAX + 1];
@@ -397,14 +413,14 @@ mod tests {
 
     #[test]
     fn oversized_batches_are_bounded() {
-        let req = Request::new(1, 1, Vec::new().into());
+        let req = Request::new(ClientId(1), 1, Vec::new().into());
         let value = Value { time: 0, requests: vec![req; REQUESTS_PER_VALUE_MAX + 1] };
-        let bytes = encode(&Message::Propose { view: 0, seq: 1, value: value.clone().into() });
+        let bytes = encode(&Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "proposal.requests", .. })));
-        let bytes = encode(&Message::Decided { seq: 1, value });
+        let bytes = encode(&Message::Decided { seq: Seq(1), value });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "value.requests", .. })));
-        let wanted = vec![(1, Digest::default()); REQUESTS_PER_VALUE_MAX + 1];
-        let bytes = encode(&Message::FetchBodies { seq: 1, wanted });
+        let wanted = vec![(ClientId(1), Digest::default()); REQUESTS_PER_VALUE_MAX + 1];
+        let bytes = encode(&Message::FetchBodies { seq: Seq(1), wanted });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "fetch_bodies.wanted", .. })));
         let bytes = encode(&Message::Plane { payload: vec![0; PLANE_BYTES_MAX + 1] });
         assert!(matches!(decode(&bytes), Err(DecodeError::Bound { field: "plane.payload", .. })));
@@ -416,15 +432,17 @@ mod tests {
         let op = |i: u8, len: usize| Payload::from(vec![i; len]);
         let value = Value {
             time: 7,
-            requests: (0..10).map(|i| Request::new(i as u64, 1, op(i, if i == 0 { 10 } else { 1024 }))).collect(),
+            requests: (0..10)
+                .map(|i| Request::new(ClientId(i as u64), 1, op(i, if i == 0 { 10 } else { 1024 })))
+                .collect(),
         };
         let proposal = Proposal::with_digests(&value);
         assert_eq!(proposal.digest(), value.digest());
         // The 10-byte operation stays inline; the nine 1 KiB ones become digests.
         assert!(matches!(proposal.requests[0], Proposed::Full(_)));
         assert!(proposal.requests[1..].iter().all(|p| matches!(p, Proposed::Digest(_))));
-        let full = encode(&Message::Propose { view: 0, seq: 1, value: value.clone().into() }).len();
-        let small = encode(&Message::Propose { view: 0, seq: 1, value: proposal.clone() }).len();
+        let full = encode(&Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() }).len();
+        let small = encode(&Message::Propose { view: View(0), seq: Seq(1), value: proposal.clone() }).len();
         assert!(full > 9 * 1024 && small < 1024, "full {full} bytes, with digests {small}");
         // Expanding needs every body, each hashing to its digest.
         let mut bodies: Vec<Option<Payload>> = value.requests.iter().map(|r| Some(r.op.clone())).collect();

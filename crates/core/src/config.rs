@@ -4,8 +4,9 @@
 //! suffix and checked before anything is buffered.
 
 use crate::crypto::{NodeKeys, PublicKey};
+use crate::ids::NodeRange;
 use crate::membership::Membership;
-use crate::message::{ClientId, NodeId};
+use crate::message::{ClientId, NodeId, View};
 use crate::quorum::{QuorumError, Quorums};
 use std::collections::BTreeMap;
 
@@ -39,16 +40,16 @@ pub struct ClusterConfig {
 /// the epoch (membership.rs), always below [`crate::quorum::NODES_MAX`], and execution and
 /// RQ nodes call order nodes by their stable ids, also below it: stage nodes stay apart
 /// from both whatever a membership change does to indices.
-pub const STAGE_BASE: NodeId = 1 << 16;
+pub const STAGE_BASE: NodeId = NodeId(1 << 16);
 
 /// The core name of the stage node with stable id `id`.
 pub fn stage_node(id: u32) -> NodeId {
-    STAGE_BASE + id
+    NodeId(STAGE_BASE.0 + id)
 }
 
 /// The stable id of stage node `node`, or `None` if `node` names an order node.
 pub fn stage_id(node: NodeId) -> Option<u32> {
-    node.checked_sub(STAGE_BASE)
+    node.0.checked_sub(STAGE_BASE.0)
 }
 
 /// Where the execution and request-quorum stages run. Order nodes are the members;
@@ -284,12 +285,11 @@ impl ClusterConfig {
 
     /// The nodes that endorse client requests (`auth = rq-mac`): the RQ nodes when
     /// separated, the order nodes otherwise.
-    pub fn endorsers(&self) -> std::ops::Range<NodeId> {
+    pub fn endorsers(&self) -> NodeRange {
         if self.rq_separated() {
-            let first = stage_node(self.stages.rq_first);
-            first..first + self.stages.rq.len() as NodeId
+            NodeRange::new(stage_node(self.stages.rq_first), self.stages.rq.len())
         } else {
-            0..self.n() as NodeId
+            NodeRange::first(self.n())
         }
     }
 
@@ -314,23 +314,22 @@ impl ClusterConfig {
     /// The position of RQ node `node`'s entry in an endorsement's MAC authenticator.
     pub fn rq_entry(&self, node: NodeId) -> Option<usize> {
         let r = self.endorsers();
-        (self.rq_separated() && r.contains(&node)).then(|| self.n() + (node - r.start) as usize)
+        r.offset(node).filter(|_| self.rq_separated()).map(|i| self.n() + i)
     }
 
     /// The nodes that execute and answer clients: the execution nodes when separated,
     /// the order nodes otherwise.
-    pub fn executors(&self) -> std::ops::Range<NodeId> {
+    pub fn executors(&self) -> NodeRange {
         if self.separated() {
-            let first = stage_node(self.stages.exec_first);
-            first..first + self.stages.executors.len() as NodeId
+            NodeRange::new(stage_node(self.stages.exec_first), self.stages.executors.len())
         } else {
-            0..self.n() as NodeId
+            NodeRange::first(self.n())
         }
     }
 
     /// The execution nodes' keys, for checking their checkpoint votes and certificates.
     pub fn exec_keys(&self) -> NodeKeys {
-        NodeKeys::starting_at(self.executors().start, &self.stages.executors)
+        NodeKeys::starting_at((self.executors().start).0, &self.stages.executors)
     }
 
     /// Node addresses for the genesis membership (index order), which members gossip.
@@ -370,8 +369,8 @@ impl ClusterConfig {
         self.node_keys.len()
     }
 
-    pub fn primary(&self, view: u64) -> u32 {
-        (view % self.n() as u64) as u32
+    pub fn primary(&self, view: View) -> NodeId {
+        view.primary(self.n())
     }
 }
 

@@ -3,6 +3,7 @@
 //! Every signed or MACed byte string starts with a domain tag, so a signature made for
 //! one purpose (a WRITE vote) can never be replayed as another (a checkpoint vote).
 
+use crate::ids::ClientId;
 use ed25519_dalek::{Signer, Verifier};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
@@ -177,11 +178,11 @@ impl NodeKeys {
 
 /// `auth = sig`: client identities' public keys, decompressed once.
 #[derive(Clone, Debug, Default)]
-pub struct ClientKeys(std::collections::BTreeMap<u64, ed25519_dalek::VerifyingKey>);
+pub struct ClientKeys(std::collections::BTreeMap<ClientId, ed25519_dalek::VerifyingKey>);
 
 impl ClientKeys {
     /// Keys that do not parse are left out (their owner cannot authenticate).
-    pub fn new(keys: &std::collections::BTreeMap<u64, PublicKey>) -> ClientKeys {
+    pub fn new(keys: &std::collections::BTreeMap<ClientId, PublicKey>) -> ClientKeys {
         ClientKeys(
             keys.iter()
                 .filter_map(|(id, k)| ed25519_dalek::VerifyingKey::from_bytes(&k.0).ok().map(|v| (*id, v)))
@@ -195,7 +196,7 @@ impl ClientKeys {
     /// single verification accepts (and may accept some crafted ones it rejects); nodes
     /// check client signatures with this rule only, also one at a time, so that no
     /// grouping of requests makes two nodes disagree about one.
-    pub fn verify_batch(&self, items: &[(u64, Digest, Sig)]) -> bool {
+    pub fn verify_batch(&self, items: &[(ClientId, Digest, Sig)]) -> bool {
         if items.is_empty() {
             return true;
         }

@@ -207,7 +207,7 @@ impl<S: Service> Executor<S> {
         };
         Executor {
             service: Some(service),
-            executed: 0,
+            executed: Seq(0),
             time: 0,
             clients: BTreeMap::new(),
             push_seqs: BTreeMap::new(),
@@ -361,7 +361,7 @@ impl<S: Service> Executor<S> {
             Schedule::Pool { .. } | Schedule::Shuffled { .. } => self.svc().concurrent(),
         };
         let out = match handle {
-            None => values.iter().zip(first..).map(|(value, seq)| self.execute_sequential(seq, value)).collect(),
+            None => values.iter().zip(first.onward()).map(|(value, seq)| self.execute_sequential(seq, value)).collect(),
             Some(handle) => self.execute_graph(first, values, handle),
         };
         self.executed = first + values.len() as u64 - 1;
@@ -460,7 +460,7 @@ impl<S: Service> Executor<S> {
         let mut latest: BTreeMap<ClientId, (u64, Option<u32>)> = BTreeMap::new();
         let mut plan: Vec<Vec<Answer>> = Vec::with_capacity(values.len());
         let mut sinks: Vec<ExecCtx> = Vec::new();
-        for (value, seq) in values.iter().zip(first..) {
+        for (value, seq) in values.iter().zip(first.onward()) {
             // No tick falls in a run that takes this path (`execute_many`).
             self.time = self.time.max(value.time);
             let seed = value.seed(seq);
@@ -659,18 +659,18 @@ mod tests {
     }
 
     fn req(client: u64, seq: u64, op: &[u8]) -> Request {
-        Request::new(client, seq, op.to_vec().into())
+        Request::new(ClientId(client), seq, op.to_vec().into())
     }
 
     #[test]
     fn duplicates_are_answered_from_the_cache_not_re_executed() {
         let mut e = Executor::new(Log::default());
         let v = Value { time: 5, requests: vec![req(1, 1, b"a"), req(1, 1, b"a"), req(2, 1, b"b")] };
-        let out = e.execute(1, &v);
+        let out = e.execute(Seq(1), &v);
         assert_eq!(out.iter().map(|o| o.fresh).collect::<Vec<_>>(), vec![true, false, true]);
         assert_eq!(out[0].result, out[1].result);
         assert_eq!(e.service().0.len(), 2);
-        let out = e.execute(2, &Value { time: 1, requests: vec![req(1, 1, b"a")] });
+        let out = e.execute(Seq(2), &Value { time: 1, requests: vec![req(1, 1, b"a")] });
         assert!(!out[0].fresh);
         assert_eq!(e.service().0.len(), 2);
     }
@@ -679,7 +679,7 @@ mod tests {
     #[should_panic(expected = "values execute in order")]
     fn out_of_order_execution_is_a_programming_error() {
         let mut e = Executor::new(Log::default());
-        e.execute(2, &Value::null());
+        e.execute(Seq(2), &Value::null());
     }
 
     #[test]
@@ -688,7 +688,7 @@ mod tests {
         let keys = [crate::crypto::SigningKey::from_seed([1; 32]).public()];
         let m = Membership::genesis(0, 0, &keys, &["127.0.0.1:1".into()]);
         e.set_membership(m.clone(), None);
-        e.execute(1, &Value { time: 1, requests: vec![req(1, 1, b"x")] });
+        e.execute(Seq(1), &Value { time: 1, requests: vec![req(1, 1, b"x")] });
         // A head that spans several chunks, and service bytes after it that are not read.
         let chunked = Chunked::from_pieces(e.pieces(), CHUNK_AVG_MIN);
         assert_eq!(snapshot_membership(&chunked), Some(m.clone()));
@@ -703,12 +703,12 @@ mod tests {
     #[test]
     fn snapshot_restores_state_cache_and_position() {
         let mut a = Executor::new(Log::default());
-        a.execute(1, &Value { time: 9, requests: vec![req(7, 1, b"x")] });
+        a.execute(Seq(1), &Value { time: 9, requests: vec![req(7, 1, b"x")] });
         let snap = a.snapshot();
         let mut b = Executor::new(Log::default());
-        assert_eq!(b.restore(&snap), Ok(1));
+        assert_eq!(b.restore(&snap), Ok(Seq(1)));
         assert_eq!(b.snapshot(), snap);
-        assert_eq!(b.cached(7, 1), a.cached(7, 1));
+        assert_eq!(b.cached(ClientId(7), 1), a.cached(ClientId(7), 1));
         assert!(b.restore(b"junk").is_err());
         assert_eq!(b.snapshot(), snap, "a failed restore changes nothing");
     }
@@ -744,7 +744,7 @@ mod tests {
                 log.push(rest.to_vec());
                 (log.len() as u64).to_le_bytes().to_vec()
             };
-            reply.extend(ctx.seq.to_le_bytes());
+            reply.extend(ctx.seq.0.to_le_bytes());
             reply.extend(ctx.time.to_le_bytes());
             reply.extend(ctx.seed.to_le_bytes());
             *self.active.lock().expect("lock").entry(key).or_default() -= 1;
@@ -859,7 +859,7 @@ mod tests {
         fn on_tick(&mut self, ctx: &ExecCtx) {
             assert_eq!(ctx.client, crate::ids::TICK_CLIENT);
             self.0.push(format!("tick {}", ctx.time).into_bytes());
-            ctx.push(9, b"ticked".to_vec());
+            ctx.push(ClientId(9), b"ticked".to_vec());
         }
         fn snapshot(&self) -> Vec<u8> {
             postcard::to_allocvec(&self.0).unwrap_or_default()
@@ -875,22 +875,23 @@ mod tests {
         let mut e = Executor::new(Ticker::default());
         e.set_tick_ms(50);
         for (seq, time) in [(1, 5), (2, 40), (3, 170), (4, 180), (5, 0), (6, 200)] {
-            e.execute(seq, &Value { time, requests: vec![req(1, seq, format!("op{seq}").as_bytes())] });
+            e.execute(Seq(seq), &Value { time, requests: vec![req(1, seq, format!("op{seq}").as_bytes())] });
         }
         let log: Vec<String> = e.service().0.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
         // 40 -> 170 skips two multiples: one tick. Time 0 (a null value's) keeps 180.
         assert_eq!(log, ["op1", "op2", "tick 170", "op3", "op4", "op5", "tick 200", "op6"]);
         let ticks = e.take_ticks();
-        assert_eq!(ticks.iter().map(|t| (t.seq, t.time)).collect::<Vec<_>>(), vec![(3, 170), (6, 200)]);
-        let pushes: Vec<(u64, u64)> = ticks.iter().flat_map(|t| t.pushes.iter().map(|p| (p.client, p.seq))).collect();
-        assert_eq!(pushes, vec![(9, 1), (9, 2)]);
+        assert_eq!(ticks.iter().map(|t| (t.seq, t.time)).collect::<Vec<_>>(), vec![(Seq(3), 170), (Seq(6), 200)]);
+        let pushes: Vec<(ClientId, u64)> =
+            ticks.iter().flat_map(|t| t.pushes.iter().map(|p| (p.client, p.seq))).collect();
+        assert_eq!(pushes, vec![(ClientId(9), 1), (ClientId(9), 2)]);
         assert!(e.take_ticks().is_empty(), "taken once");
         // A restored executor keeps the agreed time, so it ticks where the others do.
         let mut b = Executor::new(Ticker::default());
         b.set_tick_ms(50);
         b.restore(&e.snapshot()).expect("restore");
-        e.execute(7, &Value { time: 240, requests: Vec::new() });
-        b.execute(7, &Value { time: 240, requests: Vec::new() });
+        e.execute(Seq(7), &Value { time: 240, requests: Vec::new() });
+        b.execute(Seq(7), &Value { time: 240, requests: Vec::new() });
         assert_eq!(b.snapshot(), e.snapshot());
         assert_eq!(e.service().0.len(), 8, "200 -> 240 crosses nothing");
     }
@@ -938,7 +939,7 @@ mod tests {
     #[test]
     fn the_pool_runs_independent_requests_at_the_same_time() {
         let mut e = Executor::with_workers(Shared(Arc::<MeetState>::default()), 2);
-        let out = e.execute(1, &Value { time: 0, requests: vec![req(1, 1, b"a"), req(2, 1, b"b")] });
+        let out = e.execute(Seq(1), &Value { time: 0, requests: vec![req(1, 1, b"a"), req(2, 1, b"b")] });
         assert_eq!(out.iter().map(|o| o.result.as_slice()).collect::<Vec<_>>(), vec![b"met".as_slice(), b"met"]);
         assert_eq!(e.pool_threads(), 1);
     }
@@ -947,9 +948,9 @@ mod tests {
     fn a_service_that_does_not_opt_in_runs_sequentially_without_threads() {
         let mut e = Executor::with_workers(Log::default(), 4);
         let v = Value { time: 5, requests: vec![req(1, 1, b"a"), req(2, 1, b"b"), req(1, 1, b"a")] };
-        let out = e.execute(1, &v);
+        let out = e.execute(Seq(1), &v);
         let mut s = Executor::new(Log::default());
-        assert_eq!(out, s.execute(1, &v));
+        assert_eq!(out, s.execute(Seq(1), &v));
         assert_eq!(e.snapshot(), s.snapshot());
         assert_eq!(e.pool_threads(), 0);
     }
@@ -974,6 +975,6 @@ mod tests {
     fn a_service_panic_on_a_worker_reaches_the_caller() {
         let mut e = Executor::with_workers(Shared(Arc::new(BoomState)), 3);
         let requests = (1..=20).map(|c| req(c, 1, if c == 7 { b"boom" } else { b"ok" })).collect();
-        e.execute(1, &Value { time: 0, requests });
+        e.execute(Seq(1), &Value { time: 0, requests });
     }
 }

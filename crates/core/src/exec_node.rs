@@ -33,7 +33,7 @@ use crate::crypto::{Digest, NodeKeys, SigningKey};
 use crate::exec::{Chunked, Executor};
 use crate::message::{
     checkpoint_statement, owner_of, CheckpointVote, ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody,
-    Request, Seq, StableProof, Value,
+    Request, Seq, StableProof, Value, View,
 };
 use crate::quorum::Mutation;
 use crate::read_wait::{ReadWaits, Until};
@@ -119,7 +119,7 @@ impl<S: Service> crate::node::Node for ExecNode<S> {
     fn status(&self) -> crate::node::NodeStatus {
         let cfg = self.config();
         crate::node::NodeStatus {
-            view: 0,
+            view: View(0),
             view_change_to: None,
             executed: self.executed(),
             stable: self.stable_seq(),
@@ -141,7 +141,7 @@ impl<S: Service> ExecNode<S> {
     /// or `signing` is not its key: a deployment error, found at start.
     pub fn new(cfg: ClusterConfig, id: NodeId, signing: SigningKey, service: S) -> ExecNode<S> {
         assert!(cfg.separated() && cfg.executors().contains(&id), "node {id} is not an execution node");
-        let index = (id - cfg.executors().start) as usize;
+        let index = cfg.executors().offset(id).expect("an execution node of this configuration");
         assert_eq!(cfg.stages.executors[index], signing.public(), "signing key does not match the configuration");
         let mut exec = Executor::with_workers(service, cfg.options.exec_workers);
         exec.set_membership(cfg.membership.clone(), cfg.admin_key);
@@ -164,7 +164,7 @@ impl<S: Service> ExecNode<S> {
             votes: BTreeMap::new(),
             transfer: None,
             pushes: PushQueues::default(),
-            executed_at_status: 0,
+            executed_at_status: Seq(0),
             reads: ReadWaits::default(),
             status_timeout,
             retransmit_timeout,
@@ -249,7 +249,7 @@ impl<S: Service> ExecNode<S> {
     pub fn status_line(&self) -> String {
         format!(
             "e{} exec {} stable {} notices {:?}..{:?} own {:?}{}",
-            stage_id(self.id).unwrap_or(self.id),
+            stage_id(self.id).unwrap_or(self.id.0),
             self.exec.executed(),
             self.stable.seq,
             self.notices.keys().next(),
@@ -276,18 +276,18 @@ impl<S: Service> ExecNode<S> {
 
     /// Whether `node` is an order node of this node's epoch (by stable id).
     fn is_order_node(&self, node: NodeId) -> bool {
-        self.cfg.membership.index_of(node).is_some()
+        self.cfg.membership.index_of(node.0).is_some()
     }
 
     /// Whether `node` is an order node of this epoch or of the one before, which may still
     /// be ending (a removed member among them).
     fn is_recent_order_node(&self, node: NodeId) -> bool {
-        self.is_order_node(node) || self.cfg.membership.previous.as_ref().is_some_and(|p| p.index_of(node).is_some())
+        self.is_order_node(node) || self.cfg.membership.previous.as_ref().is_some_and(|p| p.index_of(node.0).is_some())
     }
 
     /// The order nodes of this epoch, by stable id.
     fn order_nodes(&self) -> Vec<NodeId> {
-        self.cfg.membership.members.iter().map(|m| m.id).collect()
+        self.cfg.membership.members.iter().map(|m| NodeId(m.id)).collect()
     }
 
     /// The order nodes of this epoch and of the one before: where checkpoint votes,
@@ -296,7 +296,7 @@ impl<S: Service> ExecNode<S> {
     fn recent_order_nodes(&self) -> Vec<NodeId> {
         let mut ids = self.order_nodes();
         if let Some(p) = &self.cfg.membership.previous {
-            let gone: Vec<NodeId> = p.members.iter().map(|m| m.id).filter(|id| !ids.contains(id)).collect();
+            let gone: Vec<NodeId> = p.members.iter().map(|m| NodeId(m.id)).filter(|id| !ids.contains(id)).collect();
             ids.extend(gone);
         }
         ids
@@ -317,7 +317,7 @@ impl<S: Service> ExecNode<S> {
             self.cfg.next_epoch(next.clone()).map_err(|e| RestoreError(format!("snapshot's membership: {e}")))?;
         let members = &self.cfg.membership;
         for notices in self.notices.values_mut() {
-            notices.by_node.retain(|n, _| members.index_of(*n).is_some());
+            notices.by_node.retain(|n, _| members.index_of(n.0).is_some());
             let named: std::collections::BTreeSet<Digest> = notices.by_node.values().copied().collect();
             notices.bodies.retain(|d, _| named.contains(d));
         }
@@ -391,7 +391,7 @@ impl<S: Service> ExecNode<S> {
         }
         if let Some(result) = self.exec.cached(req.client, req.seq) {
             let body = crate::codec::reply_body(result.to_vec(), true);
-            let reply = Reply { client: req.client, view: 0, seq: req.seq, body, epoch: self.cfg.epoch() };
+            let reply = Reply { client: req.client, view: View(0), seq: req.seq, body, epoch: self.cfg.epoch() };
             out.send.push((Peer::Client(req.client), Message::Reply(reply)));
         }
         Ok(())
@@ -461,7 +461,7 @@ impl<S: Service> ExecNode<S> {
                 }
                 executed.push(ExecutedRequest { client: o.client, seq: o.seq, op });
                 let body = self.reply_body(o.client, o.seq, o.result);
-                let reply = Reply { client: o.client, view: 0, seq: o.seq, body, epoch: self.cfg.epoch() };
+                let reply = Reply { client: o.client, view: View(0), seq: o.seq, body, epoch: self.cfg.epoch() };
                 out.send.push((Peer::Client(o.client), Message::Reply(reply)));
                 // Nothing to wait for: a restarted execution node executes the same
                 // decided values again and numbers the same events alike.
@@ -489,7 +489,7 @@ impl<S: Service> ExecNode<S> {
     /// (the client computes the same designated node).
     fn reply_body(&self, client: ClientId, seq: u64, result: Vec<u8>) -> ReplyBody {
         let executors = self.cfg.executors();
-        let designated = executors.start + (client.wrapping_add(seq) % executors.len() as u64) as NodeId;
+        let designated = executors.at((client.0.wrapping_add(seq) % executors.len().max(1) as u64) as usize);
         let full = designated == self.id || result.len() <= REPLY_INLINE_MAX;
         crate::codec::reply_body(result, full)
     }
@@ -589,7 +589,7 @@ impl<S: Service> ExecNode<S> {
         }
         let previous = self.transfer.take();
         let replacing = previous.as_ref().map(|t| t.seq());
-        let first_peer = (self.id - self.cfg.executors().start) as usize;
+        let first_peer = self.cfg.executors().offset(self.id).unwrap_or(0);
         self.transfer = Some(Transfer::new(seq, self.stable.root, previous, held, self.now, first_peer));
         out.events.push(Event::StateTransferStarted { seq, replacing });
         self.to_peers(Message::FetchManifest { seq }, out);
@@ -684,7 +684,7 @@ impl<S: Service> ExecNode<S> {
         }
         if self.retransmit_timeout.fire(self.now) {
             self.pushes.resend(self.cfg.epoch(), &mut out.send);
-            if self.stable.seq > 0 {
+            if self.stable.seq > Seq(0) {
                 // For an order node that missed the votes (replica/separated.rs
                 // `on_exec_stable_cert`), and for a peer that restarted empty after
                 // every order node it knows of was removed: it fetches this state from
@@ -717,7 +717,7 @@ impl<S: Service> ExecNode<S> {
                 self.start_transfer(Vec::new(), out);
             }
             self.executed_at_status = executed;
-            let status = Message::Status { view: 0, executed: self.exec.executed(), stable: self.stable.seq };
+            let status = Message::Status { view: View(0), executed: self.exec.executed(), stable: self.stable.seq };
             for node in self.recent_order_nodes() {
                 out.send.push((Peer::Node(node), status.clone()));
             }
@@ -745,7 +745,7 @@ impl<S: Service> ExecNode<S> {
                 Until::ClientExecuted(0)
             }
             ReadConsistency::Serializable => Until::ClientExecuted(read.after),
-            ReadConsistency::Linearizable if mutation == Some(Mutation::ReadWithoutWait) => Until::Executed(0),
+            ReadConsistency::Linearizable if mutation == Some(Mutation::ReadWithoutWait) => Until::Executed(Seq(0)),
             ReadConsistency::Linearizable | ReadConsistency::Index => {
                 let (until, started) = self.reads.index_wait(self.now, None);
                 if let Some(round) = started {
@@ -805,7 +805,7 @@ impl<S: Service> ExecNode<S> {
             Some(result) if read.consistency == ReadConsistency::Index => crate::codec::reply_body(result, true),
             Some(result) => self.reply_body(read.client, read.seq, result),
         };
-        let reply = Reply { client: read.client, view: 0, seq: read.seq, body, epoch: self.cfg.epoch() };
+        let reply = Reply { client: read.client, view: View(0), seq: read.seq, body, epoch: self.cfg.epoch() };
         // As ordered replies: what it executed was decided and durable at the order nodes.
         out.send.push((Peer::Client(read.client), Message::Reply(reply)));
     }
@@ -842,7 +842,7 @@ mod tests {
     use crate::quorum::{Mutation, Quorums};
     use crate::replica::{client_mac_key, Replica};
     use crate::service::OrderState;
-    use crate::stage_net::StageNet;
+    use crate::test_net::TestNet;
 
     use crate::replica::tests::{secrets, Log};
 
@@ -860,8 +860,8 @@ mod tests {
     }
 
     fn client(cfg: &ClusterConfig, id: u64) -> Client {
-        let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.exec_ids())
+        let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(id))).collect();
+        Client::new(ClientId(id), cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_executors(cfg.exec_ids().into())
     }
 
     /// (u, r) = (1, 0): order nodes 0..3, execution nodes 3..6.
@@ -873,17 +873,17 @@ mod tests {
         ClusterConfig::new(q, keys, options).expect("valid").with_executors(exec_keys).expect("2u + 1 execution nodes")
     }
 
-    /// Order nodes and execution nodes on a lossless network (`stage_net.rs`; stable ids
+    /// Order nodes and execution nodes on a lossless network (`test_net.rs`; stable ids
     /// 0..n and n..n + e: `config` gives 0..4 and 4..7).
-    type Net = StageNet<OrderState, ExecNode<Log>>;
+    type Net = TestNet<OrderState, ExecNode<Log>>;
 
     impl Net {
         fn new(cfg: &ClusterConfig) -> Net {
             let n = cfg.n() as u32;
             let all = n + cfg.stages.executors.len() as u32;
-            let order = (0..n).map(|i| Replica::new(cfg.clone(), i, secrets(i), OrderState));
+            let order = (0..n).map(|i| Replica::new(cfg.clone(), NodeId(i), secrets(i), OrderState));
             let exec = (n..all).map(|i| ExecNode::new(cfg.clone(), stage_node(i), secrets(i).signing, Log::default()));
-            StageNet::of(order.collect(), exec.collect())
+            TestNet::of(order.collect(), exec.collect())
         }
 
         /// Invokes `op` and returns its result, ticking until it arrives.
@@ -891,7 +891,7 @@ mod tests {
             let msgs = c.invoke(*now, op.to_vec()).expect("idle");
             self.send(c.id(), msgs, *now);
             for _ in 0..200 {
-                for (n, r) in std::mem::take(&mut self.replies) {
+                for (n, _, r) in std::mem::take(&mut self.replies) {
                     if let Some(result) = c.on_reply(n, r) {
                         return result;
                     }
@@ -905,7 +905,7 @@ mod tests {
         }
 
         fn status(&self) -> String {
-            let order = self.order.iter().map(Replica::status_line);
+            let order = self.nodes.iter().map(Replica::status_line);
             let exec = self.stage.iter().map(ExecNode::status_line);
             order.chain(exec).collect::<Vec<_>>().join("\n")
         }
@@ -936,27 +936,29 @@ mod tests {
     fn an_order_node_that_missed_the_votes_learns_the_certificate_from_an_execution_node() {
         let cfg = config(None);
         let interval = cfg.options.checkpoint_interval;
-        let mut order = Replica::new(cfg.clone(), 1, secrets(1), OrderState);
+        let mut order = Replica::new(cfg.clone(), NodeId(1), secrets(1), OrderState);
         let (root, membership) = (Digest([7; 32]), Digest([8; 32]));
         // Execution node `node` (stable id) signs under its stage name; order node 0 too.
         let sign = |node: NodeId| {
-            let name = if node >= 4 { stage_node(node) } else { node };
-            let statement = checkpoint_statement(interval, &root, &membership, name);
-            (name, secrets(node).signing.sign(&statement))
+            let name = if node >= NodeId(4) { stage_node(node.0) } else { node };
+            let statement = checkpoint_statement(Seq(interval), &root, &membership, name);
+            (name, secrets(node.0).signing.sign(&statement))
         };
         let cert = |sigs: Vec<(NodeId, crate::crypto::Sig)>| {
-            Message::StableCert(StableProof { seq: interval, root, membership, sigs })
+            Message::StableCert(StableProof { seq: Seq(interval), root, membership, sigs })
         };
         let mut out = Outputs::default();
         // r = 1: one execution node's signature is no certificate, nor are order nodes'.
-        for bad in [vec![sign(4)], vec![sign(4), sign(0)], vec![sign(4), sign(4)]] {
+        for bad in
+            [vec![sign(NodeId(4))], vec![sign(NodeId(4)), sign(NodeId(0))], vec![sign(NodeId(4)), sign(NodeId(4))]]
+        {
             order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg: cert(bad) }, &mut out);
-            assert_eq!(order.exec_stable_seq(), 0);
+            assert_eq!(order.exec_stable_seq(), Seq(0));
         }
-        let msg = cert(vec![sign(4), sign(6)]);
+        let msg = cert(vec![sign(NodeId(4)), sign(NodeId(6))]);
         order.step(0, Input::Message { from: Peer::Node(stage_node(5)), msg }, &mut out);
-        assert_eq!(order.exec_stable_seq(), interval, "u + 1 execution nodes signed it");
-        let durable = |p: &crate::replica::Persist| matches!(p, crate::replica::Persist::Record(crate::wal::Record::ExecStable(p)) if p.seq == interval);
+        assert_eq!(order.exec_stable_seq(), Seq(interval), "u + 1 execution nodes signed it");
+        let durable = |p: &crate::replica::Persist| matches!(p, crate::replica::Persist::Record(crate::wal::Record::ExecStable(p)) if p.seq == Seq(interval));
         assert!(out.persist.iter().any(durable), "kept durably, before execution nodes hear of it");
     }
 
@@ -973,14 +975,14 @@ mod tests {
         for e in &net.stage {
             assert_eq!(e.service().0, ops, "node {}", e.id());
         }
-        for o in &net.order {
-            assert!(o.executed() >= 1);
+        for o in &net.nodes {
+            assert!(o.executed() >= Seq(1));
         }
         // Only execution nodes answered.
-        assert!(net.replies.iter().all(|(n, _)| cfg.executors().contains(n)));
+        assert!(net.replies.iter().all(|(n, _, _)| cfg.executors().contains(n)));
         // 20 instances or fewer, interval 8: the order nodes certified an execution
         // checkpoint (and the gate let them go on).
-        assert!(net.order.iter().all(|o| o.exec_stable_seq() >= 8), "{}", net.status());
+        assert!(net.nodes.iter().all(|o| o.exec_stable_seq() >= Seq(8)), "{}", net.status());
     }
 
     #[cfg(feature = "mutations")]
@@ -991,29 +993,29 @@ mod tests {
         let (a, b) = (value(&[b"a"]), value(&[b"b"]));
         let commit = |e: &mut ExecNode<Log>, from: NodeId, v: &Value| {
             let mut out = Outputs::default();
-            let msg = Message::Decided { seq: 1, value: v.clone() };
+            let msg = Message::Decided { seq: Seq(1), value: v.clone() };
             e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
             out
         };
-        assert_eq!(executed_events(&commit(&mut e, 0, &a)), 0, "one notice is one order node's word");
-        assert_eq!(executed_events(&commit(&mut e, 1, &b)), 0, "two notices that differ decide nothing");
-        assert_eq!(executed_events(&commit(&mut e, 0, &b)), 0, "an order node's first notice counts");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(0), &a)), 0, "one notice is one order node's word");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(1), &b)), 0, "two notices that differ decide nothing");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(0), &b)), 0, "an order node's first notice counts");
         // Not an order node: an execution peer cannot vouch for a decision.
         let out = commit(&mut e, stage_node(5), &a);
         assert_eq!(executed_events(&out), 0);
         assert!(out.events.iter().any(|ev| matches!(ev, Event::Rejected { reason: Reject::WrongPeer, .. })));
         // Nor a node that is no member of this epoch (one a later epoch may add).
-        assert_eq!(executed_events(&commit(&mut e, 9, &a)), 0);
-        let out = commit(&mut e, 2, &a);
+        assert_eq!(executed_events(&commit(&mut e, NodeId(9), &a)), 0);
+        let out = commit(&mut e, NodeId(2), &a);
         assert_eq!(executed_events(&out), 1, "r + 1 = 2 matching");
         assert_eq!(e.service().0, vec![b"a".to_vec()]);
         // Replies: the request's result, to its client.
-        assert!(out.send.iter().any(|(to, m)| *to == Peer::Client(10) && matches!(m, Message::Reply(_))));
+        assert!(out.send.iter().any(|(to, m)| *to == Peer::Client(ClientId(10)) && matches!(m, Message::Reply(_))));
 
         // The mutation that believes one notice executes a lie at once.
         let cfg = config(Some(Mutation::OneCommitNotice));
         let mut e = ExecNode::new(cfg, stage_node(4), secrets(4).signing, Log::default());
-        assert_eq!(executed_events(&commit(&mut e, 0, &b)), 1);
+        assert_eq!(executed_events(&commit(&mut e, NodeId(0), &b)), 1);
     }
 
     #[test]
@@ -1029,7 +1031,7 @@ mod tests {
         // Execution nodes down: ordering goes on up to log_max = 16 instances past the
         // certified (genesis) execution checkpoint, then stops.
         for n in 4..7 {
-            net.down[n] = true;
+            net.down.insert(NodeId(n));
         }
         let mut sent = 0u8;
         let mut stuck = false;
@@ -1044,23 +1046,23 @@ mod tests {
                 net.tick(now);
             }
             c.abandon();
-            if net.order[0].executed() >= cfg.options.log_max() && i as u64 > cfg.options.log_max() + 4 {
+            if net.nodes[0].executed() >= Seq(cfg.options.log_max()) && i as u64 > cfg.options.log_max() + 4 {
                 stuck = true;
                 break;
             }
         }
         assert!(stuck, "{}", net.status());
-        assert_eq!(net.order.iter().map(|o| o.executed()).max(), Some(cfg.options.log_max()), "{}", net.status());
+        assert_eq!(net.nodes.iter().map(|o| o.executed()).max(), Some(Seq(cfg.options.log_max())), "{}", net.status());
         // Execution comes back: it catches up from the order nodes' commits, certifies
         // its checkpoints and ordering resumes.
         for n in 4..7 {
-            net.down[n] = false;
+            net.down.remove(&NodeId(n));
         }
         for _ in 0..40 {
             now += 50;
             net.tick(now);
         }
-        assert!(net.stage.iter().all(|e| e.executed() >= cfg.options.log_max()), "{}", net.status());
+        assert!(net.stage.iter().all(|e| e.executed() >= Seq(cfg.options.log_max())), "{}", net.status());
         assert_eq!(net.call(&mut c, &mut now, b"after"), vec![(net.stage[0].service().0.len()) as u8]);
         assert!(sent > 16);
     }
@@ -1071,16 +1073,17 @@ mod tests {
         let mut net = Net::new(&cfg);
         let mut c = client(&cfg, 7);
         let mut now = 10;
-        net.down[6] = true;
+        net.down.insert(NodeId(6));
         for i in 1..=40u8 {
             net.call(&mut c, &mut now, &[i]);
         }
-        net.down[6] = false;
+        net.down.remove(&NodeId(6));
         for _ in 0..40 {
             now += 50;
             net.tick(now);
         }
-        let transferred = net.events.iter().any(|(n, e)| *n == 6 && matches!(e, Event::StateTransferDone { .. }));
+        let transferred =
+            net.events.iter().any(|(n, e)| *n == NodeId(6) && matches!(e, Event::StateTransferDone { .. }));
         assert!(transferred, "the commits it missed are gone: it transfers; {}", net.status());
         net.call(&mut c, &mut now, b"last");
         assert_eq!(net.stage[2].service().0, net.stage[0].service().0, "{}", net.status());
@@ -1101,8 +1104,8 @@ mod tests {
         let mut net = Net::new(&cfg);
         let mut c = client(&cfg, 7);
         let mut now = 10;
-        net.down[4] = true;
-        net.down[5] = true;
+        net.down.insert(NodeId(4));
+        net.down.insert(NodeId(5));
         for i in 1..=40u8 {
             let msgs = c.invoke(now, vec![i]).expect("idle");
             net.send(c.id(), msgs, now);
@@ -1110,18 +1113,22 @@ mod tests {
                 now += 50;
                 net.tick(now);
             }
-            for (n, r) in std::mem::take(&mut net.replies) {
+            for (n, _, r) in std::mem::take(&mut net.replies) {
                 c.on_reply(n, r);
             }
             c.abandon();
         }
-        let ordered = net.order[0].executed();
-        assert!(ordered >= cfg.options.log_max(), "ordering ran while one execution node executed: {}", net.status());
+        let ordered = net.nodes[0].executed();
+        assert!(
+            ordered >= Seq(cfg.options.log_max()),
+            "ordering ran while one execution node executed: {}",
+            net.status()
+        );
         assert_eq!(net.stage[0].executed(), ordered, "{}", net.status());
         // The lone executor is lost; the other two are back.
-        net.down[3] = true;
-        net.down[4] = false;
-        net.down[5] = false;
+        net.down.insert(NodeId(3));
+        net.down.remove(&NodeId(4));
+        net.down.remove(&NodeId(5));
         for _ in 0..60 {
             now += 50;
             net.tick(now);
@@ -1169,41 +1176,56 @@ mod tests {
         };
         // Instance 3 (off the checkpoint interval) adds order node 9 and removes nothing.
         let (a, b) = (value(&[b"a"]), value(&[b"b"]));
-        commit(&mut e, 0, 1, &a);
-        commit(&mut e, 1, 1, &a);
-        commit(&mut e, 0, 2, &b);
-        commit(&mut e, 1, 2, &b);
+        commit(&mut e, NodeId(0), Seq(1), &a);
+        commit(&mut e, NodeId(1), Seq(1), &a);
+        commit(&mut e, NodeId(0), Seq(2), &b);
+        commit(&mut e, NodeId(1), Seq(2), &b);
         let add =
             admin_value(0, Change::Add(Member { id: 9, key: secrets(9).signing.public(), addr: String::new() }), 1);
-        commit(&mut e, 0, 3, &add);
-        let out = commit(&mut e, 2, 3, &add);
-        assert_eq!(e.executed(), 3);
+        commit(&mut e, NodeId(0), Seq(3), &add);
+        let out = commit(&mut e, NodeId(2), Seq(3), &add);
+        assert_eq!(e.executed(), Seq(3));
         assert_eq!(e.config().epoch(), 1, "it follows the membership it executed");
         assert_eq!(e.config().n(), 5);
-        assert!(out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { seq: 3, .. })), "checkpoint at the end");
-        assert_eq!(voted_at(&out, 3), vec![0, 1, 2, 3, 9], "its vote goes to the members of both epochs");
+        assert!(
+            out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { seq: Seq(3), .. })),
+            "checkpoint at the end"
+        );
+        assert_eq!(
+            voted_at(&out, Seq(3)),
+            [0, 1, 2, 3, 9].map(NodeId).to_vec(),
+            "its vote goes to the members of both epochs"
+        );
         // The new member's notice counts now; one notice alone still decides nothing.
         let c = value(&[b"c"]);
-        assert_eq!(executed_events(&commit(&mut e, 9, 4, &c)), 0);
-        assert_eq!(executed_events(&commit(&mut e, 3, 4, &c)), 1, "r + 1 members of epoch 1");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(9), Seq(4), &c)), 0);
+        assert_eq!(executed_events(&commit(&mut e, NodeId(3), Seq(4), &c)), 1, "r + 1 members of epoch 1");
         // Instance 5 removes node 1, whose notice for instance 6 came first: dropped at the
         // switch, so node 0's alone decides nothing. The vote at 5 still reaches node 1.
         let remove = admin_value(1, Change::Remove(1), 2);
         let d = value(&[b"d"]);
-        commit(&mut e, 1, 6, &d);
-        commit(&mut e, 0, 5, &remove);
-        let out = commit(&mut e, 9, 5, &remove);
-        assert_eq!((e.executed(), e.config().epoch()), (5, 2));
-        assert_eq!(voted_at(&out, 5), vec![0, 2, 3, 9, 1], "the removed member ends epoch 1 too: it gets the vote");
-        assert_eq!(executed_events(&commit(&mut e, 0, 6, &d)), 0, "a removed node's notice no longer counts");
-        assert_eq!(executed_events(&commit(&mut e, 1, 6, &d)), 0, "nor one it sends now");
-        assert_eq!(executed_events(&commit(&mut e, 2, 6, &d)), 1);
+        commit(&mut e, NodeId(1), Seq(6), &d);
+        commit(&mut e, NodeId(0), Seq(5), &remove);
+        let out = commit(&mut e, NodeId(9), Seq(5), &remove);
+        assert_eq!((e.executed(), e.config().epoch()), (Seq(5), 2));
+        assert_eq!(
+            voted_at(&out, Seq(5)),
+            [0, 2, 3, 9, 1].map(NodeId).to_vec(),
+            "the removed member ends epoch 1 too: it gets the vote"
+        );
+        assert_eq!(
+            executed_events(&commit(&mut e, NodeId(0), Seq(6), &d)),
+            0,
+            "a removed node's notice no longer counts"
+        );
+        assert_eq!(executed_events(&commit(&mut e, NodeId(1), Seq(6), &d)), 0, "nor one it sends now");
+        assert_eq!(executed_events(&commit(&mut e, NodeId(2), Seq(6), &d)), 1);
 
         // The mutation that checkpoints only every interval leaves the epoch's end bare.
         let cfg = config(Some(Mutation::NoEpochEndCheckpoint)).with_admin_key(admin.public());
         let mut e = ExecNode::new(cfg, stage_node(4), secrets(4).signing, Log::default());
-        commit(&mut e, 0, 1, &add);
-        let out = commit(&mut e, 1, 1, &add);
+        commit(&mut e, NodeId(0), Seq(1), &add);
+        let out = commit(&mut e, NodeId(1), Seq(1), &add);
         assert_eq!(e.config().epoch(), 1);
         assert!(!out.events.iter().any(|ev| matches!(ev, Event::Checkpoint { .. })));
     }
@@ -1225,15 +1247,15 @@ mod tests {
             .expect("2u + 1 execution nodes")
             .with_admin_key(admin.public());
         // The node that sends the (long) answer in full: `(client + seq) mod e`.
-        let id = order + ((crate::membership::ADMIN_CLIENT + 1) % exec as u64) as u32;
+        let id = order + ((crate::membership::ADMIN_CLIENT.0 + 1) % exec as u64) as u32;
         let mut e = ExecNode::new(cfg, stage_node(id), secrets(id).signing, Log::default());
         let v = admin_value(0, change, 1);
         let mut out = Outputs::default();
         for from in [0, 1] {
-            let msg = Message::Decided { seq: 1, value: v.clone() };
-            e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
+            let msg = Message::Decided { seq: Seq(1), value: v.clone() };
+            e.step(1, Input::Message { from: Peer::Node(NodeId(from)), msg }, &mut out);
         }
-        assert_eq!(e.executed(), 1);
+        assert_eq!(e.executed(), Seq(1));
         out.send.iter().find_map(|(_, m)| match m {
             Message::Reply(r) => match &r.body {
                 ReplyBody::Full(bytes) => crate::membership::decode_result(bytes),
@@ -1272,11 +1294,11 @@ mod tests {
         for seq in 1..=interval {
             let v = value(&[&[seq as u8]]);
             for from in [0, 1] {
-                let msg = Message::Decided { seq, value: v.clone() };
-                e.step(1, Input::Message { from: Peer::Node(from), msg }, &mut out);
+                let msg = Message::Decided { seq: Seq(seq), value: v.clone() };
+                e.step(1, Input::Message { from: Peer::Node(NodeId(from)), msg }, &mut out);
             }
         }
-        assert_eq!(e.executed(), interval);
+        assert_eq!(e.executed(), Seq(interval));
         let snapshots: Vec<(Seq, Chunked)> = out
             .persist
             .iter()
@@ -1285,68 +1307,70 @@ mod tests {
                 _ => None,
             })
             .collect();
-        let root = snapshots.iter().find(|(s, _)| *s == interval).map(|(_, c)| c.root).expect("a snapshot");
+        let root = snapshots.iter().find(|(s, _)| *s == Seq(interval)).map(|(_, c)| c.root).expect("a snapshot");
         let membership = cfg.membership.digest();
         let sign = |node: NodeId| {
-            let statement = checkpoint_statement(interval, &root, &membership, stage_node(node));
-            (stage_node(node), secrets(node).signing.sign(&statement))
+            let statement = checkpoint_statement(Seq(interval), &root, &membership, stage_node(node.0));
+            (stage_node(node.0), secrets(node.0).signing.sign(&statement))
         };
-        let proof = StableProof { seq: interval, root, membership, sigs: vec![sign(5), sign(6)] };
+        let proof = StableProof { seq: Seq(interval), root, membership, sigs: vec![sign(NodeId(5)), sign(NodeId(6))] };
         let mut out = Outputs::default();
-        e.step(2, Input::Message { from: Peer::Node(0), msg: Message::StableCert(proof) }, &mut out);
-        assert_eq!(e.stable_seq(), interval);
+        e.step(2, Input::Message { from: Peer::Node(NodeId(0)), msg: Message::StableCert(proof) }, &mut out);
+        assert_eq!(e.stable_seq(), Seq(interval));
         // It collects its older snapshots on the certificate, and keeps the certificate.
         let records = out
             .persist
             .iter()
             .find_map(|p| match p {
-                Persist::Compact { records, snapshots_from } if *snapshots_from == interval => Some(records.clone()),
+                Persist::Compact { records, snapshots_from } if *snapshots_from == Seq(interval) => {
+                    Some(records.clone())
+                }
                 _ => None,
             })
             .expect("older snapshots collected");
-        assert!(matches!(&records[..], [crate::wal::Record::ExecStable(p)] if p.seq == interval), "{records:?}");
+        assert!(matches!(&records[..], [crate::wal::Record::ExecStable(p)] if p.seq == Seq(interval)), "{records:?}");
         // Restarted, it knows the certificate again without an order node telling it, and
         // tells the order nodes and its peers.
         let mut e = ExecNode::recover(cfg, stage_node(4), secrets(4).signing, Log::default(), snapshots, &records)
             .expect("recovers");
-        assert_eq!(e.stable_seq(), interval, "the certificate was lost in the restart");
+        assert_eq!(e.stable_seq(), Seq(interval), "the certificate was lost in the restart");
         let mut out = Outputs::default();
         e.step(10_000, Input::Tick, &mut out);
         let told: Vec<NodeId> = out
             .send
             .iter()
             .filter_map(|(to, m)| match (to, m) {
-                (Peer::Node(n), Message::StableCert(p)) if p.seq == interval => Some(*n),
+                (Peer::Node(n), Message::StableCert(p)) if p.seq == Seq(interval) => Some(*n),
                 _ => None,
             })
             .collect();
-        assert!(told.contains(&0) && told.contains(&stage_node(5)), "{told:?}");
+        assert!(told.contains(&NodeId(0)) && told.contains(&stage_node(5)), "{told:?}");
     }
 
     #[test]
     fn one_lying_execution_node_cannot_certify_a_checkpoint() {
         let cfg = config(None);
-        let mut o = Replica::new(cfg.clone(), 0, secrets(0), OrderState);
+        let mut o = Replica::new(cfg.clone(), NodeId(0), secrets(0), OrderState);
         let vote = |node: u32, root: Digest| {
             let membership = cfg.membership.digest();
-            let sig = secrets(node).signing.sign(&checkpoint_statement(8, &root, &membership, stage_node(node)));
-            Message::Checkpoint(CheckpointVote { seq: 8, root, membership, sig })
+            let sig = secrets(node).signing.sign(&checkpoint_statement(Seq(8), &root, &membership, stage_node(node)));
+            Message::Checkpoint(CheckpointVote { seq: Seq(8), root, membership, sig })
         };
         let step = |o: &mut Replica<OrderState>, from: NodeId, msg: Message| {
             let mut out = Outputs::default();
-            o.step(1, Input::Message { from: Peer::Node(stage_node(from)), msg }, &mut out);
+            o.step(1, Input::Message { from: Peer::Node(stage_node(from.0)), msg }, &mut out);
             out
         };
         let (good, bad) = (Digest::of(b"good"), Digest::of(b"bad"));
-        step(&mut o, 4, vote(4, bad));
-        step(&mut o, 5, vote(5, good));
-        assert_eq!(o.exec_stable_seq(), 0, "two different roots certify nothing");
+        step(&mut o, NodeId(4), vote(4, bad));
+        step(&mut o, NodeId(5), vote(5, good));
+        assert_eq!(o.exec_stable_seq(), Seq(0), "two different roots certify nothing");
         // A vote signed by another execution node's key is not node 6's.
-        let out = step(&mut o, 6, vote(4, bad));
+        let out = step(&mut o, NodeId(6), vote(4, bad));
         assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { reason: Reject::BadSignature { .. }, .. })));
-        assert_eq!(o.exec_stable_seq(), 0);
-        let out = step(&mut o, 6, vote(6, good));
-        assert_eq!(o.exec_stable_seq(), 8, "u + 1 = 2 matching");
+        assert_eq!(o.exec_stable_seq(), Seq(0));
+        let out = step(&mut o, NodeId(6), vote(6, good));
+        assert_eq!(o.exec_stable_seq(), Seq(8), "u + 1 = 2 matching");
         // Every execution node hears of it, once the record of it is durable (an execution
         // node collects older snapshots on it).
         let certs = |q: &[(Peer, Message)]| {

@@ -30,7 +30,7 @@ pub fn endorse_key(signing: &SigningKey, peer: &crate::crypto::PublicKey) -> Mac
 /// open sessions without new provisioning, and only the owner can.
 pub fn client_mac_key(mac_secret: &[u8; 32], client: ClientId) -> MacKey {
     let owner = owner_of(client);
-    let key = MacKey(*blake3::keyed_hash(mac_secret, &owner.to_le_bytes()).as_bytes());
+    let key = MacKey(*blake3::keyed_hash(mac_secret, &owner.0.to_le_bytes()).as_bytes());
     session_mac_key(&key, session_of(client))
 }
 

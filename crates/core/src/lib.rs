@@ -30,9 +30,10 @@ pub(crate) mod read_wait;
 pub mod replica;
 pub mod rq_node;
 pub mod service;
-#[cfg(test)]
-mod stage_net;
+
 pub mod step;
+#[cfg(test)]
+mod test_net;
 pub mod timeout;
 pub mod transfer;
 pub mod wal;

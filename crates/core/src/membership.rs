@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 /// reserved for endorsements, so no `keel init` client gets it; its MAC keys derive like
 /// any client's (the admin tool holds the node secrets), and with `auth = sig` its key is
 /// the admin key.
-pub const ADMIN_CLIENT: ClientId = crate::ids::ENDORSER_OWNER_BASE - 1;
+pub const ADMIN_CLIENT: ClientId = ClientId(crate::ids::ENDORSER_OWNER_BASE.0 - 1);
 
 /// Longest address a member may carry (it is gossiped in every membership).
 pub const ADDR_MAX: usize = 256;
@@ -154,7 +154,7 @@ impl Membership {
             u,
             r,
             members,
-            since: 0,
+            since: Seq(0),
             highest_id: keys.len().saturating_sub(1) as u32,
             previous: None,
         }
@@ -179,12 +179,12 @@ impl Membership {
 
     /// The index (`NodeId`) of stable id `id` in this epoch.
     pub fn index_of(&self, id: u32) -> Option<NodeId> {
-        self.members.iter().position(|m| m.id == id).map(|i| i as NodeId)
+        self.members.iter().position(|m| m.id == id).map(|i| NodeId(i as u32))
     }
 
     /// The stable id of index `node`.
     pub fn id_of(&self, node: NodeId) -> Option<u32> {
-        self.members.get(node as usize).map(|m| m.id)
+        self.members.get(node.0 as usize).map(|m| m.id)
     }
 
     /// The membership after `op`, decided at instance `seq`, or why it is refused. A
@@ -226,7 +226,7 @@ impl Membership {
                 let Some(i) = self.index_of(*id) else {
                     return Err(AdminError::NotMember(*id));
                 };
-                next.members.remove(i as usize);
+                next.members.remove(i.0 as usize);
             }
             Change::Faults { u, r } => {
                 next.u = *u;
@@ -266,13 +266,13 @@ mod tests {
         let g = Membership::genesis(1, 1, &keys(4), &[]);
         let a = admin();
         let add = AdminOp::sign(&a, 0, Change::Add(member(4)));
-        let m1 = g.apply(&add, &a.public(), 10).expect("add");
-        assert_eq!((m1.epoch, m1.n(), m1.since), (1, 5, 10));
+        let m1 = g.apply(&add, &a.public(), Seq(10)).expect("add");
+        assert_eq!((m1.epoch, m1.n(), m1.since), (1, 5, Seq(10)));
         assert_eq!(m1.quorums().map(|q| q.order_quorum()), Ok(4));
         let rm = AdminOp::sign(&a, 1, Change::Remove(1));
-        let m2 = m1.apply(&rm, &a.public(), 20).expect("remove");
+        let m2 = m1.apply(&rm, &a.public(), Seq(20)).expect("remove");
         assert_eq!(m2.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![0, 2, 3, 4]);
-        assert_eq!((m2.index_of(4), m2.id_of(1)), (Some(3), Some(2)));
+        assert_eq!((m2.index_of(4), m2.id_of(NodeId(1))), (Some(NodeId(3)), Some(2)));
         // Only one epoch back is kept: memberships do not grow with history.
         assert_eq!(m2.previous.as_ref().map(|p| (p.epoch, p.n(), p.previous.is_none())), Some((1, 5, true)));
     }
@@ -282,9 +282,9 @@ mod tests {
         let g = Membership::genesis(1, 1, &keys(4), &[]);
         let a = admin();
         let forged = AdminOp::sign(&SigningKey::from_seed([7; 32]), 0, Change::Remove(3));
-        assert_eq!(g.apply(&forged, &a.public(), 1), Err(AdminError::BadSignature));
+        assert_eq!(g.apply(&forged, &a.public(), Seq(1)), Err(AdminError::BadSignature));
         let stale = AdminOp::sign(&a, 5, Change::Remove(3));
-        assert_eq!(g.apply(&stale, &a.public(), 1), Err(AdminError::WrongEpoch { current: 0, got: 5 }));
+        assert_eq!(g.apply(&stale, &a.public(), Seq(1)), Err(AdminError::WrongEpoch { current: 0, got: 5 }));
         let mut twin = member(7);
         twin.addr = "10.0.0.1:7000".into();
         let g_addr = Membership {
@@ -297,25 +297,25 @@ mod tests {
         };
         let same_addr = AdminOp::sign(&a, 0, Change::Add(twin.clone()));
         assert_eq!(
-            g_addr.apply(&same_addr, &a.public(), 1),
+            g_addr.apply(&same_addr, &a.public(), Seq(1)),
             Err(AdminError::AddrTaken { addr: twin.addr.clone(), member: g.members[1].id })
         );
         let reuse = AdminOp::sign(&a, 0, Change::Add(member(2)));
-        assert_eq!(g.apply(&reuse, &a.public(), 1), Err(AdminError::IdTaken(2)));
+        assert_eq!(g.apply(&reuse, &a.public(), Seq(1)), Err(AdminError::IdTaken(2)));
         // An id once used and removed stays taken.
         let old = AdminOp::sign(&a, 0, Change::Add(member(5)));
         let after_removal = Membership { highest_id: 6, ..g.clone() };
-        assert_eq!(after_removal.apply(&old, &a.public(), 1), Err(AdminError::IdTaken(5)));
+        assert_eq!(after_removal.apply(&old, &a.public(), Seq(1)), Err(AdminError::IdTaken(5)));
         // Four nodes cannot lose one and still tolerate u = r = 1.
         let shrink = AdminOp::sign(&a, 0, Change::Remove(0));
-        assert!(matches!(g.apply(&shrink, &a.public(), 1), Err(AdminError::Quorums(_))));
+        assert!(matches!(g.apply(&shrink, &a.public(), Seq(1)), Err(AdminError::Quorums(_))));
         let more = AdminOp::sign(&a, 0, Change::Faults { u: 2, r: 1 });
-        assert!(matches!(g.apply(&more, &a.public(), 1), Err(AdminError::Quorums(_))));
+        assert!(matches!(g.apply(&more, &a.public(), Seq(1)), Err(AdminError::Quorums(_))));
         let fewer = AdminOp::sign(&a, 0, Change::Faults { u: 1, r: 0 });
-        assert_eq!(g.apply(&fewer, &a.public(), 1).map(|m| (m.u, m.r)), Ok((1, 0)));
+        assert_eq!(g.apply(&fewer, &a.public(), Seq(1)).map(|m| (m.u, m.r)), Ok((1, 0)));
         let mut tampered = AdminOp::sign(&a, 0, Change::Remove(3));
         tampered.change = Change::Remove(2);
-        assert_eq!(g.apply(&tampered, &a.public(), 1), Err(AdminError::BadSignature));
+        assert_eq!(g.apply(&tampered, &a.public(), Seq(1)), Err(AdminError::BadSignature));
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub struct Request {
 /// [`Request::statement`] from its parts: what a request named by its operation's digest
 /// ([`RequestDigest`]) is judged by, without the operation's bytes.
 pub fn request_statement(client: ClientId, seq: u64, op: &Digest) -> Digest {
-    Hasher::new("keel/request").u64(client).u64(seq).digest(op).finish()
+    Hasher::new("keel/request").u64(client.0).u64(seq).digest(op).finish()
 }
 
 /// Node `node`'s word that a client sent a request: one MAC per order node over
@@ -124,7 +124,7 @@ pub struct Endorsement {
 /// What node `node`'s endorsement MACs cover. Domain-separated from the client's
 /// [`Request::statement`], so an endorsement can never pass for a client's authenticator.
 pub fn endorse_statement(node: NodeId, request: &Digest) -> Digest {
-    Hasher::new("keel/endorse").u64(node as u64).digest(request).finish()
+    Hasher::new("keel/endorse").u64(node.0 as u64).digest(request).finish()
 }
 
 impl Request {
@@ -198,7 +198,7 @@ impl Read {
     /// the same bytes ordered.
     pub fn statement(&self) -> Digest {
         Hasher::new("keel/read")
-            .u64(self.client)
+            .u64(self.client.0)
             .u64(self.seq)
             .u64(self.consistency.code())
             .u64(self.after)
@@ -235,7 +235,7 @@ impl Value {
     /// The agreed pseudo-random seed of instance `seq`: derived from the decided value so
     /// that every backup can check it and no primary can choose it freely.
     pub fn seed(&self, seq: Seq) -> u64 {
-        Hasher::new("keel/seed").u64(seq).digest(&self.digest()).finish().prefix_u64()
+        Hasher::new("keel/seed").u64(seq.0).digest(&self.digest()).finish().prefix_u64()
     }
 }
 
@@ -463,7 +463,7 @@ pub struct Write {
 ///
 /// [`Membership::digest`]: crate::membership::Membership::digest
 pub fn write_statement(epoch: &Digest, view: View, seq: Seq, digest: &Digest, node: NodeId) -> Digest {
-    Hasher::new("keel/write").digest(epoch).u64(view).u64(seq).digest(digest).u64(node as u64).finish()
+    Hasher::new("keel/write").digest(epoch).u64(view.0).u64(seq.0).digest(digest).u64(node.0 as u64).finish()
 }
 
 /// A checkpoint vote: "after executing `seq`, my state's Merkle root is `root`, and
@@ -481,7 +481,7 @@ pub struct CheckpointVote {
 /// node or client that missed an epoch change learns the new members from the proof of
 /// the epoch's last checkpoint ([`EpochCert`]).
 pub fn checkpoint_statement(seq: Seq, root: &Digest, membership: &Digest, node: NodeId) -> Digest {
-    Hasher::new("keel/checkpoint").u64(seq).digest(root).digest(membership).u64(node as u64).finish()
+    Hasher::new("keel/checkpoint").u64(seq.0).digest(root).digest(membership).u64(node.0 as u64).finish()
 }
 
 /// Q signed checkpoint votes for the same (seq, root, membership): proof that the state
@@ -500,7 +500,7 @@ pub struct StableProof {
 pub fn proof_signed(keys: &crate::crypto::NodeKeys, quorum: usize, p: &StableProof) -> bool {
     let mut signers = std::collections::BTreeSet::new();
     for (node, sig) in &p.sigs {
-        if !keys.verify(*node, &checkpoint_statement(p.seq, &p.root, &p.membership, *node), sig) {
+        if !keys.verify(node.0, &checkpoint_statement(p.seq, &p.root, &p.membership, *node), sig) {
             return false;
         }
         signers.insert(*node);
@@ -510,7 +510,7 @@ pub fn proof_signed(keys: &crate::crypto::NodeKeys, quorum: usize, p: &StablePro
 
 impl StableProof {
     pub fn genesis() -> StableProof {
-        StableProof { seq: 0, root: Digest::default(), membership: Digest::default(), sigs: Vec::new() }
+        StableProof { seq: Seq(0), root: Digest::default(), membership: Digest::default(), sigs: Vec::new() }
     }
 }
 
@@ -596,7 +596,7 @@ impl NewView {
     /// What the primary signs in the membership with digest `epoch` (see
     /// [`write_statement`]).
     pub fn statement(&self, epoch: &Digest) -> Digest {
-        let mut h = Hasher::new("keel/new-view").digest(epoch).u64(self.view).u64(self.view_changes.len() as u64);
+        let mut h = Hasher::new("keel/new-view").digest(epoch).u64(self.view.0).u64(self.view_changes.len() as u64);
         for vc in &self.view_changes {
             h = h.digest(&vc.statement(epoch));
         }
@@ -824,16 +824,16 @@ mod payload_tests {
         assert_eq!(back.digest(), p.digest());
         // The statement binds client, sequence number and operation.
         let req = |client, seq, op: &[u8]| Request::new(client, seq, op.to_vec().into());
-        let base = req(1, 1, b"a").statement();
-        assert_ne!(base, req(2, 1, b"a").statement());
-        assert_ne!(base, req(1, 2, b"a").statement());
-        assert_ne!(base, req(1, 1, b"b").statement());
+        let base = req(ClientId(1), 1, b"a").statement();
+        assert_ne!(base, req(ClientId(2), 1, b"a").statement());
+        assert_ne!(base, req(ClientId(1), 2, b"a").statement());
+        assert_ne!(base, req(ClientId(1), 1, b"b").statement());
         // A cached statement is not reused once the client or sequence number changed.
-        let mut r = req(1, 1, b"a");
+        let mut r = req(ClientId(1), 1, b"a");
         assert_eq!(r.statement(), base);
         r.seq = 2;
-        assert_eq!(r.statement(), req(1, 2, b"a").statement());
-        r.client = 2;
-        assert_eq!(r.statement(), req(2, 2, b"a").statement());
+        assert_eq!(r.statement(), req(ClientId(1), 2, b"a").statement());
+        r.client = ClientId(2);
+        assert_eq!(r.statement(), req(ClientId(2), 2, b"a").statement());
     }
 }

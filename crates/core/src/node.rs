@@ -60,7 +60,7 @@ pub trait Node {
 /// epoch the node is in (a quorum's index is that epoch's).
 pub(crate) fn admit_at_stage_node(cfg: &ClusterConfig, from: NodeId, epoch: u64, msg: Message) -> Admit {
     if is_stage_id(cfg, from) {
-        return Admit::Step(Input::Message { from: Peer::Node(stage_node(from)), msg });
+        return Admit::Step(Input::Message { from: Peer::Node(stage_node(from.0)), msg });
     }
     if matches!(msg, Message::IndexAck { .. }) && epoch != cfg.epoch() {
         return Admit::Drop;
@@ -70,5 +70,5 @@ pub(crate) fn admit_at_stage_node(cfg: &ClusterConfig, from: NodeId, epoch: u64,
 
 /// Whether `id` is an execution or RQ node's stable id.
 pub(crate) fn is_stage_id(cfg: &ClusterConfig, id: NodeId) -> bool {
-    cfg.exec_ids().contains(&id) || cfg.rq_ids().contains(&id)
+    cfg.exec_ids().contains(&id.0) || cfg.rq_ids().contains(&id.0)
 }

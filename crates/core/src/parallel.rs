@@ -534,10 +534,11 @@ impl Drop for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ids::Seq;
     use proptest::prelude::*;
 
     fn job() -> Job {
-        Job { op: Vec::new(), ctx: ExecCtx::new(1, 0, 0, 0) }
+        Job { op: Vec::new(), ctx: ExecCtx::new(Seq(1), 0, 0, ClientId(0)) }
     }
 
     fn key(k: &str) -> Item {
@@ -565,11 +566,11 @@ mod tests {
     #[test]
     fn reads_share_writes_order() {
         let e = edges(&[
-            (1, Conflicts::write(key("a"))),
-            (2, Conflicts::read(key("a"))),
-            (3, Conflicts::read(key("a"))),
-            (4, Conflicts::write(key("a"))),
-            (5, Conflicts::read(key("b"))),
+            (ClientId(1), Conflicts::write(key("a"))),
+            (ClientId(2), Conflicts::read(key("a"))),
+            (ClientId(3), Conflicts::read(key("a"))),
+            (ClientId(4), Conflicts::write(key("a"))),
+            (ClientId(5), Conflicts::read(key("b"))),
         ]);
         assert_eq!(e, vec![(0, 1), (0, 2), (1, 3), (2, 3)]);
     }
@@ -577,13 +578,13 @@ mod tests {
     #[test]
     fn prefixes_conflict_with_the_keys_and_prefixes_they_cover() {
         let e = edges(&[
-            (1, Conflicts::write(key("a/1"))),
-            (2, Conflicts::write(key("b/1"))),
-            (3, Conflicts::read(prefix("a/"))),
-            (4, Conflicts::write(key("a/2"))),
-            (5, Conflicts::write(prefix("a"))),
-            (6, Conflicts::read(key("b/1"))),
-            (7, Conflicts::read(prefix(""))),
+            (ClientId(1), Conflicts::write(key("a/1"))),
+            (ClientId(2), Conflicts::write(key("b/1"))),
+            (ClientId(3), Conflicts::read(prefix("a/"))),
+            (ClientId(4), Conflicts::write(key("a/2"))),
+            (ClientId(5), Conflicts::write(prefix("a"))),
+            (ClientId(6), Conflicts::read(key("b/1"))),
+            (ClientId(7), Conflicts::read(prefix(""))),
         ]);
         // 2 reads a/* after 0 wrote a/1; 3 writes a/2 after 2 read a/*; 4 writes a* after
         // the last writers and readers of a/1, a/2 and a/*; 5 reads b/1 after 1; 6 reads
@@ -594,11 +595,11 @@ mod tests {
     #[test]
     fn everything_is_a_barrier_and_clients_keep_their_order() {
         let e = edges(&[
-            (1, Conflicts::read(key("a"))),
-            (2, Conflicts::read(key("b"))),
-            (3, Conflicts::Everything),
-            (4, Conflicts::none()),
-            (4, Conflicts::none()),
+            (ClientId(1), Conflicts::read(key("a"))),
+            (ClientId(2), Conflicts::read(key("b"))),
+            (ClientId(3), Conflicts::Everything),
+            (ClientId(4), Conflicts::none()),
+            (ClientId(4), Conflicts::none()),
         ]);
         assert_eq!(e, vec![(0, 2), (1, 2), (2, 3), (2, 4), (3, 4)]);
     }
@@ -614,7 +615,7 @@ mod tests {
             12 => (items.clone(), items).prop_map(|(reads, writes)| Conflicts::Items { reads, writes }),
             1 => Just(Conflicts::Everything),
         ];
-        (0u64..6, conflicts)
+        ((0u64..6).prop_map(ClientId), conflicts)
     }
 
     proptest! {

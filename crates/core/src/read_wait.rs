@@ -112,7 +112,7 @@ impl ReadWaits {
         let mut completed = false;
         // With a quorum of one (its own answer) a round completes as it starts.
         while let Some(round) = self.round.as_ref().filter(|r| r.acks.len() >= quorum) {
-            let (id, index) = (round.id, round.acks.values().copied().max().unwrap_or(0));
+            let (id, index) = (round.id, round.acks.values().copied().max().unwrap_or(Seq(0)));
             self.round = None;
             completed = true;
             for w in self.reads.values_mut().filter(|w| w.until == Until::Round(id)) {

@@ -105,8 +105,8 @@ impl crate::node::Node for RqNode {
         crate::node::NodeStatus {
             view: self.view(),
             view_change_to: None,
-            executed: 0,
-            stable: 0,
+            executed: Seq(0),
+            stable: Seq(0),
             transfer: None,
             peers: cfg.n() + cfg.rq_ids().len() - 1,
         }
@@ -127,12 +127,12 @@ impl RqNode {
     pub fn new(cfg: ClusterConfig, id: NodeId, signing: SigningKey, mac_secret: [u8; 32]) -> RqNode {
         let endorsers = cfg.endorsers();
         assert!(cfg.rq_separated() && endorsers.contains(&id), "node {id} is not an RQ node");
-        assert_eq!(cfg.stages.rq[(id - endorsers.start) as usize], signing.public(), "signing key mismatch");
+        assert_eq!(endorsers.offset(id).map(|i| cfg.stages.rq[i]), Some(signing.public()), "signing key mismatch");
         RqNode {
             hearsay: Hearsay::new(hearsay_chargeable(&cfg, order_ids(&cfg))),
             row: endorse_row(&cfg, &signing),
             views: BTreeMap::new(),
-            view: 0,
+            view: View(0),
             query_timeout: Timeout::every(cfg.options.status_ms),
             epoch_certs: Vec::new(),
             body_budget: BTreeMap::new(),
@@ -210,7 +210,7 @@ impl RqNode {
 
     /// Whether `node` is an order node of this node's epoch (by stable id).
     fn is_order_node(&self, node: NodeId) -> bool {
-        self.cfg.membership.index_of(node).is_some()
+        self.cfg.membership.index_of(node.0).is_some()
     }
 
     fn on_message(&mut self, from: Peer, msg: Message, out: &mut Outputs) {
@@ -221,7 +221,7 @@ impl RqNode {
                 self.views.insert(o, view);
                 let mut views: Vec<View> = self.views.values().copied().collect();
                 views.sort_unstable_by(|a, b| b.cmp(a));
-                self.view = views.get(self.cfg.quorums.r() as usize).copied().unwrap_or(0);
+                self.view = views.get(self.cfg.quorums.r() as usize).copied().unwrap_or_default();
                 Ok(())
             }
             (Peer::Node(o), Message::FetchBodies { seq, wanted }) if self.is_order_node(o) => {
@@ -251,7 +251,7 @@ impl RqNode {
 
     fn on_tick(&mut self, out: &mut Outputs) {
         if !self.stays_in_epoch() && self.query_timeout.fire(self.now) {
-            let query = Message::EpochQuery { client: 0, epoch: self.cfg.epoch() };
+            let query = Message::EpochQuery { client: ClientId(0), epoch: self.cfg.epoch() };
             let peers: Vec<NodeId> = self.cfg.endorsers().filter(|&p| p != self.id).collect();
             for to in order_ids(&self.cfg).chain(peers) {
                 out.send.push((Peer::Node(to), query.clone()));
@@ -292,7 +292,7 @@ impl RqNode {
         self.epoch_certs.drain(..excess);
         self.row = endorse_row(&self.cfg, &self.signing);
         self.views.clear();
-        self.view = 0;
+        self.view = View(0);
         self.body_budget.clear();
         let share = hearsay_share(&self.cfg);
         self.hearsay.set_chargeable(hearsay_chargeable(&self.cfg, order_ids(&self.cfg)), share);
@@ -390,9 +390,9 @@ impl RqNode {
         if to_all {
             self.broadcast_endorsement(client, out);
         } else if let Some(h) = self.held.get(&client) {
-            let primary = self.cfg.membership.id_of(self.cfg.primary(self.view()));
+            let primary = self.cfg.membership.id_of(NodeId((self.cfg.primary(self.view())).0));
             let msg = Message::Endorse { request: Self::for_order(&h.req), macs: h.endorsers[&self.id].clone() };
-            out.send.extend(primary.map(|p| (Peer::Node(p), msg)));
+            out.send.extend(primary.map(|p| (Peer::Node(NodeId(p)), msg)));
         }
         Ok(())
     }
@@ -594,7 +594,7 @@ impl RqNode {
 
 /// The order nodes of `cfg`'s epoch, by stable id.
 fn order_ids(cfg: &ClusterConfig) -> impl Iterator<Item = NodeId> + '_ {
-    cfg.membership.members.iter().map(|m| m.id)
+    cfg.membership.members.iter().map(|m| NodeId(m.id))
 }
 
 /// The keys an RQ node's endorsements are MACed with: one per order node of the epoch
@@ -609,11 +609,12 @@ mod tests {
     use crate::client::Client;
     use crate::config::{stage_node, Options};
     use crate::crypto::PublicKey;
+    use crate::ids::NodeRange;
     use crate::message::{Proposed, Reply};
     use crate::quorum::{Mutation, Quorums};
     use crate::replica::tests::{secrets, Log};
     use crate::replica::Replica;
-    use crate::stage_net::StageNet;
+    use crate::test_net::TestNet;
 
     /// u = r = 1: order nodes 0..4 (executing), RQ nodes 4..8.
     fn config(mutation: Option<Mutation>) -> ClusterConfig {
@@ -631,20 +632,20 @@ mod tests {
     }
 
     fn client(cfg: &ClusterConfig, id: u64) -> Client {
-        let keys = (0..cfg.rq_ids().end).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-        Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.rq_ids())
+        let keys = (0..cfg.rq_ids().end).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(id))).collect();
+        Client::new(ClientId(id), cfg.quorums, keys, 100, 1).with_auth(cfg.auth).with_rq_nodes(cfg.rq_ids().into())
     }
 
-    /// Order nodes and RQ nodes on a lossless network (`stage_net.rs`).
-    type Net = StageNet<Log, RqNode>;
+    /// Order nodes and RQ nodes on a lossless network (`test_net.rs`).
+    type Net = TestNet<Log, RqNode>;
 
     impl Net {
         fn new(cfg: &ClusterConfig) -> Net {
-            let order = (0..cfg.n() as NodeId).map(|i| Replica::new(cfg.clone(), i, secrets(i), Log::default()));
+            let order = NodeRange::first(cfg.n()).map(|i| Replica::new(cfg.clone(), i, secrets(i.0), Log::default()));
             let rq = cfg
                 .rq_ids()
                 .map(|i| RqNode::new(cfg.clone(), stage_node(i), secrets(i).signing, secrets(i).mac_secret));
-            StageNet::of(order.collect(), rq.collect())
+            TestNet::of(order.collect(), rq.collect())
         }
 
         /// Invokes `op`, ticking until its result arrives; the result and the client ticks
@@ -654,7 +655,7 @@ mod tests {
             self.send(c.id(), msgs, *now);
             let mut retransmissions = 0;
             for _ in 0..400 {
-                for (n, r) in std::mem::take(&mut self.replies) {
+                for (n, _, r) in std::mem::take(&mut self.replies) {
                     if let Some(result) = c.on_reply(n, r) {
                         return (result, retransmissions);
                     }
@@ -669,7 +670,7 @@ mod tests {
         }
 
         fn status(&self) -> String {
-            let order = self.order.iter().map(Replica::status_line);
+            let order = self.nodes.iter().map(Replica::status_line);
             let rq = self.stage.iter().map(RqNode::status_line);
             order.chain(rq).collect::<Vec<_>>().join("\n")
         }
@@ -684,8 +685,8 @@ mod tests {
                 .collect()
         }
 
-        fn views(&self) -> Vec<u64> {
-            self.order.iter().map(Replica::view).collect()
+        fn views(&self) -> Vec<View> {
+            self.nodes.iter().map(Replica::view).collect()
         }
     }
 
@@ -697,15 +698,15 @@ mod tests {
         let mut now = 0;
         // The order nodes learn nothing from the client: it sends only to RQ nodes.
         let first = c.invoke(now, b"a".to_vec()).expect("idle");
-        assert!(first.iter().all(|(n, _)| cfg.rq_ids().contains(n)), "{first:?}");
+        assert!(first.iter().all(|(n, _)| cfg.rq_ids().contains(&n.0)), "{first:?}");
         assert_eq!(first.len(), cfg.quorums.endorse_propose());
-        net.send(7, first, now);
+        net.send(ClientId(7), first, now);
         for _ in 0..20 {
             net.tick(now);
             now += 10;
         }
-        let replies: Vec<(NodeId, Reply)> = std::mem::take(&mut net.replies);
-        let result = replies.into_iter().find_map(|(n, r)| c.on_reply(n, r));
+        let replies: Vec<(NodeId, ClientId, Reply)> = std::mem::take(&mut net.replies);
+        let result = replies.into_iter().find_map(|(n, _, r)| c.on_reply(n, r));
         assert_eq!(result, Some(vec![1]));
         assert_eq!(c.reads_ordered, 0);
         // The proposal carries RQ endorsements, u + r + 1 of them, and no client MACs.
@@ -727,7 +728,7 @@ mod tests {
         let cfg = config(None);
         let mut net = Net::new(&cfg);
         let mut c = client(&cfg, 4); // starts at RQ position 4 % 4 = 0: node 4
-        net.down[4] = true;
+        net.down.insert(NodeId(4));
         let mut now = 0;
         let (result, retransmissions) = net.call(&mut c, &mut now, b"a");
         assert_eq!((result, retransmissions), (vec![1], 1));
@@ -744,19 +745,19 @@ mod tests {
             }
         }
         assert_eq!(slow, vec![66, 195], "retransmissions at the probes only");
-        assert_eq!(net.views(), vec![0; 4], "no view change");
+        assert_eq!(net.views(), vec![View(0); 4], "no view change");
     }
 
     /// A request whose MACs are valid at RQ nodes `valid` only (the faulty client of
     /// UpRight §4.1), sent to every RQ node.
     fn inconsistent(cfg: &ClusterConfig, id: u64, seq: u64, valid: &[NodeId]) -> Vec<(NodeId, Message)> {
         let mut c = client(cfg, id);
-        let mut req = Request::new(id, seq, b"faulty".to_vec().into());
+        let mut req = Request::new(ClientId(id), seq, b"faulty".to_vec().into());
         let statement = req.statement();
         req.auth = (0..cfg.rq_ids().end)
             .map(|i| {
-                let key = client_mac_key(&secrets(i).mac_secret, id);
-                if valid.contains(&i) {
+                let key = client_mac_key(&secrets(i).mac_secret, ClientId(id));
+                if valid.contains(&NodeId(i)) {
                     key.mac(&statement)
                 } else {
                     [0; 16]
@@ -764,7 +765,7 @@ mod tests {
             })
             .collect();
         let _ = c.invoke(0, Vec::new());
-        cfg.rq_ids().map(|n| (n, Message::Request(req.clone()))).collect()
+        cfg.rq_ids().map(|n| (NodeId(n), Message::Request(req.clone()))).collect()
     }
 
     #[test]
@@ -774,27 +775,31 @@ mod tests {
         let mut now = 0;
         // Valid at r + 1 = 2 RQ nodes: they endorse to all, the others follow on their
         // word, and the request executes.
-        net.send(9, inconsistent(&cfg, 9, 1, &[4, 5]), now);
+        net.send(ClientId(9), inconsistent(&cfg, 9, 1, &[NodeId(4), NodeId(5)]), now);
         now += cfg.options.retransmit_ms;
-        net.send(9, inconsistent(&cfg, 9, 1, &[4, 5]), now);
+        net.send(ClientId(9), inconsistent(&cfg, 9, 1, &[NodeId(4), NodeId(5)]), now);
         for _ in 0..50 {
             now += 10;
             net.tick(now);
         }
         assert!(net.stage.iter().all(|q| q.held() == 1), "every RQ node endorsed it: {}", net.status());
-        assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        assert!(
+            net.replies.iter().filter(|(_, _, r)| r.client == ClientId(9)).count() >= 2,
+            "executed: {}",
+            net.status()
+        );
         // Valid at one RQ node only: nobody else endorses, nothing executes, and no order
         // node suspects the primary over it, however long it waits.
         net.replies.clear();
         for round in 0..10 {
-            net.send(10, inconsistent(&cfg, 10, 1, &[6]), now);
+            net.send(ClientId(10), inconsistent(&cfg, 10, 1, &[NodeId(6)]), now);
             for _ in 0..30 {
                 now += 10;
                 net.tick(now);
             }
-            assert!(net.replies.iter().all(|(_, r)| r.client != 10), "round {round}");
+            assert!(net.replies.iter().all(|(_, _, r)| r.client != ClientId(10)), "round {round}");
         }
-        assert_eq!(net.views(), vec![0; 4], "no view change over a faulty client");
+        assert_eq!(net.views(), vec![View(0); 4], "no view change over a faulty client");
         let mut ok = client(&cfg, 11);
         assert_eq!(net.call(&mut ok, &mut now, b"ok").0, vec![2], "others are served");
     }
@@ -809,14 +814,18 @@ mod tests {
         let cfg = config_ur(2, 1, None);
         let mut net = Net::new(&cfg);
         let mut now = 0;
-        let rq: Vec<NodeId> = cfg.rq_ids().collect();
-        net.send(9, inconsistent(&cfg, 9, 1, &rq[..3]), now);
+        let rq: Vec<NodeId> = cfg.rq_ids().map(NodeId).collect();
+        net.send(ClientId(9), inconsistent(&cfg, 9, 1, &rq[..3]), now);
         for _ in 0..300 {
             now += 10;
             net.tick(now);
         }
-        assert_eq!(net.views(), vec![0; cfg.n()], "no view change: {}", net.status());
-        assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        assert_eq!(net.views(), vec![View(0); cfg.n()], "no view change: {}", net.status());
+        assert!(
+            net.replies.iter().filter(|(_, _, r)| r.client == ClientId(9)).count() >= 2,
+            "executed: {}",
+            net.status()
+        );
     }
 
     #[test]
@@ -828,7 +837,7 @@ mod tests {
         // relaying order node, it is taken and amplified.
         let cfg = config_ur(2, 1, None);
         let mut net = Net::new(&cfg);
-        net.down[6] = true; // the liar speaks through the test
+        net.down.insert(NodeId(6)); // the liar speaks through the test
         let liar = |request: &Request| -> Message {
             let s = endorse_statement(stage_node(6), &request.statement());
             let row = cfg.node_keys.iter().chain(&cfg.stages.rq);
@@ -840,50 +849,54 @@ mod tests {
         let share = hearsay_share(&cfg);
         let mut now = 0;
         for i in 0..share as u64 {
-            let made_up = Request::new(500 + i, 1, b"made up".to_vec().into());
+            let made_up = Request::new(ClientId(500 + i), 1, b"made up".to_vec().into());
             for to in 7..12 {
-                net.queue.push_back((Peer::Node(6), Peer::Node(to), liar(&made_up)));
+                net.post(Peer::Node(NodeId(6)), NodeId(to), liar(&made_up));
             }
         }
         net.run(now);
-        let msgs = inconsistent(&cfg, 9, 1, &[7, 8]);
+        let msgs = inconsistent(&cfg, 9, 1, &[NodeId(7), NodeId(8)]);
         let Message::Request(faulty) = &msgs[0].1 else { panic!("a request") };
         let endorsed = liar(&Request { auth: Vec::new(), ..faulty.clone() });
         for to in (0..6).chain(7..12) {
-            net.queue.push_back((Peer::Node(6), Peer::Node(to), endorsed.clone()));
+            net.post(Peer::Node(NodeId(6)), NodeId(to), endorsed.clone());
         }
-        net.send(9, msgs, now);
+        net.send(ClientId(9), msgs, now);
         for _ in 0..300 {
             now += 10;
             net.tick(now);
         }
-        assert_eq!(net.views(), vec![0; cfg.n()], "no view change: {}", net.status());
-        assert!(net.replies.iter().filter(|(_, r)| r.client == 9).count() >= 2, "executed: {}", net.status());
+        assert_eq!(net.views(), vec![View(0); cfg.n()], "no view change: {}", net.status());
+        assert!(
+            net.replies.iter().filter(|(_, _, r)| r.client == ClientId(9)).count() >= 2,
+            "executed: {}",
+            net.status()
+        );
     }
 
     #[test]
     fn order_nodes_take_endorsements_only_from_rq_nodes_and_only_valid_ones() {
         let cfg = config(None);
-        let mut primary = Replica::new(cfg.clone(), 0, secrets(0), Log::default());
-        let req = Request::new(7, 1, b"a".to_vec().into());
+        let mut primary = Replica::new(cfg.clone(), NodeId(0), secrets(0), Log::default());
+        let req = Request::new(ClientId(7), 1, b"a".to_vec().into());
         let statement = req.statement();
         // Node `i`'s endorsement (stable id; RQ nodes sign under their stage names).
         let macs_of = |i: NodeId| -> Vec<Mac> {
-            let name = if i >= 4 { stage_node(i) } else { i };
+            let name = if i >= NodeId(4) { stage_node(i.0) } else { i };
             let s = endorse_statement(name, &statement);
-            cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(&secrets(i).signing, k).mac(&s)).collect()
+            cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(&secrets(i.0).signing, k).mac(&s)).collect()
         };
         let mut out = Outputs::default();
         // An order node's "endorsement" (co-located style) is no RQ endorsement.
-        let from_order = Message::Endorse { request: req.clone(), macs: macs_of(1) };
-        primary.step(0, Input::Message { from: Peer::Node(1), msg: from_order }, &mut out);
+        let from_order = Message::Endorse { request: req.clone(), macs: macs_of(NodeId(1)) };
+        primary.step(0, Input::Message { from: Peer::Node(NodeId(1)), msg: from_order }, &mut out);
         // An RQ node's endorsement that another RQ node's key MACed.
-        let forged = Message::Endorse { request: req.clone(), macs: macs_of(5) };
+        let forged = Message::Endorse { request: req.clone(), macs: macs_of(NodeId(5)) };
         primary.step(0, Input::Message { from: Peer::Node(stage_node(4)), msg: forged }, &mut out);
         // A client request straight to an order node is not admitted.
         let mut c = client(&cfg, 7);
         let direct = c.invoke(0, b"a".to_vec()).expect("idle").remove(0).1;
-        primary.step(0, Input::Message { from: Peer::Client(7), msg: direct }, &mut out);
+        primary.step(0, Input::Message { from: Peer::Client(ClientId(7)), msg: direct }, &mut out);
         let rejected: Vec<Reject> = out
             .events
             .iter()
@@ -892,18 +905,21 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(rejected, vec![Reject::BadEndorsement { node: 1 }, Reject::BadEndorsement { node: stage_node(4) }]);
+        assert_eq!(
+            rejected,
+            vec![Reject::BadEndorsement { node: NodeId(1) }, Reject::BadEndorsement { node: stage_node(4) }]
+        );
         assert!(out.send.iter().all(|(_, m)| !matches!(m, Message::Propose { .. })));
         assert!(primary.status_line().contains("pending 0"), "nothing held: {}", primary.status_line());
         // One RQ node's endorsement, relayed three times over, counts once.
         let mut thrice = req.clone();
-        thrice.endorsements = (0..3).map(|_| Endorsement { node: stage_node(4), macs: macs_of(4) }).collect();
-        primary.step(0, Input::Message { from: Peer::Node(2), msg: Message::Forward(thrice) }, &mut out);
+        thrice.endorsements = (0..3).map(|_| Endorsement { node: stage_node(4), macs: macs_of(NodeId(4)) }).collect();
+        primary.step(0, Input::Message { from: Peer::Node(NodeId(2)), msg: Message::Forward(thrice) }, &mut out);
         assert!(out.send.iter().all(|(_, m)| !matches!(m, Message::Propose { .. })));
         assert!(primary.status_line().contains("pending 0"), "one endorser is not r + 1: {}", primary.status_line());
         // u + r + 1 genuine RQ endorsements: proposed.
         for i in 4..7 {
-            let msg = Message::Endorse { request: req.clone(), macs: macs_of(i) };
+            let msg = Message::Endorse { request: req.clone(), macs: macs_of(NodeId(i)) };
             primary.step(0, Input::Message { from: Peer::Node(stage_node(i)), msg }, &mut out);
         }
         assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
@@ -922,9 +938,9 @@ mod tests {
         let fetched_from_rq = net
             .seen
             .iter()
-            .any(|(from, _, kind)| *kind == "bodies" && matches!(from, Peer::Node(n) if cfg.rq_ids().contains(n)));
+            .any(|(from, _, kind)| *kind == "bodies" && matches!(from, Peer::Node(n) if cfg.rq_ids().contains(&n.0)));
         assert!(fetched_from_rq, "backups fetched the bytes from RQ nodes");
-        for r in &net.order {
+        for r in &net.nodes {
             assert_eq!(r.service().0, vec![big.clone()], "node {} executed the whole operation", r.id());
         }
     }
@@ -941,7 +957,7 @@ mod tests {
                 let (_, m) = c.invoke(seq, vec![seq as u8]).expect("idle").remove(0);
                 c.abandon();
                 // Its authenticator has an entry for every RQ node: delivered to node 4.
-                rq.step(seq, Input::Message { from: Peer::Client(id), msg: m }, &mut out);
+                rq.step(seq, Input::Message { from: Peer::Client(ClientId(id)), msg: m }, &mut out);
             }
         }
         assert_eq!(rq.held(), 8);
@@ -984,11 +1000,11 @@ mod tests {
         let cfg = config(None);
         let mut rq = RqNode::new(cfg.clone(), stage_node(5), secrets(5).signing, secrets(5).mac_secret);
         let mut out = Outputs::default();
-        let status = |view| Message::Status { view, executed: 0, stable: 0 };
-        rq.step(0, Input::Message { from: Peer::Node(3), msg: status(1_000) }, &mut out);
-        assert_eq!(rq.view(), 0, "one liar cannot move it");
-        rq.step(0, Input::Message { from: Peer::Node(1), msg: status(2) }, &mut out);
-        assert_eq!(rq.view(), 2);
+        let status = |view| Message::Status { view: View(view), executed: Seq(0), stable: Seq(0) };
+        rq.step(0, Input::Message { from: Peer::Node(NodeId(3)), msg: status(1_000) }, &mut out);
+        assert_eq!(rq.view(), View(0), "one liar cannot move it");
+        rq.step(0, Input::Message { from: Peer::Node(NodeId(1)), msg: status(2) }, &mut out);
+        assert_eq!(rq.view(), View(2));
     }
 
     #[test]
@@ -1010,34 +1026,35 @@ mod tests {
             })
             .collect();
         let peers = (5..8).map(stage_node);
-        assert_eq!(asked, (0..4).chain(peers).collect::<Vec<_>>(), "every STATUS period it asks everyone");
+        assert_eq!(asked, NodeRange::first(4).chain(peers).collect::<Vec<_>>(), "every STATUS period it asks everyone");
         // A request held before the change.
         let mut c = client(&cfg, 7);
         let (_, request) = c.invoke(0, b"a".to_vec()).expect("idle").remove(0);
         let Message::Request(req) = &request else { panic!("a request") };
         let statement = req.statement();
-        rq.step(1, Input::Message { from: Peer::Client(7), msg: request.clone() }, &mut out);
+        rq.step(1, Input::Message { from: Peer::Client(ClientId(7)), msg: request.clone() }, &mut out);
         assert_eq!(rq.held(), 1);
         // Epoch 1 adds order node 12, proven by the stable checkpoint of epoch 0's members.
         let member = Member { id: 12, key: secrets(12).signing.public(), addr: String::new() };
         let next =
-            cfg.membership.apply(&AdminOp::sign(&admin, 0, Change::Add(member)), &admin.public(), 5).expect("ok");
+            cfg.membership.apply(&AdminOp::sign(&admin, 0, Change::Add(member)), &admin.public(), Seq(5)).expect("ok");
         let root = Digest([1; 32]);
-        let sigs = (0..4).map(|i| (i, secrets(i).signing.sign(&checkpoint_statement(5, &root, &next.digest(), i))));
-        let proof = StableProof { seq: 5, root, membership: next.digest(), sigs: sigs.collect() };
+        let sigs = NodeRange::first(4)
+            .map(|i| (i, secrets(i.0).signing.sign(&checkpoint_statement(Seq(5), &root, &next.digest(), i))));
+        let proof = StableProof { seq: Seq(5), root, membership: next.digest(), sigs: sigs.collect() };
         let mut forged = proof.clone();
         forged.sigs.truncate(1);
         let certs = |proof: StableProof| Message::EpochCerts(vec![EpochCert { proof, next: next.clone() }]);
         let mut out = Outputs::default();
-        rq.step(2, Input::Message { from: Peer::Node(1), msg: certs(forged) }, &mut out);
+        rq.step(2, Input::Message { from: Peer::Node(NodeId(1)), msg: certs(forged) }, &mut out);
         assert_eq!(rq.epoch(), 0, "one signature proves nothing");
         let mut out = Outputs::default();
-        rq.step(2, Input::Message { from: Peer::Node(1), msg: certs(proof) }, &mut out);
+        rq.step(2, Input::Message { from: Peer::Node(NodeId(1)), msg: certs(proof) }, &mut out);
         assert_eq!(rq.epoch(), 1);
         // Its client spoke lately: the new members hear of the held request at once.
         let to_new = |out: &Outputs| {
             out.send.iter().find_map(|(to, m)| match (to, m) {
-                (Peer::Node(12), Message::Endorse { macs, .. }) => Some(macs.clone()),
+                (Peer::Node(NodeId(12)), Message::Endorse { macs, .. }) => Some(macs.clone()),
                 _ => None,
             })
         };
@@ -1045,7 +1062,7 @@ mod tests {
         // The client retransmits: the held request's endorsement goes to every member of
         // epoch 1, with a MAC the new member (index 4) checks.
         let mut out = Outputs::default();
-        rq.step(1_000, Input::Message { from: Peer::Client(7), msg: request }, &mut out);
+        rq.step(1_000, Input::Message { from: Peer::Client(ClientId(7)), msg: request }, &mut out);
         let macs = to_new(&out).expect("endorsed to the new member");
         assert_eq!(macs.len(), 5 + 4, "a MAC per order node of epoch 1, then per RQ node");
         let key = endorse_key(&secrets(12).signing, &secrets(4).signing.public());
@@ -1053,7 +1070,7 @@ mod tests {
         // An RQ peer that restarted empty learns the epoch from this node as well.
         let mut fresh = RqNode::new(cfg.clone(), stage_node(5), secrets(5).signing, secrets(5).mac_secret);
         let mut out = Outputs::default();
-        let query = Message::EpochQuery { client: 0, epoch: 0 };
+        let query = Message::EpochQuery { client: ClientId(0), epoch: 0 };
         rq.step(1_001, Input::Message { from: Peer::Node(stage_node(5)), msg: query }, &mut out);
         let (_, answer) = out.send.pop().expect("answered");
         fresh.step(1_001, Input::Message { from: Peer::Node(me), msg: answer }, &mut out);

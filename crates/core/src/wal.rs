@@ -204,9 +204,9 @@ mod tests {
 
     fn sample() -> Vec<Record> {
         vec![
-            Record::View { view: 3, floor: 0 },
-            Record::Accepted { view: 3, seq: 9, value: Value::null() },
-            Record::Decided { seq: 9, digest: Value::null().digest() },
+            Record::View { view: View(3), floor: Seq(0) },
+            Record::Accepted { view: View(3), seq: Seq(9), value: Value::null() },
+            Record::Decided { seq: Seq(9), digest: Value::null().digest() },
         ]
     }
 
@@ -221,8 +221,8 @@ mod tests {
 
     #[test]
     fn a_view_record_with_its_new_view_round_trips() {
-        let proof = NewView { view: 3, view_changes: Vec::new(), sig: crate::crypto::Sig([7; 64]) };
-        let records = vec![Record::NewView(proof), Record::View { view: 3, floor: 0 }];
+        let proof = NewView { view: View(3), view_changes: Vec::new(), sig: crate::crypto::Sig([7; 64]) };
+        let records = vec![Record::NewView(proof), Record::View { view: View(3), floor: Seq(0) }];
         let bytes: Vec<u8> = records.iter().flat_map(encode_record).collect();
         assert_eq!(decode_log(&bytes).records, records);
         assert_eq!(records[0].seq(), None, "not garbage-collected with the instances");
@@ -252,7 +252,7 @@ mod tests {
 
     #[test]
     fn a_checksummed_record_with_trailing_bytes_is_malformed() {
-        // Minimized by cargo-fuzz: ViewChangeSent { view: 1 } plus a stray byte, with a
+        // Minimized by cargo-fuzz: ViewChangeSent { view: View(1) } plus a stray byte, with a
         // correct CRC over all three payload bytes.
         let payload = [0x01, 0x01, 0x06];
         let mut bytes = vec![0x03, 0x00, 0x00, 0x00];

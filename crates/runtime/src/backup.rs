@@ -128,7 +128,7 @@ pub async fn fetch(
     let mut core = CheckpointFetch::new(session, membership, certifiers, RETRY_MS);
     // The epochs this cluster's clients followed before (checked like any others).
     if let Some(certs) = epochs_dir.and_then(crate::epochs::load) {
-        let _ = core.on_message(now_ms(), 0, Message::EpochCerts(certs));
+        let _ = core.on_message(now_ms(), NodeId(0), Message::EpochCerts(certs));
     }
     // Ordered (and answered) before anything is fetched: every write acknowledged
     // before this call precedes it. Then more of them, in the background, to bring the
@@ -172,7 +172,7 @@ pub async fn fetch(
                 match core.on_message(now_ms(), from, msg) {
                     Ok(msgs) => send(msgs),
                     // Counted (`Fetched::refused`); a lying node is one of many.
-                    Err(why) => tracing::debug!(node = from, ?why, "backup: answer refused"),
+                    Err(why) => tracing::debug!(node = %from, ?why, "backup: answer refused"),
                 }
             }
         }

@@ -24,6 +24,7 @@ use crate::tls::{self, PeerId, TlsError};
 use crate::transport::TransportStats;
 use keel_core::client::{Client, ClientError, Pushed};
 use keel_core::codec;
+use keel_core::ids::NodeRange;
 use keel_core::membership::Membership;
 use keel_core::message::{session_id, session_of, ClientId, Message, NodeId, ReadConsistency, Reply, SESSIONS_MAX};
 use keel_core::replica::session_mac_key;
@@ -150,7 +151,7 @@ impl KeelClient {
             nodes.connect(*id, *addr);
         }
         let range = |nodes: &[(NodeId, std::net::SocketAddr)]| match (nodes.first(), nodes.last()) {
-            (Some((first, _)), Some((last, _))) => Some(*first..*last + 1),
+            (Some((first, _)), Some((last, _))) => Some(NodeRange::from(first.0..last.0 + 1)),
             _ => None,
         };
         let (executors, rq_nodes) = (range(&setup.executors), range(&setup.rq_nodes));
@@ -223,7 +224,7 @@ impl KeelClient {
         Ok(KeelClient { id: setup.id, epoch, metrics, calls, pushes, stats, first_seq, side, side_open })
     }
 
-    pub fn id(&self) -> u64 {
+    pub fn id(&self) -> ClientId {
         self.id
     }
 
@@ -332,14 +333,14 @@ impl Nodes {
     /// connected yet.
     fn follow(&mut self, m: &Membership) {
         for member in &m.members {
-            if self.links.contains(member.id) {
+            if self.links.contains(NodeId(member.id)) {
                 continue;
             }
             let Ok(addr) = member.addr.parse::<std::net::SocketAddr>() else {
-                tracing::warn!(node = member.id, addr = %member.addr, "member without a usable address");
+                tracing::warn!(node = %member.id, addr = %member.addr, "member without a usable address");
                 continue;
             };
-            self.connect(member.id, addr);
+            self.connect(NodeId(member.id), addr);
         }
     }
 
@@ -640,6 +641,7 @@ mod tests {
     use super::*;
     use crate::config::{init, ClientFile, InitOptions, NodeFile};
     use crate::transport::{accept_loop, Accepted};
+    use keel_core::ids::Seq;
     use std::sync::atomic::Ordering;
     use tokio::io::AsyncWriteExt;
     use tokio_rustls::TlsAcceptor;
@@ -662,7 +664,7 @@ mod tests {
         let client = KeelClient::connect(setup).expect("client");
         let conn = tokio::time::timeout(Duration::from_secs(10), conns.recv()).await.expect("dialled").expect("conn");
         let (_read, mut write) = tokio::io::split(conn.stream);
-        let chunk = codec::encode(&Message::Chunk { seq: 5, index: 0, data: vec![7; 4096] });
+        let chunk = codec::encode(&Message::Chunk { seq: Seq(5), index: 0, data: vec![7; 4096] });
         let frame = [(chunk.len() as u32).to_be_bytes().as_slice(), &chunk].concat();
         write.write_all(&frame).await.expect("sent");
         write.flush().await.expect("flushed");
@@ -678,6 +680,6 @@ mod tests {
         write.write_all(&frame).await.expect("sent");
         write.flush().await.expect("flushed");
         let got = tokio::time::timeout(Duration::from_secs(10), side.receive.recv()).await.expect("arrived");
-        assert!(matches!(got, Some((0, Message::Chunk { seq: 5, .. }))), "{got:?}");
+        assert!(matches!(got, Some((NodeId(0), Message::Chunk { seq: Seq(5), .. }))), "{got:?}");
     }
 }

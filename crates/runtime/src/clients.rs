@@ -97,18 +97,18 @@ mod tests {
         let mut clients = Clients::new(bans.clone());
         let (tx, _rx) = mpsc::channel(1);
         let close = Arc::new(Notify::new());
-        clients.up(7, 1, tx, close.clone());
+        clients.up(ClientId(7), 1, tx, close.clone());
         for _ in 1..BAD_MACS_MAX {
-            assert!(!clients.bad_mac(7, 1_000));
+            assert!(!clients.bad_mac(ClientId(7), 1_000));
         }
-        assert!(clients.route(7).is_some());
-        assert!(clients.bad_mac(7, 1_000), "one too many");
-        assert!(clients.route(7).is_none(), "disconnected");
-        assert!(bans.banned(7, 1_000) && bans.banned(7, 1_000 + BAN_MS - 1));
-        assert!(!bans.banned(7, 1_000 + BAN_MS), "the ban ends");
-        assert!(!bans.banned(8, 1_000), "others are not affected");
+        assert!(clients.route(ClientId(7)).is_some());
+        assert!(clients.bad_mac(ClientId(7), 1_000), "one too many");
+        assert!(clients.route(ClientId(7)).is_none(), "disconnected");
+        assert!(bans.banned(ClientId(7), 1_000) && bans.banned(ClientId(7), 1_000 + BAN_MS - 1));
+        assert!(!bans.banned(ClientId(7), 1_000 + BAN_MS), "the ban ends");
+        assert!(!bans.banned(ClientId(8), 1_000), "others are not affected");
         // Unknown or already gone clients: nothing to do.
-        assert!(!clients.bad_mac(9, 1_000));
+        assert!(!clients.bad_mac(ClientId(9), 1_000));
         // The connection was told to close.
         assert!(futures_ready(close.notified()));
     }

@@ -206,14 +206,15 @@ fn release(gated: Vec<Gated>, stats: &TransportStats) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::{Seq, View};
     use keel_core::replica::Durable;
 
     fn view(v: u64) -> Record {
-        Record::View { view: v, floor: 0 }
+        Record::View { view: View(v), floor: Seq(0) }
     }
 
     fn views(d: &Durable) -> Vec<u64> {
-        d.records.iter().filter_map(|r| if let Record::View { view, .. } = r { Some(*view) } else { None }).collect()
+        d.records.iter().filter_map(|r| if let Record::View { view, .. } = r { Some(view.0) } else { None }).collect()
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -223,8 +224,8 @@ mod tests {
         let stats = Arc::new(TransportStats::default());
         let mut c = Committer::start(storage, stats, crate::metrics::Metrics::new().0).expect("start");
         let (tx, mut rx) = mpsc::channel(16);
-        let a = Message::Stop { view: 1 };
-        let b = Message::Stop { view: 2 };
+        let a = Message::Stop { view: View(1) };
+        let b = Message::Stop { view: View(2) };
         c.submit(vec![Persist::Record(view(1))], vec![view(2)], vec![(tx.clone(), a.clone(), None)]).expect("submit");
         // No record of its own, but it must not overtake the first job's.
         c.submit(Vec::new(), Vec::new(), vec![(tx, b.clone(), None)]).expect("submit");
@@ -252,13 +253,13 @@ mod tests {
         let stats = Arc::new(TransportStats::default());
         let mut c = Committer::start(storage, stats, crate::metrics::Metrics::new().0).expect("start");
         let (tx, mut rx) = mpsc::channel(16);
-        let stop = |view| Message::Stop { view };
+        let stop = |view| Message::Stop { view: View(view) };
         c.submit(vec![Persist::Record(view(1))], vec![view(2)], vec![(tx.clone(), stop(1), None)]).expect("submit");
         let inline = rx.try_recv().expect("released before submit returned");
         assert_eq!(codec::decode(&inline).expect("decodes"), stop(1));
         assert!(c.idle(), "nothing was handed to the thread");
 
-        let compact = Persist::Compact { records: vec![view(5)], snapshots_from: 0 };
+        let compact = Persist::Compact { records: vec![view(5)], snapshots_from: Seq(0) };
         c.submit(vec![compact], Vec::new(), vec![(tx.clone(), stop(5), None)]).expect("submit");
         c.submit(vec![Persist::Record(view(6))], Vec::new(), vec![(tx, stop(6), None)]).expect("submit");
         for want in [5, 6] {

@@ -11,6 +11,7 @@ use crate::storage::FsyncPolicy;
 use crate::tls::{generate_ca, issue, Credentials, PeerId, TlsError};
 use keel_core::config::{Auth, ClusterConfig, ConfigError, Options};
 use keel_core::crypto::{MacKey, PublicKey, SigningKey};
+use keel_core::ids::NodeRange;
 use keel_core::membership::Membership;
 use keel_core::message::{ClientId, NodeId};
 use keel_core::quorum::{QuorumError, Quorums};
@@ -256,7 +257,7 @@ impl ClusterFile {
         let quorums = Quorums::new(self.u, self.r)?;
         let mut keys = Vec::with_capacity(self.nodes.len());
         for (i, n) in self.nodes.iter().enumerate() {
-            if n.id as usize != i {
+            if n.id.0 as usize != i {
                 return Err(ConfigFileError::Invalid {
                     path: path.into(),
                     message: format!("node ids must be 0..N in order; entry {i} has id {}", n.id),
@@ -293,7 +294,7 @@ impl ClusterFile {
         if !self.executors.is_empty() {
             let mut keys = Vec::with_capacity(self.executors.len());
             for (i, e) in self.executors.iter().enumerate() {
-                let want = (self.nodes.len() + i) as NodeId;
+                let want = NodeId((self.nodes.len() + i) as u32);
                 if e.id != want {
                     return Err(ConfigFileError::Invalid {
                         path: path.into(),
@@ -307,7 +308,7 @@ impl ClusterFile {
         if !self.rq_nodes.is_empty() {
             let mut keys = Vec::with_capacity(self.rq_nodes.len());
             for (i, q) in self.rq_nodes.iter().enumerate() {
-                let want = (self.nodes.len() + self.executors.len() + i) as NodeId;
+                let want = NodeId((self.nodes.len() + self.executors.len() + i) as u32);
                 if q.id != want {
                     return Err(ConfigFileError::Invalid {
                         path: path.into(),
@@ -502,12 +503,12 @@ pub struct NodeSetup {
 impl NodeSetup {
     /// Whether this node is an execution node of a separated cluster.
     pub fn executes_only(&self) -> bool {
-        self.cluster.exec_ids().contains(&self.id)
+        self.cluster.exec_ids().contains(&self.id.0)
     }
 
     /// Whether this node is an RQ node of a separate RQ stage.
     pub fn rq_only(&self) -> bool {
-        self.cluster.rq_ids().contains(&self.id)
+        self.cluster.rq_ids().contains(&self.id.0)
     }
 }
 
@@ -559,12 +560,12 @@ impl NodeFile {
         );
         let membership = joined.as_ref().unwrap_or(&cluster.membership);
         let (executors, rq_nodes) = (cluster.exec_ids(), cluster.rq_ids());
-        let listed = if executors.contains(&f.id) {
-            cluster.stages.executors.get((f.id - executors.start) as usize).copied()
-        } else if rq_nodes.contains(&f.id) {
-            cluster.stages.rq.get((f.id - rq_nodes.start) as usize).copied()
+        let listed = if executors.contains(&f.id.0) {
+            cluster.stages.executors.get((f.id.0 - executors.start) as usize).copied()
+        } else if rq_nodes.contains(&f.id.0) {
+            cluster.stages.rq.get((f.id.0 - rq_nodes.start) as usize).copied()
         } else {
-            membership.index_of(f.id).map(|i| membership.members[i as usize].key)
+            membership.index_of(f.id.0).map(|i| membership.members[i.0 as usize].key)
         };
         if listed != Some(secrets.signing.public()) {
             return Err(ConfigFileError::Invalid {
@@ -779,7 +780,7 @@ fn default_service() -> String {
 }
 
 pub fn first_client_id() -> ClientId {
-    1000
+    ClientId(1000)
 }
 
 /// A run of `n` consecutive ports that are free right now, below Linux's default
@@ -871,21 +872,21 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
     write_secret(&dir.join("ca.key"), &ca.key_pem)?;
     let mut seeds = Vec::new();
     let mut nodes = Vec::new();
-    for i in 0..total as NodeId {
+    for i in NodeRange::first(total) {
         let seed: [u8; 32] = random_bytes();
         let mac: [u8; 32] = random_bytes();
         let key = SigningKey::from_seed(seed);
-        let addr: SocketAddr = format!("{}:{}", host_of(i as usize), o.base_port + i as u16)
+        let addr: SocketAddr = format!("{}:{}", host_of(i.0 as usize), o.base_port + i.0 as u16)
             .parse()
             .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
         nodes.push(NodeEntry { id: i, addr, public_key: hex::encode(key.public().0) });
         seeds.push((seed, mac));
     }
     let client_seeds: Vec<(ClientId, [u8; 32])> =
-        (0..o.clients).map(|c| (first_client_id() + c as ClientId, random_bytes())).collect();
+        (0..o.clients).map(|c| (ClientId(first_client_id().0 + c as u64), random_bytes())).collect();
     // Front ends' identities follow the clients', one per executing node.
     let front_seeds: Vec<(ClientId, [u8; 32])> = if o.front_ends {
-        executing.clone().map(|i| (first_client_id() + (o.clients + i) as ClientId, random_bytes())).collect()
+        executing.clone().map(|i| (ClientId(first_client_id().0 + (o.clients + i) as u64), random_bytes())).collect()
     } else {
         Vec::new()
     };
@@ -941,14 +942,14 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
             fs::create_dir_all(ndir.join("data"))
                 .map_err(|source| ConfigFileError::Io { path: ndir.clone(), source })?;
         }
-        let creds = issue(&ca, PeerId::Node(i as NodeId))?;
+        let creds = issue(&ca, PeerId::Node(NodeId(i as u32)))?;
         write(&ndir.join("node.pem"), &creds.cert_pem)?;
         write_secret(&ndir.join("node.key"), &creds.key_pem)?;
         let metrics: SocketAddr = format!("{}:{}", host_of(i), o.base_port as usize + total + i)
             .parse()
             .map_err(|e| ConfigFileError::Invalid { path: dir.into(), message: format!("address: {e}") })?;
         let file = NodeFile {
-            id: i as NodeId,
+            id: NodeId(i as u32),
             listen: all[i].addr,
             metrics,
             service: o.service.clone(),
@@ -1000,7 +1001,7 @@ pub fn init(dir: &Path, o: &InitOptions) -> Result<(), ConfigFileError> {
         write_secret(&cdir.join("client.toml"), toml::to_string(&file).unwrap_or_default())?;
     }
     for (i, host) in o.hosts.iter().enumerate() {
-        write_bundle(dir, i as NodeId, host)?;
+        write_bundle(dir, NodeId(i as u32), host)?;
     }
     Ok(())
 }
@@ -1085,10 +1086,10 @@ pub fn admin_setup(dir: &Path) -> Result<(ClientSetup, SigningKey), ConfigFileEr
     }
     // One key per stable id; ids without a node directory get a blank one.
     let dirs = node_dirs(dir);
-    let top = dirs.keys().next_back().copied().unwrap_or(0);
+    let top = dirs.keys().next_back().copied().unwrap_or(NodeId(0));
     let mut mac_keys = Vec::new();
-    for id in 0..=top {
-        let key = match dirs.get(&id) {
+    for id in 0..=top.0 {
+        let key = match dirs.get(&NodeId(id)) {
             Some(d) => {
                 let path = d.join("node.toml");
                 let f: NodeFile = parse(&path)?;
@@ -1202,7 +1203,7 @@ pub fn new_node_dir_with(
     };
     write_secret(&ndir.join("node.toml"), toml::to_string(&file).unwrap_or_default())?;
     let member =
-        keel_core::membership::Member { id, key: SigningKey::from_seed(seed).public(), addr: listen.to_string() };
+        keel_core::membership::Member { id: id.0, key: SigningKey::from_seed(seed).public(), addr: listen.to_string() };
     Ok((ndir, member))
 }
 
@@ -1234,11 +1235,11 @@ fn provision_front_end(
         let c: ClientFile = parse(f)?;
         top = top.max(c.id);
     }
-    let id = top + 1;
+    let id = ClientId(top.0 + 1);
     let mut mac_keys = Vec::new();
-    for node in 0..=dirs.keys().next_back().copied().unwrap_or(0).max(new_id) {
-        let key = match dirs.get(&node) {
-            _ if node == new_id => client_mac_key(new_mac, id),
+    for node in 0..=dirs.keys().next_back().copied().unwrap_or(NodeId(0)).max(new_id).0 {
+        let key = match dirs.get(&NodeId(node)) {
+            _ if node == new_id.0 => client_mac_key(new_mac, id),
             Some(d) => {
                 let path = d.join("node.toml");
                 let f: NodeFile = parse(&path)?;
@@ -1291,10 +1292,10 @@ pub fn provision_clients(dir: &Path, id: NodeId) -> Result<usize, ConfigFileErro
         }
         let mut f: ClientFile = parse(&path)?;
         // Entries by stable id; ids without a node stay blank.
-        while f.mac_keys.len() <= id as usize {
+        while f.mac_keys.len() <= id.0 as usize {
             f.mac_keys.push(hex::encode([0u8; 32]));
         }
-        f.mac_keys[id as usize] = hex::encode(client_mac_key(&mac, f.id).0);
+        f.mac_keys[id.0 as usize] = hex::encode(client_mac_key(&mac, f.id).0);
         write_secret(&path, toml::to_string(&f).unwrap_or_default())?;
         count += 1;
     }
@@ -1401,7 +1402,7 @@ mod tests {
         init(dir.path(), &InitOptions { front_ends: true, clients: 2, ..init_options(1, 1) }).expect("init");
         let (_, member) = new_node_dir_with(
             dir.path(),
-            4,
+            NodeId(4),
             "127.0.0.1:41100".parse().expect("addr"),
             "127.0.0.1:41101".parse().expect("addr"),
             Some("127.0.0.1:41102".parse().expect("addr")),
@@ -1409,7 +1410,7 @@ mod tests {
         .expect("node directory");
         assert_eq!(member.id, 4);
         // Two client directories, and the front ends of nodes 0..=3 (node 4's has its key).
-        assert_eq!(provision_clients(dir.path(), 4).expect("provisioned"), 2 + 5);
+        assert_eq!(provision_clients(dir.path(), NodeId(4)).expect("provisioned"), 2 + 5);
         let node4: NodeFile = parse(&dir.path().join("node-4/node.toml")).expect("node 4");
         let mac = hex32(Path::new("node-4"), "mac_secret", &node4.mac_secret).expect("mac secret");
         for file in ["client-1000/client.toml", "node-0/front-end/client.toml", "node-3/front-end/client.toml"] {
@@ -1471,7 +1472,7 @@ mod tests {
             assert!(listens.insert(setup.listen) && listens.insert(setup.metrics), "ports are distinct");
         }
         let c = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client loads");
-        assert_eq!(c.executors.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![4, 5, 6]);
+        assert_eq!(c.executors.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [4, 5, 6].map(NodeId).to_vec());
         // Too few execution nodes are refused.
         let cluster = dir.path().join("cluster.toml");
         let text = std::fs::read_to_string(&cluster).expect("cluster file");
@@ -1497,7 +1498,7 @@ mod tests {
         }
         assert!(dir.path().join(ADMIN_KEY_FILE).exists());
         let c = ClientFile::load(&dir.path().join("client-1000/client.toml")).expect("client loads");
-        assert_eq!(c.rq_nodes.iter().map(|(id, _)| *id).collect::<Vec<_>>(), vec![6, 7, 8]);
+        assert_eq!(c.rq_nodes.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [6, 7, 8].map(NodeId).to_vec());
         assert_eq!(c.mac_keys.len(), 9, "a MAC key for every node, RQ nodes included");
         // Too few RQ nodes, or another auth mode, are refused when the file is loaded.
         let cluster = dir.path().join("cluster.toml");
@@ -1529,7 +1530,7 @@ mod tests {
         .expect("init");
         for i in 0..4 {
             let setup = NodeFile::load(&dir.path().join(format!("node-{i}/node.toml"))).expect("node loads");
-            assert_eq!(setup.id, i);
+            assert_eq!(setup.id, NodeId(i));
             assert_eq!(setup.cluster.n(), 4);
             assert_eq!(setup.cluster.options.checkpoint_interval, 1024);
             assert_eq!(setup.cluster.options.tick_ms, 250);
@@ -1552,7 +1553,7 @@ mod tests {
         fs::write(&node_toml, text).expect("restored");
         let c = ClientFile::load(&dir.path().join("client-1001/client.toml")).expect("client loads");
         assert_eq!(c.mac_keys.len(), 4);
-        assert_eq!(c.id, 1001);
+        assert_eq!(c.id, ClientId(1001));
         // Production settings unless cluster.toml says otherwise (here the interval and ticks).
         let setup = NodeFile::load(&dir.path().join("node-0/node.toml")).expect("node loads");
         assert_eq!(setup.cluster.options, Options { checkpoint_interval: 1024, tick_ms: 250, ..Options::production() });

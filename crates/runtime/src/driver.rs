@@ -201,7 +201,7 @@ pub(crate) async fn drive<H: Hosted>(mut host: H, mut env: Env, mut control: Con
                 let (inbound, connected) = (env.in_rx.len(), env.peers.connected());
                 publish(host.core(), env.setup.id, &env.m, &env.shared, inbound, connected, &mut transfer_logged);
             }
-            (to, payload) = plane_out.next() => env.peers.send_plane(to, payload, &env.m),
+            (to, payload) = plane_out.next() => env.peers.send_plane(to.0, payload, &env.m),
             // Steps happen in the arms above and their outputs are flushed at the top of
             // the loop: nothing is pending here.
             _ = &mut stopped => break,
@@ -211,6 +211,6 @@ pub(crate) async fn drive<H: Hosted>(mut host: H, mut env: Env, mut control: Con
     if let Some(c) = env.committer.take() {
         c.close();
     }
-    tracing::info!(node = env.setup.id, "{} stopped", H::NAME);
+    tracing::info!(node = %env.setup.id, "{} stopped", H::NAME);
     Ok(())
 }

@@ -225,7 +225,7 @@ impl PlaneIn {
                 }
             }
         };
-        tracing::debug!(from, reason, "node-plane message rejected");
+        tracing::debug!(%from, reason, "node-plane message rejected");
         m.plane_rejected.get_or_create(&crate::metrics::KindLabels { kind: reason.into() }).inc();
     }
 }
@@ -684,22 +684,22 @@ mod backlog_tests {
         let mut b = Backlog::default();
         let mib = 1 << 20;
         for _ in 0..16 {
-            assert!(b.admit(1, 4 * mib));
+            assert!(b.admit(NodeId(1), 4 * mib));
         }
-        assert!(!b.admit(1, 1), "peer 1 holds its 64 MiB share");
+        assert!(!b.admit(NodeId(1), 1), "peer 1 holds its 64 MiB share");
         for peer in 2..5 {
             for _ in 0..16 {
-                assert!(b.admit(peer, 4 * mib));
+                assert!(b.admit(NodeId(peer), 4 * mib));
             }
         }
         assert_eq!(b.total, PLANE_INBOX_BYTES);
-        assert!(!b.admit(5, 1), "256 MiB queued in all");
-        b.release(3, 4 * mib);
-        assert!(b.admit(5, 4 * mib), "room again once the service took a message");
-        assert!(!b.admit(1, 1));
+        assert!(!b.admit(NodeId(5), 1), "256 MiB queued in all");
+        b.release(NodeId(3), 4 * mib);
+        assert!(b.admit(NodeId(5), 4 * mib), "room again once the service took a message");
+        assert!(!b.admit(NodeId(1), 1));
         for _ in 0..16 {
-            b.release(1, 4 * mib);
+            b.release(NodeId(1), 4 * mib);
         }
-        assert!(!b.by_peer.contains_key(&1), "a peer with nothing queued is forgotten");
+        assert!(!b.by_peer.contains_key(&NodeId(1)), "a peer with nothing queued is forgotten");
     }
 }

@@ -33,13 +33,13 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
     let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
     let cfg = setup.cluster.clone();
     let signing = setup.secrets.signing.clone();
-    let me = stage_node(setup.id);
+    let me = stage_node(setup.id.0);
     let exec = if durable.snapshots.is_empty() {
         ExecNode::new(cfg, me, signing, service)
     } else {
         ExecNode::recover(cfg, me, signing, service, durable.snapshots, &durable.records)?
     };
-    tracing::info!(node = setup.id, executed = exec.executed(), "execution node started");
+    tracing::info!(node = %setup.id, executed = %exec.executed(), "execution node started");
     // The order nodes (members) and the other execution nodes; no verify stage.
     let membership = exec.config().membership.clone();
     let env = Env::open(setup, &mut control, &membership, Some(storage), |_, _| None).await?;

@@ -154,11 +154,13 @@ impl InboundRx {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::NodeId;
+    use keel_core::ids::View;
     use keel_core::message::Message;
     use keel_core::replica::Peer;
 
     fn from_client(c: ClientId) -> Inbound {
-        Inbound::Input(Input::Message { from: Peer::Client(c), msg: Message::Stop { view: 0 } })
+        Inbound::Input(Input::Message { from: Peer::Client(c), msg: Message::Stop { view: View(0) } })
     }
 
     fn sender(ev: &Inbound) -> Option<Peer> {
@@ -177,7 +179,7 @@ mod tests {
             tokio::spawn(async move {
                 let quota = ClientQuota::new();
                 for _ in 0..10_000 {
-                    if !tx.client(&quota, from_client(1)).await {
+                    if !tx.client(&quota, from_client(ClientId(1))).await {
                         return;
                     }
                 }
@@ -190,8 +192,14 @@ mod tests {
         assert_eq!(rx.len(), CLIENT_QUEUED_MAX, "the flood stops at the connection's quota");
         // Another client and a node each send one frame: both are taken long before the
         // flood drains.
-        assert!(tx.client(&ClientQuota::new(), from_client(2)).await);
-        assert!(tx.node(Inbound::Input(Input::Message { from: Peer::Node(3), msg: Message::Stop { view: 0 } })).await);
+        assert!(tx.client(&ClientQuota::new(), from_client(ClientId(2))).await);
+        assert!(
+            tx.node(Inbound::Input(Input::Message {
+                from: Peer::Node(NodeId(3)),
+                msg: Message::Stop { view: View(0) }
+            }))
+            .await
+        );
         let mut seen = Vec::new();
         while seen.len() < 2 * CLIENT_QUEUED_MAX {
             match rx.recv().await.as_ref().and_then(sender) {
@@ -200,11 +208,15 @@ mod tests {
             }
         }
         let at = |p: Peer| seen.iter().position(|s| *s == p).expect("taken");
-        assert!(at(Peer::Node(3)) <= 1, "node traffic does not queue behind clients: {}", at(Peer::Node(3)));
         assert!(
-            at(Peer::Client(2)) <= CLIENT_QUEUED_MAX + 2,
+            at(Peer::Node(NodeId(3))) <= 1,
+            "node traffic does not queue behind clients: {}",
+            at(Peer::Node(NodeId(3)))
+        );
+        assert!(
+            at(Peer::Client(ClientId(2))) <= CLIENT_QUEUED_MAX + 2,
             "behind at most one quota of the flood: {}",
-            at(Peer::Client(2))
+            at(Peer::Client(ClientId(2)))
         );
         flooder.abort();
     }

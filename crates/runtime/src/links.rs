@@ -384,6 +384,7 @@ mod tests {
     use crate::config::{init, ClientFile, InitOptions, NodeFile};
     use crate::tls;
     use crate::transport::{accept_loop, read_frame, Accepted};
+    use keel_core::ids::ClientId;
     use std::sync::atomic::Ordering;
     use tokio::io::AsyncWriteExt;
     use tokio::sync::mpsc;
@@ -418,7 +419,7 @@ mod tests {
             while got.len() < n {
                 let more = std::future::poll_fn(|cx| links.poll_frames(cx)).await;
                 got.extend(more.into_iter().map(|(from, f)| {
-                    assert_eq!(from, 0);
+                    assert_eq!(from, NodeId(0));
                     f
                 }));
             }
@@ -448,10 +449,10 @@ mod tests {
     #[tokio::test]
     async fn frames_cross_whole_and_in_order_and_a_lost_connection_is_dialled_again() {
         let (_dir, mut conns, mut links, stats, addr) = node0().await;
-        links.add(0, PeerId::Node(0), addr);
-        links.send(0, b"early");
+        links.add(NodeId(0), PeerId::Node(NodeId(0)), addr);
+        links.send(NodeId(0), b"early");
         let conn = polling(&mut links, async { conns.recv().await.expect("dialled") }).await;
-        assert_eq!(conn.peer, PeerId::Client(1000));
+        assert_eq!(conn.peer, PeerId::Client(ClientId(1000)));
         let (mut r, mut w) = tokio::io::split(conn.stream);
         let first = polling(&mut links, read_frame(&mut r)).await.expect("read").expect("a frame");
         assert_eq!(first, b"early");
@@ -486,7 +487,7 @@ mod tests {
         let again = polling(&mut links, async { conns.recv().await.expect("dialled again") }).await;
         assert_eq!(stats.connects.load(Ordering::Relaxed), 2);
         let (mut r, mut w) = tokio::io::split(again.stream);
-        links.send(0, b"later");
+        links.send(NodeId(0), b"later");
         let got = polling(&mut links, read_frame(&mut r)).await.expect("read").expect("a frame");
         assert_eq!(got, b"later");
         w.write_all(&framed(b"back")).await.expect("sent");
@@ -499,7 +500,7 @@ mod tests {
     #[tokio::test]
     async fn an_oversized_frame_closes_the_connection() {
         let (_dir, mut conns, mut links, stats, addr) = node0().await;
-        links.add(0, PeerId::Node(0), addr);
+        links.add(NodeId(0), PeerId::Node(NodeId(0)), addr);
         let conn = polling(&mut links, async { conns.recv().await.expect("dialled") }).await;
         let (_r, mut w) = tokio::io::split(conn.stream);
         w.write_all(&((FRAME_MAX + 1) as u32).to_be_bytes()).await.expect("sent");
@@ -523,11 +524,11 @@ mod tests {
     async fn a_full_queue_drops_and_counts() {
         let (_dir, _conns, mut links, stats, _addr) = node0().await;
         // Never dialled: the address is a closed port, so nothing is written.
-        links.add(0, PeerId::Node(0), "127.0.0.1:9".parse().expect("addr"));
+        links.add(NodeId(0), PeerId::Node(NodeId(0)), "127.0.0.1:9".parse().expect("addr"));
         for _ in 0..SEND_QUEUE_MAX + 3 {
-            links.send(0, b"x");
+            links.send(NodeId(0), b"x");
         }
-        links.send(7, b"nobody");
+        links.send(NodeId(7), b"nobody");
         assert_eq!(stats.send_queue_full.load(Ordering::Relaxed), 3);
         assert_eq!(stats.frames_out.load(Ordering::Relaxed), SEND_QUEUE_MAX as u64);
     }

@@ -130,9 +130,9 @@ impl ClientMetrics {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Status {
     pub node: u32,
-    pub view: u64,
+    pub view: keel_core::ids::View,
     pub primary: u32,
-    pub view_change_to: Option<u64>,
+    pub view_change_to: Option<keel_core::ids::View>,
     pub executed: u64,
     pub stable: u64,
     pub peers_connected: u64,
@@ -594,7 +594,7 @@ mod tests {
         st.peers_connected = 1;
         assert!(readiness(&st).unwrap_err().contains("quorum of 3"));
         st.peers_connected = 3;
-        st.view_change_to = Some(2);
+        st.view_change_to = Some(keel_core::ids::View(2));
         assert!(readiness(&st).is_err());
         st.view_change_to = None;
         st.transfer = Some((1, 9));

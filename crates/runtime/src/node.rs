@@ -29,6 +29,7 @@ use crate::transport::{
 };
 use keel_core::codec;
 use keel_core::config::stage_id;
+use keel_core::ids::Seq;
 use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
 use keel_core::node::{Admit, Node};
@@ -178,7 +179,7 @@ async fn run_replica<S: Service + Send + 'static>(
         }
         _ => setup.cluster.clone(),
     };
-    let Some(index) = cfg.membership.index_of(setup.id) else {
+    let Some(index) = cfg.membership.index_of(setup.id.0) else {
         return Err(NodeError::Membership(format!(
             "node {} is not a member of epoch {} (removed?)",
             setup.id,
@@ -195,7 +196,7 @@ async fn run_replica<S: Service + Send + 'static>(
         // for before, others still count. It rejoins without voting until it caught up
         // past all of it (keel_core replica/rejoin.rs).
         tracing::warn!(
-            node = setup.id,
+            node = %setup.id,
             dir = %setup.data_dir.display(),
             "data directory not provisioned by keel init: rejoining as a node that lost its disk (no votes until caught up)"
         );
@@ -211,11 +212,11 @@ async fn run_replica<S: Service + Send + 'static>(
         Replica::recover(cfg, index, setup.secrets.clone(), make(), durable, now_ms(), &mut out)?
     };
     tracing::info!(
-        node = setup.id,
-        index,
+        node = %setup.id,
+        %index,
         epoch = replica.epoch(),
-        view = replica.view(),
-        executed = replica.executed(),
+        view = %replica.view(),
+        executed = %replica.executed(),
         "node started"
     );
     let verifier = Arc::new(RwLock::new(EpochVerifier::of(&replica)));
@@ -269,7 +270,7 @@ impl<S: Service + Send + 'static> Hosted for OrderHost<S> {
 
     fn before_flush(&mut self, env: &mut Env) -> Result<(), NodeError> {
         hold_back_proposals(&env.setup.faults, self.started, &mut env.out, &env.peers, &env.stats);
-        self.checkpoints.stable.store(self.replica.stable_seq(), Ordering::Release);
+        self.checkpoints.stable.store(self.replica.stable_seq().0, Ordering::Release);
         for job in env.out.checkpoints.drain(..) {
             self.checkpoints.submit(job)?;
         }
@@ -319,7 +320,7 @@ impl<S: Service + Send + 'static> Hosted for OrderHost<S> {
             .await
             .ok_or_else(|| NodeError::Checkpoint("the checkpoint thread died".into()))?;
         self.m.checkpoint_seconds.observe(seconds);
-        tracing::debug!(seq = ready.seq(), seconds, "checkpoint serialized");
+        tracing::debug!(seq = %ready.seq(), seconds, "checkpoint serialized");
         Ok(Input::CheckpointReady(ready))
     }
 
@@ -348,13 +349,13 @@ pub(crate) fn dial_peers(
     stats: &Arc<TransportStats>,
 ) -> Result<Peers, NodeError> {
     let connector = TlsConnector::from(tls::client_config(&setup.ca_pem, &setup.credentials)?);
-    let mut peers = Peers::new(setup.id, connector, stats.clone());
+    let mut peers = Peers::new(setup.id.0, connector, stats.clone());
     peers.follow(membership);
     // Execution and RQ nodes never speak to each other (the bytes come with the commits).
     let executors = if setup.rq_only() { &[][..] } else { &setup.executors[..] };
     let rq_nodes = if setup.executes_only() { &[][..] } else { &setup.rq_nodes[..] };
     for (id, addr) in executors.iter().chain(rq_nodes) {
-        peers.add_fixed(*id, *addr);
+        peers.add_fixed(id.0, *addr);
     }
     Ok(peers)
 }
@@ -408,7 +409,7 @@ impl Checkpointer {
         let seen = stable.clone();
         std::thread::Builder::new().name("keel-checkpoint".into()).spawn(move || {
             for job in rx {
-                if job.seq() < seen.load(Ordering::Acquire) {
+                if job.seq() < Seq(seen.load(Ordering::Acquire)) {
                     continue;
                 }
                 let begun = Instant::now();
@@ -489,7 +490,7 @@ impl Peers {
         let link = Arc::new(LinkState::new("peer"));
         let task = tokio::spawn(dial_loop(
             addr,
-            PeerId::Node(id),
+            PeerId::Node(NodeId(id)),
             self.connector.clone(),
             rx,
             self.stats.clone(),
@@ -533,7 +534,7 @@ impl Peers {
         let new: Vec<(u32, String)> = new.into_iter().map(|m| (m.id, m.addr.clone())).collect();
         for (id, addr) in new {
             let Ok(addr) = addr.parse::<std::net::SocketAddr>() else {
-                tracing::error!(node = id, %addr, "member without a usable address");
+                tracing::error!(node = %id, %addr, "member without a usable address");
                 continue;
             };
             self.dial(id, addr);
@@ -545,8 +546,8 @@ impl Peers {
     pub(crate) fn route(&self, node: NodeId) -> Option<&mpsc::Sender<Vec<u8>>> {
         let id = match stage_id(node) {
             Some(id) => id,
-            None if self.stage => node,
-            None => *self.ids.get(node as usize)?,
+            None if self.stage => node.0,
+            None => *self.ids.get(node.0 as usize)?,
         };
         self.by_id.get(&id).map(|l| &l.tx)
     }
@@ -624,10 +625,10 @@ pub(crate) fn publish<N: Node>(
 ) {
     let st = node.status();
     let cfg = node.config();
-    m.view.set(st.view as i64);
+    m.view.set(st.view.0 as i64);
     m.epoch.set(cfg.epoch() as i64);
-    m.executed.set(st.executed as i64);
-    m.stable.set(st.stable as i64);
+    m.executed.set(st.executed.0 as i64);
+    m.stable.set(st.stable.0 as i64);
     m.inbound_queue.set(inbound as i64);
     m.transfer_permille.set(st.transfer.map_or(1000, |(have, total)| (have * 1000 / total.max(1)) as i64));
     match st.transfer {
@@ -642,12 +643,12 @@ pub(crate) fn publish<N: Node>(
     }
     if let Ok(mut s) = shared.status.lock() {
         *s = Status {
-            node: id,
+            node: id.0,
             view: st.view,
-            primary: cfg.primary(st.view),
+            primary: (cfg.primary(st.view)).0,
             view_change_to: st.view_change_to,
-            executed: st.executed,
-            stable: st.stable,
+            executed: st.executed.0,
+            stable: st.stable.0,
             peers_connected: connected,
             peers: st.peers as u64,
             transfer: st.transfer,
@@ -680,9 +681,9 @@ pub(crate) fn handle<N: Node>(node: &mut N, ev: Inbound, clients: &mut Clients, 
         Inbound::Input(input) => node.step(now_ms(), input, out),
         // The service's, not the protocol's: whoever sent it, in whatever epoch.
         Inbound::Node { from, msg: Message::Plane { payload }, .. } => {
-            link.plane.deliver(from, link.peers.trusts(from), payload, link.m)
+            link.plane.deliver(NodeId(from), link.peers.trusts(from), payload, link.m)
         }
-        Inbound::Node { from, epoch, msg, checked } => match node.admit(from, epoch, msg, checked) {
+        Inbound::Node { from, epoch, msg, checked } => match node.admit(NodeId(from), epoch, msg, checked) {
             Admit::Step(input) => node.step(now_ms(), input, out),
             Admit::Answer(answer) => {
                 if let Some(tx) = link.peers.by_id(from) {
@@ -758,7 +759,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 if let (Peer::Client(c), Reject::BadMac { .. }) = (from, &reason) {
                     if clients.bad_mac(owner_of(c), now_ms()) {
                         m.banned_clients.inc();
-                        tracing::warn!(client = owner_of(c), "client sent too many requests with bad MACs: dropped");
+                        tracing::warn!(client = %owner_of(c), "client sent too many requests with bad MACs: dropped");
                     }
                 }
             }
@@ -771,7 +772,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::SlowPrimary { view, rate, best } => {
                 m.slow_primary.inc();
-                tracing::warn!(view, rate, best, "primary too slow: asking for the next view");
+                tracing::warn!(%view, rate, best, "primary too slow: asking for the next view");
             }
             Event::ReadAnswered { consistency } => {
                 m.reads_answered.get_or_create(&KindLabels { kind: consistency.name().to_string() }).inc();
@@ -782,23 +783,23 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::ViewChangeStarted { view } => {
                 m.view_changes.inc();
-                tracing::info!(view, "view change started");
+                tracing::info!(%view, "view change started");
             }
             Event::ViewInstalled { view } => {
                 let _ = m.events.send(NodeEvent::ViewInstalled { view });
-                tracing::info!(view, "view installed")
+                tracing::info!(%view, "view installed")
             }
             Event::RejoinBounds { view, executed } => {
-                tracing::warn!(view, executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
+                tracing::warn!(%view, %executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
             }
-            Event::Rejoined { view, stable } => tracing::warn!(view, stable, "rejoined: voting again"),
+            Event::Rejoined { view, stable } => tracing::warn!(%view, %stable, "rejoined: voting again"),
             Event::StateTransferStarted { seq, replacing } => {
                 m.state_transfers.inc();
                 match replacing {
-                    None => tracing::info!(seq, "state transfer started"),
+                    None => tracing::info!(%seq, "state transfer started"),
                     Some(old) => tracing::info!(
-                        seq,
-                        old,
+                        %seq,
+                        %old,
                         "state transfer moved on to the newer stable checkpoint {seq} (peers serve only their newest; \
                          the chunks fetched for {old} are kept)"
                     ),
@@ -808,13 +809,13 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 let _ = m.events.send(NodeEvent::StateTransferDone { seq });
                 m.transfer_chunks.inc_by(chunks as u64);
                 m.transfer_chunks_reused.inc_by(reused as u64);
-                tracing::info!(seq, chunks, reused, "state transfer done");
+                tracing::info!(%seq, chunks, reused, "state transfer done");
             }
             Event::Divergence { seq, local, stable } => {
                 m.divergences.inc();
-                m.last_divergence.set(seq as i64);
+                m.last_divergence.set(seq.0 as i64);
                 tracing::error!(
-                    seq,
+                    %seq,
                     ?local,
                     ?stable,
                     "this node's state diverged: its checkpoint {seq} differs from the one a quorum certified; \
@@ -823,7 +824,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::PushDropped { client, count } => {
                 m.push_dropped.inc_by(count);
-                tracing::debug!(client, count, "push events dropped: queue full");
+                tracing::debug!(%client, count, "push events dropped: queue full");
             }
             Event::EpochEnded { epoch, seq } => {
                 let _ = m.events.send(NodeEvent::EpochEnded { next: epoch, seq });
@@ -863,7 +864,7 @@ impl EpochVerifier {
     /// Whether the signature of `msg` from stable id `from`, sent in `epoch`, is valid.
     fn check(&self, from: u32, epoch: u64, msg: &Message) -> bool {
         let index = self.ids.iter().position(|i| *i == from);
-        epoch == self.epoch && index.is_some_and(|i| self.verifier.check(i as NodeId, msg))
+        epoch == self.epoch && index.is_some_and(|i| self.verifier.check(NodeId(i as u32), msg))
     }
 }
 
@@ -918,7 +919,7 @@ async fn serve_connection(
     let from = match acc.peer {
         // Any node the CA certified: members change (membership.rs), and a frame from a
         // node that is not a member of the receiver's epoch is dropped there.
-        PeerId::Node(j) if (j as usize) < keel_core::quorum::NODES_MAX => Peer::Node(j),
+        PeerId::Node(j) if (j.0 as usize) < keel_core::quorum::NODES_MAX => Peer::Node(j),
         PeerId::Node(_) => {
             TransportStats::bump(&stats.rejected_connections, 1);
             return;
@@ -966,9 +967,9 @@ async fn serve_connection(
                 match codec::decode(body) {
                     Ok(msg) => {
                         let sent = match (from, &verify) {
-                            (Peer::Node(j), Some(q)) => q[j as usize % q.len()].send((j, epoch, msg)).await.is_ok(),
+                            (Peer::Node(j), Some(q)) => q[j.0 as usize % q.len()].send((j.0, epoch, msg)).await.is_ok(),
                             (Peer::Node(j), None) => {
-                                in_tx.node(Inbound::Node { from: j, epoch, msg, checked: false }).await
+                                in_tx.node(Inbound::Node { from: j.0, epoch, msg, checked: false }).await
                             }
                             (Peer::Client(_), _) => {
                                 in_tx.client(&quota, Inbound::Input(Input::Message { from, msg })).await

@@ -25,13 +25,13 @@ use keel_core::rq_node::RqNode;
 pub async fn run_rq_node(setup: NodeSetup, mut control: Control) -> Result<(), NodeError> {
     let cfg = setup.cluster.clone();
     let mut rq =
-        RqNode::new(cfg.clone(), stage_node(setup.id), setup.secrets.signing.clone(), setup.secrets.mac_secret);
+        RqNode::new(cfg.clone(), stage_node(setup.id.0), setup.secrets.signing.clone(), setup.secrets.mac_secret);
     if let Some(certs) = crate::epochs::load(&setup.data_dir) {
         if let Err(e) = rq.follow(certs) {
             tracing::warn!(error = %e, "the kept epoch certificates do not follow the cluster file; asking the nodes");
         }
     }
-    tracing::info!(node = setup.id, epoch = rq.epoch(), "RQ node started");
+    tracing::info!(node = %setup.id, epoch = rq.epoch(), "RQ node started");
     // The order nodes (members) and the other RQ nodes; no log, no verify stage.
     let env = Env::open(setup, &mut control, &cfg.membership, None, |_, _| None).await?;
     drive(RqHost { rq }, env, control).await

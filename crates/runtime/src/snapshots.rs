@@ -93,8 +93,9 @@ fn pack_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id:016}.pack"))
 }
 
-fn parse_name(name: &str, suffix: &str) -> Option<Seq> {
-    name.strip_suffix(suffix).and_then(|s| s.parse::<Seq>().ok())
+/// The number a snapshot (its instance) or a pack file is named by.
+fn parse_name(name: &str, suffix: &str) -> Option<u64> {
+    name.strip_suffix(suffix).and_then(|s| s.parse::<u64>().ok())
 }
 
 impl SnapshotStore {
@@ -113,10 +114,10 @@ impl SnapshotStore {
             let entry = entry.map_err(io_err("read", dir))?;
             let name = entry.file_name().to_string_lossy().to_string();
             if let Some(seq) = parse_name(&name, ".snap") {
-                manifests.push(seq);
-            } else if let Some(seq) = parse_name(&name, ".pack") {
+                manifests.push(Seq(seq));
+            } else if let Some(pack) = parse_name(&name, ".pack") {
                 let len = entry.metadata().map_err(io_err("stat", &entry.path()))?.len();
-                store.packs.insert(seq, len);
+                store.packs.insert(pack, len);
             } else if name.ends_with(".tmp") {
                 // A write a crash interrupted: garbage.
                 let _ = fs::remove_file(entry.path());
@@ -128,7 +129,7 @@ impl SnapshotStore {
         for seq in manifests {
             match store.load(seq) {
                 Ok((chunked, manifest)) => {
-                    let mut packs: Vec<Seq> = manifest.chunks.iter().map(|(_, l)| l.pack).collect();
+                    let mut packs: Vec<u64> = manifest.chunks.iter().map(|(_, l)| l.pack).collect();
                     packs.sort_unstable();
                     packs.dedup();
                     for (d, l) in manifest.chunks {
@@ -138,12 +139,12 @@ impl SnapshotStore {
                     snapshots.push((seq, chunked));
                 }
                 Err(why) => {
-                    tracing::warn!(seq, %why, "snapshot unreadable: skipped (the node fetches state from peers if it needs it)");
+                    tracing::warn!(%seq, %why, "snapshot unreadable: skipped (the node fetches state from peers if it needs it)");
                     let _ = fs::remove_file(manifest_path(dir, seq));
                 }
             }
         }
-        let used: std::collections::BTreeSet<Seq> = store.manifests.values().flatten().copied().collect();
+        let used: std::collections::BTreeSet<u64> = store.manifests.values().flatten().copied().collect();
         for pack in store.packs.keys().copied().filter(|p| !used.contains(p)).collect::<Vec<_>>() {
             store.packs.remove(&pack);
             let _ = fs::remove_file(pack_path(dir, pack));
@@ -164,7 +165,7 @@ impl SnapshotStore {
         }
         let manifest: Manifest = postcard::from_bytes(body).map_err(|e| format!("manifest: {e}"))?;
         let mut chunks = Vec::with_capacity(manifest.chunks.len());
-        let mut files: BTreeMap<Seq, File> = BTreeMap::new();
+        let mut files: BTreeMap<u64, File> = BTreeMap::new();
         for (digest, loc) in &manifest.chunks {
             let file = match files.entry(loc.pack) {
                 std::collections::btree_map::Entry::Occupied(f) => f.into_mut(),
@@ -194,14 +195,14 @@ impl SnapshotStore {
         // replaces the old one; chunks of the old that it reuses stay where they are.
         self.manifests.remove(&seq);
         // Packs the new snapshot would use too little of are copied forward.
-        let mut live: BTreeMap<Seq, u64> = BTreeMap::new();
+        let mut live: BTreeMap<u64, u64> = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
         for (d, data) in chunked.chunks() {
             if let (Some(l), true) = (self.index.get(d), seen.insert(*d)) {
                 *live.entry(l.pack).or_default() += data.len() as u64;
             }
         }
-        let sparse = |pack: Seq| {
+        let sparse = |pack: u64| {
             let size = self.packs.get(&pack).copied().unwrap_or(0);
             live.get(&pack).copied().unwrap_or(0) * 100 < size * PACK_LIVE_MIN_PCT
         };
@@ -256,7 +257,7 @@ impl SnapshotStore {
         let mut raw = crc32c::crc32c(&body).to_le_bytes().to_vec();
         raw.extend_from_slice(&body);
         write_atomic(&self.dir, &format!("{seq:016}.snap"), &raw)?;
-        let mut packs: Vec<Seq> = manifest.chunks.iter().map(|(_, l)| l.pack).collect();
+        let mut packs: Vec<u64> = manifest.chunks.iter().map(|(_, l)| l.pack).collect();
         packs.sort_unstable();
         packs.dedup();
         // The index follows the newest copies, so sparse packs stop being referenced.
@@ -281,8 +282,8 @@ impl SnapshotStore {
 
     /// Packs no kept manifest refers to, removed from the index and the pack list.
     fn unreferenced_packs(&mut self) -> Vec<PathBuf> {
-        let used: std::collections::BTreeSet<Seq> = self.manifests.values().flatten().copied().collect();
-        let dead: Vec<Seq> = self.packs.keys().copied().filter(|p| !used.contains(p)).collect();
+        let used: std::collections::BTreeSet<u64> = self.manifests.values().flatten().copied().collect();
+        let dead: Vec<u64> = self.packs.keys().copied().filter(|p| !used.contains(p)).collect();
         for p in &dead {
             self.packs.remove(p);
         }
@@ -314,8 +315,8 @@ mod tests {
 
     /// What was read back, as bytes, with a check that each kept the root it was
     /// written under.
-    fn as_bytes(back: Snapshots) -> Vec<(Seq, Vec<u8>)> {
-        back.into_iter().map(|(s, c)| (s, c.to_bytes())).collect()
+    fn as_bytes(back: Snapshots) -> Vec<(u64, Vec<u8>)> {
+        back.into_iter().map(|(s, c)| (s.0, c.to_bytes())).collect()
     }
 
     fn chunked(bytes: Vec<u8>) -> Chunked {
@@ -328,12 +329,12 @@ mod tests {
         let (mut store, none) = SnapshotStore::open(dir.path()).expect("open");
         assert!(none.is_empty());
         let first = noise(200_000, 1);
-        let w = store.write(8, &chunked(first.clone())).expect("write");
+        let w = store.write(Seq(8), &chunked(first.clone())).expect("write");
         assert_eq!((w.reused, w.bytes_written), (0, 200_000));
         // Change 100 bytes in the middle: a few chunks around them are new.
         let mut second = first.clone();
         second[100_000..100_100].copy_from_slice(&noise(100, 2));
-        let w = store.write(16, &chunked(second.clone())).expect("write");
+        let w = store.write(Seq(16), &chunked(second.clone())).expect("write");
         assert!(w.reused + 4 >= w.chunks, "{w:?}");
         assert!(w.bytes_written < 10_000, "{w:?}");
         drop(store);
@@ -348,15 +349,15 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut store, _) = SnapshotStore::open(dir.path()).expect("open");
         let first = noise(100_000, 1);
-        store.write(8, &chunked(first.clone())).expect("write");
+        store.write(Seq(8), &chunked(first.clone())).expect("write");
         // Mostly new bytes: the first pack is sparse for this snapshot, so its few live
         // chunks are copied forward and, once 8 is retired, the first pack is garbage.
         let mut second = noise(100_000, 3);
         second[..10_000].copy_from_slice(&first[..10_000]);
-        let w = store.write(16, &chunked(second.clone())).expect("write");
+        let w = store.write(Seq(16), &chunked(second.clone())).expect("write");
         assert_eq!(w.bytes_written, 100_000, "{w:?}");
-        let garbage = store.retire_below(16);
-        assert!(garbage.contains(&manifest_path(dir.path(), 8)));
+        let garbage = store.retire_below(Seq(16));
+        assert!(garbage.contains(&manifest_path(dir.path(), Seq(8))));
         assert!(garbage.contains(&pack_path(dir.path(), 0)), "the first pack");
         for g in garbage {
             fs::remove_file(g).expect("remove");
@@ -372,8 +373,8 @@ mod tests {
         let (mut store, _) = SnapshotStore::open(dir.path()).expect("open");
         let a = noise(50_000, 1);
         let b = noise(50_000, 2);
-        store.write(8, &chunked(a.clone())).expect("write");
-        store.write(16, &chunked(b)).expect("write");
+        store.write(Seq(8), &chunked(a.clone())).expect("write");
+        store.write(Seq(16), &chunked(b)).expect("write");
         // Flip a byte of the second pack: snapshot 16 fails its chunk digest.
         let p = pack_path(dir.path(), 1);
         let mut bytes = fs::read(&p).expect("read");
@@ -393,8 +394,8 @@ mod tests {
         let own = noise(100_000, 1);
         let mut stable = own.clone();
         stable[50_000..50_050].copy_from_slice(&noise(50, 9));
-        store.write(8, &chunked(own)).expect("write");
-        let w = store.write(8, &chunked(stable.clone())).expect("write");
+        store.write(Seq(8), &chunked(own)).expect("write");
+        let w = store.write(Seq(8), &chunked(stable.clone())).expect("write");
         assert!(w.reused > 0, "{w:?}");
         drop(store);
         let (_, back) = SnapshotStore::open(dir.path()).expect("reopen");

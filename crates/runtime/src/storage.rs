@@ -601,17 +601,18 @@ impl Storage {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::View;
     use keel_core::message::Value;
 
     fn view(v: u64) -> Persist {
-        Persist::Record(Record::View { view: v, floor: 0 })
+        Persist::Record(Record::View { view: View(v), floor: Seq(0) })
     }
 
     fn views(d: &Durable) -> Vec<u64> {
         d.records
             .iter()
             .filter_map(|r| match r {
-                Record::View { view, .. } => Some(*view),
+                Record::View { view, .. } => Some(view.0),
                 _ => None,
             })
             .collect()
@@ -687,7 +688,7 @@ mod tests {
         drop(s);
         let seg = dir.path().join("wal").join(segment_name(1, false));
         let mut f = OpenOptions::new().append(true).open(&seg).expect("open segment");
-        let torn = encode_record_in(&Record::View { view: 2, floor: 0 }, 1);
+        let torn = encode_record_in(&Record::View { view: View(2), floor: Seq(0) }, 1);
         f.write_all(&torn[..torn.len() - 3]).expect("tear");
         drop(f);
         let (mut s, d) = Storage::open(dir.path(), FsyncPolicy::Always).expect("reopen");
@@ -721,10 +722,10 @@ mod tests {
         let (mut s, _) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         s.write(&[
             view(1),
-            Persist::Snapshot { seq: 8, chunked: keel_core::exec::Chunked::new(vec![8], 256) },
-            Persist::Record(Record::Accepted { view: 1, seq: 9, value: Value::null() }),
-            Persist::Snapshot { seq: 16, chunked: keel_core::exec::Chunked::new(vec![16], 256) },
-            Persist::Compact { records: vec![Record::View { view: 1, floor: 0 }], snapshots_from: 16 },
+            Persist::Snapshot { seq: Seq(8), chunked: keel_core::exec::Chunked::new(vec![8], 256) },
+            Persist::Record(Record::Accepted { view: View(1), seq: Seq(9), value: Value::null() }),
+            Persist::Snapshot { seq: Seq(16), chunked: keel_core::exec::Chunked::new(vec![16], 256) },
+            Persist::Compact { records: vec![Record::View { view: View(1), floor: Seq(0) }], snapshots_from: Seq(16) },
             view(2),
         ])
         .expect("write");
@@ -732,8 +733,11 @@ mod tests {
         // Dropping the storage (a stopped node) finishes the reaper's deletions.
         drop(s);
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("reopen");
-        assert_eq!(d.records, vec![Record::View { view: 1, floor: 0 }, Record::View { view: 2, floor: 0 }]);
-        let snapshots: Vec<(u64, Vec<u8>)> = d.snapshots.iter().map(|(s, c)| (*s, c.to_bytes())).collect();
+        assert_eq!(
+            d.records,
+            vec![Record::View { view: View(1), floor: Seq(0) }, Record::View { view: View(2), floor: Seq(0) }]
+        );
+        let snapshots: Vec<(u64, Vec<u8>)> = d.snapshots.iter().map(|(s, c)| (s.0, c.to_bytes())).collect();
         assert_eq!(snapshots, vec![(16, vec![16])]);
         // The base segment and the one appended to after it.
         let segments = list_segments(&dir.path().join("wal")).expect("list");
@@ -741,7 +745,7 @@ mod tests {
     }
 
     fn compact_to(view_: u64) -> Persist {
-        Persist::Compact { records: vec![Record::View { view: view_, floor: 0 }], snapshots_from: 0 }
+        Persist::Compact { records: vec![Record::View { view: View(view_), floor: Seq(0) }], snapshots_from: Seq(0) }
     }
 
     #[test]
@@ -805,9 +809,12 @@ mod tests {
         for entry in fs::read_dir(&wal).expect("wal") {
             fs::remove_file(entry.expect("entry").path()).expect("empty the log");
         }
-        fs::write(wal.join(segment_name(1, false)), encode_record_in(&Record::View { view: 1, floor: 0 }, 1))
-            .expect("w");
-        fs::write(wal.join(segment_name(2, true)), encode_record_in(&Record::View { view: 5, floor: 0 }, 2))
+        fs::write(
+            wal.join(segment_name(1, false)),
+            encode_record_in(&Record::View { view: View(1), floor: Seq(0) }, 1),
+        )
+        .expect("w");
+        fs::write(wal.join(segment_name(2, true)), encode_record_in(&Record::View { view: View(5), floor: Seq(0) }, 2))
             .expect("w");
         let (_, d) = Storage::open(dir.path(), FsyncPolicy::Batch).expect("open");
         assert_eq!(views(&d), vec![5]);

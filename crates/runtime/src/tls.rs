@@ -153,7 +153,7 @@ mod tests {
     #[test]
     fn identities_round_trip_through_certificates() {
         let ca = generate_ca().expect("ca");
-        for who in [PeerId::Node(3), PeerId::Client(1000)] {
+        for who in [PeerId::Node(NodeId(3)), PeerId::Client(ClientId(1000))] {
             let c = issue(&ca, who).expect("issue");
             let der = certs(&c.cert_pem).expect("pem").remove(0);
             assert_eq!(peer_identity(&der), Some(who));

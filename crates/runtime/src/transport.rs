@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn node_frames_carry_the_epoch_and_a_short_one_is_refused() {
-        let msg = Message::Stop { view: 7 };
+        let msg = Message::Stop { view: keel_core::ids::View(7) };
         let frame = node_frame(3, &msg);
         let (epoch, body) = split_node_frame(&frame).expect("long enough");
         assert_eq!(epoch, 3);

@@ -1,6 +1,7 @@
 //! Keel embedded in one process: two BFT clusters of four nodes side by side, each with
 //! a service written here, serving clients, stopping, and starting again from their data.
 
+use keel_core::ids::NodeId;
 use keel_core::message::Message;
 use keel_core::service::{ExecCtx, RestoreError, Service};
 use keel_runtime::config::InitOptions;
@@ -163,7 +164,7 @@ async fn send_plane_as(ca_pem: &str, creds: &Credentials, to: std::net::SocketAd
     use tokio::io::AsyncWriteExt;
     let connector = tokio_rustls::TlsConnector::from(client_config(ca_pem, creds).expect("tls"));
     let tcp = tokio::net::TcpStream::connect(to).await.expect("connect");
-    let mut tls = connector.connect(PeerId::Node(1).server_name(), tcp).await.expect("handshake");
+    let mut tls = connector.connect(PeerId::Node(NodeId(1)).server_name(), tcp).await.expect("handshake");
     let frame = keel_runtime::transport::node_frame(0, &Message::Plane { payload: payload.to_vec() });
     tls.write_all(&(frame.len() as u32).to_be_bytes()).await.expect("write");
     tls.write_all(&frame).await.expect("write");
@@ -190,7 +191,7 @@ async fn node_plane_messages_reach_the_service_only_from_trusted_peers_and_past_
                 let mut plane = fe.take_plane().expect("the plane");
                 let _ = plane_tx.send(plane.sender());
                 while let Some((from, payload)) = plane.recv().await {
-                    let _ = got_tx.send((plane.node(), from, payload));
+                    let _ = got_tx.send((plane.node().0, from.0, payload));
                 }
             })
             .start()
@@ -199,9 +200,9 @@ async fn node_plane_messages_reach_the_service_only_from_trusted_peers_and_past_
         planes.push(plane_rx.await.expect("a sender"));
         nodes.push(node);
     }
-    planes[0].send(1, b"ok:hello".to_vec()).expect("queued");
-    planes[0].send(1, b"forged".to_vec()).expect("queued");
-    planes[2].send(1, b"ok:from two".to_vec()).expect("queued");
+    planes[0].send(NodeId(1), b"ok:hello".to_vec()).expect("queued");
+    planes[0].send(NodeId(1), b"forged".to_vec()).expect("queued");
+    planes[2].send(NodeId(1), b"ok:from two".to_vec()).expect("queued");
     let mut at_1 = Vec::new();
     while at_1.len() < 2 {
         let (node, from, payload) = tokio::time::timeout(TIMEOUT, got.recv()).await.expect("in time").expect("open");
@@ -214,7 +215,7 @@ async fn node_plane_messages_reach_the_service_only_from_trusted_peers_and_past_
     // A node the CA certified but that is no member of the cluster's epoch.
     let stranger_dir = keel_runtime::config::new_node_dir(
         dir.path(),
-        9,
+        NodeId(9),
         "127.0.0.1:1".parse().expect("addr"),
         "127.0.0.1:2".parse().expect("addr"),
     )
@@ -263,7 +264,7 @@ async fn a_peer_cannot_fill_a_slow_services_plane_beyond_its_byte_share() {
     let share = keel_runtime::embed::PLANE_PEER_BYTES / max;
     for _ in 0..share + 4 {
         // The sender's own queue may refuse when full; the test waits for it to drain.
-        while planes[0].send(1, vec![7; max]).is_err() {
+        while planes[0].send(NodeId(1), vec![7; max]).is_err() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

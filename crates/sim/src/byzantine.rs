@@ -6,6 +6,7 @@
 
 use keel_core::chunk::leaf_digest;
 use keel_core::crypto::{Digest, Hasher, Mac, MacKey, NodeKeys, Sig, SigningKey};
+use keel_core::ids::NodeRange;
 use keel_core::membership::{Member, Membership};
 use keel_core::message::{
     checkpoint_statement, endorse_statement, owner_of, proof_signed, write_statement, CertProof, CheckpointVote,
@@ -332,16 +333,16 @@ pub struct Byzantine {
     signing: SigningKey,
     history: VecDeque<Message>,
     /// (view, seq) → the alternative value told to odd-numbered nodes.
-    alternatives: BTreeMap<(u64, u64), Proposal>,
+    alternatives: BTreeMap<(View, u64), Proposal>,
     /// Bodies of the values its forged certificates name, in forging order. A forger that
     /// could not hand out the body would only stall the instance: view changes carry
     /// digests, so the new primary fetches the body from the certificate's holders.
-    forged: VecDeque<(u64, Digest, Value)>,
+    forged: VecDeque<(Seq, Digest, Value)>,
     /// Its keys for endorsements (entry j for node j of its epoch): it can endorse
     /// anything, as itself.
     endorse_keys: Vec<MacKey>,
     /// (view, seq) → the proposal with a made-up request added, the same for every backup.
-    fabricated: BTreeMap<(u64, u64), Proposal>,
+    fabricated: BTreeMap<(View, u64), Proposal>,
     fabricated_seq: u64,
     /// With a separate RQ stage, a Byzantine RQ node it colludes with: that node's id and
     /// endorsement keys (per order node), which its made-up requests are endorsed with
@@ -403,7 +404,7 @@ struct EarlierEpochs {
     held: Vec<Message>,
     held_views: Vec<Message>,
     /// The instance the current epoch started after (`Membership::since`).
-    since: u64,
+    since: Seq,
     /// Replays still to pick from `held` once the new epoch votes above `since + EARLIER_AFTER`.
     left: u32,
     armed: bool,
@@ -428,7 +429,7 @@ impl EarlierEpochs {
 
     /// The node's epoch changed to one starting after instance `since`; `history` is its
     /// replay buffer.
-    fn epoch_changed(&mut self, history: &VecDeque<Message>, since: u64) {
+    fn epoch_changed(&mut self, history: &VecDeque<Message>, since: Seq) {
         self.held = history.iter().cloned().collect();
         self.held_views = self.views.drain(..).collect();
         self.since = since;
@@ -554,7 +555,7 @@ impl Byzantine {
     /// alone. It can sign only as itself: the other signatures are made up too.
     fn forge_epoch_cert(&mut self, rng: &mut ChaCha8Rng) -> Option<EpochCert> {
         let current = self.membership.clone()?;
-        let me = current.members.get(self.me as usize)?.clone();
+        let me = current.members.get(self.me.0 as usize)?.clone();
         let mut members = vec![me];
         for i in 1..=3 {
             let key = SigningKey::from_seed(rng.gen()).public();
@@ -565,18 +566,19 @@ impl Byzantine {
             epoch: current.epoch + 1,
             u: 0,
             r: 0,
-            since,
+            since: Seq(since),
             highest_id: current.highest_id + 3,
             previous: Some(Box::new(Membership { previous: None, ..current })),
             members,
         };
         let root = Digest(rng.gen());
         let membership = next.digest();
-        let mut sigs = vec![(self.me, self.signing.sign(&checkpoint_statement(since, &root, &membership, self.me)))];
-        for n in (0..self.n as NodeId).filter(|n| *n != self.me).take(self.quorum) {
-            sigs.push((n, self.random_sig(rng)));
+        let mut sigs =
+            vec![(self.me, self.signing.sign(&checkpoint_statement(Seq(since), &root, &membership, self.me)))];
+        for n in NodeRange::first(self.n).filter(|n| *n != self.me).take(self.quorum) {
+            sigs.push((NodeId(n.0), self.random_sig(rng)));
         }
-        Some(EpochCert { proof: StableProof { seq: since, root, membership, sigs }, next })
+        Some(EpochCert { proof: StableProof { seq: Seq(since), root, membership, sigs }, next })
     }
 
     /// The membership epoch its replica runs.
@@ -586,7 +588,7 @@ impl Byzantine {
 
     /// The primary of `view` in its membership.
     fn primary(&self, view: View) -> NodeId {
-        (view % self.n.max(1) as u64) as NodeId
+        view.primary(self.n.max(1))
     }
 
     /// Remembers a message the node received, for later replay, and answers a request
@@ -734,26 +736,26 @@ impl Byzantine {
     /// one node other than this one on each side.
     fn lied_to(&self, view: View, seq: Seq, to: Peer) -> bool {
         let Peer::Node(to) = to else { return false };
-        if to >= 64 {
+        if to >= NodeId(64) {
             return false;
         }
         let n = self.n.min(64) as u32;
         let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
-        let others = all & !1u64.checked_shl(self.me).unwrap_or(0);
-        let h = Hasher::new("keel-sim/split").u64(self.split_seed).u64(view).u64(seq).finish().prefix_u64();
+        let others = all & !1u64.checked_shl(self.me.0).unwrap_or(0);
+        let h = Hasher::new("keel-sim/split").u64(self.split_seed).u64(view.0).u64(seq.0).finish().prefix_u64();
         let mut side = h & others;
         if side == 0 || side == others {
             // Everyone on one side: move the lowest other node over.
             side ^= others & others.wrapping_neg();
         }
-        side >> to & 1 == 1
+        side >> to.0 & 1 == 1
     }
 
     /// The digest this node votes for to `to` in (view, seq) where that is not its
     /// replica's vote, and whether it is a conflicting vote (counted as one).
     fn vote_lie(&self, view: View, seq: Seq, to: Peer, is_primary: bool) -> Option<(Digest, bool)> {
         if self.behaviours.equivocate && self.lied_to(view, seq, to) {
-            if let Some(alt) = self.alternatives.get(&(view, seq)) {
+            if let Some(alt) = self.alternatives.get(&(view, seq.0)) {
                 return Some((alt.digest(), false));
             }
         }
@@ -829,7 +831,7 @@ impl Byzantine {
     /// (`Replica::validate_stable_proof`).
     fn stable_valid(&self, p: &StableProof) -> bool {
         let Some(m) = &self.membership else { return false };
-        if p.seq == 0 {
+        if p.seq == Seq(0) {
             return p.sigs.is_empty() && p.root == Digest::default();
         }
         if p.seq < m.since {
@@ -850,7 +852,7 @@ impl Byzantine {
     fn view_change_valid(&self, vc: &ViewChange) -> bool {
         let Some(m) = &self.membership else { return false };
         let (keys, tag) = (NodeKeys::new(&m.keys()), m.digest());
-        if vc.from as usize >= m.n() || !keys.verify(vc.from, &vc.statement(&tag), &vc.sig) {
+        if vc.from.0 as usize >= m.n() || !keys.verify(vc.from.0, &vc.statement(&tag), &vc.sig) {
             return false;
         }
         if !self.stable_valid(&vc.stable) {
@@ -862,7 +864,7 @@ impl Byzantine {
             let mut writers = BTreeSet::new();
             let signed = c.writes.iter().all(|(node, sig)| {
                 writers.insert(*node);
-                keys.verify(*node, &write_statement(&tag, c.view, c.seq, &c.digest, *node), sig)
+                keys.verify(node.0, &write_statement(&tag, c.view, c.seq, &c.digest, *node), sig)
             });
             c.seq > vc.stable.seq
                 && c.seq <= high
@@ -935,9 +937,9 @@ impl Byzantine {
             if rng.gen_bool(0.5) {
                 own.certs.clear();
             } else if rng.gen_bool(0.5) {
-                let top = own.certs.iter().map(|c| c.seq).max().unwrap_or(0);
+                let top = own.certs.iter().map(|c| c.seq).max().unwrap_or(Seq(0));
                 let seqs: Vec<Seq> = own.certs.iter().map(|c| c.seq).filter(|s| *s < top).collect();
-                let cut = seqs.choose(rng).copied().unwrap_or(0);
+                let cut = seqs.choose(rng).copied().unwrap_or(Seq(0));
                 own.certs.retain(|c| c.seq > cut);
             }
             if own.certs.len() != before {
@@ -1030,9 +1032,9 @@ impl Byzantine {
                 self.lies.replays += 1;
                 self.lies.old_epoch_replays += 1;
                 let frame = keel_core::codec::encode(&msg);
-                frames.extend((0..self.n as NodeId).map(|n| (Peer::Node(n), frame.clone())));
+                frames.extend(NodeRange::first(self.n).map(|n| (Peer::Node(n), frame.clone())));
             } else if let Some(msg) = self.replay_pick(rng) {
-                let to = Peer::Node(rng.gen_range(0..self.n as NodeId));
+                let to = Peer::Node(NodeId(rng.gen_range(0..self.n as u32)));
                 self.lies.replays += 1;
                 frames.push((to, keel_core::codec::encode(&msg)));
             }
@@ -1044,7 +1046,7 @@ impl Byzantine {
                 bytes[0] = keel_core::codec::WIRE_VERSION;
             }
             self.lies.junk_frames += 1;
-            frames.push((Peer::Node(rng.gen_range(0..self.n as NodeId)), bytes));
+            frames.push((Peer::Node(NodeId(rng.gen_range(0..self.n as u32))), bytes));
         }
         if self.behaviours.forge_endorsements && rng.gen_bool(0.05) {
             // Vouch, to everyone, for a request no client sent.
@@ -1052,15 +1054,15 @@ impl Byzantine {
             let macs = self.endorse(&request);
             self.lies.forged_endorsements += 1;
             let frame = keel_core::codec::encode(&Message::Endorse { request, macs });
-            for n in (0..self.n as NodeId).filter(|n| *n != self.me) {
-                frames.push((Peer::Node(n), frame.clone()));
+            for n in NodeRange::first(self.n).filter(|n| *n != self.me) {
+                frames.push((Peer::Node(NodeId(n.0)), frame.clone()));
             }
         }
         if self.behaviours.forge_epoch_certs && rng.gen_bool(0.03) {
             if let Some(cert) = self.forge_epoch_cert(rng) {
                 self.lies.forged_epoch_certs += 1;
                 let frame = keel_core::codec::encode(&Message::EpochCerts(vec![cert]));
-                frames.push((Peer::Node(rng.gen_range(0..self.n as NodeId)), frame.clone()));
+                frames.push((Peer::Node(NodeId(rng.gen_range(0..self.n as u32))), frame.clone()));
                 // And to the clients it answers.
                 let clients: Vec<Peer> =
                     frames.iter().map(|(to, _)| *to).filter(|to| matches!(to, Peer::Client(_))).collect();
@@ -1071,13 +1073,13 @@ impl Byzantine {
         }
         if self.behaviours.forge_view_change && rng.gen_bool(0.02) {
             // Ask for a far-away view and announce a NEW-VIEW nobody can have built.
-            let view = rng.gen_range(1..1_000_000);
+            let view = View(rng.gen_range(1..1_000_000));
             self.lies.forged_view_changes += 1;
-            for n in 0..self.n as NodeId {
+            for n in NodeRange::first(self.n) {
                 if n != self.me {
-                    frames.push((Peer::Node(n), keel_core::codec::encode(&Message::Stop { view })));
+                    frames.push((Peer::Node(NodeId(n.0)), keel_core::codec::encode(&Message::Stop { view })));
                     let nv = NewView { view, view_changes: Vec::new(), sig: self.random_sig(rng) };
-                    frames.push((Peer::Node(n), keel_core::codec::encode(&Message::NewView(nv))));
+                    frames.push((Peer::Node(NodeId(n.0)), keel_core::codec::encode(&Message::NewView(nv))));
                 }
             }
         }
@@ -1086,7 +1088,7 @@ impl Byzantine {
 
     fn fabricate(&mut self) -> Request {
         self.fabricated_seq += 1;
-        Request::new(FABRICATED_CLIENT, self.fabricated_seq, b"made up".to_vec().into())
+        Request::new(ClientId(FABRICATED_CLIENT), self.fabricated_seq, b"made up".to_vec().into())
     }
 
     /// Its own, valid endorsement of `request` (its colluding RQ node's, if any).
@@ -1108,18 +1110,18 @@ impl Byzantine {
     fn rewrite(&mut self, rng: &mut ChaCha8Rng, to: Peer, msg: Message) -> Message {
         match msg {
             Message::Propose { view, seq, value } if self.behaviours.equivocate && self.lied_to(view, seq, to) => {
-                if self.alternatives.len() >= INSTANCES_KEPT_MAX && !self.alternatives.contains_key(&(view, seq)) {
+                if self.alternatives.len() >= INSTANCES_KEPT_MAX && !self.alternatives.contains_key(&(view, seq.0)) {
                     self.alternatives.pop_first();
                 }
-                let alt = self.alternatives.entry((view, seq)).or_insert_with(|| alternative(&value));
+                let alt = self.alternatives.entry((view, seq.0)).or_insert_with(|| alternative(&value));
                 self.lies.equivocations += 1;
                 Message::Propose { view, seq, value: alt.clone() }
             }
-            Message::Propose { view, seq, value } if self.behaviours.forge_endorsements && seq % 3 == 0 => {
+            Message::Propose { view, seq, value } if self.behaviours.forge_endorsements && seq.is_multiple_of(3) => {
                 if self.fabricated.len() >= FORGED_KEPT_MAX {
                     self.fabricated.clear();
                 }
-                let value = match self.fabricated.get(&(view, seq)) {
+                let value = match self.fabricated.get(&(view, seq.0)) {
                     Some(v) => v.clone(),
                     None => {
                         // A made-up request that only this node vouches for.
@@ -1128,7 +1130,7 @@ impl Byzantine {
                         request.endorsements = vec![Endorsement { node, macs: self.endorse(&request) }];
                         let mut v = value;
                         v.requests.push(Proposed::Full(request));
-                        self.fabricated.insert((view, seq), v.clone());
+                        self.fabricated.insert((view, seq.0), v.clone());
                         v
                     }
                 };
@@ -1158,7 +1160,7 @@ impl Byzantine {
             // quorum's highest; too high, they stall reads until their clients order them.
             Message::IndexAck { round, accepted } if self.behaviours.rush_reads => {
                 self.lies.index_lies += 1;
-                let accepted = if rng.gen_bool(0.8) { 0 } else { accepted + 1_000 };
+                let accepted = if rng.gen_bool(0.8) { Seq(0) } else { accepted + 1_000 };
                 Message::IndexAck { round, accepted }
             }
             Message::ViewChange(vc) if self.behaviours.forge_view_change || self.behaviours.hide_certs => {
@@ -1238,10 +1240,10 @@ impl Byzantine {
     fn forge_view_change(&mut self, rng: &mut ChaCha8Rng, mut vc: ViewChange) -> ViewChange {
         let base = vc.stable.seq;
         vc.certs.retain(|c| c.seq > base + 3);
-        for seq in base + 1..=base + 3 {
-            let forged = Request::new(424_242, rng.gen(), vec![0xde, 0xad].into());
+        for seq in base.next().through(base + 3) {
+            let forged = Request::new(ClientId(424_242), rng.gen(), vec![0xde, 0xad].into());
             let value = Value { time: 0, requests: vec![forged] };
-            let writes = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
+            let writes = NodeRange::first(self.quorum).map(|n| (n, self.random_sig(rng))).collect();
             let digest = value.digest();
             vc.certs.push(CertProof { view: vc.view.saturating_sub(1), seq, digest, writes });
             if self.forged.len() == FORGED_KEPT_MAX {
@@ -1251,7 +1253,7 @@ impl Byzantine {
         }
         if rng.gen_bool(0.3) {
             // Also claim a stable checkpoint far ahead.
-            let sigs = (0..self.quorum as NodeId).map(|n| (n, self.random_sig(rng))).collect();
+            let sigs = NodeRange::first(self.quorum).map(|n| (n, self.random_sig(rng))).collect();
             vc.stable = StableProof { seq: base + 1_000 * 8, root: Digest([7; 32]), membership: Digest([7; 32]), sigs };
             vc.certs.clear();
         }
@@ -1411,7 +1413,7 @@ impl ExecByzantine {
         .collect()
     }
 
-    fn signed_vote(&self, seq: u64, root: Digest, membership: Digest) -> Message {
+    fn signed_vote(&self, seq: Seq, root: Digest, membership: Digest) -> Message {
         let sig = self.signing.sign(&checkpoint_statement(seq, &root, &membership, self.me));
         Message::Checkpoint(CheckpointVote { seq, root, membership, sig })
     }
@@ -1444,7 +1446,7 @@ impl ExecByzantine {
                 Message::Status { view, .. } if self.bogus_status => {
                     self.lies += 1;
                     let made_up = |rng: &mut ChaCha8Rng| if rng.gen_bool(0.3) { u64::MAX } else { rng.gen() };
-                    Message::Status { view, executed: made_up(rng), stable: made_up(rng) }
+                    Message::Status { view, executed: Seq(made_up(rng)), stable: Seq(made_up(rng)) }
                 }
                 Message::Chunk { seq, index, mut data } if self.corrupt_transfers => {
                     self.lies += 1;
@@ -1485,8 +1487,8 @@ pub struct RqByzantine {
     epoch: u64,
     /// Order node ids (stable), RQ node ids, and the clients whose requests it makes up.
     order: Vec<NodeId>,
-    rq: std::ops::Range<NodeId>,
-    clients: Vec<u64>,
+    rq: NodeRange,
+    clients: Vec<ClientId>,
     /// Lies told.
     pub lies: u64,
 }
@@ -1496,8 +1498,8 @@ impl RqByzantine {
         rng: &mut ChaCha8Rng,
         me: NodeId,
         row: Vec<MacKey>,
-        (order, rq): (std::ops::Range<NodeId>, std::ops::Range<NodeId>),
-        clients: Vec<u64>,
+        (order, rq): (NodeRange, NodeRange),
+        clients: Vec<ClientId>,
     ) -> RqByzantine {
         loop {
             let b = RqByzantine {
@@ -1625,18 +1627,22 @@ mod tests {
         let keys: Vec<SigningKey> = (0..n as u8).map(|i| SigningKey::from_seed([i + 1; 32])).collect();
         let publics: Vec<_> = keys.iter().map(SigningKey::public).collect();
         let membership = Membership::genesis(1, 1, &publics, &[]);
-        let mut b = Byzantine::new(behaviours, me, n, 3, keys[me as usize].clone()).seeded(7, &[1000, 1001], 16);
+        let mut b = Byzantine::new(behaviours, me, n, 3, keys[me.0 as usize].clone()).seeded(
+            7,
+            &[ClientId(1000), ClientId(1001)],
+            16,
+        );
         b.set_membership(me, 3, membership);
         b
     }
 
     #[test]
     fn splits_vary_per_instance_and_leave_another_node_on_each_side() {
-        let b = liar(2, 5, Behaviours::only("equivocate").expect("a known name"));
+        let b = liar(NodeId(2), 5, Behaviours::only("equivocate").expect("a known name"));
         let mut splits = BTreeSet::new();
         for view in 0..4 {
             for seq in 1..50 {
-                let side: Vec<bool> = (0..5).map(|n| b.lied_to(view, seq, Peer::Node(n))).collect();
+                let side: Vec<bool> = (0..5).map(|n| b.lied_to(View(view), Seq(seq), Peer::Node(NodeId(n)))).collect();
                 assert!(!side[2], "never itself");
                 let told = side.iter().filter(|s| **s).count();
                 assert!((1..=3).contains(&told), "{side:?}: another node on each side");
@@ -1645,18 +1651,18 @@ mod tests {
         }
         // Not one fixed split (odd/even before): most of the 14 possible ones occur.
         assert!(splits.len() >= 10, "{} splits", splits.len());
-        assert!(!b.lied_to(0, 1, Peer::Client(1000)));
+        assert!(!b.lied_to(View(0), Seq(1), Peer::Client(ClientId(1000))));
     }
 
     #[test]
     fn replays_reach_back_to_every_sampled_epoch_within_bounds() {
-        let mut b = liar(0, 4, Behaviours::only("replay").expect("a known name"));
+        let mut b = liar(NodeId(0), 4, Behaviours::only("replay").expect("a known name"));
         let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(3);
         let base = b.membership.clone().expect("set");
         for epoch in 0..30u64 {
-            b.set_membership(0, 3, Membership { epoch, ..base.clone() });
+            b.set_membership(NodeId(0), 3, Membership { epoch, ..base.clone() });
             for i in 0..500 {
-                b.remember(&mut rng, Message::Stop { view: epoch * 1_000 + i });
+                b.remember(&mut rng, Message::Stop { view: View(epoch * 1_000 + i) });
             }
         }
         assert!(b.epoch_samples.len() <= EPOCHS_SAMPLED_MAX);
@@ -1665,11 +1671,11 @@ mod tests {
         // its epoch, not only its last ones.
         assert!(b.epoch_samples.contains_key(&0) && b.epoch_samples.contains_key(&29));
         let first = &b.epoch_samples[&0].1;
-        assert!(first.iter().any(|m| matches!(m, Message::Stop { view } if *view < 250)));
+        assert!(first.iter().any(|m| matches!(m, Message::Stop { view } if *view < View(250))));
         let mut old = 0;
         for _ in 0..200 {
             if let Some(Message::Stop { view }) = b.replay_pick(&mut rng) {
-                old += (view / 1_000 < 29) as u64;
+                old += (view.0 / 1_000 < 29) as u64;
             }
         }
         assert!(old > 50 && b.lies.old_epoch_replays == old, "{old} replays from earlier epochs");
@@ -1678,28 +1684,30 @@ mod tests {
     #[test]
     fn conflicting_votes_and_wrong_checkpoints_are_validly_signed() {
         let b = Behaviours { conflicting_votes: true, wrong_checkpoints: true, ..Behaviours::default() };
-        let mut b = liar(1, 4, b);
+        let mut b = liar(NodeId(1), 4, b);
         let mut rng = <ChaCha8Rng as rand::SeedableRng>::seed_from_u64(5);
         let m = b.membership.clone().expect("set");
         let keys = NodeKeys::new(&m.keys());
         let tag = m.digest();
         let honest = Digest([9; 32]);
-        let sig = b.signing.sign(&write_statement(&tag, 0, 4, &honest, 1));
+        let sig = b.signing.sign(&write_statement(&tag, View(0), Seq(4), &honest, NodeId(1)));
         let mut digests = BTreeSet::new();
         for to in [0, 2, 3] {
-            let w = Message::Write(Write { view: 0, seq: 4, digest: honest, sig });
-            let Message::Write(w) = b.lie_in_votes(Peer::Node(to), false, w) else { panic!("a write") };
-            assert!(keys.verify(1, &write_statement(&tag, 0, 4, &w.digest, 1), &w.sig));
+            let w = Message::Write(Write { view: View(0), seq: Seq(4), digest: honest, sig });
+            let Message::Write(w) = b.lie_in_votes(Peer::Node(NodeId(to)), false, w) else { panic!("a write") };
+            assert!(keys.verify(1, &write_statement(&tag, View(0), Seq(4), &w.digest, NodeId(1)), &w.sig));
             digests.insert(w.digest);
         }
         assert_eq!(digests.len(), 2, "two values for one (view, instance)");
-        let told = [0, 2, 3].iter().filter(|&&n| b.lied_to(0, 4, Peer::Node(n))).count();
+        let told = [0, 2, 3].iter().filter(|&&n| b.lied_to(View(0), Seq(4), Peer::Node(NodeId(n)))).count();
         assert_eq!(b.lies.conflicting_votes, told as u64, "counted once per vote changed");
-        let sig = b.signing.sign(&checkpoint_statement(8, &honest, &tag, 1));
-        let vote = CheckpointVote { seq: 8, root: honest, membership: tag, sig };
+        let sig = b.signing.sign(&checkpoint_statement(Seq(8), &honest, &tag, NodeId(1)));
+        let vote = CheckpointVote { seq: Seq(8), root: honest, membership: tag, sig };
         for _ in 0..20 {
-            if let Message::Checkpoint(v) = b.rewrite(&mut rng, Peer::Node(0), Message::Checkpoint(vote.clone())) {
-                assert!(keys.verify(1, &checkpoint_statement(v.seq, &v.root, &v.membership, 1), &v.sig));
+            if let Message::Checkpoint(v) =
+                b.rewrite(&mut rng, Peer::Node(NodeId(0)), Message::Checkpoint(vote.clone()))
+            {
+                assert!(keys.verify(1, &checkpoint_statement(v.seq, &v.root, &v.membership, NodeId(1)), &v.sig));
             }
         }
         assert!(b.lies.wrong_checkpoint_votes > 0);

@@ -6,6 +6,7 @@
 //! checksum and cut off.
 
 use keel_core::exec::Chunked;
+use keel_core::ids::Seq;
 use keel_core::replica::Persist;
 use keel_core::wal::{decode_log, encode_record, Record};
 use rand::Rng;
@@ -15,14 +16,14 @@ use std::collections::BTreeMap;
 #[derive(Debug, Clone)]
 enum Op {
     Append(Vec<u8>),
-    Snapshot(u64, Chunked),
-    Replace { wal: Vec<u8>, snapshots_from: u64 },
+    Snapshot(Seq, Chunked),
+    Replace { wal: Vec<u8>, snapshots_from: Seq },
 }
 
 #[derive(Debug, Default)]
 pub struct SimDisk {
     wal: Vec<u8>,
-    snapshots: BTreeMap<u64, Chunked>,
+    snapshots: BTreeMap<Seq, Chunked>,
     /// Unsynced operations with their ids.
     pending: Vec<(u64, Op)>,
     next_op: u64,
@@ -103,7 +104,7 @@ impl SimDisk {
 
     /// What a restarting node reads: the snapshot and the log's whole records. The torn
     /// tail is truncated, as the runtime does at start.
-    pub fn recover(&mut self) -> (Vec<(u64, Chunked)>, Vec<Record>) {
+    pub fn recover(&mut self) -> (Vec<(Seq, Chunked)>, Vec<Record>) {
         let decoded = decode_log(&self.wal);
         self.wal.truncate(decoded.valid_len);
         (self.snapshots.iter().map(|(s, c)| (*s, c.clone())).collect(), decoded.records)
@@ -115,7 +116,7 @@ impl SimDisk {
     }
 
     /// The checkpoints whose snapshots are held (for reports).
-    pub fn snapshot_seqs(&self) -> Vec<u64> {
+    pub fn snapshot_seqs(&self) -> Vec<Seq> {
         self.snapshots.keys().copied().collect()
     }
 
@@ -128,10 +129,11 @@ impl SimDisk {
 mod tests {
     use super::*;
     use keel_core::exec::Chunked;
+    use keel_core::ids::View;
     use rand::SeedableRng;
 
     fn rec(view: u64) -> Persist {
-        Persist::Record(Record::View { view, floor: 0 })
+        Persist::Record(Record::View { view: View(view), floor: Seq(0) })
     }
 
     #[test]
@@ -144,7 +146,7 @@ mod tests {
         d.crash(&mut rng, true);
         assert_eq!(d.torn, 1);
         let (_, records) = d.recover();
-        assert_eq!(records, vec![Record::View { view: 1, floor: 0 }]);
+        assert_eq!(records, vec![Record::View { view: View(1), floor: Seq(0) }]);
         let b = d.write(&rec(3));
         d.sync(b);
         let (_, records) = d.recover();
@@ -155,11 +157,17 @@ mod tests {
     fn replace_and_snapshot_take_effect_at_sync() {
         let mut d = SimDisk::default();
         d.write(&rec(1));
-        d.write(&Persist::Snapshot { seq: 8, chunked: Chunked::new(vec![7], 256) });
-        d.write(&Persist::Snapshot { seq: 16, chunked: Chunked::new(vec![8], 256) });
-        let c = d.write(&Persist::Compact { records: vec![Record::View { view: 9, floor: 0 }], snapshots_from: 16 });
+        d.write(&Persist::Snapshot { seq: Seq(8), chunked: Chunked::new(vec![7], 256) });
+        d.write(&Persist::Snapshot { seq: Seq(16), chunked: Chunked::new(vec![8], 256) });
+        let c = d.write(&Persist::Compact {
+            records: vec![Record::View { view: View(9), floor: Seq(0) }],
+            snapshots_from: Seq(16),
+        });
         assert_eq!(d.recover(), (vec![], vec![]));
         d.sync(c);
-        assert_eq!(d.recover(), (vec![(16, Chunked::new(vec![8], 256))], vec![Record::View { view: 9, floor: 0 }]));
+        assert_eq!(
+            d.recover(),
+            (vec![(Seq(16), Chunked::new(vec![8], 256))], vec![Record::View { view: View(9), floor: Seq(0) }])
+        );
     }
 }

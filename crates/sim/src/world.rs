@@ -18,6 +18,7 @@ use keel_core::codec;
 use keel_core::config::{stage_id, stage_node, Auth, ClusterConfig, Options};
 use keel_core::crypto::{Digest, MacKey, SigningKey};
 use keel_core::exec_node::ExecNode;
+use keel_core::ids::NodeRange;
 use keel_core::membership::{AdminOp, Change, Member, Membership, ADMIN_CLIENT};
 use keel_core::message::{
     owner_of, session_id, session_of, ClientId, Message, NodeId, Read, Reply, ReplyBody, Request, Seq, View,
@@ -501,7 +502,7 @@ impl<S: Service> SimNode<S> {
 }
 
 /// How far behind (instances) the state a read-rushing Byzantine node answers from gets.
-const STALE_READ_LAG: Seq = 8;
+const STALE_READ_LAG: Seq = Seq(8);
 
 struct SimClient {
     core: Client,
@@ -586,17 +587,17 @@ pub struct World<W: Workload> {
 }
 
 /// The client of `World::faulty_client`.
-const FAULTY_CLIENT: ClientId = 9_000;
+const FAULTY_CLIENT: ClientId = ClientId(9_000);
 
 /// Node-local options: even stable ids serialize checkpoints in the background, odd ones
 /// inline (production's default), so every run covers both and their mix.
 fn node_options(mut cfg: ClusterConfig, id: NodeId) -> ClusterConfig {
-    cfg.options.background_checkpoints = cfg.options.background_checkpoints && id.is_multiple_of(2);
+    cfg.options.background_checkpoints = cfg.options.background_checkpoints && id.0.is_multiple_of(2);
     cfg
 }
 
 fn client_id(i: usize) -> ClientId {
-    1000 + i as ClientId
+    ClientId(1000 + i as u64)
 }
 
 impl<W: Workload> World<W> {
@@ -655,7 +656,7 @@ impl<W: Workload> World<W> {
         // the run's generator, so other auth modes replay as before.
         let client_key = |id: ClientId| {
             let mut input = opts.seed.to_le_bytes().to_vec();
-            input.extend_from_slice(&id.to_le_bytes());
+            input.extend_from_slice(&id.0.to_le_bytes());
             SigningKey::from_seed(*blake3::hash(&input).as_bytes())
         };
         let client_keys =
@@ -670,7 +671,7 @@ impl<W: Workload> World<W> {
         byz_ids.truncate(byzantine_count);
         let mut pinned = None;
         if let Some((ids, behaviours)) = &opts.byzantine {
-            byz_ids = ids.iter().map(|i| *i as usize).collect();
+            byz_ids = ids.iter().map(|i| i.index()).collect();
             pinned = Some(behaviours.clone());
         }
         let byzantine_count = byz_ids.len();
@@ -689,17 +690,18 @@ impl<W: Workload> World<W> {
                     // Seeded from the run's seed without drawing from its generator.
                     let seed = u64::from_le_bytes(derived("byzantine", i)[..8].try_into().expect("8 bytes"));
                     let clients: Vec<ClientId> = (0..opts.clients).map(client_id).collect();
-                    let mut b = Byzantine::new(behaviours, i as NodeId, n, quorums.order_quorum(), s.signing.clone())
-                        .seeded(seed, &clients, opts.options.log_max());
-                    b.set_membership(i as NodeId, quorums.order_quorum(), cfg.membership.clone());
+                    let mut b =
+                        Byzantine::new(behaviours, NodeId(i as u32), n, quorums.order_quorum(), s.signing.clone())
+                            .seeded(seed, &clients, opts.options.log_max());
+                    b.set_membership(NodeId(i as u32), quorums.order_quorum(), cfg.membership.clone());
                     b
                 });
                 let (replica, role) = if i < n {
                     let start = NodeStart { node: i as u32, fresh: true, byzantine: byzantine.is_some() };
                     (
                         Some(Replica::new(
-                            node_options(cfg.clone(), i as NodeId),
-                            i as NodeId,
+                            node_options(cfg.clone(), NodeId(i as u32)),
+                            NodeId(i as u32),
                             s.clone(),
                             workload.node_service(start),
                         )),
@@ -738,7 +740,7 @@ impl<W: Workload> World<W> {
         let exec_liars = if stage_liars && exec_count > 0 { exec_rng.gen_range(1..=opts.r as usize) } else { 0 };
         for (i, s) in exec_secrets.into_iter().enumerate() {
             let id = stage_node(cfg.stages.exec_first + i as u32);
-            let start = NodeStart { node: id, fresh: true, byzantine: false };
+            let start = NodeStart { node: id.0, fresh: true, byzantine: false };
             let exec = ExecNode::new(cfg.clone(), id, s.signing.clone(), workload.node_service(start));
             let interval = opts.options.checkpoint_interval;
             let exec_byzantine =
@@ -769,7 +771,7 @@ impl<W: Workload> World<W> {
                 }
             }
             let rq_byzantine = (i < rq_liars).then(|| {
-                let ranges = (0..n as NodeId, cfg.endorsers());
+                let ranges = (NodeRange::first(n), cfg.endorsers());
                 RqByzantine::random(&mut rq_rng, id, row, ranges, sim_clients.clone())
             });
             nodes.push(SimNode { stage: Stage::Rq, core: Some(Core::Rq(rq)), rq_byzantine, ..SimNode::blank(s) });
@@ -838,11 +840,11 @@ impl<W: Workload> World<W> {
         };
         for i in 0..n {
             let at = w.rng.gen_range(0..NODE_TICK_MS);
-            w.schedule(at, Ev::NodeTick(i as NodeId));
+            w.schedule(at, Ev::NodeTick(NodeId(i as u32)));
         }
         for i in n..n + exec_count + rq_count {
             // Offsets from the seed, not the run's generator (replays stay as they were).
-            w.schedule(i as u64 % NODE_TICK_MS, Ev::NodeTick(i as NodeId));
+            w.schedule(i as u64 % NODE_TICK_MS, Ev::NodeTick(NodeId(i as u32)));
         }
         for c in 0..w.clients.len() {
             let at = w.rng.gen_range(0..CLIENT_TICK_MS);
@@ -888,8 +890,8 @@ impl<W: Workload> World<W> {
             *left -= 1;
             let frame = frame.clone();
             self.report.faults.inconsistent_macs += 1;
-            for to in 0..n as NodeId {
-                self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(to), frame.clone());
+            for to in NodeRange::first(n) {
+                self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(NodeId(to.0)), frame.clone());
             }
             return;
         }
@@ -921,8 +923,8 @@ impl<W: Workload> World<W> {
         self.report.faults.inconsistent_macs += 1;
         self.submitted.insert((req.client, req.seq), req.op.digest());
         let frame = codec::encode(&Message::Request(req));
-        for to in 0..n as NodeId {
-            self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(to), frame.clone());
+        for to in NodeRange::first(n) {
+            self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(NodeId(to.0)), frame.clone());
         }
         // A quarter of its requests it retransmits for a while; the rest it abandons.
         let repeats = if self.rng.gen_bool(0.25) { self.rng.gen_range(10..40) } else { 0 };
@@ -951,7 +953,7 @@ impl<W: Workload> World<W> {
     }
 
     fn is_correct(&self, n: NodeId) -> bool {
-        let node = &self.nodes[n as usize];
+        let node = &self.nodes[n.0 as usize];
         node.byzantine.is_none() && node.exec_byzantine.is_none() && node.rq_byzantine.is_none()
     }
 
@@ -974,7 +976,7 @@ impl<W: Workload> World<W> {
         self.nodes.iter_mut().for_each(|n| n.skew = n.skew.clamp(-synced, synced));
         for n in 0..self.nodes.len() {
             if !self.nodes[n].up() && self.nodes[n].role == Role::Member && !self.nodes[n].gone {
-                self.restart(n as NodeId);
+                self.restart(NodeId(n as u32));
             }
         }
         let heal_at = self.now;
@@ -1036,7 +1038,7 @@ impl<W: Workload> World<W> {
             self.report.reads_unordered += c.core.reads_answered;
             self.report.reads_ordered += c.core.reads_ordered;
         }
-        self.report.max_executed = self.nodes.iter().filter_map(SimNode::executed).max().unwrap_or(0);
+        self.report.max_executed = self.nodes.iter().filter_map(SimNode::executed).max().unwrap_or(Seq(0));
         self.report.trace_hash = {
             let h = self.trace.finalize();
             let mut b = [0u8; 8];
@@ -1065,12 +1067,12 @@ impl<W: Workload> World<W> {
                 self.client_tick(c);
             }
             Ev::Sync { node, epoch, upto, gated, facts, member_epoch } => {
-                let sn = &mut self.nodes[node as usize];
+                let sn = &mut self.nodes[node.0 as usize];
                 if sn.epoch == epoch && sn.up() {
                     for e in facts {
                         self.on_event(node, e, member_epoch);
                     }
-                    let sn = &mut self.nodes[node as usize];
+                    let sn = &mut self.nodes[node.0 as usize];
                     sn.disk.sync(upto);
                     // Snapshots kept: the stable one and those above it, within the window:
                     // one per interval, plus one off the interval where an epoch ends (its
@@ -1094,14 +1096,14 @@ impl<W: Workload> World<W> {
                 }
             }
             Ev::Restart(n) => {
-                let node = &self.nodes[n as usize];
+                let node = &self.nodes[n.0 as usize];
                 if !node.up() && node.role == Role::Member && !node.gone {
                     self.restart(n);
                 }
             }
             Ev::AdminTick => self.admin_tick(),
             Ev::Crash(n) => {
-                if self.nodes[n as usize].replica().is_some() {
+                if self.nodes[n.0 as usize].replica().is_some() {
                     self.trace_line(format!("{} n{n} crash at an epoch switch", self.now));
                     self.crash(n);
                     let back = self.now + self.rng.gen_range(20..600);
@@ -1109,7 +1111,7 @@ impl<W: Workload> World<W> {
                 }
             }
             Ev::CrashDuringRejoin(n) => {
-                let node = &self.nodes[n as usize];
+                let node = &self.nodes[n.0 as usize];
                 if self.issuing && node.up() && node.role == Role::Member && !node.gone && !node.wiped {
                     self.report.faults.crashes_during_rejoin += 1;
                     self.trace_line(format!("{} n{n} crashes while a wiped node rejoins", self.now));
@@ -1121,7 +1123,7 @@ impl<W: Workload> World<W> {
             Ev::Nemesis => self.nemesis(),
             Ev::FaultyClient => self.faulty_client(),
             Ev::CheckpointDone { node, epoch, job } => {
-                if self.nodes[node as usize].epoch == epoch && self.nodes[node as usize].replica().is_some() {
+                if self.nodes[node.0 as usize].epoch == epoch && self.nodes[node.0 as usize].replica().is_some() {
                     self.report.checkpoints_background += 1;
                     self.step_node(node, Input::CheckpointReady(job.run()));
                 } else {
@@ -1133,12 +1135,12 @@ impl<W: Workload> World<W> {
     }
 
     fn node_now(&self, n: NodeId) -> u64 {
-        (self.now as i64 + self.nodes[n as usize].skew).max(0) as u64
+        (self.now as i64 + self.nodes[n.0 as usize].skew).max(0) as u64
     }
 
     fn step_node(&mut self, n: NodeId, input: Input) {
         let now = self.node_now(n);
-        let node = &mut self.nodes[n as usize];
+        let node = &mut self.nodes[n.0 as usize];
         let stage = node.stage != Stage::Order;
         let what = match node.stage {
             Stage::Rq => "RQ node",
@@ -1169,7 +1171,7 @@ impl<W: Workload> World<W> {
     /// A lying RQ node whose core followed a new epoch makes its lies for the new members
     /// from now on, and so do the Byzantine order nodes that collude with it.
     fn rq_liar_follows(&mut self, n: NodeId) {
-        let node = &mut self.nodes[n as usize];
+        let node = &mut self.nodes[n.0 as usize];
         let (Some(Core::Rq(rq)), Some(liar)) = (node.core.as_ref(), node.rq_byzantine.as_mut()) else {
             return;
         };
@@ -1179,9 +1181,9 @@ impl<W: Workload> World<W> {
         let cfg = rq.config();
         let signing = &node.secrets.signing;
         let row: Vec<MacKey> = cfg.node_keys.iter().chain(&cfg.stages.rq).map(|k| endorse_key(signing, k)).collect();
-        liar.follow(cfg.epoch(), row.clone(), cfg.membership.members.iter().map(|m| m.id).collect());
+        liar.follow(cfg.epoch(), row.clone(), cfg.membership.members.iter().map(|m| NodeId(m.id)).collect());
         for b in self.nodes.iter_mut().filter_map(|x| x.byzantine.as_mut()) {
-            b.colluder_follows(stage_node(n), &row);
+            b.colluder_follows(stage_node(n.0), &row);
         }
     }
 
@@ -1196,7 +1198,7 @@ impl<W: Workload> World<W> {
             } else {
                 self.rng.gen_range(0..40)
             };
-            let epoch = self.nodes[n as usize].epoch;
+            let epoch = self.nodes[n.0 as usize].epoch;
             self.schedule(self.now + delay, Ev::CheckpointDone { node: n, epoch, job });
         }
         let ended = events.iter().any(|e| matches!(e, Event::EpochEnded { .. }));
@@ -1215,7 +1217,7 @@ impl<W: Workload> World<W> {
         for e in observations {
             self.on_event(n, e, epoch);
         }
-        let node = &mut self.nodes[n as usize];
+        let node = &mut self.nodes[n.0 as usize];
         let wrote = !persist.is_empty();
         for p in &persist {
             node.disk.write(p);
@@ -1315,7 +1317,7 @@ impl<W: Workload> World<W> {
             }
         }
         let Message::Accept { .. } = m else { return };
-        let Some(q) = self.nodes[n as usize].replica().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
+        let Some(q) = self.nodes[n.0 as usize].replica().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
         else {
             return;
         };
@@ -1338,7 +1340,7 @@ impl<W: Workload> World<W> {
         if !self.opts.faults.crash || !self.issuing {
             return;
         }
-        let primary = self.nodes[n as usize].replica().is_some_and(|r| r.is_primary());
+        let primary = self.nodes[n.0 as usize].replica().is_some_and(|r| r.is_primary());
         let p = if installed && primary { 0.3 } else { 0.002 };
         if !self.rng.gen_bool(p) {
             return;
@@ -1425,7 +1427,7 @@ impl<W: Workload> World<W> {
     fn turn_byzantine(&mut self, n: NodeId) {
         let liars = self.nodes.iter().filter(|x| x.byzantine.is_some()).count();
         let out = self.nodes.iter().filter(|x| x.wiped || x.gone).count();
-        let node = &self.nodes[n as usize];
+        let node = &self.nodes[n.0 as usize];
         let (Some(behaviours), Some(replica)) = (node.latent.as_ref(), node.replica()) else { return };
         let q = replica.config().quorums;
         if node.byzantine.is_some() || q.r() as usize <= liars || liars + out >= q.u() as usize {
@@ -1441,7 +1443,7 @@ impl<W: Workload> World<W> {
         b.set_membership(replica.id(), q.order_quorum(), replica.config().membership.clone());
         let epoch = replica.epoch();
         b.lie_from_epoch(epoch);
-        self.nodes[n as usize].byzantine = Some(b);
+        self.nodes[n.0 as usize].byzantine = Some(b);
         self.report.faults.byzantine_nodes += 1;
         self.report.faults.latent_turned += 1;
         self.trace_line(format!("{} n{n} turns byzantine in epoch {epoch} (r = {})", self.now, q.r()));
@@ -1449,7 +1451,7 @@ impl<W: Workload> World<W> {
 
     /// The stable id of index `index` in membership epoch `epoch`.
     fn stable_id(&self, epoch: u64, index: NodeId) -> Option<NodeId> {
-        self.memberships.get(&epoch).and_then(|ids| ids.get(index as usize)).copied()
+        self.memberships.get(&epoch).and_then(|ids| ids.get(index.index())).copied().map(NodeId)
     }
 
     /// Sends what node `n` produced in membership epoch `epoch` (peers by index there).
@@ -1471,11 +1473,11 @@ impl<W: Workload> World<W> {
             }
         }
         let from = Peer::Node(n);
-        let is_primary = self.nodes[n as usize].replica().is_some_and(|r| r.is_primary());
+        let is_primary = self.nodes[n.0 as usize].replica().is_some_and(|r| r.is_primary());
         let mut msgs = msgs;
         let slow = is_primary
             && self.now >= crate::byzantine::SLOW_FROM_MS
-            && self.nodes[n as usize].byzantine.as_ref().is_some_and(|b| b.behaviours.slow_primary)
+            && self.nodes[n.0 as usize].byzantine.as_ref().is_some_and(|b| b.behaviours.slow_primary)
             && msgs.iter().any(|(_, m)| matches!(m, Message::Propose { .. }));
         if slow {
             // Held back, but well within the request timers (Aardvark's slow primary).
@@ -1484,7 +1486,7 @@ impl<W: Workload> World<W> {
             msgs = rest;
             let hold = self.opts.options.request_timeout_ms / 4;
             for (to, m) in proposals {
-                if let Some(b) = self.nodes[n as usize].byzantine.as_mut() {
+                if let Some(b) = self.nodes[n.0 as usize].byzantine.as_mut() {
                     b.lies.slowed_proposals += 1;
                 }
                 if let Some(to) = self.to_stable(n, epoch, to) {
@@ -1492,7 +1494,7 @@ impl<W: Workload> World<W> {
                 }
             }
         }
-        let node = &mut self.nodes[n as usize];
+        let node = &mut self.nodes[n.0 as usize];
         let frames: Vec<(Peer, Vec<u8>)> =
             match (node.byzantine.as_mut(), node.exec_byzantine.as_mut(), node.rq_byzantine.as_mut()) {
                 (Some(b), _, _) => b.transform(&mut self.rng, is_primary, msgs),
@@ -1513,7 +1515,7 @@ impl<W: Workload> World<W> {
     fn to_stable(&self, from: NodeId, epoch: u64, to: Peer) -> Option<Peer> {
         match to {
             Peer::Node(i) => match stage_id(i) {
-                Some(id) => Some(Peer::Node(id)),
+                Some(id) => Some(Peer::Node(NodeId(id))),
                 None if self.is_stage_id(from) => Some(Peer::Node(i)),
                 None => self.stable_id(epoch, i).map(Peer::Node),
             },
@@ -1522,18 +1524,18 @@ impl<W: Workload> World<W> {
     }
 
     fn is_exec_id(&self, n: NodeId) -> bool {
-        self.nodes.get(n as usize).is_some_and(|x| x.stage == Stage::Exec)
+        self.nodes.get(n.0 as usize).is_some_and(|x| x.stage == Stage::Exec)
     }
 
     /// Whether `n` is a node of a separate execution or RQ stage (not a member).
     fn is_stage_id(&self, n: NodeId) -> bool {
-        self.nodes.get(n as usize).is_some_and(|x| x.stage != Stage::Order)
+        self.nodes.get(n.0 as usize).is_some_and(|x| x.stage != Stage::Order)
     }
 
     fn side_of(&self, p: Peer) -> u8 {
         match p {
-            Peer::Node(n) => self.sides.get(n as usize).copied().unwrap_or(0),
-            Peer::Client(c) => c.checked_sub(1000).and_then(|i| self.clients.get(i as usize)).map_or(0, |x| x.side),
+            Peer::Node(n) => self.sides.get(n.0 as usize).copied().unwrap_or(0),
+            Peer::Client(c) => c.0.checked_sub(1000).and_then(|i| self.clients.get(i as usize)).map_or(0, |x| x.side),
         }
     }
 
@@ -1600,13 +1602,13 @@ impl<W: Workload> World<W> {
         match to {
             Peer::Node(n) => {
                 // (A node id nobody has: a membership a test's deliberate bug accepted.)
-                let Some(mine) = self.nodes.get(n as usize).and_then(SimNode::running_epoch) else { return };
+                let Some(mine) = self.nodes.get(n.0 as usize).and_then(SimNode::running_epoch) else { return };
                 // How the receiving core admits it (keel_core::node::Node::admit, as the
                 // runtime does): within one epoch by index, stage nodes by stage names,
                 // across epochs only certificates.
                 let (from, msg) = match from {
                     Peer::Node(f) => {
-                        let Some(core) = self.nodes[n as usize].core() else { return };
+                        let Some(core) = self.nodes[n.0 as usize].core() else { return };
                         match core.admit(f, epoch, msg, false) {
                             Admit::Step(Input::Message { from, msg }) => (from, msg),
                             // Only the runtime's verify stage marks messages checked.
@@ -1619,7 +1621,7 @@ impl<W: Workload> World<W> {
                     }
                     client => (client, msg),
                 };
-                let answers = match self.nodes[n as usize].byzantine.as_mut() {
+                let answers = match self.nodes[n.0 as usize].byzantine.as_mut() {
                     Some(b) => b.observe(&mut self.rng, from, &msg),
                     None => Vec::new(),
                 };
@@ -1644,12 +1646,12 @@ impl<W: Workload> World<W> {
     /// its own (up to `STALE_READ_LAG` instances back): what a lagging correct node would
     /// say, had it not waited.
     fn rushed_read_answer(&mut self, n: NodeId, read: &Read) -> Option<Reply> {
-        let node = &mut self.nodes[n as usize];
+        let node = &mut self.nodes[n.0 as usize];
         let b = node.byzantine.as_mut().filter(|b| b.behaviours.rush_reads)?;
         // The field, not `replica()`: the borrows of `byzantine` and `stale_state` stay apart.
         let Some(Core::Order(replica)) = &node.core else { return None };
         let executed = replica.executed();
-        if node.stale_state.as_ref().is_none_or(|(seq, _)| executed >= seq + STALE_READ_LAG || executed < *seq) {
+        if node.stale_state.as_ref().is_none_or(|(seq, _)| executed >= *seq + STALE_READ_LAG.0 || executed < *seq) {
             node.stale_state = Some((executed, replica.service().snapshot()));
         }
         let (seq, bytes) = node.stale_state.as_ref()?;
@@ -1670,7 +1672,7 @@ impl<W: Workload> World<W> {
             return;
         }
         // Replies to clients that do not exist (a forged request) go nowhere.
-        let Some(idx) = c.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else {
+        let Some(idx) = c.0.checked_sub(1000).map(|i| i as usize).filter(|i| *i < self.clients.len()) else {
             return;
         };
         if let (Peer::Node(node), Message::Push { client, seq, epoch, event }) = (from, &msg) {
@@ -1751,7 +1753,7 @@ impl<W: Workload> World<W> {
                     (*first, *last)
                 }
             };
-            self.workload.on_push(id, self.now, &p);
+            self.workload.on_push(id.0, self.now, &p);
             let next = &mut self.clients[idx].push_next;
             if first != *next || last < first {
                 let expected = *next;
@@ -1781,7 +1783,7 @@ impl<W: Workload> World<W> {
 
     fn issue(&mut self, c: usize) {
         let id = self.clients[c].core.id();
-        let op = self.workload.next_op(&mut self.rng, id);
+        let op = self.workload.next_op(&mut self.rng, id.0);
         let read = self.workload.read_mode(&mut self.rng, &op);
         let started = match read {
             None => self.clients[c].core.invoke(self.now, op.clone()),
@@ -1790,7 +1792,7 @@ impl<W: Workload> World<W> {
         let Ok(msgs) = started else {
             return;
         };
-        self.history.push(HistoryEntry { client: id, op, invoke: self.now, ret: None, read });
+        self.history.push(HistoryEntry { client: id.0, op, invoke: self.now, ret: None, read });
         self.clients[c].inflight = Some(self.history.len() - 1);
         self.client_send(c, msgs);
     }
@@ -1962,7 +1964,7 @@ impl<W: Workload> World<W> {
             }
             Event::Rejoined { view, stable } => {
                 self.report.faults.rejoined += 1;
-                if let Some(node) = self.nodes.get_mut(n as usize) {
+                if let Some(node) = self.nodes.get_mut(n.0 as usize) {
                     node.wiped = false;
                 }
                 self.trace_line(format!("{} n{n} rejoined at view {view}, stable {stable}", self.now));
@@ -1997,7 +1999,7 @@ impl<W: Workload> World<W> {
 
     fn crash(&mut self, n: NodeId) {
         let tear = self.rng.gen_bool(0.5);
-        let node = &mut self.nodes[n as usize];
+        let node = &mut self.nodes[n.0 as usize];
         if !node.up() {
             return;
         }
@@ -2012,11 +2014,11 @@ impl<W: Workload> World<W> {
 
     fn restart(&mut self, n: NodeId) {
         let now = self.node_now(n);
-        let node = &mut self.nodes[n as usize];
+        let node = &mut self.nodes[n.0 as usize];
         if node.stage == Stage::Rq {
             // Nothing on disk but the epoch certificates it followed (rq_node.rs).
             let s = &node.secrets;
-            let mut rq = RqNode::new(self.cfg.clone(), stage_node(n), s.signing.clone(), s.mac_secret);
+            let mut rq = RqNode::new(self.cfg.clone(), stage_node(n.0), s.signing.clone(), s.mac_secret);
             let followed = rq.follow(node.rq_certs.clone());
             node.core = Some(Core::Rq(rq));
             if let Err(e) = followed {
@@ -2030,10 +2032,10 @@ impl<W: Workload> World<W> {
         let (snapshots, records) = node.disk.recover();
         if node.stage == Stage::Exec {
             let signing = node.secrets.signing.clone();
-            let start = NodeStart { node: stage_node(n), fresh: node.wiped, byzantine: false };
+            let start = NodeStart { node: (stage_node(n.0)).0, fresh: node.wiped, byzantine: false };
             match ExecNode::recover(
                 self.cfg.clone(),
-                stage_node(n),
+                stage_node(n.0),
                 signing,
                 self.workload.node_service(start),
                 snapshots,
@@ -2053,7 +2055,7 @@ impl<W: Workload> World<W> {
         let durable = Durable { snapshots, records };
         let mut out = Outputs::default();
         let service =
-            self.workload.node_service(NodeStart { node: n, fresh: wiped, byzantine: node.byzantine.is_some() });
+            self.workload.node_service(NodeStart { node: n.0, fresh: wiped, byzantine: node.byzantine.is_some() });
         // The epoch its disk names, else its configuration file's.
         let cfg = match durable.membership().or_else(|| node.file_membership.clone()).map(|m| self.cfg.next_epoch(m)) {
             Some(Ok(cfg)) => cfg,
@@ -2063,7 +2065,7 @@ impl<W: Workload> World<W> {
             }
             None => self.cfg.clone(),
         };
-        let Some(index) = cfg.membership.index_of(n) else {
+        let Some(index) = cfg.membership.index_of(n.0) else {
             self.violation("recovery", format!("node {n} restarts outside its own membership"));
             return;
         };
@@ -2217,9 +2219,10 @@ impl<W: Workload> World<W> {
         let node = &mut self.nodes[id as usize];
         node.role = Role::Member;
         node.file_membership = Some(m.clone());
-        node.core = Some(Core::Order(Replica::new(node_options(cfg, id), index, node.secrets.clone(), service)));
+        node.core =
+            Some(Core::Order(Replica::new(node_options(cfg, NodeId(id)), index, node.secrets.clone(), service)));
         self.memberships.entry(m.epoch).or_insert_with(|| m.members.iter().map(|x| x.id).collect());
-        self.schedule(self.now + 1, Ev::NodeTick(id));
+        self.schedule(self.now + 1, Ev::NodeTick(NodeId(id)));
     }
 
     /// Injects the next fault and schedules the one after.
@@ -2230,7 +2233,7 @@ impl<W: Workload> World<W> {
         let next = self.now + self.rng.gen_range(100..700);
         self.schedule(next, Ev::Nemesis);
         let members: Vec<NodeId> =
-            (0..self.nodes.len() as NodeId).filter(|i| self.nodes[*i as usize].role == Role::Member).collect();
+            NodeRange::first(self.nodes.len()).filter(|i| self.nodes[i.index()].role == Role::Member).collect();
         let mut kinds = Vec::new();
         if self.opts.faults.crash {
             kinds.extend(["crash", "crash", "outage", "wipe", "gone"]);
@@ -2254,7 +2257,7 @@ impl<W: Workload> World<W> {
                 let byzantine = self.nodes.iter().filter(|n| n.byzantine.is_some()).count();
                 let out = self.nodes.iter().filter(|n| n.wiped || n.gone).count();
                 let honest_order = |v: &NodeId| {
-                    let node = &self.nodes[*v as usize];
+                    let node = &self.nodes[v.index()];
                     node.stage == Stage::Order && node.byzantine.is_none() && !node.gone
                 };
                 let order: Vec<NodeId> = members.iter().copied().filter(honest_order).collect();
@@ -2267,36 +2270,36 @@ impl<W: Workload> World<W> {
                 // checkpoint must stay fetchable without it). Drawn only when there are
                 // execution nodes, so co-located runs replay as before.
                 let executors: Vec<NodeId> =
-                    (0..self.nodes.len() as NodeId).filter(|v| self.nodes[*v as usize].stage == Stage::Exec).collect();
+                    NodeRange::first(self.nodes.len()).filter(|v| self.nodes[v.index()].stage == Stage::Exec).collect();
                 if kind == "gone" && !self.opts.reconfig && !executors.is_empty() && self.rng.gen_bool(0.5) {
                     let faulty = executors
                         .iter()
-                        .filter(|v| self.nodes[**v as usize].exec_byzantine.is_some() || self.nodes[**v as usize].gone)
+                        .filter(|v| self.nodes[v.index()].exec_byzantine.is_some() || self.nodes[v.index()].gone)
                         .count();
                     let honest: Vec<NodeId> = executors
                         .iter()
                         .copied()
-                        .filter(|v| self.nodes[*v as usize].exec_byzantine.is_none() && !self.nodes[*v as usize].gone)
+                        .filter(|v| self.nodes[v.index()].exec_byzantine.is_none() && !self.nodes[v.index()].gone)
                         .collect();
                     if faulty < self.opts.u as usize && !honest.is_empty() {
                         let victim = honest[self.rng.gen_range(0..honest.len())];
                         self.crash(victim);
-                        self.nodes[victim as usize].gone = true;
+                        self.nodes[victim.0 as usize].gone = true;
                         self.report.faults.gone += 1;
                         self.trace_line(format!("{} execution node n{victim} down for good", self.now));
                     }
                 } else if room && kind == "gone" && !self.opts.reconfig {
                     let victim = order[self.rng.gen_range(0..order.len())];
                     self.crash(victim);
-                    self.nodes[victim as usize].gone = true;
+                    self.nodes[victim.0 as usize].gone = true;
                     self.report.faults.gone += 1;
                     self.trace_line(format!("{} n{victim} down for good", self.now));
                 } else if room && kind == "wipe" {
                     let victim = order[self.rng.gen_range(0..order.len())];
-                    if self.nodes[victim as usize].up() {
+                    if self.nodes[victim.0 as usize].up() {
                         self.crash(victim);
-                        self.nodes[victim as usize].disk = SimDisk::default();
-                        self.nodes[victim as usize].wiped = true;
+                        self.nodes[victim.0 as usize].disk = SimDisk::default();
+                        self.nodes[victim.0 as usize].wiped = true;
                         self.report.faults.wipes += 1;
                         self.trace_line(format!("{} n{victim} disk wiped", self.now));
                         let back = self.now + self.rng.gen_range(50..1500);
@@ -2321,7 +2324,7 @@ impl<W: Workload> World<W> {
                 self.report.faults.total_outages += 1;
                 let back = self.now + self.rng.gen_range(50..800);
                 for &v in &members {
-                    self.schedule(back + v as u64 * 7, Ev::Restart(v));
+                    self.schedule(back + v.0 as u64 * 7, Ev::Restart(v));
                 }
             }
             "partition" => {
@@ -2354,7 +2357,7 @@ impl<W: Workload> World<W> {
                 let victim = members[self.rng.gen_range(0..members.len())];
                 let tolerance = self.opts.options.clock_tolerance_ms as i64;
                 let jump = self.rng.gen_range(-2 * tolerance..=2 * tolerance);
-                self.nodes[victim as usize].skew += jump;
+                self.nodes[victim.0 as usize].skew += jump;
                 self.report.faults.clock_jumps += 1;
                 self.trace_line(format!("{} n{victim} clock jumps by {jump} ms", self.now));
             }
@@ -2367,9 +2370,9 @@ impl<W: Workload> World<W> {
 /// A client core of `cfg`'s cluster: its auth mode, and where its stages run.
 fn with_stages(core: Client, cfg: &ClusterConfig) -> Client {
     let core = core.with_auth(cfg.auth);
-    let core = if cfg.separated() { core.with_executors(cfg.exec_ids()) } else { core };
+    let core = if cfg.separated() { core.with_executors(cfg.exec_ids().into()) } else { core };
     if cfg.rq_separated() {
-        core.with_rq_nodes(cfg.rq_ids())
+        core.with_rq_nodes(cfg.rq_ids().into())
     } else {
         core
     }

@@ -44,7 +44,8 @@
 //! the instance and what differed.
 
 use keel_core::exec::{Executor, Outcome, Schedule};
-use keel_core::message::{Request, Value};
+use keel_core::ids::ClientId;
+use keel_core::message::{Request, Seq, Value};
 use keel_core::service::{ReadCtx, Service};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -166,7 +167,7 @@ impl<S: Service, F: Fn() -> S> Conformance<S, F> {
                     let c = clients.remove(rng.gen_range(0..clients.len()));
                     seqs[c as usize] += 1;
                     let client = 1000 + c;
-                    requests.push(Request::new(client, seqs[c as usize], generate(&mut rng, client).into()));
+                    requests.push(Request::new(ClientId(client), seqs[c as usize], generate(&mut rng, client).into()));
                 }
                 if let Some(dup) = last.take().filter(|d| !requests.iter().any(|r| r.client == d.client)) {
                     if rng.gen_ratio(1, 10) {
@@ -186,7 +187,7 @@ impl<S: Service, F: Fn() -> S> Conformance<S, F> {
     fn deterministic(&self, run: &Run) -> Result<(), Failure> {
         let (mut a, mut b) = (self.executor(Schedule::Sequential), self.executor(Schedule::Sequential));
         for (value, seq) in run.values.iter().zip(1..) {
-            let (oa, ob) = (a.execute(seq, value), b.execute(seq, value));
+            let (oa, ob) = (a.execute(Seq(seq), value), b.execute(Seq(seq), value));
             if let Some(what) = differ(&oa, &ob) {
                 return Err(Failure::Nondeterministic { seq, what });
             }
@@ -209,10 +210,10 @@ impl<S: Service, F: Fn() -> S> Conformance<S, F> {
         let forks: Vec<u64> = [1, run.values.len() as u64 / 3, run.values.len() as u64 * 2 / 3].into();
         let mut restored: Vec<(u64, Executor<S>)> = Vec::new();
         for (value, seq) in run.values.iter().zip(1..) {
-            let outcomes = e.execute(seq, value);
+            let outcomes = e.execute(Seq(seq), value);
             let ticks = e.take_ticks();
             for (at, copy) in restored.iter_mut() {
-                let theirs = copy.execute(seq, value);
+                let theirs = copy.execute(Seq(seq), value);
                 if let Some(what) = differ(&outcomes, &theirs) {
                     return Err(Failure::Snapshot { seq, what: format!("a copy restored at {at}: {what}") });
                 }
@@ -237,7 +238,7 @@ impl<S: Service, F: Fn() -> S> Conformance<S, F> {
             let _ = scratch.restore(&e.snapshot());
             if let Some(frozen) = scratch.service().freeze() {
                 if let Some(next) = run.values.get(seq as usize) {
-                    let _ = scratch.execute(seq + 1, next);
+                    let _ = scratch.execute(Seq(seq + 1), next);
                 }
                 if frozen.snapshot() != bytes {
                     let what = "a freeze serializes to other bytes than snapshot() gave at the freeze".into();
@@ -264,21 +265,21 @@ impl<S: Service, F: Fn() -> S> Conformance<S, F> {
         let mut e = self.executor(Schedule::Sequential);
         let probes: Vec<&Request> = run.values.iter().flat_map(|v| v.requests.iter()).take(64).collect();
         for (value, seq) in run.values.iter().zip(1..) {
-            e.execute(seq, value);
+            e.execute(Seq(seq), value);
             e.take_ticks();
             if seq % 5 != 0 {
                 continue;
             }
             let state = e.snapshot();
             for probe in &probes {
-                let ctx = ReadCtx { client: probe.client, executed: seq, time: e.time() };
+                let ctx = ReadCtx { client: probe.client, executed: Seq(seq), time: e.time() };
                 let Some(answer) = e.service().execute_read_only(&probe.op, &ctx) else { continue };
                 let mut scratch = self.executor(Schedule::Sequential);
                 let _ = scratch.restore(&state);
                 let before = scratch.service().snapshot();
                 // A fresh client, so the reply cache has nothing to say.
-                let ordered = Request::new(9_999, 1, probe.op.clone());
-                let out = scratch.execute(seq + 1, &Value { time: e.time(), requests: vec![ordered] });
+                let ordered = Request::new(ClientId(9_999), 1, probe.op.clone());
+                let out = scratch.execute(Seq(seq + 1), &Value { time: e.time(), requests: vec![ordered] });
                 let request = String::from_utf8_lossy(&probe.op).into_owned();
                 if out.first().map(|o| &o.result) != Some(&answer) {
                     return Err(Failure::ReadOnly {
@@ -305,14 +306,15 @@ impl<S: Service, F: Fn() -> S> Conformance<S, F> {
             return Ok(());
         }
         let mut expected = executor(Schedule::Sequential);
-        let outcomes: Vec<Vec<Outcome>> = run.values.iter().zip(1..).map(|(v, seq)| expected.execute(seq, v)).collect();
+        let outcomes: Vec<Vec<Outcome>> =
+            run.values.iter().zip(1..).map(|(v, seq)| expected.execute(Seq(seq), v)).collect();
         for schedule in (1..=4).map(|seed| Schedule::Shuffled { seed }).chain([Schedule::Pool { workers: 4 }]) {
             for per_call in [3, 16] {
                 let mut e = executor(schedule);
                 let mut seq = 1;
                 for chunk in run.values.chunks(per_call) {
                     let refs: Vec<&Value> = chunk.iter().collect();
-                    for (got, want) in e.execute_many(seq, &refs).iter().zip(&outcomes[seq as usize - 1..]) {
+                    for (got, want) in e.execute_many(Seq(seq), &refs).iter().zip(&outcomes[seq as usize - 1..]) {
                         if let Some(what) = differ(want, got) {
                             return Err(Failure::Conflicts { schedule: format!("{schedule:?}"), seq, what });
                         }

@@ -44,6 +44,7 @@ use keel_block::geometry::Geometry;
 use keel_block::local::{Local, Prepare, Refused};
 use keel_block::meta::{zero_hash, Command, Hash, Meta, Reply};
 use keel_block::BlockService;
+use keel_core::ids::NodeId;
 use keel_core::message::ReadConsistency;
 use keel_core::service::{ExecCtx, Frozen, ReadCtx, RestoreError, Service};
 use keel_sim::linearizability::{check_kv, KvOp, KvRet, Operation, Verdict};
@@ -456,7 +457,7 @@ impl BlockWorkload {
     fn audit_abandoned(&self) {
         self.each_correct_node(|i, local, meta| {
             for &(owner, epoch, seq) in &self.abandoned {
-                if meta.epoch(owner) > epoch && local.has_prepared(owner, epoch, seq) {
+                if meta.epoch(owner) > epoch && local.has_prepared(NodeId(owner), epoch, seq) {
                     self.violation(format!(
                         "node {i} holds the PrepareData of front end {owner}'s abandoned write {seq} of epoch \
                          {epoch}, which its state ended"
@@ -486,7 +487,7 @@ impl BlockWorkload {
         let (i, prepare) = self.late.swap_remove(rng.gen_range(0..self.late.len()));
         let Some((local, executed)) = self.plane().nodes.get(i as usize).and_then(|slot| {
             let meta = slot.meta.as_ref()?.read().unwrap_or_else(PoisonError::into_inner);
-            Some((slot.local.clone()?, meta.executed(prepare.owner, prepare.epoch, prepare.seq)))
+            Some((slot.local.clone()?, meta.executed(prepare.owner.0, prepare.epoch, prepare.seq)))
         }) else {
             return;
         };
@@ -502,7 +503,7 @@ impl BlockWorkload {
         self.each_correct_node(|i, local, meta| {
             let at = meta.version();
             for &((owner, epoch, seq), version) in &self.written {
-                if version <= at && local.has_prepared(owner, epoch, seq) {
+                if version <= at && local.has_prepared(NodeId(owner), epoch, seq) {
                     self.violation(format!(
                         "node {i} holds the PrepareData of front end {owner}'s write {seq} of epoch {epoch}, which \
                          it executed (version {version}; it is at {at})"
@@ -523,7 +524,7 @@ impl BlockWorkload {
         };
         let plane = self.plane();
         for local in plane.nodes.iter().filter_map(|n| n.local.as_ref()) {
-            local.new_epoch(owner, epoch + 1);
+            local.new_epoch(NodeId(owner), epoch + 1);
         }
     }
 
@@ -683,7 +684,7 @@ impl BlockWorkload {
                 held.first()
                     .is_some_and(|&h| h > version || (h == version && judge((version, hash), h, &data) == Copy::Good))
             });
-            if !stored && !local.has_prepared(owner, epoch, seq) {
+            if !stored && !local.has_prepared(NodeId(owner), epoch, seq) {
                 self.violation(format!(
                     "node {i} acknowledged the PrepareData of write {owner}/{seq} (block {block} version {version}) and holds neither it nor the block"
                 ));
@@ -717,7 +718,7 @@ impl BlockWorkload {
                     || self
                         .writes
                         .get(&want.1)
-                        .is_some_and(|&(owner, epoch, seq)| local.has_prepared(owner, epoch, seq))
+                        .is_some_and(|&(owner, epoch, seq)| local.has_prepared(NodeId(owner), epoch, seq))
             });
             if !held {
                 self.violation(format!("block {b} version {}: no correct node that is up holds its data", want.0));
@@ -752,7 +753,7 @@ impl Workload for BlockWorkload {
             let _ = std::fs::remove_dir_all(&dir);
         }
         // Member index = node id: the block simulation has no membership changes.
-        match Local::open(&dir, g, start.node, start.node, RESERVE, false) {
+        match Local::open(&dir, g, NodeId(start.node), start.node, RESERVE, false) {
             Ok(local) => {
                 let local = Arc::new(local);
                 let meta = Arc::new(RwLock::new(Meta::new(g)));
@@ -802,7 +803,7 @@ impl Workload for BlockWorkload {
             let epoch = self.epochs.get(&client).copied().unwrap_or(0);
             let data = pattern(client, self.counter);
             let hash = *blake3::hash(&data).as_bytes();
-            let prepare = Prepare { owner, epoch, seq, first: block, hashes: vec![hash], data };
+            let prepare = Prepare { owner: NodeId(owner), epoch, seq, first: block, hashes: vec![hash], data };
             self.stats().writes += 1;
             match self.prepare(&prepare) {
                 Ok(_) if self.rng().gen_ratio(1, RESTART_ONE_IN) => {
@@ -990,6 +991,8 @@ fn decode_command(bytes: &[u8]) -> Option<Command> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::ClientId;
+    use keel_core::ids::Seq;
     use keel_sim::FaultSet;
 
     fn workload() -> (BlockWorkload, Vec<SimBlock>) {
@@ -1010,7 +1013,7 @@ mod tests {
         let hash = *blake3::hash(&data).as_bytes();
         let (owner, first) = (OWNER_BASE + 9, HOT[0]);
         let write = Command::Write { owner, epoch: 0, seq: 1, first, hashes: vec![hash], expect: None, data: None };
-        (Prepare { owner, epoch: 0, seq: 1, first, hashes: vec![hash], data }, write)
+        (Prepare { owner: NodeId(owner), epoch: 0, seq: 1, first, hashes: vec![hash], data }, write)
     }
 
     /// Nodes 1 and 2 take `prepare`.
@@ -1026,7 +1029,7 @@ mod tests {
     fn execute_blind(w: &BlockWorkload, i: u32, command: &[u8], ctx: &ExecCtx) -> Option<Reply> {
         let meta = w.plane().nodes[i as usize].meta.clone().expect("meta");
         let scratch = tempfile::tempdir().expect("tempdir");
-        let other = Local::open(scratch.path(), w.geometry(), i, i, RESERVE, false).expect("opens");
+        let other = Local::open(scratch.path(), w.geometry(), NodeId(i), i, RESERVE, false).expect("opens");
         Reply::decode(&BlockService::with_local(meta, Arc::new(other)).execute(command, ctx)).ok()
     }
 
@@ -1034,14 +1037,14 @@ mod tests {
     fn the_end_audit_finds_an_abandoned_writes_prepare_data_kept_past_its_epoch() {
         let (prepare, _) = one_write();
         let owner = prepare.owner;
-        let new_epoch = Command::NewEpoch { owner, after: None }.encode();
-        let ctx = ExecCtx::new(1, 1_000, 7, 1);
+        let new_epoch = Command::NewEpoch { owner: owner.0, after: None }.encode();
+        let ctx = ExecCtx::new(Seq(1), 1_000, 7, ClientId(1));
         // `keep`: node 1 took the PrepareData but not the epoch's end (a node that kept
         // what it should have dropped); its agreed state ended the epoch all the same.
         for keep in [false, true] {
             let (mut w, mut nodes) = workload();
             prepare_on_1_and_2(&w, &prepare);
-            w.abandoned.push((owner, 0, 1));
+            w.abandoned.push((owner.0, 0, 1));
             for (i, n) in nodes.iter_mut().enumerate() {
                 let reply = if keep && i == 1 {
                     execute_blind(&w, 1, &new_epoch, &ctx)
@@ -1064,7 +1067,7 @@ mod tests {
     fn the_end_audit_finds_prepare_data_kept_after_its_write_executed() {
         let (prepare, write) = one_write();
         let (write, owner) = (write.encode(), prepare.owner);
-        let ctx = ExecCtx::new(1, 1_000, 7, 1);
+        let ctx = ExecCtx::new(Seq(1), 1_000, 7, ClientId(1));
         // `keep`: node 2's metadata executes the write beside a scratch store, so its own
         // store keeps the PrepareData (a node that did not consume what it executed).
         for keep in [false, true] {
@@ -1078,7 +1081,7 @@ mod tests {
                 };
                 assert_eq!(reply, Some(Reply::Written { version: 1 }));
             }
-            w.written.push(((owner, 0, 1), 1));
+            w.written.push(((owner.0, 0, 1), 1));
             // A late copy of it is refused by a node that executed the write.
             let local = w.plane().up(0).cloned().expect("up");
             assert_eq!(w.runtime.block_on(local.prepare(prepare.clone())), Err(Refused::Executed));
@@ -1096,7 +1099,7 @@ mod tests {
     #[test]
     fn the_end_audit_finds_ordered_data_that_no_correct_node_holds() {
         let (prepare, write) = one_write();
-        let ctx = ExecCtx::new(1, 1_000, 7, 1);
+        let ctx = ExecCtx::new(Seq(1), 1_000, 7, ClientId(1));
 
         // Its PrepareData reached no node: ordered, INCOMPLETE everywhere.
         let (w, mut nodes) = workload();

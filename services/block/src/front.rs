@@ -146,7 +146,7 @@ impl FrontStats {
         self.bad_blocks.fetch_add(1, Ordering::Relaxed);
         *self.bad_by_node.lock().unwrap_or_else(PoisonError::into_inner).entry(node).or_default() += 1;
         tracing::warn!(
-            node,
+            %node,
             block,
             version,
             "node sent block data that does not match its agreed hash; reading it elsewhere"
@@ -243,7 +243,7 @@ impl Blocks {
     /// WriteData may still be ordered later, or when the cluster fenced a write because
     /// it had ended the epoch (the front end was idle, `meta::EPOCH_IDLE_MS`).
     async fn renew(&self, after: Option<u64>) {
-        let command = Command::NewEpoch { owner: self.local.node(), after }.encode();
+        let command = Command::NewEpoch { owner: self.local.node().0, after }.encode();
         loop {
             match self.client.invoke(command.clone(), self.op_timeout).await.map(|r| Reply::decode(&r)) {
                 Ok(Ok(Reply::Epoch(e))) => {
@@ -541,7 +541,7 @@ impl Blocks {
             let (epoch, seq) = self.number();
             let hashes = hashes.clone();
             let command = match self.mode {
-                Mode::Full => Command::Write { owner, epoch, seq, first, hashes, expect, data: data.take() },
+                Mode::Full => Command::Write { owner: owner.0, epoch, seq, first, hashes, expect, data: data.take() },
                 Mode::Gnothi => {
                     let bytes = data.take().unwrap_or_default();
                     let prepare = Prepare { owner, epoch, seq, first, hashes: hashes.clone(), data: bytes };
@@ -562,7 +562,7 @@ impl Blocks {
                             return Err(e);
                         }
                     }
-                    Command::Write { owner, epoch, seq, first, hashes, expect, data: None }
+                    Command::Write { owner: owner.0, epoch, seq, first, hashes, expect, data: None }
                 }
             };
             match self.invoke(&command).await {
@@ -834,7 +834,7 @@ pub async fn serve(
         _ = front.stopped() => return,
         _ = blocks.begin() => {}
     }
-    tracing::info!(node = blocks.local.node(), mode = blocks.mode.name(), "block front end ready");
+    tracing::info!(node = %blocks.local.node(), mode = blocks.mode.name(), "block front end ready");
     loop {
         tokio::select! {
             _ = front.stopped() => return,

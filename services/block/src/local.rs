@@ -82,7 +82,8 @@ struct Prepares {
     /// Which writes of each front end's current epoch executed here: the agreed
     /// metadata's record (`Meta::executed`), kept here too so that a PrepareData can be
     /// checked without the metadata's lock (execution holds it while it calls in here).
-    executed: BTreeMap<NodeId, Executed>,
+    /// By the owner's stable id, as the replicated metadata keeps them.
+    executed: BTreeMap<u32, Executed>,
     /// Records still needed per log segment (waiting, or consumed but not yet covered by
     /// a synced data file).
     live: BTreeMap<u64, usize>,
@@ -118,7 +119,7 @@ impl Prepares {
 
     /// Whether `owner`'s write `seq` of `epoch` executed here.
     fn executed(&self, owner: NodeId, epoch: u64, seq: u64) -> bool {
-        self.executed.get(&owner).is_some_and(|e| e.contains(epoch, seq))
+        self.executed.get(&owner.0).is_some_and(|e| e.contains(epoch, seq))
     }
 
     /// Why a PrepareData of `owner`'s write `(epoch, seq)` can never be used here, if so.
@@ -514,7 +515,7 @@ impl Local {
     pub fn executed_write(&self, owner: NodeId, epoch: u64, seq: u64, applied: Option<Applied<'_>>) {
         let taken = {
             let mut p = self.lock();
-            executed::record(&mut p.executed, owner, epoch, seq);
+            executed::record(&mut p.executed, owner.0, epoch, seq);
             p.consume(&(owner, epoch, seq), self.generation.load(Ordering::Acquire))
         };
         let Some(Applied { first, hashes, data, version }) = applied else { return };
@@ -625,7 +626,7 @@ impl Local {
         let mut p = self.lock();
         let e = p.epochs.entry(owner).or_default();
         *e = (*e).max(epoch);
-        executed::epoch_began(&mut p.executed, owner, epoch);
+        executed::epoch_began(&mut p.executed, owner.0, epoch);
         p.collect(owner);
     }
 
@@ -686,7 +687,7 @@ impl Local {
             }
         }
         for (owner, epoch) in meta.epochs() {
-            self.new_epoch(owner, epoch);
+            self.new_epoch(NodeId(owner), epoch);
         }
     }
 
@@ -759,13 +760,13 @@ mod tests {
     #[tokio::test]
     async fn a_write_with_its_prepare_is_complete_and_without_it_incomplete() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
-        let p = prepare(2, 1, 1, 0, 7, 2);
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("opens");
+        let p = prepare(NodeId(2), 1, 1, 0, 7, 2);
         local.prepare(p.clone()).await.expect("takes it");
-        local.executed_write(2, 1, 1, Some(Applied { first: 0, hashes: &p.hashes, data: None, version: 1 }));
+        local.executed_write(NodeId(2), 1, 1, Some(Applied { first: 0, hashes: &p.hashes, data: None, version: 1 }));
         assert_eq!((local.store().held(0), local.store().held(1)), (1, 1));
-        let q = prepare(2, 1, 2, 5, 8, 1);
-        local.executed_write(2, 1, 2, Some(Applied { first: 5, hashes: &q.hashes, data: None, version: 2 }));
+        let q = prepare(NodeId(2), 1, 2, 5, 8, 1);
+        local.executed_write(NodeId(2), 1, 2, Some(Applied { first: 5, hashes: &q.hashes, data: None, version: 2 }));
         assert_eq!(local.store().held(5), 0, "no PrepareData: INCOMPLETE");
         assert_eq!(local.stats.writes_incomplete.load(Ordering::Relaxed), 1);
     }
@@ -778,13 +779,13 @@ mod tests {
         use std::future::Future;
         use std::task::{Context, Poll, Waker};
         let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
-        let p = prepare(2, 1, 1, 0, 7, 2);
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("opens");
+        let p = prepare(NodeId(2), 1, 1, 0, 7, 2);
         let mut logging = std::pin::pin!(local.prepare(p.clone()));
         let mut cx = Context::from_waker(Waker::noop());
         // The first poll passes the epoch check and hands the record to the log writer.
         assert!(logging.as_mut().poll(&mut cx).is_pending(), "waits for the log's fsync");
-        local.new_epoch(2, 2);
+        local.new_epoch(NodeId(2), 2);
         let refused = loop {
             match logging.as_mut().poll(&mut cx) {
                 Poll::Ready(r) => break r,
@@ -792,7 +793,7 @@ mod tests {
             }
         };
         assert!(matches!(refused, Err(Refused::OldEpoch)), "{refused:?}");
-        assert!(!local.has_prepared(2, 1, 1));
+        assert!(!local.has_prepared(NodeId(2), 1, 1));
         assert_eq!(local.prepared_bytes(), 0);
     }
 
@@ -800,41 +801,46 @@ mod tests {
     async fn the_reserve_counts_blocks_held_outside_the_preferred_set_exactly() {
         let dir = tempfile::tempdir().expect("tempdir");
         // 4 MiB: stripes 0-3 of 256 blocks; member 0 is preferred for slices 0, 2, 3.
-        let local = Local::open(dir.path(), geometry(), 0, 0, 1.0, true).expect("opens");
-        let p = prepare(2, 1, 1, 256, 7, 2);
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 1.0, true).expect("opens");
+        let p = prepare(NodeId(2), 1, 1, 256, 7, 2);
         local.prepare(p.clone()).await.expect("takes it");
-        local.executed_write(2, 1, 1, Some(Applied { first: 256, hashes: &p.hashes, data: None, version: 1 }));
+        local.executed_write(NodeId(2), 1, 1, Some(Applied { first: 256, hashes: &p.hashes, data: None, version: 1 }));
         assert_eq!(local.reserve().0, 2);
         // Written again: still two blocks.
-        let q = prepare(2, 1, 2, 256, 8, 2);
+        let q = prepare(NodeId(2), 1, 2, 256, 8, 2);
         local.prepare(q.clone()).await.expect("takes it");
-        local.executed_write(2, 1, 2, Some(Applied { first: 256, hashes: &q.hashes, data: None, version: 2 }));
+        local.executed_write(NodeId(2), 1, 2, Some(Applied { first: 256, hashes: &q.hashes, data: None, version: 2 }));
         assert_eq!(local.reserve().0, 2);
         // Zeroing the whole disk frees them and holds nothing outside the preferred set.
         local.executed_zero(0, 1024, 3);
         assert_eq!(local.reserve().0, 0);
         assert_eq!((local.store().held(0), local.store().held(256)), (3, 0));
         // An INCOMPLETE write elsewhere drops nothing it does not hold.
-        local.executed_write(2, 1, 3, Some(Applied { first: 300, hashes: &q.hashes[..1], data: None, version: 4 }));
+        local.executed_write(
+            NodeId(2),
+            1,
+            3,
+            Some(Applied { first: 300, hashes: &q.hashes[..1], data: None, version: 4 }),
+        );
         assert_eq!(local.reserve().0, 0);
         drop(local);
-        let local = Local::open(dir.path(), geometry(), 0, 0, 1.0, true).expect("reopens");
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 1.0, true).expect("reopens");
         assert_eq!(local.reserve().0, 0, "recounted at the start, the same");
     }
 
     #[tokio::test]
     async fn bad_prepares_are_refused_and_counted() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), 0, 0, 0.0, true).expect("opens");
-        let mut wrong = prepare(2, 1, 1, 0, 7, 1);
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.0, true).expect("opens");
+        let mut wrong = prepare(NodeId(2), 1, 1, 0, 7, 1);
         wrong.data[0] ^= 1;
         assert!(matches!(local.prepare(wrong).await, Err(Refused::Malformed(_))));
-        assert!(matches!(local.prepare(prepare(2, 1, 1, 1023, 7, 2)).await, Err(Refused::Malformed(_))));
+        assert!(matches!(local.prepare(prepare(NodeId(2), 1, 1, 1023, 7, 2)).await, Err(Refused::Malformed(_))));
         // Block 256 is in slice 1, preferred on members 1, 2, 3: reserve for member 0,
         // which has none.
-        assert!(matches!(local.prepare(prepare(2, 1, 1, 256, 7, 1)).await, Err(Refused::ReserveFull(0))));
-        local.new_epoch(2, 3);
-        assert!(matches!(local.prepare(prepare(2, 2, 1, 0, 7, 1)).await, Err(Refused::OldEpoch)));
+        assert!(matches!(local.prepare(prepare(NodeId(2), 1, 1, 256, 7, 1)).await, Err(Refused::ReserveFull(0))));
+        local.new_epoch(NodeId(2), 3);
+        assert!(matches!(local.prepare(prepare(NodeId(2), 2, 1, 0, 7, 1)).await, Err(Refused::OldEpoch)));
         assert_eq!(local.stats.prepares_refused.load(Ordering::Relaxed), 4);
         assert_eq!(local.prepared_bytes(), 0);
     }
@@ -842,18 +848,18 @@ mod tests {
     #[tokio::test]
     async fn prepares_survive_a_restart_until_a_later_checkpoint_covers_them() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let p = prepare(2, 1, 1, 0, 7, 1);
+        let p = prepare(NodeId(2), 1, 1, 0, 7, 1);
         {
-            let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
+            let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("opens");
             local.prepare(p.clone()).await.expect("takes it");
             // Sent again (a retry): logged twice, counted once.
             local.prepare(p.clone()).await.expect("takes it");
         }
-        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("reopens");
-        assert!(local.has_prepared(2, 1, 1), "the log brought it back");
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("reopens");
+        assert!(local.has_prepared(NodeId(2), 1, 1), "the log brought it back");
         assert_eq!(local.prepared_bytes(), 4096, "once, though logged twice");
         // Replayed WriteData finds it.
-        local.executed_write(2, 1, 1, Some(Applied { first: 0, hashes: &p.hashes, data: None, version: 1 }));
+        local.executed_write(NodeId(2), 1, 1, Some(Applied { first: 0, hashes: &p.hashes, data: None, version: 1 }));
         assert_eq!(local.store().held(0), 1);
         let g1 = local.freeze();
         local.checkpoint(g1);
@@ -868,26 +874,31 @@ mod tests {
             .map(|e| e.expect("entry").file_name().into_string().expect("utf-8"))
             .collect();
         assert!(names.iter().all(|n| n.ends_with(".free")), "the consumed record's segment is let go: {names:?}");
-        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("reopens");
-        assert!(!local.has_prepared(2, 1, 1), "and never comes back");
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("reopens");
+        assert!(!local.has_prepared(NodeId(2), 1, 1), "and never comes back");
     }
 
     #[tokio::test]
     async fn old_epochs_are_collected_and_nothing_else() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), 0, 0, 0.1, true).expect("opens");
-        local.prepare(prepare(2, 1, 1, 0, 1, 1)).await.expect("takes it");
-        local.prepare(prepare(3, 1, 1, 0, 1, 1)).await.expect("takes it");
-        local.new_epoch(2, 2);
-        assert!(!local.has_prepared(2, 1, 1));
-        assert!(local.has_prepared(3, 1, 1));
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("opens");
+        local.prepare(prepare(NodeId(2), 1, 1, 0, 1, 1)).await.expect("takes it");
+        local.prepare(prepare(NodeId(3), 1, 1, 0, 1, 1)).await.expect("takes it");
+        local.new_epoch(NodeId(2), 2);
+        assert!(!local.has_prepared(NodeId(2), 1, 1));
+        assert!(local.has_prepared(NodeId(3), 1, 1));
         // Many later writes of the same front end: the early one may still be ordered.
         for seq in 2..10_000 {
-            local.executed_write(3, 1, seq, Some(Applied { first: 1, hashes: &[[0; 32]], data: None, version: seq }));
+            local.executed_write(
+                NodeId(3),
+                1,
+                seq,
+                Some(Applied { first: 1, hashes: &[[0; 32]], data: None, version: seq }),
+            );
         }
-        assert!(local.has_prepared(3, 1, 1), "a PrepareData whose WriteData may come is kept");
-        local.new_epoch(3, 2);
-        assert!(!local.has_prepared(3, 1, 1));
+        assert!(local.has_prepared(NodeId(3), 1, 1), "a PrepareData whose WriteData may come is kept");
+        local.new_epoch(NodeId(3), 2);
+        assert!(!local.has_prepared(NodeId(3), 1, 1));
         assert_eq!(local.prepared_bytes(), 0);
     }
 }

@@ -12,6 +12,7 @@ use crate::local::{Applied, Local};
 use keel::core::chunk::{self, Piece};
 use keel::core::service::{format_stamp, strip_format_stamp};
 use keel::{ExecCtx, Frozen, ReadCtx, RestoreError, Service};
+use keel_core::ids::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
@@ -286,7 +287,7 @@ impl Meta {
                         Reply::Written { version } => Some(Applied { first, hashes: &hashes, data, version }),
                         _ => None,
                     };
-                    local.executed_write(owner, epoch, seq, applied);
+                    local.executed_write(NodeId(owner), epoch, seq, applied);
                 }
                 reply
             }
@@ -313,7 +314,7 @@ impl Meta {
                 self.head.active.insert(owner, now);
                 executed::epoch_began(&mut self.head.executed, owner, epoch);
                 if let Some(local) = local {
-                    local.new_epoch(owner, epoch);
+                    local.new_epoch(NodeId(owner), epoch);
                 }
                 Reply::Epoch(epoch)
             }
@@ -368,7 +369,7 @@ impl Meta {
             ended.push((owner, *e));
             executed::epoch_began(&mut self.head.executed, owner, *e);
             if let Some(local) = local {
-                local.new_epoch(owner, *e);
+                local.new_epoch(NodeId(owner), *e);
             }
         }
         ended
@@ -568,9 +569,11 @@ impl Frozen for FrozenMeta {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::ClientId;
+    use keel_core::ids::Seq;
 
     fn ctx(seq: u64) -> ExecCtx {
-        ExecCtx::new(seq, 1_000 + seq, 7, 1)
+        ExecCtx::new(Seq(seq), 1_000 + seq, 7, ClientId(1))
     }
 
     fn run(s: &mut BlockService, c: Command) -> Reply {
@@ -627,11 +630,11 @@ mod tests {
     }
 
     fn run_at(s: &mut BlockService, c: Command, time: u64) -> Reply {
-        Reply::decode(&s.execute(&c.encode(), &ExecCtx::new(1, time, 7, 1))).expect("reply")
+        Reply::decode(&s.execute(&c.encode(), &ExecCtx::new(Seq(1), time, 7, ClientId(1)))).expect("reply")
     }
 
     fn tick(s: &mut BlockService, time: u64) {
-        s.on_tick(&ExecCtx::new(1, time, 7, 0));
+        s.on_tick(&ExecCtx::new(Seq(1), time, 7, ClientId(0)));
     }
 
     fn write_in(epoch: u64, seq: u64) -> Command {
@@ -705,11 +708,11 @@ mod tests {
     async fn a_restore_stores_what_its_prepare_data_holds_and_drops_ended_epochs() {
         let dir = tempfile::tempdir().expect("tempdir");
         let g = geometry();
-        let local = Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).expect("opens"));
+        let local = Arc::new(Local::open(dir.path(), g, NodeId(0), 0, 0.1, true).expect("opens"));
         let prepared = |owner: u32, first: u64, fill: u8| {
             let data = vec![fill; 4096];
             let hashes = vec![*blake3::hash(&data).as_bytes()];
-            crate::local::Prepare { owner, epoch: 1, seq: 1, first, hashes, data }
+            crate::local::Prepare { owner: NodeId(owner), epoch: 1, seq: 1, first, hashes, data }
         };
         let (mine, theirs) = (prepared(2, 0, 7), prepared(3, 1, 8));
         // The same bytes for the same block, as a write not ordered yet.
@@ -738,14 +741,14 @@ mod tests {
         let (data, held) = local.read(0, 1).expect("reads");
         assert_eq!((data, held), (mine.data.clone(), vec![1]), "block 0 COMPLETE here at version 1");
         assert_eq!(local.stats.restored_from_prepared.load(std::sync::atomic::Ordering::Relaxed), 1);
-        assert!(!local.has_prepared(2, 1, 1), "consumed: the restored state executed its write");
-        assert!(local.has_prepared(2, 1, 2), "kept: a matching hash does not prove its write was ordered");
+        assert!(!local.has_prepared(NodeId(2), 1, 1), "consumed: the restored state executed its write");
+        assert!(local.has_prepared(NodeId(2), 1, 2), "kept: a matching hash does not prove its write was ordered");
         assert_eq!(
             local.prepare(mine.clone()).await,
             Err(crate::local::Refused::Executed),
             "and a late copy is refused"
         );
-        assert!(!local.has_prepared(3, 1, 1), "its epoch ended in the restored state");
+        assert!(!local.has_prepared(NodeId(3), 1, 1), "its epoch ended in the restored state");
         assert_eq!(local.read(1, 1).expect("reads").1, vec![0], "block 1 was never written");
     }
 
@@ -761,8 +764,9 @@ mod tests {
         let write =
             Command::Write { owner: 2, epoch: 1, seq: 1, first: 4, hashes: hashes.clone(), expect: None, data: None };
         let snapshot = {
-            let local = Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).expect("opens"));
-            let prepare = crate::local::Prepare { owner: 2, epoch: 1, seq: 1, first: 4, hashes, data: data.clone() };
+            let local = Arc::new(Local::open(dir.path(), g, NodeId(0), 0, 0.1, true).expect("opens"));
+            let prepare =
+                crate::local::Prepare { owner: NodeId(2), epoch: 1, seq: 1, first: 4, hashes, data: data.clone() };
             local.prepare(prepare).await.expect("takes it");
             let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
             assert_eq!(run(&mut node, Command::NewEpoch { owner: 2, after: None }), Reply::Epoch(1));
@@ -771,7 +775,7 @@ mod tests {
             local.store().write(4, &[0xee; 4096], 1).expect("writes");
             node.snapshot()
         };
-        let local = Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).expect("reopens"));
+        let local = Arc::new(Local::open(dir.path(), g, NodeId(0), 0, 0.1, true).expect("reopens"));
         let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
         node.restore(&snapshot).expect("restores");
         assert_eq!(local.read(4, 1).expect("reads"), (data, vec![1]), "repaired from the log");
@@ -786,14 +790,21 @@ mod tests {
     async fn a_checkpoint_waits_for_the_data_sync_only_when_no_record_holds_the_data() {
         let dir = tempfile::tempdir().expect("tempdir");
         let g = geometry();
-        let local =
-            Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).and_then(Local::sync_in_background).expect("opens"));
+        let local = Arc::new(
+            Local::open(dir.path(), g, NodeId(0), 0, 0.1, true).and_then(Local::sync_in_background).expect("opens"),
+        );
         let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
         assert_eq!(run(&mut node, Command::NewEpoch { owner: 2, after: None }), Reply::Epoch(1));
         let data = vec![3u8; 4096];
         let hashes = vec![*blake3::hash(&data).as_bytes()];
-        let prepare =
-            crate::local::Prepare { owner: 2, epoch: 1, seq: 1, first: 0, hashes: hashes.clone(), data: data.clone() };
+        let prepare = crate::local::Prepare {
+            owner: NodeId(2),
+            epoch: 1,
+            seq: 1,
+            first: 0,
+            hashes: hashes.clone(),
+            data: data.clone(),
+        };
         local.prepare(prepare).await.expect("takes it");
         let logged =
             Command::Write { owner: 2, epoch: 1, seq: 1, first: 0, hashes: hashes.clone(), expect: None, data: None };
@@ -808,20 +819,20 @@ mod tests {
         node.snapshot();
         drop(node);
         drop(local);
-        let local = Local::open(dir.path(), g, 0, 0, 0.1, true).expect("reopens");
-        assert!(!local.has_prepared(2, 1, 1), "released after a sync covered it");
+        let local = Local::open(dir.path(), g, NodeId(0), 0, 0.1, true).expect("reopens");
+        assert!(!local.has_prepared(NodeId(2), 1, 1), "released after a sync covered it");
     }
 
     #[tokio::test]
     async fn every_executed_write_consumes_its_prepare_data_and_runs_once() {
         let dir = tempfile::tempdir().expect("tempdir");
         let g = geometry();
-        let local = Arc::new(Local::open(dir.path(), g, 0, 0, 0.1, true).expect("opens"));
+        let local = Arc::new(Local::open(dir.path(), g, NodeId(0), 0, 0.1, true).expect("opens"));
         let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
         let data = vec![5u8; 4096];
         let hashes = vec![*blake3::hash(&data).as_bytes()];
         let prepare = |seq| crate::local::Prepare {
-            owner: 2,
+            owner: NodeId(2),
             epoch: 1,
             seq,
             first: 3,
@@ -843,8 +854,8 @@ mod tests {
         assert_eq!(run(&mut node, write(1, None)), Reply::Written { version: 1 });
         // Moved: nothing changed, but the write is done with and so is its PrepareData.
         assert_eq!(run(&mut node, write(3, Some(0))), Reply::Moved { version: 1 });
-        assert!(!local.has_prepared(2, 1, 1) && !local.has_prepared(2, 1, 3));
-        assert!(local.has_prepared(2, 1, 2), "not executed yet");
+        assert!(!local.has_prepared(NodeId(2), 1, 1) && !local.has_prepared(NodeId(2), 1, 3));
+        assert!(local.has_prepared(NodeId(2), 1, 2), "not executed yet");
         assert_eq!(local.prepared_bytes(), 4096);
         // Ordered again, a write would name data its nodes consumed the first time.
         assert!(matches!(run(&mut node, write(1, None)), Reply::Invalid(e) if e.contains("executed already")));

@@ -465,22 +465,22 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_prepares_to_one_node_go_as_one_message_and_a_lone_one_as_before() {
-        let (peers, mut rx) = peers(1);
+        let (peers, mut rx) = peers(NodeId(1));
         let mut acks = Vec::new();
         for seq in 1..=5 {
-            acks.extend(peers.prepare_chain(&[2, 3], &prepare(1, seq, 0, 1)));
+            acks.extend(peers.prepare_chain(&[NodeId(2), NodeId(3)], &prepare(NodeId(1), seq, 0, 1)));
         }
         let (to, message) = sent(&mut rx).await;
-        assert_eq!(to, 2);
+        assert_eq!(to, NodeId(2));
         let Message::Prepares(entries) = message else { panic!("one batch: {message:?}") };
         let seqs: Vec<u64> = entries.iter().map(|(p, _)| p.seq).collect();
         assert_eq!(seqs, [1, 2, 3, 4, 5], "in the order they were sent");
-        assert!(entries.iter().all(|(_, then)| then == &[3]), "each with the rest of its chain");
+        assert!(entries.iter().all(|(_, then)| then == &[NodeId(3)]), "each with the rest of its chain");
         assert_eq!(peers.stats.batches.load(Ordering::Relaxed), 1);
         assert_eq!(peers.stats.batched.load(Ordering::Relaxed), 5);
         // Alone, it goes as the message an older node reads too.
-        let _ack = peers.prepare(2, &prepare(1, 6, 0, 1));
-        assert!(matches!(sent(&mut rx).await, (2, Message::Prepare { .. })));
+        let _ack = peers.prepare(NodeId(2), &prepare(NodeId(1), 6, 0, 1));
+        assert!(matches!(sent(&mut rx).await, (NodeId(2), Message::Prepare { .. })));
         // The answers come back together too, each to its waiter.
         let answers = (1..=5)
             .flat_map(|seq| {
@@ -491,11 +491,11 @@ mod tests {
             })
             .collect::<Vec<_>>();
         let dir = tempfile::tempdir().expect("tempdir");
-        let local = Arc::new(local(dir.path(), 1));
+        let local = Arc::new(local(dir.path(), NodeId(1)));
         let (from_2, from_3): (Vec<_>, Vec<_>) = answers.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
         let batch = |a: Vec<(usize, Answer)>| Message::PreparedMany(a.into_iter().map(|(_, a)| a).collect()).encode();
-        peers.handle(&local, 2, &batch(from_2));
-        peers.handle(&local, 3, &batch(from_3));
+        peers.handle(&local, NodeId(2), &batch(from_2));
+        peers.handle(&local, NodeId(3), &batch(from_3));
         let mut got = Vec::new();
         for ack in acks {
             got.push(ack.await.expect("answered"));
@@ -508,15 +508,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_batch_stays_within_its_bounds() {
-        let (peers, mut rx) = peers(1);
+        let (peers, mut rx) = peers(NodeId(1));
         // 512 KiB each: two fill a batch, the third starts the next.
-        let _acks: Vec<_> = (1..=3).map(|seq| peers.prepare(2, &prepare(1, seq, 0, 128))).collect();
+        let _acks: Vec<_> = (1..=3).map(|seq| peers.prepare(NodeId(2), &prepare(NodeId(1), seq, 0, 128))).collect();
         let Message::Prepares(first) = sent(&mut rx).await.1 else { panic!("a batch first") };
         assert_eq!(first.iter().map(|(p, _)| p.seq).collect::<Vec<_>>(), [1, 2]);
         assert!(matches!(sent(&mut rx).await.1, Message::Prepare { prepare, .. } if prepare.seq == 3));
         // Past BATCH_MAX entries, what is queued goes and a new batch begins.
-        let _acks: Vec<_> =
-            (10..10 + BATCH_MAX as u64 + 1).map(|seq| peers.prepare(2, &prepare(1, seq, 0, 1))).collect();
+        let _acks: Vec<_> = (10..10 + BATCH_MAX as u64 + 1)
+            .map(|seq| peers.prepare(NodeId(2), &prepare(NodeId(1), seq, 0, 1)))
+            .collect();
         let Message::Prepares(full) = sent(&mut rx).await.1 else { panic!("a batch") };
         assert_eq!(full.len(), BATCH_MAX);
         assert!(matches!(sent(&mut rx).await.1, Message::Prepare { .. }));
@@ -530,18 +531,22 @@ mod tests {
     #[tokio::test]
     async fn a_batch_from_a_peer_is_passed_on_logged_and_answered_in_one_message() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let local = Arc::new(local(dir.path(), 1));
-        let (peers, mut rx) = peers(1);
-        let mut bad = prepare(2, 3, 0, 1);
+        let local = Arc::new(local(dir.path(), NodeId(1)));
+        let (peers, mut rx) = peers(NodeId(1));
+        let mut bad = prepare(NodeId(2), 3, 0, 1);
         bad.data[0] ^= 1;
-        let entries = vec![(prepare(2, 1, 0, 1), vec![4]), (prepare(2, 2, 1, 1), vec![4]), (bad, vec![4])];
-        peers.handle(&local, 2, &Message::Prepares(entries).encode());
+        let entries = vec![
+            (prepare(NodeId(2), 1, 0, 1), vec![NodeId(4)]),
+            (prepare(NodeId(2), 2, 1, 1), vec![NodeId(4)]),
+            (bad, vec![NodeId(4)]),
+        ];
+        peers.handle(&local, NodeId(2), &Message::Prepares(entries).encode());
         let mut forwarded = None;
         let mut answered = None;
         while forwarded.is_none() || answered.is_none() {
             match sent(&mut rx).await {
-                (4, Message::Prepares(e)) => forwarded = Some(e),
-                (2, Message::PreparedMany(a)) => answered = Some(a),
+                (NodeId(4), Message::Prepares(e)) => forwarded = Some(e),
+                (NodeId(2), Message::PreparedMany(a)) => answered = Some(a),
                 other => panic!("unexpected {other:?}"),
             }
         }
@@ -552,21 +557,29 @@ mod tests {
             answered.iter().map(|a| (a.seq, a.refused.is_some())).collect::<Vec<_>>(),
             [(1, false), (2, false), (3, true)]
         );
-        assert!(local.has_prepared(2, 1, 1) && local.has_prepared(2, 1, 2) && !local.has_prepared(2, 1, 3));
+        assert!(
+            local.has_prepared(NodeId(2), 1, 1)
+                && local.has_prepared(NodeId(2), 1, 2)
+                && !local.has_prepared(NodeId(2), 1, 3)
+        );
         assert_eq!(local.stats.prepares.load(Ordering::Relaxed), 2);
     }
 
     #[tokio::test]
     async fn batches_over_the_bound_are_dropped_whole_and_counted() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let local = Arc::new(local(dir.path(), 1));
-        let (peers, _rx) = peers(1);
+        let local = Arc::new(local(dir.path(), NodeId(1)));
+        let (peers, _rx) = peers(NodeId(1));
         let answers = vec![Answer { epoch: 1, seq: 1, refused: None }; BATCH_MAX + 1];
-        peers.handle(&local, 2, &Message::PreparedMany(answers).encode());
-        let entries = vec![(prepare(2, 1, 0, 1), Vec::new()); BATCH_MAX + 1];
-        peers.handle(&local, 2, &Message::Prepares(entries).encode());
-        peers.handle(&local, 2, &Message::Prepares(vec![(prepare(2, 1, 0, 1), vec![3; CHAIN_MAX + 1])]).encode());
-        peers.handle(&local, 2, b"\xff\xff");
+        peers.handle(&local, NodeId(2), &Message::PreparedMany(answers).encode());
+        let entries = vec![(prepare(NodeId(2), 1, 0, 1), Vec::new()); BATCH_MAX + 1];
+        peers.handle(&local, NodeId(2), &Message::Prepares(entries).encode());
+        peers.handle(
+            &local,
+            NodeId(2),
+            &Message::Prepares(vec![(prepare(NodeId(2), 1, 0, 1), vec![NodeId(3); CHAIN_MAX + 1])]).encode(),
+        );
+        peers.handle(&local, NodeId(2), b"\xff\xff");
         assert_eq!(peers.stats.dropped.load(Ordering::Relaxed), 4);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert_eq!(local.prepared_bytes(), 0, "nothing of them was kept");

@@ -210,7 +210,7 @@ mod broken {
             // The bugs that answer without running the command skip its session's
             // checks too; they spare the lying client, whose lies the sessions check
             // would catch first, so each stays the bug its test names.
-            let liar = is_liar(owner_of(ctx.client));
+            let liar = is_liar((owner_of(ctx.client)).0);
             match (self.bug, &command) {
                 (_, _) if liar => {}
                 (Bug::LostSetData, Ok(Command::Op { request: Request::SetData { .. }, .. })) => {
@@ -359,10 +359,10 @@ mod broken {
                     let known = self
                         .verifiers
                         .get(&session)
-                        .is_some_and(|vs| vs.iter().any(|v| session_key::verify(v, session, owner, &next, &proof)));
+                        .is_some_and(|vs| vs.iter().any(|v| session_key::verify(v, session, owner.0, &next, &proof)));
                     let through = matches!(self.bug, Bug::AttachWithoutProof) || known;
                     let next_master = master().verifier();
-                    let proof = if through { master().prove(session, owner, &next_master) } else { Vec::new() };
+                    let proof = if through { master().prove(session, owner.0, &next_master) } else { Vec::new() };
                     let reply = self
                         .coord
                         .execute(&Command::Attach { session, proof, next: next_master, timeout, ip }.encode(), ctx);
@@ -500,7 +500,9 @@ mod broken {
                     Bug::EventLost if zxid % 4 == 0 => {}
                     Bug::PersistentEventLost if zxid % 4 == 0 && persistent_session(session) => {}
                     // The simulator's four clients are 1000..=1003.
-                    Bug::WrongClient if (1000..1004).contains(&to) => ctx.push(1000 + (to - 999) % 4, bytes),
+                    Bug::WrongClient if (1000..1004).contains(&to.0) => {
+                        ctx.push(ClientId(1000 + (to.0 - 999) % 4), bytes)
+                    }
                     _ => ctx.push(to, bytes),
                 }
             }

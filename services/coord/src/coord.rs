@@ -350,7 +350,7 @@ impl State {
                     return Reply::Refused { err: err::SESSION_EXPIRED };
                 };
                 let owner = owner_of(ctx.client);
-                let proves = |v: &Verifier| session_key::verify(v, session, owner, &next, &proof);
+                let proves = |v: &Verifier| session_key::verify(v, session, owner.0, &next, &proof);
                 let with_pending = s.pending.as_ref().is_some_and(proves);
                 if !with_pending && !proves(&s.verifier) {
                     // ZooKeeper answers a wrong password as an expired session.

@@ -6,6 +6,8 @@ use keel_coord::jute::{Reader, Writer};
 use keel_coord::proto::{err, event, op, perm, Acl, Request, Stat};
 use keel_coord::session_key::SessionSecret;
 use keel_coord::Coord;
+use keel_core::ids::ClientId;
+use keel_core::ids::Seq;
 use keel_core::service::{ExecCtx, ReadCtx, Service};
 
 /// Front end A's client (a session of identity 2000) and front end B's.
@@ -47,10 +49,10 @@ impl World {
 
     fn run(&mut self, from: u64, command: Command) -> Reply {
         self.seq += 1;
-        let ctx = ExecCtx::new(self.seq, self.time, self.seq * 7919, from);
+        let ctx = ExecCtx::new(Seq(self.seq), self.time, self.seq * 7919, ClientId(from));
         let reply = self.coord.execute(&command.encode(), &ctx);
         for (to, bytes) in ctx.take_pushes() {
-            self.pushes.push((to, Push::decode(&bytes).expect("a push the service wrote")));
+            self.pushes.push((to.0, Push::decode(&bytes).expect("a push the service wrote")));
         }
         Reply::decode(&reply).expect("a reply the service wrote")
     }
@@ -58,10 +60,10 @@ impl World {
     fn tick(&mut self, to: u64) {
         self.time = to;
         self.seq += 1;
-        let ctx = ExecCtx::new(self.seq, self.time, self.seq, keel_core::ids::TICK_CLIENT);
+        let ctx = ExecCtx::new(Seq(self.seq), self.time, self.seq, keel_core::ids::TICK_CLIENT);
         self.coord.on_tick(&ctx);
         for (to, bytes) in ctx.take_pushes() {
-            self.pushes.push((to, Push::decode(&bytes).expect("a push")));
+            self.pushes.push((to.0, Push::decode(&bytes).expect("a push")));
         }
     }
 
@@ -292,7 +294,7 @@ fn reads_answered_without_ordering_equal_ordered_ones_and_sessions_are_owned() {
     let s = w.connect(FE_A);
     w.create(s, "/r", 0).expect("created");
     let read = Command::Op { session: s, request: Request::GetData { path: "/r".into(), watch: false } };
-    let ctx = ReadCtx { client: FE_A, executed: 1, time: 0 };
+    let ctx = ReadCtx { client: ClientId(FE_A), executed: Seq(1), time: 0 };
     let unordered = w.coord.execute_read_only(&read.encode(), &ctx).expect("read-only");
     let ordered = match w.run(FE_A, read.clone()) {
         r @ Reply::Op { .. } => r,
@@ -439,7 +441,7 @@ fn snapshots_restore_to_an_equal_state() {
 #[test]
 fn garbage_commands_get_a_marshalling_error() {
     let mut coord = Coord::new();
-    let ctx = ExecCtx::new(1, 1, 1, FE_A);
+    let ctx = ExecCtx::new(Seq(1), 1, 1, ClientId(FE_A));
     let reply = Reply::decode(&coord.execute(b"\xff\x00garbage", &ctx));
     assert!(matches!(reply, Some(Reply::Op { err: err::MARSHALLING_ERROR, .. })));
     let _ = Writer::new();
@@ -452,15 +454,15 @@ fn a_local_view_reads_the_state_its_services_execute_and_clones_share_it() {
     let shared = view.clone();
     let mut service = view.service();
     assert!(shared.views(&service), "a clone of the view reads the service's state");
-    let ctx = ExecCtx::new(1, 1_000, 7, FE_A);
+    let ctx = ExecCtx::new(Seq(1), 1_000, 7, ClientId(FE_A));
     let session = match Reply::decode(&service.execute(&connect_with(&secret(1), false).encode(), &ctx)) {
         Some(Reply::Session { id, .. }) => id,
         other => panic!("{other:?}"),
     };
     assert_eq!(shared.zxid(), 1, "the view sees the session's transaction");
-    let reply = shared.read(session, FE_A, Request::Exists { path: "/zookeeper".into(), watch: false });
+    let reply = shared.read(session, ClientId(FE_A), Request::Exists { path: "/zookeeper".into(), watch: false });
     assert!(matches!(reply, Some(Reply::Op { err: 0, .. })), "{reply:?}");
-    assert_eq!(shared.read(session, FE_A, Request::Sync { path: "/".into() }), None, "not a read");
+    assert_eq!(shared.read(session, ClientId(FE_A), Request::Sync { path: "/".into() }), None, "not a read");
     // A deep copy of the service is not the view's.
     assert!(!shared.views(&service.clone()));
 }
@@ -628,7 +630,7 @@ fn batched_reads_are_answered_read_only_and_a_batch_stays_within_its_reply_budge
     assert_eq!(w.op(s, create).0, err::OK);
     let read = || Command::Op { session: s, request: Request::GetData { path: "/big".into(), watch: false } };
     let batch = Command::Batch((0..5).map(|_| read()).collect());
-    let ctx = ReadCtx { client: FE_A, executed: 1, time: 0 };
+    let ctx = ReadCtx { client: ClientId(FE_A), executed: Seq(1), time: 0 };
     let unordered = Reply::decode(&w.coord.execute_read_only(&batch.encode(), &ctx).expect("a read-only batch"));
     let ordered = w.run(FE_A, batch);
     assert_eq!(unordered.as_ref(), Some(&ordered), "read-only answers equal ordered ones");

@@ -3,6 +3,7 @@
 // Every checker is shown able to fail by a mutation: only in a build that has them.
 #![cfg(feature = "mutations")]
 
+use keel_core::ids::NodeId;
 use keel_core::quorum::Mutation;
 use keel_core::service::{ExecCtx, RestoreError, Service};
 use keel_kv::{KvRequest, KvResponse};
@@ -151,7 +152,7 @@ fn spurious_view_change_checker_fires_when_timers_are_too_short() {
 fn liveness_checker_fires_when_a_silent_primary_is_never_replaced() {
     let silent = Behaviours { silent_primary: true, ..Behaviours::default() };
     let mut o = SimOptions::new(5, 1, 1, faults("byzantine"));
-    o.byzantine = Some((vec![0], silent.clone()));
+    o.byzantine = Some((vec![NodeId(0)], silent.clone()));
     o.liveness_ms = 5_000;
     // Request timers that never expire: nobody suspects the primary.
     o.options.request_timeout_ms = 1 << 40;
@@ -159,7 +160,7 @@ fn liveness_checker_fires_when_a_silent_primary_is_never_replaced() {
     assert!(properties(&r).contains(&"liveness"), "got {:?}", r.violations);
     // With working timers the same silent primary is replaced and the run is clean.
     let mut o = SimOptions::new(5, 1, 1, faults("byzantine"));
-    o.byzantine = Some((vec![0], silent));
+    o.byzantine = Some((vec![NodeId(0)], silent));
     let r = run_kv_seed(&o);
     assert_clean(&r);
     assert!(r.view_changes > 0);
@@ -258,11 +259,12 @@ fn a_primary_that_turns_slow_within_its_timers_is_replaced_and_throughput_recove
     let from = keel_sim::byzantine::SLOW_FROM_MS;
     for seed in 1..=3 {
         let mut o = SimOptions::new(seed, 1, 1, faults("byzantine"));
-        o.byzantine = Some((vec![0], slow.clone()));
+        o.byzantine = Some((vec![NodeId(0)], slow.clone()));
         let r = run_kv_seed(&o);
         assert_clean(&r);
         assert!(r.faults.lies.slowed_proposals > 0, "seed {seed}: the primary never held a proposal");
-        let replaced = *r.views_installed.get(&1).expect("view 1 installed: the slow primary was replaced");
+        let replaced =
+            *r.views_installed.get(&keel_core::ids::View(1)).expect("view 1 installed: the slow primary was replaced");
         let end = *r.completed_at.last().expect("operations completed");
         let (fast, slowed, after) = (rate(&r, 0, from), rate(&r, from, replaced), rate(&r, replaced, end));
         eprintln!(

@@ -29,6 +29,8 @@
 
 use keel_core::crypto::Digest;
 use keel_core::exec::Executor;
+use keel_core::ids::ClientId;
+use keel_core::ids::Seq;
 use keel_core::message::{Request, Value};
 use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, RestoreError, Service};
 use keel_kv::{Kv, KvRequest};
@@ -158,7 +160,7 @@ fn workload(requests: usize, batch: usize, conflict_pct: u64) -> Vec<Value> {
             x ^= x << 17;
             let key = if x % 100 < conflict_pct { b"hot".to_vec() } else { format!("k{i}").into_bytes() };
             let op = KvRequest::Put { key, value: i.to_le_bytes().to_vec() }.encode();
-            Request::new(i % clients + 1, i / clients + 1, op.into())
+            Request::new(ClientId(i % clients + 1), i / clients + 1, op.into())
         })
         .collect();
     reqs.chunks(batch).enumerate().map(|(t, c)| Value { time: t as u64, requests: c.to_vec() }).collect()
@@ -194,7 +196,7 @@ fn measure(
     let mut next = 1;
     for chunk in values.chunks(run) {
         let refs: Vec<&Value> = chunk.iter().collect();
-        e.execute_many(next, &refs);
+        e.execute_many(Seq(next), &refs);
         next += refs.len() as u64;
     }
     let wall = t.elapsed().as_secs_f64();

@@ -781,10 +781,11 @@ impl<'de> Deserialize<'de> for SnapshotEntries {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_core::ids::Seq;
     use proptest::prelude::*;
 
     fn ctx() -> ExecCtx {
-        ExecCtx::new(1, 0, 0, 1)
+        ExecCtx::new(Seq(1), 0, 0, ClientId(1))
     }
 
     fn run(kv: &mut Kv, req: KvRequest) -> KvResponse {
@@ -917,9 +918,9 @@ mod tests {
     }
 
     fn exec(kv: &mut Kv, client: u64, req: KvRequest) -> (KvResponse, Vec<(u64, KvEvent)>) {
-        let ctx = ExecCtx::new(1, 0, 0, client);
+        let ctx = ExecCtx::new(Seq(1), 0, 0, ClientId(client));
         let r = KvResponse::decode(&kv.execute(&req.encode(), &ctx)).expect("decodes");
-        let pushes = ctx.take_pushes().into_iter().map(|(c, e)| (c, KvEvent::decode(&e).expect("event"))).collect();
+        let pushes = ctx.take_pushes().into_iter().map(|(c, e)| (c.0, KvEvent::decode(&e).expect("event"))).collect();
         (r, pushes)
     }
 
@@ -958,25 +959,28 @@ mod tests {
         // Leases end by agreed time: an expired watcher gets nothing, and renewing helps.
         let mut leased = Kv::new();
         let watch = KvRequest::Watch { prefix: b"l/".to_vec(), lease_ms: 500 }.encode();
-        leased.execute(&watch, &ExecCtx::new(1, 1_000, 0, 8));
+        leased.execute(&watch, &ExecCtx::new(Seq(1), 1_000, 0, ClientId(8)));
         let put_at = |kv: &mut Kv, time: u64| {
-            let ctx = ExecCtx::new(1, time, 0, 9);
+            let ctx = ExecCtx::new(Seq(1), time, 0, ClientId(9));
             kv.execute(&put(b"l/k", b"v").encode(), &ctx);
             ctx.take_pushes().len()
         };
         assert_eq!(put_at(&mut leased, 1_400), 1, "within the lease");
         assert_eq!(put_at(&mut leased, 1_500), 0, "the lease ended");
-        leased.execute(&watch, &ExecCtx::new(1, 1_600, 0, 8));
+        leased.execute(&watch, &ExecCtx::new(Seq(1), 1_600, 0, ClientId(8)));
         assert_eq!(put_at(&mut leased, 2_000), 1, "renewed");
         // An expired watch no longer counts against the bounds, and is gone after the
         // next watch or unwatch.
-        leased.execute(&KvRequest::Unwatch { prefix: b"x".to_vec() }.encode(), &ExecCtx::new(1, 9_000, 0, 1));
+        leased.execute(
+            &KvRequest::Unwatch { prefix: b"x".to_vec() }.encode(),
+            &ExecCtx::new(Seq(1), 9_000, 0, ClientId(1)),
+        );
         assert!(leased.store.watches().is_empty());
         // ...or after the next agreed-time tick, with no request at all.
-        leased.execute(&watch, &ExecCtx::new(1, 10_000, 0, 8));
-        leased.on_tick(&ExecCtx::new(2, 10_400, 0, keel_core::ids::TICK_CLIENT));
+        leased.execute(&watch, &ExecCtx::new(Seq(1), 10_000, 0, ClientId(8)));
+        leased.on_tick(&ExecCtx::new(Seq(2), 10_400, 0, keel_core::ids::TICK_CLIENT));
         assert!(!leased.store.watches().is_empty(), "within the lease");
-        leased.on_tick(&ExecCtx::new(3, 10_500, 0, keel_core::ids::TICK_CLIENT));
+        leased.on_tick(&ExecCtx::new(Seq(3), 10_500, 0, keel_core::ids::TICK_CLIENT));
         assert!(leased.store.watches().is_empty(), "a tick ended the lease");
         let plain = Kv::new();
         plain.apply(put(b"k", b"v"));
@@ -1026,7 +1030,7 @@ mod tests {
         #[test]
         fn read_only_answers_equal_ordered_ones(reqs in proptest::collection::vec(request(), 0..60)) {
             let mut kv = Kv::new();
-            let rctx = ReadCtx { client: 1, executed: 0, time: 0 };
+            let rctx = ReadCtx { client: ClientId(1), executed: Seq(0), time: 0 };
             for req in reqs {
                 let before = kv.snapshot();
                 let read_only = kv.execute_read_only(&req.encode(), &rctx);
@@ -1093,7 +1097,7 @@ mod tests {
         for i in 0..2_000u32 {
             kv.apply(KvRequest::Put { key: i.to_be_bytes().to_vec(), value: vec![i as u8; 100] });
         }
-        let w = ExecCtx::new(1, 10, 0, 9);
+        let w = ExecCtx::new(Seq(1), 10, 0, ClientId(9));
         run(&mut kv, KvRequest::Watch { prefix: vec![0], lease_ms: 0 });
         let before = kv.snapshot();
         let frozen = kv.freeze().expect("KV freezes");

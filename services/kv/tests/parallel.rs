@@ -13,6 +13,7 @@
 //! plant such declarations and require this property to fail.
 
 use keel_core::exec::{Executor, Outcome, Schedule};
+use keel_core::ids::ClientId;
 use keel_core::message::{Request, Value};
 use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Item, RestoreError, Service};
 use keel_kv::{Kv, KvRequest};
@@ -32,7 +33,7 @@ struct Traced {
 }
 
 fn trace(mut reply: Vec<u8>, ctx: &ExecCtx) -> Vec<u8> {
-    for x in [ctx.seq, ctx.time, ctx.seed, ctx.client] {
+    for x in [ctx.seq.0, ctx.time, ctx.seed, ctx.client.0] {
         reply.extend(x.to_le_bytes());
     }
     reply
@@ -146,7 +147,7 @@ fn build(
         if seq > last[c].0 {
             last[c] = (seq, op.clone());
         }
-        requests.push(Request::new(c as u64 + 1, seq, op.into()));
+        requests.push(Request::new(ClientId(c as u64 + 1), seq, op.into()));
     }
     let mut values = Vec::new();
     let mut rest = requests.as_slice();

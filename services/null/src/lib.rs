@@ -47,10 +47,12 @@ impl Service for Null {
 #[cfg(test)]
 mod null_tests {
     use super::*;
+    use keel_core::ids::ClientId;
+    use keel_core::ids::Seq;
 
     #[test]
     fn replies_with_the_requested_size_and_bounds_it() {
-        let ctx = ExecCtx::new(1, 0, 0, 1);
+        let ctx = ExecCtx::new(Seq(1), 0, 0, ClientId(1));
         let mut s = Null;
         assert_eq!(s.execute(&Null::request(0, 0), &ctx).len(), 0);
         assert_eq!(s.execute(&Null::request(1024, 1024), &ctx).len(), 1024);

@@ -23,6 +23,7 @@
 //! nothing.
 
 use super::{run_jobs, SimArgs};
+use keel_core::ids::NodeRange;
 use keel_core::message::NodeId;
 use keel_core::quorum::Quorums;
 use keel_sim::{Behaviours, FaultSet, SeedReport, SimOptions};
@@ -71,7 +72,7 @@ pub fn run(
     };
     let positions: Vec<NodeId> = match &args.byzantine {
         Some(pin) => pin.nodes.clone(),
-        None => (0..n as NodeId).collect(),
+        None => NodeRange::first(n).collect(),
     };
     if names.is_empty() || positions.is_empty() {
         eprintln!("error: --report attacks --byzantine needs NODE:BEHAVIOUR (none has nothing to compare)");

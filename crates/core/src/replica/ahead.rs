@@ -44,7 +44,7 @@ impl<S: Service> Replica<S> {
             return Some((msg, checked));
         };
         let high = self.high_water();
-        let known = (n as usize) < self.cfg.n() && n != self.id;
+        let known = (n.0 as usize) < self.cfg.n() && n != self.id;
         if !known || seq <= high || seq > high + self.cfg.options.window || !self.has_base() {
             return Some((msg, checked));
         }

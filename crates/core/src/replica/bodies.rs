@@ -27,6 +27,7 @@
 use super::{Outputs, Peer, Reject, Replica};
 use crate::config::Auth;
 use crate::crypto::Digest;
+use crate::ids::NodeRange;
 use crate::message::{ClientId, Message, NodeId, Payload, Proposal, Proposed, Seq, Value, View};
 use crate::service::Service;
 
@@ -173,20 +174,20 @@ impl<S: Service> Replica<S> {
     /// primary (which holds them all, but is the node digests spare); then every other
     /// endorsing node; then everyone else.
     fn fetch_order<'a>(&self, view: View, seq: Seq, missing: impl Iterator<Item = &'a Proposed>) -> Vec<NodeId> {
-        let (me, n, primary) = (self.id, self.cfg.n() as NodeId, self.cfg.primary(view));
+        let (me, n, primary) = (self.id, self.cfg.n(), self.cfg.primary(view));
         let mut order: Vec<NodeId> = missing.flat_map(|p| p.endorsements().iter().map(|e| e.node)).collect();
         // Endorsers hold the bytes: order nodes when co-located, else the RQ nodes.
         let endorsers = self.cfg.endorsers();
         order.retain(|&x| x != me && x != primary && endorsers.contains(&x));
         order.sort_unstable();
         order.dedup();
-        let rotate = (me as usize).wrapping_add(seq as usize) % order.len().max(1);
+        let rotate = (me.0 as usize).wrapping_add(seq.0 as usize) % order.len().max(1);
         order.rotate_left(rotate);
         if primary != me {
             order.push(primary);
         }
         // Co-located, the endorsers are the order nodes: each node once.
-        for x in endorsers.chain(0..n) {
+        for x in endorsers.chain(NodeRange::first(n)) {
             if x != me && !order.contains(&x) {
                 order.push(x);
             }
@@ -285,14 +286,14 @@ impl<S: Service> Replica<S> {
             return Ok(());
         }
         let period = self.body_retry_ms();
-        if self.body_answers[from as usize].get(&seq).is_some_and(|at| self.now < at + period) {
+        if self.body_answers[from.0 as usize].get(&seq).is_some_and(|at| self.now < at + period) {
             return Err(Reject::Busy("operations fetched again within a retry period"));
         }
-        self.body_answers[from as usize].insert(seq, self.now);
-        let mut budget = self.body_budget[from as usize];
+        self.body_answers[from.0 as usize].insert(seq, self.now);
+        let mut budget = self.body_budget[from.0 as usize];
         let lookup = |client, op: &Digest| self.held_body(seq, client, op);
         let ops = budgeted_bodies(&self.cfg.options, &mut budget, (self.now, period), wanted, lookup);
-        self.body_budget[from as usize] = budget;
+        self.body_budget[from.0 as usize] = budget;
         if !ops.is_empty() {
             out.send.push((Peer::Node(from), Message::Bodies { seq, ops }));
         }

@@ -10,6 +10,7 @@
 use super::{Event, Outputs, Peer, Reject, Replica};
 use crate::crypto::Digest;
 use crate::exec::Chunked;
+use crate::ids::NodeRange;
 use crate::message::{Message, NodeId, Seq, StableProof, Value, View};
 use crate::service::Service;
 use crate::wal::Record;
@@ -25,9 +26,9 @@ impl<S: Service> Replica<S> {
         stable: Seq,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
-        self.peer_executed[from as usize] = executed;
+        self.peer_executed[from.0 as usize] = executed;
         let gap = self.cfg.options.status_ms / 2;
-        if self.now < self.helped_at[from as usize] + gap {
+        if self.now < self.helped_at[from.0 as usize] + gap {
             return Ok(());
         }
         let peer = Peer::Node(from);
@@ -52,7 +53,7 @@ impl<S: Service> Replica<S> {
             helped = true;
         } else if self.exec.executed() > executed {
             let last = self.exec.executed().min(executed + self.cfg.options.catch_up_values_max);
-            for seq in executed + 1..=last {
+            for seq in executed.next().through(last) {
                 if let Some(value) = self.log.get(&seq).and_then(|s| s.decided_value.clone()) {
                     // Gated: we may vouch only for decisions we can no longer lose.
                     out.send_after_persist.push((peer, Message::Decided { seq, value }));
@@ -61,7 +62,7 @@ impl<S: Service> Replica<S> {
             }
         }
         if helped {
-            self.helped_at[from as usize] = self.now;
+            self.helped_at[from.0 as usize] = self.now;
         }
         Ok(())
     }
@@ -133,7 +134,7 @@ impl<S: Service> Replica<S> {
         }
         let previous = self.transfer.take();
         let replacing = previous.as_ref().map(|t| t.seq());
-        self.transfer = Some(Transfer::new(seq, self.stable.root, previous, held, self.now, self.id as usize));
+        self.transfer = Some(Transfer::new(seq, self.stable.root, previous, held, self.now, self.id.0 as usize));
         out.events.push(Event::StateTransferStarted { seq, replacing });
         self.broadcast(Message::FetchManifest { seq }, out);
     }
@@ -190,7 +191,7 @@ impl<S: Service> Replica<S> {
     /// Asks peers for missing chunks, within the throttle (transfer.rs).
     pub(super) fn request_chunks(&mut self, out: &mut Outputs) {
         let me = self.id;
-        let peers: Vec<NodeId> = (0..self.cfg.n() as NodeId).filter(|n| *n != me).collect();
+        let peers: Vec<NodeId> = NodeRange::first(self.cfg.n()).filter(|n| *n != me).collect();
         let (rate, chunk_bytes) = (self.cfg.options.transfer_rate_bytes, self.cfg.options.chunk_bytes as u64);
         if let Some(t) = self.transfer.as_mut() {
             t.request_chunks(&peers, self.now, rate, chunk_bytes, &mut out.send);

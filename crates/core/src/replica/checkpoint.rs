@@ -143,7 +143,7 @@ impl<S: Service> Replica<S> {
         let executed = self.exec.executed();
         if self.transfer.is_none()
             && executed < proof.seq
-            && (executed + 1..=proof.seq).all(|s| self.log.get(&s).is_some_and(|x| x.decided_value.is_some()))
+            && executed.next().through(proof.seq).all(|s| self.log.get(&s).is_some_and(|x| x.decided_value.is_some()))
         {
             self.maybe_execute(out);
             if proof.seq <= self.stable.seq {

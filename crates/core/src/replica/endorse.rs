@@ -245,11 +245,11 @@ impl<S: Service> Replica<S> {
         let s = endorse_statement(node, statement);
         let key = if self.cfg.rq_separated() {
             let endorsers = self.cfg.endorsers();
-            endorsers.contains(&node).then(|| self.rq_row.get((node - endorsers.start) as usize)).flatten()
+            endorsers.offset(node).and_then(|i| self.rq_row.get(i))
         } else {
-            self.endorse_row.get(node as usize)
+            self.endorse_row.get(node.0 as usize)
         };
-        match (key, macs.get(self.id as usize)) {
+        match (key, macs.get(self.id.0 as usize)) {
             (Some(key), Some(mac)) => key.verify(&s, mac),
             _ => false,
         }
@@ -603,7 +603,7 @@ impl<S: Service> Replica<S> {
         let mut seen = [false; crate::quorum::NODES_MAX];
         let mut valid = 0;
         for e in r.endorsements() {
-            let Some(s) = e.node.checked_sub(endorsers.start).and_then(|i| seen.get_mut(i as usize)) else {
+            let Some(s) = endorsers.offset(e.node).and_then(|i| seen.get_mut(i)) else {
                 continue;
             };
             if !*s && self.endorsed_for_me(e.node, &statement, &e.macs) {
@@ -631,28 +631,28 @@ mod tests {
     use super::*;
 
     fn entry(h: &mut Hearsay, from: NodeId, client: ClientId, share: usize) -> Option<usize> {
-        let statement = Digest::of(&client.to_le_bytes());
-        h.add(from, (client, 1, statement), None, BTreeMap::from([(from, Vec::new())]), client, share)
+        let statement = Digest::of(&client.0.to_le_bytes());
+        h.add(from, (client, 1, statement), None, BTreeMap::from([(from, Vec::new())]), client.0, share)
     }
 
     #[test]
     fn a_membership_change_trims_hearsay_to_the_new_shares() {
         // Three chargeable nodes with shares of 4: node 1 fills its share, node 2 holds 2.
-        let mut h = Hearsay::new(vec![0, 1, 2]);
+        let mut h = Hearsay::new(vec![NodeId(0), NodeId(1), NodeId(2)]);
         for c in 0..4 {
-            assert_eq!(entry(&mut h, 1, c, 4), Some(1));
+            assert_eq!(entry(&mut h, NodeId(1), ClientId(c), 4), Some(1));
         }
-        assert_eq!(entry(&mut h, 1, 4, 4), None, "its share is full");
-        entry(&mut h, 2, 10, 4);
-        entry(&mut h, 2, 11, 4);
+        assert_eq!(entry(&mut h, NodeId(1), ClientId(4), 4), None, "its share is full");
+        entry(&mut h, NodeId(2), ClientId(10), 4);
+        entry(&mut h, NodeId(2), ClientId(11), 4);
         assert_eq!(h.len(), 6);
         // Node 2 leaves and node 3 joins, and shares shrink to 3: node 2's entries go, and
         // node 1's oldest beyond 3.
-        h.set_chargeable(vec![0, 1, 3], 3);
+        h.set_chargeable(vec![NodeId(0), NodeId(1), NodeId(3)], 3);
         assert_eq!(h.len(), 3);
-        assert!(h.entries.keys().all(|(c, _)| (1..4).contains(c)), "the newest of node 1's stay");
-        assert_eq!(entry(&mut h, 1, 20, 3), None, "still at its share");
-        assert_eq!(entry(&mut h, 3, 21, 3), Some(1), "the new node has a share");
-        assert_eq!(entry(&mut h, 2, 22, 3), None, "a node no longer chargeable has none");
+        assert!(h.entries.keys().all(|(c, _)| (1..4).contains(&c.0)), "the newest of node 1's stay");
+        assert_eq!(entry(&mut h, NodeId(1), ClientId(20), 3), None, "still at its share");
+        assert_eq!(entry(&mut h, NodeId(3), ClientId(21), 3), Some(1), "the new node has a share");
+        assert_eq!(entry(&mut h, NodeId(2), ClientId(22), 3), None, "a node no longer chargeable has none");
     }
 }

@@ -55,6 +55,13 @@ impl<S: Service> Replica<S> {
         self.stable.seq >= self.cfg.membership.since
     }
 
+    /// Whether this node is jumping epochs on certificates (the test network counts
+    /// jumps as the epoch ends).
+    #[cfg(test)]
+    pub(crate) fn jumped(&self) -> bool {
+        self.jump.is_some()
+    }
+
     /// The certificates a node of `epoch` needs to reach this node's epoch.
     pub fn epoch_certs_after(&self, epoch: u64) -> Vec<EpochCert> {
         crate::epoch_cert::certs_after(&self.epoch_certs, epoch)
@@ -133,7 +140,7 @@ impl<S: Service> Replica<S> {
             // Its epoch's last checkpoint was taken inline; later ones are moot.
             super::Input::Message { .. } | super::Input::CheckpointReady(_) | super::Input::Drained => return,
         };
-        if from as usize >= self.cfg.n() || from == self.id {
+        if from.0 as usize >= self.cfg.n() || from == self.id {
             return;
         }
         let _ = match msg {

@@ -1,206 +1,61 @@
-//! Membership changes through whole epochs, on a lossless in-memory network that routes
-//! by stable id and keeps epochs apart as the drivers do: a message reaches a node of the
-//! sender's epoch; a STATUS from an earlier epoch is answered with epoch certificates.
-//! The simulator adds faults.
+//! Membership changes through whole epochs, on the test network (`test_net.rs`), which
+//! routes by stable id and keeps epochs apart as the drivers do (each node admits what it
+//! is sent, `Node::admit`): a message reaches a node of the sender's epoch; a STATUS from
+//! an earlier epoch is answered with epoch certificates. The simulator adds faults.
 
 use super::tests::{config_rq, secrets, Log};
 use super::*;
 use crate::crypto::SigningKey;
 use crate::membership::{AdminError, AdminOp, AdminResult, Change, Member, Membership, ADMIN_CLIENT};
-use crate::message::{Reply, ReplyBody};
-use std::collections::VecDeque;
+use crate::message::ReplyBody;
+use crate::test_net::TestNet;
+use std::ops::{Deref, DerefMut};
 
+/// The test network with the clock these tests keep: [`EpochNet::run`] delivers until
+/// quiet and ticks every 5 ms. Instrumented, for the signed statements it keeps.
 struct EpochNet {
-    /// Current node per stable id.
-    nodes: BTreeMap<u32, Replica<Log>>,
-    removed: Vec<u32>,
-    /// Nodes cut off from the network (messages to and from them are lost).
-    cut: BTreeSet<u32>,
-    /// Epochs jumped over by certificates, per node.
-    jumps: Vec<u32>,
-    /// (sender stable id, sender epoch, recipient, message).
-    queue: VecDeque<(u32, u64, Peer, Message)>,
-    /// (sender stable id, reply).
-    replies: Vec<(u32, Reply)>,
-    /// Highest instance decided in each epoch (by any node).
-    decided: BTreeMap<u64, Seq>,
-    /// Client cores, and messages on their way to them (client, sender stable id).
-    clients: BTreeMap<ClientId, crate::client::Client>,
-    to_clients: VecDeque<(ClientId, u32, Message)>,
-    /// What the client cores completed: (client, seq) → result.
-    completed: BTreeMap<(ClientId, u64), Vec<u8>>,
-    /// Every signed statement sent (NEW-VIEW, VIEW-CHANGE, WRITE), with its sender's
-    /// stable id and epoch: what a Byzantine member could replay later.
-    signed: Vec<(u32, u64, Message)>,
+    net: TestNet<Log>,
     now: u64,
+}
+
+impl Deref for EpochNet {
+    type Target = TestNet<Log>;
+    fn deref(&self) -> &TestNet<Log> {
+        &self.net
+    }
+}
+
+impl DerefMut for EpochNet {
+    fn deref_mut(&mut self) -> &mut TestNet<Log> {
+        &mut self.net
+    }
 }
 
 impl EpochNet {
     fn new(cfg: &ClusterConfig) -> EpochNet {
         let nodes =
-            (0..cfg.n() as u32).map(|i| (i, Replica::new(cfg.clone(), i, secrets(i), Log::default()))).collect();
-        EpochNet {
-            nodes,
-            removed: Vec::new(),
-            cut: BTreeSet::new(),
-            jumps: Vec::new(),
-            queue: VecDeque::new(),
-            replies: Vec::new(),
-            decided: BTreeMap::new(),
-            clients: BTreeMap::new(),
-            to_clients: VecDeque::new(),
-            completed: BTreeMap::new(),
-            signed: Vec::new(),
-            now: 10,
-        }
-    }
-
-    fn absorb(&mut self, id: u32, out: Outputs) {
-        let node = self.nodes.get(&id).expect("known node");
-        let (epoch, membership) = (node.epoch(), node.config().membership.clone());
-        let ended = out.events.iter().any(|e| matches!(e, Event::EpochEnded { .. }));
-        for e in &out.events {
-            if let Event::Decided { seq, .. } = e {
-                let top = self.decided.entry(epoch).or_default();
-                *top = (*top).max(*seq);
-            }
-        }
-        for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
-            if matches!(m, Message::NewView(_) | Message::ViewChange(_) | Message::Write(_)) {
-                self.signed.push((id, epoch, m.clone()));
-            }
-            match to {
-                Peer::Node(index) => {
-                    let to = membership.id_of(index).expect("a member");
-                    self.queue.push_back((id, epoch, Peer::Node(to), m));
-                }
-                Peer::Client(c) => {
-                    if self.clients.contains_key(&c) {
-                        self.to_clients.push_back((c, id, m));
-                    } else if let Message::Reply(r) = m {
-                        self.replies.push((id, r));
-                    }
-                }
-            }
-        }
-        if ended {
-            let node = self.nodes.get_mut(&id).expect("current");
-            if node.jump.is_some() {
-                self.jumps.push(id);
-            }
-            // This net's log is durable at once: the barrier is passed at once.
-            assert!(out.barrier, "an epoch ends behind a durability barrier");
-            let mut next = Outputs::default();
-            node.step(self.now, Input::Drained, &mut next);
-            if next.events.iter().any(|e| matches!(e, Event::Removed { .. })) {
-                self.nodes.remove(&id);
-                self.removed.push(id);
-            } else {
-                assert!(matches!(next.persist.as_slice(), [Persist::Compact { .. }]));
-                assert!(next.barrier, "the new epoch's log is durable before its first step");
-                node.step(self.now, Input::Drained, &mut next);
-            }
-        }
-    }
-
-    fn deliver(&mut self, from: u32, epoch: u64, to: u32, msg: Message) {
-        if self.cut.contains(&from) || self.cut.contains(&to) {
-            return;
-        }
-        let Some(node) = self.nodes.get_mut(&to) else { return };
-        if node.epoch() != epoch {
-            if matches!(msg, Message::Status { .. }) && epoch < node.epoch() {
-                let certs = node.epoch_certs_after(epoch);
-                self.queue.push_back((to, node.epoch(), Peer::Node(from), Message::EpochCerts(certs)));
-                return;
-            }
-            if !matches!(msg, Message::EpochCerts(_)) {
-                return;
-            }
-        }
-        let index = node.config().membership.index_of(from).unwrap_or(0);
-        let mut out = Outputs::default();
-        node.step(self.now, Input::Message { from: Peer::Node(index), msg }, &mut out);
-        self.absorb(to, out);
-    }
-
-    /// Client `c` sends what its core produced (addressed by stable id).
-    fn client_send(&mut self, c: ClientId, msgs: Vec<(NodeId, Message)>) {
-        for (to, msg) in msgs {
-            if self.cut.contains(&to) {
-                continue;
-            }
-            let mut out = Outputs::default();
-            if let Some(n) = self.nodes.get_mut(&to) {
-                n.step(self.now, Input::Message { from: Peer::Client(c), msg }, &mut out);
-            }
-            if self.nodes.contains_key(&to) {
-                self.absorb(to, out);
-            }
-        }
-    }
-
-    fn deliver_to_client(&mut self, c: ClientId, from: u32, msg: Message) {
-        let Some(client) = self.clients.get_mut(&c) else { return };
-        match msg {
-            Message::Reply(r) => {
-                let seq = r.seq;
-                if let Some(result) = client.on_reply(from, r) {
-                    self.completed.insert((c, seq), result);
-                }
-            }
-            Message::EpochCerts(certs) => {
-                client.on_epoch_certs(certs);
-            }
-            _ => {}
-        }
-        let msgs = client.poll_send();
-        self.client_send(c, msgs);
+            (0..cfg.n() as u32).map(|i| Replica::new(cfg.clone(), NodeId(i), secrets(i), Log::default())).collect();
+        EpochNet { net: TestNet::of(nodes, Vec::new()).instrumented(), now: 10 }
     }
 
     /// Starts an ordered operation on client core `c`.
     fn invoke(&mut self, c: ClientId, op: Vec<u8>) -> u64 {
-        let client = self.clients.get_mut(&c).expect("a client core");
-        let msgs = client.invoke(self.now, op).expect("idle");
-        let seq = client.inflight_seq().expect("in flight");
-        self.client_send(c, msgs);
-        seq
+        let now = self.now;
+        self.net.invoke(c, op, now)
     }
 
     fn tick(&mut self) {
         self.now += 5;
-        let cs: Vec<ClientId> = self.clients.keys().copied().collect();
-        for c in cs {
-            let msgs = self.clients.get_mut(&c).map(|x| x.on_tick(self.now)).unwrap_or_default();
-            self.client_send(c, msgs);
-        }
-        let ids: Vec<u32> = self.nodes.keys().copied().collect();
-        for id in ids {
-            let mut out = Outputs::default();
-            if let Some(n) = self.nodes.get_mut(&id) {
-                n.step(self.now, Input::Tick, &mut out);
-            }
-            self.absorb(id, out);
-        }
+        let now = self.now;
+        self.net.tick_clients(now);
+        self.net.tick_nodes(now);
     }
 
     fn run(&mut self, ms: u64) {
         let end = self.now + ms;
         while self.now < end {
-            let mut budget = 100_000;
-            loop {
-                if let Some((from, epoch, to, msg)) = self.queue.pop_front() {
-                    if let Peer::Node(to) = to {
-                        self.deliver(from, epoch, to, msg);
-                    }
-                } else if let Some((c, from, msg)) = self.to_clients.pop_front() {
-                    self.deliver_to_client(c, from, msg);
-                } else {
-                    break;
-                }
-                budget -= 1;
-                assert!(budget > 0, "message storm");
-            }
+            let now = self.now;
+            self.net.deliver_all(now);
             self.tick();
         }
     }
@@ -219,29 +74,24 @@ impl EpochNet {
         req.auth = (0..=membership.highest_id)
             .map(|id| client_mac_key(&secrets(id).mac_secret, client).mac(&statement))
             .collect();
-        let ids: Vec<u32> = self.nodes.keys().copied().collect();
+        // Straight to every node, cut off or not (the test's own hand, not the network).
+        let ids: Vec<NodeId> = self.nodes.keys().copied().collect();
+        let now = self.now;
         for id in ids {
-            let mut out = Outputs::default();
-            if let Some(n) = self.nodes.get_mut(&id) {
-                n.step(
-                    self.now,
-                    Input::Message { from: Peer::Client(client), msg: Message::Request(req.clone()) },
-                    &mut out,
-                );
-            }
-            self.absorb(id, out);
+            let msg = Message::Request(req.clone());
+            self.net.step(NodeId(id.0), now, Input::Message { from: Peer::Client(client), msg });
         }
     }
 
     /// A result at least `weak` nodes vouched for (in full, or by digest: large results
     /// come in full from one designated node).
     fn result(&self, client: ClientId, seq: u64, weak: usize) -> Option<Vec<u8>> {
-        let mine = || self.replies.iter().filter(|(_, r)| r.client == client && r.seq == seq);
-        mine().find_map(|(_, r)| {
+        let mine = || self.replies.iter().filter(|(_, _, r)| r.client == client && r.seq == seq);
+        mine().find_map(|(_, _, r)| {
             let ReplyBody::Full(body) = &r.body else { return None };
             let digest = r.body.result_digest();
-            let who: BTreeSet<u32> =
-                mine().filter(|(_, x)| x.body.result_digest() == digest).map(|(f, _)| *f).collect();
+            let who: BTreeSet<NodeId> =
+                mine().filter(|(_, _, x)| x.body.result_digest() == digest).map(|(f, _, _)| *f).collect();
             (who.len() >= weak).then(|| body.clone())
         })
     }
@@ -253,8 +103,8 @@ impl EpochNet {
     fn admin(&mut self, key: &SigningKey, seq: u64, epoch: u64, change: Change) -> AdminResult {
         let op = AdminOp::sign(key, epoch, change).encode();
         self.submit(ADMIN_CLIENT, seq, op);
-        for client in BEHIND {
-            self.submit(client, seq, vec![client as u8, seq as u8]);
+        for client in BEHIND.map(ClientId) {
+            self.submit(client, seq, vec![client.0 as u8, seq as u8]);
         }
         self.run(300);
         let bytes = self.result(ADMIN_CLIENT, seq, 2).expect("the admin op was answered");
@@ -264,17 +114,17 @@ impl EpochNet {
     /// Client 7's requests `seqs`, one at a time, each answered by r + 1 nodes.
     fn puts(&mut self, seqs: std::ops::RangeInclusive<u64>, what: &str) {
         for seq in seqs {
-            self.submit(7, seq, vec![seq as u8]);
+            self.submit(ClientId(7), seq, vec![seq as u8]);
             self.run(50);
-            assert!(self.result(7, seq, 2).is_some(), "put {seq} {what}");
+            assert!(self.result(ClientId(7), seq, 2).is_some(), "put {seq} {what}");
         }
     }
 
     /// Clients 8 to 14 resend their request `seq` (as the client core does on a
     /// timeout) until it is answered.
     fn retransmit_behind_admin(&mut self, seq: u64) {
-        for client in BEHIND {
-            let op = vec![client as u8, seq as u8];
+        for client in BEHIND.map(ClientId) {
+            let op = vec![client.0 as u8, seq as u8];
             for _ in 0..5 {
                 if self.result(client, seq, 2).is_some() {
                     break;
@@ -286,15 +136,15 @@ impl EpochNet {
         }
     }
 
-    fn states(&self) -> BTreeMap<u32, (u64, Seq, usize)> {
-        self.nodes.iter().map(|(id, n)| (*id, (n.epoch(), n.executed(), n.service().0.len()))).collect()
+    fn states(&self) -> BTreeMap<NodeId, (u64, Seq, usize)> {
+        self.nodes.by_id().map(|(id, n)| (*id, (n.epoch(), n.executed(), n.service().0.len()))).collect()
     }
 }
 
 use std::collections::BTreeSet;
 
 /// The clients whose requests follow each admin op.
-const BEHIND: std::ops::RangeInclusive<ClientId> = 8..=14;
+const BEHIND: std::ops::RangeInclusive<u64> = 8..=14;
 
 fn new_member(id: u32) -> Member {
     Member { id, key: secrets(id).signing.public(), addr: String::new() }
@@ -311,29 +161,33 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
     assert_eq!((m1.epoch, m1.n()), (1, 5));
     assert!(net.decided[&0] > m1.since, "an instance past the end of epoch 0 was decided: {:?}", net.decided);
-    let joiner = Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default());
+    let joiner = Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), NodeId(4), secrets(4), Log::default());
     assert!(!joiner.has_base(), "a joiner has no state yet");
-    net.nodes.insert(4, joiner);
+    net.nodes.insert(NodeId(4), joiner);
     net.run(2_000);
     let states = net.states();
     assert!(states.values().all(|(e, _, _)| *e == 1), "every node runs epoch 1: {states:?}");
     // Requests that were in flight behind the admin op, decided past the epoch's end
     // in epoch 0 and forgotten with it: the nodes carried them into epoch 1, so they
     // executed without their clients retransmitting.
-    for client in BEHIND {
+    for client in BEHIND.map(ClientId) {
         assert!(net.result(client, 1, 2).is_some(), "request of client {client} carried into epoch 1");
     }
     net.retransmit_behind_admin(1);
-    assert!(net.nodes[&4].has_base(), "the joiner installed the epoch's base: {}", net.nodes[&4].status_line());
-    assert!(net.nodes[&4].stable_seq() >= m1.since);
+    assert!(
+        net.nodes[&NodeId(4)].has_base(),
+        "the joiner installed the epoch's base: {}",
+        net.nodes[&NodeId(4)].status_line()
+    );
+    assert!(net.nodes[&NodeId(4)].stable_seq() >= m1.since);
     assert!(net.nodes.values().all(|n| n.config().quorums.order_quorum() == 4));
 
     // The five nodes order requests; the joiner executes them like the others.
     net.puts(6..=12, "in epoch 1");
     net.run(500);
     let states = net.states();
-    assert!(states.values().all(|s| *s == states[&0]), "same state everywhere: {states:?}");
-    assert_eq!(states[&4].2, 12 + 7, "the joiner's service holds every put, once (the admin op is not one)");
+    assert!(states.values().all(|s| *s == states[&NodeId(0)]), "same state everywhere: {states:?}");
+    assert_eq!(states[&NodeId(4)].2, 12 + 7, "the joiner's service holds every put, once (the admin op is not one)");
 
     // A stale operation (for epoch 0) is refused by every node alike.
     assert_eq!(net.admin(&admin, 2, 0, Change::Remove(3)), Err(AdminError::WrongEpoch { current: 1, got: 0 }));
@@ -343,14 +197,14 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     net.run(1_000);
     net.retransmit_behind_admin(2);
     net.retransmit_behind_admin(3);
-    assert_eq!(net.removed, vec![1]);
-    assert!(!net.nodes.contains_key(&1));
-    assert_eq!(net.nodes[&4].id(), 3, "node 4 is index 3 in epoch 2");
+    assert_eq!(net.removed, [1].map(NodeId).to_vec());
+    assert!(!net.nodes.contains_key(&NodeId(1)));
+    assert_eq!(net.nodes[&NodeId(4)].id(), NodeId(3), "node 4 is index 3 in epoch 2");
     net.puts(13..=20, "in epoch 2");
     net.run(500);
     let states = net.states();
-    assert!(states.values().all(|s| *s == states[&0] && s.0 == 2), "same state everywhere: {states:?}");
-    assert_eq!(states[&0].2, 20 + 3 * 7, "every put executed once");
+    assert!(states.values().all(|s| *s == states[&NodeId(0)] && s.0 == 2), "same state everywhere: {states:?}");
+    assert_eq!(states[&NodeId(0)].2, 20 + 3 * 7, "every put executed once");
 }
 
 #[test]
@@ -358,31 +212,34 @@ fn a_node_that_missed_the_change_jumps_by_certificates_and_catches_up() {
     let admin = SigningKey::from_seed([77; 32]);
     let cfg = config_rq(1, 1).with_admin_key(admin.public());
     let mut net = EpochNet::new(&cfg);
-    net.cut.insert(3);
-    net.submit(7, 1, vec![1]);
+    net.cut.insert(NodeId(3));
+    net.submit(ClientId(7), 1, vec![1]);
     net.run(50);
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add accepted");
-    net.nodes.insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default()));
+    net.nodes.insert(
+        NodeId(4),
+        Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), NodeId(4), secrets(4), Log::default()),
+    );
     net.run(1_000);
     net.retransmit_behind_admin(1);
     // Epoch 1 runs on nodes 0, 1, 2 and the joiner (Q = 4 of 5) while node 3 is away.
     net.puts(2..=9, "without node 3");
-    assert_eq!(net.nodes[&3].epoch(), 0);
+    assert_eq!(net.nodes[&NodeId(3)].epoch(), 0);
     net.cut.clear();
     net.run(2_000);
-    assert_eq!(net.jumps, vec![3], "node 3 left epoch 0 on the certificates");
-    net.submit(7, 10, vec![10]);
+    assert_eq!(net.jumps, [3].map(NodeId).to_vec(), "node 3 left epoch 0 on the certificates");
+    net.submit(ClientId(7), 10, vec![10]);
     net.run(500);
     let states = net.states();
-    assert!(states.values().all(|s| *s == states[&0] && s.0 == 1), "node 3 caught up: {states:?}");
-    assert_eq!(net.nodes[&3].epoch_certs.len(), 1);
+    assert!(states.values().all(|s| *s == states[&NodeId(0)] && s.0 == 1), "node 3 caught up: {states:?}");
+    assert_eq!(net.nodes[&NodeId(3)].epoch_certs.len(), 1);
     // A certificate chain that does not start at a node's epoch, or is forged, moves
     // nothing.
-    let mut fresh = Replica::new(cfg.clone(), 2, secrets(2), Log::default());
-    let mut cert = net.nodes[&0].epoch_certs_after(0).remove(0);
+    let mut fresh = Replica::new(cfg.clone(), NodeId(2), secrets(2), Log::default());
+    let mut cert = net.nodes[&NodeId(0)].epoch_certs_after(0).remove(0);
     cert.proof.sigs.truncate(2);
     let mut out = Outputs::default();
-    fresh.step(1, Input::Message { from: Peer::Node(0), msg: Message::EpochCerts(vec![cert]) }, &mut out);
+    fresh.step(1, Input::Message { from: Peer::Node(NodeId(0)), msg: Message::EpochCerts(vec![cert]) }, &mut out);
     assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { .. })));
     assert!(!fresh.epoch_ended() && fresh.jump.is_none());
 }
@@ -395,35 +252,36 @@ fn a_client_follows_membership_changes_by_certificates() {
     let cfg = config_rq(1, 1).with_admin_key(admin.public());
     let mut net = EpochNet::new(&cfg);
     let id = 20;
-    let keys = (0..4).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-    let client = crate::client::Client::new(id, cfg.quorums, keys, 100, 1)
+    let keys = (0..4).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(id))).collect();
+    let client = crate::client::Client::new(ClientId(id), cfg.quorums, keys, 100, 1)
         .with_auth(cfg.auth)
         .with_membership(cfg.membership.clone());
-    net.clients.insert(id, client);
+    net.clients.insert(ClientId(id), client);
     let put = |net: &mut EpochNet, what: &str| {
-        let seq = net.invoke(id, vec![1]);
+        let seq = net.invoke(ClientId(id), vec![1]);
         net.run(1_000);
-        assert!(net.completed.contains_key(&(id, seq)), "{what}: operation {seq} completed");
+        assert!(net.completed.contains_key(&(ClientId(id), seq)), "{what}: operation {seq} completed");
     };
     put(&mut net, "epoch 0");
     let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add");
-    net.nodes.insert(4, Replica::new(cfg.next_epoch(m1).expect("valid"), 4, secrets(4), Log::default()));
+    net.nodes
+        .insert(NodeId(4), Replica::new(cfg.next_epoch(m1).expect("valid"), NodeId(4), secrets(4), Log::default()));
     net.run(1_000);
     net.retransmit_behind_admin(1);
     put(&mut net, "epoch 1");
-    assert_eq!(net.clients[&id].membership().epoch, 1, "the client learned epoch 1");
-    assert_eq!(net.clients[&id].members(), vec![0, 1, 2, 3, 4]);
+    assert_eq!(net.clients[&ClientId(id)].membership().epoch, 1, "the client learned epoch 1");
+    assert_eq!(net.clients[&ClientId(id)].members(), [0, 1, 2, 3, 4].map(NodeId).to_vec());
     let m2 = net.admin(&admin, 2, 1, Change::Remove(0)).expect("remove");
     assert_eq!(m2.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
     net.run(1_000);
     net.retransmit_behind_admin(2);
     put(&mut net, "epoch 2 (the old primary is gone)");
     put(&mut net, "epoch 2 again");
-    assert_eq!(net.clients[&id].membership().epoch, 2);
-    assert_eq!(net.clients[&id].members(), vec![1, 2, 3, 4]);
+    assert_eq!(net.clients[&ClientId(id)].membership().epoch, 2);
+    assert_eq!(net.clients[&ClientId(id)].members(), [1, 2, 3, 4].map(NodeId).to_vec());
     // Certificates that do not lead on from what the client knows change nothing.
-    let stale = net.nodes[&1].epoch_certs_after(0);
-    assert!(!net.clients.get_mut(&id).expect("client").on_epoch_certs(stale));
+    let stale = net.nodes[&NodeId(1)].epoch_certs_after(0);
+    assert!(!net.clients.get_mut(&ClientId(id)).expect("client").on_epoch_certs(stale));
 }
 
 #[test]
@@ -447,11 +305,11 @@ fn a_node_restarting_between_epochs_recovers_in_the_right_one() {
     let admin = SigningKey::from_seed([77; 32]);
     let cfg = config_rq(1, 1).with_admin_key(admin.public());
     let mut net = EpochNet::new(&cfg);
-    net.submit(7, 1, vec![1]);
+    net.submit(ClientId(7), 1, vec![1]);
     net.run(50);
     let m1 = net.admin(&admin, 1, 0, Change::Faults { u: 1, r: 0 }).expect("accepted");
     net.run(500);
-    let node = &net.nodes[&2];
+    let node = &net.nodes[&NodeId(2)];
     assert_eq!((node.epoch(), node.config().quorums.byzantine()), (1, false));
     // What the node has on disk at the end of epoch 0, before and after it compacted its
     // log for epoch 1.
@@ -475,46 +333,47 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
     let mut net = EpochNet::new(&cfg);
     net.puts(1..=2, "before the view change");
     // Node 0 (view 0's primary) is cut off: the others move to view 1.
-    net.cut.insert(0);
-    net.submit(7, 3, vec![3]);
+    net.cut.insert(NodeId(0));
+    net.submit(ClientId(7), 3, vec![3]);
     net.run(3_000);
-    assert!(net.nodes[&1].view() >= 1, "a view change in epoch 0");
+    assert!(net.nodes[&NodeId(1)].view() >= View(1), "a view change in epoch 0");
     net.cut.clear();
     net.run(1_000);
     let m1 = net.admin(&admin, 1, 0, Change::Faults { u: 1, r: 1 }).expect("accepted");
     net.run(500);
     net.retransmit_behind_admin(1);
     assert_eq!(m1.epoch, 1);
-    assert!(net.nodes.values().all(|n| n.epoch() == 1 && n.view() == 0), "epoch 1 starts at view 0");
-    let old: Vec<(u32, Message)> =
+    assert!(net.nodes.values().all(|n| n.epoch() == 1 && n.view() == View(0)), "epoch 1 starts at view 0");
+    let old: Vec<(NodeId, Message)> =
         net.signed.iter().filter(|(_, epoch, _)| *epoch == 0).map(|(f, _, m)| (*f, m.clone())).collect();
-    let new_view = old.iter().find(|(_, m)| matches!(m, Message::NewView(nv) if nv.view >= 1)).cloned();
+    let new_view = old.iter().find(|(_, m)| matches!(m, Message::NewView(nv) if nv.view >= View(1))).cloned();
     let (from, new_view) = new_view.expect("epoch 0 had a NEW-VIEW");
     // The primary of that view replays it in epoch 1 (same index, same key).
     let mut out = Outputs::default();
-    let target = net.nodes.get_mut(&2).expect("node 2");
-    target.step(net.now, Input::Message { from: Peer::Node(from), msg: new_view }, &mut out);
-    assert_eq!(target.view(), 0, "an old epoch's NEW-VIEW installed a view");
+    let now = net.now;
+    let target = net.nodes.get_mut(&NodeId(2)).expect("node 2");
+    target.step(now, Input::Message { from: Peer::Node(NodeId(from.0)), msg: new_view }, &mut out);
+    assert_eq!(target.view(), View(0), "an old epoch's NEW-VIEW installed a view");
     assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { kind: "new-view", .. })), "{:?}", out.events);
     // No WRITE of epoch 0 carries a valid signature in epoch 1, whatever its instance:
     // none can count towards a certificate of the new epoch (the verify stage and the
     // protocol task make the same check, `verify::write_signed`).
-    let checker = net.nodes[&2].verifier();
-    let writes: Vec<(u32, Message)> =
-        old.into_iter().filter(|(f, m)| *f != 2 && matches!(m, Message::Write(_))).collect();
+    let checker = net.nodes[&NodeId(2)].verifier();
+    let writes: Vec<(NodeId, Message)> =
+        old.into_iter().filter(|(f, m)| *f != NodeId(2) && matches!(m, Message::Write(_))).collect();
     assert!(!writes.is_empty(), "epoch 0 had WRITEs");
     for (from, m) in writes {
-        assert!(!checker.check(from, &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
+        assert!(!checker.check(NodeId(from.0), &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
     }
     // While the same WRITEs were valid in epoch 0 (the check can pass).
     let (from, m) = net
         .signed
         .iter()
-        .find(|(f, e, m)| *f != 2 && *e == 0 && matches!(m, Message::Write(_)))
+        .find(|(f, e, m)| *f != NodeId(2) && *e == 0 && matches!(m, Message::Write(_)))
         .map(|(f, _, m)| (*f, m.clone()))
         .expect("a write");
-    let epoch0 = Replica::new(cfg.clone(), 2, secrets(2), Log::default());
-    assert!(epoch0.verifier().check(from, &m));
+    let epoch0 = Replica::new(cfg.clone(), NodeId(2), secrets(2), Log::default());
+    assert!(epoch0.verifier().check(NodeId(from.0), &m));
 }
 
 /// `keel admin backup`'s fetch (backup.rs), served by the nodes to the administrator's
@@ -538,13 +397,14 @@ mod backup {
         let mut outbox = fetch.on_tick(net.now);
         while net.now < end {
             let mut inbox = Vec::new();
+            let now = net.now;
             for (to, msg) in std::mem::take(&mut outbox) {
                 let Some(node) = net.nodes.get_mut(&to) else { continue };
                 let mut out = Outputs::default();
-                node.step(net.now, Input::Message { from: Peer::Client(ADMIN), msg }, &mut out);
+                node.step(now, Input::Message { from: Peer::Client(ADMIN), msg }, &mut out);
                 for (peer, m) in out.send.iter().chain(&out.send_after_persist) {
                     if *peer == Peer::Client(ADMIN) {
-                        inbox.push((to, tamper(to, m.clone())));
+                        inbox.push((to, tamper(to.0, m.clone())));
                     }
                 }
             }
@@ -585,8 +445,8 @@ mod backup {
 
         net.puts(1..=20, "before the backup");
         net.run(200);
-        let stable = net.nodes[&0].stable_seq();
-        assert!(stable >= 16, "two checkpoints taken: {stable}");
+        let stable = net.nodes[&NodeId(0)].stable_seq();
+        assert!(stable >= Seq(16), "two checkpoints taken: {stable}");
         // Node 2 lies about every chunk, and forges a certificate for another root.
         let mut lies = 0;
         let mut liar = |from: u32, m: Message| match (from, m) {
@@ -610,8 +470,8 @@ mod backup {
         assert_eq!(got.membership, genesis);
         // What a correct node held at that instance: the first `stable` puts.
         let log = log_after(&got);
-        assert_eq!(log.0.len() as u64, stable.min(20), "{:?}", log.0);
-        assert_eq!(log.0, net.nodes[&1].service().0[..log.0.len()].to_vec());
+        assert_eq!(log.0.len() as u64, stable.min(Seq(20)).0, "{:?}", log.0);
+        assert_eq!(log.0, net.nodes[&NodeId(1)].service().0[..log.0.len()].to_vec());
     }
 
     #[test]
@@ -620,11 +480,11 @@ mod backup {
         let mut net = EpochNet::new(&cfg);
         net.puts(1..=20, "before the barrier");
         net.run(200);
-        let stable = net.nodes[&0].stable_seq();
-        assert!(stable < 20, "the newest checkpoint ({stable}) is from before put 20");
+        let stable = net.nodes[&NodeId(0)].stable_seq();
+        assert!(stable < Seq(20), "the newest checkpoint ({stable}) is from before put 20");
         // Client 7's put 20 is the barrier: the backup must hold it.
         let mut fetch =
-            CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20).with_barrier(7, 20);
+            CheckpointFetch::new(ADMIN, cfg.membership.clone(), Certifiers::Members, 20).with_barrier(ClientId(7), 20);
         assert!(run_fetch(&mut net, &mut fetch, 500, &mut |_, m| m).is_none());
         assert!(fetch.passed_over(), "the checkpoint at {stable} was fetched and found short");
         net.puts(21..=30, "after the barrier");
@@ -645,7 +505,10 @@ mod backup {
         let mut net = EpochNet::new(&cfg);
         net.puts(1..=3, "epoch 0");
         let m1 = net.admin(&admin, 1, 0, Change::Add(new_member(4))).expect("add");
-        net.nodes.insert(4, Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), 4, secrets(4), Log::default()));
+        net.nodes.insert(
+            NodeId(4),
+            Replica::new(cfg.next_epoch(m1.clone()).expect("valid"), NodeId(4), secrets(4), Log::default()),
+        );
         net.run(1_000);
         net.retransmit_behind_admin(1);
         let m2 = net.admin(&admin, 2, 1, Change::Remove(0)).expect("remove");
@@ -653,7 +516,7 @@ mod backup {
         net.retransmit_behind_admin(2);
         net.puts(4..=30, "epoch 2");
         net.run(300);
-        let stable = net.nodes[&1].stable_seq();
+        let stable = net.nodes[&NodeId(1)].stable_seq();
         assert!(stable > m2.since, "a checkpoint of epoch 2: {stable} > {}", m2.since);
 
         // Knows epoch 0 only, whose members were 0..=3 (node 0 is gone now).

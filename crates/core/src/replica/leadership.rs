@@ -249,7 +249,7 @@ mod tests {
     /// A monitor in view 0, as `watch_leadership` sets one up.
     fn monitor() -> Monitor {
         let mut m = Monitor::default();
-        m.enter_view(0, 0);
+        m.enter_view(View(0), 0);
         m
     }
 
@@ -318,10 +318,10 @@ mod tests {
         run(&mut m, &mut now, 3, 4, 1000);
         // PEAK_VIEWS slower views later, the fast view no longer sets the bar.
         for v in 1..=PEAK_VIEWS as u64 {
-            m.enter_view(v, now);
+            m.enter_view(View(v), now);
             run(&mut m, &mut now, 3, 4, 300);
         }
-        assert!(m.peaks.iter().all(|(v, _)| *v >= 1));
+        assert!(m.peaks.iter().all(|(v, _)| *v >= View(1)));
         assert_eq!(m.best().rate, 300);
         assert_eq!(run(&mut m, &mut now, 3, 4, 200), 0, "200 is not below half of 300");
     }

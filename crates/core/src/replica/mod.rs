@@ -44,6 +44,7 @@ mod view_change;
 use crate::config::ClusterConfig;
 use crate::crypto::{Digest, MacKey, NodeKeys};
 use crate::exec::{Chunked, Executor};
+use crate::ids::NodeRange;
 use crate::message::{
     Cert, ClientId, Message, NewView, NodeId, Proposal, Request, Seq, StableProof, Value, View, ViewChange,
 };
@@ -382,18 +383,18 @@ impl<S: Service> crate::node::Node for Replica<S> {
         use crate::node::Admit;
         let cfg = self.config();
         if crate::node::is_stage_id(cfg, from) {
-            return Admit::Step(Input::Message { from: Peer::Node(crate::config::stage_node(from)), msg });
+            return Admit::Step(Input::Message { from: Peer::Node(crate::config::stage_node(from.0)), msg });
         }
         let mine = self.epoch();
         if epoch == mine {
-            return match cfg.membership.index_of(from) {
+            return match cfg.membership.index_of(from.0) {
                 Some(index) if checked => Admit::Step(Input::Checked { from: index, msg }),
                 Some(index) => Admit::Step(Input::Message { from: Peer::Node(index), msg }),
                 None => Admit::Drop,
             };
         }
         match msg {
-            Message::EpochCerts(_) => Admit::Step(Input::Message { from: Peer::Node(0), msg }),
+            Message::EpochCerts(_) => Admit::Step(Input::Message { from: Peer::Node(NodeId(0)), msg }),
             Message::Status { .. } if epoch < mine => {
                 let certs = self.epoch_certs_after(epoch);
                 if certs.is_empty() {
@@ -410,9 +411,9 @@ impl<S: Service> crate::node::Node for Replica<S> {
 impl<S: Service> Replica<S> {
     /// A fresh node at view 0 with an empty state.
     pub fn new(cfg: ClusterConfig, id: NodeId, secrets: NodeSecrets, service: S) -> Replica<S> {
-        assert!((id as usize) < cfg.n(), "node id {id} outside a cluster of {}", cfg.n());
+        assert!((id.0 as usize) < cfg.n(), "node id {id} outside a cluster of {}", cfg.n());
         assert_eq!(
-            cfg.node_keys[id as usize],
+            cfg.node_keys[id.0 as usize],
             secrets.signing.public(),
             "signing key does not match the configuration"
         );
@@ -421,7 +422,7 @@ impl<S: Service> Replica<S> {
         assert_eq!(ids.len(), n, "the membership names every node");
         let workers = cfg.options.exec_workers;
         let endorse_row = endorse_keys(&secrets.signing, &cfg.membership);
-        let hearsay = endorse::Hearsay::new(endorse::hearsay_chargeable(&cfg, 0..cfg.n() as NodeId));
+        let hearsay = endorse::Hearsay::new(endorse::hearsay_chargeable(&cfg, NodeRange::first(cfg.n())));
         let rq_row = cfg.stages.rq.iter().map(|k| endorse_key(&secrets.signing, k)).collect();
         let prev_keys = cfg.membership.previous.as_ref().and_then(|p| {
             let q = p.quorums().ok()?.with_mutation(cfg.quorums.mutation()).order_quorum();
@@ -452,20 +453,20 @@ impl<S: Service> Replica<S> {
             id,
             secrets,
             now: 0,
-            view: 0,
-            floor: 0,
+            view: View(0),
+            floor: Seq(0),
             new_view: None,
             vc_target: None,
             view_change_timeout,
             vc_attempts: 0,
-            stop_sent: 0,
-            stops: vec![0; n],
+            stop_sent: View(0),
+            stops: vec![View(0); n],
             view_changes: BTreeMap::new(),
             own_view_change: None,
             awaiting: BTreeMap::new(),
             value_answers: vec![BTreeMap::new(); n],
             log: BTreeMap::new(),
-            next_propose: 1,
+            next_propose: Seq(1),
             time_proposed: 0,
             proposals_closed: None,
             view_record_durable: true,
@@ -489,7 +490,7 @@ impl<S: Service> Replica<S> {
             endorse_row,
             rq_row,
             prev_keys,
-            stable_id: ids[id as usize],
+            stable_id: ids[id.0 as usize],
             epoch_certs: Vec::new(),
             epoch_reported: false,
             at_barrier: false,
@@ -504,7 +505,7 @@ impl<S: Service> Replica<S> {
             pushes: push::PushQueues::default(),
             transfer: None,
             helped_at: vec![0; n],
-            peer_executed: vec![0; n],
+            peer_executed: vec![Seq(0); n],
             heard_at: vec![None; n],
             exec_stage,
             status_timeout,
@@ -633,7 +634,7 @@ impl<S: Service> Replica<S> {
 
     fn on_message(&mut self, from: Peer, msg: Message, checked: bool, out: &mut Outputs) {
         if let Peer::Node(n) = from {
-            if let Some(heard) = self.heard_at.get_mut(n as usize) {
+            if let Some(heard) = self.heard_at.get_mut(n.0 as usize) {
                 *heard = Some(self.now);
             }
         }
@@ -674,10 +675,10 @@ impl<S: Service> Replica<S> {
             }
             (Peer::Node(n), msg) if self.is_exec_peer(n) => self.on_exec_message(n, msg, out),
             (Peer::Node(n), msg) if self.is_rq_peer(n) => self.on_rq_message(n, msg, out),
-            (Peer::Node(n), Message::Forward(req)) if self.cfg.rq_separated() && (n as usize) < self.cfg.n() => {
+            (Peer::Node(n), Message::Forward(req)) if self.cfg.rq_separated() && (n.0 as usize) < self.cfg.n() => {
                 self.on_relayed(n, req, out)
             }
-            (Peer::Node(n), msg) if n as usize >= self.cfg.n() || n == self.id => {
+            (Peer::Node(n), msg) if n.0 as usize >= self.cfg.n() || n == self.id => {
                 Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
             }
             (Peer::Node(n), Message::Forward(req)) => self.on_request(Peer::Node(n), req, out),
@@ -768,7 +769,7 @@ impl<S: Service> Replica<S> {
 
     /// Sends to every other node, now.
     fn broadcast(&self, msg: Message, out: &mut Outputs) {
-        for n in 0..self.cfg.n() as NodeId {
+        for n in NodeRange::first(self.cfg.n()) {
             if n != self.id {
                 out.send.push((Peer::Node(n), msg.clone()));
             }
@@ -777,7 +778,7 @@ impl<S: Service> Replica<S> {
 
     /// Sends to every other node once everything persisted so far is durable.
     fn broadcast_durable(&self, msg: Message, out: &mut Outputs) {
-        for n in 0..self.cfg.n() as NodeId {
+        for n in NodeRange::first(self.cfg.n()) {
             if n != self.id {
                 out.send_after_persist.push((Peer::Node(n), msg.clone()));
             }
@@ -817,7 +818,7 @@ impl<S: Service> Replica<S> {
             // requests were grouped (normal.rs `check_signed_requests`, verify.rs).
             let owner = crate::message::owner_of(req.client);
             return match &req.sig {
-                Some(sig) if self.client_keys.verify_batch(&[(owner, req.statement(), *sig)]) => Ok(()),
+                Some(sig) if self.client_keys.verify_batch(&[(ClientId(owner.0), req.statement(), *sig)]) => Ok(()),
                 _ => Err(Reject::BadMac { client: req.client }),
             };
         }
@@ -862,7 +863,7 @@ impl<S: Service> Replica<S> {
 
     /// Whether this node sends `client`'s result for `seq` in full when it is large.
     fn designated(&self, client: ClientId, seq: u64) -> bool {
-        (client.wrapping_add(seq) % self.cfg.n() as u64) as NodeId == self.id
+        NodeId((client.0.wrapping_add(seq) % self.cfg.n() as u64) as u32) == self.id
     }
 
     /// The records that describe this node's durable state, for log compaction.

@@ -5,9 +5,11 @@
 use super::{Event, ExecutedRequest, Outputs, Peer, Pending, Reject, Replica};
 use crate::config::Auth;
 use crate::crypto::Digest;
+use crate::ids::NodeRange;
 use crate::membership::ADMIN_CLIENT;
 use crate::message::{
-    owner_of, write_statement, Cert, Message, NodeId, Proposal, Proposed, Reply, Request, Seq, Value, View, Write,
+    owner_of, write_statement, Cert, ClientId, Message, NodeId, Proposal, Proposed, Reply, Request, Seq, Value, View,
+    Write,
 };
 use crate::service::Service;
 use crate::wal::Record;
@@ -55,7 +57,7 @@ impl<S: Service> Replica<S> {
             return;
         }
         let batch = std::mem::take(&mut self.unsigned);
-        let items: Option<Vec<(u64, Digest, crate::crypto::Sig)>> =
+        let items: Option<Vec<(ClientId, Digest, crate::crypto::Sig)>> =
             batch.iter().map(|(_, r)| r.sig.map(|sig| (owner_of(r.client), r.statement(), sig))).collect();
         let all_valid = items.is_some_and(|items| self.client_keys.verify_batch(&items));
         for (from, req) in batch {
@@ -316,7 +318,7 @@ impl<S: Service> Replica<S> {
             // Only endorsers are known to hold a request's bytes.
             return Err(Reject::BadBatch("an operation by digest without auth = rq-mac"));
         }
-        let mut clients: Vec<u64> = value.requests.iter().map(Proposed::client).collect();
+        let mut clients: Vec<ClientId> = value.requests.iter().map(Proposed::client).collect();
         clients.sort_unstable();
         if clients.windows(2).any(|w| w[0] == w[1]) {
             return Err(Reject::BadBatch("two requests of one client"));
@@ -561,7 +563,7 @@ impl<S: Service> Replica<S> {
             }
             // Borrowed, not cloned (batches of requests): `log` and `exec` are disjoint.
             let values: Vec<&Value> =
-                (first..first + count).filter_map(|seq| self.log.get(&seq)?.decided_value.as_ref()).collect();
+                first.until(first + count).filter_map(|seq| self.log.get(&seq)?.decided_value.as_ref()).collect();
             // What the bookkeeping below needs of each value, taken while `values` (a
             // borrow of the log) lives.
             let shapes: Vec<(Vec<Digest>, usize)> = values
@@ -577,7 +579,7 @@ impl<S: Service> Replica<S> {
                 self.push_events(&tick.pushes, out);
                 out.events.push(Event::Ticked { seq: tick.seq, time: tick.time });
             }
-            for ((seq, (ops, bytes)), outcomes) in (first..).zip(shapes).zip(outcomes) {
+            for ((seq, (ops, bytes)), outcomes) in first.onward().zip(shapes).zip(outcomes) {
                 let mut executed = Vec::new();
                 for (o, op) in outcomes.iter().zip(ops) {
                     // Whether the client sent this request here itself (see `Pending::direct`).
@@ -718,9 +720,9 @@ impl<S: Service> Replica<S> {
             // WRITE are no news to it). While one node is down every slot stays short of
             // n accepts, and resending whole proposals and votes to everyone cost the
             // live nodes a large share of their throughput.
-            let needs = |n: NodeId| self.peer_executed[n as usize] < seq && !silent[n as usize];
+            let needs = |n: NodeId| self.peer_executed[n.0 as usize] < seq && !silent[n.0 as usize];
             let prepared = |n: NodeId| slot.accepts.get(&n) == Some(digest);
-            let peers = (0..self.cfg.n() as NodeId).filter(|&n| n != self.id && needs(n));
+            let peers = NodeRange::first(self.cfg.n()).filter(|&n| n != self.id && needs(n));
             let (behind, prepared): (Vec<NodeId>, Vec<NodeId>) = peers.partition(|&n| !prepared(n));
             if !behind.is_empty() {
                 if primary {

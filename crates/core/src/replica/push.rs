@@ -157,15 +157,15 @@ mod tests {
         let mut q = PushQueues::default();
         let mut dropped = 0;
         for seq in 1..=PUSH_EVENTS_PER_CLIENT_MAX as u64 + 5 {
-            dropped += q.keep(&event(1, seq, 10));
+            dropped += q.keep(&event(ClientId(1), seq, 10));
         }
         assert_eq!(dropped, 5);
         assert_eq!(q.events(), PUSH_EVENTS_PER_CLIENT_MAX);
-        assert_eq!(q.queues[&1].front().map(|(s, _)| *s), Some(6), "the oldest went first");
-        q.ack(1, 100);
+        assert_eq!(q.queues[&ClientId(1)].front().map(|(s, _)| *s), Some(6), "the oldest went first");
+        q.ack(ClientId(1), 100);
         assert_eq!(q.events(), PUSH_EVENTS_PER_CLIENT_MAX + 5 - 100);
         assert_eq!(q.bytes(), q.events() * 10);
-        q.ack(1, u64::MAX);
+        q.ack(ClientId(1), u64::MAX);
         assert_eq!((q.events(), q.bytes()), (0, 0));
         assert!(q.queues.is_empty(), "no empty queue is kept");
     }
@@ -175,15 +175,15 @@ mod tests {
         let mut q = PushQueues::default();
         let big = PUSH_BYTES_MAX / 4 + 1;
         for c in 0..3 {
-            assert_eq!(q.keep(&event(c, 1, big)), 0);
+            assert_eq!(q.keep(&event(ClientId(c), 1, big)), 0);
         }
         // Three fit; the fourth had nothing of its own to drop, so it was refused.
-        assert_eq!(q.keep(&event(3, 1, big)), 1);
+        assert_eq!(q.keep(&event(ClientId(3), 1, big)), 1);
         assert_eq!(q.events(), 3);
-        assert!(!q.queues.contains_key(&3));
+        assert!(!q.queues.contains_key(&ClientId(3)));
         assert!(q.bytes() <= PUSH_BYTES_MAX);
         // A client with events gives up its own oldest to make room.
-        assert_eq!(q.keep(&event(0, 2, big)), 1);
+        assert_eq!(q.keep(&event(ClientId(0), 2, big)), 1);
         assert_eq!(q.events(), 3);
     }
 }

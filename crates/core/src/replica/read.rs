@@ -31,6 +31,7 @@
 //! with execution nodes.
 
 use super::{Outputs, Peer, Reject, Replica};
+use crate::ids::NodeRange;
 use crate::message::{ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody, Seq};
 use crate::quorum::Mutation;
 use crate::read_wait::Until;
@@ -63,7 +64,7 @@ impl<S: Service> Replica<S> {
             }
             ReadConsistency::Serializable => Until::ClientExecuted(read.after),
             ReadConsistency::Linearizable if self.cfg.quorums.mutation() == Some(Mutation::ReadWithoutWait) => {
-                Until::Executed(0)
+                Until::Executed(Seq(0))
             }
             ReadConsistency::Linearizable => Until::Executed(self.accepted_high()),
             ReadConsistency::Index => {
@@ -129,7 +130,7 @@ impl<S: Service> Replica<S> {
         let Some((round, answered)) = self.reads.round_to_resend(self.now, self.cfg.options.retransmit_ms) else {
             return;
         };
-        for node in (0..self.cfg.n() as NodeId).filter(|node| !answered.contains(node)) {
+        for node in NodeRange::first(self.cfg.n()).filter(|node| !answered.contains(node)) {
             out.send.push((Peer::Node(node), Message::IndexProbe { round }));
         }
     }
@@ -143,7 +144,7 @@ impl<S: Service> Replica<S> {
             .iter()
             .rev()
             .find(|(_, slot)| slot.cert.is_some() || slot.decided.is_some())
-            .map_or(0, |(seq, _)| *seq);
+            .map_or(Seq(0), |(seq, _)| *seq);
         voted.max(self.stable.seq).max(self.exec.executed())
     }
 

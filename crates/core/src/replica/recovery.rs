@@ -55,12 +55,12 @@ impl<S: Service> Replica<S> {
         r.now = now;
         let Durable { mut snapshots, records } = durable;
         snapshots.sort_by_key(|(seq, _)| *seq);
-        let mut snapshot_seq: Seq = 0;
+        let mut snapshot_seq: Seq = Seq(0);
         if let Some((_, chunked)) = snapshots.last() {
             snapshot_seq = r.exec.restore(&chunked.to_bytes())?;
         }
         for (seq, chunked) in snapshots {
-            if seq > 0 {
+            if seq > Seq(0) {
                 r.own_checkpoints.insert(seq, chunked);
             }
         }
@@ -90,7 +90,7 @@ impl<S: Service> Replica<S> {
         }
         if let Some(t) = r.vc_target {
             r.stop_sent = t;
-            r.stops[id as usize] = t;
+            r.stops[id.0 as usize] = t;
             r.view_change_timeout.restart(now);
         }
         // Pass 2: per-instance state above the stable checkpoint.
@@ -156,7 +156,7 @@ impl<S: Service> Replica<S> {
             }
         }
         r.next_propose = r.next_propose.max(r.floor + 1).max(r.stable.seq + 1);
-        if r.stable.seq > 0 {
+        if r.stable.seq > Seq(0) {
             r.stable_chunks = r.own_checkpoints.remove(&r.stable.seq).filter(|c| c.root == r.stable.root);
             if snapshot_seq < r.stable.seq {
                 // The log below the stable checkpoint is gone: fetch the state, reusing

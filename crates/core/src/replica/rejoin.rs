@@ -120,8 +120,8 @@ impl<S: Service> Replica<S> {
         if rejoin.reports.len() < quorum {
             return Ok(());
         }
-        let view = rejoin.reports.values().map(|(v, _)| *v).max().unwrap_or(0);
-        let executed = rejoin.reports.values().map(|(_, e)| *e).max().unwrap_or(0);
+        let view = rejoin.reports.values().map(|(v, _)| *v).max().unwrap_or_default();
+        let executed = rejoin.reports.values().map(|(_, e)| *e).max().unwrap_or(Seq(0));
         rejoin.bounds = Some((view, executed));
         self.persist(Record::Rejoining { bounds: Some((view, executed)) }, out);
         out.events.push(Event::RejoinBounds { view, executed });

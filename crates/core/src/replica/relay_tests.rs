@@ -15,14 +15,14 @@ use crate::client::Client;
 fn view_1_without_node_3(cfg: &ClusterConfig, ops: u64) -> (Net, Client, u64) {
     let mut net = Net::new(cfg);
     let mut c = client(cfg, 7);
-    net.down[3] = true;
+    net.down.insert(NodeId(3));
     let mut now = 10;
     let mut out = Outputs::default();
-    net.nodes[0].suspect(1, &mut out);
-    net.absorb(0, out);
+    net.nodes[0].suspect(View(1), &mut out);
+    net.absorb(NodeId(0), out);
     net.run(now);
     let views: Vec<View> = net.nodes.iter().map(Replica::view).collect();
-    assert_eq!(views, vec![1, 1, 1, 0]);
+    assert_eq!(views, [1, 1, 1, 0].map(View));
     for i in 0..ops {
         now += 10;
         net.submit(&mut c, now, &[i as u8]);
@@ -60,17 +60,17 @@ fn a_restarted_node_relays_the_new_view_of_its_view_and_the_laggard_installs_it(
                 net.submit(&mut c, now, &[i as u8]);
                 assert!(net.result(&mut c).is_some());
             }
-            assert!(net.nodes[2].stable_seq() >= interval, "node 2's log was compacted");
+            assert!(net.nodes[2].stable_seq() >= Seq(interval), "node 2's log was compacted");
         }
         now += 10;
-        net.restart(2, now);
-        assert_eq!(net.nodes[2].view(), 1, "recovered into view 1");
+        net.restart(NodeId(2), now);
+        assert_eq!(net.nodes[2].view(), View(1), "recovered into view 1");
         now += cfg.options.status_ms;
-        let status = Message::Status { view: 0, executed: 0, stable: 0 };
+        let status = Message::Status { view: View(0), executed: Seq(0), stable: Seq(0) };
         let mut out = Outputs::default();
-        net.nodes[2].step(now, Input::Message { from: Peer::Node(3), msg: status }, &mut out);
-        let (relayed, ungated) = new_views_to(&out, 3);
-        assert_eq!(relayed, vec![1], "compacted: {compacted}: NEW-VIEW(1) relayed to node 3");
+        net.nodes[2].step(now, Input::Message { from: Peer::Node(NodeId(3)), msg: status }, &mut out);
+        let (relayed, ungated) = new_views_to(&out, NodeId(3));
+        assert_eq!(relayed, vec![View(1)], "compacted: {compacted}: NEW-VIEW(1) relayed to node 3");
         assert!(!ungated, "a relay waits for the relaying node's records");
         // Node 3 (a fresh node in view 0) installs view 1 from the relay alone.
         let nv = out.send_after_persist.into_iter().find_map(|(_, m)| match m {
@@ -79,9 +79,9 @@ fn a_restarted_node_relays_the_new_view_of_its_view_and_the_laggard_installs_it(
         });
         let mut laggard = tests::node(&cfg, 3);
         let mut out = Outputs::default();
-        laggard.step(now, Input::Message { from: Peer::Node(2), msg: nv.expect("relayed") }, &mut out);
-        assert_eq!(laggard.view(), 1);
-        assert!(out.events.contains(&Event::ViewInstalled { view: 1 }));
+        laggard.step(now, Input::Message { from: Peer::Node(NodeId(2)), msg: nv.expect("relayed") }, &mut out);
+        assert_eq!(laggard.view(), View(1));
+        assert!(out.events.contains(&Event::ViewInstalled { view: View(1) }));
     }
 }
 
@@ -94,31 +94,31 @@ fn a_laggard_that_catches_up_by_state_transfer_ends_in_the_clusters_view() {
     let cfg = config(1, 1);
     let interval = cfg.options.checkpoint_interval;
     let (mut net, mut c, mut now) = view_1_without_node_3(&cfg, 3 * interval + 2);
-    assert!(net.nodes[0].stable_seq() >= 3 * interval);
+    assert!(net.nodes[0].stable_seq() >= Seq(3 * interval));
     now += 10;
-    net.restart(0, now);
-    net.restart(2, now);
-    net.down[1] = true;
-    net.down[3] = false;
+    net.restart(NodeId(0), now);
+    net.restart(NodeId(2), now);
+    net.down.insert(NodeId(1));
+    net.down.remove(&NodeId(3));
     let view_changes =
         |net: &Net| net.events.iter().filter(|(_, e)| matches!(e, Event::ViewChangeStarted { .. })).count();
     let before = view_changes(&net);
     let deadline = now + 20 * cfg.options.status_ms;
-    while now < deadline && (net.nodes[3].executed() < net.nodes[0].executed() || net.nodes[3].view() < 1) {
+    while now < deadline && (net.nodes[3].executed() < net.nodes[0].executed() || net.nodes[3].view() < View(1)) {
         now += 5;
         net.tick(now);
     }
     assert!(
-        net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })),
+        net.events.iter().any(|(n, e)| *n == NodeId(3) && matches!(e, Event::StateTransferDone { .. })),
         "node 3 caught up by state transfer"
     );
     assert_eq!(net.nodes[3].executed(), net.nodes[0].executed());
-    assert_eq!(net.nodes[3].view(), 1, "{}", net.nodes[3].status_line());
-    assert!(net.events.contains(&(3, Event::ViewInstalled { view: 1 })));
-    assert!(net.nodes[3].new_view.as_ref().is_some_and(|nv| nv.view == 1), "with the proof, to relay in turn");
+    assert_eq!(net.nodes[3].view(), View(1), "{}", net.nodes[3].status_line());
+    assert!(net.events.contains(&(NodeId(3), Event::ViewInstalled { view: View(1) })));
+    assert!(net.nodes[3].new_view.as_ref().is_some_and(|nv| nv.view == View(1)), "with the proof, to relay in turn");
     // Node 3 takes part in view 1 at once: nodes 1, 2 and 3 are a quorum.
-    net.down[1] = false;
-    net.down[0] = true;
+    net.down.remove(&NodeId(1));
+    net.down.insert(NodeId(0));
     now += 10;
     net.submit(&mut c, now, b"after");
     assert!(net.result(&mut c).is_some(), "decided in view 1 with node 3's votes");

@@ -69,46 +69,57 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     let y = request(&cfg, 8, b"y");
     // Node 0 restarted as view 0's primary: it asks to leave view 0 (recovery.rs).
     let mut n0_out = Outputs::default();
-    let mut n0 =
-        Replica::recover(cfg.clone(), 0, tests::secrets(0), Log::default(), Durable::default(), 10, &mut n0_out)
-            .expect("recovers");
+    let mut n0 = Replica::recover(
+        cfg.clone(),
+        NodeId(0),
+        tests::secrets(0),
+        Log::default(),
+        Durable::default(),
+        10,
+        &mut n0_out,
+    )
+    .expect("recovers");
     let mut n1 = node(&cfg, 1);
     let mut n2 = node(&cfg, 2);
     let mut n1_durable = Vec::new();
     // Client 7's request reaches node 1 only.
     let mut out = Outputs::default();
-    n1.step(10, Input::Message { from: Peer::Client(7), msg: Message::Request(x) }, &mut out);
+    n1.step(10, Input::Message { from: Peer::Client(ClientId(7)), msg: Message::Request(x) }, &mut out);
     n1_durable.extend(records(&out));
     // Everybody follows node 0's STOP and commits to view 1.
-    let stop0 = sent(&n0_out, 1, false);
+    let stop0 = sent(&n0_out, NodeId(1), false);
     let mut o1 = Outputs::default();
-    feed(&mut n1, 20, 0, stop0.clone(), &mut o1);
+    feed(&mut n1, 20, NodeId(0), stop0.clone(), &mut o1);
     n1_durable.extend(records(&o1));
     let mut o2 = Outputs::default();
-    feed(&mut n2, 20, 0, sent(&n0_out, 2, false), &mut o2);
+    feed(&mut n2, 20, NodeId(0), sent(&n0_out, NodeId(2), false), &mut o2);
     let mut o0 = Outputs::default();
-    feed(&mut n0, 20, 1, sent(&o1, 0, false), &mut o0);
-    feed(&mut n0, 20, 2, sent(&o2, 0, false), &mut o0);
-    let vc0: Vec<Message> = sent(&o0, 1, true);
-    let vc2: Vec<Message> = sent(&o2, 1, true);
+    feed(&mut n0, 20, NodeId(1), sent(&o1, NodeId(0), false), &mut o0);
+    feed(&mut n0, 20, NodeId(2), sent(&o2, NodeId(0), false), &mut o0);
+    let vc0: Vec<Message> = sent(&o0, NodeId(1), true);
+    let vc2: Vec<Message> = sent(&o2, NodeId(1), true);
     assert!(vc0.iter().chain(&vc2).all(|m| matches!(m, Message::ViewChange(_))) && !vc0.is_empty() && !vc2.is_empty());
     // Node 0's VIEW-CHANGE completes node 1's quorum: it installs view 1 and proposes X.
     let mut install = Outputs::default();
-    feed(&mut n1, 30, 0, vc0.clone(), &mut install);
-    assert_eq!(n1.view(), 1);
+    feed(&mut n1, 30, NodeId(0), vc0.clone(), &mut install);
+    assert_eq!(n1.view(), View(1));
     let proposes = |msgs: Vec<Message>| msgs.iter().filter(|m| matches!(m, Message::Propose { .. })).count();
     if cfg.quorums.mutation().is_none() {
-        assert_eq!(proposes(sent(&install, 0, false)), 0, "a PROPOSE of view 1 left before the view was durable");
-        assert_eq!(proposes(sent(&install, 0, true)), 1, "it waits for the View record");
+        assert_eq!(
+            proposes(sent(&install, NodeId(0), false)),
+            0,
+            "a PROPOSE of view 1 left before the view was durable"
+        );
+        assert_eq!(proposes(sent(&install, NodeId(0), true)), 1, "it waits for the View record");
     }
     // Node 1 crashes before that step's records are durable: what left at once reaches
     // node 0 (node 2's copies are lost), the gated messages never leave.
     let mut o0 = Outputs::default();
-    feed(&mut n0, 31, 1, sent(&install, 0, false), &mut o0);
+    feed(&mut n0, 31, NodeId(1), sent(&install, NodeId(0), false), &mut o0);
     let mut out = Outputs::default();
     let mut n1 = Replica::recover(
         cfg.clone(),
-        1,
+        NodeId(1),
         tests::secrets(1),
         Log::default(),
         Durable { snapshots: vec![], records: n1_durable },
@@ -117,53 +128,61 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     )
     .expect("recovers");
     // Recovered, node 1 gets client 8's request and the VIEW-CHANGEs (resent).
-    n1.step(40, Input::Message { from: Peer::Client(8), msg: Message::Request(y) }, &mut out);
-    feed(&mut n1, 41, 2, vc2, &mut out);
-    feed(&mut n1, 41, 0, vc0, &mut out);
-    assert_eq!(n1.view(), 1, "leads view 1 again");
+    n1.step(40, Input::Message { from: Peer::Client(ClientId(8)), msg: Message::Request(y) }, &mut out);
+    feed(&mut n1, 41, NodeId(2), vc2, &mut out);
+    feed(&mut n1, 41, NodeId(0), vc0, &mut out);
+    assert_eq!(n1.view(), View(1), "leads view 1 again");
     let n1_second = out;
     // Node 2 hears everything; node 0 hears everything but node 2's ACCEPTs.
     let all = |out: &Outputs, to| [sent(out, to, false), sent(out, to, true)].concat();
     let mut o2 = Outputs::default();
-    feed(&mut n2, 42, 1, all(&n1_second, 2), &mut o2);
+    feed(&mut n2, 42, NodeId(1), all(&n1_second, NodeId(2)), &mut o2);
     let mut o0 = Outputs::default();
-    feed(&mut n0, 42, 1, all(&n1_second, 0), &mut o0);
+    feed(&mut n0, 42, NodeId(1), all(&n1_second, NodeId(0)), &mut o0);
     let mut o1 = Outputs::default();
-    feed(&mut n1, 43, 2, all(&o2, 1), &mut o1);
-    feed(&mut n1, 43, 0, all(&o0, 1), &mut o1);
-    feed(&mut n2, 43, 0, all(&o0, 2), &mut o2);
-    let first = [decided(&n1_second, 1), decided(&o1, 1), decided(&o2, 1)].into_iter().flatten().next();
+    feed(&mut n1, 43, NodeId(2), all(&o2, NodeId(1)), &mut o1);
+    feed(&mut n1, 43, NodeId(0), all(&o0, NodeId(1)), &mut o1);
+    feed(&mut n2, 43, NodeId(0), all(&o0, NodeId(2)), &mut o2);
+    let first = [decided(&n1_second, Seq(1)), decided(&o1, Seq(1)), decided(&o2, Seq(1))].into_iter().flatten().next();
     let first = first.expect("instance 1 decided by nodes 1 and 2");
-    if let Some(d) = decided(&o0, 1) {
+    if let Some(d) = decided(&o0, Seq(1)) {
         assert_eq!(d, first);
     }
     // Once a peer voted in view 1, node 1's record of it is durable: proposals leave at
     // once again, in parallel with the primary's own fsync.
     let mut o1 = Outputs::default();
-    n1.step(44, Input::Message { from: Peer::Client(9), msg: Message::Request(request(&cfg, 9, b"z")) }, &mut o1);
-    assert!(sent(&o1, 2, false).iter().any(|m| matches!(m, Message::Propose { view: 1, .. })), "{:?}", o1.send);
+    n1.step(
+        44,
+        Input::Message { from: Peer::Client(ClientId(9)), msg: Message::Request(request(&cfg, 9, b"z")) },
+        &mut o1,
+    );
+    assert!(
+        sent(&o1, NodeId(2), false).iter().any(|m| matches!(m, Message::Propose { view: View(1), .. })),
+        "{:?}",
+        o1.send
+    );
     // Node 1 goes down; nodes 0 and 2 move to view 2, whose primary is node 2.
     let mut o0 = Outputs::default();
     let mut o2 = Outputs::default();
-    n0.step(50, Input::Message { from: Peer::Node(2), msg: Message::Stop { view: 2 } }, &mut o0);
-    n2.step(50, Input::Message { from: Peer::Node(0), msg: Message::Stop { view: 2 } }, &mut o2);
+    n0.step(50, Input::Message { from: Peer::Node(NodeId(2)), msg: Message::Stop { view: View(2) } }, &mut o0);
+    n2.step(50, Input::Message { from: Peer::Node(NodeId(0)), msg: Message::Stop { view: View(2) } }, &mut o2);
     let period = cfg.options.retransmit_ms;
     let mut accepts: std::collections::BTreeMap<(View, Digest), std::collections::BTreeSet<u32>> = Default::default();
     for round in 0..6 {
         let now = 60 + round * period;
-        let (to0, to2) = (all(&o2, 0), all(&o0, 2));
+        let (to0, to2) = (all(&o2, NodeId(0)), all(&o0, NodeId(2)));
         o0 = Outputs::default();
         o2 = Outputs::default();
-        feed(&mut n0, now, 2, to0, &mut o0);
-        feed(&mut n2, now, 0, to2, &mut o2);
+        feed(&mut n0, now, NodeId(2), to0, &mut o0);
+        feed(&mut n2, now, NodeId(0), to2, &mut o2);
         n0.step(now, Input::Tick, &mut o0);
         n2.step(now, Input::Tick, &mut o2);
         for (who, out) in [(0u32, &o0), (2, &o2)] {
-            if let Some(d) = decided(out, 1) {
+            if let Some(d) = decided(out, Seq(1)) {
                 assert_eq!(d, first, "node {who} decided another value for instance 1");
             }
             for (_, m) in out.send.iter().chain(&out.send_after_persist) {
-                if let Message::Accept { view, seq: 1, digest } = m {
+                if let Message::Accept { view, seq: Seq(1), digest } = m {
                     accepts.entry((*view, *digest)).or_default().insert(who);
                 }
             }
@@ -174,8 +193,8 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     for ((view, digest), who) in &accepts {
         assert!(*digest == first || who.len() < 2, "view {view} chose another value for instance 1: {who:?}");
     }
-    assert_eq!(n0.view(), 2);
-    assert_eq!(n0.log.get(&1).and_then(|s| s.decided), Some(first), "node 0 learns the value that was decided");
+    assert_eq!(n0.view(), View(2));
+    assert_eq!(n0.log.get(&Seq(1)).and_then(|s| s.decided), Some(first), "node 0 learns the value that was decided");
 }
 
 /// Defect 4: a node whose disk was wiped must not vote as if new. CFT, n = 3: X is decided
@@ -201,19 +220,20 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
     use super::tests::{client, Net};
     let mut net = Net::new(&cfg);
     let mut c = client(&cfg, 7);
-    net.down[2] = true;
+    net.down.insert(NodeId(2));
     net.submit(&mut c, 10, b"x");
     assert!(net.result(&mut c).is_some(), "X acknowledged");
-    let x = net.nodes[0].log.get(&1).and_then(|s| s.decided).expect("decided at node 0");
+    let x = net.nodes[0].log.get(&Seq(1)).and_then(|s| s.decided).expect("decided at node 0");
     // Node 1 loses its disk and restarts; node 0 goes down; node 2 is back.
-    net.down[2] = false;
-    net.down[0] = true;
+    net.down.remove(&NodeId(2));
+    net.down.insert(NodeId(0));
     let mut out = Outputs::default();
-    net.nodes[1] = Replica::rejoin(cfg.clone(), 1, tests::secrets(1), Log::default(), 20, &mut out).expect("empty");
-    net.absorb(1, out);
+    net.nodes[1] =
+        Replica::rejoin(cfg.clone(), NodeId(1), tests::secrets(1), Log::default(), 20, &mut out).expect("empty");
+    net.absorb(NodeId(1), out);
     let check = |net: &Net| {
         for (n, e) in &net.events {
-            if let Event::Decided { seq: 1, digest } = e {
+            if let Event::Decided { seq: Seq(1), digest } = e {
                 assert_eq!(*digest, x, "node {n} decided another value for instance 1");
             }
         }
@@ -229,7 +249,7 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
     }
     assert!(net.nodes[1].rejoining(), "no bounds without node 0: Q others must answer");
     // Node 0 is back: the cluster runs, node 1 learns its bounds, catches up and rejoins.
-    net.down[0] = false;
+    net.down.remove(&NodeId(0));
     let mut k = 0u8;
     let mut done = false;
     while (net.nodes[1].rejoining() || !done) && now < 20 + 400 * timeout {
@@ -245,7 +265,7 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
         }
         for cl in [&mut c, &mut other] {
             for (n, m) in cl.on_tick(now) {
-                net.queue.push_back((Peer::Client(cl.id()), Peer::Node(n), m));
+                net.post(Peer::Client(cl.id()), n, m);
             }
         }
         if !c.busy() {
@@ -256,7 +276,7 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
     let state = |n: &Replica<Log>| (n.view(), n.executed(), n.stable.seq, n.rejoin_bounds());
     let states: Vec<_> = net.nodes.iter().map(state).collect();
     assert!(!net.nodes[1].rejoining(), "node 1 rejoined: (view, executed, stable, bounds) {states:?}");
-    assert!(net.events.iter().any(|(n, e)| *n == 1 && matches!(e, Event::Rejoined { .. })));
+    assert!(net.events.iter().any(|(n, e)| *n == NodeId(1) && matches!(e, Event::Rejoined { .. })));
     let log = |n: usize| net.nodes[n].service().0.clone();
     assert_eq!(log(1).first().map(Vec::as_slice), Some(&b"x"[..]), "X is the first operation everywhere");
     // Every node executed the same operations, in the same order, as far as it got.
@@ -276,8 +296,9 @@ fn a_retransmitted_checkpoint_vote_waits_for_its_snapshot_to_be_durable() {
     let cfg = config(1, 1);
     let mut n = node(&cfg, 0);
     let (root, membership) = (Digest([1; 32]), cfg.membership.digest());
-    let sig = tests::secrets(0).signing.sign(&crate::message::checkpoint_statement(8, &root, &membership, 0));
-    n.checkpoint_votes.entry(8).or_default().insert(0, (root, membership, sig));
+    let sig =
+        tests::secrets(0).signing.sign(&crate::message::checkpoint_statement(Seq(8), &root, &membership, NodeId(0)));
+    n.checkpoint_votes.entry(Seq(8)).or_default().insert(NodeId(0), (root, membership, sig));
     let mut out = Outputs::default();
     n.retransmit_checkpoint_votes(&mut out);
     let votes = |q: &Vec<(Peer, Message)>| q.iter().filter(|(_, m)| matches!(m, Message::Checkpoint(_))).count();

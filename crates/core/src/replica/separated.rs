@@ -53,7 +53,7 @@ impl ExecStage {
     }
 
     pub(super) fn stable_seq(&self) -> Seq {
-        self.stable.as_ref().map_or(0, |p| p.seq)
+        self.stable.as_ref().map_or(Seq(0), |p| p.seq)
     }
 
     pub(super) fn status(&self) -> String {
@@ -183,7 +183,7 @@ impl<S: Service> Replica<S> {
             return Ok(());
         }
         let statement = crate::message::checkpoint_statement(vote.seq, &vote.root, &vote.membership, from);
-        if !self.exec_stage.keys.verify(from, &statement, &vote.sig) {
+        if !self.exec_stage.keys.verify(from.0, &statement, &vote.sig) {
             return Err(Reject::BadSignature { signer: from });
         }
         let votes = self.exec_stage.votes.entry(vote.seq).or_default();
@@ -278,8 +278,8 @@ impl<S: Service> Replica<S> {
     /// know it, and the commits after what it executed that this node still holds (UpRight §4.2, "If an execution node falls
     /// behind").
     fn help_executor(&mut self, from: NodeId, executed: Seq, stable: Seq, out: &mut Outputs) {
-        // `from` is an execution node (`is_exec_peer`), so the index is in range.
-        let index = (from - self.cfg.executors().start) as usize;
+        // `from` is an execution node (`is_exec_peer`): always in range.
+        let Some(index) = self.cfg.executors().offset(from) else { return };
         if self.now < self.exec_stage.helped_at[index] + self.cfg.options.status_ms / 2 {
             return;
         }
@@ -298,7 +298,7 @@ impl<S: Service> Replica<S> {
         }
         // `executed` is the peer's word: never past what this node executed itself.
         let last = self.exec.executed().min(executed.saturating_add(self.cfg.options.catch_up_values_max));
-        for seq in executed.saturating_add(1)..=last {
+        for seq in executed.saturating_add(1).through(last) {
             // The log holds every decided value above the certified execution checkpoint.
             let value = self.log.get(&seq).and_then(|s| s.decided_value.as_ref());
             let Some(value) = value else { break };
@@ -314,18 +314,18 @@ impl<S: Service> Replica<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{Endorsement, Request};
+    use crate::message::{ClientId, Endorsement, Request};
 
     #[test]
     fn a_commit_notice_keeps_the_value_digest_without_the_authenticators() {
-        let mut r = Request::new(7, 3, b"op".to_vec().into());
+        let mut r = Request::new(ClientId(7), 3, b"op".to_vec().into());
         r.auth = vec![[1; 16]; 4];
-        r.endorsements = vec![Endorsement { node: 1, macs: vec![[2; 16]; 4] }; 3];
+        r.endorsements = vec![Endorsement { node: NodeId(1), macs: vec![[2; 16]; 4] }; 3];
         r.sig = Some(crate::crypto::Sig([3; 64]));
         let value = Value { time: 9, requests: vec![r] };
         let notice = commit_form(&value);
         assert_eq!(notice.digest(), value.digest());
-        let bytes = |v: &Value| crate::codec::encode(&Message::Decided { seq: 1, value: v.clone() }).len();
+        let bytes = |v: &Value| crate::codec::encode(&Message::Decided { seq: Seq(1), value: v.clone() }).len();
         assert!(bytes(&notice) * 4 < bytes(&value), "{} vs {} bytes", bytes(&notice), bytes(&value));
         assert!(notice.requests[0].auth.is_empty() && notice.requests[0].endorsements.is_empty());
     }

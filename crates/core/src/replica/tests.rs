@@ -5,14 +5,15 @@ use super::*;
 use crate::client::Client;
 use crate::config::{Auth, Options};
 use crate::crypto::{PublicKey, Sig, SigningKey};
+use crate::ids::NodeRange;
 use crate::message::{
     checkpoint_statement, endorse_statement, write_statement, CertProof, CheckpointVote, Endorsement, Proposed, Read,
-    ReadConsistency, Reply, ReplyBody, Write,
+    ReadConsistency, ReplyBody, Write,
 };
 use crate::quorum::Quorums;
 use crate::service::{ExecCtx, Frozen, RestoreError, Service};
+use crate::test_net::TestNet;
 use crate::wal::Record;
-use std::collections::VecDeque;
 
 /// Appends requests; replies with the count so far.
 #[derive(Default, Clone)]
@@ -79,12 +80,12 @@ pub(super) fn config_rq(u: u32, r: u32) -> ClusterConfig {
 }
 
 pub(super) fn node(cfg: &ClusterConfig, i: u32) -> Replica<Log> {
-    Replica::new(cfg.clone(), i, secrets(i), Log::default())
+    Replica::new(cfg.clone(), NodeId(i), secrets(i), Log::default())
 }
 
 pub(super) fn client(cfg: &ClusterConfig, id: u64) -> Client {
-    let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, id)).collect();
-    Client::new(id, cfg.quorums, keys, 100, 1).with_auth(cfg.auth)
+    let keys = (0..cfg.n() as u32).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(id))).collect();
+    Client::new(ClientId(id), cfg.quorums, keys, 100, 1).with_auth(cfg.auth)
 }
 
 pub(super) fn request(cfg: &ClusterConfig, id: u64, op: &[u8]) -> Request {
@@ -122,19 +123,25 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     let cfg = config(1, 1);
     let mut p = node(&cfg, 0);
     let req = request(&cfg, 7, b"op");
-    let out = step(&mut p, 10, Peer::Client(7), Message::Request(req.clone()));
+    let out = step(&mut p, 10, Peer::Client(ClientId(7)), Message::Request(req.clone()));
     let value = Value { time: 10, requests: vec![req] };
-    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
+    assert_eq!(
+        out.persist,
+        vec![Persist::Record(Record::Accepted { view: View(0), seq: Seq(1), value: value.clone() })]
+    );
     // PROPOSE is not a vote: it leaves now, in parallel with the primary's fsync.
     assert_eq!(out.send.len(), 3);
-    assert!(out.send.iter().all(|(_, m)| *m == Message::Propose { view: 0, seq: 1, value: value.clone().into() }));
+    assert!(out
+        .send
+        .iter()
+        .all(|(_, m)| *m == Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() }));
     // The primary's vote (WRITE) waits for its Accepted record.
     assert!(out.send_after_persist.iter().all(|(_, m)| matches!(m, Message::Write(_))));
     let writes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).collect();
     assert_eq!(writes.len(), 3);
     let Message::Write(w) = &writes[0].1 else { unreachable!() };
-    assert_eq!((w.view, w.seq, w.digest), (0, 1, value.digest()));
-    assert!(cfg.node_keys[0].verify(&write_statement(&tag(), 0, 1, &value.digest(), 0), &w.sig));
+    assert_eq!((w.view, w.seq, w.digest), (View(0), Seq(1), value.digest()));
+    assert!(cfg.node_keys[0].verify(&write_statement(&tag(), View(0), Seq(1), &value.digest(), NodeId(0)), &w.sig));
 }
 
 #[test]
@@ -143,28 +150,31 @@ fn backup_rejects_bad_proposals_and_votes_once() {
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
     let value = Value { time: 10, requests: vec![req.clone()] };
-    let propose = |v: &Value| Message::Propose { view: 0, seq: 1, value: v.clone().into() };
+    let propose = |v: &Value| Message::Propose { view: View(0), seq: Seq(1), value: v.clone().into() };
 
-    let out = step(&mut b, 10, Peer::Node(2), propose(&value));
-    assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: 2, view: 0 }]);
+    let out = step(&mut b, 10, Peer::Node(NodeId(2)), propose(&value));
+    assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: NodeId(2), view: View(0) }]);
 
     let mut forged = req.clone();
     forged.op = b"other".to_vec().into();
-    let out = step(&mut b, 10, Peer::Node(0), propose(&Value { time: 10, requests: vec![forged] }));
-    assert_eq!(rejected(&out), vec![Reject::BadMac { client: 7 }]);
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(&Value { time: 10, requests: vec![forged] }));
+    assert_eq!(rejected(&out), vec![Reject::BadMac { client: ClientId(7) }]);
 
-    let out = step(&mut b, 10, Peer::Node(0), propose(&Value { time: 10_000, requests: vec![req.clone()] }));
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(&Value { time: 10_000, requests: vec![req.clone()] }));
     assert_eq!(rejected(&out), vec![Reject::BadTime { time: 10_000, now: 10 }]);
 
-    let out = step(&mut b, 10, Peer::Node(0), propose(&value));
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(&value));
     assert!(rejected(&out).is_empty());
-    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 0, seq: 1, value: value.clone() })]);
+    assert_eq!(
+        out.persist,
+        vec![Persist::Record(Record::Accepted { view: View(0), seq: Seq(1), value: value.clone() })]
+    );
     assert_eq!(out.send_after_persist.len(), 3, "one WRITE to each other node");
 
     // The primary equivocates: a second, different value for the same (view, seq).
     let other = Value { time: 11, requests: vec![req] };
-    let out = step(&mut b, 10, Peer::Node(0), propose(&other));
-    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(&other));
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: View(0), seq: Seq(1) }]);
     assert!(out.send_after_persist.is_empty());
 }
 
@@ -205,10 +215,10 @@ fn without_ticks_an_idle_cluster_decides_nothing_and_an_empty_proposal_is_refuse
     for now in (0..=500).step_by(5) {
         net.tick(now);
     }
-    assert_eq!(net.nodes[0].exec.executed(), 0);
+    assert_eq!(net.nodes[0].exec.executed(), Seq(0));
     let mut b = node(&cfg, 1);
-    let tick = Message::Propose { view: 0, seq: 1, value: Value { time: 10, requests: Vec::new() }.into() };
-    let out = step(&mut b, 10, Peer::Node(0), tick);
+    let tick = Message::Propose { view: View(0), seq: Seq(1), value: Value { time: 10, requests: Vec::new() }.into() };
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), tick);
     assert_eq!(rejected(&out), vec![Reject::BadBatch("empty batch")]);
 }
 
@@ -216,11 +226,12 @@ fn without_ticks_an_idle_cluster_decides_nothing_and_an_empty_proposal_is_refuse
 fn a_backup_refuses_a_tick_sooner_than_tick_ms_after_the_previous_instance() {
     let cfg = with_ticks(config(1, 1), 50);
     let mut b = node(&cfg, 1);
-    let propose = |seq, time| Message::Propose { view: 0, seq, value: Value { time, requests: Vec::new() }.into() };
-    assert!(rejected(&step(&mut b, 100, Peer::Node(0), propose(1, 100))).is_empty());
-    let out = step(&mut b, 120, Peer::Node(0), propose(2, 120));
+    let propose =
+        |seq, time| Message::Propose { view: View(0), seq, value: Value { time, requests: Vec::new() }.into() };
+    assert!(rejected(&step(&mut b, 100, Peer::Node(NodeId(0)), propose(Seq(1), 100))).is_empty());
+    let out = step(&mut b, 120, Peer::Node(NodeId(0)), propose(Seq(2), 120));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a tick sooner than tick_ms after the previous instance")]);
-    assert!(rejected(&step(&mut b, 150, Peer::Node(0), propose(2, 150))).is_empty());
+    assert!(rejected(&step(&mut b, 150, Peer::Node(NodeId(0)), propose(Seq(2), 150))).is_empty());
 }
 
 #[test]
@@ -228,12 +239,18 @@ fn writes_with_bad_signatures_do_not_count() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
     let d = Value::null().digest();
-    let sig = secrets(3).signing.sign(&write_statement(&tag(), 0, 1, &d, 3));
+    let sig = secrets(3).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, NodeId(3)));
     // Node 2 presents node 3's signature: bound to the signer, so rejected.
-    let out = step(&mut b, 0, Peer::Node(2), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
-    assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 2 }]);
-    let out = step(&mut b, 0, Peer::Node(3), Message::Write(Write { view: 0, seq: 1, digest: d, sig: Sig([0; 64]) }));
-    assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 3 }]);
+    let out =
+        step(&mut b, 0, Peer::Node(NodeId(2)), Message::Write(Write { view: View(0), seq: Seq(1), digest: d, sig }));
+    assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: NodeId(2) }]);
+    let out = step(
+        &mut b,
+        0,
+        Peer::Node(NodeId(3)),
+        Message::Write(Write { view: View(0), seq: Seq(1), digest: d, sig: Sig([0; 64]) }),
+    );
+    assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: NodeId(3) }]);
 }
 
 #[test]
@@ -243,22 +260,30 @@ fn writes_a_node_no_longer_needs_are_not_checked() {
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     let d = value.digest();
     let write = |from: u32, digest: Digest| {
-        let sig = secrets(from).signing.sign(&write_statement(&tag(), 0, 1, &digest, from));
-        Message::Write(Write { view: 0, seq: 1, digest, sig })
+        let sig = secrets(from).signing.sign(&write_statement(&tag(), View(0), Seq(1), &digest, NodeId(from)));
+        Message::Write(Write { view: View(0), seq: Seq(1), digest, sig })
     };
-    let bad = |digest: Digest| Message::Write(Write { view: 0, seq: 1, digest, sig: Sig([0; 64]) });
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone().into() });
+    let bad = |digest: Digest| Message::Write(Write { view: View(0), seq: Seq(1), digest, sig: Sig([0; 64]) });
+    step(
+        &mut b,
+        10,
+        Peer::Node(NodeId(0)),
+        Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() },
+    );
     // A WRITE for another value than the accepted one can never count: not checked.
     let other = Value::null().digest();
-    assert!(rejected(&step(&mut b, 10, Peer::Node(3), bad(other))).is_empty());
+    assert!(rejected(&step(&mut b, 10, Peer::Node(NodeId(3)), bad(other))).is_empty());
     // Before the certificate is complete a WRITE for our value is checked...
-    assert_eq!(rejected(&step(&mut b, 10, Peer::Node(3), bad(d))), vec![Reject::BadSignature { signer: 3 }]);
-    step(&mut b, 10, Peer::Node(0), write(0, d));
-    let out = step(&mut b, 10, Peer::Node(2), write(2, d));
+    assert_eq!(
+        rejected(&step(&mut b, 10, Peer::Node(NodeId(3)), bad(d))),
+        vec![Reject::BadSignature { signer: NodeId(3) }]
+    );
+    step(&mut b, 10, Peer::Node(NodeId(0)), write(0, d));
+    let out = step(&mut b, 10, Peer::Node(NodeId(2)), write(2, d));
     let accepts = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Accept { .. })).count();
     assert_eq!(accepts, 3, "prepared with its own, node 0's and node 2's WRITE");
     // ...and after it, nothing it brings is looked at.
-    let out = step(&mut b, 10, Peer::Node(3), bad(d));
+    let out = step(&mut b, 10, Peer::Node(NodeId(3)), bad(d));
     assert!(rejected(&out).is_empty() && out.is_empty(), "{out:?}");
 }
 
@@ -277,7 +302,7 @@ fn replies_to(out: &Outputs, client: u64) -> Vec<ReplyBody> {
     out.send_after_persist
         .iter()
         .filter_map(|(to, m)| match m {
-            Message::Reply(r) if *to == Peer::Client(client) => Some(r.body.clone()),
+            Message::Reply(r) if *to == Peer::Client(ClientId(client)) => Some(r.body.clone()),
             _ => None,
         })
         .collect()
@@ -301,21 +326,24 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     let mut b = node(&cfg, 1);
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
     let d = value.digest();
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
+    step(&mut b, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
     for n in [0, 2] {
-        let sig = secrets(n).signing.sign(&write_statement(&tag(), 0, 1, &d, n));
-        step(&mut b, 10, Peer::Node(n), Message::Write(Write { view: 0, seq: 1, digest: d, sig }));
+        let sig = secrets(n).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, NodeId(n)));
+        step(&mut b, 10, Peer::Node(NodeId(n)), Message::Write(Write { view: View(0), seq: Seq(1), digest: d, sig }));
     }
     // Prepared (it sent ACCEPT for instance 1), not decided: a linearizable read waits...
     let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
-    assert!(read_replies(&step(&mut b, 10, Peer::Client(9), Message::Read(lin.clone()))).is_empty());
-    assert!(read_replies(&step(&mut b, 10, Peer::Client(9), Message::Read(lin))).is_empty(), "a repeat too");
+    assert!(read_replies(&step(&mut b, 10, Peer::Client(ClientId(9)), Message::Read(lin.clone()))).is_empty());
+    assert!(read_replies(&step(&mut b, 10, Peer::Client(ClientId(9)), Message::Read(lin))).is_empty(), "a repeat too");
     // ...while a serializable read of a session without writes is answered at once.
     let ser = read(&cfg, 11, b"count", ReadConsistency::Serializable);
-    assert_eq!(read_replies(&step(&mut b, 10, Peer::Client(11), Message::Read(ser))), vec![ReplyBody::Full(vec![0])]);
-    step(&mut b, 10, Peer::Node(0), Message::Accept { view: 0, seq: 1, digest: d });
-    let out = step(&mut b, 10, Peer::Node(2), Message::Accept { view: 0, seq: 1, digest: d });
-    assert_eq!(b.executed(), 1);
+    assert_eq!(
+        read_replies(&step(&mut b, 10, Peer::Client(ClientId(11)), Message::Read(ser))),
+        vec![ReplyBody::Full(vec![0])]
+    );
+    step(&mut b, 10, Peer::Node(NodeId(0)), Message::Accept { view: View(0), seq: Seq(1), digest: d });
+    let out = step(&mut b, 10, Peer::Node(NodeId(2)), Message::Accept { view: View(0), seq: Seq(1), digest: d });
+    assert_eq!(b.executed(), Seq(1));
     assert_eq!(replies_to(&out, 9), vec![ReplyBody::Full(vec![1])], "answered once instance 1 executed, reflecting it");
 
     // The deliberate bug the simulator must catch: answer at once.
@@ -323,9 +351,12 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     cfg_bug.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::ReadWithoutWait));
     let mut m = node(&cfg_bug, 1);
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"a")] };
-    step(&mut m, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
+    step(&mut m, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
     let lin = read(&cfg, 9, b"count", ReadConsistency::Linearizable);
-    assert_eq!(read_replies(&step(&mut m, 10, Peer::Client(9), Message::Read(lin))), vec![ReplyBody::Full(vec![0])]);
+    assert_eq!(
+        read_replies(&step(&mut m, 10, Peer::Client(ClientId(9)), Message::Read(lin))),
+        vec![ReplyBody::Full(vec![0])]
+    );
 }
 
 #[test]
@@ -336,31 +367,37 @@ fn a_serializable_read_waits_for_the_sessions_last_write_and_bad_reads_are_rejec
     // A session whose last write (seq 5) this node has not executed: waits.
     ser.after = 5;
     let statement = ser.statement();
-    ser.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, 9).mac(&statement)).collect();
-    assert!(read_replies(&step(&mut p, 10, Peer::Client(9), Message::Read(ser.clone()))).is_empty());
+    ser.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(9)).mac(&statement)).collect();
+    assert!(read_replies(&step(&mut p, 10, Peer::Client(ClientId(9)), Message::Read(ser.clone()))).is_empty());
     // Execute the session's request 5 (CFT, node 0 primary: one more ACCEPT decides).
     let mut req = request(&cfg, 9, b"w");
     req.seq = 5;
     let statement = req.statement();
-    req.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, 9).mac(&statement)).collect();
-    step(&mut p, 10, Peer::Client(9), Message::Request(req));
-    let digest = p.log[&1].value.as_ref().map(|(_, d)| *d).expect("proposed");
-    let out = step(&mut p, 10, Peer::Node(1), Message::Accept { view: 0, seq: 1, digest });
+    req.auth = (0..3).map(|i| client_mac_key(&secrets(i).mac_secret, ClientId(9)).mac(&statement)).collect();
+    step(&mut p, 10, Peer::Client(ClientId(9)), Message::Request(req));
+    let digest = p.log[&Seq(1)].value.as_ref().map(|(_, d)| *d).expect("proposed");
+    let out = step(&mut p, 10, Peer::Node(NodeId(1)), Message::Accept { view: View(0), seq: Seq(1), digest });
     assert_eq!(read_replies(&out).first(), Some(&ReplyBody::Full(vec![1])), "the read sees the session's write");
 
     // Not read-only for the service: the node says so.
     let put = read(&cfg, 9, b"put", ReadConsistency::Serializable);
     assert_eq!(
-        read_replies(&step(&mut p, 10, Peer::Client(9), Message::Read(put.clone()))),
+        read_replies(&step(&mut p, 10, Peer::Client(ClientId(9)), Message::Read(put.clone()))),
         vec![ReplyBody::NotReadOnly]
     );
     // Another client's read, a read from a node, a bad MAC: rejected.
-    assert_eq!(rejected(&step(&mut p, 10, Peer::Client(8), Message::Read(put.clone()))), vec![Reject::WrongPeer]);
-    assert_eq!(rejected(&step(&mut p, 10, Peer::Node(1), Message::Read(put.clone()))), vec![Reject::WrongPeer]);
+    assert_eq!(
+        rejected(&step(&mut p, 10, Peer::Client(ClientId(8)), Message::Read(put.clone()))),
+        vec![Reject::WrongPeer]
+    );
+    assert_eq!(rejected(&step(&mut p, 10, Peer::Node(NodeId(1)), Message::Read(put.clone()))), vec![Reject::WrongPeer]);
     let mut forged = put;
     forged.after = 0;
     forged.seq += 1;
-    assert_eq!(rejected(&step(&mut p, 10, Peer::Client(9), Message::Read(forged))), vec![Reject::BadMac { client: 9 }]);
+    assert_eq!(
+        rejected(&step(&mut p, 10, Peer::Client(ClientId(9)), Message::Read(forged))),
+        vec![Reject::BadMac { client: ClientId(9) }]
+    );
 }
 
 #[cfg(feature = "mutations")] // used by mutation tests only
@@ -382,48 +419,65 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
     let mut primary = node(&cfg, 0);
     let mut req = request(&cfg, 7, b"a");
     req.seq = 1;
-    step(&mut primary, 10, Peer::Client(7), Message::Request(req));
-    let (value, digest) = primary.log[&1].value.clone().expect("proposed");
+    step(&mut primary, 10, Peer::Client(ClientId(7)), Message::Request(req));
+    let (value, digest) = primary.log[&Seq(1)].value.clone().expect("proposed");
 
     let mut lagging = node(&cfg, 2);
-    let out = step(&mut lagging, 20, Peer::Client(9), Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)));
+    let out = step(
+        &mut lagging,
+        20,
+        Peer::Client(ClientId(9)),
+        Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)),
+    );
     assert!(read_replies(&out).is_empty(), "not answered before a quorum said how far it voted");
     let sent = probes(&out);
     assert_eq!(sent.len(), 2, "the probe goes to both other nodes: {sent:?}");
     let round = sent[0].1;
     // A second read arriving meanwhile must wait for a round that leaves after it.
-    let out = step(&mut lagging, 21, Peer::Client(11), Message::Read(read(&cfg, 11, b"count", ReadConsistency::Index)));
+    let out = step(
+        &mut lagging,
+        21,
+        Peer::Client(ClientId(11)),
+        Message::Read(read(&cfg, 11, b"count", ReadConsistency::Index)),
+    );
     assert!(probes(&out).is_empty(), "one round in flight at a time");
 
     // The primary voted for instance 1: it says so.
-    let ack = step(&mut primary, 22, Peer::Node(2), Message::IndexProbe { round });
-    let Some((Peer::Node(2), Message::IndexAck { round: r, accepted })) = ack.send.first().cloned() else {
+    let ack = step(&mut primary, 22, Peer::Node(NodeId(2)), Message::IndexProbe { round });
+    let Some((Peer::Node(NodeId(2)), Message::IndexAck { round: r, accepted })) = ack.send.first().cloned() else {
         panic!("expected an index ack, got {ack:?}")
     };
-    assert_eq!((r, accepted), (round, 1));
+    assert_eq!((r, accepted), (round, Seq(1)));
     // Its answer completes the round (Q = 2 with node 2's own): index 1, not executed
     // here, so no answer yet; the next round leaves for the second read.
-    let out = step(&mut lagging, 23, Peer::Node(0), Message::IndexAck { round, accepted });
+    let out = step(&mut lagging, 23, Peer::Node(NodeId(0)), Message::IndexAck { round, accepted });
     assert!(read_replies(&out).is_empty(), "waits for instance 1");
     let next = probes(&out);
     assert_eq!(next.len(), 2);
     assert!(next[0].1 > round, "a fresh round number");
     // A late or unknown round's answer changes nothing.
-    assert!(read_replies(&step(&mut lagging, 23, Peer::Node(1), Message::IndexAck { round, accepted: 9 })).is_empty());
+    assert!(read_replies(&step(
+        &mut lagging,
+        23,
+        Peer::Node(NodeId(1)),
+        Message::IndexAck { round, accepted: Seq(9) }
+    ))
+    .is_empty());
     // Instance 1 reaches node 2 and decides: the first read is answered, reflecting it.
-    step(&mut lagging, 24, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
-    let out = step(&mut lagging, 24, Peer::Node(0), Message::Accept { view: 0, seq: 1, digest });
-    assert_eq!(lagging.executed(), 1);
+    step(&mut lagging, 24, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
+    let out = step(&mut lagging, 24, Peer::Node(NodeId(0)), Message::Accept { view: View(0), seq: Seq(1), digest });
+    assert_eq!(lagging.executed(), Seq(1));
     assert_eq!(replies_to(&out, 9), vec![ReplyBody::Full(vec![1])]);
     // The second read's round completes on the next answer and is answered at once.
-    let out = step(&mut lagging, 25, Peer::Node(1), Message::IndexAck { round: next[0].1, accepted: 0 });
+    let out = step(&mut lagging, 25, Peer::Node(NodeId(1)), Message::IndexAck { round: next[0].1, accepted: Seq(0) });
     assert_eq!(read_replies(&out), vec![ReplyBody::Full(vec![1])]);
 
     // The deliberate bug the simulator must catch: the node's own votes as the index.
     let mut cfg_bug = cfg.clone();
     cfg_bug.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::IndexWithoutQuorum));
     let mut m = node(&cfg_bug, 2);
-    let out = step(&mut m, 20, Peer::Client(9), Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)));
+    let out =
+        step(&mut m, 20, Peer::Client(ClientId(9)), Message::Read(read(&cfg, 9, b"count", ReadConsistency::Index)));
     assert_eq!(read_replies(&out), vec![ReplyBody::Full(vec![0])], "stale: answered before instance 1");
 }
 
@@ -431,176 +485,28 @@ fn a_read_index_is_the_highest_vote_of_a_quorum_and_the_read_waits_for_it() {
 fn messages_from_unknown_nodes_and_wrong_peers_are_rejected() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
-    let out = step(&mut b, 0, Peer::Node(9), Message::Stop { view: 1 });
-    assert_eq!(rejected(&out), vec![Reject::UnknownNode(9)]);
-    let out = step(&mut b, 0, Peer::Client(5), Message::Stop { view: 1 });
+    let out = step(&mut b, 0, Peer::Node(NodeId(9)), Message::Stop { view: View(1) });
+    assert_eq!(rejected(&out), vec![Reject::UnknownNode(NodeId(9))]);
+    let out = step(&mut b, 0, Peer::Client(ClientId(5)), Message::Stop { view: View(1) });
     assert_eq!(rejected(&out), vec![Reject::WrongPeer]);
     let req = request(&cfg, 7, b"op");
-    let out = step(&mut b, 0, Peer::Client(8), Message::Request(req));
+    let out = step(&mut b, 0, Peer::Client(ClientId(8)), Message::Request(req));
     assert_eq!(rejected(&out), vec![Reject::WrongPeer], "a client may only send its own requests");
 }
 
-/// A lossless cluster: every output is delivered at once (persistence assumed instant).
-pub(super) struct Net {
-    pub(super) nodes: Vec<Replica<Log>>,
-    pub(super) queue: VecDeque<(Peer, Peer, Message)>,
-    pub(super) replies: Vec<(NodeId, u64, Reply)>,
-    pub(super) events: Vec<(NodeId, Event)>,
-    pub(super) down: Vec<bool>,
-    /// What each step asked to persist, for tests of the persistence rules.
-    pub(super) steps: Vec<StepRecord>,
-    /// The largest encoded VIEW-CHANGE or NEW-VIEW sent.
-    pub(super) view_change_bytes: usize,
-    /// Background checkpoints to run once the message queue is empty.
-    pub(super) jobs: VecDeque<(NodeId, CheckpointJob)>,
-    /// Nodes whose background checkpoints are held back (not run) for now.
-    pub(super) jobs_held: Vec<bool>,
-    /// Encoded bytes sent, by sender and message kind.
-    pub(super) sent_bytes: BTreeMap<(NodeId, &'static str), usize>,
-}
-
-pub(super) struct StepRecord {
-    node: NodeId,
-    decided: bool,
-    persist: Vec<Persist>,
-    lazy: Vec<Record>,
-    replies: usize,
-}
+/// A lossless cluster of order nodes (`test_net.rs`), instrumented: what each step
+/// persisted is kept, so a node can restart from its own disk.
+pub(super) type Net = TestNet<Log>;
 
 impl Net {
     pub(super) fn new(cfg: &ClusterConfig) -> Net {
-        let n = cfg.n();
-        Net {
-            nodes: (0..n as u32).map(|i| node(cfg, i)).collect(),
-            queue: VecDeque::new(),
-            replies: Vec::new(),
-            events: Vec::new(),
-            down: vec![false; n],
-            steps: Vec::new(),
-            view_change_bytes: 0,
-            jobs: VecDeque::new(),
-            jobs_held: vec![false; n],
-            sent_bytes: BTreeMap::new(),
-        }
-    }
-
-    pub(super) fn absorb(&mut self, from: NodeId, out: Outputs) {
-        self.steps.push(StepRecord {
-            node: from,
-            decided: out.events.iter().any(|e| matches!(e, Event::Decided { .. })),
-            persist: out.persist.clone(),
-            lazy: out.persist_lazy.clone(),
-            replies: out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Reply(_))).count(),
-        });
-        for (to, m) in out.send.into_iter().chain(out.send_after_persist) {
-            let bytes = crate::codec::encode(&m).len();
-            if matches!(m, Message::ViewChange(_) | Message::NewView(_)) {
-                self.view_change_bytes = self.view_change_bytes.max(bytes);
-            }
-            *self.sent_bytes.entry((from, m.kind())).or_default() += bytes;
-            self.queue.push_back((Peer::Node(from), to, m));
-        }
-        self.events.extend(out.events.into_iter().map(|e| (from, e)));
-        self.jobs.extend(out.checkpoints.into_iter().map(|j| (from, j)));
-    }
-
-    /// Delivers every queued message, then the checkpoints not held back, until quiet.
-    pub(super) fn run(&mut self, now: u64) {
-        loop {
-            self.deliver_all(now);
-            let Some(i) = self.jobs.iter().position(|(n, _)| !self.jobs_held[*n as usize]) else { return };
-            let Some((n, job)) = self.jobs.remove(i) else { return };
-            let mut out = Outputs::default();
-            self.nodes[n as usize].step(now, Input::CheckpointReady(job.run()), &mut out);
-            self.absorb(n, out);
-        }
-    }
-
-    /// Runs node `n`'s first held checkpoint at `seq`, then delivers what follows.
-    pub(super) fn release(&mut self, n: NodeId, seq: Seq, now: u64) {
-        let i = self.jobs.iter().position(|(m, j)| *m == n && j.seq() == seq).expect("a held checkpoint");
-        let Some((_, job)) = self.jobs.remove(i) else { return };
-        let mut out = Outputs::default();
-        self.nodes[n as usize].step(now, Input::CheckpointReady(job.run()), &mut out);
-        self.absorb(n, out);
-        self.run(now);
-    }
-
-    pub(super) fn deliver_all(&mut self, now: u64) {
-        while let Some((from, to, msg)) = self.queue.pop_front() {
-            match to {
-                Peer::Node(n) if !self.down[n as usize] => {
-                    let mut out = Outputs::default();
-                    self.nodes[n as usize].step(now, Input::Message { from, msg }, &mut out);
-                    self.absorb(n, out);
-                }
-                Peer::Client(c) => {
-                    if let (Peer::Node(n), Message::Reply(r)) = (from, msg) {
-                        self.replies.push((n, c, r));
-                    }
-                }
-                Peer::Node(_) => {}
-            }
-        }
-    }
-
-    pub(super) fn tick(&mut self, now: u64) {
-        for n in 0..self.nodes.len() {
-            if !self.down[n] {
-                let mut out = Outputs::default();
-                self.nodes[n].step(now, Input::Tick, &mut out);
-                self.absorb(n as NodeId, out);
-            }
-        }
-        self.run(now);
-    }
-
-    pub(super) fn submit(&mut self, client: &mut Client, now: u64, op: &[u8]) {
-        for (n, m) in client.invoke(now, op.to_vec()).expect("idle") {
-            self.queue.push_back((Peer::Client(client.id()), Peer::Node(n), m));
-        }
-        self.run(now);
-    }
-
-    /// What node `n` holds on disk: every record and snapshot its steps asked to persist,
-    /// all of it durable (the harness syncs at once), as compactions left it.
-    pub(super) fn durable(&self, n: NodeId) -> Durable {
-        let mut d = Durable::default();
-        for s in self.steps.iter().filter(|s| s.node == n) {
-            for p in &s.persist {
-                match p {
-                    Persist::Record(r) => d.records.push(r.clone()),
-                    Persist::Snapshot { seq, chunked } => d.snapshots.push((*seq, chunked.clone())),
-                    Persist::Compact { records, snapshots_from } => {
-                        d.records = records.clone();
-                        d.snapshots.retain(|(seq, _)| seq >= snapshots_from);
-                    }
-                }
-            }
-            d.records.extend(s.lazy.iter().cloned());
-        }
-        d
+        TestNet::of((0..cfg.n() as u32).map(|i| node(cfg, i)).collect(), Vec::new()).instrumented()
     }
 
     /// Crashes node `n` (its memory and undelivered messages to it are lost) and restarts
-    /// it from [`Net::durable`].
+    /// it from [`TestNet::durable`].
     pub(super) fn restart(&mut self, n: NodeId, now: u64) {
-        let cfg = self.nodes[n as usize].config().clone();
-        self.queue.retain(|(_, to, _)| *to != Peer::Node(n));
-        let mut out = Outputs::default();
-        self.nodes[n as usize] = Replica::recover(cfg, n, secrets(n), Log::default(), self.durable(n), now, &mut out)
-            .expect("recovers from its own disk");
-        self.absorb(n, out);
-    }
-
-    pub(super) fn result(&mut self, client: &mut Client) -> Option<Vec<u8>> {
-        let mut result = None;
-        for (n, c, r) in std::mem::take(&mut self.replies) {
-            if c == client.id() {
-                result = result.or(client.on_reply(n, r));
-            }
-        }
-        result
+        self.restart_with(n, secrets(n.0), Log::default(), now);
     }
 }
 
@@ -614,7 +520,7 @@ fn four_nodes_decide_execute_and_answer() {
         assert_eq!(net.result(&mut c), Some(vec![i]), "request {i}");
     }
     for n in &net.nodes {
-        assert_eq!(n.executed(), 3);
+        assert_eq!(n.executed(), Seq(3));
         assert_eq!(n.service().0, vec![vec![1], vec![2], vec![3]]);
     }
 }
@@ -636,12 +542,12 @@ fn a_large_result_comes_in_full_from_its_designated_node_even_unasked() {
             Message::Request(r) => r.seq,
             m => panic!("a request, not {m:?}"),
         };
-        let designated = ((id + seq) % 4) as NodeId;
+        let designated = NodeId(((id + seq) % 4) as u32);
         if !sent.iter().any(|(n, _)| *n == designated) {
             unasked_designated += 1;
         }
         for (n, m) in sent {
-            net.queue.push_back((Peer::Client(id), Peer::Node(n), m));
+            net.post(Peer::Client(ClientId(id)), n, m);
         }
         net.run(0);
         let result = net.result(&mut c);
@@ -657,7 +563,7 @@ fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
     let mut c = client(&cfg, 7);
     net.submit(&mut c, 0, b"a");
     assert!(net.result(&mut c).is_some());
-    net.down[0] = true;
+    net.down.insert(NodeId(0));
     net.submit(&mut c, 10, b"b");
     assert_eq!(net.result(&mut c), None);
     let timeout = cfg.options.request_timeout_ms;
@@ -669,8 +575,8 @@ fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
         result = net.result(&mut c);
     }
     assert_eq!(result, Some(vec![2]));
-    assert!(net.nodes[1..].iter().all(|n| n.view() == 1));
-    let installed = net.events.iter().filter(|(_, e)| *e == Event::ViewInstalled { view: 1 }).count();
+    assert!(net.nodes.iter().skip(1).all(|n| n.view() == View(1)));
+    let installed = net.events.iter().filter(|(_, e)| *e == Event::ViewInstalled { view: View(1) }).count();
     assert_eq!(installed, 3);
 }
 
@@ -695,14 +601,14 @@ fn with_rotation_the_primary_changes_on_schedule_and_requests_keep_completing() 
     // Views 1, 2 and 3 by 3.5 s (each after a second of the previous one, plus the view
     // change itself), with every node in the same view and work done throughout.
     let views: Vec<View> = net.nodes.iter().map(|n| n.view()).collect();
-    assert!(views.iter().all(|&v| v == views[0]) && views[0] == 3, "views {views:?}");
+    assert!(views.iter().all(|&v| v == views[0]) && views[0] == View(3), "views {views:?}");
     assert!(done > 100, "only {done} requests completed");
     // Without rotation nobody moves.
     let mut net = Net::new(&config(1, 1));
     for t in 1..700 {
         net.tick(t * 5);
     }
-    assert!(net.nodes.iter().all(|n| n.view() == 0));
+    assert!(net.nodes.iter().all(|n| n.view() == View(0)));
 }
 
 #[test]
@@ -713,7 +619,8 @@ fn a_recovered_node_keeps_its_vote() {
     let mut b = node(&cfg, 1);
     let req = request(&cfg, 7, b"op");
     let value = Value { time: 10, requests: vec![req.clone()] };
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.into() });
+    let out =
+        step(&mut b, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
     let records: Vec<Record> = out
         .persist
         .into_iter()
@@ -725,7 +632,7 @@ fn a_recovered_node_keeps_its_vote() {
     let mut out = Outputs::default();
     let mut b = Replica::recover(
         cfg.clone(),
-        1,
+        NodeId(1),
         secrets(1),
         Log::default(),
         Durable { snapshots: vec![], records },
@@ -734,29 +641,32 @@ fn a_recovered_node_keeps_its_vote() {
     )
     .expect("recovers");
     let other = Value { time: 11, requests: vec![req] };
-    let out = step(&mut b, 20, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: other.into() });
-    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: 0, seq: 1 }]);
+    let out =
+        step(&mut b, 20, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: other.into() });
+    assert_eq!(rejected(&out), vec![Reject::Equivocation { view: View(0), seq: Seq(1) }]);
 }
 
 #[test]
 fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
     let value = |time| Value { time, requests: vec![] };
-    let cert = |view, seq, time| Cert { view, seq, value: value(time), writes: vec![(2, Sig([0; 64]))] }.proof();
+    let cert = |view, seq, time| {
+        Cert { view: View(view), seq, value: value(time), writes: vec![(NodeId(2), Sig([0; 64]))] }.proof()
+    };
     let stable = StableProof::genesis();
-    let vc = |from, certs| ViewChange { view: 5, from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
+    let vc = |from, certs| ViewChange { view: View(5), from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
     let d = view_change::decide_new_view(&[
-        vc(0, vec![cert(1, 1, 100), cert(1, 3, 300)]),
-        vc(1, vec![cert(2, 1, 111)]),
-        vc(2, vec![]),
+        vc(NodeId(0), vec![cert(1, Seq(1), 100), cert(1, Seq(3), 300)]),
+        vc(NodeId(1), vec![cert(2, Seq(1), 111)]),
+        vc(NodeId(2), vec![]),
     ]);
     assert_eq!(d.values.len(), 3);
-    assert_eq!(d.values[&1].digest, value(111).digest(), "highest view wins");
-    assert_eq!(d.values[&2].digest, Value::null().digest(), "gap filled with null");
-    assert!(d.values[&2].holders.is_empty(), "null needs no body");
-    assert_eq!(d.values[&3].digest, value(300).digest());
+    assert_eq!(d.values[&Seq(1)].digest, value(111).digest(), "highest view wins");
+    assert_eq!(d.values[&Seq(2)].digest, Value::null().digest(), "gap filled with null");
+    assert!(d.values[&Seq(2)].holders.is_empty(), "null needs no body");
+    assert_eq!(d.values[&Seq(3)].digest, value(300).digest());
     // Holders: the node that named the certificate, then its writers.
-    assert_eq!(d.values[&1].holders, vec![1, 2]);
-    assert_eq!(d.values[&3].holders, vec![0, 2]);
+    assert_eq!(d.values[&Seq(1)].holders, [1, 2].map(NodeId).to_vec());
+    assert_eq!(d.values[&Seq(3)].holders, [0, 2].map(NodeId).to_vec());
 }
 
 #[test]
@@ -765,16 +675,21 @@ fn forged_view_change_certificates_are_rejected() {
     // Node 1 is the primary of view 1.
     let mut p = node(&cfg, 1);
     let forged = CertProof {
-        view: 0,
-        seq: 1,
+        view: View(0),
+        seq: Seq(1),
         digest: Value::null().digest(),
-        writes: (0..3).map(|n| (n, Sig([1; 64]))).collect(),
+        writes: NodeRange::first(3).map(|n| (n, Sig([1; 64]))).collect(),
     };
-    let mut vc =
-        ViewChange { view: 1, from: 2, stable: StableProof::genesis(), certs: vec![forged], sig: Sig([0; 64]) };
+    let mut vc = ViewChange {
+        view: View(1),
+        from: NodeId(2),
+        stable: StableProof::genesis(),
+        certs: vec![forged],
+        sig: Sig([0; 64]),
+    };
     vc.sig = secrets(2).signing.sign(&vc.statement(&tag()));
-    let out = step(&mut p, 0, Peer::Node(2), Message::ViewChange(vc));
-    assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: 0 }]);
+    let out = step(&mut p, 0, Peer::Node(NodeId(2)), Message::ViewChange(vc));
+    assert_eq!(rejected(&out), vec![Reject::BadSignature { signer: NodeId(0) }]);
 }
 
 #[test]
@@ -785,26 +700,26 @@ fn a_healed_partitioned_former_primary_learns_the_new_view() {
     net.submit(&mut c, 0, b"a");
     assert!(net.result(&mut c).is_some());
     // Partition node 0 (the primary) away: it keeps its state and clock, hears nothing.
-    net.down[0] = true;
+    net.down.insert(NodeId(0));
     net.submit(&mut c, 10, b"b");
     let mut now = 10;
-    while net.nodes[1].view() == 0 && now < 20_000 {
+    while net.nodes[1].view() == View(0) && now < 20_000 {
         now += 5;
         net.tick(now);
     }
-    assert_eq!(net.nodes[1].view(), 1);
+    assert_eq!(net.nodes[1].view(), View(1));
     assert_eq!(net.result(&mut c), Some(vec![2]));
     // Meanwhile the isolated node only suspected, never committed to a view change.
-    assert_eq!(net.nodes[0].view(), 0);
+    assert_eq!(net.nodes[0].view(), View(0));
     // Heal: STATUS gossip brings it the NEW-VIEW; it installs view 1 and catches up.
-    net.down[0] = false;
+    net.down.remove(&NodeId(0));
     for _ in 0..100 {
         now += 5;
         net.tick(now);
     }
-    assert_eq!(net.nodes[0].view(), 1, "{}", net.nodes[0].status_line());
+    assert_eq!(net.nodes[0].view(), View(1), "{}", net.nodes[0].status_line());
     assert_eq!(net.nodes[0].executed(), net.nodes[1].executed());
-    assert!(net.events.iter().any(|(n, e)| *n == 0 && *e == Event::ViewInstalled { view: 1 }));
+    assert!(net.events.iter().any(|(n, e)| *n == NodeId(0) && *e == Event::ViewInstalled { view: View(1) }));
 }
 
 #[test]
@@ -826,11 +741,11 @@ fn a_node_whose_checkpoint_differs_reports_divergence_and_repairs() {
         net.tick(now);
     }
     let divergence = net.events.iter().find_map(|(n, e)| match e {
-        Event::Divergence { seq, .. } if *n == 3 => Some(*seq),
+        Event::Divergence { seq, .. } if *n == NodeId(3) => Some(*seq),
         _ => None,
     });
-    assert_eq!(divergence, Some(interval), "node 3 reports the divergent checkpoint");
-    assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })));
+    assert_eq!(divergence, Some(Seq(interval)), "node 3 reports the divergent checkpoint");
+    assert!(net.events.iter().any(|(n, e)| *n == NodeId(3) && matches!(e, Event::StateTransferDone { .. })));
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0, "repaired by state transfer");
 }
 
@@ -841,16 +756,16 @@ fn a_recovered_primary_never_proposes_in_its_old_view_and_the_others_follow_its_
     // the same (view, seq), two same-view certificates could meet in a view change.
     let cfg = config(1, 0);
     let mut p = node(&cfg, 0);
-    let out = step(&mut p, 10, Peer::Client(7), Message::Request(request(&cfg, 7, b"x")));
+    let out = step(&mut p, 10, Peer::Client(ClientId(7)), Message::Request(request(&cfg, 7, b"x")));
     assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })), "sent before durable");
     // Crash before the sync: nothing of that step survives.
     let mut out = Outputs::default();
-    let mut p = Replica::recover(cfg.clone(), 0, secrets(0), Log::default(), Durable::default(), 20, &mut out)
+    let mut p = Replica::recover(cfg.clone(), NodeId(0), secrets(0), Log::default(), Durable::default(), 20, &mut out)
         .expect("recover");
-    assert_eq!(p.view(), 0);
-    let stops: Vec<_> = out.send.iter().filter(|(_, m)| *m == Message::Stop { view: 1 }).collect();
+    assert_eq!(p.view(), View(0));
+    let stops: Vec<_> = out.send.iter().filter(|(_, m)| *m == Message::Stop { view: View(1) }).collect();
     assert_eq!(stops.len(), 2, "asks both peers to leave view 0");
-    let out = step(&mut p, 30, Peer::Client(8), Message::Request(request(&cfg, 8, b"y")));
+    let out = step(&mut p, 30, Peer::Client(ClientId(8)), Message::Request(request(&cfg, 8, b"y")));
     let proposes = out.send.iter().chain(&out.send_after_persist).filter(|(_, m)| matches!(m, Message::Propose { .. }));
     assert_eq!(proposes.count(), 0, "no fresh proposal in a view it may have forgotten");
     assert!(out.persist.is_empty(), "and no vote");
@@ -858,11 +773,11 @@ fn a_recovered_primary_never_proposes_in_its_old_view_and_the_others_follow_its_
     // r + 1 STOPs (with r = 1: a STOP from one backup alone is not enough).
     let bft = config(1, 1);
     let mut b = node(&bft, 1);
-    let out = step(&mut b, 30, Peer::Node(2), Message::Stop { view: 1 });
+    let out = step(&mut b, 30, Peer::Node(NodeId(2)), Message::Stop { view: View(1) });
     assert!(out.send.is_empty());
     let mut b = node(&bft, 1);
-    let out = step(&mut b, 30, Peer::Node(0), Message::Stop { view: 1 });
-    assert!(out.send.iter().any(|(_, m)| *m == Message::Stop { view: 1 }));
+    let out = step(&mut b, 30, Peer::Node(NodeId(0)), Message::Stop { view: View(1) });
+    assert!(out.send.iter().any(|(_, m)| *m == Message::Stop { view: View(1) }));
 }
 
 #[test]
@@ -878,10 +793,10 @@ fn the_decided_record_is_lazy_so_the_reply_waits_for_no_fsync_of_its_own() {
     assert_eq!(decide_steps.len(), 4, "every node decided once");
     for s in decide_steps {
         assert!(s.persist.is_empty(), "node {}: nothing eager in the deciding step", s.node);
-        assert!(s.lazy.iter().any(|r| matches!(r, Record::Decided { seq: 1, .. })));
+        assert!(s.lazy.iter().any(|r| matches!(r, Record::Decided { seq: Seq(1), .. })));
         // The client sent its request to u + r + 1 = 3 nodes from the primary on; they
         // reply, the fourth only to a retransmission.
-        if s.node < 3 {
+        if s.node < NodeId(3) {
             assert!(s.replies > 0, "node {} replied in that step", s.node);
         } else {
             assert_eq!(s.replies, 0, "node {} was not asked, so it does not reply", s.node);
@@ -894,25 +809,25 @@ fn sessions_share_their_owners_connection_and_keys_but_nobody_elses() {
     use crate::message::{owner_of, session_id, session_of, SESSIONS_MAX};
     let cfg = config(1, 1);
     let owner = 7;
-    let s3 = session_id(owner, 3);
-    assert_eq!((owner_of(s3), session_of(s3)), (owner, 3));
-    assert_eq!(session_id(owner, 0), owner, "session 0 is the identity itself");
+    let s3 = session_id(ClientId(owner), 3);
+    assert_eq!((owner_of(s3), session_of(s3)), (ClientId(owner), 3));
+    assert_eq!(session_id(ClientId(owner), 0), ClientId(owner), "session 0 is the identity itself");
     // The key a node derives for a session equals the one its owner derives from the
     // owner key in its client file; sessions' keys differ.
     let node_side = client_mac_key(&secrets(0).mac_secret, s3);
-    assert!(node_side == session_mac_key(&client_mac_key(&secrets(0).mac_secret, owner), 3));
-    assert!(node_side != client_mac_key(&secrets(0).mac_secret, session_id(owner, 4)));
+    assert!(node_side == session_mac_key(&client_mac_key(&secrets(0).mac_secret, ClientId(owner)), 3));
+    assert!(node_side != client_mac_key(&secrets(0).mac_secret, session_id(ClientId(owner), 4)));
     // The owner's connection may carry the session's request; another client's may not.
     let mut p = node(&cfg, 0);
-    let req = request(&cfg, s3, b"op");
-    let out = step(&mut p, 0, Peer::Client(8), Message::Request(req.clone()));
+    let req = request(&cfg, s3.0, b"op");
+    let out = step(&mut p, 0, Peer::Client(ClientId(8)), Message::Request(req.clone()));
     assert_eq!(rejected(&out), vec![Reject::WrongPeer]);
-    let out = step(&mut p, 0, Peer::Client(owner), Message::Request(req));
+    let out = step(&mut p, 0, Peer::Client(ClientId(owner)), Message::Request(req));
     assert!(rejected(&out).is_empty());
     assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
     // Session numbers are bounded.
-    let too_many = request(&cfg, session_id(owner, SESSIONS_MAX), b"op");
-    let out = step(&mut p, 0, Peer::Client(owner), Message::Request(too_many));
+    let too_many = request(&cfg, (session_id(ClientId(owner), SESSIONS_MAX)).0, b"op");
+    let out = step(&mut p, 0, Peer::Client(ClientId(owner)), Message::Request(too_many));
     assert_eq!(rejected(&out), vec![Reject::Busy("session number above SESSIONS_MAX")]);
 }
 
@@ -924,7 +839,7 @@ fn a_held_burst_of_requests_is_proposed_as_one_batch() {
     let proposals = |out: &Outputs| -> Vec<usize> {
         out.send
             .iter()
-            .filter(|(to, _)| *to == Peer::Node(1))
+            .filter(|(to, _)| *to == Peer::Node(NodeId(1)))
             .filter_map(|(_, m)| if let Message::Propose { value, .. } = m { Some(value.requests.len()) } else { None })
             .collect()
     };
@@ -955,26 +870,26 @@ fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
     let d = Value::null().digest();
     let write = |signer: u32, seq| {
         Message::Write(Write {
-            view: 0,
+            view: View(0),
             seq,
             digest: d,
-            sig: secrets(signer).signing.sign(&write_statement(&tag(), 0, seq, &d, signer)),
+            sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), seq, &d, NodeId(signer))),
         })
     };
-    assert!(v.check(3, &write(3, 1)));
-    assert!(!v.check(2, &write(3, 1)), "another node's signature");
-    assert!(!v.check(1, &write(1, 1)), "our own id never arrives from the network");
-    assert!(!v.check(7, &write(3, 1)), "unknown node");
-    let Message::Write(mut forged) = write(3, 1) else { unreachable!() };
-    forged.seq = 2;
-    assert!(!v.check(3, &Message::Write(forged)), "signature over other fields");
+    assert!(v.check(NodeId(3), &write(3, Seq(1))));
+    assert!(!v.check(NodeId(2), &write(3, Seq(1))), "another node's signature");
+    assert!(!v.check(NodeId(1), &write(1, Seq(1))), "our own id never arrives from the network");
+    assert!(!v.check(NodeId(7), &write(3, Seq(1))), "unknown node");
+    let Message::Write(mut forged) = write(3, Seq(1)) else { unreachable!() };
+    forged.seq = Seq(2);
+    assert!(!v.check(NodeId(3), &Message::Write(forged)), "signature over other fields");
     let root = Digest::of(b"state");
     let membership = Digest::of(b"members");
-    let sig = secrets(2).signing.sign(&checkpoint_statement(8, &root, &membership, 2));
-    let vote = CheckpointVote { seq: 8, root, membership, sig };
-    assert!(v.check(2, &Message::Checkpoint(vote.clone())));
-    assert!(!v.check(3, &Message::Checkpoint(vote)));
-    assert!(!v.check(2, &Message::Stop { view: 1 }), "kinds it does not cover");
+    let sig = secrets(2).signing.sign(&checkpoint_statement(Seq(8), &root, &membership, NodeId(2)));
+    let vote = CheckpointVote { seq: Seq(8), root, membership, sig };
+    assert!(v.check(NodeId(2), &Message::Checkpoint(vote.clone())));
+    assert!(!v.check(NodeId(3), &Message::Checkpoint(vote)));
+    assert!(!v.check(NodeId(2), &Message::Stop { view: View(1) }), "kinds it does not cover");
 }
 
 #[test]
@@ -989,22 +904,22 @@ fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
         b.step(
             10,
             Input::Message {
-                from: Peer::Node(0),
-                msg: Message::Propose { view: 0, seq: 1, value: value.clone().into() },
+                from: Peer::Node(NodeId(0)),
+                msg: Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() },
             },
             &mut out,
         );
         for signer in [0u32, 2] {
             let msg = Message::Write(Write {
-                view: 0,
-                seq: 1,
+                view: View(0),
+                seq: Seq(1),
                 digest: d,
-                sig: secrets(signer).signing.sign(&write_statement(&tag(), 0, 1, &d, signer)),
+                sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, NodeId(signer))),
             });
             let input = if checked {
-                Input::Checked { from: signer, msg }
+                Input::Checked { from: NodeId(signer), msg }
             } else {
-                Input::Message { from: Peer::Node(signer), msg }
+                Input::Message { from: Peer::Node(NodeId(signer)), msg }
             };
             b.step(10, input, &mut out);
         }
@@ -1029,42 +944,55 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
     for from in [0u32, 2] {
         b.step(
             10,
-            Input::Message { from: Peer::Node(from), msg: Message::Accept { view: 0, seq: 1, digest: d } },
+            Input::Message {
+                from: Peer::Node(NodeId(from)),
+                msg: Message::Accept { view: View(0), seq: Seq(1), digest: d },
+            },
             &mut out,
         );
     }
-    assert!(out.events.iter().any(|e| matches!(e, Event::Decided { seq: 1, .. })));
-    assert_eq!(b.executed(), 0, "decided, but the body is missing");
+    assert!(out.events.iter().any(|e| matches!(e, Event::Decided { seq: Seq(1), .. })));
+    assert_eq!(b.executed(), Seq(0), "decided, but the body is missing");
     b.step(
         10,
-        Input::Message { from: Peer::Node(0), msg: Message::Propose { view: 0, seq: 1, value: value.into() } },
+        Input::Message {
+            from: Peer::Node(NodeId(0)),
+            msg: Message::Propose { view: View(0), seq: Seq(1), value: value.into() },
+        },
         &mut out,
     );
-    assert_eq!(b.executed(), 1, "the proposal brings the body: execute at once");
+    assert_eq!(b.executed(), Seq(1), "the proposal brings the body: execute at once");
 }
 
 /// A NEW-VIEW for view 1 (BFT, n = 4) built from the view changes of nodes 0, 1 and 2,
 /// each naming `value` as prepared for instance 1 in view 0 with valid WRITE signatures.
 fn new_view_naming(value: &Value) -> NewView {
     let d = value.digest();
-    let writes: Vec<(NodeId, Sig)> =
-        (0..3).map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), 0, 1, &d, n)))).collect();
-    let cert = CertProof { view: 0, seq: 1, digest: d, writes };
+    let writes: Vec<(NodeId, Sig)> = NodeRange::first(3)
+        .map(|n| (n, secrets(n.0).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, n))))
+        .collect();
+    let cert = CertProof { view: View(0), seq: Seq(1), digest: d, writes };
     let stable = StableProof::genesis();
     let view_changes = (0..3u32)
         .map(|from| {
-            let mut vc =
-                ViewChange { view: 1, from, stable: stable.clone(), certs: vec![cert.clone()], sig: Sig([0; 64]) };
+            let mut vc = ViewChange {
+                view: View(1),
+                from: NodeId(from),
+                stable: stable.clone(),
+                certs: vec![cert.clone()],
+                sig: Sig([0; 64]),
+            };
             vc.sig = secrets(from).signing.sign(&vc.statement(&tag()));
             vc
         })
         .collect();
-    let mut nv = NewView { view: 1, view_changes, sig: Sig([0; 64]) };
+    let mut nv = NewView { view: View(1), view_changes, sig: Sig([0; 64]) };
     nv.sig = secrets(1).signing.sign(&nv.statement(&tag()));
     nv
 }
 
-fn writes_for(out: &Outputs, view: View, seq: Seq) -> usize {
+fn writes_for(out: &Outputs, view: u64, seq: Seq) -> usize {
+    let view = View(view);
     out.send_after_persist
         .iter()
         .filter(|(_, m)| matches!(m, Message::Write(w) if w.view == view && w.seq == seq))
@@ -1078,29 +1006,32 @@ fn a_re_proposal_named_by_digest_is_fetched_from_its_holders_before_the_vote() {
     let nv = new_view_naming(&value);
     // Node 3 never saw the proposal: it cannot vote for a digest it has no body for.
     let mut b = node(&cfg, 3);
-    let out = step(&mut b, 20, Peer::Node(1), Message::NewView(nv));
-    assert_eq!(b.view(), 1);
-    assert_eq!(writes_for(&out, 1, 1), 0, "no vote without the body");
-    let fetch = Message::FetchValue { seq: 1, digest: value.digest() };
+    let out = step(&mut b, 20, Peer::Node(NodeId(1)), Message::NewView(nv));
+    assert_eq!(b.view(), View(1));
+    assert_eq!(writes_for(&out, 1, Seq(1)), 0, "no vote without the body");
+    let fetch = Message::FetchValue { seq: Seq(1), digest: value.digest() };
     // Holders 0, 1, 2 (who named it); node 3 starts at (3 + seq 1) mod 3 = holder 1, so
     // that not every node asks holder 0.
-    assert_eq!(out.send, vec![(Peer::Node(1), fetch.clone())], "asks a node that named it");
+    assert_eq!(out.send, vec![(Peer::Node(NodeId(1)), fetch.clone())], "asks a node that named it");
     // Unanswered: the next retransmission asks the next holder.
     let mut out = Outputs::default();
     b.step(20 + cfg.options.retransmit_ms, Input::Tick, &mut out);
-    assert!(out.send.contains(&(Peer::Node(2), fetch)));
+    assert!(out.send.contains(&(Peer::Node(NodeId(2)), fetch)));
     // A body that does not hash to the named digest is rejected and changes nothing.
     let wrong = Value { time: 11, requests: value.requests.clone() };
-    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: wrong });
+    let out = step(&mut b, 30, Peer::Node(NodeId(0)), Message::ValueBody { seq: Seq(1), value: wrong });
     assert!(matches!(rejected(&out)[..], [Reject::BadProof(_)]));
-    assert_eq!(writes_for(&out, 1, 1), 0);
+    assert_eq!(writes_for(&out, 1, Seq(1)), 0);
     // The right body: persisted, then voted for in the new view.
-    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: value.clone() });
+    let out = step(&mut b, 30, Peer::Node(NodeId(0)), Message::ValueBody { seq: Seq(1), value: value.clone() });
     assert!(rejected(&out).is_empty());
-    assert_eq!(out.persist, vec![Persist::Record(Record::Accepted { view: 1, seq: 1, value: value.clone() })]);
-    assert_eq!(writes_for(&out, 1, 1), 3);
+    assert_eq!(
+        out.persist,
+        vec![Persist::Record(Record::Accepted { view: View(1), seq: Seq(1), value: value.clone() })]
+    );
+    assert_eq!(writes_for(&out, 1, Seq(1)), 3);
     // A second answer is ignored, and nothing is fetched any more.
-    let out = step(&mut b, 30, Peer::Node(1), Message::ValueBody { seq: 1, value });
+    let out = step(&mut b, 30, Peer::Node(NodeId(1)), Message::ValueBody { seq: Seq(1), value });
     assert!(rejected(&out).is_empty() && out.persist.is_empty());
     let mut out = Outputs::default();
     b.step(40 + 2 * cfg.options.retransmit_ms, Input::Tick, &mut out);
@@ -1113,25 +1044,31 @@ fn a_node_that_wrote_without_preparing_keeps_the_body_for_the_next_view_and_serv
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     // Node 3 accepted (wrote for) the value in view 0 but never saw Q WRITEs: no certificate.
     let mut b = node(&cfg, 3);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: value.clone().into() });
-    assert_eq!(writes_for(&out, 0, 1), 3);
-    let out = step(&mut b, 20, Peer::Node(1), Message::NewView(new_view_naming(&value)));
-    assert_eq!(writes_for(&out, 1, 1), 3, "votes at once from its earlier-view proposal");
+    let out = step(
+        &mut b,
+        10,
+        Peer::Node(NodeId(0)),
+        Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() },
+    );
+    assert_eq!(writes_for(&out, 0, Seq(1)), 3);
+    let out = step(&mut b, 20, Peer::Node(NodeId(1)), Message::NewView(new_view_naming(&value)));
+    assert_eq!(writes_for(&out, 1, Seq(1)), 3, "votes at once from its earlier-view proposal");
     assert!(!out.send.iter().any(|(_, m)| matches!(m, Message::FetchValue { .. })));
     // And serves the body to a peer that lacks it; not a body with another digest.
-    let fetch = Message::FetchValue { seq: 1, digest: value.digest() };
-    let out = step(&mut b, 20, Peer::Node(2), fetch.clone());
-    assert_eq!(out.send, vec![(Peer::Node(2), Message::ValueBody { seq: 1, value: value.clone() })]);
-    let out = step(&mut b, 20, Peer::Node(2), Message::FetchValue { seq: 1, digest: Value::null().digest() });
+    let fetch = Message::FetchValue { seq: Seq(1), digest: value.digest() };
+    let out = step(&mut b, 20, Peer::Node(NodeId(2)), fetch.clone());
+    assert_eq!(out.send, vec![(Peer::Node(NodeId(2)), Message::ValueBody { seq: Seq(1), value: value.clone() })]);
+    let out =
+        step(&mut b, 20, Peer::Node(NodeId(2)), Message::FetchValue { seq: Seq(1), digest: Value::null().digest() });
     assert!(out.send.is_empty());
     // A small question pulls a whole batch: once per instance and period per peer.
-    let out = step(&mut b, 21, Peer::Node(2), fetch.clone());
+    let out = step(&mut b, 21, Peer::Node(NodeId(2)), fetch.clone());
     assert!(out.send.is_empty());
     assert!(matches!(rejected(&out)[..], [Reject::Busy(_)]));
-    let out = step(&mut b, 21, Peer::Node(0), fetch.clone());
+    let out = step(&mut b, 21, Peer::Node(NodeId(0)), fetch.clone());
     assert_eq!(out.send.len(), 1, "another peer is answered");
-    let out = step(&mut b, 20 + cfg.options.retransmit_ms, Peer::Node(2), fetch);
-    assert_eq!(out.send, vec![(Peer::Node(2), Message::ValueBody { seq: 1, value })]);
+    let out = step(&mut b, 20 + cfg.options.retransmit_ms, Peer::Node(NodeId(2)), fetch);
+    assert_eq!(out.send, vec![(Peer::Node(NodeId(2)), Message::ValueBody { seq: Seq(1), value })]);
 }
 
 #[test]
@@ -1144,40 +1081,47 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
     let bv = Value { time: 11, requests: vec![request(&cfg, 8, b"b")] };
     let stable = StableProof::genesis();
     // NEW-VIEW(view) from nodes 0..3, each naming the given (seq, digest) as prepared in view 0.
-    let new_view = |view: View, certs: &[(Seq, Digest)]| {
+    let new_view = |view: u64, certs: &[(Seq, Digest)]| {
         let certs: Vec<CertProof> = certs
             .iter()
             .map(|&(seq, digest)| {
-                let writes = (0..3)
-                    .map(|n| (n, secrets(n).signing.sign(&write_statement(&tag(), 0, seq, &digest, n))))
+                let writes = NodeRange::first(3)
+                    .map(|n| (n, secrets(n.0).signing.sign(&write_statement(&tag(), View(0), seq, &digest, n))))
                     .collect();
-                CertProof { view: 0, seq, digest, writes }
+                CertProof { view: View(0), seq, digest, writes }
             })
             .collect();
         let view_changes = (0..3u32)
             .map(|from| {
-                let mut vc = ViewChange { view, from, stable: stable.clone(), certs: certs.clone(), sig: Sig([0; 64]) };
+                let mut vc = ViewChange {
+                    view: View(view),
+                    from: NodeId(from),
+                    stable: stable.clone(),
+                    certs: certs.clone(),
+                    sig: Sig([0; 64]),
+                };
                 vc.sig = secrets(from).signing.sign(&vc.statement(&tag()));
                 vc
             })
             .collect();
+        let view = View(view);
         let mut nv = NewView { view, view_changes, sig: Sig([0; 64]) };
-        nv.sig = secrets(cfg.primary(view)).signing.sign(&nv.statement(&tag()));
+        nv.sig = secrets((cfg.primary(view)).0).signing.sign(&nv.statement(&tag()));
         Message::NewView(nv)
     };
     let mut b = node(&cfg, 3);
-    step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: a.clone().into() });
+    step(&mut b, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: a.clone().into() });
     // View 1: a certificate for instance 2 only, so instance 1 is re-proposed as null.
-    let out = step(&mut b, 20, Peer::Node(1), new_view(1, &[(2, Value::null().digest())]));
-    assert_eq!(writes_for(&out, 1, 1), 3, "voted for null in view 1");
+    let out = step(&mut b, 20, Peer::Node(NodeId(1)), new_view(1, &[(Seq(2), Value::null().digest())]));
+    assert_eq!(writes_for(&out, 1, Seq(1)), 3, "voted for null in view 1");
     // View 2 names B for instance 1: fetched, then voted for.
-    step(&mut b, 30, Peer::Node(2), new_view(2, &[(1, bv.digest())]));
-    let out = step(&mut b, 30, Peer::Node(0), Message::ValueBody { seq: 1, value: bv });
-    assert_eq!(writes_for(&out, 2, 1), 3, "voted for B in view 2");
+    step(&mut b, 30, Peer::Node(NodeId(2)), new_view(2, &[(Seq(1), bv.digest())]));
+    let out = step(&mut b, 30, Peer::Node(NodeId(0)), Message::ValueBody { seq: Seq(1), value: bv });
+    assert_eq!(writes_for(&out, 2, Seq(1)), 3, "voted for B in view 2");
     // View 5 (view 3's primary is node 3 itself) names A again: node 3 still holds it.
-    let out = step(&mut b, 40, Peer::Node(1), new_view(5, &[(1, a.digest())]));
+    let out = step(&mut b, 40, Peer::Node(NodeId(1)), new_view(5, &[(Seq(1), a.digest())]));
     assert!(rejected(&out).is_empty(), "{:?}", rejected(&out));
-    assert_eq!(writes_for(&out, 5, 1), 3, "votes for A from its own earlier body");
+    assert_eq!(writes_for(&out, 5, Seq(1)), 3, "votes for A from its own earlier body");
     assert!(!out.send.iter().any(|(_, m)| matches!(m, Message::FetchValue { .. })));
 }
 
@@ -1185,11 +1129,11 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
 
 /// A request of `client` whose MAC entries are valid only for the nodes in `valid`.
 fn request_valid_at(cfg: &ClusterConfig, client: u64, seq: u64, op: &[u8], valid: &[u32]) -> Request {
-    let mut req = Request::new(client, seq, op.to_vec().into());
+    let mut req = Request::new(ClientId(client), seq, op.to_vec().into());
     let statement = req.statement();
     req.auth = (0..cfg.n() as u32)
         .map(|i| {
-            let mac = client_mac_key(&secrets(i).mac_secret, client).mac(&statement);
+            let mac = client_mac_key(&secrets(i).mac_secret, ClientId(client)).mac(&statement);
             if valid.contains(&i) {
                 mac
             } else {
@@ -1201,8 +1145,8 @@ fn request_valid_at(cfg: &ClusterConfig, client: u64, seq: u64, op: &[u8], valid
 }
 
 fn send_to_all(net: &mut Net, req: &Request, now: u64) {
-    for n in 0..net.nodes.len() as NodeId {
-        net.queue.push_back((Peer::Client(req.client), Peer::Node(n), Message::Request(req.clone())));
+    for n in NodeRange::first(net.nodes.len()) {
+        net.post(Peer::Client(req.client), NodeId(n.0), Message::Request(req.clone()));
     }
     net.run(now);
 }
@@ -1212,7 +1156,7 @@ fn views_started(net: &Net) -> usize {
 }
 
 fn executed_by_all(net: &Net, client: u64) -> bool {
-    net.nodes.iter().all(|n| n.exec.last_seq(client) >= 1)
+    net.nodes.iter().all(|n| n.exec.last_seq(ClientId(client)) >= 1)
 }
 
 #[test]
@@ -1223,9 +1167,9 @@ fn rq_mac_proposals_carry_endorsements_instead_of_the_clients_macs() {
     let mut c = client(&cfg, 7);
     let first = c.invoke(10, b"x".to_vec()).expect("idle");
     let targets: Vec<NodeId> = first.iter().map(|(n, _)| *n).collect();
-    assert_eq!(targets, vec![0, 1, 2], "u + r + 1 nodes from the primary on");
+    assert_eq!(targets, [0, 1, 2].map(NodeId).to_vec(), "u + r + 1 nodes from the primary on");
     for (n, m) in first {
-        net.queue.push_back((Peer::Client(7), Peer::Node(n), m));
+        net.post(Peer::Client(ClientId(7)), n, m);
     }
     net.run(10);
     assert_eq!(net.result(&mut c), Some(vec![1]));
@@ -1233,7 +1177,7 @@ fn rq_mac_proposals_carry_endorsements_instead_of_the_clients_macs() {
     let req = &proposal.0.requests[0];
     assert!(req.auth.is_empty(), "the client's authenticator stays at the RQ");
     assert_eq!(req.endorsements.len(), cfg.quorums.endorse_propose());
-    assert!(net.nodes.iter().all(|n| n.executed() == 1), "node 3 never saw the client and still executed");
+    assert!(net.nodes.iter().all(|n| n.executed() == Seq(1)), "node 3 never saw the client and still executed");
 }
 
 /// Client 7 sends every node a request whose MACs are valid at the primary and node 1
@@ -1261,11 +1205,11 @@ fn a_client_whose_macs_fail_at_some_nodes_stalls_nobody_and_changes_no_view() {
     assert!(executed_by_all(&net, 7), "executed once every correct node endorsed it");
     net.tick(10 + 3 * timeout);
     assert_eq!(views_started(&net), 0, "nobody suspects the primary");
-    assert!(net.nodes.iter().all(|n| n.view() == 0));
+    assert!(net.nodes.iter().all(|n| n.view() == View(0)));
     let bad_macs = net
         .events
         .iter()
-        .filter(|(_, e)| matches!(e, Event::Rejected { reason: Reject::BadMac { client: 7 }, .. }))
+        .filter(|(_, e)| matches!(e, Event::Rejected { reason: Reject::BadMac { client: ClientId(7) }, .. }))
         .count();
     assert_eq!(bad_macs, 2, "nodes 2 and 3 rejected the client's own message");
 }
@@ -1284,7 +1228,7 @@ fn a_request_only_one_node_can_authenticate_never_executes_and_never_costs_a_vie
     let mut good = client(&cfg, 8);
     net.submit(&mut good, 10 + 6 * timeout, b"good");
     assert_eq!(net.result(&mut good), Some(vec![1]));
-    assert!(net.nodes.iter().all(|n| n.exec.last_seq(7) == 0), "no correct node can vouch for it");
+    assert!(net.nodes.iter().all(|n| n.exec.last_seq(ClientId(7)) == 0), "no correct node can vouch for it");
     assert_eq!(views_started(&net), 0, "one endorsement is no reason to suspect the primary");
 }
 
@@ -1292,30 +1236,30 @@ fn a_request_only_one_node_can_authenticate_never_executes_and_never_costs_a_vie
 fn a_backup_refuses_a_proposed_request_without_u_plus_one_valid_endorsements() {
     let cfg = config_rq(1, 1);
     let mut b = node(&cfg, 1);
-    let req = Request::new(424_242, 1, b"made up".to_vec().into());
+    let req = Request::new(ClientId(424_242), 1, b"made up".to_vec().into());
     let statement = req.statement();
     let endorse = |i: u32| Endorsement {
-        node: i,
+        node: NodeId(i),
         macs: endorse_keys(&secrets(i).signing, &config_rq(1, 1).membership)
             .iter()
-            .map(|k| k.mac(&endorse_statement(i, &statement)))
+            .map(|k| k.mac(&endorse_statement(NodeId(i), &statement)))
             .collect(),
     };
     let propose = |endorsements: Vec<Endorsement>| Message::Propose {
-        view: 0,
-        seq: 1,
+        view: View(0),
+        seq: Seq(1),
         value: Value { time: 10, requests: vec![Request { endorsements, ..req.clone() }] }.into(),
     };
     // The primary's own word, twice: one endorser.
-    let out = step(&mut b, 10, Peer::Node(0), propose(vec![endorse(0), endorse(0)]));
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(vec![endorse(0), endorse(0)]));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a request without enough valid endorsements")]);
     // Two endorsers, but node 2's entry for node 1 is forged.
     let mut forged = endorse(2);
     forged.macs[1] = [0; 16];
-    let out = step(&mut b, 10, Peer::Node(0), propose(vec![endorse(0), forged]));
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(vec![endorse(0), forged]));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a request without enough valid endorsements")]);
     // u + 1 = 2 valid endorsers: accepted (this node sends its WRITE).
-    let out = step(&mut b, 10, Peer::Node(0), propose(vec![endorse(0), endorse(2)]));
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(vec![endorse(0), endorse(2)]));
     assert!(rejected(&out).is_empty());
     assert!(out.send_after_persist.iter().any(|(_, m)| matches!(m, Message::Write(_))));
 }
@@ -1326,28 +1270,28 @@ fn a_node_endorsing_made_up_requests_fills_only_its_own_share() {
     let share = cfg.options.clients_max / cfg.n();
     let mut b = node(&cfg, 1);
     let endorse_from_3 = |client: u64| {
-        let req = Request::new(client, 1, b"junk".to_vec().into());
-        let s = endorse_statement(3, &req.statement());
+        let req = Request::new(ClientId(client), 1, b"junk".to_vec().into());
+        let s = endorse_statement(NodeId(3), &req.statement());
         let macs = endorse_keys(&secrets(3).signing, &config_rq(1, 1).membership).iter().map(|k| k.mac(&s)).collect();
         Message::Endorse { request: req, macs }
     };
     for c in 0..share as u64 {
-        assert!(rejected(&step(&mut b, 10, Peer::Node(3), endorse_from_3(5_000 + c))).is_empty());
+        assert!(rejected(&step(&mut b, 10, Peer::Node(NodeId(3)), endorse_from_3(5_000 + c))).is_empty());
     }
-    let out = step(&mut b, 10, Peer::Node(3), endorse_from_3(9_999));
+    let out = step(&mut b, 10, Peer::Node(NodeId(3)), endorse_from_3(9_999));
     assert_eq!(rejected(&out), vec![Reject::Busy("endorsements held for this node")]);
     assert_eq!(b.hearsay.len(), share);
     assert!(b.pending.is_empty(), "one node's word admits nothing");
     // Bytes are bounded per endorser too: node 2's share of 64 MiB in 1 MiB requests.
     let big = |client: u64| {
-        let req = Request::new(client, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
-        let s = endorse_statement(2, &req.statement());
+        let req = Request::new(ClientId(client), 1, vec![0; crate::codec::OP_BYTES_MAX].into());
+        let s = endorse_statement(NodeId(2), &req.statement());
         let macs = endorse_keys(&secrets(2).signing, &config_rq(1, 1).membership).iter().map(|k| k.mac(&s)).collect();
         Message::Endorse { request: req, macs }
     };
     let mut held = 0;
     for c in 0..64 {
-        if rejected(&step(&mut b, 10, Peer::Node(2), big(20_000 + c))).is_empty() {
+        if rejected(&step(&mut b, 10, Peer::Node(NodeId(2)), big(20_000 + c))).is_empty() {
             held += 1;
         }
     }
@@ -1357,8 +1301,8 @@ fn a_node_endorsing_made_up_requests_fills_only_its_own_share() {
     // A bad MAC is refused outright, and the hearsay expires.
     let Message::Endorse { request, mut macs } = endorse_from_3(1) else { unreachable!() };
     macs[1][0] ^= 1;
-    let out = step(&mut b, 10, Peer::Node(2), Message::Endorse { request, macs });
-    assert_eq!(rejected(&out), vec![Reject::BadEndorsement { node: 2 }]);
+    let out = step(&mut b, 10, Peer::Node(NodeId(2)), Message::Endorse { request, macs });
+    assert_eq!(rejected(&out), vec![Reject::BadEndorsement { node: NodeId(2) }]);
     step_tick(&mut b, 10 + 5 * cfg.options.request_timeout_ms);
     assert_eq!(b.hearsay.len(), 0);
 }
@@ -1384,7 +1328,7 @@ fn client_signing_key(id: u64) -> SigningKey {
 }
 
 fn config_sig(u: u32, r: u32, clients: &[u64]) -> ClusterConfig {
-    let keys = clients.iter().map(|&c| (c, client_signing_key(c).public())).collect();
+    let keys = clients.iter().map(|&c| (ClientId(c), client_signing_key(c).public())).collect();
     config_rq(u, r).with_auth(Auth::Sig).with_client_keys(keys)
 }
 
@@ -1399,25 +1343,28 @@ fn with_auth_sig_every_node_checks_the_clients_signature_the_same_way() {
     assert!(proposal.requests[0].auth.is_empty() && proposal.requests[0].sig.is_some(), "signed, no MACs");
 
     // A signature by the wrong key, and none at all: refused by a node on admission...
-    let mut forged = Request::new(8, 1, b"y".to_vec().into());
+    let mut forged = Request::new(ClientId(8), 1, b"y".to_vec().into());
     forged.sig = Some(client_signing_key(7).sign(&forged.statement()));
     let mut n0 = node(&cfg, 0);
-    let out = step(&mut n0, 10, Peer::Client(8), Message::Request(forged.clone()));
-    assert_eq!(rejected(&out), vec![Reject::BadMac { client: 8 }]);
+    let out = step(&mut n0, 10, Peer::Client(ClientId(8)), Message::Request(forged.clone()));
+    assert_eq!(rejected(&out), vec![Reject::BadMac { client: ClientId(8) }]);
     // ...and by a backup in a proposal, checked as one batch, unless the verify stage
     // vouched for it.
-    let mut good = Request::new(7, 1, b"z".to_vec().into());
+    let mut good = Request::new(ClientId(7), 1, b"z".to_vec().into());
     good.sig = Some(client_signing_key(7).sign(&good.statement()));
-    let propose =
-        |requests: Vec<Request>| Message::Propose { view: 0, seq: 1, value: Value { time: 10, requests }.into() };
+    let propose = |requests: Vec<Request>| Message::Propose {
+        view: View(0),
+        seq: Seq(1),
+        value: Value { time: 10, requests }.into(),
+    };
     let mut b = node(&cfg, 1);
-    let out = step(&mut b, 10, Peer::Node(0), propose(vec![good.clone(), forged.clone()]));
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(vec![good.clone(), forged.clone()]));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a request without a valid client signature")]);
     let verifier = b.verifier();
-    assert!(!verifier.check(0, &propose(vec![good.clone(), forged])));
-    assert!(verifier.check(0, &propose(vec![good.clone()])));
+    assert!(!verifier.check(NodeId(0), &propose(vec![good.clone(), forged])));
+    assert!(verifier.check(NodeId(0), &propose(vec![good.clone()])));
     let mut out = Outputs::default();
-    b.step(10, Input::Checked { from: 0, msg: propose(vec![good]) }, &mut out);
+    b.step(10, Input::Checked { from: NodeId(0), msg: propose(vec![good]) }, &mut out);
     assert!(rejected(&out).is_empty());
     assert!(out.send_after_persist.iter().any(|(_, m)| matches!(m, Message::Write(_))), "the backup votes");
 }
@@ -1427,7 +1374,7 @@ fn with_auth_sig_a_burst_of_requests_is_checked_as_one_batch_and_only_bad_ones_a
     let clients: Vec<u64> = (10..20).collect();
     let cfg = config_sig(1, 1, &clients);
     let signed = |c: u64, key: u64| {
-        let mut r = Request::new(c, 1, vec![c as u8].into());
+        let mut r = Request::new(ClientId(c), 1, vec![c as u8].into());
         r.sig = Some(client_signing_key(key).sign(&r.statement()));
         r
     };
@@ -1449,12 +1396,12 @@ fn with_auth_sig_a_burst_of_requests_is_checked_as_one_batch_and_only_bad_ones_a
     // One signed by another client's key: the batch fails, and only that one is refused.
     let mut p = node(&cfg, 0);
     let out = burst(&mut p, clients.iter().map(|&c| signed(c, if c == 13 { 14 } else { c })).collect());
-    assert_eq!(rejected(&out), vec![Reject::BadMac { client: 13 }]);
+    assert_eq!(rejected(&out), vec![Reject::BadMac { client: ClientId(13) }]);
     assert_eq!(p.pending.len(), 9);
-    assert!(!p.pending.contains_key(&13));
+    assert!(!p.pending.contains_key(&ClientId(13)));
     // Outside a burst, a request is checked at the end of its own step.
     let mut p = node(&cfg, 0);
-    let out = step(&mut p, 10, Peer::Client(10), Message::Request(signed(10, 10)));
+    let out = step(&mut p, 10, Peer::Client(ClientId(10)), Message::Request(signed(10, 10)));
     assert!(rejected(&out).is_empty() && p.unsigned.is_empty());
     assert!(out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })), "proposed in the same step");
 }
@@ -1465,7 +1412,7 @@ fn throttled_divergent_node_3(cfg: &ClusterConfig, rate: u64) -> Net {
     let throttled =
         ClusterConfig { options: Options { transfer_rate_bytes: rate, ..cfg.options.clone() }, ..cfg.clone() };
     let mut net = Net::new(cfg);
-    net.nodes[3] = Replica::new(throttled, 3, secrets(3), Log::default());
+    net.nodes[3] = Replica::new(throttled, NodeId(3), secrets(3), Log::default());
     net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
     net
 }
@@ -1485,7 +1432,7 @@ fn a_throttled_state_transfer_asks_for_no_more_than_its_rate_allows() {
     let started = now;
     let mut seen_started = false;
     while now < started + 60_000
-        && !net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. }))
+        && !net.events.iter().any(|(n, e)| *n == NodeId(3) && matches!(e, Event::StateTransferDone { .. }))
     {
         now += 5;
         net.tick(now);
@@ -1499,7 +1446,10 @@ fn a_throttled_state_transfer_asks_for_no_more_than_its_rate_allows() {
     }
     assert!(seen_started, "node 3 transferred state");
     let took = now - started;
-    assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })), "finished");
+    assert!(
+        net.events.iter().any(|(n, e)| *n == NodeId(3) && matches!(e, Event::StateTransferDone { .. })),
+        "finished"
+    );
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
     let bytes = net.nodes[0].exec.snapshot().len() as u64;
     assert!(took >= (bytes.saturating_sub(16 * 64)) * 1000 / rate, "{bytes} bytes in {took} ms at {rate} B/s");
@@ -1555,7 +1505,7 @@ fn a_transfer_restarted_on_a_newer_checkpoint_keeps_the_chunks_it_fetched() {
         assert!(net.result(&mut c).is_some());
     }
     let deadline = now + 120_000;
-    while transfers_done(&net, 3).is_empty() && now < deadline {
+    while transfers_done(&net, NodeId(3)).is_empty() && now < deadline {
         now += 5;
         net.tick(now);
     }
@@ -1563,14 +1513,14 @@ fn a_transfer_restarted_on_a_newer_checkpoint_keeps_the_chunks_it_fetched() {
         .events
         .iter()
         .filter_map(|(n, e)| match e {
-            Event::StateTransferStarted { seq, .. } if *n == 3 => Some(*seq),
+            Event::StateTransferStarted { seq, .. } if *n == NodeId(3) => Some(*seq),
             _ => None,
         })
         .collect();
     assert!(started.len() >= 2, "the transfer restarted on the newer checkpoint: {started:?}");
-    let done = transfers_done(&net, 3);
+    let done = transfers_done(&net, NodeId(3));
     let &[(seq, chunks, reused)] = done.as_slice() else { panic!("one transfer finished: {done:?}") };
-    assert_eq!(seq, 3 * interval);
+    assert_eq!(seq, Seq(3 * interval));
     assert!(reused >= 20, "{reused} of {chunks} chunks reused");
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
 }
@@ -1595,19 +1545,19 @@ fn a_node_that_fell_behind_fetches_only_the_chunks_its_own_snapshot_lacks() {
         now += 5;
         net.tick(now);
     }
-    assert_eq!(net.nodes[3].stable_seq(), 2 * interval, "node 3 holds the second checkpoint");
-    net.down[3] = true;
+    assert_eq!(net.nodes[3].stable_seq(), Seq(2 * interval), "node 3 holds the second checkpoint");
+    net.down.insert(NodeId(3));
     for i in 2 * interval..4 * interval {
         submit(&mut net, &mut now, i);
     }
-    net.down[3] = false;
+    net.down.remove(&NodeId(3));
     for _ in 0..400 {
         now += 5;
         net.tick(now);
     }
-    let done = transfers_done(&net, 3);
+    let done = transfers_done(&net, NodeId(3));
     let Some(&(seq, chunks, reused)) = done.last() else { panic!("node 3 transferred state") };
-    assert_eq!(seq, 4 * interval);
+    assert_eq!(seq, Seq(4 * interval));
     // Half the entries are new: the other half of the chunks come from its own snapshot.
     assert!(reused * 3 >= chunks, "{reused} of {chunks} chunks reused");
     assert!(reused < chunks, "{reused} of {chunks}: the new entries were fetched");
@@ -1644,26 +1594,26 @@ fn background_checkpoints_record_the_state_frozen_at_their_instance() {
     let (mut a, mut b) = (Net::new(&inline), Net::new(&cfg));
     let (mut ca, mut cb) = (client(&inline, 7), client(&cfg, 7));
     let (mut ta, mut tb) = (0, 0);
-    b.jobs_held[3] = true;
+    b.jobs_held.insert(NodeId(3));
     run_ops(&mut a, &mut ca, &mut ta, 0..interval + 3);
     run_ops(&mut b, &mut cb, &mut tb, 0..interval + 3);
-    assert_eq!(b.nodes[3].executed(), interval + 3, "node 3 executed past the checkpoint");
+    assert_eq!(b.nodes[3].executed(), Seq(interval + 3), "node 3 executed past the checkpoint");
     assert_eq!(b.nodes[3].pending_checkpoints.len(), 1, "its checkpoint is still being serialized");
     // The others' votes made the checkpoint stable meanwhile; node 3 adopted it without
     // starting a transfer (it holds the state, only its snapshot is not done).
-    assert_eq!(b.nodes[3].stable_seq(), interval);
+    assert_eq!(b.nodes[3].stable_seq(), Seq(interval));
     assert!(b.nodes[3].stable_chunks.is_none());
-    b.jobs_held[3] = false;
+    b.jobs_held.remove(&NodeId(3));
     b.tick(tb + 5);
     let root = |net: &Net, node: NodeId| {
         net.events.iter().find_map(|(n, e)| match e {
-            Event::Checkpoint { seq, root } if *n == node && *seq == interval => Some(*root),
+            Event::Checkpoint { seq, root } if *n == node && *seq == Seq(interval) => Some(*root),
             _ => None,
         })
     };
-    let expected = root(&a, 3).expect("inline checkpoint");
+    let expected = root(&a, NodeId(3)).expect("inline checkpoint");
     for node in 0..4 {
-        assert_eq!(root(&b, node), Some(expected), "node {node}");
+        assert_eq!(root(&b, NodeId(node)), Some(expected), "node {node}");
     }
     assert!(b.nodes[3].pending_checkpoints.is_empty());
     assert_eq!(b.nodes[3].stable_chunks.as_ref().map(|c| c.root), Some(expected), "compared and kept");
@@ -1682,44 +1632,44 @@ fn a_background_checkpoint_of_a_replaced_state_is_dropped() {
     let mut net = Net::new(&cfg);
     let mut c = client(&cfg, 7);
     net.nodes[3].exec.restore(&Executor::new(Log(vec![b"garbage".to_vec()])).snapshot()).expect("restore");
-    net.jobs_held[0] = true;
-    net.jobs_held[3] = true;
+    net.jobs_held.insert(NodeId(0));
+    net.jobs_held.insert(NodeId(3));
     let mut now = 0;
     run_ops(&mut net, &mut c, &mut now, 0..2 * interval);
-    net.release(0, interval, now);
-    assert_eq!(net.nodes[3].stable_seq(), interval);
-    net.release(3, interval, now);
+    net.release(NodeId(0), Seq(interval), now);
+    assert_eq!(net.nodes[3].stable_seq(), Seq(interval));
+    net.release(NodeId(3), Seq(interval), now);
     for _ in 0..100 {
         now += 5;
         net.tick(now);
     }
-    assert!(net.events.iter().any(|(n, e)| *n == 3 && matches!(e, Event::StateTransferDone { .. })));
-    let stale = net.jobs.iter().filter(|(n, j)| *n == 3 && j.seq() == 2 * interval).count();
+    assert!(net.events.iter().any(|(n, e)| *n == NodeId(3) && matches!(e, Event::StateTransferDone { .. })));
+    let stale = net.jobs.iter().filter(|(n, j)| *n == NodeId(3) && j.seq() == Seq(2 * interval)).count();
     assert_eq!(stale, 2, "the checkpoint at 2I of the corrupt state and of the repaired one");
-    net.release(3, 2 * interval, now);
-    net.release(3, 2 * interval, now);
-    net.release(0, 2 * interval, now);
+    net.release(NodeId(3), Seq(2 * interval), now);
+    net.release(NodeId(3), Seq(2 * interval), now);
+    net.release(NodeId(0), Seq(2 * interval), now);
     let roots = |node: NodeId| -> Vec<Digest> {
         net.events
             .iter()
             .filter_map(|(n, e)| match e {
-                Event::Checkpoint { seq, root } if *n == node && *seq == 2 * interval => Some(*root),
+                Event::Checkpoint { seq, root } if *n == node && *seq == Seq(2 * interval) => Some(*root),
                 _ => None,
             })
             .collect()
     };
-    let good = roots(1);
+    let good = roots(NodeId(1));
     assert_eq!(good.len(), 1);
-    assert_eq!(roots(3), good, "node 3 voted only for the repaired state's checkpoint");
-    assert_eq!(net.nodes[3].stable_seq(), 2 * interval);
+    assert_eq!(roots(NodeId(3)), good, "node 3 voted only for the repaired state's checkpoint");
+    assert_eq!(net.nodes[3].stable_seq(), Seq(2 * interval));
     assert_eq!(net.nodes[3].service().0, net.nodes[0].service().0);
 }
 
 /// Node `i`'s valid endorsement of `req` (`auth = rq-mac`).
 fn endorsement_of(cfg: &ClusterConfig, i: u32, req: &Request) -> Endorsement {
-    let s = endorse_statement(i, &req.statement());
+    let s = endorse_statement(NodeId(i), &req.statement());
     Endorsement {
-        node: i,
+        node: NodeId(i),
         macs: endorse_keys(&secrets(i).signing, &cfg.membership).iter().map(|k| k.mac(&s)).collect(),
     }
 }
@@ -1756,39 +1706,43 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     let value = Value { time: 10, requests: vec![endorsed(&big), endorsed(&small)] };
     let proposal = Proposal::with_digests(&value);
     assert!(matches!(proposal.requests[0], Proposed::Digest(_)) && matches!(proposal.requests[1], Proposed::Full(_)));
-    let propose = Message::Propose { view: 0, seq: 1, value: proposal.clone() };
+    let propose = Message::Propose { view: View(0), seq: Seq(1), value: proposal.clone() };
 
     let mut holder = node(&cfg, 2);
-    step(&mut holder, 10, Peer::Client(7), Message::Request(big.clone()));
-    let out = step(&mut holder, 10, Peer::Node(0), propose.clone());
+    step(&mut holder, 10, Peer::Client(ClientId(7)), Message::Request(big.clone()));
+    let out = step(&mut holder, 10, Peer::Node(NodeId(0)), propose.clone());
     assert!(rejected(&out).is_empty() && fetches(&out).is_empty());
     assert_eq!(writes_sent(&out), 3, "the holder votes at once");
 
     let mut lacking = node(&cfg, 3);
-    let out = step(&mut lacking, 10, Peer::Node(0), propose.clone());
+    let out = step(&mut lacking, 10, Peer::Node(NodeId(0)), propose.clone());
     assert_eq!(writes_sent(&out), 0, "no vote without every byte");
-    let wanted = vec![(7, big.op.digest())];
-    assert_eq!(fetches(&out), vec![(Peer::Node(2), 1, wanted.clone())], "an endorser other than the primary");
+    let wanted = vec![(ClientId(7), big.op.digest())];
+    assert_eq!(
+        fetches(&out),
+        vec![(Peer::Node(NodeId(2)), Seq(1), wanted.clone())],
+        "an endorser other than the primary"
+    );
     // The PROPOSE again (a retransmission) is no equivocation, and asks nothing new.
-    let out = step(&mut lacking, 11, Peer::Node(0), propose.clone());
+    let out = step(&mut lacking, 11, Peer::Node(NodeId(0)), propose.clone());
     assert!(rejected(&out).is_empty() && fetches(&out).is_empty());
 
     // The endorser answers once per retry period.
-    let fetch = Message::FetchBodies { seq: 1, wanted: wanted.clone() };
-    let out = step(&mut holder, 12, Peer::Node(3), fetch.clone());
-    let answer = out.send.iter().find(|(to, m)| *to == Peer::Node(3) && matches!(m, Message::Bodies { .. }));
-    assert_eq!(answer.map(|(_, m)| m.clone()), Some(Message::Bodies { seq: 1, ops: vec![big.op.clone()] }));
-    let out = step(&mut holder, 13, Peer::Node(3), fetch);
+    let fetch = Message::FetchBodies { seq: Seq(1), wanted: wanted.clone() };
+    let out = step(&mut holder, 12, Peer::Node(NodeId(3)), fetch.clone());
+    let answer = out.send.iter().find(|(to, m)| *to == Peer::Node(NodeId(3)) && matches!(m, Message::Bodies { .. }));
+    assert_eq!(answer.map(|(_, m)| m.clone()), Some(Message::Bodies { seq: Seq(1), ops: vec![big.op.clone()] }));
+    let out = step(&mut holder, 13, Peer::Node(NodeId(3)), fetch);
     assert_eq!(rejected(&out), vec![Reject::Busy("operations fetched again within a retry period")]);
     // One peer pulls at most four batches' worth per retry period, however it asks.
     let op_max = vec![5u8; crate::codec::OP_BYTES_MAX];
     let mut hoard = node(&cfg, 2);
     let huge = request(&cfg, 9, &op_max);
-    step(&mut hoard, 20, Peer::Client(9), Message::Request(huge.clone()));
+    step(&mut hoard, 20, Peer::Client(ClientId(9)), Message::Request(huge.clone()));
     let mut pulled = 0;
     for seq in 1..=20 {
-        let ask = Message::FetchBodies { seq, wanted: vec![(9, huge.op.digest())] };
-        pulled += step(&mut hoard, 21, Peer::Node(1), ask)
+        let ask = Message::FetchBodies { seq: Seq(seq), wanted: vec![(ClientId(9), huge.op.digest())] };
+        pulled += step(&mut hoard, 21, Peer::Node(NodeId(1)), ask)
             .send
             .iter()
             .filter(|(_, m)| matches!(m, Message::Bodies { .. }))
@@ -1800,22 +1754,27 @@ fn operations_by_digest_are_fetched_from_an_endorser_and_checked_before_the_vote
     // Altered bytes from the node asked do not pass for the operation: refused, and the
     // next node (the primary, here) is asked at once. From a node not asked they are
     // ignored (it may answer an older question about the instance).
-    let forged = Message::Bodies { seq: 1, ops: vec![vec![6; 200].into()] };
-    let out = step(&mut lacking, 14, Peer::Node(2), forged.clone());
+    let forged = Message::Bodies { seq: Seq(1), ops: vec![vec![6; 200].into()] };
+    let out = step(&mut lacking, 14, Peer::Node(NodeId(2)), forged.clone());
     assert_eq!(rejected(&out), vec![Reject::BadProof("an operation that matches no digest of the proposal")]);
     assert_eq!(writes_sent(&out), 0);
-    assert_eq!(fetches(&out), vec![(Peer::Node(0), 1, wanted.clone())]);
-    let out = step(&mut lacking, 15, Peer::Node(1), forged);
+    assert_eq!(fetches(&out), vec![(Peer::Node(NodeId(0)), Seq(1), wanted.clone())]);
+    let out = step(&mut lacking, 15, Peer::Node(NodeId(1)), forged);
     assert!(rejected(&out).is_empty() && fetches(&out).is_empty() && writes_sent(&out) == 0);
     // Unanswered: the next node after a retry period, doubled for a second retry.
     let retry = cfg.options.retransmit_ms / 5;
     assert!(fetches(&step_tick(&mut lacking, 14 + retry)).is_empty());
     let out = step_tick(&mut lacking, 14 + 2 * retry);
-    assert_eq!(fetches(&out), vec![(Peer::Node(1), 1, wanted)]);
-    let out = step(&mut lacking, 14 + 2 * retry, Peer::Node(0), Message::Bodies { seq: 1, ops: vec![big.op.clone()] });
+    assert_eq!(fetches(&out), vec![(Peer::Node(NodeId(1)), Seq(1), wanted)]);
+    let out = step(
+        &mut lacking,
+        14 + 2 * retry,
+        Peer::Node(NodeId(0)),
+        Message::Bodies { seq: Seq(1), ops: vec![big.op.clone()] },
+    );
     assert!(rejected(&out).is_empty());
     assert_eq!(writes_sent(&out), 3);
-    let accepted = lacking.log.get(&1).and_then(|s| s.value.clone()).map(|(v, d)| (v.requests[0].op.clone(), d));
+    let accepted = lacking.log.get(&Seq(1)).and_then(|s| s.value.clone()).map(|(v, d)| (v.requests[0].op.clone(), d));
     assert_eq!(accepted, Some((big.op.clone(), value.digest())));
 }
 
@@ -1830,9 +1789,9 @@ fn a_client_copy_that_arrives_after_the_propose_completes_it() {
     };
     let proposal = Proposal::with_digests(&Value { time: 10, requests: vec![endorsed] });
     let mut b = node(&cfg, 2);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: proposal });
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: proposal });
     assert_eq!(writes_sent(&out), 0);
-    let out = step(&mut b, 11, Peer::Client(7), Message::Request(big));
+    let out = step(&mut b, 11, Peer::Client(ClientId(7)), Message::Request(big));
     assert!(rejected(&out).is_empty());
     assert_eq!(writes_sent(&out), 3, "voted once the client's own copy came");
 }
@@ -1842,7 +1801,7 @@ fn operations_by_digest_need_rq_mac_and_an_endorser() {
     let req = request(&config(1, 1), 7, &[7; 100]);
     let proposal = Proposal::with_digests(&Value { time: 10, requests: vec![req.clone()] });
     let mut b = node(&config(1, 1), 1);
-    let out = step(&mut b, 10, Peer::Node(0), Message::Propose { view: 0, seq: 1, value: proposal });
+    let out = step(&mut b, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: proposal });
     assert_eq!(rejected(&out), vec![Reject::BadBatch("an operation by digest without auth = rq-mac")]);
     assert!(config(1, 1).with_request_digests(true).is_err(), "refused by the configuration too");
 }
@@ -1858,8 +1817,8 @@ fn with_digests_the_primary_sends_large_operations_to_no_one_and_every_node_exec
         assert_eq!(net.result(&mut c), Some(vec![1]));
         assert!(net.nodes.iter().all(|n| n.service().0 == vec![op.clone()]), "every node executed the operation");
         let sent = |n: NodeId, kind| net.sent_bytes.get(&(n, kind)).copied().unwrap_or(0);
-        let fetched: usize = (0..4).map(|n| sent(n, "fetch-bodies")).sum();
-        (sent(0, "propose"), fetched)
+        let fetched: usize = (0..4).map(|n| sent(NodeId(n), "fetch-bodies")).sum();
+        (sent(NodeId(0), "propose"), fetched)
     };
     let (with, fetched_with) = run(true);
     let (without, fetched_without) = run(false);
@@ -1875,30 +1834,34 @@ fn endorsements_without_the_bytes_count_once_the_primary_holds_the_request() {
     let big = request(&cfg, 7, &[7; 200]);
     // A backup that got the request endorses it to the primary without its bytes.
     let mut b = node(&cfg, 2);
-    let out = step(&mut b, 10, Peer::Client(7), Message::Request(big.clone()));
-    let to_primary: Vec<&Message> = out.send.iter().filter(|(to, _)| *to == Peer::Node(0)).map(|(_, m)| m).collect();
-    assert!(matches!(to_primary[..], [Message::EndorseDigest { client: 7, .. }]), "{to_primary:?}");
+    let out = step(&mut b, 10, Peer::Client(ClientId(7)), Message::Request(big.clone()));
+    let to_primary: Vec<&Message> =
+        out.send.iter().filter(|(to, _)| *to == Peer::Node(NodeId(0))).map(|(_, m)| m).collect();
+    assert!(matches!(to_primary[..], [Message::EndorseDigest { client: ClientId(7), .. }]), "{to_primary:?}");
     let small = request(&cfg, 8, b"tiny");
-    let out = step(&mut b, 10, Peer::Client(8), Message::Request(small));
-    assert!(out.send.iter().any(|(to, m)| *to == Peer::Node(0) && matches!(m, Message::Endorse { .. })));
+    let out = step(&mut b, 10, Peer::Client(ClientId(8)), Message::Request(small));
+    assert!(out.send.iter().any(|(to, m)| *to == Peer::Node(NodeId(0)) && matches!(m, Message::Endorse { .. })));
 
     // The primary hears two such endorsements before the client's own copy arrives.
     let endorse = |i: u32| {
         let e = endorsement_of(&cfg, i, &big);
-        Message::EndorseDigest { client: 7, seq: big.seq, op: big.op.digest(), macs: e.macs }
+        Message::EndorseDigest { client: ClientId(7), seq: big.seq, op: big.op.digest(), macs: e.macs }
     };
     let mut p = node(&cfg, 0);
     let mut forged = endorse(3);
     if let Message::EndorseDigest { macs, .. } = &mut forged {
         macs[0] = [0; 16];
     }
-    assert_eq!(rejected(&step(&mut p, 10, Peer::Node(3), forged)), vec![Reject::BadEndorsement { node: 3 }]);
+    assert_eq!(
+        rejected(&step(&mut p, 10, Peer::Node(NodeId(3)), forged)),
+        vec![Reject::BadEndorsement { node: NodeId(3) }]
+    );
     for i in [1, 2] {
-        let out = step(&mut p, 10, Peer::Node(i), endorse(i));
+        let out = step(&mut p, 10, Peer::Node(NodeId(i)), endorse(i));
         assert!(rejected(&out).is_empty() && !out.send.iter().any(|(_, m)| matches!(m, Message::Propose { .. })));
     }
     // With its own, u + r + 1 = 3 endorsements: it proposes at once, by digest.
-    let out = step(&mut p, 11, Peer::Client(7), Message::Request(big.clone()));
+    let out = step(&mut p, 11, Peer::Client(ClientId(7)), Message::Request(big.clone()));
     let proposed = out.send.iter().find_map(|(_, m)| match m {
         Message::Propose { value, .. } => Some(value.clone()),
         _ => None,
@@ -1917,26 +1880,30 @@ fn a_node_that_heard_of_a_request_first_cannot_make_its_bytes_be_refused() {
     };
     // Node 3 fills its byte share of hearsay with 1 MiB requests of made-up clients...
     for c in 0..64 {
-        let junk = Request::new(30_000 + c, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
-        let _ = step(&mut b, 10, Peer::Node(3), endorse_from(3, &junk));
+        let junk = Request::new(ClientId(30_000 + c), 1, vec![0; crate::codec::OP_BYTES_MAX].into());
+        let _ = step(&mut b, 10, Peer::Node(NodeId(3)), endorse_from(3, &junk));
     }
-    let full = Request::new(40_000, 1, vec![0; crate::codec::OP_BYTES_MAX].into());
+    let full = Request::new(ClientId(40_000), 1, vec![0; crate::codec::OP_BYTES_MAX].into());
     assert_eq!(
-        rejected(&step(&mut b, 10, Peer::Node(3), endorse_from(3, &full))),
+        rejected(&step(&mut b, 10, Peer::Node(NodeId(3)), endorse_from(3, &full))),
         vec![Reject::Busy("endorsements held for this node")]
     );
     // ...then is the first to mention a real request, without its bytes (this node cannot
     // check the client's MAC: the request is not addressed to it).
     let real = request_valid_at(&cfg, 7, 1, &[7; 300], &[0, 2, 3]);
-    let digest_only =
-        Message::EndorseDigest { client: 7, seq: 1, op: real.op.digest(), macs: endorsement_of(&cfg, 3, &real).macs };
-    assert!(rejected(&step(&mut b, 11, Peer::Node(3), digest_only)).is_empty());
-    assert!(b.hearsay.body(7, &real.op.digest()).is_none());
+    let digest_only = Message::EndorseDigest {
+        client: ClientId(7),
+        seq: 1,
+        op: real.op.digest(),
+        macs: endorsement_of(&cfg, 3, &real).macs,
+    };
+    assert!(rejected(&step(&mut b, 11, Peer::Node(NodeId(3)), digest_only)).is_empty());
+    assert!(b.hearsay.body(ClientId(7), &real.op.digest()).is_none());
     // Node 2's endorsement brings the bytes: charged to node 2, so they are kept, and with
     // r + 1 = 2 endorsers this node endorses the request too.
-    let out = step(&mut b, 12, Peer::Node(2), endorse_from(2, &real));
+    let out = step(&mut b, 12, Peer::Node(NodeId(2)), endorse_from(2, &real));
     assert!(rejected(&out).is_empty(), "{:?}", rejected(&out));
-    assert!(b.pending.get(&7).is_some_and(|p| p.req.op == real.op), "admitted on two endorsements");
+    assert!(b.pending.get(&ClientId(7)).is_some_and(|p| p.req.op == real.op), "admitted on two endorsements");
 }
 
 /// (peer, message kind) → count of the agreement messages in `out`.
@@ -1954,7 +1921,7 @@ fn votes_sent(out: &Outputs) -> BTreeMap<(NodeId, &'static str), usize> {
 /// 1-3) while node 3 was down.
 fn three_decided_with_node_3_down(cfg: &ClusterConfig) -> Net {
     let mut net = Net::new(cfg);
-    net.down[3] = true;
+    net.down.insert(NodeId(3));
     let mut c = client(cfg, 7);
     for i in 1..=3u8 {
         net.submit(&mut c, i as u64, &[i]);
@@ -1975,25 +1942,38 @@ fn retransmissions_go_only_to_peers_that_may_still_need_them() {
     // only; node 3 gets the proposals and our WRITEs too.
     let sent = votes_sent(&step_tick(&mut net.nodes[0], 10 + period));
     let to = |n: NodeId, kind: &'static str| sent.get(&(n, kind)).copied().unwrap_or(0);
-    let slots = to(3, "propose");
+    let slots = to(NodeId(3), "propose");
     assert!(slots > 0, "{sent:?}");
-    assert_eq!((to(3, "write"), to(3, "accept")), (slots, slots), "{sent:?}");
+    assert_eq!((to(NodeId(3), "write"), to(NodeId(3), "accept")), (slots, slots), "{sent:?}");
     for n in [1, 2] {
-        assert_eq!((to(n, "propose"), to(n, "write"), to(n, "accept")), (0, 0, slots), "node {n}: {sent:?}");
+        assert_eq!(
+            (to(NodeId(n), "propose"), to(NodeId(n), "write"), to(NodeId(n), "accept")),
+            (0, 0, slots),
+            "node {n}: {sent:?}"
+        );
     }
     // Once nodes 1 and 2 report executing them, nothing for those instances goes to them.
     for n in [1, 2] {
-        let status = Message::Status { view: 0, executed, stable: 0 };
-        step(&mut net.nodes[0], 20 + period, Peer::Node(n), status);
+        let status = Message::Status { view: View(0), executed, stable: Seq(0) };
+        step(&mut net.nodes[0], 20 + period, Peer::Node(NodeId(n)), status);
     }
     let sent = votes_sent(&step_tick(&mut net.nodes[0], 20 + 2 * period));
     let to = |n: NodeId, kind: &'static str| sent.get(&(n, kind)).copied().unwrap_or(0);
-    assert_eq!((to(3, "propose"), to(3, "write"), to(3, "accept")), (slots, slots, slots), "{sent:?}");
-    assert!(sent.keys().all(|(n, _)| *n == 3), "{sent:?}");
+    assert_eq!(
+        (to(NodeId(3), "propose"), to(NodeId(3), "write"), to(NodeId(3), "accept")),
+        (slots, slots, slots),
+        "{sent:?}"
+    );
+    assert!(sent.keys().all(|(n, _)| *n == NodeId(3)), "{sent:?}");
     // A peer that reports less (it restarted) is served again.
-    step(&mut net.nodes[0], 30 + 2 * period, Peer::Node(1), Message::Status { view: 0, executed: 0, stable: 0 });
+    step(
+        &mut net.nodes[0],
+        30 + 2 * period,
+        Peer::Node(NodeId(1)),
+        Message::Status { view: View(0), executed: Seq(0), stable: Seq(0) },
+    );
     let sent = votes_sent(&step_tick(&mut net.nodes[0], 30 + 3 * period));
-    assert_eq!(sent.get(&(1, "accept")).copied(), Some(slots), "{sent:?}");
+    assert_eq!(sent.get(&(NodeId(1), "accept")).copied(), Some(slots), "{sent:?}");
 }
 
 #[test]
@@ -2001,19 +1981,29 @@ fn retransmissions_to_a_silent_peer_pause_until_it_speaks_again() {
     let cfg = config(1, 1);
     let mut net = three_decided_with_node_3_down(&cfg);
     // Node 3 was heard once (since gone down).
-    step(&mut net.nodes[0], 4, Peer::Node(3), Message::Status { view: 0, executed: 0, stable: 0 });
+    step(
+        &mut net.nodes[0],
+        4,
+        Peer::Node(NodeId(3)),
+        Message::Status { view: View(0), executed: Seq(0), stable: Seq(0) },
+    );
     let (period, status) = (cfg.options.retransmit_ms, cfg.options.status_ms);
     // Within a few STATUS periods of its last word it still gets everything.
     let soon = 10 + period.max(status);
     let sent = votes_sent(&step_tick(&mut net.nodes[0], soon));
-    let slots = sent.get(&(3, "propose")).copied().unwrap_or(0);
+    let slots = sent.get(&(NodeId(3), "propose")).copied().unwrap_or(0);
     assert!(slots > 0, "{sent:?}");
     // Silent for longer than SILENT_STATUS_PERIODS: nothing.
     let late = soon + 5 * status + period;
     let sent = votes_sent(&step_tick(&mut net.nodes[0], late));
-    assert!(sent.keys().all(|(n, _)| *n != 3), "{sent:?}");
+    assert!(sent.keys().all(|(n, _)| *n != NodeId(3)), "{sent:?}");
     // It speaks again: served at the next period.
-    step(&mut net.nodes[0], late + 1, Peer::Node(3), Message::Status { view: 0, executed: 0, stable: 0 });
+    step(
+        &mut net.nodes[0],
+        late + 1,
+        Peer::Node(NodeId(3)),
+        Message::Status { view: View(0), executed: Seq(0), stable: Seq(0) },
+    );
     let sent = votes_sent(&step_tick(&mut net.nodes[0], late + 1 + period));
-    assert_eq!(sent.get(&(3, "propose")).copied(), Some(slots), "{sent:?}");
+    assert_eq!(sent.get(&(NodeId(3), "propose")).copied(), Some(slots), "{sent:?}");
 }

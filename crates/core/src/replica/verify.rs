@@ -18,12 +18,12 @@ use crate::message::{
 /// Node `from`'s signature on its WRITE vote. The one check, for the stage and the
 /// protocol task alike.
 pub(super) fn write_signed(keys: &NodeKeys, epoch: &Digest, from: NodeId, w: &Write) -> bool {
-    keys.verify(from, &write_statement(epoch, w.view, w.seq, &w.digest, from), &w.sig)
+    keys.verify(from.0, &write_statement(epoch, w.view, w.seq, &w.digest, from), &w.sig)
 }
 
 /// Node `from`'s signature on its checkpoint vote.
 pub(super) fn checkpoint_signed(keys: &NodeKeys, from: NodeId, v: &CheckpointVote) -> bool {
-    keys.verify(from, &checkpoint_statement(v.seq, &v.root, &v.membership, from), &v.sig)
+    keys.verify(from.0, &checkpoint_statement(v.seq, &v.root, &v.membership, from), &v.sig)
 }
 
 /// `auth = sig`: every request carries its client's valid signature (checked as one

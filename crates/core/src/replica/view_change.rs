@@ -26,6 +26,7 @@
 use super::{Event, Outputs, Peer, Reject, Replica};
 use crate::crypto::Digest;
 use crate::crypto::Sig;
+use crate::ids::NodeRange;
 use crate::message::{write_statement, CertProof, Message, NewView, NodeId, Seq, StableProof, Value, View, ViewChange};
 use crate::quorum::Mutation;
 use crate::service::Service;
@@ -66,7 +67,7 @@ impl<S: Service> Replica<S> {
             return;
         }
         self.stop_sent = view;
-        self.stops[self.id as usize] = view;
+        self.stops[self.id.0 as usize] = view;
         self.broadcast(Message::Stop { view }, out);
         self.maybe_start_view_change(out);
     }
@@ -75,17 +76,17 @@ impl<S: Service> Replica<S> {
         if view <= self.view {
             return Err(Reject::StaleView { current: self.view, got: view });
         }
-        let slot = &mut self.stops[from as usize];
+        let slot = &mut self.stops[from.0 as usize];
         *slot = (*slot).max(view);
         // The primary itself asks to leave its view (a recovered primary cannot know what
         // it proposed before the crash): follow at once. A faulty primary gains nothing
         // by it that it could not get by going silent.
-        if from == self.cfg.primary(self.view) && self.vc_target.is_none() && view == self.view + 1 {
+        if from == self.cfg.primary(self.view) && self.vc_target.is_none() && view == self.view.next() {
             self.suspect(view, out);
         }
         // Join: r + 1 others want at least `t`, so some correct node does.
         let mut others: Vec<View> = (0..self.cfg.n())
-            .filter(|&n| n != self.id as usize)
+            .filter(|&n| n != self.id.0 as usize)
             .map(|n| self.stops[n])
             .filter(|&v| v > self.view)
             .collect();
@@ -107,7 +108,7 @@ impl<S: Service> Replica<S> {
         let Some(&t) = all.get(self.quorum() - 1) else {
             return;
         };
-        if self.stops[self.id as usize] < t {
+        if self.stops[self.id.0 as usize] < t {
             return;
         }
         if self.vc_target.is_some_and(|cur| cur >= t) {
@@ -238,7 +239,7 @@ impl<S: Service> Replica<S> {
     /// Validates a NEW-VIEW completely and computes what it re-proposes (rule 3).
     pub(crate) fn check_new_view(&self, nv: &NewView) -> Result<Decision, Reject> {
         let primary = self.cfg.primary(nv.view);
-        if !self.keys.verify(primary, &nv.statement(&self.epoch_tag), &nv.sig) {
+        if !self.keys.verify(primary.0, &nv.statement(&self.epoch_tag), &nv.sig) {
             return Err(Reject::BadSignature { signer: primary });
         }
         let mut senders = BTreeSet::new();
@@ -256,13 +257,13 @@ impl<S: Service> Replica<S> {
 
     /// Signature, stable-checkpoint proof and every prepared certificate of a VIEW-CHANGE.
     fn validate_view_change(&self, vc: &ViewChange, view: View) -> Result<(), Reject> {
-        if vc.from as usize >= self.cfg.n() {
+        if vc.from.0 as usize >= self.cfg.n() {
             return Err(Reject::UnknownNode(vc.from));
         }
         if vc.view != view {
             return Err(Reject::StaleView { current: view, got: vc.view });
         }
-        if !self.keys.verify(vc.from, &vc.statement(&self.epoch_tag), &vc.sig) {
+        if !self.keys.verify(vc.from.0, &vc.statement(&self.epoch_tag), &vc.sig) {
             return Err(Reject::BadSignature { signer: vc.from });
         }
         self.validate_stable_proof(&vc.stable)?;
@@ -284,11 +285,11 @@ impl<S: Service> Replica<S> {
             }
             let mut writers = BTreeSet::new();
             for (node, sig) in &cert.writes {
-                if *node as usize >= self.cfg.n() {
+                if node.index() >= self.cfg.n() {
                     return Err(Reject::UnknownNode(*node));
                 }
                 let statement = write_statement(&self.epoch_tag, cert.view, cert.seq, &cert.digest, *node);
-                if !self.keys.verify(*node, &statement, sig) {
+                if !self.keys.verify(node.0, &statement, sig) {
                     return Err(Reject::BadSignature { signer: *node });
                 }
                 writers.insert(*node);
@@ -302,7 +303,7 @@ impl<S: Service> Replica<S> {
 
     /// A stable checkpoint is proven by Q signed votes for the same (seq, root).
     pub(super) fn validate_stable_proof(&self, p: &StableProof) -> Result<(), Reject> {
-        if p.seq == 0 {
+        if p.seq == Seq(0) {
             return if p.sigs.is_empty() && p.root == Default::default() {
                 Ok(())
             } else {
@@ -419,12 +420,12 @@ impl<S: Service> Replica<S> {
             self.awaiting.remove(&seq);
             self.accept_proposal(seq, value, out);
         }
-        let (me, n) = (self.id, self.cfg.n() as NodeId);
+        let (me, n) = (self.id, self.cfg.n());
         for (&seq, a) in self.awaiting.iter_mut() {
-            let others = (0..n).filter(|&x| x != me).filter(|x| !a.holders.contains(x));
+            let others = NodeRange::first(n).filter(|&x| x != me).filter(|x| !a.holders.contains(x));
             let order: Vec<NodeId> = a.holders.iter().copied().chain(others).collect();
             // Nodes start at different holders, so one holder does not answer everyone.
-            let start = (me as usize).wrapping_add(seq as usize);
+            let start = (me.0 as usize).wrapping_add(seq.0 as usize);
             if let Some(&peer) = order.get(start.wrapping_add(a.asked) % order.len().max(1)) {
                 a.asked += 1;
                 out.send.push((Peer::Node(peer), Message::FetchValue { seq, digest: a.digest }));
@@ -451,11 +452,11 @@ impl<S: Service> Replica<S> {
             return Ok(());
         };
         let period = self.cfg.options.retransmit_ms;
-        let last = self.value_answers[from as usize].get(&seq).copied();
+        let last = self.value_answers[from.0 as usize].get(&seq).copied();
         if last.is_some_and(|at| self.now < at + period) {
             return Err(Reject::Busy("value fetched again within a retransmission period"));
         }
-        self.value_answers[from as usize].insert(seq, self.now);
+        self.value_answers[from.0 as usize].insert(seq, self.now);
         out.send.push((Peer::Node(from), Message::ValueBody { seq, value: value.clone() }));
         Ok(())
     }
@@ -495,7 +496,10 @@ pub(crate) fn decide_new_view(vcs: &[ViewChange]) -> Decision {
     }
     let max = best.keys().next_back().copied().unwrap_or(stable.seq);
     let null = Value::null().digest();
-    let values = (stable.seq + 1..=max)
+    let values = stable
+        .seq
+        .next()
+        .through(max)
         .map(|seq| {
             let choice = match best.get(&seq) {
                 None => Choice { digest: null, holders: Vec::new() },
