@@ -285,13 +285,13 @@ impl<S: Service + Send + 'static> Hosted for OrderHost<S> {
                     if let Ok(mut v) = self.verifier.write() {
                         *v = EpochVerifier::of(&self.replica);
                     }
-                    tracing::info!(epoch, index, members = ?env.peers.ids, "membership epoch started");
+                    tracing::info!(epoch, %index, members = ?env.peers.ids, "membership epoch started");
                 }
                 Event::Removed { epoch } => {
                     // Remembered, so that `keel up` and a restart leave it stopped.
                     let why = format!("was removed from the cluster in epoch {epoch}");
                     let _ = std::fs::write(env.setup.data_dir.join(REMOVED_FILE), &why);
-                    tracing::warn!(node = env.setup.id, "removed from the cluster by a membership change: stopping");
+                    tracing::warn!(node = %env.setup.id, "removed from the cluster by a membership change: stopping");
                     eprintln!("node {} was removed from the cluster: stopping", env.setup.id);
                     // It lingers, retired, so members short of its checkpoint vote get the
                     // stable proof from it (epoch.rs).
@@ -828,7 +828,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::EpochEnded { epoch, seq } => {
                 let _ = m.events.send(NodeEvent::EpochEnded { next: epoch, seq });
-                tracing::info!(next = epoch, seq, "membership epoch ended");
+                tracing::info!(next = epoch, %seq, "membership epoch ended");
             }
             // The order host follows them (`before_flush`), which logs them.
             Event::EpochStarted { .. } | Event::Removed { .. } => {}

@@ -953,7 +953,7 @@ impl<W: Workload> World<W> {
     }
 
     fn is_correct(&self, n: NodeId) -> bool {
-        let node = &self.nodes[n.0 as usize];
+        let node = &self.nodes[n.index()];
         node.byzantine.is_none() && node.exec_byzantine.is_none() && node.rq_byzantine.is_none()
     }
 
@@ -1096,14 +1096,14 @@ impl<W: Workload> World<W> {
                 }
             }
             Ev::Restart(n) => {
-                let node = &self.nodes[n.0 as usize];
+                let node = &self.nodes[n.index()];
                 if !node.up() && node.role == Role::Member && !node.gone {
                     self.restart(n);
                 }
             }
             Ev::AdminTick => self.admin_tick(),
             Ev::Crash(n) => {
-                if self.nodes[n.0 as usize].replica().is_some() {
+                if self.nodes[n.index()].replica().is_some() {
                     self.trace_line(format!("{} n{n} crash at an epoch switch", self.now));
                     self.crash(n);
                     let back = self.now + self.rng.gen_range(20..600);
@@ -1111,7 +1111,7 @@ impl<W: Workload> World<W> {
                 }
             }
             Ev::CrashDuringRejoin(n) => {
-                let node = &self.nodes[n.0 as usize];
+                let node = &self.nodes[n.index()];
                 if self.issuing && node.up() && node.role == Role::Member && !node.gone && !node.wiped {
                     self.report.faults.crashes_during_rejoin += 1;
                     self.trace_line(format!("{} n{n} crashes while a wiped node rejoins", self.now));
@@ -1135,12 +1135,12 @@ impl<W: Workload> World<W> {
     }
 
     fn node_now(&self, n: NodeId) -> u64 {
-        (self.now as i64 + self.nodes[n.0 as usize].skew).max(0) as u64
+        (self.now as i64 + self.nodes[n.index()].skew).max(0) as u64
     }
 
     fn step_node(&mut self, n: NodeId, input: Input) {
         let now = self.node_now(n);
-        let node = &mut self.nodes[n.0 as usize];
+        let node = &mut self.nodes[n.index()];
         let stage = node.stage != Stage::Order;
         let what = match node.stage {
             Stage::Rq => "RQ node",
@@ -1171,7 +1171,7 @@ impl<W: Workload> World<W> {
     /// A lying RQ node whose core followed a new epoch makes its lies for the new members
     /// from now on, and so do the Byzantine order nodes that collude with it.
     fn rq_liar_follows(&mut self, n: NodeId) {
-        let node = &mut self.nodes[n.0 as usize];
+        let node = &mut self.nodes[n.index()];
         let (Some(Core::Rq(rq)), Some(liar)) = (node.core.as_ref(), node.rq_byzantine.as_mut()) else {
             return;
         };
@@ -1198,7 +1198,7 @@ impl<W: Workload> World<W> {
             } else {
                 self.rng.gen_range(0..40)
             };
-            let epoch = self.nodes[n.0 as usize].epoch;
+            let epoch = self.nodes[n.index()].epoch;
             self.schedule(self.now + delay, Ev::CheckpointDone { node: n, epoch, job });
         }
         let ended = events.iter().any(|e| matches!(e, Event::EpochEnded { .. }));
@@ -1217,7 +1217,7 @@ impl<W: Workload> World<W> {
         for e in observations {
             self.on_event(n, e, epoch);
         }
-        let node = &mut self.nodes[n.0 as usize];
+        let node = &mut self.nodes[n.index()];
         let wrote = !persist.is_empty();
         for p in &persist {
             node.disk.write(p);
@@ -1317,7 +1317,7 @@ impl<W: Workload> World<W> {
             }
         }
         let Message::Accept { .. } = m else { return };
-        let Some(q) = self.nodes[n.0 as usize].replica().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
+        let Some(q) = self.nodes[n.index()].replica().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
         else {
             return;
         };
@@ -1340,7 +1340,7 @@ impl<W: Workload> World<W> {
         if !self.opts.faults.crash || !self.issuing {
             return;
         }
-        let primary = self.nodes[n.0 as usize].replica().is_some_and(|r| r.is_primary());
+        let primary = self.nodes[n.index()].replica().is_some_and(|r| r.is_primary());
         let p = if installed && primary { 0.3 } else { 0.002 };
         if !self.rng.gen_bool(p) {
             return;
@@ -1367,7 +1367,7 @@ impl<W: Workload> World<W> {
     fn pass_barrier(&mut self, n: NodeId) {
         loop {
             let now = self.node_now(n);
-            let node = &mut self.nodes[n as usize];
+            let node = &mut self.nodes[n.index()];
             node.disk.sync(node.disk.last_op());
             let Some(Core::Order(replica)) = node.core.as_mut() else { return };
             let mut out = Outputs::default();
@@ -1391,7 +1391,7 @@ impl<W: Workload> World<W> {
             // Synced now, for the barrier: what waited for that goes too.
             node.disk.sync(node.disk.last_op());
             for job in checkpoints {
-                self.schedule(self.now, Ev::CheckpointDone { node: n, epoch: self.nodes[n as usize].epoch, job });
+                self.schedule(self.now, Ev::CheckpointDone { node: n, epoch: self.nodes[n.index()].epoch, job });
             }
             for e in events {
                 self.on_event(n, e, epoch);
@@ -1404,7 +1404,7 @@ impl<W: Workload> World<W> {
     /// Order node `n` went on to a new membership epoch (`Event::EpochStarted`): the
     /// checkers and its Byzantine behaviour follow it.
     fn started_epoch(&mut self, n: NodeId) {
-        let node = &mut self.nodes[n as usize];
+        let node = &mut self.nodes[n.index()];
         let Some(Core::Order(replica)) = node.core.as_ref() else { return };
         let (epoch, q) = (replica.epoch(), replica.config().quorums.order_quorum());
         let ids: Vec<u32> = replica.config().membership.members.iter().map(|m| m.id).collect();
@@ -1427,7 +1427,7 @@ impl<W: Workload> World<W> {
     fn turn_byzantine(&mut self, n: NodeId) {
         let liars = self.nodes.iter().filter(|x| x.byzantine.is_some()).count();
         let out = self.nodes.iter().filter(|x| x.wiped || x.gone).count();
-        let node = &self.nodes[n.0 as usize];
+        let node = &self.nodes[n.index()];
         let (Some(behaviours), Some(replica)) = (node.latent.as_ref(), node.replica()) else { return };
         let q = replica.config().quorums;
         if node.byzantine.is_some() || q.r() as usize <= liars || liars + out >= q.u() as usize {
@@ -1443,7 +1443,7 @@ impl<W: Workload> World<W> {
         b.set_membership(replica.id(), q.order_quorum(), replica.config().membership.clone());
         let epoch = replica.epoch();
         b.lie_from_epoch(epoch);
-        self.nodes[n.0 as usize].byzantine = Some(b);
+        self.nodes[n.index()].byzantine = Some(b);
         self.report.faults.byzantine_nodes += 1;
         self.report.faults.latent_turned += 1;
         self.trace_line(format!("{} n{n} turns byzantine in epoch {epoch} (r = {})", self.now, q.r()));
@@ -1473,11 +1473,11 @@ impl<W: Workload> World<W> {
             }
         }
         let from = Peer::Node(n);
-        let is_primary = self.nodes[n.0 as usize].replica().is_some_and(|r| r.is_primary());
+        let is_primary = self.nodes[n.index()].replica().is_some_and(|r| r.is_primary());
         let mut msgs = msgs;
         let slow = is_primary
             && self.now >= crate::byzantine::SLOW_FROM_MS
-            && self.nodes[n.0 as usize].byzantine.as_ref().is_some_and(|b| b.behaviours.slow_primary)
+            && self.nodes[n.index()].byzantine.as_ref().is_some_and(|b| b.behaviours.slow_primary)
             && msgs.iter().any(|(_, m)| matches!(m, Message::Propose { .. }));
         if slow {
             // Held back, but well within the request timers (Aardvark's slow primary).
@@ -1486,7 +1486,7 @@ impl<W: Workload> World<W> {
             msgs = rest;
             let hold = self.opts.options.request_timeout_ms / 4;
             for (to, m) in proposals {
-                if let Some(b) = self.nodes[n.0 as usize].byzantine.as_mut() {
+                if let Some(b) = self.nodes[n.index()].byzantine.as_mut() {
                     b.lies.slowed_proposals += 1;
                 }
                 if let Some(to) = self.to_stable(n, epoch, to) {
@@ -1494,7 +1494,7 @@ impl<W: Workload> World<W> {
                 }
             }
         }
-        let node = &mut self.nodes[n.0 as usize];
+        let node = &mut self.nodes[n.index()];
         let frames: Vec<(Peer, Vec<u8>)> =
             match (node.byzantine.as_mut(), node.exec_byzantine.as_mut(), node.rq_byzantine.as_mut()) {
                 (Some(b), _, _) => b.transform(&mut self.rng, is_primary, msgs),
@@ -1608,7 +1608,7 @@ impl<W: Workload> World<W> {
                 // across epochs only certificates.
                 let (from, msg) = match from {
                     Peer::Node(f) => {
-                        let Some(core) = self.nodes[n.0 as usize].core() else { return };
+                        let Some(core) = self.nodes[n.index()].core() else { return };
                         match core.admit(f, epoch, msg, false) {
                             Admit::Step(Input::Message { from, msg }) => (from, msg),
                             // Only the runtime's verify stage marks messages checked.
@@ -1621,7 +1621,7 @@ impl<W: Workload> World<W> {
                     }
                     client => (client, msg),
                 };
-                let answers = match self.nodes[n.0 as usize].byzantine.as_mut() {
+                let answers = match self.nodes[n.index()].byzantine.as_mut() {
                     Some(b) => b.observe(&mut self.rng, from, &msg),
                     None => Vec::new(),
                 };
@@ -1646,7 +1646,7 @@ impl<W: Workload> World<W> {
     /// its own (up to `STALE_READ_LAG` instances back): what a lagging correct node would
     /// say, had it not waited.
     fn rushed_read_answer(&mut self, n: NodeId, read: &Read) -> Option<Reply> {
-        let node = &mut self.nodes[n.0 as usize];
+        let node = &mut self.nodes[n.index()];
         let b = node.byzantine.as_mut().filter(|b| b.behaviours.rush_reads)?;
         // The field, not `replica()`: the borrows of `byzantine` and `stale_state` stay apart.
         let Some(Core::Order(replica)) = &node.core else { return None };
@@ -1839,7 +1839,7 @@ impl<W: Workload> World<W> {
             Event::EpochStarted { .. } => self.started_epoch(n),
             Event::Removed { .. } => {
                 // It stays, retired, to help the others end the epoch (epoch.rs).
-                self.nodes[n as usize].role = Role::Removed;
+                self.nodes[n.index()].role = Role::Removed;
                 self.trace_line(format!("{} n{n} removed", self.now));
             }
             Event::Ticked { seq, time } => {
@@ -1999,7 +1999,7 @@ impl<W: Workload> World<W> {
 
     fn crash(&mut self, n: NodeId) {
         let tear = self.rng.gen_bool(0.5);
-        let node = &mut self.nodes[n.0 as usize];
+        let node = &mut self.nodes[n.index()];
         if !node.up() {
             return;
         }
@@ -2014,7 +2014,7 @@ impl<W: Workload> World<W> {
 
     fn restart(&mut self, n: NodeId) {
         let now = self.node_now(n);
-        let node = &mut self.nodes[n.0 as usize];
+        let node = &mut self.nodes[n.index()];
         if node.stage == Stage::Rq {
             // Nothing on disk but the epoch certificates it followed (rq_node.rs).
             let s = &node.secrets;
