@@ -1317,8 +1317,7 @@ impl<W: Workload> World<W> {
             }
         }
         let Message::Accept { .. } = m else { return };
-        let Some(q) = self.nodes[n.index()].replica().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums)
-        else {
+        let Some(q) = self.nodes[n.index()].replica().filter(|r| r.epoch() == epoch).map(|r| r.config().quorums) else {
             return;
         };
         let Ok(q) = Quorums::with_nodes(q.u(), q.r(), q.order_nodes()) else { return };
