@@ -9,6 +9,7 @@
 
 use keel_core::codec;
 use keel_core::crypto::{Digest, Sig};
+use keel_core::ids::{ClientId, NodeId, Seq, View};
 use keel_core::message::{
     checkpoint_statement, write_statement, Cert, CheckpointVote, Message, NewView, Reply, ReplyBody, Request,
     StableProof, Value, ViewChange, Write,
@@ -23,7 +24,7 @@ const CHUNK_BYTES: usize = 256; // Options::test_min().chunk_bytes
 
 fn put(client: u64, seq: u64) -> Request {
     let op = KvRequest::Put { key: vec![client as u8], value: format!("v{seq}").into_bytes() }.encode();
-    Request::new(client, seq, op.into())
+    Request::new(ClientId(client), seq, op.into())
 }
 
 fn is_write(m: &Message) -> bool {
@@ -55,7 +56,7 @@ fn request_decided(s: &mut Script, client: u64, seq: u64) {
 }
 
 fn sign_vc(vc: &mut ViewChange) {
-    vc.sig = secrets()[vc.from as usize].signing.sign(&vc.statement(&membership()));
+    vc.sig = secrets()[vc.from.0 as usize].signing.sign(&vc.statement(&membership()));
 }
 
 fn genesis() -> StableProof {
@@ -70,9 +71,11 @@ fn membership() -> Digest {
 fn stable_proof(seq: u64, root: Digest, signers: &[u32]) -> StableProof {
     let keys = secrets();
     let m = membership();
-    let sigs =
-        signers.iter().map(|&n| (n, keys[n as usize].signing.sign(&checkpoint_statement(seq, &root, &m, n)))).collect();
-    StableProof { seq, root, membership: m, sigs }
+    let sigs = signers
+        .iter()
+        .map(|&n| (NodeId(n), keys[n as usize].signing.sign(&checkpoint_statement(Seq(seq), &root, &m, NodeId(n)))))
+        .collect();
+    StableProof { seq: Seq(seq), root, membership: m, sigs }
 }
 
 /// Normal case: nine requests decided and executed, a stable checkpoint at 8, then
@@ -85,22 +88,22 @@ fn normal_case() -> Script {
         if client == 8 {
             s.echo(1, 0, is_checkpoint);
             s.echo(2, 0, is_checkpoint);
-            assert_eq!(s.h.replica.stable_seq(), 8, "checkpoint 8 stable");
+            assert_eq!(s.h.replica.stable_seq(), Seq(8), "checkpoint 8 stable");
         }
     }
     // A retransmission answered from the reply cache, and a read.
     s.send(FIX, 1, &Message::Request(put(3, 1)));
-    let get = Request::new(3, 2, KvRequest::Get { key: vec![3] }.encode().into());
+    let get = Request::new(ClientId(3), 2, KvRequest::Get { key: vec![3] }.encode().into());
     s.send(FIX, 1, &Message::Request(get));
     agree(&mut s);
     // A lagging peer asks for help; node 0 serves the checkpoint.
-    s.send(3, 60, &Message::Status { view: 0, executed: 2, stable: 0 });
-    s.send(3, 0, &Message::FetchManifest { seq: 8 });
-    s.send(3, 0, &Message::FetchChunk { seq: 8, index: 0 });
-    s.send(3, 0, &Message::FetchChunk { seq: 4, index: 1 });
+    s.send(3, 60, &Message::Status { view: View(0), executed: Seq(2), stable: Seq(0) });
+    s.send(3, 0, &Message::FetchManifest { seq: Seq(8) });
+    s.send(3, 0, &Message::FetchChunk { seq: Seq(8), index: 0 });
+    s.send(3, 0, &Message::FetchChunk { seq: Seq(4), index: 1 });
     // Time passes: retransmissions and status.
     s.tick(200);
-    assert_eq!(s.h.replica.executed(), 10);
+    assert_eq!(s.h.replica.executed(), Seq(10));
     s
 }
 
@@ -113,9 +116,9 @@ fn view_change_to_backup() -> Script {
     s.send(FIX, 1, &Message::Request(put(2, 1)));
     s.echo(1, 0, is_write);
     s.echo(2, 0, is_write); // prepared, not decided
-    s.send(1, 5, &Message::Stop { view: 1 });
-    s.send(2, 0, &Message::Stop { view: 1 });
-    assert_eq!(s.h.replica.in_view_change(), Some(1), "node 0 joined the view change");
+    s.send(1, 5, &Message::Stop { view: View(1) });
+    s.send(2, 0, &Message::Stop { view: View(1) });
+    assert_eq!(s.h.replica.in_view_change(), Some(View(1)), "node 0 joined the view change");
     let own =
         s.h.sent
             .iter()
@@ -128,21 +131,21 @@ fn view_change_to_backup() -> Script {
     let mut vcs = vec![own.clone()];
     for from in [1, 2] {
         let mut vc = own.clone();
-        vc.from = from;
+        vc.from = NodeId(from);
         sign_vc(&mut vc);
         vcs.push(vc);
     }
-    let mut nv = NewView { view: 1, view_changes: vcs, sig: Sig([0; 64]) };
+    let mut nv = NewView { view: View(1), view_changes: vcs, sig: Sig([0; 64]) };
     nv.sig = secrets()[1].signing.sign(&nv.statement(&membership()));
     s.send(1, 1, &Message::NewView(nv));
-    assert_eq!(s.h.replica.view(), 1, "view 1 installed");
+    assert_eq!(s.h.replica.view(), View(1), "view 1 installed");
     agree(&mut s);
-    assert_eq!(s.h.replica.executed(), 2, "the re-proposed value decided");
+    assert_eq!(s.h.replica.executed(), Seq(2), "the re-proposed value decided");
     // Node 1, the new primary, proposes (FIX sets MACs and moves the time to the clock).
     let value = Value { time: 2000, requests: vec![put(3, 1), put(4, 1)] };
-    s.send(FIX | 1, 1, &Message::Propose { view: 1, seq: 3, value: value.into() });
+    s.send(FIX | 1, 1, &Message::Propose { view: View(1), seq: Seq(3), value: value.into() });
     agree(&mut s);
-    assert_eq!(s.h.replica.executed(), 3);
+    assert_eq!(s.h.replica.executed(), Seq(3));
     // A request reaches node 0, which is now a backup: it times out and is forwarded.
     s.send(FIX, 1, &Message::Request(put(5, 1)));
     s.send(FIX | 2, 0, &Message::Forward(put(6, 1)));
@@ -157,9 +160,9 @@ fn view_change_to_self() -> Script {
     s.tick(1);
     request_decided(&mut s, 1, 1);
     for from in [1, 2, 3] {
-        s.send(from, 1, &Message::Stop { view: 4 });
+        s.send(from, 1, &Message::Stop { view: View(4) });
     }
-    assert_eq!(s.h.replica.in_view_change(), Some(4));
+    assert_eq!(s.h.replica.in_view_change(), Some(View(4)));
     let keys = secrets();
     // Node 1 reports a certificate for instance 2 prepared in view 0.
     let value = Value { time: 3, requests: vec![put(7, 1)] };
@@ -167,29 +170,41 @@ fn view_change_to_self() -> Script {
         let certs = if from == 1 {
             let value = value.clone();
             let digest = value.digest();
-            let writes =
-                (1..=3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(&membership(), 0, 2, &digest, n)))).collect();
-            vec![Cert { view: 0, seq: 2, value, writes }.proof()]
+            let writes = (1..=3u32)
+                .map(|n| {
+                    (
+                        NodeId(n),
+                        keys[n as usize].signing.sign(&write_statement(
+                            &membership(),
+                            View(0),
+                            Seq(2),
+                            &digest,
+                            NodeId(n),
+                        )),
+                    )
+                })
+                .collect();
+            vec![Cert { view: View(0), seq: Seq(2), value, writes }.proof()]
         } else {
             vec![]
         };
-        let mut vc = ViewChange { view: 4, from, stable: genesis(), certs, sig: Sig([0; 64]) };
+        let mut vc = ViewChange { view: View(4), from: NodeId(from), stable: genesis(), certs, sig: Sig([0; 64]) };
         sign_vc(&mut vc);
         s.send(from as u8, 1, &Message::ViewChange(vc));
     }
-    assert_eq!(s.h.replica.view(), 4, "node 0 installed its own NEW-VIEW");
+    assert_eq!(s.h.replica.view(), View(4), "node 0 installed its own NEW-VIEW");
     // View changes name certificates by digest: node 0 asked a holder for the body of
     // instance 2's re-proposal, and votes once it arrives.
     assert!(
-        s.h.sent.iter().any(|m| matches!(m, Message::FetchValue { seq: 2, .. })),
+        s.h.sent.iter().any(|m| matches!(m, Message::FetchValue { seq: Seq(2), .. })),
         "node 0 asked for the body it lacks"
     );
-    s.send(1, 1, &Message::ValueBody { seq: 2, value });
+    s.send(1, 1, &Message::ValueBody { seq: Seq(2), value });
     agree(&mut s);
     request_decided(&mut s, 2, 1);
-    assert!(s.h.replica.executed() >= 2);
+    assert!(s.h.replica.executed() >= Seq(2));
     // A peer that missed the view asks for it.
-    s.send(3, 60, &Message::Status { view: 0, executed: 0, stable: 0 });
+    s.send(3, 60, &Message::Status { view: View(0), executed: Seq(0), stable: Seq(0) });
     s
 }
 
@@ -198,16 +213,16 @@ fn view_change_to_self() -> Script {
 fn state_transfer() -> Script {
     let mut s = Script::new();
     s.tick(1);
-    let c = synthetic_checkpoint(16, CHUNK_BYTES);
+    let c = synthetic_checkpoint(Seq(16), CHUNK_BYTES);
     s.send(1, 1, &Message::StableCert(stable_proof(16, c.root, &[1, 2, 3])));
     assert!(s.h.replica.transferring());
-    s.send(2, 1, &Message::Manifest { seq: 16, len: c.len(), chunks: c.leaves.clone() });
+    s.send(2, 1, &Message::Manifest { seq: Seq(16), len: c.len(), chunks: c.leaves.clone() });
     for index in 0..c.leaves.len() as u32 {
         let data = c.chunk(index).expect("chunk").to_vec();
-        s.send(1 + (index % 3) as u8, 0, &Message::Chunk { seq: 16, index, data });
+        s.send(1 + (index % 3) as u8, 0, &Message::Chunk { seq: Seq(16), index, data });
     }
     assert!(!s.h.replica.transferring());
-    assert_eq!(s.h.replica.executed(), 16);
+    assert_eq!(s.h.replica.executed(), Seq(16));
     request_decided(&mut s, 1, 1);
     s
 }
@@ -218,28 +233,32 @@ fn state_transfer_fixed() -> Script {
     let mut s = Script::new();
     s.tick(1);
     for from in [1u8, 2, 3] {
-        let vote =
-            CheckpointVote { seq: 8, root: placeholder(SYNTHETIC_ROOT), membership: membership(), sig: Sig([0; 64]) };
+        let vote = CheckpointVote {
+            seq: Seq(8),
+            root: placeholder(SYNTHETIC_ROOT),
+            membership: membership(),
+            sig: Sig([0; 64]),
+        };
         s.send(FIX | from, 1, &Message::Checkpoint(vote));
     }
-    assert_eq!(s.h.replica.stable_seq(), 8);
-    s.send(FIX | 1, 1, &Message::Manifest { seq: 8, len: 0, chunks: vec![] });
+    assert_eq!(s.h.replica.stable_seq(), Seq(8));
+    s.send(FIX | 1, 1, &Message::Manifest { seq: Seq(8), len: 0, chunks: vec![] });
     for index in 0..4 {
-        s.send(FIX | 2, 0, &Message::Chunk { seq: 8, index, data: vec![] });
+        s.send(FIX | 2, 0, &Message::Chunk { seq: Seq(8), index, data: vec![] });
     }
-    assert_eq!(s.h.replica.executed(), 8);
+    assert_eq!(s.h.replica.executed(), Seq(8));
     let proof = StableProof {
-        seq: 16,
+        seq: Seq(16),
         root: placeholder(SYNTHETIC_ROOT),
         membership: membership(),
-        sigs: (1..=3).map(|n| (n, Sig([0; 64]))).collect(),
+        sigs: (1..=3).map(|n| (NodeId(n), Sig([0; 64]))).collect(),
     };
     s.send(FIX | 3, 1, &Message::StableCert(proof));
-    s.send(FIX | 1, 1, &Message::Manifest { seq: 16, len: 0, chunks: vec![] });
+    s.send(FIX | 1, 1, &Message::Manifest { seq: Seq(16), len: 0, chunks: vec![] });
     for index in 0..4 {
-        s.send(FIX | 3, 0, &Message::Chunk { seq: 16, index, data: vec![] });
+        s.send(FIX | 3, 0, &Message::Chunk { seq: Seq(16), index, data: vec![] });
     }
-    assert_eq!(s.h.replica.executed(), 16);
+    assert_eq!(s.h.replica.executed(), Seq(16));
     s
 }
 
@@ -248,22 +267,22 @@ fn catch_up() -> Script {
     let mut s = Script::new();
     s.tick(1);
     let value = Value { time: 5, requests: vec![put(1, 1)] };
-    s.send(1, 5, &Message::Decided { seq: 1, value: value.clone() });
-    s.send(2, 0, &Message::Decided { seq: 1, value });
-    assert_eq!(s.h.replica.executed(), 1, "decided by r + 1 claims");
+    s.send(1, 5, &Message::Decided { seq: Seq(1), value: value.clone() });
+    s.send(2, 0, &Message::Decided { seq: Seq(1), value });
+    assert_eq!(s.h.replica.executed(), Seq(1), "decided by r + 1 claims");
     // Votes for an instance node 0 has not seen a proposal for.
     let v2 = Value { time: 6, requests: vec![put(2, 1)] };
     let d2 = v2.digest();
     let keys = secrets();
     for from in [1u32, 2, 3] {
-        let sig = keys[from as usize].signing.sign(&write_statement(&membership(), 0, 2, &d2, from));
-        s.send(from as u8, 0, &Message::Write(Write { view: 0, seq: 2, digest: d2, sig }));
-        s.send(from as u8, 0, &Message::Accept { view: 0, seq: 2, digest: d2 });
+        let sig = keys[from as usize].signing.sign(&write_statement(&membership(), View(0), Seq(2), &d2, NodeId(from)));
+        s.send(from as u8, 0, &Message::Write(Write { view: View(0), seq: Seq(2), digest: d2, sig }));
+        s.send(from as u8, 0, &Message::Accept { view: View(0), seq: Seq(2), digest: d2 });
     }
-    s.send(3, 0, &Message::Decided { seq: 2, value: v2 });
-    assert_eq!(s.h.replica.executed(), 2, "decided by accepts, body from a claim");
-    s.send(1, 100, &Message::Status { view: 3, executed: 9, stable: 8 });
-    s.send(2, 0, &Message::Stop { view: 2 });
+    s.send(3, 0, &Message::Decided { seq: Seq(2), value: v2 });
+    assert_eq!(s.h.replica.executed(), Seq(2), "decided by accepts, body from a claim");
+    s.send(1, 100, &Message::Status { view: View(3), executed: Seq(9), stable: Seq(8) });
+    s.send(2, 0, &Message::Stop { view: View(2) });
     s.tick(0xff);
     s.tick(0xff);
     s
@@ -276,71 +295,89 @@ fn sample_messages() -> Vec<Message> {
     let value = Value { time: 42, requests: vec![req.clone(), put(10, 1)] };
     let digest = value.digest();
     let cert = Cert {
-        view: 1,
-        seq: 3,
+        view: View(1),
+        seq: Seq(3),
         value: value.clone(),
-        writes: (0..3).map(|n| (n, keys[n as usize].signing.sign(&write_statement(&membership(), 1, 3, &digest, n)))).collect(),
+        writes: (0..3u32)
+            .map(|n| {
+                (
+                    NodeId(n),
+                    keys[n as usize].signing.sign(&write_statement(&membership(), View(1), Seq(3), &digest, NodeId(n))),
+                )
+            })
+            .collect(),
     };
     let mut vc = ViewChange {
-        view: 2,
-        from: 1,
+        view: View(2),
+        from: NodeId(1),
         stable: stable_proof(8, Digest::of(b"root"), &[0, 1, 2]),
         certs: vec![cert.proof()],
         sig: Sig([0; 64]),
     };
     sign_vc(&mut vc);
-    let mut nv = NewView { view: 2, view_changes: vec![vc.clone()], sig: Sig([0; 64]) };
+    let mut nv = NewView { view: View(2), view_changes: vec![vc.clone()], sig: Sig([0; 64]) };
     nv.sig = keys[2].signing.sign(&nv.statement(&membership()));
     vec![
         Message::Request(req.clone()),
         Message::Forward(req),
         Message::Reply(Reply {
-            client: 9,
-            view: 1,
+            client: ClientId(9),
+            view: View(1),
             seq: 3,
             body: ReplyBody::Full(KvResponse::Done.encode()),
             epoch: 0,
         }),
-        Message::Reply(Reply { client: 9, view: 1, seq: 3, body: ReplyBody::Hash(Digest::of(b"x")), epoch: 0 }),
-        Message::Propose { view: 1, seq: 3, value: value.clone().into() },
-        Message::Write(Write {
-            view: 1,
+        Message::Reply(Reply {
+            client: ClientId(9),
+            view: View(1),
             seq: 3,
-            digest,
-            sig: keys[1].signing.sign(&write_statement(&membership(), 1, 3, &digest, 1)),
+            body: ReplyBody::Hash(Digest::of(b"x")),
+            epoch: 0,
         }),
-        Message::Accept { view: 1, seq: 3, digest },
+        Message::Propose { view: View(1), seq: Seq(3), value: value.clone().into() },
+        Message::Write(Write {
+            view: View(1),
+            seq: Seq(3),
+            digest,
+            sig: keys[1].signing.sign(&write_statement(&membership(), View(1), Seq(3), &digest, NodeId(1))),
+        }),
+        Message::Accept { view: View(1), seq: Seq(3), digest },
         Message::Checkpoint(CheckpointVote {
-            seq: 8,
+            seq: Seq(8),
             root: Digest::of(b"root"),
             membership: Digest::of(b"m"),
             sig: Sig([7; 64]),
         }),
-        Message::Stop { view: 5 },
+        Message::Stop { view: View(5) },
         Message::ViewChange(vc),
         Message::NewView(nv),
-        Message::Status { view: 1, executed: 300, stable: 256 },
+        Message::Status { view: View(1), executed: Seq(300), stable: Seq(256) },
         Message::StableCert(stable_proof(8, Digest::of(b"root"), &[1, 2, 3])),
-        Message::Decided { seq: 3, value },
-        Message::FetchManifest { seq: 8 },
-        Message::Manifest { seq: 8, len: 130, chunks: vec![Digest::of(b"a"), Digest::of(b"b"), Digest::of(b"c")] },
-        Message::FetchChunk { seq: 8, index: 2 },
-        Message::Chunk { seq: 8, index: 2, data: vec![1, 2, 3] },
-        Message::FetchValue { seq: 3, digest },
-        Message::ValueBody { seq: 3, value: Value { time: 42, requests: vec![put(11, 1)] } },
+        Message::Decided { seq: Seq(3), value },
+        Message::FetchManifest { seq: Seq(8) },
+        Message::Manifest { seq: Seq(8), len: 130, chunks: vec![Digest::of(b"a"), Digest::of(b"b"), Digest::of(b"c")] },
+        Message::FetchChunk { seq: Seq(8), index: 2 },
+        Message::Chunk { seq: Seq(8), index: 2, data: vec![1, 2, 3] },
+        Message::FetchValue { seq: Seq(3), digest },
+        Message::ValueBody { seq: Seq(3), value: Value { time: 42, requests: vec![put(11, 1)] } },
     ]
 }
 
 fn sample_records() -> Vec<Record> {
     let value = Value { time: 42, requests: vec![put(1, 1)] };
     vec![
-        Record::NewView(NewView { view: 3, view_changes: Vec::new(), sig: Sig([0; 64]) }),
-        Record::View { view: 3, floor: 2 },
-        Record::ViewChangeSent { view: 4 },
-        Record::Accepted { view: 3, seq: 9, value: value.clone() },
-        Record::Prepared(Cert { view: 3, seq: 9, value: value.clone(), writes: vec![(1, Sig([1; 64]))] }),
-        Record::Decided { seq: 9, digest: value.digest() },
-        Record::DecidedValue { seq: 9, value },
+        Record::NewView(NewView { view: View(3), view_changes: Vec::new(), sig: Sig([0; 64]) }),
+        Record::View { view: View(3), floor: Seq(2) },
+        Record::ViewChangeSent { view: View(4) },
+        Record::Accepted { view: View(3), seq: Seq(9), value: value.clone() },
+        Record::Prepared(Cert {
+            view: View(3),
+            seq: Seq(9),
+            value: value.clone(),
+            writes: vec![(NodeId(1), Sig([1; 64]))],
+        }),
+        Record::Decided { seq: Seq(9), digest: value.digest() },
+        Record::DecidedValue { seq: Seq(9), value },
         Record::Stable(stable_proof(8, Digest::of(b"root"), &[1, 2, 3])),
     ]
 }

@@ -6,12 +6,13 @@
 //! failed restore leaves the state unchanged).
 #![no_main]
 
+use keel_core::ids::{ClientId, Seq};
 use keel_core::service::{ExecCtx, Service};
 use keel_kv::{Kv, KvRequest, KvResponse};
 use libfuzzer_sys::fuzz_target;
 
 fn ctx(seq: u64) -> ExecCtx {
-    ExecCtx::new(seq, seq * 7, seq.wrapping_mul(0x9e37_79b9_7f4a_7c15), 1)
+    ExecCtx::new(Seq(seq), seq * 7, seq.wrapping_mul(0x9e37_79b9_7f4a_7c15), ClientId(1))
 }
 
 fuzz_target!(|data: &[u8]| {

@@ -9,6 +9,7 @@ use keel_block::meta::{Command, Reply};
 use keel_block::nbd;
 use keel_block::plane::Message;
 use keel_block::{BlockService, Geometry};
+use keel_core::ids::{ClientId, Seq};
 use keel_core::service::{ExecCtx, Service};
 use libfuzzer_sys::fuzz_target;
 
@@ -25,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = postcard::from_bytes::<Message>(data);
     let geometry = Geometry::new(8 << 20, 4096, 4, 3).expect("valid");
     let mut service = BlockService::new(geometry);
-    let ctx = ExecCtx::new(1, 1_000, 7, 1000 << 10);
+    let ctx = ExecCtx::new(Seq(1), 1_000, 7, ClientId(1000 << 10));
     Reply::decode(&service.execute(data, &ctx)).expect("every reply decodes");
     if let Ok(command) = postcard::from_bytes::<Command>(data) {
         Reply::decode(&service.execute(&command.encode(), &ctx)).expect("every reply decodes");

@@ -9,15 +9,17 @@ use keel_coord::coord::{Command, Reply};
 use keel_coord::jute::Reader;
 use keel_coord::proto::{ConnectRequest, Request};
 use keel_coord::Coord;
+use keel_core::ids::{ClientId, Seq};
 use keel_core::service::{ExecCtx, Service};
 use libfuzzer_sys::fuzz_target;
 
 /// Opcodes the first byte picks from, so every record's parser is reached.
-const OPCODES: [i32; 24] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 17, 18, 19, 21, 22, 101, 103, 104, 105, 106, 107];
+const OPCODES: [i32; 24] =
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 17, 18, 19, 21, 22, 101, 103, 104, 105, 106, 107];
 const FRONT_END: u64 = 2000 << 10;
 
 fn ctx(seq: u64) -> ExecCtx {
-    ExecCtx::new(seq, 1_000 + seq, seq.wrapping_mul(0x9e37_79b9_7f4a_7c15), FRONT_END)
+    ExecCtx::new(Seq(seq), 1_000 + seq, seq.wrapping_mul(0x9e37_79b9_7f4a_7c15), ClientId(FRONT_END))
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -28,7 +30,10 @@ fuzz_target!(|data: &[u8]| {
     let Some((&pick, body)) = data.split_first() else { return };
     let opcode = OPCODES[usize::from(pick) % OPCODES.len()];
     // The rest as a sequence of requests of a session, each record parsed in turn.
-    let session = match Reply::decode(&coord.execute(&Command::Connect { timeout: 10_000, ip: "10.0.0.1".into(), pinned: false, verifier: [0; 32] }.encode(), &ctx(2))) {
+    let session = match Reply::decode(&coord.execute(
+        &Command::Connect { timeout: 10_000, ip: "10.0.0.1".into(), pinned: false, verifier: [0; 32] }.encode(),
+        &ctx(2),
+    )) {
         Some(Reply::Session { id, .. }) => id,
         other => panic!("no session: {other:?}"),
     };

@@ -59,7 +59,7 @@ use std::collections::BTreeMap;
 /// Order nodes of the u = 1, r = 1 cluster.
 pub const N: usize = 4;
 /// The node under test.
-pub const ME: NodeId = 0;
+pub const ME: NodeId = NodeId(0);
 
 pub const SENDER_MASK: u8 = 0b0000_0011;
 pub const FIX: u8 = 0b0000_0100;
@@ -70,7 +70,7 @@ const HISTORY: usize = 64;
 /// Digests node 0 emitted that FIX can substitute.
 const DIGESTS: usize = 64;
 /// Synthetic checkpoints are built for instances up to here (cost bound).
-const SYNTHETIC_SEQ_MAX: Seq = 1024;
+const SYNTHETIC_SEQ_MAX: Seq = Seq(1024);
 /// The digest byte that selects the synthetic checkpoint root.
 pub const SYNTHETIC_ROOT: u8 = 0xff;
 
@@ -120,7 +120,7 @@ pub fn synthetic_checkpoint(seq: Seq, chunk_bytes: usize) -> Chunked {
     let mut e = Executor::new(Kv::new());
     // The membership is part of the state, as on the nodes.
     e.set_membership(config(&secrets()).membership, None);
-    for s in 1..=seq {
+    for s in Seq(1).through(seq) {
         e.execute(s, &Value::null());
     }
     Chunked::from_pieces(e.pieces(), chunk_bytes)
@@ -159,7 +159,7 @@ impl Harness {
     pub fn new() -> Harness {
         let secrets = secrets();
         let cfg = config(&secrets);
-        let replica = Replica::new(cfg.clone(), ME, secrets[ME as usize].clone(), Kv::new());
+        let replica = Replica::new(cfg.clone(), ME, secrets[ME.0 as usize].clone(), Kv::new());
         Harness {
             replica,
             secrets,
@@ -204,7 +204,7 @@ impl Harness {
             if sender == 0 {
                 msg
             } else {
-                self.reattribute(msg, NodeId::from(sender))
+                self.reattribute(msg, NodeId(u32::from(sender)))
             }
         } else {
             match codec::decode(frame) {
@@ -214,13 +214,13 @@ impl Harness {
         };
         let msg = if selector & FIX != 0 { self.fix(msg, sender) } else { msg };
         let from = if sender == 0 {
-            let id = ClientId::from(selector >> 4);
+            let id = ClientId(u64::from(selector >> 4));
             match &msg {
-                Message::Request(r) if id == 0 => Peer::Client(r.client),
+                Message::Request(r) if id == ClientId(0) => Peer::Client(r.client),
                 _ => Peer::Client(id),
             }
         } else {
-            Peer::Node(NodeId::from(sender))
+            Peer::Node(NodeId(u32::from(sender)))
         };
         self.step(Input::Message { from, msg });
     }
@@ -303,19 +303,25 @@ impl Harness {
     }
 
     fn key(&self, node: NodeId) -> &SigningKey {
-        &self.secrets[node as usize].signing
+        &self.secrets[node.0 as usize].signing
     }
 
     /// Whether FIX may forge `node`'s signatures: peers only, never the node under test.
     fn forgeable(node: NodeId) -> bool {
-        (1..N as NodeId).contains(&node)
+        (1..N as u32).contains(&node.0)
     }
 
     /// Node 0's own message as if `node` had sent it.
     fn reattribute(&self, msg: Message, node: NodeId) -> Message {
         match msg {
             Message::Write(mut w) => {
-                w.sig = self.key(node).sign(&write_statement(&self.cfg.membership.digest(), w.view, w.seq, &w.digest, node));
+                w.sig = self.key(node).sign(&write_statement(
+                    &self.cfg.membership.digest(),
+                    w.view,
+                    w.seq,
+                    &w.digest,
+                    node,
+                ));
                 Message::Write(w)
             }
             Message::Checkpoint(mut v) => {
@@ -333,7 +339,7 @@ impl Harness {
 
     fn synthetic(&mut self, seq: Seq) -> Option<&Chunked> {
         let interval = self.cfg.options.checkpoint_interval;
-        if seq == 0 || seq > SYNTHETIC_SEQ_MAX || !seq.is_multiple_of(interval) {
+        if seq == Seq(0) || seq > SYNTHETIC_SEQ_MAX || !seq.is_multiple_of(interval) {
             return None;
         }
         let chunk_bytes = self.cfg.options.chunk_bytes;
@@ -356,7 +362,7 @@ impl Harness {
     }
 
     fn fix_request(&self, r: &mut Request) {
-        let mac = client_mac_key(&self.secrets[ME as usize].mac_secret, r.client).mac(&r.statement());
+        let mac = client_mac_key(&self.secrets[ME.0 as usize].mac_secret, r.client).mac(&r.statement());
         match r.auth.first_mut() {
             Some(m) => *m = mac,
             None => r.auth.push(mac),
@@ -378,7 +384,13 @@ impl Harness {
             let digest = cert.digest;
             for (node, sig) in &mut cert.writes {
                 if Self::forgeable(*node) {
-                    *sig = self.key(*node).sign(&write_statement(&self.cfg.membership.digest(), cert.view, cert.seq, &digest, *node));
+                    *sig = self.key(*node).sign(&write_statement(
+                        &self.cfg.membership.digest(),
+                        cert.view,
+                        cert.seq,
+                        &digest,
+                        *node,
+                    ));
                 }
             }
         }
@@ -389,7 +401,7 @@ impl Harness {
 
     /// Makes authenticators valid (see the module doc).
     fn fix(&mut self, msg: Message, sender: u8) -> Message {
-        let sender = NodeId::from(sender);
+        let sender = NodeId(u32::from(sender));
         match msg {
             Message::Request(mut r) => {
                 self.fix_request(&mut r);
@@ -411,7 +423,13 @@ impl Harness {
             Message::Write(mut w) => {
                 w.digest = self.subst(w.digest, None);
                 if Self::forgeable(sender) {
-                    w.sig = self.key(sender).sign(&write_statement(&self.cfg.membership.digest(), w.view, w.seq, &w.digest, sender));
+                    w.sig = self.key(sender).sign(&write_statement(
+                        &self.cfg.membership.digest(),
+                        w.view,
+                        w.seq,
+                        &w.digest,
+                        sender,
+                    ));
                 }
                 Message::Write(w)
             }
