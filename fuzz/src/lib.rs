@@ -44,8 +44,9 @@
 
 use keel_core::codec;
 use keel_core::config::{ClusterConfig, Options};
-use keel_core::crypto::{Digest, SigningKey};
+use keel_core::crypto::{Digest, Sig, SigningKey};
 use keel_core::exec::{Chunked, Executor};
+use keel_core::ids::View;
 use keel_core::message::{
     checkpoint_statement, write_statement, ClientId, Message, NodeId, Proposed, Request, Seq, StableProof, Value,
     ViewChange,
@@ -303,7 +304,12 @@ impl Harness {
     }
 
     fn key(&self, node: NodeId) -> &SigningKey {
-        &self.secrets[node.0 as usize].signing
+        &self.secrets[node.index()].signing
+    }
+
+    /// `node`'s WRITE signature over (`view`, `seq`, `digest`) in this cluster's epoch.
+    fn sign_write(&self, node: NodeId, view: View, seq: Seq, digest: &Digest) -> Sig {
+        self.key(node).sign(&write_statement(&self.cfg.membership.digest(), view, seq, digest, node))
     }
 
     /// Whether FIX may forge `node`'s signatures: peers only, never the node under test.
@@ -315,13 +321,7 @@ impl Harness {
     fn reattribute(&self, msg: Message, node: NodeId) -> Message {
         match msg {
             Message::Write(mut w) => {
-                w.sig = self.key(node).sign(&write_statement(
-                    &self.cfg.membership.digest(),
-                    w.view,
-                    w.seq,
-                    &w.digest,
-                    node,
-                ));
+                w.sig = self.sign_write(node, w.view, w.seq, &w.digest);
                 Message::Write(w)
             }
             Message::Checkpoint(mut v) => {
@@ -384,13 +384,7 @@ impl Harness {
             let digest = cert.digest;
             for (node, sig) in &mut cert.writes {
                 if Self::forgeable(*node) {
-                    *sig = self.key(*node).sign(&write_statement(
-                        &self.cfg.membership.digest(),
-                        cert.view,
-                        cert.seq,
-                        &digest,
-                        *node,
-                    ));
+                    *sig = self.sign_write(*node, cert.view, cert.seq, &digest);
                 }
             }
         }
@@ -423,13 +417,7 @@ impl Harness {
             Message::Write(mut w) => {
                 w.digest = self.subst(w.digest, None);
                 if Self::forgeable(sender) {
-                    w.sig = self.key(sender).sign(&write_statement(
-                        &self.cfg.membership.digest(),
-                        w.view,
-                        w.seq,
-                        &w.digest,
-                        sender,
-                    ));
+                    w.sig = self.sign_write(sender, w.view, w.seq, &w.digest);
                 }
                 Message::Write(w)
             }
