@@ -423,7 +423,7 @@ pub fn run_node(a: NodeArgs) -> ExitCode {
             _ = term.recv() => "SIGTERM",
             _ = tokio::signal::ctrl_c() => "SIGINT",
         };
-        tracing::info!(node = %id, signal = which, "stopping: making the log durable");
+        tracing::info!(node = id.0, signal = which, "stopping: making the log durable");
         eprintln!("node {id}: {which}: stopping once its log is durable");
         let _ = stop_tx.send(true);
         // Kept alive so the node sees true, not a dropped sender.

@@ -171,7 +171,7 @@ async fn run_coord(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         .front_end(move |front| keel_coord::front::serve(front, listener, options, local))
         .start()
         .await?;
-    tracing::info!(node = %id, zookeeper = %fe.listen, "serving ZooKeeper clients");
+    tracing::info!(node = id.0, zookeeper = %fe.listen, "serving ZooKeeper clients");
     eprintln!("node {id}: ZooKeeper clients on {}", fe.listen);
     node.run_until(stopped(stop)).await
 }
@@ -242,7 +242,7 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         .start()
         .await?;
     let scheme = if options.tls.is_some() { "nbds" } else { "nbd" };
-    tracing::info!(node = %id, nbd = %fe.listen, tls = options.tls.is_some(), "serving NBD clients");
+    tracing::info!(node = id.0, nbd = %fe.listen, tls = options.tls.is_some(), "serving NBD clients");
     eprintln!("node {id}: NBD clients on {scheme}://{}", fe.listen);
     node.run_until(stopped(stop)).await
 }

@@ -170,12 +170,22 @@ fn a_cluster_that_is_down_is_named_in_the_error() {
     );
 
     // Two of four up: too few for a result, and the error says who is missing.
-    cluster.start(0);
+    // Node 0 logs JSON: ids and positions are numbers there, not strings.
+    cluster.start_with(0, &["--log-format", "json"]);
     cluster.start(1);
     let deadline = Instant::now() + Duration::from_secs(20);
     while cluster.status(0).is_none() || cluster.status(1).is_none() {
         assert!(Instant::now() < deadline, "nodes 0 and 1 did not start");
         std::thread::sleep(Duration::from_millis(100));
+    }
+    let log = cluster.log(0);
+    let started: serde_json::Value = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|l| l["fields"]["message"] == "node started")
+        .unwrap_or_else(|| panic!("no JSON 'node started' line in {log}"));
+    for field in ["node", "index", "epoch", "view", "executed"] {
+        assert!(started["fields"][field].is_u64(), "{field} is not a number: {started}");
     }
     let out = keel(&cluster, &["kv", "--timeout", "3", "put", "x", "1"]);
     assert_eq!(out.status.code(), Some(1));

@@ -172,7 +172,7 @@ pub async fn fetch(
                 match core.on_message(now_ms(), from, msg) {
                     Ok(msgs) => send(msgs),
                     // Counted (`Fetched::refused`); a lying node is one of many.
-                    Err(why) => tracing::debug!(node = %from, ?why, "backup: answer refused"),
+                    Err(why) => tracing::debug!(node = from.0, ?why, "backup: answer refused"),
                 }
             }
         }

@@ -337,7 +337,7 @@ impl Nodes {
                 continue;
             }
             let Ok(addr) = member.addr.parse::<std::net::SocketAddr>() else {
-                tracing::warn!(node = %member.id, addr = %member.addr, "member without a usable address");
+                tracing::warn!(node = member.id, addr = %member.addr, "member without a usable address");
                 continue;
             };
             self.connect(NodeId(member.id), addr);

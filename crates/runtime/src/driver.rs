@@ -211,6 +211,6 @@ pub(crate) async fn drive<H: Hosted>(mut host: H, mut env: Env, mut control: Con
     if let Some(c) = env.committer.take() {
         c.close();
     }
-    tracing::info!(node = %env.setup.id, "{} stopped", H::NAME);
+    tracing::info!(node = env.setup.id.0, "{} stopped", H::NAME);
     Ok(())
 }

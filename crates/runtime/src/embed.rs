@@ -225,7 +225,7 @@ impl PlaneIn {
                 }
             }
         };
-        tracing::debug!(%from, reason, "node-plane message rejected");
+        tracing::debug!(from = from.0, reason, "node-plane message rejected");
         m.plane_rejected.get_or_create(&crate::metrics::KindLabels { kind: reason.into() }).inc();
     }
 }

@@ -39,7 +39,7 @@ pub async fn run_execution_node<S: Service + Send + 'static>(
     } else {
         ExecNode::recover(cfg, me, signing, service, durable.snapshots, &durable.records)?
     };
-    tracing::info!(node = %setup.id, executed = %exec.executed(), "execution node started");
+    tracing::info!(node = setup.id.0, executed = exec.executed().0, "execution node started");
     // The order nodes (members) and the other execution nodes; no verify stage.
     let membership = exec.config().membership.clone();
     let env = Env::open(setup, &mut control, &membership, Some(storage), |_, _| None).await?;

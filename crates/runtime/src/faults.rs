@@ -33,7 +33,7 @@ impl<S: Service> Service for LosesRequest<S> {
     fn execute(&mut self, request: &[u8], ctx: &ExecCtx) -> Vec<u8> {
         if Instant::now() >= self.at && !self.spent.swap(true, Ordering::SeqCst) {
             tracing::warn!(
-                seq = %ctx.seq,
+                seq = ctx.seq.0,
                 "fault injection: this request is lost from the state ([faults] lose_request_after_ms)"
             );
             return Vec::new();

@@ -196,7 +196,7 @@ async fn run_replica<S: Service + Send + 'static>(
         // for before, others still count. It rejoins without voting until it caught up
         // past all of it (keel_core replica/rejoin.rs).
         tracing::warn!(
-            node = %setup.id,
+            node = setup.id.0,
             dir = %setup.data_dir.display(),
             "data directory not provisioned by keel init: rejoining as a node that lost its disk (no votes until caught up)"
         );
@@ -212,11 +212,11 @@ async fn run_replica<S: Service + Send + 'static>(
         Replica::recover(cfg, index, setup.secrets.clone(), make(), durable, now_ms(), &mut out)?
     };
     tracing::info!(
-        node = %setup.id,
-        %index,
+        node = setup.id.0,
+        index = index.0,
         epoch = replica.epoch(),
-        view = %replica.view(),
-        executed = %replica.executed(),
+        view = replica.view().0,
+        executed = replica.executed().0,
         "node started"
     );
     let verifier = Arc::new(RwLock::new(EpochVerifier::of(&replica)));
@@ -285,13 +285,13 @@ impl<S: Service + Send + 'static> Hosted for OrderHost<S> {
                     if let Ok(mut v) = self.verifier.write() {
                         *v = EpochVerifier::of(&self.replica);
                     }
-                    tracing::info!(epoch, %index, members = ?env.peers.ids, "membership epoch started");
+                    tracing::info!(epoch, index = index.0, members = ?env.peers.ids, "membership epoch started");
                 }
                 Event::Removed { epoch } => {
                     // Remembered, so that `keel up` and a restart leave it stopped.
                     let why = format!("was removed from the cluster in epoch {epoch}");
                     let _ = std::fs::write(env.setup.data_dir.join(REMOVED_FILE), &why);
-                    tracing::warn!(node = %env.setup.id, "removed from the cluster by a membership change: stopping");
+                    tracing::warn!(node = env.setup.id.0, "removed from the cluster by a membership change: stopping");
                     eprintln!("node {} was removed from the cluster: stopping", env.setup.id);
                     // It lingers, retired, so members short of its checkpoint vote get the
                     // stable proof from it (epoch.rs).
@@ -320,7 +320,7 @@ impl<S: Service + Send + 'static> Hosted for OrderHost<S> {
             .await
             .ok_or_else(|| NodeError::Checkpoint("the checkpoint thread died".into()))?;
         self.m.checkpoint_seconds.observe(seconds);
-        tracing::debug!(seq = %ready.seq(), seconds, "checkpoint serialized");
+        tracing::debug!(seq = ready.seq().0, seconds, "checkpoint serialized");
         Ok(Input::CheckpointReady(ready))
     }
 
@@ -534,7 +534,7 @@ impl Peers {
         let new: Vec<(u32, String)> = new.into_iter().map(|m| (m.id, m.addr.clone())).collect();
         for (id, addr) in new {
             let Ok(addr) = addr.parse::<std::net::SocketAddr>() else {
-                tracing::error!(node = %id, %addr, "member without a usable address");
+                tracing::error!(node = id, %addr, "member without a usable address");
                 continue;
             };
             self.dial(id, addr);
@@ -759,7 +759,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 if let (Peer::Client(c), Reject::BadMac { .. }) = (from, &reason) {
                     if clients.bad_mac(owner_of(c), now_ms()) {
                         m.banned_clients.inc();
-                        tracing::warn!(client = %owner_of(c), "client sent too many requests with bad MACs: dropped");
+                        tracing::warn!(client = owner_of(c).0, "client sent too many requests with bad MACs: dropped");
                     }
                 }
             }
@@ -772,7 +772,7 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::SlowPrimary { view, rate, best } => {
                 m.slow_primary.inc();
-                tracing::warn!(%view, rate, best, "primary too slow: asking for the next view");
+                tracing::warn!(view = view.0, rate, best, "primary too slow: asking for the next view");
             }
             Event::ReadAnswered { consistency } => {
                 m.reads_answered.get_or_create(&KindLabels { kind: consistency.name().to_string() }).inc();
@@ -783,23 +783,25 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::ViewChangeStarted { view } => {
                 m.view_changes.inc();
-                tracing::info!(%view, "view change started");
+                tracing::info!(view = view.0, "view change started");
             }
             Event::ViewInstalled { view } => {
                 let _ = m.events.send(NodeEvent::ViewInstalled { view });
-                tracing::info!(%view, "view installed")
+                tracing::info!(view = view.0, "view installed")
             }
             Event::RejoinBounds { view, executed } => {
-                tracing::warn!(%view, %executed, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
+                tracing::warn!(view = view.0, executed = executed.0, "rejoining after a lost disk: no votes until this view and this instance plus a log window are stable")
             }
-            Event::Rejoined { view, stable } => tracing::warn!(%view, %stable, "rejoined: voting again"),
+            Event::Rejoined { view, stable } => {
+                tracing::warn!(view = view.0, stable = stable.0, "rejoined: voting again")
+            }
             Event::StateTransferStarted { seq, replacing } => {
                 m.state_transfers.inc();
                 match replacing {
-                    None => tracing::info!(%seq, "state transfer started"),
+                    None => tracing::info!(seq = seq.0, "state transfer started"),
                     Some(old) => tracing::info!(
-                        %seq,
-                        %old,
+                        seq = seq.0,
+                        old = old.0,
                         "state transfer moved on to the newer stable checkpoint {seq} (peers serve only their newest; \
                          the chunks fetched for {old} are kept)"
                     ),
@@ -809,13 +811,13 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
                 let _ = m.events.send(NodeEvent::StateTransferDone { seq });
                 m.transfer_chunks.inc_by(chunks as u64);
                 m.transfer_chunks_reused.inc_by(reused as u64);
-                tracing::info!(%seq, chunks, reused, "state transfer done");
+                tracing::info!(seq = seq.0, chunks, reused, "state transfer done");
             }
             Event::Divergence { seq, local, stable } => {
                 m.divergences.inc();
                 m.last_divergence.set(seq.0 as i64);
                 tracing::error!(
-                    %seq,
+                    seq = seq.0,
                     ?local,
                     ?stable,
                     "this node's state diverged: its checkpoint {seq} differs from the one a quorum certified; \
@@ -824,11 +826,11 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             }
             Event::PushDropped { client, count } => {
                 m.push_dropped.inc_by(count);
-                tracing::debug!(%client, count, "push events dropped: queue full");
+                tracing::debug!(client = client.0, count, "push events dropped: queue full");
             }
             Event::EpochEnded { epoch, seq } => {
                 let _ = m.events.send(NodeEvent::EpochEnded { next: epoch, seq });
-                tracing::info!(next = epoch, %seq, "membership epoch ended");
+                tracing::info!(next = epoch, seq = seq.0, "membership epoch ended");
             }
             // The order host follows them (`before_flush`), which logs them.
             Event::EpochStarted { .. } | Event::Removed { .. } => {}

@@ -31,7 +31,7 @@ pub async fn run_rq_node(setup: NodeSetup, mut control: Control) -> Result<(), N
             tracing::warn!(error = %e, "the kept epoch certificates do not follow the cluster file; asking the nodes");
         }
     }
-    tracing::info!(node = %setup.id, epoch = rq.epoch(), "RQ node started");
+    tracing::info!(node = setup.id.0, epoch = rq.epoch(), "RQ node started");
     // The order nodes (members) and the other RQ nodes; no log, no verify stage.
     let env = Env::open(setup, &mut control, &cfg.membership, None, |_, _| None).await?;
     drive(RqHost { rq }, env, control).await

@@ -139,7 +139,7 @@ impl SnapshotStore {
                     snapshots.push((seq, chunked));
                 }
                 Err(why) => {
-                    tracing::warn!(%seq, %why, "snapshot unreadable: skipped (the node fetches state from peers if it needs it)");
+                    tracing::warn!(seq = seq.0, %why, "snapshot unreadable: skipped (the node fetches state from peers if it needs it)");
                     let _ = fs::remove_file(manifest_path(dir, seq));
                 }
             }

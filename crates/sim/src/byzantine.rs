@@ -576,7 +576,7 @@ impl Byzantine {
         let mut sigs =
             vec![(self.me, self.signing.sign(&checkpoint_statement(Seq(since), &root, &membership, self.me)))];
         for n in NodeRange::first(self.n).filter(|n| *n != self.me).take(self.quorum) {
-            sigs.push((NodeId(n.0), self.random_sig(rng)));
+            sigs.push((n, self.random_sig(rng)));
         }
         Some(EpochCert { proof: StableProof { seq: Seq(since), root, membership, sigs }, next })
     }
@@ -1055,7 +1055,7 @@ impl Byzantine {
             self.lies.forged_endorsements += 1;
             let frame = keel_core::codec::encode(&Message::Endorse { request, macs });
             for n in NodeRange::first(self.n).filter(|n| *n != self.me) {
-                frames.push((Peer::Node(NodeId(n.0)), frame.clone()));
+                frames.push((Peer::Node(n), frame.clone()));
             }
         }
         if self.behaviours.forge_epoch_certs && rng.gen_bool(0.03) {
@@ -1077,9 +1077,9 @@ impl Byzantine {
             self.lies.forged_view_changes += 1;
             for n in NodeRange::first(self.n) {
                 if n != self.me {
-                    frames.push((Peer::Node(NodeId(n.0)), keel_core::codec::encode(&Message::Stop { view })));
+                    frames.push((Peer::Node(n), keel_core::codec::encode(&Message::Stop { view })));
                     let nv = NewView { view, view_changes: Vec::new(), sig: self.random_sig(rng) };
-                    frames.push((Peer::Node(NodeId(n.0)), keel_core::codec::encode(&Message::NewView(nv))));
+                    frames.push((Peer::Node(n), keel_core::codec::encode(&Message::NewView(nv))));
                 }
             }
         }

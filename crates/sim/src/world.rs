@@ -891,7 +891,7 @@ impl<W: Workload> World<W> {
             let frame = frame.clone();
             self.report.faults.inconsistent_macs += 1;
             for to in NodeRange::first(n) {
-                self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(NodeId(to.0)), frame.clone());
+                self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(to), frame.clone());
             }
             return;
         }
@@ -924,7 +924,7 @@ impl<W: Workload> World<W> {
         self.submitted.insert((req.client, req.seq), req.op.digest());
         let frame = codec::encode(&Message::Request(req));
         for to in NodeRange::first(n) {
-            self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(NodeId(to.0)), frame.clone());
+            self.transmit(Peer::Client(FAULTY_CLIENT), Peer::Node(to), frame.clone());
         }
         // A quarter of its requests it retransmits for a while; the rest it abandons.
         let repeats = if self.rng.gen_bool(0.25) { self.rng.gen_range(10..40) } else { 0 };

@@ -146,7 +146,7 @@ impl FrontStats {
         self.bad_blocks.fetch_add(1, Ordering::Relaxed);
         *self.bad_by_node.lock().unwrap_or_else(PoisonError::into_inner).entry(node).or_default() += 1;
         tracing::warn!(
-            %node,
+            node = node.0,
             block,
             version,
             "node sent block data that does not match its agreed hash; reading it elsewhere"
@@ -834,7 +834,7 @@ pub async fn serve(
         _ = front.stopped() => return,
         _ = blocks.begin() => {}
     }
-    tracing::info!(node = %blocks.local.node(), mode = blocks.mode.name(), "block front end ready");
+    tracing::info!(node = blocks.local.node().0, mode = blocks.mode.name(), "block front end ready");
     loop {
         tokio::select! {
             _ = front.stopped() => return,

@@ -63,12 +63,12 @@ impl Recovery {
             self.complete.store(complete, Ordering::Relaxed);
             if complete && !was_complete {
                 tracing::info!(
-                    node = %blocks.local.node(),
+                    node = blocks.local.node().0,
                     "recovery phase 2 done: every preferred block held at its agreed version"
                 );
             } else if !complete && was_complete {
                 tracing::info!(
-                    node = %blocks.local.node(),
+                    node = blocks.local.node().0,
                     incomplete = self.incomplete.load(Ordering::Relaxed),
                     "recovery phase 2: re-replicating INCOMPLETE preferred blocks"
                 );

@@ -309,7 +309,7 @@ impl Shared {
 /// the node's own state its service was built over ([`LocalView::service`]).
 pub async fn serve(mut fe: FrontEnd, listener: TcpListener, options: Options, local: LocalView) {
     let Some(client) = fe.client().cloned() else {
-        tracing::error!(node = %fe.node, "coord front end without a client identity: not serving");
+        tracing::error!(node = fe.node.0, "coord front end without a client identity: not serving");
         return;
     };
     let role = Role::Node { id: fe.node, local, ports: (fe.listen.port(), fe.metrics.port()) };
@@ -467,7 +467,7 @@ fn route(shared: &Shared, pushed: Pushed) {
         },
         // Events were lost: every client re-syncs (reconnect, setWatches).
         Pushed::Gap { first, last } => {
-            tracing::warn!(first, %last, "coord front end: watch events lost; dropping connections");
+            tracing::warn!(first, last, "coord front end: watch events lost; dropping connections");
             let conns: Vec<Conn> =
                 shared.conns.lock().map(|mut c| c.drain().map(|(_, c)| c).collect()).unwrap_or_default();
             for conn in conns {
@@ -1004,7 +1004,7 @@ async fn commit(shared: Arc<Shared>, mut queue: mpsc::Receiver<Commit>) {
 async fn reads(shared: &Arc<Shared>, session: i64, run: Vec<(i32, Request)>, floor: i64) -> Option<Vec<(i32, Reply)>> {
     if let (Some(local), Reads::Local) = (&shared.local, shared.options.reads) {
         if !local.wait_for(floor, shared.options.op_timeout).await {
-            tracing::warn!(session, %floor, "this node did not execute the client's last write in time");
+            tracing::warn!(session, floor, "this node did not execute the client's last write in time");
             return None;
         }
         let me = shared.client.id();

@@ -79,7 +79,7 @@ impl EpochNet {
         let now = self.now;
         for id in ids {
             let msg = Message::Request(req.clone());
-            self.net.step(NodeId(id.0), now, Input::Message { from: Peer::Client(client), msg });
+            self.net.step(id, now, Input::Message { from: Peer::Client(client), msg });
         }
     }
 
@@ -352,7 +352,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
     let mut out = Outputs::default();
     let now = net.now;
     let target = net.nodes.get_mut(&NodeId(2)).expect("node 2");
-    target.step(now, Input::Message { from: Peer::Node(NodeId(from.0)), msg: new_view }, &mut out);
+    target.step(now, Input::Message { from: Peer::Node(from), msg: new_view }, &mut out);
     assert_eq!(target.view(), View(0), "an old epoch's NEW-VIEW installed a view");
     assert!(out.events.iter().any(|e| matches!(e, Event::Rejected { kind: "new-view", .. })), "{:?}", out.events);
     // No WRITE of epoch 0 carries a valid signature in epoch 1, whatever its instance:
@@ -363,7 +363,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
         old.into_iter().filter(|(f, m)| *f != NodeId(2) && matches!(m, Message::Write(_))).collect();
     assert!(!writes.is_empty(), "epoch 0 had WRITEs");
     for (from, m) in writes {
-        assert!(!checker.check(NodeId(from.0), &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
+        assert!(!checker.check(from, &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
     }
     // While the same WRITEs were valid in epoch 0 (the check can pass).
     let (from, m) = net
@@ -373,7 +373,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
         .map(|(f, _, m)| (*f, m.clone()))
         .expect("a write");
     let epoch0 = Replica::new(cfg.clone(), NodeId(2), secrets(2), Log::default());
-    assert!(epoch0.verifier().check(NodeId(from.0), &m));
+    assert!(epoch0.verifier().check(from, &m));
 }
 
 /// `keel admin backup`'s fetch (backup.rs), served by the nodes to the administrator's

@@ -818,7 +818,7 @@ impl<S: Service> Replica<S> {
             // requests were grouped (normal.rs `check_signed_requests`, verify.rs).
             let owner = crate::message::owner_of(req.client);
             return match &req.sig {
-                Some(sig) if self.client_keys.verify_batch(&[(ClientId(owner.0), req.statement(), *sig)]) => Ok(()),
+                Some(sig) if self.client_keys.verify_batch(&[(owner, req.statement(), *sig)]) => Ok(()),
                 _ => Err(Reject::BadMac { client: req.client }),
             };
         }

@@ -1146,7 +1146,7 @@ fn request_valid_at(cfg: &ClusterConfig, client: u64, seq: u64, op: &[u8], valid
 
 fn send_to_all(net: &mut Net, req: &Request, now: u64) {
     for n in NodeRange::first(net.nodes.len()) {
-        net.post(Peer::Client(req.client), NodeId(n.0), Message::Request(req.clone()));
+        net.post(Peer::Client(req.client), n, Message::Request(req.clone()));
     }
     net.run(now);
 }
