@@ -588,6 +588,57 @@ fn an_idle_front_ends_epoch_ends_and_its_next_write_renews_it() {
     assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{out}");
 }
 
+/// 8 MiB of `pattern` from offset 0 through `target`, 1 MiB (a stripe) at a time:
+/// PrepareData for every slice, so for every node.
+fn write_spread(target: &str, pattern: u8) {
+    let lines: Vec<String> = (0..8).map(|i| format!("write -P {pattern:#x} {} 1048576", i << 20)).collect();
+    let script: Vec<&str> = lines.iter().map(String::as_str).collect();
+    let out = qemu_io(target, &script);
+    assert!(!out.contains("failed"), "{out}");
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to node `i`.
+fn signal(c: &Cluster, i: usize, signal: &str) {
+    let mut kill = tool("kill");
+    kill.arg(format!("-{signal}")).arg(c.pid(i).to_string());
+    ok(kill);
+}
+
+/// A node that timed out is suspected (its blocks' PrepareData also goes to reserve
+/// storage at once) until it answers in time again: once it is back, writes to its
+/// slices end the suspicion, and reserve copies stop. A write that has its copies
+/// before the suspected node answers still waits for that answer in the background
+/// (until the wait a preferred node gets), so the node need not win a race with the
+/// reserve node to be trusted again; a later answer (a slow node) does not count. (A node whose process is
+/// gone is not suspected: its connection is down, so a write goes around it at once.
+/// A stopped process keeps its connections and answers nothing: a timeout.)
+#[test]
+fn a_node_back_from_a_pause_is_waited_for_again_once_it_answers_in_time() {
+    let (c, fronts) = block_cluster(&["--reserve", "50"]);
+    let target = url(fronts[0]);
+    signal(&c, 3, "STOP");
+    write_spread(&target, 0x11);
+    let m = c.metrics(0);
+    signal(&c, 3, "CONT");
+    assert_eq!(metric(&m, "keel_block_suspected_nodes"), 1, "node 3 timed out and is suspected");
+    assert!(metric(&m, "keel_block_reserve_prepares_total") > 0, "node 3's blocks went to reserve storage");
+    // Within seconds (not the minute a suspicion lasts), a pass of writes goes to the
+    // preferred nodes only. One pass, not the first: the writes queued while node 3
+    // was stopped may still keep it busy past the wait.
+    let started = Instant::now();
+    loop {
+        let reserve = metric(&c.metrics(0), "keel_block_reserve_prepares_total");
+        write_spread(&target, 0x33);
+        let m = c.metrics(0);
+        if metric(&m, "keel_block_suspected_nodes") == 0 && metric(&m, "keel_block_reserve_prepares_total") == reserve {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "node 3 is back, but writes still go to reserve storage");
+    }
+    let out = qemu_io(&url(fronts[3]), &["read -P 0x33 0 8388608"]);
+    assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{out}");
+}
+
 #[test]
 fn a_full_reserve_gives_writers_enospc_and_loses_nothing() {
     let (mut c, fronts) = block_cluster(&["--reserve", "0"]);

@@ -137,6 +137,11 @@ pub struct FrontStats {
     pub tls_refused: AtomicU64,
     /// The node plane's traffic ([`Peers`]).
     pub plane: Arc<crate::plane::PlaneStats>,
+    /// PrepareData sent to a node outside the blocks' preferred set (reserve storage),
+    /// because a preferred node was suspected or late.
+    pub reserve_prepares: AtomicU64,
+    /// Nodes this front end does not wait for now (they timed out lately).
+    pub suspects: Suspects,
 }
 
 impl FrontStats {
@@ -170,14 +175,37 @@ pub struct Blocks {
     numbering: std::sync::Mutex<(u64, u64)>,
     /// A write was given up on: the next one begins a new epoch first.
     fence: std::sync::atomic::AtomicBool,
-    /// Member indices that let a PrepareData or a fetch time out, and when: asked last
-    /// (fetches) or not waited for (PrepareData goes to a reserve node at once) until
-    /// they answer again, so a node that is down does not cost every request a timeout.
-    suspects: std::sync::Mutex<std::collections::HashMap<u32, std::time::Instant>>,
     writes: Semaphore,
     /// `BYTES_IN_FLIGHT_KIB` permits, one per KiB of request or reply data held.
     bytes: Arc<Semaphore>,
     pub stats: Arc<FrontStats>,
+}
+
+/// Member indices that timed out lately, and when. A suspicion lapses after a minute
+/// (the node gets the benefit of the doubt again) or when the node answers in time.
+#[derive(Default)]
+pub struct Suspects(std::sync::Mutex<std::collections::HashMap<u32, std::time::Instant>>);
+
+impl Suspects {
+    const LAPSE: Duration = Duration::from_secs(60);
+
+    fn set(&self, index: u32, suspect: bool) {
+        let mut s = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if suspect {
+            s.insert(index, std::time::Instant::now());
+        } else {
+            s.remove(&index);
+        }
+    }
+
+    fn suspected(&self, index: u32) -> bool {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).get(&index).is_some_and(|t| t.elapsed() < Self::LAPSE)
+    }
+
+    /// How many nodes are suspected now.
+    pub fn count(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).values().filter(|t| t.elapsed() < Self::LAPSE).count()
+    }
 }
 
 impl Blocks {
@@ -201,7 +229,6 @@ impl Blocks {
             op_timeout: Duration::from_secs(30),
             numbering: std::sync::Mutex::new((0, 0)),
             fence: std::sync::atomic::AtomicBool::new(false),
-            suspects: std::sync::Mutex::default(),
             writes: Semaphore::new(WRITES_IN_FLIGHT),
             bytes: Arc::new(Semaphore::new(BYTES_IN_FLIGHT_KIB)),
             stats,
@@ -213,22 +240,11 @@ impl Blocks {
     }
 
     fn suspect(&self, index: u32, now_suspect: bool) {
-        let mut s = self.suspects.lock().unwrap_or_else(PoisonError::into_inner);
-        if now_suspect {
-            s.insert(index, std::time::Instant::now());
-        } else {
-            s.remove(&index);
-        }
+        self.stats.suspects.set(index, now_suspect);
     }
 
-    /// Whether member `index` timed out lately (within a minute; after that it gets the
-    /// benefit of the doubt again).
     fn suspected(&self, index: u32) -> bool {
-        self.suspects
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&index)
-            .is_some_and(|t| t.elapsed() < Duration::from_secs(60))
+        self.stats.suspects.suspected(index)
     }
 
     /// Orders a new epoch for this front end (Gnothi's "new epoch"): PrepareData it left
@@ -598,6 +614,9 @@ impl Blocks {
         let mut asked = BTreeSet::new();
         let ask = |index: u32, asked: &mut BTreeSet<u32>| {
             asked.insert(index);
+            if !preferred.contains(&index) {
+                self.stats.reserve_prepares.fetch_add(1, Ordering::Relaxed);
+            }
             let tx = tx.clone();
             if index == me {
                 let (local, p) = (self.local.clone(), prepare.clone());
@@ -629,6 +648,9 @@ impl Blocks {
         let chain_ids: Vec<NodeId> = chain.iter().map(|&i| self.members[i as usize]).collect();
         for (&index, rx) in chain.iter().zip(self.peers.prepare_chain(&chain_ids, prepare)) {
             asked.insert(index);
+            if !preferred.contains(&index) {
+                self.stats.reserve_prepares.fetch_add(1, Ordering::Relaxed);
+            }
             let tx = tx.clone();
             tokio::spawn(async move {
                 let r = rx.await.unwrap_or_else(|_| Err("not sent".into()));
@@ -657,13 +679,17 @@ impl Blocks {
                     answered += 1;
                     heard_from.insert(i);
                     heard = tokio::time::Instant::now();
-                    self.suspect(i, false);
+                    if heard < widen_at {
+                        self.suspect(i, false);
+                    }
                 }
                 Ok(Some((i, Err(e)))) => {
                     answered += 1;
                     heard_from.insert(i);
                     heard = tokio::time::Instant::now();
-                    self.suspect(i, false);
+                    if heard < widen_at {
+                        self.suspect(i, false);
+                    }
                     full |= e.contains("reserve");
                     ended |= e.contains(OLD_EPOCH);
                     last_error = format!("node index {i}: {e}");
@@ -699,10 +725,33 @@ impl Blocks {
                 break;
             }
         }
-        for i in asked {
+        // A suspected node asked alongside a reserve one usually answers after the write
+        // has its copies. Its answer is still awaited until `widen_at`: one in time shows
+        // it is back (and stops the reserve copies), a later one that it is slow.
+        let (late, done): (Vec<u32>, Vec<u32>) = asked
+            .into_iter()
+            .partition(|&i| self.suspected(i) && !heard_from.contains(&i) && tokio::time::Instant::now() < widen_at);
+        for i in done {
             if let Some(&node) = self.members.get(i as usize) {
                 self.peers.forget_prepare(node, prepare.epoch, prepare.seq);
             }
+        }
+        if !late.is_empty() {
+            let late: Vec<(u32, NodeId)> =
+                late.into_iter().filter_map(|i| self.members.get(i as usize).map(|&node| (i, node))).collect();
+            let (stats, peers, epoch, seq) = (self.stats.clone(), self.peers.clone(), prepare.epoch, prepare.seq);
+            tokio::spawn(async move {
+                // Any answer of a late node's own (its waiter stays until the loop
+                // ends, so none is made up here) shows that it is back.
+                while let Ok(Some((i, _))) = tokio::time::timeout_at(widen_at, rx.recv()).await {
+                    if late.iter().any(|&(j, _)| j == i) {
+                        stats.suspects.set(i, false);
+                    }
+                }
+                for (_, node) in late {
+                    peers.forget_prepare(node, epoch, seq);
+                }
+            });
         }
         if acked >= need {
             Ok(())

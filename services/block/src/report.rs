@@ -150,6 +150,18 @@ impl ServiceReport for BlockReport {
         counter(&mut out, "repaired_bytes", "Bytes re-replicated by recovery phase 2", &r.repaired_bytes);
         counter(
             &mut out,
+            "reserve_prepares",
+            "PrepareData this front end sent to reserve storage (a preferred node suspected or late)",
+            &self.front.reserve_prepares,
+        );
+        gauge(
+            &mut out,
+            "suspected_nodes",
+            "Nodes this front end does not wait for now (timed out lately)",
+            self.front.suspects.count() as u64,
+        );
+        counter(
+            &mut out,
             "reserve_collected",
             "Reserve blocks dropped once their preferred nodes held them",
             &r.reserve_collected,
