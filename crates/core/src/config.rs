@@ -4,7 +4,7 @@
 //! suffix and checked before anything is buffered.
 
 use crate::crypto::{NodeKeys, PublicKey};
-use crate::ids::NodeRange;
+use crate::ids::{MemberIndex, NodeRange};
 use crate::membership::Membership;
 use crate::message::{ClientId, NodeId, View};
 use crate::quorum::{QuorumError, Quorums};
@@ -369,7 +369,7 @@ impl ClusterConfig {
         self.node_keys.len()
     }
 
-    pub fn primary(&self, view: View) -> NodeId {
+    pub fn primary(&self, view: View) -> MemberIndex {
         view.primary(self.n())
     }
 }

@@ -206,7 +206,7 @@ pub enum Event {
     /// outputs from here on): the driver follows the new members and their keys.
     EpochStarted {
         epoch: u64,
-        index: NodeId,
+        index: crate::ids::MemberIndex,
     },
     /// Membership epoch `epoch` leaves this node out: it is retired, helping the old
     /// epoch's members end it, until its driver stops it (replica/epoch.rs).
@@ -239,8 +239,8 @@ pub enum Event {
 pub enum Reject {
     #[error("message for view {got}, current view {current}")]
     StaleView { current: View, got: View },
-    #[error("node {from} is not the primary of view {view}")]
-    NotPrimary { from: NodeId, view: View },
+    #[error("node index {from} is not the primary of view {view}")]
+    NotPrimary { from: crate::ids::MemberIndex, view: View },
     #[error("instance {seq} outside window ({low}, {high}]")]
     OutOfWindow { seq: Seq, low: Seq, high: Seq },
     #[error("a different value was already proposed for instance {seq} in view {view}")]

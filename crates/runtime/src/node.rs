@@ -29,7 +29,7 @@ use crate::transport::{
 };
 use keel_core::codec;
 use keel_core::config::stage_id;
-use keel_core::ids::Seq;
+use keel_core::ids::{MemberIndex, Seq};
 use keel_core::membership::Membership;
 use keel_core::message::{owner_of, Message, NodeId};
 use keel_core::node::{Admit, Node};
@@ -179,13 +179,13 @@ async fn run_replica<S: Service + Send + 'static>(
         }
         _ => setup.cluster.clone(),
     };
-    let Some(index) = cfg.membership.index_of(setup.id.0) else {
+    if cfg.membership.index_of(setup.id).is_none() {
         return Err(NodeError::Membership(format!(
             "node {} is not a member of epoch {} (removed?)",
             setup.id,
             cfg.epoch()
         )));
-    };
+    }
     let fresh = durable.records.is_empty() && durable.snapshots.is_empty();
     if fresh && storage.unprovisioned() && !setup.rejoin {
         storage.refuse_unprovisioned()?;
@@ -205,15 +205,15 @@ async fn run_replica<S: Service + Send + 'static>(
             setup.id,
             setup.data_dir.display()
         );
-        Replica::rejoin(cfg, index, setup.secrets.clone(), make(), now_ms(), &mut out)?
+        Replica::rejoin(cfg, setup.id, setup.secrets.clone(), make(), now_ms(), &mut out)?
     } else if fresh {
-        Replica::new(cfg, index, setup.secrets.clone(), make())
+        Replica::new(cfg, setup.id, setup.secrets.clone(), make())
     } else {
-        Replica::recover(cfg, index, setup.secrets.clone(), make(), durable, now_ms(), &mut out)?
+        Replica::recover(cfg, setup.id, setup.secrets.clone(), make(), durable, now_ms(), &mut out)?
     };
     tracing::info!(
         node = setup.id.0,
-        index = index.0,
+        index = replica.index().0,
         epoch = replica.epoch(),
         view = replica.view().0,
         executed = replica.executed().0,
@@ -866,7 +866,7 @@ impl EpochVerifier {
     /// Whether the signature of `msg` from stable id `from`, sent in `epoch`, is valid.
     fn check(&self, from: u32, epoch: u64, msg: &Message) -> bool {
         let index = self.ids.iter().position(|i| *i == from);
-        epoch == self.epoch && index.is_some_and(|i| self.verifier.check(NodeId(i as u32), msg))
+        epoch == self.epoch && index.is_some_and(|i| self.verifier.check(MemberIndex(i as u32), msg))
     }
 }
 

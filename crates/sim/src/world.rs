@@ -1408,9 +1408,9 @@ impl<W: Workload> World<W> {
         let (epoch, q) = (replica.epoch(), replica.config().quorums.order_quorum());
         let ids: Vec<u32> = replica.config().membership.members.iter().map(|m| m.id).collect();
         if let Some(b) = node.byzantine.as_mut() {
-            b.set_membership(replica.id(), q, replica.config().membership.clone());
+            b.set_membership(NodeId(replica.index().0), q, replica.config().membership.clone());
         }
-        let line = format!("{} n{n} epoch {epoch} as index {}", self.now, replica.id());
+        let line = format!("{} n{n} epoch {epoch} as index {}", self.now, replica.index());
         self.trace_line(line);
         self.turn_byzantine(n);
         self.memberships.entry(epoch).or_insert(ids);
@@ -1434,12 +1434,12 @@ impl<W: Workload> World<W> {
         }
         let mut b = Byzantine::new(
             behaviours.clone(),
-            replica.id(),
+            NodeId(replica.index().0),
             q.order_nodes(),
             q.order_quorum(),
             node.secrets.signing.clone(),
         );
-        b.set_membership(replica.id(), q.order_quorum(), replica.config().membership.clone());
+        b.set_membership(NodeId(replica.index().0), q.order_quorum(), replica.config().membership.clone());
         let epoch = replica.epoch();
         b.lie_from_epoch(epoch);
         self.nodes[n.index()].byzantine = Some(b);
@@ -2064,16 +2064,16 @@ impl<W: Workload> World<W> {
             }
             None => self.cfg.clone(),
         };
-        let Some(index) = cfg.membership.index_of(n.0) else {
+        if cfg.membership.index_of(n).is_none() {
             self.violation("recovery", format!("node {n} restarts outside its own membership"));
             return;
-        };
+        }
         let epoch = cfg.epoch();
         let cfg = node_options(cfg, n);
         let started = if wiped {
-            Replica::rejoin(cfg, index, node.secrets.clone(), service, now, &mut out)
+            Replica::rejoin(cfg, n, node.secrets.clone(), service, now, &mut out)
         } else {
-            Replica::recover(cfg, index, node.secrets.clone(), service, durable, now, &mut out)
+            Replica::recover(cfg, n, node.secrets.clone(), service, durable, now, &mut out)
         };
         match started {
             Ok(r) => node.core = Some(Core::Order(r)),
@@ -2212,14 +2212,16 @@ impl<W: Workload> World<W> {
         // The new node starts from the membership in the reply, with no state.
         let id = member.id;
         let cfg = self.cfg.next_epoch(m.clone()).expect("valid membership");
-        let Some(index) = m.index_of(id) else { return };
+        if m.index_of(NodeId(id)).is_none() {
+            return;
+        }
         let byzantine = self.nodes[id as usize].byzantine.is_some();
         let service = self.workload.node_service(NodeStart { node: id, fresh: true, byzantine });
         let node = &mut self.nodes[id as usize];
         node.role = Role::Member;
         node.file_membership = Some(m.clone());
         node.core =
-            Some(Core::Order(Replica::new(node_options(cfg, NodeId(id)), index, node.secrets.clone(), service)));
+            Some(Core::Order(Replica::new(node_options(cfg, NodeId(id)), NodeId(id), node.secrets.clone(), service)));
         self.memberships.entry(m.epoch).or_insert_with(|| m.members.iter().map(|x| x.id).collect());
         self.schedule(self.now + 1, Ev::NodeTick(NodeId(id)));
     }

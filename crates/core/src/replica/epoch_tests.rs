@@ -199,7 +199,7 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     net.retransmit_behind_admin(3);
     assert_eq!(net.removed, [1].map(NodeId).to_vec());
     assert!(!net.nodes.contains_key(&NodeId(1)));
-    assert_eq!(net.nodes[&NodeId(4)].id(), NodeId(3), "node 4 is index 3 in epoch 2");
+    assert_eq!(net.nodes[&NodeId(4)].index(), MemberIndex(3), "node 4 is index 3 in epoch 2");
     net.puts(13..=20, "in epoch 2");
     net.run(500);
     let states = net.states();
@@ -363,7 +363,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
         old.into_iter().filter(|(f, m)| *f != NodeId(2) && matches!(m, Message::Write(_))).collect();
     assert!(!writes.is_empty(), "epoch 0 had WRITEs");
     for (from, m) in writes {
-        assert!(!checker.check(from, &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
+        assert!(!checker.check(MemberIndex(from.0), &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
     }
     // While the same WRITEs were valid in epoch 0 (the check can pass).
     let (from, m) = net
@@ -373,7 +373,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
         .map(|(f, _, m)| (*f, m.clone()))
         .expect("a write");
     let epoch0 = Replica::new(cfg.clone(), NodeId(2), secrets(2), Log::default());
-    assert!(epoch0.verifier().check(from, &m));
+    assert!(epoch0.verifier().check(MemberIndex(from.0), &m));
 }
 
 /// `keel admin backup`'s fetch (backup.rs), served by the nodes to the administrator's

@@ -29,7 +29,7 @@ pub(crate) use persistence::StepRecord;
 
 use crate::client::Client;
 use crate::config::stage_id;
-use crate::ids::{ClientId, NodeId, Seq};
+use crate::ids::{ClientId, MemberIndex, NodeId, Seq};
 use crate::message::{Message, Proposed, Reply};
 use crate::node::{Admit, Node, NodeStatus};
 use crate::replica::{CheckpointJob, Durable, NodeSecrets, Replica};
@@ -216,7 +216,7 @@ impl<S: Service + Default, N: Node> TestNet<S, N> {
         if self.stage.contains_key(&from) {
             return Some(name);
         }
-        self.nodes.get(&from)?.config().membership.id_of(name).map(NodeId)
+        self.nodes.get(&from)?.config().membership.id_of(MemberIndex(name.0))
     }
 
     fn measure(&mut self, id: NodeId, epoch: u64, msg: &Message) {
@@ -374,15 +374,12 @@ impl<S: Service + Default, N: Node> TestNet<S, N> {
     /// Crashes order node `n` (its memory and the messages on their way to it are lost)
     /// and restarts it from [`TestNet::durable`] with `secrets` and an empty `service`.
     pub(crate) fn restart_with(&mut self, n: NodeId, secrets: NodeSecrets, service: S, now: u64) {
-        let (cfg, index) = {
-            let node = &self.nodes[&n];
-            (node.config().clone(), node.id())
-        };
+        let cfg = self.nodes[&n].config().clone();
         self.queue.retain(|e| e.to != Peer::Node(n));
         let durable = self.durable(n);
         let mut out = Outputs::default();
         let node =
-            Replica::recover(cfg, index, secrets, service, durable, now, &mut out).expect("recovers from its own disk");
+            Replica::recover(cfg, n, secrets, service, durable, now, &mut out).expect("recovers from its own disk");
         self.nodes.insert(n, node);
         self.absorb(n, out);
     }
