@@ -10,7 +10,9 @@ use crate::exec::{Chunked, FrozenExecutor};
 use crate::message::{ClientId, Message, NodeId, Seq, View};
 use crate::wal::Record;
 
-/// Who a message came from or goes to. The transport authenticates it.
+/// Who a message came from or goes to. The transport authenticates it. A node is named
+/// by its stable id (`NodeId`), in every core's inputs and outputs, whatever its index in
+/// a membership epoch; a node of a stage apart by `config::stage_node` of its stable id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Peer {
     Node(NodeId),
@@ -22,9 +24,10 @@ pub enum Input {
         from: Peer,
         msg: Message,
     },
-    /// A message from node `from` whose signature the driver's verify stage found valid
-    /// (the replica's `Verifier::check` returned true for exactly this sender and message): the node
-    /// skips that one signature check and validates everything else as for `Message`.
+    /// A message from node `from` (its stable id) whose signature the driver's verify
+    /// stage found valid (the replica's `Verifier::check` returned true for exactly this
+    /// sender and message): the node skips that one signature check and validates
+    /// everything else as for `Message`.
     Checked {
         from: NodeId,
         msg: Message,

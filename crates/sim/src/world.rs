@@ -1448,12 +1448,33 @@ impl<W: Workload> World<W> {
         self.trace_line(format!("{} n{n} turns byzantine in epoch {epoch} (r = {})", self.now, q.r()));
     }
 
-    /// The stable id of index `index` in membership epoch `epoch`.
-    fn stable_id(&self, epoch: u64, index: NodeId) -> Option<NodeId> {
-        self.memberships.get(&epoch).and_then(|ids| ids.get(index.index())).copied().map(NodeId)
+    /// A peer as a Byzantine order node (byzantine.rs) names it: a member of membership
+    /// epoch `epoch` by its index there, as the order core did before it spoke stable ids
+    /// (the adversary's lies are drawn over indices: which backups to tell what, a random
+    /// member); other peers as they are.
+    fn as_liar_names(&self, epoch: u64, p: Peer) -> Peer {
+        let ids = self.memberships.get(&epoch);
+        match p {
+            Peer::Node(id) if stage_id(id).is_none() => match ids.and_then(|ids| ids.iter().position(|x| *x == id.0)) {
+                Some(i) => Peer::Node(NodeId(i as u32)),
+                None => p,
+            },
+            _ => p,
+        }
     }
 
-    /// Sends what node `n` produced in membership epoch `epoch` (peers by index there).
+    /// Where a frame a Byzantine order node addressed to `to` ([`World::as_liar_names`])
+    /// goes: a member by its stable id in epoch `epoch`, a stage node by its stable id.
+    fn from_liar_names(&self, epoch: u64, to: Peer) -> Option<Peer> {
+        match to {
+            Peer::Node(i) if stage_id(i).is_none() => {
+                self.memberships.get(&epoch).and_then(|ids| ids.get(i.index())).map(|id| Peer::Node(NodeId(*id)))
+            }
+            _ => Some(route(to)),
+        }
+    }
+
+    /// Sends what node `n` produced in membership epoch `epoch`.
     fn transmit_from_node(&mut self, n: NodeId, msgs: Vec<(Peer, Message)>, epoch: u64) {
         if msgs.is_empty() {
             return;
@@ -1488,10 +1509,12 @@ impl<W: Workload> World<W> {
                 if let Some(b) = self.nodes[n.index()].byzantine.as_mut() {
                     b.lies.slowed_proposals += 1;
                 }
-                if let Some(to) = self.to_stable(n, epoch, to) {
-                    self.transmit_after(from, to, codec::encode(&m), hold, epoch);
-                }
+                self.transmit_after(from, route(to), codec::encode(&m), hold, epoch);
             }
+        }
+        let liar = self.nodes[n.index()].byzantine.is_some();
+        if liar {
+            msgs = msgs.into_iter().map(|(to, m)| (self.as_liar_names(epoch, to), m)).collect();
         }
         let node = &mut self.nodes[n.index()];
         let frames: Vec<(Peer, Vec<u8>)> =
@@ -1502,33 +1525,15 @@ impl<W: Workload> World<W> {
                 _ => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
             };
         for (to, frame) in frames {
-            if let Some(to) = self.to_stable(n, epoch, to) {
+            let to = if liar { self.from_liar_names(epoch, to) } else { Some(route(to)) };
+            if let Some(to) = to {
                 self.transmit_after(from, to, frame, 0, epoch);
             }
         }
     }
 
-    /// A node peer, as node `from` in membership epoch `epoch` names it, as the stable id
-    /// the network routes by: stage nodes by their stage names; order nodes by index
-    /// in `epoch` when an order node names them, by stable id when a stage node does.
-    fn to_stable(&self, from: NodeId, epoch: u64, to: Peer) -> Option<Peer> {
-        match to {
-            Peer::Node(i) => match stage_id(i) {
-                Some(id) => Some(Peer::Node(NodeId(id))),
-                None if self.is_stage_id(from) => Some(Peer::Node(i)),
-                None => self.stable_id(epoch, i).map(Peer::Node),
-            },
-            client => Some(client),
-        }
-    }
-
     fn is_exec_id(&self, n: NodeId) -> bool {
         self.nodes.get(n.0 as usize).is_some_and(|x| x.stage == Stage::Exec)
-    }
-
-    /// Whether `n` is a node of a separate execution or RQ stage (not a member).
-    fn is_stage_id(&self, n: NodeId) -> bool {
-        self.nodes.get(n.0 as usize).is_some_and(|x| x.stage != Stage::Order)
     }
 
     fn side_of(&self, p: Peer) -> u8 {
@@ -1620,12 +1625,13 @@ impl<W: Workload> World<W> {
                     }
                     client => (client, msg),
                 };
+                let liar_from = self.as_liar_names(mine, from);
                 let answers = match self.nodes[n.index()].byzantine.as_mut() {
-                    Some(b) => b.observe(&mut self.rng, from, &msg),
+                    Some(b) => b.observe(&mut self.rng, liar_from, &msg),
                     None => Vec::new(),
                 };
                 for (answer_to, frame) in answers {
-                    if let Some(answer_to) = self.to_stable(n, mine, answer_to) {
+                    if let Some(answer_to) = self.from_liar_names(mine, answer_to) {
                         self.transmit_after(to, answer_to, frame, 0, mine);
                     }
                 }
@@ -2381,4 +2387,13 @@ fn with_stages(core: Client, cfg: &ClusterConfig) -> Client {
 
 fn catch_step(step: impl FnOnce()) -> Result<(), String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).map_err(crate::panic_message)
+}
+
+/// The stable id a core's output is for: every core names nodes by stable id, a node of a
+/// stage apart by its stage name (`config::stage_node`).
+fn route(to: Peer) -> Peer {
+    match to {
+        Peer::Node(name) => Peer::Node(stage_id(name).map_or(name, NodeId)),
+        client => client,
+    }
 }

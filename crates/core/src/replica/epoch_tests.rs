@@ -363,7 +363,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
         old.into_iter().filter(|(f, m)| *f != NodeId(2) && matches!(m, Message::Write(_))).collect();
     assert!(!writes.is_empty(), "epoch 0 had WRITEs");
     for (from, m) in writes {
-        assert!(!checker.check(MemberIndex(from.0), &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
+        assert!(!checker.check(from, &m), "an epoch 0 WRITE is valid in epoch 1: {m:?}");
     }
     // While the same WRITEs were valid in epoch 0 (the check can pass).
     let (from, m) = net
@@ -373,7 +373,7 @@ fn a_new_view_or_write_from_an_earlier_epoch_is_refused_after_a_set_faults_chang
         .map(|(f, _, m)| (*f, m.clone()))
         .expect("a write");
     let epoch0 = Replica::new(cfg.clone(), NodeId(2), secrets(2), Log::default());
-    assert!(epoch0.verifier().check(MemberIndex(from.0), &m));
+    assert!(epoch0.verifier().check(from, &m));
 }
 
 /// `keel admin backup`'s fetch (backup.rs), served by the nodes to the administrator's

@@ -386,11 +386,11 @@ impl<S: Service> crate::node::Node for Replica<S> {
         }
     }
 
-    /// Order nodes count votes by index within the epoch: a member's message is admitted
-    /// only in the epoch both are in, by its index there; stage nodes by their stage
-    /// names whatever their epoch. Across epochs only certificates pass: taken from anyone
-    /// (they prove themselves, epoch.rs), and a STATUS from an earlier epoch is answered
-    /// with the certificates since.
+    /// A member's message is admitted only in the epoch both are in, by its stable id (the
+    /// replica translates it to the member's index in `on_message`); stage nodes by their
+    /// stage names whatever their epoch. Across epochs only certificates pass: taken from
+    /// anyone (they prove themselves, epoch.rs), and a STATUS from an earlier epoch is
+    /// answered with the certificates since.
     fn admit(&self, from: NodeId, epoch: u64, msg: Message, checked: bool) -> crate::node::Admit {
         use crate::node::Admit;
         let cfg = self.config();
@@ -400,13 +400,18 @@ impl<S: Service> crate::node::Node for Replica<S> {
         let mine = self.epoch();
         if epoch == mine {
             return match cfg.membership.index_of(from) {
-                Some(index) if checked => Admit::Step(Input::Checked { from: NodeId(index.0), msg }),
-                Some(index) => Admit::Step(Input::Message { from: Peer::Node(NodeId(index.0)), msg }),
+                Some(_) if checked => Admit::Step(Input::Checked { from, msg }),
+                Some(_) => Admit::Step(Input::Message { from: Peer::Node(from), msg }),
                 None => Admit::Drop,
             };
         }
         match msg {
-            Message::EpochCerts(_) => Admit::Step(Input::Message { from: Peer::Node(NodeId(0)), msg }),
+            // Stepped as if from the member at index 0, as when the core named peers by
+            // index (its `heard_at` notes it): a certificate's sender need not be a member.
+            Message::EpochCerts(_) => {
+                let first = cfg.membership.id_of(MemberIndex(0)).unwrap_or_default();
+                Admit::Step(Input::Message { from: Peer::Node(first), msg })
+            }
             Message::Status { .. } if epoch < mine => {
                 let certs = self.epoch_certs_after(epoch);
                 if certs.is_empty() {
@@ -556,7 +561,8 @@ impl<S: Service> Replica<S> {
     }
     /// The signature checks a driver may run before the protocol task (`Input::Checked`).
     pub fn verifier(&self) -> Verifier {
-        Verifier::new(self.id, self.keys.clone(), self.epoch_tag, self.cfg.auth, self.client_keys.clone())
+        let members = self.cfg.membership.members.iter().map(|m| NodeId(m.id)).collect();
+        Verifier::new((self.id, members), self.keys.clone(), self.epoch_tag, self.cfg.auth, self.client_keys.clone())
     }
 
     pub fn config(&self) -> &ClusterConfig {
@@ -789,21 +795,24 @@ impl<S: Service> Replica<S> {
         Peer::Node(self.member_id(i))
     }
 
-    /// The id outputs name the member at index `i` of this epoch by.
+    /// The stable id of the member at index `i` of this epoch: what outputs name it by.
     ///
     /// # Panics
     /// If `i` is not an index of this epoch (callers take indices from the membership).
     fn member_id(&self, i: MemberIndex) -> NodeId {
-        assert!(i.index() < self.cfg.n(), "member index {i} outside an epoch of {}", self.cfg.n());
-        NodeId(i.0)
+        match self.cfg.membership.id_of(i) {
+            Some(id) => id,
+            None => panic!("member index {i} outside an epoch of {}", self.cfg.n()),
+        }
     }
 
-    /// The index in this epoch of the member `from` names (its stable id); `None` for
-    /// clients, stage nodes and nodes that are not members of this epoch.
+    /// The index in this epoch of the member `from` names (by its stable id); `None` for
+    /// clients, stage nodes (their stage names are no member's id) and nodes that are not
+    /// members of this epoch. The one translation of inbound node ids.
     fn index_of(&self, from: Peer) -> Option<MemberIndex> {
         match from {
-            Peer::Node(n) if n.index() < self.cfg.n() => Some(MemberIndex(n.0)),
-            _ => None,
+            Peer::Node(n) => self.cfg.membership.index_of(n),
+            Peer::Client(_) => None,
         }
     }
 

@@ -876,20 +876,20 @@ fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
             sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), seq, &d, MemberIndex(signer))),
         })
     };
-    assert!(v.check(MemberIndex(3), &write(3, Seq(1))));
-    assert!(!v.check(MemberIndex(2), &write(3, Seq(1))), "another node's signature");
-    assert!(!v.check(MemberIndex(1), &write(1, Seq(1))), "our own id never arrives from the network");
-    assert!(!v.check(MemberIndex(7), &write(3, Seq(1))), "unknown node");
+    assert!(v.check(NodeId(3), &write(3, Seq(1))));
+    assert!(!v.check(NodeId(2), &write(3, Seq(1))), "another node's signature");
+    assert!(!v.check(NodeId(1), &write(1, Seq(1))), "our own id never arrives from the network");
+    assert!(!v.check(NodeId(7), &write(3, Seq(1))), "unknown node");
     let Message::Write(mut forged) = write(3, Seq(1)) else { unreachable!() };
     forged.seq = Seq(2);
-    assert!(!v.check(MemberIndex(3), &Message::Write(forged)), "signature over other fields");
+    assert!(!v.check(NodeId(3), &Message::Write(forged)), "signature over other fields");
     let root = Digest::of(b"state");
     let membership = Digest::of(b"members");
     let sig = secrets(2).signing.sign(&checkpoint_statement(Seq(8), &root, &membership, NodeId(2)));
     let vote = CheckpointVote { seq: Seq(8), root, membership, sig };
-    assert!(v.check(MemberIndex(2), &Message::Checkpoint(vote.clone())));
-    assert!(!v.check(MemberIndex(3), &Message::Checkpoint(vote)));
-    assert!(!v.check(MemberIndex(2), &Message::Stop { view: View(1) }), "kinds it does not cover");
+    assert!(v.check(NodeId(2), &Message::Checkpoint(vote.clone())));
+    assert!(!v.check(NodeId(3), &Message::Checkpoint(vote)));
+    assert!(!v.check(NodeId(2), &Message::Stop { view: View(1) }), "kinds it does not cover");
 }
 
 #[test]
@@ -1361,8 +1361,8 @@ fn with_auth_sig_every_node_checks_the_clients_signature_the_same_way() {
     let out = step(&mut b, 10, Peer::Node(NodeId(0)), propose(vec![good.clone(), forged.clone()]));
     assert_eq!(rejected(&out), vec![Reject::BadBatch("a request without a valid client signature")]);
     let verifier = b.verifier();
-    assert!(!verifier.check(MemberIndex(0), &propose(vec![good.clone(), forged])));
-    assert!(verifier.check(MemberIndex(0), &propose(vec![good.clone()])));
+    assert!(!verifier.check(NodeId(0), &propose(vec![good.clone(), forged])));
+    assert!(verifier.check(NodeId(0), &propose(vec![good.clone()])));
     let mut out = Outputs::default();
     b.step(10, Input::Checked { from: NodeId(0), msg: propose(vec![good]) }, &mut out);
     assert!(rejected(&out).is_empty());

@@ -45,6 +45,9 @@ pub(super) fn requests_signed<'a>(keys: &ClientKeys, requests: impl IntoIterator
 pub struct Verifier {
     /// The node this verifier works for: its own messages never arrive from the network.
     id: MemberIndex,
+    /// The stable ids of the epoch's members, by index: the one translation the stage
+    /// makes, as the replica's `on_message` does.
+    members: Vec<NodeId>,
     keys: NodeKeys,
     /// The digest of the membership the node runs (statements name it).
     epoch: Digest,
@@ -53,14 +56,23 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    pub(super) fn new(id: MemberIndex, keys: NodeKeys, epoch: Digest, auth: Auth, client_keys: ClientKeys) -> Verifier {
-        Verifier { id, keys, epoch, auth, client_keys }
+    pub(super) fn new(
+        (id, members): (MemberIndex, Vec<NodeId>),
+        keys: NodeKeys,
+        epoch: Digest,
+        auth: Auth,
+        client_keys: ClientKeys,
+    ) -> Verifier {
+        Verifier { id, members, keys, epoch, auth, client_keys }
     }
 
-    /// Whether `msg` from the member at index `from` carries a valid signature of a kind
-    /// the protocol task may then skip checking. False means "not vouched for", not
-    /// "invalid".
-    pub fn check(&self, from: MemberIndex, msg: &Message) -> bool {
+    /// Whether `msg` from the member with stable id `from` carries a valid signature of a
+    /// kind the protocol task may then skip checking. False means "not vouched for", not
+    /// "invalid" (a node that is no member of the epoch is not vouched for).
+    pub fn check(&self, from: NodeId, msg: &Message) -> bool {
+        let Some(from) = self.members.iter().position(|m| *m == from).map(|i| MemberIndex(i as u32)) else {
+            return false;
+        };
         if from == self.id {
             return false;
         }

@@ -29,7 +29,7 @@ pub(crate) use persistence::StepRecord;
 
 use crate::client::Client;
 use crate::config::stage_id;
-use crate::ids::{ClientId, MemberIndex, NodeId, Seq};
+use crate::ids::{ClientId, NodeId, Seq};
 use crate::message::{Message, Proposed, Reply};
 use crate::node::{Admit, Node, NodeStatus};
 use crate::replica::{CheckpointJob, Durable, NodeSecrets, Replica};
@@ -177,12 +177,9 @@ impl<S: Service + Default, N: Node> TestNet<S, N> {
             if self.instrumented {
                 self.measure(id, epoch, &msg);
             }
+            // Every core names nodes by stable id, a stage node apart by its stage name.
             let to = match to {
-                Peer::Node(name) => match self.stable_id(id, name) {
-                    Some(to) => Peer::Node(to),
-                    // A name no node has (an index past the membership): lost.
-                    None => continue,
-                },
+                Peer::Node(name) => Peer::Node(stage_id(name).map_or(name, NodeId)),
                 client => client,
             };
             self.queue.push_back(Envelope { from: Peer::Node(id), epoch, to, msg });
@@ -204,19 +201,6 @@ impl<S: Service + Default, N: Node> TestNet<S, N> {
             assert!(barrier, "an epoch ends behind a durability barrier");
             self.next_epoch(id);
         }
-    }
-
-    /// The stable id of the node that node `from` names `name` (as the simulator's
-    /// `to_stable`): a stage name is a stage node's; a stage node names order nodes by
-    /// stable id; an order node names them by index in its epoch.
-    fn stable_id(&self, from: NodeId, name: NodeId) -> Option<NodeId> {
-        if let Some(id) = stage_id(name) {
-            return Some(NodeId(id));
-        }
-        if self.stage.contains_key(&from) {
-            return Some(name);
-        }
-        self.nodes.get(&from)?.config().membership.id_of(MemberIndex(name.0))
     }
 
     fn measure(&mut self, id: NodeId, epoch: u64, msg: &Message) {
