@@ -23,7 +23,7 @@
 //! only ever sends STOPs, never commits to a view nobody else will install, and so it
 //! can install whatever NEW-VIEW the majority reached once it hears of it.
 
-use super::{Event, Outputs, Reject, Replica};
+use super::{Event, Outputs, Peer, Reject, Replica};
 use crate::crypto::Digest;
 use crate::crypto::Sig;
 use crate::ids::MemberIndex;
@@ -438,7 +438,11 @@ impl<S: Service> Replica<S> {
             }
         }
         for (peer, msg) in asks {
-            out.send.push((self.member(peer), msg));
+            // A holder is a certificate's signer: peer input, a member's index only
+            // where the certificate was checked (BFT mode, no test mutation).
+            if let Some(id) = self.cfg.membership.id_of(peer) {
+                out.send.push((Peer::Node(id), msg));
+            }
         }
     }
 
