@@ -31,7 +31,7 @@
 //! with execution nodes.
 
 use super::{Outputs, Peer, Reject, Replica};
-use crate::ids::{MemberIndex, NodeRange};
+use crate::ids::MemberIndex;
 use crate::message::{ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody, Seq};
 use crate::quorum::Mutation;
 use crate::read_wait::Until;
@@ -130,8 +130,11 @@ impl<S: Service> Replica<S> {
         let Some((round, answered)) = self.reads.round_to_resend(self.now, self.cfg.options.retransmit_ms) else {
             return;
         };
-        for node in NodeRange::first(self.cfg.n()).filter(|node| !answered.contains(node)) {
-            out.send.push((Peer::Node(node), Message::IndexProbe { round }));
+        for i in MemberIndex::all(self.cfg.n()) {
+            let node = self.member_id(i);
+            if !answered.contains(&node) {
+                out.send.push((Peer::Node(node), Message::IndexProbe { round }));
+            }
         }
     }
 
