@@ -1452,7 +1452,7 @@ impl<W: Workload> World<W> {
     /// epoch `epoch` by its index there, as the order core did before it spoke stable ids
     /// (the adversary's lies are drawn over indices: which backups to tell what, a random
     /// member); other peers as they are.
-    fn as_liar_names(&self, epoch: u64, p: Peer) -> Peer {
+    fn liar_name(&self, epoch: u64, p: Peer) -> Peer {
         let ids = self.memberships.get(&epoch);
         match p {
             Peer::Node(id) if stage_id(id).is_none() => match ids.and_then(|ids| ids.iter().position(|x| *x == id.0)) {
@@ -1463,9 +1463,9 @@ impl<W: Workload> World<W> {
         }
     }
 
-    /// Where a frame a Byzantine order node addressed to `to` ([`World::as_liar_names`])
+    /// Where a frame a Byzantine order node addressed to `to` ([`World::liar_name`])
     /// goes: a member by its stable id in epoch `epoch`, a stage node by its stable id.
-    fn from_liar_names(&self, epoch: u64, to: Peer) -> Option<Peer> {
+    fn liar_target(&self, epoch: u64, to: Peer) -> Option<Peer> {
         match to {
             Peer::Node(i) if stage_id(i).is_none() => {
                 self.memberships.get(&epoch).and_then(|ids| ids.get(i.index())).map(|id| Peer::Node(NodeId(*id)))
@@ -1514,7 +1514,7 @@ impl<W: Workload> World<W> {
         }
         let liar = self.nodes[n.index()].byzantine.is_some();
         if liar {
-            msgs = msgs.into_iter().map(|(to, m)| (self.as_liar_names(epoch, to), m)).collect();
+            msgs = msgs.into_iter().map(|(to, m)| (self.liar_name(epoch, to), m)).collect();
         }
         let node = &mut self.nodes[n.index()];
         let frames: Vec<(Peer, Vec<u8>)> =
@@ -1525,7 +1525,7 @@ impl<W: Workload> World<W> {
                 _ => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
             };
         for (to, frame) in frames {
-            let to = if liar { self.from_liar_names(epoch, to) } else { Some(route(to)) };
+            let to = if liar { self.liar_target(epoch, to) } else { Some(route(to)) };
             if let Some(to) = to {
                 self.transmit_after(from, to, frame, 0, epoch);
             }
@@ -1625,13 +1625,13 @@ impl<W: Workload> World<W> {
                     }
                     client => (client, msg),
                 };
-                let liar_from = self.as_liar_names(mine, from);
+                let liar_from = self.liar_name(mine, from);
                 let answers = match self.nodes[n.index()].byzantine.as_mut() {
                     Some(b) => b.observe(&mut self.rng, liar_from, &msg),
                     None => Vec::new(),
                 };
                 for (answer_to, frame) in answers {
-                    if let Some(answer_to) = self.from_liar_names(mine, answer_to) {
+                    if let Some(answer_to) = self.liar_target(mine, answer_to) {
                         self.transmit_after(to, answer_to, frame, 0, mine);
                     }
                 }
