@@ -9,7 +9,7 @@
 
 use keel_core::codec;
 use keel_core::crypto::{Digest, Sig};
-use keel_core::ids::{ClientId, NodeId, Seq, View};
+use keel_core::ids::{ClientId, MemberIndex, NodeId, Seq, View};
 use keel_core::message::{
     checkpoint_statement, write_statement, Cert, CheckpointVote, Message, NewView, Reply, ReplyBody, Request,
     StableProof, Value, ViewChange, Write,
@@ -131,7 +131,7 @@ fn view_change_to_backup() -> Script {
     let mut vcs = vec![own.clone()];
     for from in [1, 2] {
         let mut vc = own.clone();
-        vc.from = NodeId(from);
+        vc.from = MemberIndex(from);
         sign_vc(&mut vc);
         vcs.push(vc);
     }
@@ -173,13 +173,13 @@ fn view_change_to_self() -> Script {
             let writes = (1..=3u32)
                 .map(|n| {
                     (
-                        NodeId(n),
+                        MemberIndex(n),
                         keys[n as usize].signing.sign(&write_statement(
                             &membership(),
                             View(0),
                             Seq(2),
                             &digest,
-                            NodeId(n),
+                            MemberIndex(n),
                         )),
                     )
                 })
@@ -188,7 +188,7 @@ fn view_change_to_self() -> Script {
         } else {
             vec![]
         };
-        let mut vc = ViewChange { view: View(4), from: NodeId(from), stable: genesis(), certs, sig: Sig([0; 64]) };
+        let mut vc = ViewChange { view: View(4), from: MemberIndex(from), stable: genesis(), certs, sig: Sig([0; 64]) };
         sign_vc(&mut vc);
         s.send(from as u8, 1, &Message::ViewChange(vc));
     }
@@ -275,7 +275,8 @@ fn catch_up() -> Script {
     let d2 = v2.digest();
     let keys = secrets();
     for from in [1u32, 2, 3] {
-        let sig = keys[from as usize].signing.sign(&write_statement(&membership(), View(0), Seq(2), &d2, NodeId(from)));
+        let sig =
+            keys[from as usize].signing.sign(&write_statement(&membership(), View(0), Seq(2), &d2, MemberIndex(from)));
         s.send(from as u8, 0, &Message::Write(Write { view: View(0), seq: Seq(2), digest: d2, sig }));
         s.send(from as u8, 0, &Message::Accept { view: View(0), seq: Seq(2), digest: d2 });
     }
@@ -301,15 +302,21 @@ fn sample_messages() -> Vec<Message> {
         writes: (0..3u32)
             .map(|n| {
                 (
-                    NodeId(n),
-                    keys[n as usize].signing.sign(&write_statement(&membership(), View(1), Seq(3), &digest, NodeId(n))),
+                    MemberIndex(n),
+                    keys[n as usize].signing.sign(&write_statement(
+                        &membership(),
+                        View(1),
+                        Seq(3),
+                        &digest,
+                        MemberIndex(n),
+                    )),
                 )
             })
             .collect(),
     };
     let mut vc = ViewChange {
         view: View(2),
-        from: NodeId(1),
+        from: MemberIndex(1),
         stable: stable_proof(8, Digest::of(b"root"), &[0, 1, 2]),
         certs: vec![cert.proof()],
         sig: Sig([0; 64]),
@@ -339,7 +346,7 @@ fn sample_messages() -> Vec<Message> {
             view: View(1),
             seq: Seq(3),
             digest,
-            sig: keys[1].signing.sign(&write_statement(&membership(), View(1), Seq(3), &digest, NodeId(1))),
+            sig: keys[1].signing.sign(&write_statement(&membership(), View(1), Seq(3), &digest, MemberIndex(1))),
         }),
         Message::Accept { view: View(1), seq: Seq(3), digest },
         Message::Checkpoint(CheckpointVote {
@@ -374,7 +381,7 @@ fn sample_records() -> Vec<Record> {
             view: View(3),
             seq: Seq(9),
             value: value.clone(),
-            writes: vec![(NodeId(1), Sig([1; 64]))],
+            writes: vec![(MemberIndex(1), Sig([1; 64]))],
         }),
         Record::Decided { seq: Seq(9), digest: value.digest() },
         Record::DecidedValue { seq: Seq(9), value },

@@ -46,7 +46,7 @@ use keel_core::codec;
 use keel_core::config::{ClusterConfig, Options};
 use keel_core::crypto::{Digest, Sig, SigningKey};
 use keel_core::exec::{Chunked, Executor};
-use keel_core::ids::View;
+use keel_core::ids::{MemberIndex, View};
 use keel_core::message::{
     checkpoint_statement, write_statement, ClientId, Message, NodeId, Proposed, Request, Seq, StableProof, Value,
     ViewChange,
@@ -67,6 +67,17 @@ pub const FIX: u8 = 0b0000_0100;
 pub const ECHO: u8 = 0b0000_1000;
 
 /// Messages node 0 sent that ECHO can pick from.
+
+/// The fuzzed cluster is epoch 0, whose members' stable ids are their indices: the
+/// index a stable id `node` has there.
+fn as_index(node: NodeId) -> MemberIndex {
+    MemberIndex(node.0)
+}
+
+/// The stable id of the member at index `i` of the fuzzed cluster ([`as_index`]).
+fn as_id(i: MemberIndex) -> NodeId {
+    NodeId(i.0)
+}
 const HISTORY: usize = 64;
 /// Digests node 0 emitted that FIX can substitute.
 const DIGESTS: usize = 64;
@@ -309,7 +320,7 @@ impl Harness {
 
     /// `node`'s WRITE signature over (`view`, `seq`, `digest`) in this cluster's epoch.
     fn sign_write(&self, node: NodeId, view: View, seq: Seq, digest: &Digest) -> Sig {
-        self.key(node).sign(&write_statement(&self.cfg.membership.digest(), view, seq, digest, node))
+        self.key(node).sign(&write_statement(&self.cfg.membership.digest(), view, seq, digest, as_index(node)))
     }
 
     /// Whether FIX may forge `node`'s signatures: peers only, never the node under test.
@@ -329,7 +340,7 @@ impl Harness {
                 Message::Checkpoint(v)
             }
             Message::ViewChange(mut vc) => {
-                vc.from = node;
+                vc.from = as_index(node);
                 vc.sig = self.key(node).sign(&vc.statement(&self.cfg.membership.digest()));
                 Message::ViewChange(vc)
             }
@@ -383,13 +394,13 @@ impl Harness {
         for cert in &mut vc.certs {
             let digest = cert.digest;
             for (node, sig) in &mut cert.writes {
-                if Self::forgeable(*node) {
-                    *sig = self.sign_write(*node, cert.view, cert.seq, &digest);
+                if Self::forgeable(as_id(*node)) {
+                    *sig = self.sign_write(as_id(*node), cert.view, cert.seq, &digest);
                 }
             }
         }
-        if Self::forgeable(vc.from) {
-            vc.sig = self.key(vc.from).sign(&vc.statement(&self.cfg.membership.digest()));
+        if Self::forgeable(as_id(vc.from)) {
+            vc.sig = self.key(as_id(vc.from)).sign(&vc.statement(&self.cfg.membership.digest()));
         }
     }
 
@@ -441,8 +452,8 @@ impl Harness {
                     self.fix_view_change(vc);
                 }
                 let primary = self.cfg.primary(nv.view);
-                if Self::forgeable(primary) {
-                    nv.sig = self.key(primary).sign(&nv.statement(&self.cfg.membership.digest()));
+                if Self::forgeable(as_id(primary)) {
+                    nv.sig = self.key(as_id(primary)).sign(&nv.statement(&self.cfg.membership.digest()));
                 }
                 Message::NewView(nv)
             }

@@ -596,7 +596,7 @@ impl Client {
     }
 
     fn is_member(&self, node: NodeId) -> bool {
-        self.membership.index_of(node.0).is_some()
+        self.membership.index_of(node).is_some()
     }
 
     /// Whether an answer node `from` tagged with membership `epoch` may count: not if the

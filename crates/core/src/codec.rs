@@ -263,7 +263,7 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             arb_digest(),
-            proptest::collection::vec((any::<u32>().prop_map(NodeId), arb_sig()), 0..4),
+            proptest::collection::vec((any::<u32>().prop_map(MemberIndex), arb_sig()), 0..4),
         )
             .prop_map(|(view, seq, digest, writes)| CertProof {
                 view: View(view),
@@ -272,7 +272,13 @@ mod tests {
                 writes,
             });
         (any::<u64>(), any::<u32>(), arb_stable(), proptest::collection::vec(cert, 0..3), arb_sig()).prop_map(
-            |(view, from, stable, certs, sig)| ViewChange { view: View(view), from: NodeId(from), stable, certs, sig },
+            |(view, from, stable, certs, sig)| ViewChange {
+                view: View(view),
+                from: MemberIndex(from),
+                stable,
+                certs,
+                sig,
+            },
         )
     }
 

@@ -4,7 +4,7 @@
 //! suffix and checked before anything is buffered.
 
 use crate::crypto::{NodeKeys, PublicKey};
-use crate::ids::NodeRange;
+use crate::ids::{MemberIndex, NodeRange};
 use crate::membership::Membership;
 use crate::message::{ClientId, NodeId, View};
 use crate::quorum::{QuorumError, Quorums};
@@ -36,10 +36,16 @@ pub struct ClusterConfig {
 }
 
 /// The protocol cores' name for a node of a stage apart (an execution or RQ node of its
-/// own): `STAGE_BASE` plus its stable id. An order node calls its peers by their index in
-/// the epoch (membership.rs), always below [`crate::quorum::NODES_MAX`], and execution and
-/// RQ nodes call order nodes by their stable ids, also below it: stage nodes stay apart
-/// from both whatever a membership change does to indices.
+/// own): `STAGE_BASE` plus its stable id. Every core calls order nodes by their stable ids
+/// (below [`crate::quorum::NODES_MAX`]); the order core counts their votes by index
+/// (`MemberIndex`), which it keeps to itself.
+///
+/// Kept, though stable ids alone would now tell the nodes apart, because stage names are
+/// values on the wire and in signatures: an execution node signs its checkpoint votes
+/// (`checkpoint_statement`, `StableProof::sigs`, checked with `exec_keys`, which start at
+/// the first execution node's stage name) and an RQ node its endorsements
+/// (`endorse_statement`, `Endorsement::node`) under its stage name. Removing them changes
+/// those values (issue #22, "What is left of #22" item 4).
 pub const STAGE_BASE: NodeId = NodeId(1 << 16);
 
 /// The core name of the stage node with stable id `id`.
@@ -369,7 +375,7 @@ impl ClusterConfig {
         self.node_keys.len()
     }
 
-    pub fn primary(&self, view: View) -> NodeId {
+    pub fn primary(&self, view: View) -> MemberIndex {
         view.primary(self.n())
     }
 }

@@ -276,13 +276,13 @@ impl<S: Service> ExecNode<S> {
 
     /// Whether `node` is an order node of this node's epoch (by stable id).
     fn is_order_node(&self, node: NodeId) -> bool {
-        self.cfg.membership.index_of(node.0).is_some()
+        self.cfg.membership.index_of(node).is_some()
     }
 
     /// Whether `node` is an order node of this epoch or of the one before, which may still
     /// be ending (a removed member among them).
     fn is_recent_order_node(&self, node: NodeId) -> bool {
-        self.is_order_node(node) || self.cfg.membership.previous.as_ref().is_some_and(|p| p.index_of(node.0).is_some())
+        self.is_order_node(node) || self.cfg.membership.previous.as_ref().is_some_and(|p| p.index_of(node).is_some())
     }
 
     /// The order nodes of this epoch, by stable id.
@@ -317,7 +317,7 @@ impl<S: Service> ExecNode<S> {
             self.cfg.next_epoch(next.clone()).map_err(|e| RestoreError(format!("snapshot's membership: {e}")))?;
         let members = &self.cfg.membership;
         for notices in self.notices.values_mut() {
-            notices.by_node.retain(|n, _| members.index_of(n.0).is_some());
+            notices.by_node.retain(|n, _| members.index_of(*n).is_some());
             let named: std::collections::BTreeSet<Digest> = notices.by_node.values().copied().collect();
             notices.bodies.retain(|d, _| named.contains(d));
         }

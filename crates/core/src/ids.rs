@@ -103,10 +103,11 @@ macro_rules! number {
     };
 }
 
-/// How a core names a node: an order node by its index in the epoch's membership
-/// (`0..N`, what votes are counted by), a stage node apart by `config::stage_node` of its
-/// stable id. Not a stable id itself: the same node has another index in another epoch
-/// (`Membership::index_of` / `id_of` translate).
+/// A node's stable id: what the transport authenticates (certificate `node-N`), what
+/// clients, stage nodes, drivers and every core's inputs and outputs call it by, in every
+/// membership epoch. An order core counts votes by [`MemberIndex`] instead, and
+/// translates at its boundary (`Membership::index_of` / `id_of`). A stage node apart is
+/// named by `config::stage_node` of its stable id.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct NodeId(pub u32);
@@ -117,6 +118,28 @@ impl NodeId {
         self.0 as usize
     }
 }
+
+/// An order node's position in its epoch's membership (`0..N`): what votes, quorums,
+/// certificates' signers and the primary's rotation are counted by. The same node has
+/// another index in another epoch, so nothing outside the order core's vote counting
+/// names a node by it.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MemberIndex(pub u32);
+
+impl MemberIndex {
+    /// As an index into per-member tables.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    /// The members of an epoch of `n`: indices `0..n`.
+    pub fn all(n: usize) -> impl DoubleEndedIterator<Item = MemberIndex> + ExactSizeIterator + Clone {
+        (0..n as u32).map(MemberIndex)
+    }
+}
+
+bare_fmt!(MemberIndex);
 
 /// Consecutive node names, as `Range` is for integers (and, like it, an iterator): the
 /// order nodes of an epoch (`NodeRange::first(n)`) or the nodes of a stage apart. Not
@@ -244,9 +267,9 @@ number! {
 }
 
 impl View {
-    /// The index of this view's primary among `n` nodes.
-    pub fn primary(self, n: usize) -> NodeId {
-        NodeId((self.0 % n as u64) as u32)
+    /// The index of this view's primary among `n` members.
+    pub fn primary(self, n: usize) -> MemberIndex {
+        MemberIndex((self.0 % n as u64) as u32)
     }
 }
 number! {

@@ -15,7 +15,7 @@
 //! it; stable ids never change.
 
 use crate::crypto::{Digest, Hasher, MacKey, PublicKey, Sig, SigningKey};
-use crate::ids::{ClientId, NodeId, Seq};
+use crate::ids::{ClientId, MemberIndex, NodeId, Seq};
 use crate::quorum::{QuorumError, Quorums, NODES_MAX};
 use serde::{Deserialize, Serialize};
 
@@ -177,14 +177,14 @@ impl Membership {
         self.members.iter().map(|m| m.key).collect()
     }
 
-    /// The index (`NodeId`) of stable id `id` in this epoch.
-    pub fn index_of(&self, id: u32) -> Option<NodeId> {
-        self.members.iter().position(|m| m.id == id).map(|i| NodeId(i as u32))
+    /// The index of the member with stable id `id` in this epoch.
+    pub fn index_of(&self, id: NodeId) -> Option<MemberIndex> {
+        self.members.iter().position(|m| m.id == id.0).map(|i| MemberIndex(i as u32))
     }
 
-    /// The stable id of index `node`.
-    pub fn id_of(&self, node: NodeId) -> Option<u32> {
-        self.members.get(node.0 as usize).map(|m| m.id)
+    /// The stable id of the member at index `i`.
+    pub fn id_of(&self, i: MemberIndex) -> Option<NodeId> {
+        self.members.get(i.index()).map(|m| NodeId(m.id))
     }
 
     /// The membership after `op`, decided at instance `seq`, or why it is refused. A
@@ -223,10 +223,10 @@ impl Membership {
                 next.highest_id = m.id;
             }
             Change::Remove(id) => {
-                let Some(i) = self.index_of(*id) else {
+                let Some(i) = self.index_of(NodeId(*id)) else {
                     return Err(AdminError::NotMember(*id));
                 };
-                next.members.remove(i.0 as usize);
+                next.members.remove(i.index());
             }
             Change::Faults { u, r } => {
                 next.u = *u;
@@ -272,7 +272,7 @@ mod tests {
         let rm = AdminOp::sign(&a, 1, Change::Remove(1));
         let m2 = m1.apply(&rm, &a.public(), Seq(20)).expect("remove");
         assert_eq!(m2.members.iter().map(|m| m.id).collect::<Vec<_>>(), vec![0, 2, 3, 4]);
-        assert_eq!((m2.index_of(4), m2.id_of(NodeId(1))), (Some(NodeId(3)), Some(2)));
+        assert_eq!((m2.index_of(NodeId(4)), m2.id_of(MemberIndex(1))), (Some(MemberIndex(3)), Some(NodeId(2))));
         // Only one epoch back is kept: memberships do not grow with history.
         assert_eq!(m2.previous.as_ref().map(|p| (p.epoch, p.n(), p.previous.is_none())), Some((1, 5, true)));
     }

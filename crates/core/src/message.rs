@@ -10,7 +10,9 @@ use crate::crypto::{Digest, Hasher, Mac, Sig};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, OnceLock};
 
-pub use crate::ids::{owner_of, session_id, session_of, ClientId, NodeId, Seq, View, SESSIONS_MAX, SESSION_SHIFT};
+pub use crate::ids::{
+    owner_of, session_id, session_of, ClientId, MemberIndex, NodeId, Seq, View, SESSIONS_MAX, SESSION_SHIFT,
+};
 
 /// The operation bytes of a request, with their digest computed at most once.
 ///
@@ -462,7 +464,7 @@ pub struct Write {
 /// index and key (issue #21, defect 1; each epoch restarts at view 0).
 ///
 /// [`Membership::digest`]: crate::membership::Membership::digest
-pub fn write_statement(epoch: &Digest, view: View, seq: Seq, digest: &Digest, node: NodeId) -> Digest {
+pub fn write_statement(epoch: &Digest, view: View, seq: Seq, digest: &Digest, node: MemberIndex) -> Digest {
     Hasher::new("keel/write").digest(epoch).u64(view.0).u64(seq.0).digest(digest).u64(node.0 as u64).finish()
 }
 
@@ -532,7 +534,7 @@ pub struct Cert {
     pub view: View,
     pub seq: Seq,
     pub value: Value,
-    pub writes: Vec<(NodeId, Sig)>,
+    pub writes: Vec<(MemberIndex, Sig)>,
 }
 
 impl Cert {
@@ -557,7 +559,7 @@ pub struct CertProof {
     pub view: View,
     pub seq: Seq,
     pub digest: Digest,
-    pub writes: Vec<(NodeId, Sig)>,
+    pub writes: Vec<(MemberIndex, Sig)>,
 }
 
 /// A node's commitment to leave every view below `view` (BFT-SMaRt's STOPDATA), carrying
@@ -566,7 +568,7 @@ pub struct CertProof {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ViewChange {
     pub view: View,
-    pub from: NodeId,
+    pub from: MemberIndex,
     pub stable: StableProof,
     pub certs: Vec<CertProof>,
     pub sig: Sig,

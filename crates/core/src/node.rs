@@ -6,8 +6,11 @@
 //! `exec_node::ExecNode` (execution apart) and `rq_node::RqNode` (the request quorum
 //! apart), each implementing the trait in its own module: the stages depend on this
 //! vocabulary, never the other way. The runtime's drivers and the
-//! simulator both admit node messages through [`Node::admit`], so the translation from
-//! the transport's stable ids to the names a core counts by exists once.
+//! simulator both admit node messages through [`Node::admit`], which decides in which
+//! epoch a node's message counts. Every core's inputs and outputs name nodes by stable id
+//! (a stage node apart by `config::stage_node` of it); only the order core counts votes
+//! by an index (`MemberIndex`), and translates itself where a message comes in and where
+//! one goes out (replica/mod.rs `on_message`, `member`).
 
 use crate::config::{stage_node, ClusterConfig};
 use crate::ids::{NodeId, Seq, View};

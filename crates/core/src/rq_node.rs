@@ -210,7 +210,7 @@ impl RqNode {
 
     /// Whether `node` is an order node of this node's epoch (by stable id).
     fn is_order_node(&self, node: NodeId) -> bool {
-        self.cfg.membership.index_of(node.0).is_some()
+        self.cfg.membership.index_of(node).is_some()
     }
 
     fn on_message(&mut self, from: Peer, msg: Message, out: &mut Outputs) {
@@ -390,9 +390,9 @@ impl RqNode {
         if to_all {
             self.broadcast_endorsement(client, out);
         } else if let Some(h) = self.held.get(&client) {
-            let primary = self.cfg.membership.id_of(NodeId((self.cfg.primary(self.view())).0));
+            let primary = self.cfg.membership.id_of(self.cfg.primary(self.view()));
             let msg = Message::Endorse { request: Self::for_order(&h.req), macs: h.endorsers[&self.id].clone() };
-            out.send.extend(primary.map(|p| (Peer::Node(NodeId(p)), msg)));
+            out.send.extend(primary.map(|p| (Peer::Node(p), msg)));
         }
         Ok(())
     }
@@ -941,7 +941,7 @@ mod tests {
             .any(|(from, _, kind)| *kind == "bodies" && matches!(from, Peer::Node(n) if cfg.rq_ids().contains(&n.0)));
         assert!(fetched_from_rq, "backups fetched the bytes from RQ nodes");
         for r in &net.nodes {
-            assert_eq!(r.service().0, vec![big.clone()], "node {} executed the whole operation", r.id());
+            assert_eq!(r.service().0, vec![big.clone()], "node {} executed the whole operation", r.index());
         }
     }
 

@@ -10,7 +10,9 @@ use crate::exec::{Chunked, FrozenExecutor};
 use crate::message::{ClientId, Message, NodeId, Seq, View};
 use crate::wal::Record;
 
-/// Who a message came from or goes to. The transport authenticates it.
+/// Who a message came from or goes to. The transport authenticates it. A node is named
+/// by its stable id (`NodeId`), in every core's inputs and outputs, whatever its index in
+/// a membership epoch; a node of a stage apart by `config::stage_node` of its stable id.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Peer {
     Node(NodeId),
@@ -22,9 +24,10 @@ pub enum Input {
         from: Peer,
         msg: Message,
     },
-    /// A message from node `from` whose signature the driver's verify stage found valid
-    /// (the replica's `Verifier::check` returned true for exactly this sender and message): the node
-    /// skips that one signature check and validates everything else as for `Message`.
+    /// A message from node `from` (its stable id) whose signature the driver's verify
+    /// stage found valid (the replica's `Verifier::check` returned true for exactly this
+    /// sender and message): the node skips that one signature check and validates
+    /// everything else as for `Message`.
     Checked {
         from: NodeId,
         msg: Message,
@@ -206,7 +209,7 @@ pub enum Event {
     /// outputs from here on): the driver follows the new members and their keys.
     EpochStarted {
         epoch: u64,
-        index: NodeId,
+        index: crate::ids::MemberIndex,
     },
     /// Membership epoch `epoch` leaves this node out: it is retired, helping the old
     /// epoch's members end it, until its driver stops it (replica/epoch.rs).
@@ -239,8 +242,8 @@ pub enum Event {
 pub enum Reject {
     #[error("message for view {got}, current view {current}")]
     StaleView { current: View, got: View },
-    #[error("node {from} is not the primary of view {view}")]
-    NotPrimary { from: NodeId, view: View },
+    #[error("node index {from} is not the primary of view {view}")]
+    NotPrimary { from: crate::ids::MemberIndex, view: View },
     #[error("instance {seq} outside window ({low}, {high}]")]
     OutOfWindow { seq: Seq, low: Seq, high: Seq },
     #[error("a different value was already proposed for instance {seq} in view {view}")]

@@ -565,7 +565,7 @@ impl NodeFile {
         } else if rq_nodes.contains(&f.id.0) {
             cluster.stages.rq.get((f.id.0 - rq_nodes.start) as usize).copied()
         } else {
-            membership.index_of(f.id.0).map(|i| membership.members[i.0 as usize].key)
+            membership.index_of(f.id).map(|i| membership.members[i.index()].key)
         };
         if listed != Some(secrets.signing.public()) {
             return Err(ConfigFileError::Invalid {

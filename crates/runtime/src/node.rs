@@ -179,13 +179,13 @@ async fn run_replica<S: Service + Send + 'static>(
         }
         _ => setup.cluster.clone(),
     };
-    let Some(index) = cfg.membership.index_of(setup.id.0) else {
+    if cfg.membership.index_of(setup.id).is_none() {
         return Err(NodeError::Membership(format!(
             "node {} is not a member of epoch {} (removed?)",
             setup.id,
             cfg.epoch()
         )));
-    };
+    }
     let fresh = durable.records.is_empty() && durable.snapshots.is_empty();
     if fresh && storage.unprovisioned() && !setup.rejoin {
         storage.refuse_unprovisioned()?;
@@ -205,15 +205,15 @@ async fn run_replica<S: Service + Send + 'static>(
             setup.id,
             setup.data_dir.display()
         );
-        Replica::rejoin(cfg, index, setup.secrets.clone(), make(), now_ms(), &mut out)?
+        Replica::rejoin(cfg, setup.id, setup.secrets.clone(), make(), now_ms(), &mut out)?
     } else if fresh {
-        Replica::new(cfg, index, setup.secrets.clone(), make())
+        Replica::new(cfg, setup.id, setup.secrets.clone(), make())
     } else {
-        Replica::recover(cfg, index, setup.secrets.clone(), make(), durable, now_ms(), &mut out)?
+        Replica::recover(cfg, setup.id, setup.secrets.clone(), make(), durable, now_ms(), &mut out)?
     };
     tracing::info!(
         node = setup.id.0,
-        index = index.0,
+        index = replica.index().0,
         epoch = replica.epoch(),
         view = replica.view().0,
         executed = replica.executed().0,
@@ -438,14 +438,12 @@ pub(crate) async fn drain(committer: &mut Committer) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// The connections to the other members, by stable id, and the current epoch's
-/// index → stable id map (membership.rs: an order node's core speaks indices, the network
-/// ids). Stages apart add fixed peers (execution and RQ nodes) that are no members: cores
-/// name them by [`keel_core::config::stage_node`] of their ids. The cores of execution
-/// and RQ nodes name order nodes by stable id (`stage`).
+/// The connections to the other members, by stable id, and the stable ids of the members
+/// followed now. Stages apart add fixed peers (execution and RQ nodes) that are no
+/// members: cores name them by [`keel_core::config::stage_node`] of their ids. Every
+/// core names order nodes by stable id.
 pub(crate) struct Peers {
     me: u32,
-    stage: bool,
     by_id: BTreeMap<u32, PeerLink>,
     ids: Vec<u32>,
     fixed: std::collections::BTreeSet<u32>,
@@ -465,7 +463,6 @@ impl Peers {
     pub(crate) fn new(me: u32, connector: TlsConnector, stats: Arc<TransportStats>) -> Peers {
         Peers {
             me,
-            stage: false,
             by_id: BTreeMap::new(),
             ids: Vec::new(),
             fixed: std::collections::BTreeSet::new(),
@@ -512,7 +509,6 @@ impl Peers {
     /// node's checkpoint votes still reach while they end it), and tags frames with
     /// `m`'s epoch.
     pub(crate) fn follow_stage(&mut self, m: &Membership) {
-        self.stage = true;
         self.epoch = m.epoch;
         let previous = m.previous.iter().flat_map(|p| p.members.iter());
         let members: Vec<&keel_core::membership::Member> = m.members.iter().chain(previous).collect();
@@ -542,13 +538,9 @@ impl Peers {
     }
 
     /// The queue to the node the core calls `node`: a stage node by its stage name, an
-    /// order node by its index in the current epoch (by its stable id at a stage node).
+    /// order node by its stable id.
     pub(crate) fn route(&self, node: NodeId) -> Option<&mpsc::Sender<Vec<u8>>> {
-        let id = match stage_id(node) {
-            Some(id) => id,
-            None if self.stage => node.0,
-            None => *self.ids.get(node.0 as usize)?,
-        };
+        let id = stage_id(node).unwrap_or(node.0);
         self.by_id.get(&id).map(|l| &l.tx)
     }
 
@@ -845,28 +837,22 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
 /// Queues of the verify stage's threads, one per thread; peer `j` uses `j % len`.
 pub(crate) type VerifyQueues = Arc<[mpsc::Sender<(u32, u64, Message)>]>;
 
-/// What the verify stage checks against: one epoch's keys and index → stable id map.
+/// What the verify stage checks against: one epoch's verifier (its keys and members).
 /// The protocol task replaces it when an epoch starts; a message of another epoch passes
 /// unchecked (the protocol task decides what to do with it).
 struct EpochVerifier {
     epoch: u64,
-    ids: Vec<u32>,
     verifier: Verifier,
 }
 
 impl EpochVerifier {
     fn of<S: Service>(replica: &Replica<S>) -> EpochVerifier {
-        EpochVerifier {
-            epoch: replica.epoch(),
-            ids: replica.config().membership.members.iter().map(|x| x.id).collect(),
-            verifier: replica.verifier(),
-        }
+        EpochVerifier { epoch: replica.epoch(), verifier: replica.verifier() }
     }
 
     /// Whether the signature of `msg` from stable id `from`, sent in `epoch`, is valid.
     fn check(&self, from: u32, epoch: u64, msg: &Message) -> bool {
-        let index = self.ids.iter().position(|i| *i == from);
-        epoch == self.epoch && index.is_some_and(|i| self.verifier.check(NodeId(i as u32), msg))
+        epoch == self.epoch && self.verifier.check(NodeId(from), msg)
     }
 }
 

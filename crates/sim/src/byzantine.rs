@@ -10,8 +10,8 @@ use keel_core::ids::NodeRange;
 use keel_core::membership::{Member, Membership};
 use keel_core::message::{
     checkpoint_statement, endorse_statement, owner_of, proof_signed, write_statement, CertProof, CheckpointVote,
-    ClientId, Endorsement, EpochCert, Message, NewView, NodeId, Proposal, Proposed, Reply, ReplyBody, Request, Seq,
-    StableProof, Value, View, ViewChange, Write,
+    ClientId, Endorsement, EpochCert, MemberIndex, Message, NewView, NodeId, Proposal, Proposed, Reply, ReplyBody,
+    Request, Seq, StableProof, Value, View, ViewChange, Write,
 };
 use keel_core::replica::Peer;
 use rand::seq::SliceRandom;
@@ -588,7 +588,7 @@ impl Byzantine {
 
     /// The primary of `view` in its membership.
     fn primary(&self, view: View) -> NodeId {
-        view.primary(self.n.max(1))
+        NodeId(view.primary(self.n.max(1)).0)
     }
 
     /// Remembers a message the node received, for later replay, and answers a request
@@ -624,7 +624,7 @@ impl Byzantine {
                     self.note_stable(&vc.stable);
                 }
                 if self.behaviours.pick_new_view && self.primary(vc.view) == self.me && self.view_change_valid(vc) {
-                    self.view_changes.entry(vc.view).or_default().insert(vc.from, vc.clone());
+                    self.view_changes.entry(vc.view).or_default().insert(NodeId(vc.from.0), vc.clone());
                     while self.view_changes.len() > VIEWS_KEPT_MAX {
                         self.view_changes.pop_first();
                     }
@@ -779,7 +779,13 @@ impl Byzantine {
             Message::Write(w) => match self.vote_lie(w.view, w.seq, to, is_primary) {
                 Some((digest, conflicting)) if digest != w.digest => {
                     self.lies.conflicting_votes += conflicting as u64;
-                    let sig = self.signing.sign(&write_statement(&self.epoch_tag(), w.view, w.seq, &digest, self.me));
+                    let sig = self.signing.sign(&write_statement(
+                        &self.epoch_tag(),
+                        w.view,
+                        w.seq,
+                        &digest,
+                        MemberIndex(self.me.0),
+                    ));
                     Message::Write(Write { view: w.view, seq: w.seq, digest, sig })
                 }
                 _ => Message::Write(w),
@@ -924,7 +930,7 @@ impl Byzantine {
         let tag = self.epoch_tag();
         let mut pool = self.view_changes.get(&nv.view).cloned().unwrap_or_default();
         for vc in &nv.view_changes {
-            pool.insert(vc.from, vc.clone());
+            pool.insert(NodeId(vc.from.0), vc.clone());
         }
         // Its own view change (always in): as its replica made it, with every certificate
         // hidden, or with the lower ones hidden and the highest kept, so that the instances
@@ -949,7 +955,7 @@ impl Byzantine {
             hidden = nv
                 .view_changes
                 .iter()
-                .filter(|v| v.from == self.me)
+                .filter(|v| v.from.0 == self.me.0)
                 .flat_map(|v| v.certs.iter().map(|c| c.seq))
                 .filter(|s| !kept.contains(s))
                 .collect();
@@ -1243,7 +1249,7 @@ impl Byzantine {
         for seq in base.next().through(base + 3) {
             let forged = Request::new(ClientId(424_242), rng.gen(), vec![0xde, 0xad].into());
             let value = Value { time: 0, requests: vec![forged] };
-            let writes = NodeRange::first(self.quorum).map(|n| (n, self.random_sig(rng))).collect();
+            let writes = MemberIndex::all(self.quorum).map(|n| (n, self.random_sig(rng))).collect();
             let digest = value.digest();
             vc.certs.push(CertProof { view: vc.view.saturating_sub(1), seq, digest, writes });
             if self.forged.len() == FORGED_KEPT_MAX {
@@ -1690,12 +1696,12 @@ mod tests {
         let keys = NodeKeys::new(&m.keys());
         let tag = m.digest();
         let honest = Digest([9; 32]);
-        let sig = b.signing.sign(&write_statement(&tag, View(0), Seq(4), &honest, NodeId(1)));
+        let sig = b.signing.sign(&write_statement(&tag, View(0), Seq(4), &honest, MemberIndex(1)));
         let mut digests = BTreeSet::new();
         for to in [0, 2, 3] {
             let w = Message::Write(Write { view: View(0), seq: Seq(4), digest: honest, sig });
             let Message::Write(w) = b.lie_in_votes(Peer::Node(NodeId(to)), false, w) else { panic!("a write") };
-            assert!(keys.verify(1, &write_statement(&tag, View(0), Seq(4), &w.digest, NodeId(1)), &w.sig));
+            assert!(keys.verify(1, &write_statement(&tag, View(0), Seq(4), &w.digest, MemberIndex(1)), &w.sig));
             digests.insert(w.digest);
         }
         assert_eq!(digests.len(), 2, "two values for one (view, instance)");

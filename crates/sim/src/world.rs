@@ -1408,9 +1408,9 @@ impl<W: Workload> World<W> {
         let (epoch, q) = (replica.epoch(), replica.config().quorums.order_quorum());
         let ids: Vec<u32> = replica.config().membership.members.iter().map(|m| m.id).collect();
         if let Some(b) = node.byzantine.as_mut() {
-            b.set_membership(replica.id(), q, replica.config().membership.clone());
+            b.set_membership(NodeId(replica.index().0), q, replica.config().membership.clone());
         }
-        let line = format!("{} n{n} epoch {epoch} as index {}", self.now, replica.id());
+        let line = format!("{} n{n} epoch {epoch} as index {}", self.now, replica.index());
         self.trace_line(line);
         self.turn_byzantine(n);
         self.memberships.entry(epoch).or_insert(ids);
@@ -1434,12 +1434,12 @@ impl<W: Workload> World<W> {
         }
         let mut b = Byzantine::new(
             behaviours.clone(),
-            replica.id(),
+            NodeId(replica.index().0),
             q.order_nodes(),
             q.order_quorum(),
             node.secrets.signing.clone(),
         );
-        b.set_membership(replica.id(), q.order_quorum(), replica.config().membership.clone());
+        b.set_membership(NodeId(replica.index().0), q.order_quorum(), replica.config().membership.clone());
         let epoch = replica.epoch();
         b.lie_from_epoch(epoch);
         self.nodes[n.index()].byzantine = Some(b);
@@ -1448,12 +1448,33 @@ impl<W: Workload> World<W> {
         self.trace_line(format!("{} n{n} turns byzantine in epoch {epoch} (r = {})", self.now, q.r()));
     }
 
-    /// The stable id of index `index` in membership epoch `epoch`.
-    fn stable_id(&self, epoch: u64, index: NodeId) -> Option<NodeId> {
-        self.memberships.get(&epoch).and_then(|ids| ids.get(index.index())).copied().map(NodeId)
+    /// A peer as a Byzantine order node (byzantine.rs) names it: a member of membership
+    /// epoch `epoch` by its index there, as the order core did before it spoke stable ids
+    /// (the adversary's lies are drawn over indices: which backups to tell what, a random
+    /// member); other peers as they are.
+    fn liar_name(&self, epoch: u64, p: Peer) -> Peer {
+        let ids = self.memberships.get(&epoch);
+        match p {
+            Peer::Node(id) if stage_id(id).is_none() => match ids.and_then(|ids| ids.iter().position(|x| *x == id.0)) {
+                Some(i) => Peer::Node(NodeId(i as u32)),
+                None => p,
+            },
+            _ => p,
+        }
     }
 
-    /// Sends what node `n` produced in membership epoch `epoch` (peers by index there).
+    /// Where a frame a Byzantine order node addressed to `to` ([`World::liar_name`])
+    /// goes: a member by its stable id in epoch `epoch`, a stage node by its stable id.
+    fn liar_target(&self, epoch: u64, to: Peer) -> Option<Peer> {
+        match to {
+            Peer::Node(i) if stage_id(i).is_none() => {
+                self.memberships.get(&epoch).and_then(|ids| ids.get(i.index())).map(|id| Peer::Node(NodeId(*id)))
+            }
+            _ => Some(route(to)),
+        }
+    }
+
+    /// Sends what node `n` produced in membership epoch `epoch`.
     fn transmit_from_node(&mut self, n: NodeId, msgs: Vec<(Peer, Message)>, epoch: u64) {
         if msgs.is_empty() {
             return;
@@ -1488,10 +1509,12 @@ impl<W: Workload> World<W> {
                 if let Some(b) = self.nodes[n.index()].byzantine.as_mut() {
                     b.lies.slowed_proposals += 1;
                 }
-                if let Some(to) = self.to_stable(n, epoch, to) {
-                    self.transmit_after(from, to, codec::encode(&m), hold, epoch);
-                }
+                self.transmit_after(from, route(to), codec::encode(&m), hold, epoch);
             }
+        }
+        let liar = self.nodes[n.index()].byzantine.is_some();
+        if liar {
+            msgs = msgs.into_iter().map(|(to, m)| (self.liar_name(epoch, to), m)).collect();
         }
         let node = &mut self.nodes[n.index()];
         let frames: Vec<(Peer, Vec<u8>)> =
@@ -1502,33 +1525,15 @@ impl<W: Workload> World<W> {
                 _ => msgs.into_iter().map(|(to, m)| (to, codec::encode(&m))).collect(),
             };
         for (to, frame) in frames {
-            if let Some(to) = self.to_stable(n, epoch, to) {
+            let to = if liar { self.liar_target(epoch, to) } else { Some(route(to)) };
+            if let Some(to) = to {
                 self.transmit_after(from, to, frame, 0, epoch);
             }
         }
     }
 
-    /// A node peer, as node `from` in membership epoch `epoch` names it, as the stable id
-    /// the network routes by: stage nodes by their stage names; order nodes by index
-    /// in `epoch` when an order node names them, by stable id when a stage node does.
-    fn to_stable(&self, from: NodeId, epoch: u64, to: Peer) -> Option<Peer> {
-        match to {
-            Peer::Node(i) => match stage_id(i) {
-                Some(id) => Some(Peer::Node(NodeId(id))),
-                None if self.is_stage_id(from) => Some(Peer::Node(i)),
-                None => self.stable_id(epoch, i).map(Peer::Node),
-            },
-            client => Some(client),
-        }
-    }
-
     fn is_exec_id(&self, n: NodeId) -> bool {
         self.nodes.get(n.0 as usize).is_some_and(|x| x.stage == Stage::Exec)
-    }
-
-    /// Whether `n` is a node of a separate execution or RQ stage (not a member).
-    fn is_stage_id(&self, n: NodeId) -> bool {
-        self.nodes.get(n.0 as usize).is_some_and(|x| x.stage != Stage::Order)
     }
 
     fn side_of(&self, p: Peer) -> u8 {
@@ -1620,12 +1625,13 @@ impl<W: Workload> World<W> {
                     }
                     client => (client, msg),
                 };
+                let liar_from = self.liar_name(mine, from);
                 let answers = match self.nodes[n.index()].byzantine.as_mut() {
-                    Some(b) => b.observe(&mut self.rng, from, &msg),
+                    Some(b) => b.observe(&mut self.rng, liar_from, &msg),
                     None => Vec::new(),
                 };
                 for (answer_to, frame) in answers {
-                    if let Some(answer_to) = self.to_stable(n, mine, answer_to) {
+                    if let Some(answer_to) = self.liar_target(mine, answer_to) {
                         self.transmit_after(to, answer_to, frame, 0, mine);
                     }
                 }
@@ -2064,16 +2070,16 @@ impl<W: Workload> World<W> {
             }
             None => self.cfg.clone(),
         };
-        let Some(index) = cfg.membership.index_of(n.0) else {
+        if cfg.membership.index_of(n).is_none() {
             self.violation("recovery", format!("node {n} restarts outside its own membership"));
             return;
-        };
+        }
         let epoch = cfg.epoch();
         let cfg = node_options(cfg, n);
         let started = if wiped {
-            Replica::rejoin(cfg, index, node.secrets.clone(), service, now, &mut out)
+            Replica::rejoin(cfg, n, node.secrets.clone(), service, now, &mut out)
         } else {
-            Replica::recover(cfg, index, node.secrets.clone(), service, durable, now, &mut out)
+            Replica::recover(cfg, n, node.secrets.clone(), service, durable, now, &mut out)
         };
         match started {
             Ok(r) => node.core = Some(Core::Order(r)),
@@ -2212,14 +2218,16 @@ impl<W: Workload> World<W> {
         // The new node starts from the membership in the reply, with no state.
         let id = member.id;
         let cfg = self.cfg.next_epoch(m.clone()).expect("valid membership");
-        let Some(index) = m.index_of(id) else { return };
+        if m.index_of(NodeId(id)).is_none() {
+            return;
+        }
         let byzantine = self.nodes[id as usize].byzantine.is_some();
         let service = self.workload.node_service(NodeStart { node: id, fresh: true, byzantine });
         let node = &mut self.nodes[id as usize];
         node.role = Role::Member;
         node.file_membership = Some(m.clone());
         node.core =
-            Some(Core::Order(Replica::new(node_options(cfg, NodeId(id)), index, node.secrets.clone(), service)));
+            Some(Core::Order(Replica::new(node_options(cfg, NodeId(id)), NodeId(id), node.secrets.clone(), service)));
         self.memberships.entry(m.epoch).or_insert_with(|| m.members.iter().map(|x| x.id).collect());
         self.schedule(self.now + 1, Ev::NodeTick(NodeId(id)));
     }
@@ -2379,4 +2387,13 @@ fn with_stages(core: Client, cfg: &ClusterConfig) -> Client {
 
 fn catch_step(step: impl FnOnce()) -> Result<(), String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(step)).map_err(crate::panic_message)
+}
+
+/// The stable id a core's output is for: every core names nodes by stable id, a node of a
+/// stage apart by its stage name (`config::stage_node`).
+fn route(to: Peer) -> Peer {
+    match to {
+        Peer::Node(name) => Peer::Node(stage_id(name).map_or(name, NodeId)),
+        client => client,
+    }
 }

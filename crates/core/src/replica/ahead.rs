@@ -9,7 +9,8 @@
 //! in once its own stable checkpoint moves.
 
 use super::{Outputs, Peer, Replica};
-use crate::message::{Message, NodeId, Seq};
+use crate::ids::MemberIndex;
+use crate::message::{Message, Seq};
 use crate::service::Service;
 use std::collections::BTreeMap;
 
@@ -18,7 +19,7 @@ use std::collections::BTreeMap;
 /// `n × 3 × window` entries.
 #[derive(Default)]
 pub(super) struct Ahead {
-    held: BTreeMap<(NodeId, &'static str, Seq), (Message, bool)>,
+    held: BTreeMap<(MemberIndex, &'static str, Seq), (Message, bool)>,
 }
 
 impl Ahead {
@@ -40,12 +41,11 @@ impl<S: Service> Replica<S> {
     /// Holds `msg` if it is a proposal or vote for an instance just above the high-water
     /// mark; gives it back otherwise.
     pub(super) fn hold_ahead(&mut self, from: Peer, msg: Message, checked: bool) -> Option<(Message, bool)> {
-        let (Peer::Node(n), Some(seq)) = (from, instance(&msg)) else {
+        let (Some(n), Some(seq)) = (self.index_of(from), instance(&msg)) else {
             return Some((msg, checked));
         };
         let high = self.high_water();
-        let known = (n.0 as usize) < self.cfg.n() && n != self.id;
-        if !known || seq <= high || seq > high + self.cfg.options.window || !self.has_base() {
+        if n == self.id || seq <= high || seq > high + self.cfg.options.window || !self.has_base() {
             return Some((msg, checked));
         }
         self.ahead.held.entry((n, msg.kind(), seq)).or_insert((msg, checked));
@@ -62,7 +62,7 @@ impl<S: Service> Replica<S> {
             std::mem::take(&mut self.ahead.held).into_iter().partition(|((_, _, seq), _)| *seq <= high);
         self.ahead.held = later;
         for ((n, _, _), (msg, checked)) in now {
-            self.on_message(Peer::Node(n), msg, checked, out);
+            self.on_message(self.member(n), msg, checked, out);
         }
     }
 }

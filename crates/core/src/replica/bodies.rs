@@ -24,10 +24,10 @@
 //! state). An endorsement proposes only with `u + 1` endorsers valid for each backup, so
 //! at least one correct endorser holds each operation.
 
-use super::{Outputs, Peer, Reject, Replica};
+use super::{Outputs, Reject, Replica};
 use crate::config::Auth;
 use crate::crypto::Digest;
-use crate::ids::NodeRange;
+use crate::ids::{MemberIndex, NodeRange};
 use crate::message::{ClientId, Message, NodeId, Payload, Proposal, Proposed, Seq, Value, View};
 use crate::service::Service;
 
@@ -174,7 +174,7 @@ impl<S: Service> Replica<S> {
     /// primary (which holds them all, but is the node digests spare); then every other
     /// endorsing node; then everyone else.
     fn fetch_order<'a>(&self, view: View, seq: Seq, missing: impl Iterator<Item = &'a Proposed>) -> Vec<NodeId> {
-        let (me, n, primary) = (self.id, self.cfg.n(), self.cfg.primary(view));
+        let (me, n, primary) = (self.signer_name(), self.cfg.n(), super::signer_name(self.cfg.primary(view)));
         let mut order: Vec<NodeId> = missing.flat_map(|p| p.endorsements().iter().map(|e| e.node)).collect();
         // Endorsers hold the bytes: order nodes when co-located, else the RQ nodes.
         let endorsers = self.cfg.endorsers();
@@ -229,7 +229,7 @@ impl<S: Service> Replica<S> {
         p.asked += 1;
         p.asked_node = Some(peer);
         p.asked_at = self.now;
-        out.send.push((Peer::Node(peer), Message::FetchBodies { seq, wanted }));
+        out.send.push((self.peer_of(peer), Message::FetchBodies { seq, wanted }));
     }
 
     /// On every tick: takes operations that reached this node meanwhile (a client's late
@@ -268,7 +268,7 @@ impl<S: Service> Replica<S> {
     /// period in all: about what honest fetching of the proposals in flight needs.
     pub(super) fn on_fetch_bodies(
         &mut self,
-        from: NodeId,
+        from: MemberIndex,
         seq: Seq,
         wanted: Vec<(ClientId, Digest)>,
         out: &mut Outputs,
@@ -286,16 +286,16 @@ impl<S: Service> Replica<S> {
             return Ok(());
         }
         let period = self.body_retry_ms();
-        if self.body_answers[from.0 as usize].get(&seq).is_some_and(|at| self.now < at + period) {
+        if self.body_answers[from.index()].get(&seq).is_some_and(|at| self.now < at + period) {
             return Err(Reject::Busy("operations fetched again within a retry period"));
         }
-        self.body_answers[from.0 as usize].insert(seq, self.now);
-        let mut budget = self.body_budget[from.0 as usize];
+        self.body_answers[from.index()].insert(seq, self.now);
+        let mut budget = self.body_budget[from.index()];
         let lookup = |client, op: &Digest| self.held_body(seq, client, op);
         let ops = budgeted_bodies(&self.cfg.options, &mut budget, (self.now, period), wanted, lookup);
-        self.body_budget[from.0 as usize] = budget;
+        self.body_budget[from.index()] = budget;
         if !ops.is_empty() {
-            out.send.push((Peer::Node(from), Message::Bodies { seq, ops }));
+            out.send.push((self.member(from), Message::Bodies { seq, ops }));
         }
         Ok(())
     }
@@ -368,7 +368,7 @@ impl<S: Service> Replica<S> {
             return false;
         };
         if let Err(reason) = self.complete_parked(seq, out) {
-            let from = Peer::Node(self.cfg.primary(view));
+            let from = self.member(self.cfg.primary(view));
             out.events.push(super::Event::Rejected { from, kind: "propose", reason });
         }
         true

@@ -10,7 +10,7 @@
 use super::{Event, Outputs, Peer, Reject, Replica};
 use crate::crypto::Digest;
 use crate::exec::Chunked;
-use crate::ids::NodeRange;
+use crate::ids::MemberIndex;
 use crate::message::{Message, NodeId, Seq, StableProof, Value, View};
 use crate::service::Service;
 use crate::wal::Record;
@@ -20,7 +20,7 @@ pub use crate::transfer::Transfer;
 impl<S: Service> Replica<S> {
     pub(super) fn on_status(
         &mut self,
-        from: NodeId,
+        from: MemberIndex,
         view: View,
         executed: Seq,
         stable: Seq,
@@ -31,7 +31,7 @@ impl<S: Service> Replica<S> {
         if self.now < self.helped_at[from.0 as usize] + gap {
             return Ok(());
         }
-        let peer = Peer::Node(from);
+        let peer = self.member(from);
         let mut helped = false;
         if view < self.view {
             // A peer in a lower view gets the proof of ours, beside whatever else it needs:
@@ -69,7 +69,7 @@ impl<S: Service> Replica<S> {
 
     pub(super) fn on_stable_cert(
         &mut self,
-        _from: NodeId,
+        _from: MemberIndex,
         proof: StableProof,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
@@ -81,7 +81,13 @@ impl<S: Service> Replica<S> {
         Ok(())
     }
 
-    pub(super) fn on_decided(&mut self, from: NodeId, seq: Seq, value: Value, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_decided(
+        &mut self,
+        from: MemberIndex,
+        seq: Seq,
+        value: Value,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         if seq <= self.exec.executed() {
             return Ok(());
         }
@@ -155,7 +161,7 @@ impl<S: Service> Replica<S> {
 
     pub(super) fn on_manifest(
         &mut self,
-        _from: NodeId,
+        _from: MemberIndex,
         seq: Seq,
         len: u64,
         leaves: Vec<Digest>,
@@ -172,7 +178,7 @@ impl<S: Service> Replica<S> {
 
     pub(super) fn on_chunk(
         &mut self,
-        _from: NodeId,
+        _from: MemberIndex,
         seq: Seq,
         index: u32,
         data: Vec<u8>,
@@ -190,8 +196,7 @@ impl<S: Service> Replica<S> {
 
     /// Asks peers for missing chunks, within the throttle (transfer.rs).
     pub(super) fn request_chunks(&mut self, out: &mut Outputs) {
-        let me = self.id;
-        let peers: Vec<NodeId> = NodeRange::first(self.cfg.n()).filter(|n| *n != me).collect();
+        let peers: Vec<NodeId> = self.others().map(|i| self.member_id(i)).collect();
         let (rate, chunk_bytes) = (self.cfg.options.transfer_rate_bytes, self.cfg.options.chunk_bytes as u64);
         if let Some(t) = self.transfer.as_mut() {
             t.request_chunks(&peers, self.now, rate, chunk_bytes, &mut out.send);

@@ -7,7 +7,8 @@
 use super::{CheckpointJob, CheckpointReady, Event, Outputs, Persist, Reject, Replica};
 use crate::crypto::Digest;
 use crate::exec::Chunked;
-use crate::message::{checkpoint_statement, CheckpointVote, Message, NodeId, Seq, StableProof};
+use crate::ids::MemberIndex;
+use crate::message::{checkpoint_statement, CheckpointVote, Message, Seq, StableProof};
 use crate::service::Service;
 use crate::wal::Record;
 
@@ -63,7 +64,7 @@ impl<S: Service> Replica<S> {
         let root = chunked.root;
         out.persist.push(Persist::Snapshot { seq, chunked: chunked.clone() });
         out.events.push(Event::Checkpoint { seq, root });
-        let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, &membership, self.id));
+        let sig = self.secrets.signing.sign(&checkpoint_statement(seq, &root, &membership, self.signer_name()));
         if self.exec_certified(seq) {
             self.broadcast_durable(Message::Checkpoint(CheckpointVote { seq, root, membership, sig }), out);
         }
@@ -79,7 +80,7 @@ impl<S: Service> Replica<S> {
 
     pub(super) fn on_checkpoint(
         &mut self,
-        from: NodeId,
+        from: MemberIndex,
         vote: CheckpointVote,
         checked: bool,
         out: &mut Outputs,
@@ -95,8 +96,8 @@ impl<S: Service> Replica<S> {
         if vote.seq > horizon || !(vote.seq.is_multiple_of(interval) || epoch_end) {
             return Err(Reject::OutOfWindow { seq: vote.seq, low: self.stable.seq, high: horizon });
         }
-        if !checked && !super::verify::checkpoint_signed(&self.keys, from, &vote) {
-            return Err(Reject::BadSignature { signer: from });
+        if !checked && !super::verify::checkpoint_signed(&self.keys, super::signer_name(from), &vote) {
+            return Err(Reject::BadSignature { signer: super::signer_name(from) });
         }
         self.checkpoint_votes.entry(vote.seq).or_default().entry(from).or_insert((
             vote.root,
@@ -123,7 +124,7 @@ impl<S: Service> Replica<S> {
             let sigs: Vec<_> = votes
                 .iter()
                 .filter(|(_, (r, m, _))| (*r, *m) == (root, membership))
-                .map(|(n, (_, _, s))| (*n, *s))
+                .map(|(&n, (_, _, s))| (super::signer_name(n), *s))
                 .collect();
             if sigs.len() >= self.quorum() {
                 self.install_stable(StableProof { seq, root, membership, sigs }, out);

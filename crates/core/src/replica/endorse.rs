@@ -28,9 +28,10 @@
 //! primary had every reason to propose it. Below that the request waits, harmlessly, for
 //! its client's next one, and nobody replaces a correct primary over it.
 
-use super::{Outputs, Peer, Pending, Reject, Replica};
+use super::{signer_name, Outputs, Peer, Pending, Reject, Replica};
 use crate::config::Auth;
 use crate::crypto::{Digest, Mac};
+use crate::ids::MemberIndex;
 use crate::message::{
     endorse_statement, request_statement, ClientId, Endorsement, Message, NodeId, Payload, Proposed, Request,
     DIGEST_MIN,
@@ -235,7 +236,7 @@ impl Hearsay {
 impl<S: Service> Replica<S> {
     /// This node's endorsement of the request with `statement`: one MAC per node.
     fn endorsement(&self, statement: &Digest) -> Vec<Mac> {
-        let s = endorse_statement(self.id, statement);
+        let s = endorse_statement(self.signer_name(), statement);
         self.endorse_row.iter().map(|k| k.mac(&s)).collect()
     }
 
@@ -249,7 +250,7 @@ impl<S: Service> Replica<S> {
         } else {
             self.endorse_row.get(node.0 as usize)
         };
-        match (key, macs.get(self.id.0 as usize)) {
+        match (key, macs.get(self.id.index())) {
             (Some(key), Some(mac)) => key.verify(&s, mac),
             _ => false,
         }
@@ -292,7 +293,7 @@ impl<S: Service> Replica<S> {
             }
             if !self.cfg.rq_separated() {
                 let mine = self.endorsement(&statement);
-                pending.endorsers.insert(self.id, mine);
+                pending.endorsers.insert(self.signer_name(), mine);
             }
             self.hearsay.forget(client, pending.req.seq);
         }
@@ -322,7 +323,7 @@ impl<S: Service> Replica<S> {
         let Some(p) = self.pending.get(&client) else {
             return;
         };
-        let Some(macs) = p.endorsers.get(&self.id) else {
+        let Some(macs) = p.endorsers.get(&self.signer_name()) else {
             return;
         };
         let primary = self.cfg.primary(self.view);
@@ -337,14 +338,14 @@ impl<S: Service> Replica<S> {
                 } else {
                     Message::Endorse { request: p.req.clone(), macs: macs.clone() }
                 };
-                out.send.push((Peer::Node(primary), msg));
+                out.send.push((self.member(primary), msg));
             }
             return;
         }
         let relayed = p
             .endorsers
             .iter()
-            .filter(|(n, _)| **n != self.id)
+            .filter(|(n, _)| **n != self.signer_name())
             .map(|(&node, macs)| Endorsement { node, macs: macs.clone() })
             .collect();
         let msg = Message::Endorse { request: Request { endorsements: relayed, ..p.req.clone() }, macs: macs.clone() };
@@ -365,7 +366,7 @@ impl<S: Service> Replica<S> {
         if self.cfg.auth != Auth::RqMac {
             return Err(Reject::WrongPeer);
         }
-        self.check_session(Peer::Node(from), request.client)?;
+        self.check_session(self.peer_of(from), request.client)?;
         let statement = request.statement();
         if !self.endorsed_for_me(from, &statement, &macs) {
             return Err(Reject::BadEndorsement { node: from });
@@ -375,7 +376,7 @@ impl<S: Service> Replica<S> {
         }
         let mut valid = BTreeMap::from([(from, macs)]);
         let check = |node, macs: &[Mac]| self.endorsed_for_me(node, &statement, macs);
-        take_valid(&mut request, (self.id, self.cfg.endorsers().len()), &mut valid, check);
+        take_valid(&mut request, (self.signer_name(), self.cfg.endorsers().len()), &mut valid, check);
         self.take_endorsed(from, request, statement, valid, out)
     }
 
@@ -405,22 +406,27 @@ impl<S: Service> Replica<S> {
     /// relaying node is charged for what this node holds on its word (charging an
     /// endorser would let a lying relayer fill a correct endorser's share with its old
     /// endorsements, or a lying endorser block the relay by filling its own).
-    pub(super) fn on_relayed(&mut self, from: NodeId, mut request: Request, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_relayed(
+        &mut self,
+        from: MemberIndex,
+        mut request: Request,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         if !self.cfg.rq_separated() {
             return Err(Reject::WrongPeer);
         }
-        self.check_session(Peer::Node(from), request.client)?;
+        self.check_session(self.member(from), request.client)?;
         if request.seq <= self.exec.last_seq(request.client) {
             return Ok(());
         }
         let statement = request.statement();
         let mut valid = BTreeMap::new();
         let check = |node, macs: &[Mac]| self.endorsed_for_me(node, &statement, macs);
-        take_valid(&mut request, (self.id, self.cfg.endorsers().len()), &mut valid, check);
+        take_valid(&mut request, (self.signer_name(), self.cfg.endorsers().len()), &mut valid, check);
         if valid.is_empty() {
-            return Err(Reject::BadEndorsement { node: from });
+            return Err(Reject::BadEndorsement { node: signer_name(from) });
         }
-        self.take_endorsed(from, request, statement, valid, out)
+        self.take_endorsed(signer_name(from), request, statement, valid, out)
     }
 
     /// Counts endorsements `valid` (each checked for this node) of `request`: toward the
@@ -511,7 +517,7 @@ impl<S: Service> Replica<S> {
         if self.cfg.auth != Auth::RqMac {
             return Err(Reject::WrongPeer);
         }
-        self.check_session(Peer::Node(from), client)?;
+        self.check_session(self.peer_of(from), client)?;
         let statement = request_statement(client, seq, &op);
         if !self.endorsed_for_me(from, &statement, &macs) {
             return Err(Reject::BadEndorsement { node: from });
@@ -587,7 +593,7 @@ impl<S: Service> Replica<S> {
             p.req.seq == seq
                 && p.req.statement() == *statement
                 && (self.cfg.auth != Auth::RqMac
-                    || p.endorsers.contains_key(&self.id)
+                    || p.endorsers.contains_key(&self.signer_name())
                     || self.cfg.rq_separated() && p.endorsers.len() >= self.cfg.quorums.endorse_accept())
         })
     }

@@ -33,7 +33,7 @@
 //! stable checkpoint of the new epoch, which peers offer it as they offer any laggard. A
 //! node the admin adds starts the same way, with the membership from the admin's reply.
 
-use super::{Event, Outputs, Peer, Persist, Replica};
+use super::{Event, Outputs, Persist, Replica};
 use crate::codec::EPOCH_CERTS_MAX;
 use crate::message::{EpochCert, Seq};
 use crate::service::Service;
@@ -135,18 +135,18 @@ impl<S: Service> Replica<S> {
                 }
                 return;
             }
-            super::Input::Message { from: super::Peer::Node(n), msg } => (n, msg),
-            super::Input::Checked { from, msg } => (from, msg),
+            super::Input::Message { from: from @ super::Peer::Node(_), msg } => (from, msg),
+            super::Input::Checked { from, msg } => (super::Peer::Node(from), msg),
             // Its epoch's last checkpoint was taken inline; later ones are moot.
             super::Input::Message { .. } | super::Input::CheckpointReady(_) | super::Input::Drained => return,
         };
-        if from.0 as usize >= self.cfg.n() || from == self.id {
+        let Some(from) = self.index_of(from).filter(|&i| i != self.id) else {
             return;
-        }
+        };
         let _ = match msg {
             Message::Status { view, executed, stable } => self.on_status(from, view, executed, stable, out),
-            Message::FetchManifest { seq } => self.on_fetch_manifest(Peer::Node(from), seq, out),
-            Message::FetchChunk { seq, index } => self.on_fetch_chunk(Peer::Node(from), seq, index, out),
+            Message::FetchManifest { seq } => self.on_fetch_manifest(self.member(from), seq, out),
+            Message::FetchChunk { seq, index } => self.on_fetch_chunk(self.member(from), seq, index, out),
             _ => Ok(()),
         };
     }
@@ -260,9 +260,9 @@ impl<S: Service> Replica<S> {
         }
         let since = next.since;
         // None: the next membership leaves this node out.
-        let index = self.cfg.membership.id_of(self.id).and_then(|id| next.index_of(id))?;
+        next.index_of(self.stable_id)?;
         let cfg = self.cfg.next_epoch(next).expect("memberships from the executor or certificates have valid quorums");
-        let mut r = Replica::new(cfg, index, self.secrets.clone(), self.exec.take_service());
+        let mut r = Replica::new(cfg, self.stable_id, self.secrets.clone(), self.exec.take_service());
         r.now = self.now;
         if self.rejoin.is_some() {
             // Views restart at 0 in the new epoch, and this node may have voted in it

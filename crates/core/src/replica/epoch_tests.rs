@@ -199,7 +199,7 @@ fn a_node_is_added_then_another_removed_and_the_service_carries_on() {
     net.retransmit_behind_admin(3);
     assert_eq!(net.removed, [1].map(NodeId).to_vec());
     assert!(!net.nodes.contains_key(&NodeId(1)));
-    assert_eq!(net.nodes[&NodeId(4)].id(), NodeId(3), "node 4 is index 3 in epoch 2");
+    assert_eq!(net.nodes[&NodeId(4)].index(), MemberIndex(3), "node 4 is index 3 in epoch 2");
     net.puts(13..=20, "in epoch 2");
     net.run(500);
     let states = net.states();

@@ -44,7 +44,7 @@ mod view_change;
 use crate::config::ClusterConfig;
 use crate::crypto::{Digest, MacKey, NodeKeys};
 use crate::exec::{Chunked, Executor};
-use crate::ids::NodeRange;
+use crate::ids::{MemberIndex, NodeRange};
 use crate::message::{
     Cert, ClientId, Message, NewView, NodeId, Proposal, Request, Seq, StableProof, Value, View, ViewChange,
 };
@@ -76,9 +76,9 @@ struct Slot {
     /// The proposal this node accepted in `view`, with its digest.
     value: Option<(Value, Digest)>,
     /// WRITE votes received in `view`: the first per node counts.
-    writes: BTreeMap<NodeId, (Digest, crate::crypto::Sig)>,
+    writes: BTreeMap<MemberIndex, (Digest, crate::crypto::Sig)>,
     /// ACCEPT votes received in `view`.
-    accepts: BTreeMap<NodeId, Digest>,
+    accepts: BTreeMap<MemberIndex, Digest>,
     /// This node sent ACCEPT in `view`.
     accept_sent: bool,
     /// The highest-view prepared certificate: survives view changes.
@@ -88,7 +88,7 @@ struct Slot {
     /// The decided value, once its body is here.
     decided_value: Option<Value>,
     /// Decided claims from lagging-peer help: node → digest, and the bodies by digest.
-    claims: BTreeMap<NodeId, Digest>,
+    claims: BTreeMap<MemberIndex, Digest>,
     claimed_values: BTreeMap<Digest, Value>,
     /// When this node last voted in this slot, for retransmission.
     voted_at: u64,
@@ -204,7 +204,8 @@ pub struct Replica<S> {
     cfg: ClusterConfig,
     /// `cfg.node_keys`, parsed once.
     keys: NodeKeys,
-    id: NodeId,
+    /// This node's index in the epoch's membership: what it votes and signs as.
+    id: MemberIndex,
     secrets: NodeSecrets,
     /// The injected clock at the current step.
     now: u64,
@@ -228,7 +229,7 @@ pub struct Replica<S> {
     /// Highest STOP view heard from each node.
     stops: Vec<View>,
     /// Valid VIEW-CHANGEs for views above `view`, one (the highest) per node.
-    view_changes: BTreeMap<NodeId, ViewChange>,
+    view_changes: BTreeMap<MemberIndex, ViewChange>,
     /// The VIEW-CHANGE this node sent for `vc_target`, resent as is.
     own_view_change: Option<ViewChange>,
     /// Re-proposals of the installed view whose bodies this node is fetching.
@@ -283,7 +284,7 @@ pub struct Replica<S> {
     /// the old state is stale when it comes back.
     state_generation: u64,
     /// Checkpoint votes above `stable.seq`: seq → node → (root, membership, sig).
-    checkpoint_votes: BTreeMap<Seq, BTreeMap<NodeId, (Digest, Digest, crate::crypto::Sig)>>,
+    checkpoint_votes: BTreeMap<Seq, BTreeMap<MemberIndex, (Digest, Digest, crate::crypto::Sig)>>,
 
     pending: BTreeMap<ClientId, Pending>,
     pending_order: u64,
@@ -299,7 +300,7 @@ pub struct Replica<S> {
     /// The previous epoch's keys and quorum, which proved this epoch's base checkpoint.
     prev_keys: Option<(NodeKeys, usize)>,
     /// This node's stable id (its index is `id`; membership.rs).
-    stable_id: u32,
+    stable_id: NodeId,
     /// How the membership came to be `cfg.membership`: one certificate per epoch since
     /// epoch 0 (the newest [`crate::codec::EPOCH_CERTS_MAX`]), offered to laggards.
     epoch_certs: Vec<crate::message::EpochCert>,
@@ -352,6 +353,17 @@ pub struct Replica<S> {
     retransmit_timeout: Timeout,
 }
 
+/// An order node's name where order nodes and the nodes of a stage apart sign side by
+/// side, and where the order core keeps one table for both: endorsements
+/// (`Endorsement::node`, whose MAC rows are by index when the order nodes endorse, by RQ
+/// node when those do), checkpoint signatures (`StableProof::sigs`, by execution nodes
+/// apart when execution is) and the nodes asked for operations (bodies.rs). It is the
+/// member's index as a number, beside the stage nodes' `config::stage_node` names: the
+/// values signed statements and wire formats carry, which must not change.
+pub(crate) fn signer_name(i: MemberIndex) -> NodeId {
+    NodeId(i.0)
+}
+
 impl<S: Service> crate::node::Node for Replica<S> {
     fn step(&mut self, now: u64, input: Input, out: &mut Outputs) {
         Replica::step(self, now, input, out)
@@ -374,11 +386,11 @@ impl<S: Service> crate::node::Node for Replica<S> {
         }
     }
 
-    /// Order nodes count votes by index within the epoch: a member's message is admitted
-    /// only in the epoch both are in, by its index there; stage nodes by their stage
-    /// names whatever their epoch. Across epochs only certificates pass: taken from anyone
-    /// (they prove themselves, epoch.rs), and a STATUS from an earlier epoch is answered
-    /// with the certificates since.
+    /// A member's message is admitted only in the epoch both are in, by its stable id (the
+    /// replica translates it to the member's index in `on_message`); stage nodes by their
+    /// stage names whatever their epoch. Across epochs only certificates pass: taken from
+    /// anyone (they prove themselves, epoch.rs), and a STATUS from an earlier epoch is
+    /// answered with the certificates since.
     fn admit(&self, from: NodeId, epoch: u64, msg: Message, checked: bool) -> crate::node::Admit {
         use crate::node::Admit;
         let cfg = self.config();
@@ -387,14 +399,19 @@ impl<S: Service> crate::node::Node for Replica<S> {
         }
         let mine = self.epoch();
         if epoch == mine {
-            return match cfg.membership.index_of(from.0) {
-                Some(index) if checked => Admit::Step(Input::Checked { from: index, msg }),
-                Some(index) => Admit::Step(Input::Message { from: Peer::Node(index), msg }),
+            return match cfg.membership.index_of(from) {
+                Some(_) if checked => Admit::Step(Input::Checked { from, msg }),
+                Some(_) => Admit::Step(Input::Message { from: Peer::Node(from), msg }),
                 None => Admit::Drop,
             };
         }
         match msg {
-            Message::EpochCerts(_) => Admit::Step(Input::Message { from: Peer::Node(NodeId(0)), msg }),
+            // Stepped as if from the member at index 0, as when the core named peers by
+            // index (its `heard_at` notes it): a certificate's sender need not be a member.
+            Message::EpochCerts(_) => {
+                let first = cfg.membership.id_of(MemberIndex(0)).unwrap_or_default();
+                Admit::Step(Input::Message { from: Peer::Node(first), msg })
+            }
             Message::Status { .. } if epoch < mine => {
                 let certs = self.epoch_certs_after(epoch);
                 if certs.is_empty() {
@@ -409,17 +426,19 @@ impl<S: Service> crate::node::Node for Replica<S> {
 }
 
 impl<S: Service> Replica<S> {
-    /// A fresh node at view 0 with an empty state.
-    pub fn new(cfg: ClusterConfig, id: NodeId, secrets: NodeSecrets, service: S) -> Replica<S> {
-        assert!((id.0 as usize) < cfg.n(), "node id {id} outside a cluster of {}", cfg.n());
-        assert_eq!(
-            cfg.node_keys[id.0 as usize],
-            secrets.signing.public(),
-            "signing key does not match the configuration"
-        );
+    /// A fresh node at view 0 with an empty state: the member with stable id
+    /// `stable_id`.
+    ///
+    /// # Panics
+    /// If `stable_id` is not a member of `cfg.membership`, or `secrets` do not hold its key.
+    pub fn new(cfg: ClusterConfig, stable_id: NodeId, secrets: NodeSecrets, service: S) -> Replica<S> {
+        let Some(id) = cfg.membership.index_of(stable_id) else {
+            panic!("node {stable_id} is not a member of epoch {}", cfg.membership.epoch);
+        };
+        assert!(id.index() < cfg.n(), "node index {id} outside a cluster of {}", cfg.n());
+        assert_eq!(cfg.node_keys[id.index()], secrets.signing.public(), "signing key does not match the configuration");
         let n = cfg.n();
-        let ids: Vec<u32> = cfg.membership.members.iter().map(|m| m.id).collect();
-        assert_eq!(ids.len(), n, "the membership names every node");
+        assert_eq!(cfg.membership.members.len(), n, "the membership names every node");
         let workers = cfg.options.exec_workers;
         let endorse_row = endorse_keys(&secrets.signing, &cfg.membership);
         let hearsay = endorse::Hearsay::new(endorse::hearsay_chargeable(&cfg, NodeRange::first(cfg.n())));
@@ -490,7 +509,7 @@ impl<S: Service> Replica<S> {
             endorse_row,
             rq_row,
             prev_keys,
-            stable_id: ids[id.0 as usize],
+            stable_id,
             epoch_certs: Vec::new(),
             epoch_reported: false,
             at_barrier: false,
@@ -513,8 +532,13 @@ impl<S: Service> Replica<S> {
         }
     }
 
-    pub fn id(&self) -> NodeId {
+    /// This node's index in its epoch's membership.
+    pub fn index(&self) -> MemberIndex {
         self.id
+    }
+    /// This node's stable id.
+    pub fn stable_id(&self) -> NodeId {
+        self.stable_id
     }
     pub fn view(&self) -> View {
         self.view
@@ -537,7 +561,8 @@ impl<S: Service> Replica<S> {
     }
     /// The signature checks a driver may run before the protocol task (`Input::Checked`).
     pub fn verifier(&self) -> Verifier {
-        Verifier::new(self.id, self.keys.clone(), self.epoch_tag, self.cfg.auth, self.client_keys.clone())
+        let members = self.cfg.membership.members.iter().map(|m| NodeId(m.id)).collect();
+        Verifier::new((self.id, members), self.keys.clone(), self.epoch_tag, self.cfg.auth, self.client_keys.clone())
     }
 
     pub fn config(&self) -> &ClusterConfig {
@@ -632,29 +657,31 @@ impl<S: Service> Replica<S> {
         self.invariants();
     }
 
+    /// Dispatches one message. Where it comes in, a member's stable id becomes its index
+    /// in the epoch (`member`), the name every handler of the order protocol counts votes
+    /// by; stage nodes keep their stage names, clients their ids.
     fn on_message(&mut self, from: Peer, msg: Message, checked: bool, out: &mut Outputs) {
-        if let Peer::Node(n) = from {
-            if let Some(heard) = self.heard_at.get_mut(n.0 as usize) {
-                *heard = Some(self.now);
-            }
+        let member = self.index_of(from);
+        if let Some(i) = member {
+            self.heard_at[i.index()] = Some(self.now);
         }
         let Some((msg, checked)) = self.hold_ahead(from, msg, checked) else {
             return;
         };
         let kind = msg.kind();
-        let result = match (from, msg) {
+        let result = match (from, member, msg) {
             // A read answer or a read index vouches for what this node accepted, which a
             // rejoining node has forgotten (rejoin.rs): the client asks others.
-            (_, Message::Read(_) | Message::IndexProbe { .. }) if self.rejoin.is_some() => {
+            (_, _, Message::Read(_) | Message::IndexProbe { .. }) if self.rejoin.is_some() => {
                 Err(Reject::Busy("rejoining after a lost disk"))
             }
-            (Peer::Client(c), Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
-            (Peer::Client(c), Message::Read(read)) => self.on_read(Peer::Client(c), read, out),
-            (Peer::Client(c), Message::PushAck { client, upto }) => self.on_push_ack(Peer::Client(c), client, upto),
-            // Self-certifying, and from a node of another epoch (whose index means
-            // nothing here): taken from any node.
-            (Peer::Node(_), Message::EpochCerts(certs)) => self.on_epoch_certs(certs, out),
-            (Peer::Client(c), Message::EpochQuery { client, epoch }) => {
+            (Peer::Client(c), _, Message::Request(req)) => self.on_request(Peer::Client(c), req, out),
+            (Peer::Client(c), _, Message::Read(read)) => self.on_read(Peer::Client(c), read, out),
+            (Peer::Client(c), _, Message::PushAck { client, upto }) => self.on_push_ack(Peer::Client(c), client, upto),
+            // Self-certifying, and from a node of another epoch (whose id may name no
+            // member here): taken from any node.
+            (Peer::Node(_), _, Message::EpochCerts(certs)) => self.on_epoch_certs(certs, out),
+            (Peer::Client(c), _, Message::EpochQuery { client, epoch }) => {
                 self.check_session(Peer::Client(c), client).map(|()| {
                     let certs = self.epoch_certs_after(epoch);
                     if !certs.is_empty() {
@@ -663,58 +690,51 @@ impl<S: Service> Replica<S> {
                 })
             }
             // The administrator's backup (backup.rs) fetches a checkpoint as a peer would.
-            (Peer::Client(c), Message::FetchManifest { seq })
+            (Peer::Client(c), _, Message::FetchManifest { seq })
                 if crate::message::owner_of(c) == crate::membership::ADMIN_CLIENT =>
             {
                 self.on_fetch_manifest(from, seq, out)
             }
-            (Peer::Client(c), Message::FetchChunk { seq, index })
+            (Peer::Client(c), _, Message::FetchChunk { seq, index })
                 if crate::message::owner_of(c) == crate::membership::ADMIN_CLIENT =>
             {
                 self.on_fetch_chunk(from, seq, index, out)
             }
-            (Peer::Node(n), msg) if self.is_exec_peer(n) => self.on_exec_message(n, msg, out),
-            (Peer::Node(n), msg) if self.is_rq_peer(n) => self.on_rq_message(n, msg, out),
-            (Peer::Node(n), Message::Forward(req)) if self.cfg.rq_separated() && (n.0 as usize) < self.cfg.n() => {
-                self.on_relayed(n, req, out)
+            (Peer::Node(n), _, msg) if self.is_exec_peer(n) => self.on_exec_message(n, msg, out),
+            (Peer::Node(n), _, msg) if self.is_rq_peer(n) => self.on_rq_message(n, msg, out),
+            (Peer::Node(_), Some(i), Message::Forward(req)) if self.cfg.rq_separated() => self.on_relayed(i, req, out),
+            (Peer::Node(n), None, msg) => Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg)),
+            (Peer::Node(n), Some(i), msg) if i == self.id => Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg)),
+            (_, Some(_), Message::Forward(req)) => self.on_request(from, req, out),
+            (_, Some(i), Message::Propose { view, seq, value }) => self.on_propose(i, view, seq, value, checked, out),
+            (_, Some(i), Message::Write(w)) => self.on_write(i, w, checked, out),
+            (_, Some(i), Message::Accept { view, seq, digest }) => self.on_accept(i, view, seq, digest, out),
+            (_, Some(i), Message::Checkpoint(vote)) => self.on_checkpoint(i, vote, checked, out),
+            (_, Some(i), Message::Stop { view }) => self.on_stop(i, view, out),
+            (_, Some(i), Message::ViewChange(vc)) => self.on_view_change(i, vc, out),
+            (_, Some(_), Message::NewView(nv)) => self.on_new_view(nv, out),
+            (_, Some(i), Message::Status { view, executed, stable }) => self.on_status(i, view, executed, stable, out),
+            (_, Some(i), Message::StableCert(proof)) => self.on_stable_cert(i, proof, out),
+            (_, Some(i), Message::Decided { seq, value }) => self.on_decided(i, seq, value, out),
+            (_, Some(_), Message::FetchManifest { seq }) => self.on_fetch_manifest(from, seq, out),
+            (_, Some(i), Message::Manifest { seq, len, chunks }) => self.on_manifest(i, seq, len, chunks, out),
+            (_, Some(_), Message::FetchChunk { seq, index }) => self.on_fetch_chunk(from, seq, index, out),
+            (_, Some(i), Message::Chunk { seq, index, data }) => self.on_chunk(i, seq, index, data, out),
+            (_, Some(i), Message::FetchValue { seq, digest }) => self.on_fetch_value(i, seq, digest, out),
+            (_, Some(_), Message::ValueBody { seq, value }) => self.on_value_body(seq, value, out),
+            (_, Some(_), Message::IndexProbe { round }) => self.on_index_probe(from, round, out),
+            (_, Some(i), Message::IndexAck { round, accepted }) => self.on_index_ack(i, round, accepted, out),
+            (_, Some(i), Message::Endorse { request, macs }) => self.on_endorse(signer_name(i), request, macs, out),
+            (_, Some(i), Message::EndorseDigest { client, seq, op, macs }) => {
+                self.on_endorse_digest(signer_name(i), client, seq, op, macs, out)
             }
-            (Peer::Node(n), msg) if n.0 as usize >= self.cfg.n() || n == self.id => {
-                Err(Reject::UnknownNode(n)).map(|_: ()| drop(msg))
+            (_, Some(i), Message::FetchBodies { seq, wanted }) => self.on_fetch_bodies(i, seq, wanted, out),
+            (_, Some(i), Message::Bodies { seq, ops }) => self.on_bodies(signer_name(i), seq, ops, out),
+            (_, Some(i), Message::Rejoin) => self.on_rejoin(i, out),
+            (_, Some(i), Message::RejoinInfo { committed, executed }) => {
+                self.on_rejoin_info(i, committed, executed, out)
             }
-            (Peer::Node(n), Message::Forward(req)) => self.on_request(Peer::Node(n), req, out),
-            (Peer::Node(n), Message::Propose { view, seq, value }) => {
-                self.on_propose(n, view, seq, value, checked, out)
-            }
-            (Peer::Node(n), Message::Write(w)) => self.on_write(n, w, checked, out),
-            (Peer::Node(n), Message::Accept { view, seq, digest }) => self.on_accept(n, view, seq, digest, out),
-            (Peer::Node(n), Message::Checkpoint(vote)) => self.on_checkpoint(n, vote, checked, out),
-            (Peer::Node(n), Message::Stop { view }) => self.on_stop(n, view, out),
-            (Peer::Node(n), Message::ViewChange(vc)) => self.on_view_change(n, vc, out),
-            (Peer::Node(_), Message::NewView(nv)) => self.on_new_view(nv, out),
-            (Peer::Node(n), Message::Status { view, executed, stable }) => {
-                self.on_status(n, view, executed, stable, out)
-            }
-            (Peer::Node(n), Message::StableCert(proof)) => self.on_stable_cert(n, proof, out),
-            (Peer::Node(n), Message::Decided { seq, value }) => self.on_decided(n, seq, value, out),
-            (Peer::Node(n), Message::FetchManifest { seq }) => self.on_fetch_manifest(Peer::Node(n), seq, out),
-            (Peer::Node(n), Message::Manifest { seq, len, chunks }) => self.on_manifest(n, seq, len, chunks, out),
-            (Peer::Node(n), Message::FetchChunk { seq, index }) => self.on_fetch_chunk(Peer::Node(n), seq, index, out),
-            (Peer::Node(n), Message::Chunk { seq, index, data }) => self.on_chunk(n, seq, index, data, out),
-            (Peer::Node(n), Message::FetchValue { seq, digest }) => self.on_fetch_value(n, seq, digest, out),
-            (Peer::Node(_), Message::ValueBody { seq, value }) => self.on_value_body(seq, value, out),
-            (Peer::Node(n), Message::IndexProbe { round }) => self.on_index_probe(n, round, out),
-            (Peer::Node(n), Message::IndexAck { round, accepted }) => self.on_index_ack(n, round, accepted, out),
-            (Peer::Node(n), Message::Endorse { request, macs }) => self.on_endorse(n, request, macs, out),
-            (Peer::Node(n), Message::EndorseDigest { client, seq, op, macs }) => {
-                self.on_endorse_digest(n, client, seq, op, macs, out)
-            }
-            (Peer::Node(n), Message::FetchBodies { seq, wanted }) => self.on_fetch_bodies(n, seq, wanted, out),
-            (Peer::Node(n), Message::Bodies { seq, ops }) => self.on_bodies(n, seq, ops, out),
-            (Peer::Node(n), Message::Rejoin) => self.on_rejoin(n, out),
-            (Peer::Node(n), Message::RejoinInfo { committed, executed }) => {
-                self.on_rejoin_info(n, committed, executed, out)
-            }
-            (_, _) => Err(Reject::WrongPeer),
+            (_, _, _) => Err(Reject::WrongPeer),
         };
         match result {
             Ok(()) | Err(Reject::Late { .. }) => {}
@@ -767,21 +787,66 @@ impl<S: Service> Replica<S> {
         self.cfg.quorums.byzantine() && self.cfg.quorums.mutation() != Some(crate::quorum::Mutation::SkipWrite)
     }
 
+    /// The member at index `i` of this epoch, as outputs name it.
+    ///
+    /// # Panics
+    /// If `i` is not an index of this epoch (callers take indices from the membership).
+    fn member(&self, i: MemberIndex) -> Peer {
+        Peer::Node(self.member_id(i))
+    }
+
+    /// The stable id of the member at index `i` of this epoch: what outputs name it by.
+    ///
+    /// # Panics
+    /// If `i` is not an index of this epoch (callers take indices from the membership).
+    fn member_id(&self, i: MemberIndex) -> NodeId {
+        match self.cfg.membership.id_of(i) {
+            Some(id) => id,
+            None => panic!("member index {i} outside an epoch of {}", self.cfg.n()),
+        }
+    }
+
+    /// The index in this epoch of the member `from` names (by its stable id); `None` for
+    /// clients, stage nodes (their stage names are no member's id) and nodes that are not
+    /// members of this epoch. The one translation of inbound node ids.
+    fn index_of(&self, from: Peer) -> Option<MemberIndex> {
+        match from {
+            Peer::Node(n) => self.cfg.membership.index_of(n),
+            Peer::Client(_) => None,
+        }
+    }
+
+    /// This node's name where order nodes and stage nodes sign side by side
+    /// ([`signer_name`]).
+    fn signer_name(&self) -> NodeId {
+        signer_name(self.id)
+    }
+
+    /// The peer a signer name ([`signer_name`]) stands for: a stage node by its stage
+    /// name, an order node as [`Replica::member`] names it.
+    fn peer_of(&self, name: NodeId) -> Peer {
+        match crate::config::stage_id(name) {
+            Some(_) => Peer::Node(name),
+            None => self.member(MemberIndex(name.0)),
+        }
+    }
+
+    /// The other members of this epoch, in index order.
+    fn others(&self) -> impl Iterator<Item = MemberIndex> + '_ {
+        MemberIndex::all(self.cfg.n()).filter(move |&i| i != self.id)
+    }
+
     /// Sends to every other node, now.
     fn broadcast(&self, msg: Message, out: &mut Outputs) {
-        for n in NodeRange::first(self.cfg.n()) {
-            if n != self.id {
-                out.send.push((Peer::Node(n), msg.clone()));
-            }
+        for i in self.others() {
+            out.send.push((self.member(i), msg.clone()));
         }
     }
 
     /// Sends to every other node once everything persisted so far is durable.
     fn broadcast_durable(&self, msg: Message, out: &mut Outputs) {
-        for n in NodeRange::first(self.cfg.n()) {
-            if n != self.id {
-                out.send_after_persist.push((Peer::Node(n), msg.clone()));
-            }
+        for i in self.others() {
+            out.send_after_persist.push((self.member(i), msg.clone()));
         }
     }
 
@@ -840,7 +905,7 @@ impl<S: Service> Replica<S> {
         // Entries are by stable id, not by index: a client that missed a membership
         // change still authenticates to every node it has a key for.
         let key = client_mac_key(&self.secrets.mac_secret, client);
-        if auth.get(self.stable_id as usize).is_some_and(|mac| key.verify(statement, mac)) {
+        if auth.get(self.stable_id.index()).is_some_and(|mac| key.verify(statement, mac)) {
             Ok(())
         } else {
             Err(Reject::BadMac { client })
@@ -863,7 +928,7 @@ impl<S: Service> Replica<S> {
 
     /// Whether this node sends `client`'s result for `seq` in full when it is large.
     fn designated(&self, client: ClientId, seq: u64) -> bool {
-        NodeId((client.0.wrapping_add(seq) % self.cfg.n() as u64) as u32) == self.id
+        MemberIndex((client.0.wrapping_add(seq) % self.cfg.n() as u64) as u32) == self.id
     }
 
     /// The records that describe this node's durable state, for log compaction.

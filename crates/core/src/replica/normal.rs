@@ -5,11 +5,10 @@
 use super::{Event, ExecutedRequest, Outputs, Peer, Pending, Reject, Replica};
 use crate::config::Auth;
 use crate::crypto::Digest;
-use crate::ids::NodeRange;
+use crate::ids::MemberIndex;
 use crate::membership::ADMIN_CLIENT;
 use crate::message::{
-    owner_of, write_statement, Cert, ClientId, Message, NodeId, Proposal, Proposed, Reply, Request, Seq, Value, View,
-    Write,
+    owner_of, write_statement, Cert, ClientId, Message, Proposal, Proposed, Reply, Request, Seq, Value, View, Write,
 };
 use crate::service::Service;
 use crate::wal::Record;
@@ -215,7 +214,7 @@ impl<S: Service> Replica<S> {
     /// (`auth = sig`, [`super::Verifier`]).
     pub(super) fn on_propose(
         &mut self,
-        from: NodeId,
+        from: MemberIndex,
         view: View,
         seq: Seq,
         value: Proposal,
@@ -257,7 +256,7 @@ impl<S: Service> Replica<S> {
     /// proposals leave at once while its NEW-VIEW waits for the disk, so they can arrive
     /// first. Kept (for that one view, within the window, at most `log_max`) and stepped
     /// once the view is installed, instead of waiting for a retransmission.
-    fn keep_early_proposal(&mut self, from: NodeId, view: View, seq: Seq, value: &Proposal) -> bool {
+    fn keep_early_proposal(&mut self, from: MemberIndex, view: View, seq: Seq, value: &Proposal) -> bool {
         let next = self.vc_target.unwrap_or(self.view + 1);
         if view != next || from != self.cfg.primary(view) || self.in_window(seq).is_err() {
             return false;
@@ -278,7 +277,7 @@ impl<S: Service> Replica<S> {
         for (seq, (v, value)) in early {
             if v == view {
                 if let Err(reason) = self.on_propose(primary, v, seq, value, false, out) {
-                    out.events.push(Event::Rejected { from: Peer::Node(primary), kind: "propose", reason });
+                    out.events.push(Event::Rejected { from: self.member(primary), kind: "propose", reason });
                 }
             }
         }
@@ -405,7 +404,13 @@ impl<S: Service> Replica<S> {
 
     /// `checked`: the driver's verify stage already found the signature valid
     /// ([`super::Verifier`]).
-    pub(super) fn on_write(&mut self, from: NodeId, w: Write, checked: bool, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_write(
+        &mut self,
+        from: MemberIndex,
+        w: Write,
+        checked: bool,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         if !self.byzantine_mode() {
             return Err(Reject::WrongPeer);
         }
@@ -419,7 +424,7 @@ impl<S: Service> Replica<S> {
             return Ok(());
         }
         if !checked && !super::verify::write_signed(&self.keys, &self.epoch_tag, from, &w) {
-            return Err(Reject::BadSignature { signer: from });
+            return Err(Reject::BadSignature { signer: super::signer_name(from) });
         }
         let slot = self.log.entry(w.seq).or_default();
         slot.enter_view(w.view);
@@ -441,7 +446,7 @@ impl<S: Service> Replica<S> {
         if slot.accept_sent {
             return;
         }
-        let writes: Vec<(NodeId, crate::crypto::Sig)> =
+        let writes: Vec<(MemberIndex, crate::crypto::Sig)> =
             slot.writes.iter().filter(|(_, (d, _))| d == digest).map(|(n, (_, s))| (*n, *s)).collect();
         if writes.len() < q {
             return;
@@ -466,7 +471,7 @@ impl<S: Service> Replica<S> {
 
     pub(super) fn on_accept(
         &mut self,
-        from: NodeId,
+        from: MemberIndex,
         view: View,
         seq: Seq,
         digest: Digest,
@@ -659,6 +664,7 @@ impl<S: Service> Replica<S> {
         }
         let timeout = self.cfg.options.request_timeout_ms;
         let primary = self.cfg.primary(self.view);
+        let to_primary = self.member(primary);
         let mut suspect = false;
         let mut due = Vec::new();
         for p in self.pending.values() {
@@ -679,7 +685,7 @@ impl<S: Service> Replica<S> {
                 // check the client's MAC can endorse too (endorse.rs).
                 Auth::RqMac => self.send_endorsement(client, true, out),
                 Auth::Mac | Auth::Sig | Auth::None if primary != self.id => {
-                    out.send.push((Peer::Node(primary), Message::Forward(p.req.clone())))
+                    out.send.push((to_primary, Message::Forward(p.req.clone())))
                 }
                 Auth::Mac | Auth::Sig | Auth::None => {}
             }
@@ -720,10 +726,10 @@ impl<S: Service> Replica<S> {
             // WRITE are no news to it). While one node is down every slot stays short of
             // n accepts, and resending whole proposals and votes to everyone cost the
             // live nodes a large share of their throughput.
-            let needs = |n: NodeId| self.peer_executed[n.0 as usize] < seq && !silent[n.0 as usize];
-            let prepared = |n: NodeId| slot.accepts.get(&n) == Some(digest);
-            let peers = NodeRange::first(self.cfg.n()).filter(|&n| n != self.id && needs(n));
-            let (behind, prepared): (Vec<NodeId>, Vec<NodeId>) = peers.partition(|&n| !prepared(n));
+            let needs = |n: MemberIndex| self.peer_executed[n.index()] < seq && !silent[n.index()];
+            let prepared = |n: MemberIndex| slot.accepts.get(&n) == Some(digest);
+            let peers = MemberIndex::all(self.cfg.n()).filter(|&n| n != self.id && needs(n));
+            let (behind, prepared): (Vec<MemberIndex>, Vec<MemberIndex>) = peers.partition(|&n| !prepared(n));
             if !behind.is_empty() {
                 if primary {
                     msgs.push((behind.clone(), Message::Propose { view, seq, value: proposal_form(&self.cfg, value) }));
@@ -738,7 +744,7 @@ impl<S: Service> Replica<S> {
         }
         for (peers, m) in msgs {
             // Gated like the first sending: votes leave only once their records are durable.
-            out.send_after_persist.extend(peers.into_iter().map(|n| (Peer::Node(n), m.clone())));
+            out.send_after_persist.extend(peers.into_iter().map(|n| (self.member(n), m.clone())));
         }
     }
 }

@@ -31,7 +31,7 @@
 //! with execution nodes.
 
 use super::{Outputs, Peer, Reject, Replica};
-use crate::ids::NodeRange;
+use crate::ids::MemberIndex;
 use crate::message::{ClientId, Message, NodeId, Read, ReadConsistency, Reply, ReplyBody, Seq};
 use crate::quorum::Mutation;
 use crate::read_wait::Until;
@@ -87,26 +87,26 @@ impl<S: Service> Replica<S> {
 
     /// This node's own answer to its probe rounds.
     fn own_index(&self) -> (NodeId, Seq) {
-        (self.id, self.accepted_high())
+        (self.member_id(self.id), self.accepted_high())
     }
 
     /// A peer asks how far this node voted to accept. Answered at once: what it reports
     /// was made durable before this node sent the ACCEPTs it counts (or is a decision or
     /// checkpoint it holds), and reporting too high costs only a wait.
-    pub(super) fn on_index_probe(&mut self, from: NodeId, round: u64, out: &mut Outputs) -> Result<(), Reject> {
-        out.send.push((Peer::Node(from), Message::IndexAck { round, accepted: self.accepted_high() }));
+    pub(super) fn on_index_probe(&mut self, from: Peer, round: u64, out: &mut Outputs) -> Result<(), Reject> {
+        out.send.push((from, Message::IndexAck { round, accepted: self.accepted_high() }));
         Ok(())
     }
 
     pub(super) fn on_index_ack(
         &mut self,
-        from: NodeId,
+        from: MemberIndex,
         round: u64,
         accepted: Seq,
         out: &mut Outputs,
     ) -> Result<(), Reject> {
         // An answer to a round that completed or was dropped changes nothing.
-        self.reads.ack(from, round, accepted);
+        self.reads.ack(self.member_id(from), round, accepted);
         self.finish_index_round(out);
         Ok(())
     }
@@ -130,8 +130,11 @@ impl<S: Service> Replica<S> {
         let Some((round, answered)) = self.reads.round_to_resend(self.now, self.cfg.options.retransmit_ms) else {
             return;
         };
-        for node in NodeRange::first(self.cfg.n()).filter(|node| !answered.contains(node)) {
-            out.send.push((Peer::Node(node), Message::IndexProbe { round }));
+        for i in MemberIndex::all(self.cfg.n()) {
+            let node = self.member_id(i);
+            if !answered.contains(&node) {
+                out.send.push((Peer::Node(node), Message::IndexProbe { round }));
+            }
         }
     }
 

@@ -52,6 +52,7 @@ impl<S: Service> Replica<S> {
         out: &mut Outputs,
     ) -> Result<Replica<S>, RestoreError> {
         let mut r = Replica::new(cfg, id, secrets, service);
+        let index = r.id;
         r.now = now;
         let Durable { mut snapshots, records } = durable;
         snapshots.sort_by_key(|(seq, _)| *seq);
@@ -90,7 +91,7 @@ impl<S: Service> Replica<S> {
         }
         if let Some(t) = r.vc_target {
             r.stop_sent = t;
-            r.stops[id.0 as usize] = t;
+            r.stops[index.index()] = t;
             r.view_change_timeout.restart(now);
         }
         // Pass 2: per-instance state above the stable checkpoint.
@@ -110,7 +111,7 @@ impl<S: Service> Replica<S> {
                         slot.enter_view(view);
                         slot.accept_sent |= !byzantine;
                         slot.value = Some((value, d));
-                        if r.cfg.primary(view) == id {
+                        if r.cfg.primary(view) == index {
                             r.next_propose = r.next_propose.max(seq + 1);
                         }
                     } else if v < view {
@@ -172,10 +173,15 @@ impl<S: Service> Replica<S> {
         for (&seq, c) in r.own_checkpoints.iter().filter(|(s, _)| **s > stable_seq) {
             let Some(m) = crate::exec::snapshot_membership(c) else { continue };
             let membership = m.digest();
-            let sig = r.secrets.signing.sign(&crate::message::checkpoint_statement(seq, &c.root, &membership, id));
-            r.checkpoint_votes.entry(seq).or_default().insert(id, (c.root, membership, sig));
+            let sig = r.secrets.signing.sign(&crate::message::checkpoint_statement(
+                seq,
+                &c.root,
+                &membership,
+                r.signer_name(),
+            ));
+            r.checkpoint_votes.entry(seq).or_default().insert(index, (c.root, membership, sig));
         }
-        if r.vc_target.is_none() && r.cfg.primary(r.view) == id && r.cfg.n() > 1 {
+        if r.vc_target.is_none() && r.cfg.primary(r.view) == index && r.cfg.n() > 1 {
             // Our PROPOSEs left before their records were durable: we cannot know what we
             // proposed in this view, so we never propose in it again and ask to leave it
             // (the others follow a STOP from the primary itself at once).

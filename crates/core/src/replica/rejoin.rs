@@ -26,7 +26,8 @@
 //! cannot make them lower than a correct node's. The state of rejoining is durable
 //! (`Record::Rejoining`), so a crash while rejoining does not end it.
 
-use super::{Event, Outputs, Peer, Reject, Replica};
+use super::{Event, Outputs, Reject, Replica};
+use crate::ids::MemberIndex;
 use crate::message::{Message, NodeId, Seq, View};
 use crate::service::Service;
 use crate::wal::Record;
@@ -36,7 +37,7 @@ use std::collections::BTreeMap;
 #[derive(Clone, Debug, Default)]
 pub(super) struct Rejoin {
     /// Answers so far: (view committed to, instances executed), one per other node.
-    reports: BTreeMap<NodeId, (View, Seq)>,
+    reports: BTreeMap<MemberIndex, (View, Seq)>,
     /// Once Q others answered: the highest view and executed instance they reported.
     pub(super) bounds: Option<(View, Seq)>,
 }
@@ -94,19 +95,19 @@ impl<S: Service> Replica<S> {
 
     /// A peer lost its disk: tell it the highest view this node committed to and how far
     /// it executed. A node rejoining itself knows neither and stays silent.
-    pub(super) fn on_rejoin(&mut self, from: NodeId, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_rejoin(&mut self, from: MemberIndex, out: &mut Outputs) -> Result<(), Reject> {
         if self.rejoin.is_some() {
             return Ok(());
         }
         let committed = self.vc_target.unwrap_or(self.view).max(self.view);
         let executed = self.exec.executed();
-        out.send.push((Peer::Node(from), Message::RejoinInfo { committed, executed }));
+        out.send.push((self.member(from), Message::RejoinInfo { committed, executed }));
         Ok(())
     }
 
     pub(super) fn on_rejoin_info(
         &mut self,
-        from: NodeId,
+        from: MemberIndex,
         committed: View,
         executed: Seq,
         out: &mut Outputs,

@@ -298,7 +298,7 @@ fn a_retransmitted_checkpoint_vote_waits_for_its_snapshot_to_be_durable() {
     let (root, membership) = (Digest([1; 32]), cfg.membership.digest());
     let sig =
         tests::secrets(0).signing.sign(&crate::message::checkpoint_statement(Seq(8), &root, &membership, NodeId(0)));
-    n.checkpoint_votes.entry(Seq(8)).or_default().insert(NodeId(0), (root, membership, sig));
+    n.checkpoint_votes.entry(Seq(8)).or_default().insert(MemberIndex(0), (root, membership, sig));
     let mut out = Outputs::default();
     n.retransmit_checkpoint_votes(&mut out);
     let votes = |q: &Vec<(Peer, Message)>| q.iter().filter(|(_, m)| matches!(m, Message::Checkpoint(_))).count();

@@ -156,7 +156,7 @@ impl<S: Service> Replica<S> {
             }
             Message::StableCert(proof) => self.on_exec_stable_cert(proof, out),
             // An execution node's read index (exec_node.rs `on_read`).
-            Message::IndexProbe { round } => self.on_index_probe(from, round, out),
+            Message::IndexProbe { round } => self.on_index_probe(Peer::Node(from), round, out),
             _ => Err(Reject::WrongPeer),
         }
     }

@@ -141,7 +141,7 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     assert_eq!(writes.len(), 3);
     let Message::Write(w) = &writes[0].1 else { unreachable!() };
     assert_eq!((w.view, w.seq, w.digest), (View(0), Seq(1), value.digest()));
-    assert!(cfg.node_keys[0].verify(&write_statement(&tag(), View(0), Seq(1), &value.digest(), NodeId(0)), &w.sig));
+    assert!(cfg.node_keys[0].verify(&write_statement(&tag(), View(0), Seq(1), &value.digest(), MemberIndex(0)), &w.sig));
 }
 
 #[test]
@@ -153,7 +153,7 @@ fn backup_rejects_bad_proposals_and_votes_once() {
     let propose = |v: &Value| Message::Propose { view: View(0), seq: Seq(1), value: v.clone().into() };
 
     let out = step(&mut b, 10, Peer::Node(NodeId(2)), propose(&value));
-    assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: NodeId(2), view: View(0) }]);
+    assert_eq!(rejected(&out), vec![Reject::NotPrimary { from: MemberIndex(2), view: View(0) }]);
 
     let mut forged = req.clone();
     forged.op = b"other".to_vec().into();
@@ -239,7 +239,7 @@ fn writes_with_bad_signatures_do_not_count() {
     let cfg = config(1, 1);
     let mut b = node(&cfg, 1);
     let d = Value::null().digest();
-    let sig = secrets(3).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, NodeId(3)));
+    let sig = secrets(3).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, MemberIndex(3)));
     // Node 2 presents node 3's signature: bound to the signer, so rejected.
     let out =
         step(&mut b, 0, Peer::Node(NodeId(2)), Message::Write(Write { view: View(0), seq: Seq(1), digest: d, sig }));
@@ -260,7 +260,7 @@ fn writes_a_node_no_longer_needs_are_not_checked() {
     let value = Value { time: 10, requests: vec![request(&cfg, 7, b"op")] };
     let d = value.digest();
     let write = |from: u32, digest: Digest| {
-        let sig = secrets(from).signing.sign(&write_statement(&tag(), View(0), Seq(1), &digest, NodeId(from)));
+        let sig = secrets(from).signing.sign(&write_statement(&tag(), View(0), Seq(1), &digest, MemberIndex(from)));
         Message::Write(Write { view: View(0), seq: Seq(1), digest, sig })
     };
     let bad = |digest: Digest| Message::Write(Write { view: View(0), seq: Seq(1), digest, sig: Sig([0; 64]) });
@@ -328,7 +328,7 @@ fn a_linearizable_read_waits_until_what_the_node_accepted_has_executed() {
     let d = value.digest();
     step(&mut b, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
     for n in [0, 2] {
-        let sig = secrets(n).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, NodeId(n)));
+        let sig = secrets(n).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, MemberIndex(n)));
         step(&mut b, 10, Peer::Node(NodeId(n)), Message::Write(Write { view: View(0), seq: Seq(1), digest: d, sig }));
     }
     // Prepared (it sent ACCEPT for instance 1), not decided: a linearizable read waits...
@@ -650,14 +650,14 @@ fn a_recovered_node_keeps_its_vote() {
 fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
     let value = |time| Value { time, requests: vec![] };
     let cert = |view, seq, time| {
-        Cert { view: View(view), seq, value: value(time), writes: vec![(NodeId(2), Sig([0; 64]))] }.proof()
+        Cert { view: View(view), seq, value: value(time), writes: vec![(MemberIndex(2), Sig([0; 64]))] }.proof()
     };
     let stable = StableProof::genesis();
     let vc = |from, certs| ViewChange { view: View(5), from, stable: stable.clone(), certs, sig: Sig([0; 64]) };
     let d = view_change::decide_new_view(&[
-        vc(NodeId(0), vec![cert(1, Seq(1), 100), cert(1, Seq(3), 300)]),
-        vc(NodeId(1), vec![cert(2, Seq(1), 111)]),
-        vc(NodeId(2), vec![]),
+        vc(MemberIndex(0), vec![cert(1, Seq(1), 100), cert(1, Seq(3), 300)]),
+        vc(MemberIndex(1), vec![cert(2, Seq(1), 111)]),
+        vc(MemberIndex(2), vec![]),
     ]);
     assert_eq!(d.values.len(), 3);
     assert_eq!(d.values[&Seq(1)].digest, value(111).digest(), "highest view wins");
@@ -665,8 +665,8 @@ fn new_view_keeps_the_highest_certificate_and_fills_gaps_with_null() {
     assert!(d.values[&Seq(2)].holders.is_empty(), "null needs no body");
     assert_eq!(d.values[&Seq(3)].digest, value(300).digest());
     // Holders: the node that named the certificate, then its writers.
-    assert_eq!(d.values[&Seq(1)].holders, [1, 2].map(NodeId).to_vec());
-    assert_eq!(d.values[&Seq(3)].holders, [0, 2].map(NodeId).to_vec());
+    assert_eq!(d.values[&Seq(1)].holders, [1, 2].map(MemberIndex).to_vec());
+    assert_eq!(d.values[&Seq(3)].holders, [0, 2].map(MemberIndex).to_vec());
 }
 
 #[test]
@@ -678,11 +678,11 @@ fn forged_view_change_certificates_are_rejected() {
         view: View(0),
         seq: Seq(1),
         digest: Value::null().digest(),
-        writes: NodeRange::first(3).map(|n| (n, Sig([1; 64]))).collect(),
+        writes: MemberIndex::all(3).map(|n| (n, Sig([1; 64]))).collect(),
     };
     let mut vc = ViewChange {
         view: View(1),
-        from: NodeId(2),
+        from: MemberIndex(2),
         stable: StableProof::genesis(),
         certs: vec![forged],
         sig: Sig([0; 64]),
@@ -873,7 +873,7 @@ fn the_verify_stage_vouches_only_for_valid_signatures_of_their_sender() {
             view: View(0),
             seq,
             digest: d,
-            sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), seq, &d, NodeId(signer))),
+            sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), seq, &d, MemberIndex(signer))),
         })
     };
     assert!(v.check(NodeId(3), &write(3, Seq(1))));
@@ -914,7 +914,7 @@ fn a_checked_input_is_handled_like_the_same_message_verified_inline() {
                 view: View(0),
                 seq: Seq(1),
                 digest: d,
-                sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, NodeId(signer))),
+                sig: secrets(signer).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, MemberIndex(signer))),
             });
             let input = if checked {
                 Input::Checked { from: NodeId(signer), msg }
@@ -968,7 +968,7 @@ fn a_decision_learned_before_its_proposal_executes_when_the_proposal_arrives() {
 /// each naming `value` as prepared for instance 1 in view 0 with valid WRITE signatures.
 fn new_view_naming(value: &Value) -> NewView {
     let d = value.digest();
-    let writes: Vec<(NodeId, Sig)> = NodeRange::first(3)
+    let writes: Vec<(MemberIndex, Sig)> = MemberIndex::all(3)
         .map(|n| (n, secrets(n.0).signing.sign(&write_statement(&tag(), View(0), Seq(1), &d, n))))
         .collect();
     let cert = CertProof { view: View(0), seq: Seq(1), digest: d, writes };
@@ -977,7 +977,7 @@ fn new_view_naming(value: &Value) -> NewView {
         .map(|from| {
             let mut vc = ViewChange {
                 view: View(1),
-                from: NodeId(from),
+                from: MemberIndex(from),
                 stable: stable.clone(),
                 certs: vec![cert.clone()],
                 sig: Sig([0; 64]),
@@ -1085,7 +1085,7 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
         let certs: Vec<CertProof> = certs
             .iter()
             .map(|&(seq, digest)| {
-                let writes = NodeRange::first(3)
+                let writes = MemberIndex::all(3)
                     .map(|n| (n, secrets(n.0).signing.sign(&write_statement(&tag(), View(0), seq, &digest, n))))
                     .collect();
                 CertProof { view: View(0), seq, digest, writes }
@@ -1095,7 +1095,7 @@ fn a_null_re_proposal_does_not_push_a_real_body_out_of_the_earlier_views() {
             .map(|from| {
                 let mut vc = ViewChange {
                     view: View(view),
-                    from: NodeId(from),
+                    from: MemberIndex(from),
                     stable: stable.clone(),
                     certs: certs.clone(),
                     sig: Sig([0; 64]),

@@ -11,17 +11,19 @@
 
 use crate::config::Auth;
 use crate::crypto::{ClientKeys, Digest, NodeKeys};
+use crate::ids::MemberIndex;
 use crate::message::{
     checkpoint_statement, owner_of, write_statement, CheckpointVote, Message, NodeId, Proposed, Request, Write,
 };
 
 /// Node `from`'s signature on its WRITE vote. The one check, for the stage and the
 /// protocol task alike.
-pub(super) fn write_signed(keys: &NodeKeys, epoch: &Digest, from: NodeId, w: &Write) -> bool {
+pub(super) fn write_signed(keys: &NodeKeys, epoch: &Digest, from: MemberIndex, w: &Write) -> bool {
     keys.verify(from.0, &write_statement(epoch, w.view, w.seq, &w.digest, from), &w.sig)
 }
 
-/// Node `from`'s signature on its checkpoint vote.
+/// Node `from`'s signature on its checkpoint vote (`from`: its signer name,
+/// [`super::signer_name`]).
 pub(super) fn checkpoint_signed(keys: &NodeKeys, from: NodeId, v: &CheckpointVote) -> bool {
     keys.verify(from.0, &checkpoint_statement(v.seq, &v.root, &v.membership, from), &v.sig)
 }
@@ -42,7 +44,10 @@ pub(super) fn requests_signed<'a>(keys: &ClientKeys, requests: impl IntoIterator
 #[derive(Clone, Debug)]
 pub struct Verifier {
     /// The node this verifier works for: its own messages never arrive from the network.
-    id: NodeId,
+    id: MemberIndex,
+    /// The stable ids of the epoch's members, by index: the one translation the stage
+    /// makes, as the replica's `on_message` does.
+    members: Vec<NodeId>,
     keys: NodeKeys,
     /// The digest of the membership the node runs (statements name it).
     epoch: Digest,
@@ -51,19 +56,29 @@ pub struct Verifier {
 }
 
 impl Verifier {
-    pub(super) fn new(id: NodeId, keys: NodeKeys, epoch: Digest, auth: Auth, client_keys: ClientKeys) -> Verifier {
-        Verifier { id, keys, epoch, auth, client_keys }
+    pub(super) fn new(
+        (id, members): (MemberIndex, Vec<NodeId>),
+        keys: NodeKeys,
+        epoch: Digest,
+        auth: Auth,
+        client_keys: ClientKeys,
+    ) -> Verifier {
+        Verifier { id, members, keys, epoch, auth, client_keys }
     }
 
-    /// Whether `msg` from node `from` carries a valid signature of a kind the protocol
-    /// task may then skip checking. False means "not vouched for", not "invalid".
+    /// Whether `msg` from the member with stable id `from` carries a valid signature of a
+    /// kind the protocol task may then skip checking. False means "not vouched for", not
+    /// "invalid" (a node that is no member of the epoch is not vouched for).
     pub fn check(&self, from: NodeId, msg: &Message) -> bool {
+        let Some(from) = self.members.iter().position(|m| *m == from).map(|i| MemberIndex(i as u32)) else {
+            return false;
+        };
         if from == self.id {
             return false;
         }
         match msg {
             Message::Write(w) => write_signed(&self.keys, &self.epoch, from, w),
-            Message::Checkpoint(v) => checkpoint_signed(&self.keys, from, v),
+            Message::Checkpoint(v) => checkpoint_signed(&self.keys, super::signer_name(from), v),
             Message::Propose { value, .. } if self.auth == Auth::Sig => {
                 let full: Option<Vec<&Request>> = value.requests.iter().map(Proposed::full).collect();
                 full.is_some_and(|requests| !requests.is_empty() && requests_signed(&self.client_keys, requests))

@@ -26,8 +26,8 @@
 use super::{Event, Outputs, Peer, Reject, Replica};
 use crate::crypto::Digest;
 use crate::crypto::Sig;
-use crate::ids::NodeRange;
-use crate::message::{write_statement, CertProof, Message, NewView, NodeId, Seq, StableProof, Value, View, ViewChange};
+use crate::ids::MemberIndex;
+use crate::message::{write_statement, CertProof, Message, NewView, Seq, StableProof, Value, View, ViewChange};
 use crate::quorum::Mutation;
 use crate::service::Service;
 use crate::wal::Record;
@@ -48,14 +48,14 @@ pub(crate) struct Choice {
     pub digest: Digest,
     /// Nodes expected to hold the body: the senders of view changes naming this
     /// certificate, then its writers. Empty for the null value, which needs no body.
-    pub holders: Vec<NodeId>,
+    pub holders: Vec<MemberIndex>,
 }
 
 /// A re-proposal this node cannot vote for yet: it lacks the body.
 #[derive(Debug, Clone)]
 pub(super) struct Awaited {
     digest: Digest,
-    holders: Vec<NodeId>,
+    holders: Vec<MemberIndex>,
     /// FETCH-VALUEs sent so far; each retransmission asks the next holder.
     asked: usize,
 }
@@ -72,7 +72,7 @@ impl<S: Service> Replica<S> {
         self.maybe_start_view_change(out);
     }
 
-    pub(super) fn on_stop(&mut self, from: NodeId, view: View, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_stop(&mut self, from: MemberIndex, view: View, out: &mut Outputs) -> Result<(), Reject> {
         if view <= self.view {
             return Err(Reject::StaleView { current: self.view, got: view });
         }
@@ -134,7 +134,7 @@ impl<S: Service> Replica<S> {
             self.view_changes.insert(self.id, vc);
             self.maybe_new_view(out);
         } else {
-            out.send_after_persist.push((Peer::Node(primary), Message::ViewChange(vc)));
+            out.send_after_persist.push((self.member(primary), Message::ViewChange(vc)));
         }
     }
 
@@ -179,12 +179,17 @@ impl<S: Service> Replica<S> {
             let primary = self.cfg.primary(t);
             if primary != self.id {
                 let vc = self.own_view_change(t);
-                out.send.push((Peer::Node(primary), Message::ViewChange(vc)));
+                out.send.push((self.member(primary), Message::ViewChange(vc)));
             }
         }
     }
 
-    pub(super) fn on_view_change(&mut self, from: NodeId, vc: ViewChange, out: &mut Outputs) -> Result<(), Reject> {
+    pub(super) fn on_view_change(
+        &mut self,
+        from: MemberIndex,
+        vc: ViewChange,
+        out: &mut Outputs,
+    ) -> Result<(), Reject> {
         if vc.from != from {
             return Err(Reject::WrongPeer);
         }
@@ -240,7 +245,7 @@ impl<S: Service> Replica<S> {
     pub(crate) fn check_new_view(&self, nv: &NewView) -> Result<Decision, Reject> {
         let primary = self.cfg.primary(nv.view);
         if !self.keys.verify(primary.0, &nv.statement(&self.epoch_tag), &nv.sig) {
-            return Err(Reject::BadSignature { signer: primary });
+            return Err(Reject::BadSignature { signer: super::signer_name(primary) });
         }
         let mut senders = BTreeSet::new();
         for vc in &nv.view_changes {
@@ -257,14 +262,14 @@ impl<S: Service> Replica<S> {
 
     /// Signature, stable-checkpoint proof and every prepared certificate of a VIEW-CHANGE.
     fn validate_view_change(&self, vc: &ViewChange, view: View) -> Result<(), Reject> {
-        if vc.from.0 as usize >= self.cfg.n() {
-            return Err(Reject::UnknownNode(vc.from));
+        if vc.from.index() >= self.cfg.n() {
+            return Err(Reject::UnknownNode(super::signer_name(vc.from)));
         }
         if vc.view != view {
             return Err(Reject::StaleView { current: view, got: vc.view });
         }
         if !self.keys.verify(vc.from.0, &vc.statement(&self.epoch_tag), &vc.sig) {
-            return Err(Reject::BadSignature { signer: vc.from });
+            return Err(Reject::BadSignature { signer: super::signer_name(vc.from) });
         }
         self.validate_stable_proof(&vc.stable)?;
         let high = vc.stable.seq + self.cfg.options.log_max();
@@ -286,11 +291,11 @@ impl<S: Service> Replica<S> {
             let mut writers = BTreeSet::new();
             for (node, sig) in &cert.writes {
                 if node.index() >= self.cfg.n() {
-                    return Err(Reject::UnknownNode(*node));
+                    return Err(Reject::UnknownNode(super::signer_name(*node)));
                 }
                 let statement = write_statement(&self.epoch_tag, cert.view, cert.seq, &cert.digest, *node);
                 if !self.keys.verify(node.0, &statement, sig) {
-                    return Err(Reject::BadSignature { signer: *node });
+                    return Err(Reject::BadSignature { signer: super::signer_name(*node) });
                 }
                 writers.insert(*node);
             }
@@ -421,14 +426,22 @@ impl<S: Service> Replica<S> {
             self.accept_proposal(seq, value, out);
         }
         let (me, n) = (self.id, self.cfg.n());
+        let mut asks = Vec::new();
         for (&seq, a) in self.awaiting.iter_mut() {
-            let others = NodeRange::first(n).filter(|&x| x != me).filter(|x| !a.holders.contains(x));
-            let order: Vec<NodeId> = a.holders.iter().copied().chain(others).collect();
+            let others = MemberIndex::all(n).filter(|&x| x != me).filter(|x| !a.holders.contains(x));
+            let order: Vec<MemberIndex> = a.holders.iter().copied().chain(others).collect();
             // Nodes start at different holders, so one holder does not answer everyone.
-            let start = (me.0 as usize).wrapping_add(seq.0 as usize);
+            let start = me.index().wrapping_add(seq.0 as usize);
             if let Some(&peer) = order.get(start.wrapping_add(a.asked) % order.len().max(1)) {
                 a.asked += 1;
-                out.send.push((Peer::Node(peer), Message::FetchValue { seq, digest: a.digest }));
+                asks.push((peer, Message::FetchValue { seq, digest: a.digest }));
+            }
+        }
+        for (peer, msg) in asks {
+            // A holder is a certificate's signer: peer input, a member's index only
+            // where the certificate was checked (BFT mode, no test mutation).
+            if let Some(id) = self.cfg.membership.id_of(peer) {
+                out.send.push((Peer::Node(id), msg));
             }
         }
     }
@@ -438,7 +451,7 @@ impl<S: Service> Replica<S> {
     /// per retransmission period (what a node fetching honestly asks for at most).
     pub(super) fn on_fetch_value(
         &mut self,
-        from: NodeId,
+        from: MemberIndex,
         seq: Seq,
         digest: Digest,
         out: &mut Outputs,
@@ -457,7 +470,7 @@ impl<S: Service> Replica<S> {
             return Err(Reject::Busy("value fetched again within a retransmission period"));
         }
         self.value_answers[from.0 as usize].insert(seq, self.now);
-        out.send.push((Peer::Node(from), Message::ValueBody { seq, value: value.clone() }));
+        out.send.push((self.member(from), Message::ValueBody { seq, value: value.clone() }));
         Ok(())
     }
 
@@ -485,7 +498,7 @@ pub(crate) fn decide_new_view(vcs: &[ViewChange]) -> Decision {
     let stable = vcs.iter().map(|vc| &vc.stable).max_by_key(|s| s.seq).cloned().unwrap_or_else(StableProof::genesis);
     let mut best: BTreeMap<Seq, &CertProof> = BTreeMap::new();
     // Who named which digest for an instance: those nodes hold its body.
-    let mut named: BTreeMap<(Seq, Digest), Vec<NodeId>> = BTreeMap::new();
+    let mut named: BTreeMap<(Seq, Digest), Vec<MemberIndex>> = BTreeMap::new();
     for vc in vcs {
         for cert in vc.certs.iter().filter(|c| c.seq > stable.seq) {
             named.entry((cert.seq, cert.digest)).or_default().push(vc.from);

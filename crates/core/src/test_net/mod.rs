@@ -177,12 +177,9 @@ impl<S: Service + Default, N: Node> TestNet<S, N> {
             if self.instrumented {
                 self.measure(id, epoch, &msg);
             }
+            // Every core names nodes by stable id, a stage node apart by its stage name.
             let to = match to {
-                Peer::Node(name) => match self.stable_id(id, name) {
-                    Some(to) => Peer::Node(to),
-                    // A name no node has (an index past the membership): lost.
-                    None => continue,
-                },
+                Peer::Node(name) => Peer::Node(stage_id(name).map_or(name, NodeId)),
                 client => client,
             };
             self.queue.push_back(Envelope { from: Peer::Node(id), epoch, to, msg });
@@ -204,19 +201,6 @@ impl<S: Service + Default, N: Node> TestNet<S, N> {
             assert!(barrier, "an epoch ends behind a durability barrier");
             self.next_epoch(id);
         }
-    }
-
-    /// The stable id of the node that node `from` names `name` (as the simulator's
-    /// `to_stable`): a stage name is a stage node's; a stage node names order nodes by
-    /// stable id; an order node names them by index in its epoch.
-    fn stable_id(&self, from: NodeId, name: NodeId) -> Option<NodeId> {
-        if let Some(id) = stage_id(name) {
-            return Some(NodeId(id));
-        }
-        if self.stage.contains_key(&from) {
-            return Some(name);
-        }
-        self.nodes.get(&from)?.config().membership.id_of(name).map(NodeId)
     }
 
     fn measure(&mut self, id: NodeId, epoch: u64, msg: &Message) {
@@ -374,15 +358,12 @@ impl<S: Service + Default, N: Node> TestNet<S, N> {
     /// Crashes order node `n` (its memory and the messages on their way to it are lost)
     /// and restarts it from [`TestNet::durable`] with `secrets` and an empty `service`.
     pub(crate) fn restart_with(&mut self, n: NodeId, secrets: NodeSecrets, service: S, now: u64) {
-        let (cfg, index) = {
-            let node = &self.nodes[&n];
-            (node.config().clone(), node.id())
-        };
+        let cfg = self.nodes[&n].config().clone();
         self.queue.retain(|e| e.to != Peer::Node(n));
         let durable = self.durable(n);
         let mut out = Outputs::default();
         let node =
-            Replica::recover(cfg, index, secrets, service, durable, now, &mut out).expect("recovers from its own disk");
+            Replica::recover(cfg, n, secrets, service, durable, now, &mut out).expect("recovers from its own disk");
         self.nodes.insert(n, node);
         self.absorb(n, out);
     }
