@@ -12,6 +12,7 @@
 
 use crate::byzantine::{Behaviours, Byzantine, ExecByzantine, LieCounts, RqByzantine};
 use crate::disk::SimDisk;
+use crate::mutation::DriverMutation;
 use crate::workload::{HistoryEntry, NodeStart, Workload};
 use keel_core::client::{Client, Pushed};
 use keel_core::codec;
@@ -74,6 +75,9 @@ pub struct SimOptions {
     pub steps: u64,
     pub clients: usize,
     pub mutation: Option<Mutation>,
+    /// A deliberate bug in the simulator's driver side (mutation.rs); read through
+    /// [`SimOptions::driver_mutation`], which ignores it without the `mutations` feature.
+    pub driver_mutation: Option<DriverMutation>,
     /// Simulated ms after healing within which every outstanding operation must finish.
     pub liveness_ms: u64,
     pub options: Options,
@@ -105,6 +109,7 @@ impl SimOptions {
             steps: 20_000,
             clients: 4,
             mutation: None,
+            driver_mutation: None,
             liveness_ms: 60_000,
             options: Options::test_min(),
             byzantine: None,
@@ -114,6 +119,12 @@ impl SimOptions {
             separated: false,
             rq_separated: false,
         }
+    }
+
+    /// The driver-side bug switched on, if any: always None in a build without the
+    /// `mutations` feature (as [`Quorums::mutation`] for the core's).
+    pub fn driver_mutation(&self) -> Option<DriverMutation> {
+        self.driver_mutation.filter(|_| cfg!(feature = "mutations"))
     }
 
     /// These options with agreed-time ticks every `tick_ms` if they have none: what a
@@ -1363,11 +1374,18 @@ impl<W: Workload> World<W> {
     ///
     /// An epoch's end is two barriers (replica/epoch.rs): the old epoch's records
     /// durable, then the new epoch's log durable before the new node's first step.
+    ///
+    /// Under [`DriverMutation::SkipBarrierSync`] nothing is synced here: the node is
+    /// stepped and its gated messages and facts released as if it were, while its
+    /// writes stay pending until a later step's sync covers them.
     fn pass_barrier(&mut self, n: NodeId) {
+        let sync = self.opts.driver_mutation() != Some(DriverMutation::SkipBarrierSync);
         loop {
             let now = self.node_now(n);
             let node = &mut self.nodes[n.index()];
-            node.disk.sync(node.disk.last_op());
+            if sync {
+                node.disk.sync(node.disk.last_op());
+            }
             let Some(Core::Order(replica)) = node.core.as_mut() else { return };
             let mut out = Outputs::default();
             if let Err(panic) = catch_step(|| replica.step(now, Input::Drained, &mut out)) {
@@ -1388,7 +1406,9 @@ impl<W: Workload> World<W> {
                 node.disk.write_lazy(r);
             }
             // Synced now, for the barrier: what waited for that goes too.
-            node.disk.sync(node.disk.last_op());
+            if sync {
+                node.disk.sync(node.disk.last_op());
+            }
             for job in checkpoints {
                 self.schedule(self.now, Ev::CheckpointDone { node: n, epoch: self.nodes[n.index()].epoch, job });
             }
