@@ -413,6 +413,12 @@ struct SimNode<S> {
     wiped: bool,
     /// Crashed for good: never restarted, not even to heal (it counts against u).
     gone: bool,
+    /// The highest membership epoch this order node (while correct) sent a message in
+    /// since its disk was last wiped. Its log must name that epoch or a later one when
+    /// it restarts (`restart` checks): its first step in an epoch comes after the
+    /// barrier that makes the epoch's log durable (replica/epoch.rs). A node back in
+    /// the old epoch would start the new one afresh and could propose twice in view 0.
+    epoch_sent_max: u64,
     /// Bumped at every crash so syncs issued before it are void.
     epoch: u64,
     secrets: NodeSecrets,
@@ -481,6 +487,7 @@ impl<S: Service> SimNode<S> {
             disk: SimDisk::default(),
             wiped: false,
             gone: false,
+            epoch_sent_max: 0,
             epoch: 0,
             secrets,
             skew: 0,
@@ -1479,6 +1486,10 @@ impl<W: Workload> World<W> {
             return;
         }
         if self.is_correct(n) {
+            let node = &mut self.nodes[n.index()];
+            if node.stage == Stage::Order {
+                node.epoch_sent_max = node.epoch_sent_max.max(epoch);
+            }
             for (_, m) in &msgs {
                 if let Message::Propose { value, .. } = m {
                     let by_digest = value.requests.iter().filter(|p| p.full().is_none()).count();
@@ -2089,6 +2100,14 @@ impl<W: Workload> World<W> {
             return;
         };
         let epoch = cfg.epoch();
+        let said = node.epoch_sent_max;
+        if !wiped && epoch < said && self.is_correct(n) {
+            self.violation(
+                "recovery",
+                format!("node {n} recovers in epoch {epoch}, but it sent messages in epoch {said} before its crash"),
+            );
+        }
+        let node = &mut self.nodes[n.index()];
         let cfg = node_options(cfg, n);
         let started = if wiped {
             Replica::rejoin(cfg, index, node.secrets.clone(), service, now, &mut out)
@@ -2319,6 +2338,7 @@ impl<W: Workload> World<W> {
                         self.crash(victim);
                         self.nodes[victim.0 as usize].disk = SimDisk::default();
                         self.nodes[victim.0 as usize].wiped = true;
+                        self.nodes[victim.0 as usize].epoch_sent_max = 0;
                         self.report.faults.wipes += 1;
                         self.trace_line(format!("{} n{victim} disk wiped", self.now));
                         let back = self.now + self.rng.gen_range(50..1500);
