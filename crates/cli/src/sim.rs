@@ -6,7 +6,7 @@ mod attacks;
 use clap::Args;
 use keel_core::config::{Auth, Options};
 use keel_core::quorum::{Mutation, Quorums};
-use keel_sim::{Behaviours, FaultCounts, FaultSet, SeedReport, SimOptions};
+use keel_sim::{Behaviours, DriverMutation, FaultCounts, FaultSet, SeedReport, SimOptions};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -49,7 +49,8 @@ pub struct SimArgs {
     /// one-exec-hash | one-reply | no-epoch-end-checkpoint | rq-stays-in-epoch | propose-before-view-durable |
     /// wiped-node-votes | exec-checkpoint-on-r-plus-one | epochless-statements | unverified-epoch-replies |
     /// restore-without-time (with --tick-ms) |
-    /// blind-endorser-routing (a throughput bug: --report attacks catches it).
+    /// blind-endorser-routing (a throughput bug: --report attacks catches it) |
+    /// skip-barrier-sync (the simulator's driver: no sync at a durability barrier).
     #[arg(long)]
     mutate: Option<String>,
     /// Request authentication: rq-mac | mac | sig | none (default: rq-mac when r > 0,
@@ -175,16 +176,21 @@ pub fn run(mut args: SimArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mutation = match args.mutate.as_deref().map(|m| (m, Mutation::from_name(m))) {
-        None => None,
-        Some((_, Some(m))) => Some(m),
-        Some((name, None)) => {
-            let known: Vec<_> = Mutation::ALL.iter().map(|m| m.name()).collect();
-            eprintln!("error: unknown mutation {name:?}; known: {}", known.join(", "));
-            return ExitCode::from(2);
-        }
+    // A core mutation (keel-core's quorum.rs) or a driver one (keel-sim's mutation.rs).
+    let (mutation, driver_mutation) = match args.mutate.as_deref() {
+        None => (None, None),
+        Some(name) => match (Mutation::from_name(name), DriverMutation::from_name(name)) {
+            (Some(m), _) => (Some(m), None),
+            (None, Some(d)) => (None, Some(d)),
+            (None, None) => {
+                let core = Mutation::ALL.iter().map(|m| m.name());
+                let known: Vec<_> = core.chain(DriverMutation::ALL.iter().map(|m| m.name())).collect();
+                eprintln!("error: unknown mutation {name:?}; known: {}", known.join(", "));
+                return ExitCode::from(2);
+            }
+        },
     };
-    if mutation.is_some() && !cfg!(feature = "mutations") {
+    if args.mutate.is_some() && !cfg!(feature = "mutations") {
         // A production build has no mutations (keel-core's `mutations` feature).
         eprintln!(
             "error: --mutate: this keel was built without the checker mutations; build it with \
@@ -212,6 +218,7 @@ pub fn run(mut args: SimArgs) -> ExitCode {
         steps,
         clients,
         mutation,
+        driver_mutation,
         auth,
         reconfig: args.reconfig,
         separated,
@@ -380,11 +387,11 @@ pub fn run(mut args: SimArgs) -> ExitCode {
     let mut properties: Vec<&str> = failed.iter().flat_map(|r| r.violations.iter().map(|v| v.property)).collect();
     properties.sort_unstable();
     properties.dedup();
-    if let Some(m) = mutation {
+    if let Some(m) = args.mutate.as_deref() {
         if failed.is_empty() {
-            println!("mutation {} was NOT caught", m.name());
+            println!("mutation {m} was NOT caught");
         } else {
-            println!("mutation {} caught: violated {}", m.name(), properties.join(", "));
+            println!("mutation {m} caught: violated {}", properties.join(", "));
         }
     }
     let h = trace.finalize();

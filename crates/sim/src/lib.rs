@@ -8,10 +8,12 @@
 pub mod byzantine;
 pub mod disk;
 pub mod linearizability;
+pub mod mutation;
 pub mod workload;
 pub mod world;
 
 pub use byzantine::Behaviours;
+pub use mutation::DriverMutation;
 pub use workload::{HistoryEntry, NodeStart, Workload};
 pub use world::{FaultCounts, FaultSet, SeedReport, SimOptions, Violation};
 

@@ -12,6 +12,7 @@
 
 use crate::byzantine::{Behaviours, Byzantine, ExecByzantine, LieCounts, RqByzantine};
 use crate::disk::SimDisk;
+use crate::mutation::DriverMutation;
 use crate::workload::{HistoryEntry, NodeStart, Workload};
 use keel_core::client::{Client, Pushed};
 use keel_core::codec;
@@ -74,6 +75,9 @@ pub struct SimOptions {
     pub steps: u64,
     pub clients: usize,
     pub mutation: Option<Mutation>,
+    /// A deliberate bug in the simulator's driver side (mutation.rs); read through
+    /// [`SimOptions::driver_mutation`], which ignores it without the `mutations` feature.
+    pub driver_mutation: Option<DriverMutation>,
     /// Simulated ms after healing within which every outstanding operation must finish.
     pub liveness_ms: u64,
     pub options: Options,
@@ -105,6 +109,7 @@ impl SimOptions {
             steps: 20_000,
             clients: 4,
             mutation: None,
+            driver_mutation: None,
             liveness_ms: 60_000,
             options: Options::test_min(),
             byzantine: None,
@@ -114,6 +119,12 @@ impl SimOptions {
             separated: false,
             rq_separated: false,
         }
+    }
+
+    /// The driver-side bug switched on, if any: always None in a build without the
+    /// `mutations` feature (as [`Quorums::mutation`] for the core's).
+    pub fn driver_mutation(&self) -> Option<DriverMutation> {
+        self.driver_mutation.filter(|_| cfg!(feature = "mutations"))
     }
 
     /// These options with agreed-time ticks every `tick_ms` if they have none: what a
@@ -402,6 +413,12 @@ struct SimNode<S> {
     wiped: bool,
     /// Crashed for good: never restarted, not even to heal (it counts against u).
     gone: bool,
+    /// The highest membership epoch this order node (while correct) sent a message in
+    /// since its disk was last wiped. Its log must name that epoch or a later one when
+    /// it restarts (`restart` checks): its first step in an epoch comes after the
+    /// barrier that makes the epoch's log durable (replica/epoch.rs). A node back in
+    /// the old epoch would start the new one afresh and could propose twice in view 0.
+    epoch_sent_max: u64,
     /// Bumped at every crash so syncs issued before it are void.
     epoch: u64,
     secrets: NodeSecrets,
@@ -470,6 +487,7 @@ impl<S: Service> SimNode<S> {
             disk: SimDisk::default(),
             wiped: false,
             gone: false,
+            epoch_sent_max: 0,
             epoch: 0,
             secrets,
             skew: 0,
@@ -1363,11 +1381,18 @@ impl<W: Workload> World<W> {
     ///
     /// An epoch's end is two barriers (replica/epoch.rs): the old epoch's records
     /// durable, then the new epoch's log durable before the new node's first step.
+    ///
+    /// Under [`DriverMutation::SkipBarrierSync`] nothing is synced here: the node is
+    /// stepped and its gated messages and facts released as if it were, while its
+    /// writes stay pending until a later step's sync covers them.
     fn pass_barrier(&mut self, n: NodeId) {
+        let sync = self.opts.driver_mutation() != Some(DriverMutation::SkipBarrierSync);
         loop {
             let now = self.node_now(n);
             let node = &mut self.nodes[n.index()];
-            node.disk.sync(node.disk.last_op());
+            if sync {
+                node.disk.sync(node.disk.last_op());
+            }
             let Some(Core::Order(replica)) = node.core.as_mut() else { return };
             let mut out = Outputs::default();
             if let Err(panic) = catch_step(|| replica.step(now, Input::Drained, &mut out)) {
@@ -1388,7 +1413,9 @@ impl<W: Workload> World<W> {
                 node.disk.write_lazy(r);
             }
             // Synced now, for the barrier: what waited for that goes too.
-            node.disk.sync(node.disk.last_op());
+            if sync {
+                node.disk.sync(node.disk.last_op());
+            }
             for job in checkpoints {
                 self.schedule(self.now, Ev::CheckpointDone { node: n, epoch: self.nodes[n.index()].epoch, job });
             }
@@ -1480,6 +1507,10 @@ impl<W: Workload> World<W> {
             return;
         }
         if self.is_correct(n) {
+            let node = &mut self.nodes[n.index()];
+            if node.stage == Stage::Order {
+                node.epoch_sent_max = node.epoch_sent_max.max(epoch);
+            }
             for (_, m) in &msgs {
                 if let Message::Propose { value, .. } = m {
                     let by_digest = value.requests.iter().filter(|p| p.full().is_none()).count();
@@ -2075,6 +2106,14 @@ impl<W: Workload> World<W> {
             return;
         }
         let epoch = cfg.epoch();
+        let said = node.epoch_sent_max;
+        if !wiped && epoch < said && self.is_correct(n) {
+            self.violation(
+                "recovery",
+                format!("node {n} recovers in epoch {epoch}, but it sent messages in epoch {said} before its crash"),
+            );
+        }
+        let node = &mut self.nodes[n.index()];
         let cfg = node_options(cfg, n);
         let started = if wiped {
             Replica::rejoin(cfg, n, node.secrets.clone(), service, now, &mut out)
@@ -2307,6 +2346,7 @@ impl<W: Workload> World<W> {
                         self.crash(victim);
                         self.nodes[victim.0 as usize].disk = SimDisk::default();
                         self.nodes[victim.0 as usize].wiped = true;
+                        self.nodes[victim.0 as usize].epoch_sent_max = 0;
                         self.report.faults.wipes += 1;
                         self.trace_line(format!("{} n{victim} disk wiped", self.now));
                         let back = self.now + self.rng.gen_range(50..1500);
