@@ -99,10 +99,18 @@ pub enum Mutation {
     /// over instead of taking the snapshot's: its next instance runs an agreed-time tick
     /// the other nodes do not run (`Options::tick_ms`).
     RestoreWithoutTime,
+    /// BFT: a node that restarted votes again in the view it recovered into, ignoring
+    /// the vote horizon on its disk: where its Accepted record was lost (it is not waited
+    /// for), it can sign WRITEs for two values of one (view, seq).
+    VoteAfterRestart,
+    /// BFT: a node that abstains where it may have voted before a restart never asks for
+    /// a view change on its own: with another node down, instances it abstains on can
+    /// stay undecided for good (the liveness failure of session 28's first vote horizon).
+    AbstainSilently,
 }
 
 impl Mutation {
-    pub const ALL: [Mutation; 23] = [
+    pub const ALL: [Mutation; 25] = [
         Mutation::QuorumMinusOne,
         Mutation::SkipWrite,
         Mutation::UnverifiedViewChangeProof,
@@ -126,6 +134,8 @@ impl Mutation {
         Mutation::BlindEndorserRouting,
         Mutation::ExecCheckpointOnRPlusOne,
         Mutation::RestoreWithoutTime,
+        Mutation::VoteAfterRestart,
+        Mutation::AbstainSilently,
     ];
 
     pub fn name(self) -> &'static str {
@@ -153,6 +163,8 @@ impl Mutation {
             Mutation::BlindEndorserRouting => "blind-endorser-routing",
             Mutation::ExecCheckpointOnRPlusOne => "exec-checkpoint-on-r-plus-one",
             Mutation::RestoreWithoutTime => "restore-without-time",
+            Mutation::VoteAfterRestart => "vote-after-restart",
+            Mutation::AbstainSilently => "abstain-silently",
         }
     }
 

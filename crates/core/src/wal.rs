@@ -1,9 +1,9 @@
 //! Write-ahead log records and their on-disk framing.
 //!
 //! A node persists a record BEFORE it sends the message the record justifies: the
-//! accepted proposal before its WRITE (or CFT ACCEPT), the prepared certificate before its
-//! ACCEPT, its view-change commitment before the VIEW-CHANGE, and a decision before any
-//! reply. So a node that crashes and recovers never contradicts what it said (UpRight §4.2:
+//! accepted proposal before its CFT ACCEPT (in BFT, a vote horizon covering the instance
+//! before its WRITE), the prepared certificate before its ACCEPT, its view-change
+//! commitment before the VIEW-CHANGE, and a decision before any reply. So a node that crashes and recovers never contradicts what it said (UpRight §4.2:
 //! safe even if every node crashes at once).
 //!
 //! Framing of one record: `len: u32 LE | crc32c(segment LE ++ payload): u32 LE | payload
@@ -53,6 +53,12 @@ pub enum Record {
     /// sent in: `ClusterConfig` validation keeps Q view changes of `log_max` certificates
     /// within `FRAME_MAX` (= [`RECORD_BYTES_MAX`]).
     NewView(NewView),
+    /// BFT: the node may have sent WRITEs in `view` for instances up to `seq`, and for no
+    /// instance above it (replica/normal.rs, "vote horizon"). Written, and durable, before
+    /// the first WRITE it covers, so that the Accepted record behind each WRITE need not
+    /// be: a node that recovers abstains in `view` up to `seq`, where it may have voted
+    /// for a proposal it no longer remembers.
+    VoteHorizon { view: View, seq: Seq },
 }
 
 impl Record {
@@ -68,7 +74,8 @@ impl Record {
             | Record::ExecStable(_)
             | Record::Rejoining { .. }
             | Record::Rejoined
-            | Record::NewView(_) => None,
+            | Record::NewView(_)
+            | Record::VoteHorizon { .. } => None,
         }
     }
 }
@@ -78,7 +85,7 @@ impl Record {
 /// change to them: a node refuses a data directory of another version instead of
 /// misreading it (session 3 changed request digests without one, and recovered nodes
 /// silently dropped decisions whose digests no longer matched).
-pub const STORAGE_FORMAT: u32 = 9;
+pub const STORAGE_FORMAT: u32 = 10;
 
 const HEADER: usize = 8;
 /// A record larger than this is corruption, not data (it would not fit a frame either).

@@ -258,6 +258,18 @@ pub struct Replica<S> {
     view_record_durable: bool,
     /// Set while this node rejoins after losing its disk: it casts no vote (rejoin.rs).
     rejoin: Option<rejoin::Rejoin>,
+    /// BFT: the (view, instance) up to which this node's WRITEs are covered by a
+    /// `VoteHorizon` record (normal.rs, `cover_vote`), so their Accepted records need not
+    /// be durable before they leave.
+    vote_horizon: Option<(View, Seq)>,
+    /// After a restart, the horizon found on disk: in that view, up to that instance, the
+    /// node may have sent WRITEs for proposals it no longer remembers, so it casts no
+    /// vote there.
+    abstain: Option<(View, Seq)>,
+    /// When this node first abstained on an instance that is not executed yet, and the
+    /// highest instance it abstained on: if they stay undecided, it asks for a view change
+    /// (`on_abstention_timeout`).
+    abstained: Option<(u64, Seq)>,
     /// Set while the driver steps a burst of queued inputs (`hold_proposals`): the
     /// primary proposes once at its end, so the burst's requests share one batch.
     proposals_held: bool,
@@ -490,6 +502,9 @@ impl<S: Service> Replica<S> {
             proposals_closed: None,
             view_record_durable: true,
             rejoin: None,
+            vote_horizon: None,
+            abstain: None,
+            abstained: None,
             proposals_held: false,
             early_proposals: BTreeMap::new(),
             parked: BTreeMap::new(),
@@ -748,6 +763,7 @@ impl<S: Service> Replica<S> {
             self.request_chunks(out);
         }
         self.on_request_timeouts(out);
+        self.on_abstention_timeout(out);
         self.watch_leadership(out);
         self.expire_reads();
         self.on_view_change_timeout(out);
@@ -946,6 +962,9 @@ impl<S: Service> Replica<S> {
             records.push(Record::NewView(nv.clone()));
         }
         records.push(Record::View { view: self.view, floor: self.floor });
+        if let Some((view, seq)) = self.vote_horizon {
+            records.push(Record::VoteHorizon { view, seq });
+        }
         if let Some(t) = self.vc_target {
             records.push(Record::ViewChangeSent { view: t });
         }

@@ -369,6 +369,7 @@ impl<S: Service> Replica<S> {
         let view = self.view;
         let digest = value.digest();
         let byzantine = self.byzantine_mode();
+        let abstains = byzantine && self.abstains(view, seq);
         let slot = self.log.entry(seq).or_default();
         slot.enter_view(view);
         if self.rejoin.is_some() {
@@ -376,6 +377,15 @@ impl<S: Service> Replica<S> {
             // before, so it does not vote, not even in its own count: a decision needs
             // Q others. The body stays, for a decision or a later NEW-VIEW naming it.
             slot.keep_earlier(view, value, digest);
+            return;
+        }
+        if abstains {
+            // Before a restart this node may have sent a WRITE here for a proposal whose
+            // Accepted record it lost: voting again could sign two values for one (view,
+            // seq). Like a rejoining node, it keeps the body and counts on Q others.
+            slot.keep_earlier(view, value, digest);
+            let abstained = self.abstained.get_or_insert((self.now, seq));
+            abstained.1 = abstained.1.max(seq);
             return;
         }
         assert!(slot.value.is_none(), "one vote per (view, seq)");
@@ -388,7 +398,17 @@ impl<S: Service> Replica<S> {
                 }
             }
         }
-        self.persist(Record::Accepted { view, seq, value: value.clone() }, out);
+        let accepted = Record::Accepted { view, seq, value: value.clone() };
+        if byzantine {
+            // The WRITE commits this node, not the Accepted record: the record goes to disk
+            // with the next flush, and the WRITE waits only for a durable vote horizon
+            // (one record per `window` instances), which takes an fsync off the critical
+            // path of every instance.
+            out.persist_lazy.push(accepted);
+            self.cover_vote(view, seq, out);
+        } else {
+            self.persist(accepted, out);
+        }
         if byzantine {
             let sig = self.secrets.signing.sign(&write_statement(&self.epoch_tag, view, seq, &digest, self.id));
             let slot = self.log.entry(seq).or_default();
@@ -400,6 +420,62 @@ impl<S: Service> Replica<S> {
             let cert = Cert { view, seq, value, writes: Vec::new() };
             self.send_accept(seq, cert, out);
         }
+    }
+
+    /// Whether a WRITE for `seq` in `view` may repeat one sent before a restart (see
+    /// `abstain`).
+    fn abstains(&self, view: View, seq: Seq) -> bool {
+        if self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::VoteAfterRestart) {
+            return false;
+        }
+        self.abstain.is_some_and(|(v, s)| v == view && seq <= s)
+    }
+
+    /// A node that abstains where it may have voted before a restart (`abstains`) is
+    /// missing from every quorum of those instances in that view. If another node is down
+    /// too, they cannot decide there, and nobody else need notice: a node that decided
+    /// has nothing pending, and a node behind a peer waits to catch up, but decisions are
+    /// adopted only from r + 1 matching claims (session 28's simulator run: two restarted
+    /// nodes abstaining, the primary gone, one node decided; stuck). So the abstaining
+    /// node asks for the next view itself once an instance it abstained on has stayed
+    /// unexecuted for as long as a request waits before its primary is suspected; there
+    /// it may vote again. Its STOP alone moves nobody (r + 1 are needed for the others to
+    /// join), so a faulty node claiming a restart gains nothing by it.
+    pub(super) fn on_abstention_timeout(&mut self, out: &mut Outputs) {
+        let Some((since, high)) = self.abstained else {
+            return;
+        };
+        if self.cfg.quorums.mutation() == Some(crate::quorum::Mutation::AbstainSilently) {
+            return;
+        }
+        let abstaining = self.abstain.is_some_and(|(v, _)| v == self.view);
+        if !abstaining || self.exec.executed() >= high {
+            self.abstained = None;
+            return;
+        }
+        if self.vc_target.is_none() && self.now >= since + 2 * self.cfg.options.request_timeout_ms {
+            self.suspect(self.view.next(), out);
+        }
+    }
+
+    /// BFT: makes sure a `VoteHorizon` record covers a WRITE for `seq` in `view` before it
+    /// leaves. The horizon runs `window` instances ahead, so one record (joining the next
+    /// flush, which the WRITE waits for through `send_after_persist`) covers that many
+    /// WRITEs; between records a WRITE waits for no record of its own.
+    ///
+    /// Why this is safe: a node signs at most one WRITE per (view, seq) while it runs (the
+    /// slot's value). Across a restart it could sign a second one only for a (view, seq)
+    /// whose Accepted record was lost, and every WRITE that left was covered by a durable
+    /// horizon: the recovered node abstains up to that horizon in that view (`abstains`).
+    /// In later views it never voted before the restart (a vote in a view follows that
+    /// view's durable `View` record, and the view recovered into is the highest one).
+    fn cover_vote(&mut self, view: View, seq: Seq, out: &mut Outputs) {
+        if self.vote_horizon.is_some_and(|(v, s)| v == view && seq <= s) {
+            return;
+        }
+        let horizon = (view, seq + self.cfg.options.window);
+        self.vote_horizon = Some(horizon);
+        self.persist(Record::VoteHorizon { view: horizon.0, seq: horizon.1 }, out);
     }
 
     /// `checked`: the driver's verify stage already found the signature valid

@@ -79,6 +79,9 @@ impl<S: Service> Replica<S> {
                 Record::Epoch(certs) => r.epoch_certs = certs.clone(),
                 Record::Rejoining { bounds } => r.rejoin = Some(super::rejoin::Rejoin::with_bounds(*bounds)),
                 Record::Rejoined => r.rejoin = None,
+                Record::VoteHorizon { view, seq } if r.vote_horizon.is_none_or(|h| (*view, *seq) > h) => {
+                    r.vote_horizon = Some((*view, *seq));
+                }
                 _ => {}
             }
         }
@@ -86,6 +89,9 @@ impl<S: Service> Replica<S> {
         // before its View record, so it is here whenever that record is; from our own
         // disk, so not checked again.
         r.new_view = proof.filter(|nv| nv.view == r.view).cloned();
+        // WRITEs may have left for instances up to the horizon without their Accepted
+        // records (normal.rs, `cover_vote`): in that view, no vote up to it.
+        r.abstain = r.vote_horizon;
         if r.vc_target.is_some_and(|t| t <= r.view) {
             r.vc_target = None;
         }

@@ -305,3 +305,133 @@ fn a_retransmitted_checkpoint_vote_waits_for_its_snapshot_to_be_durable() {
     assert_eq!(votes(&out.send), 0, "a vote left before its snapshot was durable");
     assert_eq!(votes(&out.send_after_persist), 3);
 }
+
+/// A BFT node sends its WRITE without waiting for the Accepted record behind it (the
+/// record joins the next flush); only a vote horizon, written once per `window`
+/// instances, must be durable first. Here node 1's Accepted record for instance 2 is lost
+/// in a crash after its WRITE left, and an equivocating primary (two copies of node 0)
+/// proposes another value for instance 2 in the same view: the recovered node must not
+/// sign a WRITE for it, or two certificates of one view could name different values and
+/// a view change could pick the one that was not decided.
+#[test]
+fn a_restarted_node_does_not_vote_twice_where_its_accepted_record_was_lost() {
+    lost_accepted_record_scenario(config(1, 1));
+}
+
+/// The abstaining node of the scenario above is missing from every quorum of instance 2
+/// in view 0: once the instance has stayed undecided for as long as a request waits
+/// before its primary is suspected, the node asks for view 1, where it may vote again
+/// (normal.rs, `on_abstention_timeout`). Without that, two restarted nodes and a node
+/// down could leave instances undecided for good (session 28's simulator run).
+#[test]
+fn a_node_that_abstains_on_an_undecided_instance_asks_for_the_next_view() {
+    let cfg = config(1, 1);
+    let (mut n1, at) = lost_accepted_record_scenario(cfg.clone());
+    let stops = |out: &Outputs| out.send.iter().filter(|(_, m)| *m == Message::Stop { view: View(1) }).count();
+    let wait = 2 * cfg.options.request_timeout_ms;
+    assert_eq!(stops(&tests::step_tick(&mut n1, at + wait - 1)), 0, "too early");
+    assert_eq!(stops(&tests::step_tick(&mut n1, at + wait)), 3, "a STOP to each other node");
+}
+
+#[cfg(feature = "mutations")]
+#[test]
+#[should_panic(expected = "a STOP to each other node")]
+fn an_abstaining_node_that_never_asks_for_a_view_change_is_caught() {
+    let mut cfg = config(1, 1);
+    cfg.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::AbstainSilently));
+    let (mut n1, at) = lost_accepted_record_scenario(cfg.clone());
+    let stops = tests::step_tick(&mut n1, at + 2 * cfg.options.request_timeout_ms)
+        .send
+        .iter()
+        .filter(|(_, m)| *m == Message::Stop { view: View(1) })
+        .count();
+    assert_eq!(stops, 3, "a STOP to each other node");
+}
+
+#[cfg(feature = "mutations")]
+#[test]
+#[should_panic(expected = "signed a second WRITE for instance 2")]
+fn a_restarted_node_that_ignores_its_vote_horizon_votes_twice() {
+    let mut cfg = config(1, 1);
+    cfg.quorums = cfg.quorums.with_mutation(Some(crate::quorum::Mutation::VoteAfterRestart));
+    lost_accepted_record_scenario(cfg);
+}
+
+/// Returns the recovered node 1, abstaining on instance 2 since the time returned.
+fn lost_accepted_record_scenario(cfg: ClusterConfig) -> (Replica<Log>, u64) {
+    // The equivocating primary: two copies of node 0 that agree on instance 1 and
+    // propose X and Y for instance 2.
+    let proposals = |op: &[u8]| {
+        let mut p = node(&cfg, 0);
+        let first = tests::step(&mut p, 10, Peer::Client(ClientId(7)), Message::Request(request(&cfg, 7, b"one")));
+        let mut second = tests::step(&mut p, 11, Peer::Client(ClientId(8)), Message::Request(request(&cfg, 8, op)));
+        let tick = tests::step_tick(&mut p, 40);
+        second.send.extend(tick.send);
+        let propose = |out: &Outputs, seq: Seq| {
+            out.send
+                .iter()
+                .chain(&out.send_after_persist)
+                .find_map(|(to, m)| match m {
+                    Message::Propose { seq: s, .. } if *to == Peer::Node(NodeId(1)) && *s == seq => Some(m.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("node 0 proposes instance {seq}"))
+        };
+        (propose(&first, Seq(1)), propose(&second, Seq(2)))
+    };
+    let (one, x) = proposals(b"x");
+    let (one_again, y) = proposals(b"y");
+    assert_eq!(one, one_again);
+    let writes = |out: &Outputs| -> Vec<crate::message::Write> {
+        out.send
+            .iter()
+            .chain(&out.send_after_persist)
+            .filter_map(|(to, m)| match m {
+                Message::Write(w) if *to == Peer::Node(NodeId(2)) => Some(w.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let eager = |out: &Outputs| -> Vec<Record> {
+        out.persist
+            .iter()
+            .filter_map(|p| match p {
+                Persist::Record(r) => Some(r.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let mut n1 = node(&cfg, 1);
+    // Instance 1: the first WRITE of the view needs a horizon record; the flush that
+    // makes it durable takes the lazy Accepted record along.
+    let o = tests::step(&mut n1, 12, Peer::Node(NodeId(0)), one);
+    assert_eq!(writes(&o).len(), 1);
+    assert!(eager(&o).iter().any(|r| matches!(r, Record::VoteHorizon { view: View(0), .. })), "{:?}", o.persist);
+    assert!(!eager(&o).iter().any(|r| matches!(r, Record::Accepted { .. })), "Accepted is not waited for");
+    let durable = records(&o);
+    // Instance 2 (X): within the horizon, so the step persists nothing eagerly and the
+    // driver sends the WRITE at once.
+    let o = tests::step(&mut n1, 41, Peer::Node(NodeId(0)), x);
+    let first = writes(&o);
+    assert_eq!(first.len(), 1);
+    assert!(eager(&o).is_empty(), "no record to wait for: {:?}", o.persist);
+    // Node 1 crashes before the next flush: its Accepted record for instance 2 is lost.
+    let mut out = Outputs::default();
+    let mut n1 = Replica::recover(
+        cfg.clone(),
+        NodeId(1),
+        tests::secrets(1),
+        Log::default(),
+        Durable { snapshots: vec![], records: durable },
+        50,
+        &mut out,
+    )
+    .expect("recovers");
+    assert_eq!(n1.view(), View(0));
+    let o = tests::step(&mut n1, 51, Peer::Node(NodeId(0)), y);
+    for w in writes(&o) {
+        assert!(w.seq != Seq(2) || w.digest == first[0].digest, "node 1 signed a second WRITE for instance 2: {w:?}");
+    }
+    assert!(n1.log.get(&Seq(2)).is_some_and(|s| s.value.is_none()), "it keeps the body without voting");
+    (n1, 51)
+}

@@ -125,17 +125,17 @@ fn primary_proposes_at_once_and_votes_once_persisted() {
     let req = request(&cfg, 7, b"op");
     let out = step(&mut p, 10, Peer::Client(ClientId(7)), Message::Request(req.clone()));
     let value = Value { time: 10, requests: vec![req] };
-    assert_eq!(
-        out.persist,
-        vec![Persist::Record(Record::Accepted { view: View(0), seq: Seq(1), value: value.clone() })]
-    );
+    // The vote horizon is waited for, the Accepted record joins the flush.
+    let horizon = Record::VoteHorizon { view: View(0), seq: Seq(1) + cfg.options.window };
+    assert_eq!(out.persist, vec![Persist::Record(horizon)]);
+    assert_eq!(out.persist_lazy, vec![Record::Accepted { view: View(0), seq: Seq(1), value: value.clone() }]);
     // PROPOSE is not a vote: it leaves now, in parallel with the primary's fsync.
     assert_eq!(out.send.len(), 3);
     assert!(out
         .send
         .iter()
         .all(|(_, m)| *m == Message::Propose { view: View(0), seq: Seq(1), value: value.clone().into() }));
-    // The primary's vote (WRITE) waits for its Accepted record.
+    // The primary's vote (WRITE) waits for its vote horizon.
     assert!(out.send_after_persist.iter().all(|(_, m)| matches!(m, Message::Write(_))));
     let writes: Vec<_> = out.send_after_persist.iter().filter(|(_, m)| matches!(m, Message::Write(_))).collect();
     assert_eq!(writes.len(), 3);
@@ -167,8 +167,9 @@ fn backup_rejects_bad_proposals_and_votes_once() {
     assert!(rejected(&out).is_empty());
     assert_eq!(
         out.persist,
-        vec![Persist::Record(Record::Accepted { view: View(0), seq: Seq(1), value: value.clone() })]
+        vec![Persist::Record(Record::VoteHorizon { view: View(0), seq: Seq(1) + cfg.options.window })]
     );
+    assert_eq!(out.persist_lazy, vec![Record::Accepted { view: View(0), seq: Seq(1), value: value.clone() }]);
     assert_eq!(out.send_after_persist.len(), 3, "one WRITE to each other node");
 
     // The primary equivocates: a second, different value for the same (view, seq).
@@ -621,6 +622,8 @@ fn a_recovered_node_keeps_its_vote() {
     let value = Value { time: 10, requests: vec![req.clone()] };
     let out =
         step(&mut b, 10, Peer::Node(NodeId(0)), Message::Propose { view: View(0), seq: Seq(1), value: value.into() });
+    // The flush the WRITE waited for (its vote horizon) took the Accepted record along.
+    // (When that record is lost, the horizon keeps the node from voting: safety_tests.rs.)
     let records: Vec<Record> = out
         .persist
         .into_iter()
@@ -628,6 +631,7 @@ fn a_recovered_node_keeps_its_vote() {
             Persist::Record(r) => Some(r),
             _ => None,
         })
+        .chain(out.persist_lazy)
         .collect();
     let mut out = Outputs::default();
     let mut b = Replica::recover(
@@ -1027,8 +1031,9 @@ fn a_re_proposal_named_by_digest_is_fetched_from_its_holders_before_the_vote() {
     assert!(rejected(&out).is_empty());
     assert_eq!(
         out.persist,
-        vec![Persist::Record(Record::Accepted { view: View(1), seq: Seq(1), value: value.clone() })]
+        vec![Persist::Record(Record::VoteHorizon { view: View(1), seq: Seq(1) + cfg.options.window })]
     );
+    assert_eq!(out.persist_lazy, vec![Record::Accepted { view: View(1), seq: Seq(1), value: value.clone() }]);
     assert_eq!(writes_for(&out, 1, Seq(1)), 3);
     // A second answer is ignored, and nothing is fetched any more.
     let out = step(&mut b, 30, Peer::Node(NodeId(1)), Message::ValueBody { seq: Seq(1), value });
