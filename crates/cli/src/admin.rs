@@ -15,9 +15,8 @@ use clap::{Args, Subcommand};
 use keel_core::ids::NodeId;
 use keel_core::membership::{decode_result, AdminError, AdminOp, Change, Membership};
 use keel_runtime::client::KeelClient;
-use keel_runtime::config::{
-    admin_setup, new_node_dir_with, node_dirs, provision_clients, write_bundle, write_join_file, NodeFile,
-};
+use keel_runtime::config::{write_join_file, NodeFile};
+use keel_runtime::provision::{admin_setup, new_node_dir_with, node_dirs, provision_clients, write_bundle};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -14,7 +14,8 @@ use keel_core::message::ReadConsistency;
 use keel_kv::KvRequest;
 use keel_null::Null;
 use keel_runtime::client::KeelClient;
-use keel_runtime::config::{init, ClientFile, InitOptions, NodeFile};
+use keel_runtime::config::{ClientFile, NodeFile};
+use keel_runtime::provision::{init, InitOptions};
 use keel_runtime::storage::FsyncPolicy;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -313,7 +314,7 @@ impl Baseline {
     fn start(service: &str, fsync: FsyncPolicy, clients: usize) -> Result<Baseline, String> {
         let dir = std::env::temp_dir().join(format!("keel-bench-baseline-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let port = keel_runtime::config::free_ports(2).ok_or("no free port for the baseline")?;
+        let port = keel_runtime::provision::free_ports(2).ok_or("no free port for the baseline")?;
         let o = InitOptions {
             service: service.into(),
             u: 0,

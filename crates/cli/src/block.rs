@@ -1,7 +1,8 @@
 //! `keel block`: the block service as an operator sees it.
 
 use clap::{Args, Subcommand};
-use keel_runtime::config::{node_dirs, NodeFile};
+use keel_runtime::config::NodeFile;
+use keel_runtime::provision::node_dirs;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;

@@ -3,7 +3,8 @@
 use clap::Args;
 use keel_core::config::Auth;
 use keel_core::ids::NodeId;
-use keel_runtime::config::{init, InitOptions, NodeFile};
+use keel_runtime::config::NodeFile;
+use keel_runtime::provision::{init, InitOptions};
 use keel_runtime::storage::FsyncPolicy;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -237,7 +238,7 @@ pub fn run_init(mut a: InitArgs) -> ExitCode {
     let front_ends = crate::services::front_end(&service);
     let per_node = if front_ends { 3 } else { 2 };
     // Ports free here say nothing of other machines: a fixed default there.
-    let default_port = if a.hosts.is_empty() { keel_runtime::config::free_ports(per_node * n) } else { Some(7100) };
+    let default_port = if a.hosts.is_empty() { keel_runtime::provision::free_ports(per_node * n) } else { Some(7100) };
     let Some(base_port) = a.base_port.or(default_port) else {
         eprintln!("error: no free port range found; pass --base-port");
         return ExitCode::FAILURE;
@@ -285,7 +286,7 @@ pub fn run_init(mut a: InitArgs) -> ExitCode {
         let client_dir = keel_block::tls::provision(&a.dir)?;
         // The bundles were copied before the NBD files existed.
         for (i, host) in o.hosts.iter().enumerate() {
-            keel_runtime::config::write_bundle(&a.dir, NodeId(i as u32), host).map_err(|e| e.to_string())?;
+            keel_runtime::provision::write_bundle(&a.dir, NodeId(i as u32), host).map_err(|e| e.to_string())?;
         }
         Ok(Some(client_dir))
     });
@@ -469,7 +470,7 @@ struct Supervised {
 
 /// The node directories of a cluster, in id order.
 pub fn node_dirs(dir: &Path) -> Vec<PathBuf> {
-    keel_runtime::config::node_dirs(dir).into_values().collect()
+    keel_runtime::provision::node_dirs(dir).into_values().collect()
 }
 
 fn spawn_node(exe: &Path, node_dir: &Path) -> std::io::Result<Child> {

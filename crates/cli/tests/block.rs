@@ -156,7 +156,7 @@ fn nbdinfo_shows_the_export_and_qemu_io_gives_nbdkits_transcript() {
     c.arg(format!("{}/other", url(fronts[3])));
     assert!(!run(c).status.success(), "an unknown export must be refused");
     // The reference: nbdkit's memory plugin of the same size, on a port of our choosing.
-    let port = keel_runtime::config::free_ports(1).expect("a free port");
+    let port = keel_runtime::provision::free_ports(1).expect("a free port");
     let mut nbdkit = tool("nbdkit")
         .args(["-f", "-i", "127.0.0.1", "-p", &port.to_string(), "memory", &SIZE.to_string()])
         .spawn()

@@ -572,7 +572,7 @@ struct ZooKeeperServer {
 impl ZooKeeperServer {
     fn start() -> ZooKeeperServer {
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = keel_runtime::config::free_ports(1).expect("a free port");
+        let port = keel_runtime::provision::free_ports(1).expect("a free port");
         let config = dir.path().join("zoo.cfg");
         std::fs::write(
             &config,
@@ -704,7 +704,7 @@ struct Shim {
 
 impl Shim {
     fn start(dir: &std::path::Path) -> Shim {
-        let port = keel_runtime::config::free_ports(1).expect("a free port");
+        let port = keel_runtime::provision::free_ports(1).expect("a free port");
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("address");
         let child = Command::new(support::KEEL)
             .args(["coord-shim", "--dir"])

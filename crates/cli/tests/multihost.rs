@@ -10,7 +10,8 @@ mod support;
 
 use keel_kv::{KvRequest, KvResponse};
 use keel_runtime::client::KeelClient;
-use keel_runtime::config::{bundle_dir, ClientFile, NodeFile};
+use keel_runtime::config::{ClientFile, NodeFile};
+use keel_runtime::provision::bundle_dir;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -39,12 +39,13 @@ pub use keel_core::ids::{ClientId, NodeId, Seq, View, TICK_CLIENT};
 pub use keel_core::quorum::{Quorums, ReadConsistency};
 pub use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Frozen, Item, ReadCtx, RestoreError, Service};
 pub use keel_runtime::client::{BlockingClient, InvokeError, KeelClient, PushReceiver};
-pub use keel_runtime::config::{free_ports, ClientFile, ClientSetup, InitOptions, NodeFile, NodeSetup};
+pub use keel_runtime::config::{ClientFile, ClientSetup, NodeFile, NodeSetup};
 pub use keel_runtime::embed::{
     load, provision, FrontEnd, NodeBuilder, NodeEvent, NodeHandle, NodePlane, PlaneError, PlaneSender, Provisioned,
 };
 pub use keel_runtime::metrics::{ServiceReport, Status};
 pub use keel_runtime::node::NodeError;
+pub use keel_runtime::provision::{free_ports, InitOptions};
 pub use keel_runtime::storage::FsyncPolicy;
 
 /// The sans-IO protocol cores: replica, execution and RQ nodes, client, quorums.

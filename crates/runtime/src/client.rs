@@ -639,7 +639,8 @@ impl BlockingClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{init, ClientFile, InitOptions, NodeFile};
+    use crate::config::{ClientFile, NodeFile};
+    use crate::provision::{init, InitOptions};
     use crate::transport::{accept_loop, Accepted};
     use keel_core::ids::Seq;
     use std::sync::atomic::Ordering;

@@ -20,9 +20,10 @@
 //! on a faulty node can lie only to its own connections.
 
 use crate::client::KeelClient;
-use crate::config::{init, node_dirs, ClientFile, ClientSetup, ConfigFileError, InitOptions, NodeFile, NodeSetup};
+use crate::config::{ClientFile, ClientSetup, ConfigFileError, NodeFile, NodeSetup};
 use crate::metrics::{Metrics, Shared, Status};
 use crate::node::{run_controlled, NodeError};
+use crate::provision::{init, node_dirs, InitOptions};
 use keel_core::message::{NodeId, Seq, View};
 use keel_core::service::Service;
 use std::future::Future;

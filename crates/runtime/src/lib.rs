@@ -15,6 +15,7 @@ mod links;
 pub mod lockfile;
 pub mod metrics;
 pub mod node;
+pub mod provision;
 pub mod rq;
 pub mod snapshots;
 pub mod storage;

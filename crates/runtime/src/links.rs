@@ -381,7 +381,8 @@ impl Links {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{init, ClientFile, InitOptions, NodeFile};
+    use crate::config::{ClientFile, NodeFile};
+    use crate::provision::{init, InitOptions};
     use crate::tls;
     use crate::transport::{accept_loop, read_frame, Accepted};
     use keel_core::ids::ClientId;

@@ -4,9 +4,9 @@
 use keel_core::ids::NodeId;
 use keel_core::message::Message;
 use keel_core::service::{ExecCtx, RestoreError, Service};
-use keel_runtime::config::InitOptions;
 use keel_runtime::embed::{load, provision, NodeBuilder, NodeEvent, NodeHandle, Provisioned};
 use keel_runtime::node::NodeError;
+use keel_runtime::provision::InitOptions;
 use keel_runtime::storage::StorageError;
 use keel_runtime::tls::Credentials;
 use std::collections::BTreeMap;
@@ -213,7 +213,7 @@ async fn node_plane_messages_reach_the_service_only_from_trusted_peers_and_past_
     assert_eq!(at_1, vec![(0, b"ok:hello".to_vec()), (2, b"ok:from two".to_vec())]);
 
     // A node the CA certified but that is no member of the cluster's epoch.
-    let stranger_dir = keel_runtime::config::new_node_dir(
+    let stranger_dir = keel_runtime::provision::new_node_dir(
         dir.path(),
         NodeId(9),
         "127.0.0.1:1".parse().expect("addr"),

@@ -8,7 +8,8 @@
 //! --nbd-tls` writes both and a client directory (`ca-cert.pem`, `client-cert.pem`,
 //! `client-key.pem`) that libnbd's `tls-certificates=` and qemu's `tls-creds-x509` read.
 
-use keel::runtime::config::{node_dirs, write_secret, NodeFile};
+use keel::runtime::config::{write_secret, NodeFile};
+use keel::runtime::provision::node_dirs;
 use keel::runtime::tls::{issue_named, server_config, Credentials};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -95,7 +95,7 @@ impl Cluster {
             let text = std::fs::read_to_string(&file).expect("cluster file");
             std::fs::write(&file, format!("{text}\n{cluster_extra}\n")).expect("cluster file written");
         }
-        let n = keel_runtime::config::node_dirs(dir.path()).len();
+        let n = keel_runtime::provision::node_dirs(dir.path()).len();
         let mut c = Cluster { dir, nodes: (0..n).map(|_| None).collect() };
         for i in 0..n {
             if let Some(line) = extra(i).filter(|l| l.starts_with('[')) {
