@@ -22,7 +22,8 @@
 //! authenticator has one entry per stable id, so a node keeps verifying it whatever the
 //! membership around it.
 //!
-//! With execution co-located, an ordered request goes first to `u + r + 1` nodes only,
+//! With execution co-located, an ordered request goes first to `u + r + 1` nodes only
+//! (with `r = 0`, to the primary only: [`crate::quorum::Quorums::first_recipients`]),
 //! and only they reply: `u` of them may be down and `r` lie and `r + 1` still match. The
 //! others answer the retransmission, which goes to all. With `auth = rq-mac` they are
 //! also as many endorsements as the primary needs (UpRight §4.3), so one of them that withholds or
@@ -477,10 +478,11 @@ impl Client {
         let mut blamed = Vec::new();
         let first: Vec<(NodeId, Message)> = match (self.auth, self.rq.clone()) {
             (Auth::RqMac, Some(rq)) => self.rq_first(rq).into_iter().map(|n| (n, msg.clone())).collect(),
-            // Co-located, under every auth mode: u + r + 1 nodes, which are also the ones
-            // that reply (a node replies to what reached it from the client itself;
-            // `Replica::maybe_execute`), so a node sends and the client reads one reply
-            // fewer per operation at n = 4, two fewer with r = 0 at n = 3.
+            // Co-located, under every auth mode: u + r + 1 nodes with r > 0 (rq-mac's
+            // endorsers), the primary alone with r = 0 (`Quorums::first_recipients`).
+            // They are also the ones that reply (a node replies to what reached it from
+            // the client itself; `Replica::maybe_execute`), so a node sends and the
+            // client reads one reply fewer per operation at n = 4, two fewer at n = 3.
             // Separated execution: order nodes never reply, so the client cannot tell
             // which of them are up to pick u + r + 1 (`rq_targets`): it sends to all.
             (_, None) if self.executors.is_none() => {
@@ -511,7 +513,10 @@ impl Client {
     fn rq_targets(&self, retransmitted: bool) -> Vec<NodeId> {
         let members = self.members();
         let n = members.len();
-        let want = self.quorums.endorse_propose();
+        let want = match self.auth {
+            Auth::RqMac => self.quorums.endorse_propose(),
+            _ => self.quorums.first_recipients(),
+        };
         let primary = (self.view.primary(n)).0 as usize;
         let mut ring: Vec<NodeId> = (0..n).map(|i| members[(primary + i) % n]).collect();
         let memory = if retransmitted { 1 } else { 2 };
@@ -1142,7 +1147,7 @@ mod tests {
         // Two of three refused: the third alone can still make r + 1 = 1.
         assert!(c.poll_send().is_empty());
         assert_eq!(c.on_reply(NodeId(2), reply(read.seq, ReplyBody::NotReadOnly)), None);
-        assert_eq!(c.poll_send().len(), 2, "every node refused: ordered (sent to u + r + 1 nodes)");
+        assert_eq!(c.poll_send().len(), 1, "every node refused: ordered (sent to the primary: r = 0)");
 
         let mut c = client(1, 1);
         c.invoke_read_only(0, b"get".to_vec(), ReadConsistency::Linearizable).expect("idle");

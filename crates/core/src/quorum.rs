@@ -326,6 +326,26 @@ impl Quorums {
         self.u as usize + self.r as usize + 1
     }
 
+    /// Nodes a client's first transmission of an ordered request goes to when execution
+    /// is co-located and the nodes themselves authenticate requests (`auth` other than
+    /// rq-mac, whose endorsers [`Quorums::endorse_propose`] counts): the nodes that reply.
+    ///
+    /// With `r > 0`, `u + r + 1`: `u` may be down and `r` lie, and `r + 1` replies still
+    /// match. With `r = 0`, one: the primary. One reply suffices, and nothing is ordered
+    /// without the primary anyway, so a second recipient would only send a second reply
+    /// (at n = 3 a third of the client traffic of the cluster and of the client). What a
+    /// second copy did for failover, a backup now does by forwarding a request it gets
+    /// from the client at once (the client took it for the primary: its view is old, or
+    /// it blamed the primary), and a crashed primary costs the client one retransmission
+    /// period before the backups hear of the request, as with ZooKeeper's or Raft's
+    /// clients.
+    pub fn first_recipients(&self) -> usize {
+        match self.byzantine() {
+            true => self.u as usize + self.r as usize + 1,
+            false => 1,
+        }
+    }
+
     /// Endorsements valid for a backup before it accepts a proposed request: `u + 1`
     /// (at least one from a correct node, since `u >= r`; the primary's `u + r + 1`
     /// guarantee that many).

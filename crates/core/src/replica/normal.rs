@@ -105,7 +105,35 @@ impl<S: Service> Replica<S> {
                 return Ok(());
             }
         }
-        self.admit(req, BTreeMap::new(), false, direct, out)
+        let client = req.client;
+        self.admit(req, BTreeMap::new(), false, direct, out)?;
+        if direct {
+            self.forward_at_once(client, out);
+        }
+        Ok(())
+    }
+
+    /// With `r = 0` and execution co-located, a client sends a request to the primary
+    /// alone (`Quorums::first_recipients`); one that reaches a backup straight from the
+    /// client was meant for a primary: the client's view is old, or it blamed the primary,
+    /// or it retransmitted to everyone. The backup forwards it at once instead of at its
+    /// request timer, so a stale view costs the client a hop and not a timeout. Nodes do
+    /// not lie with `r = 0`, so the primary takes the forward as it takes the client's
+    /// copy (`on_request`). The request timer still suspects the primary if nothing comes
+    /// of it.
+    fn forward_at_once(&mut self, client: ClientId, out: &mut Outputs) {
+        let cfg = &self.cfg;
+        if cfg.quorums.byzantine() || cfg.auth == Auth::RqMac || cfg.separated() || self.is_primary() {
+            return;
+        }
+        let to_primary = self.member(cfg.primary(self.view));
+        let Some(p) = self.pending.get_mut(&client) else {
+            return;
+        };
+        if !p.forwarded && !p.in_flight {
+            p.forwarded = true;
+            out.send.push((to_primary, Message::Forward(p.req.clone())));
+        }
     }
 
     /// Primary: propose batches while the window has room (pipelining), cutting a batch

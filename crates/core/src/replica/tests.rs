@@ -581,6 +581,65 @@ fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
     assert_eq!(installed, 3);
 }
 
+/// With r = 0 a client asks the primary alone (`Quorums::first_recipients`). A request
+/// that reaches a backup straight from the client (its view is old, or it blamed the
+/// primary) is forwarded at once, not at the backup's request timer: without that the
+/// operation below completes only after `request_timeout_ms`.
+#[test]
+fn with_r_0_a_request_goes_to_the_primary_alone_and_a_backup_forwards_one_at_once() {
+    let cfg = config(1, 0);
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    let sent = c.invoke(0, b"a".to_vec()).expect("idle");
+    assert_eq!(sent.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [NodeId(0)], "the primary alone");
+    for (n, m) in sent {
+        net.post(Peer::Client(ClientId(7)), n, m);
+    }
+    net.run(0);
+    assert_eq!(net.result(&mut c), Some(vec![1]), "one reply suffices");
+
+    // The same client's next request, sent to a backup only (as after a view change the
+    // client has not heard of): done without any timer running.
+    let sent = c.invoke(1, b"b".to_vec()).expect("idle");
+    let (_, msg) = sent.into_iter().next().expect("a request");
+    net.post(Peer::Client(ClientId(7)), NodeId(1), msg);
+    net.run(1);
+    assert_eq!(net.result(&mut c), Some(vec![2]), "the backup forwarded it and replied once it executed");
+
+    // With r > 0 a backup does not: it waits for its request timer (the client sends
+    // to u + r + 1 there, among them the primary).
+    let cfg = config(1, 1);
+    let mut b = node(&cfg, 1);
+    let out = step(&mut b, 0, Peer::Client(ClientId(7)), Message::Request(request(&cfg, 7, b"a")));
+    assert!(!out.send.iter().any(|(_, m)| matches!(m, Message::Forward(_))), "no forward at r = 1");
+}
+
+/// With r = 0 the client's request reached the crashed primary only; its retransmission
+/// brings the backups in, whose request timers replace the primary.
+#[test]
+fn with_r_0_a_crashed_primary_is_replaced_and_the_request_completes() {
+    let cfg = config(1, 0);
+    let mut net = Net::new(&cfg);
+    let mut c = client(&cfg, 7);
+    net.submit(&mut c, 0, b"a");
+    assert!(net.result(&mut c).is_some());
+    net.down.insert(NodeId(0));
+    net.submit(&mut c, 10, b"b");
+    assert_eq!(net.result(&mut c), None);
+    let timeout = cfg.options.request_timeout_ms;
+    let mut now = 10;
+    let mut result = None;
+    while result.is_none() && now < 10 * timeout {
+        now += 5;
+        let retransmitted = c.on_tick(now);
+        net.send(c.id(), retransmitted, now);
+        net.tick(now);
+        result = net.result(&mut c);
+    }
+    assert_eq!(result, Some(vec![2]));
+    assert!(net.nodes.iter().skip(1).all(|n| n.view() == View(1)));
+}
+
 #[test]
 fn with_rotation_the_primary_changes_on_schedule_and_requests_keep_completing() {
     let mut cfg = config(1, 1);
