@@ -64,21 +64,18 @@ fn with_proposals_before_the_view_is_durable_a_value_is_decided_twice() {
     crash_while_installing_a_view(cfg);
 }
 
+/// Node `i` of `cfg` recovered at `now` from a disk holding `records` (no snapshot).
+fn recovered(cfg: &ClusterConfig, i: u32, records: Vec<Record>, now: u64, out: &mut Outputs) -> Replica<Log> {
+    let durable = Durable { snapshots: vec![], records };
+    Replica::recover(cfg.clone(), NodeId(i), tests::secrets(i), Log::default(), durable, now, out).expect("recovers")
+}
+
 fn crash_while_installing_a_view(cfg: ClusterConfig) {
     let x = request(&cfg, 7, b"x");
     let y = request(&cfg, 8, b"y");
     // Node 0 restarted as view 0's primary: it asks to leave view 0 (recovery.rs).
     let mut n0_out = Outputs::default();
-    let mut n0 = Replica::recover(
-        cfg.clone(),
-        NodeId(0),
-        tests::secrets(0),
-        Log::default(),
-        Durable::default(),
-        10,
-        &mut n0_out,
-    )
-    .expect("recovers");
+    let mut n0 = recovered(&cfg, 0, Vec::new(), 10, &mut n0_out);
     let mut n1 = node(&cfg, 1);
     let mut n2 = node(&cfg, 2);
     let mut n1_durable = Vec::new();
@@ -117,16 +114,7 @@ fn crash_while_installing_a_view(cfg: ClusterConfig) {
     let mut o0 = Outputs::default();
     feed(&mut n0, 31, NodeId(1), sent(&install, NodeId(0), false), &mut o0);
     let mut out = Outputs::default();
-    let mut n1 = Replica::recover(
-        cfg.clone(),
-        NodeId(1),
-        tests::secrets(1),
-        Log::default(),
-        Durable { snapshots: vec![], records: n1_durable },
-        40,
-        &mut out,
-    )
-    .expect("recovers");
+    let mut n1 = recovered(&cfg, 1, n1_durable, 40, &mut out);
     // Recovered, node 1 gets client 8's request and the VIEW-CHANGEs (resent).
     n1.step(40, Input::Message { from: Peer::Client(ClientId(8)), msg: Message::Request(y) }, &mut out);
     feed(&mut n1, 41, NodeId(2), vc2, &mut out);
@@ -244,6 +232,10 @@ fn wiped_node_scenario(cfg: ClusterConfig) {
     net.submit(&mut other, now, b"y");
     while now < 20 + 20 * timeout {
         now += 5;
+        // Its retransmissions bring the request to nodes 1 and 2 (with r = 0 the first
+        // transmission went to node 0 alone, which is down).
+        let retransmitted = other.on_tick(now);
+        net.send(other.id(), retransmitted, now);
         net.tick(now);
         check(&net);
     }
@@ -417,16 +409,7 @@ fn lost_accepted_record_scenario(cfg: ClusterConfig) -> (Replica<Log>, u64) {
     assert!(eager(&o).is_empty(), "no record to wait for: {:?}", o.persist);
     // Node 1 crashes before the next flush: its Accepted record for instance 2 is lost.
     let mut out = Outputs::default();
-    let mut n1 = Replica::recover(
-        cfg.clone(),
-        NodeId(1),
-        tests::secrets(1),
-        Log::default(),
-        Durable { snapshots: vec![], records: durable },
-        50,
-        &mut out,
-    )
-    .expect("recovers");
+    let mut n1 = recovered(&cfg, 1, durable, 50, &mut out);
     assert_eq!(n1.view(), View(0));
     let o = tests::step(&mut n1, 51, Peer::Node(NodeId(0)), y);
     for w in writes(&o) {
