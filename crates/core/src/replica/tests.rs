@@ -557,11 +557,12 @@ fn a_large_result_comes_in_full_from_its_designated_node_even_unasked() {
     assert!(unasked_designated > 0, "some client's designated node was one it did not ask");
 }
 
-#[test]
-fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
-    let cfg = config(1, 1);
-    let mut net = Net::new(&cfg);
-    let mut c = client(&cfg, 7);
+/// Client 7's first operation completes; node 0, the primary, crashes; its second
+/// completes in view 1 on the others. `retransmit`: the client's retransmissions are
+/// sent (else only what its first transmission reached counts).
+fn crashed_primary_is_replaced(cfg: &ClusterConfig, retransmit: bool) -> Net {
+    let mut net = Net::new(cfg);
+    let mut c = client(cfg, 7);
     net.submit(&mut c, 0, b"a");
     assert!(net.result(&mut c).is_some());
     net.down.insert(NodeId(0));
@@ -572,11 +573,22 @@ fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
     let mut result = None;
     while result.is_none() && now < 10 * timeout {
         now += 5;
+        if retransmit {
+            let retransmitted = c.on_tick(now);
+            net.send(c.id(), retransmitted, now);
+        }
         net.tick(now);
         result = net.result(&mut c);
     }
     assert_eq!(result, Some(vec![2]));
     assert!(net.nodes.iter().skip(1).all(|n| n.view() == View(1)));
+    net
+}
+
+#[test]
+fn a_crashed_primary_is_replaced_and_pending_requests_complete() {
+    // u + r + 1 nodes got the request: the backups' timers alone replace the primary.
+    let net = crashed_primary_is_replaced(&config(1, 1), false);
     let installed = net.events.iter().filter(|(_, e)| *e == Event::ViewInstalled { view: View(1) }).count();
     assert_eq!(installed, 3);
 }
@@ -618,26 +630,7 @@ fn with_r_0_a_request_goes_to_the_primary_alone_and_a_backup_forwards_one_at_onc
 /// brings the backups in, whose request timers replace the primary.
 #[test]
 fn with_r_0_a_crashed_primary_is_replaced_and_the_request_completes() {
-    let cfg = config(1, 0);
-    let mut net = Net::new(&cfg);
-    let mut c = client(&cfg, 7);
-    net.submit(&mut c, 0, b"a");
-    assert!(net.result(&mut c).is_some());
-    net.down.insert(NodeId(0));
-    net.submit(&mut c, 10, b"b");
-    assert_eq!(net.result(&mut c), None);
-    let timeout = cfg.options.request_timeout_ms;
-    let mut now = 10;
-    let mut result = None;
-    while result.is_none() && now < 10 * timeout {
-        now += 5;
-        let retransmitted = c.on_tick(now);
-        net.send(c.id(), retransmitted, now);
-        net.tick(now);
-        result = net.result(&mut c);
-    }
-    assert_eq!(result, Some(vec![2]));
-    assert!(net.nodes.iter().skip(1).all(|n| n.view() == View(1)));
+    crashed_primary_is_replaced(&config(1, 0), true);
 }
 
 #[test]
