@@ -443,16 +443,26 @@ impl State {
                 if let Err(e) = self.session_for(session, ctx.client) {
                     return Reply::Op { zxid: 0, err: e, body: Vec::new() };
                 }
-                // A front end sends a session's writes with the reads that follow them
-                // (executed here in order, so each read sees the writes before it); a
-                // read past the reply budget is sent again alone, after this command
-                // and before anything later of its session.
+                // A front end sends a session's writes with the reads around them
+                // (executed here in order, so each read sees exactly the writes before
+                // it). A read past the reply budget is refused, and so is everything
+                // after it, unexecuted: the front end sends the rest again, in order,
+                // after this command (a write run here after a refused read would
+                // reorder the session).
+                let mut refused = false;
                 Reply::Ops(
                     requests
                         .into_iter()
-                        .map(|r| match r.writes() {
-                            true => room.count(self.ordered_op(session, r, ctx)),
-                            false => room.fit(self.ordered_op(session, r, ctx)),
+                        .map(|r| {
+                            if refused {
+                                return Reply::Refused { err: RETRY_ALONE };
+                            }
+                            let reply = match r.writes() {
+                                true => room.count(self.ordered_op(session, r, ctx)),
+                                false => room.fit(self.ordered_op(session, r, ctx)),
+                            };
+                            refused = matches!(reply, Reply::Refused { err: RETRY_ALONE });
+                            reply
                         })
                         .collect(),
                 )

@@ -753,7 +753,9 @@ const BATCH_BYTES_MAX: usize = 256 * 1024;
 /// before it and a write for the reads before it, so each sees exactly what ZooKeeper's
 /// in-order processing would show it. With quorum reads, the reads right after a run of
 /// writes ride in the writes' ordered batch: executed after them in the same step, they
-/// see them, and they are answered with them instead of a read round later.
+/// see them, and they are answered with them instead of a read round later. So do the
+/// reads queued right before a write: executed before it, they do not see it, and they
+/// cost no read round before the ordered one (session 41: 90/10 at 16 x 16, 1.23x).
 async fn requests(
     shared: &Arc<Shared>,
     read: &mut tokio::net::tcp::OwnedReadHalf,
@@ -812,29 +814,37 @@ async fn requests(
                 }
                 Item::Op(xid, request, size) => {
                     watching |= request.sets_watch();
-                    let writes = request.writes();
+                    // With quorum reads, reads with a write queued right behind them
+                    // go in its ordered command (`leads`): one round of the cluster
+                    // instead of a read round and then an ordered one.
+                    let leads = !request.writes() && shared.quorum_reads() && leads_writes(&pending, size);
+                    let writes = request.writes() || leads;
                     let mut run = vec![(xid, request)];
                     let mut config_reads = Vec::new();
                     let mut bytes = size;
                     // The run of requests of the same kind that follows (an ordered read
                     // with a large reply goes alone), and with quorum reads the reads
-                    // after a run of writes (nothing written after them: a read the
-                    // batch has no room to answer is sent again after it).
-                    let alone = writes && run[0].1.large_reply();
+                    // around a run of writes: those before it and those after it. A
+                    // read the command has no room to answer is sent again after it,
+                    // with everything after it (`write_batch`).
+                    let alone = request_alone(&run[0].1);
                     let tail = writes && !alone && shared.quorum_reads();
+                    // Past the run's writes (reads after them end the run at the next).
+                    let mut wrote = run[0].1.writes();
                     let mut reading = false;
                     while run.len() < BATCH_MAX && !alone {
                         let Some(Item::Op(_, next, size)) = pending.front() else { break };
                         let fits = bytes + size <= BATCH_BYTES_MAX;
                         let takes = match (writes, next.writes()) {
                             (false, next_writes) => !next_writes,
-                            (true, true) => !reading && fits && !next.large_reply(),
+                            (true, true) => !reading && fits && !request_alone(next),
                             (true, false) => tail && fits,
                         };
                         if !takes {
                             break;
                         }
-                        reading |= writes && !next.writes();
+                        wrote |= next.writes();
+                        reading |= wrote && !next.writes();
                         bytes += size;
                         if let Some(Item::Op(x, r, _)) = pending.pop_front() {
                             watching |= r.sets_watch();
@@ -889,41 +899,80 @@ async fn requests(
     }
 }
 
-/// Writes (and watched reads, and the reads after them) in order, as one ordered
-/// command, through the group committer.
+/// Whether the reads at the head of a connection's queue (the first of them being
+/// handled, `first` bytes) have an ordered request right behind them that can take
+/// them into its command: within one command's bounds, and not one that goes alone.
+fn leads_writes(pending: &std::collections::VecDeque<Item>, first: usize) -> bool {
+    let mut bytes = first;
+    for (count, item) in pending.iter().enumerate() {
+        let Item::Op(_, next, size) = item else { return false };
+        bytes += size;
+        if count + 1 >= BATCH_MAX || bytes > BATCH_BYTES_MAX {
+            return false;
+        }
+        if next.writes() {
+            return !request_alone(next);
+        }
+    }
+    false
+}
+
+/// An ordered request that goes in a command of its own: its reply may be large and,
+/// unlike a plain read's, cannot be refused for room (it set a watch or wrote).
+fn request_alone(request: &Request) -> bool {
+    request.writes() && request.large_reply()
+}
+
+/// Writes (and watched reads, and the reads before and after them) in order, as one
+/// ordered command, through the group committer. `alone`: in a command of its own.
 async fn write_batch(
     shared: &Arc<Shared>,
     session: i64,
     run: Vec<(i32, Request)>,
     floor: i64,
 ) -> Option<Vec<(i32, Reply)>> {
-    let alone = run.iter().any(|(_, r)| r.writes() && r.large_reply());
-    // The reads, kept to send again alone if the command's replies have no room for them.
-    let again: Vec<Option<Request>> = run.iter().map(|(_, r)| (!r.writes()).then(|| r.clone())).collect();
-    let (xids, requests): (Vec<i32>, Vec<Request>) = run.into_iter().unzip();
+    let alone = run.iter().any(|(_, r)| request_alone(r));
+    ordered(shared, session, run, floor, alone).await
+}
+
+/// One ordered command of a session's run. The cluster refuses (`RETRY_ALONE`) a read
+/// its reply has no room for, and everything after it in the command, unexecuted: the
+/// rest goes again, in order, once this command is answered (a read alone when no
+/// write follows it, else as a command of its own, whose first request always fits).
+async fn ordered(
+    shared: &Arc<Shared>,
+    session: i64,
+    run: Vec<(i32, Request)>,
+    floor: i64,
+    alone: bool,
+) -> Option<Vec<(i32, Reply)>> {
+    let requests: Vec<Request> = run.iter().map(|(_, r)| r.clone()).collect();
     let command = Command::Ops { session, requests };
     let bytes = command.encode().len();
     let (done, reply) = oneshot::channel();
     shared.commits.send(Commit { command, bytes, alone, done }).await.ok()?;
     match reply.await.ok()?? {
-        Reply::Ops(replies) if replies.len() == xids.len() => {
-            let mut answers = Vec::with_capacity(replies.len());
-            for ((xid, reply), again) in xids.into_iter().zip(replies).zip(again) {
-                let reply = match (reply, again) {
-                    // Only reads end a command, so nothing of this session was written
-                    // after it: the read sees the same writes of its own session alone.
-                    (Reply::Refused { err: crate::coord::RETRY_ALONE }, Some(request)) => {
-                        reads(shared, session, vec![(xid, request)], floor).await?.pop()?.1
-                    }
-                    (reply, _) => reply,
-                };
-                answers.push((xid, reply));
+        Reply::Ops(replies) if replies.len() == run.len() => {
+            let refused = |r: &Reply| matches!(r, Reply::Refused { err: crate::coord::RETRY_ALONE });
+            let first = replies.iter().position(refused).unwrap_or(replies.len());
+            let mut rest = run;
+            let again = rest.split_off(first);
+            let mut answers: Vec<(i32, Reply)> =
+                rest.into_iter().map(|(xid, _)| xid).zip(replies.into_iter().take(first)).collect();
+            if again.iter().any(|(_, r)| r.writes()) {
+                answers.extend(Box::pin(ordered(shared, session, again, floor, true)).await?);
+            } else {
+                // Reads only: nothing of this session was written after them, so each
+                // sees the same writes of its own session alone.
+                for read in again {
+                    answers.push(reads(shared, session, vec![read], floor).await?.pop()?);
+                }
             }
             Some(answers)
         }
         Reply::Op { zxid, err, body } => {
             // The batch as a whole was refused (session expired or moved).
-            Some(xids.into_iter().map(|x| (x, Reply::Op { zxid, err, body: body.clone() })).collect())
+            Some(run.into_iter().map(|(x, _)| (x, Reply::Op { zxid, err, body: body.clone() })).collect())
         }
         _ => None,
     }

@@ -708,6 +708,45 @@ fn reads_after_writes_in_one_ops_see_them_within_the_reply_budget() {
     assert!(w.run(FE_A, Command::Batch(vec![one(s), one(t)])).encode().len() <= keel_core::codec::OP_BYTES_MAX);
 }
 
+/// With quorum reads a front end also sends the reads queued before a write in its
+/// `Ops`: they see the state before it. A read refused for room refuses everything
+/// after it unexecuted, writes included, so the front end can send the rest again in
+/// order: a write run here after a read answered later would reorder the session.
+#[test]
+fn reads_before_a_write_in_one_ops_and_a_refused_one_holds_back_the_write() {
+    use keel_coord::coord::RETRY_ALONE;
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    let create = Request::Create {
+        opcode: op::CREATE,
+        path: "/big".into(),
+        data: vec![1u8; 200 * 1024],
+        acl: Acl::open(),
+        flags: 0,
+        ttl: -1,
+    };
+    assert_eq!(w.op(s, create).0, err::OK);
+    let get = || Request::GetData { path: "/big".into(), watch: false };
+    let set = |b: u8| Request::SetData { path: "/big".into(), data: vec![b; 200 * 1024], version: -1 };
+    let data = |r: &Reply| match r {
+        Reply::Op { err: 0, body, .. } => Reader::new(body).buffer().expect("data")[0],
+        other => panic!("a read answered: {other:?}"),
+    };
+    // Room for all: the read before the write sees 1, the one after it 2.
+    let Reply::Ops(replies) = w.run(FE_A, Command::Ops { session: s, requests: vec![get(), set(2), get()] }) else {
+        panic!("an Ops reply")
+    };
+    assert_eq!((data(&replies[0]), data(&replies[2])), (1, 2));
+    // The third read has no room: it, the write after it and the read after that are
+    // refused, and the write did not happen.
+    let requests = vec![get(), get(), get(), set(3), get()];
+    let Reply::Ops(replies) = w.run(FE_A, Command::Ops { session: s, requests }) else { panic!("an Ops reply") };
+    assert_eq!((data(&replies[0]), data(&replies[1])), (2, 2));
+    assert!(replies[2..].iter().all(|r| *r == Reply::Refused { err: RETRY_ALONE }), "{:?}", &replies[2..]);
+    let (e, body) = w.op(s, get());
+    assert_eq!((e, Reader::new(&body).buffer().expect("data")[0]), (err::OK, 2), "setData 3 was not executed");
+}
+
 /// `/zookeeper/config` lists the front ends that announce themselves, as a ZooKeeper
 /// ensemble's dynamic configuration; it changes (and its data watch fires) when one
 /// comes or goes, and one front end cannot take another's entry while it is fresh.
