@@ -946,19 +946,22 @@ async fn ordered(
     floor: i64,
     alone: bool,
 ) -> Option<Vec<(i32, Reply)>> {
-    let requests: Vec<Request> = run.iter().map(|(_, r)| r.clone()).collect();
+    // Only a read is refused for room, and what follows it with it: kept to send again
+    // is everything from the first read on (nothing of a run of writes alone).
+    let first_read = run.iter().position(|(_, r)| !r.writes()).unwrap_or(run.len());
+    let kept = run[first_read..].to_vec();
+    let (xids, requests): (Vec<i32>, Vec<Request>) = run.into_iter().unzip();
     let command = Command::Ops { session, requests };
     let bytes = command.encode().len();
     let (done, reply) = oneshot::channel();
     shared.commits.send(Commit { command, bytes, alone, done }).await.ok()?;
     match reply.await.ok()?? {
-        Reply::Ops(replies) if replies.len() == run.len() => {
+        Reply::Ops(replies) if replies.len() == xids.len() => {
             let refused = |r: &Reply| matches!(r, Reply::Refused { err: crate::coord::RETRY_ALONE });
             let first = replies.iter().position(refused).unwrap_or(replies.len());
-            let mut rest = run;
-            let again = rest.split_off(first);
-            let mut answers: Vec<(i32, Reply)> =
-                rest.into_iter().map(|(xid, _)| xid).zip(replies.into_iter().take(first)).collect();
+            // A write refused before any read: not an answer this front end asked for.
+            let again = kept.get(first.checked_sub(first_read)?..).unwrap_or_default().to_vec();
+            let mut answers: Vec<(i32, Reply)> = xids.into_iter().zip(replies).take(first).collect();
             if again.iter().any(|(_, r)| r.writes()) {
                 answers.extend(Box::pin(ordered(shared, session, again, floor, true)).await?);
             } else {
@@ -972,7 +975,7 @@ async fn ordered(
         }
         Reply::Op { zxid, err, body } => {
             // The batch as a whole was refused (session expired or moved).
-            Some(run.into_iter().map(|(x, _)| (x, Reply::Op { zxid, err, body: body.clone() })).collect())
+            Some(xids.into_iter().map(|x| (x, Reply::Op { zxid, err, body: body.clone() })).collect())
         }
         _ => None,
     }
