@@ -111,6 +111,9 @@ pub struct Stat {
 }
 
 impl Stat {
+    /// Bytes of a stat on the wire: six longs and five ints.
+    pub const BYTES: usize = 6 * 8 + 5 * 4;
+
     pub fn write(&self, w: &mut Writer) {
         w.long(self.czxid).long(self.mzxid).long(self.ctime).long(self.mtime);
         w.int(self.version).int(self.cversion).int(self.aversion);
@@ -471,6 +474,13 @@ mod tests {
         Acl::write_all(&Acl::open(), &mut w);
         w.int(0);
         w
+    }
+
+    #[test]
+    fn a_stat_takes_the_bytes_its_constant_says() {
+        let mut w = Writer::new();
+        Stat::default().write(&mut w);
+        assert_eq!(w.into_bytes().len(), Stat::BYTES);
     }
 
     #[test]
