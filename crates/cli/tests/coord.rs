@@ -170,7 +170,7 @@ fn zkcli_runs_a_scripted_session() {
     }
     let script = "create /cli hello\ncreate -s /cli/s- x\ncreate -e /cli/e y\nls /cli\nset /cli world\nget /cli\n\
                   addauth digest bob:pw\ncreate /cli/sec z auth:bob:pw:cdrwa\ngetAcl /cli/sec\ndelete /cli/nothere\n\
-                  getEphemerals /cli\nsync /cli\nwhoami\ndeleteall /cli\nls /\nquit\n";
+                  getEphemerals /cli\nsync /cli\nwhoami\ndeleteall /cli\nls /\nls /zookeeper\nquit\n";
     let mut child = Command::new("java")
         .args(["-cp", &classpath(), "org.apache.zookeeper.ZooKeeperMain", "-server", &fronts[2].to_string()])
         .stdin(Stdio::piped())
@@ -196,6 +196,7 @@ fn zkcli_runs_a_scripted_session() {
         "Sync is OK",
         "digest: bob",
         "[zookeeper]",
+        "[config, quota]",
     ];
     for want in expected {
         assert!(text.contains(want), "zkCli did not print {want:?}; it printed:\n{text}");
@@ -392,6 +393,41 @@ fn bad_input_gets_an_error_or_a_closed_connection_and_is_counted() {
     assert!(closed(silent), "a connection without a handshake is closed");
     let mntr = four_letter(addr, "mntr").expect("mntr");
     assert!(mntr.contains("zk_refused_connections\t1\n"), "{mntr}");
+    // The other words operators' tools send: srvr and stat (version, zxid, mode), conf
+    // (the client port), cons and stat's client list (a live session by its id).
+    let client = RawClient::connect(addr, 10_000);
+    let sid = format!("sid=0x{:x},", client.session);
+    let listed = |word: &str| {
+        // The front end lists a connection just after its handshake answer went out.
+        (0..40).find_map(|_| {
+            let text = four_letter(addr, word).expect(word);
+            if text.contains(&sid) {
+                return Some(text);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            None
+        })
+    };
+    let stat = listed("stat").unwrap_or_else(|| panic!("stat never listed {sid}"));
+    assert!(stat.contains("Clients:\n"), "{stat}");
+    assert!(listed("cons").is_some(), "cons never listed {sid}");
+    let srvr = four_letter(addr, "srvr").expect("srvr");
+    for want in ["Zookeeper version: 3.9.5", "\nZxid: 0x", "\nMode: ", "\nConnections: 1\n"] {
+        assert!(srvr.contains(want), "srvr lacks {want:?}: {srvr}");
+    }
+    let conf = four_letter(addr, "conf").expect("conf");
+    assert!(conf.contains(&format!("clientPort={}\n", addr.port())), "{conf}");
+    // check (opcode 13) on its own, outside a multi: a version compare, nothing else.
+    let mut client = client;
+    let check = |c: &mut RawClient, path: &str, version: i32| {
+        let mut w = keel_coord::jute::Writer::new();
+        w.string(path).int(version);
+        c.request(13, &w.into_bytes()).0
+    };
+    assert_eq!(check(&mut client, "/zookeeper", 0), 0, "check at the node's version");
+    assert_eq!(check(&mut client, "/zookeeper", 5), -103, "check at another version: BADVERSION");
+    assert_eq!(check(&mut client, "/nothere", 0), -101, "check of a missing node: NONODE");
+    drop(client);
 }
 
 /// A ZooKeeper client made of bytes: the handshake and requests, one at a time.

@@ -151,6 +151,36 @@ public class ZkScenarios {
             check(e != null && (e.getType() + " " + e.getPath()).equals(want), "persistent recursive: wanted " + want + ", got " + e);
         }
         zk.removeAllWatches(R + "/tree", Watcher.WatcherType.Any, false);
+        // Removed means silent: a change under it fires nothing (the client itself may
+        // tell the watcher of the removal).
+        other.create(R + "/tree/a/b", new byte[0], open, CreateMode.PERSISTENT);
+        for (WatchedEvent e; (e = persistent.poll(1, TimeUnit.SECONDS)) != null; ) {
+            check(e.getType() != Watcher.Event.EventType.NodeCreated, "an event after removeWatches: " + e);
+        }
+        // getAllChildrenNumber counts every descendant, not just the children.
+        syncFirst(zk, R);
+        check(zk.getAllChildrenNumber(R + "/tree") == 2, "getAllChildrenNumber of a nested tree");
+        // A persistent (not recursive) watch: the node's own changes and its child list,
+        // every time.
+        BlockingQueue<WatchedEvent> plain = new LinkedBlockingQueue<>();
+        zk.addWatch(R + "/pw", plain::add, AddWatchMode.PERSISTENT);
+        other.create(R + "/pw", new byte[0], open, CreateMode.PERSISTENT);
+        other.setData(R + "/pw", b("1"), -1);
+        other.setData(R + "/pw", b("2"), -1);
+        other.create(R + "/pw/x", new byte[0], open, CreateMode.PERSISTENT);
+        other.setData(R + "/pw/x", b("not watched"), -1);
+        for (String want : new String[] {"NodeCreated", "NodeDataChanged", "NodeDataChanged", "NodeChildrenChanged"}) {
+            WatchedEvent e = plain.poll(10, TimeUnit.SECONDS);
+            check(e != null && e.getType().toString().equals(want) && e.getPath().equals(R + "/pw"), "persistent: wanted " + want + ", got " + e);
+        }
+        check(plain.poll(1, TimeUnit.SECONDS) == null, "a persistent watch fired for a child's data");
+        zk.removeAllWatches(R + "/pw", Watcher.WatcherType.Any, false);
+        // ip ACLs: this client connects from 127.0.0.1.
+        zk.create(R + "/ip-local", b("l"), Collections.singletonList(new ACL(ZooDefs.Perms.ALL, new Id("ip", "127.0.0.0/8"))), CreateMode.PERSISTENT);
+        zk.create(R + "/ip-far", b("f"), Collections.singletonList(new ACL(ZooDefs.Perms.ALL, new Id("ip", "10.9.9.9"))), CreateMode.PERSISTENT);
+        syncFirst(other, R);
+        check(new String(other.getData(R + "/ip-local", false, null), StandardCharsets.UTF_8).equals("l"), "ip ACL that matches");
+        try { other.getData(R + "/ip-far", false, null); check(false, "read past an ip ACL"); } catch (KeeperException.NoAuthException expected) { }
 
         // The client's node dies: the session moves, and setWatches fires what changed.
         BlockingQueue<WatchedEvent> moved = new LinkedBlockingQueue<>();
@@ -158,6 +188,9 @@ public class ZkScenarios {
         ZooKeeper mover = connect(hosts, e -> { if (e.getType() == Watcher.Event.EventType.None) states.add(e.getState()); });
         mover.create(R + "/mover-eph", new byte[0], open, CreateMode.EPHEMERAL);
         mover.getData(R + "/p", moved::add, null);
+        // A persistent watch live at the move makes the client re-register with setWatches2.
+        BlockingQueue<WatchedEvent> movedPersistent = new LinkedBlockingQueue<>();
+        mover.addWatch(R + "/pm", movedPersistent::add, AddWatchMode.PERSISTENT);
         long session = mover.getSessionId();
         // toString names the server: "... remoteserver:localhost/127.0.0.1:PORT ..."
         String where = mover.toString();
@@ -184,6 +217,17 @@ public class ZkScenarios {
             missed = moved.poll(15, TimeUnit.SECONDS);
         } while (missed != null && missed.getType() == Watcher.Event.EventType.None);
         check(missed != null && missed.getType() == Watcher.Event.EventType.NodeDataChanged, "setWatches fired the change made meanwhile: " + missed);
+        // The persistent watch still holds on the new node (ZooKeeper does not replay what
+        // such a watch missed; a change after the move fires it).
+        retry(() -> {
+            try { return other.create(R + "/pm", new byte[0], open, CreateMode.PERSISTENT); }
+            catch (KeeperException.NodeExistsException lostReply) { return R + "/pm"; }
+        });
+        WatchedEvent created;
+        do {
+            created = movedPersistent.poll(15, TimeUnit.SECONDS);
+        } while (created != null && created.getType() == Watcher.Event.EventType.None);
+        check(created != null && created.getType() == Watcher.Event.EventType.NodeCreated && created.getPath().equals(R + "/pm"), "the persistent watch after the move: " + created);
         retry(() -> { syncFirst(other, R); return null; });
         check(retry(() -> other.exists(R + "/mover-eph", false)) != null, "the ephemeral stayed");
         mover.close();

@@ -140,7 +140,7 @@ def recipes(zk, hosts, kill_pid):
 
     def lead(i):
         leaders.append(i)
-        stop.wait(30)
+        stop.wait(120)
 
     elections = []
     for i, c in enumerate(contenders):
@@ -164,6 +164,11 @@ def recipes(zk, hosts, kill_pid):
         wait_for("the session back", lambda: states and states[-1] == KazooState.CONNECTED, timeout=30)
         assert KazooState.LOST not in states, f"the session was lost: {states}"
         assert zk.get_children(R + "/lock") == ours, "the lock's ephemeral stayed"
+        # Every contender kept its session through the kill: still one leader, three entries.
+        time.sleep(1)
+        assert len(leaders) == 1, f"a second leader after the kill: {leaders}"
+        entries = zk.get_children(R + "/election")
+        assert len(entries) == 3, f"the election lost an entry: {entries}"
     other = client(hosts)
     contender = other.Lock(R + "/lock", "other")
     try:
@@ -196,7 +201,10 @@ def recipes(zk, hosts, kill_pid):
     barrier.remove()
     waiter.join(20)
     assert released == [True], released
+    # Leadership passes on: as each leader ends, the next contender leads, one at a time.
     stop.set()
+    wait_for("every contender to lead in turn", lambda: len(leaders) == 3, timeout=30)
+    assert sorted(leaders) == [0, 1, 2], leaders
     for e in elections:
         e.cancel()
     for c in contenders:
