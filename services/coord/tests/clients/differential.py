@@ -89,8 +89,8 @@ def operation(rng, step):
     kind = rng.choices(
         ["create", "create_seq", "create_eph", "create_eph_seq", "set", "delete", "get", "exists", "children",
          "multi", "get_watch", "children_watch", "exists_watch", "other_create_eph", "close_other",
-         "create_acl", "set_acl", "get_acl", "other_get", "other_set"],
-        weights=[10, 4, 3, 2, 10, 8, 8, 5, 6, 6, 4, 4, 4, 3, 1, 3, 3, 3, 4, 3])[0]
+         "create_acl", "set_acl", "get_acl", "other_get", "other_set", "create2", "children2", "sync"],
+        weights=[10, 4, 3, 2, 10, 8, 8, 5, 6, 6, 4, 4, 4, 3, 1, 3, 3, 3, 4, 3, 3, 3, 2])[0]
     acl = ACLS[rng.randrange(len(ACLS))]
     path = random_path(rng)
     data = rng.choice([b"", b"x", b"yy", bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))])
@@ -136,6 +136,12 @@ def operation(rng, step):
             return outcome(lambda: masked_stat(z.exists(path, watch=s.watcher(tag))))
         if kind == "children":
             return outcome(lambda: sorted(z.get_children(path)))
+        if kind == "create2":
+            return outcome(lambda: (lambda r: (r[0], masked_stat(r[1])))(z.create(path, data, include_data=True)))
+        if kind == "children2":
+            return outcome(lambda: (lambda r: (sorted(r[0]), masked_stat(r[1])))(z.get_children(path, include_data=True)))
+        if kind == "sync":
+            return outcome(lambda: z.sync(path))
         if kind == "children_watch":
             return outcome(lambda: sorted(z.get_children(path, watch=s.watcher(tag))))
         if kind == "multi":
