@@ -395,7 +395,8 @@ fn bad_input_gets_an_error_or_a_closed_connection_and_is_counted() {
     assert!(mntr.contains("zk_refused_connections\t1\n"), "{mntr}");
     // The other words operators' tools send: srvr and stat (version, zxid, mode), conf
     // (the client port), cons and stat's client list (a live session by its id).
-    let client = RawClient::connect(addr, 10_000);
+    // (Asking for 60 s also checks the clamp to ZooKeeper's default maximum, 40 s.)
+    let client = RawClient::connect(addr, 60_000);
     let sid = format!("sid=0x{:x},", client.session);
     let listed = |word: &str| {
         // The front end lists a connection just after its handshake answer went out.
@@ -428,6 +429,15 @@ fn bad_input_gets_an_error_or_a_closed_connection_and_is_counted() {
     assert_eq!(check(&mut client, "/zookeeper", 5), -103, "check at another version: BADVERSION");
     assert_eq!(check(&mut client, "/nothere", 0), -101, "check of a missing node: NONODE");
     drop(client);
+    // A frame too short for a request header, and an auth packet cut short: each closes
+    // its connection and is counted.
+    for body in [vec![0, 0, 0, 9], [(-4i32).to_be_bytes(), 100i32.to_be_bytes()].concat()] {
+        let mut c = RawClient::connect(addr, 10_000);
+        c.stream.write_all(&framed(&body)).expect("written");
+        assert!(closed(c.stream), "{body:?} closes the connection");
+    }
+    let mntr = four_letter(addr, "mntr").expect("mntr");
+    assert!(mntr.contains("zk_malformed_dropped\t5\n"), "two more bad inputs counted: {mntr}");
 }
 
 /// A ZooKeeper client made of bytes: the handshake and requests, one at a time.
@@ -458,7 +468,7 @@ impl RawClient {
         if negotiated == 0 {
             return None;
         }
-        assert_eq!(negotiated, timeout_ms.max(4_000), "negotiated timeout");
+        assert_eq!(negotiated, timeout_ms.clamp(4_000, 40_000), "negotiated timeout");
         Some(RawClient { stream, xid: 0, session, password })
     }
 

@@ -88,6 +88,23 @@ public class ZkScenarios {
         Collections.sort(mine);
         check(mine.equals(Arrays.asList(R + "/e", s1)), "getEphemerals " + mine);
 
+        // A container goes once its last child does; a TTL node once its TTL passed
+        // without a change (both at the cluster's agreed-time ticks, as ZooKeeper's
+        // container manager does them on its own schedule).
+        zk.create(R + "/box", new byte[0], open, CreateMode.CONTAINER);
+        zk.create(R + "/box/item", new byte[0], open, CreateMode.PERSISTENT);
+        zk.create(R + "/short", new byte[0], open, CreateMode.PERSISTENT_WITH_TTL, null, 1000);
+        zk.delete(R + "/box/item", -1);
+        for (String gone : new String[] {R + "/box", R + "/short"}) {
+            long until = System.currentTimeMillis() + 20000;
+            while (zk.exists(gone, false) != null) {
+                check(System.currentTimeMillis() < until, gone + " still there after 20 s");
+                Thread.sleep(200);
+            }
+        }
+        check(zk.exists(R + "/c", false) != null, "a container that never had a child stays");
+        check(zk.exists(R + "/t", false) != null, "a TTL node within its TTL stays");
+
         // Versions, exists, delete, sync.
         zk.setData(R + "/p", b("y"), 0);
         try { zk.setData(R + "/p", b("z"), 0); check(false, "stale version"); } catch (KeeperException.BadVersionException expected) { }
