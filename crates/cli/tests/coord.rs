@@ -1021,3 +1021,26 @@ fn a_coord_backup_restores_into_a_new_cluster() {
     }
     drop(new);
 }
+
+#[test]
+fn a_request_too_large_for_one_command_gets_badarguments_and_the_connection_stays() {
+    use keel_coord::jute::Writer;
+    use keel_coord::proto::Acl;
+    let (_c, fronts) = coord_cluster();
+    let mut c = RawClient::connect(fronts[0], 10_000);
+    let create = |c: &mut RawClient, path: &str, len: usize| {
+        let mut w = Writer::new();
+        w.string(path).buffer(&vec![7u8; len]);
+        Acl::write_all(&Acl::open(), &mut w);
+        w.int(0);
+        c.request(1, &w.into_bytes()).0
+    };
+    // Under ZooKeeper's frame limit (1 MiB + 1 KiB) all three, but the last two do not
+    // fit Keel's 1 MiB bound on an operation once wrapped in a command.
+    assert_eq!(create(&mut c, "/fits", 1_048_000), 0, "a 1,048,000-byte node");
+    assert_eq!(create(&mut c, "/over", 1_048_560), -8, "BADARGUMENTS");
+    assert_eq!(create(&mut c, "/over", 1_048_576), -8, "BADARGUMENTS");
+    assert_eq!(c.create_persistent("/after").0, 0, "the connection goes on");
+    let mntr = four_letter(fronts[0], "mntr").expect("mntr");
+    assert!(mntr.contains("zk_too_large_requests\t2\n"), "{mntr}");
+}

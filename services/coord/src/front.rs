@@ -118,6 +118,8 @@ struct Stats {
     malformed: AtomicU64,
     /// Connections closed because their client stopped reading.
     stalled: AtomicU64,
+    /// Requests answered BADARGUMENTS because no command could carry them.
+    too_large: AtomicU64,
     /// Connections refused because `CONNECTIONS_MAX` were open, or closed because no
     /// handshake came in time.
     refused: AtomicU64,
@@ -1177,6 +1179,21 @@ async fn batch_reads(shared: Arc<Shared>, mut queue: mpsc::Receiver<ReadJob>) {
     }
 }
 
+/// Whether a command can carry `request` (`wire` bytes in its frame) to the cluster: a
+/// request just under ZooKeeper's 1 MiB frame limit can exceed Keel's bound on one
+/// operation once wrapped. Such a request gets BADARGUMENTS and the connection stays;
+/// sent, the cluster would refuse it and the client would retry it without end.
+fn orderable(session: i64, request: &Request, wire: usize) -> bool {
+    // A command's encoding is about the request's jute bytes (varint lengths instead of
+    // four-byte ones) plus a few bytes of framing; room for a batch around it too.
+    const SLACK: usize = 64;
+    if wire + 64 * SLACK <= keel_core::codec::OP_BYTES_MAX {
+        return true;
+    }
+    let command = Command::Ops { session, requests: vec![request.clone()] };
+    command.encode().len() + SLACK <= keel_core::codec::OP_BYTES_MAX
+}
+
 /// Reads frames until the connection ends; returns why.
 async fn read_requests(
     shared: &Shared,
@@ -1228,6 +1245,11 @@ async fn read_requests(
                     return "a malformed request";
                 }
                 Ok(None) => Item::Local(header(xid, shared.zxid.load(Ordering::Relaxed), err::UNIMPLEMENTED)),
+                Ok(Some(request)) if !orderable(session, &request, body.len()) => {
+                    shared.stats.too_large.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(session, bytes = body.len(), "ZooKeeper request too large for one command");
+                    Item::Local(header(xid, shared.zxid.load(Ordering::Relaxed), err::BAD_ARGUMENTS))
+                }
                 Ok(Some(request)) => Item::Op(xid, request, body.len()),
             },
         };
@@ -1277,12 +1299,13 @@ fn four_letter_word(shared: &Shared, first: &[u8; 4]) -> Option<String> {
             shared.label
         ),
         "mntr" => format!(
-            "zk_version\t{version}\nzk_server_state\tkeel\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_connections_accepted\t{}\nzk_malformed_dropped\t{}\nzk_stalled_dropped\t{}\nzk_refused_connections\t{}\nzk_ordered_operations\t{}\nzk_ordered_commands\t{}\nzk_last_zxid\t{zxid}\n",
+            "zk_version\t{version}\nzk_server_state\tkeel\nzk_packets_received\t{}\nzk_packets_sent\t{}\nzk_num_alive_connections\t{conns}\nzk_connections_accepted\t{}\nzk_malformed_dropped\t{}\nzk_stalled_dropped\t{}\nzk_too_large_requests\t{}\nzk_refused_connections\t{}\nzk_ordered_operations\t{}\nzk_ordered_commands\t{}\nzk_last_zxid\t{zxid}\n",
             s.received.load(Ordering::Relaxed),
             s.sent.load(Ordering::Relaxed),
             s.connections.load(Ordering::Relaxed),
             s.malformed.load(Ordering::Relaxed),
             s.stalled.load(Ordering::Relaxed),
+            s.too_large.load(Ordering::Relaxed),
             s.refused.load(Ordering::Relaxed),
             s.commits.load(Ordering::Relaxed),
             s.committed.load(Ordering::Relaxed),
