@@ -29,6 +29,7 @@ pub mod quorum;
 pub(crate) mod read_wait;
 pub mod replica;
 pub mod rq_node;
+pub mod segments;
 pub mod service;
 
 pub mod step;

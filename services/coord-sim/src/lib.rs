@@ -333,11 +333,17 @@ impl CoordWorkload {
     }
 }
 
+/// Data tree checkpoint segment size in simulations (keel-core's SEGMENT_TARGET in
+/// production).
+const SEGMENT_BYTES: usize = 256;
+
 impl Workload for CoordWorkload {
     type Service = Coord;
 
     fn service(&self) -> Coord {
-        Coord::new()
+        // Small segments: the simulated trees are small, and checkpoints should reuse
+        // and re-cut segments under every fault, as they do at scale.
+        Coord::with_segment_target(SEGMENT_BYTES)
     }
 
     fn unobserved_op(&self) -> Option<Vec<u8>> {

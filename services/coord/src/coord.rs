@@ -13,6 +13,7 @@ use crate::jute::Writer;
 use crate::proto::{err, event, op, perm, Acl, Request, Stat, CONFIG_PATH, MAX_BUFFER};
 use crate::session_key::{self, Verifier};
 use crate::tree::{split, validate, Kind, Tree, ZNode};
+use keel_core::chunk::Piece;
 use keel_core::ids::{owner_of, ClientId};
 use keel_core::service::{format_stamp, strip_format_stamp, ExecCtx, ReadCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
@@ -271,7 +272,8 @@ impl Watches {
 
 /// The snapshot's format (`format_stamp`): bump it whenever `State`'s layout changes.
 /// 1: session 32's, the first stamped (sessions keep password verifiers since session 31).
-const SNAPSHOT_FORMAT: u32 = 1;
+/// 2: session 43's, znodes without their child names (rebuilt from the paths).
+const SNAPSHOT_FORMAT: u32 = 2;
 
 /// The coordination service's replicated state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -746,7 +748,7 @@ impl State {
     /// failing one its error, the ones after RUNTIMEINCONSISTENCY, and nothing changed.
     fn multi(&mut self, session: i64, ops: Vec<Request>, ctx: &ExecCtx) -> Reply {
         let zxid = self.zxid + 1;
-        let saved = (self.tree.clone(), self.sessions.clone(), self.expiring.clone());
+        self.tree.begin();
         let mut changes = Vec::new();
         let mut results: Vec<OpResult> = Vec::new();
         let mut failed = None;
@@ -762,7 +764,7 @@ impl State {
         let mut w = Writer::new();
         match failed {
             Some((at, e)) => {
-                (self.tree, self.sessions, self.expiring) = saved;
+                self.roll_back();
                 for i in 0..ops.len() {
                     let code = match i.cmp(&at) {
                         std::cmp::Ordering::Less => err::OK,
@@ -773,6 +775,7 @@ impl State {
                 }
             }
             None => {
+                self.tree.commit();
                 if !ops.is_empty() {
                     self.zxid = zxid;
                 }
@@ -787,6 +790,32 @@ impl State {
         }
         w.int(-1).bool(true).int(-1);
         Reply::Op { zxid: self.zxid, err: err::OK, body: w.into_bytes() }
+    }
+
+    /// Takes a failed multi's changes back: the tree's, then the indexes beside it
+    /// (a session's ephemerals, the nodes ticks look at), which follow its nodes.
+    fn roll_back(&mut self) {
+        for touched in self.tree.rollback() {
+            for (side, add) in [(touched.undone, false), (touched.restored, true)] {
+                let Some((kind, owner)) = side else { continue };
+                if owner != 0 {
+                    if let Some(s) = self.sessions.get_mut(&owner) {
+                        if add {
+                            s.ephemerals.insert(touched.path.clone());
+                        } else {
+                            s.ephemerals.remove(&touched.path);
+                        }
+                    }
+                }
+                if matches!(kind, Kind::Container | Kind::Ttl(_)) {
+                    if add {
+                        self.expiring.insert(touched.path.clone());
+                    } else {
+                        self.expiring.remove(&touched.path);
+                    }
+                }
+            }
+        }
     }
 
     /// Applies one write as part of transaction `zxid`; the changes it made go to
@@ -1288,6 +1317,15 @@ impl Coord {
         Coord::default()
     }
 
+    /// A service whose checkpoints track changes in segments of about `bytes` bytes
+    /// (tests and the simulator, whose trees are small). Segment boundaries enter the
+    /// checkpoint root: every node of a cluster must use the same.
+    pub fn with_segment_target(bytes: usize) -> Coord {
+        let coord = Coord::default();
+        coord.write().tree.set_segment_target(bytes);
+        coord
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -1419,11 +1457,102 @@ impl Service for Coord {
         postcard::to_extend(&*self.read(), format_stamp(SNAPSHOT_FORMAT)).unwrap_or_default()
     }
 
+    /// [`Service::snapshot`]'s bytes, the tree in segments that are reused while none of
+    /// their paths is written (tree.rs): `State` serializes its tree first, as a map (a
+    /// length, then the entries), then the other fields in order.
+    fn pieces(&self) -> Vec<Arc<Piece>> {
+        let mut state = self.write();
+        let mut head = format_stamp(SNAPSHOT_FORMAT);
+        head = postcard::to_extend(&state.tree.len(), head).unwrap_or_default();
+        let mut pieces = vec![Piece::new(head)];
+        pieces.extend(state.tree.pieces());
+        let rest = (&state.sessions, &state.watches, &state.zxid, &state.expiring, &state.last_time, &state.servers);
+        pieces.push(Piece::new(postcard::to_allocvec(&rest).unwrap_or_default()));
+        pieces
+    }
+
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         let snapshot = strip_format_stamp(snapshot, "coord", SNAPSHOT_FORMAT)?;
-        let restored: State = postcard::from_bytes(snapshot).map_err(|e| RestoreError(e.to_string()))?;
-        *self.write() = restored;
+        let mut restored: State = postcard::from_bytes(snapshot).map_err(|e| RestoreError(e.to_string()))?;
+        let mut state = self.write();
+        restored.tree.set_segment_target(state.tree.segment_target());
+        *state = restored;
+        drop(state);
         self.published();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod multi_tests {
+    use super::*;
+    use keel_core::ids::Seq;
+    use proptest::prelude::*;
+
+    const FRONT_END: u64 = 2000 << 10;
+    const PATHS: [&str; 8] = ["/a", "/a/b", "/a/b/c", "/d", "/d/e", "/c", "/c/x", "/t"];
+
+    fn create(path: usize, flags: i32) -> Request {
+        let opcode = match flags {
+            4 => op::CREATE_CONTAINER,
+            5 => op::CREATE_TTL,
+            _ => op::CREATE,
+        };
+        let ttl = if flags == 5 { 3_000 } else { -1 };
+        Request::Create { opcode, path: PATHS[path].into(), data: vec![path as u8; 3], acl: Acl::open(), flags, ttl }
+    }
+
+    fn write_op() -> impl Strategy<Value = Request> {
+        let path = 0..PATHS.len();
+        prop_oneof![
+            4 => (path.clone(), prop::sample::select(vec![0, 1, 2, 3, 4, 5])).prop_map(|(p, f)| create(p, f)),
+            2 => path.clone().prop_map(|p| Request::Delete { path: PATHS[p].into(), version: -1 }),
+            2 => (path.clone(), any::<u8>())
+                .prop_map(|(p, b)| Request::SetData { path: PATHS[p].into(), data: vec![b; 2], version: -1 }),
+            1 => path.clone().prop_map(|p| Request::SetAcl { path: PATHS[p].into(), acl: Acl::open(), version: -1 }),
+            1 => (path, -1..2i32).prop_map(|(p, v)| Request::Check { path: PATHS[p].into(), version: v }),
+        ]
+    }
+
+    proptest! {
+        /// A multi that fails leaves the tree, every session's ephemerals and the nodes
+        /// ticks look at exactly as they were (the journal's rollback against the copy
+        /// a multi used to restore), whatever the earlier ops of the multi did.
+        #[test]
+        fn a_failed_multi_leaves_the_state_as_it_was(
+            setup in prop::collection::vec(write_op(), 0..30),
+            multis in prop::collection::vec(prop::collection::vec(write_op(), 1..6), 1..12),
+        ) {
+            let mut state = State::default();
+            let ctx = |seq: u64| ExecCtx::new(Seq(seq), 1_000 + seq, seq, ClientId(FRONT_END));
+            let verifier = crate::session_key::SessionSecret::from_bytes([1; 16]).verifier();
+            let Reply::Session { id: session, .. } =
+                state.run(Command::Connect { timeout: 6_000, ip: "::1".into(), pinned: false, verifier }, &ctx(1))
+            else {
+                panic!("no session")
+            };
+            let mut seq = 1;
+            for request in setup {
+                seq += 1;
+                state.run(Command::Op { session, request }, &ctx(seq));
+            }
+            for ops in multis {
+                seq += 1;
+                let before = (state.tree.clone(), state.sessions.clone(), state.expiring.clone(), state.zxid);
+                state.multi(session, ops, &ctx(seq));
+                if state.zxid == before.3 {
+                    prop_assert!(state.tree == before.0, "the tree changed");
+                    prop_assert_eq!(&state.sessions, &before.1);
+                    prop_assert_eq!(&state.expiring, &before.2);
+                }
+                // Children are linked as the paths say (what a snapshot read back holds).
+                let restored: Tree = postcard::from_bytes(&postcard::to_allocvec(&state.tree).unwrap_or_default())
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                for path in PATHS.iter().chain(["/"].iter()) {
+                    let (a, b) = (state.tree.get(path), restored.get(path));
+                    prop_assert_eq!(a.map(|n| &n.children), b.map(|n| &n.children), "{}", path);
+                }
+            }
+        }
     }
 }

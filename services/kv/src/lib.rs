@@ -16,16 +16,16 @@
 //! after which it re-reads what it watches. The registry is replicated state, in the
 //! snapshot, bounded by [`WATCHES_PER_CLIENT_MAX`] and [`WATCHES_MAX`].
 
-mod segments;
-
-pub use segments::SEGMENT_TARGET;
+pub use keel_core::segments::SEGMENT_TARGET;
 
 use keel_core::chunk::{self, Piece};
 use keel_core::message::ClientId;
+use keel_core::segments::{self, Split};
 use keel_core::service::{ConcurrentService, Conflicts, ExecCtx, Frozen, Item, ReadCtx, RestoreError, Service};
-use segments::Segment;
+
+type Segment = segments::Segment<Vec<u8>>;
 use serde::{Deserialize, Serialize};
-use serde_bytes::ByteBuf;
+use serde_bytes::{ByteBuf, Bytes};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 use std::ops::{Bound, Deref};
@@ -717,6 +717,10 @@ struct FrozenKv {
 }
 
 impl FrozenKv {
+    fn split(&self) -> Split {
+        Split { domain: "keel/kv-segment", target: self.segment_target }
+    }
+
     /// The snapshot's pieces. The bytes are a postcard `BTreeMap<Vec<u8>, Vec<u8>>` of
     /// the whole state (key order: equal maps give equal bytes whatever the shard
     /// layout), then the watch registry if there is one: the entry count, the entries in
@@ -724,8 +728,8 @@ impl FrozenKv {
     fn into_pieces(self) -> Vec<Arc<Piece>> {
         let shards: Vec<&Map> = self.shards.iter().collect();
         let segments =
-            segments::build(self.segment_target, self.base.as_deref().map(Vec::as_slice), &self.written, |lo, hi| {
-                merged_range(&shards, lo, hi)
+            segments::build(self.split(), self.base.as_deref().map(Vec::as_slice), &self.written, |lo, hi| {
+                merged_range(&shards, lo, hi).map(|(k, v)| (k, (Bytes::new(k), Bytes::new(v))))
             });
         let mut pieces = Vec::with_capacity(segments.len() + 2);
         let count = shards.iter().map(|m| m.len() as u64).sum::<u64>();

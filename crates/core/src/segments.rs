@@ -1,11 +1,12 @@
-//! The store's entries as snapshot pieces that follow what changed (keel-core `chunk.rs`).
+//! A large ordered state as snapshot pieces that follow what changed (`chunk.rs`).
 //!
-//! A checkpoint used to serialize every entry, and the core then cut and hashed every
-//! byte: about 2 s per checkpoint per node at 1 GB, whatever had changed. Now the entries
-//! (in key order, the bytes unchanged) are split into *segments* by their keys, and a
-//! segment none of whose keys was written since the last serialized checkpoint is handed
-//! back as the same piece, already cut and hashed. A checkpoint then costs about what was
-//! written since the last one.
+//! A checkpoint that serializes every entry, after which the core cuts and hashes every
+//! byte, costs the size of the state (about 2 s per checkpoint per node for KV at 1 GB)
+//! whatever changed. Instead a service splits its entries (in key order, the bytes
+//! unchanged) into *segments* by their keys, and hands back a segment none of whose keys
+//! was written since its last checkpoint as the same piece, already cut and hashed. A
+//! checkpoint then costs about what was written since the last one. KV's store and
+//! coord's data tree use it.
 //!
 //! The split must be a function of the entries alone, or two nodes with equal states
 //! would sign different roots. A segment ends after an entry when, with it, the segment
@@ -14,17 +15,18 @@
 //! `4 * target` bytes. Whether an entry ends a segment so depends only on the entries
 //! since the segment began.
 //!
-//! Reuse (`build`): walking the previous segments in order, a segment whose key range
+//! Reuse ([`build`]): walking the previous segments in order, a segment whose key range
 //! (from its first key to the next segment's first key) holds no written key, reached
 //! while no segment is open, is taken as it is: from-scratch cutting would start a
 //! segment at the same key and see the same entries, so it would cut the same way. In any
 //! other case the range's entries are cut afresh, which resynchronizes at the next
 //! key-defined cut. So the result equals cutting everything afresh, which the tests check
-//! against an uncached store.
+//! (here, and against an uncached state in each service).
 
-use keel_core::chunk::Piece;
-use keel_core::crypto::Hasher;
-use serde_bytes::Bytes;
+use crate::chunk::Piece;
+use crate::crypto::Hasher;
+use serde::Serialize;
+use std::borrow::Borrow;
 use std::collections::BTreeSet;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -34,25 +36,34 @@ use std::sync::Arc;
 /// whole segment again.
 pub const SEGMENT_TARGET: usize = 64 << 10;
 
+/// How a service splits its entries: the segment size and the domain of the key hash
+/// that places cuts (each service its own, so that their roots never depend on another
+/// service's choice). All nodes must use the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub domain: &'static str,
+    pub target: usize,
+}
+
 /// One run of entries in key order, serialized.
 #[derive(Clone, Debug)]
-pub struct Segment {
+pub struct Segment<K> {
     /// Its first key: the segment covers the keys from it to the next segment's first.
-    pub first: Vec<u8>,
+    pub first: K,
     pub piece: Arc<Piece>,
 }
 
 /// Segments as cutting opens and closes them.
-pub struct Cutter {
-    target: usize,
-    first: Vec<u8>,
+pub struct Cutter<K> {
+    split: Split,
+    first: Option<K>,
     bytes: Vec<u8>,
-    done: Vec<Segment>,
+    done: Vec<Segment<K>>,
 }
 
-impl Cutter {
-    pub fn new(target: usize) -> Cutter {
-        Cutter { target, first: Vec::new(), bytes: Vec::new(), done: Vec::new() }
+impl<K: Clone> Cutter<K> {
+    pub fn new(split: Split) -> Cutter<K> {
+        Cutter { split, first: None, bytes: Vec::new(), done: Vec::new() }
     }
 
     /// No segment is open: the next entry starts one.
@@ -60,25 +71,29 @@ impl Cutter {
         self.bytes.is_empty()
     }
 
-    /// Appends one entry: the postcard bytes of a map entry of byte strings.
-    pub fn push(&mut self, key: &[u8], value: &[u8]) {
+    /// Appends one entry, `entry` in postcard (for a map: the key, then the value).
+    pub fn push<Q, E>(&mut self, key: &Q, entry: &E)
+    where
+        Q: ?Sized + ToOwned<Owned = K> + AsRef<[u8]>,
+        E: Serialize + ?Sized,
+    {
         if self.fresh() {
-            self.first = key.to_vec();
-            self.bytes.reserve(self.target.saturating_mul(2));
+            self.first = Some(key.to_owned());
+            self.bytes.reserve(self.split.target.saturating_mul(2));
         }
         let before = self.bytes.len();
         let bytes = std::mem::take(&mut self.bytes);
-        self.bytes = postcard::to_extend(&(Bytes::new(key), Bytes::new(value)), bytes)
-            .expect("byte strings always encode into a Vec");
-        let entry = self.bytes.len() - before;
-        if ends_segment(self.target, self.bytes.len(), key, entry) {
+        // Serializing into a Vec fails only for types postcard cannot encode (none of
+        // the services' entries); an empty entry then would show as a root mismatch.
+        self.bytes = postcard::to_extend(entry, bytes).unwrap_or_default();
+        let entry = self.bytes.len().saturating_sub(before);
+        if ends_segment(self.split, self.bytes.len(), key.as_ref(), entry) {
             self.close();
         }
     }
 
     fn close(&mut self) {
-        if !self.fresh() {
-            let first = std::mem::take(&mut self.first);
+        if let Some(first) = self.first.take().filter(|_| !self.fresh()) {
             let mut bytes = std::mem::take(&mut self.bytes);
             // Reserved for twice the target: cached segments live as long as checkpoints
             // do, so the spare capacity would double their memory.
@@ -87,12 +102,12 @@ impl Cutter {
         }
     }
 
-    fn take(&mut self, old: &Segment) {
+    fn take(&mut self, old: &Segment<K>) {
         debug_assert!(self.fresh());
         self.done.push(old.clone());
     }
 
-    pub fn finish(mut self) -> Vec<Segment> {
+    pub fn finish(mut self) -> Vec<Segment<K>> {
         self.close();
         self.done
     }
@@ -100,7 +115,8 @@ impl Cutter {
 
 /// Whether a segment that holds `len` bytes after an entry of `entry` bytes with `key`
 /// ends there.
-fn ends_segment(target: usize, len: usize, key: &[u8], entry: usize) -> bool {
+fn ends_segment(split: Split, len: usize, key: &[u8], entry: usize) -> bool {
+    let target = split.target;
     if len >= target.saturating_mul(4) {
         return true;
     }
@@ -111,42 +127,45 @@ fn ends_segment(target: usize, len: usize, key: &[u8], entry: usize) -> bool {
     // sizes. The hash is public, so a client can choose keys that cut or do not cut; that
     // only moves segment sizes within target / 4 ..= 4 x target (plus one entry), and
     // the split stays a function of the state.
-    let h = Hasher::new("keel/kv-segment").bytes(key).finish().prefix_u64();
+    let h = Hasher::new(split.domain).bytes(key).finish().prefix_u64();
     u128::from(h) * (target as u128) < (entry as u128) << 64
 }
 
 /// The segments of a state whose entries `range` yields (in key order, for any key
-/// range), given the segments of an earlier state and every key written since (`None`:
-/// cut everything).
-pub fn build<'a, I>(
-    target: usize,
-    old: Option<&[Segment]>,
-    written: &BTreeSet<Vec<u8>>,
-    range: impl Fn(Bound<&[u8]>, Bound<&[u8]>) -> I,
-) -> Vec<Segment>
+/// range, as (key, entry to serialize)), given the segments of an earlier state and
+/// every key written since (`None`: cut everything).
+pub fn build<'a, Q, E, I>(
+    split: Split,
+    old: Option<&[Segment<Q::Owned>]>,
+    written: &BTreeSet<Q::Owned>,
+    range: impl Fn(Bound<&Q>, Bound<&Q>) -> I,
+) -> Vec<Segment<Q::Owned>>
 where
-    I: Iterator<Item = (&'a [u8], &'a [u8])>,
+    Q: ?Sized + Ord + ToOwned + AsRef<[u8]> + 'a,
+    Q::Owned: Ord + Clone,
+    E: Serialize,
+    I: Iterator<Item = (&'a Q, E)>,
 {
-    let mut cut = Cutter::new(target);
+    let mut cut = Cutter::new(split);
     let old = old.unwrap_or(&[]);
     if old.is_empty() {
-        for (k, v) in range(Bound::Unbounded, Bound::Unbounded) {
-            cut.push(k, v);
+        for (k, e) in range(Bound::Unbounded, Bound::Unbounded) {
+            cut.push(k, &e);
         }
         return cut.finish();
     }
     for (i, seg) in old.iter().enumerate() {
         // The first segment's range starts below every key: a key inserted before the
         // old first key falls in it.
-        let lo = if i == 0 { Bound::Unbounded } else { Bound::Included(seg.first.as_slice()) };
-        let hi = old.get(i + 1).map_or(Bound::Unbounded, |s| Bound::Excluded(s.first.as_slice()));
-        let clean = written.range::<[u8], _>((lo, hi)).next().is_none();
+        let lo = if i == 0 { Bound::Unbounded } else { Bound::Included(seg.first.borrow()) };
+        let hi = old.get(i + 1).map_or(Bound::Unbounded, |s| Bound::Excluded(s.first.borrow()));
+        let clean = written.range::<Q, _>((lo, hi)).next().is_none();
         if clean && cut.fresh() {
             cut.take(seg);
             continue;
         }
-        for (k, v) in range(lo, hi) {
-            cut.push(k, v);
+        for (k, e) in range(lo, hi) {
+            cut.push(k, &e);
         }
     }
     cut.finish()
@@ -156,13 +175,16 @@ where
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use serde_bytes::Bytes;
     use std::collections::BTreeMap;
 
     type State = BTreeMap<Vec<u8>, Vec<u8>>;
+    type Segment = super::Segment<Vec<u8>>;
 
     fn segments(target: usize, state: &State, old: Option<&[Segment]>, written: &BTreeSet<Vec<u8>>) -> Vec<Segment> {
-        build(target, old, written, |lo, hi| {
-            state.range::<[u8], _>((lo, hi)).map(|(k, v)| (k.as_slice(), v.as_slice()))
+        let split = Split { domain: "keel/test-segment", target };
+        build(split, old, written, |lo, hi| {
+            state.range::<[u8], _>((lo, hi)).map(|(k, v)| (k.as_slice(), (Bytes::new(k), Bytes::new(v))))
         })
     }
 
