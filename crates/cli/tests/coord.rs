@@ -446,6 +446,8 @@ struct RawClient {
     xid: i32,
     session: i64,
     password: Vec<u8>,
+    /// The zxid in the last reply's header.
+    zxid: i64,
 }
 
 impl RawClient {
@@ -469,7 +471,7 @@ impl RawClient {
             return None;
         }
         assert_eq!(negotiated, timeout_ms.clamp(4_000, 40_000), "negotiated timeout");
-        Some(RawClient { stream, xid: 0, session, password })
+        Some(RawClient { stream, xid: 0, session, password, zxid: 0 })
     }
 
     /// Sends one request; its reply's error code and body (watch events skipped).
@@ -486,6 +488,7 @@ impl RawClient {
                 continue;
             }
             assert_eq!(xid, self.xid, "replies in request order");
+            self.zxid = i64::from_be_bytes(reply[4..12].try_into().expect("zxid"));
             return (i32::from_be_bytes(reply[12..16].try_into().expect("err")), reply[16..].to_vec());
         }
     }
@@ -1043,4 +1046,99 @@ fn a_request_too_large_for_one_command_gets_badarguments_and_the_connection_stay
     assert_eq!(c.create_persistent("/after").0, 0, "the connection goes on");
     let mntr = four_letter(fronts[0], "mntr").expect("mntr");
     assert!(mntr.contains("zk_too_large_requests\t2\n"), "{mntr}");
+}
+
+/// Opens a connection and sends a ConnectRequest for a new session by a client that has
+/// seen `last_zxid_seen`.
+fn handshake(addr: SocketAddr, last_zxid_seen: i64) -> TcpStream {
+    use keel_coord::jute::Writer;
+    let mut stream = TcpStream::connect(addr).expect("connects");
+    let mut w = Writer::new();
+    w.int(0).long(last_zxid_seen).int(10_000).long(0).buffer(&[0; 16]).bool(false);
+    stream.write_all(&framed(&w.into_bytes())).expect("written");
+    stream
+}
+
+/// A frame, or None once the connection closed (or `limit` passed without one).
+fn frame_within(s: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    s.set_read_timeout(Some(limit)).expect("timeout");
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+/// Whether the other end closed the connection within `limit` without sending anything
+/// (false if it sent bytes, or stayed open and silent).
+fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    s.set_read_timeout(Some(limit)).expect("timeout");
+    let mut byte = [0u8; 1];
+    matches!(s.read(&mut byte), Ok(0))
+}
+
+/// The ConnectResponse carries ZooKeeper's fields (protocol version 0, the negotiated
+/// timeout, a session id, a 16-byte password, readOnly false); a client that has seen a
+/// later zxid than the node holds (with `reads = "local"`) gets its response only once
+/// the node caught up, or a closed connection; an auth packet of an unknown scheme gets
+/// AUTH_FAILED and the connection closes, as ZooKeeper does.
+#[test]
+fn the_handshake_waits_for_a_client_ahead_of_the_node_and_a_failed_auth_closes_the_connection() {
+    use keel_coord::jute::{Reader, Writer};
+    let (_c, fronts) = coord_cluster_local_reads();
+    let mut writer = RawClient::connect(fronts[1], 10_000);
+    assert_eq!(writer.create_persistent("/seen").0, 0);
+    let seen = writer.zxid;
+    assert!(seen > 0, "a create reports its zxid");
+
+    // Every field of the response, as a Java client reads it.
+    let mut plain = handshake(fronts[0], seen);
+    let response = frame_within(&mut plain, Duration::from_secs(30)).expect("a ConnectResponse");
+    let mut r = Reader::new(&response);
+    assert_eq!(r.int().expect("protocolVersion"), 0);
+    assert_eq!(r.int().expect("timeOut"), 10_000);
+    assert_ne!(r.long().expect("sessionId"), 0);
+    assert_eq!(r.buffer().expect("passwd").len(), 16);
+    assert!(!r.bool().expect("readOnly"), "never a read-only server");
+    assert_eq!(r.remaining(), 0, "nothing after readOnly");
+
+    // Ahead of everyone by the new session's own transaction and two more: no answer
+    // until they happened.
+    assert_eq!(writer.create_persistent("/mark").0, 0);
+    let mut ahead = handshake(fronts[0], writer.zxid + 3);
+    assert!(frame_within(&mut ahead, Duration::from_millis(1_500)).is_none(), "answered before catching up");
+    assert_eq!(writer.create_persistent("/one").0, 0);
+    assert_eq!(writer.create_persistent("/two").0, 0);
+    let response = frame_within(&mut ahead, Duration::from_secs(30)).expect("answered once caught up");
+    let mut r = Reader::new(&response);
+    assert_eq!((r.int().expect("version"), r.int().expect("timeout")), (0, 10_000), "a session");
+    // Far ahead (a client of another cluster, or a lie): closed once the wait times out.
+    let mut lost = handshake(fronts[0], seen + 1_000_000);
+    assert!(closed_within(&mut lost, Duration::from_secs(30)), "closed without a session");
+
+    // Auth: digest works and the connection stays; an unknown scheme fails and closes.
+    let mut c = RawClient::connect(fronts[0], 10_000);
+    let auth = |c: &mut RawClient, scheme: &str| -> Option<i32> {
+        let mut w = Writer::new();
+        w.int(-4).int(100).int(0).string(scheme).buffer(b"user:secret");
+        c.stream.write_all(&framed(&w.into_bytes())).expect("written");
+        let reply = frame_within(&mut c.stream, Duration::from_secs(30))?;
+        assert_eq!(i32::from_be_bytes(reply[0..4].try_into().expect("xid")), -4, "the auth xid");
+        Some(i32::from_be_bytes(reply[12..16].try_into().expect("err")))
+    };
+    assert_eq!(auth(&mut c, "digest"), Some(0));
+    assert_eq!(c.exists("/seen"), 0, "the connection goes on after a good auth");
+    assert_eq!(auth(&mut c, "kerberos-ish"), Some(-115), "AUTH_FAILED");
+    // At once: a silent connection is closed anyway after the session timeout (10 s).
+    assert!(closed_within(&mut c.stream, Duration::from_secs(3)), "closed after AUTH_FAILED");
+}
+
+/// With quorum reads (the default) nothing a node holds is read by the client, so a
+/// client that has seen more than the node is answered at once.
+#[test]
+fn with_quorum_reads_a_client_ahead_of_the_node_is_answered_at_once() {
+    let (_c, fronts) = coord_cluster();
+    let mut ahead = handshake(fronts[0], 1_000_000);
+    let response = frame_within(&mut ahead, Duration::from_secs(30)).expect("a ConnectResponse");
+    assert_eq!(i32::from_be_bytes(response[4..8].try_into().expect("timeout")), 10_000, "a session");
 }
