@@ -533,6 +533,29 @@ fn main() {
         let mut multi = Writer::new();
         multi.int(13).bool(false).int(-1).string("/a").int(0).int(-1).bool(true).int(-1);
         corpus.add("zk_request", &[&[11u8][..], &multi.into_bytes()].concat()); // opcode 14: multi
+
+        // zk_frames: a connection as a client writes it (ConnectRequest, then requests:
+        // a create, a ping, an auth packet, an unknown opcode, closeSession).
+        let framed = |body: &[u8]| [&(body.len() as u32).to_be_bytes()[..], body].concat();
+        let mut connect = Writer::new();
+        connect.int(0).long(0).int(10_000).long(0).buffer(&[0; 16]).bool(false);
+        let mut create = Writer::new();
+        create.int(1).int(1).string("/a").buffer(b"v");
+        Acl::write_all(&Acl::open(), &mut create);
+        create.int(0);
+        let mut ping = Writer::new();
+        ping.int(-2).int(11);
+        let mut auth = Writer::new();
+        auth.int(-4).int(100).int(0).string("digest").buffer(b"u:p");
+        let mut unknown = Writer::new();
+        unknown.int(2).int(99);
+        let mut close = Writer::new();
+        close.int(3).int(-11);
+        let stream: Vec<u8> = [connect, create, ping, auth, unknown, close]
+            .into_iter()
+            .flat_map(|w| framed(&w.into_bytes()))
+            .collect();
+        corpus.add("zk_frames", &stream);
     }
     for (target, n) in &corpus.counts {
         eprintln!("{target}: {n} seeds in {}", corpus.root.join(target).display());

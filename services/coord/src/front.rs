@@ -592,13 +592,60 @@ async fn read_frame(stream: &mut ReadHalf, len: Option<[u8; 4]>) -> Result<Vec<u
             h
         }
     };
-    let len = i32::from_be_bytes(header);
+    let mut body = vec![0u8; frame_len(header)?];
+    stream.read_exact(&mut body).await.map_err(|e| e.to_string())?;
+    Ok(body)
+}
+
+/// The body length a frame's 4-byte prefix announces, within ZooKeeper's limit
+/// (`jute.maxbuffer` plus room for the request's other fields).
+pub fn frame_len(prefix: [u8; 4]) -> Result<usize, String> {
+    let len = i32::from_be_bytes(prefix);
     if len < 0 || len as usize > MAX_BUFFER + 1024 {
         return Err(format!("frame length {len} outside 0..={}", MAX_BUFFER + 1024));
     }
-    let mut body = vec![0u8; len as usize];
-    stream.read_exact(&mut body).await.map_err(|e| e.to_string())?;
-    Ok(body)
+    Ok(len as usize)
+}
+
+/// What one frame after the handshake asks of the front end.
+#[derive(Debug)]
+pub enum Incoming {
+    Ping,
+    Close(i32),
+    /// An auth packet: scheme and credentials.
+    Auth(String, Vec<u8>),
+    /// A request for the cluster: its xid, the request, its frame's size.
+    Request(i32, Request, usize),
+    /// An opcode this server does not implement: UNIMPLEMENTED, the connection stays.
+    Unimplemented(i32),
+    /// A request that fits ZooKeeper's frame but not one command ([`orderable`]):
+    /// BADARGUMENTS, the connection stays.
+    TooLarge(i32),
+    /// Bytes that are not a request: the connection closes.
+    Malformed(String),
+}
+
+/// Reads one frame's body (session `session`'s). Pure, so the fuzz target runs it on
+/// arbitrary bytes: whatever it returns as a `Request` fits in one command.
+pub fn incoming(session: i64, body: &[u8]) -> Incoming {
+    let mut r = Reader::new(body);
+    let (Ok(xid), Ok(opcode)) = (r.int(), r.int()) else {
+        return Incoming::Malformed("a frame without a request header".into());
+    };
+    match opcode {
+        op::PING => Incoming::Ping,
+        op::CLOSE_SESSION => Incoming::Close(xid),
+        op::AUTH => match (r.int(), r.string(), r.buffer()) {
+            (Ok(_type), Ok(scheme), Ok(auth)) => Incoming::Auth(scheme, auth),
+            _ => Incoming::Malformed("a malformed auth packet".into()),
+        },
+        _ => match Request::parse(opcode, &mut r) {
+            Err(e) => Incoming::Malformed(e.to_string()),
+            Ok(None) => Incoming::Unimplemented(xid),
+            Ok(Some(request)) if !orderable(session, &request, body.len()) => Incoming::TooLarge(xid),
+            Ok(Some(request)) => Incoming::Request(xid, request, body.len()),
+        },
+    }
 }
 
 /// A client connection's receiving half, buffered.
@@ -606,9 +653,14 @@ type ReadHalf = tokio::io::BufReader<tokio::net::tcp::OwnedReadHalf>;
 
 fn frame(body: &[u8]) -> Vec<u8> {
     let mut f = Vec::with_capacity(4 + body.len());
-    f.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    f.extend_from_slice(body);
+    push_frame(&mut f, body);
     f
+}
+
+/// Appends `body` to `buf` as one frame: its length, then the bytes.
+fn push_frame(buf: &mut Vec<u8>, body: &[u8]) {
+    buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    buf.extend_from_slice(body);
 }
 
 /// One client connection: the handshake, then requests in order.
@@ -719,8 +771,7 @@ async fn connection(shared: &Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
                     break;
                 };
                 for body in bodies {
-                    buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
-                    buf.extend_from_slice(&body);
+                    push_frame(&mut buf, &body);
                     frames += 1;
                 }
                 if buf.len() < WRITE_COALESCE_MAX {
@@ -1218,40 +1269,27 @@ async fn read_requests(
         };
         shared.stats.received.fetch_add(1, Ordering::Relaxed);
         shared.heard(session, timeout);
-        let mut r = Reader::new(&body);
-        let (Ok(xid), Ok(opcode)) = (r.int(), r.int()) else {
-            shared.stats.malformed.fetch_add(1, Ordering::Relaxed);
-            return "a frame without a request header";
-        };
-        let item = match opcode {
-            op::PING => {
-                let pong = header(xid::PING, shared.zxid.load(Ordering::Relaxed), err::OK);
-                if out.send(Out::Frame(pong)).await.is_err() {
+        let zxid = || shared.zxid.load(Ordering::Relaxed);
+        let item = match incoming(session, &body) {
+            Incoming::Ping => {
+                if out.send(Out::Frame(header(xid::PING, zxid(), err::OK))).await.is_err() {
                     return "writer gone";
                 }
                 continue;
             }
-            op::CLOSE_SESSION => Item::Close(xid),
-            op::AUTH => {
-                let (Ok(_type), Ok(scheme), Ok(auth)) = (r.int(), r.string(), r.buffer()) else {
-                    shared.stats.malformed.fetch_add(1, Ordering::Relaxed);
-                    return "a malformed auth packet";
-                };
-                Item::Auth(scheme, auth)
+            Incoming::Close(xid) => Item::Close(xid),
+            Incoming::Auth(scheme, auth) => Item::Auth(scheme, auth),
+            Incoming::Request(xid, request, size) => Item::Op(xid, request, size),
+            Incoming::Unimplemented(xid) => Item::Local(header(xid, zxid(), err::UNIMPLEMENTED)),
+            Incoming::TooLarge(xid) => {
+                shared.stats.too_large.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(session, bytes = body.len(), "ZooKeeper request too large for one command");
+                Item::Local(header(xid, zxid(), err::BAD_ARGUMENTS))
             }
-            _ => match Request::parse(opcode, &mut r) {
-                Err(e) => {
-                    malformed(shared, shared.listen, &e.to_string());
-                    return "a malformed request";
-                }
-                Ok(None) => Item::Local(header(xid, shared.zxid.load(Ordering::Relaxed), err::UNIMPLEMENTED)),
-                Ok(Some(request)) if !orderable(session, &request, body.len()) => {
-                    shared.stats.too_large.fetch_add(1, Ordering::Relaxed);
-                    tracing::info!(session, bytes = body.len(), "ZooKeeper request too large for one command");
-                    Item::Local(header(xid, shared.zxid.load(Ordering::Relaxed), err::BAD_ARGUMENTS))
-                }
-                Ok(Some(request)) => Item::Op(xid, request, body.len()),
-            },
+            Incoming::Malformed(why) => {
+                malformed(shared, shared.listen, &why);
+                return "malformed input";
+            }
         };
         let last = matches!(item, Item::Close(_));
         if items.send(item).await.is_err() {
