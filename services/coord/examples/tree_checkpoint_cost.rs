@@ -85,6 +85,18 @@ fn main() {
         build * 1e3 / znodes as f64
     );
 
+    // Watched reads: one per znode first (each registers a data watch), then the same
+    // again, timed, with every watch held (a watched read counts its session's watches).
+    let watched = znodes.min(100_000);
+    for i in 0..watched {
+        assert_eq!(d.op(Request::GetData { path: node(i), watch: true }), 0);
+    }
+    let t = Instant::now();
+    for i in 0..1000 {
+        assert_eq!(d.op(Request::GetData { path: node(i % watched), watch: true }), 0);
+    }
+    println!("one watched getData, {watched} watches held:  {:>9.3} ms", ms(t) / 1000.0);
+
     let exec = Executor::new(view.service());
     let t = Instant::now();
     let first = Chunked::from_pieces(exec.pieces(), CHUNK);

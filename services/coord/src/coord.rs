@@ -229,43 +229,147 @@ struct Session {
     pinned: bool,
 }
 
-/// Watches: path -> sessions.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct Watches {
+/// Which table a watch is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Table {
     /// One-shot data and exist watches (ZooKeeper's server keeps both in one table).
-    data: BTreeMap<String, BTreeSet<i64>>,
+    Data,
     /// One-shot child watches.
+    Child,
+    Persistent,
+    Recursive,
+}
+
+/// Watches: path -> sessions, per table. Serializes as its four tables.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StoredWatches")]
+struct Watches {
+    data: BTreeMap<String, BTreeSet<i64>>,
+    child: BTreeMap<String, BTreeSet<i64>>,
+    persistent: BTreeMap<String, BTreeSet<i64>>,
+    recursive: BTreeMap<String, BTreeSet<i64>>,
+    /// Each session's watches, derived from the tables: counting a session's watches
+    /// (at every watched read) and dropping them (at its end) walked every table, a
+    /// cost in the number of watches of all sessions.
+    #[serde(skip)]
+    owned: BTreeMap<i64, BTreeSet<(Table, String)>>,
+}
+
+/// What watches are read back from: the tables, each session's index still to build.
+#[derive(Deserialize)]
+struct StoredWatches {
+    data: BTreeMap<String, BTreeSet<i64>>,
     child: BTreeMap<String, BTreeSet<i64>>,
     persistent: BTreeMap<String, BTreeSet<i64>>,
     recursive: BTreeMap<String, BTreeSet<i64>>,
 }
 
+impl From<StoredWatches> for Watches {
+    fn from(w: StoredWatches) -> Watches {
+        let mut owned: BTreeMap<i64, BTreeSet<(Table, String)>> = BTreeMap::new();
+        let tables = [
+            (Table::Data, &w.data),
+            (Table::Child, &w.child),
+            (Table::Persistent, &w.persistent),
+            (Table::Recursive, &w.recursive),
+        ];
+        for (table, entries) in tables {
+            for (path, sessions) in entries {
+                for s in sessions {
+                    owned.entry(*s).or_default().insert((table, path.clone()));
+                }
+            }
+        }
+        Watches { data: w.data, child: w.child, persistent: w.persistent, recursive: w.recursive, owned }
+    }
+}
+
 impl Watches {
-    fn add(table: &mut BTreeMap<String, BTreeSet<i64>>, path: &str, session: i64) {
-        table.entry(path.to_string()).or_default().insert(session);
+    fn table(&self, table: Table) -> &BTreeMap<String, BTreeSet<i64>> {
+        match table {
+            Table::Data => &self.data,
+            Table::Child => &self.child,
+            Table::Persistent => &self.persistent,
+            Table::Recursive => &self.recursive,
+        }
     }
 
-    fn take(table: &mut BTreeMap<String, BTreeSet<i64>>, path: &str) -> BTreeSet<i64> {
-        table.remove(path).unwrap_or_default()
+    fn table_mut(&mut self, table: Table) -> &mut BTreeMap<String, BTreeSet<i64>> {
+        match table {
+            Table::Data => &mut self.data,
+            Table::Child => &mut self.child,
+            Table::Persistent => &mut self.persistent,
+            Table::Recursive => &mut self.recursive,
+        }
     }
 
-    fn peek(table: &BTreeMap<String, BTreeSet<i64>>, path: &str) -> BTreeSet<i64> {
-        table.get(path).cloned().unwrap_or_default()
+    /// Registers a watch; false if the session already holds [`WATCHES_PER_SESSION_MAX`]
+    /// others (each is replicated state, and a client could send them without end).
+    fn add(&mut self, table: Table, path: &str, session: i64) -> bool {
+        if self.has(table, path, session) {
+            return true;
+        }
+        if self.count(session) >= WATCHES_PER_SESSION_MAX {
+            return false;
+        }
+        self.table_mut(table).entry(path.to_string()).or_default().insert(session);
+        self.owned.entry(session).or_default().insert((table, path.to_string()));
+        true
+    }
+
+    /// Removes and returns the sessions watching `path` in `table` (a one-shot firing).
+    fn take(&mut self, table: Table, path: &str) -> BTreeSet<i64> {
+        let sessions = self.table_mut(table).remove(path).unwrap_or_default();
+        for s in &sessions {
+            self.disown(*s, table, path);
+        }
+        sessions
+    }
+
+    fn peek(&self, table: Table, path: &str) -> BTreeSet<i64> {
+        self.table(table).get(path).cloned().unwrap_or_default()
+    }
+
+    fn has(&self, table: Table, path: &str, session: i64) -> bool {
+        self.table(table).get(path).is_some_and(|s| s.contains(&session))
+    }
+
+    /// Removes one session's watch; whether it had one.
+    fn remove(&mut self, table: Table, path: &str, session: i64) -> bool {
+        let t = self.table_mut(table);
+        let Some(sessions) = t.get_mut(path) else { return false };
+        let removed = sessions.remove(&session);
+        if sessions.is_empty() {
+            t.remove(path);
+        }
+        if removed {
+            self.disown(session, table, path);
+        }
+        removed
+    }
+
+    fn disown(&mut self, session: i64, table: Table, path: &str) {
+        if let Some(own) = self.owned.get_mut(&session) {
+            own.remove(&(table, path.to_string()));
+            if own.is_empty() {
+                self.owned.remove(&session);
+            }
+        }
     }
 
     fn count(&self, session: i64) -> usize {
-        [&self.data, &self.child, &self.persistent, &self.recursive]
-            .iter()
-            .map(|t| t.values().filter(|s| s.contains(&session)).count())
-            .sum()
+        self.owned.get(&session).map_or(0, BTreeSet::len)
     }
 
     fn drop_session(&mut self, session: i64) {
-        for t in [&mut self.data, &mut self.child, &mut self.persistent, &mut self.recursive] {
-            t.retain(|_, s| {
-                s.remove(&session);
-                !s.is_empty()
-            });
+        for (table, path) in self.owned.remove(&session).unwrap_or_default() {
+            let t = self.table_mut(table);
+            if let Some(sessions) = t.get_mut(&path) {
+                sessions.remove(&session);
+                if sessions.is_empty() {
+                    t.remove(&path);
+                }
+            }
         }
     }
 }
@@ -620,16 +724,18 @@ impl State {
                 let answer = self.read(session, request.clone());
                 // exists registers on a missing node too; getData only on one that is.
                 let registers = matches!(request, Request::Exists { .. }) || answer.is_ok();
-                if registers && validate(&path, false).is_ok() && self.room(session) {
-                    Watches::add(&mut self.watches.data, &path, session);
+                // Past the session's bound the read is answered unwatched (as before
+                // session 43; the bound now holds for addWatch and setWatches too).
+                if registers && validate(&path, false).is_ok() {
+                    self.watches.add(Table::Data, &path, session);
                 }
                 read_reply(answer)
             }
             Request::GetChildren { ref path, watch: true, .. } => {
                 let path = path.clone();
                 let answer = self.read(session, request);
-                if answer.is_ok() && self.room(session) {
-                    Watches::add(&mut self.watches.child, &path, session);
+                if answer.is_ok() {
+                    self.watches.add(Table::Child, &path, session);
                 }
                 read_reply(answer)
             }
@@ -647,36 +753,28 @@ impl State {
                     return Reply::Op { zxid: 0, err: e, body: Vec::new() };
                 }
                 let table = match mode {
-                    0 => &mut self.watches.persistent,
-                    1 => &mut self.watches.recursive,
+                    0 => Table::Persistent,
+                    1 => Table::Recursive,
                     _ => return Reply::Op { zxid: 0, err: err::BAD_ARGUMENTS, body: Vec::new() },
                 };
-                Watches::add(table, &path, session);
+                if !self.watches.add(table, &path, session) {
+                    return Reply::Op { zxid: 0, err: err::QUOTA_EXCEEDED, body: Vec::new() };
+                }
                 // ZooKeeper answers addWatch with an ErrorResponse(0) record.
                 Reply::Op { zxid: self.zxid, err: err::OK, body: 0i32.to_be_bytes().to_vec() }
             }
             Request::RemoveWatches { path, kind } => {
-                let mut removed = false;
-                let mut remove = |t: &mut BTreeMap<String, BTreeSet<i64>>| {
-                    if let Some(s) = t.get_mut(&path) {
-                        removed |= s.remove(&session);
-                        if s.is_empty() {
-                            t.remove(&path);
-                        }
-                    }
-                };
-                match kind {
-                    1 => remove(&mut self.watches.child),
-                    2 => remove(&mut self.watches.data),
-                    3 => {
-                        remove(&mut self.watches.child);
-                        remove(&mut self.watches.data);
-                        remove(&mut self.watches.persistent);
-                        remove(&mut self.watches.recursive);
-                    }
-                    4 => remove(&mut self.watches.persistent),
-                    5 => remove(&mut self.watches.recursive),
+                let tables: &[Table] = match kind {
+                    1 => &[Table::Child],
+                    2 => &[Table::Data],
+                    3 => &[Table::Child, Table::Data, Table::Persistent, Table::Recursive],
+                    4 => &[Table::Persistent],
+                    5 => &[Table::Recursive],
                     _ => return Reply::Op { zxid: 0, err: err::BAD_ARGUMENTS, body: Vec::new() },
+                };
+                let mut removed = false;
+                for table in tables {
+                    removed |= self.watches.remove(*table, &path, session);
                 }
                 let e = if removed { err::OK } else { err::NO_WATCHER };
                 Reply::Op { zxid: self.zxid, err: e, body: Vec::new() }
@@ -738,10 +836,6 @@ impl State {
                 read => read_reply(self.read(session, read)),
             },
         })
-    }
-
-    fn room(&self, session: i64) -> bool {
-        self.watches.count(session) < WATCHES_PER_SESSION_MAX
     }
 
     /// multi: all or nothing. On failure the ops before the failing one answer OK, the
@@ -1021,14 +1115,13 @@ impl State {
                 w.strings(&mine);
             }
             Request::CheckWatches { path, kind } => {
-                let has = |t: &BTreeMap<String, BTreeSet<i64>>| t.get(&path).is_some_and(|s| s.contains(&session));
-                let w = &self.watches;
+                let has = |table| self.watches.has(table, &path, session);
                 let found = match kind {
-                    1 => has(&w.child),
-                    2 => has(&w.data),
-                    3 => has(&w.child) || has(&w.data) || has(&w.persistent) || has(&w.recursive),
-                    4 => has(&w.persistent),
-                    5 => has(&w.recursive),
+                    1 => has(Table::Child),
+                    2 => has(Table::Data),
+                    3 => has(Table::Child) || has(Table::Data) || has(Table::Persistent) || has(Table::Recursive),
+                    4 => has(Table::Persistent),
+                    5 => has(Table::Recursive),
                     _ => return Err(err::BAD_ARGUMENTS),
                 };
                 if !found {
@@ -1117,11 +1210,11 @@ impl State {
             Change::Deleted(p) => (event::NODE_DELETED, p.clone()),
             Change::Data(p) => (event::NODE_DATA_CHANGED, p.clone()),
         };
-        add(Watches::take(&mut self.watches.data, &path), kind, &path);
-        add(Watches::peek(&self.watches.persistent, &path), kind, &path);
+        add(self.watches.take(Table::Data, &path), kind, &path);
+        add(self.watches.peek(Table::Persistent, &path), kind, &path);
         let mut ancestor = path.clone();
         loop {
-            add(Watches::peek(&self.watches.recursive, &ancestor), kind, &path);
+            add(self.watches.peek(Table::Recursive, &ancestor), kind, &path);
             if ancestor == "/" {
                 break;
             }
@@ -1129,12 +1222,12 @@ impl State {
         }
         if !matches!(change, Change::Data(_)) {
             if matches!(change, Change::Deleted(_)) {
-                add(Watches::take(&mut self.watches.child, &path), event::NODE_DELETED, &path);
+                add(self.watches.take(Table::Child, &path), event::NODE_DELETED, &path);
             }
             if path != "/" {
                 let parent = split(&path).0.to_string();
-                add(Watches::take(&mut self.watches.child, &parent), event::NODE_CHILDREN_CHANGED, &parent);
-                add(Watches::peek(&self.watches.persistent, &parent), event::NODE_CHILDREN_CHANGED, &parent);
+                add(self.watches.take(Table::Child, &parent), event::NODE_CHILDREN_CHANGED, &parent);
+                add(self.watches.peek(Table::Persistent, &parent), event::NODE_CHILDREN_CHANGED, &parent);
             }
         }
         for ((session, kind, path), ()) in events {
@@ -1145,7 +1238,9 @@ impl State {
     }
 
     /// setWatches after a reconnect: what changed since the client's last zxid fires
-    /// now, the rest is registered.
+    /// now, the rest is registered (up to the session's bound on watches; the request
+    /// has no per-path answer, so those past it go unregistered, as a watched read's
+    /// does).
     #[allow(clippy::too_many_arguments)]
     fn set_watches(
         &mut self,
@@ -1167,27 +1262,33 @@ impl State {
             match self.tree.get(&path) {
                 None => fire(&mut self.out, event::NODE_DELETED, &path),
                 Some(n) if n.stat.mzxid > rel => fire(&mut self.out, event::NODE_DATA_CHANGED, &path),
-                Some(_) => Watches::add(&mut self.watches.data, &path, session),
+                Some(_) => {
+                    self.watches.add(Table::Data, &path, session);
+                }
             }
         }
         for path in exist.into_iter().filter(|p| validate(p, false).is_ok()) {
             match self.tree.get(&path) {
                 Some(_) => fire(&mut self.out, event::NODE_CREATED, &path),
-                None => Watches::add(&mut self.watches.data, &path, session),
+                None => {
+                    self.watches.add(Table::Data, &path, session);
+                }
             }
         }
         for path in child.into_iter().filter(|p| validate(p, false).is_ok()) {
             match self.tree.get(&path) {
                 None => fire(&mut self.out, event::NODE_DELETED, &path),
                 Some(n) if n.stat.pzxid > rel => fire(&mut self.out, event::NODE_CHILDREN_CHANGED, &path),
-                Some(_) => Watches::add(&mut self.watches.child, &path, session),
+                Some(_) => {
+                    self.watches.add(Table::Child, &path, session);
+                }
             }
         }
         for path in persistent.into_iter().filter(|p| validate(p, false).is_ok()) {
-            Watches::add(&mut self.watches.persistent, &path, session);
+            self.watches.add(Table::Persistent, &path, session);
         }
         for path in recursive.into_iter().filter(|p| validate(p, false).is_ok()) {
-            Watches::add(&mut self.watches.recursive, &path, session);
+            self.watches.add(Table::Recursive, &path, session);
         }
     }
 
@@ -1552,6 +1653,60 @@ mod multi_tests {
                     let (a, b) = (state.tree.get(path), restored.get(path));
                     prop_assert_eq!(a.map(|n| &n.children), b.map(|n| &n.children), "{}", path);
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Add(usize, u8, i64),
+        Take(usize, u8),
+        Remove(usize, u8, i64),
+        Drop(i64),
+    }
+
+    const TABLES: [Table; 4] = [Table::Data, Table::Child, Table::Persistent, Table::Recursive];
+
+    fn op() -> impl Strategy<Value = Op> {
+        let (t, p, s) = (0..4usize, 0..6u8, 1..5i64);
+        prop_oneof![
+            5 => (t.clone(), p.clone(), s.clone()).prop_map(|(t, p, s)| Op::Add(t, p, s)),
+            2 => (t.clone(), p.clone()).prop_map(|(t, p)| Op::Take(t, p)),
+            2 => (t, p, s.clone()).prop_map(|(t, p, s)| Op::Remove(t, p, s)),
+            1 => s.prop_map(Op::Drop),
+        ]
+    }
+
+    proptest! {
+        /// Each session's index follows the tables through adds, one-shot firings,
+        /// removals and session ends: it equals the index rebuilt from the tables (what
+        /// a snapshot read back holds), and counts what a walk of every table counts.
+        #[test]
+        fn the_per_session_index_follows_the_tables(ops in prop::collection::vec(op(), 1..60)) {
+            let mut w = Watches::default();
+            for op in ops {
+                match op {
+                    Op::Add(t, p, s) => {
+                        w.add(TABLES[t], &format!("/p{p}"), s);
+                    }
+                    Op::Take(t, p) => { w.take(TABLES[t], &format!("/p{p}")); }
+                    Op::Remove(t, p, s) => { w.remove(TABLES[t], &format!("/p{p}"), s); }
+                    Op::Drop(s) => w.drop_session(s),
+                }
+                let read_back: Watches = postcard::from_bytes(&postcard::to_allocvec(&w).unwrap_or_default())
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(&read_back.owned, &w.owned);
+                for s in 1..5 {
+                    let walked: usize = TABLES.iter().map(|t| w.table(*t).values().filter(|x| x.contains(&s)).count()).sum();
+                    prop_assert_eq!(w.count(s), walked);
+                }
+                prop_assert!(TABLES.iter().all(|t| w.table(*t).values().all(|x| !x.is_empty())), "no empty entries");
             }
         }
     }

@@ -65,6 +65,8 @@ pub mod err {
     pub const AUTH_FAILED: i32 = -115;
     pub const SESSION_MOVED: i32 = -118;
     pub const NO_WATCHER: i32 = -121;
+    /// A limit reached: here, a session's watches (`WATCHES_PER_SESSION_MAX`).
+    pub const QUOTA_EXCEEDED: i32 = -125;
 }
 
 /// Watch event types (`Watcher.Event.EventType`).

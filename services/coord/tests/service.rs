@@ -834,3 +834,39 @@ fn a_watched_read_names_the_zxid_it_was_ordered_at_and_a_plain_read_none() {
     assert!(after_create > 0);
     assert_eq!(zxids, [after_create, 0, after_create]);
 }
+
+#[test]
+fn a_session_holds_at_most_its_bound_of_watches_however_it_registers_them() {
+    use keel_coord::coord::WATCHES_PER_SESSION_MAX;
+    let mut w = World::new();
+    let s = w.connect(FE_A);
+    let other = w.connect(FE_A);
+    let add = |w: &mut World, session: i64, path: String| w.op(session, Request::AddWatch { path, mode: 0 }).0;
+    for i in 0..WATCHES_PER_SESSION_MAX {
+        assert_eq!(add(&mut w, s, format!("/w{i}")), err::OK);
+    }
+    // The same watch again is no new one; a new one is refused, with ZooKeeper's code.
+    assert_eq!(add(&mut w, s, "/w0".into()), err::OK);
+    assert_eq!(add(&mut w, s, "/one-more".into()), err::QUOTA_EXCEEDED);
+    // setWatches and watched reads register nothing past the bound either.
+    let paths: Vec<String> = (0..50).map(|i| format!("/set{i}")).collect();
+    w.op(
+        s,
+        Request::SetWatches {
+            relative_zxid: w.coord.zxid(),
+            data: Vec::new(),
+            exist: paths.clone(),
+            child: Vec::new(),
+            persistent: paths.clone(),
+            recursive: paths,
+        },
+    );
+    assert_eq!(w.op(s, Request::Exists { path: "/read".into(), watch: true }).0, err::NO_NODE);
+    assert_eq!(w.create(other, "/read", 0), Ok("/read".into()));
+    assert_eq!(w.create(other, "/set0", 0), Ok("/set0".into()));
+    assert!(w.watch_events().iter().all(|(session, _, _)| *session != s), "no watch past the bound fired");
+    // Other sessions are not limited by this one; removing a watch makes room.
+    assert_eq!(add(&mut w, other, "/one-more".into()), err::OK);
+    assert_eq!(w.op(s, Request::RemoveWatches { path: "/w1".into(), kind: 4 }).0, err::OK);
+    assert_eq!(add(&mut w, s, "/one-more".into()), err::OK);
+}
