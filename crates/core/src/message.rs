@@ -242,9 +242,10 @@ impl Value {
 }
 
 fn value_digest(time: u64, statements: impl ExactSizeIterator<Item = Digest>) -> Digest {
-    let mut h = Hasher::new("keel/value").u64(time).u64(statements.len() as u64);
+    let mut h = Hasher::new("keel/value");
+    h.u64(time).u64(statements.len() as u64);
     for s in statements {
-        h = h.digest(&s);
+        h.digest(&s);
     }
     h.finish()
 }
@@ -598,9 +599,10 @@ impl NewView {
     /// What the primary signs in the membership with digest `epoch` (see
     /// [`write_statement`]).
     pub fn statement(&self, epoch: &Digest) -> Digest {
-        let mut h = Hasher::new("keel/new-view").digest(epoch).u64(self.view.0).u64(self.view_changes.len() as u64);
+        let mut h = Hasher::new("keel/new-view");
+        h.digest(epoch).u64(self.view.0).u64(self.view_changes.len() as u64);
         for vc in &self.view_changes {
-            h = h.digest(&vc.statement(epoch));
+            h.digest(&vc.statement(epoch));
         }
         h.finish()
     }
