@@ -1147,9 +1147,12 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// Bytes of replies one connection's writer gathers before it writes them out.
+const REPLY_GATHER_BYTES: usize = 256 << 10;
+
 /// The transmission phase: a reader that parses requests and runs each as a task, and
 /// a writer that sends the replies as they finish.
-async fn transmission<R, W>(mut rd: R, mut wr: W, blocks: &Arc<Blocks>) -> Result<(), ConnError>
+async fn transmission<R, W>(mut rd: R, wr: W, blocks: &Arc<Blocks>) -> Result<(), ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -1157,14 +1160,35 @@ where
     // Each reply travels with the byte budget its request took, released once written.
     let (reply_tx, mut reply_rx) = mpsc::channel::<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>(IN_FLIGHT);
     let writer = tokio::spawn(async move {
-        while let Some((bytes, budget)) = reply_rx.recv().await {
-            // Flushed too: a TLS stream may hold back what the socket did not take,
-            // and the client waits for this reply (plain TCP's flush does nothing).
-            let written = match wr.write_all(&bytes).await {
-                Ok(()) => wr.flush().await,
-                Err(e) => Err(e),
-            };
-            drop(budget);
+        // Replies that finished together leave together: whatever else is queued when
+        // one is taken joins it in one buffer and one flush, so a burst of small reads
+        // costs one socket write (and one TLS flush) rather than one per reply. The
+        // client waits for each reply, so nothing waits for more to come.
+        let mut wr = tokio::io::BufWriter::with_capacity(REPLY_GATHER_BYTES, wr);
+        let mut budgets = Vec::new();
+        while let Some(mut next) = reply_rx.recv().await {
+            let mut written = Ok(());
+            loop {
+                let (bytes, budget) = next;
+                budgets.push(budget);
+                if let Err(e) = wr.write_all(&bytes).await {
+                    written = Err(e);
+                    break;
+                }
+                if wr.buffer().len() >= REPLY_GATHER_BYTES / 2 {
+                    break;
+                }
+                match reply_rx.try_recv() {
+                    Ok(more) => next = more,
+                    Err(_) => break,
+                }
+            }
+            // Flushed too: a TLS stream may hold back what the socket did not take.
+            if written.is_ok() {
+                written = wr.flush().await;
+            }
+            // The budget covers a reply's bytes until they have left.
+            budgets.clear();
             if written.is_err() {
                 return;
             }
