@@ -575,6 +575,33 @@ impl Peers {
     }
 }
 
+/// Frames at least this long are kept for the next message in a flush (`NodeFrames`).
+const REUSED_FRAME_MIN: usize = 512;
+
+/// Encodes one flush's node frames. When a message equals the last long one encoded (a
+/// broadcast's copies are consecutive, `Replica::broadcast`), its frame is copied rather
+/// than encoded again: a PROPOSE is encoded once, not once per peer. A short frame costs
+/// less to encode than to compare, so only long ones are kept.
+#[derive(Default)]
+struct NodeFrames {
+    last: Option<(u64, Message, Vec<u8>)>,
+}
+
+impl NodeFrames {
+    fn encode(&mut self, epoch: u64, msg: Message) -> Vec<u8> {
+        if let Some((e, prev, frame)) = &self.last {
+            if *e == epoch && *prev == msg {
+                return frame.clone();
+            }
+        }
+        let frame = node_frame(epoch, &msg);
+        if frame.len() >= REUSED_FRAME_MIN {
+            self.last = Some((epoch, msg, frame.clone()));
+        }
+        frame
+    }
+}
+
 /// Fault injection (`[faults] slow_propose_ms`): sends this step's PROPOSEs late, so
 /// tests can show that a primary slow within its timers is replaced.
 fn hold_back_proposals(
@@ -719,9 +746,10 @@ pub(crate) fn flush(
         let mut gated = std::mem::take(&mut out.send_after_persist);
         out.send.append(&mut gated);
     }
+    let mut frames = NodeFrames::default();
     for (to, msg) in out.send.drain(..) {
         match route(to) {
-            Some((tx, Some(epoch))) => offer(tx, node_frame(epoch, &msg), stats),
+            Some((tx, Some(epoch))) => offer(tx, frames.encode(epoch, msg), stats),
             Some((tx, None)) => offer(tx, codec::encode(&msg), stats),
             None => {}
         }
@@ -984,5 +1012,39 @@ async fn serve_connection(
     }
     if let Some(w) = writer {
         w.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use keel_core::ids::{Seq, View};
+    use keel_core::message::{Proposal, Proposed, Request};
+
+    fn propose(seq: u64, ops: usize) -> Message {
+        let requests = (0..ops as u64)
+            .map(|c| Proposed::Full(Request::new(keel_core::message::ClientId(c), 1, vec![7u8; 64].into())))
+            .collect();
+        Message::Propose { view: View(0), seq: Seq(seq), value: Proposal { time: 1, requests } }
+    }
+
+    fn decoded(frame: &[u8]) -> (u64, Message) {
+        let (epoch, body) = split_node_frame(frame).expect("a node frame");
+        (epoch, codec::decode(body).expect("decodes"))
+    }
+
+    #[test]
+    fn a_repeated_long_message_reuses_its_frame_and_any_other_gets_its_own() {
+        let mut frames = NodeFrames::default();
+        let (a, b) = (propose(1, 20), propose(2, 20));
+        let first = frames.encode(3, a.clone());
+        assert!(first.len() >= REUSED_FRAME_MIN, "long enough to be kept: {}", first.len());
+        assert_eq!(frames.encode(3, a.clone()), first);
+        // Another message, another epoch, a short one in between: each its own frame.
+        assert_eq!(decoded(&frames.encode(3, b.clone())), (3, b.clone()));
+        assert_eq!(decoded(&frames.encode(4, b.clone())), (4, b));
+        let stop = Message::Stop { view: View(9) };
+        assert_eq!(decoded(&frames.encode(4, stop.clone())), (4, stop));
+        assert_eq!(decoded(&frames.encode(3, a.clone())), (3, a));
     }
 }

@@ -854,16 +854,12 @@ impl<S: Service> Replica<S> {
 
     /// Sends to every other node, now.
     fn broadcast(&self, msg: Message, out: &mut Outputs) {
-        for i in self.others() {
-            out.send.push((self.member(i), msg.clone()));
-        }
+        fan_out(self.others().map(|i| self.member(i)), msg, &mut out.send);
     }
 
     /// Sends to every other node once everything persisted so far is durable.
     fn broadcast_durable(&self, msg: Message, out: &mut Outputs) {
-        for i in self.others() {
-            out.send_after_persist.push((self.member(i), msg.clone()));
-        }
+        fan_out(self.others().map(|i| self.member(i)), msg, &mut out.send_after_persist);
     }
 
     fn persist(&self, record: Record, out: &mut Outputs) {
@@ -1079,6 +1075,20 @@ impl<S: Service> Replica<S> {
             self.value_answers.iter().all(|a| a.len() as u64 <= self.cfg.options.log_max()),
             "value answers are remembered for instances in the window only"
         );
+    }
+}
+
+/// One copy of `msg` per recipient, consecutive (a driver may encode such a run once),
+/// the last recipient taking `msg` itself: a PROPOSE carries a whole batch, and every
+/// copy of it is a deep clone.
+fn fan_out(to: impl Iterator<Item = Peer>, msg: Message, queue: &mut Vec<(Peer, Message)>) {
+    let mut to = to.peekable();
+    while let Some(peer) = to.next() {
+        if to.peek().is_none() {
+            queue.push((peer, msg));
+            return;
+        }
+        queue.push((peer, msg.clone()));
     }
 }
 
