@@ -575,30 +575,17 @@ impl Peers {
     }
 }
 
-/// Frames at least this long are kept for the next message in a flush (`NodeFrames`).
-const REUSED_FRAME_MIN: usize = 512;
-
-/// Encodes one flush's node frames. When a message equals the last long one encoded (a
-/// broadcast's copies are consecutive, `Replica::broadcast`), its frame is copied rather
-/// than encoded again: a PROPOSE is encoded once, not once per peer. A short frame costs
-/// less to encode than to compare, so only long ones are kept.
-#[derive(Default)]
-struct NodeFrames {
-    last: Option<(u64, Message, Vec<u8>)>,
-}
-
-impl NodeFrames {
-    fn encode(&mut self, epoch: u64, msg: Message) -> Vec<u8> {
-        if let Some((e, prev, frame)) = &self.last {
-            if *e == epoch && *prev == msg {
-                return frame.clone();
-            }
-        }
+/// Encodes node messages as frames tagged with `epoch`, handing each to `each`. A run
+/// of equal messages (a broadcast's copies, which `Replica::broadcast` keeps
+/// consecutive) is encoded once and its bytes copied: a PROPOSE carries a whole batch.
+fn node_frames(sends: Vec<(NodeId, Message)>, epoch: u64, mut each: impl FnMut(NodeId, Vec<u8>)) {
+    let mut sends = sends.into_iter().peekable();
+    while let Some((to, msg)) = sends.next() {
         let frame = node_frame(epoch, &msg);
-        if frame.len() >= REUSED_FRAME_MIN {
-            self.last = Some((epoch, msg, frame.clone()));
+        while let Some((copy_to, _)) = sends.next_if(|(_, next)| *next == msg) {
+            each(copy_to, frame.clone());
         }
-        frame
+        each(to, frame);
     }
 }
 
@@ -746,14 +733,23 @@ pub(crate) fn flush(
         let mut gated = std::mem::take(&mut out.send_after_persist);
         out.send.append(&mut gated);
     }
-    let mut frames = NodeFrames::default();
+    let mut to_nodes = Vec::new();
     for (to, msg) in out.send.drain(..) {
-        match route(to) {
-            Some((tx, Some(epoch))) => offer(tx, frames.encode(epoch, msg), stats),
-            Some((tx, None)) => offer(tx, codec::encode(&msg), stats),
-            None => {}
+        match to {
+            Peer::Node(j) => to_nodes.push((j, msg)),
+            // Sessions share their owner's connection.
+            Peer::Client(c) => {
+                if let Some(tx) = clients.route(owner_of(c)) {
+                    offer(tx, codec::encode(&msg), stats)
+                }
+            }
         }
     }
+    node_frames(to_nodes, epoch, |j, frame| {
+        if let Some(tx) = peers.route(j) {
+            offer(tx, frame, stats)
+        }
+    });
     if wait || !out.persist_lazy.is_empty() {
         let gated: Vec<Gated> = out
             .send_after_persist
@@ -1034,17 +1030,34 @@ mod tests {
     }
 
     #[test]
-    fn a_repeated_long_message_reuses_its_frame_and_any_other_gets_its_own() {
-        let mut frames = NodeFrames::default();
+    fn a_run_of_equal_messages_shares_one_encoding_and_every_other_gets_its_own() {
         let (a, b) = (propose(1, 20), propose(2, 20));
-        let first = frames.encode(3, a.clone());
-        assert!(first.len() >= REUSED_FRAME_MIN, "long enough to be kept: {}", first.len());
-        assert_eq!(frames.encode(3, a.clone()), first);
-        // Another message, another epoch, a short one in between: each its own frame.
-        assert_eq!(decoded(&frames.encode(3, b.clone())), (3, b.clone()));
-        assert_eq!(decoded(&frames.encode(4, b.clone())), (4, b));
         let stop = Message::Stop { view: View(9) };
-        assert_eq!(decoded(&frames.encode(4, stop.clone())), (4, stop));
-        assert_eq!(decoded(&frames.encode(3, a.clone())), (3, a));
+        let sends = vec![
+            (NodeId(1), a.clone()),
+            (NodeId(2), a.clone()),
+            (NodeId(3), a.clone()),
+            (NodeId(1), b.clone()),
+            (NodeId(2), stop.clone()),
+            (NodeId(3), a.clone()),
+        ];
+        let mut got = Vec::new();
+        node_frames(sends, 4, |to, frame| got.push((to, frame)));
+        got.sort_by_key(|(to, _)| to.0);
+        let frames: Vec<(u32, u64, Message)> = got
+            .iter()
+            .map(|(to, f)| {
+                let (epoch, msg) = decoded(f);
+                (to.0, epoch, msg)
+            })
+            .collect();
+        assert_eq!(
+            frames,
+            vec![(1, 4, a.clone()), (1, 4, b), (2, 4, a.clone()), (2, 4, stop), (3, 4, a.clone()), (3, 4, a)]
+        );
+        // The broadcast's three copies are the same bytes.
+        let of = |to: u32| got.iter().find(|(t, _)| t.0 == to).map(|(_, f)| f.clone());
+        assert_eq!(of(1), of(2));
+        assert_eq!(of(2), of(3));
     }
 }
