@@ -92,8 +92,8 @@ pub struct InitArgs {
     /// others are down, so writes go on while a preferred node is away (default 10).
     #[arg(long, help_heading = "block service")]
     reserve: Option<String>,
-    /// block: recovery phase 2's throttle, MB/s of block data a recovering node fetches
-    /// (default 0: none).
+    /// block: recovery phase 2's cap, MB/s of block data a recovering node fetches
+    /// (default 0: none; phase 2 yields to reads and writes either way).
     #[arg(long, help_heading = "block service")]
     recovery_mbps: Option<String>,
     /// block: seconds a front end may order no write before the cluster ends its epoch

@@ -94,6 +94,8 @@ fn metrics_parse_with_prometheus_parsers_and_ready_follows_the_quorum() {
         "process_resident_memory_bytes",
         "keel_block_nbd_writes_total",
         "keel_block_incomplete_blocks",
+        // Per node that acknowledged the write's PrepareData: a histogram.
+        "keel_block_prepare_ack_seconds_bucket{",
         // The front end's in-process client: the library's latency histogram.
         "keel_client_invoke_seconds_bucket{",
     ] {

@@ -142,6 +142,39 @@ pub struct FrontStats {
     pub reserve_prepares: AtomicU64,
     /// Nodes this front end does not wait for now (they timed out lately).
     pub suspects: Suspects,
+    /// How long each node took to acknowledge this front end's PrepareData.
+    pub prepare_acks: AckTimes,
+}
+
+/// Acknowledgement times of PrepareData by the node that acknowledged, as a histogram:
+/// a write waits for the slowest of its copies, so this shows which node slows writes
+/// (a recovering one, a slow disk).
+#[derive(Default)]
+pub struct AckTimes(std::sync::Mutex<std::collections::BTreeMap<NodeId, AckHistogram>>);
+
+/// Upper bounds of [`AckTimes`]' buckets, in seconds (the last bucket is unbounded).
+pub const ACK_BUCKETS: [f64; 10] = [0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25];
+
+#[derive(Default, Clone)]
+pub struct AckHistogram {
+    /// Per bucket of [`ACK_BUCKETS`] (not cumulative), then the unbounded one.
+    pub buckets: [u64; ACK_BUCKETS.len() + 1],
+    pub sum_seconds: f64,
+}
+
+impl AckTimes {
+    pub fn record(&self, node: NodeId, took: std::time::Duration) {
+        let s = took.as_secs_f64();
+        let bucket = ACK_BUCKETS.iter().position(|&le| s <= le).unwrap_or(ACK_BUCKETS.len());
+        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let h = all.entry(node).or_default();
+        h.buckets[bucket] += 1;
+        h.sum_seconds += s;
+    }
+
+    pub fn snapshot(&self) -> Vec<(NodeId, AckHistogram)> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(n, h)| (*n, h.clone())).collect()
+    }
 }
 
 impl FrontStats {
@@ -466,7 +499,7 @@ impl Blocks {
                         Copy::Good => {
                             found[i] = Some(Found::Data(d.to_vec()));
                             if g.is_preferred(b, me) {
-                                keep.push((b, v, d));
+                                keep.push((b, v));
                             }
                         }
                         Copy::Wrong => self.stats.bad_block(node, b, v),
@@ -474,8 +507,18 @@ impl Blocks {
                         Copy::Older => {}
                     }
                 }
-                for (b, v, d) in keep {
-                    let _ = self.local.store_fetched(b, &[v], d);
+                // Runs of consecutive blocks are consecutive in `data`: each is stored
+                // as one.
+                let mut k = 0;
+                while k < keep.len() {
+                    let start = k;
+                    while k + 1 < keep.len() && keep[k + 1].0 == keep[k].0 + 1 {
+                        k += 1;
+                    }
+                    k += 1;
+                    let (b, i) = (keep[start].0, (keep[start].0 - first - at) as usize);
+                    let versions: Vec<u64> = keep[start..k].iter().map(|&(_, v)| v).collect();
+                    let _ = self.local.store_fetched(b, &versions, &data[i * bs..(i + versions.len()) * bs]);
                 }
                 at += n;
             }
@@ -659,6 +702,7 @@ impl Blocks {
         }
         let mut acked = 0usize;
         let mut answered = 0usize;
+        let asked_at = tokio::time::Instant::now();
         let mut full = false;
         let mut ended = false;
         let mut last_error = String::new();
@@ -679,6 +723,9 @@ impl Blocks {
                     answered += 1;
                     heard_from.insert(i);
                     heard = tokio::time::Instant::now();
+                    if let Some(&node) = self.members.get(i as usize) {
+                        self.stats.prepare_acks.record(node, heard - asked_at);
+                    }
                     if heard < widen_at {
                         self.suspect(i, false);
                     }

@@ -7,11 +7,15 @@
 //! preferred blocks and fetches those it does not hold at their agreed version from
 //! peers, each checked against the agreed hash (a peer that sends wrong bytes is
 //! reported and another one asked), throttled to `recovery_mbps`. A node whose disk was
-//! wiped rebuilds all its slices this way.
+//! wiped rebuilds all its slices this way. While the cluster serves reads or writes,
+//! phase 2 yields to them (`YIELD_PACE`): it runs at full speed only when idle.
 //!
 //! Reserve collection: a block this node holds outside its preferred set is dropped
 //! once every preferred node says it holds the agreed version (at most r of them lie,
-//! so u + 1 correct copies remain).
+//! so u + 1 correct copies remain); a copy of a newer version stored since stays. It is
+//! paced (`COLLECT_PACE`). The disk space of a stripe that then holds nothing here is
+//! given back by a hole punch later (`reclaim`), slowly while the cluster is busy: a
+//! punch holds the store lock for milliseconds.
 
 use crate::front::Blocks;
 use crate::meta::{Hash, REGION_BLOCKS};
@@ -23,6 +27,15 @@ use std::time::{Duration, Instant};
 const RUN_BLOCKS: u64 = 256;
 /// Pause between scans when there is nothing to do.
 const IDLE: Duration = Duration::from_secs(1);
+/// While writes or reads run, phase 2 rests this many times as long as each fetch took,
+/// so it fetches at most 1 / (1 + YIELD_PACE) of the time; idle, it runs at full speed
+/// (or `recovery_mbps`).
+const YIELD_PACE: u32 = 2;
+/// While reads or writes run, the least time between two stripes punched out.
+const RECLAIM_BUSY_GAP: Duration = Duration::from_secs(1);
+/// Reserve collection rests this many times as long as it spent dropping blocks, so it
+/// takes at most 1 / (1 + COLLECT_PACE) of the store's time.
+const COLLECT_PACE: u32 = 9;
 
 /// Phase 2's progress, shown in `keel status` and the metrics.
 #[derive(Default)]
@@ -38,6 +51,8 @@ pub struct Recovery {
     pub unavailable: AtomicU64,
     /// Reserve blocks dropped because their preferred nodes hold them.
     pub reserve_collected: AtomicU64,
+    /// Bytes of disk given back by punching out stripes that hold nothing here.
+    pub reclaimed_bytes: AtomicU64,
     /// Whether the last scan found nothing to re-replicate.
     pub complete: AtomicBool,
     /// Scans finished (`incomplete` means something once there was one).
@@ -75,6 +90,7 @@ impl Recovery {
             }
             was_complete = complete;
             self.collect_reserve(&blocks).await;
+            self.reclaim(&blocks).await;
             if fetched == 0 {
                 tokio::time::sleep(IDLE.saturating_sub(started.elapsed())).await;
             }
@@ -118,7 +134,15 @@ impl Recovery {
             let mut left = missing.len() as u64;
             for (first, count) in runs(&missing, RUN_BLOCKS) {
                 let lookup = |b: u64| want[(b - region) as usize];
+                let (started, busy) = (Instant::now(), foreground(blocks));
                 let found = blocks.fetch_run(first, count, &lookup).await;
+                if foreground(blocks) != busy {
+                    // Writes or reads ran meanwhile: yield to them, as md's resync does.
+                    // Each fetch costs the peers that serve it (a read, a message on the
+                    // links their PrepareData use) and this node a store write; at full
+                    // speed it took a front end's writes below 0.7 of their rate here.
+                    tokio::time::sleep(started.elapsed() * YIELD_PACE).await;
+                }
                 let got = found.iter().filter(|f| f.is_data()).count() as u64;
                 unavailable += found.iter().filter(|f| f.is_nowhere()).count() as u64;
                 fetched += got;
@@ -149,6 +173,11 @@ impl Recovery {
     }
 
     /// Drops reserve blocks whose preferred nodes all hold the agreed version.
+    ///
+    /// Each preferred node is asked once per stripe, for the span from its first to its
+    /// last block held here: random writes leave reserve copies one or two blocks apart,
+    /// and a question per run of consecutive blocks was thousands of round trips per
+    /// pass on the links that carry PrepareData (session 45).
     async fn collect_reserve(&self, blocks: &Blocks) {
         let g = blocks.local.geometry();
         let me = blocks.local.index();
@@ -159,9 +188,19 @@ impl Recovery {
         while region < g.blocks {
             let end = (region + REGION_BLOCKS as u64).min(g.blocks);
             let (want, _) = self.meta_of(blocks, region, end);
-            let held: Vec<u64> =
-                (region..end).filter(|&b| !g.is_preferred(b, me) && blocks.local.store().held(b) != 0).collect();
-            for (first, count) in runs(&held, RUN_BLOCKS) {
+            let mut stripe = region;
+            while stripe < end {
+                let stop = g.stripe_end(stripe, end);
+                let (from, to) = (stripe, stop);
+                stripe = stop;
+                if g.is_preferred(from, me) {
+                    continue;
+                }
+                let store = blocks.local.store();
+                let Some(first) = (from..to).find(|&b| store.held(b) != 0) else { continue };
+                let Some(last) = (first..to).rev().find(|&b| store.held(b) != 0) else { continue };
+                let count = last + 1 - first;
+                let agreed = |b: u64| want[(b - region) as usize].0;
                 let mut confirmed = vec![0u32; count as usize];
                 for index in g.preferred(first) {
                     let Some(&node) = blocks.members.get(index as usize) else { continue };
@@ -173,22 +212,75 @@ impl Recovery {
                         continue;
                     }
                     for (k, v) in versions.iter().enumerate() {
-                        if *v == want[(first + k as u64 - region) as usize].0 {
+                        if *v == agreed(first + k as u64) {
                             confirmed[k] += 1;
                         }
                     }
                 }
-                for (k, c) in confirmed.iter().enumerate() {
-                    let b = first + k as u64;
-                    if *c >= g.copies && blocks.local.store().held(b) == want[(b - region) as usize].0 {
-                        blocks.local.drop_reserve(b, 1);
-                        self.reserve_collected.fetch_add(1, Ordering::Relaxed);
-                    }
+                let versions: Vec<u64> = (first..=last)
+                    .zip(&confirmed)
+                    .map(|(b, &c)| if c >= g.copies && store.held(b) != 0 { agreed(b) } else { 0 })
+                    .collect();
+                if versions.iter().all(|&v| v == 0) {
+                    continue;
                 }
+                let started = Instant::now();
+                let dropped = blocks.local.collect_reserve(first, &versions);
+                self.reserve_collected.fetch_add(dropped, Ordering::Relaxed);
+                // Paced: each hole punch is a journal transaction on the data file, made
+                // holding the store lock that this node's writes and reads wait for.
+                // Unpaced, collection after a peer's restart took a front end's writes
+                // to about half their rate (session 45); it is never urgent.
+                tokio::time::sleep(started.elapsed() * COLLECT_PACE).await;
             }
             region = end;
         }
     }
+}
+
+impl Recovery {
+    /// Punches out the stripes outside this node's preferred set that hold nothing here
+    /// but still have data on disk (reserve copies released by `collect_reserve` or by a
+    /// later write). While reads or writes run, at most one punch per `RECLAIM_BUSY_GAP`:
+    /// a punch holds the store lock for milliseconds, and the space can wait.
+    async fn reclaim(&self, blocks: &Blocks) {
+        let g = blocks.local.geometry();
+        let sb = g.stripe_blocks();
+        let mut b = 0u64;
+        while b < g.blocks {
+            let stripe = b;
+            b = g.stripe_end(stripe, g.blocks);
+            let started = Instant::now();
+            match blocks.local.reclaim_stripe(stripe) {
+                Ok(true) => {
+                    self.reclaimed_bytes.fetch_add((b - stripe).min(sb) * g.bs() as u64, Ordering::Relaxed);
+                    // Busy means reads or writes ran during the rest after a punch: the
+                    // punch itself holds them up, so what moves during it says nothing.
+                    let rest = started.elapsed() * COLLECT_PACE;
+                    let seen = foreground(blocks);
+                    tokio::time::sleep(rest).await;
+                    if foreground(blocks) != seen {
+                        tokio::time::sleep(RECLAIM_BUSY_GAP.saturating_sub(rest)).await;
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(first = stripe, error = %e, "giving back a free stripe's disk space failed");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A count that moves whenever this node serves a read or a write, or takes part in one
+/// (every write is ordered on every node).
+fn foreground(blocks: &Blocks) -> u64 {
+    let (l, f) = (&blocks.local.stats, &blocks.stats);
+    [&l.prepares, &l.writes_complete, &l.writes_incomplete, &f.reads, &f.writes]
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .fold(0u64, u64::wrapping_add)
 }
 
 /// Runs of consecutive blocks, each at most `max` long: (first, count).

@@ -1,7 +1,7 @@
 //! What a block node reports of itself: its metrics (appended to the node's `/metrics`)
 //! and its lines in `keel status`.
 
-use crate::front::FrontStats;
+use crate::front::{FrontStats, ACK_BUCKETS};
 use crate::local::Local;
 use crate::recovery::Recovery;
 use keel::ServiceReport;
@@ -132,12 +132,33 @@ impl ServiceReport for BlockReport {
         for (node, n) in f.bad_by_node.lock().unwrap_or_else(PoisonError::into_inner).iter() {
             let _ = writeln!(out, "keel_block_bad_blocks_total{{node=\"{node}\"}} {n}");
         }
+        let _ = write!(
+            out,
+            "# HELP keel_block_prepare_ack_seconds How long each node took to acknowledge this front end's PrepareData.\n# TYPE keel_block_prepare_ack_seconds histogram\n"
+        );
+        for (node, h) in f.prepare_acks.snapshot() {
+            let mut below = 0u64;
+            for (le, n) in ACK_BUCKETS.iter().zip(h.buckets) {
+                below += n;
+                let _ = writeln!(out, "keel_block_prepare_ack_seconds_bucket{{node=\"{node}\",le=\"{le}\"}} {below}");
+            }
+            let count: u64 = h.buckets.iter().sum();
+            let _ = writeln!(out, "keel_block_prepare_ack_seconds_bucket{{node=\"{node}\",le=\"+Inf\"}} {count}");
+            let _ = writeln!(out, "keel_block_prepare_ack_seconds_sum{{node=\"{node}\"}} {}", h.sum_seconds);
+            let _ = writeln!(out, "keel_block_prepare_ack_seconds_count{{node=\"{node}\"}} {count}");
+        }
         let r = &self.recovery;
         gauge(
             &mut out,
             "incomplete_blocks",
             "Preferred blocks not held at their agreed version (recovery phase 2 left)",
             r.incomplete.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "reserve_reclaimed_bytes",
+            "Bytes of disk given back by punching out stripes that hold nothing here",
+            &r.reclaimed_bytes,
         );
         counter(&mut out, "recovery_scans", "Passes of recovery phase 2 over the preferred blocks", &r.scans);
         counter(

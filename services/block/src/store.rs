@@ -16,13 +16,16 @@ use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 pub struct Store {
     data: File,
     held_file: File,
     held: Vec<AtomicU64>,
     block_size: u64,
+    /// Cleared when the file system refuses to punch holes (zeros are written instead,
+    /// and [`Store::has_data`] then says there is nothing to reclaim).
+    holes: AtomicBool,
 }
 
 impl Store {
@@ -49,7 +52,7 @@ impl Store {
             .chunks_exact(8)
             .map(|c| AtomicU64::new(u64::from_le_bytes(c.try_into().unwrap_or_default())))
             .collect();
-        Ok(Store { data, held_file, held, block_size })
+        Ok(Store { data, held_file, held, block_size, holes: AtomicBool::new(true) })
     }
 
     pub fn blocks(&self) -> u64 {
@@ -80,7 +83,18 @@ impl Store {
     /// An I/O error; the blocks' held versions are then unchanged.
     pub fn write(&self, first: u64, data: &[u8], version: u64) -> io::Result<()> {
         self.data.write_all_at(data, first * self.block_size)?;
-        self.set_held(first, data.len() as u64 / self.block_size, version)
+        self.set_held(first, std::iter::repeat_n(version, (data.len() as u64 / self.block_size) as usize))
+    }
+
+    /// Stores `data` (whole blocks from `first`), block `first + k` as `versions[k]`:
+    /// one write for the data and one for the versions, however many blocks.
+    ///
+    /// # Errors
+    /// An I/O error; the blocks' held versions are then unchanged.
+    pub fn write_each(&self, first: u64, data: &[u8], versions: &[u64]) -> io::Result<()> {
+        debug_assert_eq!(data.len() as u64, versions.len() as u64 * self.block_size);
+        self.data.write_all_at(data, first * self.block_size)?;
+        self.set_held(first, versions.iter().copied())
     }
 
     /// Makes `count` blocks from `first` zeros at `version` (a hole: no data written).
@@ -89,7 +103,7 @@ impl Store {
     /// An I/O error.
     pub fn zero(&self, first: u64, count: u64, version: u64) -> io::Result<()> {
         self.punch(first, count)?;
-        self.set_held(first, count, version)
+        self.set_held(first, std::iter::repeat_n(version, count as usize))
     }
 
     /// Drops the data of blocks this node no longer needs (reserve storage collected):
@@ -98,8 +112,38 @@ impl Store {
     /// # Errors
     /// An I/O error.
     pub fn drop_blocks(&self, first: u64, count: u64) -> io::Result<()> {
-        self.set_held(first, count, 0)?;
+        self.release(first, count)?;
         self.punch(first, count)
+    }
+
+    /// Whether the file has data (not a hole) anywhere in these blocks: space a punch
+    /// would give back. False on a file system without holes.
+    ///
+    /// # Errors
+    /// An I/O error other than "no data past this offset".
+    pub fn has_data(&self, first: u64, count: u64) -> io::Result<bool> {
+        if !self.holes.load(Ordering::Relaxed) {
+            return Ok(false);
+        }
+        let (offset, end) = (first * self.block_size, (first + count) * self.block_size);
+        // SAFETY: lseek on a descriptor this struct owns; it touches no memory of ours.
+        // Every read and write here is positional, so moving the file offset is harmless.
+        let at = unsafe { libc::lseek(self.data.as_raw_fd(), offset as libc::off_t, libc::SEEK_DATA) };
+        if at < 0 {
+            let err = io::Error::last_os_error();
+            return if err.raw_os_error() == Some(libc::ENXIO) { Ok(false) } else { Err(err) };
+        }
+        Ok((at as u64) < end)
+    }
+
+    /// Holds no version of these blocks any more (held 0), leaving their bytes where they
+    /// are until a [`Store::drop_blocks`] over them: a hole punch is a journal
+    /// transaction, so the caller may punch many released blocks at once.
+    ///
+    /// # Errors
+    /// An I/O error writing the held versions (they are 0 in memory all the same).
+    pub fn release(&self, first: u64, count: u64) -> io::Result<()> {
+        self.set_held(first, std::iter::repeat_n(0, count as usize))
     }
 
     fn punch(&self, first: u64, count: u64) -> io::Result<()> {
@@ -116,6 +160,7 @@ impl Store {
         if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
             return Err(err);
         }
+        self.holes.store(false, Ordering::Relaxed);
         // A file system without holes: write the zeros.
         let zeros = vec![0u8; (1 << 20).min(len as usize)];
         let mut at = offset as u64;
@@ -128,9 +173,9 @@ impl Store {
         Ok(())
     }
 
-    fn set_held(&self, first: u64, count: u64, version: u64) -> io::Result<()> {
-        let mut bytes = Vec::with_capacity(count as usize * 8);
-        for b in first..first + count {
+    fn set_held(&self, first: u64, versions: impl ExactSizeIterator<Item = u64>) -> io::Result<()> {
+        let mut bytes = Vec::with_capacity(versions.len() * 8);
+        for (b, version) in (first..).zip(versions) {
             if let Some(h) = self.held.get(b as usize) {
                 h.store(version, Ordering::Release);
             }
