@@ -93,7 +93,7 @@ pub struct InitArgs {
     #[arg(long, help_heading = "block service")]
     reserve: Option<String>,
     /// block: recovery phase 2's cap, MB/s of block data a recovering node fetches
-    /// (default 0: none; phase 2 yields to reads and writes either way).
+    /// (default 0: none).
     #[arg(long, help_heading = "block service")]
     recovery_mbps: Option<String>,
     /// block: seconds a front end may order no write before the cluster ends its epoch

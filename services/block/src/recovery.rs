@@ -7,8 +7,7 @@
 //! preferred blocks and fetches those it does not hold at their agreed version from
 //! peers, each checked against the agreed hash (a peer that sends wrong bytes is
 //! reported and another one asked), throttled to `recovery_mbps`. A node whose disk was
-//! wiped rebuilds all its slices this way. While the cluster serves reads or writes,
-//! phase 2 yields to them (`YIELD_PACE`): it runs at full speed only when idle.
+//! wiped rebuilds all its slices this way.
 //!
 //! Reserve collection: a block this node holds outside its preferred set is dropped
 //! once every preferred node says it holds the agreed version (at most r of them lie,
@@ -27,10 +26,6 @@ use std::time::{Duration, Instant};
 const RUN_BLOCKS: u64 = 256;
 /// Pause between scans when there is nothing to do.
 const IDLE: Duration = Duration::from_secs(1);
-/// While writes or reads run, phase 2 rests this many times as long as each fetch took,
-/// so it fetches at most 1 / (1 + YIELD_PACE) of the time; idle, it runs at full speed
-/// (or `recovery_mbps`).
-const YIELD_PACE: u32 = 2;
 /// While reads or writes run, the least time between two stripes punched out.
 const RECLAIM_BUSY_GAP: Duration = Duration::from_secs(1);
 /// Reserve collection rests this many times as long as it spent dropping blocks, so it
@@ -134,15 +129,7 @@ impl Recovery {
             let mut left = missing.len() as u64;
             for (first, count) in runs(&missing, RUN_BLOCKS) {
                 let lookup = |b: u64| want[(b - region) as usize];
-                let (started, busy) = (Instant::now(), foreground(blocks));
                 let found = blocks.fetch_run(first, count, &lookup).await;
-                if foreground(blocks) != busy {
-                    // Writes or reads ran meanwhile: yield to them, as md's resync does.
-                    // Each fetch costs the peers that serve it (a read, a message on the
-                    // links their PrepareData use) and this node a store write; at full
-                    // speed it took a front end's writes below 0.7 of their rate here.
-                    tokio::time::sleep(started.elapsed() * YIELD_PACE).await;
-                }
                 let got = found.iter().filter(|f| f.is_data()).count() as u64;
                 unavailable += found.iter().filter(|f| f.is_nowhere()).count() as u64;
                 fetched += got;
