@@ -204,6 +204,8 @@ pub struct Local {
     /// Blocks held outside their preferred set, and the most allowed.
     reserved: AtomicU64,
     reserve_max: u64,
+    /// Bumped whenever reserve blocks are released, so reclaim looks again.
+    released: AtomicU64,
     /// Store writes exclude reads, so a block's data and held version are read as one
     /// (a peer that sent a version with another version's bytes would look like a liar).
     io: RwLock<()>,
@@ -313,6 +315,7 @@ impl Local {
             syncer: None,
             reserved: AtomicU64::new(reserved as u64),
             reserve_max,
+            released: AtomicU64::new(0),
             io: RwLock::new(()),
             stats: Arc::default(),
         })
@@ -672,7 +675,16 @@ impl Local {
             self.unreserve(b - start);
             dropped += b - start;
         }
+        if dropped > 0 {
+            self.released.fetch_add(1, Ordering::Release);
+        }
         dropped
+    }
+
+    /// A count that moves whenever reserve blocks are released (their stripes may then
+    /// have space to give back).
+    pub fn released(&self) -> u64 {
+        self.released.load(Ordering::Acquire)
     }
 
     /// Gives back the disk space of the stripe holding block `b` if it lies outside this

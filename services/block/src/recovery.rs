@@ -48,6 +48,9 @@ pub struct Recovery {
     pub reserve_collected: AtomicU64,
     /// Bytes of disk given back by punching out stripes that hold nothing here.
     pub reclaimed_bytes: AtomicU64,
+    /// 1 + `Local::released` when the last whole reclaim pass began (0: none yet, so
+    /// the first pass after a start looks at every stripe).
+    reclaimed_at: AtomicU64,
     /// Whether the last scan found nothing to re-replicate.
     pub complete: AtomicBool,
     /// Scans finished (`incomplete` means something once there was one).
@@ -214,18 +217,14 @@ impl Recovery {
                 let started = Instant::now();
                 let dropped = blocks.local.collect_reserve(first, &versions);
                 self.reserve_collected.fetch_add(dropped, Ordering::Relaxed);
-                // Paced: each hole punch is a journal transaction on the data file, made
-                // holding the store lock that this node's writes and reads wait for.
-                // Unpaced, collection after a peer's restart took a front end's writes
-                // to about half their rate (session 45); it is never urgent.
+                // Paced: a drop holds the store lock that this node's writes and reads
+                // wait for, and collection is never urgent.
                 tokio::time::sleep(started.elapsed() * COLLECT_PACE).await;
             }
             region = end;
         }
     }
-}
 
-impl Recovery {
     /// Punches out the stripes outside this node's preferred set that hold nothing here
     /// but still have data on disk (reserve copies released by `collect_reserve` or by a
     /// later write). While reads or writes run, at most one punch per `RECLAIM_BUSY_GAP`:
@@ -233,6 +232,11 @@ impl Recovery {
     async fn reclaim(&self, blocks: &Blocks) {
         let g = blocks.local.geometry();
         let sb = g.stripe_blocks();
+        // Nothing released since the last whole pass: nothing new to give back.
+        let mark = blocks.local.released().wrapping_add(1);
+        if self.reclaimed_at.load(Ordering::Relaxed) == mark {
+            return;
+        }
         let mut b = 0u64;
         while b < g.blocks {
             let stripe = b;
@@ -257,6 +261,7 @@ impl Recovery {
                 }
             }
         }
+        self.reclaimed_at.store(mark, Ordering::Relaxed);
     }
 }
 
