@@ -222,7 +222,7 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         .map_err(|e| NodeError::Runtime(format!("NBD port {}: {e}", fe.listen)))?;
     let id = setup.id;
     let (service_meta, service_local) = (meta.clone(), local.clone());
-    let stats = Arc::new(front::FrontStats::default());
+    let stats = Arc::new(front::FrontStats { prepare_acks: front::AckTimes::new(&members), ..Default::default() });
     let recovery = keel_block::recovery::Recovery::new(settings.recovery_mbps);
     let report = Arc::new(keel_block::report::BlockReport {
         local: local.clone(),

@@ -148,32 +148,55 @@ pub struct FrontStats {
 
 /// Acknowledgement times of PrepareData by the node that acknowledged, as a histogram:
 /// a write waits for the slowest of its copies, so this shows which node slows writes
-/// (a recovering one, a slow disk).
+/// (a recovering one, a slow disk). One histogram per member, fixed when the front end
+/// starts, of atomic counters: recording is on every write's path, so it takes no lock.
 #[derive(Default)]
-pub struct AckTimes(std::sync::Mutex<std::collections::BTreeMap<NodeId, AckHistogram>>);
+pub struct AckTimes(Vec<(NodeId, AckHistogram)>);
 
 /// Upper bounds of [`AckTimes`]' buckets, in seconds (the last bucket is unbounded).
 pub const ACK_BUCKETS: [f64; 10] = [0.000_25, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25];
 
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub struct AckHistogram {
+    /// Per bucket of [`ACK_BUCKETS`] (not cumulative), then the unbounded one.
+    buckets: [AtomicU64; ACK_BUCKETS.len() + 1],
+    sum_nanos: AtomicU64,
+}
+
+/// A copy of one node's [`AckHistogram`] at one moment.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AckCounts {
     /// Per bucket of [`ACK_BUCKETS`] (not cumulative), then the unbounded one.
     pub buckets: [u64; ACK_BUCKETS.len() + 1],
     pub sum_seconds: f64,
 }
 
 impl AckTimes {
-    pub fn record(&self, node: NodeId, took: std::time::Duration) {
-        let s = took.as_secs_f64();
-        let bucket = ACK_BUCKETS.iter().position(|&le| s <= le).unwrap_or(ACK_BUCKETS.len());
-        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let h = all.entry(node).or_default();
-        h.buckets[bucket] += 1;
-        h.sum_seconds += s;
+    /// A histogram for each of `nodes`; acknowledgements from any other node are not kept
+    /// (a front end asks only members).
+    pub fn new(nodes: &[NodeId]) -> AckTimes {
+        AckTimes(nodes.iter().map(|n| (*n, AckHistogram::default())).collect())
     }
 
-    pub fn snapshot(&self) -> Vec<(NodeId, AckHistogram)> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(n, h)| (*n, h.clone())).collect()
+    pub fn record(&self, node: NodeId, took: std::time::Duration) {
+        let Some((_, h)) = self.0.iter().find(|(n, _)| *n == node) else { return };
+        let s = took.as_secs_f64();
+        let bucket = ACK_BUCKETS.iter().position(|&le| s <= le).unwrap_or(ACK_BUCKETS.len());
+        h.buckets[bucket].fetch_add(1, Ordering::Relaxed);
+        h.sum_nanos.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    /// Each node's counts, in member order; a node that never acknowledged is left out.
+    pub fn snapshot(&self) -> Vec<(NodeId, AckCounts)> {
+        self.0
+            .iter()
+            .map(|(n, h)| {
+                let buckets = std::array::from_fn(|i| h.buckets[i].load(Ordering::Relaxed));
+                let sum_seconds = h.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9;
+                (*n, AckCounts { buckets, sum_seconds })
+            })
+            .filter(|(_, c)| c.buckets.iter().any(|&b| b > 0))
+            .collect()
     }
 }
 
@@ -414,12 +437,12 @@ impl Blocks {
             let mut newer = Vec::new();
             let mut nowhere = Vec::new();
             for run in runs(&missing) {
-                let got = self.fetch_run(run.0, run.1, &want).await;
+                let into = &mut out[(run.0 - first) as usize * bs..][..run.1 as usize * bs];
+                let got = self.fetch_run(run.0, run.1, &want, Some(into)).await;
                 for (k, result) in got.into_iter().enumerate() {
                     let b = run.0 + k as u64;
                     match result {
-                        Found::Data(d) => {
-                            out[(b - first) as usize * bs..][..bs].copy_from_slice(&d);
+                        Found::Data => {
                             self.stats.fetched_blocks.fetch_add(1, Ordering::Relaxed);
                         }
                         Found::Newer => newer.push(b),
@@ -451,8 +474,16 @@ impl Blocks {
     }
 
     /// Fetches blocks `first..first + count` from peers, preferred ones first, checking
-    /// each block; a block this node is preferred for is kept (read repair).
-    pub async fn fetch_run(&self, first: u64, count: u64, want: &impl Fn(u64) -> (u64, Hash)) -> Vec<Found> {
+    /// each block; a block this node is preferred for is kept (read repair). Good copies
+    /// go into `into` (`count` blocks long) when given; recovery gives none, since it
+    /// only stores what it fetches.
+    pub async fn fetch_run(
+        &self,
+        first: u64,
+        count: u64,
+        want: &impl Fn(u64) -> (u64, Hash),
+        mut into: Option<&mut [u8]>,
+    ) -> Vec<Found> {
         let g = self.local.geometry();
         let bs = g.bs();
         let mut found: Vec<Option<Found>> = vec![None; count as usize];
@@ -497,7 +528,10 @@ impl Blocks {
                     let d = &data[k as usize * bs..][..bs];
                     match check::judge(want(b), versions[k as usize], d) {
                         Copy::Good => {
-                            found[i] = Some(Found::Data(d.to_vec()));
+                            if let Some(out) = into.as_deref_mut() {
+                                out[i * bs..][..bs].copy_from_slice(d);
+                            }
+                            found[i] = Some(Found::Data);
                             if g.is_preferred(b, me) {
                                 keep.push((b, v));
                             }
@@ -837,7 +871,8 @@ impl Blocks {
 /// What a fetch found for one block.
 #[derive(Clone, Debug)]
 pub enum Found {
-    Data(Vec<u8>),
+    /// A good copy: in the caller's buffer, if it gave one.
+    Data,
     /// Every holder has a newer version: read the metadata again.
     Newer,
     Nowhere,
@@ -845,7 +880,7 @@ pub enum Found {
 
 impl Found {
     pub fn is_data(&self) -> bool {
-        matches!(self, Found::Data(_))
+        matches!(self, Found::Data)
     }
 
     pub fn is_nowhere(&self) -> bool {
@@ -1342,6 +1377,25 @@ fn report(blocks: &Blocks, r: &nbd::Request, e: &OpError) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each acknowledgement lands in its node's bucket (bounds inclusive, the last one
+    /// unbounded) and its sum; a node that never answered, or is no member, shows nothing.
+    #[test]
+    fn ack_times_count_per_node_and_bucket() {
+        let acks = AckTimes::new(&[NodeId(1), NodeId(2), NodeId(3)]);
+        acks.record(NodeId(1), Duration::from_micros(250));
+        acks.record(NodeId(1), Duration::from_millis(3));
+        acks.record(NodeId(2), Duration::from_secs(1));
+        acks.record(NodeId(9), Duration::from_millis(1));
+        let snap = acks.snapshot();
+        assert_eq!(snap.iter().map(|(n, _)| *n).collect::<Vec<_>>(), vec![NodeId(1), NodeId(2)]);
+        let mut one = [0u64; ACK_BUCKETS.len() + 1];
+        one[0] = 1; // 250 µs: the first bound is inclusive
+        one[4] = 1; // 3 ms: in (2 ms, 5 ms]
+        assert_eq!(snap[0].1.buckets, one);
+        assert!((snap[0].1.sum_seconds - 0.003_25).abs() < 1e-9);
+        assert_eq!(snap[1].1.buckets[ACK_BUCKETS.len()], 1);
+    }
 
     #[test]
     fn runs_join_consecutive_blocks() {

@@ -849,13 +849,20 @@ mod tests {
         Prepare { owner, epoch, seq, first, hashes, data }
     }
 
+    /// Front end 2's write `seq` of epoch 1, prepared here and then executed as
+    /// `version`: what a preferred or reserve node does for a write it holds.
+    async fn written(local: &Local, seq: u64, first: u64, fill: u8, blocks: usize, version: u64) -> Prepare {
+        let p = prepare(NodeId(2), 1, seq, first, fill, blocks);
+        local.prepare(p.clone()).await.expect("takes it");
+        local.executed_write(NodeId(2), 1, seq, Some(Applied { first, hashes: &p.hashes, data: None, version }));
+        p
+    }
+
     #[tokio::test]
     async fn a_write_with_its_prepare_is_complete_and_without_it_incomplete() {
         let dir = tempfile::tempdir().expect("tempdir");
         let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("opens");
-        let p = prepare(NodeId(2), 1, 1, 0, 7, 2);
-        local.prepare(p.clone()).await.expect("takes it");
-        local.executed_write(NodeId(2), 1, 1, Some(Applied { first: 0, hashes: &p.hashes, data: None, version: 1 }));
+        written(&local, 1, 0, 7, 2, 1).await;
         assert_eq!((local.store().held(0), local.store().held(1)), (1, 1));
         let q = prepare(NodeId(2), 1, 2, 5, 8, 1);
         local.executed_write(NodeId(2), 1, 2, Some(Applied { first: 5, hashes: &q.hashes, data: None, version: 2 }));
@@ -894,14 +901,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         // 4 MiB: stripes 0-3 of 256 blocks; member 0 is preferred for slices 0, 2, 3.
         let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 1.0, true).expect("opens");
-        let p = prepare(NodeId(2), 1, 1, 256, 7, 2);
-        local.prepare(p.clone()).await.expect("takes it");
-        local.executed_write(NodeId(2), 1, 1, Some(Applied { first: 256, hashes: &p.hashes, data: None, version: 1 }));
+        written(&local, 1, 256, 7, 2, 1).await;
         assert_eq!(local.reserve().0, 2);
         // Written again: still two blocks.
-        let q = prepare(NodeId(2), 1, 2, 256, 8, 2);
-        local.prepare(q.clone()).await.expect("takes it");
-        local.executed_write(NodeId(2), 1, 2, Some(Applied { first: 256, hashes: &q.hashes, data: None, version: 2 }));
+        let q = written(&local, 2, 256, 8, 2, 2).await;
         assert_eq!(local.reserve().0, 2);
         // Zeroing the whole disk frees them and holds nothing outside the preferred set.
         local.executed_zero(0, 1024, 3);
@@ -927,12 +930,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 1.0, true).expect("opens");
         // Blocks 256-259 are reserve here (slice 1); 258 is then written again.
-        let p = prepare(NodeId(2), 1, 1, 256, 7, 4);
-        local.prepare(p.clone()).await.expect("takes it");
-        local.executed_write(NodeId(2), 1, 1, Some(Applied { first: 256, hashes: &p.hashes, data: None, version: 1 }));
-        let q = prepare(NodeId(2), 1, 2, 258, 8, 1);
-        local.prepare(q.clone()).await.expect("takes it");
-        local.executed_write(NodeId(2), 1, 2, Some(Applied { first: 258, hashes: &q.hashes, data: None, version: 2 }));
+        written(&local, 1, 256, 7, 4, 1).await;
+        written(&local, 2, 258, 8, 1, 2).await;
         assert_eq!(local.reserve().0, 4);
         // The preferred nodes confirmed version 1 of 256, 257 and 258, nothing of 259.
         let dropped = local.collect_reserve(256, &[1, 1, 1, 0]);
@@ -949,9 +948,7 @@ mod tests {
         assert!(!local.store().has_data(256, 256).expect("seeks"), "a hole now");
         assert!(!local.reclaim_stripe(256).expect("looks"), "nothing left to give back");
         // A preferred block is never collected, whatever the caller says.
-        let r = prepare(NodeId(2), 1, 3, 0, 9, 1);
-        local.prepare(r.clone()).await.expect("takes it");
-        local.executed_write(NodeId(2), 1, 3, Some(Applied { first: 0, hashes: &r.hashes, data: None, version: 3 }));
+        written(&local, 3, 0, 9, 1, 3).await;
         assert_eq!(local.collect_reserve(0, &[3]), 0);
         assert_eq!(local.store().held(0), 3);
         assert!(!local.reclaim_stripe(0).expect("looks"), "a preferred stripe is never punched");

@@ -132,7 +132,7 @@ impl Recovery {
             let mut left = missing.len() as u64;
             for (first, count) in runs(&missing, RUN_BLOCKS) {
                 let lookup = |b: u64| want[(b - region) as usize];
-                let found = blocks.fetch_run(first, count, &lookup).await;
+                let found = blocks.fetch_run(first, count, &lookup, None).await;
                 let got = found.iter().filter(|f| f.is_data()).count() as u64;
                 unavailable += found.iter().filter(|f| f.is_nowhere()).count() as u64;
                 fetched += got;
