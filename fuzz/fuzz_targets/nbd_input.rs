@@ -1,5 +1,5 @@
-//! block's untrusted inputs on arbitrary bytes: NBD request headers, option headers and
-//! NBD_OPT_GO data (what a client sends), node-plane messages (what a peer sends), and
+//! block's untrusted inputs on arbitrary bytes: NBD request headers, option headers,
+//! NBD_OPT_GO data and meta context queries (what a client sends), node-plane messages (what a peer sends), and
 //! commands and snapshots for the agreed metadata. Nothing panics or allocates past its
 //! input; every command answers a reply that decodes; a snapshot that does not restore
 //! leaves the state as it was.
@@ -23,6 +23,10 @@ fuzz_target!(|data: &[u8]| {
         let _ = nbd::decode_option(header);
     }
     let _ = nbd::decode_go(data);
+    if let Ok((name, queries)) = nbd::decode_meta_context(data) {
+        // What decodes accounts for every byte it was given.
+        assert_eq!(8 + name.len() + queries.iter().map(|q| 4 + q.len()).sum::<usize>(), data.len());
+    }
     let _ = postcard::from_bytes::<Message>(data);
     let geometry = Geometry::new(8 << 20, 4096, 4, 3).expect("valid");
     let mut service = BlockService::new(geometry);

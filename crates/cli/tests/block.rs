@@ -130,7 +130,7 @@ const SCRIPT: &[&str] = &[
 
 #[test]
 fn nbdinfo_shows_the_export_and_qemu_io_gives_nbdkits_transcript() {
-    let (_c, fronts) = block_cluster(&[]);
+    let (cluster, fronts) = block_cluster(&[]);
     let mut c = tool("nbdinfo");
     c.args(["--json", &url(fronts[1])]);
     let info = ok(c);
@@ -143,6 +143,9 @@ fn nbdinfo_shows_the_export_and_qemu_io_gives_nbdkits_transcript() {
         "\"can_zero\": true".into(),
         "\"is_read_only\": false".into(),
         "\"block_size_preferred\": 4096".into(),
+        "\"can_fast_zero\": true".into(),
+        "\"can_df\": true".into(),
+        "\"protocol\": \"newstyle-fixed\"".into(),
     ] {
         assert!(info.contains(&want), "nbdinfo lacks {want}:\n{info}");
     }
@@ -174,6 +177,17 @@ fn nbdinfo_shows_the_export_and_qemu_io_gives_nbdkits_transcript() {
     let mut compare = tool("qemu-img");
     compare.args(["compare", "-f", "raw", "-F", "raw", &reference, &url(fronts[2])]);
     let same = run(compare);
+    // Block status (base:allocation): the same map as nbdkit's, for writes, zeroes and
+    // discards aligned to nbdkit's 32 KiB pages, once both disks are zeroed whole.
+    let mut maps = Vec::new();
+    for (target, map_from) in [(&reference, reference.clone()), (&url(fronts[1]), url(fronts[3]))] {
+        let _ = qemu_io(target, &[&format!("write -z 0 {SIZE}")]);
+        let out = qemu_io(target, MAP_SCRIPT);
+        assert!(!out.contains("failed"), "{out}");
+        let mut m = tool("nbdinfo");
+        m.args(["--map", &map_from]);
+        maps.push(ok(m));
+    }
     let _ = nbdkit.kill();
     let _ = nbdkit.wait();
     assert_eq!(got, want, "qemu-io against Keel differs from nbdkit memory");
@@ -182,7 +196,34 @@ fn nbdinfo_shows_the_export_and_qemu_io_gives_nbdkits_transcript() {
         "the disk as node 2 reads it differs from the reference: {}",
         String::from_utf8_lossy(&same.stdout)
     );
+    assert_eq!(maps[1], maps[0], "nbdinfo --map against Keel differs from nbdkit memory");
+    assert!(maps[1].lines().filter(|l| l.ends_with(" data")).count() == 4, "{}", maps[1]);
+    // A copy tool that reads the map skips the holes: qemu-img convert writes a sparse
+    // file of the 64 MiB disk holding about 1.2 MiB, with the same bytes.
+    let out = cluster.path().join("sparse.img");
+    let mut convert = tool("qemu-img");
+    convert.args(["convert", "-f", "raw", "-O", "raw", &url(fronts[2])]).arg(&out);
+    ok(convert);
+    let allocated = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&out).expect("converted")) * 512;
+    assert!(allocated < 8 << 20, "qemu-img convert allocated {allocated} bytes: the holes were copied");
+    let mut compare = tool("qemu-img");
+    compare.args(["compare", "-f", "raw", "-F", "raw"]).arg(&out).arg(url(fronts[0]));
+    assert!(ok(compare).contains("Images are identical"));
 }
+
+/// Writes, zeroes and discards whose ends fall on nbdkit memory's 32 KiB pages, so that
+/// its map and Keel's (4 KiB blocks) must agree exactly.
+const MAP_SCRIPT: &[&str] = &[
+    "write -P 0xab 1M 64k",
+    "write -P 0xcd 2M 128k",
+    "write -z 2M 64k",
+    "discard 1M 64k",
+    "write -P 1 8M 64k",
+    "write -P 2 9M 64k",
+    "write -z 9M 64k",
+    "write -P 3 63M 1M",
+    "write -P 4 32M 32k",
+];
 
 /// A file of `len` pseudo-random bytes.
 /// `len` bytes that only `seed` determines.
@@ -692,6 +733,18 @@ fn simple_reply(s: &mut TcpStream) -> (u32, u64) {
     (u32::from_be_bytes(b[4..8].try_into().expect("4")), u64::from_be_bytes(b[8..16].try_into().expect("8")))
 }
 
+/// The next structured reply chunk, which must be the reply's last: (type, cookie,
+/// payload).
+fn chunk(s: &mut TcpStream) -> (u16, u64, Vec<u8>) {
+    let mut b = [0u8; 20];
+    s.read_exact(&mut b).expect("chunk");
+    assert_eq!(&b[0..4], &[0x66, 0x8e, 0x33, 0xef], "structured reply magic");
+    assert_eq!(u16::from_be_bytes([b[4], b[5]]), 1, "NBD_REPLY_FLAG_DONE");
+    let mut payload = vec![0u8; u32::from_be_bytes(b[16..20].try_into().expect("4")) as usize];
+    s.read_exact(&mut payload).expect("payload");
+    (u16::from_be_bytes([b[6], b[7]]), u64::from_be_bytes(b[8..16].try_into().expect("8")), payload)
+}
+
 /// A connection through the handshake (NBD_OPT_EXPORT_NAME, no zeroes).
 fn transmission(addr: SocketAddr) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connects");
@@ -783,8 +836,69 @@ fn malformed_nbd_input_gets_an_error_or_a_closed_connection_and_is_counted() {
         !out.contains("Pattern verification") && !out.contains("failed"),
         "a half-sent write became visible:\n{out}"
     );
+    // A fast zero (advertised: zeroing is metadata only) is done, not refused.
+    let mut s = transmission(addr);
+    let mut w = request(1, 12, 2 << 20, 4096);
+    w.extend_from_slice(&[0x5a; 4096]);
+    s.write_all(&w).expect("write");
+    assert_eq!(simple_reply(&mut s), (0, 12));
+    let mut z = request(6, 13, 2 << 20, 4096);
+    z[4..6].copy_from_slice(&(1u16 << 4).to_be_bytes());
+    s.write_all(&z).expect("fast zero");
+    assert_eq!(simple_reply(&mut s), (0, 13), "NBD_CMD_FLAG_FAST_ZERO honoured");
+    s.write_all(&request(0, 14, 2 << 20, 4096)).expect("read");
+    assert_eq!(simple_reply(&mut s), (0, 14));
+    let mut back = [1u8; 4096];
+    s.read_exact(&mut back).expect("data");
+    assert!(back.iter().all(|&b| b == 0), "the fast zero left data");
+    // BLOCK_STATUS without a metadata context: EINVAL, counted; the connection lives.
+    s.write_all(&request(7, 8, 0, 4096)).expect("block status");
+    assert_eq!(simple_reply(&mut s), (22, 8), "EINVAL for BLOCK_STATUS without a context");
+    // Meta contexts before structured replies are refused; after them, a query of
+    // another namespace selects nothing, and a malformed one is refused.
+    let mut s = greeted(addr);
+    let query = |q: &[&str]| {
+        let mut d = 0u32.to_be_bytes().to_vec();
+        d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+        for q in q {
+            d.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            d.extend_from_slice(q.as_bytes());
+        }
+        d
+    };
+    s.write_all(&option(10, &query(&["base:allocation"]))).expect("set meta context");
+    assert_eq!(option_reply(&mut s).1, (1 << 31) + 3, "NBD_REP_ERR_INVALID before structured replies");
+    s.write_all(&option(8, &[])).expect("structured replies");
+    assert_eq!(option_reply(&mut s).1, 1);
+    s.write_all(&option(10, &query(&["x-other:thing"]))).expect("set meta context");
+    assert_eq!(option_reply(&mut s).1, 1, "no context, then NBD_REP_ACK");
+    let mut cut = query(&["base:allocation"]);
+    cut.pop();
+    s.write_all(&option(10, &cut)).expect("set meta context");
+    assert_eq!(option_reply(&mut s).1, (1 << 31) + 3, "NBD_REP_ERR_INVALID for data cut short");
+    s.write_all(&option(10, &query(&["base:allocation"]))).expect("set meta context");
+    let (_, kind, data) = option_reply(&mut s);
+    assert_eq!((kind, &data[4..]), (4, &b"base:allocation"[..]), "NBD_REP_META_CONTEXT");
+    let id = u32::from_be_bytes(data[0..4].try_into().expect("4"));
+    assert_eq!(option_reply(&mut s).1, 1);
+    s.write_all(&option(1, &[])).expect("export name");
+    let mut export = [0u8; 10];
+    s.read_exact(&mut export).expect("export");
+    // A structured read past the end gets an error chunk, never a simple reply; block
+    // status of an unwritten range is one hole; then the connection still reads.
+    s.write_all(&request(0, 9, SIZE - 100, 4096)).expect("read past the end");
+    let (kind, cookie, payload) = chunk(&mut s);
+    assert_eq!((kind, cookie, u32::from_be_bytes(payload[0..4].try_into().expect("4"))), (0x8001, 9, 22));
+    s.write_all(&request(7, 10, 40 << 20, 1 << 20)).expect("block status");
+    let (kind, cookie, payload) = chunk(&mut s);
+    let words: Vec<u32> = payload.chunks_exact(4).map(|c| u32::from_be_bytes(c.try_into().expect("4"))).collect();
+    assert_eq!((kind, cookie, words), (5, 10, vec![id, 1 << 20, 3]), "one extent, a hole that reads as zeros");
+    s.write_all(&request(0, 11, 40 << 20, 16)).expect("read");
+    let (kind, cookie, payload) = chunk(&mut s);
+    assert_eq!((kind, cookie, payload.len()), (1, 11, 24), "one data chunk: offset and 16 bytes");
+    assert_eq!(u64::from_be_bytes(payload[0..8].try_into().expect("8")), 40 << 20);
     let m = c.metrics(1);
-    assert!(metric(&m, "keel_block_nbd_malformed_total") >= 5, "malformed input not counted:\n{m}");
+    assert!(metric(&m, "keel_block_nbd_malformed_total") >= 6, "malformed input not counted:\n{m}");
     // The node is still fine.
     let out = qemu_io(&url(addr), &["write -P 0x61 0 4096", "read -P 0x61 0 4096"]);
     assert!(!out.contains("failed") && !out.contains("Pattern verification"), "{out}");

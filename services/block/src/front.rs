@@ -384,6 +384,37 @@ impl Blocks {
         Ok(data[skip..skip + len as usize].to_vec())
     }
 
+    /// `base:allocation` for `len` bytes at `offset` (in range, not empty): extents of
+    /// (length, flags), consecutive from `offset`, each a run of blocks that all read as
+    /// zeros (a hole: no node holds data for them) or all hold data. From the same
+    /// linearizable metadata read as a READ, so a block a completed write filled is
+    /// never reported as zeros (a copy tool would skip it). At most
+    /// [`META_BLOCKS_MAX`] blocks are described, which the protocol allows (the client
+    /// asks again from where the answer ends); with `one`, a single extent.
+    pub async fn extents(&self, offset: u64, len: u32, one: bool) -> Result<Vec<(u32, u32)>, OpError> {
+        let bs = u64::from(self.local.geometry().block_size);
+        let end = offset + u64::from(len);
+        let first = offset / bs;
+        let count = (end.div_ceil(bs) - first).min(u64::from(META_BLOCKS_MAX));
+        let meta = self.meta(first, count).await?;
+        let zero = self.meta.read().unwrap_or_else(PoisonError::into_inner).zero();
+        let mut extents: Vec<(u32, u32)> = Vec::new();
+        for (k, (_, hash)) in meta.iter().enumerate() {
+            let b = first + k as u64;
+            let from = (b * bs).max(offset);
+            let to = ((b + 1) * bs).min(end);
+            let flags = if *hash == zero { nbd::STATE_HOLE | nbd::STATE_ZERO } else { 0 };
+            // Within `len`, so the sum fits a u32.
+            let length = (to - from) as u32;
+            match extents.last_mut() {
+                Some(last) if last.1 == flags => last.0 += length,
+                Some(_) if one => break,
+                _ => extents.push((length, flags)),
+            }
+        }
+        Ok(extents)
+    }
+
     /// Whole blocks, each checked against the agreed hash. A block whose holders all
     /// have a newer version than the metadata read said is read again (a write
     /// completed meanwhile); three times at most. A block no node serves at its version
@@ -1001,14 +1032,64 @@ enum ConnError {
     Tls(String),
 }
 
-/// Flags of the export as the transmission phase offers it.
-fn transmission_flags() -> u16 {
+/// What option haggling settled for the transmission phase.
+#[derive(Clone, Copy, Debug, Default)]
+struct Wire {
+    /// NBD_OPT_STRUCTURED_REPLY was acknowledged: READ answers in chunks.
+    structured: bool,
+    /// The id `base:allocation` was given by the last NBD_OPT_SET_META_CONTEXT, if it
+    /// selected it: NBD_CMD_BLOCK_STATUS may be sent.
+    allocation: Option<u32>,
+}
+
+/// The id this server gives `base:allocation` (its only context).
+const ALLOCATION_ID: u32 = 1;
+
+/// Flags of the export as the transmission phase offers it. Zeroing is always fast (it
+/// is metadata only: no node writes zeros), so NBD_FLAG_SEND_FAST_ZERO is honest; a READ
+/// is always one chunk, so NBD_CMD_FLAG_DF is honoured once chunks are negotiated.
+fn transmission_flags(wire: Wire) -> u16 {
+    let df = if wire.structured { nbd::TF_SEND_DF } else { 0 };
     nbd::TF_HAS_FLAGS
         | nbd::TF_SEND_FLUSH
         | nbd::TF_SEND_FUA
         | nbd::TF_SEND_TRIM
         | nbd::TF_SEND_WRITE_ZEROES
+        | nbd::TF_SEND_FAST_ZERO
         | nbd::TF_CAN_MULTI_CONN
+        | df
+}
+
+/// The replies to NBD_OPT_LIST_META_CONTEXT (`set` false) or NBD_OPT_SET_META_CONTEXT,
+/// and for SET the id `base:allocation` now has, if it was selected. Queries of other
+/// namespaces are ignored, as the protocol asks; `base:` lists the namespace's one
+/// context.
+fn meta_contexts(option: u32, data: &[u8], wire: Wire) -> (Vec<u8>, Option<u32>) {
+    let set = option == nbd::OPT_SET_META_CONTEXT;
+    let refuse = |why: &str| (nbd::option_reply(option, nbd::REP_ERR_INVALID, why.as_bytes()), None);
+    if !wire.structured {
+        return refuse("negotiate NBD_OPT_STRUCTURED_REPLY first");
+    }
+    let (name, queries) = match nbd::decode_meta_context(data) {
+        Ok(d) => d,
+        Err(e) => return refuse(&e.to_string()),
+    };
+    if !known_export(&name) {
+        return (nbd::option_reply(option, nbd::REP_ERR_UNKNOWN, b"this server has one export: the default one"), None);
+    }
+    let selected = if set {
+        queries.iter().any(|q| q == nbd::CONTEXT_ALLOCATION)
+    } else {
+        queries.is_empty() || queries.iter().any(|q| q == nbd::CONTEXT_ALLOCATION || q == "base:")
+    };
+    let mut reply = Vec::new();
+    if selected {
+        // LIST gives ids of 0, as the protocol asks.
+        let id = if set { ALLOCATION_ID } else { 0 };
+        reply = nbd::option_reply(option, nbd::REP_META_CONTEXT, &nbd::meta_context(id, nbd::CONTEXT_ALLOCATION));
+    }
+    reply.extend(nbd::option_reply(option, nbd::REP_ACK, &[]));
+    (reply, (set && selected).then_some(ALLOCATION_ID))
 }
 
 /// The one export's name: the default (empty) name, and "keel" as an alias.
@@ -1019,7 +1100,7 @@ fn known_export(name: &[u8]) -> bool {
 /// Where option haggling left a connection.
 enum Haggled {
     /// The client chose the export: transmission begins.
-    Go,
+    Go(Wire),
     /// The client aborted, or TLS was required and it asked for the export without it
     /// (no reply is possible then).
     End,
@@ -1029,8 +1110,8 @@ enum Haggled {
 
 /// The stream once negotiated, plain or in TLS.
 enum Negotiated {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+    Plain(TcpStream, Wire),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, Wire),
 }
 
 async fn connection(stream: TcpStream, blocks: &Arc<Blocks>, tls: Option<TlsAcceptor>) -> Result<(), ConnError> {
@@ -1046,13 +1127,13 @@ async fn connection(stream: TcpStream, blocks: &Arc<Blocks>, tls: Option<TlsAcce
         Err(_) => return Err(ConnError::Slow),
     };
     match negotiated {
-        Negotiated::Plain(stream) => {
+        Negotiated::Plain(stream, wire) => {
             let (rd, wr) = stream.into_split();
-            transmission(rd, wr, blocks).await
+            transmission(rd, wr, blocks, wire).await
         }
-        Negotiated::Tls(stream) => {
+        Negotiated::Tls(stream, wire) => {
             let (rd, wr) = tokio::io::split(*stream);
-            transmission(rd, wr, blocks).await
+            transmission(rd, wr, blocks, wire).await
         }
     }
 }
@@ -1074,7 +1155,7 @@ async fn negotiate(
     let no_zeroes = client_flags & nbd::CLIENT_NO_ZEROES != 0;
     let Some(acceptor) = tls else {
         return Ok(match haggle(&mut stream, blocks, no_zeroes, TlsState::Off, &mut false).await? {
-            Haggled::Go => Some(Negotiated::Plain(stream)),
+            Haggled::Go(wire) => Some(Negotiated::Plain(stream, wire)),
             Haggled::End | Haggled::StartTls => None,
         });
     };
@@ -1083,7 +1164,7 @@ async fn negotiate(
     let mut refused = false;
     match haggle(&mut stream, blocks, no_zeroes, TlsState::Required, &mut refused).await? {
         Haggled::StartTls => {}
-        Haggled::Go | Haggled::End => return Ok(None),
+        Haggled::Go(_) | Haggled::End => return Ok(None),
     }
     let mut stream = match acceptor.accept(stream).await {
         Ok(s) => s,
@@ -1096,7 +1177,7 @@ async fn negotiate(
         }
     };
     Ok(match haggle(&mut stream, blocks, no_zeroes, TlsState::On, &mut refused).await? {
-        Haggled::Go => Some(Negotiated::Tls(Box::new(stream))),
+        Haggled::Go(wire) => Some(Negotiated::Tls(Box::new(stream), wire)),
         Haggled::End | Haggled::StartTls => None,
     })
 }
@@ -1121,6 +1202,9 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<Haggled, ConnError> {
     let size = blocks.size();
     let bs = blocks.local.geometry().block_size;
+    // Starts afresh after STARTTLS, as the protocol asks (nothing is negotiated before
+    // it here anyway: a port that requires TLS refuses every other option first).
+    let mut wire = Wire::default();
     loop {
         // The last reply, all of it, before waiting for the client (a TLS stream may
         // hold back what the socket did not take).
@@ -1151,12 +1235,12 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
                     return Err(ConnError::Protocol("unknown export".into()));
                 }
                 stream.write_all(&size.to_be_bytes()).await?;
-                stream.write_all(&transmission_flags().to_be_bytes()).await?;
+                stream.write_all(&transmission_flags(wire).to_be_bytes()).await?;
                 if !no_zeroes {
                     stream.write_all(&[0u8; 124]).await?;
                 }
                 stream.flush().await?;
-                return Ok(Haggled::Go);
+                return Ok(Haggled::Go(wire));
             }
             nbd::OPT_ABORT => {
                 let _ = stream.write_all(&nbd::option_reply(option, nbd::REP_ACK, &[])).await;
@@ -1181,7 +1265,7 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
                     ),
                     Ok((_, infos)) => {
                         let mut r =
-                            nbd::option_reply(option, nbd::REP_INFO, &nbd::info_export(size, transmission_flags()));
+                            nbd::option_reply(option, nbd::REP_INFO, &nbd::info_export(size, transmission_flags(wire)));
                         if infos.contains(&nbd::INFO_BLOCK_SIZE) {
                             r.extend(nbd::option_reply(
                                 option,
@@ -1206,7 +1290,7 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
                 stream.write_all(&reply).await?;
                 if go {
                     stream.flush().await?;
-                    return Ok(Haggled::Go);
+                    return Ok(Haggled::Go(wire));
                 }
             }
             nbd::OPT_STARTTLS => {
@@ -1222,6 +1306,25 @@ async fn haggle<S: AsyncRead + AsyncWrite + Unpin>(
                     return Ok(Haggled::StartTls);
                 }
             }
+            nbd::OPT_STRUCTURED_REPLY => {
+                let reply = if !data.is_empty() {
+                    nbd::option_reply(option, nbd::REP_ERR_INVALID, b"NBD_OPT_STRUCTURED_REPLY takes no data")
+                } else if wire.structured {
+                    nbd::option_reply(option, nbd::REP_ERR_INVALID, b"structured replies are on already")
+                } else {
+                    wire.structured = true;
+                    nbd::option_reply(option, nbd::REP_ACK, &[])
+                };
+                stream.write_all(&reply).await?;
+            }
+            nbd::OPT_LIST_META_CONTEXT | nbd::OPT_SET_META_CONTEXT => {
+                let (reply, allocation) = meta_contexts(option, &data, wire);
+                if option == nbd::OPT_SET_META_CONTEXT {
+                    // Replaces what an earlier one selected, even when it fails.
+                    wire.allocation = allocation;
+                }
+                stream.write_all(&reply).await?;
+            }
             other => {
                 stream.write_all(&nbd::option_reply(other, nbd::REP_ERR_UNSUP, &[])).await?;
             }
@@ -1234,7 +1337,7 @@ const REPLY_GATHER_BYTES: usize = 256 << 10;
 
 /// The transmission phase: a reader that parses requests and runs each as a task, and
 /// a writer that sends the replies as they finish.
-async fn transmission<R, W>(mut rd: R, wr: W, blocks: &Arc<Blocks>) -> Result<(), ConnError>
+async fn transmission<R, W>(mut rd: R, wr: W, blocks: &Arc<Blocks>, wire: Wire) -> Result<(), ConnError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -1314,7 +1417,7 @@ where
         let Ok(permit) = slots.clone().acquire_owned().await else { break Ok(()) };
         let (blocks, tx) = (blocks.clone(), reply_tx.clone());
         tokio::spawn(async move {
-            let reply = run(&blocks, request, payload, size).await;
+            let reply = run(&blocks, request, payload, size, wire).await;
             let _ = tx.send((reply, budget)).await;
             drop(permit);
         });
@@ -1326,44 +1429,63 @@ where
     result
 }
 
-/// Runs one request and returns its reply's bytes.
-async fn run(blocks: &Blocks, r: nbd::Request, payload: Vec<u8>, size: u64) -> Vec<u8> {
+/// What a request that succeeded answers besides "done".
+enum Answer {
+    Done,
+    Data(Vec<u8>),
+    Extents(Vec<(u32, u32)>),
+}
+
+/// Runs one request and returns its reply's bytes: simple replies, but a READ's and a
+/// BLOCK_STATUS's in structured chunks once the client negotiated them (a READ must not
+/// get a simple reply then, not even an error).
+async fn run(blocks: &Blocks, r: nbd::Request, payload: Vec<u8>, size: u64, wire: Wire) -> Vec<u8> {
     let in_range = r.offset.checked_add(u64::from(r.length)).is_some_and(|end| end <= size);
-    let outcome: Result<Option<Vec<u8>>, u32> = match r.cmd {
+    let outcome: Result<Answer, u32> = match r.cmd {
         Cmd::Read if r.length > nbd::PAYLOAD_MAX || !in_range => Err(nbd::EINVAL),
         Cmd::Write | Cmd::WriteZeroes | Cmd::Trim if !in_range => Err(nbd::ENOSPC),
+        Cmd::BlockStatus if wire.allocation.is_none() => {
+            // No context was selected: the protocol forbids the command.
+            blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
+            Err(nbd::EINVAL)
+        }
+        Cmd::BlockStatus if r.length == 0 || !in_range => Err(nbd::EINVAL),
         Cmd::Read => {
             blocks.stats.reads.fetch_add(1, Ordering::Relaxed);
-            blocks.read(r.offset, u64::from(r.length)).await.map(Some).map_err(|e| report(blocks, &r, &e))
+            blocks.read(r.offset, u64::from(r.length)).await.map(Answer::Data).map_err(|e| report(blocks, &r, &e))
+        }
+        Cmd::BlockStatus => {
+            let one = r.flags & nbd::CMD_FLAG_REQ_ONE != 0;
+            blocks.extents(r.offset, r.length, one).await.map(Answer::Extents).map_err(|e| report(blocks, &r, &e))
         }
         Cmd::Write => {
             blocks.stats.writes.fetch_add(1, Ordering::Relaxed);
-            blocks.write(r.offset, &payload).await.map(|()| None).map_err(|e| report(blocks, &r, &e))
+            blocks.write(r.offset, &payload).await.map(|()| Answer::Done).map_err(|e| report(blocks, &r, &e))
         }
+        // A fast zero too: zeroing is metadata only, never slower than writing zeros.
         Cmd::WriteZeroes | Cmd::Trim => {
-            if r.cmd == Cmd::WriteZeroes && r.flags & nbd::CMD_FLAG_FAST_ZERO != 0 {
-                // Not advertised; a client that sends it anyway gets the honest answer.
-                Err(nbd::ENOTSUP)
-            } else {
-                blocks.zero(r.offset, u64::from(r.length)).await.map(|()| None).map_err(|e| report(blocks, &r, &e))
-            }
+            blocks.zero(r.offset, u64::from(r.length)).await.map(|()| Answer::Done).map_err(|e| report(blocks, &r, &e))
         }
         // Every completed write is durable already.
-        Cmd::Flush => Ok(None),
-        Cmd::Disc => Ok(None),
+        Cmd::Flush => Ok(Answer::Done),
+        Cmd::Disc => Ok(Answer::Done),
         Cmd::Cache | Cmd::Other(_) => {
             blocks.stats.malformed.fetch_add(1, Ordering::Relaxed);
             Err(nbd::EINVAL)
         }
     };
+    let chunked = wire.structured && matches!(r.cmd, Cmd::Read | Cmd::BlockStatus);
     match outcome {
-        Ok(data) => {
-            let mut out = nbd::simple_reply(r.cookie, 0).to_vec();
-            if let Some(d) = data {
-                out.extend_from_slice(&d);
-            }
+        Ok(Answer::Done) => nbd::simple_reply(r.cookie, 0).to_vec(),
+        Ok(Answer::Data(d)) if chunked => nbd::read_chunk(r.cookie, r.offset, &d),
+        Ok(Answer::Data(d)) => {
+            let mut out = Vec::with_capacity(16 + d.len());
+            out.extend_from_slice(&nbd::simple_reply(r.cookie, 0));
+            out.extend_from_slice(&d);
             out
         }
+        Ok(Answer::Extents(e)) => nbd::block_status_chunk(r.cookie, wire.allocation.unwrap_or(ALLOCATION_ID), &e),
+        Err(errno) if chunked => nbd::error_chunk(r.cookie, errno),
         Err(errno) => nbd::simple_reply(r.cookie, errno).to_vec(),
     }
 }
