@@ -23,6 +23,11 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 /// outstanding PrepareData): more is refused until its writes are ordered.
 pub const PREPARED_BYTES_PER_OWNER: usize = 256 << 20;
 
+/// Blocks of the shortest released run [`Local::reclaim_stripe`] punches while its stripe
+/// still holds reserve copies (256 KiB at 4 KiB): a punch is a journal transaction under
+/// the store lock that writes wait for, and a few KiB are not worth one.
+pub const RECLAIM_RUN_MIN: u64 = 64;
+
 /// PrepareData as it travels and is logged: the data of blocks `first..` for the write
 /// `(owner, epoch, seq)` of front end `owner`, with the hash of each block.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -687,30 +692,42 @@ impl Local {
         self.released.load(Ordering::Acquire)
     }
 
-    /// Gives back the disk space of the stripe holding block `b` if it lies outside this
-    /// node's preferred set, holds no block here and still has data on disk (reserve
-    /// copies released since). Returns whether it punched.
+    /// Gives back the disk space of released blocks in the stripe holding block `b`, if
+    /// the stripe lies outside this node's preferred set: the whole stripe once it holds
+    /// no block here, and before that each run of at least [`RECLAIM_RUN_MIN`] released
+    /// blocks around the reserve copies it still holds (random writes leave a few live
+    /// copies in many stripes, whose released neighbours would otherwise stay on disk).
+    /// Only runs that still have data on disk are punched. Returns the blocks punched.
     ///
     /// # Errors
     /// An I/O error.
-    pub fn reclaim_stripe(&self, b: u64) -> io::Result<bool> {
+    pub fn reclaim_stripe(&self, b: u64) -> io::Result<u64> {
         let sb = self.geometry.stripe_blocks();
         let from = b / sb * sb;
         let to = self.geometry.stripe_end(from, u64::MAX);
-        let free = |store: &Store| (from..to).all(|x| store.held(x) == 0);
+        if self.geometry.is_preferred(from, self.index) {
+            return Ok(0);
+        }
         // Looked at first without the lock: most stripes are settled either way.
-        if self.geometry.is_preferred(from, self.index)
-            || !free(&self.store)
-            || !self.store.has_data(from, to - from)?
-        {
-            return Ok(false);
+        let mut runs = Vec::new();
+        for (first, count) in free_runs(&self.store, from, to) {
+            if (count == to - from || count >= RECLAIM_RUN_MIN) && self.store.has_data(first, count)? {
+                runs.push((first, count));
+            }
+        }
+        if runs.is_empty() {
+            return Ok(0);
         }
         let _exclusive = self.io.write().unwrap_or_else(PoisonError::into_inner);
-        if !free(&self.store) {
-            return Ok(false);
+        let mut punched = 0;
+        for (first, count) in runs {
+            // A block stored since the look above keeps its run whole.
+            if (first..first + count).all(|x| self.store.held(x) == 0) {
+                self.store.drop_blocks(first, count)?;
+                punched += count;
+            }
         }
-        self.store.drop_blocks(from, to - from)?;
-        Ok(true)
+        Ok(punched)
     }
 
     /// The front end `owner` began epoch `epoch`: its earlier PrepareData is garbage.
@@ -835,6 +852,18 @@ impl Local {
     }
 }
 
+/// Runs of released blocks (held version 0) in `from..to`: (first, count).
+fn free_runs(store: &Store, from: u64, to: u64) -> Vec<(u64, u64)> {
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    for x in (from..to).filter(|&x| store.held(x) == 0) {
+        match runs.last_mut() {
+            Some((first, count)) if *first + *count == x => *count += 1,
+            _ => runs.push((x, 1)),
+        }
+    }
+    runs
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -939,19 +968,46 @@ mod tests {
         let held: Vec<u64> = (256..260).map(|b| local.store().held(b)).collect();
         assert_eq!(held, vec![0, 0, 2, 1], "version 2 of 258 and the unconfirmed 259 stay");
         assert_eq!(local.reserve().0, 2);
-        // The stripe's space comes back only once it holds nothing here.
+        // Two released blocks beside live copies are too few to punch; the stripe's
+        // space comes back once it holds nothing here.
         assert!(local.store().has_data(256, 256).expect("seeks"), "released bytes stay until reclaimed");
-        assert!(!local.reclaim_stripe(256).expect("looks"), "258 and 259 are still held");
+        assert_eq!(local.reclaim_stripe(256).expect("looks"), 0, "258 and 259 are still held");
         local.collect_reserve(258, &[2, 1]);
         assert_eq!(local.reserve().0, 0);
-        assert!(local.reclaim_stripe(300).expect("punches"), "any block of the stripe names it");
+        assert_eq!(local.reclaim_stripe(300).expect("punches"), 256, "any block of the stripe names it");
         assert!(!local.store().has_data(256, 256).expect("seeks"), "a hole now");
-        assert!(!local.reclaim_stripe(256).expect("looks"), "nothing left to give back");
+        assert_eq!(local.reclaim_stripe(256).expect("looks"), 0, "nothing left to give back");
         // A preferred block is never collected, whatever the caller says.
         written(&local, 3, 0, 9, 1, 3).await;
         assert_eq!(local.collect_reserve(0, &[3]), 0);
         assert_eq!(local.store().held(0), 3);
-        assert!(!local.reclaim_stripe(0).expect("looks"), "a preferred stripe is never punched");
+        assert_eq!(local.reclaim_stripe(0).expect("looks"), 0, "a preferred stripe is never punched");
+    }
+
+    /// A stripe that keeps a few live reserve copies gives back each long released run
+    /// around them, and keeps the short ones and the live copies' bytes.
+    #[tokio::test]
+    async fn reclaim_gives_back_long_released_runs_beside_live_reserve_copies() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 1.0, true).expect("opens");
+        // Stripe 1 (blocks 256-511) is reserve here: 200 blocks from 256 held, then all
+        // but 300 (live, version 2) and 340..350 released; 350..456 stays released later.
+        written(&local, 1, 256, 7, 200, 1).await;
+        written(&local, 2, 300, 8, 1, 2).await;
+        let mut confirmed = vec![1u64; 200];
+        confirmed[44] = 0; // 300: version 2 here, not confirmed
+        confirmed[84..94].fill(0); // 340..350: not confirmed yet
+        assert_eq!(local.collect_reserve(256, &confirmed), 189);
+        // Runs: 256..300 (44, short), 301..340 (39, short), 350..512 (162, long).
+        assert_eq!(local.reclaim_stripe(256).expect("punches"), 162);
+        assert!(!local.store().has_data(350, 162).expect("seeks"), "the long run is a hole");
+        for (first, count) in [(256, 44), (300, 1), (301, 39), (340, 10)] {
+            assert!(local.store().has_data(first, count).expect("seeks"), "{first}+{count} keeps its bytes");
+        }
+        assert_eq!((local.store().held(300), local.store().held(345)), (2, 1), "live copies stay held");
+        let (data, held) = local.read(300, 1).expect("reads");
+        assert_eq!((data[..4096].to_vec(), held[0]), (vec![8u8; 4096], 2), "the live copy is intact");
+        assert_eq!(local.reclaim_stripe(256).expect("looks"), 0, "nothing long left to give back");
     }
 
     /// Fetched blocks are stored run by run, and one a newer write reached meanwhile is

@@ -225,13 +225,14 @@ impl Recovery {
         }
     }
 
-    /// Punches out the stripes outside this node's preferred set that hold nothing here
-    /// but still have data on disk (reserve copies released by `collect_reserve` or by a
-    /// later write). While reads or writes run, at most one punch per `RECLAIM_BUSY_GAP`:
-    /// a punch holds the store lock for milliseconds, and the space can wait.
+    /// Punches out, in the stripes outside this node's preferred set, what reserve copies
+    /// released by `collect_reserve` or by a later write left on disk: a stripe that holds
+    /// nothing here whole, and long released runs around the copies one still holds
+    /// (`Local::reclaim_stripe`). While reads or writes run, at most one stripe per
+    /// `RECLAIM_BUSY_GAP`: a punch holds the store lock for milliseconds, and the space
+    /// can wait.
     async fn reclaim(&self, blocks: &Blocks) {
         let g = blocks.local.geometry();
-        let sb = g.stripe_blocks();
         // Nothing released since the last whole pass: nothing new to give back.
         let mark = blocks.local.released().wrapping_add(1);
         if self.reclaimed_at.load(Ordering::Relaxed) == mark {
@@ -243,8 +244,9 @@ impl Recovery {
             b = g.stripe_end(stripe, g.blocks);
             let started = Instant::now();
             match blocks.local.reclaim_stripe(stripe) {
-                Ok(true) => {
-                    self.reclaimed_bytes.fetch_add((b - stripe).min(sb) * g.bs() as u64, Ordering::Relaxed);
+                Ok(0) => {}
+                Ok(punched) => {
+                    self.reclaimed_bytes.fetch_add(punched * g.bs() as u64, Ordering::Relaxed);
                     // Busy means reads or writes ran during the rest after a punch: the
                     // punch itself holds them up, so what moves during it says nothing.
                     let rest = started.elapsed() * COLLECT_PACE;
@@ -254,9 +256,8 @@ impl Recovery {
                         tokio::time::sleep(RECLAIM_BUSY_GAP.saturating_sub(rest)).await;
                     }
                 }
-                Ok(false) => {}
                 Err(e) => {
-                    tracing::warn!(first = stripe, error = %e, "giving back a free stripe's disk space failed");
+                    tracing::warn!(first = stripe, error = %e, "giving back a stripe's released disk space failed");
                     return;
                 }
             }
