@@ -872,6 +872,13 @@ mod tests {
         Geometry::new(4 << 20, 4096, 4, 3).expect("valid")
     }
 
+    /// A node's store (member 0 of `geometry()`) in a fresh directory, with this reserve.
+    fn opened(reserve: f64) -> (tempfile::TempDir, Local) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, reserve, true).expect("opens");
+        (dir, local)
+    }
+
     fn prepare(owner: NodeId, epoch: u64, seq: u64, first: u64, fill: u8, blocks: usize) -> Prepare {
         let data = vec![fill; blocks * 4096];
         let hashes = data.chunks_exact(4096).map(|d| *blake3::hash(d).as_bytes()).collect();
@@ -889,8 +896,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_with_its_prepare_is_complete_and_without_it_incomplete() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("opens");
+        let (_dir, local) = opened(0.1);
         written(&local, 1, 0, 7, 2, 1).await;
         assert_eq!((local.store().held(0), local.store().held(1)), (1, 1));
         let q = prepare(NodeId(2), 1, 2, 5, 8, 1);
@@ -906,8 +912,7 @@ mod tests {
     fn a_prepare_whose_epoch_ends_while_it_is_logged_is_refused_and_pins_nothing() {
         use std::future::Future;
         use std::task::{Context, Poll, Waker};
-        let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("opens");
+        let (_dir, local) = opened(0.1);
         let p = prepare(NodeId(2), 1, 1, 0, 7, 2);
         let mut logging = std::pin::pin!(local.prepare(p.clone()));
         let mut cx = Context::from_waker(Waker::noop());
@@ -956,8 +961,7 @@ mod tests {
     /// to hold: a newer copy stored since may be one of that version's u + r + 1.
     #[tokio::test]
     async fn reserve_collection_keeps_a_copy_newer_than_the_one_confirmed() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 1.0, true).expect("opens");
+        let (_dir, local) = opened(1.0);
         // Blocks 256-259 are reserve here (slice 1); 258 is then written again.
         written(&local, 1, 256, 7, 4, 1).await;
         written(&local, 2, 258, 8, 1, 2).await;
@@ -988,10 +992,9 @@ mod tests {
     /// around them, and keeps the short ones and the live copies' bytes.
     #[tokio::test]
     async fn reclaim_gives_back_long_released_runs_beside_live_reserve_copies() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 1.0, true).expect("opens");
-        // Stripe 1 (blocks 256-511) is reserve here: 200 blocks from 256 held, then all
-        // but 300 (live, version 2) and 340..350 released; 350..456 stays released later.
+        let (_dir, local) = opened(1.0);
+        // Stripe 1 (blocks 256-511) is reserve here: 256..456 held, then released but
+        // for 300 (written again: version 2) and 340..350 (not confirmed yet).
         written(&local, 1, 256, 7, 200, 1).await;
         written(&local, 2, 300, 8, 1, 2).await;
         let mut confirmed = vec![1u64; 200];
@@ -1014,8 +1017,7 @@ mod tests {
     /// left alone.
     #[test]
     fn fetched_blocks_are_stored_except_where_a_newer_version_is_held() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("opens");
+        let (_dir, local) = opened(0.1);
         local.store().write(2, &[5u8; 4096], 9).expect("writes");
         let data: Vec<u8> = (0..5u8).flat_map(|k| [k + 1; 4096]).collect();
         local.store_fetched(0, &[3, 4, 5, 6, 7], &data).expect("stores");
@@ -1028,8 +1030,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_prepares_are_refused_and_counted() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.0, true).expect("opens");
+        let (_dir, local) = opened(0.0);
         let mut wrong = prepare(NodeId(2), 1, 1, 0, 7, 1);
         wrong.data[0] ^= 1;
         assert!(matches!(local.prepare(wrong).await, Err(Refused::Malformed(_))));
@@ -1078,8 +1079,7 @@ mod tests {
 
     #[tokio::test]
     async fn old_epochs_are_collected_and_nothing_else() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let local = Local::open(dir.path(), geometry(), NodeId(0), 0, 0.1, true).expect("opens");
+        let (_dir, local) = opened(0.1);
         local.prepare(prepare(NodeId(2), 1, 1, 0, 1, 1)).await.expect("takes it");
         local.prepare(prepare(NodeId(3), 1, 1, 0, 1, 1)).await.expect("takes it");
         local.new_epoch(NodeId(2), 2);
