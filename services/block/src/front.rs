@@ -18,6 +18,7 @@
 //! node reads.
 
 use crate::check::{self, Copy};
+use crate::geometry::runs;
 use crate::local::{Local, Prepare, OLD_EPOCH};
 use crate::meta::{Command, Hash, Meta, Reply, META_BLOCKS_MAX};
 use crate::nbd::{self, Cmd};
@@ -440,7 +441,7 @@ impl Blocks {
             }
             // This node first.
             let mut missing = Vec::new();
-            for run in runs(&todo) {
+            for run in runs(todo.iter().copied(), u64::MAX) {
                 let (data, held) = self.local.read(run.0, run.1).map_err(|e| OpError::Io(e.to_string()))?;
                 for k in 0..run.1 {
                     let b = run.0 + k;
@@ -467,7 +468,7 @@ impl Blocks {
             // Then peers, preferred first.
             let mut newer = Vec::new();
             let mut nowhere = Vec::new();
-            for run in runs(&missing) {
+            for run in runs(missing.iter().copied(), u64::MAX) {
                 let into = &mut out[(run.0 - first) as usize * bs..][..run.1 as usize * bs];
                 let got = self.fetch_run(run.0, run.1, &want, Some(into)).await;
                 for (k, result) in got.into_iter().enumerate() {
@@ -922,18 +923,6 @@ impl Found {
 enum Piece<'a> {
     Whole { first: u64, bytes: &'a [u8] },
     Partial { block: u64, at: usize, bytes: &'a [u8] },
-}
-
-/// Runs of consecutive blocks: (first, count).
-fn runs(blocks: &[u64]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &b in blocks {
-        match out.last_mut() {
-            Some((f, n)) if *f + *n == b => *n += 1,
-            _ => out.push((b, 1)),
-        }
-    }
-    out
 }
 
 /// Awaits every future, concurrently, in order of the results.
@@ -1517,11 +1506,5 @@ mod tests {
         assert_eq!(snap[0].1.buckets, one);
         assert!((snap[0].1.sum_seconds - 0.003_25).abs() < 1e-9);
         assert_eq!(snap[1].1.buckets[ACK_BUCKETS.len()], 1);
-    }
-
-    #[test]
-    fn runs_join_consecutive_blocks() {
-        assert_eq!(runs(&[1, 2, 3, 7, 8, 10]), vec![(1, 3), (7, 2), (10, 1)]);
-        assert!(runs(&[]).is_empty());
     }
 }

@@ -89,9 +89,28 @@ impl Geometry {
     }
 }
 
+/// Runs of consecutive block numbers, as given, each at most `max` long: (first, count).
+pub fn runs(blocks: impl IntoIterator<Item = u64>, max: u64) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = Vec::new();
+    for b in blocks {
+        match out.last_mut() {
+            Some((f, n)) if *f + *n == b && *n < max => *n += 1,
+            _ => out.push((b, 1)),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runs_join_consecutive_blocks_up_to_a_length() {
+        assert_eq!(runs([1, 2, 3, 7, 8, 10], u64::MAX), vec![(1, 3), (7, 2), (10, 1)]);
+        assert_eq!(runs([1, 2, 3, 4, 5], 2), vec![(1, 2), (3, 2), (5, 1)]);
+        assert!(runs([], 4).is_empty());
+    }
 
     #[test]
     fn every_slice_has_copies_nodes_and_every_node_the_same_share() {

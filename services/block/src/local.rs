@@ -6,7 +6,7 @@
 //! the data if it has it (COMPLETE) and leaves the block INCOMPLETE otherwise.
 
 use crate::executed::{self, Executed};
-use crate::geometry::Geometry;
+use crate::geometry::{runs, Geometry};
 use crate::meta::{Hash, Meta};
 use crate::prepare_log::PrepareLog;
 use crate::store::Store;
@@ -655,7 +655,7 @@ impl Local {
 
     /// Releases the blocks outside the preferred set that `drop` picks (held version
     /// 0), and returns how many went. Their bytes stay until [`Local::reclaim_stripe`]
-    /// punches out a stripe that holds nothing here: a punch is a journal transaction
+    /// punches out their stripe or a long run of them: a punch is a journal transaction
     /// taken under the store lock (about 3 ms for a stripe here), and one per block
     /// took a front end's writes to half their rate while a node recovered (session
     /// 45). The caller holds `io` exclusively.
@@ -709,18 +709,18 @@ impl Local {
             return Ok(0);
         }
         // Looked at first without the lock: most stripes are settled either way.
-        let mut runs = Vec::new();
-        for (first, count) in free_runs(&self.store, from, to) {
+        let mut worth = Vec::new();
+        for (first, count) in runs((from..to).filter(|&x| self.store.held(x) == 0), u64::MAX) {
             if (count == to - from || count >= RECLAIM_RUN_MIN) && self.store.has_data(first, count)? {
-                runs.push((first, count));
+                worth.push((first, count));
             }
         }
-        if runs.is_empty() {
+        if worth.is_empty() {
             return Ok(0);
         }
         let _exclusive = self.io.write().unwrap_or_else(PoisonError::into_inner);
         let mut punched = 0;
-        for (first, count) in runs {
+        for (first, count) in worth {
             // A block stored since the look above keeps its run whole.
             if (first..first + count).all(|x| self.store.held(x) == 0) {
                 self.store.drop_blocks(first, count)?;
@@ -850,18 +850,6 @@ impl Local {
             self.unlogged_synced.fetch_max(generation, Ordering::AcqRel);
         }
     }
-}
-
-/// Runs of released blocks (held version 0) in `from..to`: (first, count).
-fn free_runs(store: &Store, from: u64, to: u64) -> Vec<(u64, u64)> {
-    let mut runs: Vec<(u64, u64)> = Vec::new();
-    for x in (from..to).filter(|&x| store.held(x) == 0) {
-        match runs.last_mut() {
-            Some((first, count)) if *first + *count == x => *count += 1,
-            _ => runs.push((x, 1)),
-        }
-    }
-    runs
 }
 
 #[cfg(test)]

@@ -17,6 +17,7 @@
 //! punch holds the store lock for milliseconds.
 
 use crate::front::Blocks;
+use crate::geometry::runs;
 use crate::meta::{Hash, REGION_BLOCKS};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, PoisonError};
@@ -130,7 +131,7 @@ impl Recovery {
                 .collect();
             incomplete += missing.len() as u64;
             let mut left = missing.len() as u64;
-            for (first, count) in runs(&missing, RUN_BLOCKS) {
+            for (first, count) in runs(missing.iter().copied(), RUN_BLOCKS) {
                 let lookup = |b: u64| want[(b - region) as usize];
                 let found = blocks.fetch_run(first, count, &lookup, None).await;
                 let got = found.iter().filter(|f| f.is_data()).count() as u64;
@@ -274,16 +275,4 @@ fn foreground(blocks: &Blocks) -> u64 {
         .iter()
         .map(|c| c.load(Ordering::Relaxed))
         .fold(0u64, u64::wrapping_add)
-}
-
-/// Runs of consecutive blocks, each at most `max` long: (first, count).
-fn runs(blocks: &[u64], max: u64) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for &b in blocks {
-        match out.last_mut() {
-            Some((f, n)) if *f + *n == b && *n < max => *n += 1,
-            _ => out.push((b, 1)),
-        }
-    }
-    out
 }
