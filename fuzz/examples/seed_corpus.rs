@@ -218,7 +218,7 @@ fn state_transfer() -> Script {
     assert!(s.h.replica.transferring());
     s.send(2, 1, &Message::Manifest { seq: Seq(16), len: c.len(), chunks: c.leaves.clone() });
     for index in 0..c.leaves.len() as u32 {
-        let data = c.chunk(index).expect("chunk").to_vec();
+        let data = c.chunk(index).expect("in memory").expect("chunk").to_vec();
         s.send(1 + (index % 3) as u8, 0, &Message::Chunk { seq: Seq(16), index, data });
     }
     assert!(!s.h.replica.transferring());

@@ -466,7 +466,7 @@ impl Harness {
                 None => Message::Manifest { seq, len, chunks },
             },
             Message::Chunk { seq, index, data } => {
-                let real = self.synthetic(seq).and_then(|c| c.chunk(index)).map(<[u8]>::to_vec);
+                let real = self.synthetic(seq).and_then(|c| c.chunk(index).ok().flatten()).map(|c| c.to_vec());
                 Message::Chunk { seq, index, data: real.unwrap_or(data) }
             }
             other => other,

@@ -159,10 +159,14 @@ impl SnapshotHead {
     /// of [`SnapshotBody`], which `restore` reads in one go.
     fn with_service(self, service: Vec<Arc<Piece>>) -> Vec<Arc<Piece>> {
         let service_len: usize = service.iter().map(|p| p.len()).sum();
-        let head = postcard::to_allocvec(&self).unwrap_or_default();
+        std::iter::once(Piece::new(self.encode(service_len))).chain(service).collect()
+    }
+
+    /// The head's bytes, ending in the length of the service's bytes that follow.
+    fn encode(&self, service_len: usize) -> Vec<u8> {
+        let head = postcard::to_allocvec(self).unwrap_or_default();
         // A byte string's length prefix is a varint, as a u64's is.
-        let head = postcard::to_extend(&(service_len as u64), head).unwrap_or_default();
-        std::iter::once(Piece::new(head)).chain(service).collect()
+        postcard::to_extend(&(service_len as u64), head).unwrap_or_default()
     }
 }
 
@@ -536,8 +540,14 @@ impl<S: Service> Executor<S> {
     }
 
     /// [`Executor::pieces`] in one buffer.
+    ///
+    /// The service's part is [`Service::snapshot`], not its pieces joined: pieces may have
+    /// left memory (`chunk.rs`), and the service holds its state in memory regardless.
     pub fn snapshot(&self) -> Vec<u8> {
-        crate::chunk::join(&self.pieces())
+        let service = self.svc().snapshot();
+        let mut bytes = self.head().encode(service.len());
+        bytes.extend_from_slice(&service);
+        bytes
     }
 
     /// The same state as [`Executor::snapshot`], copied cheaply now and serialized by
@@ -611,7 +621,7 @@ fn snapshot_head(chunked: &Chunked) -> Option<SnapshotHead> {
     let mut next_try = 0;
     let count = chunked.leaves.len();
     for (i, (_, chunk)) in chunked.chunks().enumerate() {
-        prefix.extend_from_slice(chunk);
+        prefix.extend_from_slice(&chunk.ok()?);
         // Decode attempts at doubling lengths (and at the end), so a head spanning many
         // chunks costs linear time, not quadratic.
         if prefix.len() < next_try && i + 1 < count {

@@ -189,7 +189,8 @@ impl<S: Service> ExecNode<S> {
         let mut node = ExecNode::new(cfg, id, signing, service);
         snapshots.sort_by_key(|(seq, _)| *seq);
         if let Some((seq, chunked)) = snapshots.last() {
-            let executed = node.exec.restore(&chunked.to_bytes())?;
+            let bytes = chunked.to_bytes().map_err(|e| RestoreError(format!("snapshot at {seq}: {e}")))?;
+            let executed = node.exec.restore(&bytes)?;
             if executed != *seq {
                 return Err(RestoreError(format!("snapshot filed under {seq} holds the state at {executed}")));
             }
@@ -613,9 +614,7 @@ impl<S: Service> ExecNode<S> {
     }
 
     fn on_fetch_chunk(&mut self, from: Peer, seq: Seq, index: u32, out: &mut Outputs) -> Result<(), Reject> {
-        if let Some(answer) = crate::transfer::chunk_for(&self.stable, self.stable_chunks.as_ref(), seq, index) {
-            out.send.push((from, answer));
-        }
+        crate::transfer::answer_chunk(&self.stable, self.stable_chunks.as_ref(), seq, index, from, out);
         Ok(())
     }
 

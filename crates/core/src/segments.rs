@@ -189,7 +189,7 @@ mod tests {
     }
 
     fn shape(segs: &[Segment]) -> Vec<(Vec<u8>, Vec<u8>)> {
-        segs.iter().map(|s| (s.first.clone(), s.piece.bytes().to_vec())).collect()
+        segs.iter().map(|s| (s.first.clone(), s.piece.bytes().expect("in memory").to_vec())).collect()
     }
 
     fn key(i: u16) -> Vec<u8> {
@@ -245,7 +245,7 @@ mod tests {
                 let next = segments(target, &state, Some(&prev), &written);
                 let afresh = segments(target, &state, None, &BTreeSet::new());
                 prop_assert_eq!(shape(&next), shape(&afresh));
-                let joined: Vec<u8> = next.iter().flat_map(|s| s.piece.bytes().to_vec()).collect();
+                let joined: Vec<u8> = next.iter().flat_map(|s| s.piece.bytes().expect("in memory").to_vec()).collect();
                 let expected: Vec<u8> = state.iter().flat_map(|(k, v)| postcard::to_allocvec(&(Bytes::new(k), Bytes::new(v))).unwrap_or_default()).collect();
                 prop_assert_eq!(joined, expected);
                 reused += next.iter().filter(|s| prev.iter().any(|p| Arc::ptr_eq(&p.piece, &s.piece))).count();

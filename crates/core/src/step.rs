@@ -223,6 +223,11 @@ pub enum Event {
         chunks: usize,
         reused: usize,
     },
+    /// Bytes of a checkpoint that had left memory could not be read back (a damaged
+    /// disk): the chunk was not served or reused, or the stable state not restored.
+    SnapshotUnreadable {
+        why: String,
+    },
     /// Operations of a proposal sent by digest arrived from a peer that held them
     /// (bodies.rs): `count` filled for instance `seq`.
     OperationsFetched {

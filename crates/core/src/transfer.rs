@@ -126,10 +126,19 @@ impl Transfer {
         for c in own {
             sources.push(c);
         }
-        let own: BTreeMap<&Digest, &[u8]> = sources.into_iter().flat_map(|c| c.chunks()).collect();
+        // Where each held chunk is; read only if the manifest wants it. A held chunk
+        // that left memory and cannot be read back is fetched like any missing one.
+        let own: BTreeMap<&Digest, (&Chunked, u32)> = sources
+            .into_iter()
+            .flat_map(|c| c.leaves.iter().enumerate().map(move |(i, d)| (d, (c, i as u32))))
+            .collect();
         for (slot, digest) in self.chunks.iter_mut().zip(&leaves) {
-            if let Some(data) = spare.get(digest).map(Vec::as_slice).or_else(|| own.get(digest).copied()) {
-                *slot = Some(data.to_vec());
+            let data = match spare.get(digest) {
+                Some(data) => Some(data.clone()),
+                None => own.get(digest).and_then(|(c, i)| c.chunk(*i).ok().flatten()).map(|d| d.to_vec()),
+            };
+            if let Some(data) = data {
+                *slot = Some(data);
                 self.reused += 1;
             }
         }
@@ -219,7 +228,9 @@ impl Transfer {
     pub(crate) fn install<S: Service>(self, exec: &mut Executor<S>, out: &mut Outputs) -> Chunked {
         let (seq, chunks, reused) = (self.seq, self.chunks.len(), self.reused);
         let chunked = self.into_chunked();
-        match exec.restore(&chunked.to_bytes()) {
+        // Fetched chunks, all in memory: reading them cannot fail.
+        let bytes = chunked.to_bytes().unwrap_or_default();
+        match exec.restore(&bytes) {
             Ok(executed) if executed == seq => {}
             other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
         }
@@ -254,11 +265,29 @@ pub(crate) fn manifest_for(stable: &StableProof, held: Option<&Chunked>, seq: Se
     }
 }
 
-/// The answer to a peer's `FetchChunk { seq, index }`, as [`manifest_for`].
-pub(crate) fn chunk_for(stable: &StableProof, held: Option<&Chunked>, seq: Seq, index: u32) -> Option<Message> {
-    match held {
-        Some(c) if stable.seq == seq => c.chunk(index).map(|data| Message::Chunk { seq, index, data: data.to_vec() }),
+/// Answers a peer's `FetchChunk { seq, index }`, as [`manifest_for`]. A chunk that left
+/// memory and cannot be read back goes unanswered (the asker asks another peer) and is
+/// reported.
+pub(crate) fn answer_chunk(
+    stable: &StableProof,
+    held: Option<&Chunked>,
+    seq: Seq,
+    index: u32,
+    to: Peer,
+    out: &mut Outputs,
+) {
+    let answer = match held {
+        Some(c) if stable.seq == seq => match c.chunk(index) {
+            Ok(data) => data.map(|data| Message::Chunk { seq, index, data: data.to_vec() }),
+            Err(e) => {
+                out.events.push(Event::SnapshotUnreadable { why: format!("serving the checkpoint at {seq}: {e}") });
+                None
+            }
+        },
         _ if stable.seq > seq => Some(Message::StableCert(stable.clone())),
         _ => None,
+    };
+    if let Some(answer) = answer {
+        out.send.push((to, answer));
     }
 }

@@ -63,7 +63,7 @@ impl Backup {
     /// # Errors
     /// If the state is not an executor snapshot.
     pub fn service_state(&self) -> Result<(Seq, Vec<u8>), BackupError> {
-        let bytes = self.state.to_bytes();
+        let bytes = self.state.to_bytes().map_err(|e| BackupError::Damaged(e.to_string()))?;
         let (seq, service) = keel_core::exec::snapshot_service_state(&bytes)
             .map_err(|e| BackupError::Damaged(format!("the state is not a Keel snapshot: {}", e.0)))?;
         Ok((seq, service.to_vec()))
@@ -231,8 +231,9 @@ pub fn write(path: &Path, service: &str, fetched: &Fetched, by_executors: bool) 
         w.write_all(&(head.len() as u32).to_le_bytes()).map_err(io(&tmp))?;
         w.write_all(&head).map_err(io(&tmp))?;
         for (_, chunk) in fetched.state.chunks() {
+            let chunk = chunk.map_err(|e| BackupError::Damaged(e.to_string()))?;
             w.write_all(&(chunk.len() as u32).to_le_bytes()).map_err(io(&tmp))?;
-            w.write_all(chunk).map_err(io(&tmp))?;
+            w.write_all(&chunk).map_err(io(&tmp))?;
         }
         let file = w.into_inner().map_err(|e| BackupError::Io { path: tmp.clone(), source: e.into_error() })?;
         file.sync_all().map_err(io(&tmp))?;

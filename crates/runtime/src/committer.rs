@@ -172,6 +172,7 @@ fn run(
                     m.snapshot_chunks.inc_by(snapshots.chunks);
                     m.snapshot_chunks_reused.inc_by(snapshots.reused);
                     m.snapshot_bytes.inc_by(snapshots.bytes_written);
+                    m.snapshot_released.inc_by(snapshots.released);
                 }
             }
             if eager {

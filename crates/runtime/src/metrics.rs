@@ -59,6 +59,10 @@ pub struct Metrics {
     pub snapshot_chunks: Counter,
     pub snapshot_chunks_reused: Counter,
     pub snapshot_bytes: Counter,
+    /// Checkpoint bytes that left memory once their snapshot was durable.
+    pub snapshot_released: Counter,
+    /// Checkpoint chunks that could not be read back from the snapshot packs.
+    pub snapshot_unreadable: Counter,
     pub view: Gauge,
     pub executed: Gauge,
     pub stable: Gauge,
@@ -219,6 +223,8 @@ impl Metrics {
             snapshot_chunks: Counter::default(),
             snapshot_chunks_reused: Counter::default(),
             snapshot_bytes: Counter::default(),
+            snapshot_released: Counter::default(),
+            snapshot_unreadable: Counter::default(),
             view: Gauge::default(),
             executed: Gauge::default(),
             stable: Gauge::default(),
@@ -293,6 +299,16 @@ impl Metrics {
             m.snapshot_chunks_reused.clone(),
         );
         r.register("snapshot_bytes", "Bytes written for checkpoint snapshots", m.snapshot_bytes.clone());
+        r.register(
+            "snapshot_released_bytes",
+            "Checkpoint bytes dropped from memory once their snapshot was durable (read back from disk when needed)",
+            m.snapshot_released.clone(),
+        );
+        r.register(
+            "snapshot_unreadable",
+            "Checkpoint reads back from the snapshot packs that failed or did not match their digest",
+            m.snapshot_unreadable.clone(),
+        );
         r.register("view", "Installed view", m.view.clone());
         r.register("executed", "Last executed instance", m.executed.clone());
         r.register("stable", "Stable checkpoint", m.stable.clone());

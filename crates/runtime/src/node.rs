@@ -853,6 +853,10 @@ pub(crate) fn record_events(out: &mut Outputs, clients: &mut Clients, m: &Metric
             Event::OperationsFetched { count, .. } => {
                 m.operations_fetched.inc_by(count as u64);
             }
+            Event::SnapshotUnreadable { why } => {
+                m.snapshot_unreadable.inc();
+                tracing::error!(%why, "checkpoint bytes could not be read back from the snapshot packs (a damaged disk?)");
+            }
             Event::Checkpoint { .. } | Event::Stable { .. } => {}
         }
     }

@@ -17,12 +17,20 @@
 //! snapshot uses for less than half of its bytes has its live chunks copied forward into
 //! the new pack, so the packs of a steady workload hold at most about twice the state.
 //!
+//! Memory: once a snapshot is durable its pieces' bytes leave memory (`Chunked::spill`):
+//! each chunk keeps a handle on its place in a pack (`PackChunk`) and is read back, and
+//! checked against its digest, only to be served to a peer or restored. A pack that a
+//! live handle refers to stays on disk even when no kept manifest does (an older stable
+//! checkpoint a state transfer still reuses chunks from); it goes at the first retirement
+//! after the last handle is dropped.
+//!
 //! Integrity: a manifest carries a CRC32C; each chunk is checked against its BLAKE3 digest
 //! when read, and the whole against the Merkle root. A snapshot that fails any check is
 //! skipped at open (with a warning): the replica then starts from an older one or fetches
 //! the state from peers, which is always possible below a stable checkpoint.
 
 use crate::storage::{fsync_dir, io_err, write_atomic, StorageError};
+use keel_core::chunk::StoredChunk;
 use keel_core::crypto::Digest;
 use keel_core::exec::{leaf_digest, Chunked};
 use keel_core::message::Seq;
@@ -32,6 +40,7 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
 
 /// A pack is rewritten forward once the newest snapshot uses less than this share of it.
 const PACK_LIVE_MIN_PCT: u64 = 50;
@@ -61,6 +70,8 @@ pub struct SnapshotWrite {
     pub reused: u64,
     /// Bytes written to the new pack, including chunks copied forward.
     pub bytes_written: u64,
+    /// Bytes of the snapshot's pieces that left memory once it was durable.
+    pub released: u64,
 }
 
 impl SnapshotWrite {
@@ -68,6 +79,32 @@ impl SnapshotWrite {
         self.chunks += o.chunks;
         self.reused += o.reused;
         self.bytes_written += o.bytes_written;
+        self.released += o.released;
+    }
+}
+
+/// An open pack file; while any handle lives, the pack stays on disk.
+#[derive(Debug)]
+struct PackFile {
+    id: u64,
+    file: File,
+}
+
+/// A chunk's place in a pack: what a piece that left memory reads its bytes back from.
+struct PackChunk {
+    pack: Arc<PackFile>,
+    offset: u64,
+    len: u32,
+}
+
+impl StoredChunk for PackChunk {
+    fn read(&self) -> std::io::Result<Vec<u8>> {
+        let mut bytes = vec![0; self.len as usize];
+        self.pack
+            .file
+            .read_exact_at(&mut bytes, self.offset)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("pack {} at {}: {e}", self.pack.id, self.offset)))?;
+        Ok(bytes)
     }
 }
 
@@ -83,6 +120,8 @@ pub struct SnapshotStore {
     next_pack: u64,
     /// Kept snapshots: seq → the packs its manifest refers to.
     manifests: BTreeMap<Seq, Vec<u64>>,
+    /// Packs that pieces out of memory may read from; kept while a handle lives.
+    handles: BTreeMap<u64, Weak<PackFile>>,
 }
 
 fn manifest_path(dir: &Path, seq: Seq) -> PathBuf {
@@ -108,6 +147,7 @@ impl SnapshotStore {
             packs: BTreeMap::new(),
             next_pack: 0,
             manifests: BTreeMap::new(),
+            handles: BTreeMap::new(),
         };
         let mut manifests = Vec::new();
         for entry in fs::read_dir(dir).map_err(io_err("read", dir))? {
@@ -152,8 +192,9 @@ impl SnapshotStore {
         Ok((store, snapshots))
     }
 
-    /// A snapshot's chunks, each and the root checked.
-    fn load(&self, seq: Seq) -> Result<(Chunked, Manifest), String> {
+    /// A snapshot's chunks, each and the root checked; they stay on disk (the snapshot
+    /// read back holds handles on its packs, not its bytes).
+    fn load(&mut self, seq: Seq) -> Result<(Chunked, Manifest), String> {
         let path = manifest_path(&self.dir, seq);
         let raw = fs::read(&path).map_err(|e| format!("read {}: {e}", path.display()))?;
         if raw.len() < 4 {
@@ -164,32 +205,37 @@ impl SnapshotStore {
             return Err("manifest checksum mismatch".into());
         }
         let manifest: Manifest = postcard::from_bytes(body).map_err(|e| format!("manifest: {e}"))?;
-        let mut chunks = Vec::with_capacity(manifest.chunks.len());
-        let mut files: BTreeMap<u64, File> = BTreeMap::new();
+        let mut chunks: Vec<(Digest, usize, Arc<dyn StoredChunk>)> = Vec::with_capacity(manifest.chunks.len());
         for (digest, loc) in &manifest.chunks {
-            let file = match files.entry(loc.pack) {
-                std::collections::btree_map::Entry::Occupied(f) => f.into_mut(),
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    let p = pack_path(&self.dir, loc.pack);
-                    v.insert(File::open(&p).map_err(|e| format!("open {}: {e}", p.display()))?)
-                }
-            };
-            let mut chunk = vec![0; loc.len as usize];
-            file.read_exact_at(&mut chunk, loc.offset).map_err(|e| format!("pack {}: {e}", loc.pack))?;
+            let place = self.place(*loc).map_err(|e| format!("open pack {}: {e}", loc.pack))?;
+            let chunk = place.read().map_err(|e| e.to_string())?;
             if leaf_digest(&chunk) != *digest {
                 return Err(format!("chunk at {} of pack {} does not match its digest", loc.offset, loc.pack));
             }
-            chunks.push(chunk);
+            chunks.push((*digest, chunk.len(), place));
         }
-        let chunked = Chunked::from_chunks(chunks);
+        let chunked = Chunked::from_stored(chunks);
         if chunked.len() != manifest.len || chunked.root != manifest.root {
             return Err("chunks do not make up the snapshot's root".into());
         }
         Ok((chunked, manifest))
     }
 
+    /// A handle on the chunk at `loc`, opening its pack if no handle is open.
+    fn place(&mut self, loc: Loc) -> std::io::Result<Arc<PackChunk>> {
+        let pack = match self.handles.get(&loc.pack).and_then(Weak::upgrade) {
+            Some(pack) => pack,
+            None => {
+                let pack = Arc::new(PackFile { id: loc.pack, file: File::open(pack_path(&self.dir, loc.pack))? });
+                self.handles.insert(loc.pack, Arc::downgrade(&pack));
+                pack
+            }
+        };
+        Ok(Arc::new(PackChunk { pack, offset: loc.offset, len: loc.len }))
+    }
+
     /// Stores the snapshot of the checkpoint at `seq` durably: its new chunks in one pack
-    /// (fsynced), then the manifest (atomically).
+    /// (fsynced), then the manifest (atomically). Then its pieces' bytes leave memory.
     pub fn write(&mut self, seq: Seq, chunked: &Chunked) -> Result<SnapshotWrite, StorageError> {
         // Written again (a state transfer to a checkpoint we also took): the new manifest
         // replaces the old one; chunks of the old that it reuses stay where they are.
@@ -197,9 +243,9 @@ impl SnapshotStore {
         // Packs the new snapshot would use too little of are copied forward.
         let mut live: BTreeMap<u64, u64> = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
-        for (d, data) in chunked.chunks() {
+        for (i, d) in chunked.leaves.iter().enumerate() {
             if let (Some(l), true) = (self.index.get(d), seen.insert(*d)) {
-                *live.entry(l.pack).or_default() += data.len() as u64;
+                *live.entry(l.pack).or_default() += chunked.chunk_len(i as u32).unwrap_or(0) as u64;
             }
         }
         let sparse = |pack: u64| {
@@ -213,7 +259,7 @@ impl SnapshotStore {
         let tmp = self.dir.join(format!("{id:016}.pack.tmp"));
         let mut pack: Option<BufWriter<File>> = None;
         let mut offset = 0u64;
-        for (d, data) in chunked.chunks() {
+        for (i, d) in chunked.leaves.iter().enumerate() {
             stats.chunks += 1;
             let kept = fresh.get(d).or_else(|| self.index.get(d).filter(|l| !sparse(l.pack))).copied();
             let loc = match kept {
@@ -222,6 +268,13 @@ impl SnapshotStore {
                     l
                 }
                 None => {
+                    // Only a chunk no kept pack holds is read: a piece out of memory is
+                    // in a pack its handle keeps, so its chunks are found above unless
+                    // their pack is being copied forward.
+                    let data = chunked
+                        .chunk(i as u32)
+                        .map_err(|e| io_err("read back", &tmp)(std::io::Error::other(e)))?
+                        .ok_or_else(|| io_err("read back", &tmp)(std::io::Error::other("chunk index out of range")))?;
                     let w = match &mut pack {
                         Some(w) => w,
                         None => pack.insert(BufWriter::with_capacity(
@@ -229,7 +282,7 @@ impl SnapshotStore {
                             File::create(&tmp).map_err(io_err("create", &tmp))?,
                         )),
                     };
-                    w.write_all(data).map_err(io_err("write", &tmp))?;
+                    w.write_all(&data).map_err(io_err("write", &tmp))?;
                     let l = Loc { pack: id, offset, len: data.len() as u32 };
                     offset += data.len() as u64;
                     stats.bytes_written += data.len() as u64;
@@ -261,11 +314,28 @@ impl SnapshotStore {
         packs.sort_unstable();
         packs.dedup();
         // The index follows the newest copies, so sparse packs stop being referenced.
-        for (d, l) in manifest.chunks {
-            self.index.insert(d, l);
+        for (d, l) in &manifest.chunks {
+            self.index.insert(*d, *l);
         }
         self.manifests.insert(seq, packs);
+        stats.released = self.release(chunked, &manifest);
         Ok(stats)
+    }
+
+    /// Lets `chunked`'s pieces (shared with the core and the service) drop their bytes:
+    /// each chunk now reads from its place in `manifest`. A pack that cannot be opened
+    /// keeps its pieces in memory, as before.
+    fn release(&mut self, chunked: &Chunked, manifest: &Manifest) -> u64 {
+        let mut places: HashMap<Digest, Arc<dyn StoredChunk>> = HashMap::with_capacity(manifest.chunks.len());
+        for (d, loc) in &manifest.chunks {
+            match self.place(*loc) {
+                Ok(place) => {
+                    places.insert(*d, place);
+                }
+                Err(e) => tracing::warn!(pack = loc.pack, %e, "pack not reopened: its chunks stay in memory"),
+            }
+        }
+        chunked.spill(&|d| places.get(d).cloned()) as u64
     }
 
     /// Drops the snapshots below `from`; returns the files that are now garbage
@@ -280,9 +350,12 @@ impl SnapshotStore {
         garbage
     }
 
-    /// Packs no kept manifest refers to, removed from the index and the pack list.
+    /// Packs neither a kept manifest nor a piece out of memory refers to, removed from
+    /// the index and the pack list.
     fn unreferenced_packs(&mut self) -> Vec<PathBuf> {
-        let used: std::collections::BTreeSet<u64> = self.manifests.values().flatten().copied().collect();
+        self.handles.retain(|_, h| h.strong_count() > 0);
+        let used: std::collections::BTreeSet<u64> =
+            self.manifests.values().flatten().copied().chain(self.handles.keys().copied()).collect();
         let dead: Vec<u64> = self.packs.keys().copied().filter(|p| !used.contains(p)).collect();
         for p in &dead {
             self.packs.remove(p);
@@ -316,7 +389,7 @@ mod tests {
     /// What was read back, as bytes, with a check that each kept the root it was
     /// written under.
     fn as_bytes(back: Snapshots) -> Vec<(u64, Vec<u8>)> {
-        back.into_iter().map(|(s, c)| (s.0, c.to_bytes())).collect()
+        back.into_iter().map(|(s, c)| (s.0, c.to_bytes().expect("readable"))).collect()
     }
 
     fn chunked(bytes: Vec<u8>) -> Chunked {
@@ -401,5 +474,70 @@ mod tests {
         let (_, back) = SnapshotStore::open(dir.path()).expect("reopen");
         let back = as_bytes(back);
         assert_eq!(back, vec![(8, stable)]);
+    }
+    #[test]
+    fn a_durable_snapshot_leaves_memory_and_reads_back_from_its_pack() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut store, _) = SnapshotStore::open(dir.path()).expect("open");
+        let bytes = noise(100_000, 1);
+        let c = chunked(bytes.clone());
+        let w = store.write(Seq(8), &c).expect("write");
+        assert_eq!((w.released, c.memory_bytes()), (100_000, 0));
+        assert_eq!(c.to_bytes().expect("readable"), bytes);
+        let third = c.chunk(3).expect("readable").expect("a chunk");
+        assert_eq!(leaf_digest(&third), c.leaves[3]);
+        // Read back at start, a snapshot is handles on its packs, not bytes.
+        drop(store);
+        let (_, back) = SnapshotStore::open(dir.path()).expect("reopen");
+        assert_eq!(back[0].1.memory_bytes(), 0);
+        assert_eq!(as_bytes(back), vec![(8, bytes)]);
+        // A pack damaged after it was written: the chunk is refused, not served wrong.
+        let p = pack_path(dir.path(), 0);
+        let mut raw = fs::read(&p).expect("read");
+        raw[10] ^= 1;
+        fs::write(&p, raw).expect("write");
+        let e = c.chunk(0).err().expect("a damaged chunk is refused");
+        assert!(e.why.contains("digest"), "{e}");
+    }
+
+    #[test]
+    fn a_pack_a_piece_still_reads_from_outlives_its_manifest_and_copies_forward_repoint() {
+        use keel_core::chunk::Piece;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut store, _) = SnapshotStore::open(dir.path()).expect("open");
+        // The old stable checkpoint, still held (a transfer reuses its chunks).
+        let old = chunked(noise(100_000, 1));
+        store.write(Seq(8), &old).expect("write");
+        store.write(Seq(16), &chunked(noise(100_000, 2))).expect("write");
+        let garbage = store.retire_below(Seq(16));
+        assert_eq!(garbage, vec![manifest_path(dir.path(), Seq(8))], "pack 0 is still read from");
+        fs::remove_file(&garbage[0]).expect("remove");
+        assert_eq!(old.to_bytes().expect("readable"), noise(100_000, 1));
+        drop(old);
+        store.write(Seq(24), &chunked(noise(100, 3))).expect("write");
+        let garbage = store.retire_below(Seq(24));
+        assert!(garbage.contains(&pack_path(dir.path(), 0)), "no handle left on pack 0: {garbage:?}");
+        assert!(garbage.contains(&pack_path(dir.path(), 1)));
+
+        // A piece the service hands back at every checkpoint, in a pack a newer snapshot
+        // uses too little of: its chunks are copied forward (read back to do so) and the
+        // piece reads from the new pack, so the old one can go.
+        let kept = Piece::new(noise(10_000, 4));
+        let first = Chunked::from_pieces(vec![kept.clone(), Piece::new(noise(90_000, 5))], 1024);
+        store.write(Seq(32), &first).expect("write");
+        assert!(!kept.in_memory());
+        drop(first);
+        let second = Chunked::from_pieces(vec![kept.clone(), Piece::new(noise(90_000, 6))], 1024);
+        let w = store.write(Seq(40), &second).expect("write");
+        assert_eq!(w.bytes_written, 100_000, "the kept piece was copied forward: {w:?}");
+        let garbage = store.retire_below(Seq(40));
+        for g in &garbage {
+            let _ = fs::remove_file(g);
+        }
+        let first_pack = pack_path(dir.path(), 3);
+        assert!(garbage.contains(&first_pack), "{garbage:?}");
+        assert!(!first_pack.exists());
+        assert_eq!(kept.bytes().expect("read from the new pack").as_slice(), noise(10_000, 4).as_slice());
+        assert_eq!(second.to_bytes().expect("readable").len(), 100_000);
     }
 }

@@ -737,7 +737,8 @@ mod tests {
             d.records,
             vec![Record::View { view: View(1), floor: Seq(0) }, Record::View { view: View(2), floor: Seq(0) }]
         );
-        let snapshots: Vec<(u64, Vec<u8>)> = d.snapshots.iter().map(|(s, c)| (s.0, c.to_bytes())).collect();
+        let snapshots: Vec<(u64, Vec<u8>)> =
+            d.snapshots.iter().map(|(s, c)| (s.0, c.to_bytes().expect("readable"))).collect();
         assert_eq!(snapshots, vec![(16, vec![16])]);
         // The base segment and the one appended to after it.
         let segments = list_segments(&dir.path().join("wal")).expect("list");

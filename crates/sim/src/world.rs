@@ -2026,6 +2026,8 @@ impl<W: Workload> World<W> {
                 ));
             }
             Event::OperationsFetched { count, .. } if correct => self.report.ops_fetched += count as u64,
+            // The simulator keeps every checkpoint in memory: nothing can be unreadable.
+            Event::SnapshotUnreadable { why } => self.violation("snapshot-unreadable", format!("node {n}: {why}")),
             Event::Stable { .. }
             | Event::ReadAnswered { .. }
             | Event::PushDropped { .. }

@@ -229,7 +229,10 @@ impl<S: Service, F: Fn() -> S> Conformance<S, F> {
             if fresh.snapshot() != bytes {
                 return Err(Failure::Snapshot { seq, what: "restored, it snapshots to other bytes".into() });
             }
-            let joined: Vec<u8> = e.service().pieces().iter().flat_map(|p| p.bytes().to_vec()).collect();
+            let joined = match keel_core::chunk::join(&e.service().pieces()) {
+                Ok(joined) => joined,
+                Err(err) => return Err(Failure::Pieces { seq, what: format!("pieces() unreadable: {err}") }),
+            };
             if joined != bytes {
                 return Err(Failure::Pieces { seq, what: "pieces() joined are not snapshot()".into() });
             }

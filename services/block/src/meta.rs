@@ -447,7 +447,7 @@ impl Service for BlockService {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        chunk::join(&self.pieces())
+        self.frozen().into_fresh_bytes()
     }
 
     fn pieces(&self) -> Vec<Arc<Piece>> {
@@ -556,9 +556,18 @@ impl FrozenMeta {
     }
 }
 
+impl FrozenMeta {
+    /// The snapshot's bytes, every region encoded afresh: cached pieces may have left
+    /// memory once a checkpoint was durable (core `chunk.rs`).
+    fn into_fresh_bytes(mut self) -> Vec<u8> {
+        self.cache = Arc::default();
+        chunk::join(&self.into_pieces()).expect("pieces encoded afresh are in memory")
+    }
+}
+
 impl Frozen for FrozenMeta {
     fn snapshot(self: Box<Self>) -> Vec<u8> {
-        chunk::join(&self.into_pieces())
+        self.into_fresh_bytes()
     }
 
     fn pieces(self: Box<Self>) -> Vec<Arc<Piece>> {

@@ -122,7 +122,7 @@ impl Driver {
 fn cut_afresh(coord: &Coord) -> Vec<Vec<u8>> {
     let mut fresh = Coord::with_segment_target(SEGMENT);
     fresh.restore(&coord.snapshot()).expect("a snapshot restores");
-    fresh.pieces().iter().map(|p| p.bytes().to_vec()).collect()
+    fresh.pieces().iter().map(|p| p.bytes().expect("in memory").to_vec()).collect()
 }
 
 proptest! {
@@ -140,8 +140,8 @@ proptest! {
             d.step(step);
             if matches!(step, Step::Checkpoint) {
                 let pieces = d.coord.pieces();
-                prop_assert_eq!(join(&pieces), d.coord.snapshot());
-                let shape: Vec<Vec<u8>> = pieces.iter().map(|p| p.bytes().to_vec()).collect();
+                prop_assert_eq!(join(&pieces).expect("in memory"), d.coord.snapshot());
+                let shape: Vec<Vec<u8>> = pieces.iter().map(|p| p.bytes().expect("in memory").to_vec()).collect();
                 prop_assert_eq!(shape, cut_afresh(&d.coord));
                 previous = pieces;
             }
@@ -178,6 +178,6 @@ fn a_large_tree_reuses_what_was_not_written() {
     // The head (stamp, count) and the tail (sessions, zxid) are rebuilt; of the
     // segments, the written one (and perhaps its neighbour, until cuts agree again).
     assert!(kept + 4 >= after.len(), "kept {kept} of {}", after.len());
-    let shape: Vec<Vec<u8>> = after.iter().map(|p| p.bytes().to_vec()).collect();
+    let shape: Vec<Vec<u8>> = after.iter().map(|p| p.bytes().expect("in memory").to_vec()).collect();
     assert_eq!(shape, cut_afresh(&d.coord));
 }

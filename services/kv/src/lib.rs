@@ -666,7 +666,7 @@ impl Service for Kv {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        chunk::join(&self.pieces())
+        self.store.freeze().into_fresh_bytes()
     }
 
     /// Serializes only the segments written since the last checkpoint (segments.rs).
@@ -747,9 +747,19 @@ impl FrozenKv {
     }
 }
 
+impl FrozenKv {
+    /// The snapshot's bytes, cut afresh: cached segments are not reused, since their
+    /// bytes may have left memory once a checkpoint was durable (core `chunk.rs`).
+    fn into_fresh_bytes(mut self) -> Vec<u8> {
+        self.base = None;
+        self.cache = Arc::default();
+        chunk::join(&self.into_pieces()).expect("pieces cut afresh are in memory")
+    }
+}
+
 impl Frozen for FrozenKv {
     fn snapshot(self: Box<Self>) -> Vec<u8> {
-        chunk::join(&self.into_pieces())
+        self.into_fresh_bytes()
     }
 
     fn pieces(self: Box<Self>) -> Vec<Arc<Piece>> {
@@ -1152,7 +1162,7 @@ mod tests {
 
     /// Pieces as (bytes) per piece: boundaries included, since they decide the chunks.
     fn shape(pieces: &[Arc<Piece>]) -> Vec<Vec<u8>> {
-        pieces.iter().map(|p| p.bytes().to_vec()).collect()
+        pieces.iter().map(|p| p.bytes().expect("in memory").to_vec()).collect()
     }
 
     proptest! {

@@ -153,9 +153,7 @@ impl<S: Service> Replica<S> {
     }
 
     pub(super) fn on_fetch_chunk(&mut self, from: Peer, seq: Seq, index: u32, out: &mut Outputs) -> Result<(), Reject> {
-        if let Some(answer) = crate::transfer::chunk_for(&self.stable, self.stable_chunks.as_ref(), seq, index) {
-            out.send.push((from, answer));
-        }
+        crate::transfer::answer_chunk(&self.stable, self.stable_chunks.as_ref(), seq, index, from, out);
         Ok(())
     }
 

@@ -218,9 +218,10 @@ impl<S: Service> Replica<S> {
             None => self.exec.membership().epoch,
         };
         match self.next_epoch() {
-            Some((next, persist)) => {
+            Some((next, persist, events)) => {
                 *self = next;
                 out.persist.extend(persist);
+                out.events.extend(events);
                 out.events.push(Event::EpochStarted { epoch, index: self.id });
                 self.hold_barrier(out);
             }
@@ -242,7 +243,7 @@ impl<S: Service> Replica<S> {
     /// replaced by the state transfer that gives it the base. So the core needs no
     /// second, empty service, which would need a factory in every constructor or a
     /// `Service` method every service would have to implement.
-    fn next_epoch(&mut self) -> Option<(Replica<S>, Vec<Persist>)> {
+    fn next_epoch(&mut self) -> Option<(Replica<S>, Vec<Persist>, Vec<Event>)> {
         let mut certs = self.epoch_certs.clone();
         let (next, base) = match &self.jump {
             Some(chain) => {
@@ -275,8 +276,19 @@ impl<S: Service> Replica<S> {
         if let Some(proof) = self.exec_stable() {
             r.recover_exec_stable(proof);
         }
-        if let Some(chunks) = base {
-            match r.exec.restore(&chunks.to_bytes()) {
+        // The stable checkpoint's bytes may have left memory; if they cannot be read
+        // back, the node goes on without a base, as a jumping one, and fetches it.
+        let mut events = Vec::new();
+        let base = base.and_then(|chunks| match chunks.to_bytes() {
+            Ok(bytes) => Some((chunks, bytes)),
+            Err(e) => {
+                let why = format!("the stable checkpoint at {since}, to start the next epoch on: {e}");
+                events.push(Event::SnapshotUnreadable { why });
+                None
+            }
+        });
+        if let Some((chunks, bytes)) = base {
+            match r.exec.restore(&bytes) {
                 Ok(executed) if executed == since => {}
                 other => panic!("the stable snapshot at {since} does not restore: {other:?}"),
             }
@@ -295,6 +307,6 @@ impl<S: Service> Replica<S> {
         // A jumping node keeps no snapshot: all it has is older than the new epoch.
         let snapshots_from = if r.stable_chunks.is_some() { since } else { Seq::MAX };
         let persist = vec![Persist::Compact { records: r.durable_records(), snapshots_from }];
-        Some((r, persist))
+        Some((r, persist, events))
     }
 }

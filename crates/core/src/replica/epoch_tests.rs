@@ -424,7 +424,7 @@ mod backup {
 
     /// The service state a node held after `seq`, as its own snapshot would give it.
     fn log_after(state: &Fetched) -> Log {
-        let bytes = state.state.to_bytes();
+        let bytes = state.state.to_bytes().expect("in memory");
         let (seq, service) = crate::exec::snapshot_service_state(&bytes).expect("an executor snapshot");
         assert_eq!(seq, state.proof.seq);
         let mut log = Log::default();

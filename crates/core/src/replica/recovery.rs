@@ -57,8 +57,9 @@ impl<S: Service> Replica<S> {
         let Durable { mut snapshots, records } = durable;
         snapshots.sort_by_key(|(seq, _)| *seq);
         let mut snapshot_seq: Seq = Seq(0);
-        if let Some((_, chunked)) = snapshots.last() {
-            snapshot_seq = r.exec.restore(&chunked.to_bytes())?;
+        if let Some((seq, chunked)) = snapshots.last() {
+            let bytes = chunked.to_bytes().map_err(|e| RestoreError(format!("snapshot at {seq}: {e}")))?;
+            snapshot_seq = r.exec.restore(&bytes)?;
         }
         for (seq, chunked) in snapshots {
             if seq > Seq(0) {
