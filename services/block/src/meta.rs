@@ -194,11 +194,15 @@ pub struct Meta {
 impl Meta {
     pub fn new(geometry: Geometry) -> Meta {
         let zero = zero_hash(geometry.bs());
+        // Never-written regions share one copy (per length: the last region may be
+        // shorter), copied on their first write (`Arc::make_mut`): a fresh or sparse disk
+        // holds metadata for the regions it wrote, not 40 bytes for every block.
+        let mut unwritten: BTreeMap<usize, Arc<Region>> = BTreeMap::new();
         let regions: Vec<Arc<Region>> = (0..geometry.blocks.div_ceil(REGION_BLOCKS as u64))
             .map(|i| {
                 let start = i * REGION_BLOCKS as u64;
                 let len = (geometry.blocks - start).min(REGION_BLOCKS as u64) as usize;
-                Arc::new(Region::new(len, zero))
+                unwritten.entry(len).or_insert_with(|| Arc::new(Region::new(len, zero))).clone()
             })
             .collect();
         let stamps = vec![0; regions.len()];
@@ -475,8 +479,12 @@ impl Service for BlockService {
                 return Err(RestoreError("block snapshot: regions cut short".into()));
             }
             let (bytes, tail) = rest.split_at(len * 40);
-            *region =
-                Arc::new(Region::decode(bytes, len).ok_or_else(|| RestoreError("block snapshot: bad region".into()))?);
+            let decoded =
+                Region::decode(bytes, len).ok_or_else(|| RestoreError("block snapshot: bad region".into()))?;
+            // A region still unwritten keeps sharing the fresh copy (`Meta::new`).
+            if decoded != **region {
+                *region = Arc::new(decoded);
+            }
             rest = tail;
         }
         if !rest.is_empty() {
@@ -541,12 +549,14 @@ impl FrozenMeta {
         pieces.push(Piece::new(head));
         let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         cache.resize(self.regions.len(), None);
+        // Regions shared in memory (the unwritten ones) are encoded once per call.
+        let mut encoded: BTreeMap<*const Region, Arc<Piece>> = BTreeMap::new();
         for (i, region) in self.regions.iter().enumerate() {
             let cached = cache[i]
                 .as_ref()
                 .and_then(|(weak, piece)| weak.upgrade().filter(|r| Arc::ptr_eq(r, region)).map(|_| piece.clone()));
             let piece = cached.unwrap_or_else(|| {
-                let piece = Piece::new(region.encode());
+                let piece = encoded.entry(Arc::as_ptr(region)).or_insert_with(|| Piece::new(region.encode())).clone();
                 cache[i] = Some((Arc::downgrade(region), piece.clone()));
                 piece
             });
@@ -946,6 +956,31 @@ mod tests {
         let frozen = s.freeze().expect("freezes");
         run(&mut s, write(3, vec![[7; 32]], None));
         assert_eq!(frozen.snapshot(), t.snapshot(), "a freeze serializes the state it was taken in");
+    }
+
+    #[test]
+    fn unwritten_regions_share_one_copy_until_written_and_after_a_restore() {
+        // Four regions of 4,096 blocks.
+        let four = || BlockService::new(Geometry::new(64 << 20, 4096, 4, 3).expect("valid"));
+        let distinct = |s: &BlockService| {
+            let mut at: Vec<*const Region> = s.read().regions.iter().map(Arc::as_ptr).collect();
+            at.sort_unstable();
+            at.dedup();
+            at.len()
+        };
+        let mut s = four();
+        assert_eq!(distinct(&s), 1, "one unwritten copy");
+        let pieces = s.pieces();
+        assert!(pieces[1..].iter().all(|p| Arc::ptr_eq(p, &pieces[1])), "encoded once");
+        run(&mut s, write(3, vec![[9; 32]], None));
+        assert_eq!(distinct(&s), 2, "the written region got its own copy");
+        let zero = s.read().zero();
+        assert_eq!(s.read().get(REGION_BLOCKS as u64 + 3), (0, zero), "the shared copy is untouched");
+        let mut t = four();
+        t.restore(&s.snapshot()).expect("restores");
+        assert_eq!(distinct(&t), 2, "a restore shares the regions still unwritten");
+        assert_eq!(t.snapshot(), s.snapshot());
+        assert_eq!(t.read().get(3), (1, [9; 32]));
     }
 
     #[test]
