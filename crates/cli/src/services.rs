@@ -211,7 +211,11 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
         .and_then(Local::sync_in_background)
         .map_err(|e| NodeError::Runtime(format!("block data in {}: {e}", setup.data_dir.display())))?;
     let local = Arc::new(local);
-    let meta = Arc::new(RwLock::new(Meta::new(geometry)));
+    // The agreed metadata in its own store beside the data: wiped here, rebuilt by the
+    // node's restore and WAL replay (`meta_store.rs`).
+    let meta_dir = setup.data_dir.join("block").join("meta");
+    let meta = Meta::on_disk(geometry, &meta_dir).map_err(|e| NodeError::Runtime(format!("block metadata: {e}")))?;
+    let meta = Arc::new(RwLock::new(meta));
     let options = keel_block::tls::FrontOptions::from_settings(&fe.options, &fe.dir).map_err(NodeError::Runtime)?;
     let tls = match &options.tls {
         Some(files) => Some(keel_block::tls::acceptor(&setup.ca_pem, files).map_err(NodeError::Runtime)?),

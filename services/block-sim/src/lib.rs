@@ -756,7 +756,16 @@ impl Workload for BlockWorkload {
         match Local::open(&dir, g, NodeId(start.node), start.node, RESERVE, false) {
             Ok(local) => {
                 let local = Arc::new(local);
-                let meta = Arc::new(RwLock::new(Meta::new(g)));
+                // The node's metadata in the store a node runs, a fresh one per start (the
+                // previous start's may still be open): rebuilt by the restore and replay.
+                let meta = match Meta::on_disk(g, &dir.join(format!("meta-{}", slot.generation + 1))) {
+                    Ok(meta) => Arc::new(RwLock::new(meta)),
+                    Err(e) => {
+                        drop(plane);
+                        self.violation(format!("node {} cannot open its metadata store: {e}", start.node));
+                        return self.service();
+                    }
+                };
                 let inner = BlockService::with_local(meta.clone(), local.clone()).with_idle_ms(IDLE_MS);
                 slot.generation += 1;
                 slot.local = Some(local);

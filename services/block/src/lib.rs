@@ -14,6 +14,7 @@ pub mod front;
 pub mod geometry;
 pub mod local;
 pub mod meta;
+mod meta_store;
 pub mod nbd;
 pub mod plane;
 pub mod prepare_log;

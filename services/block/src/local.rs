@@ -7,7 +7,7 @@
 
 use crate::executed::{self, Executed};
 use crate::geometry::{runs, Geometry};
-use crate::meta::{Hash, Meta};
+use crate::meta::{Hash, Meta, REGION_BLOCKS};
 use crate::prepare_log::PrepareLog;
 use crate::store::Store;
 use keel::NodeId;
@@ -211,6 +211,13 @@ pub struct Local {
     reserve_max: u64,
     /// Bumped whenever reserve blocks are released, so reclaim looks again.
     released: AtomicU64,
+    /// Per region, the version of the last write that left a block preferred here
+    /// without its data (or failed to store it), or of the last restore: the only ways a
+    /// preferred block becomes INCOMPLETE. Recovery phase 2 looks again at a region only
+    /// when its gap moved, not at every write into it: a write whose data is stored here
+    /// leaves nothing to repair, and reading a region's metadata is a scan of the
+    /// metadata store.
+    gaps: Vec<AtomicU64>,
     /// Store writes exclude reads, so a block's data and held version are read as one
     /// (a peer that sent a version with another version's bytes would look like a liar).
     io: RwLock<()>,
@@ -321,6 +328,7 @@ impl Local {
             reserved: AtomicU64::new(reserved as u64),
             reserve_max,
             released: AtomicU64::new(0),
+            gaps: (0..geometry.blocks.div_ceil(REGION_BLOCKS as u64)).map(|_| AtomicU64::new(0)).collect(),
             io: RwLock::new(()),
             stats: Arc::default(),
         })
@@ -543,14 +551,41 @@ impl Local {
                 Err(e) => {
                     self.stats.store_errors.fetch_add(1, Ordering::Relaxed);
                     tracing::error!(first, count, error = %e, "block data write failed: the blocks stay INCOMPLETE here");
+                    self.gap(first, count, version);
                 }
             },
             None => {
                 self.stats.writes_incomplete.fetch_add(1, Ordering::Relaxed);
+                self.gap(first, count, version);
                 // Reserve copies of the blocks are stale now: free them.
                 self.drop_reserve(first, count);
             }
         }
+    }
+
+    /// Blocks `first..first + count` were left at `version` without their data here:
+    /// moves the gap of each region where one of them is preferred here.
+    fn gap(&self, first: u64, count: u64, version: u64) {
+        let end = first + count;
+        let mut b = first;
+        while b < end {
+            let stop = self.geometry.stripe_end(b, end);
+            if self.geometry.is_preferred(b, self.index) {
+                let last = (stop - 1) / REGION_BLOCKS as u64;
+                for region in b / REGION_BLOCKS as u64..=last {
+                    if let Some(g) = self.gaps.get(region as usize) {
+                        g.fetch_max(version, Ordering::AcqRel);
+                    }
+                }
+            }
+            b = stop;
+        }
+    }
+
+    /// Region `region`'s gap (see `gaps`): phase 2 finds it complete again only by a
+    /// look at its blocks after the gap last moved.
+    pub fn gap_of(&self, region: usize) -> u64 {
+        self.gaps.get(region).map_or(0, |g| g.load(Ordering::Acquire))
     }
 
     /// TRIM or WRITE_ZEROES executed: every node holds zeros without any data moving.
@@ -750,6 +785,10 @@ impl Local {
     /// A restart comes through here too: `open` put every record its log still holds back
     /// in waiting, including those consumed before the checkpoint it restarts from.
     pub fn restored(&self, meta: &Meta) {
+        // Any preferred block may be INCOMPLETE after a restore: every region is looked at.
+        for g in &self.gaps {
+            g.fetch_max(meta.version(), Ordering::AcqRel);
+        }
         let bs = self.geometry.bs();
         // By block: two records may hold the same bytes for one block.
         let mut copies: BTreeMap<u64, (u64, Vec<u8>)> = BTreeMap::new();
@@ -757,12 +796,13 @@ impl Local {
             let p = self.lock();
             for held in p.waiting.values() {
                 let pr = &held.prepare;
-                for (k, (hash, data)) in pr.hashes.iter().zip(pr.data.chunks_exact(bs)).enumerate() {
+                // One read of the metadata per record (a scan of the store), not per block.
+                let count = (pr.hashes.len() as u64).min(self.geometry.blocks.saturating_sub(pr.first));
+                let agreed_run = if count > 0 { meta.get_run(pr.first, count) } else { Vec::new() };
+                for (k, ((hash, data), &(version, agreed))) in
+                    pr.hashes.iter().zip(pr.data.chunks_exact(bs)).zip(&agreed_run).enumerate()
+                {
                     let b = pr.first + k as u64;
-                    if b >= self.geometry.blocks {
-                        break;
-                    }
-                    let (version, agreed) = meta.get(b);
                     if version > 0 && agreed == *hash && !copies.contains_key(&b) && self.lacks(b, version, &agreed) {
                         copies.insert(b, (version, data.to_vec()));
                     }
@@ -880,6 +920,49 @@ mod tests {
         local.prepare(p.clone()).await.expect("takes it");
         local.executed_write(NodeId(2), 1, seq, Some(Applied { first, hashes: &p.hashes, data: None, version }));
         p
+    }
+
+    /// Phase 2 looks again only at regions where a preferred block was left without its
+    /// data (or all of them after a restore): a write stored here, or one into a block
+    /// preferred elsewhere, does not move a region's gap.
+    #[tokio::test]
+    async fn only_a_preferred_block_left_without_data_or_a_restore_moves_a_gap() {
+        let g = Geometry::new(64 << 20, 4096, 4, 3).expect("valid");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let local = Local::open(dir.path(), g, NodeId(0), 0, 0.1, true).expect("opens");
+        let mine = |region: u64| {
+            let start = region * REGION_BLOCKS as u64;
+            (start..start + REGION_BLOCKS as u64).find(|&b| g.is_preferred(b, 0)).expect("one preferred here")
+        };
+        let other = (0..g.blocks).find(|&b| !g.is_preferred(b, 0)).expect("one preferred elsewhere");
+        let gaps = |l: &Local| (0..4).map(|r| l.gap_of(r)).collect::<Vec<_>>();
+        let p = prepare(NodeId(2), 1, 1, mine(1), 7, 1);
+        local.prepare(p.clone()).await.expect("takes it");
+        let applied =
+            |first: u64, hashes: &'static [Hash], version| Some(Applied { first, hashes, data: None, version });
+        local.executed_write(
+            NodeId(2),
+            1,
+            1,
+            Some(Applied { first: mine(1), hashes: &p.hashes, data: None, version: 1 }),
+        );
+        assert_eq!(gaps(&local), [0, 0, 0, 0], "stored with its data");
+        local.executed_write(NodeId(2), 1, 2, applied(other, &[[1; 32]], 2));
+        assert_eq!(gaps(&local), [0, 0, 0, 0], "not preferred here");
+        local.executed_write(NodeId(2), 1, 3, applied(mine(2), &[[1; 32]], 3));
+        assert_eq!(gaps(&local), [0, 0, 3, 0], "preferred here, no data");
+        // The agreed state at version 9, as a restore installs it.
+        let mut s = crate::meta::BlockService::new(g);
+        for k in 0..9 {
+            let zero = crate::meta::Command::Zero { first: k, count: 1 }.encode();
+            keel::Service::execute(
+                &mut s,
+                &zero,
+                &keel::ExecCtx::new(keel_core::ids::Seq(k + 1), 1, 7, keel_core::ids::ClientId(1)),
+            );
+        }
+        local.restored(&s.view().read().expect("not poisoned"));
+        assert_eq!(gaps(&local), [9, 9, 9, 9], "a restore: every region");
     }
 
     #[tokio::test]

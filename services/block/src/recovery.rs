@@ -97,10 +97,11 @@ impl Recovery {
     }
 
     /// One pass over the preferred blocks; returns the blocks fetched. `clean` holds,
-    /// per region, the stamp it had when a pass last found it complete: such a region is
-    /// skipped while its stamp stays (nothing makes a preferred block held here older
-    /// without a write into its region), so a pass over a large, settled export costs a
-    /// look at each region's stamp.
+    /// per region, the gap it had when a pass last found it complete: such a region is
+    /// skipped while its gap stays (a preferred block becomes INCOMPLETE only by a write
+    /// that left it without data here, or a restore: `Local::gap_of`), so a pass over a
+    /// large export costs a look at each region's gap, however much is written into it
+    /// with its data.
     async fn phase2(&self, blocks: &Blocks, clean: &mut Vec<Option<u64>>) -> u64 {
         let g = blocks.local.geometry();
         let me = blocks.local.index();
@@ -114,14 +115,14 @@ impl Recovery {
         while region < g.blocks {
             let end = (region + REGION_BLOCKS as u64).min(g.blocks);
             let index = (region / REGION_BLOCKS as u64) as usize;
-            let stamp = blocks.meta.read().unwrap_or_else(PoisonError::into_inner).stamp(index);
+            let stamp = blocks.local.gap_of(index);
             if clean[index] == Some(stamp) {
                 region = end;
                 continue;
             }
             self.regions_scanned.fetch_add(1, Ordering::Relaxed);
-            // Read before the metadata: a write after this stamp moves it, so the region
-            // is not taken for complete on a view older than the stamp says.
+            // Read before the metadata: a write after this gap moves it, so the region is
+            // not taken for complete on a view older than the gap says.
             let (want, zero) = self.meta_of(blocks, region, end);
             let missing: Vec<u64> = (region..end)
                 .filter(|&b| {
@@ -160,7 +161,7 @@ impl Recovery {
 
     fn meta_of(&self, blocks: &Blocks, first: u64, end: u64) -> (Vec<(u64, Hash)>, Hash) {
         let meta = blocks.meta.read().unwrap_or_else(PoisonError::into_inner);
-        ((first..end).map(|b| meta.get(b)).collect(), meta.zero())
+        (meta.get_run(first, end - first), meta.zero())
     }
 
     /// Drops reserve blocks whose preferred nodes all hold the agreed version.
