@@ -78,9 +78,16 @@ fn main() -> ExitCode {
     // Servers log what an operator needs (start-up, listening, view changes, catch-up)
     // at INFO; one-shot commands only warnings, so their output stays theirs. RUST_LOG
     // overrides both. Colour only on a terminal: node logs go to files.
+    //
+    // The block service's metadata store (fjall) logs its own housekeeping at INFO, and
+    // warns for each table file already gone with its dropped keyspace's folder (it
+    // removes the folder before the tables' own clean-up runs: nothing is lost, the
+    // store is a copy wiped at every start); both stay below what an operator sees.
     let default = match cli.command {
-        Command::Node(_) | Command::Up(_) | Command::CoordShim(_) => "info",
-        _ => "warn",
+        Command::Node(_) | Command::Up(_) | Command::CoordShim(_) => {
+            "info,fjall=warn,lsm_tree=warn,lsm_tree::table::inner=error"
+        }
+        _ => "warn,lsm_tree::table::inner=error",
     };
     use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default.into());

@@ -739,7 +739,8 @@ impl Workload for BlockWorkload {
     fn node_service(&self, start: NodeStart) -> SimBlock {
         let mut plane = self.plane();
         let g = plane.geometry;
-        let dir = plane.dir.join(format!("n{}", start.node));
+        let base = plane.dir.clone();
+        let dir = base.join(format!("n{}", start.node));
         let Some(slot) = plane.nodes.get_mut(start.node as usize) else {
             drop(plane);
             self.violation(format!("node {} is not one of the block nodes", start.node));
@@ -757,8 +758,11 @@ impl Workload for BlockWorkload {
             Ok(local) => {
                 let local = Arc::new(local);
                 // The node's metadata in the store a node runs, a fresh one per start (the
-                // previous start's may still be open): rebuilt by the restore and replay.
-                let meta = match Meta::on_disk(g, &dir.join(format!("meta-{}", slot.generation + 1))) {
+                // previous start's may still be open, or held by a checkpoint): rebuilt by
+                // the restore and replay. Outside the node's directory, so that a wipe never
+                // removes files from under a store still open; all go when the run ends.
+                let meta_dir = base.join(format!("meta-n{}-{}", start.node, slot.generation + 1));
+                let meta = match Meta::on_disk(g, &meta_dir) {
                     Ok(meta) => Arc::new(RwLock::new(meta)),
                     Err(e) => {
                         drop(plane);
