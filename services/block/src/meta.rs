@@ -204,6 +204,16 @@ impl Meta {
         self.store.get_run(first, count)
     }
 
+    /// Each region's blocks, in order.
+    #[cfg(test)]
+    pub(crate) fn regions(&self) -> impl Iterator<Item = Region> + '_ {
+        let g = self.geometry();
+        (0..g.blocks.div_ceil(REGION_BLOCKS as u64) as usize).map(move |i| {
+            let run = self.store.get_run(i as u64 * REGION_BLOCKS as u64, region_len(g, i) as u64);
+            Region { versions: run.iter().map(|r| r.0).collect(), hashes: run.into_iter().map(|r| r.1).collect() }
+        })
+    }
+
     /// Region `region`'s stamp: the version of the last write into it (see `stamps`).
     pub fn stamp(&self, region: usize) -> u64 {
         self.stamps.get(region).copied().unwrap_or(0)
@@ -462,10 +472,16 @@ impl Service for BlockService {
         if rest.len() > want {
             return Err(RestoreError(format!("block snapshot: {} bytes after the regions", rest.len() - want)));
         }
-        let regions = lens.iter().scan(rest, |rest, &len| {
+        // The PrepareData this node holds is looked at as the regions go by.
+        let mut check = self.local.as_deref().map(Local::restore_check);
+        let regions = lens.iter().enumerate().scan(rest, |rest, (i, &len)| {
             let (bytes, tail) = rest.split_at(len * 40);
             *rest = tail;
-            Some(Region::decode(bytes))
+            let region = Region::decode(bytes);
+            if let Some(check) = &mut check {
+                check.region(i, &region);
+            }
+            Some(region)
         });
         let mut meta = self.meta.write().unwrap_or_else(PoisonError::into_inner);
         meta.store.restore(regions, head.version);
@@ -473,8 +489,8 @@ impl Service for BlockService {
         meta.head = head;
         drop(meta);
         self.cache.lock().unwrap_or_else(PoisonError::into_inner).clear();
-        if let Some(local) = &self.local {
-            local.restored(&self.read());
+        if let Some(check) = check {
+            check.finish(&self.read());
         }
         Ok(())
     }
@@ -811,6 +827,71 @@ mod tests {
         node.restore(&snapshot).expect("restores");
         assert_eq!(local.read(4, 1).expect("reads"), (data, vec![1]), "repaired from the log");
         assert_eq!(local.stats.restored_from_prepared.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
+
+    /// A restart looks at its logged PrepareData as the restore streams the regions past
+    /// (no read of the restored store): records that cross regions, blocks whose bytes
+    /// went bad at the agreed version, a block whose held version fell behind, a record
+    /// never ordered — only the blocks that lack their agreed bytes are written, and with
+    /// the store on disk as a node runs it.
+    #[tokio::test]
+    async fn a_restart_takes_from_its_records_only_the_blocks_it_lacks_across_regions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let g = geometry();
+        let bs = 4096;
+        let record = |seq: u64, first: u64, count: usize| {
+            let data: Vec<u8> = (0..count).flat_map(|k| vec![(seq * 16 + k as u64) as u8; bs]).collect();
+            let hashes = data.chunks_exact(bs).map(|d| *blake3::hash(d).as_bytes()).collect();
+            crate::local::Prepare { owner: NodeId(2), epoch: 1, seq, first, hashes, data }
+        };
+        // Across regions 0 and 1, across regions 1 and 2, and one never ordered.
+        let (a, b, c) = (record(1, 4090, 10), record(2, 8190, 4), record(3, 100, 2));
+        // A retry's record of one of a's blocks, the same bytes, never ordered: the block
+        // is taken once.
+        let d = crate::local::Prepare {
+            seq: 4,
+            first: 4091,
+            hashes: a.hashes[1..2].to_vec(),
+            data: a.data[bs..2 * bs].to_vec(),
+            ..a.clone()
+        };
+        let snapshot = {
+            let local = Arc::new(Local::open(dir.path(), g, NodeId(0), 0, 0.1, true).expect("opens"));
+            for p in [&a, &b, &c, &d] {
+                local.prepare(p.clone()).await.expect("takes it");
+            }
+            let mut node = BlockService::with_local(Arc::new(RwLock::new(Meta::new(g))), local.clone());
+            assert_eq!(run(&mut node, Command::NewEpoch { owner: 2, after: None }), Reply::Epoch(1));
+            for (p, version) in [(&a, 1), (&b, 2)] {
+                let w = Command::Write {
+                    owner: 2,
+                    epoch: 1,
+                    seq: p.seq,
+                    first: p.first,
+                    hashes: p.hashes.clone(),
+                    expect: None,
+                    data: None,
+                };
+                assert_eq!(run(&mut node, w), Reply::Written { version });
+            }
+            // What a crash can leave: other bytes at the held version, and a held
+            // version behind the agreed one.
+            local.store().write(4091, &[0xee; 4096], 1).expect("writes");
+            local.store().write(4096, &[0xee; 4096], 1).expect("writes");
+            local.store().write(8193, &[0xee; 4096], 2).expect("writes");
+            local.store().write(4099, &[0xee; 4096], 0).expect("writes");
+            node.snapshot()
+        };
+        let local = Arc::new(Local::open(dir.path(), g, NodeId(0), 0, 0.1, true).expect("reopens"));
+        let meta = Meta::on_disk(g, &dir.path().join("meta")).expect("opens the store");
+        let mut node = BlockService::with_local(Arc::new(RwLock::new(meta)), local.clone());
+        node.restore(&snapshot).expect("restores");
+        assert_eq!(local.read(4090, 10).expect("reads"), (a.data.clone(), vec![1; 10]), "a repaired");
+        assert_eq!(local.read(8190, 4).expect("reads"), (b.data.clone(), vec![2; 4]), "b repaired");
+        assert_eq!(local.stats.restored_from_prepared.load(std::sync::atomic::Ordering::Relaxed), 4);
+        assert!(!local.has_prepared(NodeId(2), 1, 1) && !local.has_prepared(NodeId(2), 1, 2), "consumed");
+        assert!(local.has_prepared(NodeId(2), 1, 3) && local.has_prepared(NodeId(2), 1, 4), "never ordered: kept");
+        assert_eq!(local.read(100, 2).expect("reads").1, vec![0, 0], "and not stored");
     }
 
     /// With a syncer, a checkpoint whose blocks are all in logged PrepareData does not

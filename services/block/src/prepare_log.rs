@@ -27,10 +27,11 @@
 use keel::core::wal::{frame_in, unframe};
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read};
+use std::io::{self, Read, Seek};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
 use tokio::sync::oneshot;
 
 /// Largest record read back: a PrepareData holds at most a node-plane message.
@@ -51,12 +52,76 @@ enum Job {
     Delete { segment: u64 },
 }
 
-/// Records read back at open: (segment, record), oldest first.
-pub type Records = Vec<(u64, Vec<u8>)>;
+/// The length and checksum before each record's bytes (`frame_in`).
+const FRAME_HEAD: usize = 8;
 
-/// What [`PrepareLog::open`] found.
+/// Where a record found at open lies in its segment's file, to be read again when its
+/// bytes are needed. Its file is not written again while the record is live: a segment
+/// found at open takes no more records, and its file is reused only once every record
+/// in it is dead.
+#[derive(Clone)]
+pub struct RecordAt {
+    file: Arc<File>,
+    segment: u64,
+    /// Where its frame starts.
+    offset: u64,
+    len: u32,
+}
+
+impl RecordAt {
+    /// The record's bytes, read again and checked against its frame's checksum.
+    ///
+    /// # Errors
+    /// An I/O error, or a frame that no longer checks (the file changed under the log).
+    pub fn read(&self) -> io::Result<Vec<u8>> {
+        let mut frame = vec![0u8; FRAME_HEAD + self.len as usize];
+        self.file.read_exact_at(&mut frame, self.offset)?;
+        match unframe(&frame, self.segment, RECORD_MAX).payloads.first() {
+            Some(&(0, payload)) if payload.len() == self.len as usize => Ok(payload.to_vec()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("PrepareData record at {} of segment {} changed since it was read", self.offset, self.segment),
+            )),
+        }
+    }
+}
+
+/// Reads the frames of a segment's file after its header, one at a time, handing each
+/// to `each`, up to the first that is short or fails its checksum; returns where the
+/// whole frames end.
+fn read_frames(file: &Arc<File>, segment: u64, mut each: impl FnMut(RecordAt, &[u8])) -> io::Result<u64> {
+    let mut reader = io::BufReader::with_capacity(1 << 20, &**file);
+    reader.seek(io::SeekFrom::Start(HEADER as u64))?;
+    let mut offset = HEADER as u64;
+    let mut frame = Vec::new();
+    loop {
+        let mut head = [0u8; FRAME_HEAD];
+        match reader.read_exact(&mut head) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(e),
+        }
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+        if len as usize > RECORD_MAX {
+            break;
+        }
+        frame.clear();
+        frame.extend_from_slice(&head);
+        frame.resize(FRAME_HEAD + len as usize, 0);
+        match reader.read_exact(&mut frame[FRAME_HEAD..]) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => break,
+            Err(e) => return Err(e),
+        }
+        let Some(&(0, payload)) = unframe(&frame, segment, RECORD_MAX).payloads.first() else { break };
+        each(RecordAt { file: file.clone(), segment, offset, len }, payload);
+        offset += (FRAME_HEAD + len as usize) as u64;
+    }
+    Ok(offset)
+}
+
+/// What [`PrepareLog::open`] found besides the records.
 pub struct Opened {
-    pub records: Records,
     /// Above every segment number any file of the log was used for: new segments must
     /// be numbered from here, so that a reused file's old records never pass for theirs.
     pub next_segment: u64,
@@ -82,17 +147,25 @@ impl Drop for PrepareLog {
 }
 
 impl PrepareLog {
-    /// Opens the log in `dir` and returns it with every intact record found, by segment
-    /// (oldest first). A torn record ends its segment (a crash mid-append); what came
-    /// before it is kept.
+    /// Opens the log in `dir` and hands every intact record found to `found`, segment by
+    /// segment (oldest first), each with where it lies so that it can be read again
+    /// ([`RecordAt`]; None for a file of the first format). A torn record ends its
+    /// segment (a crash mid-append); what came before it is kept. Records are read one
+    /// at a time: a node restarted after a burst of large writes found 818 MB of them,
+    /// all read into memory at once before.
     ///
     /// # Errors
-    /// The directory cannot be created or read.
-    pub fn open(dir: &Path, sync: bool) -> io::Result<(PrepareLog, Opened)> {
+    /// The directory cannot be created or read, or a file cannot be read.
+    pub fn open(
+        dir: &Path,
+        sync: bool,
+        mut found: impl FnMut(u64, &[u8], Option<RecordAt>),
+    ) -> io::Result<(PrepareLog, Opened)> {
         std::fs::create_dir_all(dir)?;
         let mut files = Segments { dir: dir.to_path_buf(), live: BTreeMap::new(), pool: Vec::new(), open: None };
-        let mut records = Vec::new();
         let mut next_segment = 0;
+        // Live segments' files, read in segment order once all are known.
+        let mut live: Vec<(u64, PathBuf, Option<File>)> = Vec::new();
         for entry in std::fs::read_dir(dir)? {
             let path = entry?.path();
             let Some((stem, ext)) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.split_once('.')) else {
@@ -101,17 +174,7 @@ impl PrepareLog {
             let Ok(number) = stem.parse::<u64>() else { continue };
             next_segment = next_segment.max(number.saturating_add(1));
             match ext {
-                "log" => {
-                    let mut bytes = Vec::new();
-                    File::open(&path)?.read_to_end(&mut bytes)?;
-                    let found = read_first_format(&bytes);
-                    if found.is_empty() {
-                        let _ = std::fs::remove_file(&path);
-                        continue;
-                    }
-                    records.extend(found.into_iter().map(|r| (number, r)));
-                    files.live.entry(number).or_default().push(Live { path, end: None });
-                }
+                "log" => live.push((number, path, None)),
                 "seg" | "free" => {
                     let mut file = File::open(&path)?;
                     let mut head = [0u8; HEADER];
@@ -119,35 +182,50 @@ impl PrepareLog {
                         Ok(()) => parse_header(&head),
                         Err(_) => None,
                     };
-                    let Some((live, segment)) = header else {
+                    let Some((is_live, segment)) = header else {
                         files.keep_or_delete(path);
                         continue;
                     };
                     next_segment = next_segment.max(segment.saturating_add(1));
-                    if !live {
+                    if is_live {
+                        live.push((segment, path, Some(file)));
+                    } else {
                         files.keep_or_delete(path);
-                        continue;
                     }
-                    let mut bytes = Vec::new();
-                    file.read_to_end(&mut bytes)?;
-                    let frames = unframe(&bytes, segment, RECORD_MAX);
-                    if frames.payloads.is_empty() {
-                        // No record of it was made durable: nothing would ever let it go.
-                        files.keep_or_delete(path);
-                        continue;
-                    }
-                    records.extend(frames.payloads.iter().map(|(_, r)| (segment, r.to_vec())));
-                    let end = (HEADER + frames.valid_len) as u64;
-                    files.live.entry(segment).or_default().push(Live { path, end: Some(end) });
                 }
                 _ => {}
             }
         }
         // Oldest first; a segment's records stay in the order they were written.
-        records.sort_by_key(|(segment, _)| *segment);
+        live.sort_by_key(|(segment, _, _)| *segment);
+        for (segment, path, file) in live {
+            let Some(file) = file else {
+                // The first format: read whole (no file of it is written any more).
+                let mut bytes = Vec::new();
+                File::open(&path)?.read_to_end(&mut bytes)?;
+                let records = read_first_format(&bytes);
+                if records.is_empty() {
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+                for r in &records {
+                    found(segment, r, None);
+                }
+                files.live.entry(segment).or_default().push(Live { path, end: None });
+                continue;
+            };
+            let file = Arc::new(file);
+            let end = read_frames(&file, segment, |at, payload| found(segment, payload, Some(at)))?;
+            if end == HEADER as u64 {
+                // No record of it was made durable: nothing would ever let it go.
+                files.keep_or_delete(path);
+                continue;
+            }
+            files.live.entry(segment).or_default().push(Live { path, end: Some(end) });
+        }
         let (jobs, rx) = std_mpsc::channel();
         let writer = std::thread::Builder::new().name("prepare-log".into()).spawn(move || writer(files, sync, &rx))?;
-        Ok((PrepareLog { jobs: Some(jobs), writer: Some(writer) }, Opened { records, next_segment }))
+        Ok((PrepareLog { jobs: Some(jobs), writer: Some(writer) }, Opened { next_segment }))
     }
 
     /// Appends `records` to `segment`, in order; resolves once they are durable
@@ -400,15 +478,34 @@ mod tests {
         names
     }
 
-    fn got(records: &Records) -> Vec<(u64, &[u8])> {
+    fn got(records: &[(u64, Vec<u8>)]) -> Vec<(u64, &[u8])> {
         records.iter().map(|(s, r)| (*s, r.as_slice())).collect()
+    }
+
+    /// Opens the log and returns it with its records, each read at open and read again
+    /// from where it lies (the two must agree).
+    struct Found {
+        records: Vec<(u64, Vec<u8>)>,
+        next_segment: u64,
+    }
+
+    fn open(dir: &Path) -> (PrepareLog, Found) {
+        let mut records = Vec::new();
+        let (log, opened) = PrepareLog::open(dir, true, |segment, payload, at| {
+            if let Some(at) = at {
+                assert_eq!(at.read().expect("reads again"), payload, "read again as read at open");
+            }
+            records.push((segment, payload.to_vec()));
+        })
+        .expect("opens");
+        (log, Found { records, next_segment: opened.next_segment })
     }
 
     #[tokio::test]
     async fn records_come_back_in_order_and_a_torn_tail_is_cut() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
-            let (log, old) = PrepareLog::open(dir.path(), true).expect("opens");
+            let (log, old) = open(dir.path());
             assert!(old.records.is_empty());
             log.append(1, vec![b"one".to_vec(), b"two".to_vec()]).await.expect("appends");
             // Queued together, often one batch of the writer: each segment's records in order.
@@ -424,7 +521,7 @@ mod tests {
         // A crash in the middle of an append leaves half a record.
         let mut f = OpenOptions::new().append(true).open(dir.path().join("000000000002.seg")).expect("opens");
         f.write_all(&[200, 0, 0, 0, 1, 2, 3, 4, 9]).expect("writes");
-        let (_, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        let (_, opened) = open(dir.path());
         assert_eq!(got(&opened.records), vec![(1, &b"one"[..]), (1, b"two"), (2, b"three"), (2, b"five")]);
         assert_eq!(opened.next_segment, 4, "segment 3 was used, though it holds nothing now");
     }
@@ -435,7 +532,7 @@ mod tests {
     async fn a_done_with_file_is_reused_and_its_old_records_never_come_back() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
-            let (log, _) = PrepareLog::open(dir.path(), true).expect("opens");
+            let (log, _) = open(dir.path());
             // The new segment's record has the length of the old first one, so the old
             // second and third frames follow it exactly where a next record would be.
             log.append(1, vec![vec![1; 5000], vec![2; 5000], vec![3; 5000]]).await.expect("appends");
@@ -447,14 +544,14 @@ mod tests {
         let len = std::fs::metadata(dir.path().join("000000000003.seg")).expect("stat").len();
         assert!(len > 15_000, "overwritten in place, not truncated: {len} bytes");
         let four = vec![4u8; 5000];
-        let (log, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        let (log, opened) = open(dir.path());
         assert_eq!(got(&opened.records), vec![(2, &b"live"[..]), (3, &four[..])]);
         assert_eq!(opened.next_segment, 4);
         log.delete(2);
         log.delete(3);
         drop(log);
         assert_eq!(files(dir.path()), vec!["000000000002.free", "000000000003.free"]);
-        let (_, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        let (_, opened) = open(dir.path());
         assert!(opened.records.is_empty(), "free files hold no records");
         assert_eq!(opened.next_segment, 4, "numbers a free file had are not used again");
     }
@@ -464,7 +561,7 @@ mod tests {
     async fn a_file_is_known_by_its_header_not_its_name() {
         let dir = tempfile::tempdir().expect("tempdir");
         {
-            let (log, _) = PrepareLog::open(dir.path(), true).expect("opens");
+            let (log, _) = open(dir.path());
             log.append(7, vec![b"seven".to_vec()]).await.expect("appends");
             log.append(8, vec![b"eight".to_vec()]).await.expect("appends");
             log.delete(8);
@@ -472,12 +569,12 @@ mod tests {
         // Segment 7's file under a free name, and segment 8's free file back under its old one.
         std::fs::rename(dir.path().join("000000000007.seg"), dir.path().join("000000000001.free")).expect("renames");
         std::fs::rename(dir.path().join("000000000008.free"), dir.path().join("000000000008.seg")).expect("renames");
-        let (log, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        let (log, opened) = open(dir.path());
         assert_eq!(got(&opened.records), vec![(7, &b"seven"[..])]);
         assert_eq!(opened.next_segment, 9);
         log.append(9, vec![b"nine".to_vec()]).await.expect("appends");
         drop(log);
-        let (_, opened) = PrepareLog::open(dir.path(), true).expect("reopens");
+        let (_, opened) = open(dir.path());
         assert_eq!(got(&opened.records), vec![(7, &b"seven"[..]), (9, b"nine")]);
     }
 
@@ -488,7 +585,7 @@ mod tests {
     async fn a_segment_with_no_record_is_not_kept_live() {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::write(dir.path().join("000000000004.seg"), header(LIVE, 4)).expect("writes");
-        let (log, opened) = PrepareLog::open(dir.path(), true).expect("opens");
+        let (log, opened) = open(dir.path());
         assert!(opened.records.is_empty());
         assert_eq!(opened.next_segment, 5);
         log.append(5, vec![b"five".to_vec()]).await.expect("appends");
@@ -509,7 +606,7 @@ mod tests {
         }
         bytes.extend([9, 0, 0, 0, 1]);
         std::fs::write(dir.path().join("000000000005.log"), &bytes).expect("writes");
-        let (log, opened) = PrepareLog::open(dir.path(), true).expect("opens");
+        let (log, opened) = open(dir.path());
         assert_eq!(got(&opened.records), vec![(5, &b"old"[..]), (5, b"older")]);
         assert_eq!(opened.next_segment, 6);
         assert!(log.append(5, vec![b"more".to_vec()]).await.is_err(), "a first-format segment is read-only");

@@ -152,6 +152,11 @@ impl Recovery {
             }
             clean[index] = (left == 0).then_some(stamp);
             region = end;
+            // A region's metadata is a scan of the store (0.5 ms or more for 4,096
+            // blocks), and the task shares the node's thread: a pass over every region
+            // after a restart held the node off its peers and clients for 1.4 s at 4M
+            // blocks. Each region is a turn of its own.
+            tokio::task::yield_now().await;
         }
         self.incomplete.store(incomplete, Ordering::Relaxed);
         self.unavailable.store(unavailable, Ordering::Relaxed);
@@ -179,7 +184,9 @@ impl Recovery {
         let mut region = 0u64;
         while region < g.blocks {
             let end = (region + REGION_BLOCKS as u64).min(g.blocks);
-            let (want, _) = self.meta_of(blocks, region, end);
+            // The region's metadata is read (a scan of the store) only if it holds
+            // reserve copies here; after that, a turn of its own, as in phase 2.
+            let mut want: Option<Vec<(u64, Hash)>> = None;
             let mut stripe = region;
             while stripe < end {
                 let stop = g.stripe_end(stripe, end);
@@ -192,6 +199,11 @@ impl Recovery {
                 let Some(first) = (from..to).find(|&b| store.held(b) != 0) else { continue };
                 let Some(last) = (first..to).rev().find(|&b| store.held(b) != 0) else { continue };
                 let count = last + 1 - first;
+                if want.is_none() {
+                    want = Some(self.meta_of(blocks, region, end).0);
+                    tokio::task::yield_now().await;
+                }
+                let Some(want) = want.as_ref() else { continue };
                 let agreed = |b: u64| want[(b - region) as usize].0;
                 let mut confirmed = vec![0u32; count as usize];
                 for index in g.preferred(first) {
