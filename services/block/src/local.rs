@@ -972,6 +972,12 @@ impl RestoreCheck<'_> {
                     }
                 },
             };
+            if data.len() != held.prepare.hashes.len() * bs {
+                // Checked before it was logged; a record that no longer matches is not used.
+                local.stats.store_errors.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(first, "a logged PrepareData's data does not cover its blocks: not used");
+                continue;
+            }
             let ours = |b: u64| &data[(b - first) as usize * bs..(b - first + 1) as usize * bs];
             // Blocks held at the agreed version: compare their bytes, a run at a time.
             let mut compare: Vec<(u64, u64)> = Vec::new();

@@ -482,13 +482,13 @@ mod tests {
         records.iter().map(|(s, r)| (*s, r.as_slice())).collect()
     }
 
-    /// Opens the log and returns it with its records, each read at open and read again
-    /// from where it lies (the two must agree).
     struct Found {
         records: Vec<(u64, Vec<u8>)>,
         next_segment: u64,
     }
 
+    /// Opens the log and returns it with its records, each read at open and read again
+    /// from where it lies (the two must agree).
     fn open(dir: &Path) -> (PrepareLog, Found) {
         let mut records = Vec::new();
         let (log, opened) = PrepareLog::open(dir, true, |segment, payload, at| {
