@@ -369,6 +369,13 @@ impl Chunked {
         join(&self.pieces)
     }
 
+    /// The snapshot's bytes as a stream, a chunk at a time: a restore of a large state
+    /// holds one chunk of the snapshot, not all of it beside the state it rebuilds. A
+    /// chunk that cannot be read back is an I/O error of the read that reaches it.
+    pub fn reader(&self) -> ChunkReader<'_> {
+        ChunkReader { chunked: self, next: 0, current: None, at: 0 }
+    }
+
     /// Lets the pieces' bytes leave memory: `place` gives a chunk's stored place by
     /// digest (None: not stored, the piece stays in memory). Pieces already stored take
     /// the new places. Returns the bytes released.
@@ -392,6 +399,42 @@ pub fn join(pieces: &[Arc<Piece>]) -> Result<Vec<u8>, Unreadable> {
         bytes.extend_from_slice(&p.bytes()?);
     }
     Ok(bytes)
+}
+
+/// [`Chunked::reader`].
+pub struct ChunkReader<'a> {
+    chunked: &'a Chunked,
+    /// The chunk after `current`.
+    next: u32,
+    current: Option<ChunkBytes>,
+    /// Bytes of `current` already read.
+    at: usize,
+}
+
+impl std::io::Read for ChunkReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            if let Some(chunk) = &self.current {
+                if self.at < chunk.len() {
+                    let n = buf.len().min(chunk.len() - self.at);
+                    buf[..n].copy_from_slice(&chunk[self.at..self.at + n]);
+                    self.at += n;
+                    return Ok(n);
+                }
+            }
+            match self.chunked.chunk(self.next).map_err(std::io::Error::other)? {
+                Some(chunk) => {
+                    self.current = Some(chunk);
+                    self.next += 1;
+                    self.at = 0;
+                }
+                None => {
+                    self.current = None;
+                    return Ok(0);
+                }
+            }
+        }
+    }
 }
 
 /// A chunk's digest: its content only. Its place is bound by the Merkle tree, so equal
@@ -588,6 +631,20 @@ mod tests {
         assert_eq!(loaded.root, c.root);
         assert_eq!(loaded.memory_bytes(), 0);
         assert_eq!(loaded.to_bytes().expect("readable"), bytes);
+        // Streamed, in reads that straddle chunks, the same bytes again.
+        for c in [&c, &loaded] {
+            let mut streamed = Vec::new();
+            let mut buf = [0u8; 97];
+            let mut reader = c.reader();
+            loop {
+                let n = std::io::Read::read(&mut reader, &mut buf).expect("readable");
+                if n == 0 {
+                    break;
+                }
+                streamed.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(streamed, bytes);
+        }
     }
 
     #[test]
@@ -600,6 +657,10 @@ mod tests {
         assert!(e.why.contains("digest") && e.index == 1, "{e}");
         assert!(c.to_bytes().is_err());
         assert!(c.chunks().all(|(_, d)| d.is_err()));
+        let mut streamed = Vec::new();
+        let e = std::io::Read::read_to_end(&mut c.reader(), &mut streamed).expect_err("a stream through it fails");
+        assert!(e.to_string().contains("digest"), "{e}");
+        assert!(streamed.is_empty(), "nothing of the corrupt chunk is handed out");
         shelf.corrupt.store(false, std::sync::atomic::Ordering::Relaxed);
         shelf.fail.store(true, std::sync::atomic::Ordering::Relaxed);
         assert!(c.chunk(0).err().expect("a failed read is refused").why.contains("disk gone"));

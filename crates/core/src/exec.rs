@@ -20,7 +20,7 @@ use crate::crypto::{Hasher, PublicKey};
 use crate::membership::{AdminError, AdminOp, AdminResult, Membership, ADMIN_CLIENT};
 use crate::message::{owner_of, ClientId, Request, Seq, Value};
 use crate::parallel::{GraphBuilder, Job, Pool, SplitMix};
-use crate::service::{ExecCtx, RestoreError, Service};
+use crate::service::{postcard_needs_more, read_front, ExecCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -578,13 +578,52 @@ impl<S: Service> Executor<S> {
         let body: SnapshotBody =
             postcard::from_bytes(bytes).map_err(|e| RestoreError(format!("executor snapshot: {e}")))?;
         self.svc_mut().restore(body.service)?;
-        let SnapshotHead { executed, time, clients, push_seqs, membership } = body.head;
+        Ok(self.take_head(body.head))
+    }
+
+    /// [`Executor::restore`] from a checkpoint's chunks, read one at a time: the service
+    /// rebuilds its state as they go by ([`Service::restore_from`]), so a restore of a
+    /// large state does not first join the snapshot in memory.
+    ///
+    /// # Errors
+    /// As [`Executor::restore`]; and a chunk that cannot be read back, which may leave the
+    /// service's state partly replaced ([`Service::restore_from`]).
+    pub fn restore_chunked(&mut self, chunked: &Chunked) -> Result<Seq, RestoreError> {
+        let len = chunked.len();
+        let mut reader = chunked.reader();
+        // The head, then the service bytes' length prefix (SnapshotBody's layout).
+        let ((head, service_len), rest, used) = read_front(&mut reader, len, |front| {
+            let bad = |e: postcard::Error| RestoreError(format!("executor snapshot: {e}"));
+            let (head, after) = match postcard::take_from_bytes::<SnapshotHead>(front) {
+                Ok(taken) => taken,
+                Err(e) if postcard_needs_more(&e) => return Ok(None),
+                Err(e) => return Err(bad(e)),
+            };
+            match postcard::take_from_bytes::<u64>(after) {
+                Ok((service_len, tail)) => Ok(Some(((head, service_len), front.len() - tail.len()))),
+                Err(e) if postcard_needs_more(&e) => Ok(None),
+                Err(e) => Err(bad(e)),
+            }
+        })?;
+        if (used as u64).checked_add(service_len) != Some(len) {
+            return Err(RestoreError(format!(
+                "executor snapshot of {len} bytes: a head of {used} and a service state of {service_len}"
+            )));
+        }
+        let mut service = std::io::Read::chain(rest.as_slice(), reader);
+        self.svc_mut().restore_from(&mut service, service_len)?;
+        Ok(self.take_head(head))
+    }
+
+    /// Everything but the service from a snapshot's head; the instance it was taken after.
+    fn take_head(&mut self, head: SnapshotHead) -> Seq {
+        let SnapshotHead { executed, time, clients, push_seqs, membership } = head;
         self.executed = executed;
         self.time = if self.restore_without_time { 0 } else { time };
         self.clients = clients;
         self.push_seqs = push_seqs;
         self.membership = membership;
-        Ok(executed)
+        executed
     }
 }
 
@@ -615,26 +654,16 @@ pub fn snapshot_client_seq(chunked: &Chunked, client: ClientId) -> Option<u64> {
     snapshot_head(chunked).map(|head| head.clients.get(&client).map_or(0, |r| r.seq))
 }
 
-/// An executor snapshot's head, read alone.
+/// An executor snapshot's head, read alone: the chunks are read only until it decodes.
 fn snapshot_head(chunked: &Chunked) -> Option<SnapshotHead> {
-    let mut prefix = Vec::new();
-    let mut next_try = 0;
-    let count = chunked.leaves.len();
-    for (i, (_, chunk)) in chunked.chunks().enumerate() {
-        prefix.extend_from_slice(&chunk.ok()?);
-        // Decode attempts at doubling lengths (and at the end), so a head spanning many
-        // chunks costs linear time, not quadratic.
-        if prefix.len() < next_try && i + 1 < count {
-            continue;
+    let front = read_front(&mut chunked.reader(), chunked.len(), |front| {
+        match postcard::take_from_bytes::<SnapshotHead>(front) {
+            Ok((head, tail)) => Ok(Some((head, front.len() - tail.len()))),
+            Err(e) if postcard_needs_more(&e) => Ok(None),
+            Err(e) => Err(RestoreError(e.to_string())),
         }
-        next_try = prefix.len() * 2;
-        match postcard::take_from_bytes::<SnapshotHead>(&prefix) {
-            Ok((head, _)) => return Some(head),
-            Err(postcard::Error::DeserializeUnexpectedEnd) => continue,
-            Err(_) => return None,
-        }
-    }
-    None
+    });
+    front.ok().map(|(head, _, _)| head)
 }
 
 /// The context of the request at `index` in instance `seq`: a function of agreed values
@@ -721,6 +750,36 @@ mod tests {
         assert_eq!(b.cached(ClientId(7), 1), a.cached(ClientId(7), 1));
         assert!(b.restore(b"junk").is_err());
         assert_eq!(b.snapshot(), snap, "a failed restore changes nothing");
+    }
+
+    #[test]
+    fn a_snapshot_streamed_from_its_chunks_restores_what_its_bytes_do() {
+        let mut a = Executor::new(Log::default());
+        let big = vec![5u8; 9000];
+        a.execute(Seq(1), &Value { time: 9, requests: vec![req(7, 1, b"x"), req(8, 1, &big)] });
+        a.execute(Seq(2), &Value { time: 11, requests: vec![req(7, 2, b"y")] });
+        let snap = a.snapshot();
+        // Chunks of 3 bytes: the head and the service bytes' length prefix span many.
+        for chunked in [
+            Chunked::from_pieces(a.pieces(), CHUNK_AVG_MIN),
+            Chunked::from_chunks(snap.chunks(3).map(<[u8]>::to_vec).collect()),
+        ] {
+            let mut b = Executor::new(Log::default());
+            assert_eq!(b.restore_chunked(&chunked), Ok(Seq(2)));
+            assert_eq!(b.snapshot(), snap);
+            assert_eq!(b.cached(ClientId(8), 1), a.cached(ClientId(8), 1));
+        }
+        // A length that does not add up (a byte more, which `restore` would ignore, or
+        // less), a cut, junk: refused, nothing changed.
+        let mut b = Executor::new(Log::default());
+        b.execute(Seq(1), &Value { time: 1, requests: vec![req(1, 1, b"kept")] });
+        let before = b.snapshot();
+        let mut longer = snap.clone();
+        longer.push(0);
+        for bad in [longer, snap[..snap.len() - 1].to_vec(), snap[..10].to_vec(), b"junk".to_vec(), Vec::new()] {
+            let e = b.restore_chunked(&Chunked::new(bad, CHUNK_AVG_MIN)).expect_err("refused");
+            assert_eq!(b.snapshot(), before, "a failed restore changes nothing ({e})");
+        }
     }
 
     /// Per-key logs behind a lock: op = key byte, then the bytes to append. Declares a

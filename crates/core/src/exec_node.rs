@@ -189,8 +189,8 @@ impl<S: Service> ExecNode<S> {
         let mut node = ExecNode::new(cfg, id, signing, service);
         snapshots.sort_by_key(|(seq, _)| *seq);
         if let Some((seq, chunked)) = snapshots.last() {
-            let bytes = chunked.to_bytes().map_err(|e| RestoreError(format!("snapshot at {seq}: {e}")))?;
-            let executed = node.exec.restore(&bytes)?;
+            let executed =
+                node.exec.restore_chunked(chunked).map_err(|e| RestoreError(format!("snapshot at {seq}: {}", e.0)))?;
             if executed != *seq {
                 return Err(RestoreError(format!("snapshot filed under {seq} holds the state at {executed}")));
             }

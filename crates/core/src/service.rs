@@ -34,6 +34,7 @@
 
 use crate::chunk::Piece;
 use crate::message::{ClientId, Seq};
+use std::io::Read;
 use std::sync::{Arc, Mutex};
 
 /// What execution tells the service about the request it runs, and where the request's
@@ -122,6 +123,42 @@ pub fn strip_format_stamp<'a>(snapshot: &'a [u8], service: &str, format: u32) ->
              backup)"
         ))),
     }
+}
+
+/// Reads the front of a snapshot streamed from `state` (`len` bytes in all) until
+/// `decode` takes a value from what was read: `decode` returns None while it needs more
+/// bytes, else the value and how many bytes it used. Returns the value, the bytes read
+/// past it (the start of what follows) and how many bytes the value took. Reads grow by
+/// doubling, so a head spanning many chunks costs linear time.
+///
+/// # Errors
+/// `decode`'s, a read that fails, or a stream that ends before `decode` is satisfied.
+pub fn read_front<T>(
+    state: &mut dyn std::io::Read,
+    len: u64,
+    mut decode: impl FnMut(&[u8]) -> Result<Option<(T, usize)>, RestoreError>,
+) -> Result<(T, Vec<u8>, usize), RestoreError> {
+    let mut front: Vec<u8> = Vec::new();
+    let mut step = 4096usize;
+    loop {
+        let want = (len - front.len() as u64).min(step as u64) as usize;
+        let read = std::io::Read::take(&mut *state, want as u64)
+            .read_to_end(&mut front)
+            .map_err(|e| RestoreError(format!("snapshot read: {e}")))?;
+        if let Some((value, used)) = decode(&front)? {
+            let rest = front.split_off(used.min(front.len()));
+            return Ok((value, rest, used));
+        }
+        if read < want || front.len() as u64 >= len {
+            return Err(RestoreError(format!("snapshot of {len} bytes cut short at {} in its head", front.len())));
+        }
+        step = step.saturating_mul(2);
+    }
+}
+
+/// Whether a postcard error means the bytes ended early (more may make them decode).
+pub fn postcard_needs_more(e: &postcard::Error) -> bool {
+    matches!(e, postcard::Error::DeserializeUnexpectedEnd)
 }
 
 /// A piece of service state a request reads or writes, named by the service.
@@ -276,6 +313,28 @@ pub trait Service {
     /// # Errors
     /// If the bytes are not a snapshot of this service; the state is then unchanged.
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError>;
+
+    /// [`Service::restore`] from a stream of the snapshot's `len` bytes (a checkpoint's
+    /// chunks read one at a time: `Chunked::reader`). A service with a large state
+    /// rebuilds it as the bytes go by, holding a chunk of the snapshot at a time instead
+    /// of all of it. The default reads the snapshot whole and calls `restore`.
+    ///
+    /// # Errors
+    /// As [`Service::restore`]; and a read of `state` that fails (a stored chunk that
+    /// cannot be read back). A service that streams checks what it can before it
+    /// changes anything (the head, the lengths), but a read failing half-way may leave its
+    /// state partly replaced: callers stop the node then (`Replica::recover`), or read
+    /// from memory, where reads cannot fail (a state transfer's fetched chunks).
+    fn restore_from(&mut self, state: &mut dyn std::io::Read, len: u64) -> Result<(), RestoreError> {
+        let mut bytes = Vec::new();
+        std::io::Read::take(state, len)
+            .read_to_end(&mut bytes)
+            .map_err(|e| RestoreError(format!("snapshot read: {e}")))?;
+        if bytes.len() as u64 != len {
+            return Err(RestoreError(format!("snapshot of {len} bytes cut short at {}", bytes.len())));
+        }
+        self.restore(&bytes)
+    }
 }
 
 /// The service an order node of a separated cluster runs (ARCHITECTURE §2, UpRight

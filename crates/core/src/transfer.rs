@@ -228,9 +228,9 @@ impl Transfer {
     pub(crate) fn install<S: Service>(self, exec: &mut Executor<S>, out: &mut Outputs) -> Chunked {
         let (seq, chunks, reused) = (self.seq, self.chunks.len(), self.reused);
         let chunked = self.into_chunked();
-        // Fetched chunks, all in memory: reading them cannot fail.
-        let bytes = chunked.to_bytes().unwrap_or_default();
-        match exec.restore(&bytes) {
+        // Fetched chunks, all in memory: reading them cannot fail, and they are read one
+        // at a time, not joined beside the state they rebuild.
+        match exec.restore_chunked(&chunked) {
             Ok(executed) if executed == seq => {}
             other => panic!("state transfer to {seq}: snapshot does not restore: {other:?}"),
         }

@@ -72,4 +72,8 @@ impl<S: Service> Service for LosesRequest<S> {
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         self.inner.restore(snapshot)
     }
+
+    fn restore_from(&mut self, state: &mut dyn std::io::Read, len: u64) -> Result<(), RestoreError> {
+        self.inner.restore_from(state, len)
+    }
 }

@@ -97,13 +97,22 @@ struct PackChunk {
     len: u32,
 }
 
-impl StoredChunk for PackChunk {
-    fn read(&self) -> std::io::Result<Vec<u8>> {
-        let mut bytes = vec![0; self.len as usize];
+impl PackChunk {
+    /// The chunk's bytes into `buf` (resized to fit): a check of every chunk at start
+    /// reuses one buffer instead of allocating and faulting in fresh pages per chunk.
+    fn read_into(&self, buf: &mut Vec<u8>) -> std::io::Result<()> {
+        buf.resize(self.len as usize, 0);
         self.pack
             .file
-            .read_exact_at(&mut bytes, self.offset)
-            .map_err(|e| std::io::Error::new(e.kind(), format!("pack {} at {}: {e}", self.pack.id, self.offset)))?;
+            .read_exact_at(buf, self.offset)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("pack {} at {}: {e}", self.pack.id, self.offset)))
+    }
+}
+
+impl StoredChunk for PackChunk {
+    fn read(&self) -> std::io::Result<Vec<u8>> {
+        let mut bytes = Vec::new();
+        self.read_into(&mut bytes)?;
         Ok(bytes)
     }
 }
@@ -206,9 +215,10 @@ impl SnapshotStore {
         }
         let manifest: Manifest = postcard::from_bytes(body).map_err(|e| format!("manifest: {e}"))?;
         let mut chunks: Vec<(Digest, usize, Arc<dyn StoredChunk>)> = Vec::with_capacity(manifest.chunks.len());
+        let mut chunk = Vec::new();
         for (digest, loc) in &manifest.chunks {
             let place = self.place(*loc).map_err(|e| format!("open pack {}: {e}", loc.pack))?;
-            let chunk = place.read().map_err(|e| e.to_string())?;
+            place.read_into(&mut chunk).map_err(|e| e.to_string())?;
             if leaf_digest(&chunk) != *digest {
                 return Err(format!("chunk at {} of pack {} does not match its digest", loc.offset, loc.pack));
             }

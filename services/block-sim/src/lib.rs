@@ -233,6 +233,10 @@ impl Service for SimBlock {
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
         self.inner.restore(snapshot)
     }
+
+    fn restore_from(&mut self, state: &mut dyn std::io::Read, len: u64) -> Result<(), RestoreError> {
+        self.inner.restore_from(state, len)
+    }
 }
 
 /// Why a write's PrepareData did not reach u + r + 1 nodes.

@@ -14,11 +14,12 @@ pub use crate::meta_store::{Hash, REGION_BLOCKS};
 #[cfg(test)]
 use keel::core::chunk;
 use keel::core::chunk::Piece;
-use keel::core::service::{format_stamp, strip_format_stamp};
+use keel::core::service::{format_stamp, postcard_needs_more, read_front, strip_format_stamp};
 use keel::{ExecCtx, Frozen, ReadCtx, RestoreError, Service};
 use keel_core::ids::NodeId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 /// Most blocks one metadata read may ask for (its reply stays far under a reply's bound).
@@ -451,7 +452,14 @@ impl Service for BlockService {
     }
 
     fn restore(&mut self, snapshot: &[u8]) -> Result<(), RestoreError> {
-        let (head, rest) = decode_head(snapshot)?;
+        self.restore_from(&mut &snapshot[..], snapshot.len() as u64)
+    }
+
+    /// The regions are decoded and loaded into the store one at a time as the snapshot's
+    /// chunks go by: a node's restart or state transfer holds a region of the snapshot
+    /// at a time, not the whole of it beside the store it fills.
+    fn restore_from(&mut self, state: &mut dyn std::io::Read, len: u64) -> Result<(), RestoreError> {
+        let (head, mut front, used) = read_front(state, len, decode_head)?;
         // Checked before anything is allocated for it: a snapshot is bytes from elsewhere.
         if head.geometry != self.read().geometry() {
             return Err(RestoreError(format!(
@@ -465,19 +473,28 @@ impl Service for BlockService {
         let geometry = head.geometry;
         let lens: Vec<usize> =
             (0..geometry.blocks.div_ceil(REGION_BLOCKS as u64) as usize).map(|i| region_len(geometry, i)).collect();
-        let want: usize = lens.iter().map(|len| len * 40).sum();
-        if rest.len() < want {
+        let want: u64 = lens.iter().map(|&len| len as u64 * 40).sum();
+        let rest = len - used as u64;
+        if rest < want {
             return Err(RestoreError("block snapshot: regions cut short".into()));
         }
-        if rest.len() > want {
-            return Err(RestoreError(format!("block snapshot: {} bytes after the regions", rest.len() - want)));
+        if rest > want {
+            return Err(RestoreError(format!("block snapshot: {} bytes after the regions", rest - want)));
         }
         // The PrepareData this node holds is looked at as the regions go by.
         let mut check = self.local.as_deref().map(Local::restore_check);
-        let regions = lens.iter().enumerate().scan(rest, |rest, (i, &len)| {
-            let (bytes, tail) = rest.split_at(len * 40);
-            *rest = tail;
-            let region = Region::decode(bytes);
+        // Only a read can fail from here (a stored chunk that does not read back); the
+        // regions end there and the error is returned below.
+        let mut failed: Option<std::io::Error> = None;
+        let mut stream = std::io::Read::chain(std::io::Cursor::new(std::mem::take(&mut front)), state);
+        let mut bytes = Vec::new();
+        let regions = lens.iter().enumerate().map_while(|(i, &len)| {
+            bytes.resize(len * 40, 0);
+            if let Err(e) = stream.read_exact(&mut bytes) {
+                failed = Some(e);
+                return None;
+            }
+            let region = Region::decode(&bytes);
             if let Some(check) = &mut check {
                 check.region(i, &region);
             }
@@ -485,6 +502,9 @@ impl Service for BlockService {
         });
         let mut meta = self.meta.write().unwrap_or_else(PoisonError::into_inner);
         meta.store.restore(regions, head.version);
+        if let Some(e) = failed {
+            return Err(RestoreError(format!("block snapshot read: {e}; the metadata store is incomplete")));
+        }
         meta.stamps = vec![head.version; lens.len()];
         meta.head = head;
         drop(meta);
@@ -496,15 +516,23 @@ impl Service for BlockService {
     }
 }
 
-/// A snapshot's head and the regions after it, of this format or format 2.
-fn decode_head(snapshot: &[u8]) -> Result<(Head, &[u8]), RestoreError> {
-    let bad = |e: postcard::Error| RestoreError(format!("block snapshot head: {e}"));
-    if let Some(v2) = snapshot.strip_prefix(format_stamp(2).as_slice()) {
-        let (head, rest) = postcard::take_from_bytes::<HeadV2>(v2).map_err(bad)?;
-        return Ok((head.into(), rest));
+/// A snapshot's head, of this format or format 2, and how many bytes it takes; None if
+/// `front` ends before it does.
+fn decode_head(front: &[u8]) -> Result<Option<(Head, usize)>, RestoreError> {
+    if front.len() < 4 {
+        return Ok(None);
     }
-    let snapshot = strip_format_stamp(snapshot, "block", SNAPSHOT_FORMAT)?;
-    postcard::take_from_bytes::<Head>(snapshot).map_err(bad)
+    let bad = |e: postcard::Error| RestoreError(format!("block snapshot head: {e}"));
+    let taken = if let Some(v2) = front.strip_prefix(format_stamp(2).as_slice()) {
+        postcard::take_from_bytes::<HeadV2>(v2).map(|(head, rest)| (head.into(), rest))
+    } else {
+        postcard::take_from_bytes::<Head>(strip_format_stamp(front, "block", SNAPSHOT_FORMAT)?)
+    };
+    match taken {
+        Ok((head, rest)) => Ok(Some((head, front.len() - rest.len()))),
+        Err(e) if postcard_needs_more(&e) => Ok(None),
+        Err(e) => Err(bad(e)),
+    }
 }
 
 impl BlockService {
@@ -1115,6 +1143,61 @@ mod tests {
                 drop(newer.pieces());
                 drop(older.pieces());
             }
+        }
+    }
+
+    /// Hands out a snapshot a few bytes at a time, and fails at `fail_at` if set (a
+    /// stored chunk that does not read back).
+    struct Trickle<'a> {
+        bytes: &'a [u8],
+        at: usize,
+        fail_at: Option<usize>,
+    }
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.fail_at.is_some_and(|f| self.at >= f) {
+                return Err(std::io::Error::other("chunk unreadable"));
+            }
+            let n = buf.len().min(7 + self.at % 13).min(self.bytes.len() - self.at);
+            buf[..n].copy_from_slice(&self.bytes[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    /// A restore streamed in small reads (a region across many chunks, the head split)
+    /// rebuilds what one from the whole snapshot does, in memory and on disk; a read that
+    /// fails among the regions is an error, not a state cut short taken as whole.
+    #[test]
+    fn a_restore_streamed_in_small_reads_equals_one_from_the_bytes() {
+        let g = Geometry::new(REGION_BLOCKS as u64 * 4096 * 5 / 2, 4096, 4, 3).expect("valid");
+        let mut s = BlockService::new(g);
+        for (k, b) in [0, 5, REGION_BLOCKS as u64 + 1, g.blocks - 1].into_iter().enumerate() {
+            run(&mut s, write(b, vec![[k as u8 + 1; 32]], None));
+        }
+        run(&mut s, Command::NewEpoch { owner: 2, after: None });
+        let snap = s.snapshot();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let on_disk = |name: &str| BlockService {
+            meta: Arc::new(RwLock::new(Meta::on_disk(g, &dir.path().join(name)).expect("opens"))),
+            local: None,
+            cache: Arc::default(),
+        };
+        for mut t in [BlockService::new(g), on_disk("a")] {
+            let mut stream = Trickle { bytes: &snap, at: 0, fail_at: None };
+            t.restore_from(&mut stream, snap.len() as u64).expect("restores");
+            assert_eq!(t.snapshot(), snap);
+            assert_eq!(t.read().get(g.blocks - 1), s.read().get(g.blocks - 1));
+        }
+        for mut t in [BlockService::new(g), on_disk("b")] {
+            // Past the head, in the second region.
+            let mut stream = Trickle { bytes: &snap, at: 0, fail_at: Some(snap.len() - REGION_BLOCKS * 40) };
+            let e = t.restore_from(&mut stream, snap.len() as u64).expect_err("the read fails");
+            assert!(e.0.contains("chunk unreadable"), "{e:?}");
+            // In the head: refused before anything changed.
+            let mut stream = Trickle { bytes: &snap, at: 0, fail_at: Some(3) };
+            assert!(t.restore_from(&mut stream, snap.len() as u64).is_err());
         }
     }
 

@@ -210,14 +210,7 @@ fn keyspace(db: &Database, generation: u64) -> fjall::Result<Keyspace> {
 impl MetaStore {
     /// Every block at version 0, in memory.
     pub fn memory(geometry: Geometry, zero: Hash) -> MetaStore {
-        let mut unwritten: std::collections::BTreeMap<usize, Arc<Region>> = Default::default();
-        let regions = (0..regions(geometry))
-            .map(|i| {
-                let len = region_len(geometry, i);
-                unwritten.entry(len).or_insert_with(|| Arc::new(Region::new(len, zero))).clone()
-            })
-            .collect();
-        MetaStore { geometry, zero, kind: Kind::Memory(regions) }
+        MetaStore { geometry, zero, kind: Kind::Memory(unwritten_regions(geometry, zero)) }
     }
 
     /// Every block at version 0, in a store at `dir`, wiped first.
@@ -377,8 +370,7 @@ impl MetaStore {
         let geometry = self.geometry;
         match &mut self.kind {
             Kind::Memory(stored) => {
-                let fresh = MetaStore::memory(geometry, zero);
-                let Kind::Memory(mut fresh) = fresh.kind else { unreachable!("a memory store") };
+                let mut fresh = unwritten_regions(geometry, zero);
                 for (slot, decoded) in fresh.iter_mut().zip(regions) {
                     // A region still unwritten keeps sharing the fresh copy.
                     if decoded != **slot {
@@ -418,6 +410,17 @@ fn corrupt(b: u64) -> ! {
     tracing::error!(block = b, "block metadata store: an entry it did not write; the node stops");
     eprintln!("block metadata store: a corrupt entry near block {b}; the node stops (a restart rebuilds the store)");
     std::process::exit(74)
+}
+
+/// Every region of a fresh disk in memory: those of one length share one copy.
+fn unwritten_regions(geometry: Geometry, zero: Hash) -> Vec<Arc<Region>> {
+    let mut unwritten: std::collections::BTreeMap<usize, Arc<Region>> = Default::default();
+    (0..regions(geometry))
+        .map(|i| {
+            let len = region_len(geometry, i);
+            unwritten.entry(len).or_insert_with(|| Arc::new(Region::new(len, zero))).clone()
+        })
+        .collect()
 }
 
 fn regions(geometry: Geometry) -> usize {

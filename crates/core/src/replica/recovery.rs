@@ -58,8 +58,8 @@ impl<S: Service> Replica<S> {
         snapshots.sort_by_key(|(seq, _)| *seq);
         let mut snapshot_seq: Seq = Seq(0);
         if let Some((seq, chunked)) = snapshots.last() {
-            let bytes = chunked.to_bytes().map_err(|e| RestoreError(format!("snapshot at {seq}: {e}")))?;
-            snapshot_seq = r.exec.restore(&bytes)?;
+            snapshot_seq =
+                r.exec.restore_chunked(chunked).map_err(|e| RestoreError(format!("snapshot at {seq}: {}", e.0)))?;
         }
         for (seq, chunked) in snapshots {
             if seq > Seq(0) {
