@@ -207,6 +207,7 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
     let geometry = Geometry::new(settings.size, settings.block_size, nodes, copies)
         .map_err(|e| NodeError::Runtime(e.to_string()))?;
     let sync = setup.fsync != keel_runtime::storage::FsyncPolicy::Never;
+    let opening = std::time::Instant::now();
     let local = Local::open(&setup.data_dir.join("block"), geometry, setup.id, index as u32, settings.reserve, sync)
         .and_then(Local::sync_in_background)
         .map_err(|e| NodeError::Runtime(format!("block data in {}: {e}", setup.data_dir.display())))?;
@@ -216,6 +217,13 @@ async fn run_block(setup: NodeSetup, stop: watch::Receiver<bool>) -> Result<(), 
     let meta_dir = setup.data_dir.join("block").join("meta");
     let meta = Meta::on_disk(geometry, &meta_dir).map_err(|e| NodeError::Runtime(format!("block metadata: {e}")))?;
     let meta = Arc::new(RwLock::new(meta));
+    // With the node's own start line (`node started`: storage_ms, recover_ms), where a
+    // restart's time goes.
+    tracing::info!(
+        node = setup.id.0,
+        open_ms = opening.elapsed().as_millis() as u64,
+        "block: data and its logs opened"
+    );
     let options = keel_block::tls::FrontOptions::from_settings(&fe.options, &fe.dir).map_err(NodeError::Runtime)?;
     let tls = match &options.tls {
         Some(files) => Some(keel_block::tls::acceptor(&setup.ca_pem, files).map_err(NodeError::Runtime)?),

@@ -165,7 +165,11 @@ async fn run_replica<S: Service + Send + 'static>(
     if let Ok(why) = std::fs::read_to_string(setup.data_dir.join(REMOVED_FILE)) {
         return Err(NodeError::Membership(format!("node {} {}", setup.id, why.trim())));
     }
+    // How long a start takes, by part, for the log line below: a large state's restart
+    // is something an operator waits for.
+    let begun = Instant::now();
     let (storage, durable) = Storage::open(&setup.data_dir, setup.fsync)?;
+    let storage_ms = begun.elapsed().as_millis() as u64;
     if setup.fsync == FsyncPolicy::Never {
         tracing::warn!("fsync = never: for benchmarks only; a crash can lose acknowledged writes");
         eprintln!("WARNING: node {} runs with fsync = never; a crash can lose acknowledged writes", setup.id);
@@ -191,6 +195,10 @@ async fn run_replica<S: Service + Send + 'static>(
         storage.refuse_unprovisioned()?;
         return Err(NodeError::Unprovisioned { node: setup.id, dir: setup.data_dir.clone() });
     }
+    let made = Instant::now();
+    let service = make();
+    let service_ms = made.elapsed().as_millis() as u64;
+    let recovering = Instant::now();
     let replica = if fresh && storage.unprovisioned() {
         // The data directory is gone (deleted, or a new disk): whatever this node voted
         // for before, others still count. It rejoins without voting until it caught up
@@ -205,11 +213,11 @@ async fn run_replica<S: Service + Send + 'static>(
             setup.id,
             setup.data_dir.display()
         );
-        Replica::rejoin(cfg, setup.id, setup.secrets.clone(), make(), now_ms(), &mut out)?
+        Replica::rejoin(cfg, setup.id, setup.secrets.clone(), service, now_ms(), &mut out)?
     } else if fresh {
-        Replica::new(cfg, setup.id, setup.secrets.clone(), make())
+        Replica::new(cfg, setup.id, setup.secrets.clone(), service)
     } else {
-        Replica::recover(cfg, setup.id, setup.secrets.clone(), make(), durable, now_ms(), &mut out)?
+        Replica::recover(cfg, setup.id, setup.secrets.clone(), service, durable, now_ms(), &mut out)?
     };
     tracing::info!(
         node = setup.id.0,
@@ -217,6 +225,9 @@ async fn run_replica<S: Service + Send + 'static>(
         epoch = replica.epoch(),
         view = replica.view().0,
         executed = replica.executed().0,
+        storage_ms,
+        service_ms,
+        recover_ms = recovering.elapsed().as_millis() as u64,
         "node started"
     );
     let verifier = Arc::new(RwLock::new(EpochVerifier::of(&replica)));
