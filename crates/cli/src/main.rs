@@ -16,6 +16,28 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// jemalloc's start-up options, through its documented `malloc_conf` symbol (read at the
+/// first allocation; tikv-jemalloc-sys names it with its `_rjem_` prefix).
+/// `background_thread:true`: a jemalloc thread gives freed memory back to the system on
+/// jemalloc's decay schedule even while the process is idle. Without it, pages go back
+/// only when the process allocates again, so a block node idle after a restart (the
+/// restore, a state transfer) stayed at 285-313 MB resident where it settles at 68-78 MB
+/// with it (2 GiB of 512-byte blocks).
+#[export_name = "_rjem_malloc_conf"]
+static MALLOC_CONF: Option<&'static std::ffi::c_char> = Some(&JEMALLOC_OPTIONS[0]);
+static JEMALLOC_OPTIONS: [std::ffi::c_char; 23] = c_chars(b"background_thread:true\0");
+
+/// A byte string as C characters (signed on some targets), at compile time.
+const fn c_chars<const N: usize>(bytes: &[u8; N]) -> [std::ffi::c_char; N] {
+    let mut out = [0; N];
+    let mut i = 0;
+    while i < N {
+        out[i] = bytes[i] as std::ffi::c_char;
+        i += 1;
+    }
+    out
+}
+
 #[derive(Parser)]
 #[command(name = "keel", version, about = "Keel: Byzantine-fault-tolerant replication that stays up and right")]
 struct Cli {

@@ -184,9 +184,16 @@ fn a_cluster_that_is_down_is_named_in_the_error() {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .find(|l| l["fields"]["message"] == "node started")
         .unwrap_or_else(|| panic!("no JSON 'node started' line in {log}"));
-    for field in ["node", "index", "epoch", "view", "executed"] {
+    for field in ["node", "index", "epoch", "view", "executed", "storage_ms", "service_ms", "recover_ms"] {
         assert!(started["fields"][field].is_u64(), "{field} is not a number: {started}");
     }
+    // jemalloc's background thread runs (main.rs, `MALLOC_CONF`), so a node that goes
+    // idle gives the memory it freed back to the system.
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", cluster.pid(0)))
+        .expect("the node's threads")
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .collect();
+    assert!(threads.iter().any(|name| name.starts_with("jemalloc_bg_thd")), "{threads:?}");
     let out = keel(&cluster, &["kv", "--timeout", "3", "put", "x", "1"]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
