@@ -20,7 +20,7 @@ use crate::crypto::{Hasher, PublicKey};
 use crate::membership::{AdminError, AdminOp, AdminResult, Membership, ADMIN_CLIENT};
 use crate::message::{owner_of, ClientId, Request, Seq, Value};
 use crate::parallel::{GraphBuilder, Job, Pool, SplitMix};
-use crate::service::{postcard_needs_more, read_front, ExecCtx, RestoreError, Service};
+use crate::service::{read_front, take_front, ExecCtx, RestoreError, Service};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -594,16 +594,9 @@ impl<S: Service> Executor<S> {
         // The head, then the service bytes' length prefix (SnapshotBody's layout).
         let ((head, service_len), rest, used) = read_front(&mut reader, len, |front| {
             let bad = |e: postcard::Error| RestoreError(format!("executor snapshot: {e}"));
-            let (head, after) = match postcard::take_from_bytes::<SnapshotHead>(front) {
-                Ok(taken) => taken,
-                Err(e) if postcard_needs_more(&e) => return Ok(None),
-                Err(e) => return Err(bad(e)),
-            };
-            match postcard::take_from_bytes::<u64>(after) {
-                Ok((service_len, tail)) => Ok(Some(((head, service_len), front.len() - tail.len()))),
-                Err(e) if postcard_needs_more(&e) => Ok(None),
-                Err(e) => Err(bad(e)),
-            }
+            let Some((head, after)) = take_front::<SnapshotHead>(front).map_err(bad)? else { return Ok(None) };
+            let Some((service_len, tail)) = take_front::<u64>(after).map_err(bad)? else { return Ok(None) };
+            Ok(Some(((head, service_len), front.len() - tail.len())))
         })?;
         if (used as u64).checked_add(service_len) != Some(len) {
             return Err(RestoreError(format!(
@@ -657,11 +650,8 @@ pub fn snapshot_client_seq(chunked: &Chunked, client: ClientId) -> Option<u64> {
 /// An executor snapshot's head, read alone: the chunks are read only until it decodes.
 fn snapshot_head(chunked: &Chunked) -> Option<SnapshotHead> {
     let front = read_front(&mut chunked.reader(), chunked.len(), |front| {
-        match postcard::take_from_bytes::<SnapshotHead>(front) {
-            Ok((head, tail)) => Ok(Some((head, front.len() - tail.len()))),
-            Err(e) if postcard_needs_more(&e) => Ok(None),
-            Err(e) => Err(RestoreError(e.to_string())),
-        }
+        let taken = take_front::<SnapshotHead>(front).map_err(|e| RestoreError(e.to_string()))?;
+        Ok(taken.map(|(head, tail)| (head, front.len() - tail.len())))
     });
     front.ok().map(|(head, _, _)| head)
 }

@@ -156,9 +156,17 @@ pub fn read_front<T>(
     }
 }
 
-/// Whether a postcard error means the bytes ended early (more may make them decode).
-pub fn postcard_needs_more(e: &postcard::Error) -> bool {
-    matches!(e, postcard::Error::DeserializeUnexpectedEnd)
+/// A `T` taken from the front of `bytes` with what follows it, or None if the bytes end
+/// before it does (more may make it decode): the step [`read_front`]'s `decode` repeats.
+///
+/// # Errors
+/// Bytes that are no `T`, whatever follows.
+pub fn take_front<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<Option<(T, &[u8])>, postcard::Error> {
+    match postcard::take_from_bytes::<T>(bytes) {
+        Ok(taken) => Ok(Some(taken)),
+        Err(postcard::Error::DeserializeUnexpectedEnd) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// A piece of service state a request reads or writes, named by the service.

@@ -14,7 +14,7 @@ pub use crate::meta_store::{Hash, REGION_BLOCKS};
 #[cfg(test)]
 use keel::core::chunk;
 use keel::core::chunk::Piece;
-use keel::core::service::{format_stamp, postcard_needs_more, read_front, strip_format_stamp};
+use keel::core::service::{format_stamp, read_front, strip_format_stamp, take_front};
 use keel::{ExecCtx, Frozen, ReadCtx, RestoreError, Service};
 use keel_core::ids::NodeId;
 use serde::{Deserialize, Serialize};
@@ -459,7 +459,7 @@ impl Service for BlockService {
     /// chunks go by: a node's restart or state transfer holds a region of the snapshot
     /// at a time, not the whole of it beside the store it fills.
     fn restore_from(&mut self, state: &mut dyn std::io::Read, len: u64) -> Result<(), RestoreError> {
-        let (head, mut front, used) = read_front(state, len, decode_head)?;
+        let (head, front, used) = read_front(state, len, decode_head)?;
         // Checked before anything is allocated for it: a snapshot is bytes from elsewhere.
         if head.geometry != self.read().geometry() {
             return Err(RestoreError(format!(
@@ -486,7 +486,7 @@ impl Service for BlockService {
         // Only a read can fail from here (a stored chunk that does not read back); the
         // regions end there and the error is returned below.
         let mut failed: Option<std::io::Error> = None;
-        let mut stream = std::io::Read::chain(std::io::Cursor::new(std::mem::take(&mut front)), state);
+        let mut stream = std::io::Read::chain(std::io::Cursor::new(front), state);
         let mut bytes = Vec::new();
         let regions = lens.iter().enumerate().map_while(|(i, &len)| {
             bytes.resize(len * 40, 0);
@@ -522,17 +522,13 @@ fn decode_head(front: &[u8]) -> Result<Option<(Head, usize)>, RestoreError> {
     if front.len() < 4 {
         return Ok(None);
     }
-    let bad = |e: postcard::Error| RestoreError(format!("block snapshot head: {e}"));
     let taken = if let Some(v2) = front.strip_prefix(format_stamp(2).as_slice()) {
-        postcard::take_from_bytes::<HeadV2>(v2).map(|(head, rest)| (head.into(), rest))
+        take_front::<HeadV2>(v2).map(|t| t.map(|(head, rest)| (head.into(), rest)))
     } else {
-        postcard::take_from_bytes::<Head>(strip_format_stamp(front, "block", SNAPSHOT_FORMAT)?)
+        take_front::<Head>(strip_format_stamp(front, "block", SNAPSHOT_FORMAT)?)
     };
-    match taken {
-        Ok((head, rest)) => Ok(Some((head, front.len() - rest.len()))),
-        Err(e) if postcard_needs_more(&e) => Ok(None),
-        Err(e) => Err(bad(e)),
-    }
+    let taken = taken.map_err(|e| RestoreError(format!("block snapshot head: {e}")))?;
+    Ok(taken.map(|(head, rest)| (head, front.len() - rest.len())))
 }
 
 impl BlockService {
